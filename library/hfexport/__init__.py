@@ -1,0 +1,89 @@
+"""hfexport: owner-validated exports of Hugging Face models.
+
+One import serves both hfexport's API and the engine's (`transformers.exporters`): names are resolved lazily,
+so `import hfexport` stays cheap and a backend's packages load only when a target needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+# hfexport's own names -> module.
+_OWN = {
+    "AutoHfExporter": "exporter",
+    "AutoExportConfig": "exporter",
+    "RecipeExporter": "exporter",
+    "ExportedModel": "exported",
+    "Recipe": "recipe",
+    "Target": "recipe",
+    "load_recipe": "recipe",
+    "RecipeError": "errors",
+    "HfExportError": "errors",
+    "Plan": "plan",
+    "build_plan": "plan",
+    "run_job": "job",
+    "JobReport": "report",
+    "load": "exported",
+}
+
+# The engine's public names, re-exported as they are.
+_ENGINE = (
+    "DynamoConfig",
+    "DynamoExporter",
+    "ExecutorchConfig",
+    "ExecutorchExporter",
+    "ExportConfigMixin",
+    "ExportFormat",
+    "ExportMetadata",
+    "ExportedComponent",
+    "ExportQuantizer",
+    "HfExporter",
+    "ModelRunner",
+    "NNCFOnnxQuantizer",
+    "NNCFOpenVINOQuantizer",
+    "NNCFQuantizationConfig",
+    "NNCFTorchFXQuantizer",
+    "NNCFWeightCompressionConfig",
+    "OnnxConfig",
+    "OnnxExporter",
+    "OnnxRuntimeDynamicConfig",
+    "OnnxRuntimeQuantizer",
+    "OnnxRuntimeStaticConfig",
+    "OpenVINOConfig",
+    "OpenVINOExporter",
+    "PT2EQuantizer",
+    "register_backend",
+)
+_ENGINE_UTILS = ("decompose_for_generation", "get_leaf_tensors", "prepare_for_export")
+
+__all__ = sorted([*_OWN, *_ENGINE, *_ENGINE_UTILS, "__version__"])
+
+
+def __getattr__(name: str):
+    if name in _OWN:
+        value = getattr(importlib.import_module(f".{_OWN[name]}", __name__), name)
+    elif name in _ENGINE:
+        value = getattr(importlib.import_module("transformers.exporters"), name)
+    elif name in _ENGINE_UTILS:
+        value = getattr(importlib.import_module("transformers.exporters.utils"), name)
+    else:
+        raise AttributeError(f"module 'hfexport' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .errors import HfExportError, RecipeError
+    from .exporter import AutoExportConfig, AutoHfExporter, RecipeExporter
+    from .exported import ExportedModel, load
+    from .job import run_job
+    from .plan import Plan, build_plan
+    from .recipe import Recipe, Target, load_recipe
+    from .report import JobReport

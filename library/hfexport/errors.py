@@ -1,0 +1,81 @@
+"""Errors hfexport raises on purpose, each with the CLI exit code it maps to, and token redaction.
+
+Exit codes: 0 ok, 1 a check failed (invalid recipe, parity), 2 the command could not run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_COULD_NOT_RUN = 2
+
+_TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{8,}")
+_known_secrets: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a token so that `redact` scrubs it from any message, whatever its shape."""
+    if value and len(value) >= 4:
+        _known_secrets.add(value)
+
+
+def redact(text: str) -> str:
+    """`text` with every known token and anything shaped like a Hub token replaced by `***`."""
+    for secret in sorted(_known_secrets | {os.environ.get("HF_TOKEN") or ""}, key=len, reverse=True):
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return _TOKEN_PATTERN.sub("hf_***", text)
+
+
+class HfExportError(Exception):
+    """An expected failure with a readable message: the CLI prints it on one line, no traceback."""
+
+    exit_code = EXIT_COULD_NOT_RUN
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a recipe: where (a dotted JSON path, `$` for the document) and what was expected."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class RecipeError(HfExportError):
+    """A recipe that is not valid: every problem, each with its JSON path."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+    def __init__(self, problems: list[Problem] | Problem, source: str | None = None):
+        self.problems = [problems] if isinstance(problems, Problem) else list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        count = len(self.problems)
+        header = f"invalid recipe{where} ({count} problem{'s' if count != 1 else ''})"
+        super().__init__(header + ":\n" + "\n".join(f"  {problem}" for problem in self.problems))
+
+
+class RecipeNotFoundError(HfExportError):
+    """The model has no recipe (no `export_config.json`, no `export_config` in `config.json`)."""
+
+
+class SourceError(HfExportError):
+    """A model or recipe source that cannot be read: missing path, unknown repo or revision, no access."""
+
+
+class PlanError(HfExportError):
+    """A valid recipe that does not fit the model it is applied to (unknown input, wrong static size, ...)."""
+
+
+class ExportFailedError(HfExportError):
+    """The engine failed to trace, lower or save a target."""

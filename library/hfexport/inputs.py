@@ -1,0 +1,165 @@
+"""Sample inputs from a recipe: texts through the tokenizer/processor, synthesized images and audio, explicit tensors.
+
+Everything is deterministic (seeded). Defaults avoid the shapes torch.export specializes on: batch >= 2 and a
+sequence length that is neither 0, 1, nor equal to the batch, so a dynamic axis is never silently pinned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import PlanError
+
+DEFAULT_TEXTS = ["The capital of France is Paris, and", "Exporting a model should be one call."]
+DEFAULT_SEQ = 13
+DEFAULT_BATCH = 2
+SEED = 0
+_DTYPES = ("int64", "int32", "bool", "float32", "float16", "bfloat16")
+
+
+def sample_size(name: str | int, dims: dict, axis: int) -> int:
+    """A concrete size for a shape entry: an int as is, a dim name at a non-special value inside its bounds."""
+    if isinstance(name, int):
+        return name
+    bounds = dims.get(name, {})
+    preferred = DEFAULT_BATCH if axis == 0 else DEFAULT_SEQ
+    low, high = bounds.get("min", 0), bounds.get("max", max(preferred, 1 << 30))
+    return max(low, min(preferred, high))
+
+
+def _config_value(config, name: str, path: str):
+    """A range bound that names a config value (`vocab_size`); only plain numeric attributes are read."""
+    for holder in (config, getattr(config, "text_config", None)):
+        value = getattr(holder, name, None) if holder is not None else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    raise PlanError(f"{path}: the model config has no numeric value {name!r}")
+
+
+def explicit_tensors(specs: dict, dims: dict, config) -> dict:
+    """`{name: {shape, dtype, range|fill}}` -> tensors, seeded."""
+    import torch
+
+    generator = torch.Generator().manual_seed(SEED)
+    tensors = {}
+    for name, spec in specs.items():
+        shape = [sample_size(size, dims, axis) for axis, size in enumerate(spec["shape"])]
+        dtype = getattr(torch, spec["dtype"])
+        path = f"sample_inputs.tensors.{name}"
+        if "fill" in spec:
+            tensors[name] = torch.full(shape, spec["fill"], dtype=dtype)
+            continue
+        low, high = [
+            _config_value(config, bound, f"{path}.range") if isinstance(bound, str) else bound
+            for bound in spec.get("range", [0, 2] if not dtype.is_floating_point else [-1, 1])
+        ]
+        if dtype.is_floating_point:
+            tensors[name] = (torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
+        elif dtype == torch.bool:
+            tensors[name] = torch.randint(0, 2, shape, generator=generator).bool()
+        else:
+            if high <= low:
+                raise PlanError(f"{path}.range: empty integer range [{low}, {high})")
+            tensors[name] = torch.randint(int(low), int(high), shape, generator=generator, dtype=dtype)
+    return tensors
+
+
+def _avoid_special_length(encoded: dict, tokenizer, batch: int) -> dict:
+    """Pad a batch whose sequence length is 0, 1, 2 or equal to the batch, so that axis is not specialized."""
+    length = encoded["input_ids"].shape[1]
+    if length > 2 and length != batch:
+        return encoded
+    target = max(length, batch, 2) + 1
+    pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+    import torch
+
+    pad = target - length
+    result = dict(encoded)
+    result["input_ids"] = torch.cat([torch.full((batch, pad), pad_id, dtype=encoded["input_ids"].dtype), encoded["input_ids"]], 1)
+    if "attention_mask" in encoded:
+        result["attention_mask"] = torch.cat([torch.zeros(batch, pad, dtype=encoded["attention_mask"].dtype), encoded["attention_mask"]], 1)
+    if "token_type_ids" in encoded:
+        result["token_type_ids"] = torch.cat([torch.zeros(batch, pad, dtype=encoded["token_type_ids"].dtype), encoded["token_type_ids"]], 1)
+    return result
+
+
+def _tokenizer_of(processor):
+    return getattr(processor, "tokenizer", processor)
+
+
+def text_inputs(texts: list[str], processor, config, max_length: int | None = None) -> dict:
+    """Tokenize sample texts (padding to the longest; pad = eos when the tokenizer has no pad token)."""
+    import torch
+
+    tokenizer = _tokenizer_of(processor)
+    if tokenizer is None or not callable(tokenizer):
+        vocab = int(_config_value(config, "vocab_size", "sample_inputs.text"))
+        generator = torch.Generator().manual_seed(SEED)
+        ids = torch.randint(3, vocab, (len(texts), DEFAULT_SEQ), generator=generator)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    kwargs = {"truncation": True, "max_length": max_length} if max_length else {}
+    encoded = dict(tokenizer(list(texts), return_tensors="pt", padding=True, **kwargs))
+    return _avoid_special_length(encoded, tokenizer, len(texts))
+
+
+def image_inputs(spec: dict, processor, count: int) -> dict:
+    """Deterministic synthetic RGB images through the image processor."""
+    import numpy as np
+
+    height, width = spec.get("height", 224), spec.get("width", 224)
+    rng = np.random.default_rng(SEED)
+    images = [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
+    image_processor = getattr(processor, "image_processor", processor)
+    if image_processor is None:
+        raise PlanError("sample_inputs.images: the model repo has no image processor")
+    return dict(image_processor(images=images, return_tensors="pt"))
+
+
+def audio_inputs(spec: dict, processor, count: int) -> dict:
+    """Deterministic synthetic audio (a tone plus seeded noise) through the feature extractor."""
+    import numpy as np
+
+    extractor = getattr(processor, "feature_extractor", processor)
+    if extractor is None:
+        raise PlanError("sample_inputs.audio: the model repo has no feature extractor")
+    rate = spec.get("sampling_rate") or getattr(extractor, "sampling_rate", 16000)
+    seconds = spec.get("seconds", 1.0)
+    rng = np.random.default_rng(SEED)
+    time = np.arange(int(rate * seconds)) / rate
+    waves = [(0.3 * np.sin(2 * np.pi * (220 + 110 * i) * time) + 0.01 * rng.standard_normal(time.size)).astype("float32")
+             for i in range(count)]
+    return dict(extractor(waves, sampling_rate=rate, return_tensors="pt"))
+
+
+def default_sample_spec(task: str | None) -> dict:
+    """What to synthesize when the recipe names no sample inputs."""
+    if task in ("image-classification", "image-feature-extraction"):
+        return {"images": {"count": DEFAULT_BATCH}}
+    if task == "automatic-speech-recognition" or task == "audio-classification":
+        return {"audio": {"count": DEFAULT_BATCH, "seconds": 1.0}}
+    if task == "image-text-to-text":
+        return {"text": DEFAULT_TEXTS, "images": {"count": DEFAULT_BATCH}}
+    return {"text": DEFAULT_TEXTS}
+
+
+def build_sample_inputs(recipe, processor, config, task: str | None, mode: str = "forward") -> dict[str, Any]:
+    """The inputs a target is traced with: forward kwargs (mode `forward`) or generate kwargs (`generation`)."""
+    spec = recipe.sample_inputs or default_sample_spec(task)
+    dims = recipe.dims
+    inputs: dict[str, Any] = {}
+    if "tensors" in spec:
+        inputs.update(explicit_tensors(spec["tensors"], dims, config))
+    if "text" in spec:
+        inputs.update(text_inputs(spec["text"], processor, config, spec.get("max_length")))
+    count = len(spec.get("text", [])) or DEFAULT_BATCH
+    if "images" in spec:
+        inputs.update(image_inputs(spec["images"], processor, spec["images"].get("count", count)))
+    if "audio" in spec:
+        inputs.update(audio_inputs(spec["audio"], processor, spec["audio"].get("count", count)))
+    if not inputs:
+        raise PlanError("sample_inputs: nothing to build inputs from")
+    if mode == "forward" and task in ("text-generation", "text2text-generation", "image-text-to-text"):
+        inputs["use_cache"] = False  # one graph without a cache; the engine's prepare_for_export pops the flag
+    return inputs

@@ -1,0 +1,123 @@
+"""Which transformers class loads a model, and loading it: only transformers' own classes, never code a recipe names.
+
+The class comes from the recipe's `task`, else its `model_class` (a bare class name that must be one of
+transformers' `PreTrainedModel` classes), else `config.architectures`, else `AutoModel`. `trust_remote_code`
+is the caller's choice, off by default, never the recipe's.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import Problem, RecipeError, SourceError, redact
+
+# task -> transformers Auto class name
+TASK_AUTO_CLASSES = {
+    "feature-extraction": "AutoModel",
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "text-generation": "AutoModelForCausalLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+    "image-feature-extraction": "AutoModel",
+    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+    "image-text-to-text": "AutoModelForImageTextToText",
+    "audio-classification": "AutoModelForAudioClassification",
+}
+GENERATIVE_TASKS = ("text-generation", "text2text-generation", "automatic-speech-recognition", "image-text-to-text")
+_CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
+
+
+def transformers_class(name: str, path: str = "model_class"):
+    """A class exported by `transformers` itself: a bare name, a `PreTrainedModel` or Auto class; nothing else."""
+    import transformers
+    from transformers import PreTrainedModel
+
+    if not isinstance(name, str) or not _CLASS_NAME.match(name):
+        raise RecipeError(Problem(path, f"{name!r} is not a transformers class name (no dots, no module paths)"))
+    cls = getattr(transformers, name, None)
+    is_model = isinstance(cls, type) and issubclass(cls, PreTrainedModel)
+    is_auto = isinstance(cls, type) and name.startswith("AutoModel") and hasattr(cls, "from_pretrained")
+    if cls is None or not (is_model or is_auto) or not cls.__module__.startswith("transformers."):
+        raise RecipeError(Problem(path, f"{name!r} is not one of transformers' model classes"))
+    return cls
+
+
+def infer_task(config) -> str:
+    """A task for a model that has no recipe task: from its architecture's name."""
+    architectures = getattr(config, "architectures", None) or []
+    name = architectures[0] if architectures else ""
+    if getattr(config, "is_encoder_decoder", False) and "Speech" in name or "Whisper" in name:
+        return "automatic-speech-recognition"
+    for suffix, task in (
+        ("ForCausalLM", "text-generation"),
+        ("ForConditionalGeneration", "text2text-generation"),
+        ("ForMaskedLM", "fill-mask"),
+        ("ForSequenceClassification", "text-classification"),
+        ("ForTokenClassification", "token-classification"),
+        ("ForQuestionAnswering", "question-answering"),
+        ("ForImageClassification", "image-classification"),
+        ("ForImageTextToText", "image-text-to-text"),
+    ):
+        if name.endswith(suffix):
+            return task
+    return "feature-extraction"
+
+
+def model_class_for(config, task: str | None = None, model_class: str | None = None):
+    """The class to load: task's Auto class, else the recipe's class name, else the config's architecture."""
+    if task:
+        return transformers_class(TASK_AUTO_CLASSES[task], "task")
+    if model_class:
+        return transformers_class(model_class)
+    architectures = getattr(config, "architectures", None) or []
+    if architectures:
+        return transformers_class(architectures[0], "config.architectures.0")
+    return transformers_class("AutoModel")
+
+
+def load_config(name_or_path: str | Path, revision: str | None = None, token: str | None = None,
+                trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(
+            str(name_or_path), revision=revision, token=token, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as error:
+        raise SourceError(f"cannot load the config of {name_or_path}: {redact(_first_line(error))}") from None
+
+
+def load_model(name_or_path: str | Path, recipe=None, revision: str | None = None, token: str | None = None,
+               trust_remote_code: bool = False, config=None) -> Any:
+    """Load the model a recipe describes, in eval mode, float32, on the CPU."""
+    config = config or load_config(name_or_path, revision, token, trust_remote_code)
+    cls = model_class_for(config, recipe.task if recipe else None, recipe.model_class if recipe else None)
+    try:
+        model = cls.from_pretrained(
+            str(name_or_path), revision=revision, token=token, trust_remote_code=trust_remote_code, config=config
+        )
+    except (OSError, ValueError) as error:
+        raise SourceError(f"cannot load {name_or_path} with {cls.__name__}: {redact(_first_line(error))}") from None
+    return model.eval()
+
+
+def load_processor(name_or_path: str | Path, revision: str | None = None, token: str | None = None):
+    """The repo's processor or tokenizer (None when it has neither): it turns sample texts/images into inputs."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    for loader in (AutoProcessor, AutoTokenizer):
+        try:
+            return loader.from_pretrained(str(name_or_path), revision=revision, token=token)
+        except Exception:  # noqa: BLE001 - a repo without a processor is normal; the next loader or None
+            continue
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,367 @@
+"""Plan: a recipe target resolved against one concrete model. Pure data in, engine objects out; nothing traced.
+
+A plan holds, per component, the engine config (with `torch.export.Dim`s built from the recipe's dims), the
+inputs the engine will trace with (keys as they are after the engine's `prepare_for_export`), and a readable
+statement of which axes are dynamic. Mode `forward` is one `"model"` component; mode `generation` has the
+components the engine's `decompose_for_generation` finds for this model (`prefill`/`decode`, or encoders, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PlanError
+from .inputs import build_sample_inputs
+from .models import infer_task
+from .recipe import Recipe, Target, parse_axis
+
+
+@dataclass
+class ComponentPlan:
+    """One graph to export: its engine config and the shapes it will be traced with."""
+
+    name: str
+    config: Any  # the engine's ExportConfigMixin subclass
+    input_shapes: dict[str, Any]  # sample shapes, for the report
+    dynamic_axes: dict[str, Any]  # input -> axis -> description; {"*": "auto"} when torch.export decides
+
+
+@dataclass
+class Plan:
+    """Everything needed to run one target's engine call."""
+
+    recipe: Recipe
+    target: Target
+    task: str
+    inputs: dict[str, Any]  # forward kwargs (forward) or generate kwargs (generation)
+    components: dict[str, ComponentPlan]
+    generation_config: Any = None
+    multi_token_decode: bool = False
+    dims: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def export_format(self):
+        return next(iter(self.components.values())).config.export_format
+
+    @property
+    def mode(self) -> str:
+        return self.target.mode
+
+    @property
+    def config(self):
+        """The engine config: one for `forward`, `{component: config}` for `generation`."""
+        if self.target.mode == "forward":
+            return self.components["model"].config
+        return {name: component.config for name, component in self.components.items()}
+
+    def describe(self) -> dict:
+        """The resolved plan as JSON: format, mode, dims, and per component its options and dynamic axes."""
+        return {
+            "target": self.target.name,
+            "export_format": str(self.target.export_format),
+            "mode": self.target.mode,
+            "task": self.task,
+            "dims": copy.deepcopy(self.recipe.dims),
+            "generation": copy.deepcopy(self.target.generation) or None,
+            "components": {
+                name: {
+                    "options": _options_of(component.config),
+                    "input_shapes": component.input_shapes,
+                    "dynamic_axes": component.dynamic_axes,
+                }
+                for name, component in self.components.items()
+            },
+        }
+
+
+def _options_of(config) -> dict:
+    skip = {"export_format", "dynamic_shapes", "quantizer"}
+    return {key: value for key, value in vars(config).items() if key not in skip}
+
+
+def build_dims(recipe: Recipe) -> dict[str, Any]:
+    """One `torch.export.Dim` per declared dim name."""
+    from torch.export import Dim
+
+    dims = {}
+    for name, bounds in recipe.dims.items():
+        kwargs = {key: bounds[key] for key in ("min", "max") if key in bounds}
+        dims[name] = Dim(name, **kwargs)
+    return dims
+
+
+def _describe_shape(value) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    return {"container": type(value).__name__}
+
+
+class _AxisResolver:
+    """Turns recipe axis specs into torch.export dims for one component's prepared inputs."""
+
+    def __init__(self, recipe: Recipe, dims: dict, component: str, generation: bool):
+        self.recipe, self.dims, self.component, self.generation = recipe, dims, component, generation
+
+    def axis(self, spec: Any, size: int, where: str, component_level: bool) -> tuple[Any, str | None]:
+        from torch.export import Dim
+
+        kind, value = parse_axis(spec)
+        if kind == "keyword":
+            return {"static": (None, "static"), "auto": (Dim.AUTO, "auto"), "dynamic": (Dim.DYNAMIC, "dynamic")}[value]
+        if kind == "int":
+            if size != value:
+                raise PlanError(f"{where}: the recipe pins this axis to {value}, but the sample input has size {size}")
+            return None, f"static ({value})"
+        name, scale, offset = value
+        base = self.dims[name]
+        bounds = self.recipe.dims.get(name, {})
+        if size in (0, 1) and scale == 1 and offset == 0:
+            if self.generation and not component_level and size == 1:
+                # A target-wide dim on an axis this component traces at 1 (the decode step): static here.
+                return None, "static (1 in this component)"
+            raise PlanError(
+                f"{where}: dim {name!r} is traced from a sample of size {size}; torch.export specializes sizes 0 "
+                f"and 1, so use a sample with size >= 2 on this axis"
+            )
+        low, high = bounds.get("min"), bounds.get("max")
+        base_size = (size - offset) / scale
+        if (low is not None and base_size < low) or (high is not None and base_size > high):
+            raise PlanError(
+                f"{where}: the sample input has size {size}, outside dim {name!r} [{low}, {high}] "
+                "(change sample_inputs or the dim's bounds)"
+            )
+        dim = base if (scale, offset) == (1, 0) else base * scale + offset
+        text = f"{name} [{low if low is not None else '-'}, {high if high is not None else '-'}]"
+        if (scale, offset) != (1, 0):
+            text = f"{spec} ({text})"
+        return dim, text
+
+    def tensor_axes(self, axes: dict, tensor, where: str, component_level: bool) -> tuple[dict | None, dict]:
+        spec, text = {}, {}
+        for key, axis_spec in axes.items():
+            index = int(key)
+            if index >= tensor.dim():
+                raise PlanError(f"{where}.{key}: axis {index} does not exist; the input has rank {tensor.dim()}")
+            dim, description = self.axis(axis_spec, int(tensor.shape[index]), f"{where}.{key}", component_level)
+            if dim is not None:
+                spec[index] = dim
+            text[str(index)] = description
+        return (spec or None), text
+
+
+def _resolve_shapes(resolver: _AxisResolver, shapes: dict, component_shapes: dict, inputs: dict, path: str,
+                    strict_keys: bool) -> tuple[dict, dict]:
+    """torch.export `dynamic_shapes` for `inputs` from recipe specs, and a description of every dynamic axis."""
+    import torch
+    from transformers.exporters.exporter_dynamo import get_auto_dynamic_shapes
+
+    merged = {**shapes, **component_shapes}
+    unknown = [key for key in merged if key not in inputs]
+    if unknown and strict_keys:
+        raise PlanError(
+            f"{path}: no input named {', '.join(map(repr, unknown))}; the traced inputs are: {', '.join(inputs)}"
+        )
+    result, described = {}, {}
+    listed_tensors = {key: inputs[key] for key in merged if isinstance(inputs.get(key), torch.Tensor)}
+    for key, value in inputs.items():
+        where = f"{path}.{key}"
+        spec = merged.get(key)
+        component_level = key in component_shapes
+        if isinstance(value, torch.Tensor):
+            inherited_from = None
+            if spec is None and key not in merged:
+                # An unlisted input shaped exactly like a listed one follows it (attention_mask after input_ids).
+                inherited_from = next(
+                    (name for name, tensor in listed_tensors.items() if tensor.shape == value.shape), None
+                )
+                spec = merged.get(inherited_from) if inherited_from else None
+            if spec is None:
+                result[key] = None
+                continue
+            if not isinstance(spec, dict) or "*" in spec:
+                raise PlanError(f"{where}: a tensor input takes a per-axis map")
+            result[key], text = resolver.tensor_axes(spec, value, where, component_level)
+            if inherited_from:
+                text = {axis: f"{desc} (as {inherited_from})" for axis, desc in text.items()}
+            described[key] = text
+            continue
+        template = get_auto_dynamic_shapes(value)
+        if spec is None or not template:
+            result[key] = None if not template else _static_like(template)
+            continue
+        result[key], described[key] = _resolve_container(resolver, spec, value, template, where, component_level)
+    return result, described
+
+
+def _static_like(template):
+    if isinstance(template, dict):
+        return None
+    if isinstance(template, (list, tuple)):
+        return type(template)(_static_like(item) for item in template)
+    return None
+
+
+def _resolve_container(resolver, spec, value, template, where, component_level):
+    """A cache (or other pytree) input: `{"*": axes}` for every tensor, or a list with one entry per tensor."""
+    from transformers.exporters.utils import get_leaf_tensors
+
+    leaves = list(get_leaf_tensors(value).values())
+    flat_template = _flatten_template(template)
+    if len(leaves) != len(flat_template):
+        leaves = [None] * len(flat_template)
+    if isinstance(spec, dict) and "*" in spec:
+        per_tensor = [spec["*"]] * len(flat_template)
+    elif isinstance(spec, list):
+        if len(spec) != len(flat_template):
+            raise PlanError(f"{where}: {len(spec)} entries given, but this input holds {len(flat_template)} tensors")
+        per_tensor = spec
+    else:
+        raise PlanError(f"{where}: a cache input takes {{\"*\": axes}} or a list with one entry per tensor")
+    specs, description = [], {}
+    for index, (axes, rank_template, leaf) in enumerate(zip(per_tensor, flat_template, leaves)):
+        if axes is None:
+            specs.append(None)
+            continue
+        tensor = leaf if leaf is not None else _FakeShape(rank_template)
+        spec_i, text = resolver.tensor_axes(axes, tensor, f"{where}.{index}", component_level)
+        specs.append(spec_i)
+        description[str(index)] = text
+    it = iter(specs)
+    rebuilt = _rebuild_template(template, it)
+    if isinstance(spec, dict) and "*" in spec and description:
+        description = {"*": next(iter(description.values())), "tensors": len(flat_template)}
+    return rebuilt, description
+
+
+class _FakeShape:
+    """Rank without sizes, for a cache leaf whose tensor cannot be read (sizes then are not checked)."""
+
+    def __init__(self, template: dict):
+        self.shape = [2] * len(template)
+
+    def dim(self):
+        return len(self.shape)
+
+
+def _flatten_template(template) -> list:
+    if isinstance(template, dict):
+        return [template]
+    if isinstance(template, (list, tuple)):
+        return [leaf for item in template for leaf in _flatten_template(item)]
+    return []
+
+
+def _rebuild_template(template, specs):
+    if isinstance(template, dict):
+        return next(specs)
+    if isinstance(template, (list, tuple)):
+        return type(template)(_rebuild_template(item, specs) for item in template)
+    return template
+
+
+def _engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
+    """The engine's config object for the target's format, enums converted from their strings."""
+    from transformers.exporters import ExportFormat
+    from transformers.exporters.auto import EXPORT_BACKENDS
+
+    export_format = ExportFormat(target.export_format)
+    config_class = EXPORT_BACKENDS[export_format].config
+    options = dict(options)
+    if dynamic_shapes is None:
+        options.setdefault("dynamic", True)  # never pin an axis silently: AUTO on every axis, batch sample >= 2
+    try:
+        return config_class(export_format=export_format, dynamic_shapes=dynamic_shapes, **options)
+    except (TypeError, ValueError) as error:
+        raise PlanError(f"targets.{target.name}.options: {error}") from None
+
+
+def _prepared(model, inputs: dict) -> dict:
+    """Inputs as the engine traces them: after `prepare_for_export` (flags popped, preparer keys added)."""
+    from transformers.exporters.utils import prepare_for_export
+
+    _, prepared, _ = prepare_for_export(model, copy.copy(dict(inputs)))
+    return dict(prepared)
+
+
+def _generation_config(model, target: Target):
+    generation = target.generation
+    if generation.get("cache_implementation") != "static":
+        return None
+    config = copy.deepcopy(model.generation_config)
+    config.cache_implementation = "static"
+    config.cache_config = {"max_cache_len": generation["max_cache_len"]}
+    return config
+
+
+def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None) -> Plan:
+    """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
+    from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+
+    target = recipe.target(target_name)
+    task = recipe.task or infer_task(model.config)
+    if inputs is None:
+        inputs = build_sample_inputs(recipe, processor, model.config, task, target.mode)
+    dims = build_dims(recipe)
+    register_cache_pytrees_for_model(model)
+    base = f"targets.{target.name}.dynamic_shapes"
+    shapes = target.dynamic_shapes
+    components: dict[str, ComponentPlan] = {}
+    generation_config = None
+    multi_token_decode = bool(target.generation.get("multi_token_decode", False))
+
+    if target.mode == "forward":
+        prepared = _prepared(model, inputs)
+        resolver = _AxisResolver(recipe, dims, "model", generation=False)
+        dynamic_shapes, described = (
+            _resolve_shapes(resolver, shapes, {}, prepared, base, strict_keys=True) if shapes is not None else (None, None)
+        )
+        config = _engine_config(target, target.options, dynamic_shapes)
+        components["model"] = ComponentPlan(
+            "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"}
+        )
+    else:
+        from transformers.exporters.utils import decompose_for_generation
+
+        generation_config = _generation_config(model, target)
+        try:
+            stages = decompose_for_generation(
+                model, dict(inputs), generation_config=generation_config, multi_token_decode=multi_token_decode
+            )
+        except Exception as error:  # noqa: BLE001 - the engine's own message, one line
+            raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
+        unknown_overrides = [name for name in target.components if name not in stages]
+        if unknown_overrides:
+            raise PlanError(
+                f"targets.{target.name}.components: no component {', '.join(map(repr, unknown_overrides))}; "
+                f"this model's components are: {', '.join(stages)}"
+            )
+        seen_keys: set[str] = set()
+        for name, (submodel, subinputs) in stages.items():
+            override = target.components.get(name, {})
+            prepared = _prepared(submodel, subinputs)
+            seen_keys.update(prepared)
+            options = {**target.options, **override.get("options", {})}
+            component_shapes = override.get("dynamic_shapes", {})
+            if shapes is None and not component_shapes:
+                dynamic_shapes, described = None, {"*": "auto"}
+            else:
+                resolver = _AxisResolver(recipe, dims, name, generation=True)
+                dynamic_shapes, described = _resolve_shapes(
+                    resolver, {k: v for k, v in (shapes or {}).items() if k in prepared}, component_shapes,
+                    prepared, f"targets.{target.name}.components.{name}.dynamic_shapes"
+                    if component_shapes else base, strict_keys=bool(component_shapes),
+                )
+            config = _engine_config(target, options, dynamic_shapes)
+            components[name] = ComponentPlan(name, config, {k: _describe_shape(v) for k, v in prepared.items()}, described)
+        unknown = [key for key in (shapes or {}) if key not in seen_keys]
+        if unknown:
+            raise PlanError(
+                f"{base}: no component takes {', '.join(map(repr, unknown))}; inputs are: {', '.join(sorted(seen_keys))}"
+            )
+    return Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)

@@ -1,0 +1,552 @@
+"""Export recipes: read, validate (JSON Schema + semantic checks) and normalise them to one full form.
+
+A recipe is pure data. It is read from a JSON file, a model folder (`export_config.json`, else the
+`export_config` field of `config.json`) or a Hub repo (only those two small files are downloaded), validated
+against `schemas/export_config.schema.json`, then checked for what a schema cannot say (dim references, bounds,
+options per format, default target). Every problem is reported with its JSON path in one `RecipeError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import Problem, RecipeError, RecipeNotFoundError, SourceError, redact
+
+RECIPE_FILE = "export_config.json"
+CONFIG_FILE = "config.json"
+CONFIG_FIELD = "export_config"
+MAX_RECIPE_BYTES = 1 << 20
+FORMATS = ("dynamo", "onnx", "executorch", "openvino")
+MODES = ("forward", "generation")
+AXIS_KEYWORDS = ("static", "auto", "dynamic")
+_LINEAR = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*(?:([+-])\s*(\d+)\s*)?$")
+
+# Engine config fields per format (transformers.exporters.configs), minus what the recipe sets elsewhere.
+# A test checks this table against the engine's dataclasses so a new engine field is noticed.
+_COMMON_OPTIONS = ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_guards")
+FORMAT_OPTIONS = {
+    "dynamo": _COMMON_OPTIONS,
+    "onnx": (*_COMMON_OPTIONS, "opset_version", "optimize", "ort_fusions"),
+    "executorch": (*_COMMON_OPTIONS, "backend", "alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"),
+    "openvino": (*_COMMON_OPTIONS, "compress_to_fp16", "stateful"),
+}
+
+# Which quantization method runs on which format (the engine's quantizers; see docs/quantization.md).
+QUANTIZATION_FORMATS = {
+    "ort_dynamic": ("onnx",),
+    "ort_static": ("onnx",),
+    "nncf_weights": ("openvino",),
+    "nncf_quantize": ("openvino", "onnx"),
+    "pt2e": ("dynamo", "onnx", "executorch", "openvino"),
+}
+
+
+@lru_cache(maxsize=None)
+def load_schema(name: str = "export_config") -> dict:
+    """A JSON Schema shipped inside the package (`hfexport/schemas/<name>.schema.json`)."""
+    text = resources.files("hfexport").joinpath("schemas").joinpath(f"{name}.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@lru_cache(maxsize=None)
+def _validator(name: str):
+    from jsonschema import Draft202012Validator
+
+    schema = load_schema(name)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def json_path(parts) -> str:
+    """`targets.onnx-cpu.dynamic_shapes.input_ids.1` from a sequence of keys and indices; `$` when empty."""
+    return ".".join(str(part) for part in parts) or "$"
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted, compact JSON: the form hashed for provenance and cache keys."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_of(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+# ── Parsing ──────────────────────────────────────────────────────────────────
+
+
+def _reject_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key):
+        super().__init__(key)
+        self.key = key
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_recipe_text(text: str | bytes, source: str | None = None) -> Any:
+    """Parse JSON strictly: no NaN/Infinity, no duplicate keys, bounded size and depth."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_RECIPE_BYTES:
+            raise RecipeError(Problem("$", f"recipe is {len(text)} bytes; at most {MAX_RECIPE_BYTES} are read"), source)
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RecipeError(Problem("$", f"not UTF-8 text ({error.reason} at byte {error.start})"), source) from None
+    if len(text) > MAX_RECIPE_BYTES:
+        raise RecipeError(Problem("$", f"recipe is {len(text)} characters; at most {MAX_RECIPE_BYTES} are read"), source)
+    if not text.strip():
+        raise RecipeError(Problem("$", "empty document; expected a JSON object"), source)
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except _DuplicateKey as error:
+        raise RecipeError(Problem("$", f"duplicate key {error.key!r}: each name may appear once"), source) from None
+    except json.JSONDecodeError as error:
+        raise RecipeError(
+            Problem("$", f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"), source
+        ) from None
+    except (ValueError, RecursionError) as error:
+        message = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise RecipeError(Problem("$", f"not valid JSON: {message}"), source) from None
+
+
+# ── Schema and semantic validation ───────────────────────────────────────────
+
+
+def _deepest(error):
+    """For a oneOf/anyOf failure, the sub-error that got furthest into the instance (the most precise one)."""
+    while error.validator in ("oneOf", "anyOf") and error.context:
+        deeper = max(error.context, key=lambda sub: len(sub.absolute_path))
+        if len(deeper.absolute_path) <= len(error.absolute_path):
+            break
+        error = deeper
+    return error
+
+
+def _schema_problem(error) -> Problem:
+    error = _deepest(error)
+    path = list(error.absolute_path)
+    validator, value = error.validator, error.instance
+    if validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(value) - set(error.schema.get("properties", {})))
+        key = extra[0] if extra else "?"
+        expected = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+        return Problem(json_path([*path, key]), f"unknown key {key!r}{expected}")
+    if validator == "required":
+        return Problem(json_path(path), error.message.replace("is a required property", "is required"))
+    if validator in ("oneOf", "anyOf") and "description" in error.schema:
+        return Problem(json_path(path), f"{_short(value)} is not valid; expected {error.schema['description'][0].lower()}{error.schema['description'][1:]}")
+    if validator == "propertyNames":
+        pattern = error.schema["propertyNames"].get("pattern") or load_schema()["$defs"]["dim_name"]["pattern"]
+        bad = [name for name in value if not re.fullmatch(pattern, name)]
+        what = "an axis index (\"0\", \"1\", ...)" if pattern.startswith("^(0|") else f"a name matching {pattern}"
+        return Problem(json_path(path), f"invalid key {bad[0]!r}; expected {what}" if bad else error.message)
+    if validator == "pattern" and isinstance(value, str) and "." in value and path and path[-1] == "model_class":
+        return Problem(json_path(path), f"{value!r} is a dotted path; a recipe names a transformers class, never code")
+    return Problem(json_path(path), _short_message(error.message))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _short_message(message: str) -> str:
+    return message if len(message) <= 300 else message[:297] + "..."
+
+
+def _schema_problems(document: Any) -> list[Problem]:
+    errors = sorted(_validator("export_config").iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+    problems, seen = [], set()
+    for error in errors:
+        problem = _schema_problem(error)
+        if str(problem) not in seen:
+            seen.add(str(problem))
+            problems.append(problem)
+    return problems
+
+
+def parse_axis(spec: Any) -> tuple[str, Any]:
+    """Classify one axis spec: ("int", n) | ("keyword", "static"|"auto"|"dynamic") | ("dim", (name, scale, offset))."""
+    if isinstance(spec, bool):
+        raise ValueError("expected an axis spec, got a boolean")
+    if isinstance(spec, int):
+        return "int", spec
+    if spec in AXIS_KEYWORDS:
+        return "keyword", spec
+    match = _LINEAR.match(spec) if isinstance(spec, str) else None
+    if not match:
+        raise ValueError(f"{spec!r} is not an axis spec")
+    scale, name, sign, offset = match.groups()
+    offset_value = int(offset or 0) * (-1 if sign == "-" else 1)
+    return "dim", (name, int(scale or 1), offset_value)
+
+
+def _iter_tensor_shapes(input_spec: Any, path: list) -> list[tuple[list, dict]]:
+    """The per-axis maps inside one input's spec, with their paths."""
+    if input_spec is None:
+        return []
+    if isinstance(input_spec, list):
+        return [([*path, index], item) for index, item in enumerate(input_spec) if item is not None]
+    if "*" in input_spec:
+        return [([*path, "*"], input_spec["*"])]
+    return [(path, input_spec)]
+
+
+def _semantic_problems(recipe: dict) -> list[Problem]:
+    problems: list[Problem] = []
+    dims = recipe.get("dims", {})
+    known = ", ".join(sorted(dims)) or "(none declared)"
+    for name, bounds in dims.items():
+        low, high = bounds.get("min"), bounds.get("max")
+        if low is not None and high is not None and low > high:
+            problems.append(Problem(f"dims.{name}", f"min {low} is greater than max {high}"))
+
+    def check_dim_ref(path: list, spec: Any):
+        try:
+            kind, value = parse_axis(spec)
+        except ValueError as error:
+            problems.append(Problem(json_path(path), str(error)))
+            return
+        if kind == "dim" and value[0] not in dims:
+            problems.append(Problem(json_path(path), f"{value[0]!r} is not a dim; known dims: {known}"))
+
+    def check_shapes(shapes: dict | None, path: list):
+        for input_name, input_spec in (shapes or {}).items():
+            for tensor_path, axes in _iter_tensor_shapes(input_spec, [*path, input_name]):
+                for axis, spec in axes.items():
+                    check_dim_ref([*tensor_path, axis], spec)
+
+    def check_options(options: dict | None, export_format: str, path: list):
+        allowed = FORMAT_OPTIONS[export_format]
+        for option in options or {}:
+            if option not in allowed:
+                owners = [fmt for fmt, names in FORMAT_OPTIONS.items() if option in names]
+                hint = f" (an option of {', '.join(owners)})" if owners else ""
+                problems.append(
+                    Problem(
+                        json_path([*path, option]),
+                        f"not an option of {export_format}{hint}; {export_format} takes: {', '.join(allowed)}",
+                    )
+                )
+        if options and options.get("ort_fusions") and options.get("optimize") is False:
+            problems.append(Problem(json_path([*path, "ort_fusions"]), "ort_fusions requires optimize to be true"))
+
+    tensors = recipe.get("sample_inputs", {}).get("tensors", {})
+    for input_name, tensor in tensors.items():
+        for index, size in enumerate(tensor.get("shape", [])):
+            if isinstance(size, str) and size not in dims:
+                problems.append(
+                    Problem(f"sample_inputs.tensors.{input_name}.shape.{index}", f"{size!r} is not a dim; known dims: {known}")
+                )
+
+    targets = recipe.get("targets", {})
+    default = recipe.get("default_target")
+    if default is not None and default not in targets:
+        problems.append(
+            Problem("default_target", f"{default!r} is not a target; targets: {', '.join(sorted(targets))}")
+        )
+    for name, target in targets.items():
+        base = ["targets", name]
+        export_format = target.get("export_format")
+        if export_format not in FORMATS:
+            continue  # the schema already said so
+        mode = target.get("mode", "forward")
+        check_options(target.get("options"), export_format, [*base, "options"])
+        check_shapes(target.get("dynamic_shapes"), [*base, "dynamic_shapes"])
+        if "components" in target and mode != "generation":
+            problems.append(Problem(json_path([*base, "components"]), "components apply to mode 'generation' only"))
+        if "generation" in target and mode != "generation":
+            problems.append(Problem(json_path([*base, "generation"]), "generation settings apply to mode 'generation' only"))
+        generation = target.get("generation", {})
+        if generation.get("cache_implementation") == "static" and "max_cache_len" not in generation:
+            problems.append(Problem(json_path([*base, "generation"]), "a static cache needs max_cache_len"))
+        for component, override in target.get("components", {}).items():
+            check_options(override.get("options"), export_format, [*base, "components", component, "options"])
+            check_shapes(override.get("dynamic_shapes"), [*base, "components", component, "dynamic_shapes"])
+        for dim_name in target.get("parity", {}).get("probe", {}):
+            if dim_name not in dims:
+                problems.append(
+                    Problem(json_path([*base, "parity", "probe", dim_name]), f"{dim_name!r} is not a dim; known dims: {known}")
+                )
+        quantization = target.get("quantization")
+        if quantization:
+            method = quantization.get("method")
+            allowed_formats = QUANTIZATION_FORMATS.get(method, ())
+            if method in QUANTIZATION_FORMATS and export_format not in allowed_formats:
+                combos = "; ".join(f"{m}: {', '.join(f)}" for m, f in QUANTIZATION_FORMATS.items())
+                problems.append(
+                    Problem(
+                        json_path([*base, "quantization", "method"]),
+                        f"{method!r} does not run on {export_format}; allowed combinations: {combos}",
+                    )
+                )
+    return problems
+
+
+# ── The normalised recipe ────────────────────────────────────────────────────
+
+
+def normalize(document: dict) -> dict:
+    """The full form of a recipe: a flat engine config becomes one forward target named after its format."""
+    if "targets" in document:
+        return copy.deepcopy(document)
+    flat = copy.deepcopy(document)
+    export_format = flat.pop("export_format")
+    target: dict[str, Any] = {"export_format": export_format, "mode": "forward"}
+    if "dynamic_shapes" in flat:
+        target["dynamic_shapes"] = flat.pop("dynamic_shapes")
+    if flat:
+        target["options"] = flat
+    return {"recipe_version": 1, "targets": {export_format: target}}
+
+
+def validate_document(document: Any, source: str | None = None) -> dict:
+    """Validate a parsed recipe (either form) and return its full form; raise `RecipeError` with every problem."""
+    if not isinstance(document, dict):
+        raise RecipeError(Problem("$", f"expected a JSON object, got {type(document).__name__}"), source)
+    problems = _schema_problems(document)
+    if problems:
+        raise RecipeError(problems, source)
+    full = normalize(document)
+    problems = _semantic_problems(full)
+    if problems:
+        raise RecipeError(problems, source)
+    return full
+
+
+@dataclass
+class Target:
+    """One named export of a recipe, in full form (see the schema's `target`)."""
+
+    name: str
+    export_format: str
+    mode: str = "forward"
+    options: dict = field(default_factory=dict)
+    dynamic_shapes: dict | None = None
+    generation: dict = field(default_factory=dict)
+    components: dict = field(default_factory=dict)
+    parity: dict = field(default_factory=dict)
+    quantization: dict | None = None
+    description: str | None = None
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict) -> Target:
+        return cls(
+            name=name,
+            export_format=data["export_format"],
+            mode=data.get("mode", "forward"),
+            options=copy.deepcopy(data.get("options", {})),
+            dynamic_shapes=copy.deepcopy(data.get("dynamic_shapes")),
+            generation=copy.deepcopy(data.get("generation", {})),
+            components=copy.deepcopy(data.get("components", {})),
+            parity=copy.deepcopy(data.get("parity", {})),
+            quantization=copy.deepcopy(data.get("quantization")),
+            description=data.get("description"),
+        )
+
+    def to_dict(self) -> dict:
+        """The target as the recipe would write it (empty sections left out)."""
+        data: dict[str, Any] = {"export_format": self.export_format, "mode": self.mode}
+        for key in ("description", "options", "generation", "dynamic_shapes", "components", "parity", "quantization"):
+            value = getattr(self, key)
+            if value not in (None, {}, []):
+                data[key] = copy.deepcopy(value)
+        return data
+
+
+@dataclass
+class Recipe:
+    """A validated recipe in full form, and where it came from."""
+
+    data: dict
+    source: str | None = None
+    document: Any = None  # as published (flat or full)
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        return {name: Target.from_dict(name, data) for name, data in self.data["targets"].items()}
+
+    @property
+    def target_names(self) -> list[str]:
+        return list(self.data["targets"])
+
+    @property
+    def dims(self) -> dict[str, dict]:
+        return self.data.get("dims", {})
+
+    @property
+    def sample_inputs(self) -> dict:
+        return self.data.get("sample_inputs", {})
+
+    @property
+    def task(self) -> str | None:
+        return self.data.get("task")
+
+    @property
+    def model_class(self) -> str | None:
+        return self.data.get("model_class")
+
+    @property
+    def default_target(self) -> str:
+        return self.data.get("default_target") or self.target_names[0]
+
+    @property
+    def sha256(self) -> str:
+        return sha256_of(self.data)
+
+    def target(self, name: str | None = None) -> Target:
+        """The named target (the default one when `name` is None), or a `RecipeError` listing the targets."""
+        name = name or self.default_target
+        if name not in self.data["targets"]:
+            raise RecipeError(
+                Problem("targets", f"no target {name!r}; this recipe has: {', '.join(self.target_names)}"), self.source
+            )
+        return Target.from_dict(name, self.data["targets"][name])
+
+    def with_target_overrides(self, name: str, **options) -> Recipe:
+        """A copy whose target `name` has extra engine options (revalidated)."""
+        data = copy.deepcopy(self.data)
+        data["targets"][name].setdefault("options", {}).update(options)
+        return Recipe(validate_document(data, self.source), self.source, self.document)
+
+    def standalone(self, name: str) -> dict:
+        """A one-target recipe (dims, sample inputs and task kept) that reproduces target `name` on its own."""
+        data = {key: copy.deepcopy(value) for key, value in self.data.items() if key not in ("targets", "default_target")}
+        data["targets"] = {name: copy.deepcopy(self.data["targets"][name])}
+        data["default_target"] = name
+        data.setdefault("recipe_version", 1)
+        return data
+
+    def target_hash(self, name: str) -> str:
+        """The canonical hash of everything that decides target `name`'s export (its standalone recipe)."""
+        return sha256_of(self.standalone(name))
+
+
+# ── Sources ──────────────────────────────────────────────────────────────────
+
+
+def recipe_from_document(document: Any, source: str | None = None) -> Recipe:
+    return Recipe(validate_document(document, source), source, document)
+
+
+def recipe_from_text(text: str | bytes, source: str | None = None) -> Recipe:
+    return recipe_from_document(parse_recipe_text(text, source), source)
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise RecipeError(Problem("$", f"recipe is {size} bytes; at most {MAX_RECIPE_BYTES} are read"), str(path))
+        return path.read_bytes()
+    except OSError as error:
+        raise SourceError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def _recipe_from_config(config_bytes: bytes, source: str) -> Recipe | None:
+    config = parse_recipe_text(config_bytes, source)
+    if not isinstance(config, dict) or CONFIG_FIELD not in config:
+        return None
+    return recipe_from_document(config[CONFIG_FIELD], f"{source} ({CONFIG_FIELD})")
+
+
+def recipe_from_folder(folder: str | Path) -> Recipe:
+    folder = Path(folder)
+    recipe_file = folder / RECIPE_FILE
+    if recipe_file.is_file():
+        return recipe_from_text(_read_file(recipe_file), str(recipe_file))
+    config_file = folder / CONFIG_FILE
+    if config_file.is_file():
+        recipe = _recipe_from_config(_read_file(config_file), str(config_file))
+        if recipe is not None:
+            return recipe
+    raise RecipeNotFoundError(
+        f"no recipe in {folder}: expected {RECIPE_FILE} or an `{CONFIG_FIELD}` field in {CONFIG_FILE} "
+        "(`hfexport init` proposes one)"
+    )
+
+
+def looks_like_repo_id(value: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?", value)) and ".." not in value
+
+
+def hub_file(repo_id: str, filename: str, revision: str | None, token: str | None) -> bytes | None:
+    """One small file of a Hub model repo through huggingface_hub (None when the repo has no such file)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        path = hf_hub_download(repo_id, filename, revision=revision, token=token)
+    except EntryNotFoundError:
+        return None
+    except RevisionNotFoundError:
+        raise SourceError(f"revision {revision!r} not found in {repo_id}") from None
+    except GatedRepoError:
+        raise SourceError(f"{repo_id} is gated: request access on the Hub, then pass a token") from None
+    except RepositoryNotFoundError:
+        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
+        raise SourceError(f"repository {repo_id} not found or not accessible{hint}") from None
+    except HfHubHTTPError as error:
+        raise SourceError(f"cannot read {filename} from {repo_id}: {redact(str(error).splitlines()[0])}") from None
+    except (OSError, ValueError) as error:
+        raise SourceError(f"cannot reach the Hub for {repo_id}: {redact(str(error).splitlines()[0] if str(error) else type(error).__name__)}") from None
+    return Path(path).read_bytes()
+
+
+def recipe_from_hub(repo_id: str, revision: str | None = None, token: str | None = None) -> Recipe:
+    """Read a repo's recipe: only `export_config.json` or `config.json` are downloaded, never weights."""
+    at = f"{repo_id}@{revision}" if revision else repo_id
+    data = hub_file(repo_id, RECIPE_FILE, revision, token)
+    if data is not None:
+        return recipe_from_text(data, f"{at}/{RECIPE_FILE}")
+    config = hub_file(repo_id, CONFIG_FILE, revision, token)
+    if config is not None:
+        recipe = _recipe_from_config(config, f"{at}/{CONFIG_FILE}")
+        if recipe is not None:
+            return recipe
+    raise RecipeNotFoundError(
+        f"no recipe in {at}: expected {RECIPE_FILE} or an `{CONFIG_FIELD}` field in {CONFIG_FILE} "
+        "(`hfexport init` proposes one)"
+    )
+
+
+def load_recipe(source: str | Path | dict | Recipe, revision: str | None = None, token: str | None = None) -> Recipe:
+    """A validated recipe from a dict, a JSON file, a model folder or a Hub repo id."""
+    if isinstance(source, Recipe):
+        return source
+    if isinstance(source, dict):
+        return recipe_from_document(source, "<dict>")
+    path = Path(source)
+    if path.is_dir():
+        return recipe_from_folder(path)
+    if path.is_file():
+        return recipe_from_text(_read_file(path), str(path))
+    text = str(source)
+    if path.suffix == ".json" or text.startswith((".", "/", "~")) or not looks_like_repo_id(text):
+        raise SourceError(f"{text}: no such file or folder")
+    return recipe_from_hub(text, revision, token)
