@@ -79,3 +79,7 @@ class PlanError(HfExportError):
 
 class ExportFailedError(HfExportError):
     """The engine failed to trace, lower or save a target."""
+
+
+class UnknownTargetError(HfExportError):
+    """A target name the recipe does not have."""

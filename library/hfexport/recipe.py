@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import Problem, RecipeError, RecipeNotFoundError, SourceError, redact
+from .errors import Problem, RecipeError, RecipeNotFoundError, SourceError, UnknownTargetError, redact
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FILE = "config.json"
@@ -417,8 +417,8 @@ class Recipe:
         """The named target (the default one when `name` is None), or a `RecipeError` listing the targets."""
         name = name or self.default_target
         if name not in self.data["targets"]:
-            raise RecipeError(
-                Problem("targets", f"no target {name!r}; this recipe has: {', '.join(self.target_names)}"), self.source
+            raise UnknownTargetError(
+                f"no target {name!r} in the recipe {self.source or ''}; its targets: {', '.join(self.target_names)}"
             )
         return Target.from_dict(name, self.data["targets"][name])
 
@@ -547,6 +547,7 @@ def load_recipe(source: str | Path | dict | Recipe, revision: str | None = None,
     if path.is_file():
         return recipe_from_text(_read_file(path), str(path))
     text = str(source)
-    if path.suffix == ".json" or text.startswith((".", "/", "~")) or not looks_like_repo_id(text):
+    local_parent = "/" in text and Path(text.split("/")[0]).is_dir()  # `examples/missing`: a path, not a repo
+    if path.suffix == ".json" or text.startswith((".", "/", "~")) or local_parent or not looks_like_repo_id(text):
         raise SourceError(f"{text}: no such file or folder")
     return recipe_from_hub(text, revision, token)

@@ -1,0 +1,267 @@
+"""The `hfexport` command: a thin surface over the recipe and job APIs.
+
+Exit codes: 0 ok, 1 a check failed (invalid recipe, parity), 2 the command could not run. Errors are one
+readable message on stderr, never a traceback (`--debug` shows it) and never a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from .errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, RecipeError, redact
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def command(name: str):
+    def register(function):
+        COMMANDS[name] = function
+        return function
+
+    return register
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _console(stderr: bool = True):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _token(args) -> str | None:
+    return getattr(args, "token", None) or os.environ.get("HF_TOKEN") or None
+
+
+# ── validate ─────────────────────────────────────────────────────────────────
+
+
+@command("validate")
+def cmd_validate(args) -> int:
+    from .recipe import load_recipe
+
+    try:
+        recipe = load_recipe(args.source, revision=args.revision, token=_token(args))
+    except RecipeError as error:
+        if args.json:
+            print(json.dumps({"valid": False, "source": error.source,
+                              "problems": [{"path": p.path, "message": p.message} for p in error.problems]}, indent=2))
+        else:
+            _console().print(f"[red]✗[/red] {escape(str(error))}", markup=True, highlight=False)
+        return EXIT_CHECK_FAILED
+    if args.json:
+        print(json.dumps({"valid": True, "source": recipe.source, "targets": recipe.target_names}, indent=2))
+    else:
+        targets = ", ".join(f"{name} ({t.export_format}/{t.mode})" for name, t in recipe.targets.items())
+        print(f"✓ valid recipe ({recipe.source}): {len(recipe.target_names)} target(s): {targets}")
+    return EXIT_OK
+
+
+# ── show ─────────────────────────────────────────────────────────────────────
+
+
+@command("show")
+def cmd_show(args) -> int:
+    """The resolved plan: loads the model (plans resolve dims against real inputs) but traces nothing."""
+    from .exporter import AutoHfExporter
+
+    exporter = AutoHfExporter.from_pretrained(args.source, target=args.target, revision=args.revision,
+                                              token=_token(args), recipe=args.recipe)
+    with _console().status(f"loading {args.source}"):
+        model = exporter.load_model()
+        plan = exporter.plan(model)
+    described = plan.describe()
+    if args.json:
+        print(json.dumps(described, indent=2, default=str))
+        return EXIT_OK
+    console = _console(stderr=False)
+    console.print(f"target [bold]{described['target']}[/bold]: {described['export_format']} / {described['mode']}"
+                  f" (task {described['task']})")
+    if described["dims"]:
+        dims = ", ".join(f"{name} [{b.get('min', '-')}, {b.get('max', '-')}]" for name, b in described["dims"].items())
+        console.print(f"dims: {dims}")
+    for name, component in described["components"].items():
+        console.print(f"component [bold]{name}[/bold]")
+        options = {k: v for k, v in component["options"].items() if v not in (None, False)}
+        console.print(f"  options: {json.dumps(options, default=str)}")
+        for input_name, shape in component["input_shapes"].items():
+            axes = component["dynamic_axes"].get(input_name) if "*" not in component["dynamic_axes"] else "auto (torch.export decides)"
+            console.print(f"  {input_name}: {shape.get('shape', shape)} dynamic: {axes or 'static'}")
+    return EXIT_OK
+
+
+# ── export ───────────────────────────────────────────────────────────────────
+
+
+class _RichProgress:
+    """Renders job steps: a spinner while a step runs, a line when it ends."""
+
+    def __init__(self, console):
+        self.console = console
+        self.status = None
+
+    def __call__(self, step) -> None:
+        label = f"{step.target}: {step.step}" if step.target else step.step
+        if step.status == "start" and step.step != "target":
+            self.status = self.console.status(f"{label} {step.detail or ''}".strip())
+            self.status.start()
+            return
+        if self.status is not None and step.step != "target":
+            self.status.stop()
+            self.status = None
+        if step.step == "target":
+            if step.status == "start":
+                self.console.print(f"[bold]▶ {step.target}[/bold] ({step.detail})")
+            return
+        mark = "[green]✓[/green]" if step.status == "done" else "[red]✗[/red]"
+        seconds = f" {step.seconds:.1f}s" if step.seconds is not None else ""
+        detail = f" — {escape(step.detail)}" if step.status == "error" and step.detail else ""
+        self.console.print(f"  {mark} {label}{seconds}{detail}")
+
+    def close(self):
+        if self.status is not None:
+            self.status.stop()
+
+
+def _summary_table(report):
+    from rich.table import Table
+
+    from .report import human_bytes
+
+    table = Table(title=f"hfexport · {report.source['model']}", show_lines=False)
+    for column in ("target", "format", "mode", "status", "size", "export s", "output"):
+        table.add_column(column)
+    for name, target in report.targets.items():
+        colour = {"ok": "green", "unchanged": "cyan", "failed": "red", "error": "red"}.get(target.status, "white")
+        table.add_row(
+            name, target.export_format, target.mode, f"[{colour}]{target.status}[/{colour}]",
+            human_bytes(target.total_bytes or sum(f["bytes"] for f in target.files)) if target.files else "—",
+            f"{target.timings.get('export_s', 0):.1f}" if "export_s" in target.timings else "—",
+            target.error[:80] + ("…" if len(target.error) > 80 else "") if target.error else "",
+        )
+    return table
+
+
+@command("export")
+def cmd_export(args) -> int:
+    from .job import run_job
+
+    console = _console()
+    progress = _RichProgress(console) if not args.quiet else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # engine prints stay off stdout (--json is parsed from it)
+            report = run_job(
+                args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
+                token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=progress,
+            )
+    finally:
+        if progress:
+            progress.close()
+    if args.json:
+        print(report.to_json(), end="")
+    else:
+        for name, target in report.targets.items():
+            target.total_bytes = target.total_bytes or sum(entry["bytes"] for entry in target.files)
+        _console(stderr=False).print(_summary_table(report))
+        print(f"report: {os.path.join(args.output, 'export_report.json')}")
+    return {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
+
+
+# ── parser and entry point ───────────────────────────────────────────────────
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hfexport", description="Export Hugging Face models the way their owners' recipes say.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and engine logs")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def source_args(p, name="source", help_text="a recipe file, a model folder or a Hub repo id"):
+        p.add_argument(name, help=help_text)
+        p.add_argument("--revision", help="Hub revision (branch, tag, commit or refs/pr/N)")
+        p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
+
+    p = sub.add_parser("validate", help="check a recipe; exit 1 listing every problem with its JSON path")
+    source_args(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("show", help="print the resolved plan of a target (formats, components, dims, options)")
+    source_args(p, help_text="a model folder or a Hub repo id")
+    p.add_argument("--target", help="the target (default: the recipe's default target)")
+    p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    p = sub.add_parser("export", help="export recipe targets to OUTPUT/<target>/")
+    source_args(p, "model", "a model folder or a Hub repo id")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--target", action="append", help="a target to export (repeatable; default: the recipe's default)")
+    group.add_argument("--all-targets", action="store_true", help="export every target of the recipe")
+    p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--json", action="store_true", help="print the job report as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
+    return parser
+
+
+def _quiet_engine_logs(debug: bool) -> None:
+    """Keep engine chatter (version-drift notes, tracing warnings) out of the terminal unless --debug."""
+    if debug:
+        return
+    import logging
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TORCH_LOGS", "-all")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)  # engine loggers are named by file path, outside "transformers"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return EXIT_COULD_NOT_RUN if exit_.code not in (0, None) else EXIT_OK
+    if args.version:
+        from . import __version__
+
+        print(f"hfexport {__version__}")
+        return EXIT_OK
+    if not args.command:
+        parser.print_help()
+        return EXIT_COULD_NOT_RUN
+    _quiet_engine_logs(args.debug)
+    try:
+        return COMMANDS[args.command](args)
+    except HfExportError as error:
+        if args.debug:
+            raise
+        _console().print(f"[red]error:[/red] {escape(str(error))}", markup=True, highlight=False)
+        return EXIT_COULD_NOT_RUN if args.command != "validate" else error.exit_code
+    except KeyboardInterrupt:
+        _console().print("[red]interrupted[/red]: no partial output was kept")
+        return 130
+    except Exception as error:  # noqa: BLE001 - one readable line; --debug shows the traceback
+        if args.debug:
+            raise
+        text = redact(str(error).strip().splitlines()[0] if str(error).strip() else "")
+        _console().print(f"[red]error:[/red] {type(error).__name__}: {escape(text)} (run with --debug for the traceback)",
+                         markup=True, highlight=False)
+        return EXIT_COULD_NOT_RUN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

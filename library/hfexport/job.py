@@ -1,0 +1,251 @@
+"""Jobs: one model revision, one or more recipe targets. The API every surface (Python, CLI, action, Space) runs.
+
+A job loads the recipe and the model once, then for each target: plans, exports through the engine, saves to
+`OUTPUT/<target>/` atomically (written aside in `OUTPUT/.<target>.partial-*`, then renamed; an exception or
+Ctrl-C leaves no partial target folder), writes the recipe target used (`export_config.json`) and the target's
+report next to the artifacts, and finally the job summary `OUTPUT/export_report.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import HfExportError, SourceError, redact, register_secret
+from .recipe import Recipe, load_recipe, looks_like_repo_id
+from .report import REPORT_FILE, JobReport, TargetReport, file_entries, write_json_atomic
+
+RECIPE_COPY_FILE = "export_config.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+@dataclass
+class Step:
+    """One progress event: `step` is load_model, plan, export, save, verify or target; `status` start/done/error."""
+
+    step: str
+    status: str
+    target: str | None = None
+    detail: str | None = None
+    seconds: float | None = None
+
+
+ProgressCallback = Callable[[Step], None]
+
+
+def _noop(_: Step) -> None:
+    pass
+
+
+class _Timer:
+    def __init__(self, progress: ProgressCallback, step: str, target: str | None = None, detail: str | None = None):
+        self.progress, self.step, self.target, self.detail = progress, step, target, detail
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+        self.progress(Step(self.step, "start", self.target, self.detail))
+        return self
+
+    def __exit__(self, kind, error, _tb):
+        self.seconds = time.perf_counter() - self.start
+        status = "done" if kind is None else "error"
+        detail = self.detail if kind is None else redact(str(error).splitlines()[0] if str(error) else kind.__name__)
+        self.progress(Step(self.step, status, self.target, detail, self.seconds))
+        return False
+
+
+def local_content_hash(folder: Path) -> str:
+    """sha256 over a local model folder's config and weight files (names and bytes), for provenance."""
+    digest = hashlib.sha256()
+    for file in sorted(folder.rglob("*")):
+        if file.is_file() and (file.name.endswith(WEIGHT_SUFFIXES) or file.name in ("config.json", RECIPE_COPY_FILE)):
+            digest.update(file.relative_to(folder).as_posix().encode())
+            with file.open("rb") as stream:
+                for chunk in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_source(model: str | Path, revision: str | None, token: str | None) -> dict:
+    """Where the model comes from: a local folder (content hash) or a Hub repo (the revision's commit sha)."""
+    path = Path(str(model))
+    if path.is_dir():
+        return {"model": str(model), "revision": None, "commit": None, "content_hash": local_content_hash(path)}
+    if not looks_like_repo_id(str(model)):
+        raise SourceError(f"{model}: no such folder, and not a Hub repo id")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        info = HfApi().model_info(str(model), revision=revision, token=token)
+    except RevisionNotFoundError:
+        raise SourceError(f"revision {revision!r} not found in {model}") from None
+    except RepositoryNotFoundError:
+        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
+        raise SourceError(f"repository {model} not found or not accessible{hint}") from None
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        raise SourceError(f"cannot reach the Hub for {model}: {redact(str(error).splitlines()[0])}") from None
+    return {"model": str(model), "revision": revision, "commit": info.sha, "content_hash": None}
+
+
+def select_targets(recipe: Recipe, targets: Sequence[str] | None, all_targets: bool) -> list[str]:
+    """The targets a job runs: all, the named ones (checked), or the recipe's default."""
+    if all_targets:
+        return recipe.target_names
+    if not targets:
+        return [recipe.default_target]
+    for name in targets:
+        recipe.target(name)  # raises with the list of targets
+    return list(dict.fromkeys(targets))
+
+
+def save_atomically(output: Path, name: str, write: Callable[[Path], None]) -> Path:
+    """Run `write(staging_folder)`, then rename the folder to `output/name`; on any failure nothing is left."""
+    output.mkdir(parents=True, exist_ok=True)
+    final = output / name
+    staging = output / f".{name}.partial-{uuid.uuid4().hex[:8]}"
+    old = output / f".{name}.old-{uuid.uuid4().hex[:8]}"
+    try:
+        staging.mkdir()
+        write(staging)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if old.exists() and not final.exists():
+            os.replace(old, final)  # put the previous export back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_job(
+    model: str | Path,
+    output: str | Path,
+    targets: Sequence[str] | None = None,
+    *,
+    all_targets: bool = False,
+    revision: str | None = None,
+    token: str | None = None,
+    recipe: str | Path | dict | Recipe | None = None,
+    trust_remote_code: bool = False,
+    progress: ProgressCallback | None = None,
+    model_object: Any = None,
+    inputs: dict | None = None,
+) -> JobReport:
+    """Export the requested targets of `model`'s recipe to `output/<target>/` and return the job's report.
+
+    `model` is a local folder or a Hub repo id; `recipe` overrides the model's own recipe; `model_object` skips
+    loading (the caller's already-loaded model). A target that fails to export is recorded with its error and
+    the others still run; a bad recipe or model raises `HfExportError` before anything is written.
+    """
+    progress = progress or _noop
+    register_secret(token)
+    started = time.perf_counter()
+    output = Path(output)
+    loaded_recipe = load_recipe(recipe if recipe is not None else model, revision=revision, token=token)
+    names = select_targets(loaded_recipe, targets, all_targets)
+    source = {
+        **resolve_source(model, revision, token),
+        "recipe_source": loaded_recipe.source,
+        "recipe_sha256": loaded_recipe.sha256,
+    }
+    report = JobReport(source=source)
+
+    from .exporter import run_plan
+    from .models import load_model, load_processor
+    from .plan import build_plan
+
+    with _Timer(progress, "load_model", detail=str(model)) as timer:
+        revision_to_load = source["commit"] or revision
+        model_object = model_object if model_object is not None else load_model(
+            model, loaded_recipe, revision_to_load, token, trust_remote_code
+        )
+        processor = load_processor(model, revision_to_load, token) if inputs is None else None
+    report.timings["load_model_s"] = round(timer.seconds, 4)
+
+    for name in names:
+        target = loaded_recipe.target(name)
+        target_report = TargetReport(
+            target=name, export_format=target.export_format, mode=target.mode,
+            recipe_target_sha256=loaded_recipe.target_hash(name),
+        )
+        report.targets[name] = target_report
+        progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
+        try:
+            with _Timer(progress, "plan", name) as timer:
+                plan = build_plan(loaded_recipe, name, model_object, inputs, processor)
+            target_report.plan = _jsonable(plan.describe())
+            target_report.timings["plan_s"] = round(timer.seconds, 4)
+            with _Timer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer:
+                exported = run_plan(plan, model_object)
+            target_report.timings["export_s"] = round(timer.seconds, 4)
+
+            def write(folder: Path, exported=exported, name=name):
+                exported.save_pretrained(folder)
+                write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(loaded_recipe.standalone(name)))
+
+            with _Timer(progress, "save", name) as timer:
+                final = save_atomically(output, name, write)
+            target_report.timings["save_s"] = round(timer.seconds, 4)
+            target_report.files = file_entries(final)
+            target_report.status = "ok"
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except HfExportError as error:
+            target_report.status, target_report.error = "error", str(error)
+        except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
+            target_report.status = "error"
+            target_report.error = _engine_error(error)
+        progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
+        if target_report.status == "ok":
+            _write_target_report(report, name, output / name)
+    report.timings["total_s"] = round(time.perf_counter() - started, 4)
+    report.peak_rss_mb = round(peak_rss_mb(), 1)
+    write_json_atomic(output / REPORT_FILE, report.to_json())
+    return report
+
+
+def _write_target_report(report: JobReport, name: str, folder: Path) -> None:
+    """`OUTPUT/<target>/export_report.json` (not listed among the target's files: it cannot contain itself)."""
+    write_json_atomic(folder / REPORT_FILE, report.to_json(only=name))
+
+
+def _engine_error(error: BaseException) -> str:
+    """One line naming the engine's failure, following the cause chain to the root message."""
+    messages = []
+    current: BaseException | None = error
+    while current is not None and len(messages) < 4:
+        text = str(current).strip().splitlines()
+        messages.append(f"{type(current).__name__}: {text[0] if text else ''}".strip())
+        current = current.__cause__ or current.__context__
+    return redact(" <- ".join(messages))[:2000]
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+def _pretty(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=2) + "\n"
+
+
