@@ -83,3 +83,19 @@ class ExportFailedError(HfExportError):
 
 class UnknownTargetError(HfExportError):
     """A target name the recipe does not have."""
+
+
+class UnsafeExportError(HfExportError):
+    """An export whose manifest names code outside the allowlist (or files outside its folder): never loaded."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+class PublishError(HfExportError):
+    """Publishing to the Hub failed (authentication, access, network): nothing was half-published."""
+
+
+class PublishRefusedError(HfExportError):
+    """A publication hfexport will not make: e.g. a target that failed parity, without `allow_failed`."""
+
+    exit_code = EXIT_CHECK_FAILED
