@@ -24,6 +24,7 @@ RECIPE_FILE = "export_config.json"
 CONFIG_FILE = "config.json"
 CONFIG_FIELD = "export_config"
 MAX_RECIPE_BYTES = 1 << 20
+MAX_DEPTH = 32  # the deepest legitimate path (a component's per-tensor axis) is 9 levels
 FORMATS = ("dynamo", "onnx", "executorch", "openvino")
 MODES = ("forward", "generation")
 AXIS_KEYWORDS = ("static", "auto", "dynamic")
@@ -135,7 +136,9 @@ def _deepest(error):
     while error.validator in ("oneOf", "anyOf") and error.context:
         deeper = max(error.context, key=lambda sub: len(sub.absolute_path))
         if len(deeper.absolute_path) <= len(error.absolute_path):
-            break
+            # Same depth: a bad key ("batch" where an axis index goes) says more than "not valid".
+            named = [sub for sub in error.context if "propertyNames" in sub.schema_path]
+            return named[0] if named else error
         error = deeper
     return error
 
@@ -144,6 +147,10 @@ def _schema_problem(error) -> Problem:
     error = _deepest(error)
     path = list(error.absolute_path)
     validator, value = error.validator, error.instance
+    if "propertyNames" in error.schema_path and validator == "pattern" and isinstance(value, str):
+        pattern = error.schema["pattern"]
+        what = "an axis index (\"0\", \"1\", ...)" if pattern.startswith("^(0|") else f"a name matching {pattern}"
+        return Problem(json_path(path), f"invalid key {value!r}; expected {what}")
     if validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(value) - set(error.schema.get("properties", {})))
@@ -323,14 +330,45 @@ def validate_document(document: Any, source: str | None = None) -> dict:
     """Validate a parsed recipe (either form) and return its full form; raise `RecipeError` with every problem."""
     if not isinstance(document, dict):
         raise RecipeError(Problem("$", f"expected a JSON object, got {type(document).__name__}"), source)
+    too_deep = _too_deep(document)
+    if too_deep is not None:
+        # Free-form objects (quantization.params) would otherwise reach copy/json recursion limits.
+        raise RecipeError(Problem(json_path(too_deep), f"nested more than {MAX_DEPTH} levels deep"), source)
     problems = _schema_problems(document)
     if problems:
         raise RecipeError(problems, source)
     full = normalize(document)
     problems = _semantic_problems(full)
     if problems:
+        if "targets" not in document:
+            problems = [_flat_path(problem, full) for problem in problems]
         raise RecipeError(problems, source)
     return full
+
+
+def _too_deep(document: Any) -> list | None:
+    """The path of the first value nested deeper than MAX_DEPTH (checked without recursion), else None."""
+    stack = [(document, [])]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            return path[:MAX_DEPTH + 1]
+        if isinstance(value, dict):
+            stack.extend((item, [*path, key]) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((item, [*path, index]) for index, item in enumerate(value))
+    return None
+
+
+def _flat_path(problem: Problem, full: dict) -> Problem:
+    """A problem found in the full form of a flat recipe, with its path as the flat document spells it."""
+    prefix = f"targets.{next(iter(full['targets']))}"
+    if problem.path == prefix:
+        return Problem("$", problem.message)
+    if not problem.path.startswith(prefix + "."):
+        return problem
+    path = problem.path[len(prefix) + 1:]
+    return Problem(path.removeprefix("options."), problem.message)
 
 
 @dataclass
