@@ -49,6 +49,9 @@ def _token(args) -> str | None:
 def cmd_validate(args) -> int:
     from .recipe import load_recipe
 
+    if args.format == "github":
+        return _validate_github(args)
+    args.json = args.json or args.format == "json"
     try:
         recipe = load_recipe(args.source, revision=args.revision, token=_token(args))
     except RecipeError as error:
@@ -63,6 +66,35 @@ def cmd_validate(args) -> int:
     else:
         targets = ", ".join(f"{name} ({t.export_format}/{t.mode})" for name, t in recipe.targets.items())
         print(f"✓ valid recipe ({recipe.source}): {len(recipe.target_names)} target(s): {targets}")
+    return EXIT_OK
+
+
+def _validate_github(args) -> int:
+    """Problems as GitHub annotations (`::error file=...,line=...,col=...::`), shown inline in pull requests."""
+    from .annotations import check_recipe
+
+    annotations = check_recipe(args.source, revision=args.revision, token=_token(args))
+    for annotation in annotations:
+        print(annotation.command())
+    if not annotations:
+        print(f"valid recipe: {args.source}")
+    return EXIT_CHECK_FAILED if annotations else EXIT_OK
+
+
+# ── plan ─────────────────────────────────────────────────────────────────────
+
+
+@command("plan")
+def cmd_plan(args) -> int:
+    """The targets a job would export, as a GitHub Actions matrix (`{"include": [...]}`): reads only the recipe."""
+    from .ci import matrix
+
+    include = matrix(args.model, targets=args.target, revision=args.revision, token=_token(args), recipe=args.recipe)
+    if args.json:
+        print(json.dumps(include, separators=(",", ":")))  # one line: `echo "matrix=$(...)" >> $GITHUB_OUTPUT`
+    else:
+        for entry in include["include"]:
+            print(f"{entry['target']}: {entry['export_format']} / {entry['mode']}")
     return EXIT_OK
 
 
@@ -195,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a recipe; exit 1 listing every problem with its JSON path")
     source_args(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--format", choices=("text", "json", "github"), default="text",
+                   help="github: one `::error file=,line=,col=::` annotation per problem (for CI)")
+
+    p = sub.add_parser("plan", help="list the targets a job would export; --json: a GitHub Actions matrix")
+    source_args(p, "model", "a model folder or a Hub repo id")
+    p.add_argument("--target", action="append", help="a target to include (repeatable, or comma-separated; default: all)")
+    p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
+    p.add_argument("--json", action="store_true", help='print {"include": [{"target", "export_format", "mode"}]}')
 
     p = sub.add_parser("show", help="print the resolved plan of a target (formats, components, dims, options)")
     source_args(p, help_text="a model folder or a Hub repo id")

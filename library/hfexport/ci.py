@@ -1,0 +1,333 @@
+"""The GitHub Action's steps, so that `action/action.yml` stays a thin list of `python -m hfexport.ci STEP` calls.
+
+Each step reads its inputs from `INPUT_*` environment variables (the action passes them explicitly: composite
+actions do not export inputs), calls the job and publishing APIs, and talks back to GitHub through its files and
+workflow commands: outputs in `GITHUB_OUTPUT`, the Markdown report in `GITHUB_STEP_SUMMARY`, `::error` annotations
+(recipe problems on the recipe file's line and column, parity failures per target). Outside GitHub (no such
+variables) outputs go to stdout, so the steps also run by hand.
+
+Steps:
+    export   validate the recipe (annotations), run the job into OUTPUT_DIR, write the report (JSON + Markdown),
+             set outputs; exit 1 on an invalid recipe or (with fail-on-parity) a parity failure, 2 if a target
+             could not be exported.
+    publish  publish OUTPUT_DIR as one pull request per model (or a commit) through `hfexport.publish`.
+    gather   merge the per-target reports of a fan-out (one folder per target, from several jobs) into one
+             job report, so `hfexport publish` makes one PR of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, redact, register_secret
+from .recipe import load_recipe, looks_like_repo_id
+from .report import REPORT_FILE, JobReport, write_json_atomic
+
+MARKDOWN_FILE = "export_report.md"
+PUBLISH_MODES = ("none", "pr", "commit")
+TRUE = ("true", "1", "yes", "on")
+FALSE = ("false", "0", "no", "off", "")
+
+
+# ── targets and the fan-out matrix ───────────────────────────────────────────
+
+
+def parse_targets(value: str | Sequence[str] | None) -> tuple[list[str] | None, bool]:
+    """The action's `targets` input: "all" -> every target; "" -> the recipe's default; "a, b c" -> those."""
+    items = [value] if isinstance(value, str) or value is None else list(value)
+    names = [name for item in items for name in re.split(r"[\s,]+", item or "") if name]
+    if names == ["all"]:
+        return None, True
+    if "all" in names:
+        raise HfExportError(f"targets: 'all' cannot be combined with target names ({', '.join(names)})")
+    return names or None, False
+
+
+def matrix(model: str | Path, targets: str | Sequence[str] | None = None, *, revision: str | None = None,
+           token: str | None = None, recipe: str | Path | None = None) -> dict:
+    """A GitHub Actions matrix of the recipe's targets (all of them unless named): reads only the recipe."""
+    from .job import select_targets
+
+    loaded = load_recipe(recipe if recipe else model, revision=revision, token=token)
+    names, _ = parse_targets(targets)
+    selected = select_targets(loaded, names, all_targets=not names)
+    return {"include": [{"target": name, "export_format": loaded.target(name).export_format,
+                         "mode": loaded.target(name).mode} for name in selected]}
+
+
+# ── GitHub's files ───────────────────────────────────────────────────────────
+
+
+def set_output(name: str, value: str) -> None:
+    """One step output (multi-line safe, with a random delimiter); printed when not on GitHub."""
+    path = os.environ.get("GITHUB_OUTPUT")
+    if not path:
+        print(f"{name}={value}")
+        return
+    delimiter = f"ghadelimiter_{uuid.uuid4().hex}"
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write(f"{name}<<{delimiter}\n{value}\n{delimiter}\n")
+
+
+def add_summary(markdown: str) -> None:
+    """Append Markdown to the job summary page (nothing outside GitHub)."""
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if path:
+        with open(path, "a", encoding="utf-8") as stream:
+            stream.write(markdown.rstrip() + "\n\n")
+
+
+def command(level: str, message: str, title: str | None = None) -> None:
+    from .annotations import Annotation
+
+    print(Annotation(message, title=title or "", level=level).command(), flush=True)
+
+
+# ── inputs ───────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Inputs:
+    """The action's inputs, read from `INPUT_<NAME>` (hyphens as underscores)."""
+
+    model: str
+    revision: str | None
+    recipe: str | None
+    targets: str
+    publish: str
+    repo: str | None
+    token: str | None
+    fail_on_parity: bool
+    force: bool
+    output_dir: Path
+    workspace: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Inputs:
+        environ = os.environ if environ is None else environ
+
+        def get(name: str, default: str = "") -> str:
+            return (environ.get(f"INPUT_{name.upper().replace('-', '_')}") or default).strip()
+
+        def flag(name: str, default: bool) -> bool:
+            value = get(name, "true" if default else "false").lower()
+            if value not in TRUE + FALSE:
+                raise HfExportError(f"input {name}: expected true or false, got {value!r}")
+            return value in TRUE
+
+        workspace = Path(environ.get("GITHUB_WORKSPACE") or os.getcwd())
+        publish = get("publish", "none").lower()
+        if publish not in PUBLISH_MODES:
+            raise HfExportError(f"input publish: expected one of {', '.join(PUBLISH_MODES)}, got {publish!r}")
+        model = get("model")
+        if not model:
+            raise HfExportError("input model is required: a Hub repo id or a folder of this repository")
+        temp = environ.get("RUNNER_TEMP") or "/tmp"
+        return cls(
+            model=model, revision=get("revision") or None, recipe=get("recipe") or None, targets=get("targets", "all"),
+            publish=publish, repo=get("repo") or None, token=get("hf-token") or environ.get("HF_TOKEN") or None,
+            fail_on_parity=flag("fail-on-parity", True), force=flag("force", False),
+            output_dir=Path(get("output-dir") or os.path.join(temp, "hfexport-output")), workspace=workspace,
+        )
+
+    def model_source(self) -> str:
+        """A folder of the checked-out repository if one exists at that path, else the Hub repo id."""
+        local = self.workspace / self.model
+        if local.is_dir():
+            return str(local)
+        if looks_like_repo_id(self.model):
+            return self.model
+        raise HfExportError(f"input model: {self.model!r} is neither a folder of the workspace nor a Hub repo id")
+
+    def recipe_source(self) -> str | None:
+        if not self.recipe:
+            return None
+        path = self.workspace / self.recipe
+        if not path.is_file():
+            raise HfExportError(f"input recipe: no file {self.recipe} in the workspace")
+        return str(path)
+
+    def publish_repo(self) -> str:
+        if self.repo:
+            return self.repo
+        if Path(self.model_source()).is_dir():
+            raise HfExportError("input repo is required to publish an export of a local folder")
+        return self.model
+
+
+# ── steps ────────────────────────────────────────────────────────────────────
+
+
+class _LogProgress:
+    """Job progress as plain log lines (GitHub's log viewer has no live spinner)."""
+
+    def __call__(self, step) -> None:
+        if step.step == "target":
+            if step.status == "start":
+                print(f"▶ {step.target} ({step.detail})", flush=True)
+            return
+        if step.status == "start":
+            return
+        mark = "✓" if step.status == "done" else "✗"
+        label = f"{step.target}: {step.step}" if step.target else step.step
+        seconds = f" {step.seconds:.1f}s" if step.seconds is not None else ""
+        detail = f" — {step.detail}" if step.status == "error" and step.detail else ""
+        print(f"  {mark} {label}{seconds}{detail}", flush=True)
+
+
+def step_export(inputs: Inputs) -> int:
+    """Validate the recipe (annotations), run the job, write the report and the outputs."""
+    from .annotations import check_recipe
+    from .job import run_job
+
+    register_secret(inputs.token)
+    if inputs.token:
+        print(f"::add-mask::{inputs.token}", flush=True)
+    output = inputs.output_dir
+    set_output("output-dir", str(output))
+    model = inputs.model_source()
+    recipe = inputs.recipe_source()
+    problems = check_recipe(recipe or model, revision=None if recipe else inputs.revision, token=inputs.token,
+                            workspace=inputs.workspace)
+    if problems:
+        for annotation in problems:
+            print(annotation.command(), flush=True)
+        add_summary("## hfexport: invalid recipe\n\n" + "\n".join(
+            f"- `{a.file or 'recipe'}` line {a.line}, column {a.col}: {a.message}" for a in problems))
+        set_output("status", "invalid")
+        set_output("changed", "false")
+        return EXIT_CHECK_FAILED
+    names, all_targets = parse_targets(inputs.targets)
+    with contextlib.redirect_stdout(sys.stderr):  # engine prints stay out of the command stream
+        report = run_job(model, output, targets=names, all_targets=all_targets, revision=inputs.revision,
+                         token=inputs.token, recipe=recipe, progress=_LogProgress(), force=inputs.force)
+    return _finish(report, output, inputs.fail_on_parity)
+
+
+def _finish(report: JobReport, output: Path, fail_on_parity: bool) -> int:
+    """Report files, summary and outputs of a job; its exit code."""
+    markdown = report.to_markdown()
+    write_json_atomic(output / MARKDOWN_FILE, markdown)
+    add_summary(markdown)
+    set_output("report-json", str(output / REPORT_FILE))
+    set_output("report-markdown", str(output / MARKDOWN_FILE))
+    set_output("changed", "true" if report.changed else "false")
+    set_output("status", report.status)
+    print(f"hfexport: {report.status}; changed: {str(report.changed).lower()}; report: {output / REPORT_FILE}")
+    for name, target in report.targets.items():
+        if target.status == "error":
+            command("error", f"{name}: {target.error}", title=f"hfexport: {name} could not be exported")
+        elif target.status == "failed":
+            command("error" if fail_on_parity else "warning", f"{name}: {_failure(target)}",
+                    title=f"hfexport: {name} failed parity")
+    if report.status == "error":
+        return EXIT_COULD_NOT_RUN
+    if report.status == "failed" and fail_on_parity:
+        return EXIT_CHECK_FAILED
+    return EXIT_OK
+
+
+def _failure(target) -> str:
+    verification = target.verification or {}
+    return str(verification.get("summary") or target.error or "exported outputs differ from the model's")
+
+
+def step_publish(inputs: Inputs) -> int:
+    """Publish the export step's output: one PR per model (updated in place) or a commit."""
+    from .publish import publish
+
+    register_secret(inputs.token)
+    output = inputs.output_dir
+    report = JobReport.read(output)
+    with contextlib.redirect_stdout(sys.stderr):
+        result = publish(output, inputs.publish_repo(), mode=inputs.publish, token=inputs.token,
+                         allow_failed=not inputs.fail_on_parity, revision=inputs.revision)
+    set_output("pr-url", result.pr_url or "")
+    set_output("publish-action", result.action)
+    set_output("commit", result.commit or "")
+    where = result.pr_url or (f"{result.repo_id}@{result.commit}" if result.commit else result.repo_id)
+    print(f"hfexport: publication {result.action}: {where}")
+    add_summary(f"**Publication:** {result.action} — {where}" + ("" if report.changed else " (cache hit)"))
+    return EXIT_OK
+
+
+def gather_reports(folder: str | Path) -> JobReport:
+    """One job report from the per-target reports of a fan-out (`FOLDER/<target>/export_report.json`).
+
+    The targets must come from the same source (commit or content hash) and recipe; the merged report is
+    written to `FOLDER/export_report.json`, replacing any partial one an artifact download left there.
+    """
+    folder = Path(folder)
+    reports = [JobReport.read(path) for path in sorted(folder.glob(f"*/{REPORT_FILE}"))]
+    if not reports:
+        raise HfExportError(f"no target reports under {folder} (expected {folder}/<target>/{REPORT_FILE})")
+    first = reports[0]
+
+    def origin(report: JobReport) -> tuple:
+        source = report.source
+        return source.get("model"), source.get("commit"), source.get("content_hash"), source.get("recipe_sha256")
+
+    for report in reports[1:]:
+        if origin(report) != origin(first):
+            raise HfExportError(
+                f"target reports under {folder} come from different sources: {origin(first)} and {origin(report)}"
+            )
+    merged = JobReport(source=first.source, packages=first.packages, peak_rss_mb=first.peak_rss_mb,
+                       hfexport_version=first.hfexport_version)
+    for report in reports:
+        merged.targets.update(report.targets)
+        for key, value in report.timings.items():
+            merged.timings[key] = round(merged.timings.get(key, 0.0) + value, 4)
+    write_json_atomic(folder / REPORT_FILE, merged.to_json())
+    return merged
+
+
+def step_gather(folder: Path, fail_on_parity: bool) -> int:
+    report = gather_reports(folder)
+    return _finish(report, folder, fail_on_parity)
+
+
+# ── entry point ──────────────────────────────────────────────────────────────
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hfexport.ci", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    sub.add_parser("export", help="validate, export, report (inputs from INPUT_* variables)")
+    sub.add_parser("publish", help="publish the export step's output (inputs from INPUT_* variables)")
+    gather = sub.add_parser("gather", help="merge the per-target reports of a fan-out into one job report")
+    gather.add_argument("folder", type=Path)
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    from .cli import _quiet_engine_logs
+
+    _quiet_engine_logs(args.debug)
+    try:
+        if args.step == "gather":
+            return step_gather(args.folder, os.environ.get("INPUT_FAIL_ON_PARITY", "true").strip().lower() in TRUE)
+        inputs = Inputs.from_env()
+        return step_export(inputs) if args.step == "export" else step_publish(inputs)
+    except HfExportError as error:
+        if args.debug:
+            raise
+        command("error", str(error), title=f"hfexport {args.step}")
+        return error.exit_code
+    except Exception as error:  # noqa: BLE001 - one readable line; --debug shows the traceback
+        if args.debug:
+            raise
+        text = redact(str(error).strip().splitlines()[0] if str(error).strip() else "")
+        command("error", f"{type(error).__name__}: {text}", title=f"hfexport {args.step}")
+        return EXIT_COULD_NOT_RUN
+
+
+if __name__ == "__main__":
+    sys.exit(main())
