@@ -1,0 +1,785 @@
+"""What the Gradio Space does, without Gradio: so `space/app.py` stays a thin layout and this stays unit-testable.
+
+The Space holds no export logic. It reads a repo's recipe (`recipe.load_recipe`), proposes one when there is
+none (`init`), runs jobs (`job.run_job`), publishes them (`publish.publish`) and renders the report's Markdown.
+This module adds what a multi-user web page needs around those calls:
+
+- `Workspace`: a per-session temp folder for each job, removed when the job fails, when the session starts another
+  job, when it ends (closed tab / state expiry) or when it is older than a time-to-live.
+- `JobRunner`: one export at a time in the process (Gradio's queue already serialises the Convert event with
+  `concurrency_limit=1`; this guards any other caller), progress events streamed from a worker thread.
+- `describe_failure`: any error as a short category, one redacted line, and the exact `hfexport` command that
+  reproduces it locally. Never a traceback, never a token.
+- `check_recipe_text`: validation for the recipe editor, problems with their JSON paths located on the lines of
+  the pretty-printed recipe so the page can highlight them.
+- `propose_recipe`: a pull request that adds `export_config.json` to the model repo, updated in place (one open
+  proposal per repo) and left alone when it already holds the same recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shlex
+import shutil
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import (
+    HfExportError,
+    Problem,
+    PublishError,
+    PublishRefusedError,
+    RecipeError,
+    RecipeNotFoundError,
+    SourceError,
+    redact,
+    register_secret,
+)
+from .recipe import RECIPE_FILE, Recipe, json_path, looks_like_repo_id, parse_recipe_text, recipe_from_document
+
+GRADIO_MOCK_OAUTH_TOKEN = "mock-oauth-token-for-local-dev"
+RECIPE_PR_TITLE = "Add an hfexport export recipe (export_config.json)"
+RECIPE_PR_MARKER = "<!-- hfexport:recipe-proposal -->"
+
+
+# ── Settings ─────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class SpaceSettings:
+    """Operational limits of one Space process; `from_env` reads the `HFEXPORT_SPACE_*` variables."""
+
+    workdir: Path
+    queue_size: int = 8  # waiting Convert requests beyond the running one; more are refused with "queue full"
+    session_ttl_s: float = 3600.0  # a session's artifacts are removed this long after its last job at the latest
+    verify: bool = True
+    keep_downloads: bool = False  # False: a model's downloaded weights leave the Hub cache after its job
+    use_hf_token_for_mock_login: bool = False  # local runs against a real Hub: see `hub_token`
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> SpaceSettings:
+        env = os.environ if environ is None else environ
+        import tempfile
+
+        workdir = Path(env.get("HFEXPORT_SPACE_WORKDIR") or Path(tempfile.gettempdir()) / "hfexport-space")
+        return cls(
+            workdir=workdir,
+            queue_size=int(env.get("HFEXPORT_SPACE_QUEUE_SIZE", "8")),
+            session_ttl_s=float(env.get("HFEXPORT_SPACE_SESSION_TTL_S", "3600")),
+            verify=env.get("HFEXPORT_SPACE_VERIFY", "1") != "0",
+            keep_downloads=env.get("HFEXPORT_SPACE_KEEP_DOWNLOADS", "0") == "1",
+            use_hf_token_for_mock_login=env.get("HFEXPORT_SPACE_USE_HF_TOKEN", "0") == "1",
+        )
+
+
+def hub_token(oauth_token: str | None, settings: SpaceSettings) -> str | None:
+    """The token every Hub call of a session uses: the signed-in user's OAuth token, never the Space's own.
+
+    Outside a Space, Gradio mocks the login and injects `mock-oauth-token-for-local-dev`; the local test Hub
+    accepts it. Against another endpoint, `HFEXPORT_SPACE_USE_HF_TOKEN=1` swaps it for the developer's HF_TOKEN.
+    """
+    if not oauth_token:
+        return None
+    if oauth_token == GRADIO_MOCK_OAUTH_TOKEN and settings.use_hf_token_for_mock_login and not os.environ.get("SPACE_ID"):
+        oauth_token = os.environ.get("HF_TOKEN") or oauth_token
+    register_secret(oauth_token)
+    return oauth_token
+
+
+# ── Input checks ─────────────────────────────────────────────────────────────
+
+
+class SpaceError(HfExportError):
+    """A request the Space refuses before calling the job API (signed out, not a repo id, nothing to publish)."""
+
+    def __init__(self, category: str, message: str, command: str | None = None):
+        self.category, self.command = category, command
+        super().__init__(message)
+
+
+def check_model_id(model_id: str | None) -> str:
+    """A Hub repo id (`name` or `namespace/name`). Local paths are refused: the Space only reads from the Hub."""
+    model_id = (model_id or "").strip()
+    if not model_id:
+        raise SpaceError("Missing model", "enter a model repo id, e.g. `org/model`")
+    if not looks_like_repo_id(model_id) or Path(model_id).exists():
+        raise SpaceError("Invalid model id", f"{model_id!r} is not a Hub repo id (expected `org/model`)")
+    return model_id
+
+
+def check_revision(revision: str | None) -> str | None:
+    revision = (revision or "").strip()
+    if not revision:
+        return None
+    if len(revision) > 200 or any(char.isspace() for char in revision) or ".." in revision:
+        raise SpaceError("Invalid revision", f"{revision!r} is not a branch, tag, commit or refs/pr/N")
+    return revision
+
+
+def require_token(token: str | None, action: str) -> str:
+    if not token:
+        raise SpaceError("Sign in required", f"sign in with Hugging Face to {action}")
+    return token
+
+
+# ── Reproducing commands ─────────────────────────────────────────────────────
+
+
+def _command(*parts: str | None) -> str:
+    return " ".join(shlex.quote(part) for part in parts if part)
+
+
+def validate_command(model: str, revision: str | None = None) -> str:
+    return _command("hfexport", "validate", model, *(("--revision", revision) if revision else ()))
+
+
+def export_command(model: str, revision: str | None = None, targets: Sequence[str] = (), *,
+                   edited_recipe: bool = False, push: bool = False) -> str:
+    """The `hfexport export` line that runs the same job locally (`--recipe` when the editor's recipe was used)."""
+    parts = ["hfexport", "export", model]
+    if revision:
+        parts += ["--revision", revision]
+    for target in targets:
+        parts += ["--target", target]
+    if edited_recipe:
+        parts += ["--recipe", RECIPE_FILE]
+    parts += ["-o", "out"]
+    if push:
+        parts += ["--push", "--pr"]
+    return _command(*parts)
+
+
+def init_command(model: str, formats: Sequence[str] = (), revision: str | None = None) -> str:
+    parts = ["hfexport", "init", model]
+    if revision:
+        parts += ["--revision", revision]
+    for export_format in formats:
+        parts += ["--format", export_format]
+    return _command(*parts, "-o", RECIPE_FILE)
+
+
+# ── Errors for people ────────────────────────────────────────────────────────
+
+
+@dataclass
+class Failure:
+    """What the page shows for an error: a short category, one redacted line, and how to reproduce it."""
+
+    category: str
+    message: str
+    command: str | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = [f"**{self.category}**: {_md_escape(self.message)}"]
+        if self.problems:
+            lines += [""] + [f"- `{problem.path}`: {_md_escape(problem.message)}" for problem in self.problems]
+        if self.command:
+            lines += ["", "Reproduce locally:", "", "```sh", self.command, "```"]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"category": self.category, "message": self.message, "command": self.command,
+                "problems": [{"path": p.path, "message": p.message} for p in self.problems]}
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return redact(lines[0] if lines else "")[:500]
+
+
+def describe_failure(error: BaseException, command: str | None = None) -> Failure:
+    """Any exception as a `Failure`: the category says what kind of problem it is and whose it is to fix."""
+    if isinstance(error, SpaceError):
+        return Failure(error.category, _first_line(str(error)), error.command or command)
+    if isinstance(error, RecipeError):
+        count = len(error.problems)
+        where = f" in {error.source}" if error.source else ""
+        return Failure("Invalid recipe", f"{count} problem{'s' if count != 1 else ''}{where}", command,
+                       [Problem(p.path, redact(p.message)) for p in error.problems])
+    if isinstance(error, RecipeNotFoundError):
+        return Failure("No recipe", _first_line(str(error)), command)
+    if isinstance(error, PublishRefusedError):
+        return Failure("Publishing refused", _first_line(str(error)), command)
+    if isinstance(error, PublishError):
+        return Failure("Publishing failed", _first_line(str(error)), command)
+    name = type(error).__name__
+    message = _first_line(str(error)) or name
+    if name == "PreflightError" or "preflight" in type(error).__module__:
+        return Failure("Model too large for this Space", message, command)
+    if isinstance(error, SourceError):
+        lowered = message.lower()
+        if "revision" in lowered and "not found" in lowered:
+            category = "Revision not found"
+        elif "gated" in lowered:
+            category = "Gated repository"
+        elif "not found" in lowered or "no such" in lowered:
+            category = "Repository not found"
+        else:
+            category = "Hub unreachable"
+        return Failure(category, message, command)
+    if name == "UnknownTargetError":
+        return Failure("Unknown target", message, command)
+    if name == "PlanError":
+        return Failure("Recipe does not fit the model", message, command)
+    if isinstance(error, HfExportError):
+        return Failure("Export failed", message, command)
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if status in (401, 403):
+        return Failure("Not authorised", f"the Hub answered {status}: {message}", command)
+    if status is not None:
+        return Failure("Hub error", f"the Hub answered {status}: {message}", command)
+    return Failure("Unexpected error", f"{name}: {message}" if message != name else name, command)
+
+
+def report_failure(report, command: str | None) -> Failure | None:
+    """A finished job whose targets failed: parity failures and export errors, one line per target."""
+    bad = {name: target for name, target in report.targets.items() if target.status in ("failed", "error")}
+    if not bad:
+        return None
+    category = "Export failed" if any(target.status == "error" for target in bad.values()) else "Parity check failed"
+    problems = [Problem(name, _first_line(target.error or f"parity {target.status}")) for name, target in bad.items()]
+    return Failure(category, f"{len(bad)} of {len(report.targets)} targets did not pass", command, problems)
+
+
+# ── Recipe editor ────────────────────────────────────────────────────────────
+
+
+def pretty_json(document: Any) -> tuple[str, dict[str, int]]:
+    """`json.dumps(document, indent=2)` and the line on which each JSON path (as `json_path` spells it) starts."""
+    lines: list[str] = []
+    where: dict[str, int] = {}
+
+    def emit(value: Any, path: list, prefix: str, suffix: str, indent: str) -> None:
+        where.setdefault(json_path(path), len(lines))
+        items = list(value.items()) if isinstance(value, dict) else list(enumerate(value)) if isinstance(value, list) else None
+        if not items:
+            lines.append(f"{indent}{prefix}{json.dumps(value, ensure_ascii=False)}{suffix}")
+            return
+        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        lines.append(f"{indent}{prefix}{opening}")
+        for index, (key, item) in enumerate(items):
+            key_prefix = f"{json.dumps(key, ensure_ascii=False)}: " if isinstance(value, dict) else ""
+            emit(item, [*path, key], key_prefix, "," if index < len(items) - 1 else "", indent + "  ")
+        lines.append(f"{indent}{closing}{suffix}")
+
+    emit(document, [], "", "", "")
+    return "\n".join(lines) + "\n", where
+
+
+def _locate(path: str, where: dict[str, int]) -> int:
+    """The line of `path`, or of its deepest ancestor present in the document (a missing key is its parent's)."""
+    candidate = path
+    while candidate not in where and candidate not in ("", "$"):
+        candidate = candidate.rpartition(".")[0] or "$"
+    return where.get(candidate, 0)
+
+
+@dataclass
+class RecipeCheck:
+    """The result of validating the editor's text: valid or not, problems with JSON paths and line numbers."""
+
+    text: str
+    recipe: Recipe | None = None
+    problems: list[Problem] = field(default_factory=list)
+    lines: dict[int, list[Problem]] = field(default_factory=dict)  # 0-based line of the pretty text -> problems
+    pretty: str | None = None
+    parsed: bool = False
+
+    @property
+    def valid(self) -> bool:
+        return self.recipe is not None
+
+    @property
+    def targets(self) -> list[str]:
+        return self.recipe.target_names if self.recipe else []
+
+    @property
+    def document(self) -> Any:
+        return self.recipe.document if self.recipe else None
+
+    def markdown(self) -> str:
+        if self.valid:
+            names = ", ".join(f"`{name}`" for name in self.targets)
+            return f"✓ **Valid recipe**: targets {names} (default `{self.recipe.default_target}`)"
+        count = len(self.problems)
+        lines = [f"✗ **Invalid recipe**: {count} problem{'s' if count != 1 else ''}", ""]
+        for problem in self.problems:
+            line = next((number for number, found in self.lines.items() if problem in found), None)
+            at = f" (line {line + 1})" if line is not None and self.parsed else ""
+            lines.append(f"- `{problem.path}`{at}: {_md_escape(problem.message)}")
+        return "\n".join(lines)
+
+    def highlighted(self) -> list[tuple[str, str | None]]:
+        """The pretty-printed recipe as (text, label) segments: each problem's line labelled with its JSON path."""
+        if self.pretty is None:
+            return [(self.text, None)] if self.text else []
+        segments: list[tuple[str, str | None]] = []
+        for number, line in enumerate(self.pretty.splitlines(keepends=True)):
+            found = self.lines.get(number)
+            segments.append((line, "; ".join(dict.fromkeys(problem.path for problem in found)) if found else None))
+        return segments
+
+
+def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
+    """Parse and validate recipe text (strict JSON, schema, semantics); never raises for bad input."""
+    text = text or ""
+    check = RecipeCheck(text=text)
+    try:
+        document = parse_recipe_text(text, source)
+    except RecipeError as error:
+        check.problems = list(error.problems)
+        return check
+    check.parsed = True
+    check.pretty, where = pretty_json(document)
+    try:
+        check.recipe = recipe_from_document(document, source)
+    except RecipeError as error:
+        check.problems = list(error.problems)
+        for problem in check.problems:
+            check.lines.setdefault(_locate(problem.path, where), []).append(problem)
+    return check
+
+
+def recipe_text(recipe: Recipe) -> str:
+    """A recipe as the editor shows it: the document as published, pretty-printed."""
+    return pretty_json(recipe.document if recipe.document is not None else recipe.data)[0]
+
+
+@dataclass
+class FetchedRecipe:
+    """A repo's recipe as the editor shows it; `check` is None when the repo has no recipe."""
+
+    source: str
+    text: str = ""
+    check: RecipeCheck | None = None
+
+
+def fetch_recipe(model: str, revision: str | None, token: str | None) -> FetchedRecipe:
+    """Read `model`'s recipe from the Hub (only `export_config.json`/`config.json`) and validate it.
+
+    An invalid recipe is not an error here: its text is returned with the problems located on its lines.
+    Unknown repos and revisions raise `SourceError`. Signed out, reads are anonymous (never the Space's token).
+    """
+    from .recipe import CONFIG_FIELD, CONFIG_FILE, hub_file, load_recipe
+
+    read_token = token or False  # False: huggingface_hub must not fall back to a token of the Space itself
+    at = f"{model}@{revision}" if revision else model
+    try:
+        recipe = load_recipe(model, revision=revision, token=read_token)
+    except RecipeNotFoundError:
+        return FetchedRecipe(source=at)
+    except RecipeError as error:
+        raw = hub_file(model, RECIPE_FILE, revision, read_token)
+        source = f"{at}/{RECIPE_FILE}"
+        if raw is None:  # the recipe is the `export_config` field of config.json
+            source = f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})"
+            config = json.loads(hub_file(model, CONFIG_FILE, revision, read_token) or b"{}")
+            raw = pretty_json(config.get(CONFIG_FIELD))[0].encode() if isinstance(config, dict) else b""
+        text = raw.decode("utf-8", errors="replace")
+        check = check_recipe_text(text, source)
+        if check.valid:  # cannot happen (same validator); keep the loader's verdict rather than guess
+            check = RecipeCheck(text=text, problems=list(error.problems))
+        return FetchedRecipe(source=source, text=check.pretty or text, check=check)
+    check = check_recipe_text(recipe_text(recipe), recipe.source or at)
+    return FetchedRecipe(source=recipe.source or at, text=check.pretty or check.text, check=check)
+
+
+@dataclass
+class Draft:
+    """A recipe proposed for a model without one (`hfexport init`'s logic, without exporting)."""
+
+    text: str
+    check: RecipeCheck
+    note: str | None = None
+
+
+def draft_recipe(model: str, revision: str | None, formats: Sequence[str], token: str | None) -> Draft:
+    """The recipe `hfexport init` would start from for `formats`, ready for the editor (validated)."""
+    from . import init
+
+    document = init.propose_recipe(model, formats=list(formats), revision=revision, token=token or False)
+    text = pretty_json(document)[0]
+    check = check_recipe_text(text, "proposed recipe")
+    note = None
+    if check.valid:
+        names = ", ".join(f"`{name}`" for name in check.targets)
+        note = (f"✓ **Proposed recipe** for {', '.join(formats)}: targets {names}. It is not validated by an export "
+                f"yet: **Convert** checks parity. Locally: `{init_command(model, formats, revision)}`.")
+    return Draft(text=text, check=check, note=note)
+
+
+def recipe_for_job(text: str | None, repo_recipe: str | None) -> tuple[dict | None, bool]:
+    """The recipe a Convert runs: (None, False) for the repo's own, or (document, True) for the editor's.
+
+    `repo_recipe` is the canonical JSON of the repo's valid recipe, when one was loaded. Raises `RecipeError`
+    (with JSON paths) when the editor's text is not a valid recipe.
+    """
+    from .recipe import canonical_json
+
+    if not (text or "").strip():
+        return None, False
+    check = check_recipe_text(text)
+    if not check.valid:
+        raise RecipeError(check.problems, "editor")
+    if repo_recipe is not None and canonical_json(check.document) == repo_recipe:
+        return None, False
+    return check.document, True
+
+
+# ── Per-session folders ──────────────────────────────────────────────────────
+
+
+class Workspace:
+    """Per-session temp folders under one root: `<root>/<session>/<job>/` (artifacts) and its zip.
+
+    Each new job of a session removes the session's previous one; `release` removes a session; `sweep` removes
+    sessions idle for longer than the time-to-live (a tab closed without the page telling us).
+    """
+
+    def __init__(self, root: str | Path, ttl_s: float = 3600.0):
+        self.root = Path(root)
+        self.ttl_s = ttl_s
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _session(self, session: str) -> Path:
+        safe = "".join(char for char in session if char.isalnum() or char in "-_")[:64] or "anonymous"
+        return self.root / safe
+
+    def new_job(self, session: str) -> Path:
+        """A fresh, empty folder for the session's next job; the session's earlier jobs are removed."""
+        self.sweep()
+        folder = self._session(session)
+        if folder.exists():
+            for child in folder.iterdir():
+                _remove(child)
+        job = folder / uuid.uuid4().hex[:12]
+        job.mkdir(parents=True)
+        return job
+
+    def release(self, session: str) -> None:
+        _remove(self._session(session))
+
+    def sweep(self) -> list[Path]:
+        """Remove sessions whose newest file is older than the time-to-live; returns what was removed."""
+        removed = []
+        now = time.time()
+        for folder in self.root.iterdir() if self.root.exists() else ():
+            try:
+                newest = max((entry.stat().st_mtime for entry in [folder, *folder.iterdir()]), default=now)
+            except OSError:
+                continue
+            if now - newest > self.ttl_s:
+                _remove(folder)
+                removed.append(folder)
+        return removed
+
+    def sessions(self) -> list[str]:
+        return sorted(entry.name for entry in self.root.iterdir()) if self.root.exists() else []
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def zip_artifacts(output: Path, destination: Path) -> Path:
+    """Every file of a job's output folder (targets and the job report) in one zip, paths relative to it."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(destination, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for file in sorted(output.rglob("*")):
+            relative = file.relative_to(output)
+            if file.is_file() and not any(part.startswith(".") for part in relative.parts):
+                archive.write(file, relative.as_posix())
+    return destination
+
+
+def drop_cached_downloads(repo_id: str) -> int:
+    """Remove `repo_id`'s files from the local Hub cache (the Space's disk is small); returns bytes freed."""
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        cache = scan_cache_dir()
+    except Exception:  # noqa: BLE001 - no cache folder yet, or unreadable: nothing to free
+        return 0
+    hashes = [revision.commit_hash for repo in cache.repos if repo.repo_id == repo_id and repo.repo_type == "model"
+              for revision in repo.revisions]
+    if not hashes:
+        return 0
+    strategy = cache.delete_revisions(*hashes)
+    strategy.execute()
+    return strategy.expected_freed_size
+
+
+# ── Jobs ─────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class JobRequest:
+    """One Convert click: what to export, from where, with which recipe, as whom."""
+
+    model: str
+    output: Path
+    targets: list[str]
+    revision: str | None = None
+    token: str | None = None
+    recipe: dict | None = None  # None: the repo's own recipe; else the editor's (validated) document
+
+    @property
+    def command(self) -> str:
+        return export_command(self.model, self.revision, self.targets, edited_recipe=self.recipe is not None)
+
+
+@dataclass
+class Finished:
+    """The last event of a job: its report (or the failure that stopped it) and the total wall time."""
+
+    report: Any = None
+    failure: Failure | None = None
+    seconds: float = 0.0
+    waited_s: float = 0.0  # time spent waiting for the process-wide job lock
+
+
+class JobRunner:
+    """Runs one job at a time in this process and streams its progress events.
+
+    `run(request)` yields `job.Step` events as the job reports them (preflight, load_model, plan/export/save/verify
+    per target) and finally one `Finished`. The job runs in a worker thread so the caller (a Gradio generator)
+    can keep the page updated; only one job holds the lock at any time.
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, settings: SpaceSettings):
+        self.settings = settings
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def run(self, request: JobRequest) -> Iterator[Any]:
+        from .job import Step
+
+        events: queue.Queue = queue.Queue()
+        outcome: dict[str, Any] = {}
+        started = time.perf_counter()
+
+        def work() -> None:
+            with self._lock:
+                outcome["waited_s"] = time.perf_counter() - started
+                try:
+                    self._preflight(request, events.put)
+                    outcome["report"] = self._run_job(request, events.put)
+                except BaseException as error:  # noqa: BLE001 - reported as a Failure, never re-raised in a thread
+                    outcome["error"] = error
+                finally:
+                    if not self.settings.keep_downloads:
+                        with contextlib.suppress(Exception):
+                            drop_cached_downloads(request.model)
+                    events.put(None)
+
+        worker = threading.Thread(target=work, name=f"hfexport-job-{request.model}", daemon=True)
+        worker.start()
+        while True:
+            event = events.get()
+            if event is None:
+                break
+            if isinstance(event, Step):
+                yield event
+        worker.join()
+        finished = Finished(seconds=time.perf_counter() - started, waited_s=outcome.get("waited_s", 0.0))
+        if "error" in outcome:
+            finished.failure = describe_failure(outcome["error"], request.command)
+            _remove(request.output)
+        else:
+            finished.report = outcome["report"]
+            finished.failure = report_failure(finished.report, request.command)
+        yield finished
+
+    def _preflight(self, request: JobRequest, progress: Callable) -> None:
+        """The preflight check (memory and disk needed vs available), before any weight is downloaded."""
+        from .job import Step
+
+        try:
+            from . import preflight
+        except ImportError:  # pragma: no cover - preflight is part of hfexport; guard for partial installs
+            return
+        check = getattr(preflight, "check_job", None) or getattr(preflight, "preflight", None)
+        if check is None:  # pragma: no cover
+            return
+        started = time.perf_counter()
+        progress(Step("preflight", "start", None, request.model))
+        try:
+            result = _call_preflight(check, request)
+        except BaseException as error:
+            progress(Step("preflight", "error", None, _first_line(str(error)), time.perf_counter() - started))
+            raise
+        detail = _first_line(str(result)) if result is not None and not isinstance(result, bool) else None
+        progress(Step("preflight", "done", None, detail, time.perf_counter() - started))
+
+    def _run_job(self, request: JobRequest, progress: Callable):
+        from .job import run_job
+
+        kwargs: dict[str, Any] = dict(
+            targets=request.targets, revision=request.revision, token=request.token, recipe=request.recipe,
+            progress=progress,
+        )
+        if self.settings.verify:
+            kwargs["verify"] = True
+        return run_job(request.model, request.output, **kwargs)
+
+
+def _call_preflight(check: Callable, request: JobRequest):
+    return check(request.model, targets=request.targets, revision=request.revision, token=request.token,
+                 recipe=request.recipe)
+
+
+# ── Progress rendering ───────────────────────────────────────────────────────
+
+_STEP_TITLES = {
+    "preflight": "preflight (memory and disk)",
+    "load_model": "download and load the model",
+    "plan": "plan",
+    "export": "export",
+    "save": "save",
+    "verify": "verify parity",
+}
+_STATUS_ICONS = {"start": "…", "done": "✓", "error": "✗"}
+
+
+class ProgressLog:
+    """Progress events folded into one Markdown checklist (one line per step and target), updated in place."""
+
+    def __init__(self, title: str = "Progress"):
+        self.title = title
+        self.entries: dict[tuple[str, str | None], Any] = {}
+        self.note: str | None = None
+
+    def add(self, step) -> None:
+        if step.step == "target":
+            return
+        self.entries[(step.step, step.target)] = step
+
+    def markdown(self) -> str:
+        lines = [f"**{self.title}**", ""]
+        for (name, target), step in self.entries.items():
+            title = _STEP_TITLES.get(name, name) + (f" `{target}`" if target else "")
+            seconds = f" ({step.seconds:.1f} s)" if step.seconds is not None else ""
+            detail = f": {_md_escape(step.detail)}" if step.detail and step.status != "start" else ""
+            if step.status == "start" and step.detail and name not in ("load_model",):
+                detail = f": {_md_escape(step.detail)}"
+            lines.append(f"- {_STATUS_ICONS.get(step.status, '•')} {title}{seconds}{detail}")
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+
+# ── Publishing ───────────────────────────────────────────────────────────────
+
+
+def publish_message(result) -> str:
+    """One line for a `publish.PublishResult`: opened / updated / unchanged (up to date) / committed."""
+    link = f"[#{result.pr_num}]({result.pr_url})" if getattr(result, "pr_url", None) else ""
+    if result.action == "opened":
+        return f"✓ Opened pull request {link} on `{result.repo_id}`."
+    if result.action == "updated":
+        return f"✓ Pushed a new commit to pull request {link} on `{result.repo_id}`."
+    if result.action == "unchanged":
+        return f"= Pull request {link} on `{result.repo_id}` is up to date: nothing changed, so no new pull request."
+    return f"✓ Committed to `{result.repo_id}`" + (f" ({result.commit[:12]})" if getattr(result, "commit", None) else "") + "."
+
+
+def publish_job(state: dict, token: str):
+    """Publish a session's converted job through hfexport's one-PR-per-model logic; returns the PublishResult."""
+    from .publish import publish
+
+    output = state.get("output")
+    if not output or not Path(output).is_dir():
+        raise SpaceError("Nothing to publish", "convert the model first; the artifacts of a session are kept until "
+                         "it ends or converts again")
+    return publish(output, state["model"], mode="pr", token=token, targets=state.get("targets") or None,
+                   revision=state.get("revision"))
+
+
+@dataclass
+class Proposal:
+    """The outcome of `propose_recipe`."""
+
+    action: str  # "opened" | "updated" | "unchanged"
+    repo_id: str
+    pr_num: int
+    pr_url: str
+
+    def markdown(self) -> str:
+        link = f"[#{self.pr_num}]({self.pr_url})"
+        if self.action == "opened":
+            return f"✓ Opened pull request {link} adding `{RECIPE_FILE}` to `{self.repo_id}`."
+        if self.action == "updated":
+            return f"✓ Updated the recipe in pull request {link} on `{self.repo_id}`."
+        return f"= Pull request {link} on `{self.repo_id}` already proposes this recipe: nothing changed."
+
+
+def propose_recipe(repo_id: str, document: dict, token: str, revision: str | None = None) -> Proposal:
+    """Open (or update) the pull request that adds `export_config.json` with the validated `document`.
+
+    One open proposal per repo: it is found by its marker, gets a new commit when the recipe differs, and is left
+    alone when it already holds these exact bytes. The recipe is validated again here; an invalid one is refused.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    recipe_from_document(document, "proposed recipe")  # raises RecipeError with every problem
+    register_secret(token)
+    api = HfApi(token=token)
+    content = pretty_json(document)[0].encode("utf-8")
+    for discussion in api.get_repo_discussions(repo_id, discussion_type="pull_request", discussion_status="open"):
+        if discussion.title != RECIPE_PR_TITLE:
+            continue
+        details = api.get_discussion_details(repo_id, discussion.num)
+        first = next((event for event in details.events if getattr(event, "type", None) == "comment"), None)
+        if first is None or RECIPE_PR_MARKER not in (getattr(first, "content", "") or ""):
+            continue
+        ref = f"refs/pr/{discussion.num}"
+        current = _read_hub_file(api, repo_id, RECIPE_FILE, ref)
+        url = discussion.url
+        if current == content:
+            return Proposal("unchanged", repo_id, discussion.num, url)
+        api.create_commit(repo_id, [CommitOperationAdd(RECIPE_FILE, content)], commit_message="Update the export recipe",
+                          revision=ref)
+        api.comment_discussion(repo_id, discussion.num, "Updated the proposed export recipe.")
+        return Proposal("updated", repo_id, discussion.num, url)
+    description = "\n".join([
+        RECIPE_PR_MARKER,
+        f"This pull request adds `{RECIPE_FILE}`, an export recipe for hfexport: which formats this model "
+        "exports to, with which settings, and the parity thresholds its artifacts must meet.",
+        "",
+        f"Check it locally with `{validate_command(repo_id, revision)}`.",
+    ])
+    info = api.create_commit(repo_id, [CommitOperationAdd(RECIPE_FILE, content)], commit_message=RECIPE_PR_TITLE,
+                             commit_description=description, create_pr=True)
+    return Proposal("opened", repo_id, int(info.pr_num), info.pr_url)
+
+
+def _read_hub_file(api, repo_id: str, filename: str, revision: str) -> bytes | None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, token=api.token)).read_bytes()
+    except EntryNotFoundError:
+        return None

@@ -1,0 +1,243 @@
+"""hfexport Space: convert a Hub model with its owner's recipe, check parity, download or open a pull request.
+
+A thin Gradio layout. Everything it does goes through hfexport's APIs: recipes (`hfexport.recipe`), proposals for
+models without one (`hfexport.init`), jobs (`hfexport.job.run_job`), publishing (`hfexport.publish`), and the
+Space's own non-UI logic (`hfexport.space_logic`: session folders, one job at a time, error categories and the
+reproducing `hfexport` command). Run it locally against any Hub endpoint: see README.md in this folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from hfexport import space_logic as logic
+from hfexport.recipe import FORMATS, RECIPE_FILE, canonical_json
+
+TITLE = "hfexport: export a Hub model the way its owner says"
+INTRO = (
+    "Sign in, enter a model repo, and **Convert**: the model's own recipe (`export_config.json`) decides the "
+    "formats and settings; every artifact is reloaded and checked against the model before you get it. "
+    "**Open PR** publishes the artifacts to the model repo as one pull request, updated in place on later runs."
+)
+FORMAT_CHOICES = [("ONNX", "onnx"), ("OpenVINO", "openvino"), ("ExecuTorch (.pte)", "executorch"),
+                  ("torch.export (.pt2)", "dynamo")]
+CSS = ".problem-lines { font-family: var(--font-mono); white-space: pre; }"
+
+
+def _new_state() -> dict:
+    return {"session": None, "model": None, "revision": None, "repo_recipe": None, "output": None,
+            "targets": [], "edited": False, "zip": None, "status": None}
+
+
+def _token(oauth_token: gr.OAuthToken | None, settings: logic.SpaceSettings) -> str | None:
+    return logic.hub_token(oauth_token.token if oauth_token else None, settings)
+
+
+def _fail(error: BaseException, command: str | None = None) -> str:
+    return logic.describe_failure(error, command).markdown()
+
+
+def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
+    """The Blocks of the Space (queue not yet configured; `launch` does that)."""
+    settings = settings or logic.SpaceSettings.from_env()
+    workspace = logic.Workspace(settings.workdir, settings.session_ttl_s)
+    runner = logic.JobRunner(settings)
+
+    def release(state: Any) -> None:
+        if isinstance(state, dict) and state.get("session"):
+            workspace.release(state["session"])
+
+    # ── handlers ─────────────────────────────────────────────────────────────
+
+    def show_user(profile: gr.OAuthProfile | None):
+        if profile is None:
+            return "Not signed in: you can read public recipes; **sign in** to convert and open pull requests."
+        return f"Signed in as **{profile.username}**."
+
+    def load_model(model_id: str, revision: str, state: dict | None, oauth_token: gr.OAuthToken | None):
+        """Fetch the repo's recipe and validate it; without one, draft a recipe for the chosen formats."""
+        state = dict(state or _new_state())
+        try:
+            model = logic.check_model_id(model_id)
+            rev = logic.check_revision(revision)
+            fetched = logic.fetch_recipe(model, rev, _token(oauth_token, settings))
+        except Exception as error:  # noqa: BLE001 - shown as a category + command, never a traceback
+            command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
+            return (_fail(error, command), gr.update(), gr.update(value=[], visible=False),
+                    gr.update(choices=[], value=[]), gr.update(visible=False), state)
+        state.update(model=model, revision=rev, repo_recipe=None, output=None, zip=None, status=None)
+        if fetched.check is None:  # no recipe: offer formats and a draft
+            draft = logic.draft_recipe(model, rev, ["onnx"], _token(oauth_token, settings))
+            check = draft.check
+            status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
+                      "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
+                      f"that adds `{RECIPE_FILE}`.\n\n" + (draft.note or check.markdown()))
+            return (status, draft.text, _problems(check), _target_update(check), gr.update(visible=True), state)
+        check = fetched.check
+        if check.valid:
+            state["repo_recipe"] = canonical_json(check.document)
+        status = f"Recipe from `{fetched.source}`\n\n{check.markdown()}"
+        return (status, fetched.text, _problems(check), _target_update(check), gr.update(visible=False), state)
+
+    def draft(model_id: str, revision: str, formats: list[str], oauth_token: gr.OAuthToken | None):
+        try:
+            model = logic.check_model_id(model_id)
+            rev = logic.check_revision(revision)
+            result = logic.draft_recipe(model, rev, formats or ["onnx"], _token(oauth_token, settings))
+        except Exception as error:  # noqa: BLE001
+            return _fail(error, logic.init_command((model_id or "MODEL").strip(), formats)), gr.update(), gr.update(), gr.update()
+        check = result.check
+        return (result.note or check.markdown()), result.text, _problems(check), _target_update(check)
+
+    def validate(text: str):
+        check = logic.check_recipe_text(text)
+        return check.markdown(), _problems(check), _target_update(check)
+
+    def convert(model_id: str, revision: str, recipe_text: str, targets: list[str], state: dict | None,
+                oauth_token: gr.OAuthToken | None, request: gr.Request):
+        """Run the job for the chosen targets with live progress; end with the report and a zip of the artifacts."""
+        state = dict(state or _new_state())
+        state.update(output=None, zip=None, status=None)
+        try:
+            model = logic.check_model_id(model_id)
+            rev = logic.check_revision(revision)
+            token = logic.require_token(_token(oauth_token, settings), "convert models")
+            recipe, edited = logic.recipe_for_job(recipe_text, state.get("repo_recipe") if state.get("model") == model
+                                                  else None)
+        except Exception as error:  # noqa: BLE001
+            command = logic.export_command((model_id or "MODEL").strip(), (revision or "").strip() or None, targets)
+            yield _fail(error, command), "", None, gr.update(interactive=False), state
+            return
+        session = request.session_hash if request is not None and request.session_hash else "api"
+        state["session"] = session
+        folder = workspace.new_job(session)
+        job = logic.JobRequest(model=model, output=folder / "out", targets=list(targets or []), revision=rev,
+                               token=token, recipe=recipe)
+        log = logic.ProgressLog(f"Converting `{model}`" + (f" at `{rev}`" if rev else ""))
+        yield log.markdown(), "", None, gr.update(interactive=False), state
+        for event in runner.run(job):
+            if isinstance(event, logic.Finished):
+                break
+            log.add(event)
+            yield log.markdown(), "", None, gr.update(interactive=False), state
+        log.note = f"Finished in {event.seconds:.1f} s."
+        if event.report is None:
+            workspace.release(session)
+            yield log.markdown(), event.failure.markdown(), None, gr.update(interactive=False), state
+            return
+        report = event.report
+        zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
+        state.update(model=model, revision=rev, output=str(job.output), targets=list(report.targets), edited=edited,
+                     zip=str(zip_path), status=report.status)
+        results = report.to_markdown()
+        if event.failure is not None:
+            results = event.failure.markdown() + "\n\n" + results
+        yield log.markdown(), results, str(zip_path), gr.update(interactive=True), state
+
+    def open_pr(state: dict | None, oauth_token: gr.OAuthToken | None):
+        """Publish the converted artifacts as the model's one hfexport pull request (opened, updated or unchanged)."""
+        state = state or _new_state()
+        model = state.get("model") or "MODEL"
+        command = logic.export_command(model, state.get("revision"), state.get("targets") or [],
+                                       edited_recipe=bool(state.get("edited")), push=True)
+        try:
+            token = logic.require_token(_token(oauth_token, settings), "open pull requests")
+            result = logic.publish_job(state, token)
+        except Exception as error:  # noqa: BLE001
+            return _fail(error, command)
+        return logic.publish_message(result)
+
+    def propose(model_id: str, recipe_text: str, oauth_token: gr.OAuthToken | None):
+        """Open a pull request that adds the editor's (validated) recipe as `export_config.json`."""
+        command = logic.validate_command((model_id or "MODEL").strip())
+        try:
+            model = logic.check_model_id(model_id)
+            token = logic.require_token(_token(oauth_token, settings), "propose a recipe")
+            check = logic.check_recipe_text(recipe_text)
+            if not check.valid:
+                raise logic.RecipeError(check.problems, "editor")
+            return logic.propose_recipe(model, check.document, token).markdown()
+        except Exception as error:  # noqa: BLE001
+            return _fail(error, command)
+
+    # ── layout ───────────────────────────────────────────────────────────────
+
+    with gr.Blocks(title="hfexport", delete_cache=(3600, 3600)) as demo:
+        state = gr.State(_new_state(), time_to_live=settings.session_ttl_s, delete_callback=release)
+        gr.Markdown(f"# {TITLE}\n\n{INTRO}")
+        with gr.Row():
+            gr.LoginButton()
+            user = gr.Markdown(elem_id="user")
+        with gr.Row():
+            model_box = gr.Textbox(label="Model repo", placeholder="org/model", scale=3, elem_id="model")
+            revision_box = gr.Textbox(label="Revision (optional)", placeholder="main", scale=1, elem_id="revision")
+            load_button = gr.Button("Load recipe", scale=1, elem_id="load")
+        recipe_status = gr.Markdown(elem_id="recipe-status")
+        with gr.Group(visible=False) as format_group:
+            formats = gr.CheckboxGroup(FORMAT_CHOICES, value=["onnx"], label="Formats for the proposed recipe",
+                                       elem_id="formats")
+        problems = gr.HighlightedText(label="Recipe check (problem lines highlighted with their JSON path)",
+                                      combine_adjacent=True, show_legend=False, elem_id="problems",
+                                      elem_classes=["problem-lines"], visible=False)
+        editor = gr.Code(label=f"Recipe ({RECIPE_FILE}): edit to try changes; checked as you type", language="json",
+                         interactive=True, lines=12, max_lines=30, elem_id="editor")
+        with gr.Row():
+            targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
+                                       scale=3)
+            convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert")
+            propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
+        propose_result = gr.Markdown(elem_id="propose-result")
+        progress = gr.Markdown(elem_id="progress")
+        results = gr.Markdown(elem_id="results")
+        download = gr.File(label="Artifacts (zip)", interactive=False, elem_id="download")
+        pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
+        pr_result = gr.Markdown(elem_id="pr-result")
+
+        demo.load(show_user, None, user, api_visibility="private")
+        load_button.click(load_model, [model_box, revision_box, state],
+                          [recipe_status, editor, problems, targets, format_group, state], api_name="load_recipe")
+        model_box.submit(load_model, [model_box, revision_box, state],
+                         [recipe_status, editor, problems, targets, format_group, state], api_visibility="private")
+        formats.input(draft, [model_box, revision_box, formats], [recipe_status, editor, problems, targets],
+                      api_name="draft_recipe")
+        editor.input(validate, editor, [recipe_status, problems, targets], api_name="validate_recipe", queue=False,
+                     trigger_mode="always_last", show_progress="hidden")
+        convert_button.click(convert, [model_box, revision_box, editor, targets, state],
+                             [progress, results, download, pr_button, state], api_name="convert",
+                             concurrency_limit=1, concurrency_id="export", show_progress_on=[results])
+        pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
+        propose_button.click(propose, [model_box, editor], propose_result, api_name="propose_recipe",
+                             concurrency_limit=2, concurrency_id="publish")
+    demo.hfexport_settings = settings  # type: ignore[attr-defined]
+    return demo
+
+
+def _problems(check: logic.RecipeCheck):
+    """The recipe with its problem lines highlighted, shown only while there are problems."""
+    return gr.update(value=check.highlighted() if not check.valid else [], visible=not check.valid)
+
+
+def _target_update(check: logic.RecipeCheck):
+    names = check.targets
+    if not check.valid:
+        return gr.update()
+    return gr.update(choices=names, value=[check.recipe.default_target] if names else [])
+
+
+def launch(settings: logic.SpaceSettings | None = None, **launch_kwargs) -> gr.Blocks:
+    """Build, queue (one export at a time, a bounded queue) and launch; returns the running Blocks."""
+    demo = build_app(settings)
+    settings = demo.hfexport_settings  # type: ignore[attr-defined]
+    demo.queue(max_size=settings.queue_size, default_concurrency_limit=8)
+    allowed = [str(Path(settings.workdir).resolve()), *launch_kwargs.pop("allowed_paths", [])]
+    demo.launch(allowed_paths=allowed, css=CSS, footer_links=["api"], **launch_kwargs)
+    return demo
+
+
+if __name__ == "__main__":
+    launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
+           server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))

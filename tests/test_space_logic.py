@@ -1,0 +1,308 @@
+"""The Space's UI-independent logic (hfexport.space_logic): editor validation, errors, folders, recipe proposals."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hfexport import space_logic as logic
+from hfexport.errors import Problem, PublishRefusedError, RecipeError, SourceError
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def unique(name: str) -> str:
+    return f"user/{name}-{uuid.uuid4().hex[:8]}"
+
+
+def bert_recipe() -> dict:
+    return json.loads((EXAMPLES / "tiny-bert" / "export_config.json").read_text())
+
+
+# ── editor ───────────────────────────────────────────────────────────────────
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_pretty_json_is_json_dumps_indent_2(value):
+    text, where = logic.pretty_json(value)
+    assert text == json.dumps(value, indent=2, ensure_ascii=False) + "\n"
+    assert where["$"] == 0
+
+
+def test_pretty_json_maps_paths_to_their_lines():
+    text, where = logic.pretty_json(bert_recipe())
+    lines = text.splitlines()
+    assert lines[where["targets.onnx.dynamic_shapes.input_ids.1"]].strip() == '"1": "seq"'
+    assert lines[where["dims.seq.max"]].strip() == '"max": 64'
+    assert lines[where["targets.pte"]].strip() == '"pte": {'
+
+
+def test_valid_recipe_lists_its_targets():
+    check = logic.check_recipe_text(json.dumps(bert_recipe()))
+    assert check.valid and check.targets == ["onnx", "openvino", "pt2", "pte"]
+    assert "Valid recipe" in check.markdown() and "`onnx`" in check.markdown()
+    assert not any(label for _, label in check.highlighted())
+
+
+def test_invalid_recipe_problem_is_located_on_its_line():
+    recipe = bert_recipe()
+    recipe["targets"]["onnx"]["dynamic_shapes"]["input_ids"]["1"] = "sequence"  # not a declared dim
+    check = logic.check_recipe_text(json.dumps(recipe))
+    assert not check.valid
+    paths = [problem.path for problem in check.problems]
+    assert "targets.onnx.dynamic_shapes.input_ids.1" in paths
+    highlighted = [(text, label) for text, label in check.highlighted() if label]
+    assert highlighted == [('          "1": "sequence"\n', "targets.onnx.dynamic_shapes.input_ids.1")]
+    line = check.pretty.splitlines().index('          "1": "sequence"') + 1
+    assert f"`targets.onnx.dynamic_shapes.input_ids.1` (line {line})" in check.markdown()
+    # every segment together is the pretty text: nothing dropped, nothing added
+    assert "".join(text for text, _ in check.highlighted()) == check.pretty
+
+
+def test_problem_on_a_missing_key_is_shown_on_its_parent():
+    recipe = bert_recipe()
+    del recipe["targets"]["pt2"]["export_format"]
+    check = logic.check_recipe_text(json.dumps(recipe))
+    assert not check.valid
+    labelled = [text for text, label in check.highlighted() if label]
+    assert any(text.strip().startswith('"pt2"') for text in labelled), labelled
+
+
+def test_text_that_is_not_json_is_one_problem_without_highlight():
+    check = logic.check_recipe_text('{"recipe_version": 1,')
+    assert not check.valid and not check.parsed
+    assert check.problems[0].path == "$" and "not valid JSON" in check.problems[0].message
+    assert check.highlighted() == [('{"recipe_version": 1,', None)]
+    assert logic.check_recipe_text("").problems[0].message.startswith("empty document")
+
+
+def test_recipe_for_job_uses_the_repo_recipe_unless_edited():
+    from hfexport.recipe import canonical_json
+
+    recipe = bert_recipe()
+    repo = canonical_json(recipe)
+    assert logic.recipe_for_job(json.dumps(recipe, indent=4), repo) == (None, False)
+    assert logic.recipe_for_job("", repo) == (None, False)
+    edited = {**recipe, "default_target": "pt2"}
+    assert logic.recipe_for_job(json.dumps(edited), repo) == (edited, True)
+    with pytest.raises(RecipeError) as caught:
+        logic.recipe_for_job('{"targets": {}}', repo)
+    assert caught.value.problems
+
+
+# ── input checks and errors ──────────────────────────────────────────────────
+
+
+def test_model_ids_are_hub_repo_ids_never_local_paths(tmp_path, monkeypatch):
+    assert logic.check_model_id("  org/model ") == "org/model"
+    for bad in ("", "../etc/passwd", "/etc", "a b", "org/model/extra"):
+        with pytest.raises(logic.SpaceError):
+            logic.check_model_id(bad)
+    (tmp_path / "org" / "local").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(logic.SpaceError, match="not a Hub repo id"):
+        logic.check_model_id("org/local")  # a folder of the Space's own disk, not a repo
+    assert logic.check_revision(" refs/pr/3 ") == "refs/pr/3" and logic.check_revision("") is None
+    with pytest.raises(logic.SpaceError):
+        logic.check_revision("main; rm -rf /")
+
+
+def test_commands_reproduce_the_job_and_are_shell_quoted():
+    assert logic.export_command("org/m", "refs/pr/2", ["onnx", "pt2"]) == \
+        "hfexport export org/m --revision refs/pr/2 --target onnx --target pt2 -o out"
+    assert logic.export_command("org/m", None, [], edited_recipe=True, push=True) == \
+        "hfexport export org/m --recipe export_config.json -o out --push --pr"
+    assert logic.export_command("org/m", "it's", []) == "hfexport export org/m --revision 'it'\"'\"'s' -o out"
+    assert logic.validate_command("org/m") == "hfexport validate org/m"
+    assert logic.init_command("org/m", ["onnx", "openvino"]) == \
+        "hfexport init org/m --format onnx --format openvino -o export_config.json"
+
+
+def test_failures_are_a_category_a_line_and_a_command_never_a_token():
+    token = "hf_" + "S3cret" * 4
+    cases = {
+        SourceError("repository org/m not found or not accessible"): "Repository not found",
+        SourceError("revision 'v9' not found in org/m"): "Revision not found",
+        PublishRefusedError("target(s) onnx failed parity verification: not publishing"): "Publishing refused",
+        logic.SpaceError("Sign in required", "sign in with Hugging Face to convert models"): "Sign in required",
+        RuntimeError(f"boom with {token}\nTraceback (most recent call last):\n  File x"): "Unexpected error",
+    }
+    for error, category in cases.items():
+        failure = logic.describe_failure(error, "hfexport export org/m -o out")
+        text = failure.markdown()
+        assert failure.category == category, (error, failure)
+        assert "Traceback" not in text and token not in text
+        assert "```sh\nhfexport export org/m -o out\n```" in text
+    recipe_failure = logic.describe_failure(RecipeError([Problem("targets.onnx.mode", "expected forward")], "x"))
+    assert recipe_failure.category == "Invalid recipe"
+    assert "- `targets.onnx.mode`: expected forward" in recipe_failure.markdown()
+
+
+def test_hub_http_errors_keep_their_status(hub):
+    from huggingface_hub import HfApi
+
+    with pytest.raises(Exception) as caught:
+        HfApi(token="hf_not_a_known_token_at_all").whoami()
+    failure = logic.describe_failure(caught.value)
+    assert failure.category == "Not authorised" and "401" in failure.message
+    assert "hf_not_a_known_token_at_all" not in failure.markdown()
+
+
+def test_the_oauth_token_is_the_hub_token(monkeypatch, tmp_path):
+    settings = logic.SpaceSettings(workdir=tmp_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_developer_token_1234")
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert logic.hub_token(None, settings) is None  # signed out: never the Space's own token
+    assert logic.hub_token("hf_user_oauth_token", settings) == "hf_user_oauth_token"
+    assert logic.hub_token(logic.GRADIO_MOCK_OAUTH_TOKEN, settings) == logic.GRADIO_MOCK_OAUTH_TOKEN
+    settings.use_hf_token_for_mock_login = True  # local run against a Hub that does not know the mock token
+    assert logic.hub_token(logic.GRADIO_MOCK_OAUTH_TOKEN, settings) == "hf_developer_token_1234"
+    monkeypatch.setenv("SPACE_ID", "org/space")  # on a Space the swap never happens
+    assert logic.hub_token(logic.GRADIO_MOCK_OAUTH_TOKEN, settings) == logic.GRADIO_MOCK_OAUTH_TOKEN
+    with pytest.raises(logic.SpaceError, match="sign in"):
+        logic.require_token(None, "convert models")
+
+
+def test_settings_from_environment(tmp_path):
+    settings = logic.SpaceSettings.from_env({"HFEXPORT_SPACE_WORKDIR": str(tmp_path), "HFEXPORT_SPACE_QUEUE_SIZE": "3",
+                                             "HFEXPORT_SPACE_VERIFY": "0"})
+    assert settings.workdir == tmp_path and settings.queue_size == 3 and settings.verify is False
+
+
+# ── folders ──────────────────────────────────────────────────────────────────
+
+
+def test_workspace_keeps_one_job_per_session_and_removes_released_and_stale_ones(tmp_path):
+    workspace = logic.Workspace(tmp_path / "work", ttl_s=60)
+    first = workspace.new_job("session-a")
+    (first / "artifact.bin").write_bytes(b"x")
+    second = workspace.new_job("session-a")
+    assert not first.exists() and second.is_dir() and second.parent == first.parent
+    other = workspace.new_job("session-b/../../escape")
+    assert other.parent.parent == workspace.root  # session ids cannot leave the root
+    workspace.release("session-a")
+    assert not second.parent.exists()
+    old = time.time() - 3600
+    for path in (other, other.parent):
+        os.utime(path, (old, old))
+    assert workspace.sweep() == [other.parent]
+    assert workspace.sessions() == []
+
+
+def test_zip_holds_every_target_file_and_the_report(tmp_path):
+    output = tmp_path / "out"
+    (output / "onnx").mkdir(parents=True)
+    (output / "onnx" / "model.onnx").write_bytes(b"onnx")
+    (output / "export_report.json").write_text("{}")
+    (output / ".onnx.partial-1234").mkdir()
+    (output / ".onnx.partial-1234" / "junk").write_text("x")
+    archive = logic.zip_artifacts(output, tmp_path / "a.zip")
+    assert sorted(zipfile.ZipFile(archive).namelist()) == ["export_report.json", "onnx/model.onnx"]
+
+
+def test_progress_log_has_one_line_per_step_and_target():
+    from hfexport.job import Step
+
+    log = logic.ProgressLog("Converting `org/m`")
+    log.add(Step("load_model", "start", None, "org/m"))
+    log.add(Step("load_model", "done", None, "org/m", 1.25))
+    log.add(Step("target", "start", "onnx"))
+    log.add(Step("export", "start", "onnx", "onnx / forward"))
+    text = log.markdown()
+    assert "✓ download and load the model (1.2 s)" in text
+    assert "… export `onnx`: onnx / forward" in text
+    log.add(Step("export", "error", "onnx", "TorchExportError: boom", 2.0))
+    assert "✗ export `onnx` (2.0 s): TorchExportError: boom" in log.markdown()
+    assert log.markdown().count("export `onnx`") == 1
+
+
+# ── against the local Hub ────────────────────────────────────────────────────
+
+
+def test_fetch_recipe_valid_invalid_missing_and_unknown(hub):
+    valid = unique("bert")
+    hub.seed_repo(valid, EXAMPLES / "tiny-bert")
+    fetched = logic.fetch_recipe(valid, None, None)
+    assert fetched.check.valid and fetched.source == f"{valid}/export_config.json"
+    assert json.loads(fetched.text) == bert_recipe()
+
+    broken = unique("broken")
+    recipe = bert_recipe()
+    recipe["targets"]["onnx"]["mode"] = "sideways"
+    hub.seed_repo(broken, {"config.json": "{}", "export_config.json": json.dumps(recipe)})
+    fetched = logic.fetch_recipe(broken, None, None)
+    assert not fetched.check.valid
+    assert [p.path for p in fetched.check.problems] == ["targets.onnx.mode"]
+    assert [label for _, label in fetched.check.highlighted() if label] == ["targets.onnx.mode"]
+
+    embedded = unique("embedded")
+    hub.seed_repo(embedded, {"config.json": json.dumps({"export_config": {"export_format": "onnx", "opset": 1}})})
+    fetched = logic.fetch_recipe(embedded, None, None)
+    assert fetched.source.endswith("config.json (export_config)") and not fetched.check.valid
+
+    missing = unique("norecipe")
+    hub.seed_repo(missing, {"config.json": "{}"})
+    assert logic.fetch_recipe(missing, None, None).check is None
+
+    with pytest.raises(SourceError, match="not found"):
+        logic.fetch_recipe(unique("nothing-here"), None, None)
+    with pytest.raises(SourceError, match="revision"):
+        logic.fetch_recipe(valid, "no-such-branch", None)
+
+
+def test_signed_out_reads_never_use_the_spaces_own_token(hub, monkeypatch):
+    private = unique("private")
+    hub.seed_repo(private, EXAMPLES / "tiny-bert", private=True)
+    monkeypatch.setenv("HF_TOKEN", hub.write_token)  # the Space's own secret, which must not leak to visitors
+    with pytest.raises(SourceError, match="not found or not accessible"):
+        logic.fetch_recipe(private, None, None)
+    assert logic.fetch_recipe(private, None, hub.read_token).check.valid
+
+
+def test_propose_recipe_opens_then_leaves_alone_then_updates_one_pr(hub):
+    repo = unique("propose")
+    hub.seed_repo(repo, {"config.json": "{}"})
+    recipe = bert_recipe()
+    token = logic.GRADIO_MOCK_OAUTH_TOKEN
+    first = logic.propose_recipe(repo, recipe, token)
+    assert first.action == "opened" and first.pr_num == 1 and first.pr_url.endswith("/discussions/1")
+    assert hub.read_file(repo, "export_config.json", "refs/pr/1") == logic.pretty_json(recipe)[0].encode()
+    again = logic.propose_recipe(repo, recipe, token)
+    assert (again.action, again.pr_num) == ("unchanged", 1) and "already proposes" in again.markdown()
+    changed = {**recipe, "default_target": "pt2"}
+    updated = logic.propose_recipe(repo, changed, token)
+    assert (updated.action, updated.pr_num) == ("updated", 1)
+    assert json.loads(hub.read_file(repo, "export_config.json", "refs/pr/1"))["default_target"] == "pt2"
+    assert len(hub.discussions(repo)) == 1
+    assert "export_config.json" not in hub.list_files(repo)  # main untouched until the owner merges
+    with pytest.raises(RecipeError):
+        logic.propose_recipe(repo, {"targets": {}}, token)
+
+
+def test_job_runner_reports_an_unknown_repo_as_a_failure_and_removes_its_folder(hub, tmp_path):
+    settings = logic.SpaceSettings(workdir=tmp_path, verify=False)
+    output = tmp_path / "job" / "out"
+    output.mkdir(parents=True)
+    request = logic.JobRequest(model=unique("missing"), output=output, targets=["onnx"], token=hub.read_token)
+    events = list(logic.JobRunner(settings).run(request))
+    finished = events[-1]
+    assert isinstance(finished, logic.Finished) and finished.report is None
+    assert finished.failure.category == "Repository not found"
+    assert finished.failure.command == f"hfexport export {request.model} --target onnx -o out"
+    assert not output.exists()
+    assert not logic.JobRunner(settings).busy
