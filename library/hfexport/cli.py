@@ -7,6 +7,7 @@ readable message on stderr, never a traceback (`--debug` shows it) and never a t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import json
 import os
@@ -194,6 +195,7 @@ def cmd_export(args) -> int:
             report = run_job(
                 args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
                 token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=progress,
+                force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
             )
     finally:
         if progress:
@@ -205,7 +207,59 @@ def cmd_export(args) -> int:
             target.total_bytes = target.total_bytes or sum(entry["bytes"] for entry in target.files)
         _console(stderr=False).print(_summary_table(report))
         print(f"report: {os.path.join(args.output, 'export_report.json')}")
-    return {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
+    code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
+    if args.push:
+        from .report import REPORT_FILE
+
+        exported = [name for name in report.targets if os.path.isfile(os.path.join(args.output, name, REPORT_FILE))]
+        publish_code = _publish(args, _push_repo(args), exported or list(report.targets))
+        code = max(code, publish_code) if publish_code != EXIT_OK else code
+    return code
+
+
+# ── publish ──────────────────────────────────────────────────────────────────
+
+
+def _push_repo(args) -> str:
+    """Where `export --push` publishes: --repo, else the model's own repo (a local folder needs --repo)."""
+    if args.repo:
+        return args.repo
+    from .recipe import looks_like_repo_id
+
+    if os.path.isdir(args.model) or "/" not in args.model or not looks_like_repo_id(args.model):
+        raise HfExportError(f"--push: {args.model} is a local folder; name the Hub repo to publish to with --repo")
+    return args.model
+
+
+def _publish(args, repo: str, targets: list[str] | None) -> int:
+    """Publish OUTPUT to `repo` and print what happened (the PR URL); a refused publication exits 1."""
+    from .errors import PublishRefusedError
+    from .publish import publish
+
+    try:
+        result = publish(args.output, repo, mode="commit" if args.commit else "pr", token=_token(args),
+                         allow_failed=args.allow_failed, targets=targets, revision=getattr(args, "branch", None))
+    except PublishRefusedError as error:
+        _console().print(f"[red]not published:[/red] {escape(str(error))}", markup=True, highlight=False)
+        return EXIT_CHECK_FAILED
+    where = result.pr_url or (f"{repo}@{result.commit[:12]}" if result.commit else repo)
+    message = {
+        "opened": f"opened pull request {where}",
+        "updated": f"pushed {result.commit[:12] if result.commit else ''} to pull request {where}",
+        "committed": f"committed {where}",
+        "unchanged": f"nothing to publish: {where} already holds these exports",
+    }[result.action]
+    stream = sys.stderr if getattr(args, "json", False) and args.command == "export" else sys.stdout
+    if getattr(args, "json", False) and args.command == "publish":
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    else:
+        print(message, file=stream)
+    return EXIT_OK
+
+
+@command("publish")
+def cmd_publish(args) -> int:
+    return _publish(args, args.repo, args.target)
 
 
 # ── parser and entry point ───────────────────────────────────────────────────
@@ -252,7 +306,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the job report as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
+    p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export")
+    p.add_argument("--no-preflight", action="store_true", help="skip the memory/disk estimate before loading weights")
+    p.add_argument("--push", action="store_true", help="publish the exports to the Hub (a PR by default)")
+    p.add_argument("--repo", help="with --push: the repo to publish to (default: the model's repo)")
+    publish_args(p)
+
+    p = sub.add_parser("publish", help="publish an OUTPUT folder to exports/<target>/ of a Hub repo (one PR per model)")
+    p.add_argument("output", help="an `hfexport export` OUTPUT folder")
+    p.add_argument("--repo", required=True, help="the Hub repo to publish to")
+    p.add_argument("--target", action="append", help="a target folder to publish (repeatable; default: all)")
+    p.add_argument("--branch", help="the branch the PR targets, or --commit commits to (default: main)")
+    p.add_argument("--token", help="Hub token with write access (default: HF_TOKEN or the saved login)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    publish_args(p)
     return parser
+
+
+def publish_args(p) -> None:
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--pr", action="store_true", help="open or update the model's hfexport pull request (default)")
+    mode.add_argument("--commit", action="store_true", help="commit directly to the branch instead of a PR")
+    p.add_argument("--allow-failed", action="store_true", help="publish targets that failed parity (the PR says so)")
 
 
 def _quiet_engine_logs(debug: bool) -> None:

@@ -8,7 +8,6 @@ report next to the artifacts, and finally the job summary `OUTPUT/export_report.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import resource
 import shutil
@@ -64,15 +63,10 @@ class _Timer:
 
 
 def local_content_hash(folder: Path) -> str:
-    """sha256 over a local model folder's config and weight files (names and bytes), for provenance."""
-    digest = hashlib.sha256()
-    for file in sorted(folder.rglob("*")):
-        if file.is_file() and (file.name.endswith(WEIGHT_SUFFIXES) or file.name in ("config.json", RECIPE_COPY_FILE)):
-            digest.update(file.relative_to(folder).as_posix().encode())
-            with file.open("rb") as stream:
-                for chunk in iter(lambda: stream.read(1 << 20), b""):
-                    digest.update(chunk)
-    return digest.hexdigest()
+    """sha256 over a local model folder's configs and weights (not its recipe: targets have their own hashes)."""
+    from .cache import local_content_hash as content_hash
+
+    return content_hash(folder)
 
 
 def resolve_source(model: str | Path, revision: str | None, token: str | None) -> dict:
@@ -86,7 +80,7 @@ def resolve_source(model: str | Path, revision: str | None, token: str | None) -
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        info = HfApi().model_info(str(model), revision=revision, token=token)
+        info = HfApi().model_info(str(model), revision=revision, token=token, files_metadata=True)
     except RevisionNotFoundError:
         raise SourceError(f"revision {revision!r} not found in {model}") from None
     except RepositoryNotFoundError:
@@ -94,7 +88,10 @@ def resolve_source(model: str | Path, revision: str | None, token: str | None) -
         raise SourceError(f"repository {model} not found or not accessible{hint}") from None
     except (HfHubHTTPError, OSError, ValueError) as error:
         raise SourceError(f"cannot reach the Hub for {model}: {redact(str(error).splitlines()[0])}") from None
-    return {"model": str(model), "revision": revision, "commit": info.sha, "content_hash": None}
+    from .cache import hub_content_hash
+
+    # content_hash: the model files' blob ids, so publishing exports into the same repo (a new commit) is no change.
+    return {"model": str(model), "revision": revision, "commit": info.sha, "content_hash": hub_content_hash(info.siblings)}
 
 
 def select_targets(recipe: Recipe, targets: Sequence[str] | None, all_targets: bool) -> list[str]:
@@ -147,12 +144,20 @@ def run_job(
     progress: ProgressCallback | None = None,
     model_object: Any = None,
     inputs: dict | None = None,
+    force: bool = False,
+    preflight: bool = True,
+    publish_repo: str | None = None,
 ) -> JobReport:
     """Export the requested targets of `model`'s recipe to `output/<target>/` and return the job's report.
 
     `model` is a local folder or a Hub repo id; `recipe` overrides the model's own recipe; `model_object` skips
     loading (the caller's already-loaded model). A target that fails to export is recorded with its error and
     the others still run; a bad recipe or model raises `HfExportError` before anything is written.
+
+    Before loading anything, each target's cache key (`hfexport.cache`) is looked up in OUTPUT and in the exports
+    published to `publish_repo` / the model's repo: a match is reported "unchanged" (with the reason) and not
+    exported again, unless `force` (or a caller-supplied `model_object`/`inputs`, which a key cannot describe).
+    Then `preflight` refuses a job whose estimated memory or disk need exceeds what is available.
     """
     progress = progress or _noop
     register_secret(token)
@@ -166,26 +171,40 @@ def run_job(
         "recipe_sha256": loaded_recipe.sha256,
     }
     report = JobReport(source=source)
+    revision_to_load = source["commit"] or revision
+    hits, keys = _cache_hits(loaded_recipe, names, source, report.packages, output, token, progress,
+                             skip=force or model_object is not None or inputs is not None,
+                             repos=[r for r in (publish_repo, source["model"] if source["commit"] else None) if r])
+    to_export = [name for name in names if name not in hits]
+    if to_export and preflight and model_object is None:
+        from .preflight import check
 
-    from .exporter import run_plan
-    from .models import load_model, load_processor
-    from .plan import build_plan
+        with _Timer(progress, "preflight", detail=str(model)):
+            check(model, [loaded_recipe.target(name) for name in to_export], output, revision_to_load, token)
 
-    with _Timer(progress, "load_model", detail=str(model)) as timer:
-        revision_to_load = source["commit"] or revision
-        model_object = model_object if model_object is not None else load_model(
-            model, loaded_recipe, revision_to_load, token, trust_remote_code
-        )
-        processor = load_processor(model, revision_to_load, token) if inputs is None else None
-    report.timings["load_model_s"] = round(timer.seconds, 4)
+    if to_export:
+        from .exporter import run_plan
+        from .models import load_model, load_processor
+        from .plan import build_plan
+
+        with _Timer(progress, "load_model", detail=str(model)) as timer:
+            model_object = model_object if model_object is not None else load_model(
+                model, loaded_recipe, revision_to_load, token, trust_remote_code
+            )
+            processor = load_processor(model, revision_to_load, token) if inputs is None else None
+        report.timings["load_model_s"] = round(timer.seconds, 4)
 
     for name in names:
         target = loaded_recipe.target(name)
         target_report = TargetReport(
             target=name, export_format=target.export_format, mode=target.mode,
-            recipe_target_sha256=loaded_recipe.target_hash(name),
+            recipe_target_sha256=loaded_recipe.target_hash(name), cache_key=keys.get(name),
         )
         report.targets[name] = target_report
+        if name in hits:
+            _mark_unchanged(target_report, hits[name])
+            progress(Step("target", "done", name, f"unchanged: {hits[name].reason}"))
+            continue
         progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
         try:
             with _Timer(progress, "plan", name) as timer:
@@ -204,6 +223,7 @@ def run_job(
                 final = save_atomically(output, name, write)
             target_report.timings["save_s"] = round(timer.seconds, 4)
             target_report.files = file_entries(final)
+            target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
             target_report.status = "ok"
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -219,6 +239,29 @@ def run_job(
     report.peak_rss_mb = round(peak_rss_mb(), 1)
     write_json_atomic(output / REPORT_FILE, report.to_json())
     return report
+
+
+def _cache_hits(recipe: Recipe, names: list[str], source: dict, packages: dict, output: Path, token: str | None,
+                progress: ProgressCallback, skip: bool, repos: list[str]):
+    """(hits by target, cache key by target): which targets a previous export already covers."""
+    from .cache import cache_key, lookup
+
+    keys = {name: cache_key(source, recipe.target(name), recipe.target_hash(name), packages) for name in names}
+    if skip:
+        return {}, keys
+    with _Timer(progress, "cache", detail="looking for exports with the same cache key"):
+        return lookup(output, keys, repos, token), keys
+
+
+def _mark_unchanged(target_report: TargetReport, hit) -> None:
+    """A cache hit: nothing exported; the previous export's files and verification, and why."""
+    previous = hit.report
+    target_report.status = "unchanged"
+    target_report.unchanged_reason = hit.reason
+    target_report.files = list(previous.files)
+    target_report.total_bytes = previous.total_bytes or sum(entry["bytes"] for entry in previous.files)
+    target_report.verification = previous.verification
+    target_report.quantization = previous.quantization
 
 
 def _write_target_report(report: JobReport, name: str, folder: Path) -> None:
