@@ -20,6 +20,10 @@ system-deps:
 	@if [ ! -x /usr/bin/chromium ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "install Debian's chromium (sudo apt-get install chromium) for the browser tests"; fi; fi
+	@# shellcheck: actionlint/jactionlint check the action's and workflows' `run:` scripts with it (tests/test_action.py)
+	@if ! command -v shellcheck >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; \
+	  else echo "install shellcheck (sudo apt-get install shellcheck) for the action lint tests"; fi; fi
 
 demo: setup
 	$(BIN)/hfexport export examples/tiny-llama --all-targets -o demo-out

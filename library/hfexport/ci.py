@@ -6,13 +6,14 @@ workflow commands: outputs in `GITHUB_OUTPUT`, the Markdown report in `GITHUB_ST
 (recipe problems on the recipe file's line and column, parity failures per target). Outside GitHub (no such
 variables) outputs go to stdout, so the steps also run by hand.
 
-Steps:
+Steps (`python -m hfexport.ci STEP`; the action's `command` input picks export, plan or gather):
     export   validate the recipe (annotations), run the job into OUTPUT_DIR, write the report (JSON + Markdown),
              set outputs; exit 1 on an invalid recipe or (with fail-on-parity) a parity failure, 2 if a target
              could not be exported.
+    plan     the recipe's targets as a matrix (output `matrix`), for a fan-out over several jobs.
+    gather   merge the outputs of a fan-out's jobs (GATHER_FROM: one folder per downloaded artifact) into
+             OUTPUT_DIR: their target folders and one job report, so that `publish` makes one PR of them.
     publish  publish OUTPUT_DIR as one pull request per model (or a commit) through `hfexport.publish`.
-    gather   merge the per-target reports of a fan-out (one folder per target, from several jobs) into one
-             job report, so `hfexport publish` makes one PR of them.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class Inputs:
     force: bool
     output_dir: Path
     workspace: Path
+    gather_from: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Inputs:
@@ -132,11 +134,13 @@ class Inputs:
         if not model:
             raise HfExportError("input model is required: a Hub repo id or a folder of this repository")
         temp = environ.get("RUNNER_TEMP") or "/tmp"
+        gather_from = get("gather-from")
         return cls(
             model=model, revision=get("revision") or None, recipe=get("recipe") or None, targets=get("targets", "all"),
             publish=publish, repo=get("repo") or None, token=get("hf-token") or environ.get("HF_TOKEN") or None,
             fail_on_parity=flag("fail-on-parity", True), force=flag("force", False),
             output_dir=Path(get("output-dir") or os.path.join(temp, "hfexport-output")), workspace=workspace,
+            gather_from=workspace / gather_from if gather_from else None,
         )
 
     def model_source(self) -> str:
@@ -168,12 +172,18 @@ class Inputs:
 
 
 class _LogProgress:
-    """Job progress as plain log lines (GitHub's log viewer has no live spinner)."""
+    """Job progress as plain log lines on the step's stdout (GitHub's log viewer has no live spinner)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+
+    def print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
 
     def __call__(self, step) -> None:
         if step.step == "target":
             if step.status == "start":
-                print(f"▶ {step.target} ({step.detail})", flush=True)
+                self.print(f"▶ {step.target} ({step.detail})")
             return
         if step.status == "start":
             return
@@ -181,7 +191,7 @@ class _LogProgress:
         label = f"{step.target}: {step.step}" if step.target else step.step
         seconds = f" {step.seconds:.1f}s" if step.seconds is not None else ""
         detail = f" — {step.detail}" if step.status == "error" and step.detail else ""
-        print(f"  {mark} {label}{seconds}{detail}", flush=True)
+        self.print(f"  {mark} {label}{seconds}{detail}")
 
 
 def step_export(inputs: Inputs) -> int:
@@ -207,9 +217,11 @@ def step_export(inputs: Inputs) -> int:
         set_output("changed", "false")
         return EXIT_CHECK_FAILED
     names, all_targets = parse_targets(inputs.targets)
+    progress = _LogProgress(sys.stdout)
     with contextlib.redirect_stdout(sys.stderr):  # engine prints stay out of the command stream
         report = run_job(model, output, targets=names, all_targets=all_targets, revision=inputs.revision,
-                         token=inputs.token, recipe=recipe, progress=_LogProgress(), force=inputs.force)
+                         token=inputs.token, recipe=recipe, progress=progress, force=inputs.force,
+                         publish_repo=inputs.repo)
     return _finish(report, output, inputs.fail_on_parity)
 
 
@@ -260,40 +272,75 @@ def step_publish(inputs: Inputs) -> int:
     return EXIT_OK
 
 
-def gather_reports(folder: str | Path) -> JobReport:
-    """One job report from the per-target reports of a fan-out (`FOLDER/<target>/export_report.json`).
+def step_plan(inputs: Inputs) -> int:
+    """The recipe's targets (the `targets` input; all by default) as a one-line JSON matrix output."""
+    register_secret(inputs.token)
+    include = matrix(inputs.model_source(), inputs.targets, revision=inputs.revision, token=inputs.token,
+                     recipe=inputs.recipe_source())
+    text = json.dumps(include, separators=(",", ":"))
+    set_output("matrix", text)
+    print(f"hfexport: {len(include['include'])} target(s): {', '.join(e['target'] for e in include['include'])}")
+    return EXIT_OK
 
-    The targets must come from the same source (commit or content hash) and recipe; the merged report is
-    written to `FOLDER/export_report.json`, replacing any partial one an artifact download left there.
+
+def gather_reports(into: str | Path, sources: Sequence[str | Path] = ()) -> JobReport:
+    """One job report from the outputs of a fan-out's jobs, written to `INTO/export_report.json`.
+
+    Each source is one job's OUTPUT folder (a downloaded artifact): its job report is merged and its target
+    folders are copied into `into` (a target that was a cache hit has a report entry but no folder). With no
+    sources, `into` already holds the target folders (`INTO/<target>/export_report.json`). All parts must come
+    from the same model files and recipe.
     """
-    folder = Path(folder)
-    reports = [JobReport.read(path) for path in sorted(folder.glob(f"*/{REPORT_FILE}"))]
-    if not reports:
-        raise HfExportError(f"no target reports under {folder} (expected {folder}/<target>/{REPORT_FILE})")
-    first = reports[0]
+    import shutil
+
+    into = Path(into)
+    parts: list[JobReport] = []
+    if sources:
+        for source in map(Path, sources):
+            parts.append(JobReport.read(source))
+            for name in parts[-1].targets:
+                if (source / name / REPORT_FILE).is_file() and source.resolve() != into.resolve():
+                    shutil.rmtree(into / name, ignore_errors=True)
+                    shutil.copytree(source / name, into / name)
+    else:
+        parts = [JobReport.read(path) for path in sorted(into.glob(f"*/{REPORT_FILE}"))]
+    if not parts:
+        raise HfExportError(f"nothing to gather: no reports in {', '.join(map(str, sources)) or into}")
+    first = parts[0]
 
     def origin(report: JobReport) -> tuple:
         source = report.source
-        return source.get("model"), source.get("commit"), source.get("content_hash"), source.get("recipe_sha256")
+        return source.get("model"), source.get("content_hash") or source.get("commit"), source.get("recipe_sha256")
 
-    for report in reports[1:]:
+    for report in parts[1:]:
         if origin(report) != origin(first):
-            raise HfExportError(
-                f"target reports under {folder} come from different sources: {origin(first)} and {origin(report)}"
-            )
-    merged = JobReport(source=first.source, packages=first.packages, peak_rss_mb=first.peak_rss_mb,
-                       hfexport_version=first.hfexport_version)
-    for report in reports:
+            raise HfExportError(f"the reports to gather come from different sources: {origin(first)} and {origin(report)}")
+    merged = JobReport(source=first.source, packages=first.packages, hfexport_version=first.hfexport_version,
+                       peak_rss_mb=max((part.peak_rss_mb or 0 for part in parts), default=None) or None)
+    for report in parts:
         merged.targets.update(report.targets)
         for key, value in report.timings.items():
             merged.timings[key] = round(merged.timings.get(key, 0.0) + value, 4)
-    write_json_atomic(folder / REPORT_FILE, merged.to_json())
+    into.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(into / REPORT_FILE, merged.to_json())
     return merged
 
 
-def step_gather(folder: Path, fail_on_parity: bool) -> int:
-    report = gather_reports(folder)
-    return _finish(report, folder, fail_on_parity)
+def step_gather(inputs: Inputs) -> int:
+    """Merge the fan-out's artifacts (one folder each under GATHER_FROM) into OUTPUT_DIR; report as `export`."""
+    set_output("output-dir", str(inputs.output_dir))
+    sources = []
+    if inputs.gather_from is not None:
+        if not inputs.gather_from.is_dir():
+            raise HfExportError(f"input gather-from: no folder {inputs.gather_from}")
+        sources = sorted(p for p in inputs.gather_from.iterdir() if (p / REPORT_FILE).is_file())
+        if not sources:
+            raise HfExportError(f"input gather-from: no job outputs (folders with {REPORT_FILE}) in {inputs.gather_from}")
+    report = gather_reports(inputs.output_dir, sources)
+    return _finish(report, inputs.output_dir, inputs.fail_on_parity)
+
+
+STEPS = {"export": step_export, "plan": step_plan, "gather": step_gather, "publish": step_publish}
 
 
 # ── entry point ──────────────────────────────────────────────────────────────
@@ -301,21 +348,14 @@ def step_gather(folder: Path, fail_on_parity: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hfexport.ci", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="step", required=True)
-    sub.add_parser("export", help="validate, export, report (inputs from INPUT_* variables)")
-    sub.add_parser("publish", help="publish the export step's output (inputs from INPUT_* variables)")
-    gather = sub.add_parser("gather", help="merge the per-target reports of a fan-out into one job report")
-    gather.add_argument("folder", type=Path)
-    parser.add_argument("--debug", action="store_true")
+    parser.add_argument("step", choices=sorted(STEPS), help="the action step to run (inputs from INPUT_* variables)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     from .cli import _quiet_engine_logs
 
     _quiet_engine_logs(args.debug)
     try:
-        if args.step == "gather":
-            return step_gather(args.folder, os.environ.get("INPUT_FAIL_ON_PARITY", "true").strip().lower() in TRUE)
-        inputs = Inputs.from_env()
-        return step_export(inputs) if args.step == "export" else step_publish(inputs)
+        return STEPS[args.step](Inputs.from_env())
     except HfExportError as error:
         if args.debug:
             raise

@@ -1,0 +1,61 @@
+"""The hfexport webhook receiver as a standalone app (a Docker Space, or any host the Hub can reach).
+
+Configuration comes from the environment (a Space's secrets and variables):
+    WEBHOOK_SECRET      required: the secret set on the Hub webhook (sent in X-Webhook-Secret)
+    HF_TOKEN            write token used to read the models and publish the PRs
+    HFEXPORT_TARGETS    "all" (default) or target names separated by commas
+    HFEXPORT_BRANCH     the branch whose pushes trigger a job (default main)
+    HFEXPORT_PUBLISH    pr (default: one PR per model, updated in place) or commit
+    HFEXPORT_REPOS      optional comma-separated allowlist of repo ids
+    HFEXPORT_DEBOUNCE   seconds a push waits for newer ones before its job starts (default 5)
+    HFEXPORT_WORKDIR    where jobs write their exports (default /tmp/hfexport-webhook)
+    HOST, PORT          where to listen (default 0.0.0.0:7860, a Space's port)
+All the logic lives in `hfexport.webhook`; this file only reads the settings and serves.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from hfexport.ci import parse_targets
+from hfexport.webhook import WebhookConfig, WebhookReceiver, make_server
+
+
+def config_from_env(environ=os.environ) -> WebhookConfig:
+    targets, _ = parse_targets(environ.get("HFEXPORT_TARGETS", "all"))
+    repos = [repo.strip() for repo in environ.get("HFEXPORT_REPOS", "").split(",") if repo.strip()] or None
+    return WebhookConfig(
+        secret=environ.get("WEBHOOK_SECRET", ""),
+        token=environ.get("HF_TOKEN") or None,
+        workdir=environ.get("HFEXPORT_WORKDIR", "/tmp/hfexport-webhook"),
+        targets=targets,
+        branch=environ.get("HFEXPORT_BRANCH", "main"),
+        publish=environ.get("HFEXPORT_PUBLISH", "pr"),
+        repos=repos,
+        debounce_s=float(environ.get("HFEXPORT_DEBOUNCE", "5")),
+    )
+
+
+def main() -> int:
+    from hfexport.errors import HfExportError
+
+    try:
+        config = config_from_env()
+    except (HfExportError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    server = make_server(WebhookReceiver(config), os.environ.get("HOST", "0.0.0.0"), int(os.environ.get("PORT", "7860")))
+    host, port = server.server_address[:2]
+    print(f"hfexport webhook receiver on http://{host}:{port} (POST /webhook; GET / and /status)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
