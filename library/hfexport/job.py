@@ -147,6 +147,7 @@ def run_job(
     force: bool = False,
     preflight: bool = True,
     publish_repo: str | None = None,
+    verify: bool = True,
 ) -> JobReport:
     """Export the requested targets of `model`'s recipe to `output/<target>/` and return the job's report.
 
@@ -158,6 +159,9 @@ def run_job(
     published to `publish_repo` / the model's repo: a match is reported "unchanged" (with the reason) and not
     exported again, unless `force` (or a caller-supplied `model_object`/`inputs`, which a key cannot describe).
     Then `preflight` refuses a job whose estimated memory or disk need exceeds what is available.
+
+    With `verify` (the default) each saved target is reloaded from disk and checked against the eager model
+    (`hfexport.verify`); a target that fails parity keeps its files and is reported "failed".
     """
     progress = progress or _noop
     register_secret(token)
@@ -232,9 +236,15 @@ def run_job(
         except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
             target_report.status = "error"
             target_report.error = _engine_error(error)
+        if target_report.status == "ok" and verify:
+            _write_target_report(report, name, output / name)  # beside the artifacts even if verifying dies
+            _verify_target(target_report, output / name, model_object, plan, processor, progress)
         progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
-        if target_report.status == "ok":
+        if target_report.status in ("ok", "failed"):
             _write_target_report(report, name, output / name)
+    verify_times = [t.timings["verify_s"] for t in report.targets.values() if "verify_s" in t.timings]
+    if verify_times:
+        report.timings["verify_s"] = round(sum(verify_times), 4)
     report.timings["total_s"] = round(time.perf_counter() - started, 4)
     report.peak_rss_mb = round(peak_rss_mb(), 1)
     write_json_atomic(output / REPORT_FILE, report.to_json())
@@ -262,6 +272,29 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
     target_report.total_bytes = previous.total_bytes or sum(entry["bytes"] for entry in previous.files)
     target_report.verification = previous.verification
     target_report.quantization = previous.quantization
+
+
+def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,
+                   progress: ProgressCallback) -> None:
+    """Parity of the saved artifacts (reloaded from `folder`) against the eager model; a failure marks the target."""
+    from .verify import summary, verify_exported
+
+    name = target_report.target
+    progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
+    started = time.perf_counter()
+    try:
+        verification = verify_exported(folder, model_object, plan, processor)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
+        message = f"verification could not run: {_engine_error(error)}"
+        verification = {"passed": False, "error": message, "probes": [], "failures": [message]}
+    seconds = time.perf_counter() - started
+    target_report.timings["verify_s"] = round(seconds, 4)
+    target_report.verification = _jsonable(verification)
+    if not verification["passed"]:
+        target_report.status, target_report.error = "failed", summary(verification)
+    progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
 
 
 def _write_target_report(report: JobReport, name: str, folder: Path) -> None:

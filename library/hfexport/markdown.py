@@ -34,6 +34,10 @@ def report_markdown(report: JobReport) -> str:
         )
     for name, target in report.targets.items():
         lines += ["", f"### `{name}`", ""]
+        timings = " · ".join(f"{key.removesuffix('_s')} {_seconds(value)}" for key, value in target.timings.items())
+        size = human_bytes(target.total_bytes or sum(entry["bytes"] for entry in target.files)) if target.files else None
+        if size or timings:
+            lines += [" · ".join(part for part in (f"Size {size}" if size else "", timings) if part), ""]
         if target.error:
             lines += [f"**Error:** {target.error}", ""]
         if target.unchanged_reason:
@@ -48,9 +52,93 @@ def report_markdown(report: JobReport) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _cell(text) -> str:
+    """Text safe inside a table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _metric(value, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}e}" if value else "0"
+
+
+def _ratio(value) -> str:
+    return "—" if value is None else f"{value:.6f}"
+
+
+def _thresholds_text(thresholds: dict) -> str:
+    default = thresholds.get("default", {})
+    names = {"atol": "atol", "rtol": "rtol", "min_cosine": "min cosine", "min_top1": "min top-1"}
+    parts = [f"{label} {default[key]:g}" for key, label in names.items() if default.get(key) is not None]
+    text = ", ".join(parts) or "none"
+    for output, values in (thresholds.get("outputs") or {}).items():
+        text += f"; `{output}`: " + ", ".join(f"{names[k]} {v:g}" for k, v in values.items() if v is not None)
+    return text + (f" ({thresholds['basis']})" if thresholds.get("basis") else "")
+
+
 def target_verification_markdown(target) -> str:
-    """The parity section of one target (empty when verification did not run)."""
+    """The parity section of one target: a line of verdict and settings, then a table with a row per probe and
+    output (max abs, max rel, cosine, top-1, pass/fail), the generation check and the failures. Empty when
+    verification did not run."""
     verification = target.verification
     if not verification:
         return ""
-    return f"Verification: {'passed' if verification.get('passed') else 'failed'}"
+    if verification.get("skipped"):
+        return f"**Parity: ➖ skipped** ({_cell(verification.get('reason', ''))})"
+    verdict = "✅ passed" if verification.get("passed") else "❌ failed"
+    probes = verification.get("probes", [])
+    header = f"**Parity: {verdict}** — artifacts reloaded from disk vs the eager model, {len(probes)} probe run(s)"
+    if verification.get("thresholds"):
+        header += f" · thresholds: {_thresholds_text(verification['thresholds'])}"
+    bound = verification.get("cost_bound") or {}
+    if bound:
+        header += f" · probe cost bound {bound['max_probe_elements']:,} input elements"
+        if bound.get("auto_axes"):
+            header += " (axes auto: batch 1 and 8 probed)"
+    if verification.get("seconds") is not None:
+        header += f" · {verification['seconds']:.1f} s"
+    lines = [header]
+    if probes:
+        lines += ["", "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
+                  "|---|---|---|---|---|---|---|---|"]
+    for probe in probes:
+        label = _cell(probe.get("name", ""))
+        if probe.get("capped"):
+            label += " (capped: " + ", ".join(f"{d} {c['requested']}→{c['probed']}" for d, c in probe["capped"].items()) + ")"
+        component = probe.get("component") or "—"
+        if probe.get("error"):
+            lines.append(f"| {label} | {component} | — | — | — | — | — | ❌ rejected: {_cell(probe['error'])} |")
+            continue
+        if probe.get("skipped"):
+            lines.append(f"| {label} | {component} | — | — | — | — | — | ➖ {_cell(probe['skipped'])} |")
+            continue
+        for output, metrics in probe.get("outputs", {}).items():
+            name = f"`{output}`" + (f" ({metrics['leaves']} leaves)" if metrics.get("leaves") else "")
+            result = "✅" if metrics.get("passed") else "❌ " + _cell("; ".join(metrics.get("failures", [])))
+            top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
+            lines.append(f"| {label} | {component} | {name} | {_metric(metrics.get('max_abs'))} "
+                         f"| {_metric(metrics.get('max_rel'))} | {_ratio(metrics.get('cosine'))} | {top1} | {result} |")
+    generation = verification.get("generation")
+    if generation:
+        lines += ["", _generation_markdown(generation)]
+    failures = verification.get("failures") or []
+    if failures and not verification.get("passed"):
+        lines += ["", "Failures:", ""] + [f"- {_cell(failure)}" for failure in failures]
+    return "\n".join(lines)
+
+
+def _generation_markdown(generation: dict) -> str:
+    settings = f"greedy, {generation.get('max_new_tokens')} new tokens, {generation.get('prompts', '?')} prompt(s)"
+    if generation.get("error"):
+        return f"Generation ({settings}): ❌ {_cell(generation['error'])}"
+    agreement = generation.get("token_agreement", 0.0)
+    line = (f"Generation ({settings}): {'✅' if generation.get('passed') else '❌'} token agreement {agreement:.1%}"
+            f" (needs {generation.get('min_token_agreement', 1.0):.0%}) with `model.generate(do_sample=False)`")
+    first = generation.get("first_divergence")
+    if first:
+        def token(side):
+            text = first.get(f"{side}_text")
+            return f"{first.get(f'{side}_token')}" + (f" ({_cell(repr(text))})" if text is not None else "")
+
+        line += (f"; first divergence: prompt {first['prompt']}, generated position {first['position']}: "
+                 f"eager {token('eager')} vs exported {token('exported')}")
+    return line

@@ -1,0 +1,704 @@
+"""Parity verification: does the artifact on disk compute what the model computes? A gate, not a warning.
+
+The target folder is reloaded from disk (`ExportedModel.from_pretrained`) and run next to the eager model (eval
+mode, no grad) on the same probe inputs. Probes cover the declared dynamic ranges: for every dynamic dim its min,
+an odd value inside (37 when it fits) and its max, or the values the recipe lists in `parity.probe`; the i-th
+probe takes every dim's i-th value, so batch is > 1 on the last probe whenever batch is dynamic. Where the axes are
+"auto" (torch.export decides), batch 1 and 8 and two sequence lengths are probed: that is how a batch silently
+pinned to the sample's 1 is caught. A probe costs at most `parity.max_probe_elements` input elements (default
+`DEFAULT_MAX_PROBE_ELEMENTS`); larger dims are halved until it fits and the report says so.
+
+Every output leaf (named as the model's output fields; cache leaves grouped as `past_key_values`) gets max abs
+diff, max rel diff, cosine similarity and, for logits, top-1 agreement, checked against thresholds: the recipe's
+`parity` (global, then per output) over defaults per format and dtype (`default_tolerance`, docs/parity.md).
+A probe the artifact rejects is a failure carrying the backend's message. Generation targets also decode greedily
+over the exported graphs (`hfexport.generate.generate`) and must agree token for token with `model.generate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import redact
+from .recipe import parse_axis
+
+DEFAULT_MAX_PROBE_ELEMENTS = 1 << 16
+DEFAULT_MAX_NEW_TOKENS = 8
+AUTO_VALUES = {"batch": [1, 8], "seq": [5, 37]}
+INSIDE_VALUE = 37
+CACHE_OUTPUTS = ("past_key_values", "present_key_values", "cache_params")
+_MESSAGE_CHARS = 600
+
+# Defaults per format and precision; the recipe's `parity` overrides them (globally, then per output).
+# None: that check does not apply (quantized artifacts are judged on direction and top-1, not on elements).
+_FP32 = {"dynamo": (1e-5, 1e-4, 0.99999, 0.99), "onnx": (1e-4, 1e-3, 0.9999, 0.99),
+         "openvino": (1e-4, 1e-3, 0.9999, 0.99), "executorch": (1e-4, 1e-3, 0.9999, 0.99)}
+_HALF = (1e-2, 1e-2, 0.999, 0.95)
+_FP16_WEIGHTS = (5e-3, 1e-2, 0.9995, 0.98)
+_QUANTIZED = (None, None, 0.98, 0.9)
+_TOLERANCE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
+
+
+def default_tolerance(export_format: str, dtype: str = "float32", quantized: bool = False,
+                      options: dict | None = None) -> dict:
+    """The thresholds an artifact meets unless its recipe says otherwise (the table in docs/parity.md)."""
+    if quantized:
+        values = _QUANTIZED
+    elif dtype in ("float16", "bfloat16"):
+        values = _HALF
+    elif export_format == "openvino" and (options or {}).get("compress_to_fp16"):
+        values = _FP16_WEIGHTS
+    else:
+        values = _FP32.get(str(export_format), _FP32["onnx"])
+    return dict(zip(_TOLERANCE_KEYS, values))
+
+
+def thresholds_for(target, dtype: str = "float32") -> dict:
+    """`{"default": {...}, "outputs": {name: {...}}, "basis": "..."}`: the defaults with the recipe's overrides."""
+    parity = target.parity or {}
+    default = default_tolerance(target.export_format, dtype, bool(target.quantization), target.options)
+    overridden = [key for key in _TOLERANCE_KEYS if key in parity]
+    default.update({key: parity[key] for key in overridden})
+    outputs = {name: {**default, **values} for name, values in (parity.get("outputs") or {}).items()}
+    basis = f"defaults for {target.export_format} {'quantized' if target.quantization else dtype}"
+    if overridden or outputs:
+        basis += " with the recipe's parity"
+    return {"default": default, "outputs": outputs, "basis": basis}
+
+
+def _tolerance_of(thresholds: dict, output: str) -> dict:
+    outputs = thresholds["outputs"]
+    return outputs.get(output) or outputs.get(output.split(".")[0]) or thresholds["default"]
+
+
+# ── Comparing outputs ────────────────────────────────────────────────────────
+
+
+def compare_tensors(exported, eager, tolerance: dict, logits: bool = False) -> dict:
+    """Metrics of one output leaf and whether it meets `tolerance`; `failures` names each metric that did not."""
+    import torch
+
+    result: dict[str, Any] = {"shape": list(eager.shape)}
+    failures: list[str] = []
+    if tuple(exported.shape) != tuple(eager.shape):
+        result.update(exported_shape=list(exported.shape), passed=False,
+                      failures=[f"shape {list(exported.shape)} != eager {list(eager.shape)}"])
+        return result
+    got, want = exported.detach().float(), eager.detach().float()
+    both_nan = torch.isnan(got) & torch.isnan(want)
+    bad_nan = (torch.isnan(got) | torch.isnan(want)) & ~both_nan
+    if bool(bad_nan.any()):
+        failures.append(f"nan: {int(bad_nan.sum())} elements are NaN on one side only")
+    got, want = torch.where(both_nan, 0.0, got), torch.where(both_nan, 0.0, want)
+    diff = (got - want).abs()
+    if got.numel() == 0:
+        max_abs = max_rel = 0.0
+        cosine = 1.0
+    else:
+        max_abs = float(torch.nan_to_num(diff, nan=float("inf")).max())
+        scale = float(want.abs().max())
+        significant = want.abs() >= 1e-3 * scale if scale > 0 else torch.zeros_like(want, dtype=torch.bool)
+        max_rel = float((diff[significant] / want.abs()[significant]).max()) if bool(significant.any()) else 0.0
+        norms = float(torch.linalg.vector_norm(got, dtype=torch.float64)) * float(
+            torch.linalg.vector_norm(want, dtype=torch.float64))
+        dot = float((got.double() * want.double()).sum()) if got.numel() < (1 << 24) else float(
+            sum(float((a.double() * b.double()).sum()) for a, b in zip(got.flatten().split(1 << 22),
+                                                                       want.flatten().split(1 << 22))))
+        cosine = 1.0 if norms == 0 and max_abs == 0 else (dot / norms if norms else 0.0)
+    result.update(max_abs=_finite(max_abs), max_rel=_finite(max_rel), cosine=_finite(cosine))
+    if result["max_abs"] is None or result["cosine"] is None:
+        failures.append("non-finite: the difference is inf or NaN")
+    atol, rtol = tolerance.get("atol"), tolerance.get("rtol")
+    if atol is not None or rtol is not None:
+        allowed = (atol or 0.0) + (rtol or 0.0) * want.abs()
+        outside = diff > allowed
+        if bool(outside.any()):
+            result["mismatched"] = float(outside.float().mean())
+            failures.append(f"max_abs {max_abs:.3g} exceeds atol {atol if atol is not None else 0:g} + rtol "
+                            f"{rtol if rtol is not None else 0:g}·|eager| on {result['mismatched']:.2%} of elements")
+    if tolerance.get("min_cosine") is not None and result["cosine"] is not None and cosine < tolerance["min_cosine"]:
+        failures.append(f"cosine {cosine:.6f} < min_cosine {tolerance['min_cosine']}")
+    if logits and want.dim() >= 1 and want.shape[-1] >= 2 and want.numel():
+        top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+        result["top1"] = top1
+        if tolerance.get("min_top1") is not None and top1 < tolerance["min_top1"]:
+            failures.append(f"top1 {top1:.4f} < min_top1 {tolerance['min_top1']}")
+    result["passed"] = not failures
+    result["failures"] = failures
+    return result
+
+
+def _finite(value: float) -> float | None:
+    """A metric as JSON can hold it: inf and NaN become null (and fail the output)."""
+    import math
+
+    return value if math.isfinite(value) else None
+
+
+def _leaves(output) -> dict:
+    from transformers.exporters.utils import get_leaf_tensors
+
+    return get_leaf_tensors(output)
+
+
+def _group(name: str) -> str:
+    """Cache leaves (`past_key_values.layers.3.keys`) are reported together as their top-level output."""
+    head = name.split(".")[0]
+    return head if head in CACHE_OUTPUTS else name
+
+
+def _unpadded(tensor, name: str, mask):
+    """Only the positions whose attention_mask is 1: a padded query position attends to nothing, and what a
+    backend computes there is unspecified (a left-padded decoder's first rows differ by design). Token-major
+    outputs are `[batch, seq, ...]`; cache leaves `[batch, heads, seq, dim]`."""
+    if mask is None or tensor.dim() < 2 or tensor.shape[0] != mask.shape[0] or bool(mask.all()):
+        return tensor
+    axis = tensor.dim() - 2 if _group(name) != name else 1
+    if axis < 1 or tensor.shape[axis] != mask.shape[1]:
+        return tensor
+    return tensor.movedim(axis, 1)[mask.bool()]
+
+
+def compare_outputs(exported_output, eager_output, thresholds: dict, mask=None) -> dict:
+    """`{output: metrics}` for every leaf of the eager output; cache leaves grouped (worst leaf kept). Positions
+    that `mask` (the call's 2-D attention_mask) marks as padding are left out."""
+    got, want = _leaves(exported_output), _leaves(eager_output)
+    results: dict[str, dict] = {}
+    for name, tensor in want.items():
+        group = _group(name)
+        tolerance = _tolerance_of(thresholds, name)
+        if name not in got:
+            entry = {"shape": list(tensor.shape), "passed": False, "failures": ["missing from the exported outputs"]}
+        elif tuple(got[name].shape) != tuple(tensor.shape):
+            entry = compare_tensors(got[name], tensor, tolerance)
+        else:
+            entry = compare_tensors(_unpadded(got[name], name, mask), _unpadded(tensor, name, mask), tolerance,
+                                    logits=name.split(".")[-1].endswith("logits"))
+            entry["shape"] = list(tensor.shape)
+        if group == name:
+            results[name] = entry
+            continue
+        merged = results.setdefault(group, {"leaves": 0, "max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0,
+                                            "passed": True, "failures": []})
+        merged["leaves"] += 1
+        # A leaf without a metric (missing, wrong shape, non-finite) makes the group's metric null.
+        for key in ("max_abs", "max_rel"):
+            value, current = entry.get(key), merged[key]
+            if current is not None and (value is None or value >= current):
+                merged[key] = value
+                if key == "max_abs":
+                    merged["worst_leaf"] = name
+        cosine = entry.get("cosine")
+        merged["cosine"] = None if cosine is None or merged["cosine"] is None else min(merged["cosine"], cosine)
+        if not entry["passed"]:
+            merged["passed"] = False
+            merged["failures"] = (merged["failures"] + [f"{name}: {failure}" for failure in entry["failures"]])[:4]
+    return results
+
+
+# ── Probes ───────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class AxisRef:
+    """Axis `axis` of input `input` has size `scale * dim + offset`."""
+
+    input: str
+    axis: int
+    dim: str
+    scale: int = 1
+    offset: int = 0
+
+    def size(self, value: int) -> int:
+        return self.scale * value + self.offset
+
+
+def _tensors(inputs: dict) -> dict:
+    import torch
+
+    return {name: value for name, value in inputs.items() if isinstance(value, torch.Tensor)}
+
+
+def _is_dynamic(plan) -> bool:
+    return any(getattr(component.config, "dynamic", False) for component in plan.components.values())
+
+
+def probe_axes(plan) -> tuple[list[AxisRef], bool]:
+    """Which axes of the sample inputs vary with which dim, and whether they are "auto" (no named dims)."""
+    tensors = _tensors(plan.inputs)
+    shapes = plan.target.dynamic_shapes
+    if shapes is None:
+        return (_auto_axes(tensors) if _is_dynamic(plan) else []), True
+    refs: list[AxisRef] = []
+    for name, spec in shapes.items():
+        if name not in tensors or not isinstance(spec, dict) or "*" in spec:
+            continue
+        for key, axis_spec in spec.items():
+            kind, value = parse_axis(axis_spec)
+            if kind == "dim":
+                refs.append(AxisRef(name, int(key), *value))
+            elif kind == "keyword" and value != "static":
+                refs.append(AxisRef(name, int(key), "batch" if int(key) == 0 else "seq"))
+    listed = {ref.input for ref in refs}
+    for name, tensor in tensors.items():
+        if name in shapes:
+            continue
+        # An unlisted input shaped like a listed one follows it (attention_mask after input_ids), as in the plan.
+        source = next((other for other in listed if tensors[other].shape == tensor.shape), None)
+        if source:
+            refs += [AxisRef(name, ref.axis, ref.dim, ref.scale, ref.offset) for ref in refs if ref.input == source]
+    return refs, False
+
+
+def _auto_axes(tensors: dict) -> list[AxisRef]:
+    """Axis 0 of every input with the sample's batch is `batch`; axis 1 of token-shaped inputs is `seq`."""
+    if not tensors:
+        return []
+    first = tensors.get("input_ids", next(iter(tensors.values())))
+    if first.dim() == 0:
+        return []
+    batch = first.shape[0]
+    refs = [AxisRef(name, 0, "batch") for name, tensor in tensors.items() if tensor.dim() >= 1 and tensor.shape[0] == batch]
+    tokens = tensors.get("input_ids")
+    if tokens is not None and tokens.dim() >= 2:
+        refs += [AxisRef(name, 1, "seq") for name, tensor in tensors.items()
+                 if tensor.dim() >= 2 and tuple(tensor.shape[:2]) == tuple(tokens.shape[:2])]
+    return refs
+
+
+def _model_limit(config) -> int | None:
+    for holder in (config, getattr(config, "text_config", None)):
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def _inside(low: int, high: int) -> int | None:
+    """An odd value strictly between low and high: 37 when it fits, else the odd one nearest the middle."""
+    if low < INSIDE_VALUE < high:
+        return INSIDE_VALUE
+    middle = (low + high) // 2
+    for candidate in (middle | 1, (middle | 1) - 2):
+        if low < candidate < high:
+            return candidate
+    return None
+
+
+def dim_values(plan, refs: list[AxisRef], auto: bool, config=None, reserve: int = 0) -> dict[str, list[int]]:
+    """The values each dynamic dim is probed at: the recipe's `parity.probe`, else [min, inside, max]."""
+    tensors = _tensors(plan.inputs)
+    listed = plan.target.parity.get("probe", {}) or {}
+    limit = _model_limit(config) if config is not None else None
+    max_cache_len = (plan.target.generation or {}).get("max_cache_len")
+    values: dict[str, list[int]] = {}
+    for dim in dict.fromkeys(ref.dim for ref in refs):
+        mine = [ref for ref in refs if ref.dim == dim]
+        first = mine[0]
+        sample = (int(tensors[first.input].shape[first.axis]) - first.offset) // first.scale
+        sequence_like = any(ref.axis >= 1 and not tensors[ref.input].is_floating_point() for ref in mine)
+        if dim in listed:
+            candidates = [int(value) for value in listed[dim]]
+        elif auto:
+            candidates = list(AUTO_VALUES.get(dim, [sample]))
+        else:
+            bounds = plan.recipe.dims.get(dim, {})
+            low = max(bounds.get("min", 1), 1)
+            high = bounds.get("max", max(low, 2 * sample))
+            candidates = [low, _inside(low, high), high]
+        ceiling = None
+        if sequence_like:
+            for cap in (limit, max_cache_len):
+                if cap:
+                    ceiling = min(ceiling or cap, cap - reserve)
+        clamped = []
+        for value in candidates:
+            if value is None:
+                continue
+            if ceiling is not None:
+                value = min(value, max(1, ceiling))
+            value = max(value, 1)
+            if all(ref.size(value) >= 1 for ref in mine) and value not in clamped:
+                clamped.append(value)
+        values[dim] = sorted(clamped) or [sample]
+    return values
+
+
+def probe_shape(tensor_shape, name: str, refs: list[AxisRef], assignment: dict) -> list[int]:
+    shape = list(tensor_shape)
+    for ref in refs:
+        if ref.input == name and ref.dim in assignment:
+            shape[ref.axis] = ref.size(assignment[ref.dim])
+    return shape
+
+
+def _elements(inputs: dict, refs: list[AxisRef], assignment: dict) -> int:
+    import math
+
+    return sum(math.prod(probe_shape(tensor.shape, name, refs, assignment)) for name, tensor in _tensors(inputs).items())
+
+
+def plan_probes(plan, config=None, reserve: int = 0) -> tuple[list[dict], dict]:
+    """The probes (`{"dims": {...}, "capped": {...}}`) and the cost bound that shaped them."""
+    refs, auto = probe_axes(plan)
+    parity = plan.target.parity or {}
+    bound = int(parity.get("max_probe_elements", DEFAULT_MAX_PROBE_ELEMENTS))
+    sample_cost = _elements(plan.inputs, [], {})
+    limit = max(bound, sample_cost)
+    cost_bound = {"max_probe_elements": bound, "counted": "input elements per probe", "effective": limit}
+    if not refs:
+        return [{"dims": {}, "capped": {}}], cost_bound
+    values = dim_values(plan, refs, auto, config, reserve)
+    lows = {dim: min(options) for dim, options in values.items()}
+    count = max(len(options) for options in values.values())
+    probes, seen = [], set()
+    for index in range(count):
+        assignment = {dim: options[min(index, len(options) - 1)] for dim, options in values.items()}
+        capped = {}
+        while _elements(plan.inputs, refs, assignment) > limit:
+            # Halve the dim furthest above its smallest probe value (sequence before batch on a tie).
+            reducible = [dim for dim in assignment if assignment[dim] > lows[dim]]
+            if not reducible:
+                break
+            dim = max(reducible, key=lambda d: (assignment[d] / max(lows[d], 1), d != "batch"))
+            capped.setdefault(dim, assignment[dim])
+            assignment[dim] = max(lows[dim], assignment[dim] // 2)
+        key = tuple(sorted(assignment.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        probes.append({"dims": assignment, "capped": {dim: {"requested": requested, "probed": assignment[dim]}
+                                                      for dim, requested in capped.items()}})
+    cost_bound["auto_axes"] = auto
+    return probes, cost_bound
+
+
+def _is_mask(name: str) -> bool:
+    return "mask" in name
+
+
+def resize_inputs(inputs: dict, refs: list[AxisRef], assignment: dict) -> dict:
+    """The sample inputs at the probe's sizes: rows and columns tiled cyclically or cropped (deterministic);
+    grown attention-mask columns are 1 and a mask row never ends up all zeros."""
+    import torch
+
+    result = dict(inputs)
+    mask = _mask_of(inputs)
+    # Left-padded prompts (decoders) are cropped from the left, so a short probe keeps real tokens.
+    left_padded = mask is not None and mask.numel() > 0 and bool((mask[:, -1] == 1).all()) and not bool(
+        (mask[:, 0] == 1).all())
+    for name, tensor in _tensors(inputs).items():
+        value = tensor
+        for axis, size in enumerate(probe_shape(tensor.shape, name, refs, assignment)):
+            current = value.shape[axis]
+            if size == current:
+                continue
+            if size < current:
+                start = current - size if left_padded and axis > 0 else 0
+                value = value.narrow(axis, start, size)
+                continue
+            index = torch.arange(size, device=value.device) % current
+            value = value.index_select(axis, index)
+            if _is_mask(name) and axis > 0:
+                value.narrow(axis, current, size - current).fill_(1)
+        if _is_mask(name) and value.dim() == 2 and value.numel():
+            empty = value.sum(-1) == 0
+            if bool(empty.any()):
+                value = value.clone()
+                value[empty] = 1
+        result[name] = value.contiguous()
+    return result
+
+
+def _shapes(inputs: dict) -> dict:
+    return {name: list(tensor.shape) for name, tensor in _tensors(inputs).items()}
+
+
+def _label(dims: dict) -> str:
+    return " ".join(f"{dim}={value}" for dim, value in dims.items()) or "sample"
+
+
+def _backend_message(error: BaseException) -> str:
+    """The backend's own words: the error's first lines, following the cause chain, without tokens."""
+    import traceback
+
+    parts, current = [], error
+    while current is not None and len(parts) < 3:
+        text = " ".join(line.strip() for line in str(current).strip().splitlines()[:4] if line.strip())
+        if not text and current.__traceback__ is not None:
+            frame = traceback.extract_tb(current.__traceback__)[-1]
+            text = f"(no message) at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+        parts.append(f"{type(current).__name__}: {text}".strip())
+        current = current.__cause__ or current.__context__
+    return redact(" <- ".join(parts))[:_MESSAGE_CHARS]
+
+
+# ── Running a target ─────────────────────────────────────────────────────────
+
+
+def _traced(runner, inputs: dict) -> dict:
+    """Only the kwargs the graph was traced with, as `ExportedModel.__call__` does for a single graph."""
+    traced = runner.metadata.kwargs
+    return {key: value for key, value in inputs.items() if key in traced}
+
+
+def _run_forward_probe(exported, model, inputs: dict, thresholds: dict) -> dict:
+    import torch
+
+    with torch.no_grad():
+        eager = model(**copy.deepcopy(inputs))
+    try:
+        got = exported(**inputs)
+    except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure, not a crash
+        return {"error": _backend_message(error), "outputs": {}}
+    return {"outputs": compare_outputs(got, eager, thresholds, _mask_of(inputs))}
+
+
+def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
+    """Decompose `generate` on the probe prompt (as the export did), then run every exported component on the
+    kwargs its eager twin received."""
+    import torch
+    from transformers.exporters.utils import decompose_for_generation
+
+    with torch.no_grad():
+        stages = decompose_for_generation(model, copy.deepcopy(inputs), generation_config=plan.generation_config,
+                                          multi_token_decode=plan.multi_token_decode)
+    results = []
+    for name, (submodel, subinputs) in stages.items():
+        if name not in exported.components:
+            continue
+        entry = {"component": name, "shapes": _shapes(_leaf_inputs(subinputs))}
+        runner = exported.runners[name]
+        if _is_stateful(runner):
+            entry.update(skipped="its cache lives in the OpenVINO infer request: checked by greedy generation",
+                         outputs={})
+            results.append(entry)
+            continue
+        with torch.no_grad():
+            eager = submodel(**copy.deepcopy(subinputs))
+        try:
+            got = runner(**_traced(runner, copy.deepcopy(subinputs)))
+        except Exception as error:  # noqa: BLE001 - recorded with the backend's message
+            entry.update(error=_backend_message(error), outputs={})
+            results.append(entry)
+            continue
+        entry["outputs"] = compare_outputs(got, eager, thresholds, _mask_of(subinputs))
+        results.append(entry)
+    return results
+
+
+def _mask_of(inputs: dict):
+    mask = inputs.get("attention_mask")
+    return mask if mask is not None and getattr(mask, "dim", lambda: 0)() == 2 else None
+
+
+def _is_stateful(runner) -> bool:
+    """An OpenVINO request holding state (a decode whose cache became internal variables): it cannot be fed a
+    captured cache, so `hfexport.generate` (which seeds that state) checks it."""
+    request = getattr(runner, "request", None)
+    return request is not None and hasattr(request, "query_state") and bool(list(request.query_state()))
+
+
+def _leaf_inputs(inputs: dict) -> dict:
+    return {name: value for name, value in _tensors(inputs).items()}
+
+
+def _finish(probe: dict) -> dict:
+    if probe.get("skipped"):
+        probe["passed"] = True
+        return probe
+    probe["passed"] = not probe.get("error") and bool(probe.get("outputs")) and all(
+        entry["passed"] for entry in probe["outputs"].values())
+    return probe
+
+
+def check_generation(exported, model, plan, processor=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                     min_token_agreement: float = 1.0) -> dict:
+    """Greedy decoding over the exported graphs vs `model.generate(do_sample=False)` on the sample prompts."""
+    import torch
+
+    inputs = plan.inputs
+    result: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_token_agreement": min_token_agreement}
+    input_ids = inputs.get("input_ids")
+    if input_ids is None:
+        result.update(passed=False, error="the sample inputs have no input_ids to generate from")
+        return result
+    attention_mask = inputs.get("attention_mask")
+    generation_config = copy.deepcopy(plan.generation_config or model.generation_config)
+    generation_config.do_sample, generation_config.num_beams = False, 1
+    generation_config.max_new_tokens, generation_config.min_new_tokens = max_new_tokens, None
+    eos = generation_config.eos_token_id
+    result["prompts"] = int(input_ids.shape[0])
+    result["eos_token_id"] = eos
+    extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        eager = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                               **extra)
+    try:
+        from .generate import generate
+    except ImportError as error:
+        result.update(passed=False, error=f"greedy decoding over exported graphs is unavailable: {error}")
+        return result
+    try:
+        got = generate(exported, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                       eos_token_id=eos)
+    except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
+        result.update(passed=False, error=_backend_message(error))
+        return result
+    prompt = input_ids.shape[1]
+    eager_new, got_new = _new_tokens(eager, input_ids), _new_tokens(got, input_ids)
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    matched = total = 0
+    first = None
+    for row in range(input_ids.shape[0]):
+        want, have = _until_eos(eager_new[row], eos_ids), _until_eos(got_new[row], eos_ids)
+        agree = 0
+        while agree < min(len(want), len(have)) and want[agree] == have[agree]:
+            agree += 1
+        matched += agree
+        total += max(len(want), len(have))
+        if first is None and (agree < len(want) or agree < len(have)):
+            first = {"prompt": row, "position": agree,
+                     "eager_token": want[agree] if agree < len(want) else None,
+                     "exported_token": have[agree] if agree < len(have) else None}
+            tokenizer = getattr(processor, "tokenizer", processor)
+            if tokenizer is not None and hasattr(tokenizer, "decode"):
+                for side in ("eager", "exported"):
+                    token = first[f"{side}_token"]
+                    first[f"{side}_text"] = None if token is None else tokenizer.decode([token])
+    agreement = matched / total if total else 1.0
+    result.update(prompt_length=int(prompt), token_agreement=agreement, first_divergence=first,
+                  passed=agreement >= min_token_agreement)
+    return result
+
+
+def _new_tokens(sequences, prompt) -> list[list[int]]:
+    """The generated tokens of each row (the prompt stripped when the sequences start with it)."""
+    import torch
+
+    sequences = torch.as_tensor(sequences)
+    length = prompt.shape[1]
+    if sequences.shape[1] >= length and torch.equal(sequences[:, :length].to(prompt.device), prompt):
+        sequences = sequences[:, length:]
+    return [[int(token) for token in row] for row in sequences]
+
+
+def _until_eos(tokens: list[int], eos_ids: set) -> list[int]:
+    for index, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: index + 1]
+    return tokens
+
+
+def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
+    """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict."""
+    import torch
+
+    from .exported import ExportedModel
+
+    started = time.perf_counter()
+    target = plan.target
+    parity = target.parity or {}
+    if parity.get("skip"):
+        return {"passed": True, "skipped": True, "reason": "parity.skip is set in the recipe", "probes": [],
+                "failures": [], "seconds": 0.0}
+    try:
+        exported = ExportedModel.from_pretrained(Path(folder))
+    except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
+        message = f"the artifact does not load back from {Path(folder).name}: {_backend_message(error)}"
+        return {"passed": False, "reloaded_from_disk": True, "error": message, "probes": [], "failures": [message],
+                "seconds": round(time.perf_counter() - started, 4)}
+    reload_s = time.perf_counter() - started
+    dtype = next(iter(exported.components.values())).metadata.export_dtype or "float32"
+    thresholds = thresholds_for(target, dtype)
+    generation = target.mode == "generation"
+    generate_settings = parity.get("generate", {}) or {}
+    max_new_tokens = int(generate_settings.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+    probes, cost_bound = plan_probes(plan, model.config, reserve=4 if generation else 0)
+    refs, _ = probe_axes(plan)
+    was_training = model.training
+    model.eval()
+    results: list[dict] = []
+    try:
+        for probe in probes:
+            probe_started = time.perf_counter()
+            inputs = resize_inputs(plan.inputs, refs, probe["dims"])
+            base = {"name": _label(probe["dims"]), "dims": probe["dims"], **({"capped": probe["capped"]} if probe["capped"] else {})}
+            if generation:
+                try:
+                    entries = _run_generation_probe(exported, model, plan, inputs, thresholds)
+                except Exception as error:  # noqa: BLE001 - the eager side could not build this probe
+                    entries = [{"component": None, "error": f"could not capture the probe's stage inputs: "
+                                                            f"{_backend_message(error)}", "outputs": {}}]
+                seconds = (time.perf_counter() - probe_started) / max(len(entries), 1)
+                for entry in entries:
+                    results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
+            else:
+                entry = _run_forward_probe(exported, model, inputs, thresholds)
+                results.append(_finish({**base, "component": "model", "shapes": _shapes(inputs), **entry,
+                                        "seconds": round(time.perf_counter() - probe_started, 4)}))
+        generation_result = None
+        if generation:
+            generation_result = check_generation(
+                exported, model, plan, processor, max_new_tokens=max_new_tokens,
+                min_token_agreement=float(generate_settings.get(
+                    "min_token_agreement", 0.5 if target.quantization else 1.0)),
+            )
+    finally:
+        model.train(was_training)
+        del exported
+    failures = [_failure_line(probe) for probe in results if not probe["passed"]]
+    if generation_result is not None and not generation_result["passed"]:
+        failures.append(_generation_failure_line(generation_result))
+    return {
+        "passed": not failures,
+        "reloaded_from_disk": True,
+        "export_dtype": dtype,
+        "thresholds": thresholds,
+        "cost_bound": cost_bound,
+        "probes": results,
+        "generation": generation_result,
+        "failures": failures,
+        "reload_s": round(reload_s, 4),
+        "seconds": round(time.perf_counter() - started, 4),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _failure_line(probe: dict) -> str:
+    where = f"probe {probe['name']}" + (f" [{probe['component']}]" if probe.get("component") not in (None, "model") else "")
+    if probe.get("error"):
+        return f"{where}: the artifact rejected the input: {probe['error']}"
+    bad = [(name, entry) for name, entry in probe["outputs"].items() if not entry["passed"]]
+    if not bad:
+        return f"{where}: no outputs to compare"
+    name, entry = bad[0]
+    return f"{where}: {name}: {entry['failures'][0] if entry['failures'] else 'failed'}"
+
+
+def _generation_failure_line(result: dict) -> str:
+    if result.get("error"):
+        return f"generation: {result['error']}"
+    first = result.get("first_divergence") or {}
+    return (f"generation: token agreement {result['token_agreement']:.3f} < {result['min_token_agreement']}; first "
+            f"divergence at prompt {first.get('prompt')} position {first.get('position')}: eager "
+            f"{first.get('eager_token')} vs exported {first.get('exported_token')}")
+
+
+def summary(verification: dict | None) -> str:
+    """One line: passed, skipped, or the first failure."""
+    if not verification:
+        return "not verified"
+    if verification.get("skipped"):
+        return "skipped (parity.skip)"
+    if verification.get("passed"):
+        count = len(verification.get("probes", []))
+        return f"passed ({count} probe{'s' if count != 1 else ''})"
+    failures = verification.get("failures") or [verification.get("error") or "failed"]
+    more = f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""
+    return f"parity failed: {failures[0]}{more}"
