@@ -25,12 +25,13 @@ INTRO = (
 )
 FORMAT_CHOICES = [("ONNX", "onnx"), ("OpenVINO", "openvino"), ("ExecuTorch (.pte)", "executorch"),
                   ("torch.export (.pt2)", "dynamo")]
+IDLE = "Conversions run one at a time; while yours waits, its place in the queue shows here."
 CSS = ".problem-lines { font-family: var(--font-mono); white-space: pre; }"
 
 
 def _new_state() -> dict:
-    return {"session": None, "model": None, "revision": None, "repo_recipe": None, "output": None,
-            "targets": [], "edited": False, "zip": None, "status": None}
+    return {"session": None, "model": None, "revision": None, "repo_recipe": None, "loaded_text": None,
+            "output": None, "targets": [], "edited": False, "zip": None, "status": None}
 
 
 def _token(oauth_token: gr.OAuthToken | None, settings: logic.SpaceSettings) -> str | None:
@@ -69,7 +70,8 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
             return (_fail(error, command), gr.update(), gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
-        state.update(model=model, revision=rev, repo_recipe=None, output=None, zip=None, status=None)
+        state.update(model=model, revision=rev, repo_recipe=None, output=None, zip=None, status=None,
+                     loaded_text=fetched.text)
         if fetched.check is None:  # no recipe: offer formats and a draft
             draft = logic.draft_recipe(model, rev, ["onnx"], _token(oauth_token, settings))
             check = draft.check
@@ -109,7 +111,10 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             recipe, edited = logic.recipe_for_job(recipe_text, state.get("repo_recipe") if state.get("model") == model
                                                   else None)
         except Exception as error:  # noqa: BLE001
-            command = logic.export_command((model_id or "MODEL").strip(), (revision or "").strip() or None, targets)
+            edited = bool((recipe_text or "").strip()) and (recipe_text or "").strip() != (state.get("loaded_text") or
+                                                                                          "").strip()
+            command = logic.export_command((model_id or "MODEL").strip(), (revision or "").strip() or None, targets,
+                                           edited_recipe=edited)
             yield _fail(error, command), "", None, gr.update(interactive=False), state
             return
         session = request.session_hash if request is not None and request.session_hash else "api"
@@ -184,14 +189,14 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                                       combine_adjacent=True, show_legend=False, elem_id="problems",
                                       elem_classes=["problem-lines"], visible=False)
         editor = gr.Code(label=f"Recipe ({RECIPE_FILE}): edit to try changes; checked as you type", language="json",
-                         interactive=True, lines=12, max_lines=30, elem_id="editor")
+                         interactive=True, lines=12, max_lines=20, elem_id="editor")
         with gr.Row():
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
                                        scale=3)
             convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert")
             propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
         propose_result = gr.Markdown(elem_id="propose-result")
-        progress = gr.Markdown(elem_id="progress")
+        progress = gr.Markdown(IDLE, elem_id="progress", min_height=60)
         results = gr.Markdown(elem_id="results")
         download = gr.File(label="Artifacts (zip)", interactive=False, elem_id="download")
         pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
@@ -208,7 +213,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                      trigger_mode="always_last", show_progress="hidden")
         convert_button.click(convert, [model_box, revision_box, editor, targets, state],
                              [progress, results, download, pr_button, state], api_name="convert",
-                             concurrency_limit=1, concurrency_id="export", show_progress_on=[results])
+                             concurrency_limit=1, concurrency_id="export", show_progress_on=[progress])
         pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
         propose_button.click(propose, [model_box, editor], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
@@ -218,7 +223,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
 
 def _problems(check: logic.RecipeCheck):
     """The recipe with its problem lines highlighted, shown only while there are problems."""
-    return gr.update(value=check.highlighted() if not check.valid else [], visible=not check.valid)
+    return gr.update(value=check.highlighted(context=4) if not check.valid else [], visible=not check.valid)
 
 
 def _target_update(check: logic.RecipeCheck):

@@ -72,6 +72,9 @@ def test_invalid_recipe_problem_is_located_on_its_line():
     assert f"`targets.onnx.dynamic_shapes.input_ids.1` (line {line})" in check.markdown()
     # every segment together is the pretty text: nothing dropped, nothing added
     assert "".join(text for text, _ in check.highlighted()) == check.pretty
+    window = check.highlighted(context=2)
+    assert len(window) == 1 + 5 + 1 and window[0] == ("…\n", None) and window[-1] == ("…\n", None)
+    assert window[3] == highlighted[0]
 
 
 def test_problem_on_a_missing_key_is_shown_on_its_parent():

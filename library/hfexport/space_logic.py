@@ -44,6 +44,7 @@ from .errors import (
     redact,
     register_secret,
 )
+from .preflight import PreflightError
 from .recipe import RECIPE_FILE, Recipe, json_path, looks_like_repo_id, parse_recipe_text, recipe_from_document
 
 GRADIO_MOCK_OAUTH_TOKEN = "mock-oauth-token-for-local-dev"
@@ -218,7 +219,7 @@ def describe_failure(error: BaseException, command: str | None = None) -> Failur
         return Failure("Publishing failed", _first_line(str(error)), command)
     name = type(error).__name__
     message = _first_line(str(error)) or name
-    if name == "PreflightError" or "preflight" in type(error).__module__:
+    if isinstance(error, PreflightError):
         return Failure("Model too large for this Space", message, command)
     if isinstance(error, SourceError):
         lowered = message.lower()
@@ -323,12 +324,23 @@ class RecipeCheck:
             lines.append(f"- `{problem.path}`{at}: {_md_escape(problem.message)}")
         return "\n".join(lines)
 
-    def highlighted(self) -> list[tuple[str, str | None]]:
-        """The pretty-printed recipe as (text, label) segments: each problem's line labelled with its JSON path."""
+    def highlighted(self, context: int | None = None) -> list[tuple[str, str | None]]:
+        """The pretty-printed recipe as (text, label) segments: each problem's line labelled with its JSON path.
+
+        With `context`, only the lines within `context` lines of a problem are kept (gaps become `…`).
+        """
         if self.pretty is None:
             return [(self.text, None)] if self.text else []
+        lines = self.pretty.splitlines(keepends=True)
+        keep = set(range(len(lines)))
+        if context is not None and self.lines:
+            keep = {n for line in self.lines for n in range(line - context, line + context + 1) if 0 <= n < len(lines)}
         segments: list[tuple[str, str | None]] = []
-        for number, line in enumerate(self.pretty.splitlines(keepends=True)):
+        for number, line in enumerate(lines):
+            if number not in keep:
+                if number - 1 in keep or (number == 0):
+                    segments.append(("…\n", None))
+                continue
             found = self.lines.get(number)
             segments.append((line, "; ".join(dict.fromkeys(problem.path for problem in found)) if found else None))
         return segments
@@ -560,7 +572,7 @@ class JobRunner:
     """Runs one job at a time in this process and streams its progress events.
 
     `run(request)` yields `job.Step` events as the job reports them (preflight, load_model, plan/export/save/verify
-    per target) and finally one `Finished`. The job runs in a worker thread so the caller (a Gradio generator)
+    per target, target) and finally one `Finished`. The job runs in a worker thread so the caller (a Gradio generator)
     can keep the page updated; only one job holds the lock at any time.
     """
 
@@ -584,7 +596,6 @@ class JobRunner:
             with self._lock:
                 outcome["waited_s"] = time.perf_counter() - started
                 try:
-                    self._preflight(request, events.put)
                     outcome["report"] = self._run_job(request, events.put)
                 except BaseException as error:  # noqa: BLE001 - reported as a Failure, never re-raised in a thread
                     outcome["error"] = error
@@ -612,53 +623,26 @@ class JobRunner:
             finished.failure = report_failure(finished.report, request.command)
         yield finished
 
-    def _preflight(self, request: JobRequest, progress: Callable) -> None:
-        """The preflight check (memory and disk needed vs available), before any weight is downloaded."""
-        from .job import Step
-
-        try:
-            from . import preflight
-        except ImportError:  # pragma: no cover - preflight is part of hfexport; guard for partial installs
-            return
-        check = getattr(preflight, "check_job", None) or getattr(preflight, "preflight", None)
-        if check is None:  # pragma: no cover
-            return
-        started = time.perf_counter()
-        progress(Step("preflight", "start", None, request.model))
-        try:
-            result = _call_preflight(check, request)
-        except BaseException as error:
-            progress(Step("preflight", "error", None, _first_line(str(error)), time.perf_counter() - started))
-            raise
-        detail = _first_line(str(result)) if result is not None and not isinstance(result, bool) else None
-        progress(Step("preflight", "done", None, detail, time.perf_counter() - started))
-
     def _run_job(self, request: JobRequest, progress: Callable):
         from .job import run_job
 
-        kwargs: dict[str, Any] = dict(
-            targets=request.targets, revision=request.revision, token=request.token, recipe=request.recipe,
-            progress=progress,
-        )
-        if self.settings.verify:
-            kwargs["verify"] = True
-        return run_job(request.model, request.output, **kwargs)
-
-
-def _call_preflight(check: Callable, request: JobRequest):
-    return check(request.model, targets=request.targets, revision=request.revision, token=request.token,
-                 recipe=request.recipe)
+        # run_job checks the preflight (memory and disk vs the weights' metadata) before downloading anything.
+        return run_job(request.model, request.output, targets=request.targets, revision=request.revision,
+                       token=request.token, recipe=request.recipe, progress=progress, verify=self.settings.verify)
 
 
 # ── Progress rendering ───────────────────────────────────────────────────────
 
 _STEP_TITLES = {
+    "cache": "look for an identical earlier export",
     "preflight": "preflight (memory and disk)",
     "load_model": "download and load the model",
     "plan": "plan",
     "export": "export",
     "save": "save",
     "verify": "verify parity",
+    "unchanged": "already exported",
+    "publish": "publish",
 }
 _STATUS_ICONS = {"start": "…", "done": "✓", "error": "✗"}
 
@@ -672,7 +656,9 @@ class ProgressLog:
         self.note: str | None = None
 
     def add(self, step) -> None:
-        if step.step == "target":
+        if step.step == "target":  # per-target bracket: shown only when the target was a cache hit
+            if step.status == "done" and (step.detail or "").startswith("unchanged"):
+                self.entries[("unchanged", step.target)] = step
             return
         self.entries[(step.step, step.target)] = step
 

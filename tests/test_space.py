@@ -1,0 +1,251 @@
+"""The Space end to end in headless Chromium, against the local Hub server: sign in, load, convert, open a PR.
+
+The app runs in this process (`hfexport.testing.space.running_space`) on a free port; Playwright drives Debian's
+Chromium. Screenshots of each step go to tests/artifacts/space/ (git-ignored). Without Chromium or Playwright
+these tests fail in CI (CI=true) and are skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hfexport.testing.space import browser_missing, launch_chromium, running_space
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "tests" / "artifacts" / "space"
+EXAMPLES = ROOT / "examples"
+STEP_TIMEOUT_MS = 20_000
+JOB_TIMEOUT_MS = 300_000  # a tiny export plus its verification; generous for a shared, loaded machine
+
+
+def _require_browser() -> None:
+    reason = browser_missing()
+    if reason:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"browser tests cannot run in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def space(hub, tmp_path_factory):
+    _require_browser()
+    from hfexport.space_logic import SpaceSettings
+
+    settings = SpaceSettings(workdir=tmp_path_factory.mktemp("space-work"), queue_size=4)
+    # The mocked sign-in is checked against a *read* token: a handler that wrote with the Space's own login
+    # instead of the signed-in user's token would get 403 from the Hub.
+    with running_space(settings, login_token=hub.read_token) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser(space):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def new_page(browser, space):
+    """A page in a fresh browser context (its own cookies: a separate Space session)."""
+    contexts = []
+
+    def make():
+        context = browser.new_context(viewport={"width": 1280, "height": 1000}, accept_downloads=True)
+        context.set_default_timeout(STEP_TIMEOUT_MS)
+        contexts.append(context)
+        page = context.new_page()
+        page.goto(space.url)
+        page.locator("#model input, #model textarea").first.wait_for()
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def sign_in(page) -> None:
+    page.get_by_role("button", name="Sign in with Hugging Face").click()
+    page.get_by_role("button", name=re.compile(r"Logout \(user\)")).wait_for()
+    page.locator("#user", has_text="Signed in as").wait_for()
+
+
+def load(page, repo: str, revision: str = "") -> None:
+    page.locator("#model input, #model textarea").first.fill(repo)
+    if revision:
+        page.locator("#revision input, #revision textarea").first.fill(revision)
+    page.locator("#load").click()
+
+
+def text_of(page, selector: str) -> str:
+    return page.locator(selector).inner_text()
+
+
+def seed(hub, name: str, files) -> str:
+    repo = f"user/{name}-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, files)
+    return repo
+
+
+def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
+    repo = seed(hub, "space-bert", EXAMPLES / "tiny-bert")
+    page = new_page()
+    shot(page, "01-signed-out")
+    sign_in(page)
+    shot(page, "02-signed-in")
+
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    assert f"{repo}/export_config.json" in text_of(page, "#recipe-status")
+    page.locator("#targets").get_by_label("onnx").wait_for()
+    shot(page, "03-recipe")
+
+    page.locator("#convert").click()
+    page.locator("#progress", has_text="download and load the model").wait_for(timeout=JOB_TIMEOUT_MS)
+    shot(page, "04-converting")
+
+    # A second visitor converts while the first job runs: the page shows its place in the queue.
+    other = new_page()
+    sign_in(other)
+    load(other, repo)
+    other.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    other.locator("#convert").click()
+    other.get_by_text(re.compile(r"queue:\s*\d+\s*/\s*\d+")).first.wait_for(timeout=5_000)
+    shot(other, "05-second-session-queued")
+
+    page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
+    results = text_of(page, "#results")
+    assert "hfexport report" in results and "onnx" in results
+    assert re.search(r"verif|parity", results, re.I), results  # the parity section of the report
+    shot(page, "06-converted")
+
+    with page.expect_download() as download:
+        page.locator("#download a").first.click()
+    archive = zipfile.ZipFile(download.value.path())
+    names = archive.namelist()
+    assert "export_report.json" in names and any(n.startswith("onnx/") and n.endswith(".onnx") for n in names), names
+
+    page.locator("#open-pr").click()
+    page.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
+    message = text_of(page, "#pr-result")
+    assert "Opened pull request #1" in message, message
+    link = page.locator("#pr-result a").first.get_attribute("href")
+    assert link.endswith(f"/{repo}/discussions/1"), link
+    shot(page, "07-pr-opened")
+
+    discussions = hub.discussions(repo)
+    assert len(discussions) == 1 and discussions[0]["isPullRequest"]
+    files = hub.files(repo, "refs/pr/1")
+    assert any(path.startswith("exports/onnx/") and path.endswith(".onnx") for path in files), sorted(files)
+    report = json.loads(files["exports/onnx/export_report.json"])
+    assert report["targets"]["onnx"]["status"] == "ok"
+    assert report["source"]["model"] == repo
+    assert "README.md" in files
+
+    # Same session, same artifacts: no second PR, no new commit.
+    head = hub.head(repo, "refs/pr/1")
+    page.locator("#open-pr").click()
+    page.locator("#pr-result", has_text="up to date").wait_for(timeout=JOB_TIMEOUT_MS)
+    shot(page, "08-pr-up-to-date")
+
+    # The queued visitor's job ran after the first one; its Open PR finds the same PR up to date too.
+    other.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
+    other.locator("#open-pr").click()
+    other.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "up to date" in text_of(other, "#pr-result"), text_of(other, "#pr-result")
+    shot(other, "09-second-session-pr-up-to-date")
+    assert len(hub.discussions(repo)) == 1
+    assert hub.head(repo, "refs/pr/1") == head
+
+
+def test_signed_out_convert_asks_to_sign_in(space, hub, new_page):
+    repo = seed(hub, "space-signed-out", EXAMPLES / "tiny-bert")
+    page = new_page()
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()  # public recipes read anonymously
+    page.locator("#convert").click()
+    page.locator("#progress", has_text="Sign in required").wait_for()
+    shot(page, "10-signed-out-convert")
+    assert "sign in with Hugging Face" in text_of(page, "#progress")
+    page.locator("#propose").click()
+    page.locator("#propose-result", has_text="Sign in required").wait_for()
+    assert hub.discussions(repo) == []
+
+
+def test_unknown_repo_is_a_category_and_a_command(space, new_page):
+    page = new_page()
+    sign_in(page)
+    missing = f"user/does-not-exist-{uuid.uuid4().hex[:8]}"
+    load(page, missing)
+    page.locator("#recipe-status", has_text="Repository not found").wait_for()
+    status = text_of(page, "#recipe-status")
+    assert f"hfexport validate {missing}" in status
+    assert "Traceback" not in status and "mock-oauth-token" not in status
+    shot(page, "11-unknown-repo")
+
+
+def test_invalid_recipe_shows_its_json_path_and_validates_as_you_type(space, hub, new_page):
+    recipe = json.loads((EXAMPLES / "tiny-bert" / "export_config.json").read_text())
+    recipe["targets"]["onnx"]["dynamic_shapes"]["input_ids"]["1"] = "sequence"  # not a declared dim
+    files = {p.name: p.read_bytes() for p in (EXAMPLES / "tiny-bert").iterdir()}
+    files["export_config.json"] = json.dumps(recipe, indent=2).encode()
+    repo = seed(hub, "space-invalid", files)
+    page = new_page()
+    sign_in(page)
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Invalid recipe").wait_for()
+    path = "targets.onnx.dynamic_shapes.input_ids.1"
+    assert path in text_of(page, "#recipe-status")
+    highlighted = page.locator("#problems").get_by_text('"sequence"')
+    highlighted.first.wait_for()
+    assert path in page.locator("#problems").text_content()  # the highlighted line carries its JSON path
+    shot(page, "12-invalid-recipe")
+
+    page.locator("#convert").click()
+    page.locator("#progress", has_text="Invalid recipe").wait_for()
+    assert path in text_of(page, "#progress") and "hfexport export" in text_of(page, "#progress")
+
+    # Fix it in the editor: the check runs as you type, the problem view goes away, targets come back.
+    editor = page.locator("#editor .cm-content")
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(json.dumps({**recipe, "targets": {"pt2": recipe["targets"]["pt2"]},
+                                          "default_target": "pt2"}, indent=2))
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    page.locator("#targets").get_by_label("pt2").wait_for()
+    page.locator("#problems").wait_for(state="hidden")
+    shot(page, "13-recipe-fixed-in-editor")
+
+
+def test_model_over_the_preflight_limit_is_refused_with_numbers(space, hub, new_page, monkeypatch):
+    repo = seed(hub, "space-preflight", EXAMPLES / "tiny-bert")
+    monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "64")  # what the Space may use: less than any export needs
+    page = new_page()
+    sign_in(page)
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    page.locator("#convert").click()
+    page.locator("#results", has_text="Model too large").wait_for(timeout=JOB_TIMEOUT_MS)
+    results = text_of(page, "#results")
+    assert re.search(r"\d+(\.\d+)? [KMG]?B needed", results) and re.search(r"\d+(\.\d+)? [KMG]?B available", results)
+    assert f"hfexport export {repo}" in results
+    shot(page, "14-preflight-refused")
+    assert hub.discussions(repo) == []
+    assert not any(space.settings.workdir.rglob("*.onnx"))  # nothing exported, the session folder is gone
