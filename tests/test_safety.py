@@ -1,0 +1,213 @@
+"""Safe loading: a crafted `export.json` is refused before the engine parses it, and nothing in it runs.
+
+The payload used throughout is `{"_t": "seq", "p": "os:mkdir", "v": [MARKER]}` in a cache context: the engine
+(transformers 5.23) imports `os.mkdir` and calls it with the marker path when it rebuilds outputs. One test shows
+the engine's own loader does run it (so the crafted manifests are real exploits); every other test asserts the
+marker does not exist after hfexport refused the export.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hfexport.errors import UnsafeExportError
+from hfexport.safety import check_export_folder, check_manifest, check_manifest_file
+
+DATA = Path(__file__).parent / "data" / "manifests"
+REAL_MANIFESTS = sorted(DATA.glob("*.json"))
+
+
+def _leaf():
+    return {"type": None, "context": None, "children_spec": []}
+
+
+def _with_payload(manifest: dict, context: dict, node_type: str = "transformers.cache_utils:DynamicCache") -> dict:
+    """`manifest` whose first component's first output leaf became a cache node carrying `context`."""
+    crafted = copy.deepcopy(manifest)
+    metadata = next(iter(crafted["components"].values()))["metadata"]
+    spec = json.loads(metadata["out_spec"])
+    spec[1]["children_spec"][0] = {"type": node_type, "context": json.dumps(context), "children_spec": [_leaf()]}
+    metadata["out_spec"] = json.dumps(spec)
+    return crafted
+
+
+@pytest.fixture
+def marker(tmp_path) -> Path:
+    path = tmp_path / f"pwned-{uuid.uuid4().hex[:8]}"
+    assert not path.exists()
+    return path
+
+
+@pytest.fixture
+def onnx_export(exported_bert, tmp_path) -> Path:
+    """A private copy of the session's tiny-bert ONNX export (safe to tamper with)."""
+    output, _ = exported_bert
+    folder = tmp_path / "onnx"
+    shutil.copytree(output / "onnx", folder)
+    return folder
+
+
+def _tamper(folder: Path, context: dict, node_type: str = "transformers.cache_utils:DynamicCache") -> None:
+    manifest = json.loads((folder / "export.json").read_text())
+    (folder / "export.json").write_text(json.dumps(_with_payload(manifest, context, node_type), indent=2))
+
+
+def _inputs():
+    import torch
+
+    return {"input_ids": torch.ones(1, 5, dtype=torch.long), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+
+
+# ── the check itself ─────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("path", REAL_MANIFESTS, ids=lambda p: p.stem)
+def test_real_generation_manifests_pass(path):
+    """Dynamic and static caches (DynamicCache/DynamicLayer, StaticCache/StaticLayer contexts) are allowed."""
+    assert check_manifest_file(path)["components"]
+
+
+def test_every_format_of_a_real_export_passes(exported_bert):
+    output, report = exported_bert
+    checked = [name for name in report.targets if (output / name / "export.json").is_file()]
+    assert checked, "the session export has no target folders"
+    for name in checked:
+        check_export_folder(output / name)
+
+
+BASE = json.loads((DATA / "llama-onnx-generation.json").read_text()) if REAL_MANIFESTS else {}
+
+
+@pytest.mark.parametrize(
+    ("context", "node_type", "named", "where"),
+    [
+        ({"_t": "seq", "p": "os:system", "v": ["touch /tmp/x"]}, None, "os:system", ".context.p"),
+        ({"_t": "obj", "p": "transformers.cache_utils:DynamicCache",
+          "s": {"layers": [{"_t": "map", "p": "subprocess:Popen", "v": {}}]}}, None, "subprocess:Popen",
+         ".context.s.layers[0].p"),
+        ({"_t": "type", "p": "builtins:eval"}, None, "builtins:eval", ".context.p"),
+        # Reached through a transformers module's own imports: still not a transformers class.
+        ({"_t": "seq", "p": "transformers.utils.hub:os.system", "v": []}, None, "transformers.utils.hub:os.system",
+         ".context.p"),
+        ({"_t": "seq", "p": "transformers.cache_utils:DynamicCache.__init__", "v": []}, None, "__init__", ".context.p"),
+        ({"_t": "obj", "p": "transformers.modeling_utils:PreTrainedModel", "s": {}}, None, "PreTrainedModel",
+         ".context.p"),
+        ({"_t": "seq", "p": "transformers:AutoModel", "v": []}, None, "transformers:AutoModel", ".context.p"),
+        ({}, "os.system", "os.system", ".type"),
+        ({}, "posix:system", "posix:system", ".type"),
+    ],
+)
+def test_crafted_specs_are_refused_with_class_and_path(context, node_type, named, where):
+    crafted = _with_payload(BASE, context, node_type or "transformers.cache_utils:DynamicCache")
+    with pytest.raises(UnsafeExportError) as error:
+        check_manifest(crafted, "crafted/export.json")
+    message = str(error.value)
+    assert named in message and "crafted/export.json: components.prefill.metadata.out_spec[1].children_spec[0]" \
+        in message and where in message.split(": ")[1]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda m: m["components"]["prefill"].__setitem__("file", "../../outside.onnx"), "not a file name inside"),
+        (lambda m: m["components"]["prefill"].__setitem__("file", "/etc/passwd"), "not a file name inside"),
+        (lambda m: m["components"]["prefill"]["metadata"].__setitem__("out_spec", "[1, {"), "not valid JSON"),
+        (lambda m: m["components"]["prefill"]["metadata"].__setitem__("in_spec", 7), "expected a treespec string"),
+        (lambda m: m.__setitem__("components", []), "not an export manifest"),
+    ],
+)
+def test_malformed_manifests_are_refused(mutate, expected):
+    crafted = copy.deepcopy(BASE)
+    mutate(crafted)
+    with pytest.raises(UnsafeExportError, match=expected):
+        check_manifest(crafted)
+
+
+def test_unknown_tags_and_fake_dtypes_are_refused():
+    with pytest.raises(UnsafeExportError, match="unknown context tag 'call'"):
+        check_manifest(_with_payload(BASE, {"_t": "call", "p": "os:system"}))
+    # `{"_t": "dtype", "n": ...}` is `getattr(torch, n)`: only real dtypes may be named.
+    with pytest.raises(UnsafeExportError, match="'load' is not a torch dtype"):
+        check_manifest(_with_payload(BASE, {"_t": "obj", "p": "transformers.cache_utils:DynamicLayer",
+                                            "s": {"dtype": {"_t": "dtype", "n": "load"}}}))
+
+
+def test_allowed_names_cover_outputs_caches_and_containers():
+    allowed = {"_t": "obj", "p": "transformers.cache_utils:EncoderDecoderCache", "s": {
+        "a": {"_t": "seq", "p": "builtins:tuple", "v": [1, 2]},
+        "b": {"_t": "map", "p": "collections:OrderedDict", "v": {}},
+        "c": {"_t": "type", "p": "transformers.cache_utils:DynamicLayer"},
+        "d": {"_t": "dtype", "n": "bfloat16"},
+        "e": {"_t": "items", "v": [[0, {"_t": "tensor", "i": 0}]]},
+    }}
+    check_manifest(_with_payload(BASE, allowed, "transformers.modeling_outputs.Seq2SeqLMOutput"))
+
+
+# ── nothing runs: local folders, the engine's own loader as the control ──────
+
+
+def test_the_crafted_manifest_is_a_real_exploit_for_the_engines_loader(onnx_export, marker):
+    """Control: without hfexport's check, the engine imports `os.mkdir` from the manifest and calls it."""
+    from transformers.exporters import ExportedModel as EngineExportedModel
+
+    _tamper(onnx_export, {"_t": "seq", "p": "os:mkdir", "v": [str(marker)]})
+    EngineExportedModel.from_pretrained(onnx_export)(**_inputs())
+    assert marker.exists()
+
+
+def test_hfexport_refuses_the_crafted_folder_and_nothing_runs(onnx_export, marker):
+    import hfexport
+
+    _tamper(onnx_export, {"_t": "seq", "p": "os:mkdir", "v": [str(marker)]})
+    for load in (lambda: hfexport.ExportedModel.from_pretrained(onnx_export), lambda: hfexport.load(onnx_export),
+                 lambda: hfexport.load(onnx_export.parent, target="onnx")):
+        with pytest.raises(UnsafeExportError, match="os:mkdir"):
+            load()
+    assert not marker.exists()
+
+
+def test_a_crafted_node_type_is_refused_before_the_engine_imports_it(onnx_export, marker):
+    _tamper(onnx_export, {"_t": "seq", "p": "os:mkdir", "v": [str(marker)]}, node_type="os.mkdir")
+    import hfexport
+
+    with pytest.raises(UnsafeExportError, match="'os.mkdir'"):
+        hfexport.ExportedModel.from_pretrained(onnx_export)
+    assert not marker.exists()
+
+
+# ── from the Hub: refused after downloading only export.json ─────────────────
+
+
+def test_crafted_export_on_the_hub_is_refused_without_downloading_the_program(hub, onnx_export, marker, tmp_path):
+    import hfexport
+
+    _tamper(onnx_export, {"_t": "seq", "p": "os:mkdir", "v": [str(marker)]})
+    repo = f"user/crafted-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, {f"exports/onnx/{p.name}": p.read_bytes() for p in onnx_export.iterdir()})
+    cache = tmp_path / "cache"
+    with pytest.raises(UnsafeExportError, match=rf"{repo}@main/exports/onnx/export.json: .*os:mkdir"):
+        hfexport.load(repo, target="onnx", cache_dir=cache)
+    downloaded = sorted(p.name for p in cache.rglob("*") if p.is_file() and "snapshots" in p.parts)
+    assert downloaded == ["export.json"]
+    assert not marker.exists()
+
+
+def test_hub_target_loads_when_clean_and_missing_targets_are_named(hub, exported_bert):
+    import hfexport
+    from hfexport.errors import SourceError
+
+    output, _ = exported_bert
+    repo = f"user/clean-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, {f"exports/onnx/{p.name}": p.read_bytes() for p in (output / "onnx").iterdir()})
+    model = hfexport.load(repo, target="onnx")
+    assert model(**_inputs()).last_hidden_state.shape[:2] == (1, 5)
+    with pytest.raises(SourceError, match=r"no export.json at .*exports/pt2.*targets found: onnx"):
+        hfexport.load(repo, target="pt2")
+    with pytest.raises(SourceError, match="not a target name"):
+        hfexport.load(repo, target="../onnx")
