@@ -320,3 +320,11 @@ def test_non_finite_numbers_in_a_document_dict():
     for value in (math.nan, math.inf, -math.inf):
         _loads_or_recipe_error(lambda value=value: recipe_from_document(
             {"recipe_version": 1, "dims": {"seq": {"max": value}}, "targets": {"o": {"export_format": "onnx"}}}))
+
+
+@pytest.mark.parametrize("axis", ["static", "auto", "dynamic", 4, "batch", "2*batch", "batch+1", " 3 * batch - 1 "])
+def test_every_axis_form_is_valid(axis):
+    """The keywords also match the dim-name pattern: the schema must accept them (it rejected them with oneOf)."""
+    recipe = recipe_from_document({"recipe_version": 1, "dims": {"batch": {}}, "targets": {"o": {
+        "export_format": "onnx", "dynamic_shapes": {"input_ids": {"0": axis}}}}})
+    assert recipe.target().dynamic_shapes == {"input_ids": {"0": axis}}

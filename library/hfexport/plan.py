@@ -121,16 +121,19 @@ class _AxisResolver:
         name, scale, offset = value
         base = self.dims[name]
         bounds = self.recipe.dims.get(name, {})
-        if size in (0, 1) and scale == 1 and offset == 0:
-            if self.generation and not component_level and size == 1:
+        if (size - offset) % scale:
+            raise PlanError(f"{where}: the sample input has size {size}, which is not {spec} for any whole {name}")
+        base_size = (size - offset) // scale
+        if base_size <= 1:
+            if self.generation and not component_level and size == 1 and (scale, offset) == (1, 0):
                 # A target-wide dim on an axis this component traces at 1 (the decode step): static here.
                 return None, "static (1 in this component)"
+            traced = f"size {size}" if (scale, offset) == (1, 0) else f"size {size} ({name} = {base_size})"
             raise PlanError(
-                f"{where}: dim {name!r} is traced from a sample of size {size}; torch.export specializes sizes 0 "
-                f"and 1, so use a sample with size >= 2 on this axis"
+                f"{where}: dim {name!r} is traced from a sample of {traced}; torch.export specializes sizes 0 "
+                f"and 1, so use a sample where {name} >= 2 on this axis"
             )
         low, high = bounds.get("min"), bounds.get("max")
-        base_size = (size - offset) / scale
         if (low is not None and base_size < low) or (high is not None and base_size > high):
             raise PlanError(
                 f"{where}: the sample input has size {size}, outside dim {name!r} [{low}, {high}] "
@@ -193,7 +196,9 @@ def _resolve_shapes(resolver: _AxisResolver, shapes: dict, component_shapes: dic
             continue
         template = get_auto_dynamic_shapes(value)
         if spec is None or not template:
-            result[key] = None if not template else _static_like(template)
+            # An empty cache (prefill) still needs its container shape (`[]`), not None: torch.export matches
+            # the pytree structure of dynamic_shapes against the inputs'.
+            result[key] = None if template is None else _static_like(template)
             continue
         result[key], described[key] = _resolve_container(resolver, spec, value, template, where, component_level)
     return result, described
@@ -295,7 +300,9 @@ def _generation_config(model, target: Target):
         return None
     config = copy.deepcopy(model.generation_config)
     config.cache_implementation = "static"
-    config.cache_config = {"max_cache_len": generation["max_cache_len"]}
+    # transformers 5.23 sizes the static cache from `GenerationConfig.max_cache_len`; `cache_config` only reaches
+    # quantized caches, so a `{"max_cache_len": N}` there was ignored (the cache came out prompt + 1 long).
+    config.max_cache_len = generation["max_cache_len"]
     return config
 
 

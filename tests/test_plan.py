@@ -1,0 +1,313 @@
+"""Plans: recipe dims and axis specs -> torch.export dims, inherited specs, synthesized inputs that pin nothing,
+PlanErrors that name what is wrong, and generation components with cache specs. Nothing here traces except the
+one export at the end that proves a `"*"` cache spec is accepted by the engine."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch.export import Dim
+
+from hfexport.errors import PlanError
+from hfexport.models import load_model, load_processor
+from hfexport.plan import build_dims, build_plan
+from hfexport.recipe import load_recipe, recipe_from_document
+
+
+@pytest.fixture(scope="module")
+def bert(tiny_bert):
+    recipe = load_recipe(tiny_bert)
+    return recipe, load_model(tiny_bert, recipe), load_processor(tiny_bert)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama):
+    recipe = load_recipe(tiny_llama)
+    return recipe, load_model(tiny_llama, recipe), load_processor(tiny_llama)
+
+
+def bert_recipe(dynamic_shapes=None, dims=None, **extra) -> dict:
+    target = {"export_format": "onnx", "options": {"opset_version": 18}}
+    if dynamic_shapes is not None:
+        target["dynamic_shapes"] = dynamic_shapes
+    return {"recipe_version": 1, "task": "feature-extraction",
+            "dims": dims if dims is not None else {"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 64}},
+            "targets": {"t": target}, **extra}
+
+
+def ids(batch: int, seq: int) -> dict:
+    return {"input_ids": torch.randint(5, 100, (batch, seq)), "attention_mask": torch.ones(batch, seq, dtype=torch.long)}
+
+
+def plan_for(document: dict, model, inputs=None, processor=None, target="t"):
+    return build_plan(recipe_from_document(document), target, model, inputs, processor)
+
+
+# ── Dims and axis specs ──────────────────────────────────────────────────────
+
+
+def test_one_dim_per_name_with_bounds():
+    recipe = recipe_from_document(bert_recipe(dims={"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 64},
+                                                    "free": {}}))
+    dims = build_dims(recipe)
+    assert set(dims) == {"batch", "seq", "free"}
+    assert all(isinstance(dim, Dim) for dim in dims.values())
+    assert (dims["batch"].__name__, dims["batch"].min, dims["batch"].max) == ("batch", 1, 8)
+    assert (dims["seq"].min, dims["seq"].max) == (2, 64)
+
+
+def test_same_dim_name_is_one_object_across_inputs(bert):
+    _, model, _ = bert
+    plan = plan_for(bert_recipe({"input_ids": {"0": "batch", "1": "seq"}, "attention_mask": {"0": "batch", "1": "seq"}}),
+                    model, ids(2, 7))
+    shapes = plan.config.dynamic_shapes
+    assert shapes["input_ids"][0] is shapes["attention_mask"][0] is plan.dims["batch"]
+    assert shapes["input_ids"][1] is shapes["attention_mask"][1] is plan.dims["seq"]
+
+
+def test_json_axis_keys_become_ints(bert):
+    _, model, _ = bert
+    plan = plan_for(bert_recipe({"input_ids": {"0": "batch", "1": "seq"}}), model, ids(2, 7))
+    assert set(plan.config.dynamic_shapes["input_ids"]) == {0, 1}
+    assert all(isinstance(key, int) for spec in plan.config.dynamic_shapes.values() if spec for key in spec)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("static", None), ("auto", Dim.AUTO), ("dynamic", Dim.DYNAMIC), (7, None),
+])
+def test_keywords_and_ints(bert, spec, expected):
+    _, model, _ = bert
+    plan = plan_for(bert_recipe({"input_ids": {"0": "batch", "1": spec}}), model, ids(2, 7))
+    axes = plan.config.dynamic_shapes["input_ids"]
+    if expected is None:
+        assert 1 not in axes
+    else:
+        assert axes[1] is expected
+    assert plan.components["model"].dynamic_axes["input_ids"]["1"].startswith(str(spec) if spec != 7 else "static (7)")
+
+
+def test_int_that_disagrees_with_the_sample(bert):
+    _, model, _ = bert
+    with pytest.raises(PlanError, match=r"input_ids\.1: the recipe pins this axis to 9, but the sample input has size 7"):
+        plan_for(bert_recipe({"input_ids": {"1": 9}}), model, ids(2, 7))
+
+
+@pytest.mark.parametrize("expression, size, base, scale, offset", [
+    ("2*seq", 14, 7, 2, 0), ("seq+1", 8, 7, 1, 1), ("seq - 1", 6, 7, 1, -1), ("3 * seq + 2", 23, 7, 3, 2),
+])
+def test_linear_expressions(bert, expression, size, base, scale, offset):
+    _, model, _ = bert
+    inputs = {**ids(2, 7), "token_type_ids": torch.zeros(2, size, dtype=torch.long)}
+    plan = plan_for(bert_recipe({"input_ids": {"0": "batch", "1": "seq"}, "token_type_ids": {"1": expression}}),
+                    model, inputs)
+    derived = plan.config.dynamic_shapes["token_type_ids"][1]
+    seq = plan.dims["seq"]
+    assert derived is not seq and derived.root is seq
+    assert derived.fn(base) == size == scale * base + offset
+    assert expression in plan.components["model"].dynamic_axes["token_type_ids"]["1"]
+
+
+def test_linear_expression_that_cannot_match_the_sample(bert):
+    _, model, _ = bert
+    inputs = {**ids(2, 7), "token_type_ids": torch.zeros(2, 15, dtype=torch.long)}
+    with pytest.raises(PlanError, match="not 2\\*seq for any whole seq"):
+        plan_for(bert_recipe({"input_ids": {"1": "seq"}, "token_type_ids": {"1": "2*seq"}}), model, inputs)
+
+
+def test_linear_expression_whose_dim_would_be_traced_at_one(bert):
+    _, model, _ = bert
+    inputs = {**ids(2, 7), "token_type_ids": torch.zeros(2, 2, dtype=torch.long)}
+    with pytest.raises(PlanError, match="seq = 1"):
+        plan_for(bert_recipe({"input_ids": {"0": "batch"}, "token_type_ids": {"1": "seq+1"}}), model, inputs)
+
+
+def test_sample_outside_the_dim_bounds(bert):
+    _, model, _ = bert
+    document = bert_recipe({"input_ids": {"0": "batch", "1": "seq"}},
+                           dims={"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 4}})
+    with pytest.raises(PlanError, match=r"size 7, outside dim 'seq' \[2, 4\]"):
+        plan_for(document, model, ids(2, 7))
+
+
+def test_axis_beyond_the_rank(bert):
+    _, model, _ = bert
+    with pytest.raises(PlanError, match="axis 2 does not exist; the input has rank 2"):
+        plan_for(bert_recipe({"input_ids": {"2": "seq"}}), model, ids(2, 7))
+
+
+# ── Inputs the recipe does not list, and defaults ────────────────────────────
+
+
+def test_unlisted_inputs_inherit_a_same_shaped_listed_input(bert):
+    recipe, model, processor = bert
+    plan = build_plan(recipe, "onnx", model, None, processor)
+    shapes, described = plan.config.dynamic_shapes, plan.components["model"].dynamic_axes
+    inheriting = [name for name, value in plan.inputs.items()
+                  if name != "input_ids" and getattr(value, "shape", None) == plan.inputs["input_ids"].shape]
+    assert "attention_mask" in inheriting
+    for name in inheriting:
+        assert shapes[name] == shapes["input_ids"] == {0: plan.dims["batch"], 1: plan.dims["seq"]}
+        assert described[name]["0"].endswith("(as input_ids)")
+
+
+def test_an_input_of_another_shape_does_not_inherit(bert):
+    _, model, _ = bert
+    inputs = {**ids(2, 7), "token_type_ids": torch.zeros(2, 5, dtype=torch.long)}
+    plan = plan_for(bert_recipe({"input_ids": {"0": "batch", "1": "seq"}}), model, inputs)
+    assert plan.config.dynamic_shapes["attention_mask"] == plan.config.dynamic_shapes["input_ids"]
+    assert plan.config.dynamic_shapes["token_type_ids"] is None
+
+
+def test_no_dynamic_shapes_means_dynamic_and_a_sample_that_pins_nothing(bert):
+    _, model, processor = bert
+    plan = plan_for({"export_format": "onnx"}, model, None, processor, target="onnx")
+    assert plan.config.dynamic is True and plan.config.dynamic_shapes is None
+    assert plan.components["model"].dynamic_axes == {"*": "auto"}
+    batch, seq = plan.inputs["input_ids"].shape
+    assert batch >= 2
+    assert seq not in (0, 1, 2) and seq != batch
+
+
+@pytest.mark.parametrize("texts", [["a", "b"], ["hi", "yo", "ok"], ["x"] * 4])
+def test_short_sample_texts_are_padded_off_special_lengths(bert, texts):
+    _, model, processor = bert
+    document = {"recipe_version": 1, "sample_inputs": {"text": texts}, "targets": {"t": {"export_format": "onnx"}}}
+    plan = plan_for(document, model, None, processor)
+    batch, seq = plan.inputs["input_ids"].shape
+    assert batch == len(texts)
+    assert seq > 2 and seq != batch
+    assert plan.inputs["attention_mask"].shape == plan.inputs["input_ids"].shape
+
+
+def test_a_named_dim_traced_at_size_one_is_a_plan_error(bert):
+    _, model, processor = bert
+    document = bert_recipe({"input_ids": {"0": "batch", "1": "seq"}}, sample_inputs={"text": ["only one sentence"]})
+    with pytest.raises(PlanError, match=r"input_ids\.0: dim 'batch' is traced from a sample of size 1"):
+        plan_for(document, model, None, processor)
+
+
+def test_unknown_input_name_lists_the_real_inputs(bert):
+    _, model, _ = bert
+    with pytest.raises(PlanError) as caught:
+        plan_for(bert_recipe({"input_idz": {"0": "batch"}}), model, ids(2, 7))
+    message = str(caught.value)
+    assert "'input_idz'" in message and "input_ids" in message and "attention_mask" in message
+    assert message.startswith("targets.t.dynamic_shapes")
+
+
+def test_engine_enum_and_options(bert):
+    from transformers.exporters import ExportFormat, OnnxConfig
+
+    recipe, model, processor = bert
+    plan = build_plan(recipe, "onnx", model, None, processor)
+    assert isinstance(plan.config, OnnxConfig)
+    assert plan.config.export_format is ExportFormat.ONNX
+    assert plan.config.opset_version == 18
+    described = json.loads(json.dumps(plan.describe(), default=str))
+    assert described["components"]["model"]["dynamic_axes"]["input_ids"] == {"0": "batch [1, 8]", "1": "seq [2, 64]"}
+
+
+# ── Generation ───────────────────────────────────────────────────────────────
+
+
+def test_generation_components_are_discovered(llama):
+    recipe, model, processor = llama
+    plan = build_plan(recipe, "onnx-generation", model, None, processor)
+    assert list(plan.components) == ["prefill", "decode"]
+    assert set(plan.config) == {"prefill", "decode"}
+    assert plan.components["decode"].input_shapes["input_ids"]["shape"][1] == 1
+    assert all(component.config.dynamic for component in plan.components.values())
+
+
+def cache_recipe(llama_recipe) -> dict:
+    document = copy.deepcopy(llama_recipe.document)
+    document.pop("default_target")
+    document["dims"]["past"] = {"min": 2, "max": 127}
+    seq = {"0": "batch", "1": "seq"}
+    document["targets"] = {"gen": {
+        "export_format": "dynamo", "mode": "generation",
+        "options": {"prefer_deferred_runtime_asserts_over_guards": True},
+        "dynamic_shapes": {"input_ids": seq, "attention_mask": seq, "position_ids": seq},
+        "components": {"decode": {"dynamic_shapes": {
+            "attention_mask": {"0": "batch", "1": "past+1"},
+            "past_key_values": {"*": {"0": "batch", "2": "past"}},
+        }}},
+    }}
+    return document
+
+
+def test_star_cache_spec_covers_every_cache_tensor(llama):
+    recipe, model, processor = llama
+    plan = plan_for(cache_recipe(recipe), model, None, processor, target="gen")
+    decode = plan.components["decode"]
+    cache_specs = decode.config.dynamic_shapes["past_key_values"]
+    layers = model.config.num_hidden_layers
+    assert len(cache_specs) == 2 * layers  # a key and a value per layer
+    assert all(spec == {0: plan.dims["batch"], 2: plan.dims["past"]} for spec in cache_specs)
+    assert decode.dynamic_axes["past_key_values"] == {"*": {"0": "batch [1, 8]", "2": "past [2, 127]"},
+                                                      "tensors": 2 * layers}
+    mask = decode.config.dynamic_shapes["attention_mask"][1]
+    assert mask.root is plan.dims["past"] and mask.fn(5) == 6
+    # The target-wide seq dim meets the decode step's one-token axis: static there, not an error.
+    assert decode.dynamic_axes["input_ids"]["1"] == "static (1 in this component)"
+    prefill = plan.components["prefill"]
+    assert prefill.config.dynamic_shapes["input_ids"] == {0: plan.dims["batch"], 1: plan.dims["seq"]}
+
+
+def test_unknown_component_override(llama):
+    recipe, model, processor = llama
+    document = cache_recipe(recipe)
+    document["targets"]["gen"]["components"]["vision_encoder"] = {"options": {"strict": False}}
+    with pytest.raises(PlanError, match="no component 'vision_encoder'; this model's components are: prefill, decode"):
+        plan_for(document, model, None, processor, target="gen")
+
+
+def test_input_no_component_takes(llama):
+    recipe, model, processor = llama
+    document = cache_recipe(recipe)
+    document["targets"]["gen"]["dynamic_shapes"]["pixel_values"] = {"0": "batch"}
+    with pytest.raises(PlanError, match="no component takes 'pixel_values'"):
+        plan_for(document, model, None, processor, target="gen")
+
+
+def test_static_cache_generation_config(llama):
+    recipe, model, processor = llama
+    document = copy.deepcopy(recipe.document)
+    document["targets"] = {"static": {"export_format": "dynamo", "mode": "generation",
+                                      "generation": {"cache_implementation": "static", "max_cache_len": 48}}}
+    document["default_target"] = "static"
+    plan = plan_for(document, model, None, processor, target="static")
+    assert plan.generation_config.cache_implementation == "static"
+    assert plan.generation_config.max_cache_len == 48
+    assert plan.components["decode"].input_shapes["past_key_values"] == {"container": "StaticCache"}
+    assert model.generation_config.cache_implementation != "static", "the model's own config is not modified"
+
+
+def test_star_cache_spec_exports_and_runs_at_another_past_length(llama):
+    """The engine accepts the plan's cache spec (an empty prefill cache kept its container shape: it was None),
+    and the decode graph runs with a cache longer than the one it was traced with."""
+    from transformers import DynamicCache
+
+    from hfexport.exporter import run_plan
+
+    recipe, model, processor = llama
+    plan = plan_for(cache_recipe(recipe), model, None, processor, target="gen")
+    exported = run_plan(plan, model)
+    assert list(exported.components) == ["prefill", "decode"]
+
+    torch.manual_seed(0)
+    prompt = torch.randint(3, model.config.vocab_size, (3, 9))
+    with torch.no_grad():
+        eager = model(input_ids=prompt, attention_mask=torch.ones_like(prompt), past_key_values=DynamicCache(config=model.config),
+                      use_cache=True)
+        next_token = eager.logits[:, -1:].argmax(-1)
+        eager_step = model(input_ids=next_token, attention_mask=torch.ones(3, 10, dtype=torch.long),
+                           position_ids=torch.full((3, 1), 9), past_key_values=copy.deepcopy(eager.past_key_values))
+        step = exported.runners["decode"](
+            input_ids=next_token, attention_mask=torch.ones(3, 10, dtype=torch.long), position_ids=torch.full((3, 1), 9),
+            past_key_values=copy.deepcopy(eager.past_key_values),
+        )
+    torch.testing.assert_close(step.logits, eager_step.logits, atol=1e-4, rtol=1e-4)
