@@ -218,10 +218,11 @@ def _compare(left: Any, right: Any, operator: str) -> bool:
     """GitHub's loose comparison: strings case-insensitively, otherwise numbers when either side is one."""
     if isinstance(left, str) and isinstance(right, str):
         left, right = left.lower(), right.lower()
-    elif isinstance(left, (bool, int, float)) or isinstance(right, (bool, int, float)):
+    elif type(left) is not type(right):  # mismatched types (null, bool, number, string) compare as numbers
         left, right = _number(left), _number(right)
-    return {"==": left == right, "!=": left != right, "<": left < right, ">": left > right,
-            "<=": left <= right, ">=": left >= right}[operator]
+    operations = {"==": lambda: left == right, "!=": lambda: left != right, "<": lambda: left < right,
+                  ">": lambda: left > right, "<=": lambda: left <= right, ">=": lambda: left >= right}
+    return operations[operator]()
 
 
 def _number(value: Any) -> float:
@@ -413,9 +414,10 @@ def run_action(action: str | Path, inputs: Mapping[str, Any] | None = None, *, w
             process_env["PATH"] = os.pathsep.join([*reversed(path_extra), process_env.get("PATH", "")])
         cwd = workspace / substitute(step["working-directory"], contexts) if step.get("working-directory") else workspace
         completed = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script_file)],
-                                   cwd=cwd, env=process_env, capture_output=True, text=True, timeout=timeout)
-        log = completed.stdout + completed.stderr
-        step_annotations, step_masks = parse_commands(completed.stdout + "\n" + completed.stderr)
+                                   cwd=cwd, env=process_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, timeout=timeout)
+        log = completed.stdout  # one stream, in order, as GitHub's log shows it
+        step_annotations, step_masks = parse_commands(log)
         masks += [mask for mask in step_masks if mask]
         annotations += step_annotations
         outputs = read_output_file(files["GITHUB_OUTPUT"])
