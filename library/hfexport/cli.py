@@ -171,7 +171,7 @@ def _summary_table(report):
     from .report import human_bytes
 
     table = Table(title=f"hfexport · {report.source['model']}", show_lines=False)
-    for column in ("target", "format", "mode", "status", "size", "export s", "output"):
+    for column in ("target", "format", "mode", "status", "size", "export s", "verify s", "output"):
         table.add_column(column)
     for name, target in report.targets.items():
         colour = {"ok": "green", "unchanged": "cyan", "failed": "red", "error": "red"}.get(target.status, "white")
@@ -179,6 +179,7 @@ def _summary_table(report):
             name, target.export_format, target.mode, f"[{colour}]{target.status}[/{colour}]",
             human_bytes(target.total_bytes or sum(f["bytes"] for f in target.files)) if target.files else "—",
             f"{target.timings.get('export_s', 0):.1f}" if "export_s" in target.timings else "—",
+            f"{target.timings['verify_s']:.1f}" if "verify_s" in target.timings else "—",
             target.error[:80] + ("…" if len(target.error) > 80 else "") if target.error else "",
         )
     return table
@@ -196,6 +197,7 @@ def cmd_export(args) -> int:
                 args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
                 token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=progress,
                 force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
+                verify=not args.no_verify,
             )
     finally:
         if progress:
@@ -215,6 +217,65 @@ def cmd_export(args) -> int:
         publish_code = _publish(args, _push_repo(args), exported or list(report.targets))
         code = max(code, publish_code) if publish_code != EXIT_OK else code
     return code
+
+
+# ── verify, report, init ─────────────────────────────────────────────────────
+
+
+@command("verify")
+def cmd_verify(args) -> int:
+    """Re-verify an exported target folder against the model; exit 1 when parity fails."""
+    from .markdown import target_verification_markdown
+    from .verify import reverify
+
+    with contextlib.redirect_stdout(sys.stderr), _console().status(f"verifying {args.folder} against {args.model}"):
+        report, name = reverify(args.folder, args.model, revision=args.revision, token=_token(args),
+                                trust_remote_code=args.trust_remote_code)
+    target = report.targets[name]
+    if args.json:
+        print(report.to_json(only=name), end="")
+    else:
+        print(f"### `{name}` ({target.export_format} / {target.mode}) vs {args.model}\n")
+        print(target_verification_markdown(target))
+    return EXIT_OK if target.status == "ok" else EXIT_CHECK_FAILED
+
+
+@command("report")
+def cmd_report(args) -> int:
+    """Print a job report (OUTPUT/, OUTPUT/<target>/ or the JSON file) as Markdown."""
+    from .report import JobReport
+
+    report = JobReport.read(args.path)
+    print(report.to_json() if args.json else report.to_markdown(), end="")
+    return EXIT_OK
+
+
+@command("init")
+def cmd_init(args) -> int:
+    """Propose a recipe, export and verify each target, write the ones that passed."""
+    from .init import default_output, init_recipe
+
+    output = args.output or default_output(args.model)
+    if os.path.exists(output) and not args.force:
+        raise HfExportError(f"{output} exists; pass --force to replace it, or -o to write elsewhere")
+    console = _console()
+    progress = _RichProgress(console) if not args.quiet else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            result = init_recipe(args.model, formats=args.format, output=output, revision=args.revision,
+                                 token=_token(args), trust_remote_code=args.trust_remote_code, progress=progress,
+                                 exports=args.exports)
+    finally:
+        if progress:
+            progress.close()
+    for name, reason in result.failed.items():
+        console.print(f"[red]✗[/red] {escape(name)}: {escape(reason)}", markup=True, highlight=False)
+    if not result.passed:
+        console.print("[red]no target passed[/red]: nothing written", markup=True, highlight=False)
+        return EXIT_CHECK_FAILED
+    print(f"wrote {output}: {len(result.passed)} verified target(s): {', '.join(result.passed)}"
+          + (f"; left out: {', '.join(result.failed)}" if result.failed else ""))
+    return EXIT_OK
 
 
 # ── publish ──────────────────────────────────────────────────────────────────
@@ -308,9 +369,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
     p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export")
     p.add_argument("--no-preflight", action="store_true", help="skip the memory/disk estimate before loading weights")
+    p.add_argument("--no-verify", action="store_true", help="skip parity verification (on by default; exit 1 on failure)")
     p.add_argument("--push", action="store_true", help="publish the exports to the Hub (a PR by default)")
     p.add_argument("--repo", help="with --push: the repo to publish to (default: the model's repo)")
     publish_args(p)
+
+    p = sub.add_parser("verify", help="re-verify an exported OUTPUT/<target> folder against the model; exit 1 on failure")
+    p.add_argument("folder", help="an exported target folder (OUTPUT/<target>, with its export_config.json)")
+    p.add_argument("--model", required=True, help="the source model: a model folder or a Hub repo id")
+    p.add_argument("--revision", help="Hub revision of the model")
+    p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
+    p.add_argument("--json", action="store_true", help="print the target's updated report as JSON")
+
+    p = sub.add_parser("report", help="print an export report as Markdown")
+    p.add_argument("path", help="an OUTPUT folder, an OUTPUT/<target> folder or an export_report.json")
+    p.add_argument("--json", action="store_true", help="print the (validated) JSON instead")
+
+    p = sub.add_parser("init", help="propose a recipe for a model, export and verify it, write the targets that pass")
+    source_args(p, "model", "a model folder or a Hub repo id")
+    p.add_argument("--format", action="append", choices=("onnx", "openvino", "dynamo", "executorch"),
+                   help="a format to propose a target for (repeatable; default: onnx)")
+    p.add_argument("-o", "--output", help="where to write the recipe (default: MODEL/export_config.json for a "
+                                          "folder, else ./export_config.json)")
+    p.add_argument("--force", action="store_true", help="replace an existing recipe file")
+    p.add_argument("--exports", help="keep the exports made while validating in this folder (default: discarded)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
 
     p = sub.add_parser("publish", help="publish an OUTPUT folder to exports/<target>/ of a Hub repo (one PR per model)")
     p.add_argument("output", help="an `hfexport export` OUTPUT folder")
