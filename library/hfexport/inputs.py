@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import PlanError
+from .models import GENERATIVE_TASKS
 
 DEFAULT_TEXTS = ["The capital of France is Paris, and", "Exporting a model should be one call."]
 DEFAULT_SEQ = 13
@@ -104,17 +105,37 @@ def text_inputs(texts: list[str], processor, config, max_length: int | None = No
     return _avoid_special_length(encoded, tokenizer, len(texts))
 
 
-def image_inputs(spec: dict, processor, count: int) -> dict:
-    """Deterministic synthetic RGB images through the image processor."""
+def synthetic_images(spec: dict, count: int) -> list:
+    """`count` deterministic RGB images (HWC uint8 arrays) of the spec's size."""
     import numpy as np
 
     height, width = spec.get("height", 224), spec.get("width", 224)
     rng = np.random.default_rng(SEED)
-    images = [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
+    return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
+
+
+def image_inputs(spec: dict, processor, count: int) -> dict:
+    """Deterministic synthetic RGB images through the image processor."""
     image_processor = getattr(processor, "image_processor", processor)
     if image_processor is None:
         raise PlanError("sample_inputs.images: the model repo has no image processor")
-    return dict(image_processor(images=images, return_tensors="pt"))
+    return dict(image_processor(images=synthetic_images(spec, count), return_tensors="pt"))
+
+
+def is_image_text_processor(processor) -> bool:
+    """A multimodal processor (tokenizer + image processor), e.g. LlavaProcessor."""
+    return getattr(processor, "tokenizer", None) is not None and getattr(processor, "image_processor", None) is not None
+
+
+def image_text_inputs(texts: list[str], spec: dict, processor, count: int, max_length: int | None = None) -> dict:
+    """Texts and images through a multimodal processor in one call: the processor expands each image placeholder
+    in the text to that image's token count (the tokenizer alone leaves one placeholder, which the model rejects)."""
+    tokenizer = processor.tokenizer
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    kwargs = {"truncation": True, "max_length": max_length} if max_length else {}
+    return dict(processor(text=list(texts), images=synthetic_images(spec, count), return_tensors="pt", padding=True,
+                          **kwargs))
 
 
 def audio_inputs(spec: dict, processor, count: int) -> dict:
@@ -151,15 +172,18 @@ def build_sample_inputs(recipe, processor, config, task: str | None, mode: str =
     inputs: dict[str, Any] = {}
     if "tensors" in spec:
         inputs.update(explicit_tensors(spec["tensors"], dims, config))
-    if "text" in spec:
-        inputs.update(text_inputs(spec["text"], processor, config, spec.get("max_length")))
     count = len(spec.get("text", [])) or DEFAULT_BATCH
-    if "images" in spec:
+    if "text" in spec and "images" in spec and is_image_text_processor(processor):
+        inputs.update(image_text_inputs(spec["text"], spec["images"], processor, spec["images"].get("count", count),
+                                        spec.get("max_length")))
+    elif "text" in spec:
+        inputs.update(text_inputs(spec["text"], processor, config, spec.get("max_length")))
+    if "images" in spec and "pixel_values" not in inputs:
         inputs.update(image_inputs(spec["images"], processor, spec["images"].get("count", count)))
     if "audio" in spec:
         inputs.update(audio_inputs(spec["audio"], processor, spec["audio"].get("count", count)))
     if not inputs:
         raise PlanError("sample_inputs: nothing to build inputs from")
-    if mode == "forward" and task in ("text-generation", "text2text-generation", "image-text-to-text"):
+    if mode == "forward" and task in GENERATIVE_TASKS:
         inputs["use_cache"] = False  # one graph without a cache; the engine's prepare_for_export pops the flag
     return inputs

@@ -1,0 +1,435 @@
+"""The compatibility matrix: tiny models (`hfexport.testing.models`) × formats × modes, each cell one real job.
+
+A cell runs `hfexport.job.run_job(model_dir, out, targets=["<format>-<mode>"])`, which exports, saves, reloads
+the artifacts from disk and verifies them against the eager model. Its outcome is one of:
+
+- `pass`: exported and verified;
+- `parity-fail`: exported, but verification failed (the detail names the probe, output and metric);
+- `error`: the plan, export, save or reload failed (the detail is the engine's error, one line);
+- `timeout`: the cell's subprocess ran past its limit and was killed;
+- `exported`: exported and saved, not verified (a job run with `verify=False`).
+
+`run_cell` runs one cell in this process; `run_cell_subprocess` runs it in a child process with a timeout (so
+a hang or a crash in a backend costs one cell, not the run); `run_matrix` runs many, optionally in parallel.
+`render_markdown` writes `docs/compatibility.md` from results; `compare` checks results against the expectations
+file (a cell that passed must keep passing). `scripts/compatibility_matrix.py` and `tests/test_matrix.py` both
+run cells through this module. As a command (what `run_cell_subprocess` runs):
+
+    python -m hfexport.testing.matrix MODEL FORMAT MODE --workdir DIR --result FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .models import FORMATS, MODELS, make_model, target_name
+
+OUTCOMES = ("pass", "parity-fail", "error", "timeout", "exported")
+MODES = ("forward", "generation")
+DETAIL_CHARS = 400
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One model × format × mode."""
+
+    model: str
+    export_format: str
+    mode: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}/{self.export_format}/{self.mode}"
+
+    @property
+    def target(self) -> str:
+        return target_name(self.export_format, self.mode)
+
+    @classmethod
+    def parse(cls, cell_id: str) -> Cell:
+        parts = cell_id.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"{cell_id!r} is not MODEL/FORMAT/MODE")
+        return cls(*parts)
+
+
+@dataclass
+class CellResult:
+    """What one cell did: outcome, one-line detail (metric or error), the failing stage, timings in seconds."""
+
+    model: str
+    export_format: str
+    mode: str
+    outcome: str
+    detail: str | None = None
+    stage: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return Cell(self.model, self.export_format, self.mode).id
+
+    @property
+    def cell(self) -> Cell:
+        return Cell(self.model, self.export_format, self.mode)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CellResult:
+        return cls(**data)
+
+
+def all_cells(models: Iterable[str] | None = None, formats: Iterable[str] | None = None,
+              modes: Iterable[str] | None = None) -> list[Cell]:
+    """Every cell that applies: each model × each format × each of the model's modes (filtered when given)."""
+    models = list(models) if models else list(MODELS)
+    unknown = [name for name in models if name not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    formats = list(formats) if formats else list(FORMATS)
+    modes = list(modes) if modes else list(MODES)
+    return [
+        Cell(name, export_format, mode)
+        for name in models for mode in MODELS[name].modes if mode in modes
+        for export_format in formats
+    ]
+
+
+def one_line(text: str | None, limit: int = DETAIL_CHARS) -> str | None:
+    """Collapse whitespace; cut long text with an ellipsis."""
+    if text is None:
+        return None
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+# ── Outcome of a job report ──────────────────────────────────────────────────
+
+
+def outcome_of(target_report, failed_stage: str | None = None) -> tuple[str, str | None, str | None]:
+    """`(outcome, detail, stage)` of one target of a job report (the classification every cell uses)."""
+    status = target_report.status
+    verification = target_report.verification
+    if status == "error":
+        return "error", one_line(target_report.error), failed_stage or "export"
+    if status == "failed":
+        if verification and verification.get("error") and not verification.get("probes"):
+            return "error", one_line(verification["error"]), "verify"
+        failures = (verification or {}).get("failures") or [target_report.error or "failed"]
+        return "parity-fail", one_line(failures[0]), "verify"
+    if status in ("ok", "unchanged"):
+        if verification is None:
+            return "exported", None, None
+        if verification.get("passed"):
+            return "pass", None, None
+        return "parity-fail", one_line(((verification.get("failures") or ["failed"])[0])), "verify"
+    return "error", one_line(f"unexpected target status {status!r}: {target_report.error}"), failed_stage
+
+
+def result_from_report(cell: Cell, report, target: str | None = None, failed_stage: str | None = None,
+                       wall_s: float | None = None) -> CellResult:
+    """A cell's result from the `JobReport` of a job that ran its target (`target` defaults to the cell's)."""
+    target_report = report.targets[target or cell.target]
+    outcome, detail, stage = outcome_of(target_report, failed_stage)
+    timings = {key: value for key, value in target_report.timings.items() if isinstance(value, (int, float))}
+    if wall_s is not None:
+        timings["wall_s"] = round(wall_s, 2)
+    return CellResult(cell.model, cell.export_format, cell.mode, outcome, detail, stage, timings)
+
+
+# ── Running cells ────────────────────────────────────────────────────────────
+
+
+def model_folder(workdir: Path, name: str) -> Path:
+    return Path(workdir) / "models" / name
+
+
+def ensure_models(workdir: Path, names: Iterable[str]) -> dict[str, Path]:
+    """Build each tiny model once under `workdir/models/` (a folder with a recipe is reused as is)."""
+    folders = {}
+    for name in dict.fromkeys(names):
+        folder = model_folder(workdir, name)
+        if not (folder / "export_config.json").is_file():
+            make_model(name, folder)
+        folders[name] = folder
+    return folders
+
+
+def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult:
+    """Run one cell in this process: build the model if needed, run the job for the cell's target, classify."""
+    from ..errors import HfExportError
+    from ..job import _engine_error, run_job
+
+    workdir = Path(workdir)
+    started = time.perf_counter()
+    failed: dict[str, str] = {}
+
+    def progress(step) -> None:
+        if step.status == "error" and step.step != "target":
+            failed.setdefault("stage", step.step)
+
+    try:
+        folder = ensure_models(workdir, [cell.model])[cell.model]
+        output = workdir / "out" / cell.model / cell.target
+        kwargs = {} if verify else {"verify": False}
+        report = run_job(folder, output, targets=[cell.target], progress=progress, **kwargs)
+    except HfExportError as error:
+        return CellResult(*_key(cell), "error", one_line(str(error)), failed.get("stage", "job"),
+                          {"wall_s": round(time.perf_counter() - started, 2)})
+    except Exception as error:  # noqa: BLE001 - a job that dies outside its targets is this cell's error
+        return CellResult(*_key(cell), "error", one_line(_engine_error(error)), failed.get("stage", "job"),
+                          {"wall_s": round(time.perf_counter() - started, 2)})
+    return result_from_report(cell, report, failed_stage=failed.get("stage"), wall_s=time.perf_counter() - started)
+
+
+def _key(cell: Cell) -> tuple[str, str, str]:
+    return cell.model, cell.export_format, cell.mode
+
+
+def cell_environment(threads: int | None = None) -> dict[str, str]:
+    """The environment of a cell's subprocess: this one, the package importable, nothing fetched from a hub."""
+    library = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [library, env.get("PYTHONPATH")]))
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    if threads:
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[name] = str(threads)
+    return env
+
+
+def run_cell_subprocess(cell: Cell, workdir: str | Path, timeout: float = DEFAULT_TIMEOUT_S,
+                        threads: int | None = None, verify: bool = True) -> CellResult:
+    """Run one cell in a child process; kill its whole process group after `timeout` seconds."""
+    workdir = Path(workdir)
+    results = workdir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    result_file = results / f"{cell.model}.{cell.export_format}.{cell.mode}.json"
+    result_file.unlink(missing_ok=True)
+    log_file = results / f"{cell.model}.{cell.export_format}.{cell.mode}.log"
+    command = [sys.executable, "-m", "hfexport.testing.matrix", cell.model, cell.export_format, cell.mode,
+               "--workdir", str(workdir), "--result", str(result_file)]
+    if threads:
+        command += ["--threads", str(threads)]
+    if not verify:
+        command.append("--no-verify")
+    started = time.perf_counter()
+    with log_file.open("w", encoding="utf-8") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cell_environment(threads),
+                                   start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            return CellResult(*_key(cell), "timeout", f"timeout after {timeout:g} s", None,
+                              {"wall_s": round(time.perf_counter() - started, 2)})
+    wall = round(time.perf_counter() - started, 2)
+    if result_file.is_file():
+        result = CellResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
+        result.timings["wall_s"] = wall
+        return result
+    return CellResult(*_key(cell), "error", one_line(f"the cell's process died (exit {code}): {_last_line(log_file)}"),
+                      "process", {"wall_s": wall})
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _last_line(log_file: Path) -> str:
+    lines = [line for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def run_matrix(cells: Sequence[Cell], workdir: str | Path, jobs: int = 1, timeout: float = DEFAULT_TIMEOUT_S,
+               threads: int | None = None, verify: bool = True,
+               on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
+    """Run `cells`, each in its own subprocess, `jobs` at a time; results in the order of `cells`."""
+    workdir = Path(workdir)
+    ensure_models(workdir, [cell.model for cell in cells])  # once, before the cells race for the folders
+    results: dict[Cell, CellResult] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_cell_subprocess, cell, workdir, timeout, threads, verify): cell for cell in cells}
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if on_result:
+                on_result(result)
+    return [results[cell] for cell in cells]
+
+
+# ── Expectations ─────────────────────────────────────────────────────────────
+
+
+def expectations(results: Iterable[CellResult]) -> dict[str, str]:
+    """`{cell id: outcome}`, the content of the expectations file."""
+    return {result.id: result.outcome for result in sorted(results, key=lambda r: r.cell)}
+
+
+def compare(results: Iterable[CellResult], expected: dict[str, str]) -> tuple[list[CellResult], list[CellResult]]:
+    """`(regressions, newly_passing)`: cells expected to pass that did not, and cells that pass but were not
+    expected to. Other changes (one error for another) are neither: the matrix records them."""
+    regressions, newly = [], []
+    for result in results:
+        before = expected.get(result.id)
+        if before == "pass" and result.outcome != "pass":
+            regressions.append(result)
+        elif result.outcome == "pass" and before != "pass":
+            newly.append(result)
+    return regressions, newly
+
+
+# ── Rendering ────────────────────────────────────────────────────────────────
+
+ICONS = {"pass": "✅ pass", "parity-fail": "❌ parity-fail", "error": "⚠️ error", "timeout": "⏱️ timeout",
+         "exported": "☑️ exported"}
+
+
+def results_document(results: Sequence[CellResult], meta: dict) -> dict:
+    """The JSON written next to the Markdown (`docs/compatibility.json`)."""
+    counts = {outcome: sum(1 for r in results if r.outcome == outcome) for outcome in OUTCOMES}
+    return {"matrix_version": 1, **meta, "counts": {k: v for k, v in counts.items() if v},
+            "cells": [result.to_dict() for result in sorted(results, key=lambda r: r.cell)]}
+
+
+def read_results(path: str | Path) -> tuple[list[CellResult], dict]:
+    """Results and metadata from a document written by `results_document`."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    meta = {key: value for key, value in data.items() if key not in ("cells", "counts", "matrix_version")}
+    return [CellResult.from_dict(cell) for cell in data["cells"]], meta
+
+
+def _seconds(value) -> str:
+    return f"{value:.1f} s" if isinstance(value, (int, float)) else "—"
+
+
+def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
+    """docs/compatibility.md: a header saying it is generated, a table per mode (models × formats), the notes."""
+    by_id = {result.id: result for result in results}
+    notes: list[str] = []
+    regenerate = meta.get("regenerate", "python scripts/compatibility_matrix.py")
+    lines = [
+        "# Compatibility matrix",
+        "",
+        "<!-- GENERATED FILE: do not edit by hand. -->",
+        f"> Generated by `scripts/compatibility_matrix.py` from a run of every cell; regenerate with "
+        f"`{regenerate}`. The same data is in [`compatibility.json`](compatibility.json).",
+        "",
+    ]
+    packages = meta.get("packages") or {}
+    if packages:
+        lines.append("Run with " + ", ".join(f"{name} {version}" for name, version in packages.items()) + ".")
+    run = []
+    if meta.get("generated_at"):
+        run.append(f"generated {meta['generated_at']}")
+    if meta.get("wall_s") is not None:
+        run.append(f"full run {meta['wall_s'] / 60:.1f} min wall")
+    if meta.get("jobs"):
+        run.append(f"{meta['jobs']} cell(s) at a time")
+    if meta.get("timeout_s"):
+        run.append(f"{meta['timeout_s']:g} s per cell at most")
+    if meta.get("machine"):
+        run.append(meta["machine"])
+    if run:
+        lines.append(" · ".join(run).capitalize() + ".")
+    lines += [
+        "",
+        "Each cell is one real job, `run_job(model, out, targets=[\"<format>-<mode>\"])`: export, save, reload "
+        "from disk, verify against the eager model (probes across the dynamic dims; generation targets also "
+        "decode greedily over the exported graphs and must match `model.generate` token for token). "
+        "Outcomes: **pass**; **parity-fail** with the first failing metric; **error** with the engine's message "
+        "(one line); **timeout**. The time is the export step alone (plan, save and verification excluded). "
+        "Models are tiny random checkpoints built by `hfexport.testing.models` (no downloads).",
+        "",
+    ]
+    models = list(dict.fromkeys(result.model for result in sorted(results, key=lambda r: r.cell)))
+    ordered = [name for name in MODELS if name in models] + [name for name in models if name not in MODELS]
+    formats = [fmt for fmt in FORMATS if any(r.export_format == fmt for r in results)]
+    for mode in MODES:
+        rows = [name for name in ordered if any(by_id.get(Cell(name, fmt, mode).id) for fmt in formats)]
+        if not rows:
+            continue
+        lines += [f"## {mode.capitalize()}", "", "| model | " + " | ".join(formats) + " |",
+                  "|---|" + "---|" * len(formats)]
+        for name in rows:
+            family = f" ({MODELS[name].family})" if name in MODELS else ""
+            cells = []
+            for fmt in formats:
+                result = by_id.get(Cell(name, fmt, mode).id)
+                if result is None:
+                    cells.append("—")
+                    continue
+                text = ICONS.get(result.outcome, result.outcome)
+                if result.outcome in ("pass", "exported", "parity-fail"):
+                    text += f" {_seconds(result.timings.get('export_s'))}"
+                if result.detail:
+                    notes.append(f"{result.id}: {result.detail}")
+                    text += f" [{len(notes)}](#note-{len(notes)})"
+                cells.append(text)
+            lines.append(f"| `{name}`{family} | " + " | ".join(cells) + " |")
+        lines.append("")
+    counts = {outcome: sum(1 for r in results if r.outcome == outcome) for outcome in OUTCOMES}
+    lines += ["Totals: " + ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
+              + f" of {len(results)} cells.", ""]
+    if notes:
+        lines += ["## Notes", ""]
+        lines += [f"{index}. <a id=\"note-{index}\"></a>`{text.split(': ', 1)[0]}`: {_escape(text.split(': ', 1)[1])}"
+                  for index, text in enumerate(notes, 1)]
+        lines.append("")
+    if meta.get("ci"):
+        lines += ["## In CI", "", meta["ci"], ""]
+    return "\n".join(lines)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# ── Command line (one cell, in a subprocess) ─────────────────────────────────
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hfexport.testing.matrix", description="Run one matrix cell.")
+    parser.add_argument("model", choices=list(MODELS))
+    parser.add_argument("export_format", choices=list(FORMATS))
+    parser.add_argument("mode", choices=list(MODES))
+    parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument("--result", required=True, type=Path, help="where to write the CellResult JSON")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads")
+    parser.add_argument("--no-verify", action="store_true", help="export and save only")
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    result = run_cell(Cell(args.model, args.export_format, args.mode), args.workdir, verify=not args.no_verify)
+    args.result.parent.mkdir(parents=True, exist_ok=True)
+    temporary = args.result.with_suffix(".tmp")
+    temporary.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, args.result)
+    print(f"{result.id}: {result.outcome}" + (f": {result.detail}" if result.detail else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

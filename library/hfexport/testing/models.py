@@ -1,0 +1,374 @@
+"""Tiny seeded model factories for the compatibility matrix: real checkpoint folders built from transformers
+configs, no downloads.
+
+Each factory writes `config.json`, `model.safetensors`, an `export_config.json` recipe with one target per
+format × mode (`<format>-<mode>`, e.g. `onnx-generation`), and whatever turns the recipe's sample inputs into
+tensors (a tokenizer trained here on a small corpus, an image processor, a feature extractor, a processor).
+Models are tiny (hidden 32-64, 1-2 layers) so that one export takes seconds. Same name, same bytes: weights are
+seeded.
+
+    from hfexport.testing.models import MODELS, make_model
+    folder = make_model("tiny-gpt2", tmp_path / "tiny-gpt2")
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SEED = 1234
+FORMATS = ("dynamo", "onnx", "executorch", "openvino")
+CORPUS = [
+    "The capital of France is Paris.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Exporting models with recipes makes deployment reproducible.",
+    "ONNX, OpenVINO, ExecuTorch and torch.export are deployment formats.",
+    "A recipe states the dynamic shapes, the backend options and the parity tolerances.",
+    "Describe the picture in one sentence, please.",
+    "Numbers like 1 2 3 4 5 6 7 8 9 10 appear in text too.",
+] * 8
+TEXTS = ["The capital of France is", "The quick brown fox jumps over the lazy"]
+DIMS = {"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 64}}
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """One matrix row: a named tiny model, the family it stands for, its task and the modes that apply to it."""
+
+    name: str
+    family: str
+    model_class: str
+    task: str
+    modes: tuple[str, ...]
+    build: Callable[[Path], None]
+
+    def targets(self) -> list[str]:
+        return [target_name(export_format, mode) for mode in self.modes for export_format in FORMATS]
+
+
+def target_name(export_format: str, mode: str) -> str:
+    """The recipe target of one matrix cell."""
+    return f"{export_format}-{mode}"
+
+
+def make_model(name: str, folder: str | Path) -> Path:
+    """Write tiny model `name` (a key of `MODELS`) to `folder` (replaced if it exists); return the folder."""
+    if name not in MODELS:
+        raise KeyError(f"no tiny model {name!r}; known: {', '.join(MODELS)}")
+    folder = Path(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    MODELS[name].build(folder)
+    return folder
+
+
+# ── Recipes ──────────────────────────────────────────────────────────────────
+
+
+def matrix_recipe(task: str, modes: tuple[str, ...], forward_shapes: dict, sample_inputs: dict,
+                  dims: dict | None = None, description: str = "") -> dict:
+    """A recipe with one target per format × mode: forward with explicit dims, generation with the engine's AUTO."""
+    targets: dict[str, Any] = {}
+    for mode in modes:
+        for export_format in FORMATS:
+            target: dict[str, Any] = {"export_format": export_format, "mode": mode}
+            options = {"backend": "xnnpack"} if export_format == "executorch" else {}
+            if mode == "forward":
+                target["dynamic_shapes"] = forward_shapes
+            else:
+                options["dynamic"] = True
+                target["parity"] = {"generate": {"max_new_tokens": 8}}
+            if options:
+                target["options"] = options
+            targets[target_name(export_format, mode)] = target
+    return {
+        "recipe_version": 1,
+        "task": task,
+        "description": description,
+        "default_target": target_name("onnx", modes[0]),
+        "dims": dims or DIMS,
+        "sample_inputs": sample_inputs,
+        "targets": targets,
+    }
+
+
+def _write_recipe(folder: Path, recipe: dict) -> None:
+    (folder / "export_config.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
+
+
+def _seeded():
+    import torch
+
+    torch.manual_seed(SEED)
+
+
+# ── Tokenizers (trained here, offline) ───────────────────────────────────────
+
+
+def bpe_tokenizer(vocab_size: int = 320, extra_special: tuple[str, ...] = ()):
+    """A byte-level BPE tokenizer trained on CORPUS, with <s>, </s>, <pad> (and `extra_special`), left padding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>", *extra_special],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left",
+        extra_special_tokens=list(extra_special) or None,
+    )
+
+
+def wordpiece_tokenizer(vocab_size: int = 256):
+    """A BERT-style WordPiece tokenizer trained on CORPUS ([CLS] text [SEP])."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def _special_ids(tokenizer) -> dict:
+    return {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id}
+
+
+def _save_generative(folder: Path, model, tokenizer, **generation: Any) -> None:
+    """Save a generative model with a greedy generation config naming the tokenizer's special tokens."""
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(**_special_ids(tokenizer), do_sample=False, **generation)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+TEXT_SHAPES = {"input_ids": {"0": "batch", "1": "seq"}}
+DECODER_MODES = ("forward", "generation")
+
+
+# ── Encoders ─────────────────────────────────────────────────────────────────
+
+
+def build_bert(folder: Path) -> None:
+    from transformers import BertConfig, BertModel
+
+    tokenizer = wordpiece_tokenizer()
+    _seeded()
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id, architectures=["BertModel"],
+    )
+    BertModel(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "feature-extraction", ("forward",), TEXT_SHAPES, {"text": TEXTS}, description="Tiny random BERT encoder."
+    ))
+
+
+def build_vit(folder: Path) -> None:
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    _seeded()
+    config = ViTConfig(
+        image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_labels=3, architectures=["ViTForImageClassification"],
+    )
+    ViTForImageClassification(config).eval().save_pretrained(folder)
+    ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "image-classification", ("forward",), {"pixel_values": {"0": "batch"}},
+        {"images": {"count": 2, "height": 48, "width": 40}}, dims={"batch": DIMS["batch"]},
+        description="Tiny random ViT image classifier.",
+    ))
+
+
+# ── Decoders ─────────────────────────────────────────────────────────────────
+
+
+def _decoder(folder: Path, make_model: Callable[[Any], Any], description: str) -> None:
+    tokenizer = bpe_tokenizer()
+    _seeded()
+    _save_generative(folder, make_model(tokenizer).eval(), tokenizer)
+    _write_recipe(folder, matrix_recipe(
+        "text-generation", DECODER_MODES, TEXT_SHAPES, {"text": TEXTS}, description=description
+    ))
+
+
+def build_llama(folder: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _decoder(folder, lambda tokenizer: LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, architectures=["LlamaForCausalLM"],
+        tie_word_embeddings=False, **_special_ids(tokenizer),
+    )), "Tiny random Llama decoder.")
+
+
+def build_gpt2(folder: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _decoder(folder, lambda tokenizer: GPT2LMHeadModel(GPT2Config(
+        vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=256, architectures=["GPT2LMHeadModel"],
+        **_special_ids(tokenizer),
+    )), "Tiny random GPT-2 decoder.")
+
+
+def build_qwen2(folder: Path) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    _decoder(folder, lambda tokenizer: Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, architectures=["Qwen2ForCausalLM"],
+        tie_word_embeddings=True, **_special_ids(tokenizer),
+    )), "Tiny random Qwen2 decoder.")
+
+
+# ── Encoder-decoders ─────────────────────────────────────────────────────────
+
+
+def build_bart(folder: Path) -> None:
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    tokenizer = bpe_tokenizer()
+    _seeded()
+    config = BartConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+        decoder_start_token_id=tokenizer.eos_token_id, forced_eos_token_id=None, tie_word_embeddings=False,
+        architectures=["BartForConditionalGeneration"], **_special_ids(tokenizer),
+    )
+    _save_generative(folder, BartForConditionalGeneration(config).eval(), tokenizer,
+                     decoder_start_token_id=tokenizer.eos_token_id)
+    _write_recipe(folder, matrix_recipe(
+        "text2text-generation", DECODER_MODES, TEXT_SHAPES, {"text": TEXTS},
+        description="Tiny random BART encoder-decoder (decoder inputs shifted from input_ids in forward).",
+    ))
+
+
+WHISPER_CHUNK_SECONDS = 2  # 200 mel frames: max_source_positions 100 keeps the encoder tiny
+
+
+def build_whisper(folder: Path) -> None:
+    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    extractor = WhisperFeatureExtractor(feature_size=80, chunk_length=WHISPER_CHUNK_SECONDS)
+    frames = extractor.nb_max_frames
+    tokenizer = bpe_tokenizer()
+    _seeded()
+    ids = _special_ids(tokenizer)
+    config = WhisperConfig(
+        vocab_size=len(tokenizer), num_mel_bins=80, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=frames // 2, max_target_positions=64, decoder_start_token_id=ids["bos_token_id"],
+        architectures=["WhisperForConditionalGeneration"], suppress_tokens=None, begin_suppress_tokens=None,
+        tie_word_embeddings=False, **ids,
+    )
+    model = WhisperForConditionalGeneration(config).eval()
+    # No timestamp, language or task tokens: Whisper's generate then decodes plain text from decoder_start.
+    model.generation_config = GenerationConfig(**ids, decoder_start_token_id=ids["bos_token_id"], do_sample=False)
+    model.save_pretrained(folder)
+    extractor.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "automatic-speech-recognition", DECODER_MODES,
+        {"input_features": {"0": "batch"}, "decoder_input_ids": {"0": "batch", "1": "dec_seq"}},
+        {"audio": {"count": 2, "seconds": 1.5}, "tensors": {
+            "decoder_input_ids": {"shape": ["batch", "dec_seq"], "dtype": "int64", "range": [3, "vocab_size"]}}},
+        dims={"batch": DIMS["batch"], "dec_seq": {"min": 2, "max": 32}},
+        description="Tiny random Whisper (2 s windows: 200 mel frames).",
+    ))
+
+
+# ── Vision-language ──────────────────────────────────────────────────────────
+
+
+def build_llava(folder: Path) -> None:
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tokenizer = bpe_tokenizer(extra_special=("<image>",))
+    image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    ids = _special_ids(tokenizer)
+    _seeded()
+    vision = CLIPVisionConfig(
+        image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, projection_dim=32,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **ids,
+    )
+    tokens_per_image = (IMAGE_SIZE // PATCH_SIZE) ** 2
+    config = LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=image_token_id, image_seq_length=tokens_per_image,
+        vision_feature_layer=-1, architectures=["LlavaForConditionalGeneration"],
+    )
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default", image_token="<image>", num_additional_image_tokens=1,
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, {"input_ids": {"0": "batch", "1": "seq"}, "pixel_values": {"0": "batch"}},
+        {"text": ["<image> Describe the picture", "<image> The capital of France is"], "images": {"count": 2}},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 128}},
+        description=f"Tiny random LLaVA (CLIP vision tower, Llama text model, {tokens_per_image} tokens per image).",
+    ))
+
+
+MODELS: dict[str, TinyModel] = {
+    model.name: model
+    for model in (
+        TinyModel("tiny-bert", "BERT", "BertModel", "feature-extraction", ("forward",), build_bert),
+        TinyModel("tiny-vit", "ViT", "ViTForImageClassification", "image-classification", ("forward",), build_vit),
+        TinyModel("tiny-llama", "Llama", "LlamaForCausalLM", "text-generation", DECODER_MODES, build_llama),
+        TinyModel("tiny-gpt2", "GPT-2", "GPT2LMHeadModel", "text-generation", DECODER_MODES, build_gpt2),
+        TinyModel("tiny-qwen2", "Qwen2", "Qwen2ForCausalLM", "text-generation", DECODER_MODES, build_qwen2),
+        TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
+                  build_bart),
+        TinyModel("tiny-whisper", "Whisper", "WhisperForConditionalGeneration", "automatic-speech-recognition",
+                  DECODER_MODES, build_whisper),
+        TinyModel("tiny-llava", "LLaVA", "LlavaForConditionalGeneration", "image-text-to-text", DECODER_MODES,
+                  build_llava),
+    )
+}

@@ -1,0 +1,153 @@
+"""Run the compatibility matrix and write docs/compatibility.md (generated) and docs/compatibility.json.
+
+Every cell (tiny model × format × mode, `hfexport.testing.models`) runs in its own subprocess with a timeout,
+`--jobs` at a time, through the same runner as tests/test_matrix.py (`hfexport.testing.matrix`).
+
+    python scripts/compatibility_matrix.py                      # the whole matrix, then docs/ is rewritten
+    python scripts/compatibility_matrix.py --models tiny-gpt2   # some cells: merged into the existing results
+    python scripts/compatibility_matrix.py --update-expected    # also rewrite tests/data/compatibility_expected.json
+    python scripts/compatibility_matrix.py --render-only        # docs/compatibility.md from docs/compatibility.json
+
+Exit status: 0 when no cell regressed against the expectations file, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "library"))
+
+from hfexport.testing.matrix import (  # noqa: E402
+    DEFAULT_TIMEOUT_S,
+    FORMATS,
+    MODES,
+    MODELS,
+    CellResult,
+    all_cells,
+    compare,
+    expectations,
+    read_results,
+    render_markdown,
+    results_document,
+    run_matrix,
+)
+
+DOCS_JSON = ROOT / "docs" / "compatibility.json"
+DOCS_MD = ROOT / "docs" / "compatibility.md"
+EXPECTED = ROOT / "tests" / "data" / "compatibility_expected.json"
+REGENERATE = "python scripts/compatibility_matrix.py --jobs 2 --timeout 600 --update-expected"
+CI_NOTE = (
+    "The default test run (`pytest`) checks the fast subset: the bundled `examples/tiny-bert` (forward) and "
+    "`examples/tiny-llama` (generation on ONNX, OpenVINO and ExecuTorch, forward on torch.export) on every format, "
+    "reusing the session's exported fixtures. The whole matrix is `pytest -m slow tests/test_matrix.py`, or this "
+    "script; a cell that passed in the expectations file (`tests/data/compatibility_expected.json`) and no longer "
+    "passes fails the run, a cell that newly passes is reported."
+)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        stream.write(text)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
+def package_versions() -> dict:
+    from hfexport.report import package_versions as versions
+
+    wanted = ("transformers", "torch", "onnx", "onnxruntime", "onnxscript", "openvino", "executorch")
+    found = versions()
+    return {name: found[name] for name in wanted if name in found}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", choices=list(MODELS), help="default: all")
+    parser.add_argument("--formats", nargs="*", choices=list(FORMATS), help="default: all")
+    parser.add_argument("--modes", nargs="*", choices=list(MODES), help="default: all")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at the same time (default 1)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per cell")
+    parser.add_argument("--threads", type=int, help="torch threads per cell (default: torch's)")
+    parser.add_argument("--workdir", type=Path, help="models and artifacts (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, default=DOCS_JSON)
+    parser.add_argument("--markdown", type=Path, default=DOCS_MD)
+    parser.add_argument("--expected", type=Path, default=EXPECTED)
+    parser.add_argument("--update-expected", action="store_true", help="rewrite the expectations file")
+    parser.add_argument("--fresh", action="store_true", help="replace the results instead of merging into them")
+    parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown from the JSON")
+    args = parser.parse_args(argv)
+
+    if args.render_only:
+        results, meta = read_results(args.json)
+        write_text_atomic(args.markdown, render_markdown(results, meta))
+        print(f"wrote {args.markdown}")
+        return 0
+
+    cells = all_cells(args.models, args.formats, args.modes)
+    whole = len(cells) == len(all_cells())
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hfexport-matrix-"))
+    print(f"{len(cells)} cells, {args.jobs} at a time, {args.timeout:g} s each at most; work in {workdir}",
+          flush=True)
+    started = time.perf_counter()
+    done = []
+
+    def report(result: CellResult) -> None:
+        done.append(result)
+        seconds = result.timings.get("wall_s")
+        line = f"[{len(done)}/{len(cells)}] {result.id}: {result.outcome}"
+        line += f" ({seconds:.0f} s)" if seconds is not None else ""
+        line += f": {result.detail}" if result.detail else ""
+        print(line[:300], flush=True)
+
+    results = run_matrix(cells, workdir, jobs=args.jobs, timeout=args.timeout, threads=args.threads,
+                         on_result=report)
+    wall = time.perf_counter() - started
+
+    previous, previous_meta = read_results(args.json) if args.json.is_file() and not args.fresh else ([], {})
+    merged = {result.id: result for result in previous}
+    merged.update({result.id: result for result in results})
+    meta = {
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "regenerate": REGENERATE,
+        "packages": package_versions(),
+        "wall_s": round(wall, 1) if whole else previous_meta.get("wall_s"),
+        "jobs": args.jobs if whole else previous_meta.get("jobs", args.jobs),
+        "timeout_s": args.timeout,
+        "machine": f"{os.cpu_count()} CPU cores (shared)",
+        "ci": CI_NOTE,
+    }
+    ordered = sorted(merged.values(), key=lambda r: r.cell)
+    write_text_atomic(args.json, json.dumps(results_document(ordered, meta), indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(args.markdown, render_markdown(ordered, meta))
+    print(f"{len(results)} cells in {wall / 60:.1f} min; wrote {args.json} and {args.markdown}")
+
+    expected = json.loads(args.expected.read_text(encoding="utf-8"))["cells"] if args.expected.is_file() else {}
+    regressions, newly = compare(results, expected)
+    for result in newly:
+        print(f"newly passing: {result.id} (expected {expected.get(result.id, 'nothing')})")
+    for result in regressions:
+        print(f"REGRESSION: {result.id} was pass, now {result.outcome}: {result.detail}")
+    if args.update_expected:
+        cells_expected = {**expected, **expectations(results)}
+        document = {
+            "about": "Outcome per matrix cell from the last full run of scripts/compatibility_matrix.py: a cell "
+                     "recorded as pass must keep passing (tests/test_matrix.py). Regenerate with: " + REGENERATE,
+            "cells": dict(sorted(cells_expected.items())),
+        }
+        write_text_atomic(args.expected, json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.expected}")
+    return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
