@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class StepResult:
     outputs: dict[str, str] = field(default_factory=dict)
     log: str = ""
     uses: str | None = None
+    seconds: float | None = None  # wall time of a `run:` step
 
 
 @dataclass
@@ -413,6 +415,7 @@ def run_action(action: str | Path, inputs: Mapping[str, Any] | None = None, *, w
         if path_extra:
             process_env["PATH"] = os.pathsep.join([*reversed(path_extra), process_env.get("PATH", "")])
         cwd = workspace / substitute(step["working-directory"], contexts) if step.get("working-directory") else workspace
+        started = time.perf_counter()
         completed = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script_file)],
                                    cwd=cwd, env=process_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    text=True, timeout=timeout)
@@ -427,7 +430,8 @@ def run_action(action: str | Path, inputs: Mapping[str, Any] | None = None, *, w
         outcome = "success" if completed.returncode == 0 else "failure"
         if outcome == "failure" and not step.get("continue-on-error"):
             status = "failure"
-        results.append(StepResult(step_id, name, outcome, completed.returncode, outputs, _mask(log, masks)))
+        results.append(StepResult(step_id, name, outcome, completed.returncode, outputs, _mask(log, masks),
+                                  seconds=time.perf_counter() - started))
         logs.append(f"## {name} (exit {completed.returncode})\n{_mask(log, masks)}")
         _record_step(contexts, step_id, outcome, outputs)
     contexts["env"] = {**base_env, **step_env_extra}
