@@ -73,12 +73,18 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
         state.update(model=model, revision=rev, repo_recipe=None, output=None, zip=None, status=None,
                      loaded_text=fetched.text)
         if fetched.check is None:  # no recipe: offer formats and a draft
-            draft = logic.draft_recipe(model, rev, ["onnx"], _token(oauth_token, settings))
-            check = draft.check
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
-                      f"that adds `{RECIPE_FILE}`.\n\n" + (draft.note or check.markdown()))
-            return (status, draft.text, _problems(check), _target_update(check), gr.update(visible=True), state)
+                      f"that adds `{RECIPE_FILE}`.\n\n")
+            try:
+                draft = logic.draft_recipe(model, rev, ["onnx"], _token(oauth_token, settings))
+            except Exception as error:  # noqa: BLE001
+                return (status + _fail(error, logic.init_command(model, ["onnx"], rev)), "",
+                        gr.update(value=[], visible=False), gr.update(choices=[], value=[]), gr.update(visible=True),
+                        state)
+            check = draft.check
+            return (status + (draft.note or check.markdown()), draft.text, _problems(check), _target_update(check),
+                    gr.update(visible=True), state)
         check = fetched.check
         if check.valid:
             state["repo_recipe"] = canonical_json(check.document)
@@ -179,9 +185,9 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             user = gr.Markdown(elem_id="user")
         with gr.Row():
             model_box = gr.Textbox(label="Model repo", placeholder="org/model", scale=3, elem_id="model")
-            revision_box = gr.Textbox(label="Revision (optional)", placeholder="main", scale=1, elem_id="revision")
+            revision_box = gr.Textbox("", label="Revision (optional)", placeholder="main", scale=1, elem_id="revision")
             load_button = gr.Button("Load recipe", scale=1, elem_id="load")
-        recipe_status = gr.Markdown(elem_id="recipe-status")
+        recipe_status = gr.Markdown(label="Recipe status", elem_id="recipe-status")
         with gr.Group(visible=False) as format_group:
             formats = gr.CheckboxGroup(FORMAT_CHOICES, value=["onnx"], label="Formats for the proposed recipe",
                                        elem_id="formats")
@@ -195,12 +201,12 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                                        scale=3)
             convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert")
             propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
-        propose_result = gr.Markdown(elem_id="propose-result")
-        progress = gr.Markdown(IDLE, elem_id="progress", min_height=60)
-        results = gr.Markdown(elem_id="results")
+        propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
+        progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
+        results = gr.Markdown(label="Results", elem_id="results")
         download = gr.File(label="Artifacts (zip)", interactive=False, elem_id="download")
         pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
-        pr_result = gr.Markdown(elem_id="pr-result")
+        pr_result = gr.Markdown(label="Pull request", elem_id="pr-result")
 
         demo.load(show_user, None, user, api_visibility="private")
         load_button.click(load_model, [model_box, revision_box, state],
@@ -211,9 +217,12 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                       api_name="draft_recipe")
         editor.input(validate, editor, [recipe_status, problems, targets], api_name="validate_recipe", queue=False,
                      trigger_mode="always_last", show_progress="hidden")
+        # preprocess=False: a script may name targets without loading the recipe first (the choices of the
+        # checkbox group are per session); the job checks the names against the recipe itself.
         convert_button.click(convert, [model_box, revision_box, editor, targets, state],
                              [progress, results, download, pr_button, state], api_name="convert",
-                             concurrency_limit=1, concurrency_id="export", show_progress_on=[progress])
+                             concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
+                             preprocess=False)
         pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
         propose_button.click(propose, [model_box, editor], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
