@@ -179,6 +179,8 @@ def run_job(
     hits, keys = _cache_hits(loaded_recipe, names, source, report.packages, output, token, progress,
                              skip=force or model_object is not None or inputs is not None,
                              repos=[r for r in (publish_repo, source["model"] if source["commit"] else None) if r])
+    if verify:  # an export saved with verify=False is no hit for a job that verifies: export and verify it
+        hits = {name: hit for name, hit in hits.items() if hit.report.verification is not None}
     to_export = [name for name in names if name not in hits]
     if to_export and preflight and model_object is None:
         from .preflight import check
