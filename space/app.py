@@ -8,6 +8,7 @@ reproducing `hfexport` command). Run it locally against any Hub endpoint: see RE
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ CSS = ".problem-lines { font-family: var(--font-mono); white-space: pre; }"
 
 def _new_state() -> dict:
     return {"session": None, "model": None, "revision": None, "repo_recipe": None, "loaded_text": None,
-            "output": None, "targets": [], "edited": False, "zip": None, "status": None}
+            "output": None, "targets": [], "edited": False, "zip": None, "status": None, "verified": None}
 
 
 def _token(oauth_token: gr.OAuthToken | None, settings: logic.SpaceSettings) -> str | None:
@@ -109,7 +110,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
         """Run the job for the chosen targets with live progress; end with the report and a zip of the artifacts."""
         state = dict(state or _new_state())
-        state.update(output=None, zip=None, status=None)
+        state.update(output=None, zip=None, status=None, verified=None)
         try:
             model = logic.check_model_id(model_id)
             rev = logic.check_revision(revision)
@@ -142,8 +143,9 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             return
         report = event.report
         zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
+        used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
         state.update(model=model, revision=rev, output=str(job.output), targets=list(report.targets), edited=edited,
-                     zip=str(zip_path), status=report.status)
+                     zip=str(zip_path), status=report.status, verified=logic.verified_recipe(used, report))
         results = report.to_markdown()
         if event.failure is not None:
             results = event.failure.markdown() + "\n\n" + results
@@ -162,7 +164,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             return _fail(error, command)
         return logic.publish_message(result)
 
-    def propose(model_id: str, recipe_text: str, oauth_token: gr.OAuthToken | None):
+    def propose(model_id: str, recipe_text: str, state: dict | None, oauth_token: gr.OAuthToken | None):
         """Open a pull request that adds the editor's (validated) recipe as `export_config.json`."""
         command = logic.validate_command((model_id or "MODEL").strip())
         try:
@@ -171,9 +173,14 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             check = logic.check_recipe_text(recipe_text)
             if not check.valid:
                 raise logic.RecipeError(check.problems, "editor")
-            return logic.propose_recipe(model, check.document, token).markdown()
+            verified = (state or {}).get("verified") if (state or {}).get("model") == model else None
+            document, validated = logic.finalize_proposal(check.document, verified)
+            message = logic.propose_recipe(model, document, token).markdown()
         except Exception as error:  # noqa: BLE001
             return _fail(error, command)
+        if validated:
+            return message + " Every target passed parity here, so it records `validated_with`."
+        return message + " Not every target was converted and verified here: no `validated_with` recorded."
 
     # ── layout ───────────────────────────────────────────────────────────────
 
@@ -224,7 +231,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                              concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
                              preprocess=False)
         pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
-        propose_button.click(propose, [model_box, editor], propose_result, api_name="propose_recipe",
+        propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]
     return demo

@@ -251,3 +251,28 @@ def test_model_over_the_preflight_limit_is_refused_with_numbers(space, hub, new_
     shot(page, "14-preflight-refused")
     assert hub.discussions(repo) == []
     assert not any(space.settings.workdir.rglob("*.onnx"))  # nothing exported, the session folder is gone
+
+
+def test_model_without_recipe_gets_a_proposal_to_edit_and_a_recipe_pr(space, hub, new_page):
+    files = {p.name: p.read_bytes() for p in (EXAMPLES / "tiny-bert").iterdir() if p.name != "export_config.json"}
+    repo = seed(hub, "space-norecipe", files)
+    page = new_page()
+    sign_in(page)
+    load(page, repo)
+    page.locator("#recipe-status", has_text="No recipe").wait_for()
+    page.locator("#recipe-status", has_text="Proposed recipe").wait_for()
+    assert page.locator("#formats").get_by_label("ONNX").is_checked()
+    page.locator("#targets").get_by_label("onnx").wait_for()
+    page.locator("#formats").get_by_label("torch.export (.pt2)").check()
+    page.locator("#targets").get_by_label("pt2").wait_for()
+    assert '"export_format": "dynamo"' in page.locator("#editor .cm-content").inner_text()
+    shot(page, "15-no-recipe-proposal")
+
+    page.locator("#propose").click()
+    page.locator("#propose-result", has_text="pull request").wait_for()
+    message = text_of(page, "#propose-result")
+    assert "Opened pull request #1" in message and "no validated_with recorded" in message.replace("`", ""), message
+    shot(page, "16-recipe-pr")
+    proposed = json.loads(hub.read_file(repo, "export_config.json", "refs/pr/1"))
+    assert set(proposed["targets"]) == {"onnx", "pt2"} and proposed["task"] == "feature-extraction"
+    assert len(hub.discussions(repo)) == 1 and "export_config.json" not in hub.list_files(repo)

@@ -309,3 +309,36 @@ def test_job_runner_reports_an_unknown_repo_as_a_failure_and_removes_its_folder(
     assert finished.failure.command == f"hfexport export {request.model} --target onnx -o out"
     assert not output.exists()
     assert not logic.JobRunner(settings).busy
+
+
+def test_draft_recipe_for_a_model_without_one_is_init_s_proposal(hub):
+    repo = unique("draft")
+    hub.seed_repo(repo, {"config.json": (EXAMPLES / "tiny-bert" / "config.json").read_bytes()})
+    draft = logic.draft_recipe(repo, None, ["onnx", "dynamo"], None)
+    assert draft.check.valid and draft.check.targets == ["onnx", "pt2"]
+    document = json.loads(draft.text)
+    assert document["task"] == "feature-extraction" and "validated_with" not in document
+    assert "every target was exported" not in document["description"]  # not true of a draft
+    assert f"hfexport init {repo} --format onnx --format dynamo" in draft.note
+
+
+def test_validated_with_is_recorded_only_for_a_recipe_whose_every_target_passed_here():
+    from hfexport.report import JobReport, TargetReport
+
+    recipe = bert_recipe()
+    report = JobReport(source={"model": "org/m"})
+    for name in recipe["targets"]:
+        report.targets[name] = TargetReport(name, recipe["targets"][name]["export_format"], "forward",
+                                            verification={"passed": True})
+    verified = logic.verified_recipe(recipe, report)
+    document, validated = logic.finalize_proposal(recipe, verified)
+    assert validated and set(document["validated_with"]) >= {"hfexport", "transformers", "torch", "onnx", "openvino",
+                                                              "executorch"}
+    assert logic.check_recipe_text(json.dumps(document)).valid  # still a valid recipe
+    assert logic.finalize_proposal(document, verified) == (document, True)  # idempotent: the same bytes again
+
+    report.targets["pte"].verification = {"passed": False}
+    assert logic.finalize_proposal(recipe, logic.verified_recipe(recipe, report)) == (recipe, False)
+    edited = {**recipe, "default_target": "pt2"}  # not the recipe that was verified
+    assert logic.finalize_proposal(edited, verified) == (edited, False)
+    assert logic.finalize_proposal(recipe, None) == (recipe, False)

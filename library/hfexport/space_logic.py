@@ -424,6 +424,9 @@ def draft_recipe(model: str, revision: str | None, formats: Sequence[str], token
     from . import init
 
     document = init.propose_recipe(model, formats=list(formats), revision=revision, token=token or False)
+    # init's description says every target was exported and verified, which `hfexport init` makes true; here the
+    # draft is not exported yet (Convert does that, and `validated_with` records it: see `finalize_proposal`).
+    document["description"] = f"Proposed by hfexport for {model}: the formats and settings its artifacts are made with."
     text = pretty_json(document)[0]
     check = check_recipe_text(text, "proposed recipe")
     note = None
@@ -759,6 +762,33 @@ def propose_recipe(repo_id: str, document: dict, token: str, revision: str | Non
     info = api.create_commit(repo_id, [CommitOperationAdd(RECIPE_FILE, content)], commit_message=RECIPE_PR_TITLE,
                              commit_description=description, create_pr=True)
     return Proposal("opened", repo_id, int(info.pr_num), info.pr_url)
+
+
+def verified_recipe(recipe_document: dict | None, report) -> dict | None:
+    """What a finished job proved about a recipe: its canonical JSON and the targets that passed parity."""
+    from .recipe import canonical_json
+
+    if recipe_document is None or report is None:
+        return None
+    passed = [name for name, target in report.targets.items() if target.status == "ok"
+              and (target.verification or {}).get("passed")]
+    return {"recipe": canonical_json(recipe_document), "passed": passed}
+
+
+def finalize_proposal(document: dict, verified: dict | None) -> tuple[dict, bool]:
+    """The recipe to propose: with `validated_with` (package versions, as `hfexport init` writes it) only when this
+    session exported and verified every one of its targets with exactly this recipe; else as it is."""
+    from . import init
+    from .recipe import canonical_json
+
+    bare = {key: value for key, value in document.items() if key != "validated_with"}
+    if not verified or verified.get("recipe") not in (canonical_json(document), canonical_json(bare)):
+        return document, False
+    targets = document.get("targets") or {}  # a flat recipe is an engine config: it has no `validated_with`
+    if not targets or not set(targets) <= set(verified.get("passed") or ()):
+        return document, False
+    formats = [target.get("export_format") for target in targets.values()]
+    return {**bare, "validated_with": init.validated_with(formats)}, True
 
 
 def _read_hub_file(api, repo_id: str, filename: str, revision: str) -> bytes | None:
