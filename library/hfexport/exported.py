@@ -27,6 +27,20 @@ class ExportedModel(_EngineExportedModel):
             generation_config=exported.generation_config,
         )
 
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20, eos_token_id=None,
+                 pad_token_id=None):
+        """Greedy decoding over the `prefill`/`decode` components, without the torch model (`hfexport.generate`):
+        prompt + new tokens, as `model.generate(do_sample=False)` returns them. EOS and pad tokens default to the
+        export's generation config, then its config."""
+        from .generate import default_special_tokens, generate
+
+        default_eos, default_pad = default_special_tokens(self)
+        return generate(
+            self, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+            eos_token_id=default_eos if eos_token_id is None else eos_token_id,
+            pad_token_id=default_pad if pad_token_id is None else pad_token_id,
+        )
+
     @classmethod
     def from_pretrained(
         cls,
