@@ -352,3 +352,65 @@ def test_fan_out_plans_exports_each_target_alone_and_gathers_one_pr(hub, tiny_be
     files = hub.list_files(repo, f"refs/pr/{pr['num']}")
     assert "exports/pt2/model.pt2" in files and "exports/pt2-static/model.pt2" in files
     assert len(hub.commits(repo, f"refs/pr/{pr['num']}")) == len(hub.commits(repo)) + 1  # one commit
+
+
+# A recipe whose pt2 export passes tracing but pins the batch to the sample's 1 (tests/test_verify.py's trap):
+# verification rejects it at batch 8, a parity failure.
+TRAP_RECIPE = {
+    "recipe_version": 1,
+    "task": "feature-extraction",
+    "sample_inputs": {"text": ["The capital of France is Paris."]},
+    "targets": {"pt2": {"export_format": "dynamo", "options": {"dynamic": True}}},
+}
+
+
+def _trap_workspace(tmp_path: Path, name: str) -> Path:
+    workspace = tmp_path / f"{name}-workspace"
+    (workspace / "recipes").mkdir(parents=True)
+    (workspace / "recipes" / "trap.json").write_text(json.dumps(TRAP_RECIPE, indent=2))
+    return workspace
+
+
+def test_parity_failure_fails_the_run_and_publishes_nothing(hub, tiny_bert, tmp_path):
+    repo = unique("parity")
+    head = hub.seed_repo(repo, tiny_bert)
+    workspace = _trap_workspace(tmp_path, "parity")
+    result = _run({"model": repo, "recipe": "recipes/trap.json", "publish": "pr", "hf-token": hub.write_token,
+                   "upload-artifacts": "true"}, tmp_path, "parity", workspace)
+    assert not result.success
+    run = result.step("run")
+    assert run.outcome == "failure" and run.returncode == 1, result.log
+    assert [s.outcome for s in result.steps if s.name == "Upload the export"] == ["not-run"]  # always(): uploads
+    assert result.step("publish").outcome == "skipped"
+    assert result.outputs["status"] == "failed" and result.outputs["changed"] == "true"
+    [annotation] = result.annotations
+    assert annotation["level"] == "error" and annotation["title"] == "hfexport: pt2 failed parity"
+    assert "batch=8" in annotation["message"]
+    assert "## hfexport report" in result.summary and "failed" in result.summary
+    assert hub.discussions(repo) == [] and hub.refs(repo) == {"branches": {"main": head}, "tags": {}, "pulls": {}}
+
+
+@pytest.mark.slow  # a second trap export (~40 s)
+def test_fail_on_parity_false_publishes_the_failed_export_flagged(hub, tiny_bert, tmp_path):
+    repo = unique("parity-allowed")
+    hub.seed_repo(repo, tiny_bert)
+    workspace = _trap_workspace(tmp_path, "allowed")
+    result = _run({"model": repo, "recipe": "recipes/trap.json", "publish": "pr", "hf-token": hub.write_token,
+                   "fail-on-parity": "false"}, tmp_path, "allowed", workspace)
+    assert result.success, result.log
+    assert result.outputs["status"] == "failed" and result.outputs["pr-url"]
+    assert [a["level"] for a in result.annotations] == ["warning"]
+    [pr] = hub.discussions(repo)
+    description = pr["events"][0]["data"]["latest"]["raw"]
+    assert description.split("\n")[2].startswith("> [!WARNING]")  # flagged at the top, under the marker
+    assert "**Parity verification failed** for `pt2`" in description
+
+
+def test_bad_inputs_fail_with_one_annotation_and_no_traceback(tmp_path):
+    result = _run({"model": "org/model", "publish": "sometimes"}, tmp_path, "inputs")
+    assert result.step("run").returncode == 2
+    [annotation] = result.annotations
+    assert annotation["message"] == "input publish: expected one of none, pr, commit, got 'sometimes'"
+    assert "Traceback" not in result.log
+    local = _run({"model": ".", "publish": "pr"}, tmp_path, "local")  # a folder without a recipe
+    assert local.step("run").returncode == 2 and "no recipe" in local.annotations[0]["message"]
