@@ -332,12 +332,13 @@ def _ensure_repo(api, repo_id: str, base: str, mode: str, token: str) -> None:
         return
     except RevisionNotFoundError:
         raise PublishError(f"branch {base!r} not found in {repo_id}") from None
-    except RepositoryNotFoundError:
-        if mode != "commit":
-            raise PublishError(f"repository {repo_id} not found, or the token cannot see it: a pull request needs an "
-                               "existing repo (use --commit to create one)") from None
     except Exception as error:  # noqa: BLE001 - mapped to one readable line
-        raise _hub_error(error, repo_id, "reading the repo") from None
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if not isinstance(error, RepositoryNotFoundError) or status == 401:
+            raise _hub_error(error, repo_id, "reading the repo") from None
+    if mode != "commit":
+        raise PublishError(f"repository {repo_id} not found, or the token cannot see it: a pull request needs an "
+                           "existing repo (use --commit to create one)")
     _call(lambda: api.create_repo(repo_id, exist_ok=True, token=token), repo_id, "creating the repo")
 
 
