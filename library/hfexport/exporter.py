@@ -140,7 +140,8 @@ class RecipeExporter:
         """The resolved plan for `model`: engine configs with dims, inputs, components; nothing traced."""
         from .plan import build_plan
 
-        return build_plan(self.recipe, self.target.name, model, inputs, self.processor() if inputs is None else None)
+        return build_plan(self.recipe, self.target.name, model, inputs, self.processor() if inputs is None else None,
+                          source=self.source, revision=self.revision, token=self.token)
 
     def export(self, model=None, inputs: dict | None = None) -> ExportedModel:
         """Export `model` (the source model when None) the way the recipe target says; inputs synthesized if None."""

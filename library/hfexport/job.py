@@ -200,6 +200,7 @@ def run_job(
             processor = load_processor(model, revision_to_load, token) if inputs is None else None
         report.timings["load_model_s"] = round(timer.seconds, 4)
 
+    quantized_plans: dict = {}  # target -> plan, for the size/latency comparison once every target is saved
     for name in names:
         target = loaded_recipe.target(name)
         target_report = TargetReport(
@@ -214,8 +215,12 @@ def run_job(
         progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
         try:
             with _Timer(progress, "plan", name) as timer:
-                plan = build_plan(loaded_recipe, name, model_object, inputs, processor)
+                plan = build_plan(loaded_recipe, name, model_object, inputs, processor, source=model,
+                                  revision=revision_to_load, token=token)
             target_report.plan = _jsonable(plan.describe())
+            if plan.quantization:
+                quantized_plans[name] = plan
+                target_report.quantization = _jsonable(plan.quantization)
             target_report.timings["plan_s"] = round(timer.seconds, 4)
             with _Timer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer:
                 exported = run_plan(plan, model_object)
@@ -243,6 +248,12 @@ def run_job(
             _verify_target(target_report, output / name, model_object, plan, processor, progress)
         progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
         if target_report.status in ("ok", "failed"):
+            _write_target_report(report, name, output / name)
+    if quantized_plans:
+        from .quantization import compare_job_targets
+
+        for name in compare_job_targets(report, loaded_recipe, output, model_object, quantized_plans, processor,
+                                        inputs, progress):
             _write_target_report(report, name, output / name)
     verify_times = [t.timings["verify_s"] for t in report.targets.values() if "verify_s" in t.timings]
     if verify_times:

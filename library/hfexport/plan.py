@@ -40,6 +40,7 @@ class Plan:
     generation_config: Any = None
     multi_token_decode: bool = False
     dims: dict[str, Any] = field(default_factory=dict)
+    quantization: dict | None = None  # method, params, engine objects, calibration (hfexport.quantization)
 
     @property
     def export_format(self):
@@ -65,6 +66,7 @@ class Plan:
             "task": self.task,
             "dims": copy.deepcopy(self.recipe.dims),
             "generation": copy.deepcopy(self.target.generation) or None,
+            "quantization": copy.deepcopy(self.quantization),
             "components": {
                 name: {
                     "options": _options_of(component.config),
@@ -306,7 +308,8 @@ def _generation_config(model, target: Target):
     return config
 
 
-def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None) -> Plan:
+def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
+               source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
     from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
 
@@ -371,4 +374,11 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             raise PlanError(
                 f"{base}: no component takes {', '.join(map(repr, unknown))}; inputs are: {', '.join(sorted(seen_keys))}"
             )
-    return Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
+    plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
+    if target.quantization:
+        from .quantization import attach
+
+        # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
+        plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,
+                                   revision, token)
+    return plan

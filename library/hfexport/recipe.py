@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Problem, RecipeError, RecipeNotFoundError, SourceError, UnknownTargetError, redact
+from .quantization import METHOD_FORMATS, section_problems
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FILE = "config.json"
@@ -41,13 +42,7 @@ FORMAT_OPTIONS = {
 }
 
 # Which quantization method runs on which format (the engine's quantizers; see docs/quantization.md).
-QUANTIZATION_FORMATS = {
-    "ort_dynamic": ("onnx",),
-    "ort_static": ("onnx",),
-    "nncf_weights": ("openvino",),
-    "nncf_quantize": ("openvino", "onnx"),
-    "pt2e": ("dynamo", "onnx", "executorch", "openvino"),
-}
+QUANTIZATION_FORMATS = METHOD_FORMATS
 
 
 @lru_cache(maxsize=None)
@@ -295,17 +290,9 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
                     Problem(json_path([*base, "parity", "probe", dim_name]), f"{dim_name!r} is not a dim; known dims: {known}")
                 )
         quantization = target.get("quantization")
-        if quantization:
-            method = quantization.get("method")
-            allowed_formats = QUANTIZATION_FORMATS.get(method, ())
-            if method in QUANTIZATION_FORMATS and export_format not in allowed_formats:
-                combos = "; ".join(f"{m}: {', '.join(f)}" for m, f in QUANTIZATION_FORMATS.items())
-                problems.append(
-                    Problem(
-                        json_path([*base, "quantization", "method"]),
-                        f"{method!r} does not run on {export_format}; allowed combinations: {combos}",
-                    )
-                )
+        if quantization:  # method x format, preset, params, calibration (hfexport.quantization)
+            problems.extend(section_problems(quantization, export_format, target.get("options"), base,
+                                             recipe.get("sample_inputs")))
     return problems
 
 

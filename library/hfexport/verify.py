@@ -61,6 +61,11 @@ def thresholds_for(target, dtype: str = "float32") -> dict:
     """`{"default": {...}, "outputs": {name: {...}}, "basis": "..."}`: the defaults with the recipe's overrides."""
     parity = target.parity or {}
     default = default_tolerance(target.export_format, dtype, bool(target.quantization), target.options)
+    if target.quantization:  # per method and bit width (hfexport.quantization.default_parity)
+        from .quantization import default_parity
+
+        quantized = default_parity(target.quantization["method"], target.mode, target.quantization.get("params"))
+        default.update({key: quantized[key] for key in _TOLERANCE_KEYS})
     overridden = [key for key in _TOLERANCE_KEYS if key in parity]
     default.update({key: parity[key] for key in overridden})
     outputs = {name: {**default, **values} for name, values in (parity.get("outputs") or {}).items()}
@@ -618,6 +623,12 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
     thresholds = thresholds_for(target, dtype)
     generation = target.mode == "generation"
     generate_settings = parity.get("generate", {}) or {}
+    if target.quantization:  # token agreement over N tokens with a minimum fraction, unless the recipe says more
+        from .quantization import default_parity
+
+        generate_settings = {**default_parity(target.quantization["method"], target.mode,
+                                              target.quantization.get("params")).get("generate", {}),
+                             **generate_settings}
     max_new_tokens = int(generate_settings.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
     probes, cost_bound = plan_probes(plan, model.config, reserve=4 if generation else 0)
     refs, _ = probe_axes(plan)
