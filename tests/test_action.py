@@ -412,5 +412,6 @@ def test_bad_inputs_fail_with_one_annotation_and_no_traceback(tmp_path):
     [annotation] = result.annotations
     assert annotation["message"] == "input publish: expected one of none, pr, commit, got 'sometimes'"
     assert "Traceback" not in result.log
+    assert "## hfexport export could not run" in result.summary
     local = _run({"model": ".", "publish": "pr"}, tmp_path, "local")  # a folder without a recipe
     assert local.step("run").returncode == 2 and "no recipe" in local.annotations[0]["message"]

@@ -250,3 +250,48 @@ def test_config_requires_a_secret(tmp_path):
 
     with pytest.raises(HfExportError, match="secret"):
         WebhookConfig(secret="", workdir=tmp_path)
+
+
+def test_status_page_escapes_what_it_shows(hub, tmp_path):
+    def run(job: Job, output: Path) -> None:
+        raise RuntimeError("<script>alert(1)</script> in the engine's message")
+
+    server = Receiver(config(hub, tmp_path, debounce_s=0), run)
+    try:
+        assert server.post(payload(hub, "user/escape", "a" * 40))[0] == 202
+        assert server.receiver.wait_idle(30)
+        [job] = server.receiver.jobs()
+        assert job.state == "failed" and "<script>" in job.detail
+        _, page = server.get("/")
+        assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    finally:
+        server.close()
+
+
+def test_the_app_serves_from_its_environment_and_needs_a_secret(hub, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root / "library"), "PORT": "0", "HOST": "127.0.0.1",
+           "HFEXPORT_WORKDIR": str(tmp_path), "HFEXPORT_TARGETS": "pt2"}
+    env.pop("WEBHOOK_SECRET", None)
+    refused = subprocess.run([sys.executable, str(root / "action" / "webhook_app.py")], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "secret is required" in refused.stderr
+    app = subprocess.Popen([sys.executable, str(root / "action" / "webhook_app.py")],
+                           env={**env, "WEBHOOK_SECRET": SECRET}, stdout=subprocess.PIPE, text=True)
+    try:
+        line = app.stdout.readline()
+        url = line.split(" on ", 1)[1].split(" ", 1)[0]
+        with urllib.request.urlopen(url + "/status", timeout=30) as response:
+            status = json.loads(response.read())
+        assert status["targets"] == ["pt2"] and status["jobs"] == []
+        request = urllib.request.Request(url + "/webhook", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused_post:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused_post.value.code == 401
+    finally:
+        app.terminate()
+        app.wait(timeout=30)

@@ -359,14 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     except HfExportError as error:
         if args.debug:
             raise
-        command("error", str(error), title=f"hfexport {args.step}")
-        return error.exit_code
+        return _failed(args.step, str(error), error.exit_code)
     except Exception as error:  # noqa: BLE001 - one readable line; --debug shows the traceback
         if args.debug:
             raise
         text = redact(str(error).strip().splitlines()[0] if str(error).strip() else "")
-        command("error", f"{type(error).__name__}: {text}", title=f"hfexport {args.step}")
-        return EXIT_COULD_NOT_RUN
+        return _failed(args.step, f"{type(error).__name__}: {text}", EXIT_COULD_NOT_RUN)
+
+
+def _failed(step: str, message: str, code: int) -> int:
+    """A step that could not run: one annotation and a line in the job summary."""
+    command("error", message, title=f"hfexport {step}")
+    add_summary(f"## hfexport {step} could not run\n\n{message}")
+    return code
 
 
 if __name__ == "__main__":
