@@ -245,6 +245,16 @@ def test_classify_reads_the_pushed_sha_from_updated_refs(hub):
     assert classify(body, branch="release")[0] is None
 
 
+def test_huggingface_hub_payload_model_loses_the_head_sha_so_the_raw_json_is_read(hub):
+    """Why classify() reads the raw JSON: the client's model declares `head_sha`, the Hub sends `headSha`."""
+    pytest.importorskip("pydantic")  # huggingface_hub's WebhookPayload needs it (gradio brings it)
+    from huggingface_hub import WebhookPayload
+
+    body = payload(hub, "org/m", "f" * 40)
+    assert WebhookPayload.model_validate(body).repo.head_sha is None
+    assert classify(body)[1] == "f" * 40
+
+
 def test_config_requires_a_secret(tmp_path):
     from hfexport.errors import HfExportError
 
