@@ -7,8 +7,9 @@ PR), other branches, discussions and its own commits are acknowledged and ignore
 huggingface_hub's `WebhookPayload` model loses `repo.headSha` (it reads `head_sha`), so the raw JSON is read:
 the pushed commit is `updatedRefs[].newSha` of `refs/heads/<branch>`.
 
-Bursts coalesce: one job per repo at a time; a job waits `debounce_s` after its push, and a newer push to the
-same repo supersedes a job that has not started (it runs after a running one). A job runs the job API on the
+Bursts coalesce: a job waits `debounce_s` after its push, and a newer push to the same repo supersedes a job that
+has not started (it runs after a running one). Jobs run one at a time in the process (torch.export is not
+thread-safe); a job is taken from its repo's queue only when it can start, so waiting never runs a stale commit. A job runs the job API on the
 pushed commit (a repo without a recipe is skipped), then publishes through `hfexport.publish` (one PR per model,
 updated in place; unchanged content is left alone). `GET /status` (JSON) and `GET /` (HTML) list recent jobs.
 
@@ -149,6 +150,7 @@ class WebhookReceiver:
         self.config = config
         self._run = run or self._export_and_publish
         self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
         self._repos: dict[str, _RepoState] = {}
         self._jobs: deque[Job] = deque(maxlen=config.history)
         self._ids = itertools.count(1)
@@ -195,38 +197,56 @@ class WebhookReceiver:
                 state.worker.start()
         return job
 
-    def _work(self, repo: str, state: _RepoState) -> None:
+    def _wait(self, state: _RepoState) -> bool:
+        """Sleep until the repo's queued job has waited out its debounce; False when nothing is queued."""
         while True:
             with self._lock:
                 job = state.pending
                 if job is None:
-                    state.worker = None
-                    return
+                    return False
                 wait = job.received + self.config.debounce_s - time.monotonic()
-                if wait <= 0:
+            if wait <= 0:
+                return True
+            time.sleep(min(wait, 0.2))
+
+    def _work(self, repo: str, state: _RepoState) -> None:
+        while True:
+            if not self._wait(state):
+                with self._lock:
+                    if state.pending is None:
+                        state.worker = None
+                        return
+                continue
+            # One job at a time in this process: torch.export is not thread-safe, and a Space has few cores.
+            # The queued job is taken only once it may run, so pushes that arrive meanwhile still supersede it.
+            with self._run_lock:
+                with self._lock:
+                    job = state.pending
+                    if job is None or job.received + self.config.debounce_s > time.monotonic():
+                        continue  # superseded by a push whose debounce has not elapsed yet
                     state.pending, state.running = None, job
                     job.state, job.started_at = "running", _now()
-            if wait > 0:
-                time.sleep(min(wait, 0.2))
-                continue
-            output = self.config.workdir / repo.replace("/", "--") / f"{job.id}-{job.sha[:12]}"
-            try:
-                self._run(job, output)
-                if job.state == "running":
-                    job.state = "done"
-            except RecipeNotFoundError as error:
-                job.state, job.detail = "skipped", str(error)
-            except Exception as error:  # noqa: BLE001 - one job's failure is recorded; the receiver goes on
-                job.state, job.detail = "failed", redact(str(error).strip().splitlines()[0] if str(error).strip()
-                                                         else type(error).__name__)
-            finally:
-                job.finished_at = _now()
-                if job.commit:
-                    self._own_commits.add(job.commit)
-                if not self.config.keep_outputs:
-                    shutil.rmtree(output, ignore_errors=True)
-                with self._lock:
-                    state.running = None
+                self._run_job(job, state, repo)
+
+    def _run_job(self, job: Job, state: _RepoState, repo: str) -> None:
+        output = self.config.workdir / repo.replace("/", "--") / f"{job.id}-{job.sha[:12]}"
+        try:
+            self._run(job, output)
+            if job.state == "running":
+                job.state = "done"
+        except RecipeNotFoundError as error:
+            job.state, job.detail = "skipped", str(error)
+        except Exception as error:  # noqa: BLE001 - one job's failure is recorded; the receiver goes on
+            text = str(error).strip()
+            job.state, job.detail = "failed", redact(text.splitlines()[0] if text else type(error).__name__)
+        finally:
+            job.finished_at = _now()
+            if job.commit:
+                self._own_commits.add(job.commit)
+            if not self.config.keep_outputs:
+                shutil.rmtree(output, ignore_errors=True)
+            with self._lock:
+                state.running = None
 
     def _export_and_publish(self, job: Job, output: Path) -> None:
         """The job API on the pushed commit, then one publication through the one-PR-per-model logic."""
