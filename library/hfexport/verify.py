@@ -477,8 +477,9 @@ def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict)
     for name, (submodel, subinputs) in stages.items():
         if name not in exported.components:
             continue
-        entry = {"component": name, "shapes": _shapes(_leaf_inputs(subinputs))}
         runner = exported.runners[name]
+        subinputs = _with_full_mask(runner, subinputs)
+        entry = {"component": name, "shapes": _shapes(_leaf_inputs(subinputs))}
         if _is_stateful(runner):
             entry.update(skipped="its cache lives in the OpenVINO infer request: checked by greedy generation",
                          outputs={})
@@ -495,6 +496,21 @@ def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict)
         entry["outputs"] = compare_outputs(got, eager, thresholds, _mask_of(subinputs))
         results.append(entry)
     return results
+
+
+def _with_full_mask(runner, inputs: dict) -> dict:
+    """`generate` leaves out an attention_mask of all ones (an unpadded batch of 1); a graph traced with one still
+    takes it. Both sides then get the explicit all-ones mask over cache + new tokens (the same computation)."""
+    import torch
+
+    ids = inputs.get("input_ids")
+    if "attention_mask" not in runner.metadata.kwargs or inputs.get("attention_mask") is not None or ids is None:
+        return inputs
+    if runner.metadata.kwargs["attention_mask"].get("rank", 2) != 2:
+        return inputs  # a 4-D (static cache) mask is built by generate, never left out
+    cache = inputs.get("past_key_values")
+    past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+    return {**inputs, "attention_mask": torch.ones(ids.shape[0], past + ids.shape[1], dtype=torch.long)}
 
 
 def _mask_of(inputs: dict):
