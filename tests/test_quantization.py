@@ -247,7 +247,7 @@ def test_pt2e_presets_build_the_named_quantizer(preset):
     calibration = None if spec.dynamic else {"source": "sample_inputs"}
     section = {"method": "pt2e", "preset": preset, **({"calibration": calibration} if calibration else {})}
     quantizer = _quantizer(section, spec.formats[0])
-    assert isinstance(quantizer, PT2EQuantizer)
+    assert isinstance(quantizer, PT2EQuantizer) and type(quantizer).__name__ == "ExecutorchReadyPT2EQuantizer"
     expected = XNNPACKQuantizer if spec.backend == "xnnpack" else X86InductorQuantizer
     assert isinstance(quantizer.quantizer, expected)
     assert quantizer.quantizer.global_config.input_activation.is_dynamic is spec.dynamic
@@ -433,6 +433,22 @@ def test_a_method_that_needs_data_refuses_a_single_sample_unless_allowed(bert, t
     assert plan.quantization["calibration"]["samples"] == 1
 
 
+def test_sample_inputs_source_uses_the_sample_texts_or_the_one_input_batch(bert):
+    model, processor = bert
+    document = recipe_with(_ort_static({"source": "sample_inputs"}))
+    del document["sample_inputs"]  # the task's default texts
+    plan = _plan(document, model, processor)
+    assert plan.quantization["calibration"]["samples"] == 2
+    assert plan.quantization["calibration"]["origin"] == "recipe sample_inputs"
+    tensors = {"input_ids": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, "vocab_size"]}}
+    document["sample_inputs"] = {"tensors": tensors}
+    assert "single sample" in problems_of(document)["targets.t.quantization.calibration.source"]
+    document["targets"]["t"]["quantization"]["calibration"]["allow_single_sample"] = True
+    plan = _plan(document, model, processor)
+    batches = plan.components["model"].config.quantizer.calibration_dataset
+    assert len(batches) == 1 and batches[0]["input_ids"] is plan.inputs["input_ids"]
+
+
 def test_data_free_methods_get_no_calibration_set(bert):
     model, processor = bert
     plan = _plan(recipe_with({"method": "ort_dynamic"}), model, processor)
@@ -517,7 +533,8 @@ def test_minilm_ort_dynamic_int8_passes_its_gate_and_reports_size_and_latency(mi
     assert quantization["engine"]["arguments"]["weight_type"] == "QuantType.QInt8"
     saved = JobReport.read(tmp_path / "out" / "onnx-int8")  # the target's own report carries the comparison too
     assert saved.targets["onnx-int8"].quantization["comparison"]["size_ratio"] == quantization["comparison"]["size_ratio"]
-    assert "quantization" in report.to_markdown().lower() or "int8" in report.to_markdown()
+    markdown = report.to_markdown()
+    assert "**Quantization:** ort_dynamic" in markdown and f"{quantization['comparison']['size_ratio']:.2f}x" in markdown
 
 
 @pytest.mark.slow

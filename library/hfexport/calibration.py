@@ -176,8 +176,19 @@ def _download(repo_id: str, filename: str, repo_type: str, revision: str | None,
     return path.read_bytes()
 
 
+def sample_texts(sample_inputs: dict, task: str | None = None) -> list[str] | None:
+    """The recipe's sample texts (the task's default ones when it has no sample inputs) when texts are all its sample
+    inputs are; else None: calibrate on the one input batch."""
+    from .inputs import default_sample_spec
+
+    sample_inputs = sample_inputs or default_sample_spec(task)
+    texts = sample_inputs.get("text")
+    return list(texts) if texts and set(sample_inputs) <= {"text", "max_length"} else None
+
+
 def load_texts(section: dict, recipe, target_name: str, source: str | Path | None = None,
-               revision: str | None = None, token: str | None = None) -> tuple[list[str] | None, str | None]:
+               revision: str | None = None, token: str | None = None,
+               plan_task: str | None = None) -> tuple[list[str] | None, str | None]:
     """The calibration texts of a `calibration` section and where they came from (`None` texts: the sample batch)."""
     register_secret(token)
     where = _base(target_name)
@@ -185,7 +196,7 @@ def load_texts(section: dict, recipe, target_name: str, source: str | Path | Non
     limit = section.get("num_samples", DEFAULT_NUM_SAMPLES)
     field_name = section.get("field")
     if kind == "sample_inputs":
-        texts = recipe.sample_inputs.get("text")
+        texts = sample_texts(recipe.sample_inputs, plan_task)
         return (list(texts[:limit]) if texts else None), "recipe sample_inputs"
     if kind == "texts":
         return list(section["texts"][:limit]), "recipe (inline texts)"
@@ -238,7 +249,7 @@ def build_calibration(section: dict, plan, processor, model_config, source=None,
 
     target_name = plan.target.name
     where = _base(target_name)
-    texts, origin = load_texts(section, plan.recipe, target_name, source, revision, token)
+    texts, origin = load_texts(section, plan.recipe, target_name, source, revision, token, plan.task)
     inputs = plan.inputs
     if texts is None:  # sample inputs without texts (images, audio, explicit tensors): the one input batch
         return Calibration(section["source"], origin, 1, [dict(inputs)], batch_size=_batch_of(inputs), padding="sample")
@@ -280,8 +291,8 @@ def build_calibration(section: dict, plan, processor, model_config, source=None,
                 sample[key] = encoded[key].to(value.dtype) if isinstance(value, torch.Tensor) else encoded[key]
             elif isinstance(value, torch.Tensor):
                 raise PlanError(
-                    f"{where}: the tokenizer makes no {key!r}, which this target is traced with "
-                    f"(traced inputs: {', '.join(text_keys)}); use source sample_inputs"
+                    f"{where}: calibration texts give only the tokenizer's inputs, and this target is also traced "
+                    f"with {key!r} (traced inputs: {', '.join(text_keys)})"
                 )
             else:
                 sample[key] = value  # flags such as use_cache=False

@@ -42,6 +42,8 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"**Error:** {target.error}", ""]
         if target.unchanged_reason:
             lines += [f"Unchanged: {target.unchanged_reason}", ""]
+        if target.quantization:
+            lines += [quantization_markdown(target.quantization), ""]
         section = target_verification_markdown(target)
         if section:
             lines += [section, ""]
@@ -50,6 +52,31 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"| `{entry['path']}` | {human_bytes(entry['bytes'])} |" for entry in target.files]
             lines += ["", "</details>"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def quantization_markdown(quantization: dict) -> str:
+    """One line: method, preset/params, calibration source and samples, size and latency against the reference."""
+    what = quantization["method"] + (f" `{quantization['preset']}`" if quantization.get("preset") else "")
+    params = ", ".join(f"{key}={value}" for key, value in (quantization.get("params") or {}).items())
+    line = f"**Quantization:** {what}" + (f" ({_cell(params)})" if params else "")
+    calibration = quantization.get("calibration")
+    if calibration:
+        line += (f" · calibration: {calibration['samples']} sample(s) from {_cell(calibration.get('origin') or calibration['source'])}"
+                 f" in {calibration['batches']} batch(es)")
+    elif quantization.get("data") == "none":
+        line += " · data-free"
+    comparison = quantization.get("comparison") or {}
+    if comparison.get("size_ratio") is not None:
+        line += (f" · size {human_bytes(comparison['bytes'])} = {comparison['size_ratio']:.2f}x of "
+                 f"{human_bytes(comparison['reference_bytes'])}")
+        if comparison.get("latency_ratio") is not None:
+            shapes = ", ".join(f"{key} {'x'.join(map(str, shape))}" for key, shape in comparison["latency_inputs"].items())
+            line += (f" · latency {comparison['latency_ms']:.1f} ms = {comparison['latency_ratio']:.2f}x of "
+                     f"{comparison['reference_latency_ms']:.1f} ms ({_cell(shapes)})")
+        line += f" · reference: {_cell(comparison.get('reference'))}"
+    elif comparison.get("reason") or comparison.get("error"):
+        line += f" · not compared: {_cell(comparison.get('reason') or comparison.get('error'))}"
+    return line
 
 
 def _cell(text) -> str:

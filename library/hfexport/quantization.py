@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import shutil
@@ -92,6 +93,7 @@ PT2E_PRESETS = {
 }
 
 
+@functools.cache
 def _xnnpack_quantizer_class():
     """ExecuTorch's `XNNPACKQuantizer`, with its scalar-to-tensor pass kept off integer arithmetic.
 
@@ -338,13 +340,15 @@ def data_need(section: dict) -> str:
     return "none"
 
 
-def _sample_text_count(sample_inputs: dict) -> int:
-    texts = sample_inputs.get("text")
-    return len(texts) if texts else 1
+def _sample_text_count(sample_inputs: dict, task: str | None) -> int:
+    from .calibration import sample_texts
+
+    return len(sample_texts(sample_inputs, task) or [None])
 
 
 def section_problems(section: dict, export_format: str, options: dict | None, target_path: list,
-                     sample_inputs: dict | None = None, calibration: bool = True) -> list[Problem]:
+                     sample_inputs: dict | None = None, calibration: bool = True,
+                     task: str | None = None) -> list[Problem]:
     """Every problem of a target's `quantization` section, with JSON paths (the schema has already passed).
     `calibration=False` leaves the calibration section out (it needs the recipe's sample inputs)."""
     base = ".".join(map(str, [*target_path, "quantization"]))
@@ -408,11 +412,12 @@ def section_problems(section: dict, export_format: str, options: dict | None, ta
         problems.append(Problem(f"{base}.params.gptq", "gptq and lora_correction cannot be combined; choose one"))
 
     if calibration:
-        problems.extend(_calibration_problems(section, method, f"{base}.calibration", sample_inputs or {}))
+        problems.extend(_calibration_problems(section, method, f"{base}.calibration", sample_inputs or {}, task))
     return problems
 
 
-def _calibration_problems(section: dict, method: str, path: str, sample_inputs: dict) -> list[Problem]:
+def _calibration_problems(section: dict, method: str, path: str, sample_inputs: dict,
+                          task: str | None = None) -> list[Problem]:
     calibration = section.get("calibration")
     need = data_need(section)
     what = f"{method} ({section['preset']})" if section.get("preset") else method
@@ -454,7 +459,7 @@ def _calibration_problems(section: dict, method: str, path: str, sample_inputs: 
         if source == "texts" and "texts" in calibration:
             count = len(calibration["texts"])
         elif source == "sample_inputs":
-            count = _sample_text_count(sample_inputs)
+            count = _sample_text_count(sample_inputs, task)
         if calibration.get("num_samples") == 1 or count == 1:
             where = f"{path}.num_samples" if calibration.get("num_samples") == 1 else (
                 f"{path}.texts" if source == "texts" else f"{path}.source"
@@ -503,7 +508,33 @@ def build_quantizer(target) -> Any:
     except ImportError as error:
         raise PlanError(f"targets.{target.name}.quantization.preset: {section['preset']} needs {error.name or error}; "
                         "install it with `pip install 'hfexport[quantization]'`") from None
-    return exporters.PT2EQuantizer(quantizer)
+    return _pt2e_quantizer_class()(quantizer)
+
+
+@functools.cache
+def _pt2e_quantizer_class():
+    """The engine's `PT2EQuantizer`, giving each dynamically quantized op its own quantize chain for ExecuTorch.
+
+    transformers 5.23's `PT2EQuantizer` hands `convert_pt2e`'s graph to the backend as is. With dynamic activation
+    quantization, linears that read the same activation (q/k/v projections) share one choose_qparams/quantize/
+    dequantize chain, and ExecuTorch's XNNPACK partitioner then fails on the shared chain ("Invalid partition, found
+    dependency cycles"). ExecuTorch's own LLM export runs its `DuplicateDynamicQuantChainPass` at that point; so does
+    this subclass, for ExecuTorch exports only.
+    """
+    from transformers.exporters import ExportFormat, PT2EQuantizer
+
+    class ExecutorchReadyPT2EQuantizer(PT2EQuantizer):
+        def quantize(self, model, sample_inputs, export_format):
+            quantized = super().quantize(model, sample_inputs, export_format)
+            if export_format == ExportFormat.EXECUTORCH:
+                from executorch.backends.transforms.duplicate_dynamic_quant_chain import (
+                    DuplicateDynamicQuantChainPass,
+                )
+
+                quantized = DuplicateDynamicQuantChainPass()(quantized).graph_module
+            return quantized
+
+    return ExecutorchReadyPT2EQuantizer
 
 
 def engine_arguments(quantizer) -> dict:

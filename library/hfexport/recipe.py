@@ -292,7 +292,7 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
         quantization = target.get("quantization")
         if quantization:  # method x format, preset, params, calibration (hfexport.quantization)
             problems.extend(section_problems(quantization, export_format, target.get("options"), base,
-                                             recipe.get("sample_inputs")))
+                                             recipe.get("sample_inputs"), task=recipe.get("task")))
     return problems
 
 
