@@ -1,0 +1,193 @@
+"""The `hfexport` command: `show` (text and JSON), `export --json` with a clean stdout, one readable line and exit 2
+for what cannot run, and a token given with --token that never shows in output or report files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from hfexport import cli as hfexport_cli
+
+SECRET = "hf_SECRETSECRETSECRET123"
+
+
+@pytest.fixture
+def run(capsys):
+    """`run(*argv) -> (exit code, stdout, stderr)` through `hfexport.cli.main` in this process."""
+    environ = dict(os.environ)
+
+    def call(*argv: str):
+        capsys.readouterr()
+        with warnings.catch_warnings():
+            code = hfexport_cli.main([str(arg) for arg in argv])
+        logging.disable(logging.NOTSET)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    yield call
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+def assert_one_readable_error(code: int, out: str, err: str, *needles: str) -> None:
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert lines and lines[0].startswith("error:"), err
+    assert len(lines) <= 3, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+# ── show ─────────────────────────────────────────────────────────────────────
+
+
+def test_show_prints_components_and_dims(run, tiny_bert):
+    code, out, err = run("show", tiny_bert, "--target", "onnx")
+    assert code == 0, err
+    assert "target onnx: onnx / forward" in out
+    assert "dims: batch [1, 8], seq [2, 64]" in out
+    assert "component model" in out
+    assert "input_ids" in out and "seq [2, 64]" in out and "opset_version" in out
+
+
+def test_show_json_parses(run, tiny_bert):
+    code, out, _ = run("show", tiny_bert, "--target", "pt2", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["target"] == "pt2" and plan["export_format"] == "dynamo"
+    assert plan["components"]["model"]["dynamic_axes"]["input_ids"] == {"0": "batch [1, 8]", "1": "seq [2, 64]"}
+
+
+def test_show_generation_target_json(run, tiny_llama):
+    code, out, _ = run("show", tiny_llama, "--target", "onnx-generation", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert list(plan["components"]) == ["prefill", "decode"]
+
+
+# ── export --json ────────────────────────────────────────────────────────────
+
+
+def test_export_json_report_on_a_clean_stdout(cli, tiny_bert, tmp_path):
+    """The real command, ONNX (whose exporter prints progress lines): stdout is exactly the report."""
+    output = tmp_path / "out"
+    result = cli("export", str(tiny_bert), "--target", "onnx", "-o", str(output), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == "ok"
+    assert report["targets"]["onnx"]["status"] == "ok"
+    assert report == json.loads((output / "export_report.json").read_text())
+    assert {entry["path"] for entry in report["targets"]["onnx"]["files"]} >= {"model.onnx", "export.json"}
+
+
+# ── What cannot run: one line, exit 2 ────────────────────────────────────────
+
+
+def test_unknown_target(run, tiny_bert, tmp_path):
+    code, out, err = run("export", tiny_bert, "--target", "tflite", "-o", tmp_path / "out")
+    assert_one_readable_error(code, out, err, "'tflite'", "onnx, openvino, pt2, pte")
+    assert not (tmp_path / "out").exists()
+
+
+def test_show_unknown_target(run, tiny_bert):
+    code, out, err = run("show", tiny_bert, "--target", "nope")
+    assert_one_readable_error(code, out, err, "'nope'")
+
+
+def test_missing_model_folder(run, tmp_path):
+    code, out, err = run("export", tmp_path / "no-such-model", "-o", tmp_path / "out")
+    assert_one_readable_error(code, out, err, "no-such-model")
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_hub_model(run, tmp_path):
+    code, out, err = run("export", "user/no-such-model", "-o", tmp_path / "out")
+    assert_one_readable_error(code, out, err, "user/no-such-model")
+
+
+def test_invalid_recipe(run, tiny_bert, tmp_path):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text('{"export_format": "onnx", "opset_version": "eighteen"}')
+    code, out, err = run("export", tiny_bert, "--recipe", recipe, "-o", tmp_path / "out")
+    assert code == 2 and "Traceback" not in err
+    assert "opset_version: 'eighteen' is not of type 'integer'" in err
+
+
+def test_unknown_format(run, tiny_bert, tmp_path):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text('{"export_format": "tflite"}')
+    code, out, err = run("export", tiny_bert, "--recipe", recipe, "-o", tmp_path / "out")
+    assert code == 2 and "Traceback" not in err
+    assert "export_format: 'tflite' is not one of" in err
+
+
+def test_missing_recipe_file(run, tiny_bert, tmp_path):
+    code, out, err = run("export", tiny_bert, "--recipe", tmp_path / "nope.json", "-o", tmp_path / "out")
+    assert_one_readable_error(code, out, err, "nope.json")
+
+
+def test_usage_errors_exit_2(run):
+    code, _, err = run("export")
+    assert code == 2 and "usage" in err
+    code, _, _ = run("no-such-command")
+    assert code == 2
+
+
+def test_real_command_errors_have_no_traceback(cli, tmp_path):
+    result = cli("export", str(tmp_path / "missing"), "-o", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert result.stderr.startswith("error:")
+
+
+# ── Tokens ───────────────────────────────────────────────────────────────────
+
+
+def assert_no_secret(*texts: str, folder: Path | None = None) -> None:
+    for text in texts:
+        assert SECRET not in text
+    if folder is not None and folder.exists():
+        for path in folder.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_bad_token_is_never_printed(run, hub, tiny_bert, tmp_path):
+    hub.seed_repo("user/token-private", {name: (tiny_bert / name).read_bytes() for name in
+                                         ("config.json", "export_config.json")}, private=True)
+    for argv in (
+        ("export", "user/token-private", "--token", SECRET, "-o", tmp_path / "out"),
+        ("export", "user/token-missing", "--token", SECRET, "-o", tmp_path / "out"),
+        ("validate", "user/token-private", "--token", SECRET),
+        ("show", "user/token-private", "--token", SECRET),
+        ("export", "user/token-private", "--token", SECRET, "-o", tmp_path / "out", "--json"),
+    ):
+        code, out, err = run(*argv)
+        assert code == 2, (argv, out, err)
+        assert "Traceback" not in err
+        assert_no_secret(out, err, folder=tmp_path / "out")
+
+
+def test_real_command_with_a_bad_token(cli, hub, tmp_path):
+    result = cli("export", "user/token-private-2", "--token", SECRET, "-o", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert_no_secret(result.stdout, result.stderr, folder=tmp_path / "out")
+
+
+def test_valid_token_stays_out_of_output_and_reports(run, hub, tiny_bert, tmp_path):
+    """A token that works: the whole job runs from a private Hub repo, and neither the output nor any file names it."""
+    hub.add_token(SECRET, user=hub.user, role="read")
+    hub.seed_repo("user/token-ok", tiny_bert, private=True)
+    output = tmp_path / "out"
+    code, out, err = run("export", "user/token-ok", "--token", SECRET, "--target", "pt2", "-o", output, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["targets"]["pt2"]["status"] == "ok"
+    assert report["source"]["commit"] == hub.head("user/token-ok")
+    assert_no_secret(out, err, folder=output)
