@@ -1,8 +1,9 @@
 """Cache keys: whether a target needs exporting again.
 
-A target's key hashes what decides its artifacts: the source model's files (`source.content_hash`: a hash of the
-weights and configs of a local folder, or of their blob ids at a Hub revision — not the repo's commit, which
-publishing the exports into the same repo would change), the target's canonical recipe hash
+A target's key hashes what decides its artifacts: the source model's files (`source.content_hash`: the sha256 of
+each config and weight file, of a local folder or at a Hub revision — the same files give the same hash either way;
+not the repo's commit, which publishing the exports into the same repo would change), the target's canonical recipe
+hash
 (`Recipe.target_hash`), and the versions of hfexport, the engine (transformers, torch) and the target's backend
 packages. `lookup` finds a previous export with the same key in OUTPUT (`OUTPUT/<target>/export_report.json`) or
 published in a Hub repo (`exports/<target>/export_report.json` at the open hfexport PR's head, then the branch),
@@ -44,26 +45,41 @@ def is_source_file(path: str) -> bool:
     return not path.startswith("exports/") and (name in SOURCE_FILE_NAMES or name.endswith(WEIGHT_SUFFIXES))
 
 
+def _files_hash(entries: list[list[str]]) -> str:
+    return hashlib.sha256(json.dumps(sorted(entries)).encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    from huggingface_hub.utils.sha import sha_fileobj
+
+    with path.open("rb") as stream:
+        return sha_fileobj(stream).hex()
+
+
 def local_content_hash(folder: Path) -> str:
-    """sha256 over a local model folder's configs and weights (relative paths and bytes)."""
-    digest = hashlib.sha256()
-    for file in sorted(folder.rglob("*")):
-        relative = file.relative_to(folder).as_posix()
-        if file.is_file() and is_source_file(relative) and not relative.startswith("."):
-            digest.update(relative.encode() + b"\0")
-            with file.open("rb") as stream:
-                for chunk in iter(lambda: stream.read(1 << 20), b""):
-                    digest.update(chunk)
-    return digest.hexdigest()
+    """sha256 over a local model folder's configs and weights: [relative path, sha256 of the file] pairs."""
+    return _files_hash([
+        [file.relative_to(folder).as_posix(), file_sha256(file)]
+        for file in folder.rglob("*")
+        if file.is_file() and is_source_file(file.relative_to(folder).as_posix()) and not file.name.startswith(".")
+    ])
 
 
-def hub_content_hash(siblings) -> str:
-    """sha256 over a Hub revision's configs and weights, by their blob ids (LFS sha256 when there is one)."""
-    entries = sorted(
-        [sibling.rfilename, (sibling.lfs.sha256 if getattr(sibling, "lfs", None) else None) or sibling.blob_id]
-        for sibling in siblings or [] if is_source_file(sibling.rfilename)
-    )
-    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+def hub_content_hash(repo_id: str, commit: str, siblings, token: str | None = None) -> str:
+    """`local_content_hash` of a Hub revision, without downloading LFS files: the Hub gives their sha256; the
+    others (small by the Hub's rules: configs, tiny weights) are downloaded into the cache and hashed."""
+    from huggingface_hub import hf_hub_download
+
+    entries = []
+    for sibling in siblings or []:
+        if not is_source_file(sibling.rfilename):
+            continue
+        lfs = getattr(sibling, "lfs", None)
+        digest = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
+        if not digest:
+            digest = file_sha256(Path(hf_hub_download(repo_id, sibling.rfilename, revision=commit, token=token)))
+        entries.append([sibling.rfilename, digest])
+    return _files_hash(entries)
 
 
 def target_packages(target: Target) -> tuple[str, ...]:

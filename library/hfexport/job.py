@@ -90,8 +90,10 @@ def resolve_source(model: str | Path, revision: str | None, token: str | None) -
         raise SourceError(f"cannot reach the Hub for {model}: {redact(str(error).splitlines()[0])}") from None
     from .cache import hub_content_hash
 
-    # content_hash: the model files' blob ids, so publishing exports into the same repo (a new commit) is no change.
-    return {"model": str(model), "revision": revision, "commit": info.sha, "content_hash": hub_content_hash(info.siblings)}
+    # content_hash: the model files' sha256, so publishing exports into the same repo (a new commit) is no change,
+    # and a folder with the same files has the same hash.
+    content_hash = hub_content_hash(str(model), info.sha, info.siblings, token)
+    return {"model": str(model), "revision": revision, "commit": info.sha, "content_hash": content_hash}
 
 
 def select_targets(recipe: Recipe, targets: Sequence[str] | None, all_targets: bool) -> list[str]:

@@ -306,10 +306,9 @@ def _git_blob_sha1(path: Path) -> str:
 
 
 def _sha256(path: Path) -> str:
-    from huggingface_hub.utils import sha_fileobj
+    from .cache import file_sha256
 
-    with path.open("rb") as stream:
-        return sha_fileobj(stream).hex()
+    return file_sha256(path)
 
 
 def _content_hash(chosen: list[_Target]) -> str:
