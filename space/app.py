@@ -9,7 +9,6 @@ reproducing `hfexport` command). Run it locally against any Hub endpoint: see RE
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +233,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
         propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]
+    demo.hfexport_runner = runner  # type: ignore[attr-defined]
     return demo
 
 
@@ -253,6 +253,7 @@ def launch(settings: logic.SpaceSettings | None = None, **launch_kwargs) -> gr.B
     """Build, queue (one export at a time, a bounded queue) and launch; returns the running Blocks."""
     demo = build_app(settings)
     settings = demo.hfexport_settings  # type: ignore[attr-defined]
+    demo.hfexport_runner.start()  # type: ignore[attr-defined] # the job process imports the engine meanwhile
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=8)
     allowed = [str(Path(settings.workdir).resolve()), *launch_kwargs.pop("allowed_paths", [])]
     demo.launch(allowed_paths=allowed, css=CSS, footer_links=["api"], **launch_kwargs)
@@ -260,5 +261,4 @@ def launch(settings: logic.SpaceSettings | None = None, **launch_kwargs) -> gr.B
 
 
 if __name__ == "__main__":
-    launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
-           server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    launch()  # host and port: GRADIO_SERVER_NAME / GRADIO_SERVER_PORT (a Space sets them), else 127.0.0.1:7860

@@ -243,6 +243,7 @@ def test_model_over_the_preflight_limit_is_refused_with_numbers(space, hub, new_
     sign_in(page)
     load(page, repo)
     page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    before = sorted(space.settings.workdir.rglob("*"))
     page.locator("#convert").click()
     page.locator("#results", has_text="Model too large").wait_for(timeout=JOB_TIMEOUT_MS)
     results = text_of(page, "#results")
@@ -250,7 +251,7 @@ def test_model_over_the_preflight_limit_is_refused_with_numbers(space, hub, new_
     assert f"hfexport export {repo}" in results
     shot(page, "14-preflight-refused")
     assert hub.discussions(repo) == []
-    assert not any(space.settings.workdir.rglob("*.onnx"))  # nothing exported, the session folder is gone
+    assert sorted(space.settings.workdir.rglob("*")) == before  # nothing exported, no folder left behind
 
 
 def test_model_without_recipe_gets_a_proposal_to_edit_and_a_recipe_pr(space, hub, new_page):

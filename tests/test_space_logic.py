@@ -342,3 +342,43 @@ def test_validated_with_is_recorded_only_for_a_recipe_whose_every_target_passed_
     edited = {**recipe, "default_target": "pt2"}  # not the recipe that was verified
     assert logic.finalize_proposal(edited, verified) == (edited, False)
     assert logic.finalize_proposal(recipe, None) == (recipe, False)
+
+
+def test_space_metadata_pins_the_installed_gradio_and_installs_hfexport():
+    import re
+
+    import gradio
+    import yaml
+
+    import hfexport
+
+    space = Path(__file__).resolve().parent.parent / "space"
+    front = re.match(r"^---\n(.*?)\n---\n", (space / "README.md").read_text(), re.S)
+    metadata = yaml.safe_load(front.group(1))
+    assert metadata["sdk"] == "gradio" and metadata["sdk_version"] == gradio.__version__
+    assert (space / metadata["app_file"]).is_file()
+    assert metadata["hf_oauth"] is True and metadata["hf_oauth_scopes"] == ["read-repos", "write-discussions"]
+    requirements = (space / "requirements.txt").read_text().splitlines()
+    line = next(line for line in requirements if line.startswith("hfexport"))
+    assert "space" in re.search(r"\[(.*?)\]", line).group(1).split(",")
+    assert line.endswith(f"=={hfexport.__version__}")
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_the_next_job_gets_a_fresh_process(hub, tmp_path):
+    repo = unique("slow")
+    hub.seed_repo(repo, EXAMPLES / "tiny-bert")
+    runner = logic.JobRunner(logic.SpaceSettings(workdir=tmp_path, job_timeout_s=1.0))
+    try:
+        output = tmp_path / "slow" / "out"
+        events = list(runner.run(logic.JobRequest(repo, output, ["onnx"], token=hub.read_token)))
+        failure = events[-1].failure
+        assert (failure.category, events[-1].report) == ("Export crashed", None)
+        assert "past its 1 s limit" in failure.message and failure.command.startswith(f"hfexport export {repo}")
+        assert not output.exists()
+        runner.settings.job_timeout_s = 600
+        missing = unique("missing")
+        events = list(runner.run(logic.JobRequest(missing, tmp_path / "next" / "out", [], token=hub.read_token)))
+        assert events[-1].failure.category == "Repository not found"
+    finally:
+        runner.close()
+    assert runner.worker._process is None

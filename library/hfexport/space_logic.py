@@ -6,8 +6,9 @@ This module adds what a multi-user web page needs around those calls:
 
 - `Workspace`: a per-session temp folder for each job, removed when the job fails, when the session starts another
   job, when it ends (closed tab / state expiry) or when it is older than a time-to-live.
-- `JobRunner`: one export at a time in the process (Gradio's queue already serialises the Convert event with
-  `concurrency_limit=1`; this guards any other caller), progress events streamed from a worker thread.
+- `JobRunner`: one export at a time (Gradio's queue already serialises the Convert event with
+  `concurrency_limit=1`; this guards any other caller), run in a child process (`hfexport.worker`) so the web
+  server stays responsive, progress events streamed back as they happen.
 - `describe_failure`: any error as a short category, one redacted line, and the exact `hfexport` command that
   reproduces it locally. Never a traceback, never a token.
 - `check_recipe_text`: validation for the recipe editor, problems with their JSON paths located on the lines of
@@ -21,14 +22,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import shlex
 import shutil
 import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ class SpaceSettings:
     verify: bool = True
     keep_downloads: bool = False  # False: a model's downloaded weights leave the Hub cache after its job
     use_hf_token_for_mock_login: bool = False  # local runs against a real Hub: see `hub_token`
+    job_timeout_s: float = 3600.0  # a job running longer is stopped (its process killed) and reported
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> SpaceSettings:
@@ -79,6 +80,7 @@ class SpaceSettings:
             verify=env.get("HFEXPORT_SPACE_VERIFY", "1") != "0",
             keep_downloads=env.get("HFEXPORT_SPACE_KEEP_DOWNLOADS", "0") == "1",
             use_hf_token_for_mock_login=env.get("HFEXPORT_SPACE_USE_HF_TOKEN", "0") == "1",
+            job_timeout_s=float(env.get("HFEXPORT_SPACE_JOB_TIMEOUT_S", "3600")),
         )
 
 
@@ -572,66 +574,64 @@ class Finished:
 
 
 class JobRunner:
-    """Runs one job at a time in this process and streams its progress events.
+    """Runs one job at a time and streams its progress events; the job itself runs in a child process.
 
-    `run(request)` yields `job.Step` events as the job reports them (preflight, load_model, plan/export/save/verify
-    per target, target) and finally one `Finished`. The job runs in a worker thread so the caller (a Gradio generator)
-    can keep the page updated; only one job holds the lock at any time.
+    `run(request)` yields `job.Step` events as the job reports them (cache, preflight, load_model,
+    plan/export/save/verify per target, target) and finally one `Finished`. The child (`hfexport.worker`) keeps
+    the engine imported between jobs and leaves the web server's interpreter free while a job traces and optimizes.
     """
 
     _lock = threading.Lock()
 
     def __init__(self, settings: SpaceSettings):
+        from .worker import JobWorker
+
         self.settings = settings
+        self.worker = JobWorker()
 
     @property
     def busy(self) -> bool:
         return self._lock.locked()
 
+    def start(self) -> None:
+        self.worker.start()
+
+    def close(self) -> None:
+        self.worker.close()
+
     def run(self, request: JobRequest) -> Iterator[Any]:
         from .job import Step
+        from .report import JobReport
+        from .worker import settings_from
 
-        events: queue.Queue = queue.Queue()
-        outcome: dict[str, Any] = {}
         started = time.perf_counter()
-
-        def work() -> None:
-            with self._lock:
-                outcome["waited_s"] = time.perf_counter() - started
-                try:
-                    outcome["report"] = self._run_job(request, events.put)
-                except BaseException as error:  # noqa: BLE001 - reported as a Failure, never re-raised in a thread
-                    outcome["error"] = error
-                finally:
-                    if not self.settings.keep_downloads:
-                        with contextlib.suppress(Exception):
-                            drop_cached_downloads(request.model)
-                    events.put(None)
-
-        worker = threading.Thread(target=work, name=f"hfexport-job-{request.model}", daemon=True)
-        worker.start()
-        while True:
-            event = events.get()
-            if event is None:
-                break
-            if isinstance(event, Step):
-                yield event
-        worker.join()
-        finished = Finished(seconds=time.perf_counter() - started, waited_s=outcome.get("waited_s", 0.0))
-        if "error" in outcome:
-            finished.failure = describe_failure(outcome["error"], request.command)
+        message = {
+            "model": request.model, "output": str(request.output), "targets": request.targets or None,
+            "revision": request.revision, "token": request.token, "recipe": request.recipe,
+            "verify": self.settings.verify, "command": request.command, "keep_downloads": self.settings.keep_downloads,
+            "env": settings_from(),
+        }
+        finished = Finished()
+        with self._lock:
+            finished.waited_s = time.perf_counter() - started
+            for event in self.worker.run(message, timeout_s=self.settings.job_timeout_s):
+                kind = event.get("type")
+                if kind == "step":
+                    yield Step(**event["step"])
+                elif kind == "done":
+                    finished.report = JobReport.from_dict(event["report"])
+                elif kind == "failed":
+                    failure = event["failure"]
+                    finished.failure = Failure(failure["category"], failure["message"], failure.get("command"),
+                                               [Problem(p["path"], p["message"]) for p in failure.get("problems", [])])
+                else:
+                    finished.failure = Failure("Export crashed", redact(event.get("message", "")), request.command)
+        finished.seconds = time.perf_counter() - started
+        if finished.report is None:
             _remove(request.output)
         else:
-            finished.report = outcome["report"]
             finished.failure = report_failure(finished.report, request.command)
         yield finished
-
-    def _run_job(self, request: JobRequest, progress: Callable):
-        from .job import run_job
-
-        # run_job checks the preflight (memory and disk vs the weights' metadata) before downloading anything.
-        return run_job(request.model, request.output, targets=request.targets, revision=request.revision,
-                       token=request.token, recipe=request.recipe, progress=progress, verify=self.settings.verify)
 
 
 # ── Progress rendering ───────────────────────────────────────────────────────

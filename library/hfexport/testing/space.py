@@ -97,3 +97,4 @@ def running_space(settings=None, *, login_token: str, **launch_kwargs) -> Iterat
         yield RunningSpace(demo.local_url.rstrip("/"), demo, demo.hfexport_settings)
     finally:
         demo.close()
+        demo.hfexport_runner.close()
