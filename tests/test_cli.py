@@ -191,3 +191,19 @@ def test_valid_token_stays_out_of_output_and_reports(run, hub, tiny_bert, tmp_pa
     assert report["targets"]["pt2"]["status"] == "ok"
     assert report["source"]["commit"] == hub.head("user/token-ok")
     assert_no_secret(out, err, folder=output)
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_output_that_cannot_be_a_folder_is_refused_before_exporting(run, tiny_bert, tmp_path, monkeypatch, below):
+    """It used to export first (a minute for a big model) and fail when saving."""
+    import hfexport.exporter
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported although the output cannot be written")
+
+    monkeypatch.setattr(hfexport.exporter, "run_plan", no_export)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, out, err = run("export", tiny_bert, "--target", "pt2", "-o", blocker / below if below else blocker)
+    assert_one_readable_error(code, out, err, "a-file exists and is not a folder")
+    assert blocker.read_text() == "not a folder"

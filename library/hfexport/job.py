@@ -128,6 +128,18 @@ def save_atomically(output: Path, name: str, write: Callable[[Path], None]) -> P
     return final
 
 
+def check_output(output: Path) -> None:
+    """Refuse an OUTPUT that cannot become a folder we write to, before anything is loaded or exported."""
+    for path in (output, *output.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            raise HfExportError(f"output {output}: {path} exists and is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise HfExportError(f"output {output}: {path} is not writable")
+        return
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set size so far, in MB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -171,6 +183,7 @@ def run_job(
     output = Path(output)
     loaded_recipe = load_recipe(recipe if recipe is not None else model, revision=revision, token=token)
     names = select_targets(loaded_recipe, targets, all_targets)
+    check_output(output)
     source = {
         **resolve_source(model, revision, token),
         "recipe_source": loaded_recipe.source,
