@@ -1,0 +1,114 @@
+"""Preflight: memory and disk needs estimated from safetensors metadata (local headers, or the Hub's over HTTP),
+and a clear refusal before any weights are loaded when they do not fit."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hfexport.job import Step, run_job
+from hfexport.preflight import (
+    DISK_FACTOR,
+    MEMORY_FACTOR,
+    RUNTIME_MB,
+    PreflightError,
+    estimate,
+    weights_metadata,
+)
+from hfexport.recipe import load_recipe
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
+LLAMA = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"
+MB = 1 << 20
+
+
+def _parameters(folder: Path) -> int:
+    from safetensors.numpy import load_file
+
+    return sum(array.size for array in load_file(str(folder / "model.safetensors")).values())
+
+
+def test_local_weights_from_safetensors_headers():
+    total, dtypes = weights_metadata(EXAMPLE)
+    count = _parameters(EXAMPLE)
+    assert dtypes == {"F32": count} and total == 4 * count
+    assert total < (EXAMPLE / "model.safetensors").stat().st_size  # the header is not weights
+
+
+def test_hub_weights_over_http_match_and_sharded_repos_sum(hub, tmp_path):
+    repo = f"user/preflight-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, EXAMPLE)
+    assert weights_metadata(repo) == weights_metadata(EXAMPLE)
+
+    # A sharded checkpoint: model.safetensors.index.json + two shards, read through their headers only.
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(EXAMPLE / "model.safetensors"))
+    names = sorted(tensors)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    files = {"config.json": (EXAMPLE / "config.json").read_bytes()}
+    weight_map = {}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(tmp_path / shard))
+        files[shard] = (tmp_path / shard).read_bytes()
+        weight_map.update({k: shard for k in keys})
+    files["model.safetensors.index.json"] = json.dumps({"metadata": {}, "weight_map": weight_map}).encode()
+    sharded = f"user/sharded-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(sharded, files)
+    assert weights_metadata(sharded) == weights_metadata(EXAMPLE)
+
+
+def test_estimates_follow_the_documented_multipliers(tmp_path):
+    bert, llama = load_recipe(EXAMPLE), load_recipe(LLAMA)
+    weights, _ = weights_metadata(EXAMPLE)
+    onnx = estimate(EXAMPLE, [bert.target("onnx")], tmp_path)
+    assert onnx.memory_needed == RUNTIME_MB * MB + int(weights * MEMORY_FACTOR["onnx"])
+    assert onnx.disk_needed == int(weights * DISK_FACTOR)
+    both = estimate(EXAMPLE, [bert.target("onnx"), bert.target("pt2")], tmp_path)
+    assert both.memory_needed == onnx.memory_needed  # targets run one after another: the largest one counts
+    assert both.disk_needed == 2 * onnx.disk_needed
+    generation = estimate(LLAMA, [llama.target("onnx-generation")], tmp_path)
+    llama_weights, _ = weights_metadata(LLAMA)
+    assert generation.disk_needed == int(llama_weights * DISK_FACTOR * 2)  # prefill and decode graphs
+    assert onnx.memory_available and onnx.disk_available and onnx.fits
+
+
+def test_not_enough_memory_is_refused_before_loading(monkeypatch, tmp_path):
+    monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "1")
+    steps: list[Step] = []
+    with pytest.raises(PreflightError) as error:
+        run_job(EXAMPLE, tmp_path / "out", targets=["onnx"], progress=steps.append)
+    message = str(error.value)
+    assert "not enough memory: about" in message and "needed" in message and "1.0 MB available" in message
+    assert "--no-preflight" in message and "onnx/forward" in message
+    assert not any(step.step == "load_model" for step in steps)
+    assert not (tmp_path / "out" / "onnx").exists()
+
+
+def test_not_enough_disk_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("HFEXPORT_DISK_LIMIT_MB", "0.01")
+    with pytest.raises(PreflightError, match=r"not enough disk space in .*needed .*free"):
+        run_job(EXAMPLE, tmp_path / "out", targets=["onnx", "pt2"])
+
+
+def test_cli_refusal_is_one_line_and_no_preflight_bypasses_it(cli, tmp_path, monkeypatch):
+    run = cli("export", str(EXAMPLE), "--target", "pt2", "-o", str(tmp_path / "out"),
+              env={"HFEXPORT_MEMORY_LIMIT_MB": "1"})
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "not enough memory" in run.stderr and "--no-preflight" in run.stderr
+    assert not (tmp_path / "out" / "pt2").exists()
+
+    monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "1")
+    report = run_job(EXAMPLE, tmp_path / "out", targets=["pt2"], preflight=False, verify=False)
+    assert report.targets["pt2"].status == "ok" and (tmp_path / "out" / "pt2" / "model.pt2").is_file()
+
+
+def test_bad_override_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "lots")
+    with pytest.raises(PreflightError, match="HFEXPORT_MEMORY_LIMIT_MB='lots' is not a number of megabytes"):
+        run_job(EXAMPLE, tmp_path / "out", targets=["onnx"])
