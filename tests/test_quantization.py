@@ -98,6 +98,9 @@ INVALID = {
                                      "openvino", f"{Q}.calibration", "has none"),
     "data-free with data": ({"method": "ort_dynamic", "calibration": {"source": "sample_inputs"}}, "onnx",
                             f"{Q}.calibration", "data-free"),
+    "int4 that reads no data, with data": ({"method": "nncf_weights", "params": {"mode": "int4_sym"},
+                                            "calibration": {"source": "texts", "texts": TEXTS}}, "openvino",
+                                           f"{Q}.calibration", "data-free"),
     "unknown source": ({"method": "ort_static", "calibration": {"source": "wikipedia"}}, "onnx",
                        f"{Q}.calibration.source", "sample_inputs"),
     "texts without texts": ({"method": "ort_static", "calibration": {"source": "texts"}}, "onnx", f"{Q}.calibration",
@@ -463,7 +466,8 @@ def test_generation_targets_calibrate_each_component_on_its_own_captured_inputs(
     model, processor = load_model(tiny_llama), load_processor(tiny_llama)
     document = json.loads((tiny_llama / "export_config.json").read_text())
     target = copy.deepcopy(document["targets"]["openvino-generation"])
-    target["quantization"] = {"method": "nncf_weights", "params": {"mode": "int4_sym", "group_size": 16},
+    target["quantization"] = {"method": "nncf_weights",
+                              "params": {"mode": "int4_sym", "group_size": 16, "scale_estimation": True},
                               "calibration": {"source": "texts", "texts": TEXTS}}
     document["targets"], document["default_target"] = {"t": target}, "t"
     plan = _plan(document, model, processor)
@@ -573,7 +577,8 @@ def _check_generation_job(report, name: str):
 def test_tiny_llama_nncf_int4_openvino_generation_with_calibration_texts(tiny_llama, tmp_path):
     from hfexport.job import run_job
 
-    quantization = {"method": "nncf_weights", "params": {"mode": "int4_sym", "group_size": 16, "ratio": 1.0},
+    quantization = {"method": "nncf_weights", "params": {"mode": "int4_sym", "group_size": 16, "ratio": 0.8,
+                                                         "scale_estimation": True},
                     "calibration": {"source": "texts", "texts": TEXTS}}
     recipe = _llama_recipe(tiny_llama, "openvino-generation", quantization)
     report = run_job(tiny_llama, tmp_path / "out", recipe=recipe, all_targets=True)
@@ -592,3 +597,48 @@ def test_tiny_llama_pt2e_xnnpack_executorch_generation(tiny_llama, tmp_path):
     target = _check_generation_job(report, "pte-generation")
     assert target.quantization["engine"]["pt2e_quantizer"] == "IntegerSafeXNNPACKQuantizer"
     assert target.status == "ok", target.error
+
+
+# Every method x format (and preset x format) the tables allow, on tiny-bert, in one job. The fp32 siblings give
+# the size/latency references; dynamo has none, so its targets are compared with a throwaway fp32 export.
+MATRIX = {
+    "onnx-ort-static": ("onnx", {"method": "ort_static", "params": {"per_channel": True},
+                                 "calibration": {"source": "texts", "texts": TEXTS}}),
+    "onnx-nncf-int4": ("onnx", {"method": "nncf_weights", "params": {"mode": "int4_sym", "group_size": 16}}),
+    "onnx-nncf-quantize": ("onnx", {"method": "nncf_quantize", "calibration": {"source": "texts", "texts": TEXTS}}),
+    "onnx-pt2e-x86": ("onnx", {"method": "pt2e", "preset": "x86_inductor_int8_static",
+                               "calibration": {"source": "sample_inputs"}}),
+    "openvino-nncf-quantize": ("openvino", {"method": "nncf_quantize", "params": {"preset": "mixed"},
+                                            "calibration": {"source": "texts", "texts": TEXTS}}),
+    "openvino-pt2e-x86": ("openvino", {"method": "pt2e", "preset": "x86_inductor_int8_static",
+                                       "calibration": {"source": "texts", "texts": TEXTS}}),
+    "pt2-pt2e-x86-dynamic": ("dynamo", {"method": "pt2e", "preset": "x86_inductor_int8_dynamic"}),
+    "pt2-pt2e-xnnpack": ("dynamo", {"method": "pt2e", "preset": "xnnpack_int8_dynamic_per_channel"}),
+    "pte-pt2e-xnnpack-static": ("executorch", {"method": "pt2e", "preset": "xnnpack_int8_static_per_channel",
+                                               "calibration": {"source": "texts", "texts": TEXTS}}),
+    "pte-pt2e-xnnpack-dynamic": ("executorch", {"method": "pt2e", "preset": "xnnpack_int8_dynamic_per_channel"}),
+}
+
+
+@pytest.mark.slow
+def test_every_allowed_combination_exports_and_passes_its_gate(tiny_bert, tmp_path):
+    from hfexport.job import run_job
+
+    document = json.loads((tiny_bert / "export_config.json").read_text())
+    fp32 = {"onnx": "onnx", "openvino": "openvino", "executorch": "pte"}
+    targets = {name: document["targets"][name] for name in fp32.values()}
+    for name, (export_format, quantization) in MATRIX.items():
+        base = copy.deepcopy(document["targets"][fp32.get(export_format, "pt2")])
+        targets[name] = {**base, "quantization": quantization}
+    document["targets"] = targets
+    report = run_job(tiny_bert, tmp_path / "out", recipe=document, all_targets=True)
+    problems = {name: target.error for name, target in report.targets.items() if target.status != "ok"}
+    assert not problems, problems
+    for name, (export_format, _) in MATRIX.items():
+        comparison = report.targets[name].quantization["comparison"]
+        assert comparison["size_ratio"] > 0, (name, comparison)
+        if export_format == "dynamo":
+            assert comparison["reference"].startswith("fp32 export")
+        else:
+            assert comparison["reference"] == fp32[export_format]
+    assert not [path for path in (tmp_path / "out").iterdir() if ".reference-" in path.name]

@@ -319,7 +319,9 @@ _DATA_AWARE_WEIGHTS = ("awq", "scale_estimation", "gptq", "lora_correction")
 
 
 def data_need(section: dict) -> str:
-    """Whether a quantization section's method reads calibration data: "none", "optional" or "required"."""
+    """Whether a quantization section's method reads calibration data: "none" or "required" (as NNCF and the
+    engine decide: e.g. int4 weight compression reads data only for AWQ, scale estimation, GPTQ, LoRA correction
+    or an activation-ranked mixed precision)."""
     method, params = section.get("method"), section.get("params") or {}
     if method == "ort_dynamic":
         return "none"
@@ -335,8 +337,8 @@ def data_need(section: dict) -> str:
             return "required"
         ratio, metric = params.get("ratio", 1), params.get("sensitivity_metric")
         if isinstance(ratio, (int, float)) and ratio < 1 and metric != "weight_quantization_error":
-            return "required"  # mixed precision ranks layers by activations
-        return "optional"
+            return "required"  # mixed precision ranks layers by their activations
+        return "none"  # NNCF collects no statistics then: a dataset would be ignored
     return "none"
 
 
