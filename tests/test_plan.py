@@ -311,3 +311,17 @@ def test_star_cache_spec_exports_and_runs_at_another_past_length(llama):
             past_key_values=copy.deepcopy(eager.past_key_values),
         )
     torch.testing.assert_close(step.logits, eager_step.logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sample_inputs, path", [
+    ({"tensors": {"input_ids": {"shape": [1073741824, 1073741824], "dtype": "int64"}}}, "sample_inputs.tensors.input_ids"),
+    ({"tensors": {"input_ids": {"shape": ["batch", "seq"], "dtype": "float32"}}}, "sample_inputs.tensors.input_ids"),
+    ({"images": {"count": 64, "height": 100000, "width": 100000}}, "sample_inputs.images"),
+])
+def test_oversized_samples_are_refused_before_allocating(bert, sample_inputs, path):
+    """Every size a recipe may write is <= 2**30: without a bound on their product a recipe could exhaust memory."""
+    _, model, processor = bert
+    document = {"recipe_version": 1, "dims": {"batch": {"min": 70000}, "seq": {"min": 70000}},
+                "sample_inputs": sample_inputs, "targets": {"t": {"export_format": "onnx"}}}
+    with pytest.raises(PlanError, match=f"{path}.*too large"):
+        plan_for(document, model, None, processor)

@@ -16,6 +16,18 @@ DEFAULT_SEQ = 13
 DEFAULT_BATCH = 2
 SEED = 0
 _DTYPES = ("int64", "int32", "bool", "float32", "float16", "bfloat16")
+# Samples only trace the model: bounded so that a recipe's sizes (each allowed up to 2**30) cannot exhaust memory.
+MAX_SAMPLE_ELEMENTS = 1 << 27
+
+
+def check_sample_size(path: str, shape) -> None:
+    """PlanError when a synthesized sample of `shape` would exceed MAX_SAMPLE_ELEMENTS (checked before allocating)."""
+    count = 1
+    for size in shape:
+        count *= int(size)
+    if count > MAX_SAMPLE_ELEMENTS:
+        raise PlanError(f"{path}: a sample of {' x '.join(map(str, shape))} = {count} values is too large "
+                        f"(at most {MAX_SAMPLE_ELEMENTS}); use smaller sizes or dim bounds")
 
 
 def sample_size(name: str | int, dims: dict, axis: int) -> int:
@@ -47,6 +59,7 @@ def explicit_tensors(specs: dict, dims: dict, config) -> dict:
         shape = [sample_size(size, dims, axis) for axis, size in enumerate(spec["shape"])]
         dtype = getattr(torch, spec["dtype"])
         path = f"sample_inputs.tensors.{name}"
+        check_sample_size(f"{path}.shape", shape)
         if "fill" in spec:
             tensors[name] = torch.full(shape, spec["fill"], dtype=dtype)
             continue
@@ -110,6 +123,7 @@ def synthetic_images(spec: dict, count: int) -> list:
     import numpy as np
 
     height, width = spec.get("height", 224), spec.get("width", 224)
+    check_sample_size("sample_inputs.images", (count, height, width, 3))
     rng = np.random.default_rng(SEED)
     return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
 
@@ -147,6 +161,7 @@ def audio_inputs(spec: dict, processor, count: int) -> dict:
         raise PlanError("sample_inputs.audio: the model repo has no feature extractor")
     rate = spec.get("sampling_rate") or getattr(extractor, "sampling_rate", 16000)
     seconds = spec.get("seconds", 1.0)
+    check_sample_size("sample_inputs.audio", (count, int(rate * seconds)))
     rng = np.random.default_rng(SEED)
     time = np.arange(int(rate * seconds)) / rate
     waves = [(0.3 * np.sin(2 * np.pi * (220 + 110 * i) * time) + 0.01 * rng.standard_normal(time.size)).astype("float32")
