@@ -331,14 +331,35 @@ def _write_target_report(report: JobReport, name: str, folder: Path) -> None:
 
 
 def _engine_error(error: BaseException) -> str:
-    """One line naming the engine's failure, following the cause chain to the root message."""
-    messages = []
+    """One line naming the engine's failure, following the cause chain to the root message (a cause that repeats
+    the previous message is left out). torch.export's suggested fixes for a dim's range are kept: they say which
+    recipe bound to change (`Dim('seq', min=3, max=64)` -> `dims.seq.min` 3)."""
+    messages: list[str] = []
+    previous = None
     current: BaseException | None = error
-    while current is not None and len(messages) < 4:
-        text = str(current).strip().splitlines()
-        messages.append(f"{type(current).__name__}: {text[0] if text else ''}".strip())
+    for _ in range(4):
+        if current is None:
+            break
+        lines = [line.strip() for line in str(current).strip().splitlines()]
+        first = lines[0] if lines else ""
+        if first != previous or not first:
+            fixes = _suggested_fixes(lines)
+            messages.append(f"{type(current).__name__}: {first}".strip() + (f" Suggested fixes: {fixes}" if fixes else ""))
+        previous = first
         current = current.__cause__ or current.__context__
     return redact(" <- ".join(messages))[:2000]
+
+
+def _suggested_fixes(lines: list[str]) -> str:
+    """The `Suggested fixes:` block of a torch.export constraint violation, on one line ('' when absent)."""
+    if "Suggested fixes:" not in lines:
+        return ""
+    fixes = []
+    for line in lines[lines.index("Suggested fixes:") + 1:]:
+        if not line:
+            break
+        fixes.append(line)
+    return "; ".join(fixes)
 
 
 def _jsonable(value: Any) -> Any:

@@ -233,27 +233,35 @@ def run_cell_subprocess(cell: Cell, workdir: str | Path, timeout: float = DEFAUL
     with log_file.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cell_environment(threads),
                                    start_new_session=True)
-        try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            return CellResult(*_key(cell), "timeout", f"timeout after {timeout:g} s", None,
-                              {"wall_s": round(time.perf_counter() - started, 2)})
+        code, cpu = _wait(process, timeout)
     wall = round(time.perf_counter() - started, 2)
+    if code is None:
+        return CellResult(*_key(cell), "timeout", f"timeout after {timeout:g} s", None, {"wall_s": wall})
     if result_file.is_file():
         result = CellResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
-        result.timings["wall_s"] = wall
+        result.timings.update(wall_s=wall, cpu_s=round(cpu, 2))
         return result
     return CellResult(*_key(cell), "error", one_line(f"the cell's process died (exit {code}): {_last_line(log_file)}"),
-                      "process", {"wall_s": wall})
+                      "process", {"wall_s": wall, "cpu_s": round(cpu, 2)})
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+def _wait(process: subprocess.Popen, timeout: float) -> tuple[int | None, float]:
+    """`(exit code, CPU seconds)` of the child (its own rusage: other cells running meanwhile do not count);
+    `(None, 0)` after killing its process group at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode, usage.ru_utime + usage.ru_stime
+        if time.monotonic() >= deadline:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+            return None, 0.0
+        time.sleep(0.1)
 
 
 def _last_line(log_file: Path) -> str:
