@@ -129,6 +129,11 @@ def cmd_show(args) -> int:
         for input_name, shape in component["input_shapes"].items():
             axes = component["dynamic_axes"].get(input_name) if "*" not in component["dynamic_axes"] else "auto (torch.export decides)"
             console.print(f"  {input_name}: {shape.get('shape', shape)} dynamic: {axes or 'static'}")
+    quantization = described.get("quantization")
+    if quantization:
+        from .markdown import quantization_markdown
+
+        console.print(quantization_markdown(quantization).replace("**", ""), markup=False, highlight=False)
     return EXIT_OK
 
 
