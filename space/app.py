@@ -214,7 +214,12 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
         pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
         pr_result = gr.Markdown(label="Pull request", elem_id="pr-result")
 
+        def closed(request: gr.Request):  # the tab was closed: its artifacts go now, not when the state expires
+            if request is not None and request.session_hash:
+                workspace.release(request.session_hash)
+
         demo.load(show_user, None, user, api_visibility="private")
+        demo.unload(closed)
         load_button.click(load_model, [model_box, revision_box, state],
                           [recipe_status, editor, problems, targets, format_group, state], api_name="load_recipe")
         model_box.submit(load_model, [model_box, revision_box, state],

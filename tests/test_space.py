@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -121,11 +122,12 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     page.locator("#progress", has_text="download and load the model").wait_for(timeout=JOB_TIMEOUT_MS)
     shot(page, "04-converting")
 
-    # A second visitor converts while the first job runs: the page shows its place in the queue.
+    # A second visitor converts while the job runs: the page shows its place in the queue. (Its repo does not
+    # exist, so its turn ends fast with a category and the reproducing command.)
     other = new_page()
     sign_in(other)
-    load(other, repo)
-    other.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    missing = f"user/missing-{uuid.uuid4().hex[:8]}"
+    other.locator("#model input, #model textarea").first.fill(missing)
     other.locator("#convert").click()
     other.get_by_text(re.compile(r"queue:\s*\d+\s*/\s*\d+")).first.wait_for(timeout=5_000)
     shot(other, "05-second-session-queued")
@@ -137,6 +139,8 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     table = page.locator("#results table", has_text="max abs")
     assert "cosine" in table.inner_text() and "last_hidden_state" in table.inner_text()
     shot(page, "06-converted")
+    other.locator("#results", has_text="Repository not found").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert f"hfexport export {missing} -o out" in text_of(other, "#results")
 
     with page.expect_download() as download:
         page.locator("#download a").first.click()
@@ -167,14 +171,30 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     page.locator("#pr-result", has_text="up to date").wait_for(timeout=JOB_TIMEOUT_MS)
     shot(page, "08-pr-up-to-date")
 
-    # The queued visitor's job ran after the first one; its Open PR finds the same PR up to date too.
-    other.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
+    # The other visitor converts the same model: the export published in the PR matches, so nothing is exported
+    # again, and its Open PR finds that PR up to date.
+    load(other, repo)
+    other.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    other.locator("#convert").click()
+    finished = re.compile(re.escape(repo) + r"[\s\S]*Finished in")  # not the earlier job's "Finished in"
+    other.locator("#progress", has_text=finished).wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "already exported onnx: already published" in text_of(other, "#progress"), text_of(other, "#progress")
     other.locator("#open-pr").click()
     other.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
     assert "up to date" in text_of(other, "#pr-result"), text_of(other, "#pr-result")
     shot(other, "09-second-session-pr-up-to-date")
     assert len(hub.discussions(repo)) == 1
     assert hub.head(repo, "refs/pr/1") == head
+
+    # Closing a tab removes that session's folder (artifacts and zip) right away.
+    workdir = space.settings.workdir
+    sessions = set(path.name for path in workdir.iterdir())
+    page.context.close()
+    deadline = time.monotonic() + 30
+    while set(path.name for path in workdir.iterdir()) == sessions and time.monotonic() < deadline:
+        time.sleep(0.2)
+    remaining = set(path.name for path in workdir.iterdir())
+    assert len(remaining) == len(sessions) - 1 and remaining < sessions
 
 
 def test_signed_out_convert_asks_to_sign_in(space, hub, new_page):

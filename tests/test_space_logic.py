@@ -232,6 +232,8 @@ def test_progress_log_has_one_line_per_step_and_target():
     log.add(Step("export", "error", "onnx", "TorchExportError: boom", 2.0))
     assert "✗ export `onnx` (2.0 s): TorchExportError: boom" in log.markdown()
     assert log.markdown().count("export `onnx`") == 1
+    log.add(Step("target", "done", "pt2", "unchanged: already published in org/m@refs/pr/1 (exports/pt2)"))
+    assert "✓ already exported `pt2`: already published in org/m@refs/pr/1 (exports/pt2)" in log.markdown()
 
 
 # ── against the local Hub ────────────────────────────────────────────────────
@@ -382,3 +384,16 @@ def test_a_job_past_its_time_limit_is_stopped_and_the_next_job_gets_a_fresh_proc
     finally:
         runner.close()
     assert runner.worker._process is None
+
+
+def test_jobs_never_fall_back_to_the_spaces_own_token(hub, tmp_path, monkeypatch):
+    private = unique("private-job")
+    hub.seed_repo(private, EXAMPLES / "tiny-bert", private=True)
+    monkeypatch.setenv("HF_TOKEN", hub.write_token)  # the Space's secret: the job process must not see it
+    monkeypatch.delenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", raising=False)  # as on a Space: implicit tokens allowed
+    runner = logic.JobRunner(logic.SpaceSettings(workdir=tmp_path))
+    try:
+        events = list(runner.run(logic.JobRequest(private, tmp_path / "job" / "out", ["onnx"], token=None)))
+    finally:
+        runner.close()
+    assert events[-1].failure.category == "Repository not found", events[-1].failure

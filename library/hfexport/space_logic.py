@@ -587,7 +587,9 @@ class JobRunner:
         from .worker import JobWorker
 
         self.settings = settings
-        self.worker = JobWorker()
+        # Jobs act with the visitor's token only: the Space's own (HF_TOKEN, a saved login) stays out of the child.
+        self.worker = JobWorker(env={"HF_TOKEN": None, "HUGGING_FACE_HUB_TOKEN": None,
+                                     "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"})
 
     @property
     def busy(self) -> bool:
@@ -661,7 +663,8 @@ class ProgressLog:
     def add(self, step) -> None:
         if step.step == "target":  # per-target bracket: shown only when the target was a cache hit
             if step.status == "done" and (step.detail or "").startswith("unchanged"):
-                self.entries[("unchanged", step.target)] = step
+                reason = step.detail.removeprefix("unchanged").lstrip(": ")
+                self.entries[("unchanged", step.target)] = type(step)("unchanged", "done", step.target, reason)
             return
         self.entries[(step.step, step.target)] = step
 

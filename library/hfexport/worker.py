@@ -35,8 +35,8 @@ ENV_PREFIX = "HFEXPORT_"
 class JobWorker:
     """A persistent child process that runs jobs sent to it, one at a time, streaming their events."""
 
-    def __init__(self, env: dict[str, str] | None = None, warm: bool = True):
-        self.env = env
+    def __init__(self, env: dict[str, str | None] | None = None, warm: bool = True):
+        self.env = env  # overrides of the child's environment; None removes a variable
         self.warm = warm
         self._process: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -51,6 +51,7 @@ class JobWorker:
         if self._process is not None and self._process.poll() is None:
             return self._process
         env = {**os.environ, **(self.env or {})}
+        env = {key: value for key, value in env.items() if value is not None}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                           env.get("PYTHONPATH")]))
         args = [sys.executable, "-m", "hfexport.worker"] + (["--warm"] if self.warm else [])
