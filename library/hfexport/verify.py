@@ -384,7 +384,7 @@ def plan_probes(plan, config=None, reserve: int = 0) -> tuple[list[dict], dict]:
 
 
 def _is_mask(name: str) -> bool:
-    return "mask" in name
+    return name.endswith("attention_mask")
 
 
 def resize_inputs(inputs: dict, refs: list[AxisRef], assignment: dict) -> dict:
