@@ -158,12 +158,12 @@ def model_folder(workdir: Path, name: str) -> Path:
     return Path(workdir) / "models" / name
 
 
-def ensure_models(workdir: Path, names: Iterable[str]) -> dict[str, Path]:
-    """Build each tiny model once under `workdir/models/` (a folder with a recipe is reused as is)."""
+def ensure_models(workdir: Path, names: Iterable[str], rebuild: bool = False) -> dict[str, Path]:
+    """Build each tiny model under `workdir/models/`: always with `rebuild`, else only when it is missing."""
     folders = {}
     for name in dict.fromkeys(names):
         folder = model_folder(workdir, name)
-        if not (folder / "export_config.json").is_file():
+        if rebuild or not (folder / "export_config.json").is_file():
             make_model(name, folder)
         folders[name] = folder
     return folders
@@ -274,7 +274,7 @@ def run_matrix(cells: Sequence[Cell], workdir: str | Path, jobs: int = 1, timeou
                on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
     """Run `cells`, each in its own subprocess, `jobs` at a time; results in the order of `cells`."""
     workdir = Path(workdir)
-    ensure_models(workdir, [cell.model for cell in cells])  # once, before the cells race for the folders
+    ensure_models(workdir, [cell.model for cell in cells], rebuild=True)  # before the cells race for the folders
     results: dict[Cell, CellResult] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {pool.submit(run_cell_subprocess, cell, workdir, timeout, threads, verify): cell for cell in cells}
@@ -396,6 +396,10 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
                 cells.append(text)
             lines.append(f"| `{name}`{family} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += ["## Models", "", "| model | class | task | recipe notes |", "|---|---|---|---|"]
+    lines += [f"| `{name}` | `{MODELS[name].model_class}` | {MODELS[name].task} | {_escape(MODELS[name].note) or '—'} |"
+              for name in ordered if name in MODELS]
+    lines.append("")
     counts = {outcome: sum(1 for r in results if r.outcome == outcome) for outcome in OUTCOMES}
     lines += ["Totals: " + ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
               + f" of {len(results)} cells.", ""]

@@ -47,6 +47,7 @@ class TinyModel:
     task: str
     modes: tuple[str, ...]
     build: Callable[[Path], None]
+    note: str = ""  # what the recipe had to say differently from the defaults, and why (shown in the docs)
 
     def targets(self) -> list[str]:
         return [target_name(export_format, mode) for mode in self.modes for export_format in FORMATS]
@@ -310,6 +311,12 @@ def build_whisper(folder: Path) -> None:
 # ── Vision-language ──────────────────────────────────────────────────────────
 
 
+# Static forward shapes: with a dynamic batch torch.export stops at "Constraints violated (batch)! ... Suggested
+# fixes: batch = 2" (LLaVA's forward specializes the batch when it matches image features to placeholder tokens),
+# and the sequence holds a fixed number of image tokens per image, so resizing it would not be a valid input.
+LLAVA_FORWARD_SHAPES = {"input_ids": {"0": "static", "1": "static"}, "pixel_values": {"0": "static"}}
+
+
 def build_llava(folder: Path) -> None:
     from transformers import (
         CLIPImageProcessor,
@@ -351,7 +358,7 @@ def build_llava(folder: Path) -> None:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     _write_recipe(folder, matrix_recipe(
-        "image-text-to-text", DECODER_MODES, {"input_ids": {"0": "batch", "1": "seq"}, "pixel_values": {"0": "batch"}},
+        "image-text-to-text", DECODER_MODES, LLAVA_FORWARD_SHAPES,
         {"text": ["<image> Describe the picture", "<image> The capital of France is"], "images": {"count": 2}},
         dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 128}},
         description=f"Tiny random LLaVA (CLIP vision tower, Llama text model, {tokens_per_image} tokens per image).",
@@ -367,10 +374,12 @@ MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-gpt2", "GPT-2", "GPT2LMHeadModel", "text-generation", DECODER_MODES, build_gpt2),
         TinyModel("tiny-qwen2", "Qwen2", "Qwen2ForCausalLM", "text-generation", DECODER_MODES, build_qwen2),
         TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
-                  build_bart),
+                  build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it)."),
         TinyModel("tiny-whisper", "Whisper", "WhisperForConditionalGeneration", "automatic-speech-recognition",
-                  DECODER_MODES, build_whisper),
+                  DECODER_MODES, build_whisper,
+                  "2 s audio windows (200 mel frames); forward takes explicit `decoder_input_ids` (batch × dec_seq)."),
         TinyModel("tiny-llava", "LLaVA", "LlavaForConditionalGeneration", "image-text-to-text", DECODER_MODES,
-                  build_llava),
+                  build_llava, "Forward shapes static: with a dynamic batch torch.export reports \"Constraints "
+                  "violated (batch)! Suggested fixes: batch = 2\"; the sequence holds a fixed 16 tokens per image."),
     )
 }
