@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import functools
 import json
 import math
@@ -553,6 +554,8 @@ def engine_arguments(quantizer) -> dict:
 
 
 def _readable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # before str: NNCF's modes are string enums
+        return f"{type(value).__name__}.{value.name}"
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
