@@ -87,6 +87,68 @@ def check_export_folder(folder: str | Path) -> dict:
     return check_manifest_file(Path(folder) / MANIFEST_FILE)
 
 
+def pt2_unpickling_allowlist() -> list[type]:
+    """The classes a `.pt2` of a transformers export pickles besides tensors: the cache classes its traced kwargs
+    hold (`transformers.cache_utils`), for `torch.serialization.safe_globals`."""
+    from transformers import cache_utils
+
+    bases = (cache_utils.Cache, cache_utils.CacheLayerMixin)
+    return [cls for cls in vars(cache_utils).values()
+            if isinstance(cls, type) and issubclass(cls, bases) and cls.__module__ == cache_utils.__name__]
+
+
+def check_pt2_archive(path: str | Path, source: str | None = None) -> None:
+    """Refuse a `.pt2` whose loading would unpickle anything but tensors and transformers' cache classes.
+
+    torch 2.13's `torch.export.load` unpickles with `weights_only=False`: the sample inputs when a weights-only load
+    of them fails (a transformers export's do: they hold a `DynamicCache`), weights and constants flagged
+    `use_pickle`, custom and opaque objects, a legacy constants file or archive; and it loads an AOTInductor
+    package's native code. Each pickle in the archive must load with
+    `weights_only=True` under `pt2_unpickling_allowlist()` (which the loader then uses too, so torch's first attempt
+    succeeds), tensor payloads must be raw or such pickles, and objects are refused.
+    """
+    import io
+    import zipfile
+
+    import torch
+
+    source = source or str(path)
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as error:
+        raise UnsafeExportError(f"{source}: not a .pt2 archive ({error})") from None
+
+    def weights_only(member: str) -> Any:
+        try:
+            with torch.serialization.safe_globals(pt2_unpickling_allowlist()):
+                return torch.load(io.BytesIO(archive.read(member)), weights_only=True)
+        except Exception as error:  # noqa: BLE001 - whatever a weights-only load refuses, the loader would run
+            raise UnsafeExportError(f"{source}: {member}: refused, it holds more than tensors and transformers "
+                                    f"caches ({str(error).splitlines()[0][:200]})") from None
+
+    with archive:
+        names = archive.namelist()
+        if not any(name.split("/")[-1] == "archive_format" for name in names):
+            raise UnsafeExportError(f"{source}: not a current .pt2 archive (torch's legacy loader unpickles): refused")
+        for member in names:
+            parts = member.split("/")
+            if "aotinductor" in parts:
+                raise UnsafeExportError(f"{source}: {member}: an AOTInductor package loads native code: refused")
+            if "sample_inputs" in parts and member.endswith(".pt"):
+                weights_only(member)
+            elif len(parts) >= 2 and parts[-2] == "constants" and member.endswith(".pt"):
+                raise UnsafeExportError(f"{source}: {member}: a legacy pickled constants file is refused")
+            elif member.endswith("_config.json") and len(parts) >= 2 and parts[-2] in ("weights", "constants"):
+                config = _loads(archive.read(member), source, member).get("config", {})
+                for fqn, payload in (config.items() if isinstance(config, dict) else []):
+                    name = str(payload.get("path_name", "")) if isinstance(payload, dict) else ""
+                    where = "/".join([*parts[:-1], name])
+                    if parts[-2] == "constants" and not name.startswith("tensor_"):
+                        raise UnsafeExportError(f"{source}: {member}: {fqn} is a pickled object ({name}): refused")
+                    if payload.get("use_pickle") and not isinstance(weights_only(where), torch.Tensor):
+                        raise UnsafeExportError(f"{source}: {where}: {fqn} is not a tensor: refused")
+
+
 # ── internals ────────────────────────────────────────────────────────────────
 
 
