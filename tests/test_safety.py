@@ -211,3 +211,23 @@ def test_hub_target_loads_when_clean_and_missing_targets_are_named(hub, exported
         hfexport.load(repo, target="pt2")
     with pytest.raises(SourceError, match="not a target name"):
         hfexport.load(repo, target="../onnx")
+
+
+def test_hfexport_onnx_loader_matches_the_engines(onnx_export, hub):
+    """hfexport builds ONNX exports itself (no exporter import): same components, metadata, config and outputs."""
+    import hfexport
+    from transformers.exporters import ExportedModel as EngineExportedModel
+
+    ours, theirs = hfexport.ExportedModel.from_pretrained(onnx_export), EngineExportedModel.from_pretrained(onnx_export)
+    assert list(ours.components) == list(theirs.components) and ours.export_format == theirs.export_format
+    assert ours.components["model"].metadata == theirs.components["model"].metadata
+    assert ours.config.to_dict() == theirs.config.to_dict()
+    assert type(ours.runners["model"]) is type(theirs.runners["model"])
+    assert ours(**_inputs()).last_hidden_state.equal(theirs(**_inputs()).last_hidden_state)
+    # From the Hub cache (the weights file is a link to a blob), the graph's weights stay readable through onnx_ir.
+    repo = f"user/loader-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, {f"exports/onnx/{p.name}": p.read_bytes() for p in onnx_export.iterdir()})
+    remote = hfexport.load(repo, target="onnx")
+    initializer = next(iter(remote.program.graph.initializers.values()))
+    assert initializer.const_value.numpy().size > 0
+    assert remote(**_inputs()).last_hidden_state.equal(ours(**_inputs()).last_hidden_state)

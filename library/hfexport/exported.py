@@ -62,6 +62,10 @@ class ExportedModel(_EngineExportedModel):
         loads that same commit (the revision is pinned to the manifest's commit, so a branch that moves meanwhile
         cannot swap the files). A manifest naming anything but transformers' output/cache classes and builtin
         containers raises `UnsafeExportError` before the engine reads it.
+
+        ONNX exports are then built here from the engine's public classes (`ExportMetadata`, `ExportedComponent`,
+        the runner through `.to()`), not through the engine's loader, which imports its ONNX *exporter* to read a
+        graph: onnxscript compiles its torch_lib on that import, ~5 s per process (transformers 5.23).
         """
         revision = revision or "main"
         subfolder = _join(subfolder, _target_folder(target)) if target else subfolder
@@ -73,14 +77,112 @@ class ExportedModel(_EngineExportedModel):
             if not manifest.is_file():
                 raise SourceError(f"no {MANIFEST_FILE} in {path / subfolder}: not an exported model"
                                   + _targets_hint(_local_targets(path)))
-            check_manifest_file(manifest)
+            checked = check_manifest_file(manifest)
+            fetch = _local_fetcher(manifest.parent)
         else:
-            revision = _checked_hub_manifest(str(pretrained_model_name_or_path), subfolder, revision, token,
-                                             cache_dir, force_download, local_files_only)
+            revision, checked = _checked_hub_manifest(str(pretrained_model_name_or_path), subfolder, revision, token,
+                                                      cache_dir, force_download, local_files_only)
+            fetch = _hub_fetcher(str(pretrained_model_name_or_path), subfolder, revision, token, cache_dir,
+                                 force_download, local_files_only)
+        if checked.get("export_format") == "onnx":
+            return cls._load_onnx(checked, fetch, **kwargs)
+        if checked.get("export_format") == "dynamo":
+            return cls._load_pt2(checked, fetch, pretrained_model_name_or_path, revision=revision,
+                                 subfolder=subfolder, token=token, cache_dir=cache_dir,
+                                 force_download=force_download, local_files_only=local_files_only, **kwargs)
         return super().from_pretrained(
             pretrained_model_name_or_path, revision=revision, subfolder=subfolder, token=token, cache_dir=cache_dir,
             force_download=force_download, local_files_only=local_files_only, **kwargs,
         )
+
+    @classmethod
+    def _load_pt2(cls, manifest: dict, fetch, pretrained_model_name_or_path, **kwargs) -> ExportedModel:
+        """A `.pt2` export, each program checked (`safety.check_pt2_archive`) before torch unpickles anything, then
+        loaded by the engine with transformers' cache classes allowed to a weights-only load: torch 2.13's
+        `torch.export.load` otherwise falls back to `weights_only=False` on the sample inputs of every generation
+        export (they hold a cache), and logs that with a malformed message that raises under pytest's handler."""
+        import torch
+
+        from .safety import check_pt2_archive, pt2_unpickling_allowlist
+
+        for name, entry in manifest["components"].items():
+            check_pt2_archive(fetch(entry["file"], True), f"{name}: {entry['file']}")
+        with torch.serialization.safe_globals(pt2_unpickling_allowlist()):
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+
+    @classmethod
+    def _load_onnx(cls, manifest: dict, fetch, device=None, trust_remote_code: bool = False,
+                   **runner_kwargs) -> ExportedModel:
+        """An ONNX export from its checked manifest: each graph opened by ONNX Runtime from its saved file."""
+        import onnx_ir
+        from transformers import AutoConfig, GenerationConfig
+        from transformers.exporters import ExportedComponent, ExportFormat, ExportMetadata
+
+        components = {}
+        for name, entry in manifest["components"].items():
+            path = fetch(entry["file"], required=True)
+            data = fetch(f"{entry['file']}.data", required=False)
+            program = onnx_ir.load(str(path))
+            program.meta["path"] = str(path)  # the runner opens this file; ONNX Runtime reads the weights beside it
+            if data is not None and data.is_symlink():
+                _read_weights_from_blob(program, data)
+            components[name] = ExportedComponent(program, ExportMetadata.from_dict(entry["metadata"]))
+        config_file, generation_file = fetch("config.json", required=False), fetch("generation_config.json",
+                                                                                    required=False)
+        config = AutoConfig.from_pretrained(config_file.parent, trust_remote_code=trust_remote_code) \
+            if config_file else None
+        generation_config = GenerationConfig.from_pretrained(generation_file.parent) if generation_file else None
+        model = cls(components, ExportFormat.ONNX, config=config, generation_config=generation_config)
+        return model.to(device, **runner_kwargs)
+
+
+def _read_weights_from_blob(program, data: Path) -> None:
+    """The Hub cache links `model.onnx.data` to a blob outside the snapshot, which onnx_ir refuses to read: point the
+    graph's external tensors at the blob (what the engine's `OnnxExporter.load_program` does, transformers 5.23)."""
+    import onnx_ir
+
+    for graph in program.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, onnx_ir.ExternalTensor) and Path(tensor.path) == data:
+                value.const_value = onnx_ir.ExternalTensor(data.resolve(), tensor.offset, tensor.length, tensor.dtype,
+                                                           shape=tensor.shape, name=tensor.name)
+
+
+def _local_fetcher(directory: Path):
+    def fetch(name: str, required: bool) -> Path | None:
+        path = directory / name
+        if path.is_file():
+            return path
+        if required:
+            raise SourceError(f"{path}: missing (named by {directory / MANIFEST_FILE})")
+        return None
+
+    return fetch
+
+
+def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, force_download: bool,
+                 local_files_only: bool):
+    """Download one file of the export folder at the pinned commit; None for an optional file the repo lacks."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    def fetch(name: str, required: bool) -> Path | None:
+        try:
+            return Path(hf_hub_download(repo_id, name, subfolder=subfolder or None, revision=revision, token=token,
+                                        cache_dir=cache_dir, force_download=force_download,
+                                        local_files_only=local_files_only))
+        except EntryNotFoundError:
+            if required:
+                raise SourceError(f"{repo_id}@{revision}/{_join(subfolder, name)}: missing (named by "
+                                  f"{MANIFEST_FILE})") from None
+            return None
+        except (HfHubHTTPError, OSError, ValueError) as error:
+            raise SourceError(f"cannot download {_join(subfolder, name)} from {repo_id}: "
+                              f"{redact(_first_line(error))}") from None
+
+    return fetch
 
 
 def load(repo_or_path, target: str | None = None, revision: str | None = None, **kwargs) -> ExportedModel:
@@ -110,8 +212,9 @@ def _targets_hint(targets: list[str]) -> str:
 
 
 def _checked_hub_manifest(repo_id: str, subfolder: str, revision: str, token, cache_dir, force_download: bool,
-                          local_files_only: bool) -> str:
-    """Download and check `<subfolder>/export.json`; return the commit it came from (pins the engine's downloads)."""
+                          local_files_only: bool) -> tuple[str, dict]:
+    """Download and check `<subfolder>/export.json`: the commit it came from (which pins every later download), and
+    the checked manifest."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -137,9 +240,8 @@ def _checked_hub_manifest(repo_id: str, subfolder: str, revision: str, token, ca
         raise SourceError(f"{where}: {MANIFEST_FILE} is not in the local cache and the Hub cannot be reached") from None
     except (HfHubHTTPError, OSError, ValueError) as error:
         raise SourceError(f"cannot read {MANIFEST_FILE} from {where}: {redact(_first_line(error))}") from None
-    check_manifest_file(file, f"{where}/{MANIFEST_FILE}")
-    commit = _snapshot_commit(Path(file))
-    return commit or revision
+    manifest = check_manifest_file(file, f"{where}/{MANIFEST_FILE}")
+    return _snapshot_commit(Path(file)) or revision, manifest
 
 
 def _snapshot_commit(file: Path) -> str | None:
