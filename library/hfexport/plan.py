@@ -357,6 +357,11 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             prepared = _prepared(submodel, subinputs)
             seen_keys.update(prepared)
             options = {**target.options, **override.get("options", {})}
+            if generation_config is not None and str(target.export_format) == "openvino":
+                # transformers 5.23: `stateful=True` folds a StaticCache's 0-d `cumulative_length` into a constant
+                # (the traced write position), so every decode step writes the same cache slot. Keep the static
+                # cache in the inputs unless the recipe asks otherwise.
+                options.setdefault("stateful", False)
             component_shapes = override.get("dynamic_shapes", {})
             if shapes is None and not component_shapes:
                 dynamic_shapes, described = None, {"*": "auto"}
