@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from .errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, RecipeError, redact
+from .errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, RecipeError, redact, register_secret
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -40,7 +40,10 @@ def _console(stderr: bool = True):
 
 
 def _token(args) -> str | None:
-    return getattr(args, "token", None) or os.environ.get("HF_TOKEN") or None
+    """The token for Hub calls (--token, else HF_TOKEN), remembered so that every message redacts it."""
+    token = getattr(args, "token", None) or os.environ.get("HF_TOKEN") or None
+    register_secret(token)
+    return token
 
 
 # ── validate ─────────────────────────────────────────────────────────────────
@@ -192,15 +195,17 @@ def _summary_table(report):
 
 @command("export")
 def cmd_export(args) -> int:
+    from .collector import one_shot_collection
     from .job import run_job
 
     console = _console()
     progress = _RichProgress(console) if not args.quiet else None
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # engine prints stay off stdout (--json is parsed from it)
+        # engine prints stay off stdout (--json is parsed from it); one_shot_collection: see hfexport.collector
+        with contextlib.redirect_stdout(sys.stderr), one_shot_collection(progress) as on_step:
             report = run_job(
                 args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
-                token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=progress,
+                token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=on_step,
                 force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
                 verify=not args.no_verify,
             )
@@ -258,6 +263,7 @@ def cmd_report(args) -> int:
 @command("init")
 def cmd_init(args) -> int:
     """Propose a recipe, export and verify each target, write the ones that passed."""
+    from .collector import one_shot_collection
     from .init import default_output, init_recipe
 
     output = args.output or default_output(args.model)
@@ -266,9 +272,9 @@ def cmd_init(args) -> int:
     console = _console()
     progress = _RichProgress(console) if not args.quiet else None
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), one_shot_collection(progress) as on_step:
             result = init_recipe(args.model, formats=args.format, output=output, revision=args.revision,
-                                 token=_token(args), trust_remote_code=args.trust_remote_code, progress=progress,
+                                 token=_token(args), trust_remote_code=args.trust_remote_code, progress=on_step,
                                  exports=args.exports)
     finally:
         if progress:
