@@ -592,6 +592,8 @@ def _check_generation_job(report, name: str, min_token_agreement: float):
             assert output["cosine"] > 0.9  # quantized, yet pointing the same way as the eager outputs
     comparison = target.quantization["comparison"]
     assert comparison["reference"] == name and 0 < comparison["size_ratio"] < 1
+    print(f"{name}-q: {target.status}, token agreement {generation['token_agreement']:.3f}, "
+          f"size {comparison['size_ratio']}x, latency {comparison.get('latency_ratio')}x")  # shown with -rP
     return target
 
 
