@@ -170,27 +170,41 @@ def _perturb_openvino_bin(folder: Path) -> None:
     (folder / "openvino_model.bin").write_bytes(bytes(blob))
 
 
-@pytest.mark.parametrize("name, perturb", [("onnx", _perturb_onnx), ("openvino", _perturb_openvino_bin)])
-def test_perturbed_weights_fail_parity_with_output_and_metric(tmp_path, exported_bert, tiny_bert, cli, name, perturb):
+def _assert_metric_failure(target: dict) -> None:
+    verification = target["verification"]
+    assert target["status"] == "failed" and not verification["passed"]
+    bad = verification["probes"][0]["outputs"]["last_hidden_state"]
+    assert not bad["passed"] and bad["max_abs"] > 1e-2 and bad["cosine"] < 0.9999
+    assert [failure.split()[0] for failure in bad["failures"]] == ["max_abs", "cosine"]
+    assert "last_hidden_state: max_abs" in verification["failures"][0]
+
+
+def test_perturbed_onnx_initializer_fails_parity_and_verify_exits_1(tmp_path, exported_bert, tiny_bert, cli):
     output, _ = exported_bert
-    copy = tmp_path / name
-    shutil.copytree(output / name, copy)
+    copy = tmp_path / "onnx"
+    shutil.copytree(output / "onnx", copy)
     passed = cli("verify", str(copy), "--model", str(tiny_bert))
     assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "**Parity: ✅ passed**" in passed.stdout
 
-    perturb(copy)
+    _perturb_onnx(copy)
     failed = cli("verify", str(copy), "--model", str(tiny_bert), "--json")
     assert failed.returncode == 1, failed.stderr
-    report = json.loads(failed.stdout)
-    target = report["targets"][name]
-    assert target["status"] == "failed"
-    verification = target["verification"]
-    assert not verification["passed"]
-    bad = verification["probes"][0]["outputs"]["last_hidden_state"]
-    assert not bad["passed"] and bad["max_abs"] > 1e-2
-    assert any(failure.startswith("max_abs") for failure in bad["failures"])
-    assert "last_hidden_state: max_abs" in verification["failures"][0]
-    assert JobReport.read(copy).targets[name].status == "failed"  # rewritten beside the artifacts
+    _assert_metric_failure(json.loads(failed.stdout)["targets"]["onnx"])
+    assert JobReport.read(copy).targets["onnx"].status == "failed"  # rewritten beside the artifacts
+
+
+def test_perturbed_openvino_bin_fails_parity(tmp_path, exported_bert, tiny_bert):
+    from hfexport.verify import reverify
+
+    output, _ = exported_bert
+    copy = tmp_path / "openvino"
+    shutil.copytree(output / "openvino", copy)
+    _perturb_openvino_bin(copy)
+    report, name = reverify(copy, tiny_bert)
+    assert name == "openvino"
+    _assert_metric_failure(report.to_dict()["targets"]["openvino"])
+    assert JobReport.read(copy).targets["openvino"].status == "failed"
 
 
 # ── probes and metrics on a plan (nothing traced) ────────────────────────────
