@@ -83,7 +83,7 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
     return {
         "recipe_version": 1,
         "task": task,
-        "description": f"Proposed by `hfexport init` for {name or 'this model'}; every target was exported and verified.",
+        "description": f"Proposed by `hfexport init` for {name or 'this model'}.",
         "default_target": next(iter(targets)),
         "dims": dims,
         "sample_inputs": sample,
@@ -140,6 +140,7 @@ def init_recipe(model: str | Path, formats=None, output: str | Path | None = Non
     recipe = copy.deepcopy(proposed)
     recipe["targets"] = {name: recipe["targets"][name] for name in passed}
     recipe["default_target"] = passed[0]
+    recipe["description"] += " Every target was exported and passed parity verification with the versions below."
     recipe["validated_with"] = validated_with([recipe["targets"][name]["export_format"] for name in passed])
     load_recipe(recipe)  # what init writes must load back
     result.recipe = recipe
