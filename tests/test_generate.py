@@ -115,7 +115,8 @@ def _check_matches(exported, model, inputs, max_new_tokens=MAX_NEW):
     got = exported.generate(inputs["input_ids"], inputs.get("attention_mask"), max_new_tokens=max_new_tokens)
     assert got.dtype == torch.long
     assert got.shape == expected.shape, (got.shape, expected.shape)
-    assert torch.equal(got, expected), f"\nexpected {expected[:, -max_new_tokens:].tolist()}\ngot      {got[:, -max_new_tokens:].tolist()}"
+    assert torch.equal(got, expected), (f"\nexpected {expected[:, -max_new_tokens:].tolist()}"
+                                        f"\ngot      {got[:, -max_new_tokens:].tolist()}")
 
 
 @pytest.mark.parametrize("target", RECIPE_TARGETS)
@@ -205,7 +206,8 @@ def test_static_decode_traced_at_batch_2_runs_other_batches(layout_exports, mode
     with pytest.raises(ValueError):  # the engine bug this works around; drop the chunking when this stops raising
         exported.runners["decode"](
             input_ids=ids[:, -1:], position_ids=positions[:, -1:] + 1, past_key_values=prefill.past_key_values,
-            attention_mask=static_attention_mask(torch.ones(1, ids.shape[1] + 1, dtype=torch.long), ids.shape[1], 1, 64),
+            attention_mask=static_attention_mask(torch.ones(1, ids.shape[1] + 1, dtype=torch.long), ids.shape[1], 1,
+                                                 64),
         )
     _check_matches(exported, model, batch1)
     three = dict(tokenizer(["The capital of France is", "Hi there", "The quick brown fox"], return_tensors="pt",
@@ -315,4 +317,5 @@ def test_static_cache_openvino_targets_export_stateless(tiny_llama, model, token
     dynamic = build_plan(recipe, "openvino-generation", model, processor=tokenizer)
     assert [component.config.stateful for component in dynamic.components.values()] == [True, True]
     asked = load_recipe(_layout_recipe(tiny_llama, ["openvino-static"], stateful=True))
-    assert all(c.config.stateful for c in build_plan(asked, "openvino-static", model, processor=tokenizer).components.values())
+    asked_plan = build_plan(asked, "openvino-static", model, processor=tokenizer)
+    assert all(component.config.stateful for component in asked_plan.components.values())

@@ -34,7 +34,6 @@ class _Layout:
 
     takes_mask: bool
     mask_dtype: torch.dtype | None  # a 4D mask's dtype (static cache); None for a 2D padding mask
-    takes_positions: bool
     static_cache_len: int | None  # StaticCache size, None for a DynamicCache
     stateful: dict[str, bool]  # per component: an OpenVINO program that keeps the cache in its infer request
     pinned_batch: int | None  # the only batch size the decode takes (see `_layout`)
@@ -63,7 +62,9 @@ def generate(
         attention_mask = torch.ones_like(input_ids)
     attention_mask = torch.as_tensor(attention_mask, dtype=torch.long)
     if attention_mask.shape != input_ids.shape:
-        raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}")
+        raise GenerationError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}"
+        )
     if not layout.takes_mask and not bool(attention_mask.all()):
         raise GenerationError(
             "this export was traced without an attention_mask, so it cannot run padded prompts: export it from a "
@@ -127,8 +128,9 @@ def _greedy(exported, layout: _Layout, input_ids, attention_mask, max_new_tokens
 def verify_generation(exported, model, inputs: dict, max_new_tokens: int) -> dict:
     """Greedy tokens of `exported` against `model.generate(**inputs, do_sample=False)`, for the report.
 
-    `{"passed", "max_new_tokens", "token_agreement" (fraction of generated positions that agree),
-    "first_divergence" (None or {"row", "position" (index among generated tokens), "expected", "got"}),
+    `{"passed", "max_new_tokens", "token_agreement" (generated tokens that agree before their row's first
+    divergence, over all generated positions), "first_divergence" (None, or the earliest one: {"row", "position"
+    (index among the generated tokens), "expected", "got"}),
     "reference_tokens", "exported_tokens"}`; the token lists hold the generated tokens only, per row.
     """
     input_ids = inputs["input_ids"]
@@ -143,16 +145,17 @@ def verify_generation(exported, model, inputs: dict, max_new_tokens: int) -> dic
                         pad_token_id=pad)
     prompt = input_ids.shape[1]
     expected, got = reference[:, prompt:].tolist(), produced[:, prompt:].tolist()
-    compared = agreeing = 0
+    agreeing = compared = 0
     first = None
     for row, (want, have) in enumerate(zip(expected, got)):
-        for position in range(max(len(want), len(have))):
-            a = want[position] if position < len(want) else None
-            b = have[position] if position < len(have) else None
-            compared += 1
-            agreeing += a == b
-            if a != b and (first is None or position < first["position"]):
-                first = {"row": row, "position": position, "expected": a, "got": b}
+        agree = 0
+        while agree < min(len(want), len(have)) and want[agree] == have[agree]:
+            agree += 1
+        agreeing += agree
+        compared += max(len(want), len(have))
+        if agree < max(len(want), len(have)) and (first is None or agree < first["position"]):
+            first = {"row": row, "position": agree, "expected": want[agree] if agree < len(want) else None,
+                     "got": have[agree] if agree < len(have) else None}
     return {
         "passed": first is None,
         "max_new_tokens": max_new_tokens,
@@ -168,9 +171,10 @@ def default_special_tokens(exported, model=None) -> tuple[Any, int | None]:
     sources = [getattr(exported, "generation_config", None), getattr(exported, "config", None)]
     if model is not None:
         sources += [getattr(model, "generation_config", None), getattr(model, "config", None)]
-    eos = next((s.eos_token_id for s in sources if s is not None and getattr(s, "eos_token_id", None) is not None), None)
-    pad = next((s.pad_token_id for s in sources if s is not None and getattr(s, "pad_token_id", None) is not None), None)
-    return eos, pad
+    def first(field: str):
+        return next((getattr(s, field) for s in sources if getattr(s, field, None) is not None), None)
+
+    return first("eos_token_id"), first("pad_token_id")
 
 
 def _token_ids(value) -> list[int]:
@@ -197,7 +201,9 @@ def _layout(exported) -> _Layout:
         if unknown:
             raise GenerationError(f"the {name} component takes {unknown}, which hfexport's generate does not feed")
         if "input_ids" not in runners[name].metadata.kwargs:
-            raise GenerationError(f"the {name} component takes no input_ids (traced: {list(runners[name].metadata.kwargs)})")
+            raise GenerationError(
+                f"the {name} component takes no input_ids (traced: {list(runners[name].metadata.kwargs)})"
+            )
     traced = runners[DECODE].metadata.kwargs
     mask = traced.get("attention_mask")
     mask_dtype = getattr(torch, mask["dtype"]) if mask is not None and mask.get("rank") == 4 else None
@@ -227,7 +233,6 @@ def _layout(exported) -> _Layout:
     return _Layout(
         takes_mask=mask is not None,
         mask_dtype=mask_dtype,
-        takes_positions="position_ids" in traced,
         static_cache_len=static_len,
         stateful=stateful,
         pinned_batch=pinned_batch,
@@ -246,12 +251,12 @@ class _Session:
 
     def __init__(self, exported, layout: _Layout, batch: int):
         self.exported, self.layout, self.batch = exported, layout, batch
-        self.cache = self._new_cache(exported, layout, batch)
+        self.cache = self._new_cache(exported, layout)
         self.state_owner: str | None = None
         self.filled = 0  # cache slots written so far (static cache: where the next tokens go)
 
     @staticmethod
-    def _new_cache(exported, layout: _Layout, batch: int):
+    def _new_cache(exported, layout: _Layout):
         from transformers import DynamicCache, StaticCache
 
         if CACHE not in exported.runners[PREFILL].metadata.kwargs:
@@ -267,8 +272,8 @@ class _Session:
         input_ids, attention_mask, positions = (t.to(device) for t in (input_ids, attention_mask, positions))
         kwargs: dict[str, Any] = {"input_ids": input_ids}
         if "attention_mask" in traced:
-            kwargs["attention_mask"] = (
-                attention_mask if self.layout.mask_dtype is None else self._static_mask(attention_mask, input_ids.shape[1])
+            kwargs["attention_mask"] = attention_mask if self.layout.mask_dtype is None else static_attention_mask(
+                attention_mask, self.filled, input_ids.shape[1], self.layout.static_cache_len, self.layout.mask_dtype
             )
         if "position_ids" in traced:
             kwargs["position_ids"] = positions
@@ -285,39 +290,39 @@ class _Session:
             self.cache = getattr(outputs, CACHE, None)
         return outputs.logits.cpu()
 
-    def _static_mask(self, attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:
-        """The 4D mask `generate` builds for a static cache: query `i` (cache slot `filled + i`) sees the slots up
-        to its own that hold a real (unpadded) token."""
-        size = self.layout.static_cache_len
-        padding = torch.zeros(self.batch, size, dtype=torch.bool, device=attention_mask.device)
-        padding[:, : attention_mask.shape[1]] = attention_mask.bool()
-        slots = torch.arange(self.filled, self.filled + query_len, device=attention_mask.device)
-        causal = torch.arange(size, device=attention_mask.device)[None, :] <= slots[:, None]
-        allowed = (causal[None, :, :] & padding[:, None, :])[:, None]
-        if self.layout.mask_dtype == torch.bool:
-            return allowed
-        dtype = self.layout.mask_dtype
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
-
     def _hand_state_to(self, name: str, runner) -> None:
         """Make the OpenVINO request of `name` hold the current cache as its state (once per generation)."""
         if self.state_owner == name:
             return
+        import openvino
         from transformers.exporters.utils import get_leaf_tensors
 
-        leaves = {f"{CACHE}.{path}": tensor for path, tensor in get_leaf_tensors(self.cache).items()} if self.cache else {}
+        leaves = {}
+        if self.cache is not None:
+            leaves = {f"{CACHE}.{path}": tensor for path, tensor in get_leaf_tensors(self.cache).items()}
         runner.request.reset_state()
         for state in runner.request.query_state():
             path = _state_leaf(state.name)
-            if path not in leaves:
-                continue  # e.g. an empty cache: the variable's own zero-length init is right
-            value = leaves[path].detach().cpu().contiguous()
-            current = state.state
-            array = value.numpy().astype(current.data.dtype, copy=False)
-            import openvino
-
-            state.state = openvino.Tensor(array)
+            if path in leaves:  # else (an empty cache) the variable's own zero-length init is right
+                value = leaves[path].detach().cpu().contiguous().numpy()
+                state.state = openvino.Tensor(value.astype(state.state.data.dtype, copy=False))
         self.state_owner = name
+
+
+def static_attention_mask(attention_mask: torch.Tensor, filled: int, query_len: int, size: int,
+                          dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """The 4D mask `generate` builds for a static cache of `size` slots, `[batch, 1, query_len, size]`: query `i`
+    (cache slot `filled + i`) sees the slots up to its own that hold a real token (`attention_mask`, the 2D padding
+    mask over the slots written so far, these queries included). Boolean (sdpa), or additive for a float `dtype`."""
+    device = attention_mask.device
+    padding = torch.zeros(attention_mask.shape[0], size, dtype=torch.bool, device=device)
+    padding[:, : attention_mask.shape[1]] = attention_mask.bool()
+    slots = torch.arange(filled, filled + query_len, device=device)
+    causal = torch.arange(size, device=device)[None, :] <= slots[:, None]
+    allowed = (causal[None, :, :] & padding[:, None, :])[:, None]
+    if dtype == torch.bool:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def _stateful_logits(runner, kwargs: dict) -> torch.Tensor:
