@@ -479,7 +479,7 @@ def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict)
             continue
         runner = exported.runners[name]
         subinputs = _with_full_mask(runner, subinputs)
-        entry = {"component": name, "shapes": _shapes(_leaf_inputs(subinputs))}
+        entry = {"component": name, "shapes": _shapes(subinputs)}
         if _is_stateful(runner):
             entry.update(skipped="its cache lives in the OpenVINO infer request: checked by greedy generation",
                          outputs={})
@@ -523,10 +523,6 @@ def _is_stateful(runner) -> bool:
     captured cache, so `hfexport.generate` (which seeds that state) checks it."""
     request = getattr(runner, "request", None)
     return request is not None and hasattr(request, "query_state") and bool(list(request.query_state()))
-
-
-def _leaf_inputs(inputs: dict) -> dict:
-    return {name: value for name, value in _tensors(inputs).items()}
 
 
 def _finish(probe: dict) -> dict:
