@@ -210,7 +210,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
         propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
         progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
         results = gr.Markdown(label="Results", elem_id="results")
-        download = gr.File(label="Artifacts (zip)", interactive=False, elem_id="download")
+        download = gr.File(label="Artifacts (zip)", interactive=False, height=90, elem_id="download")
         pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
         pr_result = gr.Markdown(label="Pull request", elem_id="pr-result")
 

@@ -304,13 +304,17 @@ def test_job_runner_reports_an_unknown_repo_as_a_failure_and_removes_its_folder(
     output = tmp_path / "job" / "out"
     output.mkdir(parents=True)
     request = logic.JobRequest(model=unique("missing"), output=output, targets=["onnx"], token=hub.read_token)
-    events = list(logic.JobRunner(settings).run(request))
+    runner = logic.JobRunner(settings)
+    try:
+        events = list(runner.run(request))
+    finally:
+        runner.close()
     finished = events[-1]
     assert isinstance(finished, logic.Finished) and finished.report is None
     assert finished.failure.category == "Repository not found"
     assert finished.failure.command == f"hfexport export {request.model} --target onnx -o out"
     assert not output.exists()
-    assert not logic.JobRunner(settings).busy
+    assert not runner.busy
 
 
 def test_draft_recipe_for_a_model_without_one_is_init_s_proposal(hub):
@@ -366,7 +370,7 @@ def test_space_metadata_pins_the_installed_gradio_and_installs_hfexport():
     assert line.endswith(f"=={hfexport.__version__}")
 
 
-def test_a_job_past_its_time_limit_is_stopped_and_the_next_job_gets_a_fresh_process(hub, tmp_path):
+def test_a_job_past_its_time_limit_or_abandoned_is_stopped_and_the_next_job_gets_a_fresh_process(hub, tmp_path):
     repo = unique("slow")
     hub.seed_repo(repo, EXAMPLES / "tiny-bert")
     runner = logic.JobRunner(logic.SpaceSettings(workdir=tmp_path, job_timeout_s=1.0))
@@ -378,6 +382,13 @@ def test_a_job_past_its_time_limit_is_stopped_and_the_next_job_gets_a_fresh_proc
         assert "past its 1 s limit" in failure.message and failure.command.startswith(f"hfexport export {repo}")
         assert not output.exists()
         runner.settings.job_timeout_s = 600
+        # A caller that stops listening mid-job (a closed tab): the job's process is stopped, not left to talk to
+        # the next job.
+        listening = runner.run(logic.JobRequest(repo, tmp_path / "abandoned" / "out", ["onnx"], token=hub.read_token))
+        first = next(listening)
+        assert first.step == "cache" or first.step == "preflight", first
+        listening.close()
+        assert runner.worker._process is None and not runner.busy
         missing = unique("missing")
         events = list(runner.run(logic.JobRequest(missing, tmp_path / "next" / "out", [], token=hub.read_token)))
         assert events[-1].failure.category == "Repository not found"
@@ -397,3 +408,20 @@ def test_jobs_never_fall_back_to_the_spaces_own_token(hub, tmp_path, monkeypatch
     finally:
         runner.close()
     assert events[-1].failure.category == "Repository not found", events[-1].failure
+
+
+def test_worker_streams_a_job_then_a_burst_of_cache_hit_events(hub, tmp_path):
+    """The second job is a cache hit: its events arrive in one burst, which must all reach the caller."""
+    repo = unique("burst")
+    hub.seed_repo(repo, EXAMPLES / "tiny-bert")
+    runner = logic.JobRunner(logic.SpaceSettings(workdir=tmp_path, verify=False, job_timeout_s=600))
+    output = tmp_path / "out"
+    try:
+        first = list(runner.run(logic.JobRequest(repo, output, ["pt2"], token=hub.read_token)))
+        assert first[-1].report is not None and first[-1].report.targets["pt2"].status == "ok", first[-1].failure
+        assert [s.step for s in first[:-1] if s.status == "done"][-2:] == ["save", "target"]
+        second = list(runner.run(logic.JobRequest(repo, output, ["pt2"], token=hub.read_token)))
+        assert second[-1].report.targets["pt2"].status == "unchanged"
+        assert any(s.step == "target" and "unchanged" in (s.detail or "") for s in second[:-1])
+    finally:
+        runner.close()

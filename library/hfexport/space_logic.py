@@ -581,11 +581,10 @@ class JobRunner:
     the engine imported between jobs and leaves the web server's interpreter free while a job traces and optimizes.
     """
 
-    _lock = threading.Lock()
-
     def __init__(self, settings: SpaceSettings):
         from .worker import JobWorker
 
+        self._lock = threading.Lock()
         self.settings = settings
         # Jobs act with the visitor's token only: the Space's own (HF_TOKEN, a saved login) stays out of the child.
         self.worker = JobWorker(env={"HF_TOKEN": None, "HUGGING_FACE_HUB_TOKEN": None,

@@ -18,7 +18,7 @@ import atexit
 import contextlib
 import json
 import os
-import select
+import queue
 import subprocess
 import sys
 import threading
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 READY = "ready"
+FINAL = ("done", "failed", "crashed")
 ENV_PREFIX = "HFEXPORT_"
 
 
@@ -55,9 +56,14 @@ class JobWorker:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                           env.get("PYTHONPATH")]))
         args = [sys.executable, "-m", "hfexport.worker"] + (["--warm"] if self.warm else [])
-        self._process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-                                         bufsize=1)
-        return self._process
+        process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+        # A reader thread turns the child's lines into a queue: waiting on the queue (with a time limit) cannot miss
+        # lines already read into a buffer, as select() on a buffered pipe can.
+        process.lines = queue.Queue()  # type: ignore[attr-defined]
+        threading.Thread(target=_read_lines, args=(process.stdout, process.lines), daemon=True,  # type: ignore[attr-defined]
+                         name=f"hfexport-worker-{process.pid}").start()
+        self._process = process
+        return process
 
     def run(self, request: dict, timeout_s: float | None = None) -> Iterator[dict]:
         """Send `request` (run_job's arguments as JSON, plus `command`, `env` and `keep_downloads`) and yield the
@@ -71,28 +77,38 @@ class JobWorker:
             except (BrokenPipeError, OSError):
                 yield self._crashed("the export process could not be reached")
                 return
-            while True:
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
-                ready, _, _ = select.select([process.stdout], [], [], remaining)
-                if not ready:
+            answered = False
+            try:
+                for event in self._events(process, deadline, timeout_s):
+                    answered = event.get("type") in FINAL
+                    yield event
+            finally:
+                if not answered:  # the caller stopped listening mid-job: its events must not reach the next job
                     self._kill()
-                    yield self._crashed(f"the job ran past its {timeout_s:.0f} s limit and was stopped")
-                    return
-                line = process.stdout.readline()
-                if not line:
-                    code = process.wait()
-                    self._process = None
-                    yield self._crashed(f"the export process exited (code {code}) before the job finished")
-                    return
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # not a protocol line (cannot happen: the child's stdout is reserved)
-                if event.get("type") == READY:
-                    continue
-                yield event
-                if event.get("type") in ("done", "failed"):
-                    return
+
+    def _events(self, process: subprocess.Popen, deadline: float | None, timeout_s: float | None) -> Iterator[dict]:
+        while True:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+            try:
+                line = process.lines.get(timeout=remaining)  # type: ignore[attr-defined]
+            except queue.Empty:
+                self._kill()
+                yield self._crashed(f"the job ran past its {timeout_s:.0f} s limit and was stopped")
+                return
+            if not line:
+                code = process.wait()
+                self._process = None
+                yield self._crashed(f"the export process exited (code {code}) before the job finished")
+                return
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # not a protocol line (cannot happen: the child's stdout is reserved)
+            if event.get("type") == READY:
+                continue
+            yield event
+            if event.get("type") in FINAL:
+                return
 
     @staticmethod
     def _crashed(message: str) -> dict:
@@ -116,6 +132,16 @@ class JobWorker:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    """Every line of the child's protocol stream into `lines`; "" at the end (the child exited)."""
+    try:
+        for line in stream:
+            lines.put(line)
+    except (OSError, ValueError):
+        pass
+    lines.put("")
 
 
 # ── the child ────────────────────────────────────────────────────────────────
