@@ -63,6 +63,7 @@ PHASES = [
 ]
 ROOT_PHASE = "CLI and job bookkeeping (reports, progress)"
 GC_PHASE = "garbage collector (cyclic GC passes)"
+OTHER_BACKENDS = ("openvino", "executorch", "nncf")  # an ONNX target must not load them
 TABLE = [
     "interpreter startup",
     "imports",
@@ -240,6 +241,7 @@ def child(result_file: str, argv: list[str]) -> int:
         "phases": {phase: {"wall_s": wall, "cpu_s": cpu, "calls": calls}
                    for phase, (wall, cpu, calls) in timer.totals.items()},
         "phases_not_found": [f"{module}.{path}" for module, path, _ in pending],
+        "other_backends_imported": {name: name in sys.modules for name in OTHER_BACKENDS},
         "imports_by_package": {name: {"wall_s": wall, "cpu_s": cpu, "modules": count}
                                for name, (wall, cpu, count) in timer.imports_by_package.items()},
         "imports_by_phase": {name: {"wall_s": wall, "cpu_s": cpu, "imports": count}
@@ -279,6 +281,7 @@ def run_round(model: Path, work: Path, label: str, library: Path, index: int) ->
         "peak_rss_mb": report.get("peak_rss_mb"),
         "phases": phases,
         "phases_not_found": child_result["phases_not_found"],
+        "other_backends_imported": child_result["other_backends_imported"],
         "imports_by_package": child_result["imports_by_package"],
         "imports_by_phase": child_result["imports_by_phase"],
         "job_timings": {**report["timings"], **{f"onnx.{key}": value
@@ -315,6 +318,7 @@ def summarize(rounds: list[dict]) -> dict:
         "load_avg_1m_per_round": [r["load_avg_1m_before"] for r in rounds],
         "phases": table,
         "phases_not_found": rounds[0]["phases_not_found"],
+        "other_backends_imported": rounds[0]["other_backends_imported"],
         "imports_by_phase": _medians(rounds, "imports_by_phase"),
         "imports_by_package": dict(list(_medians(rounds, "imports_by_package").items())[:25]),
         "artifact": rounds[0]["artifact"],
