@@ -67,19 +67,59 @@ def local_content_hash(folder: Path) -> str:
 
 def hub_content_hash(repo_id: str, commit: str, siblings, token: str | None = None) -> str:
     """`local_content_hash` of a Hub revision, without downloading LFS files: the Hub gives their sha256; the
-    others (small by the Hub's rules: configs, tiny weights) are downloaded into the cache and hashed."""
+    others (small by the Hub's rules: configs, tiny weights) are downloaded into the cache and hashed once, the
+    sha256 remembered by git blob id (which names the content) in `HF_HOME/hfexport/sha256-by-blob.json`."""
     from huggingface_hub import hf_hub_download
 
-    entries = []
+    entries, known, learned = [], _blob_digests(), {}
     for sibling in siblings or []:
         if not is_source_file(sibling.rfilename):
             continue
         lfs = getattr(sibling, "lfs", None)
         digest = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
+        blob = getattr(sibling, "blob_id", None)
+        if not digest and blob in known:
+            digest = known[blob]
         if not digest:
-            digest = file_sha256(Path(hf_hub_download(repo_id, sibling.rfilename, revision=commit, token=token)))
+            path = Path(hf_hub_download(repo_id, sibling.rfilename, revision=commit, token=token))
+            digest = file_sha256(path)
+            if blob and _git_blob_id(path) == blob:  # remember only what was verified to be that blob
+                learned[blob] = digest
         entries.append([sibling.rfilename, digest])
+    if learned:
+        _remember_blob_digests(learned)
     return _files_hash(entries)
+
+
+def _digest_file() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME) / "hfexport" / "sha256-by-blob.json"
+
+
+def _blob_digests() -> dict[str, str]:
+    try:
+        data = json.loads(_digest_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _remember_blob_digests(learned: dict[str, str]) -> None:
+    from .report import write_json_atomic
+
+    try:
+        write_json_atomic(_digest_file(), json.dumps({**_blob_digests(), **learned}, sort_keys=True))
+    except OSError:
+        pass  # a read-only cache only costs the hashing next time
+
+
+def _git_blob_id(path: Path) -> str:
+    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def target_packages(target: Target) -> tuple[str, ...]:

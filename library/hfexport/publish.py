@@ -166,13 +166,13 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     _ensure_repo(api, repo_id, base, mode, token)
     open_pr = _call(lambda: find_open_publication(repo_id, base, token, api), repo_id, "looking for an open hfexport PR") \
         if mode == "pr" else None
+    if not chosen:  # every target was a cache hit against the Hub: nothing local to publish
+        return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None,
+                             None, repo_id, [])
     head_revision = f"refs/pr/{open_pr.num}" if open_pr else base
     head = _call(lambda: api.repo_info(repo_id, revision=head_revision, token=token).sha, repo_id,
                  f"reading {head_revision}")
     remote = _remote_files(api, repo_id, head, token)
-    if not chosen:
-        return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None,
-                             None, repo_id, [])
 
     changed, changes, deletions = [], [], []
     for item in chosen:

@@ -64,7 +64,7 @@ def check_manifest(manifest: Any, source: str = MANIFEST_FILE) -> None:
                 continue
             if not isinstance(spec, str):
                 raise UnsafeExportError(f"{source}: {where}.metadata.{field}: expected a treespec string")
-            _check_treespec(spec, source, f"{where}.metadata.{field}")
+            check_treespec(spec, source, f"{where}.metadata.{field}")
 
 
 def check_manifest_file(path: str | Path, source: str | None = None) -> dict:
@@ -138,6 +138,10 @@ def check_pt2_archive(path: str | Path, source: str | None = None) -> None:
                 weights_only(member)
             elif len(parts) >= 2 and parts[-2] == "constants" and member.endswith(".pt"):
                 raise UnsafeExportError(f"{source}: {member}: a legacy pickled constants file is refused")
+            elif member.endswith(".json") and len(parts) >= 2 and parts[-2] == "models":
+                from .pt2_safety import check_pt2_program
+
+                check_pt2_program(_loads(archive.read(member), source, member), source, member)
             elif member.endswith("_config.json") and len(parts) >= 2 and parts[-2] in ("weights", "constants"):
                 config = _loads(archive.read(member), source, member).get("config", {})
                 for fqn, payload in (config.items() if isinstance(config, dict) else []):
@@ -182,7 +186,8 @@ def _nodes(spec: Any, where: str) -> Iterator[tuple[dict, str]]:
             stack.append((child, f"{path}.children_spec[{index}]"))
 
 
-def _check_treespec(dumped: str, source: str, where: str) -> None:
+def check_treespec(dumped: str, source: str, where: str) -> None:
+    """Check one dumped treespec: node types and engine contexts (`where` is its JSON path, for messages)."""
     spec = _loads(dumped, source, where)
     if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], dict)):
         raise UnsafeExportError(f"{source}: {where}: not a dumped treespec ([protocol, node])")

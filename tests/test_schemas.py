@@ -1,0 +1,13 @@
+"""The JSON Schemas shipped in the package are valid Draft 2020-12 schemas (checked here once, not per process)."""
+
+from __future__ import annotations
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from hfexport.recipe import load_schema
+
+
+@pytest.mark.parametrize("name", ["export_config", "export_report"])
+def test_shipped_schema_is_valid(name):
+    Draft202012Validator.check_schema(load_schema(name))
