@@ -142,7 +142,7 @@ def check(model: str | Path, targets, output: str | Path, revision: str | None =
         result = estimate(model, targets, output, revision, token)
     except HfExportError:
         raise
-    except Exception as error:  # noqa: BLE001 - an estimate we cannot make must not block the job
+    except Exception:  # noqa: BLE001 - an estimate we cannot make must not block the job
         return Estimate(0, {}, 0, 0, None, None, [])  # the loader reports real access problems itself
     if not result.fits:
         raise PreflightError(f"{model}: " + "; ".join(result.problems)
