@@ -8,18 +8,23 @@ fresh process (the CLI's own `main`, so every import is paid as a user pays it) 
   time is the phase they name, *exclusive* of phases nested inside them: the phases partition the process's time;
 - each phase gets wall seconds and process CPU seconds (all threads); on this shared, loaded 2-core machine CPU
   seconds are the steadier figure, and the ratio CPU/wall shows how much of the wall was waiting for a core;
+- the cyclic garbage collector's passes (`gc.callbacks`) are a phase of their own, wherever they interrupt;
 - interpreter startup and exit are measured from the parent (spawn to first line, last line to reaped).
 
 The wrapped names are read only to time them (torch.onnx's internal stages have no public hook); when a torch or
 onnxscript upgrade moves one, the result lists it under `phases_not_found` and its time falls into the caller's.
-The artifact of every round is hashed (model.onnx, model.onnx.data, export.json): all rounds must agree, and
-`ARTIFACT` in the result is what a before/after comparison of hfexport's code checks.
+The artifact of every round is hashed (model.onnx, model.onnx.data, export.json) and all rounds must agree.
+
+Before/after a change to hfexport: `BEFORE=<a library/ folder with the old code>` (e.g. of `git worktree add
+--detach /tmp/before <commit>`) alternates the old and the current code round by round; the result gets a `before`
+breakdown and `change.artifact_identical` (the bytes of both must match).
 
 Run: `.venv/bin/python benchmarks/export_breakdown.py` (env ROUNDS, default 3) -> results/export_breakdown.json.
 For a function-level profile of the same run: `.venv/bin/python -m cProfile -o export.prof -m hfexport.cli export
 MINILM --recipe benchmarks/recipes/minilm.json --target onnx -o OUT --force`, then
 `python -c "import pstats; pstats.Stats('export.prof').sort_stats('cumulative').print_stats(40)"` (cProfile's own
-overhead roughly doubles torch.export's Python-heavy trace, so use it to find hotspots, not to size them).
+overhead took one run from ~26 to 43 s CPU and skews the Python-heavy phases most, the onnxscript optimizer several
+times over: use it to find hotspots, this timer to size them).
 """
 
 from __future__ import annotations
