@@ -6,6 +6,8 @@
    click **Convert** -> report shown -> click **Open PR** -> PR link shown. Wall time split into the job (the
    report's `total_s`), publishing (time inside `space_logic.publish_job`) and the rest (the UI: queue, streaming
    updates, zip, rendering, browser). Ratio to the reference.
+   The same job through the Space's job process with no page open separates the process hop from the cost of
+   the browser rendering the live page on the same cores.
 3. While a conversion runs, a second browser session opens the page, clicks Convert, and waits for its queue
    position; target: visible within 2 s of the click.
 
@@ -103,6 +105,13 @@ def main() -> None:
                                               token=HUB.write_token)
         warm_events = list(space.demo.hfexport_runner.run(warm_request))
         assert warm_events[-1].report is not None, warm_events[-1].failure
+        # The same job in the Space's job process, no browser open: separates the process hop from UI contention.
+        start = time.perf_counter()
+        events = list(space.demo.hfexport_runner.run(space_logic.JobRequest(
+            seed("bench-worker"), WORK / "worker-job" / "out", [TARGET], token=HUB.write_token)))
+        assert events[-1].report is not None, events[-1].failure
+        results["job_process_no_browser"] = {"wall_s": round(time.perf_counter() - start, 2),
+                                             "report_total_s": events[-1].report.timings["total_s"]}
 
         def session():
             context = browser.new_context(viewport={"width": 1280, "height": 1000}, accept_downloads=True)
@@ -152,6 +161,7 @@ def main() -> None:
             "share_ui": round(ui / total, 3),
             "first_page_load_s": round(page_load_s, 2),
             "ratio_to_reference_api": round(total / api["total_s"], 3),
+            "job_ratio_to_reference_api_job": round(job / api["report_total_s"], 3),
         }
 
         # 3. a second session while a job runs
@@ -188,7 +198,8 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "notes": "2 shared CPU cores: compare shares and ratios, not absolute seconds. ui_s = click-to-link wall minus "
                  "the job's own total_s and the time inside publish_job (queue, streamed updates, zip, rendering, "
-                 "browser round trips).",
+                 "browser round trips). job_process_no_browser: the same job through the Space's job process with no "
+                 "page open; the Space's job_s is higher when Chromium renders the live page on the same 2 cores.",
     })
     out = HERE / "results" / "space_e2e.json"
     out.parent.mkdir(exist_ok=True)

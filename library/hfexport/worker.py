@@ -126,12 +126,16 @@ class JobWorker:
         if process is None or process.poll() is not None:
             return
         with contextlib.suppress(OSError):
-            process.stdin.close()
+            process.stdin.close()  # the child's loop ends at the end of its input
         try:
-            process.wait(timeout=5)
+            process.wait(timeout=1)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            process.terminate()  # still importing the engine, or in a job
+            try:
+                process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def _read_lines(stream, lines: queue.Queue) -> None:
