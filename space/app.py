@@ -141,7 +141,13 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             yield log.markdown(), event.failure.markdown(), None, gr.update(interactive=False), state
             return
         report = event.report
-        zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
+        try:
+            zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
+        except OSError as error:  # e.g. the disk filled up: the report is still worth showing
+            workspace.release(session)
+            yield log.markdown(), _fail(error, job.command) + "\n\n" + report.to_markdown(), None, \
+                gr.update(interactive=False), state
+            return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
         state.update(model=model, revision=rev, output=str(job.output), targets=list(report.targets), edited=edited,
                      zip=str(zip_path), status=report.status, verified=logic.verified_recipe(used, report))

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hfexport import space_logic as logic
-from hfexport.errors import Problem, PublishRefusedError, RecipeError, SourceError
+from hfexport.errors import PlanError, Problem, PublishRefusedError, RecipeError, SourceError, UnknownTargetError
+from hfexport.preflight import PreflightError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -144,6 +145,9 @@ def test_failures_are_a_category_a_line_and_a_command_never_a_token():
         PublishRefusedError("target(s) onnx failed parity verification: not publishing"): "Publishing refused",
         logic.SpaceError("Sign in required", "sign in with Hugging Face to convert models"): "Sign in required",
         RuntimeError(f"boom with {token}\nTraceback (most recent call last):\n  File x"): "Unexpected error",
+        PreflightError("org/m: not enough memory: about 1.1 GB needed, 64 MB available"): "Model too large for this Space",
+        UnknownTargetError("no target 'tflite'; the recipe has: onnx"): "Unknown target",
+        PlanError("input 'pixel_values' is not an input of BertModel"): "Recipe does not fit the model",
     }
     for error, category in cases.items():
         failure = logic.describe_failure(error, "hfexport export org/m -o out")

@@ -35,12 +35,14 @@ from typing import Any
 
 from .errors import (
     HfExportError,
+    PlanError,
     Problem,
     PublishError,
     PublishRefusedError,
     RecipeError,
     RecipeNotFoundError,
     SourceError,
+    UnknownTargetError,
     redact,
     register_secret,
 )
@@ -234,9 +236,9 @@ def describe_failure(error: BaseException, command: str | None = None) -> Failur
         else:
             category = "Hub unreachable"
         return Failure(category, message, command)
-    if name == "UnknownTargetError":
+    if isinstance(error, UnknownTargetError):
         return Failure("Unknown target", message, command)
-    if name == "PlanError":
+    if isinstance(error, PlanError):
         return Failure("Recipe does not fit the model", message, command)
     if isinstance(error, HfExportError):
         return Failure("Export failed", message, command)
