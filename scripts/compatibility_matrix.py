@@ -43,14 +43,29 @@ from hfexport.testing.matrix import (  # noqa: E402
 DOCS_JSON = ROOT / "docs" / "compatibility.json"
 DOCS_MD = ROOT / "docs" / "compatibility.md"
 EXPECTED = ROOT / "tests" / "data" / "compatibility_expected.json"
-REGENERATE = "python scripts/compatibility_matrix.py --jobs 2 --timeout 600 --update-expected"
+REGENERATE = "python scripts/compatibility_matrix.py --jobs 2 --timeout 480 --fresh --update-expected"
 CI_NOTE = (
-    "The default test run (`pytest`) checks the fast subset: the bundled `examples/tiny-bert` (forward) and "
-    "`examples/tiny-llama` (generation on ONNX, OpenVINO and ExecuTorch, forward on torch.export) on every format, "
-    "reusing the session's exported fixtures. The whole matrix is `pytest -m slow tests/test_matrix.py`, or this "
-    "script; a cell that passed in the expectations file (`tests/data/compatibility_expected.json`) and no longer "
-    "passes fails the run, a cell that newly passes is reported."
+    "The whole matrix took {cpu_min:.0f} CPU-minutes ({wall_min:.0f} min wall on a shared machine with {machine}, {jobs} "
+    "cells at a time); ExecuTorch cells are {executorch_share:.0%} of the CPU time. That does not fit the CI budget "
+    "next to the rest of the suite, so per pull request CI runs a subset: (1) the default test run, whose fast "
+    "subset checks the bundled `examples/tiny-bert` (forward) and `examples/tiny-llama` (generation on ONNX, "
+    "OpenVINO and ExecuTorch, forward on torch.export) on every format from the session's exported fixtures; "
+    "(2) every cell except ExecuTorch's ({subset_cpu_min:.0f} CPU-minutes), in parallel: `python "
+    "scripts/compatibility_matrix.py --formats dynamo onnx openvino --jobs 4 --timeout 480 --json "
+    "$RUNNER_TEMP/matrix.json --markdown $RUNNER_TEMP/matrix.md`, which exits 1 when a cell recorded as pass in "
+    "`tests/data/compatibility_expected.json` no longer passes, and prints the cells that newly pass. The whole "
+    "matrix runs nightly and when the engine pin changes (the same command without `--formats`), or serially with "
+    "`pytest -m slow tests/test_matrix.py` (`-k \"not executorch\"` for the per-PR subset)."
 )
+
+
+def ci_note(results, meta: dict) -> str:
+    """The CI paragraph of the docs, with the figures of the run (`meta`: wall_s, jobs, machine)."""
+    cpu = sum(result.timings.get("cpu_s", 0.0) for result in results)
+    executorch = sum(result.timings.get("cpu_s", 0.0) for result in results if result.export_format == "executorch")
+    return CI_NOTE.format(cpu_min=cpu / 60, wall_min=(meta.get("wall_s") or 0) / 60, jobs=meta.get("jobs", 1),
+                          machine=str(meta.get("machine", "? CPU cores")).replace(" (shared)", ""),
+                          executorch_share=executorch / cpu if cpu else 0, subset_cpu_min=(cpu - executorch) / 60)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -87,10 +102,12 @@ def main(argv=None) -> int:
     parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown from the JSON")
     args = parser.parse_args(argv)
 
-    if args.render_only:
+    if args.render_only:  # the run's data as it is; the prose (CI paragraph, command) as this script says now
         results, meta = read_results(args.json)
+        meta.update(regenerate=REGENERATE, ci=ci_note(results, meta))
+        write_text_atomic(args.json, json.dumps(results_document(results, meta), indent=2, ensure_ascii=False) + "\n")
         write_text_atomic(args.markdown, render_markdown(results, meta))
-        print(f"wrote {args.markdown}")
+        print(f"wrote {args.json} and {args.markdown}")
         return 0
 
     cells = all_cells(args.models, args.formats, args.modes)
@@ -124,14 +141,15 @@ def main(argv=None) -> int:
         "jobs": args.jobs if whole else previous_meta.get("jobs", args.jobs),
         "timeout_s": args.timeout,
         "machine": f"{os.cpu_count()} CPU cores (shared)",
-        "ci": CI_NOTE,
     }
     ordered = sorted(merged.values(), key=lambda r: r.cell)
+    meta["ci"] = ci_note(ordered, meta)
     write_text_atomic(args.json, json.dumps(results_document(ordered, meta), indent=2, ensure_ascii=False) + "\n")
     write_text_atomic(args.markdown, render_markdown(ordered, meta))
     print(f"{len(results)} cells in {wall / 60:.1f} min; wrote {args.json} and {args.markdown}")
 
-    expected = json.loads(args.expected.read_text(encoding="utf-8"))["cells"] if args.expected.is_file() else {}
+    document = json.loads(args.expected.read_text(encoding="utf-8")) if args.expected.is_file() else {}
+    expected = document.get("cells", {})
     regressions, newly = compare(results, expected)
     for result in newly:
         print(f"newly passing: {result.id} (expected {expected.get(result.id, 'nothing')})")
@@ -140,8 +158,11 @@ def main(argv=None) -> int:
     if args.update_expected:
         cells_expected = {**expected, **expectations(results)}
         document = {
+            **document,
             "about": "Outcome per matrix cell from the last full run of scripts/compatibility_matrix.py: a cell "
-                     "recorded as pass must keep passing (tests/test_matrix.py). Regenerate with: " + REGENERATE,
+                     "recorded as pass must keep passing (tests/test_matrix.py). `fast_subset`: the bundled "
+                     "examples checked by the default test run (HFEXPORT_UPDATE_EXPECTED=1 pytest "
+                     "tests/test_matrix.py -k fast_subset rewrites it). Regenerate `cells` with: " + REGENERATE,
             "cells": dict(sorted(cells_expected.items())),
         }
         write_text_atomic(args.expected, json.dumps(document, indent=2) + "\n")

@@ -334,7 +334,7 @@ def _seconds(value) -> str:
 def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
     """docs/compatibility.md: a header saying it is generated, a table per mode (models × formats), the notes."""
     by_id = {result.id: result for result in results}
-    notes: list[str] = []
+    notes: dict[str, list[str]] = {}  # detail -> the cells that report it (one note per distinct message)
     regenerate = meta.get("regenerate", "python scripts/compatibility_matrix.py")
     lines = [
         "# Compatibility matrix",
@@ -359,7 +359,8 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
     if meta.get("machine"):
         run.append(meta["machine"])
     if run:
-        lines.append(" · ".join(run).capitalize() + ".")
+        text = " · ".join(run)
+        lines.append(text[:1].upper() + text[1:] + ".")
     lines += [
         "",
         "Each cell is one real job, `run_job(model, out, targets=[\"<format>-<mode>\"])`: export, save, reload "
@@ -391,8 +392,9 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
                 if result.outcome in ("pass", "exported", "parity-fail"):
                     text += f" {_seconds(result.timings.get('export_s'))}"
                 if result.detail:
-                    notes.append(f"{result.id}: {result.detail}")
-                    text += f" [{len(notes)}](#note-{len(notes)})"
+                    notes.setdefault(result.detail, []).append(result.id)
+                    number = list(notes).index(result.detail) + 1
+                    text += f" [{number}](#note-{number})"
                 cells.append(text)
             lines.append(f"| `{name}`{family} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -405,8 +407,8 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
               + f" of {len(results)} cells.", ""]
     if notes:
         lines += ["## Notes", ""]
-        lines += [f"{index}. <a id=\"note-{index}\"></a>`{text.split(': ', 1)[0]}`: {_escape(text.split(': ', 1)[1])}"
-                  for index, text in enumerate(notes, 1)]
+        lines += [f"{index}. <a id=\"note-{index}\"></a>{', '.join(f'`{cell}`' for cell in cells)}: {_escape(detail)}"
+                  for index, (detail, cells) in enumerate(notes.items(), 1)]
         lines.append("")
     if meta.get("ci"):
         lines += ["## In CI", "", meta["ci"], ""]

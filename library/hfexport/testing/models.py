@@ -380,6 +380,9 @@ MODELS: dict[str, TinyModel] = {
                   "2 s audio windows (200 mel frames); forward takes explicit `decoder_input_ids` (batch × dec_seq)."),
         TinyModel("tiny-llava", "LLaVA", "LlavaForConditionalGeneration", "image-text-to-text", DECODER_MODES,
                   build_llava, "Forward shapes static: with a dynamic batch torch.export reports \"Constraints "
-                  "violated (batch)! Suggested fixes: batch = 2\"; the sequence holds a fixed 16 tokens per image."),
+                  "violated (batch)! Suggested fixes: batch = 2\"; the sequence holds a fixed 16 tokens per image. "
+                  "Generation: transformers 5.23's generate() runs the vision tower before the prefill "
+                  "(`mm_encoder_outputs`), so the engine's decompose_for_generation captures no image encoder or "
+                  "projector: the export has language_model, lm_head and decode only."),
     )
 }
