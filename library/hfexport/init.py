@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .inputs import DEFAULT_TEXTS, default_sample_spec
-from .models import GENERATIVE_TASKS, infer_task, load_config
+from .models import GENERATIVE_TASKS, infer_task, load_config, sequence_limit
 
 TARGET_NAMES = {"onnx": "onnx", "openvino": "openvino", "dynamo": "pt2", "executorch": "pte"}
 DEFAULT_FORMATS = ("onnx",)
@@ -29,15 +29,6 @@ FORMAT_PACKAGES = {"onnx": ("onnx", "onnxscript", "onnxruntime"), "openvino": ("
                    "executorch": ("executorch",), "dynamo": ()}
 _TEXT_INPUTS = {"automatic-speech-recognition": None, "audio-classification": "input_values",
                 "image-classification": "pixel_values", "image-feature-extraction": "pixel_values"}
-
-
-def _sequence_limit(config) -> int | None:
-    for holder in (config, getattr(config, "text_config", None)):
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(holder, name, None) if holder is not None else None
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
 
 
 def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[str, ...] | None = None, *,
@@ -52,7 +43,7 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
         raise ValueError(f"unknown format(s) {unknown}; choose from {', '.join(TARGET_NAMES)}")
     task = infer_task(config)
     generative = task in GENERATIVE_TASKS
-    limit = _sequence_limit(config)
+    limit = sequence_limit(config)
     dims: dict[str, dict] = {"batch": dict(BATCH)}
     main_input = _TEXT_INPUTS.get(task, "input_ids")
     if main_input == "input_ids":

@@ -68,6 +68,16 @@ def infer_task(config) -> str:
     return "feature-extraction"
 
 
+def sequence_limit(config) -> int | None:
+    """The longest sequence a model's config admits (`max_position_embeddings` or its aliases), None if unstated."""
+    for holder in (config, getattr(config, "text_config", None)):
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
 def model_class_for(config, task: str | None = None, model_class: str | None = None):
     """The class to load: task's Auto class, else the recipe's class name, else the config's architecture."""
     if task:

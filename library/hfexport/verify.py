@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import redact
+from .models import sequence_limit
 from .recipe import parse_axis
 
 DEFAULT_MAX_PROBE_ELEMENTS = 1 << 16
@@ -275,15 +276,6 @@ def _auto_axes(tensors: dict) -> list[AxisRef]:
     return refs
 
 
-def _model_limit(config) -> int | None:
-    for holder in (config, getattr(config, "text_config", None)):
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(holder, name, None) if holder is not None else None
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
-
-
 def _inside(low: int, high: int) -> int | None:
     """An odd value strictly between low and high: 37 when it fits, else the odd one nearest the middle."""
     if low < INSIDE_VALUE < high:
@@ -299,7 +291,7 @@ def dim_values(plan, refs: list[AxisRef], auto: bool, config=None, reserve: int 
     """The values each dynamic dim is probed at: the recipe's `parity.probe`, else [min, inside, max]."""
     tensors = _tensors(plan.inputs)
     listed = plan.target.parity.get("probe", {}) or {}
-    limit = _model_limit(config) if config is not None else None
+    limit = sequence_limit(config) if config is not None else None
     max_cache_len = (plan.target.generation or {}).get("max_cache_len")
     values: dict[str, list[int]] = {}
     for dim in dict.fromkeys(ref.dim for ref in refs):
