@@ -26,20 +26,40 @@ def collector_state():
         gc.freeze()
 
 
-def test_off_until_plan_then_frozen_and_on_and_restored(collector_state):
-    seen = []
-    with one_shot_collection(seen.append) as on_step:
-        assert not gc.isenabled()
-        on_step(Step("load_model", "start"))
-        assert not gc.isenabled() and gc.get_freeze_count() == 0
-        on_step(Step("plan", "start", "onnx"))
-        assert gc.isenabled()
-        frozen = gc.get_freeze_count()
-        assert frozen > 1000  # the modules and objects alive when planning started
-        on_step(Step("plan", "start", "pt2"))  # a second target: nothing frozen again
-        assert gc.get_freeze_count() == frozen
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    assert [(step.step, step.target) for step in seen] == [("load_model", None), ("plan", "onnx"), ("plan", "pt2")]
+_OFF_UNTIL_PLAN = """
+import gc
+from hfexport.collector import one_shot_collection
+from hfexport.job import Step
+
+gc.unfreeze()
+gc.enable()
+seen = []
+with one_shot_collection(seen.append) as on_step:
+    assert not gc.isenabled()
+    on_step(Step("load_model", "start"))
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
+    on_step(Step("plan", "start", "onnx"))
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    assert frozen > 1000, frozen  # the modules and objects alive when planning started
+    on_step(Step("plan", "start", "pt2"))  # a second target: nothing frozen again
+    assert gc.get_freeze_count() == frozen
+assert gc.isenabled() and gc.get_freeze_count() == 0
+assert [(step.step, step.target) for step in seen] == [("load_model", None), ("plan", "onnx"), ("plan", "pt2")]
+"""
+
+
+def test_off_until_plan_then_frozen_and_on_and_restored():
+    """Run in a fresh interpreter: the collector is process-wide state that other tests in this session touch."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root / "library")}
+    result = subprocess.run([sys.executable, "-c", _OFF_UNTIL_PLAN], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def test_restored_on_error_and_without_a_plan(collector_state):
