@@ -12,6 +12,7 @@ from .errors import SourceError, redact
 from .safety import MANIFEST_FILE, check_manifest_file
 
 EXPORTS_FOLDER = "exports"
+RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job saves beside each export
 
 
 class ExportedModel(_EngineExportedModel):
@@ -53,9 +54,15 @@ class ExportedModel(_EngineExportedModel):
         cache_dir: str | os.PathLike | None = None,
         force_download: bool = False,
         local_files_only: bool = False,
+        precision: str | None = None,
         **kwargs,
     ) -> ExportedModel:
         """The engine's `from_pretrained`, after checking the export's `export.json` (`hfexport.safety`).
+
+        `precision` is the precision the runtime computes at: `None` applies the owner's choice (the target's
+        `runtime.precision` in the `export_config.json` hfexport saves beside the export), `"auto"` the device's
+        default (OpenVINO's CPU plugin: bf16 on CPUs with AVX512-BF16/AMX), `"f32"`, `"bf16"` or `"f16"` pin it
+        (the last two for OpenVINO only). A `config={"INFERENCE_PRECISION_HINT": ...}` passed for OpenVINO wins.
 
         `target` picks a published target: `exports/<target>` of a Hub repo (or of a folder; an hfexport OUTPUT
         folder's `<target>` works too). From the Hub, the manifest is downloaded first, checked, and the engine then
@@ -84,6 +91,7 @@ class ExportedModel(_EngineExportedModel):
                                                       cache_dir, force_download, local_files_only)
             fetch = _hub_fetcher(str(pretrained_model_name_or_path), subfolder, revision, token, cache_dir,
                                  force_download, local_files_only)
+        kwargs = _apply_precision(str(checked.get("export_format")), precision, fetch, kwargs)
         if checked.get("export_format") == "onnx":
             return cls._load_onnx(checked, fetch, **kwargs)
         if checked.get("export_format") == "dynamo":
@@ -135,6 +143,34 @@ class ExportedModel(_EngineExportedModel):
         generation_config = GenerationConfig.from_pretrained(generation_file.parent) if generation_file else None
         model = cls(components, ExportFormat.ONNX, config=config, generation_config=generation_config)
         return model.to(device, **runner_kwargs)
+
+
+def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict) -> dict:
+    """The runner arguments with the runtime precision applied: the caller's, else the owner's recipe pin."""
+    from .runtime import PRECISION_FORMATS, load_options
+
+    allowed = PRECISION_FORMATS.get(export_format, ("auto", "f32"))
+    if precision is not None and precision not in allowed:
+        raise SourceError(f"precision={precision!r}: {export_format} exports run at "
+                          f"{' or '.join(repr(p) for p in allowed)} ('bf16'/'f16' are OpenVINO runtime precisions)")
+    if precision is None:
+        precision = owner_precision(fetch)
+    options = load_options(export_format, precision)
+    if "config" in options:
+        kwargs = {**kwargs, "config": {**options["config"], **(kwargs.get("config") or {})}}
+    return kwargs
+
+
+def owner_precision(fetch) -> str:
+    """The target's `runtime.precision` from the recipe copy saved beside the export ("auto" when there is none)."""
+    from .recipe import load_recipe
+    from .runtime import pinned_precision
+
+    path = fetch(RECIPE_COPY_FILE, required=False)
+    if path is None:
+        return "auto"
+    recipe = load_recipe(path)  # schema-checked: a malformed copy is a RecipeError naming the file and JSON path
+    return pinned_precision(recipe.target(recipe.default_target).runtime)
 
 
 def _read_weights_from_blob(program, data: Path) -> None:

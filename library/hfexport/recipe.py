@@ -20,6 +20,7 @@ from typing import Any
 
 from .errors import Problem, RecipeError, RecipeNotFoundError, SourceError, UnknownTargetError, redact
 from .quantization import METHOD_FORMATS, section_problems
+from .runtime import PRECISION_FORMATS
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FILE = "config.json"
@@ -289,6 +290,12 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
                 problems.append(
                     Problem(json_path([*base, "parity", "probe", dim_name]), f"{dim_name!r} is not a dim; known dims: {known}")
                 )
+        precision = target.get("runtime", {}).get("precision")
+        if precision is not None and precision not in PRECISION_FORMATS[export_format]:
+            problems.append(Problem(json_path([*base, "runtime", "precision"]),
+                                    f"{export_format} runs the graph's own types: precision can be "
+                                    f"{' or '.join(repr(p) for p in PRECISION_FORMATS[export_format])} "
+                                    f"('bf16'/'f16' are OpenVINO runtime precisions)"))
         quantization = target.get("quantization")
         if quantization:  # method x format, preset, params, calibration (hfexport.quantization)
             problems.extend(section_problems(quantization, export_format, target.get("options"), base,
@@ -372,6 +379,7 @@ class Target:
     parity: dict = field(default_factory=dict)
     quantization: dict | None = None
     description: str | None = None
+    runtime: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, name: str, data: dict) -> Target:
@@ -386,12 +394,14 @@ class Target:
             parity=copy.deepcopy(data.get("parity", {})),
             quantization=copy.deepcopy(data.get("quantization")),
             description=data.get("description"),
+            runtime=copy.deepcopy(data.get("runtime", {})),
         )
 
     def to_dict(self) -> dict:
         """The target as the recipe would write it (empty sections left out)."""
         data: dict[str, Any] = {"export_format": self.export_format, "mode": self.mode}
-        for key in ("description", "options", "generation", "dynamic_shapes", "components", "parity", "quantization"):
+        for key in ("description", "options", "generation", "dynamic_shapes", "components", "parity", "quantization",
+                    "runtime"):
             value = getattr(self, key)
             if value not in (None, {}, []):
                 data[key] = copy.deepcopy(value)

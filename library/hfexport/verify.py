@@ -40,15 +40,27 @@ _FP32 = {"dynamo": (1e-5, 1e-4, 0.99999, 0.99), "onnx": (1e-4, 1e-3, 0.9999, 0.9
          "openvino": (1e-4, 1e-3, 0.9999, 0.99), "executorch": (1e-4, 1e-3, 0.9999, 0.99)}
 _HALF = (1e-2, 1e-2, 0.999, 0.95)
 _FP16_WEIGHTS = (5e-3, 1e-2, 0.9995, 0.98)
-_QUANTIZED = (None, None, 0.98, 0.9)
+# A float32 graph run at a reduced *runtime* precision (OpenVINO's CPU plugin: bf16 by default on CPUs with
+# AVX512-BF16/AMX). Measured figures behind these: docs/parity.md, "Reduced runtime precision".
+_RUNTIME = {"bf16": (3e-2, 3e-2, 0.999, 0.95), "f16": (1e-2, 1e-2, 0.9995, 0.95)}
+# Greedy decoding at a reduced runtime precision: near-tied logits may flip a pick (then the rest of that row
+# diverges), so token agreement over the sample prompts has a floor instead of being exact.
+RUNTIME_MIN_TOKEN_AGREEMENT = {"bf16": 0.75, "f16": 0.75}
 _TOLERANCE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
+# Shape probes of a quantized target prove it runs at every declared size: shapes and finiteness only.
+SHAPE_ONLY = {"default": {}, "outputs": {}, "basis": "shape probe: shapes and finite values only"}
 
 
 def default_tolerance(export_format: str, dtype: str = "float32", quantized: bool = False,
-                      options: dict | None = None) -> dict:
-    """The thresholds an artifact meets unless its recipe says otherwise (the table in docs/parity.md)."""
+                      options: dict | None = None, precision: str = "f32") -> dict:
+    """The thresholds an artifact meets unless its recipe says otherwise (the table in docs/parity.md).
+
+    `precision` is the precision the runtime computes at (read back from it): a float32 graph that OpenVINO runs
+    in bf16 is judged by the bf16 row, not by float32's."""
     if quantized:
-        values = _QUANTIZED
+        values = (None, None, 0.98, 0.9)  # 8-bit; per method and bit width: hfexport.quantization.default_parity
+    elif precision in _RUNTIME:
+        values = _RUNTIME[precision]
     elif dtype in ("float16", "bfloat16"):
         values = _HALF
     elif export_format == "openvino" and (options or {}).get("compress_to_fp16"):
@@ -58,19 +70,25 @@ def default_tolerance(export_format: str, dtype: str = "float32", quantized: boo
     return dict(zip(_TOLERANCE_KEYS, values))
 
 
-def thresholds_for(target, dtype: str = "float32") -> dict:
-    """`{"default": {...}, "outputs": {name: {...}}, "basis": "..."}`: the defaults with the recipe's overrides."""
+def thresholds_for(target, dtype: str = "float32", precision: str = "f32") -> dict:
+    """`{"default": {...}, "outputs": {name: {...}}, "basis": "..."}`: the defaults with the recipe's overrides.
+
+    At a reduced runtime precision the recipe's float thresholds (`atol`, `rtol`, `min_cosine`, `min_top1`, made
+    for the float32 graph) do not apply; the recipe pins `runtime.precision` to be judged (and run) at float32."""
     parity = target.parity or {}
-    default = default_tolerance(target.export_format, dtype, bool(target.quantization), target.options)
+    default = default_tolerance(target.export_format, dtype, bool(target.quantization), target.options, precision)
+    reduced = precision in _RUNTIME and not target.quantization
     if target.quantization:  # per method and bit width (hfexport.quantization.default_parity)
         from .quantization import default_parity
 
         quantized = default_parity(target.quantization["method"], target.mode, target.quantization.get("params"))
         default.update({key: quantized[key] for key in _TOLERANCE_KEYS})
-    overridden = [key for key in _TOLERANCE_KEYS if key in parity]
+    overridden = [] if reduced else [key for key in _TOLERANCE_KEYS if key in parity]
     default.update({key: parity[key] for key in overridden})
-    outputs = {name: {**default, **values} for name, values in (parity.get("outputs") or {}).items()}
-    basis = f"defaults for {target.export_format} {'quantized' if target.quantization else dtype}"
+    outputs = {} if reduced else {name: {**default, **values} for name, values in (parity.get("outputs") or {}).items()}
+    what = "quantized" if target.quantization else (f"{dtype} graph at {precision} runtime precision" if reduced
+                                                    else dtype)
+    basis = f"defaults for {target.export_format} {what}"
     if overridden or outputs:
         basis += " with the recipe's parity"
     return {"default": default, "outputs": outputs, "basis": basis}
@@ -604,11 +622,83 @@ def _until_eos(tokens: list[int], eos_ids: set) -> list[int]:
     return tokens
 
 
+def _load(folder: Path, export_format: str, precision: str | None):
+    """The artifact reloaded from disk as a user gets it (`hfexport.load`), at `precision` where the format has a
+    runtime precision. OpenVINO is compiled for the CPU explicitly, so the precision it picked can be read back
+    (AUTO does not expose it)."""
+    from .exported import ExportedModel
+
+    options = {"device": "cpu"} if export_format == "openvino" else {}
+    return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+
+
+def _run_checks(exported, model, plan, processor, probes: list[dict], refs, thresholds: dict, *,
+                representative: dict | None, generate_settings: dict, min_token_agreement: float) -> dict:
+    """Every probe (and, for generation targets, greedy decoding) of one loaded artifact against the eager model.
+
+    `representative`, for quantized targets, is the quality probe on real inputs judged by `thresholds`; the shape
+    probes are then judged by shapes and finite values only (`SHAPE_ONLY`)."""
+    generation = plan.target.mode == "generation"
+    shape_thresholds = SHAPE_ONLY if representative is not None else thresholds
+    runs = [(probe, shape_thresholds, "shape" if representative is not None else None) for probe in probes]
+    if representative is not None:
+        runs.append((representative, thresholds, "quality"))
+    results: list[dict] = []
+    for probe, probe_thresholds, role in runs:
+        probe_started = time.perf_counter()
+        inputs = probe.get("inputs") or resize_inputs(plan.inputs, refs, probe["dims"])
+        base = {"name": probe.get("name") or _label(probe["dims"]), "dims": probe["dims"],
+                **({"capped": probe["capped"]} if probe.get("capped") else {}), **({"role": role} if role else {})}
+        if generation:
+            try:
+                entries = _run_generation_probe(exported, model, plan, inputs, probe_thresholds)
+            except Exception as error:  # noqa: BLE001 - the eager side could not build this probe
+                entries = [{"component": None, "error": f"could not capture the probe's stage inputs: "
+                                                        f"{_backend_message(error)}", "outputs": {}}]
+            seconds = (time.perf_counter() - probe_started) / max(len(entries), 1)
+            for entry in entries:
+                results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
+        else:
+            entry = _run_forward_probe(exported, model, inputs, probe_thresholds)
+            results.append(_finish({**base, "component": "model", "shapes": _shapes(inputs), **entry,
+                                    "seconds": round(time.perf_counter() - probe_started, 4)}))
+    generation_result = None
+    if generation:
+        generation_result = check_generation(
+            exported, model, plan, processor,
+            max_new_tokens=int(generate_settings.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
+            min_token_agreement=min_token_agreement,
+        )
+    failures = [_failure_line(probe) for probe in results if not probe["passed"]]
+    if generation_result is not None and not generation_result["passed"]:
+        failures.append(_generation_failure_line(generation_result))
+    return {"passed": not failures, "thresholds": thresholds, "probes": results, "generation": generation_result,
+            "failures": failures}
+
+
+def representative_probe(plan, processor=None) -> dict:
+    """The quality probe of a quantized target: the recipe's own sample inputs at their own size (its sample texts
+    through the tokenizer when it gives texts), not random tokens: quantization error depends on the activations'
+    range, which random tokens do not have (docs/quantization.md)."""
+    texts = (plan.recipe.sample_inputs or {}).get("text") or []
+    tokenizer = getattr(processor, "tokenizer", processor)
+    real_text = bool(texts) and tokenizer is not None and callable(tokenizer)
+    source = (f"the recipe's {len(texts)} sample text(s), tokenized" if real_text
+              else "the recipe's sample inputs (not real text: no texts or no tokenizer)")
+    return {"name": "representative", "dims": {}, "inputs": plan.inputs, "source": source, "real_text": real_text}
+
+
 def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
-    """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict."""
+    """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict.
+
+    Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
+    thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
+    `runtime.precision`, else the device default, read back from the compiled model) against thresholds for that
+    precision; the target passes when both do. `verification["runtime"]` names the CPU, backend, device and
+    precision of each check."""
     import torch
 
-    from .exported import ExportedModel
+    from .runtime import PRECISION_FORMATS, cpu_info, pinned_precision, read_back
 
     started = time.perf_counter()
     target = plan.target
@@ -616,15 +706,17 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
     if parity.get("skip"):
         return {"passed": True, "skipped": True, "reason": "parity.skip is set in the recipe", "probes": [],
                 "failures": [], "seconds": 0.0}
+    export_format = str(target.export_format)
+    pinned = pinned_precision(target.runtime)
+    has_precision = len(PRECISION_FORMATS.get(export_format, ())) > 2
     try:
-        exported = ExportedModel.from_pretrained(Path(folder))
+        exported = _load(Path(folder), export_format, "f32" if has_precision else pinned)
     except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
         message = f"the artifact does not load back from {Path(folder).name}: {_backend_message(error)}"
         return {"passed": False, "reloaded_from_disk": True, "error": message, "probes": [], "failures": [message],
                 "seconds": round(time.perf_counter() - started, 4)}
     reload_s = time.perf_counter() - started
     dtype = next(iter(exported.components.values())).metadata.export_dtype or "float32"
-    thresholds = thresholds_for(target, dtype)
     generation = target.mode == "generation"
     generate_settings = parity.get("generate", {}) or {}
     if target.quantization:  # token agreement over N tokens with a minimum fraction, unless the recipe says more
@@ -633,56 +725,95 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
         generate_settings = {**default_parity(target.quantization["method"], target.mode,
                                               target.quantization.get("params")).get("generate", {}),
                              **generate_settings}
-    max_new_tokens = int(generate_settings.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+    min_agreement = float(generate_settings.get("min_token_agreement", 1.0))
     probes, cost_bound = plan_probes(plan, model.config, reserve=4 if generation else 0)
     refs, _ = probe_axes(plan)
+    representative = representative_probe(plan, processor) if target.quantization else None
     was_training = model.training
     model.eval()
-    results: list[dict] = []
+    runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
     try:
-        for probe in probes:
-            probe_started = time.perf_counter()
-            inputs = resize_inputs(plan.inputs, refs, probe["dims"])
-            base = {"name": _label(probe["dims"]), "dims": probe["dims"], **({"capped": probe["capped"]} if probe["capped"] else {})}
-            if generation:
-                try:
-                    entries = _run_generation_probe(exported, model, plan, inputs, thresholds)
-                except Exception as error:  # noqa: BLE001 - the eager side could not build this probe
-                    entries = [{"component": None, "error": f"could not capture the probe's stage inputs: "
-                                                            f"{_backend_message(error)}", "outputs": {}}]
-                seconds = (time.perf_counter() - probe_started) / max(len(entries), 1)
-                for entry in entries:
-                    results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
-            else:
-                entry = _run_forward_probe(exported, model, inputs, thresholds)
-                results.append(_finish({**base, "component": "model", "shapes": _shapes(inputs), **entry,
-                                        "seconds": round(time.perf_counter() - probe_started, 4)}))
-        generation_result = None
-        if generation:
-            generation_result = check_generation(
-                exported, model, plan, processor, max_new_tokens=max_new_tokens,
-                min_token_agreement=float(generate_settings.get(
-                    "min_token_agreement", 0.5 if target.quantization else 1.0)),
-            )
+        graph_read = read_back(exported)
+        graph_precision = graph_read["precision"] if has_precision else "f32"
+        graph = _run_checks(exported, model, plan, processor, probes, refs,
+                            thresholds_for(target, dtype, graph_precision),
+                            representative=representative, generate_settings=generate_settings,
+                            min_token_agreement=min_agreement)
+        runtime["backend"] = graph_read["backend"]
+        runtime["checks"].append({"name": "graph" if has_precision else "runtime", "requested": "f32" if
+                                  has_precision else pinned, "precision": graph_read["precision"] or "unknown",
+                                  "components": graph_read["components"], "passed": graph["passed"]})
+        del exported
+        runtime_check = None
+        if has_precision:
+            runtime_check = _runtime_precision_check(
+                folder, model, plan, processor, probes, refs, dtype, pinned, representative, generate_settings,
+                min_agreement)
+            runtime["checks"].append(runtime_check.pop("check"))
+            if runtime_check.get("same_as_graph"):
+                runtime_check = None
+        user = runtime["checks"][-1]
+        runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
     finally:
         model.train(was_training)
-        del exported
-    failures = [_failure_line(probe) for probe in results if not probe["passed"]]
-    if generation_result is not None and not generation_result["passed"]:
-        failures.append(_generation_failure_line(generation_result))
-    return {
+    failures = list(graph["failures"])
+    if runtime_check is not None:
+        precision = runtime["precision"]
+        failures += [f"at {precision} ({_why(pinned)}): {line}" for line in runtime_check["failures"]]
+    result = {
         "passed": not failures,
         "reloaded_from_disk": True,
         "export_dtype": dtype,
-        "thresholds": thresholds,
+        "thresholds": graph["thresholds"],
         "cost_bound": cost_bound,
-        "probes": results,
-        "generation": generation_result,
+        "probes": graph["probes"],
+        "generation": graph["generation"],
+        "runtime": runtime,
         "failures": failures,
         "reload_s": round(reload_s, 4),
         "seconds": round(time.perf_counter() - started, 4),
         "torch_threads": torch.get_num_threads(),
     }
+    if representative is not None:
+        result["representative"] = {"source": representative["source"], "real_text": representative["real_text"]}
+    if runtime_check is not None:
+        result["runtime_check"] = runtime_check
+    return result
+
+
+def _why(pinned: str) -> str:
+    return "the recipe's runtime.precision" if pinned != "auto" else "the device's default precision on this CPU"
+
+
+def _device_of(components: dict) -> str:
+    devices = sorted({str(entry.get("device")) for entry in components.values() if entry.get("device")})
+    return ",".join(devices) or "cpu"
+
+
+def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype: str, pinned: str, representative,
+                             generate_settings: dict, min_agreement: float) -> dict:
+    """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds.
+    Identical to the graph check (and not run again) where the runtime computes at f32 anyway."""
+    from .runtime import read_back
+
+    target = plan.target
+    exported = _load(Path(folder), str(target.export_format), pinned)
+    try:
+        read = read_back(exported)
+        precision = read["precision"] or "unknown"
+        check = {"name": "runtime", "requested": pinned, "precision": precision, "components": read["components"]}
+        if precision == "f32":
+            check.update(passed=True, same_as="graph")
+            return {"check": check, "same_as_graph": True}
+        agreement = min(min_agreement, float(RUNTIME_MIN_TOKEN_AGREEMENT.get(precision, min_agreement)))
+        settings = dict(generate_settings)
+        result = _run_checks(exported, model, plan, processor, probes, refs, thresholds_for(target, dtype, precision),
+                             representative=representative, generate_settings=settings,
+                             min_token_agreement=agreement)
+    finally:
+        del exported
+    check["passed"] = result["passed"]
+    return {"check": check, "precision": precision, "requested": pinned, **result}
 
 
 def _failure_line(probe: dict) -> str:
