@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2: ORT dynamic int8 vs fp32 ONNX on the same inputs, in one process (issue 4).
 
 Both targets come from one recipe (benchmarks/recipes/minilm.json's `onnx` target, plus the same target with
-`quantization: {"method": "ort_dynamic", "params": {"weight_type": "int8", "per_channel": true}}`) and one job
+`quantization: {"method": "ort_dynamic"}`, i.e. hfexport's defaults: per-channel uint8 weights) and one job
 (verification on: both must pass their gates). Then, in this process:
 - size: the programs' bytes (model.onnx + external data), quantized / fp32; target <= 0.35x;
 - latency at batch 8 x seq 128 (real tokenized text, truncated/padded to 128): both artifacts reloaded from disk,
@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "20"))
 BATCH, SEQ = 8, 128
-QUANTIZATION = {"method": "ort_dynamic", "params": {"weight_type": "int8", "per_channel": True}}
+QUANTIZATION = {"method": "ort_dynamic"}  # the documented one-liner: hfexport's defaults (per-channel, u8u8)
 SENTENCES = [
     "The capital of France is Paris, a city on the Seine known for its museums and its cafes.",
     "Exporting a model should be one call, with the owner's settings and a parity check at the end.",
@@ -61,6 +61,7 @@ def main() -> dict:
     from hfexport.models import load_model, load_processor
     from hfexport.quantization import program_bytes
     from hfexport.recipe import load_recipe
+    from hfexport.runtime import cpu_info, read_back
 
     model_dir = minilm_dir()
     document = json.loads((HERE / "recipes" / "minilm.json").read_text())
@@ -124,7 +125,11 @@ def main() -> dict:
             "job_report_comparison": quantized_report.quantization.get("comparison"),
             "job_s": round(job_s, 2),
             "torch_threads": torch.get_num_threads(),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                        "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
+            "cpu": cpu_info(),
+            "precision": {key: read_back(runner) for key, runner in exported.items()},
+            "effective_params": quantized_report.quantization.get("params"),
         }
     result["meets_size_target"] = result["size_ratio"] <= result["size_target"]
     result["meets_latency_target"] = result["latency_ratio"] <= result["latency_target"]

@@ -531,15 +531,26 @@ def _check_quantized_job(report, name: str, reference: str, max_size_ratio: floa
     return target.quantization
 
 
-def test_minilm_ort_dynamic_int8_passes_its_gate_and_reports_size_and_latency(minilm, tmp_path):
+def test_minilm_ort_dynamic_one_liner_passes_its_gate_on_real_text_and_reports_size_and_latency(minilm, tmp_path):
+    """The documented one-liner `{"method": "ort_dynamic"}`: hfexport's defaults (per-channel uint8 weights, u8u8,
+    which does not saturate on CPUs without VNNI) pass the 8-bit gate, judged on the recipe's sample texts."""
     from hfexport.job import run_job
     from hfexport.report import JobReport
 
-    recipe = _minilm_recipe("onnx", {"method": "ort_dynamic", "params": {"weight_type": "int8", "per_channel": True}})
+    recipe = _minilm_recipe("onnx", {"method": "ort_dynamic"})
     report = run_job(minilm, tmp_path / "out", recipe=recipe, all_targets=True)
     quantization = _check_quantized_job(report, "onnx-int8", "onnx", max_size_ratio=0.35)
-    assert quantization["method"] == "ort_dynamic" and quantization["params"]["weight_type"] == "int8"
-    assert quantization["engine"]["arguments"]["weight_type"] == "QuantType.QInt8"
+    assert quantization["method"] == "ort_dynamic"
+    assert quantization["params"] == {"per_channel": True, "weight_type": "uint8"} == quantization["defaults"]
+    assert quantization["engine"]["arguments"]["weight_type"] == "QuantType.QUInt8"
+    verification = report.targets["onnx-int8"].verification
+    assert verification["representative"]["real_text"] and "2 sample text(s)" in verification["representative"]["source"]
+    roles = [probe.get("role") for probe in verification["probes"]]
+    assert roles.count("quality") == 1 and roles.count("shape") == len(roles) - 1 >= 3
+    quality = next(probe for probe in verification["probes"] if probe.get("role") == "quality")
+    assert all(metrics["cosine"] >= 0.98 for metrics in quality["outputs"].values()), quality["outputs"]
+    int8 = verification["runtime"]["checks"][0]["components"]["model"]
+    assert int8["precision"] == "int8" and int8["int8_path"]  # the kernel path this CPU takes, named in the report
     saved = JobReport.read(tmp_path / "out" / "onnx-int8")  # the target's own report carries the comparison too
     assert saved.targets["onnx-int8"].quantization["comparison"]["size_ratio"] == quantization["comparison"]["size_ratio"]
     markdown = report.to_markdown()
