@@ -244,6 +244,28 @@ def _failed_copy(bert_out: Path, tmp_path: Path) -> Path:
     return out
 
 
+def test_what_passed_is_published_and_the_failed_target_is_listed_with_its_reason(hub, bert_out, tmp_path, cli):
+    out = _failed_copy(bert_out, tmp_path)  # onnx failed parity
+    shutil.copytree(bert_out / "pt2", out / "pt2")  # pt2 passed
+    repo = _repo(hub)
+    result = publish(out, repo, token=hub.write_token)
+    assert result.action == "opened" and list(result.left_out) == ["onnx"]
+    assert "max_abs 0.5" in result.left_out["onnx"]
+    files = hub.list_files(repo, "refs/pr/1")
+    card = hub.read_file(repo, "README.md", "refs/pr/1").decode()
+    assert "exports/pt2/export.json" in result.files and not any(path.startswith("exports/onnx/") for path in result.files)
+    assert "exports/pt2/export.json" in files and not any(path.startswith("exports/onnx/") for path in files)
+    assert "Not published (did not pass verification): `onnx`: failed parity verification" in card
+    assert "[`pt2`](exports/pt2)" in card and "[`onnx`]" not in card
+    description = hub.discussions(repo)[0]["events"][0]["data"]["latest"]["raw"]
+    assert "Not published (they did not pass here; the targets above did):" in description
+    assert "- `onnx`: failed parity verification: parity: last_hidden_state max_abs 0.5" in description
+    assert "[!WARNING]" not in description  # nothing failed was published
+    run = cli("publish", str(out), "--repo", _repo(hub), env=hub.env(token=True))
+    assert run.returncode == 0, run.stderr
+    assert "opened pull request" in run.stdout and "not published: onnx: failed parity verification" in run.stdout
+
+
 def test_a_parity_failure_is_never_published_unless_allowed(hub, bert_out, tmp_path, cli):
     failed = _failed_copy(bert_out, tmp_path)
     repo = _repo(hub)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from .markdown import verified_on_line
 from .report import JobReport, TargetReport, human_bytes
 
 START = "<!-- hfexport:start -->"
@@ -39,8 +40,10 @@ def _parity(report: TargetReport) -> str:
     return PARITY[None if verification is None else bool(verification.get("passed"))]
 
 
-def render_section(repo_id: str, report: JobReport, folder: str = "exports") -> str:
-    """The Markdown between the markers (markers included) for the targets of `report`, published in `repo_id`."""
+def render_section(repo_id: str, report: JobReport, folder: str = "exports",
+                   left_out: dict[str, str] | None = None) -> str:
+    """The Markdown between the markers (markers included) for the targets of `report`, published in `repo_id`;
+    `left_out` lists targets that were not published, with the reason."""
     lines = [
         START,
         "## Exported artifacts",
@@ -57,6 +60,12 @@ def render_section(repo_id: str, report: JobReport, folder: str = "exports") -> 
             f"| [`{name}`]({folder}/{name}) | {target.export_format} | {target.mode} | {len(target.files)} "
             f"| {human_bytes(size)} | {_parity(target)} |"
         )
+    if left_out:
+        lines += ["", "Not published (did not pass verification): "
+                  + "; ".join(f"`{name}`: {_short(why)}" for name, why in left_out.items())]
+    verified_on = verified_on_line(report)
+    if verified_on:
+        lines += ["", verified_on]
     first = next(iter(report.targets), "TARGET")
     lines += [
         "",
@@ -82,6 +91,11 @@ def render_section(repo_id: str, report: JobReport, folder: str = "exports") -> 
         END,
     ]
     return "\n".join(lines)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def replace_section(body: str, section: str) -> str:

@@ -326,6 +326,8 @@ def _publish(args, repo: str, targets: list[str] | None) -> int:
         print(json.dumps(dataclasses.asdict(result), indent=2))
     else:
         print(message, file=stream)
+        for name, why in result.left_out.items():
+            print(f"not published: {name}: {why}", file=stream)
     return EXIT_OK
 
 

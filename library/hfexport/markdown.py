@@ -32,6 +32,9 @@ def report_markdown(report: JobReport) -> str:
             f"| {human_bytes(target.total_bytes) if target.files else '—'} | {_seconds(target.timings.get('export_s'))} "
             f"| {_seconds(target.timings.get('verify_s'))} |"
         )
+    verified_on = verified_on_line(report)
+    if verified_on:
+        lines += ["", verified_on]
     for name, target in report.targets.items():
         lines += ["", f"### `{name}`", ""]
         timings = " · ".join(f"{key.removesuffix('_s')} {_seconds(value)}" for key, value in target.timings.items())
@@ -102,6 +105,67 @@ def _thresholds_text(thresholds: dict) -> str:
     return text + (f" ({thresholds['basis']})" if thresholds.get("basis") else "")
 
 
+def runtime_cell(verification: dict | None) -> str:
+    """Where and at what precision a target was checked, short: `CPU f32`, `CPU f32 (graph) + bf16 (default)`."""
+    runtime = (verification or {}).get("runtime") or {}
+    checks = runtime.get("checks") or []
+    if not checks:
+        return "—"
+    device = runtime.get("device") or "cpu"
+    if len(checks) == 1:
+        return f"{device} {checks[0].get('precision')}"
+    graph, user = checks[0], checks[-1]
+    why = "pinned" if runtime.get("requested") not in (None, "auto") else "default"
+    if user.get("same_as") == "graph":
+        return f"{device} {graph.get('precision')} (graph = {why})"
+    return (f"{device} {graph.get('precision')} (graph, {'passed' if graph.get('passed') else 'failed'}) + "
+            f"{user.get('precision')} ({why}, {'passed' if user.get('passed') else 'failed'})")
+
+
+def verified_on_line(report: JobReport) -> str | None:
+    """One line: the CPU(s) the verdicts were reached on, and the precision each target's runtime computed at."""
+    from .runtime import summary_line
+
+    cpus, cells = [], []
+    for name, target in report.targets.items():
+        runtime = (target.verification or {}).get("runtime")
+        if not runtime:
+            continue
+        line = summary_line(runtime.get("cpu") or {})
+        if line not in cpus:
+            cpus.append(line)
+        cells.append(f"`{name}` {runtime_cell(target.verification)}")
+    if not cpus:
+        return None
+    return f"Verified on {'; '.join(cpus)}: " + ", ".join(cells) + "."
+
+
+def _runtime_markdown(verification: dict) -> str:
+    """The runtime paragraph of a target: CPU, backend, device, and each check's precision (read back)."""
+    from .runtime import summary_line
+
+    runtime = verification["runtime"]
+    cpu = runtime.get("cpu") or {}
+    parts = [f"**Runtime:** {runtime.get('backend', '?')} on {runtime.get('device', 'cpu')} · {summary_line(cpu)}"]
+    for check in runtime.get("checks") or []:
+        verdict = "passed" if check.get("passed") else "failed"
+        if check.get("name") == "graph":
+            parts.append(f"graph checked at {check.get('precision')} ({verdict})")
+        elif check.get("same_as") == "graph":
+            parts.append(f"`hfexport.load` runs it at {check.get('precision')} here "
+                         f"({'the recipe pins it' if check.get('requested') not in (None, 'auto') else 'the device default'}"
+                         "): the graph check covers it")
+        else:
+            requested = check.get("requested")
+            why = f"the recipe pins {requested}" if requested not in (None, "auto") else "the device default"
+            parts.append(f"`hfexport.load` runs it at **{check.get('precision')}** here ({why}): {verdict}")
+    for component in (runtime.get("checks") or [{}])[-1].get("components", {}).values():
+        if component.get("int8_path"):
+            parts.append(f"ONNX Runtime int8 path: {component['int8_path']}")
+            break
+    return " · ".join(parts)
+
+
 def target_verification_markdown(target) -> str:
     """The parity section of one target: a line of verdict and settings, then a table with a row per probe and
     output (max abs, max rel, cosine, top-1, pass/fail), the generation check and the failures. Empty when
@@ -124,6 +188,31 @@ def target_verification_markdown(target) -> str:
     if verification.get("seconds") is not None:
         header += f" · {verification['seconds']:.1f} s"
     lines = [header]
+    if verification.get("runtime"):
+        lines += ["", _runtime_markdown(verification)]
+    if verification.get("representative"):
+        lines += ["", f"Quality judged on {_cell(verification['representative']['source'])}; the other probes check "
+                      "that the artifact runs at each declared size (shapes, finite values)."]
+    lines += _probe_rows(probes)
+    generation = verification.get("generation")
+    if generation:
+        lines += ["", _generation_markdown(generation)]
+    runtime_check = verification.get("runtime_check")
+    if runtime_check:
+        lines += ["", f"At **{runtime_check.get('precision')}** (what `hfexport.load` gives here) · thresholds: "
+                      f"{_thresholds_text(runtime_check.get('thresholds') or {})}"]
+        lines += _probe_rows(runtime_check.get("probes") or [])
+        if runtime_check.get("generation"):
+            lines += ["", _generation_markdown(runtime_check["generation"])]
+    failures = verification.get("failures") or []
+    if failures and not verification.get("passed"):
+        lines += ["", "Failures:", ""] + [f"- {_cell(failure)}" for failure in failures]
+    return "\n".join(lines)
+
+
+def _probe_rows(probes: list[dict]) -> list[str]:
+    """A table row per probe and output: max abs, max rel, cosine, top-1, pass/fail (rejections with the message)."""
+    lines: list[str] = []
     if probes:
         lines += ["", "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -144,13 +233,7 @@ def target_verification_markdown(target) -> str:
             top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
             lines.append(f"| {label} | {component} | {name} | {_metric(metrics.get('max_abs'))} "
                          f"| {_metric(metrics.get('max_rel'))} | {_ratio(metrics.get('cosine'))} | {top1} | {result} |")
-    generation = verification.get("generation")
-    if generation:
-        lines += ["", _generation_markdown(generation)]
-    failures = verification.get("failures") or []
-    if failures and not verification.get("passed"):
-        lines += ["", "Failures:", ""] + [f"- {_cell(failure)}" for failure in failures]
-    return "\n".join(lines)
+    return lines
 
 
 def _generation_markdown(generation: dict) -> str:

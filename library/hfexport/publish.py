@@ -38,6 +38,7 @@ class PublishResult:
     commit: str | None
     repo_id: str
     files: list[str] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)  # target -> why it was not published
 
 
 @dataclass
@@ -125,8 +126,10 @@ def publish(
     """Upload `output`'s target folders to `exports/<target>/` of `repo_id` as one commit.
 
     `mode="pr"` opens a PR against `revision` (default `main`), or updates the open hfexport PR; `mode="commit"`
-    commits to `revision` directly. A target whose report failed parity is refused unless `allow_failed` (the PR
-    then says so at the top). Returns what was done: `opened`, `updated`, `committed` or `unchanged`.
+    commits to `revision` directly. Targets that failed (parity, or their export) are left out and listed, with
+    their reason, in the description and the card, so what passed still gets published; `allow_failed` includes
+    the failed targets' artifacts instead (the PR then says so at the top). Nothing passed: `PublishRefusedError`.
+    Returns what was done: `opened`, `updated`, `committed` or `unchanged`.
     """
     from .job import Step
 
@@ -138,8 +141,7 @@ def publish(
     base = revision or "main"
     output = Path(output)
     token = resolve_token(token)
-    chosen = _local_targets(output, targets)
-    _refuse_failed(chosen, allow_failed)
+    chosen, left_out = split_failed(_local_targets(output, targets), allow_failed)
     if not token:
         raise PublishError("publishing needs a Hub token with write access: pass --token, set HF_TOKEN or run "
                            "`hf auth login`")
@@ -149,11 +151,14 @@ def publish(
     api = HfApi(token=token)
     emit(Step("publish", "start", detail=f"{repo_id} ({mode})"))
     try:
-        result = _publish(api, output, repo_id, chosen, mode=mode, base=base, token=token, allow_failed=allow_failed)
+        result = _publish(api, output, repo_id, chosen, mode=mode, base=base, token=token, allow_failed=allow_failed,
+                          left_out=left_out)
     except PublishError as error:
         emit(Step("publish", "error", detail=str(error)))
         raise
-    emit(Step("publish", "done", detail=f"{result.action}: {result.pr_url or result.commit or repo_id}"))
+    result.left_out = dict(left_out)
+    emit(Step("publish", "done", detail=f"{result.action}: {result.pr_url or result.commit or repo_id}"
+              + (f" (left out: {', '.join(left_out)})" if left_out else "")))
     return result
 
 
@@ -161,7 +166,7 @@ def publish(
 
 
 def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: str, base: str, token: str,
-             allow_failed: bool) -> PublishResult:
+             allow_failed: bool, left_out: dict[str, str]) -> PublishResult:
     what = f"publishing to {repo_id}"
     _ensure_repo(api, repo_id, base, mode, token)
     open_pr = _call(lambda: find_open_publication(repo_id, base, token, api), repo_id, "looking for an open hfexport PR") \
@@ -203,7 +208,8 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     from .card import CardError, format_tags, render_section, update_card
 
     try:
-        new_readme = update_card(readme, render_section(repo_id, card_report), format_tags(card_report.targets))
+        new_readme = update_card(readme, render_section(repo_id, card_report, left_out=left_out),
+                                 format_tags(card_report.targets))
     except CardError as error:
         raise PublishError(f"{repo_id}: {error}") from None
     if new_readme != readme:
@@ -213,7 +219,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     failed = [item.name for item in chosen if item.target.status == "failed"] if allow_failed else []
     key = publication_key(repo_id, base)
     names = ", ".join(item.name for item in changed)
-    description = _description(key, content, card_report, failed, changes)
+    description = _description(key, content, card_report, failed, changes, left_out)
     if mode == "commit":
         info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"hfexport: export {names}",
                                                commit_description=description, revision=base, parent_commit=head,
@@ -285,16 +291,25 @@ def _unchanged_in_summary(output: Path, name: str) -> bool:
     return name in summary.targets and summary.targets[name].status == "unchanged"
 
 
-def _refuse_failed(chosen: list[_Target], allow_failed: bool) -> None:
-    errors = [item for item in chosen if item.target.status == "error"]
-    if errors:
-        raise PublishRefusedError(f"target {errors[0].name!r} has no artifacts (its export failed): not publishing")
-    failed = [item.name for item in chosen if item.target.status == "failed"]
-    if failed and not allow_failed:
+def split_failed(chosen: list[_Target], allow_failed: bool) -> tuple[list[_Target], dict[str, str]]:
+    """(targets to publish, {target: why it is left out}). A target whose export failed has no artifacts and is
+    always left out; one that failed parity is left out unless `allow_failed`. When targets were chosen but every
+    one is left out, there is nothing to publish: `PublishRefusedError` naming each reason."""
+    publish, left_out = [], {}
+    for item in chosen:
+        status = item.target.status
+        if status == "error":
+            left_out[item.name] = f"its export failed: {item.target.error or 'no artifacts'}"
+        elif status == "failed" and not allow_failed:
+            left_out[item.name] = f"failed parity verification: {item.target.error or 'see its report'}"
+        else:
+            publish.append(item)
+    if chosen and not publish:
+        reasons = "; ".join(f"{name} {why}" for name, why in left_out.items())
         raise PublishRefusedError(
-            f"target(s) {', '.join(failed)} failed parity verification: not publishing; fix the export or pass "
-            "--allow-failed (allow_failed=True) to publish anyway, flagged at the top of the PR"
-        )
+            f"nothing to publish: every target failed ({reasons}); fix the export, or publish the failed artifacts "
+            "anyway, flagged at the top of the PR (--allow-failed / allow_failed=True)")
+    return publish, left_out
 
 
 def _git_blob_sha1(path: Path) -> str:
@@ -450,10 +465,14 @@ def _failed_banner(failed: list[str]) -> str:
             "anyway with `--allow-failed`. Check the report below before merging.")
 
 
-def _description(key: str, content: str, report: JobReport, failed: list[str], changes: list[str]) -> str:
+def _description(key: str, content: str, report: JobReport, failed: list[str], changes: list[str],
+                 left_out: dict[str, str] | None = None) -> str:
     lines = [marker_line(key, content), ""]
     if failed:
         lines += [_failed_banner(failed), ""]
+    if left_out:
+        lines += ["Not published (they did not pass here; the targets above did):", "",
+                  *[f"- `{name}`: {why}" for name, why in left_out.items()], ""]
     lines += [
         "This pull request adds exported artifacts of this model, made by hfexport from the repo's export recipe, "
         f"under `{EXPORTS}/<target>/`, and a section of the model card that lists them. Each target folder holds the "

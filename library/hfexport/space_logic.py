@@ -687,7 +687,17 @@ class ProgressLog:
 
 
 def publish_message(result) -> str:
-    """One line for a `publish.PublishResult`: opened / updated / unchanged (up to date) / committed."""
+    """One line for a `publish.PublishResult`: opened / updated / unchanged (up to date) / committed, and the
+    targets left out because they did not pass, each with its reason."""
+    line = _publish_line(result)
+    left_out = getattr(result, "left_out", None) or {}
+    if left_out:
+        line += " Not published (did not pass): " + "; ".join(
+            f"`{name}`: {_md_escape(why)}" for name, why in left_out.items()) + "."
+    return line
+
+
+def _publish_line(result) -> str:
     link = f"[#{result.pr_num}]({result.pr_url})" if getattr(result, "pr_url", None) else ""
     if result.action == "opened":
         return f"✓ Opened pull request {link} on `{result.repo_id}`."

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from .errors import HfExportError, RecipeNotFoundError, redact, register_secret
+from .errors import HfExportError, PublishRefusedError, RecipeNotFoundError, redact, register_secret
 
 SECRET_HEADER = "X-Webhook-Secret"
 MAX_BODY = 1 << 20
@@ -257,16 +257,16 @@ class WebhookReceiver:
         report = run_job(job.repo, output, targets=config.targets, all_targets=config.targets is None,
                          revision=job.sha, token=config.token)
         job.status, job.changed = report.status, report.changed
-        if report.status == "error":
-            failed = [f"{name}: {target.error}" for name, target in report.targets.items() if target.status == "error"]
-            job.state, job.detail = "failed", "; ".join(failed)[:500]
+        # What passed is published; failed targets are left out (listed in the PR) unless allow_failed.
+        try:
+            result = publish(output, job.repo, mode=config.publish, token=config.token,
+                             allow_failed=config.allow_failed, revision=config.branch)
+        except PublishRefusedError as error:
+            job.state, job.detail = "failed", str(error)[:500]
             return
-        if report.status == "failed" and not config.allow_failed:
-            job.state, job.detail = "failed", "parity failed: not published"
-            return
-        result = publish(output, job.repo, mode=config.publish, token=config.token, allow_failed=config.allow_failed,
-                         revision=config.branch)
         job.action, job.pr_url, job.commit = result.action, result.pr_url, result.commit
+        if result.left_out:
+            job.detail = ("not published: " + "; ".join(f"{name}: {why}" for name, why in result.left_out.items()))[:500]
 
     # ── state ──
 
