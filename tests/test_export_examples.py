@@ -68,7 +68,7 @@ def test_recipes_cover_every_format_and_the_decoder_has_a_generation_target():
 def test_bert_target_runs_at_other_shapes(exported_bert, eager, target):
     output, report = exported_bert
     assert sample_shape(report, target, "model") != [BATCH, SEQ]
-    exported = hfexport.ExportedModel.from_pretrained(output / target)
+    exported = hfexport.ExportedModel.from_pretrained(output / target, precision="f32")
     assert isinstance(exported, hfexport.ExportedModel)
     model = eager["bert"]
     inputs = probe(model)
@@ -84,7 +84,7 @@ def test_llama_target_runs_at_other_shapes(exported_llama, eager, target):
     from transformers import DynamicCache
 
     output, report = exported_llama
-    exported = hfexport.ExportedModel.from_pretrained(output / target)
+    exported = hfexport.ExportedModel.from_pretrained(output / target, precision="f32")
     model = eager["llama"]
     inputs = probe(model)
     mode = load_recipe(EXAMPLES / "tiny-llama").target(target).mode

@@ -97,11 +97,12 @@ _LOADED: dict = {}
 
 
 def _load(folder):
-    """Each export reloaded from disk once per module (OpenVINO state is reset by every generate call)."""
+    """Each export reloaded from disk once per module (OpenVINO state is reset by every generate call), at f32:
+    these tests check the graphs token for token, on any CPU (OpenVINO would run bf16 where the CPU has it)."""
     from hfexport import ExportedModel
 
     if folder not in _LOADED:
-        _LOADED[folder] = ExportedModel.from_pretrained(folder)
+        _LOADED[folder] = ExportedModel.from_pretrained(folder, precision="f32")
     return _LOADED[folder]
 
 

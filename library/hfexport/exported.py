@@ -153,8 +153,8 @@ def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: d
     if precision is not None and precision not in allowed:
         raise SourceError(f"precision={precision!r}: {export_format} exports run at "
                           f"{' or '.join(repr(p) for p in allowed)} ('bf16'/'f16' are OpenVINO runtime precisions)")
-    if precision is None:
-        precision = owner_precision(fetch)
+    if precision is None:  # only OpenVINO has a runtime precision to pin: nothing else to read for the others
+        precision = owner_precision(fetch) if len(allowed) > 2 else "auto"
     options = load_options(export_format, precision)
     if "config" in options:
         kwargs = {**kwargs, "config": {**options["config"], **(kwargs.get("config") or {})}}

