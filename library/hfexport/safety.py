@@ -166,6 +166,12 @@ def check_manifest(manifest: Any, source: str = MANIFEST_FILE) -> None:
 
 
 def _schema_message(error) -> str:
+    """One line for a schema error: its JSON path and what was expected (inside a `oneOf`, the branch that got
+    furthest)."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        deepest = max(error.context, key=lambda sub: len(sub.absolute_path))
+        if len(deepest.absolute_path) > len(error.absolute_path):
+            return _schema_message(deepest)
     path = "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
     value = json.dumps(error.instance, default=str)
     value = value if len(value) <= 60 else value[:57] + "..."
