@@ -482,9 +482,17 @@ def _mutate_archive(archive: Path, mutation, marker: Path) -> None:
     archive.write_bytes(bytes(data))
 
 
-@HYPOTHESIS
+RUNS: dict[str, int] = {}  # examples run per property test, checked so that a test cannot pass by running none
+
+
+def _count(name: str) -> None:
+    RUNS[name] = RUNS.get(name, 0) + 1
+
+
+@settings(HYPOTHESIS, max_examples=100)
 @given(mutation=_archive_mutation())
 def test_property_mutated_pt2_archives_only_raise_hfexport_errors(exported_bert, tmp_path_factory, mutation):
+    _count("pt2-archive")
     output, _ = exported_bert
     folder = tmp_path_factory.mktemp("pt2-mutation")
     shutil.copytree(output / "pt2", folder, dirs_exist_ok=True)
@@ -546,9 +554,10 @@ def test_property_mutated_manifests_only_raise_hfexport_errors(exported_bert, tm
     work = tmp_path_factory.mktemp(f"manifest-{name}")
     shutil.copytree(output / name, work / "base")
 
-    @HYPOTHESIS
+    @settings(HYPOTHESIS, max_examples=60)
     @given(mutation=_manifest_mutation(manifest))
     def check(mutation):
+        _count(f"manifest-{name}")
         folder = work / uuid.uuid4().hex[:8]
         shutil.copytree(work / "base", folder)
         marker = work / f"{folder.name}-pwned"
@@ -558,6 +567,7 @@ def test_property_mutated_manifests_only_raise_hfexport_errors(exported_bert, tm
         shutil.rmtree(folder)
 
     check()
+    assert RUNS[f"manifest-{name}"] >= 60
 
 
 @st.composite
@@ -576,6 +586,7 @@ def test_property_links_and_special_files_only_raise_hfexport_errors(exported_be
     @settings(HYPOTHESIS, max_examples=16)
     @given(mutation=_file_mutation(files))
     def check(mutation):
+        _count(f"files-{name}")
         file, kind = mutation
         folder = work / uuid.uuid4().hex[:8]
         shutil.copytree(output / name, folder)
@@ -611,3 +622,4 @@ def test_property_links_and_special_files_only_raise_hfexport_errors(exported_be
         shutil.rmtree(outside)
 
     check()
+    assert RUNS[f"files-{name}"] >= 16

@@ -4,6 +4,7 @@ generation over prefill/decode graphs). Everything the engine's class does works
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from pathlib import Path
 
@@ -109,7 +110,14 @@ class ExportedModel(_EngineExportedModel):
         from transformers import AutoConfig, GenerationConfig
         from transformers.exporters import ExportedComponent, ExportFormat, ExportMetadata
 
+        from transformers.exporters.auto import get_runner_class
+
         export_format = manifest["export_format"]
+        options = [name for name in inspect.signature(get_runner_class(export_format).from_program).parameters
+                   if name not in ("program", "metadata", "device")]
+        unknown = [name for name in runner_kwargs if name not in options]
+        if unknown:  # the caller's mistake, said before anything loads (as the engine's loader says it)
+            raise TypeError(f"Unknown kwargs {unknown}: the {export_format} runner takes {options}.")
         paths = check_program_files(manifest, fetch, source, allow_unsafe_pt2=allow_unsafe_pt2)
         components = {}
         for name, entry in manifest["components"].items():
@@ -138,12 +146,12 @@ _BACKENDS = {"onnx": "ONNX Runtime", "openvino": "OpenVINO", "executorch": "Exec
 @contextlib.contextmanager
 def _backend_errors(label: str, export_format: str):
     """A backend's failure on a file hfexport checked, as one `CorruptExportError` line naming the file (a weights-only
-    unpickling refusal as `UnsafeExportError`); TypeError for unknown runner options passes through."""
+    unpickling refusal as `UnsafeExportError`)."""
     import pickle
 
     try:
         yield
-    except (HfExportError, TypeError, KeyboardInterrupt):
+    except (HfExportError, KeyboardInterrupt):
         raise
     except pickle.UnpicklingError as error:
         raise UnsafeExportError(f"{label}: refused by the weights-only unpickler "
