@@ -236,6 +236,15 @@ def test_a_subfolder_linked_outside_is_refused(target, outside):
     _refused(folder, UnsafeExportError, "sub/model.onnx", "outside the export folder")
 
 
+def test_a_target_folder_linked_outside_is_refused(exported_bert, tmp_path):
+    """`load(folder, target=...)` stays inside `folder`: `exports/onnx` linking to another export is refused."""
+    output, _ = exported_bert
+    (tmp_path / "repo" / "exports").mkdir(parents=True)
+    (tmp_path / "repo" / "exports" / "onnx").symlink_to(output / "onnx", target_is_directory=True)
+    with pytest.raises(UnsafeExportError, match=r"exports/onnx: resolves to .*, outside .*repo: refused"):
+        hfexport.load(tmp_path / "repo", target="onnx")
+
+
 def test_openvino_weights_linked_outside_are_refused(target, outside):
     folder = target("openvino")
     shutil.move(folder / "openvino_model.bin", outside / "openvino_model.bin")

@@ -88,6 +88,9 @@ class ExportedModel(_EngineExportedModel):
             if target and not (path / subfolder).is_dir() and (path / target).is_dir():
                 subfolder = target  # an hfexport OUTPUT folder: OUTPUT/<target>
             folder = path / subfolder
+            if subfolder and not folder.resolve().is_relative_to(path.resolve()):
+                raise UnsafeExportError(f"{folder}: resolves to {folder.resolve()}, outside {path}: refused (a "
+                                        "linked target folder would load another export)")
             if not os.path.lexists(folder / MANIFEST_FILE):
                 raise SourceError(f"no {MANIFEST_FILE} in {folder}: not an exported model"
                                   + _targets_hint(_local_targets(path)))
