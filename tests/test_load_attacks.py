@@ -271,6 +271,26 @@ def test_onnx_external_data_outside_is_refused_before_onnx_runtime(target, outsi
     _refused(folder, UnsafeExportError, "model.onnx", "external_data.location", repr(location))
 
 
+def test_external_data_hidden_in_a_subgraph_attribute_is_refused(target):
+    """A Constant node inside an If branch whose tensor lives in `/etc/hostname`: found by the walk over attributes."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder = target("onnx")
+    model = onnx.load(folder / "model.onnx", load_external_data=False)
+    tensor = helper.make_tensor("hidden", TensorProto.FLOAT, [1], [0.0])
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.ClearField("float_data")
+    tensor.external_data.add(key="location", value="/etc/hostname")
+    branch = helper.make_graph([helper.make_node("Constant", [], ["hidden_out"], value=tensor)], "branch", [],
+                               [helper.make_tensor_value_info("hidden_out", TensorProto.FLOAT, [1])])
+    model.graph.initializer.append(helper.make_tensor("hidden_cond", TensorProto.BOOL, [], [True]))
+    model.graph.node.append(helper.make_node("If", ["hidden_cond"], ["hidden_if"], then_branch=branch,
+                                             else_branch=branch))
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    _refused(folder, UnsafeExportError, "model.onnx", "then_branch.g.node[0].attribute.value.t", "'/etc/hostname'")
+
+
 def test_a_fifo_is_refused_without_blocking(target):
     folder = target("onnx")
     (folder / "config.json").unlink()
@@ -409,13 +429,20 @@ def test_openvino_custom_operations_and_runtime_options_are_refused(target):
     _refused(folder, UnsafeExportError, "openvino_model.xml", "DTD or entity")
 
 
-def test_verify_exits_2_for_an_export_that_cannot_be_loaded(target, tiny_bert, marker, cli):
-    folder = target("pt2")
-    _legacy_weights(folder / "model.pt2", marker)
+@pytest.mark.parametrize(
+    ("name", "tamper", "named"),
+    [("pt2", lambda f, marker: _legacy_weights(f / "model.pt2", marker), ["model.pt2", "data/weights/model.pt"]),
+     ("onnx", lambda f, marker: _truncate(f / "model.onnx.data", 0.5), ["model.onnx", "past the end"])],
+    ids=["unsafe", "corrupt"],
+)
+def test_verify_exits_2_for_an_export_that_cannot_be_loaded(target, tiny_bert, marker, cli, name, tamper, named):
+    """Exit 2 (could not run) before the model loads, one line naming the file; 1 stays for parity failures."""
+    folder = target(name)
+    tamper(folder, marker)
     result = cli("verify", str(folder), "--model", str(tiny_bert))
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "UnsafeExportError" not in result.stderr and "model.pt2" in result.stderr
-    assert "data/weights/model.pt" in result.stderr and "Traceback" not in result.stderr
+    assert all(text in result.stderr for text in named), result.stderr
+    assert "Traceback" not in result.stderr and "parity" not in (result.stdout + result.stderr).lower()
     assert not marker.exists()
 
 
@@ -632,3 +659,74 @@ def test_property_links_and_special_files_only_raise_hfexport_errors(exported_be
 
     check()
     assert RUNS[f"files-{name}"] >= 16
+
+
+# ── a generation .pt2 (its sample inputs hold a DynamicCache, which the unpickler allowlists) ──
+
+
+@pytest.fixture(scope="module")
+def llama_generation_pt2(session_dir, tiny_llama):
+    """tiny-llama as a dynamo generation export (prefill.pt2, decode.pt2), unverified: the cheapest real cache export."""
+    from hfexport.job import run_job
+
+    recipe = json.loads((tiny_llama / "export_config.json").read_text())
+    recipe["targets"] = {"pt2-generation": {"export_format": "dynamo", "mode": "generation",
+                                            "options": {"dynamic": True}}}
+    recipe["default_target"] = "pt2-generation"
+    output = session_dir / "attacks-llama-pt2"
+    report = run_job(tiny_llama, output, all_targets=True, recipe=recipe, verify=False)
+    assert report.targets["pt2-generation"].status == "ok", report.targets["pt2-generation"].error
+    return output / "pt2-generation"
+
+
+def _cache_payload(archive: Path, marker: Path) -> None:
+    """The sample inputs' DynamicCache (an allowlisted class) carrying a payload in its state."""
+    import torch
+
+    from hfexport.safety import pt2_unpickling_allowlist
+
+    items = _members(archive)
+    name = f"{_root(items)}/data/sample_inputs/model.pt"
+    with torch.serialization.safe_globals(pt2_unpickling_allowlist()):
+        args, kwargs = torch.load(io.BytesIO(dict((i.filename, d) for i, d in items)[name]), weights_only=True)
+    cache = next(value for value in kwargs.values() if type(value).__name__.endswith("Cache"))
+    cache.note = _Payload(marker)
+    buffer = io.BytesIO()
+    torch.save((args, kwargs), buffer)
+    _write(archive, [(info, buffer.getvalue() if info.filename == name else data) for info, data in items])
+
+
+def test_a_payload_inside_an_allowlisted_cache_is_refused(llama_generation_pt2, tmp_path, marker):
+    import torch
+
+    folder = tmp_path / "pt2"
+    shutil.copytree(llama_generation_pt2, folder)
+    control = tmp_path / "control.pt2"
+    shutil.copy(folder / "decode.pt2", control)
+    _cache_payload(control, marker)
+    try:
+        torch.export.load(control)  # control: torch falls back to weights_only=False and runs it
+    except Exception:  # noqa: BLE001
+        pass
+    assert marker.exists()
+    marker.unlink()
+    _cache_payload(folder / "decode.pt2", marker)
+    _refused(folder, UnsafeExportError, "decode.pt2", "data/sample_inputs/model.pt", "more than tensors")
+    assert not marker.exists()
+
+
+def test_the_clean_generation_export_loads(llama_generation_pt2):
+    assert list(hfexport.load(llama_generation_pt2).runners) == ["prefill", "decode"]
+
+
+@settings(HYPOTHESIS, max_examples=40)
+@given(mutation=_archive_mutation(), component=st.sampled_from(["prefill.pt2", "decode.pt2"]))
+def test_property_mutated_generation_archives_only_raise_hfexport_errors(llama_generation_pt2, tmp_path_factory,
+                                                                          mutation, component):
+    folder = tmp_path_factory.mktemp("generation-mutation")
+    shutil.copytree(llama_generation_pt2, folder, dirs_exist_ok=True)
+    marker = folder.parent / f"{folder.name}-pwned"
+    _mutate_archive(folder / component, mutation, marker)
+    _load_and_run(folder)
+    assert not marker.exists(), mutation
+    shutil.rmtree(folder)

@@ -219,7 +219,11 @@ def check_pt2_archive(path: str | Path, source: str | None = None) -> None:
     members = {}
     for info in infos:
         head, _, relative = info.filename.partition("/")
-        if head != root or not _ROOT.match(root) or not relative:
+        if not relative:
+            raise UnsafeExportError(f"{source}: {info.filename}: a member outside any root folder "
+                                    f"({_role_hint(info.filename)}): refused (torch.export.save writes every member "
+                                    "under one root folder)")
+        if head != root or not _ROOT.match(root):
             raise UnsafeExportError(f"{source}: {info.filename}: outside the archive's single root folder "
                                     f"{root!r}: refused (torch.export.save writes one)")
         members[relative] = info
@@ -350,17 +354,18 @@ def _check_zip_structure(path: Path, source: str) -> list[zipfile.ZipInfo]:
                 raise UnsafeExportError(f"{where}: compressed, or local and central headers disagree: torch's writer "
                                         "stores every entry as it is")
             position += 30 + name_length + extra_length + info.compress_size
-            if flags & 0x08:  # a data descriptor follows: signature, crc, then 32- or 64-bit sizes
+            if flags & 0x08:  # a data descriptor follows: signature, crc, then 32-bit or (zip64) 64-bit sizes
                 file.seek(position)
                 descriptor = file.read(24)
-                size = 24 if info.file_size >= 0xFFFFFFFF or info.header_offset >= 0xFFFFFFFF else 16
-                if descriptor[:4] != b"PK\x07\x08" or len(descriptor) < size:
-                    raise CorruptExportError(f"{where}: a malformed data descriptor")
-                crc, sizes = struct.unpack("<L", descriptor[4:8])[0], descriptor[8:size]
-                lengths = struct.unpack("<LL" if size == 16 else "<QQ", sizes)
-                if crc != info.CRC or lengths != (info.compress_size, info.file_size):
-                    raise UnsafeExportError(f"{where}: the data descriptor disagrees with the central directory")
-                position += size
+                following = infos[index + 1].header_offset if index + 1 < len(infos) else start_dir
+                sizes = [size for size, layout in ((16, "<LL"), (24, "<QQ")) if len(descriptor) >= size
+                         and position + size == following
+                         and struct.unpack(layout, descriptor[8:size]) == (info.compress_size, info.file_size)]
+                if descriptor[:4] != b"PK\x07\x08" or not sizes or \
+                        struct.unpack("<L", descriptor[4:8])[0] != info.CRC:
+                    raise UnsafeExportError(f"{where}: its data descriptor is missing or disagrees with the central "
+                                            "directory: refused")
+                position += sizes[0]
             if index + 1 < len(infos) and position > infos[index + 1].header_offset:
                 raise UnsafeExportError(f"{where}: overlaps the next entry: refused")
     if position != start_dir:

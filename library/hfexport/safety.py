@@ -304,10 +304,12 @@ def _onnx_nbytes(tensor) -> int | None:
         itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     except (KeyError, TypeError, ValueError):
         return None
-    if tensor.data_type in (onnx.TensorProto.STRING,) or itemsize == 0:
+    if tensor.data_type == onnx.TensorProto.STRING or itemsize == 0:
         return None
-    if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        return (math.prod(tensor.dims) + 1) // 2
+    per_byte = {getattr(onnx.TensorProto, name, None): count for name, count in (
+        ("INT4", 2), ("UINT4", 2), ("FLOAT4E2M1", 2), ("INT2", 4), ("UINT2", 4))}
+    if tensor.data_type in per_byte:  # packed sub-byte types
+        return -(-math.prod(tensor.dims) // per_byte[tensor.data_type])
     return math.prod(tensor.dims) * itemsize
 
 
@@ -335,6 +337,10 @@ def _onnx_tensors(proto) -> Iterator[tuple[Any, str]]:
                 yield tensor, f"{at}.tensors[{index}]"
             if attribute.HasField("sparse_tensor"):
                 yield attribute.sparse_tensor.values, f"{at}.sparse_tensor.values"
+                yield attribute.sparse_tensor.indices, f"{at}.sparse_tensor.indices"
+            for index, sparse in enumerate(attribute.sparse_tensors):
+                yield sparse.values, f"{at}.sparse_tensors[{index}].values"
+                yield sparse.indices, f"{at}.sparse_tensors[{index}].indices"
             if attribute.HasField("g"):
                 stack.append((attribute.g, f"{at}.g"))
             stack.extend((graph, f"{at}.graphs[{index}]") for index, graph in enumerate(attribute.graphs))
