@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = ("export_config.schema.json", "export_report.schema.json")
+SCHEMAS = ("export_config.schema.json", "export_report.schema.json", "export_manifest.schema.json")
 
 
 def _require_hatchling() -> None:

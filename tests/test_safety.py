@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.errors import UnsafeExportError
+from hfexport.errors import CorruptExportError, UnsafeExportError
 from hfexport.safety import check_export_folder, check_manifest, check_manifest_file
 
 DATA = Path(__file__).parent / "data" / "manifests"
@@ -113,20 +113,24 @@ def test_crafted_specs_are_refused_with_class_and_path(context, node_type, named
 
 
 @pytest.mark.parametrize(
-    ("mutate", "expected"),
+    ("mutate", "error", "expected"),
     [
-        (lambda m: m["components"]["prefill"].__setitem__("file", "../../outside.onnx"), "not a file name inside"),
-        (lambda m: m["components"]["prefill"].__setitem__("file", "/etc/passwd"), "not a file name inside"),
-        (lambda m: m["components"]["prefill"]["metadata"].__setitem__("out_spec", "[1, {"), "not valid JSON"),
-        (lambda m: m["components"]["prefill"]["metadata"].__setitem__("in_spec", 7), "expected a treespec string"),
-        (lambda m: m.__setitem__("components", []), "not an export manifest"),
+        (lambda m: m["components"]["prefill"].__setitem__("file", "../../outside.onnx"), UnsafeExportError,
+         "components.prefill.file: '../../outside.onnx' is not a file name inside"),
+        (lambda m: m["components"]["prefill"].__setitem__("file", "/etc/passwd"), UnsafeExportError,
+         "not a file name inside"),
+        (lambda m: m["components"]["prefill"]["metadata"].__setitem__("out_spec", "[1, {"), CorruptExportError,
+         "components.prefill.metadata.out_spec: not valid JSON"),
+        (lambda m: m["components"]["prefill"]["metadata"].__setitem__("in_spec", 7), CorruptExportError,
+         r"\$.components.prefill.metadata.in_spec: 7 is not of type 'string', 'null'"),
+        (lambda m: m.__setitem__("components", []), CorruptExportError, r"\$.components: \[\] is not of type 'object'"),
     ],
 )
-def test_malformed_manifests_are_refused(mutate, expected):
+def test_malformed_manifests_are_refused(mutate, error, expected):
     crafted = copy.deepcopy(BASE)
     mutate(crafted)
-    with pytest.raises(UnsafeExportError, match=expected):
-        check_manifest(crafted)
+    with pytest.raises(error, match=expected):
+        check_manifest(crafted, "crafted/export.json")
 
 
 def test_unknown_tags_and_fake_dtypes_are_refused():

@@ -8,6 +8,6 @@ from jsonschema import Draft202012Validator
 from hfexport.recipe import load_schema
 
 
-@pytest.mark.parametrize("name", ["export_config", "export_report"])
+@pytest.mark.parametrize("name", ["export_config", "export_report", "export_manifest"])
 def test_shipped_schema_is_valid(name):
     Draft202012Validator.check_schema(load_schema(name))

@@ -86,9 +86,15 @@ class UnknownTargetError(HfExportError):
 
 
 class UnsafeExportError(HfExportError):
-    """An export whose manifest names code outside the allowlist (or files outside its folder): never loaded."""
+    """An export that would run code or read outside its folder if loaded (a crafted manifest, archive or link):
+    never loaded."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+class CorruptExportError(SourceError):
+    """An export that is merely broken (malformed manifest, truncated or inconsistent file, a backend that cannot
+    read a checked file): the message names the file and the field."""
 
 
 class PublishError(HfExportError):

@@ -3,13 +3,15 @@ generation over prefill/decode graphs). Everything the engine's class does works
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 from pathlib import Path
 
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
-from .errors import SourceError, redact
-from .safety import MANIFEST_FILE, check_manifest_file
+from .errors import CorruptExportError, HfExportError, SourceError, UnsafeExportError, redact
+from .safety import MANIFEST_FILE, check_file_name, check_manifest_file, check_program_files, checked_file, read_json
 
 EXPORTS_FOLDER = "exports"
 RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job saves beside each export
@@ -55,9 +57,10 @@ class ExportedModel(_EngineExportedModel):
         force_download: bool = False,
         local_files_only: bool = False,
         precision: str | None = None,
+        allow_unsafe_pt2: bool = False,
         **kwargs,
     ) -> ExportedModel:
-        """The engine's `from_pretrained`, after checking the export's `export.json` (`hfexport.safety`).
+        """Load an export after proving it safe to load (`hfexport.safety`, docs/security.md).
 
         `precision` is the precision the runtime computes at: `None` applies the owner's choice (the target's
         `runtime.precision` in the `export_config.json` hfexport saves beside the export), `"auto"` the device's
@@ -65,14 +68,25 @@ class ExportedModel(_EngineExportedModel):
         (the last two for OpenVINO only). A `config={"INFERENCE_PRECISION_HINT": ...}` passed for OpenVINO wins.
 
         `target` picks a published target: `exports/<target>` of a Hub repo (or of a folder; an hfexport OUTPUT
-        folder's `<target>` works too). From the Hub, the manifest is downloaded first, checked, and the engine then
-        loads that same commit (the revision is pinned to the manifest's commit, so a branch that moves meanwhile
-        cannot swap the files). A manifest naming anything but transformers' output/cache classes and builtin
-        containers raises `UnsafeExportError` before the engine reads it.
+        folder's `<target>` works too). From the Hub, the manifest is downloaded first, checked, and every later
+        download is pinned to the manifest's commit (a branch that moves meanwhile cannot swap the files).
 
-        ONNX exports are then built here from the engine's public classes (`ExportMetadata`, `ExportedComponent`,
-        the runner through `.to()`), not through the engine's loader, which imports its ONNX *exporter* to read a
-        graph: onnxscript compiles its torch_lib on that import, ~5 s per process (transformers 5.23).
+        Before any backend opens a file: `export.json` must be valid against its schema and name only transformers'
+        output/cache classes and builtin containers; every file must be a regular file inside the export folder (or,
+        from the Hub, that revision's snapshot and the repo's blob store), no larger than its kind allows; each
+        program must be what its exporter writes (ONNX external data only in the component's `.data`, OpenVINO IR in
+        standard opsets, a `.pt2` that is exactly one `torch.export.save` program, loaded with every unpickling
+        forced weights-only). `UnsafeExportError` (it would run code or read outside) or `CorruptExportError` (it is
+        broken) otherwise, naming the file and field; a backend's own failure on a checked file is a
+        `CorruptExportError` too.
+
+        `allow_unsafe_pt2=True` loads a `.pt2` that hfexport cannot prove safe (pickled objects, legacy or
+        AOTInductor archives) as torch itself would, unpickling included: only for a source you trust.
+
+        The components are assembled here from the engine's public classes (`ExportMetadata`, `ExportedComponent`,
+        each exporter's `load_program`, the runner through `.to()`), from the checked files only. ONNX graphs are read
+        with onnx_ir rather than `OnnxExporter.load_program`: importing the ONNX *exporter* makes onnxscript compile
+        its torch_lib, ~5 s per process (transformers 5.23).
         """
         revision = revision or "main"
         subfolder = _join(subfolder, _target_folder(target)) if target else subfolder
@@ -80,69 +94,123 @@ class ExportedModel(_EngineExportedModel):
         if path.is_dir():
             if target and not (path / subfolder).is_dir() and (path / target).is_dir():
                 subfolder = target  # an hfexport OUTPUT folder: OUTPUT/<target>
-            manifest = path / subfolder / MANIFEST_FILE
-            if not manifest.is_file():
-                raise SourceError(f"no {MANIFEST_FILE} in {path / subfolder}: not an exported model"
+            folder = path / subfolder
+            if subfolder and not folder.resolve().is_relative_to(path.resolve()):
+                raise UnsafeExportError(f"{folder}: resolves to {folder.resolve()}, outside {path}: refused (a "
+                                        "linked target folder would load another export)")
+            if not os.path.lexists(folder / MANIFEST_FILE):
+                raise SourceError(f"no {MANIFEST_FILE} in {folder}: not an exported model"
                                   + _targets_hint(_local_targets(path)))
-            checked = check_manifest_file(manifest)
-            fetch = _local_fetcher(manifest.parent)
+            fetch = _local_fetcher(folder)
+            source = str(folder)
+            checked = check_manifest_file(fetch(MANIFEST_FILE, True), f"{source}/{MANIFEST_FILE}")
         else:
-            revision, checked = _checked_hub_manifest(str(pretrained_model_name_or_path), subfolder, revision, token,
-                                                      cache_dir, force_download, local_files_only)
-            fetch = _hub_fetcher(str(pretrained_model_name_or_path), subfolder, revision, token, cache_dir,
-                                 force_download, local_files_only)
+            repo_id = str(pretrained_model_name_or_path)
+            revision, checked = _checked_hub_manifest(repo_id, subfolder, revision, token, cache_dir, force_download,
+                                                      local_files_only)
+            fetch = _hub_fetcher(repo_id, subfolder, revision, token, cache_dir, force_download, local_files_only)
+            source = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
         kwargs = _apply_precision(str(checked.get("export_format")), precision, fetch, kwargs)
-        if checked.get("export_format") == "onnx":
-            return cls._load_onnx(checked, fetch, **kwargs)
-        if checked.get("export_format") == "dynamo":
-            return cls._load_pt2(checked, fetch, pretrained_model_name_or_path, revision=revision,
-                                 subfolder=subfolder, token=token, cache_dir=cache_dir,
-                                 force_download=force_download, local_files_only=local_files_only, **kwargs)
-        return super().from_pretrained(
-            pretrained_model_name_or_path, revision=revision, subfolder=subfolder, token=token, cache_dir=cache_dir,
-            force_download=force_download, local_files_only=local_files_only, **kwargs,
-        )
+        return cls._load_checked(checked, fetch, source, allow_unsafe_pt2=allow_unsafe_pt2, **kwargs)
 
     @classmethod
-    def _load_pt2(cls, manifest: dict, fetch, pretrained_model_name_or_path, **kwargs) -> ExportedModel:
-        """A `.pt2` export, each program checked (`safety.check_pt2_archive`) before torch unpickles anything, then
-        loaded by the engine with transformers' cache classes allowed to a weights-only load: torch 2.13's
-        `torch.export.load` otherwise falls back to `weights_only=False` on the sample inputs of every generation
-        export (they hold a cache), and logs that with a malformed message that raises under pytest's handler."""
-        import torch
-
-        from .safety import check_pt2_archive, pt2_unpickling_allowlist
-
-        for name, entry in manifest["components"].items():
-            check_pt2_archive(fetch(entry["file"], True), f"{name}: {entry['file']}")
-        with torch.serialization.safe_globals(pt2_unpickling_allowlist()):
-            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-
-
-    @classmethod
-    def _load_onnx(cls, manifest: dict, fetch, device=None, trust_remote_code: bool = False,
-                   **runner_kwargs) -> ExportedModel:
-        """An ONNX export from its checked manifest: each graph opened by ONNX Runtime from its saved file."""
-        import onnx_ir
+    def _load_checked(cls, manifest: dict, fetch, source: str, device=None, trust_remote_code: bool = False,
+                      allow_unsafe_pt2: bool = False, **runner_kwargs) -> ExportedModel:
+        """An export from its checked manifest: every program file checked for its format, then read by its backend,
+        with the configs beside it; a backend's failure on a checked file becomes a `CorruptExportError`."""
         from transformers import AutoConfig, GenerationConfig
         from transformers.exporters import ExportedComponent, ExportFormat, ExportMetadata
 
+        from transformers.exporters.auto import get_runner_class
+
+        export_format = manifest["export_format"]
+        options = [name for name in inspect.signature(get_runner_class(export_format).from_program).parameters
+                   if name not in ("program", "metadata", "device")]
+        unknown = [name for name in runner_kwargs if name not in options]
+        if unknown:  # the caller's mistake, said before anything loads (as the engine's loader says it)
+            raise TypeError(f"Unknown kwargs {unknown}: the {export_format} runner takes {options}.")
+        paths = check_program_files(manifest, fetch, source, allow_unsafe_pt2=allow_unsafe_pt2)
         components = {}
         for name, entry in manifest["components"].items():
-            path = fetch(entry["file"], required=True)
-            data = fetch(f"{entry['file']}.data", required=False)
-            program = onnx_ir.load(str(path))
-            program.meta["path"] = str(path)  # the runner opens this file; ONNX Runtime reads the weights beside it
-            if data is not None and data.is_symlink():
-                _read_weights_from_blob(program, data)
+            label = f"{source}/{entry['file']}"
+            with _backend_errors(label, export_format):
+                program = _read_program(export_format, paths[name], fetch, entry, allow_unsafe_pt2)
             components[name] = ExportedComponent(program, ExportMetadata.from_dict(entry["metadata"]))
-        config_file, generation_file = fetch("config.json", required=False), fetch("generation_config.json",
-                                                                                    required=False)
-        config = AutoConfig.from_pretrained(config_file.parent, trust_remote_code=trust_remote_code) \
-            if config_file else None
-        generation_config = GenerationConfig.from_pretrained(generation_file.parent) if generation_file else None
-        model = cls(components, ExportFormat.ONNX, config=config, generation_config=generation_config)
-        return model.to(device, **runner_kwargs)
+        config = generation_config = None
+        config_file, generation_file = fetch("config.json", False), fetch("generation_config.json", False)
+        with _backend_errors(f"{source}/config.json", "transformers"):
+            if config_file is not None:
+                read_json(config_file, f"{source}/config.json")
+                config = AutoConfig.from_pretrained(config_file.parent, trust_remote_code=trust_remote_code)
+        with _backend_errors(f"{source}/generation_config.json", "transformers"):
+            if generation_file is not None:
+                read_json(generation_file, f"{source}/generation_config.json")
+                generation_config = GenerationConfig.from_pretrained(generation_file.parent)
+        model = cls(components, ExportFormat(export_format), config=config, generation_config=generation_config)
+        with _backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format):
+            return model.to(device, **runner_kwargs)
+
+
+_BACKENDS = {"onnx": "ONNX Runtime", "openvino": "OpenVINO", "executorch": "ExecuTorch", "dynamo": "torch.export"}
+
+
+@contextlib.contextmanager
+def _backend_errors(label: str, export_format: str):
+    """A backend's failure on a file hfexport checked, as one `CorruptExportError` line naming the file (a weights-only
+    unpickling refusal as `UnsafeExportError`)."""
+    import pickle
+
+    try:
+        yield
+    except (HfExportError, KeyboardInterrupt):
+        raise
+    except pickle.UnpicklingError as error:
+        raise UnsafeExportError(f"{label}: refused by the weights-only unpickler "
+                                f"({_first_line(error)[:200]})") from None
+    except Exception as error:  # noqa: BLE001 - the file passed hfexport's checks: the backend's reason, one line
+        backend = _BACKENDS.get(export_format, export_format)
+        raise CorruptExportError(f"{label}: {backend} cannot load it: {type(error).__name__}: "
+                                 f"{redact(_first_line(error))[:300]}") from None
+
+
+def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
+    """One checked program file, read by its backend through the engine's public exporter classes."""
+    if export_format == "onnx":
+        import onnx_ir
+
+        program = onnx_ir.load(str(path))
+        program.meta["path"] = str(path)  # the runner opens this file; ONNX Runtime reads the weights beside it
+        data = fetch(f"{entry['file']}.data", False)
+        if data is not None and data.is_symlink():
+            _read_weights_from_blob(program, data)
+        return program
+    if export_format == "dynamo":
+        from transformers.exporters import DynamoExporter
+        from transformers.exporters.metadata import register_treespec_types
+
+        from .pt2_safety import weights_only_unpickling
+        from .safety import pt2_unpickling_allowlist
+
+        # A program whose inputs hold a cache needs the (allowlisted) cache classes registered as pytree nodes first.
+        for field in ("in_spec", "out_spec"):
+            if entry["metadata"].get(field):
+                register_treespec_types(entry["metadata"][field])
+        if allow_unsafe_pt2:  # the caller trusts the source: torch's own load, its unpickling included
+            import torch
+
+            with torch.serialization.safe_globals(pt2_unpickling_allowlist()):
+                return DynamoExporter.load_program(path)
+        with weights_only_unpickling():
+            return DynamoExporter.load_program(path)
+    if export_format == "openvino":
+        from transformers.exporters import OpenVINOExporter
+
+        return OpenVINOExporter.load_program(path)
+    if export_format == "executorch":
+        from transformers.exporters import ExecutorchExporter
+
+        return ExecutorchExporter.load_program(path)
+    raise CorruptExportError(f"{path}: unknown export format {export_format!r}")
 
 
 def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict) -> dict:
@@ -175,7 +243,8 @@ def owner_precision(fetch) -> str:
 
 def _read_weights_from_blob(program, data: Path) -> None:
     """The Hub cache links `model.onnx.data` to a blob outside the snapshot, which onnx_ir refuses to read: point the
-    graph's external tensors at the blob (what the engine's `OnnxExporter.load_program` does, transformers 5.23)."""
+    graph's external tensors at the blob (what the engine's `OnnxExporter.load_program` does, transformers 5.23).
+    `safety.checked_file` has proven the link leads into the repo's blob store."""
     import onnx_ir
 
     for graph in program.graphs():
@@ -187,38 +256,50 @@ def _read_weights_from_blob(program, data: Path) -> None:
 
 
 def _local_fetcher(directory: Path):
+    """`fetch(name, required)`: the checked path of a file of a local export (`safety.checked_file`), None for a
+    missing optional one."""
     def fetch(name: str, required: bool) -> Path | None:
-        path = directory / name
-        if path.is_file():
-            return path
-        if required:
-            raise SourceError(f"{path}: missing (named by {directory / MANIFEST_FILE})")
-        return None
+        return checked_file(directory, name, source=str(directory), required=required)
 
     return fetch
 
 
 def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, force_download: bool,
                  local_files_only: bool):
-    """Download one file of the export folder at the pinned commit; None for an optional file the repo lacks."""
+    """`fetch(name, required)`: download one file of the export folder at the pinned commit and return its checked
+    path (inside that commit's snapshot folder, or the repo's blob store the snapshot links to); None for an
+    optional file the repo lacks."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
+    source = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
+
     def fetch(name: str, required: bool) -> Path | None:
+        check_file_name(name, source)
         try:
-            return Path(hf_hub_download(repo_id, name, subfolder=subfolder or None, revision=revision, token=token,
+            file = Path(hf_hub_download(repo_id, name, subfolder=subfolder or None, revision=revision, token=token,
                                         cache_dir=cache_dir, force_download=force_download,
                                         local_files_only=local_files_only))
         except EntryNotFoundError:
             if required:
-                raise SourceError(f"{repo_id}@{revision}/{_join(subfolder, name)}: missing (named by "
-                                  f"{MANIFEST_FILE})") from None
+                raise CorruptExportError(f"{source}/{name}: missing (named by {MANIFEST_FILE})") from None
             return None
         except (HfHubHTTPError, OSError, ValueError) as error:
             raise SourceError(f"cannot download {_join(subfolder, name)} from {repo_id}: "
                               f"{redact(_first_line(error))}") from None
+        return _checked_cached(file, name, subfolder, source)
 
     return fetch
+
+
+def _checked_cached(file: Path, name: str, subfolder: str, source: str) -> Path:
+    """A file huggingface_hub downloaded, checked to lie in its revision's snapshot (`snapshots/<commit>/<subfolder>`)
+    or, through the snapshot's link, in the repo's blob store."""
+    snapshot = next((parent for parent in file.parents if parent.parent.name == "snapshots"), None)
+    if snapshot is None:
+        raise UnsafeExportError(f"{source}/{name}: downloaded to {file}, outside the Hub cache's snapshots: refused")
+    folder = snapshot / subfolder if subfolder else snapshot
+    return checked_file(folder, name, source=source, roots=(snapshot.parent.parent / "blobs",))
 
 
 def load(repo_or_path, target: str | None = None, revision: str | None = None, **kwargs) -> ExportedModel:
@@ -276,8 +357,10 @@ def _checked_hub_manifest(repo_id: str, subfolder: str, revision: str, token, ca
         raise SourceError(f"{where}: {MANIFEST_FILE} is not in the local cache and the Hub cannot be reached") from None
     except (HfHubHTTPError, OSError, ValueError) as error:
         raise SourceError(f"cannot read {MANIFEST_FILE} from {where}: {redact(_first_line(error))}") from None
-    manifest = check_manifest_file(file, f"{where}/{MANIFEST_FILE}")
-    return _snapshot_commit(Path(file)) or revision, manifest
+    commit = _snapshot_commit(Path(file)) or revision
+    label = f"{repo_id}@{commit}" + (f"/{subfolder}" if subfolder else "")
+    checked = _checked_cached(Path(file), MANIFEST_FILE, subfolder, label)
+    return commit, check_manifest_file(checked, f"{where}/{MANIFEST_FILE}")
 
 
 def _snapshot_commit(file: Path) -> str | None:

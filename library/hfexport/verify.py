@@ -879,7 +879,13 @@ def reverify(folder: str | Path, model: str | Path, revision: str | None = None,
     if not (folder / RECIPE_COPY_FILE).is_file():
         raise SourceError(f"{folder}: no {RECIPE_COPY_FILE}, the recipe target hfexport saves beside an export; "
                           "re-export it with `hfexport export`")
-    recipe = load_recipe(folder / RECIPE_COPY_FILE)
+    # An export that cannot be loaded (tampered or corrupt) raises here, before the model loads: the command could not
+    # run (exit 2); verification below then judges parity only.
+    from .exported import ExportedModel
+    from .safety import checked_file
+
+    ExportedModel.from_pretrained(folder)
+    recipe = load_recipe(checked_file(folder, RECIPE_COPY_FILE, source=str(folder)))
     name = recipe.default_target
     model_object = load_model(model, recipe, revision, token, trust_remote_code)
     processor = load_processor(model, revision, token)
