@@ -40,6 +40,7 @@ def main() -> dict:
     from hfexport.models import load_model, load_processor
     from hfexport.plan import build_plan
     from hfexport.recipe import load_recipe
+    from hfexport.runtime import cpu_info
     from hfexport.verify import plan_probes, probe_axes, resize_inputs, verify_exported
 
     model_dir = minilm_dir()
@@ -99,6 +100,8 @@ def main() -> dict:
                         "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                         "torch": torch.__version__,
                         "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
+            "cpu": cpu_info(),
+            "runtime": {key: value for key, value in (runs[0].get("runtime") or {}).items() if key != "cpu"},
             "cost_bound": bound,
             "probes": rows,
             "max_ratio": max(row["ratio"] for row in rows),

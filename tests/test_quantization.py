@@ -532,8 +532,8 @@ def _check_quantized_job(report, name: str, reference: str, max_size_ratio: floa
 
 
 def test_minilm_ort_dynamic_one_liner_passes_its_gate_on_real_text_and_reports_size_and_latency(minilm, tmp_path):
-    """The documented one-liner `{"method": "ort_dynamic"}`: hfexport's defaults (per-channel uint8 weights, u8u8,
-    which does not saturate on CPUs without VNNI) pass the 8-bit gate, judged on the recipe's sample texts."""
+    """The documented one-liner `{"method": "ort_dynamic"}`: hfexport's defaults (per-channel, reduce_range: 7-bit
+    weights, which do not saturate on CPUs without VNNI) pass the 8-bit gate, judged on the recipe's sample texts."""
     from hfexport.job import run_job
     from hfexport.report import JobReport
 
@@ -541,8 +541,8 @@ def test_minilm_ort_dynamic_one_liner_passes_its_gate_on_real_text_and_reports_s
     report = run_job(minilm, tmp_path / "out", recipe=recipe, all_targets=True)
     quantization = _check_quantized_job(report, "onnx-int8", "onnx", max_size_ratio=0.35)
     assert quantization["method"] == "ort_dynamic"
-    assert quantization["params"] == {"per_channel": True, "weight_type": "uint8"} == quantization["defaults"]
-    assert quantization["engine"]["arguments"]["weight_type"] == "QuantType.QUInt8"
+    assert quantization["params"] == {"per_channel": True, "reduce_range": True} == quantization["defaults"]
+    assert quantization["engine"]["arguments"]["reduce_range"] is True
     verification = report.targets["onnx-int8"].verification
     assert verification["representative"]["real_text"] and "2 sample text(s)" in verification["representative"]["source"]
     roles = [probe.get("role") for probe in verification["probes"]]
