@@ -173,24 +173,61 @@ class _RichProgress:
             self.status.stop()
 
 
-def _summary_table(report):
-    from rich.table import Table
+SUMMARY_COLUMNS = ("target", "format", "mode", "status", "size", "export", "verify")
 
+
+def _summary_rows(report) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The summary table's rows (short cells only) and the notes that go below it, each led by its target's name:
+    one per target with an error, a parity failure or an unchanged reason."""
     from .report import human_bytes
 
-    table = Table(title=f"hfexport · {report.source['model']}", show_lines=False)
-    for column in ("target", "format", "mode", "status", "size", "export s", "verify s", "output"):
-        table.add_column(column)
+    rows, notes = [], []
     for name, target in report.targets.items():
-        colour = {"ok": "green", "unchanged": "cyan", "failed": "red", "error": "red"}.get(target.status, "white")
-        table.add_row(
-            name, target.export_format, target.mode, f"[{colour}]{target.status}[/{colour}]",
-            human_bytes(target.total_bytes or sum(f["bytes"] for f in target.files)) if target.files else "—",
-            f"{target.timings.get('export_s', 0):.1f}" if "export_s" in target.timings else "—",
-            f"{target.timings['verify_s']:.1f}" if "verify_s" in target.timings else "—",
-            target.error[:80] + ("…" if len(target.error) > 80 else "") if target.error else "",
-        )
-    return table
+        message = target.error or (target.unchanged_reason if target.status == "unchanged" else None)
+        if message:
+            notes.append(f"{name}: {redact(message)}")
+        size = target.total_bytes or sum(f["bytes"] for f in target.files)
+        rows.append((
+            name, target.export_format, target.mode, target.status,
+            human_bytes(size) if target.files else "-",
+            f"{target.timings['export_s']:.1f}s" if "export_s" in target.timings else "-",
+            f"{target.timings['verify_s']:.1f}s" if "verify_s" in target.timings else "-",
+        ))
+    return rows, notes
+
+
+def plain_table(headers, rows) -> str:
+    """Whitespace-aligned columns: what a log file or a pipe gets (no box drawing, no colour codes)."""
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def print_summary(report, console=None) -> None:
+    """The job's results: a table that fits the terminal (80 columns included) with long messages as numbered
+    notes below it; plain aligned text when stdout is not a terminal (CI logs, pipes)."""
+    from rich import box
+    from rich.table import Table
+
+    console = console or _console(stderr=False)
+    rows, notes = _summary_rows(report)
+    title = f"hfexport · {report.source['model']}"
+    if not console.is_terminal:
+        console.file.write(f"{title}\n{plain_table(SUMMARY_COLUMNS, rows)}\n" + "".join(f"{n}\n" for n in notes))
+        console.file.flush()
+        return
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False,
+                  title_justify="left")
+    for column in SUMMARY_COLUMNS:
+        table.add_column(column, no_wrap=column != "target", overflow="fold")
+    colours = {"ok": "green", "unchanged": "cyan", "failed": "red", "error": "red"}
+    for row in rows:
+        colour = colours.get(row[3], "white")
+        table.add_row(*map(escape, row[:3]), f"[{colour}]{escape(row[3])}[/{colour}]", *map(escape, row[4:]))
+    console.print(table)
+    for note in notes:
+        console.print(escape(note), soft_wrap=False, markup=True, highlight=False)
 
 
 @command("export")
@@ -217,7 +254,7 @@ def cmd_export(args) -> int:
     else:
         for name, target in report.targets.items():
             target.total_bytes = target.total_bytes or sum(entry["bytes"] for entry in target.files)
-        _console(stderr=False).print(_summary_table(report))
+        print_summary(report)
         print(f"report: {os.path.join(args.output, 'export_report.json')}")
     code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
     if args.push:

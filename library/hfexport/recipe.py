@@ -521,12 +521,17 @@ def hub_file(repo_id: str, filename: str, revision: str | None, token: str | Non
         EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
+        LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
     try:
         path = hf_hub_download(repo_id, filename, revision=revision, token=token)
+    except LocalEntryNotFoundError:
+        # A subclass of EntryNotFoundError that means "the Hub could not be reached and nothing is cached", not
+        # "the repo has no such file": taking it for the latter reported an unreachable Hub as "no recipe".
+        raise SourceError(f"cannot reach the Hub for {repo_id} (and {filename} is not in the local cache)") from None
     except EntryNotFoundError:
         return None
     except RevisionNotFoundError:
@@ -575,4 +580,10 @@ def load_recipe(source: str | Path | dict | Recipe, revision: str | None = None,
     local_parent = "/" in text and Path(text.split("/")[0]).is_dir()  # `examples/missing`: a path, not a repo
     if path.suffix == ".json" or text.startswith((".", "/", "~")) or local_parent or not looks_like_repo_id(text):
         raise SourceError(f"{text}: no such file or folder")
+    if "/" not in text:
+        # `nosuchdir`: most likely a folder name mistyped, though the Hub has (legacy) repos without an owner too.
+        try:
+            return recipe_from_hub(text, revision, token)
+        except SourceError as error:
+            raise SourceError(f"{text}: no such file or folder here; as a Hub repo id: {error}") from None
     return recipe_from_hub(text, revision, token)
