@@ -56,6 +56,29 @@ def test_show_prints_components_and_dims(run, tiny_bert):
     assert "input_ids" in out and "seq [2, 64]" in out and "opset_version" in out
 
 
+def test_show_reads_only_the_recipe_and_never_imports_torch(tiny_bert, tiny_llama):
+    """`show` used to load the engine and the model (~7-17 s, nearly all of it importing torch and the engine)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hfexport.cli import main; codes = [main(['show', sys.argv[1]]), "
+            "main(['show', sys.argv[2], '--target', 'onnx-generation'])]; "
+            "print('torch imported' if 'torch' in sys.modules else 'no torch', codes)")
+    result = subprocess.run([sys.executable, "-c", code, str(tiny_bert), str(tiny_llama)], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(hfexport_cli.__file__).parents[1])})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("no torch [0, 0]"), result.stdout
+    assert "input_ids dynamic: {0: batch [1, 8], 1: seq [2, 64]}" in result.stdout
+    assert "target onnx-generation: onnx / generation" in result.stdout
+    assert "--resolve lists them" in result.stdout  # generation components come from the model
+
+
+def test_show_resolve_prints_sample_shapes_and_engine_defaults(run, tiny_bert):
+    code, out, err = run("show", tiny_bert, "--target", "onnx", "--resolve")
+    assert code == 0, err
+    assert "input_ids: [2, 14] dynamic:" in out and '"optimize": true' in out
+
+
 def test_show_json_parses(run, tiny_bert):
     code, out, _ = run("show", tiny_bert, "--target", "pt2", "--json")
     assert code == 0

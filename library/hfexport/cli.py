@@ -107,6 +107,67 @@ def cmd_plan(args) -> int:
 
 @command("show")
 def cmd_show(args) -> int:
+    """A target as its recipe states it (recipe only: no torch, about a second), or with `--resolve` / `--json` the
+    resolved plan (loads the model: engine defaults, sample shapes, the components of a generation target)."""
+    if args.json or args.resolve:
+        return _show_resolved(args)
+    from .recipe import load_recipe
+
+    recipe = load_recipe(args.recipe or args.source, revision=args.revision, token=_token(args))
+    target = recipe.target(args.target)
+    console = _console(stderr=False)
+    task = recipe.task or "from the model's config"
+    console.print(f"target [bold]{escape(target.name)}[/bold]: {target.export_format} / {target.mode} (task {task})")
+    if recipe.dims:
+        console.print(f"dims: {_dims_line(recipe.dims)}")
+    if target.mode == "forward":
+        console.print("component [bold]model[/bold]")
+        components = {"model": {"options": target.options, "dynamic_shapes": target.dynamic_shapes}}
+    else:
+        console.print("components: found in the model (prefill/decode, encoders, ...); --resolve lists them")
+        components = {"(every component)": {"options": target.options, "dynamic_shapes": target.dynamic_shapes},
+                      **{name: {"options": {**target.options, **override.get("options", {})},
+                                "dynamic_shapes": override.get("dynamic_shapes")}
+                         for name, override in target.components.items()}}
+        if target.generation:
+            console.print(f"generation: {json.dumps(target.generation)}", markup=False)
+    for name, component in components.items():
+        if name != "model":
+            console.print(f"component [bold]{escape(name)}[/bold]")
+        console.print(f"  options: {json.dumps(component['options'])}", markup=False)
+        shapes = component["dynamic_shapes"]
+        if shapes is None:
+            console.print("  dynamic: every axis left to torch.export (dynamic=True)", markup=False)
+        for input_name, spec in (shapes or {}).items():
+            console.print(f"  {input_name} dynamic: {_axes_line(spec, recipe.dims)}", markup=False)
+    if target.quantization:
+        console.print(f"quantization: {json.dumps(target.quantization)}", markup=False)
+    if target.parity:
+        console.print(f"parity: {json.dumps(target.parity)}", markup=False)
+    print("(as the recipe states it; --resolve loads the model for engine defaults and sample shapes)")
+    return EXIT_OK
+
+
+def _dims_line(dims: dict) -> str:
+    return ", ".join(f"{name} [{b.get('min', '-')}, {b.get('max', '-')}]" for name, b in dims.items())
+
+
+def _axes_line(spec, dims: dict) -> str:
+    """One input's declared axes, with each named dim's bounds: `{0: batch [1, 8], 1: seq [2, 64]}`."""
+    def axis(value):
+        if isinstance(value, str) and value in dims:
+            return f"{value} [{dims[value].get('min', '-')}, {dims[value].get('max', '-')}]"
+        return str(value)
+
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{key}: {_axes_line(value, dims) if isinstance(value, dict) else axis(value)}"
+                               for key, value in spec.items()) + "}"
+    if isinstance(spec, list):
+        return "[" + ", ".join(_axes_line(item, dims) for item in spec) + "]"
+    return axis(spec)
+
+
+def _show_resolved(args) -> int:
     """The resolved plan: loads the model (plans resolve dims against real inputs) but traces nothing."""
     from .exporter import AutoHfExporter
 
@@ -123,8 +184,7 @@ def cmd_show(args) -> int:
     console.print(f"target [bold]{described['target']}[/bold]: {described['export_format']} / {described['mode']}"
                   f" (task {described['task']})")
     if described["dims"]:
-        dims = ", ".join(f"{name} [{b.get('min', '-')}, {b.get('max', '-')}]" for name, b in described["dims"].items())
-        console.print(f"dims: {dims}")
+        console.print(f"dims: {_dims_line(described['dims'])}")
     for name, component in described["components"].items():
         console.print(f"component [bold]{name}[/bold]")
         options = {k: v for k, v in component["options"].items() if v not in (None, False)}
@@ -399,11 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
     p.add_argument("--json", action="store_true", help='print {"include": [{"target", "export_format", "mode"}]}')
 
-    p = sub.add_parser("show", help="print the resolved plan of a target (formats, components, dims, options)")
+    p = sub.add_parser("show", help="print a target as the recipe states it (--resolve: the plan against the model)")
     source_args(p, help_text="a model folder or a Hub repo id")
     p.add_argument("--target", help="the target (default: the recipe's default target)")
     p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--resolve", action="store_true", help="load the model and print the resolved plan (engine "
+                                                           "defaults, sample shapes, generation components)")
+    p.add_argument("--json", action="store_true", help="print the resolved plan as JSON (loads the model)")
 
     p = sub.add_parser("export", help="export recipe targets to OUTPUT/<target>/")
     source_args(p, "model", "a model folder or a Hub repo id")
