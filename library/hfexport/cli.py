@@ -36,7 +36,10 @@ def escape(text: str) -> str:
 def _console(stderr: bool = True):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    from .logs import original_stream
+
+    # The terminal itself, not fd 1/2: while the engine runs, those are redirected into logging (hfexport.logs).
+    return Console(file=original_stream("stderr" if stderr else "stdout"), highlight=False, soft_wrap=True)
 
 
 def _token(args) -> str | None:
@@ -438,7 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hfexport", description="Export Hugging Face models the way their owners' recipes say.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and engine logs")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and every log record")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show what the engine and backends print (also: HFEXPORT_LOG=info)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -525,13 +530,23 @@ def publish_args(p) -> None:
     p.add_argument("--allow-failed", action="store_true", help="publish targets that failed parity (the PR says so)")
 
 
-def _quiet_engine_logs(debug: bool) -> None:
-    """Keep engine chatter (version-drift notes, tracing warnings) out of the terminal unless --debug."""
-    if debug:
-        return
+def _configure_logging(args) -> None:
+    _quiet_engine_logs(args.debug, getattr(args, "verbose", False))
+
+
+def _quiet_engine_logs(debug: bool, verbose: bool = False) -> None:
+    """Quiet by default: engine chatter (progress lines, version-drift notes, tracing warnings) is logged on
+    `hfexport.engine` at INFO and not shown. `--verbose` or HFEXPORT_LOG=info shows it on stderr, `--debug` (or
+    HFEXPORT_LOG=debug) everything."""
     import logging
     import warnings
 
+    from .logs import ENV, configure, parse_level
+
+    wanted = "debug" if debug else "info" if verbose else None
+    level = configure(wanted)
+    if wanted or parse_level(os.environ.get(ENV)) is not None and level < logging.WARNING:
+        return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TORCH_LOGS", "-all")
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -553,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_COULD_NOT_RUN
-    _quiet_engine_logs(args.debug)
+    _configure_logging(args)
     try:
         return COMMANDS[args.command](args)
     except HfExportError as error:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HfExportError, SourceError, redact, register_secret
+from .logs import engine_output, import_engine
 from .recipe import Recipe, load_recipe, looks_like_repo_id
 from .report import REPORT_FILE, JobReport, TargetReport, file_entries, write_json_atomic
 
@@ -204,11 +205,12 @@ def run_job(
             check(model, [loaded_recipe.target(name) for name in to_export], output, revision_to_load, token)
 
     if to_export:
+        import_engine()  # its import-time chatter (torchao, torch's pytree warnings) goes to logging
         from .exporter import run_plan
         from .models import load_model, load_processor
         from .plan import build_plan
 
-        with _Timer(progress, "load_model", detail=str(model)) as timer:
+        with _Timer(progress, "load_model", detail=str(model)) as timer, engine_output("load_model"):
             model_object = model_object if model_object is not None else load_model(
                 model, loaded_recipe, revision_to_load, token, trust_remote_code
             )
@@ -229,7 +231,7 @@ def run_job(
             continue
         progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
         try:
-            with _Timer(progress, "plan", name) as timer:
+            with _Timer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
                 plan = build_plan(loaded_recipe, name, model_object, inputs, processor, source=model,
                                   revision=revision_to_load, token=token)
             target_report.plan = _jsonable(plan.describe())
@@ -237,7 +239,8 @@ def run_job(
                 quantized_plans[name] = plan
                 target_report.quantization = _jsonable(plan.quantization)
             target_report.timings["plan_s"] = round(timer.seconds, 4)
-            with _Timer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer:
+            with _Timer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
+                    engine_output(f"export {name}"):
                 exported = run_plan(plan, model_object)
             target_report.timings["export_s"] = round(timer.seconds, 4)
 
@@ -245,7 +248,7 @@ def run_job(
                 exported.save_pretrained(folder)
                 write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(loaded_recipe.standalone(name)))
 
-            with _Timer(progress, "save", name) as timer:
+            with _Timer(progress, "save", name) as timer, engine_output(f"save {name}"):
                 final = save_atomically(output, name, write)
             target_report.timings["save_s"] = round(timer.seconds, 4)
             target_report.files = file_entries(final)
@@ -311,7 +314,8 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
     started = time.perf_counter()
     try:
-        verification = verify_exported(folder, model_object, plan, processor)
+        with engine_output(f"verify {name}"):
+            verification = verify_exported(folder, model_object, plan, processor)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
