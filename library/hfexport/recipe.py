@@ -175,15 +175,54 @@ def _short_message(message: str) -> str:
     return message if len(message) <= 300 else message[:297] + "..."
 
 
-def _schema_problems(document: Any) -> list[Problem]:
+def _schema_problems(document: Any, invalid_paths: list | None = None) -> list[Problem]:
+    """The schema's problems; `invalid_paths` collects where each one is in the document (as a key list)."""
     errors = sorted(_validator("export_config").iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
     problems, seen = [], set()
     for error in errors:
         problem = _schema_problem(error)
+        if invalid_paths is not None:
+            invalid_paths.append(list(_deepest(error).absolute_path))
         if str(problem) not in seen:
             seen.add(str(problem))
             problems.append(problem)
     return problems
+
+
+def _pruned(document: Any, paths: list[list]) -> Any:
+    """A copy of `document` without the values at `paths` (where the schema found problems), so that the semantic
+    checks can run on the rest. A path that is the whole document (or a target's export_format) prunes nothing
+    useful: the caller then reports the schema's problems alone."""
+    pruned = copy.deepcopy(document)
+    for path in sorted(paths, key=len, reverse=True):
+        if not path:
+            return None
+        node = pruned
+        for key in path[:-1]:
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
+                node = None
+                break
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+        elif isinstance(node, list) and isinstance(path[-1], int) and path[-1] < len(node):
+            node[path[-1]] = None
+    return pruned
+
+
+def _semantic_problems_despite(document: dict, invalid_paths: list[list]) -> list[Problem]:
+    """The semantic problems of the parts of `document` the schema accepted: a recipe with both kinds gets both
+    in one pass (a CI user used to fix the schema's problems, re-run, and only then see the others)."""
+    pruned = _pruned(document, invalid_paths)
+    if not isinstance(pruned, dict):
+        return []
+    try:
+        full = normalize(pruned)
+        problems = _semantic_problems(full)
+    except Exception:  # noqa: BLE001 - what the schema rejected can break a semantic check; the schema said it
+        return []
+    return [_flat_path(problem, full) for problem in problems] if "targets" not in pruned else problems
 
 
 def parse_axis(spec: Any) -> tuple[str, Any]:
@@ -321,9 +360,12 @@ def validate_document(document: Any, source: str | None = None) -> dict:
     if too_deep is not None:
         # Free-form objects (quantization.params) would otherwise reach copy/json recursion limits.
         raise RecipeError(Problem(json_path(too_deep), f"nested more than {MAX_DEPTH} levels deep"), source)
-    problems = _schema_problems(document)
+    invalid_paths: list[list] = []
+    problems = _schema_problems(document, invalid_paths)
     if problems:
-        raise RecipeError(problems, source)
+        reported = {problem.path for problem in problems}
+        extra = [p for p in _semantic_problems_despite(document, invalid_paths) if p.path not in reported]
+        raise RecipeError(problems + extra, source)
     full = normalize(document)
     problems = _semantic_problems(full)
     if problems:
