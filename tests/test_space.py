@@ -297,3 +297,49 @@ def test_model_without_recipe_gets_a_proposal_to_edit_and_a_recipe_pr(space, hub
     proposed = json.loads(hub.read_file(repo, "export_config.json", "refs/pr/1"))
     assert set(proposed["targets"]) == {"onnx", "pt2"} and proposed["task"] == "feature-extraction"
     assert len(hub.discussions(repo)) == 1 and "export_config.json" not in hub.list_files(repo)
+
+
+# ── Every control reflects the current state (issue 15) ─────────────────────
+
+
+def test_a_syntax_error_is_shown_at_its_line_with_a_few_lines_around_it(space, hub, new_page):
+    repo = seed(hub, "space-syntax", EXAMPLES / "tiny-bert")
+    page = new_page()
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    text = page.locator("#editor .cm-content").inner_text()
+    lines = text.rstrip("\n").splitlines()
+    page.locator("#editor .cm-content").click()
+    page.keyboard.press("Control+End")
+    page.keyboard.insert_text(",,broken")
+    page.locator("#recipe-status", has_text="Invalid recipe").wait_for()
+    status = text_of(page, "#recipe-status")
+    assert re.search(rf"\(line {len(lines)}\): not valid JSON", status), status
+    problems = page.locator("#problems")
+    problems.get_by_text("broken").first.wait_for()
+    shown = problems.inner_text()
+    assert "json syntax" in shown.lower()  # the problem line is labelled (the label is shown in capitals)
+    numbers = [int(n) for n in re.findall(r"^\s*(\d+) │", shown, flags=re.M)]
+    assert numbers and numbers[-1] == len(lines) and len(numbers) <= 5, shown  # its line, a few before, numbered
+    assert problems.bounding_box()["height"] < 400 and page.evaluate("document.body.scrollHeight") < 2500
+    shot(page, "17-syntax-error-at-its-line")
+
+
+def test_signing_in_keeps_the_recipe_loaded_and_edited_while_signed_out(space, hub, new_page):
+    repo = seed(hub, "space-keep", EXAMPLES / "tiny-bert")
+    page = new_page()
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    editor = page.locator("#editor .cm-content")
+    recipe = json.loads((EXAMPLES / "tiny-bert" / "export_config.json").read_text())
+    edited = {**recipe, "default_target": "pt2"}
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(json.dumps(edited, indent=2))
+    page.locator("#recipe-status", has_text="(default pt2)").wait_for()
+    sign_in(page)  # a page reload
+    page.locator("#recipe-status", has_text="Your edited recipe is back").wait_for()
+    assert page.locator("#model input, #model textarea").first.input_value() == repo
+    assert json.loads(editor.inner_text()) == edited
+    assert "(default pt2)" in text_of(page, "#recipe-status")
+    shot(page, "18-signed-in-recipe-kept")
