@@ -221,8 +221,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False), "")
 
     def busy():
-        """A conversion was asked for: Convert (and Open PR) stay disabled until it ends."""
-        return gr.update(interactive=False), gr.update(interactive=False), ""
+        """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
+        conversion's results and zip go (its folder is replaced by the new job's)."""
+        return (gr.update(interactive=False), gr.update(interactive=False), "", "",
+                gr.update(value=None, visible=False), "Waiting for its turn…")
 
     def idle(state: dict | None):
         return gr.update(interactive=True), gr.update(interactive=logic.can_publish(state))
@@ -301,8 +303,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
-        convert_button.click(busy, None, [convert_button, pr_button, pr_result], queue=False,
-                             api_visibility="private").then(
+        convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress],
+                             queue=False, api_visibility="private").then(
             convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
             api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
             preprocess=False,
