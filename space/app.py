@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from hfexport import space_logic as logic
+from hfexport.latency import chart_rows
 from hfexport.recipe import FORMATS, RECIPE_FILE, canonical_json
 
 TITLE = "hfexport: export a Hub model the way its owner says"
@@ -45,7 +46,8 @@ def _new_state() -> dict:
 
 def _forget_results(state: dict) -> dict:
     """The state with the previous model's job dropped: its report, zip and what Open PR would publish."""
-    return {**state, "output": None, "zip": None, "status": None, "verified": None, "targets": [], "left_out": []}
+    return {**state, "output": None, "zip": None, "status": None, "verified": None, "targets": [], "left_out": [],
+            "latency": []}
 
 
 def _token(oauth_token: gr.OAuthToken | None, settings: logic.SpaceSettings) -> str | None:
@@ -128,7 +130,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
         """Run the job for the chosen targets with live progress; end with the report and a zip of the artifacts."""
         state = dict(state or _new_state())
-        state.update(output=None, zip=None, status=None, verified=None)
+        state.update(output=None, zip=None, status=None, verified=None, latency=[])
         try:
             model = logic.check_model_id(model_id)
             rev = logic.check_revision(revision)
@@ -140,7 +142,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                                                                                           "").strip()
             command = logic.export_command((model_id or "MODEL").strip(), (revision or "").strip() or None, targets,
                                            edited_recipe=edited)
-            yield _fail(error, command), "", gr.update(value=None, visible=False), gr.update(interactive=False), state
+            yield _fail(error, command), "", None, gr.update(interactive=False), state
             return
         session = request.session_hash if request is not None and request.session_hash else "api"
         state["session"] = session
@@ -157,20 +159,20 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         log.note = f"Finished in {event.seconds:.1f} s."
         if event.report is None:
             workspace.release(session)
-            yield (log.markdown(), event.failure.markdown(), gr.update(value=None, visible=False),
-                   gr.update(interactive=False), state)
+            yield log.markdown(), event.failure.markdown(), None, gr.update(interactive=False), state
             return
         report = event.report
         try:
             zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
         except OSError as error:  # e.g. the disk filled up: the report is still worth showing
             workspace.release(session)
-            yield log.markdown(), _fail(error, job.command) + "\n\n" + report.to_markdown(), \
-                gr.update(value=None, visible=False), gr.update(interactive=False), state
+            yield log.markdown(), _fail(error, job.command) + "\n\n" + report.to_markdown(), None, \
+                gr.update(interactive=False), state
             return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
         publishable = logic.publishable_targets(report)
         state.update(model=model, revision=rev, output=str(job.output), targets=publishable, edited=edited,
+                     latency=chart_rows(report),
                      left_out=[name for name in report.targets if name not in publishable],
                      zip=str(zip_path), status=report.status, verified=logic.verified_recipe(used, report))
         results = report.to_markdown()
@@ -179,8 +181,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             if publishable:
                 results = (f"**Open PR** publishes the targets that passed ({', '.join(publishable)}); the others "
                            "stay out.\n\n" + results)
-        yield (log.markdown(), results, gr.update(value=str(zip_path), visible=True),
-               gr.update(interactive=logic.can_publish(state)), state)
+        # The zip's value only (the API returns it as a path); `idle` shows the area once there is one.
+        yield log.markdown(), results, str(zip_path), gr.update(interactive=logic.can_publish(state)), state
 
     def open_pr(state: dict | None, oauth_token: gr.OAuthToken | None):
         """Publish the converted artifacts as the model's one hfexport pull request (opened, updated or unchanged)."""
@@ -218,16 +220,21 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
 
     def forget_results():
         """Another model (or none) is loading: the previous model's report, zip and Open PR go."""
-        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False), "")
+        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False), "",
+                gr.update(value=None, visible=False))
 
     def busy():
         """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
         conversion's results and zip go (its folder is replaced by the new job's)."""
         return (gr.update(interactive=False), gr.update(interactive=False), "", "",
-                gr.update(value=None, visible=False), "Waiting for its turn…")
+                gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False))
 
     def idle(state: dict | None):
-        return gr.update(interactive=True), gr.update(interactive=logic.can_publish(state))
+        state = state or {}
+        rows = state.get("latency") or []
+        chart = gr.update(value=_latency_frame(rows), visible=True) if rows else gr.update(value=None, visible=False)
+        return (gr.update(interactive=True), gr.update(interactive=logic.can_publish(state)),
+                gr.update(visible=bool(state.get("zip"))), chart)
 
     def remember(model_id: str, revision: str, recipe_text: str):
         return {"model": model_id or "", "revision": revision or "", "recipe": recipe_text or ""}
@@ -276,6 +283,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
         propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
         progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
+        latency_chart = gr.BarPlot(None, x="run", y="ms", color="batch", sort="y", visible=False,
+                                   title="Latency on this Space's CPU (median ms, lower is faster)", y_title="ms",
+                                   x_title="", x_label_angle=-30, height=260, elem_id="latency-chart")
         results = gr.Markdown(label="Results", elem_id="results")
         download = gr.File(label="Artifacts (zip)", interactive=False, height=90, elem_id="download", visible=False)
         pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
@@ -285,7 +295,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             if request is not None and request.session_hash:
                 workspace.release(request.session_hash)
 
-        job_outputs = [progress, results, download, pr_button, pr_result]
+        job_outputs = [progress, results, download, pr_button, pr_result, latency_chart]
         loaded = [recipe_status, editor, problems, targets, format_group, state]
         demo.load(show_user, None, user, api_visibility="private")
         demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private")
@@ -303,18 +313,26 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
-        convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress],
+        convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress,
+                                          latency_chart],
                              queue=False, api_visibility="private").then(
             convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
             api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
             preprocess=False,
-        ).then(idle, state, [convert_button, pr_button], api_visibility="private", queue=False)
+        ).then(idle, state, [convert_button, pr_button, download, latency_chart], api_visibility="private",
+               queue=False)
         pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
         propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]
     demo.hfexport_runner = runner  # type: ignore[attr-defined]
     return demo
+
+
+def _latency_frame(rows: list[dict]):
+    import pandas as pd  # a Gradio dependency
+
+    return pd.DataFrame(rows, columns=["run", "ms", "batch"])
 
 
 def _problems(check: logic.RecipeCheck):

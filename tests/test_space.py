@@ -374,6 +374,11 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     assert "--allow-failed" not in results and "allow_failed" not in results
     expect(page.locator("#download")).to_be_visible()
     expect(page.locator("#open-pr")).to_be_enabled()
+    # pt2's latency next to eager torch: a table with a text chart in the report, and a bar chart on the page
+    assert "Latency on the verifying machine" in results and re.search(r"pt2\s+1\s+[\d.]+\s+[\d.]+", results), results
+    chart = page.locator("#latency-chart")
+    expect(chart).to_be_visible()
+    chart.locator("canvas, svg").first.wait_for()
     shot(page, "19-one-target-failed")
 
     page.locator("#open-pr").click()
@@ -402,6 +407,7 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     assert text_of(page, "#results").strip() == "" and text_of(page, "#pr-result").strip() == ""
     expect(page.locator("#download")).to_be_hidden()
     expect(page.locator("#open-pr")).to_be_disabled()
+    expect(page.locator("#latency-chart")).to_be_hidden()
     assert "Finished in" not in text_of(page, "#progress")
     shot(page, "21-switched-model-cleared")
 

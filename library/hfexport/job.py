@@ -163,6 +163,7 @@ def run_job(
     preflight: bool = True,
     publish_repo: str | None = None,
     verify: bool = True,
+    latency: bool = True,
 ) -> JobReport:
     """Export the requested targets of `model`'s recipe to `output/<target>/` and return the job's report.
 
@@ -176,7 +177,8 @@ def run_job(
     Then `preflight` refuses a job whose estimated memory or disk need exceeds what is available.
 
     With `verify` (the default) each saved target is reloaded from disk and checked against the eager model
-    (`hfexport.verify`); a target that fails parity keeps its files and is reported "failed".
+    (`hfexport.verify`); a target that fails parity keeps its files and is reported "failed". With `latency` (the
+    default, when verifying) a forward target that passed is timed against the eager model (`hfexport.latency`).
     """
     progress = progress or _noop
     register_secret(token)
@@ -264,6 +266,8 @@ def run_job(
         if target_report.status == "ok" and verify:
             _write_target_report(report, name, output / name)  # beside the artifacts even if verifying dies
             _verify_target(target_report, output / name, model_object, plan, processor, progress)
+            if latency and target_report.status == "ok" and target.mode == "forward":
+                _measure_latency(target_report, output / name, model_object, plan, progress)
         progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
         if target_report.status in ("ok", "failed"):
             _write_target_report(report, name, output / name)
@@ -303,6 +307,7 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
     target_report.total_bytes = previous.total_bytes or sum(entry["bytes"] for entry in previous.files)
     target_report.verification = previous.verification
     target_report.quantization = previous.quantization
+    target_report.latency = previous.latency
 
 
 def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,
@@ -327,6 +332,24 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     if not verification["passed"]:
         target_report.status, target_report.error = "failed", summary(verification)
     progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
+
+
+def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback) -> None:
+    """The saved artifact's latency next to eager torch (`hfexport.latency`); a measurement that cannot run is
+    recorded as such and never changes the target's verdict."""
+    from .latency import measure_latency
+
+    name = target_report.target
+    try:
+        with _Timer(progress, "latency", name, "artifact vs eager torch, batch 1 and the largest declared") as timer, \
+                engine_output(f"latency {name}"):
+            target_report.latency = _jsonable(measure_latency(folder, model_object, plan))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # noqa: BLE001 - latency is information, not a gate
+        target_report.latency = {"error": _engine_error(error)[:500]}
+        return
+    target_report.timings["latency_s"] = round(timer.seconds, 4)
 
 
 def _write_target_report(report: JobReport, name: str, folder: Path) -> None:

@@ -32,6 +32,7 @@ def report_markdown(report: JobReport) -> str:
             f"| {human_bytes(target.total_bytes) if target.files else '—'} | {_seconds(target.timings.get('export_s'))} "
             f"| {_seconds(target.timings.get('verify_s'))} |"
         )
+    lines += _latency_lines(report)
     for name, target in report.targets.items():
         lines += ["", f"### `{name}`", ""]
         timings = " · ".join(f"{key.removesuffix('_s')} {_seconds(value)}" for key, value in target.timings.items())
@@ -170,3 +171,11 @@ def _generation_markdown(generation: dict) -> str:
         line += (f"; first divergence: prompt {first['prompt']}, generated position {first['position']}: "
                  f"eager {token('eager')} vs exported {token('exported')}")
     return line
+
+
+def _latency_lines(report: JobReport) -> list[str]:
+    """The latency table and chart (hfexport.latency) below the summary, when the job measured any."""
+    from .latency import latency_markdown
+
+    section = latency_markdown(report)
+    return ["", section] if section else []
