@@ -103,3 +103,17 @@ def test_cli_verbose_shows_the_engine_lines(cli, tiny_bert, tmp_path):
     assert verbose.returncode == 0, verbose.stderr
     assert "hfexport.engine: export onnx: [torch.onnx]" in verbose.stderr, verbose.stderr
     assert "[torch.onnx]" not in verbose.stdout
+
+
+@pytest.mark.parametrize(("env", "setup", "expected"), [
+    ("", "", ""),  # quiet by default
+    ("info", "", "hfexport.engine: export onnx: [cpuinfo] hello\n"),  # HFEXPORT_LOG turns it on
+    ("", "import logging; logging.basicConfig(level=logging.INFO, format='app %(name)s %(message)s'); ",
+     "app hfexport.engine export onnx: [cpuinfo] hello\n"),  # or the application's own logging configuration
+])
+def test_library_logging_follows_hfexport_log_or_the_applications_configuration(env, setup, expected):
+    code = (setup + "import os; from hfexport.logs import engine_output\n"
+            "with engine_output('export onnx'):\n    os.write(2, b'[cpuinfo] hello\\n')")
+    result = _run(code, env={"HFEXPORT_LOG": env})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and result.stderr == expected

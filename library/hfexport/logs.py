@@ -4,8 +4,9 @@ What the engine and its backends print on their own (torch.onnx's `[torch.onnx] 
 ExecuTorch's C++ `[cpuinfo_utils.cpp:71] ...` lines on file descriptor 2, torchao's "Failed to load ... .so" and
 transformers.exporters' "Version drift detected" warnings, "Loading weights" progress bars, Python warnings) is
 captured while the engine runs (`engine_output`) and logged on the `hfexport.engine` logger at INFO, one record per
-line. The `hfexport` logger shows WARNING and above by default; `HFEXPORT_LOG=info` (or `debug`), or the CLI's
-`--verbose`, shows the engine's lines too, on stderr.
+line. Nothing is shown by default (INFO is below Python's default WARNING; an application's own logging configuration
+applies, as for any library logger); `HFEXPORT_LOG=info` (or `debug`), or the CLI's `--verbose`, shows the engine's
+lines on stderr.
 
 `engine_output` redirects file descriptors 1 and 2 (C++ code writes there, not to `sys.stdout`), so while it is active
 only this module's `original_stream` (a duplicate of the terminal's descriptor, made before any redirection) reaches
@@ -92,6 +93,20 @@ def configure(level: str | int | None = None) -> int:
     return resolved
 
 
+_env_checked = False
+
+
+def _configure_from_env() -> None:
+    """A library call: HFEXPORT_LOG, when set, gets its handler; else the `hfexport` logger is left to the
+    application's logging configuration (records propagate; INFO is below Python's default WARNING: quiet)."""
+    global _env_checked
+    if _env_checked:
+        return
+    _env_checked = True
+    if _handler is None and parse_level(os.environ.get(ENV)) is not None:
+        configure()
+
+
 def _log_lines(text: str, what: str) -> None:
     previous = None
     for raw in text.replace("\r", "\n").splitlines():
@@ -135,8 +150,7 @@ def engine_output(what: str = "") -> Iterator[None]:
             with _lock:
                 _depth -= 1
         return
-    if LOGGER.handlers == [] and _handler is None:
-        configure()
+    _configure_from_env()
     # The terminal's descriptors are duplicated before they are redirected, so that the CLI and the logger can
     # still reach them (original_stream).
     original_stream("stdout"), original_stream("stderr")
