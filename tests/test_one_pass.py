@@ -9,7 +9,7 @@ import pytest
 
 from hfexport.annotations import check_recipe
 from hfexport.errors import RecipeError
-from hfexport.recipe import load_recipe, recipe_from_document
+from hfexport.recipe import recipe_from_document
 from hfexport.space_logic import check_recipe_text
 
 # Two schema problems (a string opset, an unknown format) and two semantic ones (dims.seq's bounds, an ExecuTorch
