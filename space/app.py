@@ -9,12 +9,14 @@ reproducing `hfexport` command). Run it locally against any Hub endpoint: see RE
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from hfexport import space_logic as logic
+from hfexport.latency import chart_rows
 from hfexport.recipe import FORMATS, RECIPE_FILE, canonical_json
 
 TITLE = "hfexport: export a Hub model the way its owner says"
@@ -29,9 +31,23 @@ IDLE = "Conversions run one at a time; while yours waits, its place in the queue
 CSS = ".problem-lines { font-family: var(--font-mono); white-space: pre; }"
 
 
+SIGNED_OUT_MODE = ("**Signed out**: this local run has no Hugging Face login. Load and check recipes here; to "
+                   "convert and open pull requests, restart with `HF_TOKEN=hf_... python space/app.py`.")
+# What the page keeps in the browser (localStorage) so that signing in, which reloads the page, loses nothing.
+SAVED = {"model": "", "revision": "", "recipe": ""}
+NO_RESULTS = "Nothing converted yet for this model."
+
+
 def _new_state() -> dict:
     return {"session": None, "model": None, "revision": None, "repo_recipe": None, "loaded_text": None,
-            "output": None, "targets": [], "edited": False, "zip": None, "status": None, "verified": None}
+            "output": None, "targets": [], "left_out": [], "edited": False, "zip": None, "status": None,
+            "verified": None}
+
+
+def _forget_results(state: dict) -> dict:
+    """The state with the previous model's job dropped: its report, zip and what Open PR would publish."""
+    return {**state, "output": None, "zip": None, "status": None, "verified": None, "targets": [], "left_out": [],
+            "latency": []}
 
 
 def _token(oauth_token: gr.OAuthToken | None, settings: logic.SpaceSettings) -> str | None:
@@ -42,8 +58,9 @@ def _fail(error: BaseException, command: str | None = None) -> str:
     return logic.describe_failure(error, command).markdown()
 
 
-def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
-    """The Blocks of the Space (queue not yet configured; `launch` does that)."""
+def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True) -> gr.Blocks:
+    """The Blocks of the Space (queue not yet configured; `launch` does that). `sign_in=False`: no sign-in button
+    (a local run without a Hugging Face login, where Gradio's mocked sign-in cannot work): recipes only."""
     settings = settings or logic.SpaceSettings.from_env()
     workspace = logic.Workspace(settings.workdir, settings.session_ttl_s)
     runner = logic.JobRunner(settings)
@@ -55,6 +72,8 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
     # ── handlers ─────────────────────────────────────────────────────────────
 
     def show_user(profile: gr.OAuthProfile | None):
+        if not sign_in:
+            return SIGNED_OUT_MODE
         if profile is None:
             return "Not signed in: you can read public recipes; **sign in** to convert and open pull requests."
         return f"Signed in as **{profile.username}**."
@@ -68,10 +87,12 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             fetched = logic.fetch_recipe(model, rev, _token(oauth_token, settings))
         except Exception as error:  # noqa: BLE001 - shown as a category + command, never a traceback
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
+            state = {**_forget_results(state), "model": None, "revision": None, "repo_recipe": None,
+                     "loaded_text": None}
             return (_fail(error, command), gr.update(), gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
-        state.update(model=model, revision=rev, repo_recipe=None, output=None, zip=None, status=None,
-                     loaded_text=fetched.text)
+        state = _forget_results(state)
+        state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text)
         if fetched.check is None:  # no recipe: offer formats and a draft
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
@@ -109,7 +130,7 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
         """Run the job for the chosen targets with live progress; end with the report and a zip of the artifacts."""
         state = dict(state or _new_state())
-        state.update(output=None, zip=None, status=None, verified=None)
+        state.update(output=None, zip=None, status=None, verified=None, latency=[])
         try:
             model = logic.check_model_id(model_id)
             rev = logic.check_revision(revision)
@@ -149,12 +170,19 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
                 gr.update(interactive=False), state
             return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
-        state.update(model=model, revision=rev, output=str(job.output), targets=list(report.targets), edited=edited,
+        publishable = logic.publishable_targets(report)
+        state.update(model=model, revision=rev, output=str(job.output), targets=publishable, edited=edited,
+                     latency=chart_rows(report),
+                     left_out=[name for name in report.targets if name not in publishable],
                      zip=str(zip_path), status=report.status, verified=logic.verified_recipe(used, report))
         results = report.to_markdown()
         if event.failure is not None:
             results = event.failure.markdown() + "\n\n" + results
-        yield log.markdown(), results, str(zip_path), gr.update(interactive=True), state
+            if publishable:
+                results = (f"**Open PR** publishes the targets that passed ({', '.join(publishable)}); the others "
+                           "stay out.\n\n" + results)
+        # The zip's value only (the API returns it as a path); `idle` shows the area once there is one.
+        yield log.markdown(), results, str(zip_path), gr.update(interactive=logic.can_publish(state)), state
 
     def open_pr(state: dict | None, oauth_token: gr.OAuthToken | None):
         """Publish the converted artifacts as the model's one hfexport pull request (opened, updated or unchanged)."""
@@ -167,7 +195,9 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             result = logic.publish_job(state, token)
         except Exception as error:  # noqa: BLE001
             return _fail(error, command)
-        return logic.publish_message(result)
+        left_out = state.get("left_out") or []
+        note = f" Not published: {', '.join(f'`{name}`' for name in left_out)} (did not pass)." if left_out else ""
+        return logic.publish_message(result) + note
 
     def propose(model_id: str, recipe_text: str, state: dict | None, oauth_token: gr.OAuthToken | None):
         """Open a pull request that adds the editor's (validated) recipe as `export_config.json`."""
@@ -176,8 +206,9 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             model = logic.check_model_id(model_id)
             token = logic.require_token(_token(oauth_token, settings), "propose a recipe")
             check = logic.check_recipe_text(recipe_text)
-            if not check.valid:
-                raise logic.RecipeError(check.problems, "editor")
+            if not check.valid:  # the editor's text, not the repo's recipe: validate that file locally
+                command = f"{logic.validate_command(RECIPE_FILE)}  # the editor's text, saved as {RECIPE_FILE}"
+                raise logic.RecipeError(check.problems, "the editor")
             verified = (state or {}).get("verified") if (state or {}).get("model") == model else None
             document, validated = logic.finalize_proposal(check.document, verified)
             message = logic.propose_recipe(model, document, token).markdown()
@@ -187,13 +218,50 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             return message + " Every target passed parity here, so it records `validated_with`."
         return message + " Not every target was converted and verified here: no `validated_with` recorded."
 
+    def forget_results():
+        """Another model (or none) is loading: the previous model's report, zip and Open PR go."""
+        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False), "",
+                gr.update(value=None, visible=False))
+
+    def busy():
+        """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
+        conversion's results and zip go (its folder is replaced by the new job's)."""
+        return (gr.update(interactive=False), gr.update(interactive=False), "", "",
+                gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False))
+
+    def idle(state: dict | None):
+        state = state or {}
+        rows = state.get("latency") or []
+        chart = gr.update(value=_latency_frame(rows), visible=True) if rows else gr.update(value=None, visible=False)
+        return (gr.update(interactive=True), gr.update(interactive=logic.can_publish(state)),
+                gr.update(visible=bool(state.get("zip"))), chart)
+
+    def remember(model_id: str, revision: str, recipe_text: str):
+        return {"model": model_id or "", "revision": revision or "", "recipe": recipe_text or ""}
+
+    def restore(saved: dict | None, state: dict | None, oauth_token: gr.OAuthToken | None):
+        """After a reload (signing in reloads the page): the model, revision and the editor's text as they were."""
+        saved = {**SAVED, **(saved or {})}
+        if not saved["model"]:
+            return (gr.update(), gr.update(), gr.update(), gr.update(), gr.update(), gr.update(), gr.update(),
+                    state or _new_state())
+        status, text, problems_update, targets_update, group, state = load_model(saved["model"], saved["revision"],
+                                                                                 state, oauth_token)
+        if saved["recipe"].strip() and saved["recipe"].strip() != (text if isinstance(text, str) else "").strip():
+            check = logic.check_recipe_text(saved["recipe"])
+            status = f"{status}\n\nYour edited recipe is back in the editor:\n\n{check.markdown()}"
+            text, problems_update, targets_update = saved["recipe"], _problems(check), _target_update(check)
+        return saved["model"], saved["revision"], status, text, problems_update, targets_update, group, state
+
     # ── layout ───────────────────────────────────────────────────────────────
 
     with gr.Blocks(title="hfexport", delete_cache=(3600, 3600)) as demo:
         state = gr.State(_new_state(), time_to_live=settings.session_ttl_s, delete_callback=release)
+        saved = gr.BrowserState(dict(SAVED), storage_key="hfexport-space-v1")
         gr.Markdown(f"# {TITLE}\n\n{INTRO}")
         with gr.Row():
-            gr.LoginButton()
+            if sign_in:
+                gr.LoginButton()
             user = gr.Markdown(elem_id="user")
         with gr.Row():
             model_box = gr.Textbox(label="Model repo", placeholder="org/model", scale=3, elem_id="model")
@@ -215,8 +283,11 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
         propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
         progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
+        latency_chart = gr.BarPlot(None, x="run", y="ms", color="batch", sort="y", visible=False,
+                                   title="Latency on this Space's CPU (median ms, lower is faster)", y_title="ms",
+                                   x_title="", x_label_angle=-30, height=260, elem_id="latency-chart")
         results = gr.Markdown(label="Results", elem_id="results")
-        download = gr.File(label="Artifacts (zip)", interactive=False, height=90, elem_id="download")
+        download = gr.File(label="Artifacts (zip)", interactive=False, height=90, elem_id="download", visible=False)
         pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
         pr_result = gr.Markdown(label="Pull request", elem_id="pr-result")
 
@@ -224,28 +295,44 @@ def build_app(settings: logic.SpaceSettings | None = None) -> gr.Blocks:
             if request is not None and request.session_hash:
                 workspace.release(request.session_hash)
 
+        job_outputs = [progress, results, download, pr_button, pr_result, latency_chart]
+        loaded = [recipe_status, editor, problems, targets, format_group, state]
         demo.load(show_user, None, user, api_visibility="private")
+        demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private")
         demo.unload(closed)
-        load_button.click(load_model, [model_box, revision_box, state],
-                          [recipe_status, editor, problems, targets, format_group, state], api_name="load_recipe")
-        model_box.submit(load_model, [model_box, revision_box, state],
-                         [recipe_status, editor, problems, targets, format_group, state], api_visibility="private")
+        for trigger, api in ((load_button.click, {"api_name": "load_recipe"}),
+                             (model_box.submit, {"api_visibility": "private"})):
+            trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(
+                load_model, [model_box, revision_box, state], loaded, **api,
+            ).then(remember, [model_box, revision_box, editor], saved, api_visibility="private")
         formats.input(draft, [model_box, revision_box, formats], [recipe_status, editor, problems, targets],
-                      api_name="draft_recipe")
+                      api_name="draft_recipe").then(remember, [model_box, revision_box, editor], saved,
+                                                    api_visibility="private")
         editor.input(validate, editor, [recipe_status, problems, targets], api_name="validate_recipe", queue=False,
-                     trigger_mode="always_last", show_progress="hidden")
+                     trigger_mode="always_last", show_progress="hidden").then(
+            remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
-        convert_button.click(convert, [model_box, revision_box, editor, targets, state],
-                             [progress, results, download, pr_button, state], api_name="convert",
-                             concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
-                             preprocess=False)
+        convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress,
+                                          latency_chart],
+                             queue=False, api_visibility="private").then(
+            convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
+            api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
+            preprocess=False,
+        ).then(idle, state, [convert_button, pr_button, download, latency_chart], api_visibility="private",
+               queue=False)
         pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
         propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]
     demo.hfexport_runner = runner  # type: ignore[attr-defined]
     return demo
+
+
+def _latency_frame(rows: list[dict]):
+    import pandas as pd  # a Gradio dependency
+
+    return pd.DataFrame(rows, columns=["run", "ms", "batch"])
 
 
 def _problems(check: logic.RecipeCheck):
@@ -260,9 +347,18 @@ def _target_update(check: logic.RecipeCheck):
     return gr.update(choices=names, value=[check.recipe.default_target] if names else [])
 
 
-def launch(settings: logic.SpaceSettings | None = None, **launch_kwargs) -> gr.Blocks:
-    """Build, queue (one export at a time, a bounded queue) and launch; returns the running Blocks."""
-    demo = build_app(settings)
+def launch(settings: logic.SpaceSettings | None = None, sign_in: bool | None = None, **launch_kwargs) -> gr.Blocks:
+    """Build, queue (one export at a time, a bounded queue) and launch; returns the running Blocks.
+
+    `sign_in=None`: with a sign-in button unless this is a local run whose mocked sign-in cannot work (no login
+    on the machine, or one the Hub endpoint refuses): then one line says why and what to set, and the Space runs
+    signed out instead of ending in Gradio's traceback."""
+    if sign_in is None:
+        problem = logic.local_sign_in_problem()
+        if problem:
+            print(f"hfexport Space: {problem}", file=sys.stderr, flush=True)
+        sign_in = problem is None
+    demo = build_app(settings, sign_in=sign_in)
     settings = demo.hfexport_settings  # type: ignore[attr-defined]
     demo.hfexport_runner.start()  # type: ignore[attr-defined] # the job process imports the engine meanwhile
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=8)

@@ -56,6 +56,29 @@ def test_show_prints_components_and_dims(run, tiny_bert):
     assert "input_ids" in out and "seq [2, 64]" in out and "opset_version" in out
 
 
+def test_show_reads_only_the_recipe_and_never_imports_torch(tiny_bert, tiny_llama):
+    """`show` used to load the engine and the model (~7-17 s, nearly all of it importing torch and the engine)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hfexport.cli import main; codes = [main(['show', sys.argv[1]]), "
+            "main(['show', sys.argv[2], '--target', 'onnx-generation'])]; "
+            "print('torch imported' if 'torch' in sys.modules else 'no torch', codes)")
+    result = subprocess.run([sys.executable, "-c", code, str(tiny_bert), str(tiny_llama)], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(hfexport_cli.__file__).parents[1])})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("no torch [0, 0]"), result.stdout
+    assert "input_ids dynamic: {0: batch [1, 8], 1: seq [2, 64]}" in result.stdout
+    assert "target onnx-generation: onnx / generation" in result.stdout
+    assert "--resolve lists them" in result.stdout  # generation components come from the model
+
+
+def test_show_resolve_prints_sample_shapes_and_engine_defaults(run, tiny_bert):
+    code, out, err = run("show", tiny_bert, "--target", "onnx", "--resolve")
+    assert code == 0, err
+    assert "input_ids: [2, 14] dynamic:" in out and '"optimize": true' in out
+
+
 def test_show_json_parses(run, tiny_bert):
     code, out, _ = run("show", tiny_bert, "--target", "pt2", "--json")
     assert code == 0
@@ -207,3 +230,97 @@ def test_output_that_cannot_be_a_folder_is_refused_before_exporting(run, tiny_be
     code, out, err = run("export", tiny_bert, "--target", "pt2", "-o", blocker / below if below else blocker)
     assert_one_readable_error(code, out, err, "a-file exists and is not a folder")
     assert blocker.read_text() == "not a folder"
+
+
+# ── The results table ────────────────────────────────────────────────────────
+
+LONG_PARITY = ("parity: logits max abs diff 0.31 > atol 0.0001 at probe batch=8 seq=37; "
+               "cosine 0.97 < 0.999 at probe batch=1 seq=2; top-1 agreement 0.5 < 1.0 at probe batch=8 seq=64")
+
+
+def _report_with_a_long_failure():
+    from hfexport.report import JobReport, TargetReport
+
+    report = JobReport(source={"model": "examples/tiny-llama"})
+    report.targets["openvino-generation"] = TargetReport(
+        "openvino-generation", "openvino", "generation", status="failed", error=LONG_PARITY,
+        files=[{"path": "openvino_model.bin", "bytes": 123_456_789}], timings={"export_s": 123.4, "verify_s": 12.25})
+    report.targets["pt2"] = TargetReport("pt2", "dynamo", "forward", status="unchanged",
+                                         unchanged_reason="an export with the same cache key is in out/pt2",
+                                         files=[{"path": "model.pt2", "bytes": 12_345}])
+    report.targets["pte"] = TargetReport("pte", "executorch", "forward", files=[{"path": "model.pte", "bytes": 9_999}],
+                                         timings={"export_s": 3.0, "verify_s": 1.0})
+    return report
+
+
+def _render(report, terminal: bool) -> str:
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=terminal, width=80, highlight=False, soft_wrap=True)
+    hfexport_cli.print_summary(report, console)
+    return buffer.getvalue()
+
+
+def test_summary_fits_80_columns_and_long_messages_go_below():
+    import re
+
+    text = _render(_report_with_a_long_failure(), terminal=True)
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in text.splitlines()]
+    assert max(map(len, lines)) <= 80, text
+    rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("openvino-generation", "pte")}
+    assert rows["openvino-generation"].split()[1:4] == ["openvino", "generation", "failed"], text
+    assert "123.5 MB" in rows["openvino-generation"] and "123.4s" in rows["openvino-generation"]
+    assert "parity" not in rows["openvino-generation"]  # the message is a note below the table, not a cell
+    notes = "".join(lines[lines.index(next(l for l in lines if l.startswith("openvino-generation: "))):])
+    assert notes.replace(" ", "").startswith(("openvino-generation:" + LONG_PARITY).replace(" ", ""))
+    assert "pt2: an export with the same cache key is in out/pt2" in text
+
+
+def test_summary_is_plain_text_when_not_a_terminal():
+    text = _render(_report_with_a_long_failure(), terminal=False)
+    assert "\x1b[" not in text and not set(text) & set("─│┃━╭╮")
+    lines = text.splitlines()
+    assert lines[0] == "hfexport · examples/tiny-llama"
+    assert lines[1].split() == ["target", "format", "mode", "status", "size", "export", "verify"]
+    assert lines[3].split() == ["openvino-generation", "openvino", "generation", "failed", "123.5", "MB", "123.4s",
+                                "12.2s"]
+    assert f"openvino-generation: {LONG_PARITY}" in lines  # one line, whole: logs are read with grep
+
+
+def test_real_export_prints_a_plain_table_to_a_pipe(cli, tiny_bert, tmp_path):
+    result = cli("export", str(tiny_bert), "--target", "pt2", "-o", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "\x1b[" not in result.stdout and "─" not in result.stdout
+    assert lines[1].split()[:4] == ["target", "format", "mode", "status"]
+    assert lines[3].split()[:4] == ["pt2", "dynamo", "forward", "ok"]
+
+
+# ── Messages in the user's terms ─────────────────────────────────────────────
+
+
+def test_validate_a_missing_folder_says_so(run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("validate", "nosuchdir")
+    assert_one_readable_error(code, out, err, "nosuchdir: no such file or folder here")
+    assert "no recipe" not in err
+
+
+def test_an_unreachable_hub_is_not_reported_as_no_recipe(cli, tmp_path):
+    """huggingface_hub's LocalEntryNotFoundError (offline, nothing cached) subclasses EntryNotFoundError."""
+    result = cli("validate", "user/some-model", env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "1",
+                                                     "HF_HOME": str(tmp_path / "hf")}, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "cannot reach the Hub for user/some-model" in result.stderr and "no recipe" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_init_on_an_empty_folder_names_the_missing_config(run, tmp_path):
+    code, out, err = run("init", tmp_path, "-o", tmp_path / "recipe.json")
+    assert_one_readable_error(code, out, err, "has no config.json", "a model folder")
+    assert "model_type" not in err
+    code, out, err = run("init", tmp_path / "missing", "-o", tmp_path / "recipe.json")
+    assert_one_readable_error(code, out, err, "missing: no such folder")

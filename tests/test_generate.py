@@ -320,3 +320,23 @@ def test_static_cache_openvino_targets_export_stateless(tiny_llama, model, token
     asked = load_recipe(_layout_recipe(tiny_llama, ["openvino-static"], stateful=True))
     asked_plan = build_plan(asked, "openvino-static", model, processor=tokenizer)
     assert all(component.config.stateful for component in asked_plan.components.values())
+
+
+def test_generation_exports_carry_the_generation_config_they_were_traced_with(tiny_llama, tmp_path):
+    """The engine (transformers 5.23) kept `generation_config=None` on a generation export made without an explicit
+    one, so the folder had no generation_config.json."""
+    from transformers import GenerationConfig
+
+    from hfexport import ExportedModel
+    from hfexport.job import run_job
+
+    report = run_job(tiny_llama, tmp_path / "out", targets=["onnx-generation"], verify=False)
+    folder = tmp_path / "out" / "onnx-generation"
+    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    assert (folder / "generation_config.json").is_file()
+    assert "generation_config.json" in {entry["path"] for entry in report.targets["onnx-generation"].files}
+    saved = GenerationConfig.from_pretrained(folder)
+    original = GenerationConfig.from_pretrained(tiny_llama)
+    assert (saved.eos_token_id, saved.bos_token_id, saved.pad_token_id) == \
+        (original.eos_token_id, original.bos_token_id, original.pad_token_id)
+    assert ExportedModel.from_pretrained(folder).generation_config.eos_token_id == original.eos_token_id

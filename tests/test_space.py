@@ -297,3 +297,166 @@ def test_model_without_recipe_gets_a_proposal_to_edit_and_a_recipe_pr(space, hub
     proposed = json.loads(hub.read_file(repo, "export_config.json", "refs/pr/1"))
     assert set(proposed["targets"]) == {"onnx", "pt2"} and proposed["task"] == "feature-extraction"
     assert len(hub.discussions(repo)) == 1 and "export_config.json" not in hub.list_files(repo)
+
+
+# ── Every control reflects the current state (issue 15) ─────────────────────
+
+
+def test_a_syntax_error_is_shown_at_its_line_with_a_few_lines_around_it(space, hub, new_page):
+    repo = seed(hub, "space-syntax", EXAMPLES / "tiny-bert")
+    page = new_page()
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    text = page.locator("#editor .cm-content").inner_text()
+    lines = text.rstrip("\n").splitlines()
+    page.locator("#editor .cm-content").click()
+    page.keyboard.press("Control+End")
+    page.keyboard.insert_text(",,broken")
+    page.locator("#recipe-status", has_text="Invalid recipe").wait_for()
+    status = text_of(page, "#recipe-status")
+    assert re.search(rf"\(line {len(lines)}\): not valid JSON", status), status
+    problems = page.locator("#problems")
+    problems.get_by_text("broken").first.wait_for()
+    shown = problems.inner_text()
+    assert "json syntax" in shown.lower()  # the problem line is labelled (the label is shown in capitals)
+    numbers = [int(n) for n in re.findall(r"^\s*(\d+) │", shown, flags=re.M)]
+    assert numbers and numbers[-1] == len(lines) and len(numbers) <= 5, shown  # its line, a few before, numbered
+    assert problems.bounding_box()["height"] < 400 and page.evaluate("document.body.scrollHeight") < 2500
+    shot(page, "17-syntax-error-at-its-line")
+
+
+def test_signing_in_keeps_the_recipe_loaded_and_edited_while_signed_out(space, hub, new_page):
+    repo = seed(hub, "space-keep", EXAMPLES / "tiny-bert")
+    page = new_page()
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    editor = page.locator("#editor .cm-content")
+    recipe = json.loads((EXAMPLES / "tiny-bert" / "export_config.json").read_text())
+    edited = {**recipe, "default_target": "pt2"}
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(json.dumps(edited, indent=2))
+    page.locator("#recipe-status", has_text="(default pt2)").wait_for()
+    sign_in(page)  # a page reload
+    page.locator("#recipe-status", has_text="Your edited recipe is back").wait_for()
+    assert page.locator("#model input, #model textarea").first.input_value() == repo
+    assert json.loads(editor.inner_text()) == edited
+    assert "(default pt2)" in text_of(page, "#recipe-status")
+    shot(page, "18-signed-in-recipe-kept")
+
+
+def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub, new_page):
+    """Convert is disabled while its job runs; Open PR is enabled only with something publishable and publishes
+    only the targets that passed; loading another model clears the previous results."""
+    from playwright.sync_api import expect
+
+    recipe = json.loads((EXAMPLES / "tiny-bert" / "export_config.json").read_text())
+    onnx = {**recipe["targets"]["onnx"], "parity": {"atol": 0, "rtol": 0}}  # ONNX differs from eager by ~1e-7
+    recipe = {**recipe, "default_target": "pt2", "targets": {"onnx": onnx, "pt2": recipe["targets"]["pt2"]}}
+    files = {p.name: p.read_bytes() for p in (EXAMPLES / "tiny-bert").iterdir()}
+    files["export_config.json"] = json.dumps(recipe, indent=2).encode()
+    repo = seed(hub, "space-states", files)
+    page = new_page()
+    sign_in(page)
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    expect(page.locator("#download")).to_be_hidden()  # no empty drop area before anything was converted
+    expect(page.locator("#open-pr")).to_be_disabled()
+    page.locator("#targets").get_by_label("onnx").check()
+
+    page.locator("#convert").click()
+    expect(page.locator("#convert")).to_be_disabled()
+    page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
+    expect(page.locator("#convert")).to_be_enabled()
+    results = text_of(page, "#results")
+    assert "Parity check failed" in results and "Open PR publishes the targets that passed (pt2)" in results, results
+    assert "failed: " in results and "passed" in results  # words in the parity cells, not only marks
+    assert "--allow-failed" not in results and "allow_failed" not in results
+    expect(page.locator("#download")).to_be_visible()
+    expect(page.locator("#open-pr")).to_be_enabled()
+    # pt2's latency next to eager torch: a table with a text chart in the report, and a bar chart on the page
+    assert "Latency on the verifying machine" in results and re.search(r"pt2\s+1\s+[\d.]+\s+[\d.]+", results), results
+    chart = page.locator("#latency-chart")
+    expect(chart).to_be_visible()
+    chart.locator("canvas, svg").first.wait_for()
+    shot(page, "19-one-target-failed")
+
+    page.locator("#open-pr").click()
+    page.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
+    message = text_of(page, "#pr-result")
+    assert "Opened pull request #1" in message and "Not published: onnx" in message, message
+    published = hub.files(repo, "refs/pr/1")
+    assert any(path.startswith("exports/pt2/") for path in published)
+    assert not any(path.startswith("exports/onnx/") for path in published), sorted(published)
+
+    # Only the failing target: nothing to publish, and the button says so by being disabled.
+    page.locator("#targets").get_by_label("pt2").uncheck()
+    page.locator("#convert").click()
+    expect(page.locator("#open-pr")).to_be_disabled()
+    assert "Finished in" not in text_of(page, "#progress") and text_of(page, "#results").strip() == ""
+    page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
+    expect(page.locator("#convert")).to_be_enabled()
+    assert "Parity check failed" in text_of(page, "#results")
+    expect(page.locator("#open-pr")).to_be_disabled()
+    assert "Open PR publishes" not in text_of(page, "#results")
+    shot(page, "20-nothing-publishable")
+
+    # Another model, one that does not exist: the previous results, zip and Open PR go.
+    load(page, f"user/missing-{uuid.uuid4().hex[:8]}")
+    page.locator("#recipe-status", has_text="Repository not found").wait_for()
+    assert text_of(page, "#results").strip() == "" and text_of(page, "#pr-result").strip() == ""
+    expect(page.locator("#download")).to_be_hidden()
+    expect(page.locator("#open-pr")).to_be_disabled()
+    expect(page.locator("#latency-chart")).to_be_hidden()
+    assert "Finished in" not in text_of(page, "#progress")
+    shot(page, "21-switched-model-cleared")
+
+
+def test_without_a_login_the_space_starts_signed_out_with_one_line(hub, tmp_path, browser):
+    """`python space/app.py` on a machine with no Hugging Face login ended in Gradio's traceback ("Your machine
+    must be logged in to HF to debug a Gradio app locally")."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from hfexport.testing.space import free_port
+
+    repo = seed(hub, "space-no-login", EXAMPLES / "tiny-bert")
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(HF_HOME=str(tmp_path / "hf-home"), GRADIO_SERVER_PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1",
+               HFEXPORT_SPACE_WORKDIR=str(tmp_path / "work"), PYTHONPATH=str(ROOT / "library"))
+    log = tmp_path / "space.log"
+    with open(log, "w") as stream:
+        process = subprocess.Popen([sys.executable, str(ROOT / "space" / "app.py")], env=env, stdout=stream,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        output = log.read_text()
+        assert process.poll() is None, output
+        assert "Traceback" not in output and "must be logged in" not in output, output
+        [line] = [line for line in output.splitlines() if line.startswith("hfexport Space:")]
+        assert "starts signed out" in line and "HF_TOKEN" in line, line
+
+        context = browser.new_context()
+        context.set_default_timeout(STEP_TIMEOUT_MS)
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.locator("#user", has_text="Signed out").wait_for()
+        assert page.get_by_role("button", name="Sign in with Hugging Face").count() == 0
+        load(page, repo)  # signed out, recipes still load and are checked
+        page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+        page.locator("#convert").click()
+        page.locator("#progress", has_text="Sign in required").wait_for()
+        shot(page, "22-no-login-signed-out-mode")
+        context.close()
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)

@@ -116,7 +116,8 @@ def test_error_paths_are_categories_with_commands(space, hub, client, monkeypatc
     status, problems, _ = api.predict(json.dumps(recipe), api_name="/validate_recipe")
     assert "Invalid recipe" in status and "`targets.pt2.mode`" in status
     labelled = [item for item in problems["value"] if item["class_or_confidence"]]
-    assert labelled == [{"token": '      "mode": "sideways",\n', "class_or_confidence": "targets.pt2.mode"}]
+    assert [(item["token"].split(" │ ", 1)[1], item["class_or_confidence"]) for item in labelled] == \
+        [('      "mode": "sideways",\n', "targets.pt2.mode")]
     progress, results, archive = api.predict(repo, "", json.dumps(recipe), [], api_name="/convert")
     assert "Invalid recipe" in progress and "targets.pt2.mode" in progress
     assert f"hfexport export {repo} --recipe export_config.json -o out" in progress
@@ -139,3 +140,14 @@ def test_propose_recipe_opens_one_pr_then_says_it_is_there(space, hub, client):
     assert "already proposes" in api.predict(repo, recipe, api_name="/propose_recipe")
     assert "Invalid recipe" in api.predict(repo, '{"targets": {}}', api_name="/propose_recipe")
     assert len(hub.discussions(repo)) == 1
+
+
+def test_propose_with_a_broken_editor_points_at_the_editors_text(space, hub, client):
+    """It suggested `hfexport validate org/model`, which checks the repo's recipe, not the editor's."""
+    api = client(hub.write_token)
+    repo = seed(hub, "client-propose-broken", EXAMPLES / "tiny-bert")
+    text = (EXAMPLES / "tiny-bert" / "export_config.json").read_text().rstrip() + ",,broken"
+    message = api.predict(repo, text, api_name="/propose_recipe")
+    assert "Invalid recipe" in message and "not valid JSON" in message
+    assert "hfexport validate export_config.json" in message and f"hfexport validate {repo}" not in message
+    assert hub.discussions(repo) == []

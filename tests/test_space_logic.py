@@ -67,14 +67,16 @@ def test_invalid_recipe_problem_is_located_on_its_line():
     assert not check.valid
     paths = [problem.path for problem in check.problems]
     assert "targets.onnx.dynamic_shapes.input_ids.1" in paths
-    highlighted = [(text, label) for text, label in check.highlighted() if label]
-    assert highlighted == [('          "1": "sequence"\n', "targets.onnx.dynamic_shapes.input_ids.1")]
     line = check.pretty.splitlines().index('          "1": "sequence"') + 1
+    highlighted = [(text, label) for text, label in check.highlighted() if label]
+    assert highlighted == [(f'{line} │           "1": "sequence"\n', "targets.onnx.dynamic_shapes.input_ids.1")]
     assert f"`targets.onnx.dynamic_shapes.input_ids.1` (line {line})" in check.markdown()
-    # every segment together is the pretty text: nothing dropped, nothing added
-    assert "".join(text for text, _ in check.highlighted()) == check.pretty
+    # every segment together is the pretty text, each line after its number: nothing dropped, nothing added
+    numbered = check.highlighted()
+    assert [text.split(" │ ", 1)[1] for text, _ in numbered] == check.pretty.splitlines(keepends=True)
+    assert [int(text.split(" │ ", 1)[0]) for text, _ in numbered] == list(range(1, len(numbered) + 1))
     window = check.highlighted(context=2)
-    assert len(window) == 1 + 5 + 1 and window[0] == ("…\n", None) and window[-1] == ("…\n", None)
+    assert len(window) == 1 + 5 + 1 and window[0][0].strip() == "…" and window[-1][0].strip() == "…"
     assert window[3] == highlighted[0]
 
 
@@ -84,14 +86,19 @@ def test_problem_on_a_missing_key_is_shown_on_its_parent():
     check = logic.check_recipe_text(json.dumps(recipe))
     assert not check.valid
     labelled = [text for text, label in check.highlighted() if label]
-    assert any(text.strip().startswith('"pt2"') for text in labelled), labelled
+    assert any(text.split(" │ ", 1)[1].strip().startswith('"pt2"') for text in labelled), labelled
 
 
-def test_text_that_is_not_json_is_one_problem_without_highlight():
+def test_text_that_is_not_json_is_one_problem_shown_at_its_line():
     check = logic.check_recipe_text('{"recipe_version": 1,')
     assert not check.valid and not check.parsed
     assert check.problems[0].path == "$" and "not valid JSON" in check.problems[0].message
-    assert check.highlighted() == [('{"recipe_version": 1,', None)]
+    assert check.highlighted() == [('1 │ {"recipe_version": 1,\n', "JSON syntax")]
+    text = "\n".join(['{', *[f'  "k{i}": {i},' for i in range(60)], '  "end": 1', '},,broken'])
+    check = logic.check_recipe_text(text)  # the case: the whole document used to be shown
+    window = check.highlighted(context=4)
+    assert window[0][0].strip() == "…" and len(window) == 1 + 5
+    assert window[-1] == ("63 │ },,broken\n", "JSON syntax") and "(line 63)" in check.markdown()
     assert logic.check_recipe_text("").problems[0].message.startswith("empty document")
 
 

@@ -62,7 +62,14 @@ _ENGINE_UTILS = ("decompose_for_generation", "get_leaf_tensors", "prepare_for_ex
 __all__ = sorted([*_OWN, *_ENGINE, *_ENGINE_UTILS, "__version__"])
 
 
+_ENGINE_MODULES = ("exporter", "exported", "generate")  # they import transformers.exporters (torch) at import
+
+
 def __getattr__(name: str):
+    if name in _ENGINE or name in _ENGINE_UTILS or _OWN.get(name) in _ENGINE_MODULES:
+        from .logs import import_engine
+
+        import_engine()  # the engine's import-time chatter (torchao, torch's pytree warnings) goes to logging
     if name in _OWN:
         value = getattr(importlib.import_module(f".{_OWN[name]}", __name__), name)
     elif name in _ENGINE:

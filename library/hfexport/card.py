@@ -66,6 +66,7 @@ def render_section(repo_id: str, report: JobReport, folder: str = "exports",
     verified_on = verified_on_line(report)
     if verified_on:
         lines += ["", verified_on]
+    lines += _latency_lines(report)
     first = next(iter(report.targets), "TARGET")
     lines += [
         "",
@@ -143,3 +144,11 @@ def section_of(readme: str) -> str | None:
     start = readme.find(START)
     end = readme.find(END, start + len(START)) if start >= 0 else -1
     return readme[start:end + len(END)] if start >= 0 and end >= 0 else None
+
+
+def _latency_lines(report: JobReport) -> list[str]:
+    """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details."""
+    from .latency import latency_markdown
+
+    section = latency_markdown(report)
+    return ["", section] if section else []

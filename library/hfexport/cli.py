@@ -36,7 +36,10 @@ def escape(text: str) -> str:
 def _console(stderr: bool = True):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    from .logs import original_stream
+
+    # The terminal itself, not fd 1/2: while the engine runs, those are redirected into logging (hfexport.logs).
+    return Console(file=original_stream("stderr" if stderr else "stdout"), highlight=False, soft_wrap=True)
 
 
 def _token(args) -> str | None:
@@ -107,6 +110,67 @@ def cmd_plan(args) -> int:
 
 @command("show")
 def cmd_show(args) -> int:
+    """A target as its recipe states it (recipe only: no torch, about a second), or with `--resolve` / `--json` the
+    resolved plan (loads the model: engine defaults, sample shapes, the components of a generation target)."""
+    if args.json or args.resolve:
+        return _show_resolved(args)
+    from .recipe import load_recipe
+
+    recipe = load_recipe(args.recipe or args.source, revision=args.revision, token=_token(args))
+    target = recipe.target(args.target)
+    console = _console(stderr=False)
+    task = recipe.task or "from the model's config"
+    console.print(f"target [bold]{escape(target.name)}[/bold]: {target.export_format} / {target.mode} (task {task})")
+    if recipe.dims:
+        console.print(f"dims: {_dims_line(recipe.dims)}")
+    if target.mode == "forward":
+        console.print("component [bold]model[/bold]")
+        components = {"model": {"options": target.options, "dynamic_shapes": target.dynamic_shapes}}
+    else:
+        console.print("components: found in the model (prefill/decode, encoders, ...); --resolve lists them")
+        components = {"(every component)": {"options": target.options, "dynamic_shapes": target.dynamic_shapes},
+                      **{name: {"options": {**target.options, **override.get("options", {})},
+                                "dynamic_shapes": override.get("dynamic_shapes")}
+                         for name, override in target.components.items()}}
+        if target.generation:
+            console.print(f"generation: {json.dumps(target.generation)}", markup=False)
+    for name, component in components.items():
+        if name != "model":
+            console.print(f"component [bold]{escape(name)}[/bold]")
+        console.print(f"  options: {json.dumps(component['options'])}", markup=False)
+        shapes = component["dynamic_shapes"]
+        if shapes is None:
+            console.print("  dynamic: every axis left to torch.export (dynamic=True)", markup=False)
+        for input_name, spec in (shapes or {}).items():
+            console.print(f"  {input_name} dynamic: {_axes_line(spec, recipe.dims)}", markup=False)
+    if target.quantization:
+        console.print(f"quantization: {json.dumps(target.quantization)}", markup=False)
+    if target.parity:
+        console.print(f"parity: {json.dumps(target.parity)}", markup=False)
+    print("(as the recipe states it; --resolve loads the model for engine defaults and sample shapes)")
+    return EXIT_OK
+
+
+def _dims_line(dims: dict) -> str:
+    return ", ".join(f"{name} [{b.get('min', '-')}, {b.get('max', '-')}]" for name, b in dims.items())
+
+
+def _axes_line(spec, dims: dict) -> str:
+    """One input's declared axes, with each named dim's bounds: `{0: batch [1, 8], 1: seq [2, 64]}`."""
+    def axis(value):
+        if isinstance(value, str) and value in dims:
+            return f"{value} [{dims[value].get('min', '-')}, {dims[value].get('max', '-')}]"
+        return str(value)
+
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{key}: {_axes_line(value, dims) if isinstance(value, dict) else axis(value)}"
+                               for key, value in spec.items()) + "}"
+    if isinstance(spec, list):
+        return "[" + ", ".join(_axes_line(item, dims) for item in spec) + "]"
+    return axis(spec)
+
+
+def _show_resolved(args) -> int:
     """The resolved plan: loads the model (plans resolve dims against real inputs) but traces nothing."""
     from .exporter import AutoHfExporter
 
@@ -123,8 +187,7 @@ def cmd_show(args) -> int:
     console.print(f"target [bold]{described['target']}[/bold]: {described['export_format']} / {described['mode']}"
                   f" (task {described['task']})")
     if described["dims"]:
-        dims = ", ".join(f"{name} [{b.get('min', '-')}, {b.get('max', '-')}]" for name, b in described["dims"].items())
-        console.print(f"dims: {dims}")
+        console.print(f"dims: {_dims_line(described['dims'])}")
     for name, component in described["components"].items():
         console.print(f"component [bold]{name}[/bold]")
         options = {k: v for k, v in component["options"].items() if v not in (None, False)}
@@ -173,24 +236,61 @@ class _RichProgress:
             self.status.stop()
 
 
-def _summary_table(report):
-    from rich.table import Table
+SUMMARY_COLUMNS = ("target", "format", "mode", "status", "size", "export", "verify")
 
+
+def _summary_rows(report) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The summary table's rows (short cells only) and the notes that go below it, each led by its target's name:
+    one per target with an error, a parity failure or an unchanged reason."""
     from .report import human_bytes
 
-    table = Table(title=f"hfexport · {report.source['model']}", show_lines=False)
-    for column in ("target", "format", "mode", "status", "size", "export s", "verify s", "output"):
-        table.add_column(column)
+    rows, notes = [], []
     for name, target in report.targets.items():
-        colour = {"ok": "green", "unchanged": "cyan", "failed": "red", "error": "red"}.get(target.status, "white")
-        table.add_row(
-            name, target.export_format, target.mode, f"[{colour}]{target.status}[/{colour}]",
-            human_bytes(target.total_bytes or sum(f["bytes"] for f in target.files)) if target.files else "—",
-            f"{target.timings.get('export_s', 0):.1f}" if "export_s" in target.timings else "—",
-            f"{target.timings['verify_s']:.1f}" if "verify_s" in target.timings else "—",
-            target.error[:80] + ("…" if len(target.error) > 80 else "") if target.error else "",
-        )
-    return table
+        message = target.error or (target.unchanged_reason if target.status == "unchanged" else None)
+        if message:
+            notes.append(f"{name}: {redact(message)}")
+        size = target.total_bytes or sum(f["bytes"] for f in target.files)
+        rows.append((
+            name, target.export_format, target.mode, target.status,
+            human_bytes(size) if target.files else "-",
+            f"{target.timings['export_s']:.1f}s" if "export_s" in target.timings else "-",
+            f"{target.timings['verify_s']:.1f}s" if "verify_s" in target.timings else "-",
+        ))
+    return rows, notes
+
+
+def plain_table(headers, rows) -> str:
+    """Whitespace-aligned columns: what a log file or a pipe gets (no box drawing, no colour codes)."""
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def print_summary(report, console=None) -> None:
+    """The job's results: a table that fits the terminal (80 columns included) with long messages as numbered
+    notes below it; plain aligned text when stdout is not a terminal (CI logs, pipes)."""
+    from rich import box
+    from rich.table import Table
+
+    console = console or _console(stderr=False)
+    rows, notes = _summary_rows(report)
+    title = f"hfexport · {report.source['model']}"
+    if not console.is_terminal:
+        console.file.write(f"{title}\n{plain_table(SUMMARY_COLUMNS, rows)}\n" + "".join(f"{n}\n" for n in notes))
+        console.file.flush()
+        return
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False,
+                  title_justify="left")
+    for column in SUMMARY_COLUMNS:
+        table.add_column(column, no_wrap=column != "target", overflow="fold")
+    colours = {"ok": "green", "unchanged": "cyan", "failed": "red", "error": "red"}
+    for row in rows:
+        colour = colours.get(row[3], "white")
+        table.add_row(*map(escape, row[:3]), f"[{colour}]{escape(row[3])}[/{colour}]", *map(escape, row[4:]))
+    console.print(table)
+    for note in notes:
+        console.print(escape(note), soft_wrap=False, markup=True, highlight=False)
 
 
 @command("export")
@@ -217,7 +317,7 @@ def cmd_export(args) -> int:
     else:
         for name, target in report.targets.items():
             target.total_bytes = target.total_bytes or sum(entry["bytes"] for entry in target.files)
-        _console(stderr=False).print(_summary_table(report))
+        print_summary(report)
         print(f"report: {os.path.join(args.output, 'export_report.json')}")
     code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
     if args.push:
@@ -343,7 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hfexport", description="Export Hugging Face models the way their owners' recipes say.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and engine logs")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and every log record")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show what the engine and backends print (also: HFEXPORT_LOG=info)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -364,11 +466,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
     p.add_argument("--json", action="store_true", help='print {"include": [{"target", "export_format", "mode"}]}')
 
-    p = sub.add_parser("show", help="print the resolved plan of a target (formats, components, dims, options)")
+    p = sub.add_parser("show", help="print a target as the recipe states it (--resolve: the plan against the model)")
     source_args(p, help_text="a model folder or a Hub repo id")
     p.add_argument("--target", help="the target (default: the recipe's default target)")
     p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--resolve", action="store_true", help="load the model and print the resolved plan (engine "
+                                                           "defaults, sample shapes, generation components)")
+    p.add_argument("--json", action="store_true", help="print the resolved plan as JSON (loads the model)")
 
     p = sub.add_parser("export", help="export recipe targets to OUTPUT/<target>/")
     source_args(p, "model", "a model folder or a Hub repo id")
@@ -428,13 +532,23 @@ def publish_args(p) -> None:
     p.add_argument("--allow-failed", action="store_true", help="publish targets that failed parity (the PR says so)")
 
 
-def _quiet_engine_logs(debug: bool) -> None:
-    """Keep engine chatter (version-drift notes, tracing warnings) out of the terminal unless --debug."""
-    if debug:
-        return
+def _configure_logging(args) -> None:
+    _quiet_engine_logs(args.debug, getattr(args, "verbose", False))
+
+
+def _quiet_engine_logs(debug: bool, verbose: bool = False) -> None:
+    """Quiet by default: engine chatter (progress lines, version-drift notes, tracing warnings) is logged on
+    `hfexport.engine` at INFO and not shown. `--verbose` or HFEXPORT_LOG=info shows it on stderr, `--debug` (or
+    HFEXPORT_LOG=debug) everything."""
     import logging
     import warnings
 
+    from .logs import ENV, configure, parse_level
+
+    wanted = "debug" if debug else "info" if verbose else None
+    level = configure(wanted)
+    if wanted or parse_level(os.environ.get(ENV)) is not None and level < logging.WARNING:
+        return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TORCH_LOGS", "-all")
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -456,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_COULD_NOT_RUN
-    _quiet_engine_logs(args.debug)
+    _configure_logging(args)
     try:
         return COMMANDS[args.command](args)
     except HfExportError as error:

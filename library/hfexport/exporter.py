@@ -159,4 +159,11 @@ def run_plan(plan, model) -> ExportedModel:
             model, dict(plan.inputs), plan.config, generation_config=plan.generation_config,
             multi_token_decode=plan.multi_token_decode,
         )
+        if exported.generation_config is None and getattr(model, "generation_config", None) is not None:
+            # transformers 5.23: `export_for_generation(generation_config=None)` traces with the model's generation
+            # config but keeps None on the ExportedModel, so `save_pretrained` wrote no generation_config.json and
+            # a loader lost the EOS/pad tokens and limits the export was made with.
+            import copy
+
+            exported.generation_config = copy.deepcopy(model.generation_config)
     return ExportedModel.from_engine(exported)

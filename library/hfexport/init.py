@@ -36,6 +36,7 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
                    trust_remote_code: bool = False) -> dict:
     """A full recipe dict for `model` (or its `config`), one target per format in `formats` (default: onnx)."""
     if config is None:
+        check_model_source(model)
         config = load_config(model, revision, token, trust_remote_code)
     formats = list(dict.fromkeys(formats or DEFAULT_FORMATS))
     unknown = [fmt for fmt in formats if fmt not in TARGET_NAMES]
@@ -80,6 +81,26 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
         "sample_inputs": sample,
         "targets": targets,
     }
+
+
+def check_model_source(model: str | Path) -> None:
+    """Say what is missing, in the user's terms, before transformers says it in its own: a local folder needs a
+    `config.json` (an empty folder used to get "Should have a `model_type` key in its config.json")."""
+    from .errors import SourceError
+    from .recipe import looks_like_repo_id
+
+    path = Path(str(model))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SourceError(f"{model} has no config.json: `hfexport init` needs a model folder (config.json and "
+                              "weights, as `save_pretrained` writes them) or a Hub repo id")
+        return
+    if path.exists():
+        raise SourceError(f"{model} is a file: `hfexport init` needs a model folder or a Hub repo id")
+    text = str(model)
+    local_parent = "/" in text and Path(text.split("/")[0]).is_dir()
+    if text.startswith((".", "/", "~")) or local_parent or not looks_like_repo_id(text):
+        raise SourceError(f"{model}: no such folder, and not a Hub repo id")
 
 
 def validated_with(formats) -> dict[str, str]:

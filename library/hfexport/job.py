@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HfExportError, SourceError, redact, register_secret
+from .logs import engine_output, import_engine
 from .recipe import Recipe, load_recipe, looks_like_repo_id
 from .report import REPORT_FILE, JobReport, TargetReport, file_entries, write_json_atomic
 
@@ -162,6 +163,7 @@ def run_job(
     preflight: bool = True,
     publish_repo: str | None = None,
     verify: bool = True,
+    latency: bool = True,
 ) -> JobReport:
     """Export the requested targets of `model`'s recipe to `output/<target>/` and return the job's report.
 
@@ -175,7 +177,8 @@ def run_job(
     Then `preflight` refuses a job whose estimated memory or disk need exceeds what is available.
 
     With `verify` (the default) each saved target is reloaded from disk and checked against the eager model
-    (`hfexport.verify`); a target that fails parity keeps its files and is reported "failed".
+    (`hfexport.verify`); a target that fails parity keeps its files and is reported "failed". With `latency` (the
+    default, when verifying) a forward target that passed is timed against the eager model (`hfexport.latency`).
     """
     progress = progress or _noop
     register_secret(token)
@@ -204,11 +207,12 @@ def run_job(
             check(model, [loaded_recipe.target(name) for name in to_export], output, revision_to_load, token)
 
     if to_export:
+        import_engine()  # its import-time chatter (torchao, torch's pytree warnings) goes to logging
         from .exporter import run_plan
         from .models import load_model, load_processor
         from .plan import build_plan
 
-        with _Timer(progress, "load_model", detail=str(model)) as timer:
+        with _Timer(progress, "load_model", detail=str(model)) as timer, engine_output("load_model"):
             model_object = model_object if model_object is not None else load_model(
                 model, loaded_recipe, revision_to_load, token, trust_remote_code
             )
@@ -229,7 +233,7 @@ def run_job(
             continue
         progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
         try:
-            with _Timer(progress, "plan", name) as timer:
+            with _Timer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
                 plan = build_plan(loaded_recipe, name, model_object, inputs, processor, source=model,
                                   revision=revision_to_load, token=token)
             target_report.plan = _jsonable(plan.describe())
@@ -237,7 +241,8 @@ def run_job(
                 quantized_plans[name] = plan
                 target_report.quantization = _jsonable(plan.quantization)
             target_report.timings["plan_s"] = round(timer.seconds, 4)
-            with _Timer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer:
+            with _Timer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
+                    engine_output(f"export {name}"):
                 exported = run_plan(plan, model_object)
             target_report.timings["export_s"] = round(timer.seconds, 4)
 
@@ -245,7 +250,7 @@ def run_job(
                 exported.save_pretrained(folder)
                 write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(loaded_recipe.standalone(name)))
 
-            with _Timer(progress, "save", name) as timer:
+            with _Timer(progress, "save", name) as timer, engine_output(f"save {name}"):
                 final = save_atomically(output, name, write)
             target_report.timings["save_s"] = round(timer.seconds, 4)
             target_report.files = file_entries(final)
@@ -261,6 +266,8 @@ def run_job(
         if target_report.status == "ok" and verify:
             _write_target_report(report, name, output / name)  # beside the artifacts even if verifying dies
             _verify_target(target_report, output / name, model_object, plan, processor, progress)
+            if latency and target_report.status == "ok" and target.mode == "forward":
+                _measure_latency(target_report, output / name, model_object, plan, progress)
         progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
         if target_report.status in ("ok", "failed"):
             _write_target_report(report, name, output / name)
@@ -300,6 +307,7 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
     target_report.total_bytes = previous.total_bytes or sum(entry["bytes"] for entry in previous.files)
     target_report.verification = previous.verification
     target_report.quantization = previous.quantization
+    target_report.latency = previous.latency
 
 
 def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,
@@ -311,7 +319,8 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
     started = time.perf_counter()
     try:
-        verification = verify_exported(folder, model_object, plan, processor)
+        with engine_output(f"verify {name}"):
+            verification = verify_exported(folder, model_object, plan, processor)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
@@ -323,6 +332,24 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     if not verification["passed"]:
         target_report.status, target_report.error = "failed", summary(verification)
     progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
+
+
+def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback) -> None:
+    """The saved artifact's latency next to eager torch (`hfexport.latency`); a measurement that cannot run is
+    recorded as such and never changes the target's verdict."""
+    from .latency import measure_latency
+
+    name = target_report.target
+    try:
+        with _Timer(progress, "latency", name, "artifact vs eager torch, batch 1 and the largest declared") as timer, \
+                engine_output(f"latency {name}"):
+            target_report.latency = _jsonable(measure_latency(folder, model_object, plan))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # noqa: BLE001 - latency is information, not a gate
+        target_report.latency = {"error": _engine_error(error)[:500]}
+        return
+    target_report.timings["latency_s"] = round(timer.seconds, 4)
 
 
 def _write_target_report(report: JobReport, name: str, folder: Path) -> None:

@@ -35,6 +35,7 @@ def report_markdown(report: JobReport) -> str:
     verified_on = verified_on_line(report)
     if verified_on:
         lines += ["", verified_on]
+    lines += _latency_lines(report)
     for name, target in report.targets.items():
         lines += ["", f"### `{name}`", ""]
         timings = " · ".join(f"{key.removesuffix('_s')} {_seconds(value)}" for key, value in target.timings.items())
@@ -229,7 +230,8 @@ def _probe_rows(probes: list[dict]) -> list[str]:
             continue
         for output, metrics in probe.get("outputs", {}).items():
             name = f"`{output}`" + (f" ({metrics['leaves']} leaves)" if metrics.get("leaves") else "")
-            result = "✅" if metrics.get("passed") else "❌ " + _cell("; ".join(metrics.get("failures", [])))
+            # A word with each mark: where no emoji font exists the marks render as empty boxes.
+            result = "✅ passed" if metrics.get("passed") else "❌ failed: " + _cell("; ".join(metrics.get("failures", [])))
             top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
             lines.append(f"| {label} | {component} | {name} | {_metric(metrics.get('max_abs'))} "
                          f"| {_metric(metrics.get('max_rel'))} | {_ratio(metrics.get('cosine'))} | {top1} | {result} |")
@@ -239,9 +241,9 @@ def _probe_rows(probes: list[dict]) -> list[str]:
 def _generation_markdown(generation: dict) -> str:
     settings = f"greedy, {generation.get('max_new_tokens')} new tokens, {generation.get('prompts', '?')} prompt(s)"
     if generation.get("error"):
-        return f"Generation ({settings}): ❌ {_cell(generation['error'])}"
+        return f"Generation ({settings}): ❌ failed: {_cell(generation['error'])}"
     agreement = generation.get("token_agreement", 0.0)
-    line = (f"Generation ({settings}): {'✅' if generation.get('passed') else '❌'} token agreement {agreement:.1%}"
+    line = (f"Generation ({settings}): {'✅ passed' if generation.get('passed') else '❌ failed'}, token agreement {agreement:.1%}"
             f" (needs {generation.get('min_token_agreement', 1.0):.0%}) with `model.generate(do_sample=False)`")
     first = generation.get("first_divergence")
     if first:
@@ -252,3 +254,11 @@ def _generation_markdown(generation: dict) -> str:
         line += (f"; first divergence: prompt {first['prompt']}, generated position {first['position']}: "
                  f"eager {token('eager')} vs exported {token('exported')}")
     return line
+
+
+def _latency_lines(report: JobReport) -> list[str]:
+    """The latency table and chart (hfexport.latency) below the summary, when the job measured any."""
+    from .latency import latency_markdown
+
+    section = latency_markdown(report)
+    return ["", section] if section else []

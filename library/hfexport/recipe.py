@@ -176,15 +176,54 @@ def _short_message(message: str) -> str:
     return message if len(message) <= 300 else message[:297] + "..."
 
 
-def _schema_problems(document: Any) -> list[Problem]:
+def _schema_problems(document: Any, invalid_paths: list | None = None) -> list[Problem]:
+    """The schema's problems; `invalid_paths` collects where each one is in the document (as a key list)."""
     errors = sorted(_validator("export_config").iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
     problems, seen = [], set()
     for error in errors:
         problem = _schema_problem(error)
+        if invalid_paths is not None:
+            invalid_paths.append(list(_deepest(error).absolute_path))
         if str(problem) not in seen:
             seen.add(str(problem))
             problems.append(problem)
     return problems
+
+
+def _pruned(document: Any, paths: list[list]) -> Any:
+    """A copy of `document` without the values at `paths` (where the schema found problems), so that the semantic
+    checks can run on the rest. A path that is the whole document (or a target's export_format) prunes nothing
+    useful: the caller then reports the schema's problems alone."""
+    pruned = copy.deepcopy(document)
+    for path in sorted(paths, key=len, reverse=True):
+        if not path:
+            return None
+        node = pruned
+        for key in path[:-1]:
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
+                node = None
+                break
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+        elif isinstance(node, list) and isinstance(path[-1], int) and path[-1] < len(node):
+            node[path[-1]] = None
+    return pruned
+
+
+def _semantic_problems_despite(document: dict, invalid_paths: list[list]) -> list[Problem]:
+    """The semantic problems of the parts of `document` the schema accepted: a recipe with both kinds gets both
+    in one pass (a CI user used to fix the schema's problems, re-run, and only then see the others)."""
+    pruned = _pruned(document, invalid_paths)
+    if not isinstance(pruned, dict):
+        return []
+    try:
+        full = normalize(pruned)
+        problems = _semantic_problems(full)
+    except Exception:  # noqa: BLE001 - what the schema rejected can break a semantic check; the schema said it
+        return []
+    return [_flat_path(problem, full) for problem in problems] if "targets" not in pruned else problems
 
 
 def parse_axis(spec: Any) -> tuple[str, Any]:
@@ -328,9 +367,12 @@ def validate_document(document: Any, source: str | None = None) -> dict:
     if too_deep is not None:
         # Free-form objects (quantization.params) would otherwise reach copy/json recursion limits.
         raise RecipeError(Problem(json_path(too_deep), f"nested more than {MAX_DEPTH} levels deep"), source)
-    problems = _schema_problems(document)
+    invalid_paths: list[list] = []
+    problems = _schema_problems(document, invalid_paths)
     if problems:
-        raise RecipeError(problems, source)
+        reported = {problem.path for problem in problems}
+        extra = [p for p in _semantic_problems_despite(document, invalid_paths) if p.path not in reported]
+        raise RecipeError(problems + extra, source)
     full = normalize(document)
     problems = _semantic_problems(full)
     if problems:
@@ -531,12 +573,17 @@ def hub_file(repo_id: str, filename: str, revision: str | None, token: str | Non
         EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
+        LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
     try:
         path = hf_hub_download(repo_id, filename, revision=revision, token=token)
+    except LocalEntryNotFoundError:
+        # A subclass of EntryNotFoundError that means "the Hub could not be reached and nothing is cached", not
+        # "the repo has no such file": taking it for the latter reported an unreachable Hub as "no recipe".
+        raise SourceError(f"cannot reach the Hub for {repo_id} (and {filename} is not in the local cache)") from None
     except EntryNotFoundError:
         return None
     except RevisionNotFoundError:
@@ -585,4 +632,10 @@ def load_recipe(source: str | Path | dict | Recipe, revision: str | None = None,
     local_parent = "/" in text and Path(text.split("/")[0]).is_dir()  # `examples/missing`: a path, not a repo
     if path.suffix == ".json" or text.startswith((".", "/", "~")) or local_parent or not looks_like_repo_id(text):
         raise SourceError(f"{text}: no such file or folder")
+    if "/" not in text:
+        # `nosuchdir`: most likely a folder name mistyped, though the Hub has (legacy) repos without an owner too.
+        try:
+            return recipe_from_hub(text, revision, token)
+        except SourceError as error:
+            raise SourceError(f"{text}: no such file or folder here; as a Hub repo id: {error}") from None
     return recipe_from_hub(text, revision, token)

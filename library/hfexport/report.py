@@ -53,6 +53,7 @@ class TargetReport:
     timings: dict[str, float] = field(default_factory=dict)
     verification: dict | None = None
     quantization: dict | None = None
+    latency: dict | None = None  # hfexport.latency: artifact vs eager torch per batch size, on the verifying machine
 
     def to_dict(self) -> dict:
         data = asdict(self)

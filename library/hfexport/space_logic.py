@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import threading
@@ -98,6 +99,30 @@ def hub_token(oauth_token: str | None, settings: SpaceSettings) -> str | None:
         oauth_token = os.environ.get("HF_TOKEN") or oauth_token
     register_secret(oauth_token)
     return oauth_token
+
+
+def local_sign_in_problem() -> str | None:
+    """Outside a Space, Gradio mocks "Sign in with Hugging Face" with the machine's own login and raises at launch
+    when there is none (a traceback for a new user). None when sign-in can work here, else the sentence to print:
+    the Space then starts signed out (recipes can be loaded and checked)."""
+    if os.environ.get("SPACE_ID"):
+        return None  # a real Space: OAuth
+    from huggingface_hub import get_token, whoami
+
+    token = get_token()
+    if not token:
+        return ("no Hugging Face login on this machine, so the Space starts signed out (load and check recipes "
+                "only): set HF_TOKEN=hf_... (or run `hf auth login`) to sign in, convert and open pull requests")
+    register_secret(token)
+    try:
+        user = whoami(token=token)
+    except Exception as error:  # noqa: BLE001 - any failure means Gradio's mocked sign-in would fail too
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        return (f"HF_TOKEN was not accepted by {endpoint} ({redact(_first_line(str(error)) or type(error).__name__)}),"
+                " so the Space starts signed out (load and check recipes only)")
+    if user.get("type") != "user":
+        return "HF_TOKEN belongs to an organisation, not a user, so the Space starts signed out"
+    return None
 
 
 # ── Input checks ─────────────────────────────────────────────────────────────
@@ -217,8 +242,9 @@ def describe_failure(error: BaseException, command: str | None = None) -> Failur
                        [Problem(p.path, redact(p.message)) for p in error.problems])
     if isinstance(error, RecipeNotFoundError):
         return Failure("No recipe", _first_line(str(error)), command)
-    if isinstance(error, PublishRefusedError):
-        return Failure("Publishing refused", _first_line(str(error)), command)
+    if isinstance(error, PublishRefusedError):  # its message advises the CLI's --allow-failed: not on a page
+        return Failure("Publishing refused", "a target failed the parity check, so it is not published: tick only "
+                       "the targets that passed under Targets to convert, then Convert again", command)
     if isinstance(error, PublishError):
         return Failure("Publishing failed", _first_line(str(error)), command)
     name = type(error).__name__
@@ -303,6 +329,7 @@ class RecipeCheck:
     lines: dict[int, list[Problem]] = field(default_factory=dict)  # 0-based line of the pretty text -> problems
     pretty: str | None = None
     parsed: bool = False
+    syntax_line: int | None = None  # 0-based line of a JSON syntax error in `text`, as the parser reported it
 
     @property
     def valid(self) -> bool:
@@ -324,29 +351,36 @@ class RecipeCheck:
         lines = [f"✗ **Invalid recipe**: {count} problem{'s' if count != 1 else ''}", ""]
         for problem in self.problems:
             line = next((number for number, found in self.lines.items() if problem in found), None)
-            at = f" (line {line + 1})" if line is not None and self.parsed else ""
+            at = f" (line {line + 1})" if line is not None and (self.parsed or self.syntax_line is not None) else ""
             lines.append(f"- `{problem.path}`{at}: {_md_escape(problem.message)}")
         return "\n".join(lines)
 
     def highlighted(self, context: int | None = None) -> list[tuple[str, str | None]]:
-        """The pretty-printed recipe as (text, label) segments: each problem's line labelled with its JSON path.
+        """The recipe as (text, label) segments, each line with its number: each problem's line labelled with its
+        JSON path (a syntax error's line, in the text as typed, with "JSON syntax").
 
-        With `context`, only the lines within `context` lines of a problem are kept (gaps become `…`).
+        With `context`, only the lines within `context` lines of a problem are kept (gaps become `…`); a recipe
+        that cannot be parsed and has no located line shows nothing (its problem is in the status).
         """
-        if self.pretty is None:
-            return [(self.text, None)] if self.text else []
-        lines = self.pretty.splitlines(keepends=True)
+        source = self.pretty if self.pretty is not None else self.text if self.syntax_line is not None else None
+        if source is None:
+            return []
+        lines = source.splitlines()
         keep = set(range(len(lines)))
         if context is not None and self.lines:
             keep = {n for line in self.lines for n in range(line - context, line + context + 1) if 0 <= n < len(lines)}
+        width = len(str(len(lines)))
         segments: list[tuple[str, str | None]] = []
         for number, line in enumerate(lines):
             if number not in keep:
-                if number - 1 in keep or (number == 0):
-                    segments.append(("…\n", None))
+                if number - 1 in keep or number == 0:
+                    segments.append((f"{'…':>{width}}\n", None))
                 continue
             found = self.lines.get(number)
-            segments.append((line, "; ".join(dict.fromkeys(problem.path for problem in found)) if found else None))
+            label = None
+            if found:
+                label = "; ".join(dict.fromkeys("JSON syntax" if p.path == "$" else p.path for p in found))
+            segments.append((f"{number + 1:>{width}} │ {line}\n", label))
         return segments
 
 
@@ -358,6 +392,10 @@ def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
         document = parse_recipe_text(text, source)
     except RecipeError as error:
         check.problems = list(error.problems)
+        position = _SYNTAX_POSITION.search(check.problems[0].message) if check.problems else None
+        if position and int(position.group(1)) <= len(text.splitlines()) + 1:
+            check.syntax_line = min(int(position.group(1)), max(len(text.splitlines()), 1)) - 1
+            check.lines = {check.syntax_line: list(check.problems)}
         return check
     check.parsed = True
     check.pretty, where = pretty_json(document)
@@ -368,6 +406,9 @@ def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
         for problem in check.problems:
             check.lines.setdefault(_locate(problem.path, where), []).append(problem)
     return check
+
+
+_SYNTAX_POSITION = re.compile(r"\(line (\d+), column (\d+)\)")
 
 
 def recipe_text(recipe: Recipe) -> str:
@@ -708,15 +749,35 @@ def _publish_line(result) -> str:
     return f"✓ Committed to `{result.repo_id}`" + (f" ({result.commit[:12]})" if getattr(result, "commit", None) else "") + "."
 
 
+PUBLISHABLE = ("ok", "unchanged")
+
+
+def publishable_targets(report) -> list[str]:
+    """The targets of a finished job that may be published: exported (or already exported) and passed parity."""
+    if report is None:
+        return []
+    return [name for name, target in report.targets.items() if target.status in PUBLISHABLE]
+
+
+def can_publish(state: dict | None) -> bool:
+    """Whether Open PR has something to publish for this session (the page enables the button only then)."""
+    state = state or {}
+    return bool(state.get("output") and state.get("targets") and Path(state["output"]).is_dir())
+
+
 def publish_job(state: dict, token: str):
-    """Publish a session's converted job through hfexport's one-PR-per-model logic; returns the PublishResult."""
+    """Publish a session's converted job through hfexport's one-PR-per-model logic; returns the PublishResult.
+    Only the targets that passed are published (`state["targets"]`, from `publishable_targets`)."""
     from .publish import publish
 
     output = state.get("output")
-    if not output or not Path(output).is_dir():
-        raise SpaceError("Nothing to publish", "convert the model first; the artifacts of a session are kept until "
-                         "it ends or converts again")
-    return publish(output, state["model"], mode="pr", token=token, targets=state.get("targets") or None,
+    if state.get("left_out") and not state.get("targets"):
+        raise SpaceError("Nothing to publish", "no target passed the parity check: change the recipe in the editor "
+                         "(its parity thresholds, or other targets), then Convert again")
+    if not output or not Path(output).is_dir() or not state.get("targets"):
+        raise SpaceError("Nothing to publish", "Convert the model first; a session's artifacts are kept until it "
+                         "ends, loads another model or converts again")
+    return publish(output, state["model"], mode="pr", token=token, targets=state.get("targets"),
                    revision=state.get("revision"))
 
 

@@ -1,0 +1,149 @@
+"""Latency of a saved forward target on the verifying machine, next to eager torch: which format is fastest here.
+
+For each batch size (1 and the largest the target declares: `dims.batch.max` when its batch axis is a named dim,
+8 when torch.export decides the axes, else the sample's), the target is reloaded from disk and it and the eager
+model run the sample inputs resized to that batch (the sample's sequence length), alternately, after one warm-up
+call each; the report keeps the median of `runs` calls (milliseconds) and the ratio eager / artifact (above 1: the
+artifact is faster). Generation targets are not measured here (their speed is per token; see docs/generation.md).
+
+The figures describe this machine (its CPU and thread count are recorded), so they say which artifact is fastest
+for the person who ran the job, not everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+DEFAULT_RUNS = 5
+AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def batch_sizes(plan) -> tuple[list[int], list]:
+    """(the batch sizes to measure, the axis refs that follow the batch) for a forward plan."""
+    from .verify import _tensors, probe_axes
+
+    refs, auto = probe_axes(plan)
+    batch_refs = [ref for ref in refs if ref.dim == "batch" or (auto and ref.axis == 0)]
+    tensors = _tensors(plan.inputs)
+    sample = next((tensor.shape[0] for tensor in tensors.values() if tensor.dim() > 0), 1)
+    if not batch_refs:
+        return [sample], []
+    declared = plan.recipe.dims.get("batch", {}).get("max") if not auto else AUTO_MAX_BATCH
+    largest = int(declared or sample)
+    return sorted({1, largest}), batch_refs
+
+
+def _time_ms(call) -> float:
+    started = time.perf_counter()
+    call()
+    return (time.perf_counter() - started) * 1000
+
+
+def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -> dict:
+    """The target in `folder` and `model` on the plan's sample inputs at batch 1 and the largest declared batch:
+    `{"runs", "cpu", "threads", "points": [{"batch", "shapes", "artifact_ms", "eager_ms", "speedup"}]}`."""
+    import torch
+
+    from .exported import ExportedModel
+    from .verify import AxisRef, _shapes, resize_inputs
+
+    if plan.target.mode != "forward":
+        return {"skipped": "generation targets are measured per token, not here"}
+    exported = ExportedModel.from_pretrained(Path(folder))
+    sizes, refs = batch_sizes(plan)
+    # Every axis that follows the batch (attention_mask after input_ids) is resized with it; "batch" names the dim.
+    refs = [AxisRef(ref.input, ref.axis, "batch", ref.scale, ref.offset) for ref in refs]
+    points = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for batch in sizes:
+                inputs = resize_inputs(plan.inputs, refs, {"batch": batch}) if refs else dict(plan.inputs)
+                eager_inputs = copy.deepcopy(inputs)
+                exported(**inputs)  # warm-up: first-call allocations, lazy compilation
+                model(**eager_inputs)
+                artifact, eager = [], []
+                for _ in range(runs):  # alternated, so that load on the machine weighs on both alike
+                    artifact.append(_time_ms(lambda: exported(**inputs)))
+                    eager.append(_time_ms(lambda: model(**eager_inputs)))
+                artifact_ms, eager_ms = statistics.median(artifact), statistics.median(eager)
+                points.append({"batch": batch, "shapes": _shapes(inputs), "artifact_ms": round(artifact_ms, 3),
+                               "eager_ms": round(eager_ms, 3),
+                               "speedup": round(eager_ms / artifact_ms, 3) if artifact_ms > 0 else None})
+    finally:
+        model.train(was_training)
+    return {"runs": runs, "cpu": cpu_name(), "threads": torch.get_num_threads(), "cores": os.cpu_count(),
+            "points": points}
+
+
+# ── rendering (Markdown for the report, the Space and the card) ──────────────
+
+
+def latency_rows(report) -> list[tuple[str, dict]]:
+    """(target, point) for every measured point of a job report, in target order."""
+    rows = []
+    for name, target in report.targets.items():
+        latency = getattr(target, "latency", None) or {}
+        for point in latency.get("points", []):
+            rows.append((name, point))
+    return rows
+
+
+def chart_rows(report) -> list[dict]:
+    """The latency as plot rows (the Space's bar chart): per batch size, eager torch (the median over the job's
+    measurements) and each artifact; `run` is the bar's label, `ms` its height."""
+    rows, eager = [], {}
+    for name, point in latency_rows(report):
+        rows.append({"run": f"{name} · batch {point['batch']}", "ms": point["artifact_ms"],
+                     "batch": f"batch {point['batch']}"})
+        eager.setdefault(point["batch"], []).append(point["eager_ms"])
+    for batch, values in eager.items():
+        rows.append({"run": f"eager torch · batch {batch}", "ms": round(statistics.median(values), 3),
+                     "batch": f"batch {batch}"})
+    return sorted(rows, key=lambda row: (int(row["batch"].split()[-1]), row["ms"]))
+
+
+def latency_markdown(report, bar_width: int = 24) -> str:
+    """A table of each target's latency next to eager torch, per batch size, with a bar chart in text (one bar per
+    artifact, scaled to the slowest figure of its batch size, so the shortest bar is the fastest format). Empty
+    when nothing was measured."""
+    rows = latency_rows(report)
+    if not rows:
+        return ""
+    first = next(target.latency for target in report.targets.values() if getattr(target, "latency", None)
+                 and target.latency.get("points"))
+    slowest: dict[int, float] = {}
+    for _, point in rows:
+        slowest[point["batch"]] = max(slowest.get(point["batch"], 0.0), point["artifact_ms"], point["eager_ms"])
+    lines = [f"### Latency on the verifying machine ({first['cpu']}, {first['threads']} threads; median of "
+             f"{first['runs']} runs)", "",
+             "| target | batch | artifact ms | eager torch ms | vs eager | |", "|---|---:|---:|---:|---:|---|"]
+    for name, point in sorted(rows, key=lambda row: (row[1]["batch"], row[1]["artifact_ms"])):
+        bar = _bar(point["artifact_ms"], slowest[point["batch"]], bar_width)
+        speedup = point.get("speedup")
+        versus = "—" if speedup is None else f"{speedup:.2f}x {'faster' if speedup >= 1 else 'slower'}"
+        lines.append(f"| `{name}` | {point['batch']} | {point['artifact_ms']:.2f} | {point['eager_ms']:.2f} "
+                     f"| {versus} | `{bar}` |")
+    return "\n".join(lines)
+
+
+def _bar(value: float, scale: float, width: int) -> str:
+    filled = 0 if scale <= 0 else max(1, round(width * value / scale))
+    return "█" * filled + "·" * (width - filled)

@@ -1,0 +1,77 @@
+"""Latency in the report: per forward target, the artifact next to eager torch at batch 1 and the largest declared
+batch (median of a few runs) on the verifying machine, in the report JSON, its Markdown and the model card."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hfexport.card import render_section
+from hfexport.latency import chart_rows, latency_markdown
+from hfexport.report import JobReport, TargetReport
+
+
+@pytest.fixture(scope="module")
+def timed_job(tmp_path_factory, tiny_bert):
+    """tiny-bert onnx + pt2 (forward, batch dim declared 1..8), one job."""
+    from hfexport.job import run_job
+
+    root = tmp_path_factory.mktemp("latency")
+    bert = run_job(tiny_bert, root / "bert", targets=["onnx", "pt2"])
+    return root, bert
+
+
+def test_forward_targets_are_timed_at_batch_1_and_the_declared_maximum(timed_job):
+    root, report = timed_job
+    for name in ("onnx", "pt2"):
+        target = report.targets[name]
+        assert target.status == "ok", target.error
+        latency = target.latency
+        assert latency["runs"] == 5 and latency["cpu"] and latency["threads"] >= 1
+        assert [point["batch"] for point in latency["points"]] == [1, 8]  # dims.batch.max of tiny-bert's recipe
+        for point in latency["points"]:
+            assert point["shapes"]["input_ids"][0] == point["batch"] == point["shapes"]["attention_mask"][0]
+            assert point["artifact_ms"] > 0 and point["eager_ms"] > 0
+            assert point["speedup"] == pytest.approx(point["eager_ms"] / point["artifact_ms"], rel=1e-2)
+        assert target.timings["latency_s"] > 0
+    saved = json.loads((root / "bert" / "onnx" / "export_report.json").read_text())
+    assert saved["targets"]["onnx"]["latency"] == report.targets["onnx"].latency  # validated against the schema
+    assert JobReport.read(root / "bert").targets["pt2"].latency == report.targets["pt2"].latency
+
+
+def test_latency_is_rendered_in_the_report_and_the_card(timed_job):
+    _, report = timed_job
+    markdown = report.to_markdown()
+    assert "### Latency on the verifying machine" in markdown and "median of 5 runs" in markdown
+    rows = [line for line in markdown.splitlines() if line.startswith(("| `onnx` |", "| `pt2` |"))
+            and line.count("|") == 7]
+    assert len(rows) == 4, markdown  # two targets x two batch sizes
+    card = render_section("user/model", report)
+    section_start = card.index("### Latency")
+    assert section_start < card.index("<details>")  # seen without opening the report
+    rows = chart_rows(report)
+    assert {row["run"] for row in rows} >= {"onnx · batch 1", "pt2 · batch 8", "eager torch · batch 1"}
+
+
+def test_the_text_chart_scales_bars_to_the_slowest_of_each_batch():
+    report = JobReport(source={"model": "m", "recipe_sha256": "0" * 64})
+    point = lambda batch, artifact, eager: {"batch": batch, "artifact_ms": artifact, "eager_ms": eager,  # noqa: E731
+                                            "speedup": round(eager / artifact, 3)}
+    latency = lambda *points: {"runs": 5, "cpu": "Test CPU", "threads": 2, "cores": 2, "points": list(points)}  # noqa: E731
+    report.targets["fast"] = TargetReport("fast", "onnx", "forward", latency=latency(point(1, 1.0, 10.0)))
+    report.targets["slow"] = TargetReport("slow", "dynamo", "forward", latency=latency(point(1, 20.0, 10.0)))
+    text = latency_markdown(report, bar_width=20)
+    fast = next(line for line in text.splitlines() if line.startswith("| `fast`"))
+    slow = next(line for line in text.splitlines() if line.startswith("| `slow`"))
+    assert "10.00x faster" in fast and "0.50x slower" in slow
+    assert fast.count("█") == 1 and slow.count("█") == 20
+    assert text.index("`fast`") < text.index("`slow`")  # fastest first
+    assert latency_markdown(JobReport(source={"model": "m"})) == ""
+
+
+def test_a_job_without_verification_is_not_timed(tiny_llama, tmp_path):
+    from hfexport.job import run_job
+
+    report = run_job(tiny_llama, tmp_path / "out", targets=["pt2"], verify=False)
+    assert report.targets["pt2"].latency is None
