@@ -1,5 +1,6 @@
-"""Latency in the report: per forward target, the artifact next to eager torch at batch 1 and the largest declared
-batch (median of a few runs) on the verifying machine, in the report JSON, its Markdown and the model card."""
+"""Latency in the report: per target (a forward call, or a whole greedy generation), the artifact next to eager
+torch at batch 1 and the largest declared batch (median of a few runs) on the verifying machine, in the report JSON,
+its Markdown and the model card."""
 
 from __future__ import annotations
 
@@ -75,3 +76,20 @@ def test_a_job_without_verification_is_not_timed(tiny_llama, tmp_path):
 
     report = run_job(tiny_llama, tmp_path / "out", targets=["pt2"], verify=False)
     assert report.targets["pt2"].latency is None
+
+
+def test_generation_targets_are_timed_over_a_whole_greedy_generation(exported_llama):
+    _, report = exported_llama
+    for name in ("onnx-generation", "openvino-generation"):
+        target = report.targets[name]
+        assert target.status == "ok", target.error
+        latency = target.latency
+        assert "error" not in latency, latency
+        assert [point["batch"] for point in latency["points"]] == [1, 8]  # axes left to torch.export: 1 and 8
+        for point in latency["points"]:
+            assert point["new_tokens"] == 8
+            assert point["artifact_ms_per_token"] == pytest.approx(point["artifact_ms"] / 8, rel=1e-2)
+            assert point["eager_ms"] > 0 and point["shapes"]["input_ids"][0] == point["batch"]
+    text = latency_markdown(report)
+    assert "`onnx-generation` (generate, 8 tokens)" in text
+    assert any(row["run"].startswith("eager generate") for row in chart_rows(report))

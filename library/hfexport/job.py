@@ -178,7 +178,7 @@ def run_job(
 
     With `verify` (the default) each saved target is reloaded from disk and checked against the eager model
     (`hfexport.verify`); a target that fails parity keeps its files and is reported "failed". With `latency` (the
-    default, when verifying) a forward target that passed is timed against the eager model (`hfexport.latency`).
+    default, when verifying) a target that passed is timed against the eager model (`hfexport.latency`).
     """
     progress = progress or _noop
     register_secret(token)
@@ -266,7 +266,7 @@ def run_job(
         if target_report.status == "ok" and verify:
             _write_target_report(report, name, output / name)  # beside the artifacts even if verifying dies
             _verify_target(target_report, output / name, model_object, plan, processor, progress)
-            if latency and target_report.status == "ok" and target.mode == "forward":
+            if latency and target_report.status == "ok":
                 _measure_latency(target_report, output / name, model_object, plan, progress)
         progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
         if target_report.status in ("ok", "failed"):

@@ -4,7 +4,9 @@ For each batch size (1 and the largest the target declares: `dims.batch.max` whe
 8 when torch.export decides the axes, else the sample's), the target is reloaded from disk and it and the eager
 model run the sample inputs resized to that batch (the sample's sequence length), alternately, after one warm-up
 call each; the report keeps the median of `runs` calls (milliseconds) and the ratio eager / artifact (above 1: the
-artifact is faster). Generation targets are not measured here (their speed is per token; see docs/generation.md).
+artifact is faster). Generation targets are timed the same way over a whole greedy generation of
+`GENERATION_TOKENS` new tokens (EOS ignored, so both sides make every token): `hfexport.generate` over the exported
+prefill/decode graphs vs `model.generate`, and the point adds milliseconds per new token.
 
 The figures describe this machine (its CPU and thread count are recorded), so they say which artifact is fastest
 for the person who ran the job, not everywhere.
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 DEFAULT_RUNS = 5
+GENERATION_TOKENS = 8
 AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
 
 
@@ -63,9 +66,12 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
     from .exported import ExportedModel
     from .verify import AxisRef, _shapes, resize_inputs
 
-    if plan.target.mode != "forward":
-        return {"skipped": "generation targets are measured per token, not here"}
     exported = ExportedModel.from_pretrained(Path(folder))
+    generation = plan.target.mode == "generation"
+    if generation:
+        exported_call, eager_call = _generation_calls(exported, model, plan)
+    else:
+        exported_call, eager_call = (lambda inputs: exported(**inputs)), (lambda inputs: model(**inputs))
     sizes, refs = batch_sizes(plan)
     # Every axis that follows the batch (attention_mask after input_ids) is resized with it; "batch" names the dim.
     refs = [AxisRef(ref.input, ref.axis, "batch", ref.scale, ref.offset) for ref in refs]
@@ -77,20 +83,43 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
             for batch in sizes:
                 inputs = resize_inputs(plan.inputs, refs, {"batch": batch}) if refs else dict(plan.inputs)
                 eager_inputs = copy.deepcopy(inputs)
-                exported(**inputs)  # warm-up: first-call allocations, lazy compilation
-                model(**eager_inputs)
+                exported_call(inputs)  # warm-up: first-call allocations, lazy compilation
+                eager_call(eager_inputs)
                 artifact, eager = [], []
                 for _ in range(runs):  # alternated, so that load on the machine weighs on both alike
-                    artifact.append(_time_ms(lambda: exported(**inputs)))
-                    eager.append(_time_ms(lambda: model(**eager_inputs)))
+                    artifact.append(_time_ms(lambda: exported_call(inputs)))
+                    eager.append(_time_ms(lambda: eager_call(eager_inputs)))
                 artifact_ms, eager_ms = statistics.median(artifact), statistics.median(eager)
-                points.append({"batch": batch, "shapes": _shapes(inputs), "artifact_ms": round(artifact_ms, 3),
-                               "eager_ms": round(eager_ms, 3),
-                               "speedup": round(eager_ms / artifact_ms, 3) if artifact_ms > 0 else None})
+                point = {"batch": batch, "shapes": _shapes(inputs), "artifact_ms": round(artifact_ms, 3),
+                         "eager_ms": round(eager_ms, 3),
+                         "speedup": round(eager_ms / artifact_ms, 3) if artifact_ms > 0 else None}
+                if generation:
+                    point.update(new_tokens=GENERATION_TOKENS,
+                                 artifact_ms_per_token=round(artifact_ms / GENERATION_TOKENS, 3),
+                                 eager_ms_per_token=round(eager_ms / GENERATION_TOKENS, 3))
+                points.append(point)
     finally:
         model.train(was_training)
     return {"runs": runs, "cpu": cpu_name(), "threads": torch.get_num_threads(), "cores": os.cpu_count(),
             "points": points}
+
+
+def _generation_calls(exported, model, plan):
+    """(artifact call, eager call) that each make exactly `GENERATION_TOKENS` greedy tokens from a prompt batch."""
+    from .generate import generate
+
+    config = copy.deepcopy(plan.generation_config or model.generation_config)
+    config.do_sample, config.num_beams = False, 1
+    config.max_new_tokens = config.min_new_tokens = GENERATION_TOKENS  # min_new_tokens: EOS cannot end it early
+
+    def artifact(inputs):
+        return generate(exported, inputs["input_ids"], inputs.get("attention_mask"),
+                        max_new_tokens=GENERATION_TOKENS, eos_token_id=None)
+
+    def eager(inputs):
+        return model.generate(**inputs, generation_config=config)
+
+    return artifact, eager
 
 
 # ── rendering (Markdown for the report, the Space and the card) ──────────────
@@ -113,9 +142,10 @@ def chart_rows(report) -> list[dict]:
     for name, point in latency_rows(report):
         rows.append({"run": f"{name} · batch {point['batch']}", "ms": point["artifact_ms"],
                      "batch": f"batch {point['batch']}"})
-        eager.setdefault(point["batch"], []).append(point["eager_ms"])
-    for batch, values in eager.items():
-        rows.append({"run": f"eager torch · batch {batch}", "ms": round(statistics.median(values), 3),
+        eager.setdefault((point["batch"], bool(point.get("new_tokens"))), []).append(point["eager_ms"])
+    for (batch, generation), values in eager.items():
+        what = "eager generate" if generation else "eager torch"
+        rows.append({"run": f"{what} · batch {batch}", "ms": round(statistics.median(values), 3),
                      "batch": f"batch {batch}"})
     return sorted(rows, key=lambda row: (int(row["batch"].split()[-1]), row["ms"]))
 
@@ -129,17 +159,19 @@ def latency_markdown(report, bar_width: int = 24) -> str:
         return ""
     first = next(target.latency for target in report.targets.values() if getattr(target, "latency", None)
                  and target.latency.get("points"))
-    slowest: dict[int, float] = {}
+    slowest: dict[tuple, float] = {}  # per batch size and kind: a whole generation is not scaled with forwards
     for _, point in rows:
-        slowest[point["batch"]] = max(slowest.get(point["batch"], 0.0), point["artifact_ms"], point["eager_ms"])
+        key = (point["batch"], bool(point.get("new_tokens")))
+        slowest[key] = max(slowest.get(key, 0.0), point["artifact_ms"], point["eager_ms"])
     lines = [f"### Latency on the verifying machine ({first['cpu']}, {first['threads']} threads; median of "
              f"{first['runs']} runs)", "",
              "| target | batch | artifact ms | eager torch ms | vs eager | |", "|---|---:|---:|---:|---:|---|"]
     for name, point in sorted(rows, key=lambda row: (row[1]["batch"], row[1]["artifact_ms"])):
-        bar = _bar(point["artifact_ms"], slowest[point["batch"]], bar_width)
+        bar = _bar(point["artifact_ms"], slowest[(point["batch"], bool(point.get("new_tokens")))], bar_width)
         speedup = point.get("speedup")
         versus = "—" if speedup is None else f"{speedup:.2f}x {'faster' if speedup >= 1 else 'slower'}"
-        lines.append(f"| `{name}` | {point['batch']} | {point['artifact_ms']:.2f} | {point['eager_ms']:.2f} "
+        label = f"`{name}`" + (f" (generate, {point['new_tokens']} tokens)" if point.get("new_tokens") else "")
+        lines.append(f"| {label} | {point['batch']} | {point['artifact_ms']:.2f} | {point['eager_ms']:.2f} "
                      f"| {versus} | `{bar}` |")
     return "\n".join(lines)
 
