@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -24,17 +23,6 @@ from pathlib import Path
 DEFAULT_RUNS = 5
 GENERATION_TOKENS = 8
 AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def batch_sizes(plan) -> tuple[list[int], list]:
@@ -64,6 +52,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
     import torch
 
     from .exported import ExportedModel
+    from .runtime import cpu_info
     from .verify import AxisRef, _shapes, resize_inputs
 
     exported = ExportedModel.from_pretrained(Path(folder))
@@ -100,7 +89,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
                 points.append(point)
     finally:
         model.train(was_training)
-    return {"runs": runs, "cpu": cpu_name(), "threads": torch.get_num_threads(), "cores": os.cpu_count(),
+    return {"runs": runs, "cpu": cpu_info()["model"], "threads": torch.get_num_threads(), "cores": os.cpu_count(),
             "points": points}
 
 
