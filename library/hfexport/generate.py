@@ -1,4 +1,4 @@
-"""Greedy generation over exported prefill/decode graphs, without the torch model.
+"""`model.generate` over exported prefill/decode graphs, without the torch model: greedy search and sampling.
 
 `generate(exported, input_ids, ...)` runs the `prefill` component on the prompt, then the `decode` component
 one token at a time, carrying the KV cache between calls the way `model.generate` does: a `DynamicCache` that
@@ -6,6 +6,11 @@ grows, or a fixed-size `StaticCache` (a `generation.cache_implementation: "stati
 here. It works the same over all four formats because every backend's runner takes the traced forward's kwargs
 and returns what the model returns; the one backend difference is OpenVINO's stateful decode, which keeps the
 cache inside its infer request: it is seeded from the prefill's cache and then left to carry itself.
+
+The options are transformers' own: a `GenerationConfig` resolved as `model.generate` resolves it
+(`resolve_generation_config`), the `LogitsProcessorList` and `StoppingCriteriaList` it implies, built from
+transformers' public classes (`build_logits_processor`, `build_stopping_criteria`), streamers, and the token choice
+and random draws of transformers 5.23's `_sample`, so a seeded sampling run gives `model.generate`'s tokens.
 
 `verify_generation(exported, model, inputs, max_new_tokens)` compares it token for token with
 `model.generate(do_sample=False)`: the parity check of generation targets.
