@@ -262,6 +262,8 @@ def test_unsupported_options_are_refused_by_name(exports, prompts):
         exported.generate(ids, max_new_tokens=4, return_dict_in_generate=True)
     with pytest.raises(GenerationError, match="not generation options"):
         exported.generate(ids, max_new_tokens=4, temprature=0.5)
+    with pytest.raises(GenerationError, match="not a transformers.GenerationConfig"):
+        exported.generate(ids, None, 4)  # the old third positional argument, max_new_tokens
     with pytest.raises(GenerationError, match="seed or a generator"):
         exported.generate(ids, max_new_tokens=4, seed=1, generator=torch.Generator())
 

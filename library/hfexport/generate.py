@@ -86,6 +86,9 @@ def resolve_generation_config(exported, generation_config=None, **kwargs):
     not a generation option and for options this loop does not reproduce (beam search among them)."""
     from transformers import GenerationConfig
 
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise GenerationError(f"generation_config is a {type(generation_config).__name__}, not a "
+                              "transformers.GenerationConfig (pass max_new_tokens=... and other options by keyword)")
     config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
     saved = getattr(exported, "generation_config", None)
     try:
