@@ -360,7 +360,7 @@ def test_chunked_static_decode_samples_and_refuses_a_streamer_for_more_rows(layo
             calls.append(None)
 
     got = exported.generate(batch1["input_ids"], max_new_tokens=MAX_NEW, do_sample=True, seed=5, streamer=Recorder())
-    assert torch.equal(got, expected)  # one chunk: its filler row draws after the real one, which keeps its draws
+    assert torch.equal(got, expected)  # one chunk: only the real row draws, as in model.generate
     assert calls[-1] is None and all(value.shape[0] == 1 for value in calls[:-1])  # the filler row is not streamed
     three = dict(tokenizer(["The capital of France is", "Hi there", "The quick brown fox"], return_tensors="pt",
                            padding=True))

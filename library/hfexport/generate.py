@@ -339,7 +339,9 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
         scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
         if config.do_sample:
             probs = torch.nn.functional.softmax(scores, dim=-1)
-            next_tokens = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+            # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
+            next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
+            next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
         else:
             next_tokens = torch.argmax(scores, dim=-1)
         if pads:
