@@ -340,3 +340,32 @@ def test_generation_exports_carry_the_generation_config_they_were_traced_with(ti
     assert (saved.eos_token_id, saved.bos_token_id, saved.pad_token_id) == \
         (original.eos_token_id, original.bos_token_id, original.pad_token_id)
     assert ExportedModel.from_pretrained(folder).generation_config.eos_token_id == original.eos_token_id
+
+
+def test_chunked_static_decode_samples_and_refuses_a_streamer_for_more_rows(layout_exports, model, tokenizer, batch1):
+    """A decode pinned to its traced batch (2) samples per chunk; at most one chunk can be streamed."""
+    from hfexport.generate import GenerationError
+
+    exported = _load(layout_exports / "dynamo-static")
+    torch.manual_seed(5)
+    with torch.no_grad():
+        expected = model.generate(**batch1, do_sample=True, max_new_tokens=MAX_NEW)
+    calls = []
+
+    class Recorder:
+        def put(self, value):
+            calls.append(value.clone())
+
+        def end(self):
+            calls.append(None)
+
+    got = exported.generate(batch1["input_ids"], max_new_tokens=MAX_NEW, do_sample=True, seed=5, streamer=Recorder())
+    assert torch.equal(got, expected)  # one chunk: only the real row draws, as in model.generate
+    assert calls[-1] is None and all(value.shape[0] == 1 for value in calls[:-1])  # the filler row is not streamed
+    three = dict(tokenizer(["The capital of France is", "Hi there", "The quick brown fox"], return_tensors="pt",
+                           padding=True))
+    sampled = exported.generate(three["input_ids"], three["attention_mask"], max_new_tokens=MAX_NEW, do_sample=True,
+                                seed=5)
+    assert sampled.shape[0] == 3 and torch.equal(sampled[:, : three["input_ids"].shape[1]], three["input_ids"])
+    with pytest.raises(GenerationError, match="streamer"):
+        exported.generate(three["input_ids"], three["attention_mask"], max_new_tokens=MAX_NEW, streamer=Recorder())

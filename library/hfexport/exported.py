@@ -30,19 +30,56 @@ class ExportedModel(_EngineExportedModel):
             generation_config=exported.generation_config,
         )
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20, eos_token_id=None,
-                 pad_token_id=None):
-        """Greedy decoding over the `prefill`/`decode` components, without the torch model (`hfexport.generate`):
-        prompt + new tokens, as `model.generate(do_sample=False)` returns them. EOS and pad tokens default to the
-        export's generation config, then its config."""
-        from .generate import default_special_tokens, generate
+    def generate(self, input_ids, attention_mask=None, generation_config=None, logits_processor=None,
+                 stopping_criteria=None, streamer=None, generator=None, seed=None, tokenizer=None, **kwargs):
+        """
+        Generates tokens over the `prefill`/`decode` components, without the torch model, as `model.generate` does
+        for a decoder-only model: greedy search, or multinomial sampling with `do_sample=True`
+        (`hfexport.generate.generate`).
 
-        default_eos, default_pad = default_special_tokens(self)
-        return generate(
-            self, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-            eos_token_id=default_eos if eos_token_id is None else eos_token_id,
-            pad_token_id=default_pad if pad_token_id is None else pad_token_id,
-        )
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
+                The prompts, left-padded when they differ in length.
+            attention_mask (`torch.LongTensor` of the same shape, *optional*):
+                1 for real tokens, 0 for padding. Without it every token is real.
+            generation_config (`transformers.GenerationConfig`, *optional*):
+                The base settings. Fields it leaves unset come from the export's `generation_config.json`
+                (`self.generation_config`), then its `config.json` (EOS and pad tokens), then transformers' defaults.
+            logits_processor (`transformers.LogitsProcessorList`, *optional*):
+                Processors added to the ones the settings build (one of the same type replaces the built one).
+            stopping_criteria (`transformers.StoppingCriteriaList`, *optional*):
+                Criteria added to `MaxLengthCriteria`/`EosTokenCriteria`/... (same merge as `logits_processor`).
+            streamer (`transformers.TextStreamer`, `TextIteratorStreamer` or anything with `put`/`end`, *optional*):
+                Gets the prompt (`put(input_ids)`), each step's new tokens (`put(tokens)`, shape `(batch_size,)`),
+                then `end()`, as from `model.generate`.
+            generator (`torch.Generator`, *optional*):
+                The random generator of the sampling draws (default: torch's global one, as `model.generate`).
+            seed (`int`, *optional*):
+                Shorthand for `generator=torch.Generator().manual_seed(seed)`: the same draws as
+                `torch.manual_seed(seed)` before `model.generate(do_sample=True, ...)`.
+            tokenizer (`PreTrainedTokenizerBase`, *optional*):
+                Needed by `stop_strings` only.
+            kwargs:
+                `GenerationConfig` fields, over `generation_config`: `max_new_tokens`, `min_new_tokens`,
+                `max_length`, `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`, `typical_p`,
+                `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `eos_token_id`, `pad_token_id`,
+                `stop_strings`, `max_time`, `num_return_sequences`, ...
+
+        Returns:
+            `torch.LongTensor` of shape `(batch_size * num_return_sequences, prompt + new tokens)`: the prompts and
+            their new tokens; rows that emitted an EOS token are padded with `pad_token_id` after it.
+
+        Raises:
+            `hfexport.generate.GenerationError`: the export has no `prefill`/`decode` components or takes inputs
+            generate does not feed; a kwarg that is not a generation option; an option not reproduced over exported
+            graphs (beam search, `num_beams > 1`, names the formats that could support it; guidance, contrastive
+            search, `return_dict_in_generate`, ...); a static cache too small for the requested length.
+        """
+        from .generate import generate
+
+        return generate(self, input_ids, attention_mask, generation_config=generation_config,
+                        logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
+                        generator=generator, seed=seed, tokenizer=tokenizer, **kwargs)
 
     @classmethod
     def from_pretrained(

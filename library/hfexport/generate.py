@@ -1,4 +1,4 @@
-"""Greedy generation over exported prefill/decode graphs, without the torch model.
+"""`model.generate` over exported prefill/decode graphs, without the torch model: greedy search and sampling.
 
 `generate(exported, input_ids, ...)` runs the `prefill` component on the prompt, then the `decode` component
 one token at a time, carrying the KV cache between calls the way `model.generate` does: a `DynamicCache` that
@@ -7,13 +7,18 @@ here. It works the same over all four formats because every backend's runner tak
 and returns what the model returns; the one backend difference is OpenVINO's stateful decode, which keeps the
 cache inside its infer request: it is seeded from the prefill's cache and then left to carry itself.
 
+The options are transformers' own: a `GenerationConfig` resolved as `model.generate` resolves it
+(`resolve_generation_config`), the `LogitsProcessorList` and `StoppingCriteriaList` it implies, built from
+transformers' public classes (`build_logits_processor`, `build_stopping_criteria`), streamers, and the token choice
+and random draws of transformers 5.23's `_sample`, so a seeded sampling run gives `model.generate`'s tokens.
+
 `verify_generation(exported, model, inputs, max_new_tokens)` compares it token for token with
 `model.generate(do_sample=False)`: the parity check of generation targets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,25 +44,194 @@ class _Layout:
     pinned_batch: int | None  # the only batch size the decode takes (see `_layout`)
 
 
+# Options of transformers' GenerationConfig that this loop does not reproduce, with the values that leave them off.
+_UNSUPPORTED = {
+    "guidance_scale": ((None, 1, 1.0), "classifier-free guidance runs the torch model a second time on an "
+                                       "unconditional prompt"),
+    "penalty_alpha": ((None, 0, 0.0), "contrastive search needs the model's hidden states"),
+    "dola_layers": ((None,), "DoLa decoding needs the hidden states of inner layers"),
+    "watermarking_config": ((None,), "watermarking is not wired to exported graphs"),
+    "prompt_lookup_num_tokens": ((None,), "prompt-lookup (assisted) decoding verifies several tokens per step"),
+    "encoder_repetition_penalty": ((None, 1, 1.0), "an encoder-decoder option"),
+    "encoder_no_repeat_ngram_size": ((None, 0), "an encoder-decoder option"),
+    "token_healing": ((None, False), "token healing needs the tokenizer's vocabulary trie"),
+    "return_dict_in_generate": ((None, False), "generate returns the token ids only"),
+    "output_scores": ((None, False), "generate returns the token ids only"),
+    "output_logits": ((None, False), "generate returns the token ids only"),
+    "output_attentions": ((None, False), "the exported graphs return logits and the cache only"),
+    "output_hidden_states": ((None, False), "the exported graphs return logits and the cache only"),
+}
+# transformers 5.23's global defaults (`GenerationConfig._get_default_generation_params`, a private method) for the
+# fields read here: applied where neither the caller nor the export's generation config sets them, as
+# `model.generate` does. (`max_length` is handled in `_max_length`: 20 new tokens.)
+GLOBAL_DEFAULTS = {
+    "min_length": 0, "do_sample": False, "num_beams": 1, "num_return_sequences": 1, "temperature": 1.0,
+    "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "remove_invalid_values": False,
+}
+DEFAULT_NEW_TOKENS = 20  # transformers' default `max_length`, counted as new tokens when nobody set a length
+BEAM_SEARCH_MESSAGE = (
+    "beam search (num_beams={beams}) is not implemented over exported graphs: every step reorders the KV cache by "
+    "the beams kept. The formats could support it: OpenVINO stateful exports take a `beam_idx` input that reorders "
+    "the cache held in the decode's state; dynamo (.pt2), ONNX, ExecuTorch and stateless OpenVINO exports return "
+    "the cache as tensors, which could be reordered between steps. hfexport's generate does neither yet: use greedy "
+    "decoding or sampling (num_beams=1), or the torch model's generate"
+)
+
+
+def resolve_generation_config(exported, generation_config=None, **kwargs):
+    """The `transformers.GenerationConfig` a call runs with, merged as `model.generate` merges it: `kwargs` over
+    `generation_config`, over the export's saved generation config (`exported.generation_config`), over its config's
+    `eos_token_id`/`pad_token_id`, over transformers' global defaults. Raises `GenerationError` for a kwarg that is
+    not a generation option and for options this loop does not reproduce (beam search among them)."""
+    from transformers import GenerationConfig
+
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise GenerationError(f"generation_config is a {type(generation_config).__name__}, not a "
+                              "transformers.GenerationConfig (pass max_new_tokens=... and other options by keyword)")
+    config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
+    saved = getattr(exported, "generation_config", None)
+    try:
+        if saved is not None:
+            config.update(**saved.to_dict(), defaults_only=True)
+        eos, pad = default_special_tokens(exported)
+        config.update(eos_token_id=eos, pad_token_id=pad, defaults_only=True)
+        config.update(**GLOBAL_DEFAULTS, defaults_only=True)
+        unknown = config.update(**kwargs)
+    except ValueError as error:  # GenerationConfig.validate: an option out of range, or options that clash
+        raise GenerationError(f"invalid generation options: {error}") from error
+    if unknown:
+        raise GenerationError(f"{sorted(unknown)} are not generation options (see transformers.GenerationConfig); "
+                              "the exported graphs take input_ids and attention_mask only")
+    if config.num_beams > 1:
+        raise GenerationError(BEAM_SEARCH_MESSAGE.format(beams=config.num_beams))
+    for name, (off, reason) in _UNSUPPORTED.items():
+        if getattr(config, name, None) not in off:
+            raise GenerationError(f"{name}={getattr(config, name)!r} is not supported over exported graphs: {reason}")
+    return config
+
+
+def build_logits_processor(generation_config, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                           logits_processor=None, prefix_allowed_tokens_fn=None):
+    """The `LogitsProcessorList` `model.generate` applies for `generation_config` (resolved, see
+    `resolve_generation_config`) on the prompt `input_ids`, built from transformers' public processor and warper
+    classes in transformers 5.23's order; `logits_processor` entries replace a built one of their type, the others
+    run after the processors and before the sampling warpers."""
+    import transformers as tf
+
+    config, prompt_len = generation_config, input_ids.shape[1]
+    eos = torch.tensor(_token_ids(config.eos_token_id), dtype=torch.long) if config.eos_token_id is not None else None
+    processors = tf.LogitsProcessorList()
+    if config.sequence_bias is not None:
+        processors.append(tf.SequenceBiasLogitsProcessor(sequence_bias=config.sequence_bias))
+    if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
+        padding = (attention_mask != 0).int().argmax(dim=1) if attention_mask is not None else None
+        processors.append(tf.RepetitionPenaltyLogitsProcessor(config.repetition_penalty, prompt_ignore_length=padding))
+    if config.no_repeat_ngram_size:
+        processors.append(tf.NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
+    if config.bad_words_ids is not None:
+        processors.append(tf.NoBadWordsLogitsProcessor(config.bad_words_ids, eos))
+    if config.min_length and eos is not None:
+        processors.append(tf.MinLengthLogitsProcessor(config.min_length, eos))
+    if config.min_new_tokens and eos is not None:
+        processors.append(tf.MinNewTokensLengthLogitsProcessor(prompt_len, config.min_new_tokens, eos))
+    if prefix_allowed_tokens_fn is not None:
+        processors.append(tf.PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, config.num_beams))
+    if config.forced_bos_token_id is not None:
+        processors.append(tf.ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id))
+    if config.forced_eos_token_id is not None:
+        processors.append(tf.ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id))
+    if config.remove_invalid_values is True:
+        processors.append(tf.InfNanRemoveLogitsProcessor())
+    if config.exponential_decay_length_penalty is not None:
+        processors.append(tf.ExponentialDecayLengthPenalty(config.exponential_decay_length_penalty, eos, prompt_len))
+    if config.suppress_tokens is not None:
+        processors.append(tf.SuppressTokensLogitsProcessor(config.suppress_tokens))
+    if config.begin_suppress_tokens is not None:
+        processors.append(tf.SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, prompt_len))
+    processors = _merged(processors, logits_processor)
+    if config.do_sample:
+        if config.temperature is not None and config.temperature != 1.0:
+            processors.append(tf.TemperatureLogitsWarper(config.temperature))
+        if config.top_h is not None:
+            processors.append(tf.TopHLogitsWarper(top_h=config.top_h))
+        if config.top_k is not None and config.top_k != 0:
+            processors.append(tf.TopKLogitsWarper(top_k=config.top_k))
+        if config.top_p is not None and config.top_p < 1.0:
+            processors.append(tf.TopPLogitsWarper(top_p=config.top_p))
+        if config.min_p is not None:
+            processors.append(tf.MinPLogitsWarper(min_p=config.min_p))
+        if config.typical_p is not None and config.typical_p < 1.0:
+            processors.append(tf.TypicalLogitsWarper(mass=config.typical_p))
+        if config.epsilon_cutoff is not None and 0.0 < config.epsilon_cutoff < 1.0:
+            processors.append(tf.EpsilonLogitsWarper(epsilon=config.epsilon_cutoff))
+        if config.eta_cutoff is not None and 0.0 < config.eta_cutoff < 1.0:
+            processors.append(tf.EtaLogitsWarper(epsilon=config.eta_cutoff))
+    if config.renormalize_logits is True:
+        processors.append(tf.LogitNormalization())
+    return processors
+
+
+def build_stopping_criteria(generation_config, max_length: int, stopping_criteria=None, tokenizer=None,
+                            max_position_embeddings: int | None = None):
+    """The `StoppingCriteriaList` `model.generate` stops on: `MaxLengthCriteria(max_length)` (prompt + new tokens),
+    `MaxTimeCriteria`, `StopStringCriteria` (needs `tokenizer`), `EosTokenCriteria`, with `stopping_criteria` merged
+    in (an entry replaces a built one of its type; the others are added)."""
+    import transformers as tf
+
+    config = generation_config
+    criteria = tf.StoppingCriteriaList()
+    criteria.append(tf.MaxLengthCriteria(max_length=max_length, max_position_embeddings=max_position_embeddings))
+    if config.max_time is not None:
+        criteria.append(tf.MaxTimeCriteria(max_time=config.max_time))
+    if config.stop_strings is not None:
+        if tokenizer is None:
+            raise GenerationError("stop_strings need the model's tokenizer: pass tokenizer=...")
+        criteria.append(tf.StopStringCriteria(stop_strings=config.stop_strings, tokenizer=tokenizer))
+    if config.eos_token_id is not None:
+        criteria.append(tf.EosTokenCriteria(eos_token_id=_token_ids(config.eos_token_id)))
+    return _merged(criteria, stopping_criteria)
+
+
+def _merged(built, custom):
+    """`built` with each entry of `custom` in place of a built one of the same type, then the rest of `custom`
+    (what `model.generate` does with its `logits_processor` / `stopping_criteria` arguments)."""
+    if not custom:
+        return built
+    merged = type(built)()
+    for entry in built:
+        merged.append(next((mine for mine in custom if type(mine) is type(entry)), entry))
+    merged.extend(mine for mine in custom if mine not in merged)
+    return merged
+
+
 def generate(
     exported,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
-    max_new_tokens: int = 20,
-    eos_token_id: int | Iterable[int] | None = None,
-    pad_token_id: int | None = None,
+    generation_config=None,
+    logits_processor=None,
+    stopping_criteria=None,
+    streamer=None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    tokenizer=None,
+    prefix_allowed_tokens_fn=None,
+    **kwargs,
 ) -> torch.LongTensor:
-    """Greedy decoding over `exported` (an `ExportedModel` with `prefill` and `decode` components).
+    """`model.generate` for a decoder-only model, over `exported` (an `ExportedModel` with `prefill` and `decode`
+    components): greedy search or multinomial sampling. See `ExportedModel.generate` for the arguments.
 
-    Returns prompt + generated tokens, `[batch, prompt + n]`, as `model.generate(do_sample=False)` returns them for
-    a decoder-only model: left-padded prompts with their `attention_mask`; a row that emitted an EOS token then
-    gets `pad_token_id` (the first EOS when None); it stops when every row finished or after `max_new_tokens`.
+    Returns prompt + generated tokens, `[batch * num_return_sequences, prompt + n]`.
     """
+    nothing_new = kwargs.get("max_new_tokens") is not None and kwargs["max_new_tokens"] < 1
+    if nothing_new:  # transformers refuses max_new_tokens=0; here it returns the prompt
+        kwargs.pop("max_new_tokens")
+    config = resolve_generation_config(exported, generation_config, **kwargs)
     layout = _layout(exported)
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
-    batch, prompt_len = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = torch.as_tensor(attention_mask, dtype=torch.long)
@@ -70,39 +244,90 @@ def generate(
             "this export was traced without an attention_mask, so it cannot run padded prompts: export it from a "
             "padded batch (sample_inputs with prompts of different lengths), or pass unpadded rows"
         )
-    if max_new_tokens < 1:
-        return input_ids.clone()
-    if layout.static_cache_len is not None and prompt_len + max_new_tokens - 1 > layout.static_cache_len:
+    if seed is not None:
+        if generator is not None:
+            raise GenerationError("pass a seed or a generator, not both")
+        generator = torch.Generator().manual_seed(seed)
+    if config.num_return_sequences > 1:  # as model.generate expands its inputs: each prompt's copies side by side
+        input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
+        attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
+    batch, prompt_len = input_ids.shape
+    max_length = config.max_length = _max_length(config, prompt_len, exported)  # as model.generate sets it
+    if layout.static_cache_len is not None and max_length - 1 > layout.static_cache_len:
         raise GenerationError(
             f"the static cache holds {layout.static_cache_len} tokens: a prompt of {prompt_len} plus "
-            f"{max_new_tokens} new tokens needs {prompt_len + max_new_tokens - 1} (raise generation.max_cache_len)"
+            f"{max_length - prompt_len} new tokens needs {max_length - 1} (raise generation.max_cache_len)"
         )
-    eos = _token_ids(eos_token_id)
-    if pad_token_id is None and eos:
-        pad_token_id = eos[0]
-
     rows = layout.pinned_batch or batch
+    chunks = range(0, batch, rows)
+    if streamer is not None and len(chunks) > 1:
+        raise GenerationError(f"a streamer takes one batch; this export's decode runs {rows} rows at a time "
+                              f"(a static cache traced at batch {rows}), so pass at most {rows} prompts")
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    if nothing_new or max_length <= prompt_len:
+        if streamer is not None:
+            streamer.end()
+        return input_ids.clone()
+    run = dict(config=config, max_length=max_length, logits_processor=logits_processor,
+               stopping_criteria=stopping_criteria, streamer=streamer, generator=generator, tokenizer=tokenizer,
+               prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if rows == batch:
-        return _greedy(exported, layout, input_ids, attention_mask, max_new_tokens, eos, pad_token_id)
-    # A decode that only takes its traced batch: run chunks of that size, the last one filled up with copies of
-    # its last row (rows are independent), and drop the copies.
-    chunks = []
-    for first in range(0, batch, rows):
-        ids, mask = input_ids[first : first + rows], attention_mask[first : first + rows]
-        real = ids.shape[0]
-        if real < rows:
-            ids = torch.cat([ids, ids[-1:].expand(rows - real, -1)])
-            mask = torch.cat([mask, mask[-1:].expand(rows - real, -1)])
-        chunks.append(_greedy(exported, layout, ids, mask, max_new_tokens, eos, pad_token_id)[:real])
-    width = max(chunk.shape[1] for chunk in chunks)
-    # A chunk whose rows all stopped early is shorter: its rows would have emitted pad tokens from there.
-    return torch.cat([torch.nn.functional.pad(chunk, (0, width - chunk.shape[1]), value=pad_token_id or 0)
-                      for chunk in chunks])
+        sequences = _decode(exported, layout, input_ids, attention_mask, real=batch, **run)
+    else:
+        # A decode that only takes its traced batch: run chunks of that size, the last one filled up with copies of
+        # its last row (rows are independent), and drop the copies.
+        outputs = []
+        for first in chunks:
+            ids, mask = input_ids[first : first + rows], attention_mask[first : first + rows]
+            real = ids.shape[0]
+            if real < rows:
+                ids = torch.cat([ids, ids[-1:].expand(rows - real, -1)])
+                mask = torch.cat([mask, mask[-1:].expand(rows - real, -1)])
+            outputs.append(_decode(exported, layout, ids, mask, real=real, **run)[:real])
+        width = max(chunk.shape[1] for chunk in outputs)
+        pad = _pad_token(config)
+        # A chunk whose rows all stopped early is shorter: its rows would have emitted pad tokens from there.
+        sequences = torch.cat([torch.nn.functional.pad(chunk, (0, width - chunk.shape[1]), value=pad or 0)
+                               for chunk in outputs])
+    if streamer is not None:
+        streamer.end()
+    return sequences
 
 
-def _greedy(exported, layout: _Layout, input_ids, attention_mask, max_new_tokens: int, eos: list[int],
-            pad_token_id: int | None) -> torch.LongTensor:
-    """The decoding loop of `model.generate` (greedy search) for one batch the components accept."""
+def _max_length(config, prompt_len: int, exported) -> int:
+    """Prompt + new tokens, as `model.generate` reads it: `max_new_tokens`, else `max_length` (a total), else 20 new
+    tokens capped at the model's `max_position_embeddings`."""
+    if config.max_new_tokens is not None:
+        return prompt_len + config.max_new_tokens
+    if config.max_length is not None:
+        return config.max_length
+    limit = getattr(getattr(exported, "config", None), "max_position_embeddings", None)
+    return min(prompt_len + DEFAULT_NEW_TOKENS, limit) if limit else prompt_len + DEFAULT_NEW_TOKENS
+
+
+def _pad_token(config) -> int | None:
+    """`pad_token_id`, else the first EOS token (`model.generate`'s fallback)."""
+    if config.pad_token_id is not None:
+        return int(config.pad_token_id)
+    eos = _token_ids(config.eos_token_id)
+    return eos[0] if eos else None
+
+
+def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, config, max_length: int,
+            logits_processor, stopping_criteria, streamer, generator, tokenizer,
+            prefix_allowed_tokens_fn) -> torch.LongTensor:
+    """transformers 5.23's `_sample` loop (greedy when `do_sample` is off) for one batch the components accept:
+    the same processors, token choice, random draws (`torch.multinomial` on the softmax, one per step), padding of
+    finished rows, stopping criteria and streamer calls. `real`: rows that are not chunk filler (streamed, and
+    deciding when to stop)."""
+    processors = build_logits_processor(config, input_ids, attention_mask, logits_processor, prefix_allowed_tokens_fn)
+    criteria = build_stopping_criteria(config, max_length, stopping_criteria, tokenizer,
+                                       getattr(exported.config, "max_position_embeddings", None))
+    pads = any(hasattr(criterion, "eos_token_id") for criterion in criteria)
+    pad = _pad_token(config)
+    if pads and pad is None:
+        raise GenerationError("an EOS stopping criterion needs a pad_token_id for the rows that finished")
     batch = input_ids.shape[0]
     session = _Session(exported, layout, batch)
     positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
@@ -110,14 +335,22 @@ def _greedy(exported, layout: _Layout, input_ids, attention_mask, max_new_tokens
 
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
-    for step in range(max_new_tokens):
-        next_tokens = logits[:, -1, :].float().argmax(-1)
-        if eos:
-            next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_token_id))
+    while True:
+        scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
+        if config.do_sample:
+            probs = torch.nn.functional.softmax(scores, dim=-1)
+            # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
+            next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
+            next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
+        else:
+            next_tokens = torch.argmax(scores, dim=-1)
+        if pads:
+            next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad))
         sequences = torch.cat([sequences, next_tokens[:, None]], dim=-1)
-        if eos:
-            unfinished &= ~torch.isin(next_tokens, torch.tensor(eos))
-        if step == max_new_tokens - 1 or not bool(unfinished.any()):
+        unfinished &= ~criteria(sequences, None)
+        if streamer is not None:
+            streamer.put(next_tokens[:real].cpu())
+        if not bool(unfinished[:real].any()):
             break
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
         positions = positions[:, -1:] + 1
@@ -141,8 +374,8 @@ def verify_generation(exported, model, inputs: dict, max_new_tokens: int) -> dic
             input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=max_new_tokens,
             eos_token_id=eos, pad_token_id=pad,
         )
-    produced = generate(exported, input_ids, attention_mask, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                        pad_token_id=pad)
+    produced = generate(exported, input_ids, attention_mask, do_sample=False, max_new_tokens=max_new_tokens,
+                        eos_token_id=eos, pad_token_id=pad)
     prompt = input_ids.shape[1]
     expected, got = reference[:, prompt:].tolist(), produced[:, prompt:].tolist()
     agreeing = compared = 0

@@ -575,8 +575,7 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
         result.update(passed=False, error=f"greedy decoding over exported graphs is unavailable: {error}")
         return result
     try:
-        got = generate(exported, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                       eos_token_id=eos)
+        got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config)
     except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
         result.update(passed=False, error=_backend_message(error))
         return result
