@@ -5,7 +5,8 @@ For each batch size (1 and the largest the target declares: `dims.batch.max` whe
 model run the sample inputs resized to that batch (the sample's sequence length), alternately, after one warm-up
 call each; the report keeps the median of `runs` calls (milliseconds) and the ratio eager / artifact (above 1: the
 artifact is faster). Generation targets are timed the same way over a whole greedy generation of
-`GENERATION_TOKENS` new tokens (EOS ignored, so both sides make every token): `hfexport.generate` over the exported
+`GENERATION_TOKENS` new tokens (one GenerationConfig for both, `min_new_tokens` holding EOS back, so both sides make
+every token): `hfexport.generate` over the exported
 prefill/decode graphs vs `model.generate`, and the point adds milliseconds per new token.
 
 The figures describe this machine (its CPU and thread count are recorded), so they say which artifact is fastest
@@ -101,9 +102,8 @@ def _generation_calls(exported, model, plan):
     config.do_sample, config.num_beams = False, 1
     config.max_new_tokens = config.min_new_tokens = GENERATION_TOKENS  # min_new_tokens: EOS cannot end it early
 
-    def artifact(inputs):
-        return generate(exported, inputs["input_ids"], inputs.get("attention_mask"),
-                        max_new_tokens=GENERATION_TOKENS, eos_token_id=None)
+    def artifact(inputs):  # the same settings as the eager side (hfexport.generate takes a GenerationConfig)
+        return generate(exported, inputs["input_ids"], inputs.get("attention_mask"), generation_config=config)
 
     def eager(inputs):
         return model.generate(**inputs, generation_config=config)
