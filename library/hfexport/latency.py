@@ -1,4 +1,4 @@
-"""Latency of a saved forward target on the verifying machine, next to eager torch: which format is fastest here.
+"""Latency of a saved target on the verifying machine, next to eager torch: which format is fastest here.
 
 For each batch size (1 and the largest the target declares: `dims.batch.max` when its batch axis is a named dim,
 8 when torch.export decides the axes, else the sample's), the target is reloaded from disk and it and the eager
@@ -6,8 +6,8 @@ model run the sample inputs resized to that batch (the sample's sequence length)
 call each; the report keeps the median of `runs` calls (milliseconds) and the ratio eager / artifact (above 1: the
 artifact is faster). Generation targets are timed the same way over a whole greedy generation of
 `GENERATION_TOKENS` new tokens (one GenerationConfig for both, `min_new_tokens` holding EOS back, so both sides make
-every token): `hfexport.generate` over the exported
-prefill/decode graphs vs `model.generate`, and the point adds milliseconds per new token.
+every token): `hfexport.generate` over the exported prefill/decode graphs vs `model.generate`, and the point adds
+milliseconds per new token.
 
 The figures describe this machine (its CPU and thread count are recorded), so they say which artifact is fastest
 for the person who ran the job, not everywhere.
