@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from . import strict_json
 from .errors import Problem, RecipeError, RecipeNotFoundError, SourceError, UnknownTargetError, redact
 from .quantization import METHOD_FORMATS, section_problems
 from .runtime import PRECISION_FORMATS
@@ -79,25 +80,6 @@ def sha256_of(value: Any) -> str:
 # ── Parsing ──────────────────────────────────────────────────────────────────
 
 
-def _reject_duplicates(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _DuplicateKey(key)
-        seen[key] = value
-    return seen
-
-
-class _DuplicateKey(ValueError):
-    def __init__(self, key):
-        super().__init__(key)
-        self.key = key
-
-
-def _reject_constant(name):
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def parse_recipe_text(text: str | bytes, source: str | None = None) -> Any:
     """Parse JSON strictly: no NaN/Infinity, no duplicate keys, bounded size and depth."""
     if isinstance(text, bytes):
@@ -112,8 +94,8 @@ def parse_recipe_text(text: str | bytes, source: str | None = None) -> Any:
     if not text.strip():
         raise RecipeError(Problem("$", "empty document; expected a JSON object"), source)
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
-    except _DuplicateKey as error:
+        return strict_json.loads(text)
+    except strict_json.DuplicateKeyError as error:
         raise RecipeError(Problem("$", f"duplicate key {error.key!r}: each name may appear once"), source) from None
     except json.JSONDecodeError as error:
         raise RecipeError(

@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import strict_json
 from .errors import CorruptExportError, UnsafeExportError
 
 MANIFEST_FILE = "export.json"
@@ -446,40 +447,15 @@ def _loads(text: str | bytes, source: str, where: str) -> Any:
     """Strict JSON: no duplicate keys (the last would win, and be the one checked), no NaN or infinities (`1e400`
     too), bounded nesting."""
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
-                           object_pairs_hook=_no_duplicate_keys)
-    except _DuplicateKey as error:
-        raise CorruptExportError(f"{source}: {where}: duplicate key {error.args[0]!r}: refused") from None
+        value = strict_json.loads(text, finite=True)
+    except strict_json.DuplicateKeyError as error:
+        raise CorruptExportError(f"{source}: {where}: duplicate key {error.key!r}: refused") from None
     except (ValueError, RecursionError, UnicodeDecodeError) as error:
         message = "nested too deeply" if isinstance(error, RecursionError) else str(error).splitlines()[0]
         raise CorruptExportError(f"{source}: {where}: not valid JSON ({message[:200]})") from None
     if _depth(value) > MAX_JSON_DEPTH:
         raise CorruptExportError(f"{source}: {where}: nested deeper than {MAX_JSON_DEPTH} levels: refused")
     return value
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    result = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKey(key)
-        result[key] = value
-    return result
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:40]} is not a finite number")
-    return value
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _depth(value: Any) -> int:
