@@ -252,14 +252,14 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
 
 def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict) -> dict:
     """The runner arguments with the runtime precision applied: the caller's, else the owner's recipe pin."""
-    from .runtime import PRECISION_FORMATS, load_options
+    from .runtime import PRECISION_FORMATS, has_runtime_precision, load_options
 
     allowed = PRECISION_FORMATS.get(export_format, ("auto", "f32"))
     if precision is not None and precision not in allowed:
         raise SourceError(f"precision={precision!r}: {export_format} exports run at "
                           f"{' or '.join(repr(p) for p in allowed)} ('bf16'/'f16' are OpenVINO runtime precisions)")
     if precision is None:  # only OpenVINO has a runtime precision to pin: nothing else to read for the others
-        precision = owner_precision(fetch) if len(allowed) > 2 else "auto"
+        precision = owner_precision(fetch) if has_runtime_precision(export_format) else "auto"
     options = load_options(export_format, precision)
     if "config" in options:
         kwargs = {**kwargs, "config": {**options["config"], **(kwargs.get("config") or {})}}

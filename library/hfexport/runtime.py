@@ -21,7 +21,6 @@ PRECISIONS = ("auto", "f32", "bf16", "f16")
 # Formats whose runtime precision can differ from the graph's: the others run the graph's own element types.
 PRECISION_FORMATS = {"openvino": PRECISIONS, "onnx": ("auto", "f32"), "executorch": ("auto", "f32"),
                      "dynamo": ("auto", "f32")}
-REDUCED = ("bf16", "f16")
 
 # /proc/cpuinfo flag -> the name reports use. Only features that change what a kernel computes (or whether it can).
 NUMERIC_FEATURES = {
@@ -108,6 +107,11 @@ def summary_line(cpu: dict | None = None) -> str:
 # ── Load options: the recipe's pin -> the backend's runner arguments ─────────
 
 
+def has_runtime_precision(export_format: str) -> bool:
+    """Whether the format's runtime can compute at another precision than the graph's (OpenVINO)."""
+    return len(PRECISION_FORMATS.get(str(export_format), ())) > 2
+
+
 def pinned_precision(runtime_section: dict | None) -> str:
     """The precision a target's `runtime` section pins ("auto" when it pins none)."""
     return (runtime_section or {}).get("precision", "auto")
@@ -154,20 +158,20 @@ def _openvino_devices(compiled) -> list[str]:
 def read_back(exported) -> dict:
     """What the loaded `exported` model runs on, per component: backend, device(s) and precision, read from the
     runtime objects (OpenVINO's compiled model, ONNX Runtime's session providers)."""
-    components = {}
-    for name, runner in (getattr(exported, "runners", None) or {}).items():
-        components[name] = _read_runner(runner, exported)
+    components = {name: _read_runner(runner, exported.components[name].program)
+                  for name, runner in (getattr(exported, "runners", None) or {}).items()}
     precisions = sorted({entry["precision"] for entry in components.values() if entry.get("precision")})
     return {"backend": _backend_name(exported), "components": components,
             "precision": precisions[0] if len(precisions) == 1 else "+".join(precisions) or None}
 
 
 def _backend_name(exported) -> str:
+    export_format = getattr(exported.export_format, "value", exported.export_format)
     return {"onnx": "onnxruntime", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch"}.get(
-        str(getattr(getattr(exported, "export_format", None), "value", exported.export_format)), "unknown")
+        str(export_format), "unknown")
 
 
-def _read_runner(runner, exported) -> dict:
+def _read_runner(runner, program) -> dict:
     compiled = getattr(runner, "compiled_model", None)
     if compiled is not None:  # OpenVINO
         return {"device": ",".join(_openvino_devices(compiled)) or "unknown",
@@ -176,7 +180,7 @@ def _read_runner(runner, exported) -> dict:
     if session is not None and hasattr(session, "get_providers"):  # ONNX Runtime
         entry = {"device": "cpu" if session.get_providers() == ["CPUExecutionProvider"] else "accelerator",
                  "providers": list(session.get_providers()), "precision": "f32"}
-        if _onnx_is_int8(session):
+        if _onnx_is_int8(program):
             entry["precision"] = "int8"
             entry["int8_path"] = cpu_info()["int8_path"]
             options = session.get_session_options() if hasattr(session, "get_session_options") else None
@@ -191,30 +195,15 @@ def _metadata_dtype(runner) -> str:
     return _OV_TYPES.get(str(dtype).removeprefix("torch."), str(dtype))
 
 
-def _onnx_is_int8(session) -> bool:
-    """Whether the session's graph holds integer matmuls (ONNX Runtime's dynamic/static int8 quantization)."""
-    try:
-        meta = session.get_modelmeta()
-        custom = getattr(meta, "custom_metadata_map", {}) or {}
-        if custom.get("hfexport_int8") == "1":
-            return True
-    except Exception:  # noqa: BLE001
-        pass
-    path = getattr(session, "_model_path", None)
-    return bool(path) and _onnx_file_has_int8(str(path))
+_INT8_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "QGemm", "QAttention", "DynamicQuantizeMatMul",
+             "MatMulIntegerToFloat", "QuantizeLinear"}
 
 
-@functools.lru_cache(maxsize=32)
-def _onnx_file_has_int8(path: str) -> bool:
-    try:
-        import onnx
-
-        model = onnx.load(path, load_external_data=False)
-    except Exception:  # noqa: BLE001 - informational only
-        return False
-    ops = {node.op_type for node in model.graph.node}
-    return bool(ops & {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "QGemm", "QAttention",
-                       "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QuantizeLinear"})
+def _onnx_is_int8(program) -> bool:
+    """Whether the loaded ONNX graph (the onnx_ir model the session was opened from) holds integer matmuls: ONNX
+    Runtime's dynamic or static int8 quantization."""
+    graph = getattr(program, "graph", None)
+    return graph is not None and any(node.op_type in _INT8_OPS for node in graph)
 
 
 def _session_config(options, key: str) -> str | None:

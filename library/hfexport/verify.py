@@ -700,7 +700,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
     precision of each check."""
     import torch
 
-    from .runtime import PRECISION_FORMATS, cpu_info, pinned_precision, read_back
+    from .runtime import cpu_info, has_runtime_precision, pinned_precision, read_back
 
     started = time.perf_counter()
     target = plan.target
@@ -710,7 +710,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
                 "failures": [], "seconds": 0.0}
     export_format = str(target.export_format)
     pinned = pinned_precision(target.runtime)
-    has_precision = len(PRECISION_FORMATS.get(export_format, ())) > 2
+    has_precision = has_runtime_precision(export_format)
     try:
         exported = _load(Path(folder), export_format, "f32" if has_precision else pinned)
     except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
@@ -748,12 +748,10 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
         del exported
         runtime_check = None
         if has_precision:
-            runtime_check = _runtime_precision_check(
+            check, runtime_check = _runtime_precision_check(
                 folder, model, plan, processor, probes, refs, dtype, pinned, representative, generate_settings,
                 min_agreement)
-            runtime["checks"].append(runtime_check.pop("check"))
-            if runtime_check.get("same_as_graph"):
-                runtime_check = None
+            runtime["checks"].append(check)
         user = runtime["checks"][-1]
         runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
     finally:
@@ -793,9 +791,10 @@ def _device_of(components: dict) -> str:
 
 
 def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype: str, pinned: str, representative,
-                             generate_settings: dict, min_agreement: float) -> dict:
-    """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds.
-    Identical to the graph check (and not run again) where the runtime computes at f32 anyway."""
+                             generate_settings: dict, min_agreement: float) -> tuple[dict, dict | None]:
+    """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds:
+    (the check's entry in `runtime.checks`, the report's `runtime_check`). Identical to the graph check (and not run
+    again, `runtime_check` None) where the runtime computes at f32 anyway."""
     from .runtime import read_back
 
     target = plan.target
@@ -806,16 +805,15 @@ def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype
         check = {"name": "runtime", "requested": pinned, "precision": precision, "components": read["components"]}
         if precision == "f32":
             check.update(passed=True, same_as="graph")
-            return {"check": check, "same_as_graph": True}
+            return check, None
         agreement = min(min_agreement, float(RUNTIME_MIN_TOKEN_AGREEMENT.get(precision, min_agreement)))
-        settings = dict(generate_settings)
         result = _run_checks(exported, model, plan, processor, probes, refs, thresholds_for(target, dtype, precision),
-                             representative=representative, generate_settings=settings,
+                             representative=representative, generate_settings=generate_settings,
                              min_token_agreement=agreement)
     finally:
         del exported
     check["passed"] = result["passed"]
-    return {"check": check, "precision": precision, "requested": pinned, **result}
+    return check, {"precision": precision, "requested": pinned, **result}
 
 
 def _failure_line(probe: dict) -> str:
