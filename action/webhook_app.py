@@ -10,7 +10,7 @@ Configuration comes from the environment (a Space's secrets and variables):
     HFEXPORT_DEBOUNCE   seconds a push waits for newer ones before its job starts (default 5)
     HFEXPORT_WORKDIR    where jobs write their exports (default /tmp/hfexport-webhook)
     HOST, PORT          where to listen (default 0.0.0.0:7860, a Space's port)
-All the logic lives in `hfexport.webhook`; this file only reads the settings and serves.
+All the logic lives in `hfexport.surfaces.webhook`; this file only reads the settings and serves.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
-from hfexport.ci import parse_targets
-from hfexport.webhook import WebhookConfig, WebhookReceiver, make_server
+from hfexport.surfaces.ci import parse_targets
+from hfexport.surfaces.webhook import WebhookConfig, WebhookReceiver, make_server
 
 
 def config_from_env(environ=os.environ) -> WebhookConfig:

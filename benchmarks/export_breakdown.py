@@ -20,7 +20,7 @@ Before/after a change to hfexport: `BEFORE=<a library/ folder with the old code>
 breakdown and `change.artifact_identical` (the bytes of both must match).
 
 Run: `.venv/bin/python benchmarks/export_breakdown.py` (env ROUNDS, default 3) -> results/export_breakdown.json.
-For a function-level profile of the same run: `.venv/bin/python -m cProfile -o export.prof -m hfexport.cli export
+For a function-level profile of the same run: `.venv/bin/python -m cProfile -o export.prof -m hfexport export
 MINILM --recipe benchmarks/recipes/minilm.json --target onnx -o OUT --force`, then
 `python -c "import pstats; pstats.Stats('export.prof').sort_stats('cumulative').print_stats(40)"` (cProfile's own
 overhead took one run from ~26 to 43 s CPU and skews the Python-heavy phases most, the onnxscript optimizer several
@@ -47,13 +47,13 @@ ARTIFACT_FILES = ("model.onnx", "model.onnx.data", "export.json")
 
 # (module, attribute path, phase). Order of the report's table; a phase may collect several functions.
 PHASES = [
-    ("hfexport.job", "resolve_source", "job: source hash"),
-    ("hfexport.job", "_cache_hits", "job: cache lookup"),
-    ("hfexport.preflight", "check", "job: preflight"),
+    ("hfexport.job.run", "resolve_source", "job: source hash"),
+    ("hfexport.job.run", "_cache_hits", "job: cache lookup"),
+    ("hfexport.job.preflight", "check", "job: preflight"),
     ("hfexport.models", "load_model", "model load"),
     ("hfexport.models", "load_processor", "tokenizer load"),
     ("hfexport.plan", "build_plan", "plan (incl. sample inputs)"),
-    ("hfexport.exporter", "run_plan", "engine: other (patches, prepare, FX fixes, metadata)"),
+    ("hfexport.export", "run_plan", "engine: other (patches, prepare, FX fixes, metadata)"),
     ("torch.export", "export", "torch.export trace"),
     ("torch.onnx._internal.exporter._core", "_prepare_exported_program_for_export", "decompositions"),
     ("torch.onnx._internal.exporter._registration", "ONNXRegistry.from_torchlib", "ONNX translation"),
@@ -61,8 +61,8 @@ PHASES = [
     ("onnxscript._framework_apis.torch_2_11", "convert_version", "ONNX translation"),
     ("torch.onnx._internal.exporter._onnx_program", "ONNXProgram.optimize", "onnxscript optimizer"),
     ("transformers.exporters.onnxruntime_fusions", "fuse_for_onnxruntime", "ORT fusions"),
-    ("hfexport.job", "save_atomically", "save"),
-    ("hfexport.verify", "verify_exported", "verify: probes (eager + artifact forwards, metrics)"),
+    ("hfexport.job.run", "save_atomically", "save"),
+    ("hfexport.verify.check", "verify_exported", "verify: probes (eager + artifact forwards, metrics)"),
     ("hfexport.exported", "ExportedModel.from_pretrained", "verify: reload from disk"),
     ("transformers.exporters.runners.runner_onnx", "OnnxModelRunner.from_program", "verify: ORT session"),
 ]
@@ -234,7 +234,7 @@ def child(result_file: str, argv: list[str]) -> int:
     bootstrap._find_and_load = find_and_load
     gc.callbacks.append(collecting)
     timer.enter(ROOT_PHASE)
-    from hfexport.cli import main
+    from hfexport.surfaces.cli import main
 
     code = main(argv)
     timer.exit()

@@ -106,8 +106,8 @@ print(json.dumps({"import_s": imported - started, "load_s": loaded - imported, "
 
 EXPORT = """
 import sys
-from hfexport.job import run_job
-from hfexport.publish import publish
+from hfexport.job.run import run_job
+from hfexport.publication.publish import publish
 report = run_job(sys.argv[1], sys.argv[2], targets=["onnx"], recipe=sys.argv[3])
 assert report.targets["onnx"].status == "ok", report.targets["onnx"].error
 print(publish(sys.argv[2], sys.argv[4], mode="commit", targets=["onnx"]).action)

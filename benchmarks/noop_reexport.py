@@ -38,7 +38,7 @@ from hfexport.testing.hub import LocalHub  # noqa: E402 - stdlib only: huggingfa
 API_CODE = """
 import json, sys, time
 started = time.perf_counter()
-from hfexport.job import run_job
+from hfexport.job.run import run_job
 imported = time.perf_counter()
 report = run_job(sys.argv[1], sys.argv[2], targets=["onnx"])
 done = time.perf_counter()
@@ -61,7 +61,7 @@ def main() -> int:
         cpu: list[float] = []
 
         def cli(out: str) -> tuple[float, subprocess.CompletedProcess]:
-            command = [sys.executable, "-m", "hfexport.cli", "export", repo, "--target", "onnx", "-o",
+            command = [sys.executable, "-m", "hfexport", "export", repo, "--target", "onnx", "-o",
                        str(work / out), "--push", "--quiet"]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()

@@ -3,7 +3,7 @@
 1. `hfexport export` of all-MiniLM-L6-v2 to ONNX (recipe target `onnx`, verification off) vs a direct engine call
    with the same config (`direct_engine_onnx.py`): each is one fresh process, run alternately ROUNDS times in the
    same run; ratio of medians (target <= 1.05).
-2. Import time of `hfexport` (lazy: no torch) and of `hfexport.cli`, vs `transformers.exporters` + torch.
+2. Import time of `hfexport` (lazy: no torch) and of `hfexport.surfaces.cli`, vs `transformers.exporters` + torch.
 3. Peak RSS (the job report's `peak_rss_mb`, i.e. ru_maxrss) of a 3-target job vs a 1-target job (target <= 1.2x:
    the weights are loaded once).
 
@@ -79,7 +79,7 @@ def import_times() -> dict:
     snippets = {
         "python_baseline": "pass",
         "import hfexport": "import hfexport",
-        "import hfexport.cli": "import hfexport.cli",
+        "import hfexport.surfaces.cli": "import hfexport.surfaces.cli",
         "import torch + transformers.exporters": "import torch, transformers.exporters; transformers.exporters.OnnxExporter",
     }
     results = {}

@@ -45,7 +45,7 @@ def main() -> dict:
     sys.path.insert(0, str(HERE))
     from quantization import SENTENCES, minilm_dir
 
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
     from hfexport.runtime import cpu_info
 
     folder = minilm_dir()

@@ -57,10 +57,10 @@ def main() -> dict:
     import torch
 
     from hfexport.exported import ExportedModel
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
     from hfexport.models import load_model, load_processor
-    from hfexport.quantization import program_bytes
-    from hfexport.recipe import load_recipe
+    from hfexport.job.compare import program_bytes
+    from hfexport.recipe.loading import load_recipe
     from hfexport.runtime import cpu_info, read_back
 
     model_dir = minilm_dir()

@@ -89,11 +89,11 @@ def _worst(probes: list[dict]) -> dict:
 
 
 def measure(name: str) -> dict:
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
     from hfexport.models import load_model, load_processor
     from hfexport.plan import build_plan
-    from hfexport.recipe import load_recipe
-    from hfexport.verify import verify_exported
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.verify.check import verify_exported
 
     spec = MODELS[name]()
     if spec is None:

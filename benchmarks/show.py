@@ -28,9 +28,9 @@ MODEL = str(ROOT / "examples" / "tiny-bert")
 PHASES = """
 import json, sys, time
 marks = [("start", time.perf_counter())]
-import hfexport.cli
-marks.append(("import hfexport.cli", time.perf_counter()))
-from hfexport.exporter import AutoHfExporter
+import hfexport.surfaces.cli
+marks.append(("import hfexport.surfaces.cli", time.perf_counter()))
+from hfexport.export import AutoHfExporter
 marks.append(("import the engine (transformers.exporters exporters: torch, dynamo, torchao)", time.perf_counter()))
 exporter = AutoHfExporter.from_pretrained(sys.argv[1])
 marks.append(("read and validate the recipe", time.perf_counter()))
@@ -51,7 +51,7 @@ def cpu_name() -> str:
 
 def wall(*argv: str, env: dict) -> float:
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "hfexport.cli", *argv], env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "hfexport", *argv], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"{argv} failed: {result.stderr}")

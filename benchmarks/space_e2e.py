@@ -55,8 +55,8 @@ def seed(name: str) -> str:
 
 def reference() -> dict:
     """The same job and publication through the Python API, no UI."""
-    from hfexport.job import run_job
-    from hfexport.publish import publish
+    from hfexport.job.run import run_job
+    from hfexport.publication.publish import publish
 
     repo = seed("bench-api")
     start = time.perf_counter()
@@ -73,8 +73,8 @@ def reference() -> dict:
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from hfexport import space_logic
-    from hfexport.job import run_job
+    from hfexport.surfaces import space as space_logic
+    from hfexport.job.run import run_job
     from hfexport.testing.space import browser_missing, launch_chromium, running_space
 
     missing = browser_missing()

@@ -36,12 +36,13 @@ def main() -> dict:
     import torch
 
     from hfexport.exported import ExportedModel
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
     from hfexport.models import load_model, load_processor
     from hfexport.plan import build_plan
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
     from hfexport.runtime import cpu_info
-    from hfexport.verify import plan_probes, probe_axes, resize_inputs, verify_exported
+    from hfexport.verify.probes import plan_probes, probe_axes, resize_inputs
+    from hfexport.verify.check import verify_exported
 
     model_dir = minilm_dir()
     recipe = load_recipe(HERE / "recipes" / "minilm.json")

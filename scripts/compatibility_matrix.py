@@ -78,7 +78,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def package_versions() -> dict:
-    from hfexport.report import package_versions as versions
+    from hfexport.report.model import package_versions as versions
 
     wanted = ("transformers", "torch", "onnx", "onnxruntime", "onnxscript", "openvino", "executorch")
     found = versions()

@@ -1,8 +1,8 @@
 """hfexport Space: convert a Hub model with its owner's recipe, check parity, download or open a pull request.
 
-A thin Gradio layout. Everything it does goes through hfexport's APIs: recipes (`hfexport.recipe`), proposals for
-models without one (`hfexport.init`), jobs (`hfexport.job.run_job`), publishing (`hfexport.publish`), and the
-Space's own non-UI logic (`hfexport.space_logic`: session folders, one job at a time, error categories and the
+A thin Gradio layout. Everything it does goes through hfexport's APIs: recipes (`hfexport.recipe.validation`), proposals for
+models without one (`hfexport.job.init`), jobs (`hfexport.job.run.run_job`), publishing (`hfexport.publication.publish`), and the
+Space's own non-UI logic (`hfexport.surfaces.space`: session folders, one job at a time, error categories and the
 reproducing `hfexport` command). Run it locally against any Hub endpoint: see README.md in this folder.
 """
 
@@ -15,9 +15,12 @@ from typing import Any
 
 import gradio as gr
 
-from hfexport import space_logic as logic
+from hfexport.surfaces import space as logic
+from hfexport.surfaces.failure import describe_failure
 from hfexport.latency import chart_rows
-from hfexport.recipe import FORMATS, RECIPE_FILE, canonical_json
+from hfexport.recipe.validation import canonical_json
+from hfexport.recipe.loading import RECIPE_FILE
+from hfexport.report.markdown import report_markdown
 
 TITLE = "hfexport: export a Hub model the way its owner says"
 INTRO = (
@@ -55,7 +58,7 @@ def _token(oauth_token: gr.OAuthToken | None, settings: logic.SpaceSettings) -> 
 
 
 def _fail(error: BaseException, command: str | None = None) -> str:
-    return logic.describe_failure(error, command).markdown()
+    return describe_failure(error, command).markdown()
 
 
 def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True) -> gr.Blocks:
@@ -166,7 +169,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
         except OSError as error:  # e.g. the disk filled up: the report is still worth showing
             workspace.release(session)
-            yield log.markdown(), _fail(error, job.command) + "\n\n" + report.to_markdown(), None, \
+            yield log.markdown(), _fail(error, job.command) + "\n\n" + report_markdown(report), None, \
                 gr.update(interactive=False), state
             return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
@@ -175,7 +178,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                      latency=chart_rows(report),
                      left_out=[name for name in report.targets if name not in publishable],
                      zip=str(zip_path), status=report.status, verified=logic.verified_recipe(used, report))
-        results = report.to_markdown()
+        results = report_markdown(report)
         if event.failure is not None:
             results = event.failure.markdown() + "\n\n" + results
             if publishable:

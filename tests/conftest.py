@@ -70,7 +70,7 @@ def session_dir() -> Path:
 @pytest.fixture(scope="session")
 def exported_bert(session_dir, tiny_bert):
     """tiny-bert exported to every target of its recipe, once per session: (output folder, JobReport)."""
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     output = session_dir / "exported-bert"
     return output, run_job(tiny_bert, output, all_targets=True)
@@ -79,17 +79,17 @@ def exported_bert(session_dir, tiny_bert):
 @pytest.fixture(scope="session")
 def exported_llama(session_dir, tiny_llama):
     """tiny-llama exported to every target of its recipe (forward and generation), once per session."""
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     output = session_dir / "exported-llama"
     return output, run_job(tiny_llama, output, all_targets=True)
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 900):
-    """Run `python -m hfexport.cli ARGS` in a subprocess; return the CompletedProcess (text mode)."""
+    """Run `python -m hfexport ARGS` in a subprocess; return the CompletedProcess (text mode)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "library"), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "hfexport.cli", *args], capture_output=True, text=True, env=full_env,
+        [sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=full_env,
         cwd=cwd or ROOT, timeout=timeout,
     )
 

@@ -27,7 +27,8 @@ from transformers.exporters import (
 import hfexport
 from hfexport import AutoExportConfig, AutoHfExporter
 from hfexport.errors import RecipeError, SourceError, UnknownTargetError
-from hfexport.recipe import FORMAT_OPTIONS, load_schema
+from hfexport.recipe.validation import FORMAT_OPTIONS
+from hfexport.schema import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_CONFIGS = {"dynamo": DynamoConfig, "onnx": OnnxConfig, "executorch": ExecutorchConfig, "openvino": OpenVINOConfig}
@@ -141,7 +142,7 @@ def test_import_hfexport_does_not_import_torch():
 
 def test_validating_a_recipe_does_not_import_torch():
     loaded = _python(
-        "import sys; from hfexport.cli import main; code = main(['validate', 'examples/tiny-bert']); "
+        "import sys; from hfexport.surfaces.cli import main; code = main(['validate', 'examples/tiny-bert']); "
         "print(code, 'torch' in sys.modules)"
     )
     assert loaded.splitlines()[-1] == "0 False"

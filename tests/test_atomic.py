@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from transformers.exporters import DynamoExporter
 
-from hfexport import cli
-from hfexport.job import run_job, save_atomically
+from hfexport.surfaces import cli
+from hfexport.job.run import run_job
+from hfexport.files import save_atomically
 from hfexport.models import load_model
-from hfexport.recipe import load_recipe
+from hfexport.recipe.loading import load_recipe
 
 TARGET = "pt2"  # tiny-bert's fastest target (torch.export, one component)
 

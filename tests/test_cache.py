@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.cache import cache_key, hub_content_hash, local_content_hash, lookup
-from hfexport.job import Step, resolve_source, run_job
-from hfexport.recipe import load_recipe
+from hfexport.publication.cache import cache_key, hub_content_hash, local_content_hash, lookup
+from hfexport.progress import Step
+from hfexport.job.run import resolve_source, run_job
+from hfexport.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-bert"
@@ -35,7 +36,7 @@ def out_with_onnx(exported_bert, tmp_path) -> Path:
 
 
 def _packages(**changes):
-    from hfexport.report import package_versions
+    from hfexport.report.model import package_versions
 
     return {**package_versions(), **changes}
 
@@ -118,7 +119,7 @@ def test_a_local_hit_skips_loading_and_says_why(out_with_onnx, exported_bert):
 
 def test_a_damaged_local_export_is_not_a_hit(out_with_onnx, recipe):
     source = resolve_source(EXAMPLE, None, None)
-    from hfexport.report import package_versions
+    from hfexport.report.model import package_versions
 
     keys = {"onnx": cache_key(source, recipe.target("onnx"), recipe.target_hash("onnx"), package_versions())}
     assert lookup(out_with_onnx, keys, [], None)
@@ -130,7 +131,7 @@ def test_a_damaged_local_export_is_not_a_hit(out_with_onnx, recipe):
 
 def test_published_exports_are_hits_at_the_pr_head_and_on_main(hub, exported_bert, tmp_path):
     """The second run of an unchanged revision checks the Hub (PR head, then main) and exports nothing."""
-    from hfexport.publish import publish
+    from hfexport.publication.publish import publish
 
     output, _ = exported_bert
     out = tmp_path / "pub"
@@ -151,7 +152,7 @@ def test_published_exports_are_hits_at_the_pr_head_and_on_main(hub, exported_ber
 
 def test_a_cache_hit_does_not_even_import_torch(hub, exported_bert, tmp_path):
     """In a fresh process, a no-op re-export (remote report checked) never imports torch, let alone loads weights."""
-    from hfexport.publish import publish
+    from hfexport.publication.publish import publish
 
     output, _ = exported_bert
     out = tmp_path / "pub"
@@ -161,7 +162,7 @@ def test_a_cache_hit_does_not_even_import_torch(hub, exported_bert, tmp_path):
     publish(out, repo, mode="commit", token=hub.write_token, targets=["onnx"])
     code = (
         "import sys, json\n"
-        "from hfexport.job import run_job\n"
+        "from hfexport.job.run import run_job\n"
         f"report = run_job({repo!r}, {str(tmp_path / 'fresh')!r}, targets=['onnx'])\n"
         "print(json.dumps([report.status, 'torch' in sys.modules, 'transformers' in sys.modules]))\n"
     )

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from hfexport import cli as hfexport_cli
+from hfexport.surfaces import cli as hfexport_cli
 
 SECRET = "hf_SECRETSECRETSECRET123"
 
 
 @pytest.fixture
 def run(capsys):
-    """`run(*argv) -> (exit code, stdout, stderr)` through `hfexport.cli.main` in this process."""
+    """`run(*argv) -> (exit code, stdout, stderr)` through `hfexport.surfaces.cli.main` in this process."""
     environ = dict(os.environ)
 
     def call(*argv: str):
@@ -61,7 +61,7 @@ def test_show_reads_only_the_recipe_and_never_imports_torch(tiny_bert, tiny_llam
     import subprocess
     import sys
 
-    code = ("import sys; from hfexport.cli import main; codes = [main(['show', sys.argv[1]]), "
+    code = ("import sys; from hfexport.surfaces.cli import main; codes = [main(['show', sys.argv[1]]), "
             "main(['show', sys.argv[2], '--target', 'onnx-generation'])]; "
             "print('torch imported' if 'torch' in sys.modules else 'no torch', codes)")
     result = subprocess.run([sys.executable, "-c", code, str(tiny_bert), str(tiny_llama)], capture_output=True,
@@ -219,12 +219,12 @@ def test_valid_token_stays_out_of_output_and_reports(run, hub, tiny_bert, tmp_pa
 @pytest.mark.parametrize("below", ["", "sub"])
 def test_output_that_cannot_be_a_folder_is_refused_before_exporting(run, tiny_bert, tmp_path, monkeypatch, below):
     """It used to export first (a minute for a big model) and fail when saving."""
-    import hfexport.exporter
+    import hfexport.export
 
     def no_export(*args, **kwargs):
         raise AssertionError("exported although the output cannot be written")
 
-    monkeypatch.setattr(hfexport.exporter, "run_plan", no_export)
+    monkeypatch.setattr(hfexport.export, "run_plan", no_export)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     code, out, err = run("export", tiny_bert, "--target", "pt2", "-o", blocker / below if below else blocker)
@@ -239,7 +239,7 @@ LONG_PARITY = ("parity: logits max abs diff 0.31 > atol 0.0001 at probe batch=8 
 
 
 def _report_with_a_long_failure():
-    from hfexport.report import JobReport, TargetReport
+    from hfexport.report.model import JobReport, TargetReport
 
     report = JobReport(source={"model": "examples/tiny-llama"})
     report.targets["openvino-generation"] = TargetReport(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hfexport.collector import one_shot_collection
-from hfexport.job import Step
+from hfexport.progress import Step
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def collector_state():
 _OFF_UNTIL_PLAN = """
 import gc
 from hfexport.collector import one_shot_collection
-from hfexport.job import Step
+from hfexport.job.run import Step
 
 gc.unfreeze()
 gc.enable()

@@ -13,7 +13,8 @@ from jsonschema import Draft202012Validator
 
 import hfexport
 from hfexport.models import load_model
-from hfexport.recipe import load_recipe, load_schema
+from hfexport.recipe.loading import load_recipe
+from hfexport.schema import load_schema
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BERT_TARGETS = load_recipe(EXAMPLES / "tiny-bert").target_names

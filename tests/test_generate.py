@@ -43,7 +43,7 @@ def _layout_recipe(tiny_llama, names: list[str], **extra_options) -> dict:
 
 
 def _export(session_dir, tiny_llama, folder: str, names: list[str], **extra_options):
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     output = session_dir / folder
     # verify=False: these tests run the generation check themselves (the job's would double the time).
@@ -310,7 +310,7 @@ def test_static_cache_openvino_targets_export_stateless(tiny_llama, model, token
     """The plan keeps a static cache in an OpenVINO decode's inputs (`stateful: false`) unless the recipe says
     otherwise: transformers 5.23's stateful transformation freezes the static cache's write position."""
     from hfexport.plan import build_plan
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
 
     recipe = load_recipe(_layout_recipe(tiny_llama, ["openvino-static", "openvino-generation"]))
     static = build_plan(recipe, "openvino-static", model, processor=tokenizer)
@@ -328,7 +328,7 @@ def test_generation_exports_carry_the_generation_config_they_were_traced_with(ti
     from transformers import GenerationConfig
 
     from hfexport import ExportedModel
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     report = run_job(tiny_llama, tmp_path / "out", targets=["onnx-generation"], verify=False)
     folder = tmp_path / "out" / "onnx-generation"

@@ -22,7 +22,7 @@ SAMPLING = {
 @pytest.fixture(scope="module")
 def exports(session_dir, tiny_llama):
     """The example recipe's ONNX and OpenVINO generation targets (no job verification: these tests compare)."""
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     output = session_dir / "generate-options"
     report = run_job(tiny_llama, output, targets=TARGETS, verify=False)

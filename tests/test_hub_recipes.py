@@ -12,7 +12,7 @@ from huggingface_hub import CommitOperationAdd, HfApi
 
 from hfexport import AutoHfExporter
 from hfexport.errors import SourceError
-from hfexport.job import resolve_source
+from hfexport.job.run import resolve_source
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
 

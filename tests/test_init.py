@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from hfexport.report import JobReport
+from hfexport.report.model import JobReport
 
 
 def _without_recipe(example, tmp_path):
@@ -18,8 +18,8 @@ def _without_recipe(example, tmp_path):
 
 
 def test_proposed_encoder_recipe_reads_the_config(tiny_bert):
-    from hfexport.init import propose_recipe
-    from hfexport.recipe import load_recipe
+    from hfexport.job.init import propose_recipe
+    from hfexport.recipe.loading import load_recipe
 
     recipe = propose_recipe(tiny_bert, ["onnx", "dynamo", "executorch", "openvino"])
     load_recipe(recipe)  # valid
@@ -34,7 +34,7 @@ def test_proposed_encoder_recipe_reads_the_config(tiny_bert):
 
 
 def test_proposed_decoder_recipe_uses_generation_mode(tiny_llama):
-    from hfexport.init import propose_recipe
+    from hfexport.job.init import propose_recipe
 
     recipe = propose_recipe(tiny_llama, ["onnx", "openvino"])
     assert recipe["task"] == "text-generation"
@@ -48,7 +48,7 @@ def test_proposed_decoder_recipe_uses_generation_mode(tiny_llama):
 def test_sequence_dim_is_capped_and_unknown_formats_refused():
     from transformers import BertConfig
 
-    from hfexport.init import SEQ_CAP, propose_recipe
+    from hfexport.job.init import SEQ_CAP, propose_recipe
 
     config = BertConfig(max_position_embeddings=1 << 20, architectures=["BertForMaskedLM"])
     recipe = propose_recipe(config=config)

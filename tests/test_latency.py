@@ -8,15 +8,16 @@ import json
 
 import pytest
 
-from hfexport.card import render_section
+from hfexport.report.card import render_section
 from hfexport.latency import chart_rows, latency_markdown
-from hfexport.report import JobReport, TargetReport
+from hfexport.report.model import JobReport, TargetReport
+from hfexport.report.markdown import report_markdown
 
 
 @pytest.fixture(scope="module")
 def timed_job(tmp_path_factory, tiny_bert):
     """tiny-bert onnx + pt2 (forward, batch dim declared 1..8), one job."""
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     root = tmp_path_factory.mktemp("latency")
     bert = run_job(tiny_bert, root / "bert", targets=["onnx", "pt2"])
@@ -43,7 +44,7 @@ def test_forward_targets_are_timed_at_batch_1_and_the_declared_maximum(timed_job
 
 def test_latency_is_rendered_in_the_report_and_the_card(timed_job):
     _, report = timed_job
-    markdown = report.to_markdown()
+    markdown = report_markdown(report)
     assert "### Latency on the verifying machine" in markdown and "median of 5 runs" in markdown
     rows = [line for line in markdown.splitlines() if line.startswith(("| `onnx` |", "| `pt2` |"))
             and line.count("|") == 7]
@@ -72,7 +73,7 @@ def test_the_text_chart_scales_bars_to_the_slowest_of_each_batch():
 
 
 def test_a_job_without_verification_is_not_timed(tiny_llama, tmp_path):
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     report = run_job(tiny_llama, tmp_path / "out", targets=["pt2"], verify=False)
     assert report.targets["pt2"].latency is None

@@ -189,7 +189,7 @@ def test_weights_only_unpickling_stops_a_payload_that_slipped_past(marker):
     """The second line: inside `weights_only_unpickling`, torch.load(weights_only=False) is still weights-only."""
     import torch
 
-    from hfexport.pt2_safety import weights_only_unpickling
+    from hfexport.safety.pt2 import weights_only_unpickling
 
     with weights_only_unpickling(), pytest.raises(pickle.UnpicklingError):
         torch.load(io.BytesIO(pickle.dumps(_Payload(marker))), weights_only=False)
@@ -667,7 +667,7 @@ def test_property_links_and_special_files_only_raise_hfexport_errors(exported_be
 @pytest.fixture(scope="module")
 def llama_generation_pt2(session_dir, tiny_llama):
     """tiny-llama as a dynamo generation export (prefill.pt2, decode.pt2), unverified: the cheapest real cache export."""
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     recipe = json.loads((tiny_llama / "export_config.json").read_text())
     recipe["targets"] = {"pt2-generation": {"export_format": "dynamo", "mode": "generation",
@@ -683,7 +683,7 @@ def _cache_payload(archive: Path, marker: Path) -> None:
     """The sample inputs' DynamicCache (an allowlisted class) carrying a payload in its state."""
     import torch
 
-    from hfexport.safety import pt2_unpickling_allowlist
+    from hfexport.safety.treespec import pt2_unpickling_allowlist
 
     items = _members(archive)
     name = f"{_root(items)}/data/sample_inputs/model.pt"

@@ -76,7 +76,7 @@ def test_matrix_covers_the_required_families():
 def test_tiny_model_is_a_small_complete_checkpoint(built_models, name):
     from hfexport.inputs import build_sample_inputs
     from hfexport.models import load_model, load_processor
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
 
     folder, spec = built_models[name], MODELS[name]
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
@@ -117,7 +117,7 @@ def test_image_text_sample_inputs_go_through_the_processor(built_models):
 
     from hfexport.inputs import build_sample_inputs
     from hfexport.models import load_model, load_processor
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
     from hfexport.testing.models import IMAGE_SIZE, PATCH_SIZE
 
     folder = built_models["tiny-llava"]
@@ -135,7 +135,7 @@ def test_image_text_sample_inputs_go_through_the_processor(built_models):
 
 
 def _target(status="ok", error=None, verification=None):
-    from hfexport.report import TargetReport
+    from hfexport.report.model import TargetReport
 
     return TargetReport(target="onnx-forward", export_format="onnx", mode="forward", status=status, error=error,
                         verification=verification)
@@ -163,7 +163,7 @@ def test_engine_error_line_keeps_torch_exports_suggested_fix():
     line (tiny-bart's forward guards seq >= 3, which a recipe with `dims.seq.min` 2 violates)."""
     import torch
 
-    from hfexport.job import _engine_error
+    from hfexport.job.run import _engine_error
 
     class NeedsThree(torch.nn.Module):
         def forward(self, x):

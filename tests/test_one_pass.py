@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from hfexport.annotations import check_recipe
+from hfexport.surfaces.annotations import check_recipe
 from hfexport.errors import RecipeError
-from hfexport.recipe import recipe_from_document
-from hfexport.space_logic import check_recipe_text
+from hfexport.recipe.model import recipe_from_document
+from hfexport.surfaces.space import check_recipe_text
 
 # Two schema problems (a string opset, an unknown format) and two semantic ones (dims.seq's bounds, an ExecuTorch
 # option on an ONNX target) that the schema cannot see.

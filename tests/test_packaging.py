@@ -58,9 +58,9 @@ def test_wheel_ships_the_schemas_once(wheel):
         for schema in SCHEMAS:
             assert f"hfexport/schemas/{schema}" in names
             assert archive.read(f"hfexport/schemas/{schema}") == (ROOT / "schemas" / schema).read_bytes()
-        assert "hfexport/cli.py" in names
+        assert "hfexport/surfaces/cli.py" in names
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "hfexport = hfexport.cli:main" in entry_points
+    assert "hfexport = hfexport.surfaces.cli:main" in entry_points
 
 
 def test_installed_wheel_reads_its_schemas_through_importlib_resources(wheel, tmp_path):
@@ -72,8 +72,8 @@ def test_installed_wheel_reads_its_schemas_through_importlib_resources(wheel, tm
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"export_format": "onnx", "opset_version": 18}))
     code = (
-        "import json, sys, hfexport, hfexport.recipe as r; "
-        "from hfexport.cli import main; "
+        "import json, sys, hfexport, hfexport.schema as r; "
+        "from hfexport.surfaces.cli import main; "
         f"assert hfexport.__file__.startswith({str(site)!r}), hfexport.__file__; "
         "print(json.dumps([r.load_schema(n)['title'] for n in ('export_config', 'export_report')])); "
         f"sys.exit(main(['validate', {str(recipe)!r}]))"

@@ -14,7 +14,8 @@ from torch.export import Dim
 from hfexport.errors import PlanError
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_dims, build_plan
-from hfexport.recipe import load_recipe, recipe_from_document
+from hfexport.recipe.loading import load_recipe
+from hfexport.recipe.model import recipe_from_document
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +292,7 @@ def test_star_cache_spec_exports_and_runs_at_another_past_length(llama):
     and the decode graph runs with a cache longer than the one it was traced with."""
     from transformers import DynamicCache
 
-    from hfexport.exporter import run_plan
+    from hfexport.export import run_plan
 
     recipe, model, processor = llama
     plan = plan_for(cache_recipe(recipe), model, None, processor, target="gen")

@@ -8,16 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.job import Step, run_job
-from hfexport.preflight import (
-    DISK_FACTOR,
-    MEMORY_FACTOR,
-    RUNTIME_MB,
-    PreflightError,
-    estimate,
-    weights_metadata,
-)
-from hfexport.recipe import load_recipe
+from hfexport.progress import Step
+from hfexport.job.run import run_job
+from hfexport.job.preflight import DISK_FACTOR, MEMORY_FACTOR, RUNTIME_MB, PreflightError, estimate, weights_metadata
+from hfexport.recipe.loading import load_recipe
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
 LLAMA = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hfexport.errors import UnsafeExportError
-from hfexport.pt2_safety import check_pt2_program
+from hfexport.safety.pt2 import check_pt2_program
 
 
 @pytest.fixture

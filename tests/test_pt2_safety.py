@@ -77,7 +77,7 @@ def test_pickled_weight_is_refused_before_it_runs(pt2_copy, tmp_path):
 
 def test_aotinductor_package_is_refused(pt2_copy):
     from hfexport.errors import UnsafeExportError
-    from hfexport.safety import check_pt2_archive
+    from hfexport.safety.pt2 import check_pt2_archive
 
     with zipfile.ZipFile(pt2_copy / "model.pt2", "a") as archive:
         root = archive.namelist()[0].split("/")[0]
@@ -100,7 +100,7 @@ def test_generation_pt2_loads_without_torchs_unsafe_fallback(layout_pt2, caplog)
 @pytest.fixture(scope="module")
 def layout_pt2(session_dir, tiny_llama):
     """A dynamo generation export (the cheapest format: no lowering)."""
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     recipe = json.loads((tiny_llama / "export_config.json").read_text())
     recipe["targets"] = {"pt2-generation": {"export_format": "dynamo", "mode": "generation",

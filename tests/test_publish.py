@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hfexport.card import END, START, update_card
+from hfexport.report.card import END, START, update_card
 from hfexport.errors import PublishError, PublishRefusedError
-from hfexport.publish import find_open_publication, parse_marker, publish
+from hfexport.publication.publish import find_open_publication, parse_marker, publish
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
 README = "---\nlicense: mit\ntags:\n- bert\n---\n# Tiny BERT  \n\nKeep   this text\t exactly — ünïcode, trailing spaces   \n"
@@ -108,7 +108,7 @@ def test_cli_export_push_twice_changes_nothing_the_second_time(hub, bert_out, cl
 
 
 def test_changing_the_recipe_or_the_weights_pushes_one_commit_onto_the_same_pr(hub, bert_out, tmp_path):
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     repo = _repo(hub)
     opened = publish(bert_out, repo, token=hub.write_token, targets=["onnx"])

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from hfexport.errors import PlanError, RecipeError
-from hfexport.recipe import load_recipe
+from hfexport.recipe.loading import load_recipe
+from hfexport.report.markdown import report_markdown
 
 DIMS = {"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 64}}
 SHAPES = {"input_ids": {"0": "batch", "1": "seq"}}
@@ -185,7 +186,7 @@ def test_validation_happens_before_any_weights_are_read(tmp_path, tiny_bert, cli
 
 
 def _quantizer(section: dict, export_format: str):
-    from hfexport.quantization import build_quantizer
+    from hfexport.quantization.quantizer import build_quantizer
 
     return build_quantizer(load_recipe(recipe_with(section, export_format)).target("t"))
 
@@ -226,7 +227,7 @@ def test_nncf_params_become_nncf_enums_and_objects():
     assert weights.config.backup_mode is nncf.BackupMode.INT8_ASYM
     assert isinstance(weights.config.ignored_scope, nncf.IgnoredScope)
     assert weights.config.ignored_scope.names == ["lm_head"]
-    from hfexport.quantization import engine_arguments
+    from hfexport.quantization.quantizer import engine_arguments
 
     described = engine_arguments(weights)  # what plans and reports record
     assert described["quantizer"] == "NNCFOpenVINOQuantizer" and described["config"] == "NNCFWeightCompressionConfig"
@@ -249,7 +250,7 @@ def test_pt2e_presets_build_the_named_quantizer(preset):
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
     from transformers.exporters import PT2EQuantizer
 
-    from hfexport.quantization import PT2E_PRESETS
+    from hfexport.quantization.spec import PT2E_PRESETS
 
     spec = PT2E_PRESETS[preset]
     calibration = None if spec.dynamic else {"source": "sample_inputs"}
@@ -265,7 +266,7 @@ def test_every_parameter_is_a_field_of_the_engine_config_and_every_choice_an_enu
     """The tables are data (validation imports no backend): check them against the installed engine and libraries."""
     from transformers import exporters
 
-    from hfexport.quantization import PARAMS, _Choice
+    from hfexport.quantization.spec import PARAMS, _Choice
 
     configs = {"ort_dynamic": exporters.OnnxRuntimeDynamicConfig, "ort_static": exporters.OnnxRuntimeStaticConfig,
                "nncf_weights": exporters.NNCFWeightCompressionConfig, "nncf_quantize": exporters.NNCFQuantizationConfig}
@@ -285,7 +286,7 @@ def test_xnnpack_quantizer_keeps_integer_arithmetic_integer():
     import torch
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
 
-    from hfexport.quantization import PT2E_PRESETS
+    from hfexport.quantization.spec import PT2E_PRESETS
 
     class Indexing(torch.nn.Module):
         def __init__(self):
@@ -491,7 +492,7 @@ def test_generation_targets_calibrate_each_component_on_its_own_captured_inputs(
 
 
 def test_default_parity_for_quantized_targets_and_recipe_overrides():
-    from hfexport.quantization import default_parity, parity_for
+    from hfexport.verify.thresholds import default_parity, parity_for
 
     int8 = default_parity("ort_dynamic", "forward")
     assert int8["atol"] is None and int8["rtol"] is None and int8["min_cosine"] == 0.98 and "generate" not in int8
@@ -500,7 +501,7 @@ def test_default_parity_for_quantized_targets_and_recipe_overrides():
     assert int4["generate"]["max_new_tokens"] >= 8 and 0 < int4["generate"]["min_token_agreement"] < 1
     document = recipe_with({"method": "ort_dynamic"}, parity={"min_cosine": 0.999})
     assert parity_for(load_recipe(document).target("t"))["min_cosine"] == 0.999
-    from hfexport.verify import thresholds_for
+    from hfexport.verify.thresholds import thresholds_for
 
     thresholds = thresholds_for(load_recipe(document).target("t"))
     assert thresholds["default"]["min_cosine"] == 0.999 and thresholds["default"]["atol"] is None
@@ -534,8 +535,8 @@ def _check_quantized_job(report, name: str, reference: str, max_size_ratio: floa
 def test_minilm_ort_dynamic_one_liner_passes_its_gate_on_real_text_and_reports_size_and_latency(minilm, tmp_path):
     """The documented one-liner `{"method": "ort_dynamic"}`: hfexport's defaults (per-channel, reduce_range: 7-bit
     weights, which do not saturate on CPUs without VNNI) pass the 8-bit gate, judged on the recipe's sample texts."""
-    from hfexport.job import run_job
-    from hfexport.report import JobReport
+    from hfexport.job.run import run_job
+    from hfexport.report.model import JobReport
 
     recipe = _minilm_recipe("onnx", {"method": "ort_dynamic"})
     report = run_job(minilm, tmp_path / "out", recipe=recipe, all_targets=True)
@@ -553,13 +554,13 @@ def test_minilm_ort_dynamic_one_liner_passes_its_gate_on_real_text_and_reports_s
     assert int8["precision"] == "int8" and int8["int8_path"]  # the kernel path this CPU takes, named in the report
     saved = JobReport.read(tmp_path / "out" / "onnx-int8")  # the target's own report carries the comparison too
     assert saved.targets["onnx-int8"].quantization["comparison"]["size_ratio"] == quantization["comparison"]["size_ratio"]
-    markdown = report.to_markdown()
+    markdown = report_markdown(report)
     assert "**Quantization:** ort_dynamic" in markdown and f"{quantization['comparison']['size_ratio']:.2f}x" in markdown
 
 
 @pytest.mark.slow
 def test_minilm_nncf_weights_int8_openvino_passes_its_gate(minilm, tmp_path):
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     recipe = _minilm_recipe("openvino", {"method": "nncf_weights", "params": {"mode": "int8_asym"}})
     report = run_job(minilm, tmp_path / "out", recipe=recipe, all_targets=True)
@@ -610,7 +611,7 @@ def _check_generation_job(report, name: str, min_token_agreement: float):
 
 @pytest.mark.slow
 def test_tiny_llama_nncf_int4_openvino_generation_with_calibration_texts(tiny_llama, tmp_path):
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     quantization = {"method": "nncf_weights", "params": {"mode": "int4_sym", "group_size": 16, "ratio": 0.8,
                                                          "scale_estimation": True},
@@ -624,7 +625,7 @@ def test_tiny_llama_nncf_int4_openvino_generation_with_calibration_texts(tiny_ll
 
 @pytest.mark.slow
 def test_tiny_llama_pt2e_xnnpack_executorch_generation(tiny_llama, tmp_path):
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     quantization = {"method": "pt2e", "preset": "xnnpack_int8_dynamic_per_channel"}
     recipe = _llama_recipe(tiny_llama, "pte-generation", quantization)
@@ -657,7 +658,7 @@ MATRIX = {
 
 @pytest.mark.slow
 def test_every_allowed_combination_exports_and_passes_its_gate(tiny_bert, tmp_path):
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     document = json.loads((tiny_bert / "export_config.json").read_text())
     fp32 = {"onnx": "onnx", "openvino": "openvino", "executorch": "pte"}

@@ -15,16 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hfexport import cli
+from hfexport.surfaces import cli
 from hfexport.errors import RecipeError, RecipeNotFoundError, SourceError
-from hfexport.recipe import (
-    MAX_RECIPE_BYTES,
-    Recipe,
-    load_recipe,
-    recipe_from_document,
-    recipe_from_hub,
-    recipe_from_text,
-)
+from hfexport.recipe.loading import MAX_RECIPE_BYTES, load_recipe, recipe_from_hub
+from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
 
 BAD = Path(__file__).parent / "data" / "bad_recipes"
 EXPECTED: dict[str, str] = json.loads((BAD / "expected.json").read_text())
@@ -33,7 +27,7 @@ CORPUS = sorted(EXPECTED)
 
 @pytest.fixture
 def in_process(capsys):
-    """`run(*argv) -> (exit code, stdout, stderr)` through `hfexport.cli.main`, undoing its process-wide log quieting."""
+    """`run(*argv) -> (exit code, stdout, stderr)` through `hfexport.surfaces.cli.main`, undoing its process-wide log quieting."""
     environ = dict(os.environ)
 
     def run(*argv: str):

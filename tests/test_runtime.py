@@ -15,6 +15,7 @@ import pytest
 
 from hfexport.errors import RecipeError, SourceError
 from hfexport.runtime import _read_cpuinfo, cpu_info, int8_kernel_path, read_back
+from hfexport.report.markdown import report_markdown
 
 BF16_REASON = "this CPU has no AVX512-BF16/AMX-BF16: OpenVINO runs bf16 requests at f32 here"
 
@@ -64,7 +65,7 @@ def _bert_recipe(tiny_bert: Path, target: str, runtime: dict | None) -> dict:
     ("openvino", {"inference_precision": "f32"}, "targets.openvino.runtime.inference_precision", "precision"),
 ])
 def test_a_bad_runtime_section_is_a_recipe_error_with_its_path(tiny_bert, target, runtime, path, expected):
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
 
     with pytest.raises(RecipeError) as caught:
         load_recipe(_bert_recipe(tiny_bert, target, runtime))
@@ -73,7 +74,7 @@ def test_a_bad_runtime_section_is_a_recipe_error_with_its_path(tiny_bert, target
 
 
 def test_the_runtime_section_is_kept_in_the_target_and_its_hash(tiny_bert):
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
 
     plain = load_recipe(_bert_recipe(tiny_bert, "openvino", None))
     pinned = load_recipe(_bert_recipe(tiny_bert, "openvino", {"precision": "f32"}))
@@ -87,8 +88,8 @@ def test_the_runtime_section_is_kept_in_the_target_and_its_hash(tiny_bert):
 
 
 def test_reduced_precision_has_its_own_thresholds_and_ignores_float32_overrides():
-    from hfexport.recipe import Target
-    from hfexport.verify import default_tolerance, thresholds_for
+    from hfexport.recipe.model import Target
+    from hfexport.verify.thresholds import default_tolerance, thresholds_for
 
     strict = default_tolerance("openvino")
     bf16 = default_tolerance("openvino", precision="bf16")
@@ -108,15 +109,15 @@ def test_reduced_precision_has_its_own_thresholds_and_ignores_float32_overrides(
 @pytest.fixture(scope="module")
 def bert_parts(tiny_bert):
     from hfexport.models import load_model, load_processor
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
 
     return load_model(tiny_bert, load_recipe(tiny_bert)), load_processor(tiny_bert)
 
 
 def _verify_openvino(exported_bert, tiny_bert, bert_parts, runtime: dict | None):
     from hfexport.plan import build_plan
-    from hfexport.recipe import load_recipe
-    from hfexport.verify import verify_exported
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.verify.check import verify_exported
 
     output, _ = exported_bert
     model, processor = bert_parts
@@ -141,7 +142,7 @@ def test_openvino_pinned_to_f32_is_checked_at_f32_against_strict_thresholds(expo
 
 @pytest.mark.skipif(not cpu_info()["bf16"], reason=BF16_REASON)
 def test_openvino_bf16_is_judged_by_bf16_thresholds_on_a_cpu_that_has_it(exported_bert, tiny_bert, bert_parts):
-    from hfexport.verify import default_tolerance
+    from hfexport.verify.thresholds import default_tolerance
 
     verification = _verify_openvino(exported_bert, tiny_bert, bert_parts, {"precision": "bf16"})
     assert verification["passed"], verification["failures"]
@@ -222,11 +223,11 @@ def test_load_reports_a_malformed_recipe_copy_by_file_and_path(exported_bert, tm
 
 
 def test_reports_name_the_cpu_and_the_precision_of_every_check(exported_bert):
-    from hfexport.report import validate_report
+    from hfexport.report.model import validate_report
 
     _, report = exported_bert
     validate_report(report.to_dict())
-    text = report.to_markdown()
+    text = report_markdown(report)
     assert f"Verified on {cpu_info()['model']}" in text
     assert "**Runtime:** openvino on CPU" in text and "graph checked at f32" in text
     assert "**Runtime:** onnxruntime on cpu" in text

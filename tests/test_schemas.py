@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from jsonschema import Draft202012Validator
 
-from hfexport.recipe import load_schema
+from hfexport.schema import load_schema
 
 
 @pytest.mark.parametrize("name", ["export_config", "export_report", "export_manifest"])

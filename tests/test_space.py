@@ -39,7 +39,7 @@ def _require_browser() -> None:
 @pytest.fixture(scope="module")
 def space(hub, tmp_path_factory):
     _require_browser()
-    from hfexport.space_logic import SpaceSettings
+    from hfexport.surfaces.space import SpaceSettings
 
     settings = SpaceSettings(workdir=tmp_path_factory.mktemp("space-work"), queue_size=4)
     # The mocked sign-in is checked against a *read* token: a handler that wrote with the Space's own login

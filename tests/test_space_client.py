@@ -23,7 +23,7 @@ JOB_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def space(hub, tmp_path_factory):
-    from hfexport.space_logic import SpaceSettings
+    from hfexport.surfaces.space import SpaceSettings
 
     settings = SpaceSettings(workdir=tmp_path_factory.mktemp("space-client-work"), queue_size=4)
     with running_space(settings, login_token=hub.read_token) as running:

@@ -1,4 +1,4 @@
-"""The Space's UI-independent logic (hfexport.space_logic): editor validation, errors, folders, recipe proposals."""
+"""The Space's UI-independent logic (hfexport.surfaces.space): editor validation, errors, folders, recipe proposals."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hfexport import space_logic as logic
+from hfexport.surfaces import space as logic
+from hfexport.surfaces.failure import SpaceError, describe_failure
 from hfexport.errors import PlanError, Problem, PublishRefusedError, RecipeError, SourceError, UnknownTargetError
-from hfexport.preflight import PreflightError
+from hfexport.job.preflight import PreflightError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -103,7 +104,7 @@ def test_text_that_is_not_json_is_one_problem_shown_at_its_line():
 
 
 def test_recipe_for_job_uses_the_repo_recipe_unless_edited():
-    from hfexport.recipe import canonical_json
+    from hfexport.recipe.validation import canonical_json
 
     recipe = bert_recipe()
     repo = canonical_json(recipe)
@@ -122,14 +123,14 @@ def test_recipe_for_job_uses_the_repo_recipe_unless_edited():
 def test_model_ids_are_hub_repo_ids_never_local_paths(tmp_path, monkeypatch):
     assert logic.check_model_id("  org/model ") == "org/model"
     for bad in ("", "../etc/passwd", "/etc", "a b", "org/model/extra"):
-        with pytest.raises(logic.SpaceError):
+        with pytest.raises(SpaceError):
             logic.check_model_id(bad)
     (tmp_path / "org" / "local").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(logic.SpaceError, match="not a Hub repo id"):
+    with pytest.raises(SpaceError, match="not a Hub repo id"):
         logic.check_model_id("org/local")  # a folder of the Space's own disk, not a repo
     assert logic.check_revision(" refs/pr/3 ") == "refs/pr/3" and logic.check_revision("") is None
-    with pytest.raises(logic.SpaceError):
+    with pytest.raises(SpaceError):
         logic.check_revision("main; rm -rf /")
 
 
@@ -150,19 +151,19 @@ def test_failures_are_a_category_a_line_and_a_command_never_a_token():
         SourceError("repository org/m not found or not accessible"): "Repository not found",
         SourceError("revision 'v9' not found in org/m"): "Revision not found",
         PublishRefusedError("target(s) onnx failed parity verification: not publishing"): "Publishing refused",
-        logic.SpaceError("Sign in required", "sign in with Hugging Face to convert models"): "Sign in required",
+        SpaceError("Sign in required", "sign in with Hugging Face to convert models"): "Sign in required",
         RuntimeError(f"boom with {token}\nTraceback (most recent call last):\n  File x"): "Unexpected error",
         PreflightError("org/m: not enough memory: about 1.1 GB needed, 64 MB available"): "Model too large for this Space",
         UnknownTargetError("no target 'tflite'; the recipe has: onnx"): "Unknown target",
         PlanError("input 'pixel_values' is not an input of BertModel"): "Recipe does not fit the model",
     }
     for error, category in cases.items():
-        failure = logic.describe_failure(error, "hfexport export org/m -o out")
+        failure = describe_failure(error, "hfexport export org/m -o out")
         text = failure.markdown()
         assert failure.category == category, (error, failure)
         assert "Traceback" not in text and token not in text
         assert "```sh\nhfexport export org/m -o out\n```" in text
-    recipe_failure = logic.describe_failure(RecipeError([Problem("targets.onnx.mode", "expected forward")], "x"))
+    recipe_failure = describe_failure(RecipeError([Problem("targets.onnx.mode", "expected forward")], "x"))
     assert recipe_failure.category == "Invalid recipe"
     assert "- `targets.onnx.mode`: expected forward" in recipe_failure.markdown()
 
@@ -172,7 +173,7 @@ def test_hub_http_errors_keep_their_status(hub):
 
     with pytest.raises(Exception) as caught:
         HfApi(token="hf_not_a_known_token_at_all").whoami()
-    failure = logic.describe_failure(caught.value)
+    failure = describe_failure(caught.value)
     assert failure.category == "Not authorised" and "401" in failure.message
     assert "hf_not_a_known_token_at_all" not in failure.markdown()
 
@@ -188,7 +189,7 @@ def test_the_oauth_token_is_the_hub_token(monkeypatch, tmp_path):
     assert logic.hub_token(logic.GRADIO_MOCK_OAUTH_TOKEN, settings) == "hf_developer_token_1234"
     monkeypatch.setenv("SPACE_ID", "org/space")  # on a Space the swap never happens
     assert logic.hub_token(logic.GRADIO_MOCK_OAUTH_TOKEN, settings) == logic.GRADIO_MOCK_OAUTH_TOKEN
-    with pytest.raises(logic.SpaceError, match="sign in"):
+    with pytest.raises(SpaceError, match="sign in"):
         logic.require_token(None, "convert models")
 
 
@@ -230,7 +231,7 @@ def test_zip_holds_every_target_file_and_the_report(tmp_path):
 
 
 def test_progress_log_has_one_line_per_step_and_target():
-    from hfexport.job import Step
+    from hfexport.progress import Step
 
     log = logic.ProgressLog("Converting `org/m`")
     log.add(Step("load_model", "start", None, "org/m"))
@@ -340,7 +341,7 @@ def test_draft_recipe_for_a_model_without_one_is_init_s_proposal(hub):
 
 
 def test_validated_with_is_recorded_only_for_a_recipe_whose_every_target_passed_here():
-    from hfexport.report import JobReport, TargetReport
+    from hfexport.report.model import JobReport, TargetReport
 
     recipe = bert_recipe()
     report = JobReport(source={"model": "org/m"})

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hfexport.report import JobReport, validate_report
+from hfexport.report.model import JobReport, validate_report
+from hfexport.report.markdown import report_markdown
 
 TRAP_RECIPE = {
     "recipe_version": 1,
@@ -82,7 +83,7 @@ def test_generation_targets_compare_prefill_and_decode_and_greedy_tokens(exporte
 
 def test_report_markdown_has_a_table_per_target(exported_bert, cli):
     output, report = exported_bert
-    text = report.to_markdown()
+    text = report_markdown(report)
     # one table per target, and one more for a target also checked at a reduced runtime precision (OpenVINO's bf16
     # default on CPUs that have it; absent where the runtime computes at f32)
     tables = sum(1 + ("runtime_check" in target.verification) for target in report.targets.values())
@@ -199,7 +200,7 @@ def test_perturbed_onnx_initializer_fails_parity_and_verify_exits_1(tmp_path, ex
 
 
 def test_perturbed_openvino_bin_fails_parity(tmp_path, exported_bert, tiny_bert):
-    from hfexport.verify import reverify
+    from hfexport.job.reverify import reverify
 
     output, _ = exported_bert
     copy = tmp_path / "openvino"
@@ -217,7 +218,7 @@ def test_perturbed_openvino_bin_fails_parity(tmp_path, exported_bert, tiny_bert)
 @pytest.fixture(scope="module")
 def bert_model(tiny_bert):
     from hfexport.models import load_model, load_processor
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
 
     recipe = load_recipe(tiny_bert)
     return recipe, load_model(tiny_bert, recipe), load_processor(tiny_bert)
@@ -225,7 +226,7 @@ def bert_model(tiny_bert):
 
 def _plan(bert_model, **changes):
     from hfexport.plan import build_plan
-    from hfexport.recipe import load_recipe
+    from hfexport.recipe.loading import load_recipe
 
     recipe, model, processor = bert_model
     data = json.loads(json.dumps(recipe.data))
@@ -241,7 +242,7 @@ def _plan(bert_model, **changes):
 
 
 def test_probes_cover_min_inside_max_and_recipe_values(bert_model):
-    from hfexport.verify import plan_probes
+    from hfexport.verify.probes import plan_probes
 
     plan, model = _plan(bert_model)
     probes, bound = plan_probes(plan, model.config)
@@ -256,7 +257,7 @@ def test_probes_cover_min_inside_max_and_recipe_values(bert_model):
 
 
 def test_probe_cost_bound_caps_the_largest_dim_first_and_says_so(bert_model):
-    from hfexport.verify import plan_probes
+    from hfexport.verify.probes import plan_probes
 
     plan, model = _plan(bert_model, parity={"max_probe_elements": 300})
     probes, bound = plan_probes(plan, model.config)
@@ -268,7 +269,7 @@ def test_probe_cost_bound_caps_the_largest_dim_first_and_says_so(bert_model):
 
 
 def test_seq_probes_stay_within_the_model_limit(bert_model):
-    from hfexport.verify import plan_probes
+    from hfexport.verify.probes import plan_probes
 
     plan, model = _plan(bert_model, dims={"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 4096}})
     probes, _ = plan_probes(plan, model.config)
@@ -276,7 +277,7 @@ def test_seq_probes_stay_within_the_model_limit(bert_model):
 
 
 def test_auto_axes_probe_batch_1_and_8(bert_model):
-    from hfexport.verify import plan_probes
+    from hfexport.verify.probes import plan_probes
 
     plan, model = _plan(bert_model, dynamic_shapes=None)
     probes, bound = plan_probes(plan, model.config)
@@ -285,7 +286,7 @@ def test_auto_axes_probe_batch_1_and_8(bert_model):
 
 
 def test_static_axes_are_probed_at_their_value_only(bert_model):
-    from hfexport.verify import plan_probes
+    from hfexport.verify.probes import plan_probes
 
     plan, model = _plan(bert_model, dynamic_shapes={"input_ids": {"0": 2, "1": "seq"}})
     probes, _ = plan_probes(plan, model.config)
@@ -296,7 +297,7 @@ def test_static_axes_are_probed_at_their_value_only(bert_model):
 
 
 def test_resized_inputs_keep_attention_masks_valid():
-    from hfexport.verify import AxisRef, resize_inputs
+    from hfexport.verify.probes import AxisRef, resize_inputs
 
     ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])  # left padding
@@ -313,7 +314,8 @@ def test_resized_inputs_keep_attention_masks_valid():
 
 
 def test_metrics_of_one_output():
-    from hfexport.verify import compare_tensors, default_tolerance
+    from hfexport.verify.parity import compare_tensors
+    from hfexport.verify.thresholds import default_tolerance
 
     tolerance = default_tolerance("onnx")
     eager = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -4.0]])
@@ -333,8 +335,9 @@ def test_metrics_of_one_output():
 
 
 def test_padded_positions_are_not_compared():
-    from hfexport.verify import compare_outputs, thresholds_for
-    from hfexport.recipe import Target
+    from hfexport.verify.parity import compare_outputs
+    from hfexport.verify.thresholds import thresholds_for
+    from hfexport.recipe.model import Target
 
     thresholds = thresholds_for(Target("t", "onnx"))
     eager = {"logits": torch.zeros(2, 3, 4)}
@@ -346,8 +349,8 @@ def test_padded_positions_are_not_compared():
 
 
 def test_thresholds_defaults_and_recipe_overrides():
-    from hfexport.recipe import Target
-    from hfexport.verify import default_tolerance, thresholds_for
+    from hfexport.recipe.model import Target
+    from hfexport.verify.thresholds import default_tolerance, thresholds_for
 
     assert default_tolerance("dynamo")["atol"] < default_tolerance("onnx")["atol"]
     assert default_tolerance("onnx", "float16")["atol"] == 1e-2
@@ -378,7 +381,7 @@ def test_report_schema_rejects_a_malformed_verification(exported_bert):
 def test_batch_pinning_trap_on_all_minilm_l6_v2(tmp_path, minilm):
     """As measured in the issue: all-MiniLM-L6-v2, engine dynamic=True, one sentence -> fails at batch 8;
     the same model with an explicit batch dim passes at batch 1 and 8."""
-    from hfexport.job import run_job
+    from hfexport.job.run import run_job
 
     trap = run_job(minilm, tmp_path / "trap", recipe=TRAP_RECIPE)
     target = trap.targets["onnx"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.webhook import Job, WebhookConfig, WebhookReceiver, classify, make_server
+from hfexport.surfaces.webhook import Job, WebhookConfig, WebhookReceiver, classify, make_server
 
 SECRET = "webhook-secret-for-tests"
 

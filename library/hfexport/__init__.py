@@ -9,23 +9,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # hfexport's own names -> module.
 _OWN = {
-    "AutoHfExporter": "exporter",
-    "AutoExportConfig": "exporter",
-    "RecipeExporter": "exporter",
+    "AutoHfExporter": "export",
+    "AutoExportConfig": "export",
+    "RecipeExporter": "export",
     "ExportedModel": "exported",
-    "Recipe": "recipe",
-    "Target": "recipe",
-    "load_recipe": "recipe",
+    "Recipe": "recipe.model",
+    "Target": "recipe.model",
+    "load_recipe": "recipe.loading",
     "RecipeError": "errors",
     "HfExportError": "errors",
     "Plan": "plan",
     "build_plan": "plan",
-    "run_job": "job",
-    "JobReport": "report",
+    "run_job": "job.run",
+    "JobOptions": "job.run",
+    "JobReport": "report.model",
+    "publish": "publication.publish",
     "load": "exported",
 }
 
@@ -62,7 +64,7 @@ _ENGINE_UTILS = ("decompose_for_generation", "get_leaf_tensors", "prepare_for_ex
 __all__ = sorted([*_OWN, *_ENGINE, *_ENGINE_UTILS, "__version__"])
 
 
-_ENGINE_MODULES = ("exporter", "exported", "generate")  # they import transformers.exporters (torch) at import
+_ENGINE_MODULES = ("export", "exported", "generate")  # they import transformers.exporters (torch) at import
 
 
 def __getattr__(name: str):
@@ -88,9 +90,11 @@ def __dir__():
 
 if TYPE_CHECKING:  # pragma: no cover
     from .errors import HfExportError, RecipeError
-    from .exporter import AutoExportConfig, AutoHfExporter, RecipeExporter
+    from .export import AutoExportConfig, AutoHfExporter, RecipeExporter
     from .exported import ExportedModel, load
-    from .job import run_job
+    from .job.run import JobOptions, run_job
     from .plan import Plan, build_plan
-    from .recipe import Recipe, Target, load_recipe
-    from .report import JobReport
+    from .publication.publish import publish
+    from .recipe.loading import load_recipe
+    from .recipe.model import Recipe, Target
+    from .report.model import JobReport

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+
 _EXIT_FREEZE_REGISTERED = False
 
 

@@ -9,11 +9,19 @@ import os
 import re
 from dataclasses import dataclass
 
+
 EXIT_OK = 0
+
+
 EXIT_CHECK_FAILED = 1
+
+
 EXIT_COULD_NOT_RUN = 2
 
+
 _TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{8,}")
+
+
 _known_secrets: set[str] = set()
 
 
@@ -29,6 +37,19 @@ def redact(text: str) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return _TOKEN_PATTERN.sub("hf_***", text)
+
+
+def first_line(error: BaseException | str, limit: int | None = None) -> str:
+    """The first line of an error's message (its class name when the message is empty), redacted, optionally cut.
+
+    One line is what a CLI error, a report field or a progress line can show; an empty `OSError()` or a message
+    of blank lines still yields something readable."""
+    text = error if isinstance(error, str) else str(error)
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if not line and not isinstance(error, str):
+        line = type(error).__name__
+    line = redact(line)
+    return line[:limit] if limit else line
 
 
 class HfExportError(Exception):

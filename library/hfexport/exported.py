@@ -7,14 +7,21 @@ import contextlib
 import inspect
 import os
 from pathlib import Path
-
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
-from .errors import CorruptExportError, HfExportError, SourceError, UnsafeExportError, redact
-from .safety import MANIFEST_FILE, check_file_name, check_manifest_file, check_program_files, checked_file, read_json
+from hfexport.errors import CorruptExportError, HfExportError, SourceError, UnsafeExportError, redact
+from hfexport.generate import generate
+from hfexport.recipe.loading import load_recipe
+from hfexport.runtime import PRECISION_FORMATS, has_runtime_precision, load_options, pinned_precision
+from hfexport.safety.artifacts import MANIFEST_FILE, check_manifest_file, check_program_files, checked_file, read_json
+from hfexport.safety.pt2 import weights_only_unpickling
+from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
+
 
 EXPORTS_FOLDER = "exports"
-RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job saves beside each export
+
+
+RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job.run saves beside each export
 
 
 class ExportedModel(_EngineExportedModel):
@@ -75,7 +82,6 @@ class ExportedModel(_EngineExportedModel):
             graphs (beam search, `num_beams > 1`, names the formats that could support it; guidance, contrastive
             search, `return_dict_in_generate`, ...); a static cache too small for the requested length.
         """
-        from .generate import generate
 
         return generate(self, input_ids, attention_mask, generation_config=generation_config,
                         logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
@@ -97,7 +103,7 @@ class ExportedModel(_EngineExportedModel):
         allow_unsafe_pt2: bool = False,
         **kwargs,
     ) -> ExportedModel:
-        """Load an export after proving it safe to load (`hfexport.safety`, docs/security.md).
+        """Load an export after proving it safe to load (`hfexport.safety.artifacts`, docs/security.md).
 
         `precision` is the precision the runtime computes at: `None` applies the owner's choice (the target's
         `runtime.precision` in the `export_config.json` hfexport saves beside the export), `"auto"` the device's
@@ -225,8 +231,6 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
         from transformers.exporters import DynamoExporter
         from transformers.exporters.metadata import register_treespec_types
 
-        from .pt2_safety import weights_only_unpickling
-        from .safety import pt2_unpickling_allowlist
 
         # A program whose inputs hold a cache needs the (allowlisted) cache classes registered as pytree nodes first.
         for field in ("in_spec", "out_spec"):
@@ -252,7 +256,6 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
 
 def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict) -> dict:
     """The runner arguments with the runtime precision applied: the caller's, else the owner's recipe pin."""
-    from .runtime import PRECISION_FORMATS, has_runtime_precision, load_options
 
     allowed = PRECISION_FORMATS.get(export_format, ("auto", "f32"))
     if precision is not None and precision not in allowed:
@@ -268,8 +271,6 @@ def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: d
 
 def owner_precision(fetch) -> str:
     """The target's `runtime.precision` from the recipe copy saved beside the export ("auto" when there is none)."""
-    from .recipe import load_recipe
-    from .runtime import pinned_precision
 
     path = fetch(RECIPE_COPY_FILE, required=False)
     if path is None:

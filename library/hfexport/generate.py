@@ -21,11 +21,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from typing import Any
-
 import torch
 
+
 PREFILL, DECODE = "prefill", "decode"
+
+
 CACHE = "past_key_values"
+
+
 _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE}
 
 
@@ -61,6 +65,8 @@ _UNSUPPORTED = {
     "output_attentions": ((None, False), "the exported graphs return logits and the cache only"),
     "output_hidden_states": ((None, False), "the exported graphs return logits and the cache only"),
 }
+
+
 # transformers 5.23's global defaults (`GenerationConfig._get_default_generation_params`, a private method) for the
 # fields read here: applied where neither the caller nor the export's generation config sets them, as
 # `model.generate` does. (`max_length` is handled in `_max_length`: 20 new tokens.)
@@ -69,7 +75,11 @@ GLOBAL_DEFAULTS = {
     "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
     "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "remove_invalid_values": False,
 }
+
+
 DEFAULT_NEW_TOKENS = 20  # transformers' default `max_length`, counted as new tokens when nobody set a length
+
+
 BEAM_SEARCH_MESSAGE = (
     "beam search (num_beams={beams}) is not implemented over exported graphs: every step reorders the KV cache by "
     "the beams kept. The formats could support it: OpenVINO stateful exports take a `beam_idx` input that reorders "

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import PlanError
-from .models import GENERATIVE_TASKS
+from hfexport.errors import PlanError
+from hfexport.models import GENERATIVE_TASKS
+
 
 DEFAULT_TEXTS = ["The capital of France is Paris, and", "Exporting a model should be one call."]
+
+
 DEFAULT_SEQ = 13
+
+
 DEFAULT_BATCH = 2
+
+
 SEED = 0
+
+
 _DTYPES = ("int64", "int32", "bool", "float32", "float16", "bfloat16")
+
+
 # Samples only trace the model: bounded so that a recipe's sizes (each allowed up to 2**30) cannot exhaust memory.
 MAX_SAMPLE_ELEMENTS = 1 << 27
 

@@ -21,18 +21,25 @@ import statistics
 import time
 from pathlib import Path
 
+from hfexport.runtime import cpu_info
+from hfexport.verify.probes import AxisRef, probe_axes, probe_tensors, resize_inputs, shapes_of
+
+
 DEFAULT_RUNS = 5
+
+
 GENERATION_TOKENS = 8
+
+
 AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
 
 
 def batch_sizes(plan) -> tuple[list[int], list]:
     """(the batch sizes to measure, the axis refs that follow the batch) for a forward plan."""
-    from .verify import _tensors, probe_axes
 
     refs, auto = probe_axes(plan)
     batch_refs = [ref for ref in refs if ref.dim == "batch" or (auto and ref.axis == 0)]
-    tensors = _tensors(plan.inputs)
+    tensors = probe_tensors(plan.inputs)
     sample = next((tensor.shape[0] for tensor in tensors.values() if tensor.dim() > 0), 1)
     if not batch_refs:
         return [sample], []
@@ -50,11 +57,9 @@ def _time_ms(call) -> float:
 def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -> dict:
     """The target in `folder` and `model` on the plan's sample inputs at batch 1 and the largest declared batch:
     `{"runs", "cpu", "threads", "points": [{"batch", "shapes", "artifact_ms", "eager_ms", "speedup"}]}`."""
+    from hfexport.exported import ExportedModel
     import torch
 
-    from .exported import ExportedModel
-    from .runtime import cpu_info
-    from .verify import AxisRef, _shapes, resize_inputs
 
     exported = ExportedModel.from_pretrained(Path(folder))
     generation = plan.target.mode == "generation"
@@ -80,7 +85,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
                     artifact.append(_time_ms(lambda: exported_call(inputs)))
                     eager.append(_time_ms(lambda: eager_call(eager_inputs)))
                 artifact_ms, eager_ms = statistics.median(artifact), statistics.median(eager)
-                point = {"batch": batch, "shapes": _shapes(inputs), "artifact_ms": round(artifact_ms, 3),
+                point = {"batch": batch, "shapes": shapes_of(inputs), "artifact_ms": round(artifact_ms, 3),
                          "eager_ms": round(eager_ms, 3),
                          "speedup": round(eager_ms / artifact_ms, 3) if artifact_ms > 0 else None}
                 if generation:
@@ -96,7 +101,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
 
 def _generation_calls(exported, model, plan):
     """(artifact call, eager call) that each make exactly `GENERATION_TOKENS` greedy tokens from a prompt batch."""
-    from .generate import generate
+    from hfexport.generate import generate
 
     config = copy.deepcopy(plan.generation_config or model.generation_config)
     config.do_sample, config.num_beams = False, 1

@@ -15,25 +15,59 @@ the terminal: the CLI's console and this logger's handler write there.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import os
+import sys
+import atexit
 import ctypes
 import io
 import logging
-import os
-import sys
 import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
 
+
+def quiet_engine_logs(debug: bool, verbose: bool = False) -> None:
+    """Quiet by default: engine chatter (progress lines, version-drift notes, tracing warnings) is logged on
+    `hfexport.engine` at INFO and not shown. `--verbose` or HFEXPORT_LOG=info shows it on stderr, `--debug` (or
+    HFEXPORT_LOG=debug) everything."""
+    import logging
+    import warnings
+
+
+    wanted = "debug" if debug else "info" if verbose else None
+    level = configure(wanted)
+    if wanted or parse_level(os.environ.get(ENV)) is not None and level < logging.WARNING:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TORCH_LOGS", "-all")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)  # engine loggers are named by file path, outside "transformers"
+
+
 LOGGER = logging.getLogger("hfexport")
+
+
 ENGINE = logging.getLogger("hfexport.engine")
+
+
 ENV = "HFEXPORT_LOG"
+
+
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
 _handler: logging.Handler | None = None
+
+
 _originals: dict[str, io.TextIOBase] = {}
+
+
 _lock = threading.RLock()
+
+
 _depth = 0
 
 

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import Problem, RecipeError, SourceError, redact
+from hfexport.errors import Problem, RecipeError, SourceError, redact
+
 
 # task -> transformers Auto class name
 TASK_AUTO_CLASSES = {
@@ -28,7 +29,11 @@ TASK_AUTO_CLASSES = {
     "image-text-to-text": "AutoModelForImageTextToText",
     "audio-classification": "AutoModelForAudioClassification",
 }
+
+
 GENERATIVE_TASKS = ("text-generation", "text2text-generation", "automatic-speech-recognition", "image-text-to-text")
+
+
 _CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
 
 

@@ -12,10 +12,12 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PlanError
-from .inputs import build_sample_inputs
-from .models import infer_task
-from .recipe import Recipe, Target, parse_axis
+from hfexport.errors import PlanError
+from hfexport.inputs import build_sample_inputs
+from hfexport.models import infer_task
+from hfexport.quantization.quantizer import attach
+from hfexport.recipe.model import Recipe, Target
+from hfexport.recipe.validation import parse_axis
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Plan:
     generation_config: Any = None
     multi_token_decode: bool = False
     dims: dict[str, Any] = field(default_factory=dict)
-    quantization: dict | None = None  # method, params, engine objects, calibration (hfexport.quantization)
+    quantization: dict | None = None  # method, params, engine objects, calibration (hfexport.quantization.spec)
 
     @property
     def export_format(self):
@@ -381,7 +383,6 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             )
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
     if target.quantization:
-        from .quantization import attach
 
         # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
         plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,

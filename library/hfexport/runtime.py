@@ -16,11 +16,15 @@ import os
 import platform
 from pathlib import Path
 
+
 # Precisions a recipe may pin; "auto" is the device's own default (bf16 on OpenVINO's CPU plugin where the CPU has it).
 PRECISIONS = ("auto", "f32", "bf16", "f16")
+
+
 # Formats whose runtime precision can differ from the graph's: the others run the graph's own element types.
 PRECISION_FORMATS = {"openvino": PRECISIONS, "onnx": ("auto", "f32"), "executorch": ("auto", "f32"),
                      "dynamo": ("auto", "f32")}
+
 
 # /proc/cpuinfo flag -> the name reports use. Only features that change what a kernel computes (or whether it can).
 NUMERIC_FEATURES = {

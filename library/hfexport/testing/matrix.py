@@ -1,6 +1,6 @@
 """The compatibility matrix: tiny models (`hfexport.testing.models`) × formats × modes, each cell one real job.
 
-A cell runs `hfexport.job.run_job(model_dir, out, targets=["<format>-<mode>"])`, which exports, saves, reloads
+A cell runs `hfexport.job.run.run_job(model_dir, out, targets=["<format>-<mode>"])`, which exports, saves, reloads
 the artifacts from disk and verifies them against the eager model. Its outcome is one of:
 
 - `pass`: exported and verified;
@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .models import FORMATS, MODELS, make_model, target_name
 
@@ -171,8 +170,8 @@ def ensure_models(workdir: Path, names: Iterable[str], rebuild: bool = False) ->
 
 def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult:
     """Run one cell in this process: build the model if needed, run the job for the cell's target, classify."""
-    from ..errors import HfExportError
-    from ..job import _engine_error, run_job
+    from hfexport.errors import HfExportError
+    from hfexport.job.run import _engine_error, run_job
 
     workdir = Path(workdir)
     started = time.perf_counter()

@@ -1,0 +1,168 @@
+"""`AutoHfExporter.from_pretrained`: an exporter bound to a model owner's recipe target.
+
+The engine's `AutoHfExporter`/`AutoExportConfig` are extended, not wrapped: `from_config` and `from_dict` work as
+in the engine (with format strings converted to `ExportFormat`), and `supports_export_format` says which half of
+a backend (config class or exporter) is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+from typing import Any
+from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
+from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
+
+from hfexport.exported import ExportedModel
+from hfexport.models import load_model, load_processor
+from hfexport.plan import _engine_config, build_plan
+from hfexport.recipe.loading import load_recipe
+from hfexport.recipe.model import Recipe
+
+
+FORMAT_EXTRAS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": None}
+
+
+class AutoExportConfig(_EngineAutoExportConfig):
+    """The engine's `AutoExportConfig`; `export_format` strings become `ExportFormat` members."""
+
+    @classmethod
+    def from_dict(cls, export_config_dict: dict):
+        from transformers.exporters import ExportFormat
+
+        values = dict(export_config_dict)
+        if isinstance(values.get("export_format"), str):
+            try:
+                values["export_format"] = ExportFormat(values["export_format"])
+            except ValueError:
+                pass  # the engine names the registered formats
+        return super().from_dict(values)
+
+
+class AutoHfExporter(_EngineAutoHfExporter):
+    """The engine's `AutoHfExporter`, plus `from_pretrained` (recipe-bound) and `supports_export_format`."""
+
+    @classmethod
+    def supports_export_format(cls, export_config: dict) -> bool:
+        """True only when the format has both a config class and an importable exporter; else warn which is missing."""
+        from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class
+
+        export_format = export_config.get("export_format")
+        backend = EXPORT_BACKENDS.get(export_format)
+        if backend is None:
+            warnings.warn(
+                f"No config class and no exporter are registered for export_format={export_format!r} "
+                f"(registered: {', '.join(sorted(map(str, EXPORT_BACKENDS)))}). Register both with "
+                "`hfexport.register_backend(MyExporter)`, whose `config_class` names the config.",
+                stacklevel=2,
+            )
+            return False
+        extra = FORMAT_EXTRAS.get(str(export_format))
+        install = f"`pip install 'hfexport[{extra}]'`" if extra else "installing its packages"
+        try:
+            exporter = get_exporter_class(export_format)
+        except ImportError as error:
+            warnings.warn(
+                f"The config class {backend.config.__name__} is registered for {export_format!r}, but its exporter "
+                f"cannot be imported ({error}); fix it by {install}.",
+                stacklevel=2,
+            )
+            return False
+        missing = [name for name in exporter.required_packages if importlib.util.find_spec(name) is None]
+        if missing:
+            warnings.warn(
+                f"The config class {backend.config.__name__} is registered for {export_format!r}, but its exporter "
+                f"{exporter.__name__} lacks the packages {', '.join(missing)}; fix it by {install}.",
+                stacklevel=2,
+            )
+            return False
+        return True
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        target: str | None = None,
+        revision: str | None = None,
+        token: str | None = None,
+        recipe: str | Path | dict | Recipe | None = None,
+        trust_remote_code: bool = False,
+        **overrides: Any,
+    ) -> RecipeExporter:
+        """An exporter bound to the recipe target `target` (the recipe's default when None) of a folder or Hub repo.
+
+        Only the recipe (and `config.json`) is read here; weights load on `.export()` / `.load_model()`.
+        `overrides` are extra engine options for the target (e.g. `opset_version=18`), validated like the recipe.
+        """
+        loaded = load_recipe(recipe if recipe is not None else name_or_path, revision=revision, token=token)
+        name = loaded.target(target).name
+        if overrides:
+            loaded = loaded.with_target_overrides(name, **overrides)
+        return RecipeExporter(loaded, name, source=name_or_path, revision=revision, token=token,
+                              trust_remote_code=trust_remote_code)
+
+
+class RecipeExporter:
+    """An exporter bound to one recipe target: `.recipe`, `.target`, `.config`, `.plan()`, `.export()`."""
+
+    def __init__(self, recipe: Recipe, target: str, source: str | Path | None = None, revision: str | None = None,
+                 token: str | None = None, trust_remote_code: bool = False):
+        self.recipe = recipe
+        self.target = recipe.target(target)
+        self.source, self.revision, self.token = source, revision, token
+        self.trust_remote_code = trust_remote_code
+        self._processor = None
+
+    def __repr__(self) -> str:
+        return f"RecipeExporter(target={self.target.name!r}, format={self.target.export_format!r}, mode={self.target.mode!r})"
+
+    @property
+    def config(self):
+        """The engine config of the target's options (dims are resolved against inputs by `.plan()`)."""
+
+        return _engine_config(self.target, self.target.options, None if self.target.dynamic_shapes is None else {})
+
+    def load_model(self):
+        """The source model, loaded with the class the recipe's task or the config names."""
+
+        if self.source is None:
+            raise ValueError("This exporter has no source model: pass a model to export()")
+        return load_model(self.source, self.recipe, self.revision, self.token, self.trust_remote_code)
+
+    def processor(self):
+        if self._processor is None and self.source is not None:
+
+            self._processor = load_processor(self.source, self.revision, self.token)
+        return self._processor
+
+    def plan(self, model, inputs: dict | None = None):
+        """The resolved plan for `model`: engine configs with dims, inputs, components; nothing traced."""
+
+        return build_plan(self.recipe, self.target.name, model, inputs, self.processor() if inputs is None else None,
+                          source=self.source, revision=self.revision, token=self.token)
+
+    def export(self, model=None, inputs: dict | None = None) -> ExportedModel:
+        """Export `model` (the source model when None) the way the recipe target says; inputs synthesized if None."""
+        model = model if model is not None else self.load_model()
+        return run_plan(self.plan(model, inputs), model)
+
+
+def run_plan(plan, model) -> ExportedModel:
+    """The engine call a plan stands for: `export` for mode forward, `export_for_generation` for generation."""
+    exporter = AutoHfExporter.from_config(next(iter(plan.components.values())).config)
+    if plan.mode == "forward":
+        exported = exporter.export(model, dict(plan.inputs), plan.config)
+    else:
+        exported = exporter.export_for_generation(
+            model, dict(plan.inputs), plan.config, generation_config=plan.generation_config,
+            multi_token_decode=plan.multi_token_decode,
+        )
+        if exported.generation_config is None and getattr(model, "generation_config", None) is not None:
+            # transformers 5.23: `export_for_generation(generation_config=None)` traces with the model's generation
+            # config but keeps None on the ExportedModel, so `save_pretrained` wrote no generation_config.json and
+            # a loader lost the EOS/pad tokens and limits the export was made with.
+            import copy
+
+            exported.generation_config = copy.deepcopy(model.generation_config)
+    return ExportedModel.from_engine(exported)

@@ -1,0 +1,83 @@
+"""File names and writes every stage shares: the recipe copy saved beside each export, atomic JSON writes and
+atomic target folders, file listings with sizes and hashes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+import hashlib
+import shutil
+import uuid
+from collections.abc import Callable
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    """Write a file aside, then rename it over the target: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def file_entries(folder: Path) -> list[dict]:
+    """Every file under a target folder with its size, paths relative to the folder, sorted."""
+    return [
+        {"path": file.relative_to(folder).as_posix(), "bytes": file.stat().st_size}
+        for file in sorted(folder.rglob("*"))
+        if file.is_file()
+    ]
+
+
+def human_bytes(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count} B"
+
+
+def file_sha256(path: Path) -> str:
+    from huggingface_hub.utils.sha import sha_fileobj
+
+    with path.open("rb") as stream:
+        return sha_fileobj(stream).hex()
+
+
+def git_blob_sha1(path: Path) -> str:
+    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+RECIPE_COPY_FILE = "export_config.json"
+
+
+def save_atomically(output: Path, name: str, write: Callable[[Path], None]) -> Path:
+    """Run `write(staging_folder)`, then rename the folder to `output/name`; on any failure nothing is left."""
+    output.mkdir(parents=True, exist_ok=True)
+    final = output / name
+    staging = output / f".{name}.partial-{uuid.uuid4().hex[:8]}"
+    old = output / f".{name}.old-{uuid.uuid4().hex[:8]}"
+    try:
+        staging.mkdir()
+        write(staging)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if old.exists() and not final.exists():
+            os.replace(old, final)  # put the previous export back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return final

@@ -1,0 +1,254 @@
+"""Preflight: will a job fit in memory and on disk? Decided from the weights' metadata, before loading them.
+
+The weights' size comes from safetensors headers (a Hub repo's through `HfApi.get_safetensors_metadata`, which reads
+only the headers with range requests; a local folder's through `safetensors.safe_open`), else from the file sizes
+of the tree. Needs are estimates with documented multipliers (docs/publishing.md, "Preflight"):
+
+- memory: `RUNTIME_MB` for the imported libraries, plus the weights (at their stored dtype: transformers loads
+  with `dtype="auto"`) times `MEMORY_FACTOR[format]` for the largest target (exports run one after another);
+  generation targets trace several graphs (`GENERATION_FACTOR`).
+- disk: per target, the weights times `DISK_FACTOR` per component graph (generation exports save one graph per
+  stage, each with its weights), plus the download of a Hub model that is not in the local cache yet.
+
+Available memory is `psutil`'s available memory (capped by a cgroup v2 limit when there is one); disk is
+`shutil.disk_usage` of the output's filesystem. `HFEXPORT_MEMORY_LIMIT_MB` / `HFEXPORT_DISK_LIMIT_MB` override
+what is available (for tests and for sharing a machine).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hfexport.errors import HfExportError, redact
+from hfexport.files import human_bytes
+
+
+RUNTIME_MB = 1024
+
+
+MEMORY_FACTOR = {"dynamo": 3.0, "onnx": 4.0, "openvino": 4.0, "executorch": 4.0}
+
+
+GENERATION_FACTOR = 1.5
+
+
+DISK_FACTOR = 1.1
+
+
+GENERATION_COMPONENTS = 2
+
+
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+               "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+MB = 1 << 20
+
+
+class PreflightError(HfExportError):
+    """A job that would not fit in memory or on disk: what it needs, what is available, what to do."""
+
+
+@dataclass
+class Estimate:
+    """What a job needs (bytes) and what the machine offers; `problems` lists what does not fit."""
+
+    weights_bytes: int
+    dtypes: dict[str, int]
+    memory_needed: int
+    disk_needed: int
+    memory_available: int | None
+    disk_available: int | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def _human(count: int | float) -> str:
+
+    return human_bytes(int(count))
+
+
+def weights_metadata(model: str | Path, revision: str | None = None, token: str | None = None) -> tuple[int, dict]:
+    """(bytes of the weights, parameter count per dtype) of a local folder or Hub repo, without loading them."""
+    path = Path(str(model))
+    if path.is_dir():
+        return _local_weights(path)
+    return _hub_weights(str(model), revision, token)
+
+
+def _local_weights(folder: Path) -> tuple[int, dict]:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    counts: dict[str, int] = {}
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="numpy") as handle:
+            for key in handle.keys():
+                tensor = handle.get_slice(key)
+                size = 1
+                for dim in tensor.get_shape():
+                    size *= dim
+                counts[tensor.get_dtype()] = counts.get(tensor.get_dtype(), 0) + size
+                total += size * DTYPE_BYTES.get(tensor.get_dtype(), 4)
+    if not files:  # .bin / .pt checkpoints: their file sizes
+        total = sum(file.stat().st_size for pattern in ("*.bin", "*.pt", "*.pth") for file in folder.glob(pattern))
+    return total, counts
+
+
+def _hub_weights(repo_id: str, revision: str | None, token: str | None) -> tuple[int, dict]:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import NotASafetensorsRepoError
+
+    api = HfApi()
+    try:
+        metadata = api.get_safetensors_metadata(repo_id, revision=revision, token=token)
+        counts = dict(metadata.parameter_count)
+        return sum(count * DTYPE_BYTES.get(dtype, 4) for dtype, count in counts.items()), counts
+    except NotASafetensorsRepoError:
+        pass
+    info = api.model_info(repo_id, revision=revision, token=token, files_metadata=True)
+    total = sum(sibling.size or 0 for sibling in info.siblings or []
+                if sibling.rfilename.endswith((".bin", ".pt", ".pth", ".safetensors")))
+    return total, {}
+
+
+def estimate(model: str | Path, targets, output: str | Path, revision: str | None = None,
+             token: str | None = None) -> Estimate:
+    """Memory and disk a job exporting `targets` (recipe `Target`s) of `model` into `output` needs, and has."""
+    weights, dtypes = weights_metadata(model, revision, token)
+    factors = [MEMORY_FACTOR.get(t.export_format, 4.0) * (GENERATION_FACTOR if t.mode == "generation" else 1.0)
+               for t in targets]
+    memory = RUNTIME_MB * MB + int(weights * max(factors, default=1.0))
+    disk = sum(int(weights * DISK_FACTOR * (GENERATION_COMPONENTS if t.mode == "generation" else 1)) for t in targets)
+    output_dir = _existing_parent(Path(output))
+    download = 0 if Path(str(model)).is_dir() or _cached(str(model), revision) else weights
+    if download and _same_filesystem(output_dir, _hf_cache_dir()):
+        disk += download
+    result = Estimate(weights, dtypes, memory, disk, available_memory(), available_disk(output_dir))
+    what = f"weights {_human(weights)}"
+    if result.memory_available is not None and memory > result.memory_available:
+        result.problems.append(
+            f"not enough memory: about {_human(memory)} needed ({what} × {max(factors):g} for "
+            f"{_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries), {_human(result.memory_available)} "
+            "available"
+        )
+    if result.disk_available is not None and disk > result.disk_available:
+        result.problems.append(
+            f"not enough disk space in {output_dir}: about {_human(disk)} needed ({what} × {DISK_FACTOR:g} per graph "
+            f"for {len(list(targets))} target(s)" + (f", plus {_human(download)} to download" if download else "")
+            + f"), {_human(result.disk_available)} free"
+        )
+    return result
+
+
+def check(model: str | Path, targets, output: str | Path, revision: str | None = None,
+          token: str | None = None) -> Estimate:
+    """`estimate`, raising `PreflightError` when the job does not fit."""
+    try:
+        result = estimate(model, targets, output, revision, token)
+    except HfExportError:
+        raise
+    except Exception:  # noqa: BLE001 - an estimate we cannot make must not block the job
+        return Estimate(0, {}, 0, 0, None, None, [])  # the loader reports real access problems itself
+    if not result.fits:
+        raise PreflightError(f"{model}: " + "; ".join(result.problems)
+                             + " (pass --no-preflight to try anyway, or export fewer targets)")
+    return result
+
+
+def _worst(targets) -> str:
+    worst = max(targets, key=lambda t: MEMORY_FACTOR.get(t.export_format, 4.0), default=None)
+    return f"{worst.export_format}/{worst.mode}" if worst else "the targets"
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to this process (HFEXPORT_MEMORY_LIMIT_MB overrides)."""
+    override = _env_mb("HFEXPORT_MEMORY_LIMIT_MB")
+    if override is not None:
+        return override
+    available = None
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except ImportError:
+        available = _meminfo_available()
+    limit = _cgroup_headroom()
+    return min(v for v in (available, limit) if v is not None) if (available or limit) else None
+
+
+def available_disk(path: Path) -> int | None:
+    override = _env_mb("HFEXPORT_DISK_LIMIT_MB")
+    if override is not None:
+        return override
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _env_mb(name: str) -> int | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        return int(float(value) * MB)
+    except ValueError:
+        raise PreflightError(f"{name}={redact(value)!r} is not a number of megabytes") from None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """cgroup v2 memory.max minus memory.current, when the process runs under a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - current, 0)
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _hf_cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return _existing_parent(Path(constants.HF_HUB_CACHE))
+
+
+def _same_filesystem(a: Path, b: Path) -> bool:
+    try:
+        return a.stat().st_dev == b.stat().st_dev
+    except OSError:
+        return True
+
+
+def _cached(repo_id: str, revision: str | None) -> bool:
+    """Whether the repo's weights are already in the local Hub cache at this revision."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        if isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str):
+            return True
+    return False

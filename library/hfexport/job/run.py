@@ -1,0 +1,334 @@
+"""Jobs: one model revision, one or more recipe targets. The API every surface (Python, CLI, action, Space) runs.
+
+A job loads the recipe and the model once, then for each target: plans, exports through the engine, saves to
+`OUTPUT/<target>/` atomically (written aside in `OUTPUT/.<target>.partial-*`, then renamed; an exception or
+Ctrl-C leaves no partial target folder), writes the recipe target used (`export_config.json`) and the target's
+report next to the artifacts, and finally the job summary `OUTPUT/export_report.json`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hfexport.errors import HfExportError, SourceError, redact, register_secret
+from hfexport.files import RECIPE_COPY_FILE, file_entries, save_atomically, write_json_atomic
+from hfexport.hub import looks_like_repo_id
+from hfexport.job.compare import compare_job_targets
+from hfexport.job.preflight import check
+from hfexport.latency import measure_latency
+from hfexport.logs import engine_output, import_engine
+from hfexport.models import load_model, load_processor
+from hfexport.plan import build_plan
+from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
+from hfexport.publication.cache import cache_key, hub_content_hash, local_content_hash, lookup
+from hfexport.recipe.loading import load_recipe
+from hfexport.recipe.model import Recipe
+from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
+from hfexport.verify.check import summary, verify_exported
+
+
+def resolve_source(model: str | Path, revision: str | None, token: str | None) -> dict:
+    """Where the model comes from: a local folder (content hash) or a Hub repo (the revision's commit sha)."""
+    path = Path(str(model))
+    if path.is_dir():
+        return {"model": str(model), "revision": None, "commit": None, "content_hash": local_content_hash(path)}
+    if not looks_like_repo_id(str(model)):
+        raise SourceError(f"{model}: no such folder, and not a Hub repo id")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        info = HfApi().model_info(str(model), revision=revision, token=token, files_metadata=True)
+    except RevisionNotFoundError:
+        raise SourceError(f"revision {revision!r} not found in {model}") from None
+    except RepositoryNotFoundError:
+        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
+        raise SourceError(f"repository {model} not found or not accessible{hint}") from None
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        raise SourceError(f"cannot reach the Hub for {model}: {redact(str(error).splitlines()[0])}") from None
+
+    # content_hash: the model files' sha256, so publishing exports into the same repo (a new commit) is no change,
+    # and a folder with the same files has the same hash.
+    content_hash = hub_content_hash(str(model), info.sha, info.siblings, token)
+    return {"model": str(model), "revision": revision, "commit": info.sha, "content_hash": content_hash}
+
+
+def select_targets(recipe: Recipe, targets: Sequence[str] | None, all_targets: bool) -> list[str]:
+    """The targets a job runs: all, the named ones (checked), or the recipe's default."""
+    if all_targets:
+        return recipe.target_names
+    if not targets:
+        return [recipe.default_target]
+    for name in targets:
+        recipe.target(name)  # raises with the list of targets
+    return list(dict.fromkeys(targets))
+
+
+def check_output(output: Path) -> None:
+    """Refuse an OUTPUT that cannot become a folder we write to, before anything is loaded or exported."""
+    for path in (output, *output.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            raise HfExportError(f"output {output}: {path} exists and is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise HfExportError(f"output {output}: {path} is not writable")
+        return
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_job(
+    model: str | Path,
+    output: str | Path,
+    targets: Sequence[str] | None = None,
+    *,
+    all_targets: bool = False,
+    revision: str | None = None,
+    token: str | None = None,
+    recipe: str | Path | dict | Recipe | None = None,
+    trust_remote_code: bool = False,
+    progress: ProgressCallback | None = None,
+    model_object: Any = None,
+    inputs: dict | None = None,
+    force: bool = False,
+    preflight: bool = True,
+    publish_repo: str | None = None,
+    verify: bool = True,
+    latency: bool = True,
+) -> JobReport:
+    """Export the requested targets of `model`'s recipe to `output/<target>/` and return the job's report.
+
+    `model` is a local folder or a Hub repo id; `recipe` overrides the model's own recipe; `model_object` skips
+    loading (the caller's already-loaded model). A target that fails to export is recorded with its error and
+    the others still run; a bad recipe or model raises `HfExportError` before anything is written.
+
+    Before loading anything, each target's cache key (`hfexport.publication.cache`) is looked up in OUTPUT and in the exports
+    published to `publish_repo` / the model's repo: a match is reported "unchanged" (with the reason) and not
+    exported again, unless `force` (or a caller-supplied `model_object`/`inputs`, which a key cannot describe).
+    Then `preflight` refuses a job whose estimated memory or disk need exceeds what is available.
+
+    With `verify` (the default) each saved target is reloaded from disk and checked against the eager model
+    (`hfexport.verify.check`); a target that fails parity keeps its files and is reported "failed". With `latency` (the
+    default, when verifying) a target that passed is timed against the eager model (`hfexport.latency`).
+    """
+    from hfexport.export import run_plan
+    progress = progress or no_progress
+    register_secret(token)
+    started = time.perf_counter()
+    output = Path(output)
+    loaded_recipe = load_recipe(recipe if recipe is not None else model, revision=revision, token=token)
+    names = select_targets(loaded_recipe, targets, all_targets)
+    check_output(output)
+    source = {
+        **resolve_source(model, revision, token),
+        "recipe_source": loaded_recipe.source,
+        "recipe_sha256": loaded_recipe.sha256,
+    }
+    report = JobReport(source=source)
+    revision_to_load = source["commit"] or revision
+    hits, keys = _cache_hits(loaded_recipe, names, source, report.packages, output, token, progress,
+                             skip=force or model_object is not None or inputs is not None,
+                             repos=[r for r in (publish_repo, source["model"] if source["commit"] else None) if r])
+    if verify:  # an export saved with verify=False is no hit for a job that verifies: export and verify it
+        hits = {name: hit for name, hit in hits.items() if hit.report.verification is not None}
+    to_export = [name for name in names if name not in hits]
+    if to_export and preflight and model_object is None:
+
+        with StepTimer(progress, "preflight", detail=str(model)):
+            check(model, [loaded_recipe.target(name) for name in to_export], output, revision_to_load, token)
+
+    if to_export:
+        import_engine()  # its import-time chatter (torchao, torch's pytree warnings) goes to logging
+
+        with StepTimer(progress, "load_model", detail=str(model)) as timer, engine_output("load_model"):
+            model_object = model_object if model_object is not None else load_model(
+                model, loaded_recipe, revision_to_load, token, trust_remote_code
+            )
+            processor = load_processor(model, revision_to_load, token) if inputs is None else None
+        report.timings["load_model_s"] = round(timer.seconds, 4)
+
+    quantized_plans: dict = {}  # target -> plan, for the size/latency comparison once every target is saved
+    for name in names:
+        target = loaded_recipe.target(name)
+        target_report = TargetReport(
+            target=name, export_format=target.export_format, mode=target.mode,
+            recipe_target_sha256=loaded_recipe.target_hash(name), cache_key=keys.get(name),
+        )
+        report.targets[name] = target_report
+        if name in hits:
+            _mark_unchanged(target_report, hits[name])
+            progress(Step("target", "done", name, f"unchanged: {hits[name].reason}"))
+            continue
+        progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
+        try:
+            with StepTimer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
+                plan = build_plan(loaded_recipe, name, model_object, inputs, processor, source=model,
+                                  revision=revision_to_load, token=token)
+            target_report.plan = _jsonable(plan.describe())
+            if plan.quantization:
+                quantized_plans[name] = plan
+                target_report.quantization = _jsonable(plan.quantization)
+            target_report.timings["plan_s"] = round(timer.seconds, 4)
+            with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
+                    engine_output(f"export {name}"):
+                exported = run_plan(plan, model_object)
+            target_report.timings["export_s"] = round(timer.seconds, 4)
+
+            def write(folder: Path, exported=exported, name=name):
+                exported.save_pretrained(folder)
+                write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(loaded_recipe.standalone(name)))
+
+            with StepTimer(progress, "save", name) as timer, engine_output(f"save {name}"):
+                final = save_atomically(output, name, write)
+            target_report.timings["save_s"] = round(timer.seconds, 4)
+            target_report.files = file_entries(final)
+            target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
+            target_report.status = "ok"
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except HfExportError as error:
+            target_report.status, target_report.error = "error", str(error)
+        except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
+            target_report.status = "error"
+            target_report.error = _engine_error(error)
+        if target_report.status == "ok" and verify:
+            _write_target_report(report, name, output / name)  # beside the artifacts even if verifying dies
+            _verify_target(target_report, output / name, model_object, plan, processor, progress)
+            if latency and target_report.status == "ok":
+                _measure_latency(target_report, output / name, model_object, plan, progress)
+        progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
+        if target_report.status in ("ok", "failed"):
+            _write_target_report(report, name, output / name)
+    if quantized_plans:
+
+        for name in compare_job_targets(report, loaded_recipe, output, model_object, quantized_plans, processor,
+                                        inputs, progress):
+            _write_target_report(report, name, output / name)
+    verify_times = [t.timings["verify_s"] for t in report.targets.values() if "verify_s" in t.timings]
+    if verify_times:
+        report.timings["verify_s"] = round(sum(verify_times), 4)
+    report.timings["total_s"] = round(time.perf_counter() - started, 4)
+    report.peak_rss_mb = round(peak_rss_mb(), 1)
+    write_json_atomic(output / REPORT_FILE, report.to_json())
+    return report
+
+
+def _cache_hits(recipe: Recipe, names: list[str], source: dict, packages: dict, output: Path, token: str | None,
+                progress: ProgressCallback, skip: bool, repos: list[str]):
+    """(hits by target, cache key by target): which targets a previous export already covers."""
+
+    keys = {name: cache_key(source, recipe.target(name), recipe.target_hash(name), packages) for name in names}
+    if skip:
+        return {}, keys
+    with StepTimer(progress, "cache", detail="looking for exports with the same cache key"):
+        return lookup(output, keys, repos, token), keys
+
+
+def _mark_unchanged(target_report: TargetReport, hit) -> None:
+    """A cache hit: nothing exported; the previous export's files and verification, and why."""
+    previous = hit.report
+    target_report.status = "unchanged"
+    target_report.unchanged_reason = hit.reason
+    target_report.files = list(previous.files)
+    target_report.total_bytes = previous.total_bytes or sum(entry["bytes"] for entry in previous.files)
+    target_report.verification = previous.verification
+    target_report.quantization = previous.quantization
+    target_report.latency = previous.latency
+
+
+def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,
+                   progress: ProgressCallback) -> None:
+    """Parity of the saved artifacts (reloaded from `folder`) against the eager model; a failure marks the target."""
+
+    name = target_report.target
+    progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
+    started = time.perf_counter()
+    try:
+        with engine_output(f"verify {name}"):
+            verification = verify_exported(folder, model_object, plan, processor)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
+        message = f"verification could not run: {_engine_error(error)}"
+        verification = {"passed": False, "error": message, "probes": [], "failures": [message]}
+    seconds = time.perf_counter() - started
+    target_report.timings["verify_s"] = round(seconds, 4)
+    target_report.verification = _jsonable(verification)
+    if not verification["passed"]:
+        target_report.status, target_report.error = "failed", summary(verification)
+    progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
+
+
+def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback) -> None:
+    """The saved artifact's latency next to eager torch (`hfexport.latency`); a measurement that cannot run is
+    recorded as such and never changes the target's verdict."""
+
+    name = target_report.target
+    try:
+        with StepTimer(progress, "latency", name, "artifact vs eager torch, batch 1 and the largest declared") as timer, \
+                engine_output(f"latency {name}"):
+            target_report.latency = _jsonable(measure_latency(folder, model_object, plan))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # noqa: BLE001 - latency is information, not a gate
+        target_report.latency = {"error": _engine_error(error)[:500]}
+        return
+    target_report.timings["latency_s"] = round(timer.seconds, 4)
+
+
+def _write_target_report(report: JobReport, name: str, folder: Path) -> None:
+    """`OUTPUT/<target>/export_report.json` (not listed among the target's files: it cannot contain itself)."""
+    write_json_atomic(folder / REPORT_FILE, report.to_json(only=name))
+
+
+def _engine_error(error: BaseException) -> str:
+    """One line naming the engine's failure, following the cause chain to the root message (a cause that repeats
+    the previous message is left out). torch.export's suggested fixes for a dim's range are kept: they say which
+    recipe bound to change (`Dim('seq', min=3, max=64)` -> `dims.seq.min` 3)."""
+    messages: list[str] = []
+    previous = None
+    current: BaseException | None = error
+    for _ in range(4):
+        if current is None:
+            break
+        lines = [line.strip() for line in str(current).strip().splitlines()]
+        first = lines[0] if lines else ""
+        if first != previous or not first:
+            fixes = _suggested_fixes(lines)
+            messages.append(f"{type(current).__name__}: {first}".strip() + (f" Suggested fixes: {fixes}" if fixes else ""))
+        previous = first
+        current = current.__cause__ or current.__context__
+    return redact(" <- ".join(messages))[:2000]
+
+
+def _suggested_fixes(lines: list[str]) -> str:
+    """The `Suggested fixes:` block of a torch.export constraint violation, on one line ('' when absent)."""
+    if "Suggested fixes:" not in lines:
+        return ""
+    fixes = []
+    for line in lines[lines.index("Suggested fixes:") + 1:]:
+        if not line:
+            break
+        fixes.append(line)
+    return "; ".join(fixes)
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+def _pretty(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=2) + "\n"

@@ -1,0 +1,281 @@
+"""Markdown rendering of a job report: the text of PR descriptions, job summaries and the Space's results."""
+
+from __future__ import annotations
+
+
+from hfexport.files import human_bytes
+from hfexport.latency import latency_markdown
+from hfexport.report.model import JobReport
+from hfexport.runtime import summary_line
+
+
+STATUS_ICONS = {"ok": "✅ ok", "failed": "❌ failed", "error": "⚠️ error", "unchanged": "➖ unchanged"}
+
+
+def _seconds(value) -> str:
+    return f"{value:.1f} s" if isinstance(value, (int, float)) else "—"
+
+
+def report_markdown(report: JobReport) -> str:
+    """A summary table of targets, then a section per target (files; verification when it ran)."""
+    source = report.source
+    where = source["model"] + (f"@{source['revision']}" if source.get("revision") else "")
+    commit = source.get("commit") or source.get("content_hash") or ""
+    lines = [
+        "## hfexport report",
+        "",
+        f"Source: `{where}`" + (f" (`{commit[:12]}`)" if commit else "") + f" · recipe `{source['recipe_sha256'][:12]}`"
+        + f" · hfexport {report.hfexport_version} · transformers {report.packages.get('transformers', '?')}"
+        + f" · torch {report.packages.get('torch', '?')}",
+        "",
+        "| target | format | mode | status | size | export | verify |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, target in report.targets.items():
+        lines.append(
+            f"| `{name}` | {target.export_format} | {target.mode} | {STATUS_ICONS.get(target.status, target.status)} "
+            f"| {human_bytes(target.total_bytes) if target.files else '—'} | {_seconds(target.timings.get('export_s'))} "
+            f"| {_seconds(target.timings.get('verify_s'))} |"
+        )
+    verified_on = verified_on_line(report)
+    if verified_on:
+        lines += ["", verified_on]
+    lines += _latency_lines(report)
+    for name, target in report.targets.items():
+        lines += ["", f"### `{name}`", ""]
+        timings = " · ".join(f"{key.removesuffix('_s')} {_seconds(value)}" for key, value in target.timings.items())
+        size = human_bytes(target.total_bytes or sum(entry["bytes"] for entry in target.files)) if target.files else None
+        if size or timings:
+            lines += [" · ".join(part for part in (f"Size {size}" if size else "", timings) if part), ""]
+        if target.error:
+            lines += [f"**Error:** {target.error}", ""]
+        if target.unchanged_reason:
+            lines += [f"Unchanged: {target.unchanged_reason}", ""]
+        if target.quantization:
+            lines += [quantization_markdown(target.quantization), ""]
+        section = target_verification_markdown(target)
+        if section:
+            lines += [section, ""]
+        if target.files:
+            lines += ["<details><summary>files</summary>", "", "| file | size |", "|---|---|"]
+            lines += [f"| `{entry['path']}` | {human_bytes(entry['bytes'])} |" for entry in target.files]
+            lines += ["", "</details>"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def quantization_markdown(quantization: dict) -> str:
+    """One line: method, preset/params, calibration source and samples, size and latency against the reference."""
+    what = quantization["method"] + (f" `{quantization['preset']}`" if quantization.get("preset") else "")
+    params = ", ".join(f"{key}={value}" for key, value in (quantization.get("params") or {}).items())
+    line = f"**Quantization:** {what}" + (f" ({_cell(params)})" if params else "")
+    calibration = quantization.get("calibration")
+    if calibration:
+        line += (f" · calibration: {calibration['samples']} sample(s) from {_cell(calibration.get('origin') or calibration['source'])}"
+                 f" in {calibration['batches']} batch(es)")
+    elif quantization.get("data") == "none":
+        line += " · data-free"
+    comparison = quantization.get("comparison") or {}
+    if comparison.get("size_ratio") is not None:
+        line += (f" · size {human_bytes(comparison['bytes'])} = {comparison['size_ratio']:.2f}x of "
+                 f"{human_bytes(comparison['reference_bytes'])}")
+        if comparison.get("latency_ratio") is not None:
+            shapes = ", ".join(f"{key} {'x'.join(map(str, shape))}" for key, shape in comparison["latency_inputs"].items())
+            line += (f" · latency {comparison['latency_ms']:.1f} ms = {comparison['latency_ratio']:.2f}x of "
+                     f"{comparison['reference_latency_ms']:.1f} ms ({_cell(shapes)})")
+        line += f" · reference: {_cell(comparison.get('reference'))}"
+    elif comparison.get("reason") or comparison.get("error"):
+        line += f" · not compared: {_cell(comparison.get('reason') or comparison.get('error'))}"
+    return line
+
+
+def _cell(text) -> str:
+    """Text safe inside a table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _metric(value, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}e}" if value else "0"
+
+
+def _ratio(value) -> str:
+    return "—" if value is None else f"{value:.6f}"
+
+
+def _thresholds_text(thresholds: dict) -> str:
+    default = thresholds.get("default", {})
+    names = {"atol": "atol", "rtol": "rtol", "min_cosine": "min cosine", "min_top1": "min top-1"}
+    parts = [f"{label} {default[key]:g}" for key, label in names.items() if default.get(key) is not None]
+    text = ", ".join(parts) or "none"
+    for output, values in (thresholds.get("outputs") or {}).items():
+        text += f"; `{output}`: " + ", ".join(f"{names[k]} {v:g}" for k, v in values.items() if v is not None)
+    return text + (f" ({thresholds['basis']})" if thresholds.get("basis") else "")
+
+
+def runtime_cell(verification: dict | None) -> str:
+    """Where and at what precision a target was checked, short: `CPU f32`, `CPU f32 (graph) + bf16 (default)`."""
+    runtime = (verification or {}).get("runtime") or {}
+    checks = runtime.get("checks") or []
+    if not checks:
+        return "—"
+    device = runtime.get("device") or "cpu"
+    if len(checks) == 1:
+        return f"{device} {checks[0].get('precision')}"
+    graph, user = checks[0], checks[-1]
+    why = "pinned" if runtime.get("requested") not in (None, "auto") else "default"
+    if user.get("same_as") == "graph":
+        return f"{device} {graph.get('precision')} (graph = {why})"
+    return (f"{device} {graph.get('precision')} (graph, {'passed' if graph.get('passed') else 'failed'}) + "
+            f"{user.get('precision')} ({why}, {'passed' if user.get('passed') else 'failed'})")
+
+
+def verified_on_line(report: JobReport) -> str | None:
+    """One line: the CPU(s) the verdicts were reached on, and the precision each target's runtime computed at."""
+
+    cpus, cells = [], []
+    for name, target in report.targets.items():
+        runtime = (target.verification or {}).get("runtime")
+        if not runtime:
+            continue
+        line = summary_line(runtime.get("cpu") or {})
+        if line not in cpus:
+            cpus.append(line)
+        cells.append(f"`{name}` {runtime_cell(target.verification)}")
+    if not cpus:
+        return None
+    return f"Verified on {'; '.join(cpus)}: " + ", ".join(cells) + "."
+
+
+def _runtime_markdown(verification: dict) -> str:
+    """The runtime paragraph of a target: CPU, backend, device, and each check's precision (read back)."""
+
+    runtime = verification["runtime"]
+    cpu = runtime.get("cpu") or {}
+    parts = [f"**Runtime:** {runtime.get('backend', '?')} on {runtime.get('device', 'cpu')} · {summary_line(cpu)}"]
+    for check in runtime.get("checks") or []:
+        verdict = "passed" if check.get("passed") else "failed"
+        if check.get("name") == "graph":
+            parts.append(f"graph checked at {check.get('precision')} ({verdict})")
+        elif check.get("same_as") == "graph":
+            parts.append(f"`hfexport.load` runs it at {check.get('precision')} here "
+                         f"({'the recipe pins it' if check.get('requested') not in (None, 'auto') else 'the device default'}"
+                         "): the graph check covers it")
+        else:
+            requested = check.get("requested")
+            why = f"the recipe pins {requested}" if requested not in (None, "auto") else "the device default"
+            parts.append(f"`hfexport.load` runs it at **{check.get('precision')}** here ({why}): {verdict}")
+    for component in (runtime.get("checks") or [{}])[-1].get("components", {}).values():
+        if component.get("int8_path"):
+            parts.append(f"ONNX Runtime int8 path: {component['int8_path']}")
+            break
+    return " · ".join(parts)
+
+
+def target_verification_markdown(target) -> str:
+    """The parity section of one target: a line of verdict and settings, then a table with a row per probe and
+    output (max abs, max rel, cosine, top-1, pass/fail), the generation check and the failures. Empty when
+    verification did not run."""
+    verification = target.verification
+    if not verification:
+        return ""
+    if verification.get("skipped"):
+        return f"**Parity: ➖ skipped** ({_cell(verification.get('reason', ''))})"
+    verdict = "✅ passed" if verification.get("passed") else "❌ failed"
+    probes = verification.get("probes", [])
+    header = f"**Parity: {verdict}** — artifacts reloaded from disk vs the eager model, {len(probes)} probe run(s)"
+    if verification.get("thresholds"):
+        header += f" · thresholds: {_thresholds_text(verification['thresholds'])}"
+    bound = verification.get("cost_bound") or {}
+    if bound:
+        header += f" · probe cost bound {bound['max_probe_elements']:,} input elements"
+        if bound.get("auto_axes"):
+            header += " (axes auto: batch 1 and 8 probed)"
+    if verification.get("seconds") is not None:
+        header += f" · {verification['seconds']:.1f} s"
+    lines = [header]
+    if verification.get("runtime"):
+        lines += ["", _runtime_markdown(verification)]
+    if verification.get("representative"):
+        lines += ["", f"Quality judged on {_cell(verification['representative']['source'])}; the other probes check "
+                      "that the artifact runs at each declared size (shapes, finite values)."]
+    lines += _probe_rows(probes)
+    generation = verification.get("generation")
+    if generation:
+        lines += ["", _generation_markdown(generation)]
+    runtime_check = verification.get("runtime_check")
+    if runtime_check:
+        lines += ["", f"At **{runtime_check.get('precision')}** (what `hfexport.load` gives here) · thresholds: "
+                      f"{_thresholds_text(runtime_check.get('thresholds') or {})}"]
+        lines += _probe_rows(runtime_check.get("probes") or [])
+        if runtime_check.get("generation"):
+            lines += ["", _generation_markdown(runtime_check["generation"])]
+    failures = verification.get("failures") or []
+    if failures and not verification.get("passed"):
+        lines += ["", "Failures:", ""] + [f"- {_cell(failure)}" for failure in failures]
+    return "\n".join(lines)
+
+
+def _probe_rows(probes: list[dict]) -> list[str]:
+    """A table row per probe and output: max abs, max rel, cosine, top-1, pass/fail (rejections with the message)."""
+    lines: list[str] = []
+    if probes:
+        lines += ["", "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
+                  "|---|---|---|---|---|---|---|---|"]
+    for probe in probes:
+        label = _cell(probe.get("name", ""))
+        if probe.get("capped"):
+            label += " (capped: " + ", ".join(f"{d} {c['requested']}→{c['probed']}" for d, c in probe["capped"].items()) + ")"
+        component = probe.get("component") or "—"
+        if probe.get("error"):
+            lines.append(f"| {label} | {component} | — | — | — | — | — | ❌ rejected: {_cell(probe['error'])} |")
+            continue
+        if probe.get("skipped"):
+            lines.append(f"| {label} | {component} | — | — | — | — | — | ➖ {_cell(probe['skipped'])} |")
+            continue
+        for output, metrics in probe.get("outputs", {}).items():
+            name = f"`{output}`" + (f" ({metrics['leaves']} leaves)" if metrics.get("leaves") else "")
+            # A word with each mark: where no emoji font exists the marks render as empty boxes.
+            result = "✅ passed" if metrics.get("passed") else "❌ failed: " + _cell("; ".join(metrics.get("failures", [])))
+            top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
+            lines.append(f"| {label} | {component} | {name} | {_metric(metrics.get('max_abs'))} "
+                         f"| {_metric(metrics.get('max_rel'))} | {_ratio(metrics.get('cosine'))} | {top1} | {result} |")
+    return lines
+
+
+def _generation_markdown(generation: dict) -> str:
+    settings = f"greedy, {generation.get('max_new_tokens')} new tokens, {generation.get('prompts', '?')} prompt(s)"
+    if generation.get("error"):
+        return f"Generation ({settings}): ❌ failed: {_cell(generation['error'])}"
+    agreement = generation.get("token_agreement", 0.0)
+    line = (f"Generation ({settings}): {'✅ passed' if generation.get('passed') else '❌ failed'}, token agreement {agreement:.1%}"
+            f" (needs {generation.get('min_token_agreement', 1.0):.0%}) with `model.generate(do_sample=False)`")
+    first = generation.get("first_divergence")
+    if first:
+        def token(side):
+            text = first.get(f"{side}_text")
+            return f"{first.get(f'{side}_token')}" + (f" ({_cell(repr(text))})" if text is not None else "")
+
+        line += (f"; first divergence: prompt {first['prompt']}, generated position {first['position']}: "
+                 f"eager {token('eager')} vs exported {token('exported')}")
+    return line
+
+
+def _latency_lines(report: JobReport) -> list[str]:
+    """The latency table and chart (hfexport.latency) below the summary, when the job measured any."""
+
+    section = latency_markdown(report)
+    return ["", section] if section else []
+
+
+def comparison_summary(comparison: dict | None) -> str:
+    """One line: `size 0.26x, latency 0.61x vs onnx` (or why there is no comparison)."""
+    if not comparison:
+        return "not compared"
+    if "error" in comparison:
+        return f"comparison failed: {comparison['error']}"
+    if comparison.get("size_ratio") is None:
+        return comparison.get("reason", "no reference")
+    text = f"size {comparison['size_ratio']:.2f}x"
+    if comparison.get("latency_ratio") is not None:
+        text += f", latency {comparison['latency_ratio']:.2f}x"
+    reference = comparison.get("reference") or ""
+    return text + (f" vs {reference}" if not reference.startswith("fp32 export") else " vs fp32 (throwaway export)")

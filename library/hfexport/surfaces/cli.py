@@ -1,0 +1,570 @@
+"""The `hfexport` command: a thin surface over the recipe and job APIs.
+
+Exit codes: 0 ok, 1 a check failed (invalid recipe, parity), 2 the command could not run. Errors are one
+readable message on stderr, never a traceback (`--debug` shows it) and never a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from hfexport.collector import one_shot_collection
+from hfexport.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, PublishRefusedError, RecipeError, redact, register_secret
+from hfexport.files import human_bytes
+from hfexport.hub import looks_like_repo_id
+from hfexport.job.init import default_output, init_recipe
+from hfexport.job.reverify import reverify
+from hfexport.job.run import run_job
+from hfexport.logs import original_stream, quiet_engine_logs
+from hfexport.publication.publish import publish
+from hfexport.recipe.loading import load_recipe
+from hfexport.report.markdown import quantization_markdown, report_markdown, target_verification_markdown
+from hfexport.report.model import JobReport, REPORT_FILE
+from hfexport.surfaces.annotations import check_recipe
+from hfexport.surfaces.ci import matrix
+from hfexport.version import __version__
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def command(name: str):
+    def register(function):
+        COMMANDS[name] = function
+        return function
+
+    return register
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _console(stderr: bool = True):
+    from rich.console import Console
+
+
+    # The terminal itself, not fd 1/2: while the engine runs, those are redirected into logging (hfexport.logs).
+    return Console(file=original_stream("stderr" if stderr else "stdout"), highlight=False, soft_wrap=True)
+
+
+def _token(args) -> str | None:
+    """The token for Hub calls (--token, else HF_TOKEN), remembered so that every message redacts it."""
+    token = getattr(args, "token", None) or os.environ.get("HF_TOKEN") or None
+    register_secret(token)
+    return token
+
+
+# ── validate ─────────────────────────────────────────────────────────────────
+
+
+@command("validate")
+def cmd_validate(args) -> int:
+
+    if args.format == "github":
+        return _validate_github(args)
+    args.json = args.json or args.format == "json"
+    try:
+        recipe = load_recipe(args.source, revision=args.revision, token=_token(args))
+    except RecipeError as error:
+        if args.json:
+            print(json.dumps({"valid": False, "source": error.source,
+                              "problems": [{"path": p.path, "message": p.message} for p in error.problems]}, indent=2))
+        else:
+            _console().print(f"[red]✗[/red] {escape(str(error))}", markup=True, highlight=False)
+        return EXIT_CHECK_FAILED
+    if args.json:
+        print(json.dumps({"valid": True, "source": recipe.source, "targets": recipe.target_names}, indent=2))
+    else:
+        targets = ", ".join(f"{name} ({t.export_format}/{t.mode})" for name, t in recipe.targets.items())
+        print(f"✓ valid recipe ({recipe.source}): {len(recipe.target_names)} target(s): {targets}")
+    return EXIT_OK
+
+
+def _validate_github(args) -> int:
+    """Problems as GitHub annotations (`::error file=...,line=...,col=...::`), shown inline in pull requests."""
+
+    annotations = check_recipe(args.source, revision=args.revision, token=_token(args))
+    for annotation in annotations:
+        print(annotation.command())
+    if not annotations:
+        print(f"valid recipe: {args.source}")
+    return EXIT_CHECK_FAILED if annotations else EXIT_OK
+
+
+# ── plan ─────────────────────────────────────────────────────────────────────
+
+
+@command("plan")
+def cmd_plan(args) -> int:
+    """The targets a job would export, as a GitHub Actions matrix (`{"include": [...]}`): reads only the recipe."""
+
+    include = matrix(args.model, targets=args.target, revision=args.revision, token=_token(args), recipe=args.recipe)
+    if args.json:
+        print(json.dumps(include, separators=(",", ":")))  # one line: `echo "matrix=$(...)" >> $GITHUB_OUTPUT`
+    else:
+        for entry in include["include"]:
+            print(f"{entry['target']}: {entry['export_format']} / {entry['mode']}")
+    return EXIT_OK
+
+
+# ── show ─────────────────────────────────────────────────────────────────────
+
+
+@command("show")
+def cmd_show(args) -> int:
+    """A target as its recipe states it (recipe only: no torch, about a second), or with `--resolve` / `--json` the
+    resolved plan (loads the model: engine defaults, sample shapes, the components of a generation target)."""
+    if args.json or args.resolve:
+        return _show_resolved(args)
+
+    recipe = load_recipe(args.recipe or args.source, revision=args.revision, token=_token(args))
+    target = recipe.target(args.target)
+    console = _console(stderr=False)
+    task = recipe.task or "from the model's config"
+    console.print(f"target [bold]{escape(target.name)}[/bold]: {target.export_format} / {target.mode} (task {task})")
+    if recipe.dims:
+        console.print(f"dims: {_dims_line(recipe.dims)}")
+    if target.mode == "forward":
+        console.print("component [bold]model[/bold]")
+        components = {"model": {"options": target.options, "dynamic_shapes": target.dynamic_shapes}}
+    else:
+        console.print("components: found in the model (prefill/decode, encoders, ...); --resolve lists them")
+        components = {"(every component)": {"options": target.options, "dynamic_shapes": target.dynamic_shapes},
+                      **{name: {"options": {**target.options, **override.get("options", {})},
+                                "dynamic_shapes": override.get("dynamic_shapes")}
+                         for name, override in target.components.items()}}
+        if target.generation:
+            console.print(f"generation: {json.dumps(target.generation)}", markup=False)
+    for name, component in components.items():
+        if name != "model":
+            console.print(f"component [bold]{escape(name)}[/bold]")
+        console.print(f"  options: {json.dumps(component['options'])}", markup=False)
+        shapes = component["dynamic_shapes"]
+        if shapes is None:
+            console.print("  dynamic: every axis left to torch.export (dynamic=True)", markup=False)
+        for input_name, spec in (shapes or {}).items():
+            console.print(f"  {input_name} dynamic: {_axes_line(spec, recipe.dims)}", markup=False)
+    if target.quantization:
+        console.print(f"quantization: {json.dumps(target.quantization)}", markup=False)
+    if target.parity:
+        console.print(f"parity: {json.dumps(target.parity)}", markup=False)
+    print("(as the recipe states it; --resolve loads the model for engine defaults and sample shapes)")
+    return EXIT_OK
+
+
+def _dims_line(dims: dict) -> str:
+    return ", ".join(f"{name} [{b.get('min', '-')}, {b.get('max', '-')}]" for name, b in dims.items())
+
+
+def _axes_line(spec, dims: dict) -> str:
+    """One input's declared axes, with each named dim's bounds: `{0: batch [1, 8], 1: seq [2, 64]}`."""
+    def axis(value):
+        if isinstance(value, str) and value in dims:
+            return f"{value} [{dims[value].get('min', '-')}, {dims[value].get('max', '-')}]"
+        return str(value)
+
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{key}: {_axes_line(value, dims) if isinstance(value, dict) else axis(value)}"
+                               for key, value in spec.items()) + "}"
+    if isinstance(spec, list):
+        return "[" + ", ".join(_axes_line(item, dims) for item in spec) + "]"
+    return axis(spec)
+
+
+def _show_resolved(args) -> int:
+    """The resolved plan: loads the model (plans resolve dims against real inputs) but traces nothing."""
+    from hfexport.export import AutoHfExporter
+
+    exporter = AutoHfExporter.from_pretrained(args.source, target=args.target, revision=args.revision,
+                                              token=_token(args), recipe=args.recipe)
+    with _console().status(f"loading {args.source}"):
+        model = exporter.load_model()
+        plan = exporter.plan(model)
+    described = plan.describe()
+    if args.json:
+        print(json.dumps(described, indent=2, default=str))
+        return EXIT_OK
+    console = _console(stderr=False)
+    console.print(f"target [bold]{described['target']}[/bold]: {described['export_format']} / {described['mode']}"
+                  f" (task {described['task']})")
+    if described["dims"]:
+        console.print(f"dims: {_dims_line(described['dims'])}")
+    for name, component in described["components"].items():
+        console.print(f"component [bold]{name}[/bold]")
+        options = {k: v for k, v in component["options"].items() if v not in (None, False)}
+        console.print(f"  options: {json.dumps(options, default=str)}")
+        for input_name, shape in component["input_shapes"].items():
+            axes = component["dynamic_axes"].get(input_name) if "*" not in component["dynamic_axes"] else "auto (torch.export decides)"
+            console.print(f"  {input_name}: {shape.get('shape', shape)} dynamic: {axes or 'static'}")
+    quantization = described.get("quantization")
+    if quantization:
+
+        console.print(quantization_markdown(quantization).replace("**", ""), markup=False, highlight=False)
+    return EXIT_OK
+
+
+# ── export ───────────────────────────────────────────────────────────────────
+
+
+class _RichProgress:
+    """Renders job steps: a spinner while a step runs, a line when it ends."""
+
+    def __init__(self, console):
+        self.console = console
+        self.status = None
+
+    def __call__(self, step) -> None:
+        label = f"{step.target}: {step.step}" if step.target else step.step
+        if step.status == "start" and step.step != "target":
+            self.status = self.console.status(f"{label} {step.detail or ''}".strip())
+            self.status.start()
+            return
+        if self.status is not None and step.step != "target":
+            self.status.stop()
+            self.status = None
+        if step.step == "target":
+            if step.status == "start":
+                self.console.print(f"[bold]▶ {step.target}[/bold] ({step.detail})")
+            return
+        mark = "[green]✓[/green]" if step.status == "done" else "[red]✗[/red]"
+        seconds = f" {step.seconds:.1f}s" if step.seconds is not None else ""
+        detail = f" — {escape(step.detail)}" if step.status == "error" and step.detail else ""
+        self.console.print(f"  {mark} {label}{seconds}{detail}")
+
+    def close(self):
+        if self.status is not None:
+            self.status.stop()
+
+
+SUMMARY_COLUMNS = ("target", "format", "mode", "status", "size", "export", "verify")
+
+
+def _summary_rows(report) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The summary table's rows (short cells only) and the notes that go below it, each led by its target's name:
+    one per target with an error, a parity failure or an unchanged reason."""
+
+    rows, notes = [], []
+    for name, target in report.targets.items():
+        message = target.error or (target.unchanged_reason if target.status == "unchanged" else None)
+        if message:
+            notes.append(f"{name}: {redact(message)}")
+        size = target.total_bytes or sum(f["bytes"] for f in target.files)
+        rows.append((
+            name, target.export_format, target.mode, target.status,
+            human_bytes(size) if target.files else "-",
+            f"{target.timings['export_s']:.1f}s" if "export_s" in target.timings else "-",
+            f"{target.timings['verify_s']:.1f}s" if "verify_s" in target.timings else "-",
+        ))
+    return rows, notes
+
+
+def plain_table(headers, rows) -> str:
+    """Whitespace-aligned columns: what a log file or a pipe gets (no box drawing, no colour codes)."""
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def print_summary(report, console=None) -> None:
+    """The job's results: a table that fits the terminal (80 columns included) with long messages as numbered
+    notes below it; plain aligned text when stdout is not a terminal (CI logs, pipes)."""
+    from rich import box
+    from rich.table import Table
+
+    console = console or _console(stderr=False)
+    rows, notes = _summary_rows(report)
+    title = f"hfexport · {report.source['model']}"
+    if not console.is_terminal:
+        console.file.write(f"{title}\n{plain_table(SUMMARY_COLUMNS, rows)}\n" + "".join(f"{n}\n" for n in notes))
+        console.file.flush()
+        return
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False,
+                  title_justify="left")
+    for column in SUMMARY_COLUMNS:
+        table.add_column(column, no_wrap=column != "target", overflow="fold")
+    colours = {"ok": "green", "unchanged": "cyan", "failed": "red", "error": "red"}
+    for row in rows:
+        colour = colours.get(row[3], "white")
+        table.add_row(*map(escape, row[:3]), f"[{colour}]{escape(row[3])}[/{colour}]", *map(escape, row[4:]))
+    console.print(table)
+    for note in notes:
+        console.print(escape(note), soft_wrap=False, markup=True, highlight=False)
+
+
+@command("export")
+def cmd_export(args) -> int:
+
+    console = _console()
+    progress = _RichProgress(console) if not args.quiet else None
+    try:
+        # engine prints stay off stdout (--json is parsed from it); one_shot_collection: see hfexport.collector
+        with contextlib.redirect_stdout(sys.stderr), one_shot_collection(progress) as on_step:
+            report = run_job(
+                args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
+                token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=on_step,
+                force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
+                verify=not args.no_verify,
+            )
+    finally:
+        if progress:
+            progress.close()
+    if args.json:
+        print(report.to_json(), end="")
+    else:
+        for name, target in report.targets.items():
+            target.total_bytes = target.total_bytes or sum(entry["bytes"] for entry in target.files)
+        print_summary(report)
+        print(f"report: {os.path.join(args.output, 'export_report.json')}")
+    code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
+    if args.push:
+
+        exported = [name for name in report.targets if os.path.isfile(os.path.join(args.output, name, REPORT_FILE))]
+        publish_code = _publish(args, _push_repo(args), exported or list(report.targets))
+        code = max(code, publish_code) if publish_code != EXIT_OK else code
+    return code
+
+
+# ── verify, report, init ─────────────────────────────────────────────────────
+
+
+@command("verify")
+def cmd_verify(args) -> int:
+    """Re-verify an exported target folder against the model; exit 1 when parity fails."""
+
+    with contextlib.redirect_stdout(sys.stderr), _console().status(f"verifying {args.folder} against {args.model}"):
+        report, name = reverify(args.folder, args.model, revision=args.revision, token=_token(args),
+                                trust_remote_code=args.trust_remote_code)
+    target = report.targets[name]
+    if args.json:
+        print(report.to_json(only=name), end="")
+    else:
+        print(f"### `{name}` ({target.export_format} / {target.mode}) vs {args.model}\n")
+        print(target_verification_markdown(target))
+    return EXIT_OK if target.status == "ok" else EXIT_CHECK_FAILED
+
+
+@command("report")
+def cmd_report(args) -> int:
+    """Print a job report (OUTPUT/, OUTPUT/<target>/ or the JSON file) as Markdown."""
+
+    report = JobReport.read(args.path)
+    print(report.to_json() if args.json else report_markdown(report), end="")
+    return EXIT_OK
+
+
+@command("init")
+def cmd_init(args) -> int:
+    """Propose a recipe, export and verify each target, write the ones that passed."""
+
+    output = args.output or default_output(args.model)
+    if os.path.exists(output) and not args.force:
+        raise HfExportError(f"{output} exists; pass --force to replace it, or -o to write elsewhere")
+    console = _console()
+    progress = _RichProgress(console) if not args.quiet else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr), one_shot_collection(progress) as on_step:
+            result = init_recipe(args.model, formats=args.format, output=output, revision=args.revision,
+                                 token=_token(args), trust_remote_code=args.trust_remote_code, progress=on_step,
+                                 exports=args.exports)
+    finally:
+        if progress:
+            progress.close()
+    for name, reason in result.failed.items():
+        console.print(f"[red]✗[/red] {escape(name)}: {escape(reason)}", markup=True, highlight=False)
+    if not result.passed:
+        console.print("[red]no target passed[/red]: nothing written", markup=True, highlight=False)
+        return EXIT_CHECK_FAILED
+    print(f"wrote {output}: {len(result.passed)} verified target(s): {', '.join(result.passed)}"
+          + (f"; left out: {', '.join(result.failed)}" if result.failed else ""))
+    return EXIT_OK
+
+
+# ── publish ──────────────────────────────────────────────────────────────────
+
+
+def _push_repo(args) -> str:
+    """Where `export --push` publishes: --repo, else the model's own repo (a local folder needs --repo)."""
+    if args.repo:
+        return args.repo
+
+    if os.path.isdir(args.model) or "/" not in args.model or not looks_like_repo_id(args.model):
+        raise HfExportError(f"--push: {args.model} is a local folder; name the Hub repo to publish to with --repo")
+    return args.model
+
+
+def _publish(args, repo: str, targets: list[str] | None) -> int:
+    """Publish OUTPUT to `repo` and print what happened (the PR URL); a refused publication exits 1."""
+
+    try:
+        result = publish(args.output, repo, mode="commit" if args.commit else "pr", token=_token(args),
+                         allow_failed=args.allow_failed, targets=targets, revision=getattr(args, "branch", None))
+    except PublishRefusedError as error:
+        _console().print(f"[red]not published:[/red] {escape(str(error))}", markup=True, highlight=False)
+        return EXIT_CHECK_FAILED
+    where = result.pr_url or (f"{repo}@{result.commit[:12]}" if result.commit else repo)
+    message = {
+        "opened": f"opened pull request {where}",
+        "updated": f"pushed {result.commit[:12] if result.commit else ''} to pull request {where}",
+        "committed": f"committed {where}",
+        "unchanged": f"nothing to publish: {where} already holds these exports",
+    }[result.action]
+    stream = sys.stderr if getattr(args, "json", False) and args.command == "export" else sys.stdout
+    if getattr(args, "json", False) and args.command == "publish":
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    else:
+        print(message, file=stream)
+        for name, why in result.left_out.items():
+            print(f"not published: {name}: {why}", file=stream)
+    return EXIT_OK
+
+
+@command("publish")
+def cmd_publish(args) -> int:
+    return _publish(args, args.repo, args.target)
+
+
+# ── parser and entry point ───────────────────────────────────────────────────
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hfexport", description="Export Hugging Face models the way their owners' recipes say.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and every log record")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show what the engine and backends print (also: HFEXPORT_LOG=info)")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def source_args(p, name="source", help_text="a recipe file, a model folder or a Hub repo id"):
+        p.add_argument(name, help=help_text)
+        p.add_argument("--revision", help="Hub revision (branch, tag, commit or refs/pr/N)")
+        p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
+
+    p = sub.add_parser("validate", help="check a recipe; exit 1 listing every problem with its JSON path")
+    source_args(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--format", choices=("text", "json", "github"), default="text",
+                   help="github: one `::error file=,line=,col=::` annotation per problem (for CI)")
+
+    p = sub.add_parser("plan", help="list the targets a job would export; --json: a GitHub Actions matrix")
+    source_args(p, "model", "a model folder or a Hub repo id")
+    p.add_argument("--target", action="append", help="a target to include (repeatable, or comma-separated; default: all)")
+    p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
+    p.add_argument("--json", action="store_true", help='print {"include": [{"target", "export_format", "mode"}]}')
+
+    p = sub.add_parser("show", help="print a target as the recipe states it (--resolve: the plan against the model)")
+    source_args(p, help_text="a model folder or a Hub repo id")
+    p.add_argument("--target", help="the target (default: the recipe's default target)")
+    p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
+    p.add_argument("--resolve", action="store_true", help="load the model and print the resolved plan (engine "
+                                                           "defaults, sample shapes, generation components)")
+    p.add_argument("--json", action="store_true", help="print the resolved plan as JSON (loads the model)")
+
+    p = sub.add_parser("export", help="export recipe targets to OUTPUT/<target>/")
+    source_args(p, "model", "a model folder or a Hub repo id")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--target", action="append", help="a target to export (repeatable; default: the recipe's default)")
+    group.add_argument("--all-targets", action="store_true", help="export every target of the recipe")
+    p.add_argument("--recipe", help="a recipe file to use instead of the model's own")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--json", action="store_true", help="print the job report as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
+    p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export")
+    p.add_argument("--no-preflight", action="store_true", help="skip the memory/disk estimate before loading weights")
+    p.add_argument("--no-verify", action="store_true", help="skip parity verification (on by default; exit 1 on failure)")
+    p.add_argument("--push", action="store_true", help="publish the exports to the Hub (a PR by default)")
+    p.add_argument("--repo", help="with --push: the repo to publish to (default: the model's repo)")
+    publish_args(p)
+
+    p = sub.add_parser("verify", help="re-verify an exported OUTPUT/<target> folder against the model; exit 1 on failure")
+    p.add_argument("folder", help="an exported target folder (OUTPUT/<target>, with its export_config.json)")
+    p.add_argument("--model", required=True, help="the source model: a model folder or a Hub repo id")
+    p.add_argument("--revision", help="Hub revision of the model")
+    p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
+    p.add_argument("--json", action="store_true", help="print the target's updated report as JSON")
+
+    p = sub.add_parser("report", help="print an export report as Markdown")
+    p.add_argument("path", help="an OUTPUT folder, an OUTPUT/<target> folder or an export_report.json")
+    p.add_argument("--json", action="store_true", help="print the (validated) JSON instead")
+
+    p = sub.add_parser("init", help="propose a recipe for a model, export and verify it, write the targets that pass")
+    source_args(p, "model", "a model folder or a Hub repo id")
+    p.add_argument("--format", action="append", choices=("onnx", "openvino", "dynamo", "executorch"),
+                   help="a format to propose a target for (repeatable; default: onnx)")
+    p.add_argument("-o", "--output", help="where to write the recipe (default: MODEL/export_config.json for a "
+                                          "folder, else ./export_config.json)")
+    p.add_argument("--force", action="store_true", help="replace an existing recipe file")
+    p.add_argument("--exports", help="keep the exports made while validating in this folder (default: discarded)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
+
+    p = sub.add_parser("publish", help="publish an OUTPUT folder to exports/<target>/ of a Hub repo (one PR per model)")
+    p.add_argument("output", help="an `hfexport export` OUTPUT folder")
+    p.add_argument("--repo", required=True, help="the Hub repo to publish to")
+    p.add_argument("--target", action="append", help="a target folder to publish (repeatable; default: all)")
+    p.add_argument("--branch", help="the branch the PR targets, or --commit commits to (default: main)")
+    p.add_argument("--token", help="Hub token with write access (default: HF_TOKEN or the saved login)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    publish_args(p)
+    return parser
+
+
+def publish_args(p) -> None:
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--pr", action="store_true", help="open or update the model's hfexport pull request (default)")
+    mode.add_argument("--commit", action="store_true", help="commit directly to the branch instead of a PR")
+    p.add_argument("--allow-failed", action="store_true", help="publish targets that failed parity (the PR says so)")
+
+
+def _configure_logging(args) -> None:
+    quiet_engine_logs(args.debug, getattr(args, "verbose", False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return EXIT_COULD_NOT_RUN if exit_.code not in (0, None) else EXIT_OK
+    if args.version:
+
+        print(f"hfexport {__version__}")
+        return EXIT_OK
+    if not args.command:
+        parser.print_help()
+        return EXIT_COULD_NOT_RUN
+    _configure_logging(args)
+    try:
+        return COMMANDS[args.command](args)
+    except HfExportError as error:
+        if args.debug:
+            raise
+        _console().print(f"[red]error:[/red] {escape(str(error))}", markup=True, highlight=False)
+        return EXIT_COULD_NOT_RUN if args.command != "validate" else error.exit_code
+    except KeyboardInterrupt:
+        _console().print("[red]interrupted[/red]: no partial output was kept")
+        return 130
+    except Exception as error:  # noqa: BLE001 - one readable line; --debug shows the traceback
+        if args.debug:
+            raise
+        text = redact(str(error).strip().splitlines()[0] if str(error).strip() else "")
+        _console().print(f"[red]error:[/red] {type(error).__name__}: {escape(text)} (run with --debug for the traceback)",
+                         markup=True, highlight=False)
+        return EXIT_COULD_NOT_RUN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

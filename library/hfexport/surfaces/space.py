@@ -1,0 +1,754 @@
+"""What the Gradio Space does, without Gradio: so `space/app.py` stays a thin layout and this stays unit-testable.
+
+The Space holds no export logic. It reads a repo's recipe (`recipe.load_recipe`), proposes one when there is
+none (`init`), runs jobs (`job.run_job`), publishes them (`publish.publish`) and renders the report's Markdown.
+This module adds what a multi-user web page needs around those calls:
+
+- `Workspace`: a per-session temp folder for each job, removed when the job fails, when the session starts another
+  job, when it ends (closed tab / state expiry) or when it is older than a time-to-live.
+- `JobRunner`: one export at a time (Gradio's queue already serialises the Convert event with
+  `concurrency_limit=1`; this guards any other caller), run in a child process (`hfexport.surfaces.worker`) so the web
+  server stays responsive, progress events streamed back as they happen.
+- `describe_failure`: any error as a short category, one redacted line, and the exact `hfexport` command that
+  reproduces it locally. Never a traceback, never a token.
+- `check_recipe_text`: validation for the recipe editor, problems with their JSON paths located on the lines of
+  the pretty-printed recipe so the page can highlight them.
+- `propose_recipe`: a pull request that adds `export_config.json` to the model repo, updated in place (one open
+  proposal per repo) and left alone when it already holds the same recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfexport.job import init
+from hfexport.errors import Problem, RecipeError, RecipeNotFoundError, first_line, redact, register_secret
+from hfexport.hub import hub_file, looks_like_repo_id
+from hfexport.progress import Step
+from hfexport.publication.publish import publish
+from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, RECIPE_FILE, load_recipe
+from hfexport.recipe.model import Recipe, recipe_from_document
+from hfexport.recipe.validation import canonical_json, json_path, parse_recipe_text
+from hfexport.report.model import JobReport
+from hfexport.surfaces.failure import SpaceError, Failure, md_escape, report_failure
+from hfexport.surfaces.worker import JobWorker, settings_from
+
+
+GRADIO_MOCK_OAUTH_TOKEN = "mock-oauth-token-for-local-dev"
+
+
+RECIPE_PR_TITLE = "Add an hfexport export recipe (export_config.json)"
+
+
+RECIPE_PR_MARKER = "<!-- hfexport:recipe-proposal -->"
+
+
+# ── Settings ─────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class SpaceSettings:
+    """Operational limits of one Space process; `from_env` reads the `HFEXPORT_SPACE_*` variables."""
+
+    workdir: Path
+    queue_size: int = 8  # waiting Convert requests beyond the running one; more are refused with "queue full"
+    session_ttl_s: float = 3600.0  # a session's artifacts are removed this long after its last job at the latest
+    verify: bool = True
+    keep_downloads: bool = False  # False: a model's downloaded weights leave the Hub cache after its job
+    use_hf_token_for_mock_login: bool = False  # local runs against a real Hub: see `hub_token`
+    job_timeout_s: float = 3600.0  # a job running longer is stopped (its process killed) and reported
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> SpaceSettings:
+        env = os.environ if environ is None else environ
+        import tempfile
+
+        workdir = Path(env.get("HFEXPORT_SPACE_WORKDIR") or Path(tempfile.gettempdir()) / "hfexport-space")
+        return cls(
+            workdir=workdir,
+            queue_size=int(env.get("HFEXPORT_SPACE_QUEUE_SIZE", "8")),
+            session_ttl_s=float(env.get("HFEXPORT_SPACE_SESSION_TTL_S", "3600")),
+            verify=env.get("HFEXPORT_SPACE_VERIFY", "1") != "0",
+            keep_downloads=env.get("HFEXPORT_SPACE_KEEP_DOWNLOADS", "0") == "1",
+            use_hf_token_for_mock_login=env.get("HFEXPORT_SPACE_USE_HF_TOKEN", "0") == "1",
+            job_timeout_s=float(env.get("HFEXPORT_SPACE_JOB_TIMEOUT_S", "3600")),
+        )
+
+
+def hub_token(oauth_token: str | None, settings: SpaceSettings) -> str | None:
+    """The token every Hub call of a session uses: the signed-in user's OAuth token, never the Space's own.
+
+    Outside a Space, Gradio mocks the login and injects `mock-oauth-token-for-local-dev`; the local test Hub
+    accepts it. Against another endpoint, `HFEXPORT_SPACE_USE_HF_TOKEN=1` swaps it for the developer's HF_TOKEN.
+    """
+    if not oauth_token:
+        return None
+    if oauth_token == GRADIO_MOCK_OAUTH_TOKEN and settings.use_hf_token_for_mock_login and not os.environ.get("SPACE_ID"):
+        oauth_token = os.environ.get("HF_TOKEN") or oauth_token
+    register_secret(oauth_token)
+    return oauth_token
+
+
+def local_sign_in_problem() -> str | None:
+    """Outside a Space, Gradio mocks "Sign in with Hugging Face" with the machine's own login and raises at launch
+    when there is none (a traceback for a new user). None when sign-in can work here, else the sentence to print:
+    the Space then starts signed out (recipes can be loaded and checked)."""
+    if os.environ.get("SPACE_ID"):
+        return None  # a real Space: OAuth
+    from huggingface_hub import get_token, whoami
+
+    token = get_token()
+    if not token:
+        return ("no Hugging Face login on this machine, so the Space starts signed out (load and check recipes "
+                "only): set HF_TOKEN=hf_... (or run `hf auth login`) to sign in, convert and open pull requests")
+    register_secret(token)
+    try:
+        user = whoami(token=token)
+    except Exception as error:  # noqa: BLE001 - any failure means Gradio's mocked sign-in would fail too
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        return (f"HF_TOKEN was not accepted by {endpoint} ({redact(first_line(str(error)) or type(error).__name__)}),"
+                " so the Space starts signed out (load and check recipes only)")
+    if user.get("type") != "user":
+        return "HF_TOKEN belongs to an organisation, not a user, so the Space starts signed out"
+    return None
+
+
+# ── Input checks ─────────────────────────────────────────────────────────────
+
+
+def check_model_id(model_id: str | None) -> str:
+    """A Hub repo id (`name` or `namespace/name`). Local paths are refused: the Space only reads from the Hub."""
+    model_id = (model_id or "").strip()
+    if not model_id:
+        raise SpaceError("Missing model", "enter a model repo id, e.g. `org/model`")
+    if not looks_like_repo_id(model_id) or Path(model_id).exists():
+        raise SpaceError("Invalid model id", f"{model_id!r} is not a Hub repo id (expected `org/model`)")
+    return model_id
+
+
+def check_revision(revision: str | None) -> str | None:
+    revision = (revision or "").strip()
+    if not revision:
+        return None
+    if len(revision) > 200 or any(char.isspace() for char in revision) or ".." in revision:
+        raise SpaceError("Invalid revision", f"{revision!r} is not a branch, tag, commit or refs/pr/N")
+    return revision
+
+
+def require_token(token: str | None, action: str) -> str:
+    if not token:
+        raise SpaceError("Sign in required", f"sign in with Hugging Face to {action}")
+    return token
+
+
+# ── Reproducing commands ─────────────────────────────────────────────────────
+
+
+def _command(*parts: str | None) -> str:
+    return " ".join(shlex.quote(part) for part in parts if part)
+
+
+def validate_command(model: str, revision: str | None = None) -> str:
+    return _command("hfexport", "validate", model, *(("--revision", revision) if revision else ()))
+
+
+def export_command(model: str, revision: str | None = None, targets: Sequence[str] = (), *,
+                   edited_recipe: bool = False, push: bool = False) -> str:
+    """The `hfexport export` line that runs the same job locally (`--recipe` when the editor's recipe was used)."""
+    parts = ["hfexport", "export", model]
+    if revision:
+        parts += ["--revision", revision]
+    for target in targets:
+        parts += ["--target", target]
+    if edited_recipe:
+        parts += ["--recipe", RECIPE_FILE]
+    parts += ["-o", "out"]
+    if push:
+        parts += ["--push", "--pr"]
+    return _command(*parts)
+
+
+def init_command(model: str, formats: Sequence[str] = (), revision: str | None = None) -> str:
+    parts = ["hfexport", "init", model]
+    if revision:
+        parts += ["--revision", revision]
+    for export_format in formats:
+        parts += ["--format", export_format]
+    return _command(*parts, "-o", RECIPE_FILE)
+
+
+# ── Recipe editor ────────────────────────────────────────────────────────────
+
+
+def pretty_json(document: Any) -> tuple[str, dict[str, int]]:
+    """`json.dumps(document, indent=2)` and the line on which each JSON path (as `json_path` spells it) starts."""
+    lines: list[str] = []
+    where: dict[str, int] = {}
+
+    def emit(value: Any, path: list, prefix: str, suffix: str, indent: str) -> None:
+        where.setdefault(json_path(path), len(lines))
+        items = list(value.items()) if isinstance(value, dict) else list(enumerate(value)) if isinstance(value, list) else None
+        if not items:
+            lines.append(f"{indent}{prefix}{json.dumps(value, ensure_ascii=False)}{suffix}")
+            return
+        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        lines.append(f"{indent}{prefix}{opening}")
+        for index, (key, item) in enumerate(items):
+            key_prefix = f"{json.dumps(key, ensure_ascii=False)}: " if isinstance(value, dict) else ""
+            emit(item, [*path, key], key_prefix, "," if index < len(items) - 1 else "", indent + "  ")
+        lines.append(f"{indent}{closing}{suffix}")
+
+    emit(document, [], "", "", "")
+    return "\n".join(lines) + "\n", where
+
+
+def _locate(path: str, where: dict[str, int]) -> int:
+    """The line of `path`, or of its deepest ancestor present in the document (a missing key is its parent's)."""
+    candidate = path
+    while candidate not in where and candidate not in ("", "$"):
+        candidate = candidate.rpartition(".")[0] or "$"
+    return where.get(candidate, 0)
+
+
+@dataclass
+class RecipeCheck:
+    """The result of validating the editor's text: valid or not, problems with JSON paths and line numbers."""
+
+    text: str
+    recipe: Recipe | None = None
+    problems: list[Problem] = field(default_factory=list)
+    lines: dict[int, list[Problem]] = field(default_factory=dict)  # 0-based line of the pretty text -> problems
+    pretty: str | None = None
+    parsed: bool = False
+    syntax_line: int | None = None  # 0-based line of a JSON syntax error in `text`, as the parser reported it
+
+    @property
+    def valid(self) -> bool:
+        return self.recipe is not None
+
+    @property
+    def targets(self) -> list[str]:
+        return self.recipe.target_names if self.recipe else []
+
+    @property
+    def document(self) -> Any:
+        return self.recipe.document if self.recipe else None
+
+    def markdown(self) -> str:
+        if self.valid:
+            names = ", ".join(f"`{name}`" for name in self.targets)
+            return f"✓ **Valid recipe**: targets {names} (default `{self.recipe.default_target}`)"
+        count = len(self.problems)
+        lines = [f"✗ **Invalid recipe**: {count} problem{'s' if count != 1 else ''}", ""]
+        for problem in self.problems:
+            line = next((number for number, found in self.lines.items() if problem in found), None)
+            at = f" (line {line + 1})" if line is not None and (self.parsed or self.syntax_line is not None) else ""
+            lines.append(f"- `{problem.path}`{at}: {md_escape(problem.message)}")
+        return "\n".join(lines)
+
+    def highlighted(self, context: int | None = None) -> list[tuple[str, str | None]]:
+        """The recipe as (text, label) segments, each line with its number: each problem's line labelled with its
+        JSON path (a syntax error's line, in the text as typed, with "JSON syntax").
+
+        With `context`, only the lines within `context` lines of a problem are kept (gaps become `…`); a recipe
+        that cannot be parsed and has no located line shows nothing (its problem is in the status).
+        """
+        source = self.pretty if self.pretty is not None else self.text if self.syntax_line is not None else None
+        if source is None:
+            return []
+        lines = source.splitlines()
+        keep = set(range(len(lines)))
+        if context is not None and self.lines:
+            keep = {n for line in self.lines for n in range(line - context, line + context + 1) if 0 <= n < len(lines)}
+        width = len(str(len(lines)))
+        segments: list[tuple[str, str | None]] = []
+        for number, line in enumerate(lines):
+            if number not in keep:
+                if number - 1 in keep or number == 0:
+                    segments.append((f"{'…':>{width}}\n", None))
+                continue
+            found = self.lines.get(number)
+            label = None
+            if found:
+                label = "; ".join(dict.fromkeys("JSON syntax" if p.path == "$" else p.path for p in found))
+            segments.append((f"{number + 1:>{width}} │ {line}\n", label))
+        return segments
+
+
+def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
+    """Parse and validate recipe text (strict JSON, schema, semantics); never raises for bad input."""
+    text = text or ""
+    check = RecipeCheck(text=text)
+    try:
+        document = parse_recipe_text(text, source)
+    except RecipeError as error:
+        check.problems = list(error.problems)
+        position = _SYNTAX_POSITION.search(check.problems[0].message) if check.problems else None
+        if position and int(position.group(1)) <= len(text.splitlines()) + 1:
+            check.syntax_line = min(int(position.group(1)), max(len(text.splitlines()), 1)) - 1
+            check.lines = {check.syntax_line: list(check.problems)}
+        return check
+    check.parsed = True
+    check.pretty, where = pretty_json(document)
+    try:
+        check.recipe = recipe_from_document(document, source)
+    except RecipeError as error:
+        check.problems = list(error.problems)
+        for problem in check.problems:
+            check.lines.setdefault(_locate(problem.path, where), []).append(problem)
+    return check
+
+
+_SYNTAX_POSITION = re.compile(r"\(line (\d+), column (\d+)\)")
+
+
+def recipe_text(recipe: Recipe) -> str:
+    """A recipe as the editor shows it: the document as published, pretty-printed."""
+    return pretty_json(recipe.document if recipe.document is not None else recipe.data)[0]
+
+
+@dataclass
+class FetchedRecipe:
+    """A repo's recipe as the editor shows it; `check` is None when the repo has no recipe."""
+
+    source: str
+    text: str = ""
+    check: RecipeCheck | None = None
+
+
+def fetch_recipe(model: str, revision: str | None, token: str | None) -> FetchedRecipe:
+    """Read `model`'s recipe from the Hub (only `export_config.json`/`config.json`) and validate it.
+
+    An invalid recipe is not an error here: its text is returned with the problems located on its lines.
+    Unknown repos and revisions raise `SourceError`. Signed out, reads are anonymous (never the Space's token).
+    """
+
+    read_token = token or False  # False: huggingface_hub must not fall back to a token of the Space itself
+    at = f"{model}@{revision}" if revision else model
+    try:
+        recipe = load_recipe(model, revision=revision, token=read_token)
+    except RecipeNotFoundError:
+        return FetchedRecipe(source=at)
+    except RecipeError as error:
+        raw = hub_file(model, RECIPE_FILE, revision, read_token)
+        source = f"{at}/{RECIPE_FILE}"
+        if raw is None:  # the recipe is the `export_config` field of config.json
+            source = f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})"
+            config = json.loads(hub_file(model, CONFIG_FILE, revision, read_token) or b"{}")
+            raw = pretty_json(config.get(CONFIG_FIELD))[0].encode() if isinstance(config, dict) else b""
+        text = raw.decode("utf-8", errors="replace")
+        check = check_recipe_text(text, source)
+        if check.valid:  # cannot happen (same validator); keep the loader's verdict rather than guess
+            check = RecipeCheck(text=text, problems=list(error.problems))
+        return FetchedRecipe(source=source, text=check.pretty or text, check=check)
+    check = check_recipe_text(recipe_text(recipe), recipe.source or at)
+    return FetchedRecipe(source=recipe.source or at, text=check.pretty or check.text, check=check)
+
+
+@dataclass
+class Draft:
+    """A recipe proposed for a model without one (`hfexport init`'s logic, without exporting)."""
+
+    text: str
+    check: RecipeCheck
+    note: str | None = None
+
+
+def draft_recipe(model: str, revision: str | None, formats: Sequence[str], token: str | None) -> Draft:
+    """The recipe `hfexport init` would start from for `formats`, ready for the editor (validated)."""
+
+    document = init.propose_recipe(model, formats=list(formats), revision=revision, token=token or False)
+    # init's description says every target was exported and verified, which `hfexport init` makes true; here the
+    # draft is not exported yet (Convert does that, and `validated_with` records it: see `finalize_proposal`).
+    document["description"] = f"Proposed by hfexport for {model}: the formats and settings its artifacts are made with."
+    text = pretty_json(document)[0]
+    check = check_recipe_text(text, "proposed recipe")
+    note = None
+    if check.valid:
+        names = ", ".join(f"`{name}`" for name in check.targets)
+        note = (f"✓ **Proposed recipe** for {', '.join(formats)}: targets {names}. It is not validated by an export "
+                f"yet: **Convert** checks parity. Locally: `{init_command(model, formats, revision)}`.")
+    return Draft(text=text, check=check, note=note)
+
+
+def recipe_for_job(text: str | None, repo_recipe: str | None) -> tuple[dict | None, bool]:
+    """The recipe a Convert runs: (None, False) for the repo's own, or (document, True) for the editor's.
+
+    `repo_recipe` is the canonical JSON of the repo's valid recipe, when one was loaded. Raises `RecipeError`
+    (with JSON paths) when the editor's text is not a valid recipe.
+    """
+
+    if not (text or "").strip():
+        return None, False
+    check = check_recipe_text(text)
+    if not check.valid:
+        raise RecipeError(check.problems, "editor")
+    if repo_recipe is not None and canonical_json(check.document) == repo_recipe:
+        return None, False
+    return check.document, True
+
+
+# ── Per-session folders ──────────────────────────────────────────────────────
+
+
+class Workspace:
+    """Per-session temp folders under one root: `<root>/<session>/<job>/` (artifacts) and its zip.
+
+    Each new job of a session removes the session's previous one; `release` removes a session; `sweep` removes
+    sessions idle for longer than the time-to-live (a tab closed without the page telling us).
+    """
+
+    def __init__(self, root: str | Path, ttl_s: float = 3600.0):
+        self.root = Path(root)
+        self.ttl_s = ttl_s
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _session(self, session: str) -> Path:
+        safe = "".join(char for char in session if char.isalnum() or char in "-_")[:64] or "anonymous"
+        return self.root / safe
+
+    def new_job(self, session: str) -> Path:
+        """A fresh, empty folder for the session's next job; the session's earlier jobs are removed."""
+        self.sweep()
+        folder = self._session(session)
+        if folder.exists():
+            for child in folder.iterdir():
+                _remove(child)
+        job = folder / uuid.uuid4().hex[:12]
+        job.mkdir(parents=True)
+        return job
+
+    def release(self, session: str) -> None:
+        _remove(self._session(session))
+
+    def sweep(self) -> list[Path]:
+        """Remove sessions whose newest file is older than the time-to-live; returns what was removed."""
+        removed = []
+        now = time.time()
+        for folder in self.root.iterdir() if self.root.exists() else ():
+            try:
+                newest = max((entry.stat().st_mtime for entry in [folder, *folder.iterdir()]), default=now)
+            except OSError:
+                continue
+            if now - newest > self.ttl_s:
+                _remove(folder)
+                removed.append(folder)
+        return removed
+
+    def sessions(self) -> list[str]:
+        return sorted(entry.name for entry in self.root.iterdir()) if self.root.exists() else []
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def zip_artifacts(output: Path, destination: Path) -> Path:
+    """Every file of a job's output folder (targets and the job report) in one zip, paths relative to it."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(destination, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for file in sorted(output.rglob("*")):
+            relative = file.relative_to(output)
+            if file.is_file() and not any(part.startswith(".") for part in relative.parts):
+                archive.write(file, relative.as_posix())
+    return destination
+
+
+# ── Jobs ─────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class JobRequest:
+    """One Convert click: what to export, from where, with which recipe, as whom."""
+
+    model: str
+    output: Path
+    targets: list[str]
+    revision: str | None = None
+    token: str | None = None
+    recipe: dict | None = None  # None: the repo's own recipe; else the editor's (validated) document
+
+    @property
+    def command(self) -> str:
+        return export_command(self.model, self.revision, self.targets, edited_recipe=self.recipe is not None)
+
+
+@dataclass
+class Finished:
+    """The last event of a job: its report (or the failure that stopped it) and the total wall time."""
+
+    report: Any = None
+    failure: Failure | None = None
+    seconds: float = 0.0
+    waited_s: float = 0.0  # time spent waiting for the process-wide job lock
+
+
+class JobRunner:
+    """Runs one job at a time and streams its progress events; the job itself runs in a child process.
+
+    `run(request)` yields `job.Step` events as the job reports them (cache, preflight, load_model,
+    plan/export/save/verify per target, target) and finally one `Finished`. The child (`hfexport.surfaces.worker`) keeps
+    the engine imported between jobs and leaves the web server's interpreter free while a job traces and optimizes.
+    """
+
+    def __init__(self, settings: SpaceSettings):
+
+        self._lock = threading.Lock()
+        self.settings = settings
+        # Jobs act with the visitor's token only: the Space's own (HF_TOKEN, a saved login) stays out of the child.
+        self.worker = JobWorker(env={"HF_TOKEN": None, "HUGGING_FACE_HUB_TOKEN": None,
+                                     "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"})
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def run(self, request: JobRequest) -> Iterator[Any]:
+
+        started = time.perf_counter()
+        message = {
+            "model": request.model, "output": str(request.output), "targets": request.targets or None,
+            "revision": request.revision, "token": request.token, "recipe": request.recipe,
+            "verify": self.settings.verify, "command": request.command, "keep_downloads": self.settings.keep_downloads,
+            "env": settings_from(),
+        }
+        finished = Finished()
+        with self._lock:
+            finished.waited_s = time.perf_counter() - started
+            for event in self.worker.run(message, timeout_s=self.settings.job_timeout_s):
+                kind = event.get("type")
+                if kind == "step":
+                    yield Step(**event["step"])
+                elif kind == "done":
+                    finished.report = JobReport.from_dict(event["report"])
+                elif kind == "failed":
+                    failure = event["failure"]
+                    finished.failure = Failure(failure["category"], failure["message"], failure.get("command"),
+                                               [Problem(p["path"], p["message"]) for p in failure.get("problems", [])])
+                else:
+                    finished.failure = Failure("Export crashed", redact(event.get("message", "")), request.command)
+        finished.seconds = time.perf_counter() - started
+        if finished.report is None:
+            _remove(request.output)
+        else:
+            finished.failure = report_failure(finished.report, request.command)
+        yield finished
+
+
+# ── Progress rendering ───────────────────────────────────────────────────────
+
+_STEP_TITLES = {
+    "cache": "look for an identical earlier export",
+    "preflight": "preflight (memory and disk)",
+    "load_model": "download and load the model",
+    "plan": "plan",
+    "export": "export",
+    "save": "save",
+    "verify": "verify parity",
+    "unchanged": "already exported",
+    "publish": "publish",
+}
+
+
+_STATUS_ICONS = {"start": "…", "done": "✓", "error": "✗"}
+
+
+class ProgressLog:
+    """Progress events folded into one Markdown checklist (one line per step and target), updated in place."""
+
+    def __init__(self, title: str = "Progress"):
+        self.title = title
+        self.entries: dict[tuple[str, str | None], Any] = {}
+        self.note: str | None = None
+
+    def add(self, step) -> None:
+        if step.step == "target":  # per-target bracket: shown only when the target was a cache hit
+            if step.status == "done" and (step.detail or "").startswith("unchanged"):
+                reason = step.detail.removeprefix("unchanged").lstrip(": ")
+                self.entries[("unchanged", step.target)] = type(step)("unchanged", "done", step.target, reason)
+            return
+        self.entries[(step.step, step.target)] = step
+
+    def markdown(self) -> str:
+        lines = [f"**{self.title}**", ""]
+        for (name, target), step in self.entries.items():
+            title = _STEP_TITLES.get(name, name) + (f" `{target}`" if target else "")
+            seconds = f" ({step.seconds:.1f} s)" if step.seconds is not None else ""
+            detail = f": {md_escape(step.detail)}" if step.detail and step.status != "start" else ""
+            if step.status == "start" and step.detail and name not in ("load_model",):
+                detail = f": {md_escape(step.detail)}"
+            lines.append(f"- {_STATUS_ICONS.get(step.status, '•')} {title}{seconds}{detail}")
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+
+# ── Publishing ───────────────────────────────────────────────────────────────
+
+
+def publish_message(result) -> str:
+    """One line for a `publish.PublishResult`: opened / updated / unchanged (up to date) / committed, and the
+    targets left out because they did not pass, each with its reason."""
+    line = _publish_line(result)
+    left_out = getattr(result, "left_out", None) or {}
+    if left_out:
+        line += " Not published (did not pass): " + "; ".join(
+            f"`{name}`: {md_escape(why)}" for name, why in left_out.items()) + "."
+    return line
+
+
+def _publish_line(result) -> str:
+    link = f"[#{result.pr_num}]({result.pr_url})" if getattr(result, "pr_url", None) else ""
+    if result.action == "opened":
+        return f"✓ Opened pull request {link} on `{result.repo_id}`."
+    if result.action == "updated":
+        return f"✓ Pushed a new commit to pull request {link} on `{result.repo_id}`."
+    if result.action == "unchanged":
+        return f"= Pull request {link} on `{result.repo_id}` is up to date: nothing changed, so no new pull request."
+    return f"✓ Committed to `{result.repo_id}`" + (f" ({result.commit[:12]})" if getattr(result, "commit", None) else "") + "."
+
+
+PUBLISHABLE = ("ok", "unchanged")
+
+
+def publishable_targets(report) -> list[str]:
+    """The targets of a finished job that may be published: exported (or already exported) and passed parity."""
+    if report is None:
+        return []
+    return [name for name, target in report.targets.items() if target.status in PUBLISHABLE]
+
+
+def can_publish(state: dict | None) -> bool:
+    """Whether Open PR has something to publish for this session (the page enables the button only then)."""
+    state = state or {}
+    return bool(state.get("output") and state.get("targets") and Path(state["output"]).is_dir())
+
+
+def publish_job(state: dict, token: str):
+    """Publish a session's converted job through hfexport's one-PR-per-model logic; returns the PublishResult.
+    Only the targets that passed are published (`state["targets"]`, from `publishable_targets`)."""
+
+    output = state.get("output")
+    if state.get("left_out") and not state.get("targets"):
+        raise SpaceError("Nothing to publish", "no target passed the parity check: change the recipe in the editor "
+                         "(its parity thresholds, or other targets), then Convert again")
+    if not output or not Path(output).is_dir() or not state.get("targets"):
+        raise SpaceError("Nothing to publish", "Convert the model first; a session's artifacts are kept until it "
+                         "ends, loads another model or converts again")
+    return publish(output, state["model"], mode="pr", token=token, targets=state.get("targets"),
+                   revision=state.get("revision"))
+
+
+@dataclass
+class Proposal:
+    """The outcome of `propose_recipe`."""
+
+    action: str  # "opened" | "updated" | "unchanged"
+    repo_id: str
+    pr_num: int
+    pr_url: str
+
+    def markdown(self) -> str:
+        link = f"[#{self.pr_num}]({self.pr_url})"
+        if self.action == "opened":
+            return f"✓ Opened pull request {link} adding `{RECIPE_FILE}` to `{self.repo_id}`."
+        if self.action == "updated":
+            return f"✓ Updated the recipe in pull request {link} on `{self.repo_id}`."
+        return f"= Pull request {link} on `{self.repo_id}` already proposes this recipe: nothing changed."
+
+
+def propose_recipe(repo_id: str, document: dict, token: str, revision: str | None = None) -> Proposal:
+    """Open (or update) the pull request that adds `export_config.json` with the validated `document`.
+
+    One open proposal per repo: it is found by its marker, gets a new commit when the recipe differs, and is left
+    alone when it already holds these exact bytes. The recipe is validated again here; an invalid one is refused.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    recipe_from_document(document, "proposed recipe")  # raises RecipeError with every problem
+    register_secret(token)
+    api = HfApi(token=token)
+    content = pretty_json(document)[0].encode("utf-8")
+    for discussion in api.get_repo_discussions(repo_id, discussion_type="pull_request", discussion_status="open"):
+        if discussion.title != RECIPE_PR_TITLE:
+            continue
+        details = api.get_discussion_details(repo_id, discussion.num)
+        first = next((event for event in details.events if getattr(event, "type", None) == "comment"), None)
+        if first is None or RECIPE_PR_MARKER not in (getattr(first, "content", "") or ""):
+            continue
+        ref = f"refs/pr/{discussion.num}"
+        current = _read_hub_file(api, repo_id, RECIPE_FILE, ref)
+        url = discussion.url
+        if current == content:
+            return Proposal("unchanged", repo_id, discussion.num, url)
+        api.create_commit(repo_id, [CommitOperationAdd(RECIPE_FILE, content)], commit_message="Update the export recipe",
+                          revision=ref)
+        api.comment_discussion(repo_id, discussion.num, "Updated the proposed export recipe.")
+        return Proposal("updated", repo_id, discussion.num, url)
+    description = "\n".join([
+        RECIPE_PR_MARKER,
+        f"This pull request adds `{RECIPE_FILE}`, an export recipe for hfexport: which formats this model "
+        "exports to, with which settings, and the parity thresholds its artifacts must meet.",
+        "",
+        f"Check it locally with `{validate_command(repo_id, revision)}`.",
+    ])
+    info = api.create_commit(repo_id, [CommitOperationAdd(RECIPE_FILE, content)], commit_message=RECIPE_PR_TITLE,
+                             commit_description=description, create_pr=True)
+    return Proposal("opened", repo_id, int(info.pr_num), info.pr_url)
+
+
+def verified_recipe(recipe_document: dict | None, report) -> dict | None:
+    """What a finished job proved about a recipe: its canonical JSON and the targets that passed parity."""
+
+    if recipe_document is None or report is None:
+        return None
+    passed = [name for name, target in report.targets.items() if target.status == "ok"
+              and (target.verification or {}).get("passed")]
+    return {"recipe": canonical_json(recipe_document), "passed": passed}
+
+
+def finalize_proposal(document: dict, verified: dict | None) -> tuple[dict, bool]:
+    """The recipe to propose: with `validated_with` (package versions, as `hfexport init` writes it) only when this
+    session exported and verified every one of its targets with exactly this recipe; else as it is."""
+
+    bare = {key: value for key, value in document.items() if key != "validated_with"}
+    if not verified or verified.get("recipe") not in (canonical_json(document), canonical_json(bare)):
+        return document, False
+    targets = document.get("targets") or {}  # a flat recipe is an engine config: it has no `validated_with`
+    if not targets or not set(targets) <= set(verified.get("passed") or ()):
+        return document, False
+    formats = [target.get("export_format") for target in targets.values()]
+    return {**bare, "validated_with": init.validated_with(formats)}, True
+
+
+def _read_hub_file(api, repo_id: str, filename: str, revision: str) -> bytes | None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, token=api.token)).read_bytes()
+    except EntryNotFoundError:
+        return None

@@ -1,0 +1,418 @@
+"""Parity verification: does the artifact on disk compute what the model computes? A gate, not a warning.
+
+The target folder is reloaded from disk (`ExportedModel.from_pretrained`) and run next to the eager model (eval
+mode, no grad) on the same probe inputs. Probes cover the declared dynamic ranges: for every dynamic dim its min,
+an odd value inside (37 when it fits) and its max, or the values the recipe lists in `parity.probe`; the i-th
+probe takes every dim's i-th value, so batch is > 1 on the last probe whenever batch is dynamic. Where the axes are
+"auto" (torch.export decides), batch 1 and 8 and two sequence lengths are probed: that is how a batch silently
+pinned to the sample's 1 is caught. A probe costs at most `parity.max_probe_elements` input elements (default
+`DEFAULT_MAX_PROBE_ELEMENTS`); larger dims are halved until it fits and the report says so.
+
+Every output leaf (named as the model's output fields; cache leaves grouped as `past_key_values`) gets max abs
+diff, max rel diff, cosine similarity and, for logits, top-1 agreement, checked against thresholds: the recipe's
+`parity` (global, then per output) over defaults per format and dtype (`default_tolerance`, docs/parity.md).
+A probe the artifact rejects is a failure carrying the backend's message. Generation targets also decode greedily
+over the exported graphs (`hfexport.generate.generate`) and must agree token for token with `model.generate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+from hfexport.errors import redact
+from hfexport.runtime import cpu_info, has_runtime_precision, pinned_precision, read_back
+from hfexport.verify.parity import compare_outputs
+from hfexport.verify.probes import mask_of, plan_probes, probe_label, probe_axes, representative_probe, resize_inputs, shapes_of
+from hfexport.verify.thresholds import DEFAULT_MAX_NEW_TOKENS, RUNTIME_MIN_TOKEN_AGREEMENT, SHAPE_ONLY, default_parity, thresholds_for
+
+
+_MESSAGE_CHARS = 600
+
+
+def _backend_message(error: BaseException) -> str:
+    """The backend's own words: the error's first lines, following the cause chain, without tokens."""
+    import traceback
+
+    parts, current = [], error
+    while current is not None and len(parts) < 3:
+        text = " ".join(line.strip() for line in str(current).strip().splitlines()[:4] if line.strip())
+        if not text and current.__traceback__ is not None:
+            frame = traceback.extract_tb(current.__traceback__)[-1]
+            text = f"(no message) at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+        parts.append(f"{type(current).__name__}: {text}".strip())
+        current = current.__cause__ or current.__context__
+    return redact(" <- ".join(parts))[:_MESSAGE_CHARS]
+
+
+# ── Running a target ─────────────────────────────────────────────────────────
+
+
+def _traced(runner, inputs: dict) -> dict:
+    """Only the kwargs the graph was traced with, as `ExportedModel.__call__` does for a single graph."""
+    traced = runner.metadata.kwargs
+    return {key: value for key, value in inputs.items() if key in traced}
+
+
+def _run_forward_probe(exported, model, inputs: dict, thresholds: dict) -> dict:
+    import torch
+
+    with torch.no_grad():
+        eager = model(**copy.deepcopy(inputs))
+    try:
+        got = exported(**inputs)
+    except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure, not a crash
+        return {"error": _backend_message(error), "outputs": {}}
+    return {"outputs": compare_outputs(got, eager, thresholds, mask_of(inputs))}
+
+
+def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
+    """Decompose `generate` on the probe prompt (as the export did), then run every exported component on the
+    kwargs its eager twin received."""
+    import torch
+    from transformers.exporters.utils import decompose_for_generation
+
+    with torch.no_grad():
+        stages = decompose_for_generation(model, copy.deepcopy(inputs), generation_config=plan.generation_config,
+                                          multi_token_decode=plan.multi_token_decode)
+    results = []
+    for name, (submodel, subinputs) in stages.items():
+        if name not in exported.components:
+            continue
+        runner = exported.runners[name]
+        subinputs = _with_full_mask(runner, subinputs)
+        entry = {"component": name, "shapes": shapes_of(subinputs)}
+        if _is_stateful(runner):
+            entry.update(skipped="its cache lives in the OpenVINO infer request: checked by greedy generation",
+                         outputs={})
+            results.append(entry)
+            continue
+        with torch.no_grad():
+            eager = submodel(**copy.deepcopy(subinputs))
+        try:
+            got = runner(**_traced(runner, copy.deepcopy(subinputs)))
+        except Exception as error:  # noqa: BLE001 - recorded with the backend's message
+            entry.update(error=_backend_message(error), outputs={})
+            results.append(entry)
+            continue
+        entry["outputs"] = compare_outputs(got, eager, thresholds, mask_of(subinputs))
+        results.append(entry)
+    return results
+
+
+def _with_full_mask(runner, inputs: dict) -> dict:
+    """`generate` leaves out an attention_mask of all ones (an unpadded batch of 1); a graph traced with one still
+    takes it. Both sides then get the explicit all-ones mask over cache + new tokens (the same computation)."""
+    import torch
+
+    ids = inputs.get("input_ids")
+    if "attention_mask" not in runner.metadata.kwargs or inputs.get("attention_mask") is not None or ids is None:
+        return inputs
+    if runner.metadata.kwargs["attention_mask"].get("rank", 2) != 2:
+        return inputs  # a 4-D (static cache) mask is built by generate, never left out
+    cache = inputs.get("past_key_values")
+    past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+    return {**inputs, "attention_mask": torch.ones(ids.shape[0], past + ids.shape[1], dtype=torch.long)}
+
+
+
+def _is_stateful(runner) -> bool:
+    """An OpenVINO request holding state (a decode whose cache became internal variables): it cannot be fed a
+    captured cache, so `hfexport.generate` (which seeds that state) checks it."""
+    request = getattr(runner, "request", None)
+    return request is not None and hasattr(request, "query_state") and bool(list(request.query_state()))
+
+
+def _finish(probe: dict) -> dict:
+    if probe.get("skipped"):
+        probe["passed"] = True
+        return probe
+    probe["passed"] = not probe.get("error") and bool(probe.get("outputs")) and all(
+        entry["passed"] for entry in probe["outputs"].values())
+    return probe
+
+
+def check_generation(exported, model, plan, processor=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                     min_token_agreement: float = 1.0) -> dict:
+    """Greedy decoding over the exported graphs vs `model.generate(do_sample=False)` on the sample prompts."""
+    from hfexport.generate import generate
+    import torch
+
+    inputs = plan.inputs
+    result: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_token_agreement": min_token_agreement}
+    input_ids = inputs.get("input_ids")
+    if input_ids is None:
+        result.update(passed=False, error="the sample inputs have no input_ids to generate from")
+        return result
+    attention_mask = inputs.get("attention_mask")
+    generation_config = copy.deepcopy(plan.generation_config or model.generation_config)
+    generation_config.do_sample, generation_config.num_beams = False, 1
+    generation_config.max_new_tokens, generation_config.min_new_tokens = max_new_tokens, None
+    eos = generation_config.eos_token_id
+    result["prompts"] = int(input_ids.shape[0])
+    result["eos_token_id"] = eos
+    extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        eager = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                               **extra)
+    try:
+        got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config)
+    except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
+        result.update(passed=False, error=_backend_message(error))
+        return result
+    prompt = input_ids.shape[1]
+    eager_new, got_new = _new_tokens(eager, input_ids), _new_tokens(got, input_ids)
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    matched = total = 0
+    first = None
+    for row in range(input_ids.shape[0]):
+        want, have = _until_eos(eager_new[row], eos_ids), _until_eos(got_new[row], eos_ids)
+        agree = 0
+        while agree < min(len(want), len(have)) and want[agree] == have[agree]:
+            agree += 1
+        matched += agree
+        total += max(len(want), len(have))
+        if first is None and (agree < len(want) or agree < len(have)):
+            first = {"prompt": row, "position": agree,
+                     "eager_token": want[agree] if agree < len(want) else None,
+                     "exported_token": have[agree] if agree < len(have) else None}
+            tokenizer = getattr(processor, "tokenizer", processor)
+            if tokenizer is not None and hasattr(tokenizer, "decode"):
+                for side in ("eager", "exported"):
+                    token = first[f"{side}_token"]
+                    first[f"{side}_text"] = None if token is None else tokenizer.decode([token])
+    agreement = matched / total if total else 1.0
+    result.update(prompt_length=int(prompt), token_agreement=agreement, first_divergence=first,
+                  passed=agreement >= min_token_agreement)
+    return result
+
+
+def _new_tokens(sequences, prompt) -> list[list[int]]:
+    """The generated tokens of each row (the prompt stripped when the sequences start with it)."""
+    import torch
+
+    sequences = torch.as_tensor(sequences)
+    length = prompt.shape[1]
+    if sequences.shape[1] >= length and torch.equal(sequences[:, :length].to(prompt.device), prompt):
+        sequences = sequences[:, length:]
+    return [[int(token) for token in row] for row in sequences]
+
+
+def _until_eos(tokens: list[int], eos_ids: set) -> list[int]:
+    for index, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: index + 1]
+    return tokens
+
+
+def _load(folder: Path, export_format: str, precision: str | None):
+    """The artifact reloaded from disk as a user gets it (`hfexport.load`), at `precision` where the format has a
+    runtime precision. OpenVINO is compiled for the CPU explicitly, so the precision it picked can be read back
+    (AUTO does not expose it)."""
+    from hfexport.exported import ExportedModel
+
+    options = {"device": "cpu"} if export_format == "openvino" else {}
+    return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+
+
+def _run_checks(exported, model, plan, processor, probes: list[dict], refs, thresholds: dict, *,
+                representative: dict | None, generate_settings: dict, min_token_agreement: float) -> dict:
+    """Every probe (and, for generation targets, greedy decoding) of one loaded artifact against the eager model.
+
+    `representative`, for quantized targets, is the quality probe on real inputs judged by `thresholds`; the shape
+    probes are then judged by shapes and finite values only (`SHAPE_ONLY`)."""
+    generation = plan.target.mode == "generation"
+    shape_thresholds = SHAPE_ONLY if representative is not None else thresholds
+    runs = [(probe, shape_thresholds, "shape" if representative is not None else None) for probe in probes]
+    if representative is not None:
+        runs.append((representative, thresholds, "quality"))
+    results: list[dict] = []
+    for probe, probe_thresholds, role in runs:
+        probe_started = time.perf_counter()
+        inputs = probe.get("inputs") or resize_inputs(plan.inputs, refs, probe["dims"])
+        base = {"name": probe.get("name") or probe_label(probe["dims"]), "dims": probe["dims"],
+                **({"capped": probe["capped"]} if probe.get("capped") else {}), **({"role": role} if role else {})}
+        if generation:
+            try:
+                entries = _run_generation_probe(exported, model, plan, inputs, probe_thresholds)
+            except Exception as error:  # noqa: BLE001 - the eager side could not build this probe
+                entries = [{"component": None, "error": f"could not capture the probe's stage inputs: "
+                                                        f"{_backend_message(error)}", "outputs": {}}]
+            seconds = (time.perf_counter() - probe_started) / max(len(entries), 1)
+            for entry in entries:
+                results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
+        else:
+            entry = _run_forward_probe(exported, model, inputs, probe_thresholds)
+            results.append(_finish({**base, "component": "model", "shapes": shapes_of(inputs), **entry,
+                                    "seconds": round(time.perf_counter() - probe_started, 4)}))
+    generation_result = None
+    if generation:
+        generation_result = check_generation(
+            exported, model, plan, processor,
+            max_new_tokens=int(generate_settings.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
+            min_token_agreement=min_token_agreement,
+        )
+    failures = [_failure_line(probe) for probe in results if not probe["passed"]]
+    if generation_result is not None and not generation_result["passed"]:
+        failures.append(_generation_failure_line(generation_result))
+    return {"passed": not failures, "thresholds": thresholds, "probes": results, "generation": generation_result,
+            "failures": failures}
+
+
+def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
+    """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict.
+
+    Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
+    thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
+    `runtime.precision`, else the device default, read back from the compiled model) against thresholds for that
+    precision; the target passes when both do. `verification["runtime"]` names the CPU, backend, device and
+    precision of each check."""
+    import torch
+
+
+    started = time.perf_counter()
+    target = plan.target
+    parity = target.parity or {}
+    if parity.get("skip"):
+        return {"passed": True, "skipped": True, "reason": "parity.skip is set in the recipe", "probes": [],
+                "failures": [], "seconds": 0.0}
+    export_format = str(target.export_format)
+    pinned = pinned_precision(target.runtime)
+    has_precision = has_runtime_precision(export_format)
+    try:
+        exported = _load(Path(folder), export_format, "f32" if has_precision else pinned)
+    except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
+        message = f"the artifact does not load back from {Path(folder).name}: {_backend_message(error)}"
+        return {"passed": False, "reloaded_from_disk": True, "error": message, "probes": [], "failures": [message],
+                "seconds": round(time.perf_counter() - started, 4)}
+    reload_s = time.perf_counter() - started
+    dtype = next(iter(exported.components.values())).metadata.export_dtype or "float32"
+    generation = target.mode == "generation"
+    generate_settings = parity.get("generate", {}) or {}
+    if target.quantization:  # token agreement over N tokens with a minimum fraction, unless the recipe says more
+
+        generate_settings = {**default_parity(target.quantization["method"], target.mode,
+                                              target.quantization.get("params")).get("generate", {}),
+                             **generate_settings}
+    min_agreement = float(generate_settings.get("min_token_agreement", 1.0))
+    probes, cost_bound = plan_probes(plan, model.config, reserve=4 if generation else 0)
+    refs, _ = probe_axes(plan)
+    representative = representative_probe(plan, processor) if target.quantization else None
+    was_training = model.training
+    model.eval()
+    runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
+    try:
+        graph_read = read_back(exported)
+        graph_precision = graph_read["precision"] if has_precision else "f32"
+        graph = _run_checks(exported, model, plan, processor, probes, refs,
+                            thresholds_for(target, dtype, graph_precision),
+                            representative=representative, generate_settings=generate_settings,
+                            min_token_agreement=min_agreement)
+        runtime["backend"] = graph_read["backend"]
+        runtime["checks"].append({"name": "graph" if has_precision else "runtime", "requested": "f32" if
+                                  has_precision else pinned, "precision": graph_read["precision"] or "unknown",
+                                  "components": graph_read["components"], "passed": graph["passed"]})
+        del exported
+        runtime_check = None
+        if has_precision:
+            check, runtime_check = _runtime_precision_check(
+                folder, model, plan, processor, probes, refs, dtype, pinned, representative, generate_settings,
+                min_agreement)
+            runtime["checks"].append(check)
+        user = runtime["checks"][-1]
+        runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
+    finally:
+        model.train(was_training)
+    failures = list(graph["failures"])
+    if runtime_check is not None:
+        precision = runtime["precision"]
+        failures += [f"at {precision} ({_why(pinned)}): {line}" for line in runtime_check["failures"]]
+    result = {
+        "passed": not failures,
+        "reloaded_from_disk": True,
+        "export_dtype": dtype,
+        "thresholds": graph["thresholds"],
+        "cost_bound": cost_bound,
+        "probes": graph["probes"],
+        "generation": graph["generation"],
+        "runtime": runtime,
+        "failures": failures,
+        "reload_s": round(reload_s, 4),
+        "seconds": round(time.perf_counter() - started, 4),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if representative is not None:
+        result["representative"] = {"source": representative["source"], "real_text": representative["real_text"]}
+    if runtime_check is not None:
+        result["runtime_check"] = runtime_check
+    return result
+
+
+def _why(pinned: str) -> str:
+    return "the recipe's runtime.precision" if pinned != "auto" else "the device's default precision on this CPU"
+
+
+def _device_of(components: dict) -> str:
+    devices = sorted({str(entry.get("device")) for entry in components.values() if entry.get("device")})
+    return ",".join(devices) or "cpu"
+
+
+def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype: str, pinned: str, representative,
+                             generate_settings: dict, min_agreement: float) -> tuple[dict, dict | None]:
+    """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds:
+    (the check's entry in `runtime.checks`, the report's `runtime_check`). Identical to the graph check (and not run
+    again, `runtime_check` None) where the runtime computes at f32 anyway."""
+
+    target = plan.target
+    exported = _load(Path(folder), str(target.export_format), pinned)
+    try:
+        read = read_back(exported)
+        precision = read["precision"] or "unknown"
+        check = {"name": "runtime", "requested": pinned, "precision": precision, "components": read["components"]}
+        if precision == "f32":
+            check.update(passed=True, same_as="graph")
+            return check, None
+        agreement = min(min_agreement, float(RUNTIME_MIN_TOKEN_AGREEMENT.get(precision, min_agreement)))
+        result = _run_checks(exported, model, plan, processor, probes, refs, thresholds_for(target, dtype, precision),
+                             representative=representative, generate_settings=generate_settings,
+                             min_token_agreement=agreement)
+    finally:
+        del exported
+    check["passed"] = result["passed"]
+    return check, {"precision": precision, "requested": pinned, **result}
+
+
+def _failure_line(probe: dict) -> str:
+    where = f"probe {probe['name']}" + (f" [{probe['component']}]" if probe.get("component") not in (None, "model") else "")
+    if probe.get("error"):
+        return f"{where}: the artifact rejected the input: {probe['error']}"
+    bad = [(name, entry) for name, entry in probe["outputs"].items() if not entry["passed"]]
+    if not bad:
+        return f"{where}: no outputs to compare"
+    name, entry = bad[0]
+    return f"{where}: {name}: {entry['failures'][0] if entry['failures'] else 'failed'}"
+
+
+def _generation_failure_line(result: dict) -> str:
+    if result.get("error"):
+        return f"generation: {result['error']}"
+    first = result.get("first_divergence") or {}
+    return (f"generation: token agreement {result['token_agreement']:.3f} < {result['min_token_agreement']}; first "
+            f"divergence at prompt {first.get('prompt')} position {first.get('position')}: eager "
+            f"{first.get('eager_token')} vs exported {first.get('exported_token')}")
+
+
+def summary(verification: dict | None) -> str:
+    """One line: passed, skipped, or the first failure."""
+    if not verification:
+        return "not verified"
+    if verification.get("skipped"):
+        return "skipped (parity.skip)"
+    if verification.get("passed"):
+        count = len(verification.get("probes", []))
+        return f"passed ({count} probe{'s' if count != 1 else ''})"
+    failures = verification.get("failures") or [verification.get("error") or "failed"]
+    more = f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""
+    return f"parity failed: {failures[0]}{more}"
