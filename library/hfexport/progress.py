@@ -1,7 +1,9 @@
-"""Progress events of a job (`Step`) and the callback type every surface implements to show them."""
+"""Progress events of a job (`Step`) and the callback type every surface implements to show them; the heartbeat that
+re-sends a long step while it runs, so that no surface (CLI, action log, Space) looks hung."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +13,8 @@ from hfexport.errors import redact
 
 @dataclass
 class Step:
-    """One progress event: `step` is load_model, plan, export, save, verify or target; `status` start/done/error."""
+    """One progress event: `step` is cache, preflight, load_model, plan, export, save, verify, probe, latency, compare
+    or target; `status` start/done/error, or "running" (a heartbeat: the step is still going, `seconds` so far)."""
 
     step: str
     status: str
@@ -43,3 +46,51 @@ class StepTimer:
         detail = self.detail if kind is None else redact(str(error).splitlines()[0] if str(error) else kind.__name__)
         self.progress(Step(self.step, status, self.target, detail, self.seconds))
         return False
+
+
+RUNNING = "running"  # a heartbeat of a step still in progress: `seconds` is its elapsed time so far
+
+
+class Heartbeat:
+    """A progress callback that forwards every step and, while a step is open (started, not yet done), re-sends it
+    every `every` seconds as status "running" with its elapsed seconds, from a daemon thread: a five-minute export
+    step keeps saying it is alive and for how long, in a CI log or the Space as on a terminal. Use as a context
+    manager (the thread stops on exit)."""
+
+    def __init__(self, progress: ProgressCallback, every: float = 15.0):
+        self.progress, self.every = progress, every
+        self.open: dict[tuple[str, str | None], tuple[Step, float]] = {}
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __call__(self, step: Step) -> None:
+        key = (step.step, step.target)
+        with self.lock:
+            if step.status == "start":
+                self.open[key] = (step, time.perf_counter())
+            elif step.status != RUNNING:
+                self.open.pop(key, None)
+            self.progress(step)
+
+    def beat(self) -> None:
+        """Send one "running" step for every open step (the thread calls it every `every` seconds)."""
+        now = time.perf_counter()
+        with self.lock:
+            for step, started in list(self.open.values()):
+                if step.step != "target" and now - started >= self.every / 2:  # a step just begun needs no beat
+                    self.progress(Step(step.step, RUNNING, step.target, step.detail, round(now - started, 1)))
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.beat()
+
+    def __enter__(self) -> Heartbeat:
+        self.thread = threading.Thread(target=self._run, name="hfexport-progress", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(timeout=1)
