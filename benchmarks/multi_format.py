@@ -2,7 +2,7 @@
 all-MiniLM-L6-v2 (issue 16; target: hfexport <= 0.6x the sum of the three peers' walls).
 
 Four commands, each a fresh process, alternated round by round (the order rotates) so that all see the same load:
-- hfexport: `python -m hfexport.cli export MINILM --recipe benchmarks/recipes/minilm_multi.json --all-targets -o OUT
+- hfexport: `python -m hfexport export MINILM --recipe benchmarks/recipes/minilm_multi.json --all-targets -o OUT
   --force --json`: targets `onnx` (opset 18), `openvino`, `pte` (ExecuTorch XNNPACK), dims batch x seq, each
   reloaded from disk and verified (3 probes up to batch 8 x 256) and timed against eager torch (the defaults);
 - optimum-onnx: `optimum-cli export onnx --model MINILM --task feature-extraction OUT` (OPTIMUM_VENV, default
@@ -69,7 +69,7 @@ def setup() -> None:
 def commands(model: Path, output: Path) -> dict[str, list[str]]:
     cli = {name: str(venv / "bin" / "optimum-cli") for name, (venv, _) in VENVS.items()}
     return {
-        "hfexport": [sys.executable, "-m", "hfexport.cli", "export", str(model), "--recipe",
+        "hfexport": [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
                      str(HERE / "recipes" / "minilm_multi.json"), "--all-targets", "-o", str(output), "--force",
                      "--json"],
         "optimum-onnx": [cli["optimum-onnx"], "export", "onnx", "--model", str(model), "--task", "feature-extraction",
