@@ -82,10 +82,11 @@ def test_validate_exits_1_with_the_path(in_process, name):
 
 
 @pytest.mark.parametrize("name", CORPUS)
-def test_export_exits_2_and_writes_nothing(in_process, tiny_bert, tmp_path, name):
+def test_export_exits_1_and_writes_nothing(in_process, tiny_bert, tmp_path, name):
+    """An invalid recipe is a failed check (exit 1) for `export` as for `validate`: one policy, errors.exit_code."""
     output = tmp_path / "out"
     code, out, err = in_process("export", str(tiny_bert), "--recipe", str(BAD / name), "-o", str(output), "--quiet")
-    assert code == 2, (out, err)
+    assert code == 1, (out, err)
     assert "Traceback" not in out + err
     assert "invalid recipe" in err
     assert len(err.strip().splitlines()) < 12, "one readable message, not a dump"
@@ -104,7 +105,7 @@ def test_real_command(cli, tiny_bert, tmp_path, name):
     assert _path_line(EXPECTED[name]) in validated.stdout + validated.stderr
     output = tmp_path / "out"
     exported = cli("export", str(tiny_bert), "--recipe", str(BAD / name), "-o", str(output))
-    assert exported.returncode == 2, exported.stderr
+    assert exported.returncode == 1, exported.stderr
     assert "Traceback" not in exported.stdout + exported.stderr
     assert not output.exists() or not any(path.is_dir() for path in output.iterdir())
 

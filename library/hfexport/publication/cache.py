@@ -177,7 +177,6 @@ def find_published(repo_id: str, name: str, key: str, revisions: list[str], toke
 
 def published_revisions(repo_id: str, token: str | None, base: str = "main") -> list[str]:
     """Where a repo's published exports may be: the open hfexport PR's head, then `base`."""
-
     try:
         open_pr = find_open_publication(repo_id, base, token)
     except Exception:  # noqa: BLE001 - no access to discussions: the branch alone

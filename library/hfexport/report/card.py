@@ -148,6 +148,5 @@ def section_of(readme: str) -> str | None:
 
 def _latency_lines(report: JobReport) -> list[str]:
     """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details."""
-
     section = latency_markdown(report)
     return ["", section] if section else []

@@ -221,7 +221,6 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
         elif export_format == "executorch":
             check_pte_file(found[0], label)
         elif export_format == "dynamo" and not allow_unsafe_pt2:
-
             check_pt2_archive(found[0], label)
         paths[name] = found[0]
     return paths

@@ -373,7 +373,6 @@ def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype
     """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds:
     (the check's entry in `runtime.checks`, the report's `runtime_check`). Identical to the graph check (and not run
     again, `runtime_check` None) where the runtime computes at f32 anyway."""
-
     target = plan.target
     exported = _load(Path(folder), str(target.export_format), pinned)
     try:

@@ -67,7 +67,6 @@ class Thresholds:
     `tolerances` is `{"default": {...}, "outputs": {name: {...}}, "basis": "..."}` (what reports record); the
     generation check decodes `max_new_tokens` greedy tokens per prompt and needs `min_token_agreement` of them to
     match `model.generate`."""
-
     tolerances: dict
     max_new_tokens: int
     min_token_agreement: float
