@@ -12,13 +12,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from hfexport.surfaces import cli
 from hfexport.errors import RecipeError, RecipeNotFoundError, SourceError
 from hfexport.recipe.loading import MAX_RECIPE_BYTES, load_recipe, recipe_from_hub
 from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
+from hfexport.surfaces import cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 BAD = Path(__file__).parent / "data" / "bad_recipes"
 EXPECTED: dict[str, str] = json.loads((BAD / "expected.json").read_text())

@@ -18,6 +18,7 @@ from hfexport.errors import (
     UnsafeExportError,
     first_line,
 )
+from hfexport.files import EXPORTS_DIR, RECIPE_COPY_FILE
 from hfexport.generate import generate
 from hfexport.hub import hub_error
 from hfexport.recipe.loading import load_recipe
@@ -36,9 +37,6 @@ from hfexport.safety.artifacts import (
 )
 from hfexport.safety.pt2 import weights_only_unpickling
 from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
-
-EXPORTS_FOLDER = "exports"
-RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job.run saves beside each export
 
 
 class ExportedModel(_EngineExportedModel):
@@ -379,7 +377,7 @@ def load(repo_or_path, target: str | None = None, revision: str | None = None, *
 def _target_folder(target: str) -> str:
     if not target or "/" in target or "\\" in target or target in (".", "..") or target.startswith("."):
         raise SourceError(f"{target!r} is not a target name")
-    return f"{EXPORTS_FOLDER}/{target}"
+    return f"{EXPORTS_DIR}/{target}"
 
 
 def _join(*parts: str) -> str:
@@ -388,7 +386,7 @@ def _join(*parts: str) -> str:
 
 def _local_targets(folder: Path) -> list[str]:
     found = [p.parent.name for p in folder.glob(f"*/{MANIFEST_FILE}")]
-    found += [p.parent.name for p in folder.glob(f"{EXPORTS_FOLDER}/*/{MANIFEST_FILE}")]
+    found += [p.parent.name for p in folder.glob(f"{EXPORTS_DIR}/*/{MANIFEST_FILE}")]
     return sorted(set(found))
 
 
@@ -432,7 +430,7 @@ def _hub_targets(repo_id: str, revision: str, token) -> list[str]:
     from huggingface_hub import HfApi
 
     try:
-        entries = HfApi().list_repo_tree(repo_id, path_in_repo=EXPORTS_FOLDER, revision=revision, token=token)
+        entries = HfApi().list_repo_tree(repo_id, path_in_repo=EXPORTS_DIR, revision=revision, token=token)
         return sorted(entry.path.rsplit("/", 1)[-1] for entry in entries if not hasattr(entry, "size"))
     except Exception:  # noqa: BLE001 - only a hint for an error message
         return []

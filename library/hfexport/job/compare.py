@@ -15,6 +15,7 @@ from typing import Any
 
 from hfexport.engine import exporter_class
 from hfexport.errors import first_line
+from hfexport.files import MANIFEST_FILE
 from hfexport.plan import build_plan
 from hfexport.progress import Step
 from hfexport.recipe.model import Recipe
@@ -30,7 +31,7 @@ WARMUP_ROUNDS = 2
 
 def program_bytes(folder: Path) -> int:
     """Bytes of an export's programs (the files its manifest names, external weights included)."""
-    manifest = json.loads((folder / "export.json").read_text(encoding="utf-8"))
+    manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     exporter = exporter_class(manifest["export_format"])
     files = {file for entry in manifest["components"].values() for file in exporter.program_files(entry["file"])}
     return sum((folder / file).stat().st_size for file in files if (folder / file).is_file())

@@ -19,6 +19,7 @@ from typing import Any
 from hfexport.errors import HfExportError, SourceError, redact, register_secret
 from hfexport.files import (
     RECIPE_COPY_FILE,
+    REPORT_FILE,
     file_entries,
     save_atomically,
     write_json_atomic,
@@ -39,7 +40,7 @@ from hfexport.publication.cache import (
 )
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
-from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
+from hfexport.report.model import JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
 
 
@@ -272,7 +273,7 @@ def _run_target(job: _Job, name: str) -> None:
         target_report.status, target_report.error = "error", str(error)
     except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
         target_report.status = "error"
-        target_report.error = _engine_error(error)
+        target_report.error = engine_error_message(error)
     if target_report.status == "ok" and job.options.verify:
         _write_target_report(job.report, name, output / name)  # beside the artifacts even if verifying dies
         _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
@@ -333,7 +334,7 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
-        message = f"verification could not run: {_engine_error(error)}"
+        message = f"verification could not run: {engine_error_message(error)}"
         verification = {"passed": False, "error": message, "probes": [], "failures": [message]}
     seconds = time.perf_counter() - started
     target_report.timings["verify_s"] = round(seconds, 4)
@@ -354,7 +355,7 @@ def _measure_latency(target_report: TargetReport, folder: Path, model_object, pl
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - latency is information, not a gate
-        target_report.latency = {"error": _engine_error(error)[:500]}
+        target_report.latency = {"error": engine_error_message(error)[:500]}
         return
     target_report.timings["latency_s"] = round(timer.seconds, 4)
 
@@ -364,7 +365,7 @@ def _write_target_report(report: JobReport, name: str, folder: Path) -> None:
     write_json_atomic(folder / REPORT_FILE, report.to_json(only=name))
 
 
-def _engine_error(error: BaseException) -> str:
+def engine_error_message(error: BaseException) -> str:
     """One line naming the engine's failure, following the cause chain to the root message (a cause that repeats
     the previous message is left out). torch.export's suggested fixes for a dim's range are kept: they say which
     recipe bound to change (`Dim('seq', min=3, max=64)` -> `dims.seq.min` 3)."""

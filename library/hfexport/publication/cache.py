@@ -17,11 +17,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfexport.files import file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.files import REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
-from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
+from hfexport.report.model import JobReport, TargetReport
 
 KEY_VERSION = 1
 CORE_PACKAGES = ("hfexport", "transformers", "torch")

@@ -24,15 +24,14 @@ from hfexport.errors import (
     PublishRefusedError,
     register_secret,
 )
-from hfexport.files import file_sha256, git_blob_sha1
+from hfexport.files import EXPORTS_DIR, REPORT_FILE, file_sha256, git_blob_sha1
 from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, render_section, update_card
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
+from hfexport.report.model import JobReport, TargetReport
 
-EXPORTS = "exports"
 README = "README.md"
 TITLE_PREFIX = "hfexport:"
 MARKER = "hfexport:publication"
@@ -205,7 +204,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
 
     changed, changes, deletions = [], [], []
     for item in chosen:
-        prefix = f"{EXPORTS}/{item.name}/"
+        prefix = f"{EXPORTS_DIR}/{item.name}/"
         theirs = {path[len(prefix):]: entry for path, entry in remote.items() if path.startswith(prefix)}
         old = _remote_report(repo_id, head, item.name, token) if REPORT_FILE in theirs else None
         if _same_artifacts(item, theirs) and _same_inputs(item, old):
@@ -223,7 +222,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     operations, files = [], []
     for item in changed:
         for relative, local in sorted(item.files.items()):
-            path = f"{EXPORTS}/{item.name}/{relative}"
+            path = f"{EXPORTS_DIR}/{item.name}/{relative}"
             operations.append(CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)))
             files.append(path)
     operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(deletions)]
@@ -375,11 +374,11 @@ def _remote_files(api, repo_id: str, revision: str, token: str) -> dict[str, dic
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
-        entries = list(api.list_repo_tree(repo_id, path_in_repo=EXPORTS, recursive=True, revision=revision, token=token))
+        entries = list(api.list_repo_tree(repo_id, path_in_repo=EXPORTS_DIR, recursive=True, revision=revision, token=token))
     except EntryNotFoundError:
         return {}
     except Exception as error:  # noqa: BLE001
-        raise hub_error(error, repo_id, f"listing {EXPORTS}/", error_class=PublishError) from None
+        raise hub_error(error, repo_id, f"listing {EXPORTS_DIR}/", error_class=PublishError) from None
     return {
         entry.path: {"oid": entry.blob_id, "sha256": entry.lfs.sha256 if entry.lfs else None, "size": entry.size}
         for entry in entries if hasattr(entry, "blob_id")
@@ -400,7 +399,7 @@ def _download_text(repo_id: str, path: str, revision: str, token: str) -> str | 
 
 def _remote_report(repo_id: str, revision: str, name: str, token: str) -> JobReport | None:
     """`exports/<name>/export_report.json` at `revision` (None when absent, unreadable, or not about `name`)."""
-    text = _download_text(repo_id, f"{EXPORTS}/{name}/{REPORT_FILE}", revision, token)
+    text = _download_text(repo_id, f"{EXPORTS_DIR}/{name}/{REPORT_FILE}", revision, token)
     try:
         report = JobReport.from_dict(json.loads(text)) if text else None
     except Exception:  # noqa: BLE001 - an unreadable remote report means "changed"
@@ -489,7 +488,7 @@ def _description(key: str, content: str, report: JobReport, failed: list[str], c
                   *[f"- `{name}`: {why}" for name, why in left_out.items()], ""]
     lines += [
         "This pull request adds exported artifacts of this model, made by hfexport from the repo's export recipe, "
-        f"under `{EXPORTS}/<target>/`, and a section of the model card that lists them. Each target folder holds the "
+        f"under `{EXPORTS_DIR}/<target>/`, and a section of the model card that lists them. Each target folder holds the "
         "artifacts, the recipe target used (`export_config.json`) and its report (`export_report.json`).",
         "",
         "Changes:",

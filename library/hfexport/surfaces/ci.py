@@ -38,14 +38,14 @@ from hfexport.errors import (
     first_line,
     register_secret,
 )
-from hfexport.files import write_json_atomic
+from hfexport.files import REPORT_FILE, write_json_atomic
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.run import run_job, select_targets
 from hfexport.logs import quiet_engine_logs
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import REPORT_FILE, JobReport
+from hfexport.report.model import JobReport
 from hfexport.surfaces.annotations import Annotation, check_recipe
 
 MARKDOWN_FILE = "export_report.md"

@@ -27,7 +27,7 @@ from hfexport.errors import (
     redact,
     register_secret,
 )
-from hfexport.files import human_bytes
+from hfexport.files import REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.init import default_output, init_recipe
 from hfexport.job.reverify import reverify
@@ -40,7 +40,7 @@ from hfexport.report.markdown import (
     report_markdown,
     target_verification_markdown,
 )
-from hfexport.report.model import REPORT_FILE, JobReport
+from hfexport.report.model import JobReport
 from hfexport.surfaces.annotations import check_recipe
 from hfexport.surfaces.ci import matrix
 from hfexport.version import __version__

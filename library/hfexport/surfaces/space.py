@@ -42,11 +42,12 @@ from hfexport.errors import (
     redact,
     register_secret,
 )
+from hfexport.files import RECIPE_FILE
 from hfexport.hub import hub_file, looks_like_repo_id
 from hfexport.job import init
 from hfexport.progress import Step
 from hfexport.publication.publish import publish
-from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, RECIPE_FILE, load_recipe
+from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe
 from hfexport.recipe.model import Recipe, recipe_from_document
 from hfexport.recipe.validation import canonical_json, json_path, parse_recipe_text
 from hfexport.report.model import JobReport

@@ -135,7 +135,6 @@ def _with_full_mask(runner, inputs: dict) -> dict:
     return {**inputs, "attention_mask": torch.ones(ids.shape[0], past + ids.shape[1], dtype=torch.long)}
 
 
-
 def _is_stateful(runner) -> bool:
     """An OpenVINO request holding state (a decode whose cache became internal variables): it cannot be fed a
     captured cache, so `hfexport.generate` (which seeds that state) checks it."""
