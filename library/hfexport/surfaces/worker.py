@@ -32,10 +32,7 @@ from hfexport.job.run import run_job
 from hfexport.progress import Heartbeat, Step
 from hfexport.surfaces.failure import describe_failure
 
-
 READY = "ready"
-
-
 FINAL = ("done", "failed", "crashed")
 HEARTBEAT_S = 5.0  # how often a running step is re-sent to the page
 
