@@ -1,8 +1,9 @@
 """Errors hfexport raises on purpose (one hierarchy under `HfExportError`), the exit-code policy, token redaction
 and `first_line`, the one way to show an error on one line.
 
-Exit codes (`exit_code`): 0 ok, 1 a check failed (invalid recipe, parity, unsafe export, refused publication),
-2 the command could not run, 130 interrupted.
+Exit codes (`exit_code`): 0 ok, 1 a check failed (invalid recipe, parity, refused publication), 2 the command
+could not run (a missing source, the Hub or the engine failing, an export refused as unsafe to load), 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ def exit_code(error: BaseException) -> int:
     """The one exit-code policy every surface (CLI, action, webhook) follows.
 
     An `HfExportError` carries its own code: `EXIT_CHECK_FAILED` (1) when the input was looked at and failed a check
-    (an invalid recipe, a parity failure, an unsafe export, a refused publication), `EXIT_COULD_NOT_RUN` (2) when the
-    command could not do its work (a missing source, the Hub unreachable, the engine failing). Ctrl-C is 130, as
-    shells expect; anything else is 2."""
+    (an invalid recipe, a parity failure, a refused publication), `EXIT_COULD_NOT_RUN` (2) when the command could
+    not do its work (a missing source, the Hub unreachable, the engine failing, an export refused as unsafe to
+    load). Ctrl-C is 130, as shells expect; anything else is 2."""
     if isinstance(error, HfExportError):
         return error.exit_code
     if isinstance(error, KeyboardInterrupt):
@@ -119,7 +120,7 @@ class UnsafeExportError(HfExportError):
     """An export that would run code or read outside its folder if loaded (a crafted manifest, archive or link):
     never loaded."""
 
-    exit_code = EXIT_CHECK_FAILED
+    exit_code = EXIT_COULD_NOT_RUN  # refused before loading: nothing was checked (`hfexport verify` exits 2)
 
 
 class CorruptExportError(SourceError):
