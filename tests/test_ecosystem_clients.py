@@ -116,6 +116,7 @@ def test_hfexport_load_finds_every_target_of_the_pull_request(minilm_pr):
     repo, num = minilm_pr
     for target in ("onnx", "openvino"):
         model = hfexport.load(repo, target=target, revision=f"refs/pr/{num}")
-        out = model(input_ids=torch.tensor([[101, 7592, 2088, 102]]), attention_mask=torch.ones(1, 4, dtype=torch.long))
+        ids = torch.tensor([[101, 7592, 2088, 102]])
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
         assert out.last_hidden_state.shape == (1, 4, 384)
     assert os.environ["HF_ENDPOINT"].startswith("http://127.0.0.1")

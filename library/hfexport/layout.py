@@ -51,13 +51,16 @@ def legacy_folder(target: str) -> str:
     return f"{LEGACY_FOLDER}/{target}"
 
 
-def assign_folders(targets: dict[str, dict], existing: dict[str, str] | None = None) -> dict[str, str]:
+def assign_folders(targets: dict[str, dict], existing: dict[str, str] | None = None,
+                   foreign: set[str] = frozenset()) -> dict[str, str]:
     """{target: folder} for the targets being published.
 
     `targets`: name -> {"export_format", "mode", "path" (the recipe's, or None)}; `existing`: name -> folder of the
     targets the repo (or the pull request) already holds. A recipe's path wins; a target already published in the
     new layout keeps its folder; otherwise forward targets claim their format's folder in name order when no other
-    target holds it, and the rest go to `<format folder>/<target>`. Two targets never share a folder.
+    target holds it and it holds no other files (`foreign`: folders with files that are no hfexport target's, such
+    as an `onnx/` another tool wrote), and the rest go to `<format folder>/<target>`. Two targets never share a
+    folder.
     """
     existing = {name: folder for name, folder in (existing or {}).items()
                 if not folder.startswith(LEGACY_FOLDER + "/")}
@@ -78,7 +81,8 @@ def assign_folders(targets: dict[str, dict], existing: dict[str, str] | None = N
         spec = targets[name]
         base = format_folder(spec["export_format"])
         forward = spec.get("mode", "forward") == "forward"
-        assigned[name] = base if forward and not taken(base, name) else posixpath.join(base, name)
+        free = not taken(base, name) and base not in foreign
+        assigned[name] = base if forward and free else posixpath.join(base, name)
     held = {**existing, **assigned}
     for name, folder in assigned.items():
         clash = [other for other, where in held.items() if other != name and where == folder]
@@ -91,3 +95,45 @@ def assign_folders(targets: dict[str, dict], existing: dict[str, str] | None = N
 def onnx_data_name(model_file: str) -> str:
     """`model.onnx` -> `model.onnx_data`: the external data name optimum and transformers.js download."""
     return model_file + ONNX_DATA_SUFFIX
+
+
+MANIFEST = "export.json"
+RECIPE_COPY = "export_config.json"
+
+
+def export_folders(paths) -> set[str]:
+    """The folders among repo `paths` that hold a published target (an `export.json` manifest), `""` for the root."""
+    return {path.rsplit("/", 1)[0] if "/" in path else "" for path in paths
+            if path == MANIFEST or path.endswith("/" + MANIFEST)}
+
+
+def in_export_folder(path: str, folders: set[str]) -> bool:
+    """Whether `path` is one of a published target's own files (directly in its folder) or under `exports/`."""
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    return path.startswith(LEGACY_FOLDER + "/") or parent in folders
+
+
+def target_of_recipe_copy(text: str) -> str | None:
+    """The one target a saved recipe copy (`export_config.json` beside an export) describes, or None."""
+    import json
+
+    try:
+        targets = json.loads(text).get("targets")
+    except (ValueError, AttributeError):
+        return None
+    return next(iter(targets)) if isinstance(targets, dict) and len(targets) == 1 else None
+
+
+def target_folders(paths, read_text) -> dict[str, str]:
+    """{target: folder} of the targets published among repo `paths`; `read_text(path)` reads a (small) recipe copy.
+    Legacy `exports/<target>/` folders are named by the folder; a target found twice keeps the new-layout folder."""
+    found: dict[str, str] = {}
+    for folder in sorted(export_folders(paths), key=lambda f: (f.startswith(LEGACY_FOLDER + "/"), f)):
+        if folder.startswith(LEGACY_FOLDER + "/") and folder.count("/") == 1:
+            name = folder.split("/", 1)[1]
+        else:
+            copy = f"{folder}/{RECIPE_COPY}" if folder else RECIPE_COPY
+            name = target_of_recipe_copy(read_text(copy) or "") if copy in paths else None
+        if name and name not in found:
+            found[name] = folder
+    return found
