@@ -16,7 +16,7 @@ import pytest
 from hfexport.card import END, START
 from hfexport.publish import publish
 
-OWNER_README = b"---\r\nlicense: mit\r\ntags:\r\n- hfexport\r\n- onnx\r\n- torch-export\r\n---\r\n# Tiny BERT\r\n\r\nOwner's words.\r\n"
+OWNER_README = b"---\r\nlicense: mit\r\ntags:\r\n- hfexport\r\n- onnx\r\n- openvino\r\n- torch-export\r\n---\r\n# Tiny BERT\r\n\r\nOwner's words.\r\n"
 
 
 def _outside(readme: bytes) -> bytes:
