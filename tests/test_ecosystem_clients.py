@@ -47,8 +47,8 @@ def peer_node():
 @pytest.fixture(scope="session")
 def minilm_pr(hub, minilm, session_dir):
     """all-MiniLM-L6-v2 on the local Hub (its own files on main) with hfexport's onnx + openvino PR: (repo, num)."""
-    from hfexport.job import run_job
-    from hfexport.publish import publish
+    from hfexport.job.run import run_job
+    from hfexport.publication.publish import publish
 
     repo = f"{hub.user}/minilm-ecosystem"
     hub.seed_repo(repo, minilm)

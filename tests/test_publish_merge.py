@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-from hfexport.card import END, START
-from hfexport.publish import publish
+from hfexport.report.card import END, START
+from hfexport.publication.publish import publish
 
 OWNER_README = b"---\r\nlicense: mit\r\ntags:\r\n- hfexport\r\n- onnx\r\n- openvino\r\n- torch-export\r\n---\r\n# Tiny BERT\r\n\r\nOwner's words.\r\n"
 
@@ -92,7 +92,8 @@ def test_a_target_from_older_model_files_is_marked_stale(hub, repo, exported_ber
 
 
 def test_a_recipe_path_places_the_target_and_a_bad_one_is_refused(hub, repo, exported_bert, tmp_path):
-    from hfexport.recipe import RecipeError, recipe_from_document
+    from hfexport.errors import RecipeError
+    from hfexport.recipe.model import recipe_from_document
 
     output, _ = exported_bert
     moved = tmp_path / "moved"
