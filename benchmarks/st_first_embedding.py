@@ -88,8 +88,8 @@ def main() -> None:
         recipe["targets"] = {"onnx": recipe["targets"]["onnx"],
                              "onnx-int8": {**recipe["targets"]["onnx"], "quantization": {"method": "ort_dynamic"}}}
         (work / "recipe.json").write_text(json.dumps(recipe))
-        from hfexport.job import run_job
-        from hfexport.publish import publish
+        from hfexport.job.run import run_job
+        from hfexport.publication.publish import publish
 
         report = run_job(model, work / "out", recipe=work / "recipe.json", all_targets=True)
         assert all(t.status == "ok" for t in report.targets.values()), {n: t.status for n, t in report.targets.items()}
