@@ -183,7 +183,7 @@ def test_static_cache_has_the_recipes_size(layout_exports, model, tokenizer):
         assert exported.runners["decode"].metadata.kwargs["attention_mask"]["shape"][-1] == 64
     inputs = dict(tokenizer(["The capital of France is"], return_tensors="pt"))
     _check_matches(_load(layout_exports / "onnx-static"), model, inputs, max_new_tokens=40)
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     with pytest.raises(GenerationError, match="max_cache_len"):
         _load(layout_exports / "onnx-static").generate(inputs["input_ids"], max_new_tokens=60)
@@ -236,7 +236,7 @@ def test_stateful_openvino_decode_needs_the_port_read(exported_llama, batch1):
 def test_stateful_openvino_static_cache_is_refused(session_dir, tiny_llama, batch1):
     """A static cache in a stateful OpenVINO decode is exported wrong by transformers 5.23 (its write position
     becomes a constant); the plan defaults such targets to stateful=False, and generate refuses one that is not."""
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     output = _export(session_dir, tiny_llama, "generate-ov-static-stateful", ["openvino-static"], stateful=True)
     with pytest.raises(GenerationError, match="stateful"):
@@ -293,7 +293,8 @@ def test_verify_generation_reports_agreement_and_the_first_divergence(exported_l
 
 
 def test_generate_defaults_and_errors(exported_llama, batch1):
-    from hfexport.generate import GenerationError, default_special_tokens
+    from hfexport.errors import GenerationError
+    from hfexport.generate import default_special_tokens
 
     output, _ = exported_llama
     exported = _load(output / "onnx-generation")
@@ -344,7 +345,7 @@ def test_generation_exports_carry_the_generation_config_they_were_traced_with(ti
 
 def test_chunked_static_decode_samples_and_refuses_a_streamer_for_more_rows(layout_exports, model, tokenizer, batch1):
     """A decode pinned to its traced batch (2) samples per chunk; at most one chunk can be streamed."""
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     exported = _load(layout_exports / "dynamo-static")
     torch.manual_seed(5)

@@ -199,7 +199,7 @@ def test_custom_logits_processor_and_stopping_criteria(exports, model, prompts, 
 
 
 def test_stop_strings_need_the_tokenizer(exports, model, prompts, tokenizer):
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     exported, inputs = _load(exports / "onnx-generation"), prompts["batch1"]
     prompt = inputs["input_ids"].shape[1]
@@ -251,7 +251,7 @@ def test_streamer_is_called_as_model_generate_calls_it(exports, model, prompts, 
 
 
 def test_unsupported_options_are_refused_by_name(exports, prompts):
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     exported, ids = _load(exports / "openvino-generation"), prompts["batch1"]["input_ids"]
     with pytest.raises(GenerationError, match="beam search.*beam_idx.*ONNX"):

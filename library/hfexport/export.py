@@ -11,15 +11,16 @@ import importlib.util
 import warnings
 from pathlib import Path
 from typing import Any
+
 from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
+from hfexport.engine import export_backends, exporter_class
 from hfexport.exported import ExportedModel
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
-
 
 FORMAT_EXTRAS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": None}
 
@@ -46,14 +47,13 @@ class AutoHfExporter(_EngineAutoHfExporter):
     @classmethod
     def supports_export_format(cls, export_config: dict) -> bool:
         """True only when the format has both a config class and an importable exporter; else warn which is missing."""
-        from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class
 
         export_format = export_config.get("export_format")
-        backend = EXPORT_BACKENDS.get(export_format)
+        backend = export_backends().get(export_format)
         if backend is None:
             warnings.warn(
                 f"No config class and no exporter are registered for export_format={export_format!r} "
-                f"(registered: {', '.join(sorted(map(str, EXPORT_BACKENDS)))}). Register both with "
+                f"(registered: {', '.join(sorted(map(str, export_backends())))}). Register both with "
                 "`hfexport.register_backend(MyExporter)`, whose `config_class` names the config.",
                 stacklevel=2,
             )
@@ -61,7 +61,7 @@ class AutoHfExporter(_EngineAutoHfExporter):
         extra = FORMAT_EXTRAS.get(str(export_format))
         install = f"`pip install 'hfexport[{extra}]'`" if extra else "installing its packages"
         try:
-            exporter = get_exporter_class(export_format)
+            exporter = exporter_class(export_format)
         except ImportError as error:
             warnings.warn(
                 f"The config class {backend.config.__name__} is registered for {export_format!r}, but its exporter "

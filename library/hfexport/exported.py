@@ -7,21 +7,38 @@ import contextlib
 import inspect
 import os
 from pathlib import Path
+
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
-from hfexport.errors import CorruptExportError, HfExportError, SourceError, UnsafeExportError, redact
+from hfexport.engine import register_treespec_types, runner_class
+from hfexport.errors import (
+    CorruptExportError,
+    HfExportError,
+    SourceError,
+    UnsafeExportError,
+    first_line,
+)
 from hfexport.generate import generate
-from hfexport.layout import export_folders, legacy_folder, target_folders
+from hfexport.hub import hub_error
+from hfexport.layout import legacy_folder, target_folders
 from hfexport.recipe.loading import load_recipe
-from hfexport.runtime import PRECISION_FORMATS, has_runtime_precision, load_options, pinned_precision
-from hfexport.safety.artifacts import MANIFEST_FILE, check_manifest_file, check_program_files, checked_file, read_json
+from hfexport.runtime import (
+    PRECISION_FORMATS,
+    has_runtime_precision,
+    load_options,
+    pinned_precision,
+)
+from hfexport.safety.artifacts import (
+    MANIFEST_FILE,
+    check_manifest_file,
+    check_program_files,
+    checked_file,
+    read_json,
+)
 from hfexport.safety.pt2 import weights_only_unpickling
 from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
 
-
 EXPORTS_FOLDER = "exports"
-
-
 RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job.run saves beside each export
 
 
@@ -167,12 +184,14 @@ class ExportedModel(_EngineExportedModel):
         """An export from its checked manifest: every program file checked for its format, then read by its backend,
         with the configs beside it; a backend's failure on a checked file becomes a `CorruptExportError`."""
         from transformers import AutoConfig, GenerationConfig
-        from transformers.exporters import ExportedComponent, ExportFormat, ExportMetadata
-
-        from transformers.exporters.auto import get_runner_class
+        from transformers.exporters import (
+            ExportedComponent,
+            ExportFormat,
+            ExportMetadata,
+        )
 
         export_format = manifest["export_format"]
-        options = [name for name in inspect.signature(get_runner_class(export_format).from_program).parameters
+        options = [name for name in inspect.signature(runner_class(export_format).from_program).parameters
                    if name not in ("program", "metadata", "device")]
         unknown = [name for name in runner_kwargs if name not in options]
         if unknown:  # the caller's mistake, said before anything loads (as the engine's loader says it)
@@ -214,11 +233,11 @@ def _backend_errors(label: str, export_format: str):
         raise
     except pickle.UnpicklingError as error:
         raise UnsafeExportError(f"{label}: refused by the weights-only unpickler "
-                                f"({_first_line(error)[:200]})") from None
+                                f"({first_line(error, 200)})") from None
     except Exception as error:  # noqa: BLE001 - the file passed hfexport's checks: the backend's reason, one line
         backend = _BACKENDS.get(export_format, export_format)
         raise CorruptExportError(f"{label}: {backend} cannot load it: {type(error).__name__}: "
-                                 f"{redact(_first_line(error))[:300]}") from None
+                                 f"{first_line(error, 300)}") from None
 
 
 def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
@@ -234,7 +253,6 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
         return program
     if export_format == "dynamo":
         from transformers.exporters import DynamoExporter
-        from transformers.exporters.metadata import register_treespec_types
 
 
         # A program whose inputs hold a cache needs the (allowlisted) cache classes registered as pytree nodes first.
@@ -313,7 +331,7 @@ def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, 
     path (inside that commit's snapshot folder, or the repo's blob store the snapshot links to); None for an
     optional file the repo lacks."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+    from huggingface_hub.errors import EntryNotFoundError
 
     source = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
 
@@ -327,9 +345,9 @@ def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, 
             if required:
                 raise CorruptExportError(f"{source}/{name}: missing (named by {MANIFEST_FILE})") from None
             return None
-        except (HfHubHTTPError, OSError, ValueError) as error:
-            raise SourceError(f"cannot download {_join(subfolder, name)} from {repo_id}: "
-                              f"{redact(_first_line(error))}") from None
+        except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+            raise hub_error(error, repo_id, f"downloading {_join(subfolder, name)}", revision=revision,
+                            token=token) from None
         return _checked_cached(file, name, subfolder, source)
 
     return fetch
@@ -428,30 +446,19 @@ def _checked_hub_manifest(repo_id: str, subfolder: str, revision: str, token, ca
     """Download and check `<subfolder>/export.json`: the commit it came from (which pins every later download), and
     the checked manifest."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     where = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
     try:
         file = hf_hub_download(repo_id, MANIFEST_FILE, subfolder=subfolder or None, revision=revision, token=token,
                                cache_dir=cache_dir, force_download=force_download, local_files_only=local_files_only)
-    except RevisionNotFoundError:
-        raise SourceError(f"revision {revision!r} not found in {repo_id}") from None
-    except EntryNotFoundError:
+    except EntryNotFoundError as error:
+        if isinstance(error, LocalEntryNotFoundError):
+            raise SourceError(f"{where}: {MANIFEST_FILE} is not in the local cache and the Hub cannot be reached") from None
         raise SourceError(f"no {MANIFEST_FILE} at {where}: not an exported model"
                           + _targets_hint(_hub_targets(repo_id, revision, token))) from None
-    except RepositoryNotFoundError:
-        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
-        raise SourceError(f"repository {repo_id} not found or not accessible{hint}") from None
-    except LocalEntryNotFoundError:
-        raise SourceError(f"{where}: {MANIFEST_FILE} is not in the local cache and the Hub cannot be reached") from None
-    except (HfHubHTTPError, OSError, ValueError) as error:
-        raise SourceError(f"cannot read {MANIFEST_FILE} from {where}: {redact(_first_line(error))}") from None
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise hub_error(error, repo_id, f"reading {MANIFEST_FILE} from {where}", revision=revision, token=token) from None
     commit = _snapshot_commit(Path(file)) or revision
     label = f"{repo_id}@{commit}" + (f"/{subfolder}" if subfolder else "")
     checked = _checked_cached(Path(file), MANIFEST_FILE, subfolder, label)
@@ -467,16 +474,17 @@ def _snapshot_commit(file: Path) -> str | None:
 
 
 def _hub_targets(repo_id: str, revision: str, token) -> list[str]:
-    from huggingface_hub import HfApi
+    """The names of the targets published in `repo_id` at `revision` (for an error's hint)."""
+    from huggingface_hub import HfApi, hf_hub_download
 
+    def read(path: str) -> str | None:
+        try:
+            return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(encoding="utf-8")
+        except Exception:  # noqa: BLE001 - an unreadable copy names no target
+            return None
 
     try:
-        files = HfApi().list_repo_files(repo_id, revision=revision, token=token)
+        files = set(HfApi().list_repo_files(repo_id, revision=revision, token=token))
     except Exception:  # noqa: BLE001 - only a hint for an error message
         return []
-    return sorted(folder.rsplit("/", 1)[-1] for folder in export_folders(files) if folder)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return sorted(target_folders(files, read))

@@ -4,13 +4,13 @@ atomic target folders, file listings with sizes and hashes.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
 import hashlib
+import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 
 def write_json_atomic(path: Path, text: str) -> None:

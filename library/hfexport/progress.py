@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hfexport.errors import redact
+from hfexport.errors import first_line
 
 
 @dataclass
@@ -40,6 +40,6 @@ class StepTimer:
     def __exit__(self, kind, error, _tb):
         self.seconds = time.perf_counter() - self.start
         status = "done" if kind is None else "error"
-        detail = self.detail if kind is None else redact(str(error).splitlines()[0] if str(error) else kind.__name__)
+        detail = self.detail if kind is None else first_line(error)
         self.progress(Step(self.step, status, self.target, detail, self.seconds))
         return False

@@ -16,7 +16,6 @@ import os
 import platform
 from pathlib import Path
 
-
 # Precisions a recipe may pin; "auto" is the device's own default (bf16 on OpenVINO's CPU plugin where the CPU has it).
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 

@@ -25,23 +25,12 @@ from hfexport.job.run import run_job
 from hfexport.models import GENERATIVE_TASKS, infer_task, load_config, sequence_limit
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.model import package_versions
-
+from hfexport.verify.thresholds import DEFAULT_MAX_NEW_TOKENS
 
 TARGET_NAMES = {"onnx": "onnx", "openvino": "openvino", "dynamo": "pt2", "executorch": "pte"}
-
-
 DEFAULT_FORMATS = ("onnx",)
-
-
 SEQ_CAP = 2048
-
-
 BATCH = {"min": 1, "max": 8}
-
-
-GENERATE_TOKENS = 8
-
-
 FORMAT_PACKAGES = {"onnx": ("onnx", "onnxscript", "onnxruntime"), "openvino": ("openvino",),
                    "executorch": ("executorch",), "dynamo": ()}
 
@@ -79,7 +68,7 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
                 "export_format": fmt,
                 "mode": "generation",
                 "options": {"dynamic": True, **options},
-                "parity": {"generate": {"max_new_tokens": GENERATE_TOKENS}},
+                "parity": {"generate": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS}},
             }
             continue
         target: dict[str, Any] = {"export_format": fmt, "mode": "forward"}

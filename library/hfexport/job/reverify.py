@@ -11,10 +11,9 @@ from hfexport.job.run import resolve_source
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.recipe.loading import load_recipe
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
+from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
 from hfexport.safety.artifacts import checked_file
 from hfexport.verify.check import summary, verify_exported
-
 
 # ── Re-verifying a saved target ──────────────────────────────────────────────
 
@@ -25,9 +24,10 @@ def reverify(folder: str | Path, model: str | Path, revision: str | None = None,
     (`export_config.json`, saved by the job) gives the target, sample inputs and thresholds. The target's
     `export_report.json` (and the job summary one folder up, when it lists the target) is rewritten atomically
     with the new verification. Returns `(JobReport, target name)`."""
-    from hfexport.exported import ExportedModel
     import datetime
     import json
+
+    from hfexport.exported import ExportedModel
 
 
     register_secret(token)

@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import HfExportError, SourceError, redact, register_secret
-from hfexport.files import RECIPE_COPY_FILE, file_entries, save_atomically, write_json_atomic
-from hfexport.hub import looks_like_repo_id
+from hfexport.files import (
+    RECIPE_COPY_FILE,
+    file_entries,
+    save_atomically,
+    write_json_atomic,
+)
+from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.job.compare import compare_job_targets
 from hfexport.job.preflight import check
 from hfexport.latency import measure_latency
@@ -25,10 +30,15 @@ from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
-from hfexport.publication.cache import cache_key, hub_content_hash, local_content_hash, lookup
+from hfexport.publication.cache import (
+    cache_key,
+    hub_content_hash,
+    local_content_hash,
+    lookup,
+)
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
+from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
 
 
@@ -40,17 +50,11 @@ def resolve_source(model: str | Path, revision: str | None, token: str | None) -
     if not looks_like_repo_id(str(model)):
         raise SourceError(f"{model}: no such folder, and not a Hub repo id")
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
         info = HfApi().model_info(str(model), revision=revision, token=token, files_metadata=True)
-    except RevisionNotFoundError:
-        raise SourceError(f"revision {revision!r} not found in {model}") from None
-    except RepositoryNotFoundError:
-        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
-        raise SourceError(f"repository {model} not found or not accessible{hint}") from None
-    except (HfHubHTTPError, OSError, ValueError) as error:
-        raise SourceError(f"cannot reach the Hub for {model}: {redact(str(error).splitlines()[0])}") from None
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise hub_error(error, str(model), "reading the model's files", revision=revision, token=token) from None
 
     # content_hash: the model files' sha256, so publishing exports into the same repo (a new commit) is no change,
     # and a folder with the same files has the same hash.

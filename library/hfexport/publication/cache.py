@@ -22,15 +22,10 @@ from hfexport.layout import export_folders, in_export_folder, target_folders
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
-
+from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
 
 KEY_VERSION = 1
-
-
 CORE_PACKAGES = ("hfexport", "transformers", "torch")
-
-
 FORMAT_PACKAGES = {
     "dynamo": (),
     "onnx": ("onnx", "onnxscript", "onnxruntime"),
@@ -49,8 +44,6 @@ QUANTIZATION_PACKAGES = {
 
 
 SOURCE_FILE_NAMES = ("config.json", "generation_config.json")
-
-
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 

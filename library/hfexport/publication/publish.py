@@ -23,27 +23,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hfexport.errors import PublishError, PublishRefusedError, redact, register_secret
+from hfexport.errors import (
+    CardError,
+    PublishError,
+    PublishRefusedError,
+    register_secret,
+)
 from hfexport.files import file_sha256, git_blob_sha1
-from hfexport.hub import looks_like_repo_id
+from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.layout import LayoutError, assign_folders, export_folders, onnx_data_name, target_folders
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
-from hfexport.report.card import CardError, format_tags, render_section, update_card
+from hfexport.report.card import format_tags, render_section, update_card
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
+from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
 
 README = "README.md"
 RECIPE_COPY = "export_config.json"
 TITLE_PREFIX = "hfexport:"
-
-
 MARKER = "hfexport:publication"
-
-
 _MARKER_RE = re.compile(r"<!--\s*hfexport:publication\s+(\{.*?\})\s*-->", re.S)
-
-
 MODES = ("pr", "commit")
 
 
@@ -499,7 +498,7 @@ def _ensure_repo(api, repo_id: str, base: str, mode: str, token: str) -> None:
     except Exception as error:  # noqa: BLE001 - mapped to one readable line
         status = getattr(getattr(error, "response", None), "status_code", None)
         if not isinstance(error, RepositoryNotFoundError) or status == 401:
-            raise _hub_error(error, repo_id, "reading the repo") from None
+            raise hub_error(error, repo_id, "reading the repo", error_class=PublishError) from None
     if mode != "commit":
         raise PublishError(f"repository {repo_id} not found, or the token cannot see it: a pull request needs an "
                            "existing repo (use --commit to create one)")
@@ -513,7 +512,7 @@ def _remote_tree(api, repo_id: str, revision: str, token: str, paths: list[str] 
             api.list_repo_tree(repo_id, recursive=True, revision=revision, token=token)
         entries = list(entries)
     except Exception as error:  # noqa: BLE001
-        raise _hub_error(error, repo_id, f"listing the files of {revision[:12]}") from None
+        raise hub_error(error, repo_id, f"listing the files of {revision[:12]}", error_class=PublishError) from None
     return {
         entry.path: {"oid": entry.blob_id, "sha256": entry.lfs.sha256 if entry.lfs else None, "size": entry.size}
         for entry in entries if hasattr(entry, "blob_id")
@@ -552,7 +551,7 @@ def _download_text(repo_id: str, path: str, revision: str, token: str) -> str | 
     except EntryNotFoundError:
         return None
     except Exception as error:  # noqa: BLE001
-        raise _hub_error(error, repo_id, f"reading {path}") from None
+        raise hub_error(error, repo_id, f"reading {path}", error_class=PublishError) from None
 
 
 def _remote_report(repo_id: str, revision: str, folder: str, name: str, token: str) -> JobReport | None:
@@ -706,38 +705,4 @@ def _call(function, repo_id: str, action: str):
     except PublishError:
         raise
     except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-        raise _hub_error(error, repo_id, action) from None
-
-
-def _hub_error(error: BaseException, repo_id: str, action: str) -> PublishError:
-    """A Hub failure as one line: what was being done, what it means, what to do; never the token."""
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
-
-    status = getattr(getattr(error, "response", None), "status_code", None)
-    if isinstance(error, RevisionNotFoundError):
-        return PublishError(f"{action}: revision not found in {repo_id}")
-    if status == 401:
-        return PublishError(f"the Hub rejected the token while {action} (401 unauthorized): pass a valid token with "
-                            "--token, set HF_TOKEN or run `hf auth login`")
-    if status == 403:
-        return PublishError(f"the token may not write to {repo_id} (403 forbidden) while {action}: use a token with "
-                            "write access to this repo")
-    if isinstance(error, RepositoryNotFoundError) or status == 404:
-        return PublishError(f"repository {repo_id} not found, or the token cannot see it ({action})")
-    if status == 412:
-        return PublishError(f"{repo_id} changed while {action} (412): nothing was published; run again")
-    if _is_transport_error(error):
-        return PublishError(f"the connection to the Hub dropped while {action}: nothing was published (a commit is "
-                            "applied entirely or not at all); run the command again")
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return PublishError(f"Hub error while {action} on {repo_id}: {redact(text)}")
-
-
-def _is_transport_error(error: BaseException) -> bool:
-    current: BaseException | None = error
-    while current is not None:
-        names = {cls.__name__ for cls in type(current).__mro__}
-        if names & {"TransportError", "ConnectionError", "RemoteProtocolError", "TimeoutException"}:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+        raise hub_error(error, repo_id, action, error_class=PublishError) from None

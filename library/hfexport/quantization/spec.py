@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import Problem
-from hfexport.quantization.calibration import FIELD_SUFFIXES, FILE_SUFFIXES, sample_texts
+from hfexport.inputs import default_sample_spec
 
+FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".csv")  # calibration files the recipe may name
+FIELD_SUFFIXES = (".jsonl", ".json", ".csv")  # ... of which these hold records with a text `field`
 
 METHODS = ("ort_dynamic", "ort_static", "nncf_weights", "nncf_quantize", "pt2e")
 
@@ -206,15 +208,11 @@ _ORT_TYPES = {"int8": "QInt8", "uint8": "QUInt8", "int16": "QInt16", "uint16": "
 
 
 _ORT = "onnxruntime.quantization"
-
-
 _NNCF_WEIGHT_MODES = ("int8_sym", "int8_asym", "int4_sym", "int4_asym", "nf4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3",
                       "fp4")
 
 
 _NNCF_ONNX_WEIGHT_MODES = ("int8_sym", "int8_asym", "int4_sym", "int4_asym", "fp8_e4m3")
-
-
 _NNCF_METRICS = ("weight_quantization_error", "hessian_input_activation", "mean_activation_variance",
                  "max_activation_variance", "mean_activation_magnitude")
 
@@ -444,3 +442,11 @@ def _calibration_problems(section: dict, method: str, path: str, sample_inputs: 
                 "allow_single_sample: true",
             ))
     return problems
+
+
+def sample_texts(sample_inputs: dict, task: str | None = None) -> list[str] | None:
+    """The recipe's sample texts (the task's default ones when it has no sample inputs) when texts are all its sample
+    inputs are; else None: calibrate on the one input batch."""
+    sample_inputs = sample_inputs or default_sample_spec(task)
+    texts = sample_inputs.get("text")
+    return list(texts) if texts and set(sample_inputs) <= {"text", "max_length"} else None

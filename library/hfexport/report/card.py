@@ -11,26 +11,17 @@ from __future__ import annotations
 
 import logging
 
+from hfexport.errors import CardError
 from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
 
-
 START = "<!-- hfexport:start -->"
-
-
 END = "<!-- hfexport:end -->"
-
-
 FORMAT_TAGS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
-
-
 PARITY = {True: "✅ passed", False: "❌ failed", None: "— not verified"}
 
-
-class CardError(ValueError):
-    """A README whose hfexport markers are unbalanced: hfexport will not guess where its section ends."""
 
 
 def format_tags(reports: dict[str, TargetReport]) -> list[str]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.report.model import JobReport
 from hfexport.runtime import summary_line
-
+from hfexport.verify.thresholds import EXACT_TOKEN_AGREEMENT
 
 STATUS_ICONS = {"ok": "✅ ok", "failed": "❌ failed", "error": "⚠️ error", "unchanged": "➖ unchanged"}
 
@@ -247,7 +246,7 @@ def _generation_markdown(generation: dict) -> str:
         return f"Generation ({settings}): ❌ failed: {_cell(generation['error'])}"
     agreement = generation.get("token_agreement", 0.0)
     line = (f"Generation ({settings}): {'✅ passed' if generation.get('passed') else '❌ failed'}, token agreement {agreement:.1%}"
-            f" (needs {generation.get('min_token_agreement', 1.0):.0%}) with `model.generate(do_sample=False)`")
+            f" (needs {generation.get('min_token_agreement', EXACT_TOKEN_AGREEMENT):.0%}) with `model.generate(do_sample=False)`")
     first = generation.get("first_divergence")
     if first:
         def token(side):

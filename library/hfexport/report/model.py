@@ -17,10 +17,7 @@ from hfexport.errors import HfExportError, redact
 from hfexport.schema import load_schema
 from hfexport.version import __version__
 
-
 REPORT_FILE = "export_report.json"
-
-
 PACKAGES = ("hfexport", "transformers", "torch", "huggingface_hub", "onnx", "onnxscript", "onnxruntime", "openvino",
             "executorch", "nncf", "torchao")
 

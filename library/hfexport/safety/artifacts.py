@@ -30,27 +30,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import CorruptExportError, UnsafeExportError
+from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
 from hfexport.safety.pt2 import check_pt2_archive
-from hfexport.safety.treespec import _IDENTIFIER, _SPEC_FIELDS, _check_file_name, check_treespec, loads_checked
+from hfexport.safety.treespec import (
+    _IDENTIFIER,
+    _SPEC_FIELDS,
+    _check_file_name,
+    check_treespec,
+    loads_checked,
+)
 from hfexport.schema import load_schema
 
-
 MANIFEST_FILE = "export.json"
-
-
 MAX_MANIFEST_BYTES = 16 << 20
-
-
 MAX_JSON_BYTES = 64 << 20  # configs, tokenizer files, the recipe copy
-
-
 MAX_ONNX_BYTES = 2 << 30  # protobuf's own limit for one message: larger models keep weights in `.data`
-
-
 MAX_XML_BYTES = 1 << 30
-
-
 MAX_ARTIFACT_BYTES = 1 << 40  # weights (`.data`, `.bin`, `.pt2`, `.pte`): 1 TiB, then bounded by the file's own index
 
 
@@ -233,8 +228,6 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
 
 
 _ONNX_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
-
-
 _ALIGNMENT_SLACK = 4096  # a writer may pad the weights file to a page
 
 
@@ -251,7 +244,7 @@ def check_onnx_file(model: Path, data: Path | None, label: str, data_alt: Path |
     try:
         proto.ParseFromString(read_checked(model, label, MAX_ONNX_BYTES))
     except (DecodeError, ValueError, RuntimeError) as error:
-        raise CorruptExportError(f"{label}: not an ONNX model (protobuf: {str(error).splitlines()[0][:160]})") from None
+        raise CorruptExportError(f"{label}: not an ONNX model (protobuf: {first_line(error, 160)})") from None
     if not proto.HasField("graph"):
         raise CorruptExportError(f"{label}: not an ONNX model (no graph)")
     own = f"{Path(model).name}.data"

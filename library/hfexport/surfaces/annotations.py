@@ -24,10 +24,7 @@ from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, RECIPE_FILE
 from hfexport.recipe.model import recipe_from_document, recipe_from_text
 from hfexport.recipe.validation import parse_recipe_text
 
-
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
-
-
 _SYNTAX_POSITION = re.compile(r"\(line (\d+), column (\d+)\)")
 
 

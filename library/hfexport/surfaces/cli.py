@@ -7,15 +7,26 @@ readable message on stderr, never a traceback (`--debug` shows it) and never a t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Callable
 
 from hfexport.collector import one_shot_collection
-from hfexport.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, PublishRefusedError, RecipeError, redact, register_secret
+from hfexport.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_COULD_NOT_RUN,
+    EXIT_OK,
+    HfExportError,
+    PublishRefusedError,
+    RecipeError,
+    exit_code,
+    first_line,
+    redact,
+    register_secret,
+)
 from hfexport.files import human_bytes
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.init import default_output, init_recipe
@@ -24,12 +35,15 @@ from hfexport.job.run import run_job
 from hfexport.logs import original_stream, quiet_engine_logs
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import load_recipe
-from hfexport.report.markdown import quantization_markdown, report_markdown, target_verification_markdown
-from hfexport.report.model import JobReport, REPORT_FILE
+from hfexport.report.markdown import (
+    quantization_markdown,
+    report_markdown,
+    target_verification_markdown,
+)
+from hfexport.report.model import REPORT_FILE, JobReport
 from hfexport.surfaces.annotations import check_recipe
 from hfexport.surfaces.ci import matrix
 from hfexport.version import __version__
-
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -554,17 +568,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         _console().print(f"[red]error:[/red] {escape(str(error))}", markup=True, highlight=False)
-        return EXIT_COULD_NOT_RUN if args.command != "validate" else error.exit_code
-    except KeyboardInterrupt:
+        return exit_code(error)
+    except KeyboardInterrupt as interrupt:
         _console().print("[red]interrupted[/red]: no partial output was kept")
-        return 130
+        return exit_code(interrupt)
     except Exception as error:  # noqa: BLE001 - one readable line; --debug shows the traceback
         if args.debug:
             raise
-        text = redact(str(error).strip().splitlines()[0] if str(error).strip() else "")
+        text = first_line(str(error))
         _console().print(f"[red]error:[/red] {type(error).__name__}: {escape(text)} (run with --debug for the traceback)",
                          markup=True, highlight=False)
-        return EXIT_COULD_NOT_RUN
+        return exit_code(error)
 
 
 if __name__ == "__main__":

@@ -34,25 +34,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.job import init
-from hfexport.errors import Problem, RecipeError, RecipeNotFoundError, first_line, redact, register_secret
+from hfexport.errors import (
+    Problem,
+    RecipeError,
+    RecipeNotFoundError,
+    first_line,
+    redact,
+    register_secret,
+)
 from hfexport.hub import hub_file, looks_like_repo_id
+from hfexport.job import init
 from hfexport.progress import Step
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, RECIPE_FILE, load_recipe
 from hfexport.recipe.model import Recipe, recipe_from_document
 from hfexport.recipe.validation import canonical_json, json_path, parse_recipe_text
 from hfexport.report.model import JobReport
-from hfexport.surfaces.failure import SpaceError, Failure, md_escape, report_failure
+from hfexport.surfaces.failure import Failure, SpaceError, md_escape, report_failure
 from hfexport.surfaces.worker import JobWorker, settings_from
 
-
 GRADIO_MOCK_OAUTH_TOKEN = "mock-oauth-token-for-local-dev"
-
-
 RECIPE_PR_TITLE = "Add an hfexport export recipe (export_config.json)"
-
-
 RECIPE_PR_MARKER = "<!-- hfexport:recipe-proposal -->"
 
 
