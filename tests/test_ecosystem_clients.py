@@ -120,3 +120,39 @@ def test_hfexport_load_finds_every_target_of_the_pull_request(minilm_pr):
         out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
         assert out.last_hidden_state.shape == (1, 4, 384)
     assert os.environ["HF_ENDPOINT"].startswith("http://127.0.0.1")
+
+
+DECODER_RECIPE = {
+    "recipe_version": 1,
+    "task": "text-generation",
+    "default_target": "onnx",
+    "dims": {"batch": {"min": 1, "max": 4}, "seq": {"min": 2, "max": 64}},
+    "sample_inputs": {"text": ["The capital of France is"]},
+    "targets": {
+        "onnx": {"export_format": "onnx", "options": {"opset_version": 18},
+                 "dynamic_shapes": {"input_ids": {"0": "batch", "1": "seq"}}},
+        "openvino": {"export_format": "openvino", "dynamic_shapes": {"input_ids": {"0": "batch", "1": "seq"}}},
+    },
+}
+
+
+def test_optimum_causal_lm_loads_a_forward_decoder_target(hub, tiny_llama, session_dir, peer_python):
+    """A decoder's forward targets (no cache) load with ORTModelForCausalLM / OVModelForCausalLM(use_cache=False) and
+    give the torch model's logits. Generation targets (prefill + decode graphs) cannot: see the card's statement."""
+    from hfexport.job.run import run_job
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/tiny-llama-ecosystem"
+    hub.seed_repo(repo, tiny_llama)
+    recipe = session_dir / "tiny-llama-ecosystem.json"
+    recipe.write_text(json.dumps(DECODER_RECIPE))
+    output = session_dir / "tiny-llama-ecosystem"
+    report = run_job(tiny_llama, output, recipe=recipe, all_targets=True, verify=False)
+    assert {t.status for t in report.targets.values()} == {"ok"}, report.targets
+    num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
+    result = peers.run_python_client(peer_python, "python_loaders.py", "causal", repo, f"refs/pr/{num}",
+                                     json.dumps([[1, 5, 9, 22, 7, 3]]), "onnx", "openvino",
+                                     env=_env(hub, session_dir, "causal"))
+    for loader in ("optimum/ORTModelForCausalLM", "optimum/OVModelForCausalLM"):
+        assert "error" not in result[loader], result
+        assert result[loader]["max_abs_diff"] < 1e-4, result
