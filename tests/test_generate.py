@@ -245,10 +245,9 @@ def test_stateful_openvino_static_cache_is_refused(session_dir, tiny_llama, batc
 
 def test_static_mask_is_the_one_generate_builds(model):
     """The 4D mask fed to a static-cache graph equals transformers' own for the prefill and for a decode step."""
+    from hfexport.generate import static_attention_mask
     from transformers import StaticCache
     from transformers.masking_utils import create_masks_for_generate
-
-    from hfexport.generate import static_attention_mask
 
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])
     cache = StaticCache(config=model.config, max_cache_len=9)
@@ -326,10 +325,9 @@ def test_static_cache_openvino_targets_export_stateless(tiny_llama, model, token
 def test_generation_exports_carry_the_generation_config_they_were_traced_with(tiny_llama, tmp_path):
     """The engine (transformers 5.23) kept `generation_config=None` on a generation export made without an explicit
     one, so the folder had no generation_config.json."""
-    from transformers import GenerationConfig
-
     from hfexport import ExportedModel
     from hfexport.job.run import run_job
+    from transformers import GenerationConfig
 
     report = run_job(tiny_llama, tmp_path / "out", targets=["onnx-generation"], verify=False)
     folder = tmp_path / "out" / "onnx-generation"

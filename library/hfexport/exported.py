@@ -18,6 +18,7 @@ from hfexport.errors import (
     UnsafeExportError,
     first_line,
 )
+from hfexport.files import RECIPE_COPY_FILE
 from hfexport.generate import generate
 from hfexport.hub import hub_error
 from hfexport.layout import legacy_folder, target_folders
@@ -37,9 +38,6 @@ from hfexport.safety.artifacts import (
 )
 from hfexport.safety.pt2 import weights_only_unpickling
 from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
-
-EXPORTS_FOLDER = "exports"
-RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job.run saves beside each export
 
 
 class ExportedModel(_EngineExportedModel):
@@ -95,12 +93,11 @@ class ExportedModel(_EngineExportedModel):
             their new tokens; rows that emitted an EOS token are padded with `pad_token_id` after it.
 
         Raises:
-            `hfexport.generate.GenerationError`: the export has no `prefill`/`decode` components or takes inputs
+            `hfexport.errors.GenerationError`: the export has no `prefill`/`decode` components or takes inputs
             generate does not feed; a kwarg that is not a generation option; an option not reproduced over exported
             graphs (beam search, `num_beams > 1`, names the formats that could support it; guidance, contrastive
             search, `return_dict_in_generate`, ...); a static cache too small for the requested length.
         """
-
         return generate(self, input_ids, attention_mask, generation_config=generation_config,
                         logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
                         generator=generator, seed=seed, tokenizer=tokenizer, **kwargs)
@@ -279,7 +276,6 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
 
 def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict) -> dict:
     """The runner arguments with the runtime precision applied: the caller's, else the owner's recipe pin."""
-
     allowed = PRECISION_FORMATS.get(export_format, ("auto", "f32"))
     if precision is not None and precision not in allowed:
         raise SourceError(f"precision={precision!r}: {export_format} exports run at "
@@ -294,7 +290,6 @@ def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: d
 
 def owner_precision(fetch) -> str:
     """The target's `runtime.precision` from the recipe copy saved beside the export ("auto" when there is none)."""
-
     path = fetch(RECIPE_COPY_FILE, required=False)
     if path is None:
         return "auto"
@@ -364,8 +359,23 @@ def _checked_cached(file: Path, name: str, subfolder: str, source: str) -> Path:
 
 
 def load(repo_or_path, target: str | None = None, revision: str | None = None, **kwargs) -> ExportedModel:
-    """Load an export saved or published by hfexport: a target folder, `OUTPUT/<target>`, or `exports/<target>`
-    of a folder or Hub repo (at `revision`, e.g. `refs/pr/3`), after the manifest safety check."""
+    """Load an export saved or published by hfexport, after proving it safe to load.
+
+    Args:
+        repo_or_path (`str` or `Path`): a target folder, a job's OUTPUT folder, a model folder or a Hub repo id.
+        target (`str`, *optional*): the target to load (`OUTPUT/<target>` or the published `exports/<target>`);
+            needed when there are several.
+        revision (`str`, *optional*): the Hub revision, e.g. `refs/pr/3` for an open hfexport pull request.
+        kwargs: `ExportedModel.from_pretrained`'s options (`precision`, `token`, `cache_dir`, `device`, ...).
+
+    Returns:
+        `ExportedModel`: `model(**inputs)` runs the export, `.generate(...)` generates with a generation target.
+
+    Raises:
+        UnsafeExportError: the export would run code or read outside its folder if loaded.
+        CorruptExportError: the export is broken (names the file and the field).
+        SourceError: nothing exported there, or the folder or repo cannot be read.
+    """
     return ExportedModel.from_pretrained(repo_or_path, target=target, revision=revision or "main", **kwargs)
 
 

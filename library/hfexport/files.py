@@ -12,6 +12,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+RECIPE_FILE = "export_config.json"  # the owner's recipe, next to the weights
+RECIPE_COPY_FILE = RECIPE_FILE  # the recipe target saved beside each export: a one-target recipe of its own
+MANIFEST_FILE = "export.json"  # the engine's manifest (transformers.exporters.base.EXPORT_MANIFEST_FILE)
+REPORT_FILE = "export_report.json"  # a job's report, and each target's beside its files
+EXPORTS_DIR = "exports"  # where publications before hfexport.layout put each target (exports/<target>/); still read
+
 
 def write_json_atomic(path: Path, text: str) -> None:
     """Write a file aside, then rename it over the target: readers never see half a file."""
@@ -59,7 +65,6 @@ def git_blob_sha1(path: Path) -> str:
     return digest.hexdigest()
 
 
-RECIPE_COPY_FILE = "export_config.json"
 
 
 def save_atomically(output: Path, name: str, write: Callable[[Path], None]) -> Path:

@@ -34,7 +34,6 @@ CACHE = "past_key_values"
 _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE}
 
 
-
 @dataclass
 class _Layout:
     """What the exported components expect, read from their traced kwargs."""

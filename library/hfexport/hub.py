@@ -47,7 +47,8 @@ def hub_error(error: BaseException, repo_id: str, action: str, *, revision: str 
 
     prefix = f"{where}: " if where else ""
     # A commit is applied entirely or not at all, so a failed write left nothing behind: say so.
-    nothing_written = "nothing was published" if issubclass(error_class, PublishError) else "nothing was written"
+    writing = issubclass(error_class, PublishError)
+    nothing_written = "nothing was published" if writing else "nothing was written"
     status = getattr(getattr(error, "response", None), "status_code", None)
     if isinstance(error, LocalEntryNotFoundError):
         # A subclass of EntryNotFoundError that means "the Hub could not be reached and nothing is cached", not
@@ -57,9 +58,12 @@ def hub_error(error: BaseException, repo_id: str, action: str, *, revision: str 
         message = f"revision {revision!r} not found in {repo_id}" if revision else f"revision not found in {repo_id}"
     elif isinstance(error, GatedRepoError):
         message = f"{repo_id} is gated: request access on the Hub, then pass a token"
+    elif isinstance(error, RepositoryNotFoundError) and not writing:
+        # The Hub answers 401 for a repo it will not show (missing, or private to others): not a token problem.
+        message = f"repository {repo_id} not found or not accessible{'' if token else PRIVATE_REPO_HINT}"
     elif status == 401:
-        message = (f"the Hub rejected the token while {action} (401 unauthorized): pass a valid token with --token, "
-                   "set HF_TOKEN or run `hf auth login`")
+        message = (f"the Hub rejected the token while {action} on {repo_id} (401 unauthorized): pass a valid token with "
+                   "--token, set HF_TOKEN or run `hf auth login`")
     elif status == 403:
         message = (f"the token may not write to {repo_id} (403 forbidden) while {action}: use a token with write "
                    "access to this repo")

@@ -37,7 +37,6 @@ AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides th
 
 def batch_sizes(plan) -> tuple[list[int], list]:
     """(the batch sizes to measure, the axis refs that follow the batch) for a forward plan."""
-
     refs, auto = probe_axes(plan)
     batch_refs = [ref for ref in refs if ref.dim == "batch" or (auto and ref.axis == 0)]
     tensors = probe_tensors(plan.inputs)

@@ -9,7 +9,7 @@ writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem 
 `<format folder>/<target>/`. A recipe may set a target's `path` (relative, no `..`). Publications made before this
 layout hold `exports/<target>/`, which stays readable.
 
-Pure names and rules: no Hub, no engine.
+Pure names and rules: no Hub, no engine (the file names themselves are `hfexport.files`').
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from __future__ import annotations
 import posixpath
 import re
 
-LEGACY_FOLDER = "exports"
+from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE
+
+LEGACY_FOLDER = EXPORTS_DIR
 FORMAT_FOLDERS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
 #: The external data file name the loaders download next to `model.onnx` (optimum, transformers.js: `<file>_data`).
 ONNX_DATA_SUFFIX = "_data"
@@ -97,8 +99,8 @@ def onnx_data_name(model_file: str) -> str:
     return model_file + ONNX_DATA_SUFFIX
 
 
-MANIFEST = "export.json"
-RECIPE_COPY = "export_config.json"
+MANIFEST = MANIFEST_FILE
+RECIPE_COPY = RECIPE_COPY_FILE
 
 
 def export_folders(paths) -> set[str]:

@@ -312,7 +312,6 @@ def _generation_config(model, target: Target):
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
                source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
-
     target = recipe.target(target_name)
     task = recipe.task or infer_task(model.config)
     if inputs is None:
@@ -381,7 +380,6 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             )
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
     if target.quantization:
-
         # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
         plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,
                                    revision, token)

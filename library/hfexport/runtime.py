@@ -50,7 +50,7 @@ def cpu_info() -> dict:
 
     Read from /proc/cpuinfo (Linux); elsewhere the model is `platform.processor()` and the features are unknown
     (an empty list, and `int8_path` says so)."""
-    model, flags = _read_cpuinfo(Path("/proc/cpuinfo"))
+    model, flags = read_cpuinfo(Path("/proc/cpuinfo"))
     features = [name for flag, name in NUMERIC_FEATURES.items() if flag in flags]
     known = bool(flags)
     return {
@@ -67,7 +67,7 @@ def cpu_info() -> dict:
     }
 
 
-def _read_cpuinfo(path: Path) -> tuple[str | None, set[str]]:
+def read_cpuinfo(path: Path) -> tuple[str | None, set[str]]:
     try:
         text = path.read_text(errors="replace")
     except OSError:

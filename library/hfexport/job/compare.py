@@ -15,6 +15,7 @@ from typing import Any
 
 from hfexport.engine import exporter_class
 from hfexport.errors import first_line
+from hfexport.files import MANIFEST_FILE
 from hfexport.plan import build_plan
 from hfexport.progress import Step
 from hfexport.recipe.model import Recipe
@@ -30,8 +31,7 @@ WARMUP_ROUNDS = 2
 
 def program_bytes(folder: Path) -> int:
     """Bytes of an export's programs (the files its manifest names, external weights included)."""
-
-    manifest = json.loads((folder / "export.json").read_text(encoding="utf-8"))
+    manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     exporter = exporter_class(manifest["export_format"])
     files = {file for entry in manifest["components"].values() for file in exporter.program_files(entry["file"])}
     return sum((folder / file).stat().st_size for file in files if (folder / file).is_file())
@@ -54,7 +54,6 @@ def sibling_reference(recipe, name: str, candidates) -> str | None:
 
 def unquantized_recipe(recipe, name: str):
     """A copy of `recipe` whose target `name` has no quantization (the fp32 reference)."""
-
     data = copy.deepcopy(recipe.data)
     data["targets"][name].pop("quantization", None)
     return Recipe(validate_document(data, recipe.source), recipe.source, recipe.document)
@@ -160,7 +159,6 @@ def compare_job_targets(report, recipe, output: Path, model, plans: dict, proces
     fp32 export when that is cheap (see `compare_to_reference`). The result goes to `TargetReport.quantization`
     under `comparison`; a comparison that cannot run says why there and never changes the target's status.
     """
-
     progress = progress or (lambda step: None)
     saved = [name for name, entry in report.targets.items() if entry.status in ("ok", "failed")]
     updated = []

@@ -17,12 +17,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfexport.files import file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.files import REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
 from hfexport.layout import export_folders, in_export_folder, target_folders
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
-from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
+from hfexport.report.model import JobReport, TargetReport
 
 KEY_VERSION = 1
 CORE_PACKAGES = ("hfexport", "transformers", "torch")
@@ -193,7 +193,6 @@ def find_published(repo_id: str, name: str, key: str, revisions: list[str], toke
 
 def published_revisions(repo_id: str, token: str | None, base: str = "main") -> list[str]:
     """Where a repo's published exports may be: the open hfexport PR's head, then `base`."""
-
     try:
         open_pr = find_open_publication(repo_id, base, token)
     except Exception:  # noqa: BLE001 - no access to discussions: the branch alone

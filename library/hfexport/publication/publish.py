@@ -29,17 +29,16 @@ from hfexport.errors import (
     PublishRefusedError,
     register_secret,
 )
-from hfexport.files import file_sha256, git_blob_sha1
+from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_sha256, git_blob_sha1
 from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.layout import LayoutError, assign_folders, export_folders, onnx_data_name, target_folders
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, render_section, update_card
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import REPORT_FILE, JobReport, TargetReport
+from hfexport.report.model import JobReport, TargetReport
 
 README = "README.md"
-RECIPE_COPY = "export_config.json"
 TITLE_PREFIX = "hfexport:"
 MARKER = "hfexport:publication"
 _MARKER_RE = re.compile(r"<!--\s*hfexport:publication\s+(\{.*?\})\s*-->", re.S)
@@ -151,15 +150,30 @@ def publish(
     revision: str | None = None,
     progress: Callable | None = None,
 ) -> PublishResult:
-    """Upload `output`'s target folders to `exports/<target>/` of `repo_id` as one commit.
+    """Publish a job's output to the Hub as one commit: the target folders, the report and the card section.
 
-    `mode="pr"` opens a PR against `revision` (default `main`), or updates the open hfexport PR; `mode="commit"`
-    commits to `revision` directly. Targets that failed (parity, or their export) are left out and listed, with
-    their reason, in the description and the card, so what passed still gets published; `allow_failed` includes
-    the failed targets' artifacts instead (the PR then says so at the top). Nothing passed: `PublishRefusedError`.
-    Returns what was done: `opened`, `updated`, `committed` or `unchanged`.
+    Targets that failed (parity, or their export) are left out and listed, with their reason, in the description
+    and the card, so what passed still gets published.
+
+    Args:
+        output (`str` or `Path`): a job's output folder (`OUTPUT/<target>/` and `OUTPUT/export_report.json`).
+        repo_id (`str`): the model repo (or another repo, created when missing).
+        mode (`str`): `"pr"` opens a pull request against `revision`, or updates the open hfexport one;
+            `"commit"` commits to `revision` directly.
+        token (`str`, *optional*): a Hub token with write access (default: the logged-in one); never logged.
+        allow_failed (`bool`): include the failed targets' artifacts too (the PR then says so at the top).
+        targets (`list[str]`, *optional*): publish only these targets (default: every target in `output`).
+        revision (`str`, *optional*): the branch the PR targets or the commit goes to (default `main`).
+        progress (*optional*): called with a `Step` per phase.
+
+    Returns:
+        `PublishResult`: what was done (`opened`, `updated`, `committed` or `unchanged`), the PR's URL and number,
+        and the targets left out with their reason.
+
+    Raises:
+        PublishRefusedError: no target passed (and not `allow_failed`), or `output` holds nothing to publish.
+        PublishError: the Hub refused or failed (authentication, access, network); nothing was half-published.
     """
-
     emit = progress or (lambda _step: None)
     if mode not in MODES:
         raise PublishError(f"unknown publish mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -309,7 +323,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
 def _layout_spec(item: _Target) -> dict:
     """What hfexport.layout needs to place a target: format, mode and the recipe's `path` (from the saved copy)."""
     path = None
-    copy = item.folder / RECIPE_COPY
+    copy = item.folder / RECIPE_COPY_FILE
     if copy.is_file():
         try:
             path = (json.loads(copy.read_text(encoding="utf-8")).get("targets") or {}).get(item.name, {}).get("path")

@@ -206,7 +206,6 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
 
 
     if processor is None and source is not None:
-
         processor = load_processor(source, revision, token)
     calibration = build_calibration(calibration_section, plan, processor, model.config, source, revision, token)
     described = calibration.describe()
@@ -220,7 +219,6 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
             component.config.quantizer = quantizer.with_calibration(calibration.batches)
         described["per_component"] = {name: len(calibration.batches) for name in plan.components}
     else:
-
         try:
             captured = capture_calibration_inputs(
                 model, calibration.batches, generation_config=plan.generation_config,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from hfexport.errors import CardError
-from hfexport.files import human_bytes
+from hfexport.files import EXPORTS_DIR, human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
@@ -21,7 +21,6 @@ START = "<!-- hfexport:start -->"
 END = "<!-- hfexport:end -->"
 FORMAT_TAGS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
 PARITY = {True: "✅ passed", False: "❌ failed", None: "— not verified"}
-
 
 
 def format_tags(reports: dict[str, TargetReport]) -> list[str]:
@@ -46,7 +45,7 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str] | No
     """The Markdown between the markers (markers included) for the targets of `report`, published in `repo_id`
     at `folders` (target -> folder; default `exports/<target>`, the layout of older publications); `left_out` lists
     targets that were not published, with the reason; `stale` targets built from an older source, with it."""
-    folders = {name: (folders or {}).get(name) or f"exports/{name}" for name in report.targets}
+    folders = {name: (folders or {}).get(name) or f"{EXPORTS_DIR}/{name}" for name in report.targets}
     stale = stale or {}
     lines = [
         START,
@@ -220,15 +219,8 @@ def update_card(original: str | None, section: str, tags: list[str], base_model:
     return card.content
 
 
-def section_of(readme: str) -> str | None:
-    """The current hfexport section of a README (markers included), or None."""
-    start = readme.find(START)
-    end = readme.find(END, start + len(START)) if start >= 0 else -1
-    return readme[start:end + len(END)] if start >= 0 and end >= 0 else None
-
 
 def _latency_lines(report: JobReport) -> list[str]:
     """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details."""
-
     section = latency_markdown(report)
     return ["", section] if section else []

@@ -129,7 +129,6 @@ def runtime_cell(verification: dict | None) -> str:
 
 def verified_on_line(report: JobReport) -> str | None:
     """One line: the CPU(s) the verdicts were reached on, and the precision each target's runtime computed at."""
-
     cpus, cells = [], []
     for name, target in report.targets.items():
         runtime = (target.verification or {}).get("runtime")
@@ -146,7 +145,6 @@ def verified_on_line(report: JobReport) -> str | None:
 
 def _runtime_markdown(verification: dict) -> str:
     """The runtime paragraph of a target: CPU, backend, device, and each check's precision (read back)."""
-
     runtime = verification["runtime"]
     cpu = runtime.get("cpu") or {}
     parts = [f"**Runtime:** {runtime.get('backend', '?')} on {runtime.get('device', 'cpu')} · {summary_line(cpu)}"]
@@ -260,7 +258,6 @@ def _generation_markdown(generation: dict) -> str:
 
 def _latency_lines(report: JobReport) -> list[str]:
     """The latency table and chart (hfexport.latency) below the summary, when the job measured any."""
-
     section = latency_markdown(report)
     return ["", section] if section else []
 

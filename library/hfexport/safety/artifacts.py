@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
+from hfexport.files import MANIFEST_FILE
 from hfexport.safety.pt2 import check_pt2_archive
 from hfexport.safety.treespec import (
     _IDENTIFIER,
@@ -41,14 +42,11 @@ from hfexport.safety.treespec import (
 )
 from hfexport.schema import load_schema
 
-MANIFEST_FILE = "export.json"
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_JSON_BYTES = 64 << 20  # configs, tokenizer files, the recipe copy
 MAX_ONNX_BYTES = 2 << 30  # protobuf's own limit for one message: larger models keep weights in `.data`
 MAX_XML_BYTES = 1 << 30
 MAX_ARTIFACT_BYTES = 1 << 40  # weights (`.data`, `.bin`, `.pt2`, `.pte`): 1 TiB, then bounded by the file's own index
-
-
 
 
 # ── files: inside the folder, regular, bounded ───────────────────────────────
@@ -221,7 +219,6 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
         elif export_format == "executorch":
             check_pte_file(found[0], label)
         elif export_format == "dynamo" and not allow_unsafe_pt2:
-
             check_pt2_archive(found[0], label)
         paths[name] = found[0]
     return paths

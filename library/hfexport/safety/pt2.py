@@ -118,7 +118,6 @@ def _walk(value: Any, path: str):
 
 def check_pt2_program(document: Any, source: str, name: str) -> None:
     """Check one serialized program (`name` is its archive member) for code-like strings outside the grammar."""
-
     where = f"{source}: {name}"
     for key, value, path in _walk(document, "$"):
         if key == "target" and isinstance(value, str):

@@ -38,14 +38,14 @@ from hfexport.errors import (
     first_line,
     register_secret,
 )
-from hfexport.files import write_json_atomic
+from hfexport.files import REPORT_FILE, write_json_atomic
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.run import run_job, select_targets
 from hfexport.logs import quiet_engine_logs
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import REPORT_FILE, JobReport
+from hfexport.report.model import JobReport
 from hfexport.surfaces.annotations import Annotation, check_recipe
 
 MARKDOWN_FILE = "export_report.md"
@@ -71,7 +71,6 @@ def parse_targets(value: str | Sequence[str] | None) -> tuple[list[str] | None, 
 def matrix(model: str | Path, targets: str | Sequence[str] | None = None, *, revision: str | None = None,
            token: str | None = None, recipe: str | Path | None = None) -> dict:
     """A GitHub Actions matrix of the recipe's targets (all of them unless named): reads only the recipe."""
-
     loaded = load_recipe(recipe if recipe else model, revision=revision, token=token)
     names, _ = parse_targets(targets)
     selected = select_targets(loaded, names, all_targets=not names)
@@ -209,7 +208,6 @@ class _LogProgress:
 
 def step_export(inputs: Inputs) -> int:
     """Validate the recipe (annotations), run the job, write the report and the outputs."""
-
     register_secret(inputs.token)
     if inputs.token:
         print(f"::add-mask::{inputs.token}", flush=True)
@@ -266,7 +264,6 @@ def _failure(target) -> str:
 
 def step_publish(inputs: Inputs) -> int:
     """Publish the export step's output: one PR per model (updated in place) or a commit."""
-
     register_secret(inputs.token)
     output = inputs.output_dir
     report = JobReport.read(output)

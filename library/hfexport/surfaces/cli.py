@@ -27,7 +27,7 @@ from hfexport.errors import (
     redact,
     register_secret,
 )
-from hfexport.files import human_bytes
+from hfexport.files import REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.init import default_output, init_recipe
 from hfexport.job.reverify import reverify
@@ -40,7 +40,7 @@ from hfexport.report.markdown import (
     report_markdown,
     target_verification_markdown,
 )
-from hfexport.report.model import REPORT_FILE, JobReport
+from hfexport.report.model import JobReport
 from hfexport.surfaces.annotations import check_recipe
 from hfexport.surfaces.ci import matrix
 from hfexport.version import __version__
@@ -105,7 +105,6 @@ def cmd_validate(args) -> int:
 
 def _validate_github(args) -> int:
     """Problems as GitHub annotations (`::error file=...,line=...,col=...::`), shown inline in pull requests."""
-
     annotations = check_recipe(args.source, revision=args.revision, token=_token(args))
     for annotation in annotations:
         print(annotation.command())
@@ -120,7 +119,6 @@ def _validate_github(args) -> int:
 @command("plan")
 def cmd_plan(args) -> int:
     """The targets a job would export, as a GitHub Actions matrix (`{"include": [...]}`): reads only the recipe."""
-
     include = matrix(args.model, targets=args.target, revision=args.revision, token=_token(args), recipe=args.recipe)
     if args.json:
         print(json.dumps(include, separators=(",", ":")))  # one line: `echo "matrix=$(...)" >> $GITHUB_OUTPUT`
@@ -221,7 +219,6 @@ def _show_resolved(args) -> int:
             console.print(f"  {input_name}: {shape.get('shape', shape)} dynamic: {axes or 'static'}")
     quantization = described.get("quantization")
     if quantization:
-
         console.print(quantization_markdown(quantization).replace("**", ""), markup=False, highlight=False)
     return EXIT_OK
 
@@ -265,7 +262,6 @@ SUMMARY_COLUMNS = ("target", "format", "mode", "status", "size", "export", "veri
 def _summary_rows(report) -> tuple[list[tuple[str, ...]], list[str]]:
     """The summary table's rows (short cells only) and the notes that go below it, each led by its target's name:
     one per target with an error, a parity failure or an unchanged reason."""
-
     rows, notes = [], []
     for name, target in report.targets.items():
         message = target.error or (target.unchanged_reason if target.status == "unchanged" else None)
@@ -341,7 +337,6 @@ def cmd_export(args) -> int:
         print(f"report: {os.path.join(args.output, 'export_report.json')}")
     code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
     if args.push:
-
         exported = [name for name in report.targets if os.path.isfile(os.path.join(args.output, name, REPORT_FILE))]
         publish_code = _publish(args, _push_repo(args), exported or list(report.targets))
         code = max(code, publish_code) if publish_code != EXIT_OK else code
@@ -354,7 +349,6 @@ def cmd_export(args) -> int:
 @command("verify")
 def cmd_verify(args) -> int:
     """Re-verify an exported target folder against the model; exit 1 when parity fails."""
-
     with contextlib.redirect_stdout(sys.stderr), _console().status(f"verifying {args.folder} against {args.model}"):
         report, name = reverify(args.folder, args.model, revision=args.revision, token=_token(args),
                                 trust_remote_code=args.trust_remote_code)
@@ -370,7 +364,6 @@ def cmd_verify(args) -> int:
 @command("report")
 def cmd_report(args) -> int:
     """Print a job report (OUTPUT/, OUTPUT/<target>/ or the JSON file) as Markdown."""
-
     report = JobReport.read(args.path)
     print(report.to_json() if args.json else report_markdown(report), end="")
     return EXIT_OK
@@ -379,7 +372,6 @@ def cmd_report(args) -> int:
 @command("init")
 def cmd_init(args) -> int:
     """Propose a recipe, export and verify each target, write the ones that passed."""
-
     output = args.output or default_output(args.model)
     if os.path.exists(output) and not args.force:
         raise HfExportError(f"{output} exists; pass --force to replace it, or -o to write elsewhere")
@@ -418,7 +410,6 @@ def _push_repo(args) -> str:
 
 def _publish(args, repo: str, targets: list[str] | None) -> int:
     """Publish OUTPUT to `repo` and print what happened (the PR URL); a refused publication exits 1."""
-
     try:
         result = publish(args.output, repo, mode="commit" if args.commit else "pr", token=_token(args),
                          allow_failed=args.allow_failed, targets=targets, revision=getattr(args, "branch", None))
@@ -555,7 +546,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return EXIT_COULD_NOT_RUN if exit_.code not in (0, None) else EXIT_OK
     if args.version:
-
         print(f"hfexport {__version__}")
         return EXIT_OK
     if not args.command:

@@ -257,7 +257,6 @@ class WebhookReceiver:
 
     def _export_and_publish(self, job: Job, output: Path) -> None:
         """The job API on the pushed commit, then one publication through the one-PR-per-model logic."""
-
         config = self.config
         report = run_job(job.repo, output, targets=config.targets, all_targets=config.targets is None,
                          revision=job.sha, token=config.token)

@@ -135,7 +135,6 @@ def _with_full_mask(runner, inputs: dict) -> dict:
     return {**inputs, "attention_mask": torch.ones(ids.shape[0], past + ids.shape[1], dtype=torch.long)}
 
 
-
 def _is_stateful(runner) -> bool:
     """An OpenVINO request holding state (a decode whose cache became internal variables): it cannot be fed a
     captured cache, so `hfexport.generate` (which seeds that state) checks it."""
@@ -373,7 +372,6 @@ def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype
     """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds:
     (the check's entry in `runtime.checks`, the report's `runtime_check`). Identical to the graph check (and not run
     again, `runtime_check` None) where the runtime computes at f32 anyway."""
-
     target = plan.target
     exported = _load(Path(folder), str(target.export_format), pinned)
     try:

@@ -67,7 +67,6 @@ class Thresholds:
     `tolerances` is `{"default": {...}, "outputs": {name: {...}}, "basis": "..."}` (what reports record); the
     generation check decodes `max_new_tokens` greedy tokens per prompt and needs `min_token_agreement` of them to
     match `model.generate`."""
-
     tolerances: dict
     max_new_tokens: int
     min_token_agreement: float
@@ -149,16 +148,3 @@ def default_parity(method: str, mode: str, params: dict | None = None) -> dict:
     if mode == "generation":
         thresholds["generate"] = {"max_new_tokens": 16, "min_token_agreement": 0.5 if low_bit else 0.75}
     return thresholds
-
-
-def parity_for(target) -> dict:
-    """The thresholds a target's parity gate uses: the quantization defaults under the recipe's own `parity`."""
-    parity = copy.deepcopy(target.parity or {})
-    if not target.quantization:
-        return parity
-    merged = default_parity(target.quantization["method"], target.mode, target.quantization.get("params"))
-    generate = {**merged.get("generate", {}), **parity.pop("generate", {})}
-    merged.update(parity)
-    if target.mode == "generation":
-        merged["generate"] = generate
-    return merged
