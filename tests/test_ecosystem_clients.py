@@ -126,8 +126,8 @@ DECODER_RECIPE = {
     "recipe_version": 1,
     "task": "text-generation",
     "default_target": "onnx",
-    "dims": {"batch": {"min": 1, "max": 4}, "seq": {"min": 2, "max": 64}},
-    "sample_inputs": {"text": ["The capital of France is"]},
+    "dims": {"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 128}},
+    "sample_inputs": {"text": ["The capital of France is", "The quick brown fox jumps over"]},
     "targets": {
         "onnx": {"export_format": "onnx", "options": {"opset_version": 18},
                  "dynamic_shapes": {"input_ids": {"0": "batch", "1": "seq"}}},
