@@ -26,6 +26,7 @@ from hfexport.errors import (
     first_line,
     redact,
     register_secret,
+    status_exit_code,
 )
 from hfexport.files import REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
@@ -335,7 +336,7 @@ def cmd_export(args) -> int:
             target.total_bytes = target.total_bytes or sum(entry["bytes"] for entry in target.files)
         print_summary(report)
         print(f"report: {os.path.join(args.output, 'export_report.json')}")
-    code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
+    code = status_exit_code(report.status)
     if args.push:
         exported = [name for name in report.targets if os.path.isfile(os.path.join(args.output, name, REPORT_FILE))]
         publish_code = _publish(args, _push_repo(args), exported or list(report.targets))
