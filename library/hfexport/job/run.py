@@ -330,7 +330,7 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     started = time.perf_counter()
     try:
         with engine_output(f"verify {name}"):
-            verification = verify_exported(folder, model_object, plan, processor)
+            verification = verify_exported(folder, model_object, plan, processor, progress=progress)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
