@@ -274,7 +274,7 @@ def test_action_opens_a_pr_then_hits_the_cache_then_updates_the_same_pr(hub, tin
     assert hub.write_token not in first.log + first.summary
     [pr] = hub.discussions(repo)
     assert pr["isPullRequest"] and pr["status"] == "open"
-    assert "exports/pt2/model.pt2" in hub.list_files(repo, "refs/pr/1")
+    assert "torch-export/model.pt2" in hub.list_files(repo, "refs/pr/1")
     assert first.annotations == []
 
     before = _pr_state(hub, repo)
@@ -293,7 +293,7 @@ def test_action_opens_a_pr_then_hits_the_cache_then_updates_the_same_pr(hub, tin
     assert len(hub.discussions(repo)) == 1
     assert hub.refs(repo)["pulls"]["1"] != pr_head
     assert hub.commits(repo, "refs/pr/1")[1]["id"] == pr_head  # one new commit on the same PR
-    published = json.loads(hub.read_file(repo, "exports/pt2/export_report.json", "refs/pr/1"))
+    published = json.loads(hub.read_file(repo, "torch-export/export_report.json", "refs/pr/1"))
     assert published["source"]["commit"] == hub.head(repo)
 
 
@@ -356,7 +356,7 @@ def test_fan_out_plans_exports_each_target_alone_and_gathers_one_pr(hub, tiny_be
     [pr] = hub.discussions(repo)
     assert gather.outputs["pr-url"].endswith(f"/discussions/{pr['num']}")
     files = hub.list_files(repo, f"refs/pr/{pr['num']}")
-    assert "exports/pt2/model.pt2" in files and "exports/pt2-static/model.pt2" in files
+    assert "torch-export/model.pt2" in files and "torch-export/pt2-static/model.pt2" in files
     assert len(hub.commits(repo, f"refs/pr/{pr['num']}")) == len(hub.commits(repo)) + 1  # one commit
 
 

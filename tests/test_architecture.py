@@ -15,7 +15,7 @@ PACKAGE = ROOT / "library" / "hfexport"
 # Bottom to top, as docs/architecture.md draws them. A module may import from its own layer or any below.
 LAYERS = [
     ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
-                    "hub", "schema"]),
+                    "hub", "schema", "layout"]),
     ("models", ["models", "inputs"]),
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "plan"]),

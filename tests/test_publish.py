@@ -69,8 +69,8 @@ def test_publish_opens_one_pr_that_loads_back_through_refs_pr(hub, bert_out):
     pr_commits = hub.commits(repo, "refs/pr/1")
     assert pr_commits[0]["id"] == result.commit and pr_commits[0]["parents"] == [main_before]
     files = hub.list_files(repo, "refs/pr/1")
-    for path in ("exports/onnx/model.onnx", "exports/onnx/export.json", "exports/onnx/export_report.json",
-                 "exports/pt2/model.pt2", "exports/pt2/export_config.json", "README.md"):
+    for path in ("onnx/model.onnx", "onnx/model.onnx_data", "onnx/export.json", "onnx/export_report.json",
+                 "torch-export/model.pt2", "torch-export/export_config.json", "README.md"):
         assert path in files and path in result.files
     marker = parse_marker(hub.discussions(repo)[0]["events"][0]["data"]["latest"]["raw"])
     assert marker["key"] == f"{repo}@main" and len(marker["content"]) == 64
@@ -147,7 +147,7 @@ def test_changing_the_recipe_or_the_weights_pushes_one_commit_onto_the_same_pr(h
     assert len(hub.discussions(repo)) == 1  # still one PR
     comments = [e["data"]["latest"]["raw"] for e in hub.discussions(repo)[0]["events"] if e["type"] == "comment"]
     assert "model files changed" in comments[-1]
-    published = json.loads(hub.read_file(repo, "exports/onnx/export_report.json", "refs/pr/1"))
+    published = json.loads(hub.read_file(repo, "onnx/export_report.json", "refs/pr/1"))
     assert published["targets"]["onnx"]["cache_key"] == report.targets["onnx"].cache_key
     # The PR description (and its marker) follows the PR head: same key, the new content hash.
     marker = parse_marker(hub.discussions(repo)[0]["events"][0]["data"]["latest"]["raw"])
@@ -161,7 +161,7 @@ def test_commit_mode_creates_the_repo_and_commits_to_the_branch(hub, bert_out):
     repo = f"user/exports-{uuid.uuid4().hex[:8]}"
     result = publish(bert_out, repo, mode="commit", token=hub.write_token, targets=["pt2"])
     assert result.action == "committed" and result.pr_url is None
-    assert hub.head(repo) == result.commit and "exports/pt2/model.pt2" in hub.list_files(repo)
+    assert hub.head(repo) == result.commit and "torch-export/model.pt2" in hub.list_files(repo)
     assert hub.discussions(repo) == []
     assert publish(bert_out, repo, mode="commit", token=hub.write_token, targets=["pt2"]).action == "unchanged"
     assert hub.head(repo) == result.commit
@@ -252,10 +252,10 @@ def test_what_passed_is_published_and_the_failed_target_is_listed_with_its_reaso
     assert "max_abs 0.5" in result.left_out["onnx"]
     files = hub.list_files(repo, "refs/pr/1")
     card = hub.read_file(repo, "README.md", "refs/pr/1").decode()
-    assert "exports/pt2/export.json" in result.files and not any(path.startswith("exports/onnx/") for path in result.files)
-    assert "exports/pt2/export.json" in files and not any(path.startswith("exports/onnx/") for path in files)
+    assert "torch-export/export.json" in result.files and not any(path.startswith("onnx/") for path in result.files)
+    assert "torch-export/export.json" in files and not any(path.startswith("onnx/") for path in files)
     assert "Not published (did not pass verification): `onnx`: failed parity verification" in card
-    assert "[`pt2`](exports/pt2)" in card and "[`onnx`]" not in card
+    assert "| `pt2` | [`torch-export/`](torch-export)" in card and "| `onnx` |" not in card
     description = hub.discussions(repo)[0]["events"][0]["data"]["latest"]["raw"]
     assert "Not published (they did not pass here; the targets above did):" in description
     assert "- `onnx`: failed parity verification: parity: last_hidden_state max_abs 0.5" in description
@@ -319,14 +319,14 @@ def test_card_section_round_trips_through_the_hub_byte_for_byte(hub, bert_out, t
     card = ModelCard(card_text)
     assert card.data.license == "mit" and card.data.tags == ["bert", "hfexport", "onnx"]
     section = card_text[card_text.index(START):card_text.index(END)]
-    for expected in ("| [`onnx`](exports/onnx) | onnx | forward |", '"' + repo + '", target="onnx"',
-                     f'subfolder="exports/onnx"', "## hfexport report"):
+    for expected in ("| `onnx` | [`onnx/`](onnx) | onnx | forward |", '"' + repo + '", target="onnx"',
+                     f'"{repo}", subfolder="onnx"', "## hfexport report"):
         assert expected in section
 
     # Publishing another target rewrites the section, and only the section.
     publish(bert_out, repo, token=hub.write_token, targets=["onnx", "pt2"])
     updated = hub.read_file(repo, "README.md", "refs/pr/1").decode()
-    assert _outside(updated)[1] == original_after and "| [`pt2`](exports/pt2)" in updated
+    assert _outside(updated)[1] == original_after and "| `pt2` | [`torch-export/`](torch-export)" in updated
     assert ModelCard(updated).data.tags == ["bert", "hfexport", "onnx", "torch-export"]
 
 

@@ -214,7 +214,7 @@ def test_hub_target_loads_when_clean_and_missing_targets_are_named(hub, exported
     hub.seed_repo(repo, {f"exports/onnx/{p.name}": p.read_bytes() for p in (output / "onnx").iterdir()})
     model = hfexport.load(repo, target="onnx")
     assert model(**_inputs()).last_hidden_state.shape[:2] == (1, 5)
-    with pytest.raises(SourceError, match=r"no export.json at .*exports/pt2.*targets found: onnx"):
+    with pytest.raises(SourceError, match=r"no target .pt2. published in .*@main \(targets found: onnx;"):
         hfexport.load(repo, target="pt2")
     with pytest.raises(SourceError, match="not a target name"):
         hfexport.load(repo, target="../onnx")

@@ -158,8 +158,8 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     discussions = hub.discussions(repo)
     assert len(discussions) == 1 and discussions[0]["isPullRequest"]
     files = hub.files(repo, "refs/pr/1")
-    assert any(path.startswith("exports/onnx/") and path.endswith(".onnx") for path in files), sorted(files)
-    report = json.loads(files["exports/onnx/export_report.json"])
+    assert any(path.startswith("onnx/") and path.endswith(".onnx") for path in files), sorted(files)
+    report = json.loads(files["onnx/export_report.json"])
     assert report["targets"]["onnx"]["status"] == "ok"
     assert report["source"]["model"] == repo
     assert "README.md" in files
@@ -385,8 +385,8 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     message = text_of(page, "#pr-result")
     assert "Opened pull request #1" in message and "Not published: onnx" in message, message
     published = hub.files(repo, "refs/pr/1")
-    assert any(path.startswith("exports/pt2/") for path in published)
-    assert not any(path.startswith("exports/onnx/") for path in published), sorted(published)
+    assert any(path.startswith("torch-export/") for path in published)
+    assert not any(path.startswith("onnx/") for path in published), sorted(published)
 
     # Only the failing target: nothing to publish, and the button says so by being disabled.
     page.locator("#targets").get_by_label("pt2").uncheck()

@@ -81,7 +81,7 @@ def test_load_convert_open_pr_then_up_to_date_with_a_queue(space, hub, client):
     message = api.predict(api_name="/open_pr")
     assert "Opened pull request [#1](" in message and f"/{repo}/discussions/1)" in message
     files = hub.list_files(repo, "refs/pr/1")
-    assert "exports/pt2/export_report.json" in files and any(f.endswith(".pt2") for f in files)
+    assert "torch-export/export_report.json" in files and any(f.endswith(".pt2") for f in files)
     head = hub.head(repo, "refs/pr/1")
     assert "up to date" in api.predict(api_name="/open_pr")
     assert hub.head(repo, "refs/pr/1") == head and len(hub.discussions(repo)) == 1

@@ -115,8 +115,8 @@ def test_valid_push_opens_exactly_one_pr_with_the_report(hub, published):
     description = pr["events"][0]["data"]["latest"]["raw"]
     assert "## hfexport report" in description and "`pt2`" in description
     files = hub.list_files(repo, f"refs/pr/{pr['num']}")
-    assert "exports/pt2/model.pt2" in files and "exports/pt2/export_report.json" in files
-    report = json.loads(hub.read_file(repo, "exports/pt2/export_report.json", f"refs/pr/{pr['num']}"))
+    assert "torch-export/model.pt2" in files and "torch-export/export_report.json" in files
+    report = json.loads(hub.read_file(repo, "torch-export/export_report.json", f"refs/pr/{pr['num']}"))
     assert report["source"]["commit"] == hub.head(repo)
 
     code, text = server.get("/status")
@@ -188,7 +188,7 @@ def test_a_burst_of_pushes_makes_one_pr_from_the_newest_commit(hub, tiny_bert, t
         superseded = [job for job in jobs.values() if job.state == "superseded"]
         assert len(superseded) == 4 and all(job.superseded_by is not None for job in superseded)
         [pr] = hub.discussions(repo)
-        report = json.loads(hub.read_file(repo, "exports/pt2/export_report.json", f"refs/pr/{pr['num']}"))
+        report = json.loads(hub.read_file(repo, "torch-export/export_report.json", f"refs/pr/{pr['num']}"))
         assert report["source"]["commit"] == shas[-1]
         assert len(hub.commits(repo, f"refs/pr/{pr['num']}")) == len(hub.commits(repo)) + 1
     finally:

@@ -18,9 +18,10 @@ from hfexport.errors import (
     UnsafeExportError,
     first_line,
 )
-from hfexport.files import EXPORTS_DIR, RECIPE_COPY_FILE
+from hfexport.files import RECIPE_COPY_FILE
 from hfexport.generate import generate
 from hfexport.hub import hub_error
+from hfexport.layout import legacy_folder, target_folders
 from hfexport.recipe.loading import load_recipe
 from hfexport.runtime import (
     PRECISION_FORMATS,
@@ -162,11 +163,12 @@ class ExportedModel(_EngineExportedModel):
         onnxscript compile its torch_lib, ~5 s per process (transformers 5.23).
         """
         revision = revision or "main"
-        subfolder = _join(subfolder, _target_folder(target)) if target else subfolder
         path = Path(str(pretrained_model_name_or_path))
+        if target:
+            _check_target_name(target)
         if path.is_dir():
-            if target and not (path / subfolder).is_dir() and (path / target).is_dir():
-                subfolder = target  # an hfexport OUTPUT folder: OUTPUT/<target>
+            if target:
+                subfolder = _local_target_folder(path, subfolder, target)
             folder = path / subfolder
             if subfolder and not folder.resolve().is_relative_to(path.resolve()):
                 raise UnsafeExportError(f"{folder}: resolves to {folder.resolve()}, outside {path}: refused (a "
@@ -179,6 +181,9 @@ class ExportedModel(_EngineExportedModel):
             checked = check_manifest_file(fetch(MANIFEST_FILE, True), f"{source}/{MANIFEST_FILE}")
         else:
             repo_id = str(pretrained_model_name_or_path)
+            if target:
+                subfolder = _hub_target_folder(repo_id, subfolder, target, revision, token, cache_dir,
+                                               local_files_only)
             revision, checked = _checked_hub_manifest(repo_id, subfolder, revision, token, cache_dir, force_download,
                                                       local_files_only)
             fetch = _hub_fetcher(repo_id, subfolder, revision, token, cache_dir, force_download, local_files_only)
@@ -209,8 +214,8 @@ class ExportedModel(_EngineExportedModel):
             label = f"{source}/{entry['file']}"
             metadata = ExportMetadata.from_dict(entry["metadata"])
             if export_format == "onnx":  # ONNX Runtime opens the checked file; the graph is parsed on demand
-                components[name] = OnnxFileComponent(paths[name], metadata, fetch(f"{entry['file']}.data", False),
-                                                     label)
+                data = fetch(f"{entry['file']}.data", False) or fetch(f"{entry['file']}_data", False)
+                components[name] = OnnxFileComponent(paths[name], metadata, data, label)
                 continue
             with _backend_errors(label, export_format):
                 program = _read_program(export_format, paths[name], fetch, entry, allow_unsafe_pt2)
@@ -305,7 +310,7 @@ def _backend_errors(label: str, export_format: str):
 def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
     """One checked program file, read by its backend through the engine's public exporter classes."""
     if export_format == "onnx":
-        return _read_onnx(path, fetch(f"{entry['file']}.data", False))
+        return _read_onnx(path, fetch(f"{entry['file']}.data", False) or fetch(f"{entry['file']}_data", False))
     if export_format == "dynamo":
         from transformers.exporters import DynamoExporter
 
@@ -437,10 +442,60 @@ def load(repo_or_path, target: str | None = None, revision: str | None = None, *
     return ExportedModel.from_pretrained(repo_or_path, target=target, revision=revision or "main", **kwargs)
 
 
-def _target_folder(target: str) -> str:
+def _check_target_name(target: str) -> None:
     if not target or "/" in target or "\\" in target or target in (".", "..") or target.startswith("."):
         raise SourceError(f"{target!r} is not a target name")
-    return f"{EXPORTS_DIR}/{target}"
+
+
+def _local_target_folder(path: Path, subfolder: str, target: str) -> str:
+    """Where target `target` is under `path/subfolder`: an hfexport OUTPUT folder's `<target>/`, a publication's
+    folder (hfexport.layout: `onnx/`, `openvino/`, a recipe's `path`, ...), or an older publication's `exports/<target>/`."""
+
+    root = path / subfolder
+    if (root / target / MANIFEST_FILE).is_file():
+        return _join(subfolder, target)
+    files = [p.relative_to(root).as_posix() for depth in ("*", "*/*", "*/*/*", "*/*/*/*") for p in root.glob(depth)
+             if p.is_file() or p.is_symlink()]
+    found = target_folders(set(files), lambda name: _read_small(root / name))
+    if target not in found:
+        raise SourceError(f"no target {target!r} in {root}" + _targets_hint(sorted(found)))
+    return _join(subfolder, found[target])
+
+
+def _read_small(path: Path) -> str | None:
+    """A recipe copy's text, only from a regular file (never through a link) of sane size: it only names a target."""
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+        return None
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _hub_target_folder(repo_id: str, subfolder: str, target: str, revision: str, token, cache_dir,
+                       local_files_only: bool) -> str:
+    """Where target `target` is published in `repo_id` at `revision` (see `_local_target_folder`): the repo's file
+    list, and the small recipe copy of each published folder, name it."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+
+    if local_files_only:  # no listing without the Hub: the folder a target of that name would have by default
+        return _join(subfolder, legacy_folder(target))
+    try:
+        files = HfApi().list_repo_files(repo_id, revision=revision, token=token)
+    except Exception:  # noqa: BLE001 - the manifest download below says what is wrong, in its words
+        return _join(subfolder, legacy_folder(target))
+    prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
+    paths = {path[len(prefix):] for path in files if path.startswith(prefix)}
+
+    def read(name: str) -> str | None:
+        try:
+            return Path(hf_hub_download(repo_id, prefix + name, revision=revision, token=token,
+                                        cache_dir=cache_dir)).read_text(encoding="utf-8")
+        except Exception:  # noqa: BLE001 - an unreadable copy names no target
+            return None
+
+    found = target_folders(paths, read)
+    if target not in found:
+        raise SourceError(f"no target {target!r} published in {repo_id}@{revision}" + _targets_hint(sorted(found)))
+    return _join(subfolder, found[target])
 
 
 def _join(*parts: str) -> str:
@@ -448,8 +503,10 @@ def _join(*parts: str) -> str:
 
 
 def _local_targets(folder: Path) -> list[str]:
+
     found = [p.parent.name for p in folder.glob(f"*/{MANIFEST_FILE}")]
-    found += [p.parent.name for p in folder.glob(f"{EXPORTS_DIR}/*/{MANIFEST_FILE}")]
+    files = {p.relative_to(folder).as_posix() for depth in ("*/*", "*/*/*", "*/*/*/*") for p in folder.glob(depth)}
+    found += list(target_folders(files, lambda name: _read_small(folder / name)))
     return sorted(set(found))
 
 
@@ -490,10 +547,17 @@ def _snapshot_commit(file: Path) -> str | None:
 
 
 def _hub_targets(repo_id: str, revision: str, token) -> list[str]:
-    from huggingface_hub import HfApi
+    """The names of the targets published in `repo_id` at `revision` (for an error's hint)."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    def read(path: str) -> str | None:
+        try:
+            return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(encoding="utf-8")
+        except Exception:  # noqa: BLE001 - an unreadable copy names no target
+            return None
 
     try:
-        entries = HfApi().list_repo_tree(repo_id, path_in_repo=EXPORTS_DIR, revision=revision, token=token)
-        return sorted(entry.path.rsplit("/", 1)[-1] for entry in entries if not hasattr(entry, "size"))
+        files = set(HfApi().list_repo_files(repo_id, revision=revision, token=token))
     except Exception:  # noqa: BLE001 - only a hint for an error message
         return []
+    return sorted(target_folders(files, read))

@@ -16,7 +16,7 @@ RECIPE_FILE = "export_config.json"  # the owner's recipe, next to the weights
 RECIPE_COPY_FILE = RECIPE_FILE  # the recipe target saved beside each export: a one-target recipe of its own
 MANIFEST_FILE = "export.json"  # the engine's manifest (transformers.exporters.base.EXPORT_MANIFEST_FILE)
 REPORT_FILE = "export_report.json"  # a job's report, and each target's beside its files
-EXPORTS_DIR = "exports"  # where publications put each target: exports/<target>/
+EXPORTS_DIR = "exports"  # where publications before hfexport.layout put each target (exports/<target>/); still read
 
 
 def write_json_atomic(path: Path, text: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfexport.files import REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.layout import export_folders, in_export_folder, target_folders
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
@@ -46,10 +47,13 @@ SOURCE_FILE_NAMES = ("config.json", "generation_config.json")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
-def is_source_file(path: str) -> bool:
-    """Files whose content decides an export: configs and weights (not the README, the recipe or `exports/`)."""
+def is_source_file(path: str, export_folders: set[str] = frozenset()) -> bool:
+    """Files whose content decides an export: configs and weights (not the README, the recipe, nor a published
+    target's own files: `exports/**` and the files of each folder in `export_folders`, those holding an
+    `export.json`, such as `openvino/openvino_model.bin`)."""
+
     name = path.rsplit("/", 1)[-1]
-    return not path.startswith("exports/") and (name in SOURCE_FILE_NAMES or name.endswith(WEIGHT_SUFFIXES))
+    return not in_export_folder(path, set(export_folders)) and (name in SOURCE_FILE_NAMES or name.endswith(WEIGHT_SUFFIXES))
 
 
 def _files_hash(entries: list[list[str]]) -> str:
@@ -58,11 +62,11 @@ def _files_hash(entries: list[list[str]]) -> str:
 
 def local_content_hash(folder: Path) -> str:
     """sha256 over a local model folder's configs and weights: [relative path, sha256 of the file] pairs."""
-    return _files_hash([
-        [file.relative_to(folder).as_posix(), file_sha256(file)]
-        for file in folder.rglob("*")
-        if file.is_file() and is_source_file(file.relative_to(folder).as_posix()) and not file.name.startswith(".")
-    ])
+
+    files = {file.relative_to(folder).as_posix(): file for file in folder.rglob("*")
+             if file.is_file() and not file.name.startswith(".")}
+    published = export_folders(files)
+    return _files_hash([[path, file_sha256(file)] for path, file in files.items() if is_source_file(path, published)])
 
 
 def hub_content_hash(repo_id: str, commit: str, siblings, token: str | None = None) -> str:
@@ -71,9 +75,11 @@ def hub_content_hash(repo_id: str, commit: str, siblings, token: str | None = No
     sha256 remembered by git blob id (which names the content) in `HF_HOME/hfexport/sha256-by-blob.json`."""
     from huggingface_hub import hf_hub_download
 
+
     entries, known, learned = [], _blob_digests(), {}
+    published = export_folders(sibling.rfilename for sibling in siblings or [])
     for sibling in siblings or []:
-        if not is_source_file(sibling.rfilename):
+        if not is_source_file(sibling.rfilename, published):
             continue
         lfs = getattr(sibling, "lfs", None)
         digest = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
@@ -160,17 +166,27 @@ def find_local(output: Path, name: str, key: str) -> CacheHit | None:
 
 
 def find_published(repo_id: str, name: str, key: str, revisions: list[str], token: str | None) -> CacheHit | None:
-    """`exports/<name>/export_report.json` at one of `revisions` of `repo_id` with the same key and status ok."""
-    from huggingface_hub import hf_hub_download
+    """Target `name`'s `export_report.json` where a publication put it (hfexport.layout: `onnx/`, ..., or an older
+    publication's `exports/<name>/`) at one of `revisions` of `repo_id`, with the same key and status ok."""
+    from huggingface_hub import HfApi, hf_hub_download
+
 
     for revision in revisions:
         try:
-            path = hf_hub_download(repo_id, f"exports/{name}/{REPORT_FILE}", revision=revision, token=token)
+            files = set(HfApi().list_repo_files(repo_id, revision=revision, token=token))
+
+            def read(path: str) -> str:
+                return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(encoding="utf-8")
+
+            folder = target_folders(files, read).get(name)
+            if folder is None:
+                continue
+            path = hf_hub_download(repo_id, f"{folder}/{REPORT_FILE}", revision=revision, token=token)
             previous = JobReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8"))).targets.get(name)
         except Exception:  # noqa: BLE001 - absent, private, unreachable or unreadable: not a hit
             continue
         if previous is not None and previous.cache_key == key and previous.status == "ok":
-            return CacheHit(f"{repo_id}@{revision}", f"already published in {repo_id}@{revision} (exports/{name}) with "
+            return CacheHit(f"{repo_id}@{revision}", f"already published in {repo_id}@{revision} ({folder}/) with "
                                                      "the same cache key", previous)
     return None
 

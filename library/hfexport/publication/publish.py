@@ -1,11 +1,16 @@
 """Publishing an OUTPUT folder to the Hub: one commit per publication, one pull request per model.
 
-Each target folder `OUTPUT/<target>/` is uploaded to `exports/<target>/` of the repo, together with the README's
-hfexport card section (`hfexport.report.card`), in a single `HfApi.create_commit` (the Hub applies a commit entirely or
-not at all, so a failure leaves no half-made PR). In `mode="pr"` the PR description carries a marker
-`<!-- hfexport:publication {"key": ..., "content": ...} -->`; the next publication finds the open PR with the same
-key and pushes one commit onto its `refs/pr/N` (with a comment saying what changed), or does nothing when the
-PR head already holds the same artifacts built from the same source, recipe and package versions.
+Each target folder `OUTPUT/<target>/` is uploaded where the ecosystem's loaders look for its format
+(hfexport.layout: `onnx/`, `openvino/`, ..., or the recipe's `path`; ONNX external data renamed `model.onnx_data`,
+the name optimum and transformers.js download), together with the README's hfexport card section (`hfexport.card`),
+in a single `HfApi.create_commit` (the Hub applies a commit entirely or not at all, so a failure leaves no half-made
+PR). In `mode="pr"` the PR description carries a marker `<!-- hfexport:publication {"key": ..., "content": ...} -->`;
+the next publication finds the open PR with the same key and pushes one commit onto its `refs/pr/N` (with a comment
+saying what changed), or does nothing when the PR head already holds the same artifacts built from the same source,
+recipe and package versions. Every update is computed against the current head of the branch the PR targets: the
+README is that head's, byte for byte, with the section set; when the owner changed the README since the PR was
+opened, the update opens a fresh PR from that head (carrying every target the old one held) and closes the old one,
+so the PR on the Hub always merges.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from hfexport.errors import (
     PublishRefusedError,
     register_secret,
 )
-from hfexport.files import EXPORTS_DIR, REPORT_FILE, file_sha256, git_blob_sha1
+from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_sha256, git_blob_sha1
 from hfexport.hub import hub_error, looks_like_repo_id
+from hfexport.layout import LayoutError, assign_folders, export_folders, onnx_data_name, target_folders
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, render_section, update_card
@@ -66,10 +72,22 @@ class _Target:
     folder: Path
     report: JobReport
     files: dict[str, Path]  # path relative to the target folder -> local file
+    repo_folder: str = ""  # where it is published (hfexport.layout)
+    published: dict[str, Path | bytes] = field(default_factory=dict)  # path in repo_folder -> content
 
     @property
     def target(self) -> TargetReport:
         return self.report.targets[self.name]
+
+
+@dataclass
+class _RemoteTarget:
+    """A target a revision already holds: its folder, its files there (name -> tree entry) and its report."""
+
+    name: str
+    folder: str
+    files: dict[str, dict]
+    report: JobReport | None
 
 
 def publication_key(repo_id: str, base: str) -> str:
@@ -190,30 +208,55 @@ def publish(
 
 def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: str, base: str, token: str,
              allow_failed: bool, left_out: dict[str, str]) -> PublishResult:
-    what = f"publishing to {repo_id}"
     _ensure_repo(api, repo_id, base, mode, token)
     open_pr = _call(lambda: find_open_publication(repo_id, base, token, api), repo_id, "looking for an open hfexport PR") \
         if mode == "pr" else None
     if not chosen:  # every target was a cache hit against the Hub: nothing local to publish
         return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None,
                              None, repo_id, [])
-    head_revision = f"refs/pr/{open_pr.num}" if open_pr else base
-    head = _call(lambda: api.repo_info(repo_id, revision=head_revision, token=token).sha, repo_id,
-                 f"reading {head_revision}")
-    remote = _remote_files(api, repo_id, head, token)
+    base_head = _call(lambda: api.repo_info(repo_id, revision=base, token=token).sha, repo_id, f"reading {base}")
+    base_tree = _remote_tree(api, repo_id, base_head, token)
+    head, tree, carry = base_head, base_tree, {}
+    superseded = None
+    if open_pr is not None:
+        pr_head = _call(lambda: api.repo_info(repo_id, revision=f"refs/pr/{open_pr.num}", token=token).sha, repo_id,
+                        f"reading refs/pr/{open_pr.num}")
+        pr_tree = _remote_tree(api, repo_id, pr_head, token)
+        if _owner_edited_readme(api, repo_id, open_pr.num, base, base_tree, token):
+            superseded, open_pr = open_pr, None  # a fresh PR from the branch head: it merges whatever the owner did
+            held = _remote_targets(repo_id, pr_head, pr_tree, token)
+            on_base = _remote_targets(repo_id, base_head, base_tree, token)
+            carry = {name: held[name] for name in held
+                     if name not in {item.name for item in chosen} and not _same_remote(held[name], on_base.get(name))}
+        else:
+            head, tree = pr_head, pr_tree
+    remote = _remote_targets(repo_id, head, tree, token)
+    foreign = {path.rsplit("/", 1)[0] for path in tree if "/" in path} - export_folders(tree)
+    try:
+        folders = assign_folders({item.name: _layout_spec(item) for item in chosen},
+                                 {name: target.folder for name, target in {**remote, **carry}.items()}, foreign)
+    except LayoutError as error:
+        raise PublishError(f"{repo_id}: {error}") from None
+    for item in chosen:
+        item.repo_folder = folders[item.name]
+        item.published = _published_files(item)
 
     changed, changes, deletions = [], [], []
     for item in chosen:
-        prefix = f"{EXPORTS_DIR}/{item.name}/"
-        theirs = {path[len(prefix):]: entry for path, entry in remote.items() if path.startswith(prefix)}
-        old = _remote_report(repo_id, head, item.name, token) if REPORT_FILE in theirs else None
-        if _same_artifacts(item, theirs) and _same_inputs(item, old):
+        old = remote.get(item.name)
+        theirs = old.files if old is not None and old.folder == item.repo_folder else {}
+        if theirs and _same_artifacts(item, theirs) and _same_inputs(item, old.report):
             continue
         changed.append(item)
-        changes.append(_describe_change(item, old))
-        deletions += [prefix + path for path in theirs if path not in item.files]
+        change = _describe_change(item, old.report if old else None)
+        if old is not None and old.folder != item.repo_folder:
+            change += f" (moved from `{old.folder}/` to `{item.repo_folder}/`)"
+            deletions += [f"{old.folder}/{name}" for name in old.files]
+        else:
+            deletions += [f"{item.repo_folder}/{name}" for name in theirs if name not in item.published]
+        changes.append(change)
     content = _content_hash(chosen)
-    if not changed:
+    if not changed and superseded is None:
         return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None, head,
                              repo_id, [])
 
@@ -221,27 +264,42 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
 
     operations, files = [], []
     for item in changed:
-        for relative, local in sorted(item.files.items()):
-            path = f"{EXPORTS_DIR}/{item.name}/{relative}"
+        for relative, content_of in sorted(item.published.items()):
+            path = f"{item.repo_folder}/{relative}"
+            operations.append(CommitOperationAdd(path_in_repo=path, path_or_fileobj=content_of if isinstance(
+                content_of, bytes) else str(content_of)))
+            files.append(path)
+    for name, target in sorted(carry.items()):
+        for relative in sorted(target.files):
+            path = f"{target.folder}/{relative}"
+            local = _call(lambda path=path: _download(repo_id, path, f"refs/pr/{superseded.num}", token), repo_id,
+                          f"reading {path} of refs/pr/{superseded.num}")
             operations.append(CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)))
             files.append(path)
-    operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(deletions)]
-    card_report = _card_report(repo_id, head, chosen, remote, token)
-    readme = _readme(repo_id, head, token)
+        changes.append(f"`{name}`: carried over from #{superseded.num} unchanged")
+    operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(set(deletions)) if path in tree]
+    card_report, card_folders, sources = _card_report(chosen, {**remote, **carry})
+    stale = _stale(sources, chosen)
+    readme = _readme(repo_id, base_head, token)  # the branch head's README, byte for byte
 
     try:
-        new_readme = update_card(readme, render_section(repo_id, card_report, left_out=left_out),
-                                 format_tags(card_report.targets))
+        new_readme = update_card(readme, render_section(repo_id, card_report, card_folders, left_out=left_out,
+                                                        stale=stale),
+                                 format_tags(card_report.targets), base_model=_base_model(chosen[0].report, repo_id))
     except CardError as error:
         raise PublishError(f"{repo_id}: {error}") from None
-    if new_readme != readme:
+    pr_readme = _readme(repo_id, head, token) if head != base_head else readme
+    if new_readme != pr_readme:
         operations.append(CommitOperationAdd(path_in_repo=README, path_or_fileobj=new_readme.encode("utf-8")))
         files.append(README)
+    if not operations:
+        return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None, head,
+                             repo_id, [])
 
     failed = [item.name for item in chosen if item.target.status == "failed"] if allow_failed else []
     key = publication_key(repo_id, base)
-    names = ", ".join(item.name for item in changed)
-    description = _description(key, content, card_report, failed, changes, left_out)
+    names = ", ".join(item.name for item in changed) or ", ".join(sorted(card_report.targets))
+    description = _description(key, content, card_report, card_folders, failed, changes, left_out, stale)
     if mode == "commit":
         info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"hfexport: export {names}",
                                                commit_description=description, revision=base, parent_commit=head,
@@ -251,6 +309,8 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
         info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"{TITLE_PREFIX} add exports ({names})",
                                                commit_description=description, revision=base, create_pr=True,
                                                parent_commit=head, token=token), repo_id, "opening a pull request")
+        if superseded is not None:
+            _close_superseded(api, repo_id, superseded, info.pr_num, token)
         return PublishResult("opened", info.pr_url, info.pr_num, info.oid, repo_id, files)
     info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"{TITLE_PREFIX} update {names}",
                                            commit_description=marker_line(key, content) + "\n\n" + "\n".join(changes),
@@ -258,6 +318,82 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
                  repo_id, f"pushing to refs/pr/{open_pr.num}")
     _after_update(api, repo_id, open_pr, info.oid, description, changes, failed, token)
     return PublishResult("updated", open_pr.url, open_pr.num, info.oid, repo_id, files)
+
+
+def _layout_spec(item: _Target) -> dict:
+    """What hfexport.layout needs to place a target: format, mode and the recipe's `path` (from the saved copy)."""
+    path = None
+    copy = item.folder / RECIPE_COPY_FILE
+    if copy.is_file():
+        try:
+            path = (json.loads(copy.read_text(encoding="utf-8")).get("targets") or {}).get(item.name, {}).get("path")
+        except (ValueError, AttributeError):
+            path = None
+    return {"export_format": item.target.export_format, "mode": item.target.mode, "path": path}
+
+
+def _published_files(item: _Target) -> dict[str, Path | bytes]:
+    """A target's files as published: ONNX external data `X.onnx.data` (what the engine writes) becomes
+    `X.onnx_data`, the name optimum's `ORTModel*` and transformers.js download beside `X.onnx`, and the graph's
+    external-data locations are rewritten to match (only those strings change; the weights are the same bytes)."""
+    published: dict[str, Path | bytes] = dict(item.files)
+    if item.target.export_format != "onnx":
+        return published
+    for relative in [rel for rel in item.files if rel.endswith(".onnx") and f"{rel}.data" in item.files]:
+        import onnx
+
+        graph = onnx.load(str(item.files[relative]), load_external_data=False)
+        old, new = Path(relative).name + ".data", onnx_data_name(Path(relative).name)
+        for tensor in _onnx_tensors(graph):
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value == old:
+                    entry.value = new
+        published[relative] = graph.SerializeToString()
+        published[onnx_data_name(relative)] = published.pop(f"{relative}.data")
+    return published
+
+
+def _onnx_tensors(model):
+    """Every tensor of an ONNX model that may keep its bytes outside: initializers and tensor attributes, subgraphs
+    included."""
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        yield from graph.initializer
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                if attribute.HasField("g"):
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)
+
+
+def _owner_edited_readme(api, repo_id: str, num: int, base: str, base_tree: dict[str, dict], token: str) -> bool:
+    """Whether README.md on `base` changed since the PR forked from it: then an update in place would need a merge
+    of two README edits, which may conflict; a fresh PR from the branch head never does."""
+    pr_commits = _call(lambda: [c.commit_id for c in api.list_repo_commits(repo_id, revision=f"refs/pr/{num}",
+                                                                           token=token)],
+                       repo_id, f"listing the commits of refs/pr/{num}")
+    base_commits = _call(lambda: {c.commit_id for c in api.list_repo_commits(repo_id, revision=base, token=token)},
+                         repo_id, f"listing the commits of {base}")
+    fork = next((commit for commit in pr_commits if commit in base_commits), None)
+    if fork is None:
+        return True
+    at_fork = _remote_tree(api, repo_id, fork, token, paths=[README])
+    return (at_fork.get(README) or {}).get("oid") != (base_tree.get(README) or {}).get("oid")
+
+
+def _close_superseded(api, repo_id: str, old: OpenPublication, new_num: int | None, token: str) -> None:
+    """Close the PR a fresh one replaced, saying which; the new PR is already open, so this only warns."""
+    try:
+        api.comment_discussion(repo_id, old.num, f"Superseded by #{new_num}: the README changed on the target branch "
+                               "since this pull request was opened, so hfexport opened a fresh one from the branch's "
+                               "current head (it merges cleanly) with every target this one held.", token=token)
+        api.change_discussion_status(repo_id, old.num, "closed", token=token)
+    except Exception:  # noqa: BLE001 - the publication itself succeeded
+        pass
 
 
 def _after_update(api, repo_id: str, open_pr: OpenPublication, commit: str, description: str, changes: list[str],
@@ -334,17 +470,31 @@ def split_failed(chosen: list[_Target], allow_failed: bool) -> tuple[list[_Targe
     return publish, left_out
 
 
-def _sha256(path: Path) -> str:
+def _size(content: Path | bytes) -> int:
+    return len(content) if isinstance(content, bytes) else content.stat().st_size
 
-    return file_sha256(path)
+
+def _git_blob_sha1(content: Path | bytes) -> str:
+    if isinstance(content, bytes):
+        return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+    return git_blob_sha1(content)
+
+
+def _sha256(content: Path | bytes) -> str:
+    if isinstance(content, bytes):
+        return hashlib.sha256(content).hexdigest()
+
+    return file_sha256(content)
 
 
 def _content_hash(chosen: list[_Target]) -> str:
-    """What a publication holds: each artifact's git blob id, and each target's cache key and status."""
+    """What a publication holds: each published file's git blob id, where it lies, and each target's cache key and
+    status."""
     entries = []
     for item in sorted(chosen, key=lambda i: i.name):
-        entries.append([item.name, item.target.cache_key, item.target.status])
-        entries += [[item.name, rel, git_blob_sha1(p)] for rel, p in sorted(item.files.items()) if rel != REPORT_FILE]
+        entries.append([item.name, item.repo_folder, item.target.cache_key, item.target.status])
+        entries += [[item.name, rel, _git_blob_sha1(content)] for rel, content in sorted(item.published.items())
+                    if rel != REPORT_FILE]
     return hashlib.sha256(canonical_json(entries).encode()).hexdigest()
 
 
@@ -369,37 +519,58 @@ def _ensure_repo(api, repo_id: str, base: str, mode: str, token: str) -> None:
     _call(lambda: api.create_repo(repo_id, exist_ok=True, token=token), repo_id, "creating the repo")
 
 
-def _remote_files(api, repo_id: str, revision: str, token: str) -> dict[str, dict]:
-    """`exports/**` at `revision`: path -> {"oid": git blob id, "sha256": LFS sha256 or None, "size"}."""
-    from huggingface_hub.errors import EntryNotFoundError
-
+def _remote_tree(api, repo_id: str, revision: str, token: str, paths: list[str] | None = None) -> dict[str, dict]:
+    """Every file at `revision` (or only `paths`): path -> {"oid": git blob id, "sha256": LFS sha256 or None, "size"}."""
     try:
-        entries = list(api.list_repo_tree(repo_id, path_in_repo=EXPORTS_DIR, recursive=True, revision=revision, token=token))
-    except EntryNotFoundError:
-        return {}
+        entries = api.get_paths_info(repo_id, paths, revision=revision, token=token) if paths is not None else \
+            api.list_repo_tree(repo_id, recursive=True, revision=revision, token=token)
+        entries = list(entries)
     except Exception as error:  # noqa: BLE001
-        raise hub_error(error, repo_id, f"listing {EXPORTS_DIR}/", error_class=PublishError) from None
+        raise hub_error(error, repo_id, f"listing the files of {revision[:12]}", error_class=PublishError) from None
     return {
         entry.path: {"oid": entry.blob_id, "sha256": entry.lfs.sha256 if entry.lfs else None, "size": entry.size}
         for entry in entries if hasattr(entry, "blob_id")
     }
 
 
-def _download_text(repo_id: str, path: str, revision: str, token: str) -> str | None:
+def _remote_targets(repo_id: str, revision: str, tree: dict[str, dict], token: str) -> dict[str, _RemoteTarget]:
+    """The targets `revision` holds (hfexport.layout finds their folders), each with its files and report."""
+    found = target_folders(set(tree), lambda path: _download_text(repo_id, path, revision, token))
+    targets = {}
+    for name, folder in found.items():
+        files = {path[len(folder) + 1:]: entry for path, entry in tree.items()
+                 if path.rsplit("/", 1)[0] == folder and "/" in path}
+        targets[name] = _RemoteTarget(name, folder, files, _remote_report(repo_id, revision, folder, name, token)
+                                      if REPORT_FILE in files else None)
+    return targets
+
+
+def _same_remote(a: _RemoteTarget | None, b: _RemoteTarget | None) -> bool:
+    return a is not None and b is not None and a.folder == b.folder and \
+        {k: v["oid"] for k, v in a.files.items()} == {k: v["oid"] for k, v in b.files.items()}
+
+
+def _download(repo_id: str, path: str, revision: str, token: str) -> Path:
     from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(repo_id, path, revision=revision, token=token))
+
+
+def _download_text(repo_id: str, path: str, revision: str, token: str) -> str | None:
+    """A text file at `revision`, decoded from its exact bytes (CRLF kept), or None when absent."""
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
-        return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(encoding="utf-8")
+        return _download(repo_id, path, revision, token).read_bytes().decode("utf-8")
     except EntryNotFoundError:
         return None
     except Exception as error:  # noqa: BLE001
         raise hub_error(error, repo_id, f"reading {path}", error_class=PublishError) from None
 
 
-def _remote_report(repo_id: str, revision: str, name: str, token: str) -> JobReport | None:
-    """`exports/<name>/export_report.json` at `revision` (None when absent, unreadable, or not about `name`)."""
-    text = _download_text(repo_id, f"{EXPORTS_DIR}/{name}/{REPORT_FILE}", revision, token)
+def _remote_report(repo_id: str, revision: str, folder: str, name: str, token: str) -> JobReport | None:
+    """`<folder>/export_report.json` at `revision` (None when absent, unreadable, or not about `name`)."""
+    text = _download_text(repo_id, f"{folder}/{REPORT_FILE}", revision, token)
     try:
         report = JobReport.from_dict(json.loads(text)) if text else None
     except Exception:  # noqa: BLE001 - an unreadable remote report means "changed"
@@ -412,14 +583,14 @@ def _readme(repo_id: str, revision: str, token: str) -> str | None:
 
 
 def _same_artifacts(item: _Target, theirs: dict[str, dict]) -> bool:
-    ours = {rel for rel in item.files if rel != REPORT_FILE}
+    ours = {rel for rel in item.published if rel != REPORT_FILE}
     if ours != {rel for rel in theirs if rel != REPORT_FILE}:
         return False
     for rel in ours:
-        entry, local = theirs[rel], item.files[rel]
-        if entry["size"] != local.stat().st_size:
+        entry, content = theirs[rel], item.published[rel]
+        if entry["size"] != _size(content):
             return False
-        if entry["sha256"] and entry["sha256"] != _sha256(local) or not entry["sha256"] and entry["oid"] != git_blob_sha1(local):
+        if entry["sha256"] and entry["sha256"] != _sha256(content) or not entry["sha256"] and entry["oid"] != _git_blob_sha1(content):
             return False
     return True
 
@@ -456,21 +627,43 @@ def _describe_change(item: _Target, old_job: JobReport | None) -> str:
     return f"`{item.name}`: " + "; ".join(reasons)
 
 
-def _card_report(repo_id: str, head: str, chosen: list[_Target], remote: dict[str, dict], token: str) -> JobReport:
-    """One report for the card: the published targets, plus targets already in `exports/` but not republished."""
+def _card_report(chosen: list[_Target], remote: dict[str, _RemoteTarget]
+                 ) -> tuple[JobReport, dict[str, str], dict[str, dict]]:
+    """One report for the card and the description: every target the publication holds (the published ones, and
+    those already there and not republished), with each one's folder."""
     first = chosen[0].report
     report = JobReport(source=first.source, packages=first.packages, created_at=first.created_at,
                        hfexport_version=first.hfexport_version)
-    names = {item.name for item in chosen}
-    others = sorted({path.split("/")[1] for path in remote if path.count("/") >= 2} - names)
-    for name in others:
-        old = _remote_report(repo_id, head, name, token)
-        if old is not None:
-            report.targets[name] = old.targets[name]
+    folders, sources = {}, {}
+    for name, target in remote.items():
+        if target.report is not None:
+            report.targets[name], folders[name] = target.report.targets[name], target.folder
+            sources[name] = target.report.source
     for item in chosen:
-        report.targets[item.name] = item.target
+        report.targets[item.name], folders[item.name] = item.target, item.repo_folder
+        sources.pop(item.name, None)
     report.targets = dict(sorted(report.targets.items()))
-    return report
+    return report, folders, sources
+
+
+def _stale(sources: dict[str, dict], chosen: list[_Target]) -> dict[str, str]:
+    """Targets held but not republished (`sources`: their reports' sources) built from other model files than this
+    publication's: {target: what built it}."""
+    now = _source_id(chosen[0].report)
+    stale = {}
+    for name, source in sorted(sources.items()):
+        before = source.get("content_hash") or source.get("commit")
+        if now and before and before != now:
+            revision = source.get("commit") or source.get("revision")
+            stale[name] = (f"built from model files {before[:12]}" + (f" (revision {revision[:12]})" if revision else "")
+                           + f", not the {now[:12]} the other targets were built from")
+    return stale
+
+
+def _base_model(report: JobReport, repo_id: str) -> str | None:
+    """The source model's repo id when publishing into another repo (the card's `base_model`), else None."""
+    model = str(report.source.get("model") or "")
+    return model if model != repo_id and looks_like_repo_id(model) and not Path(model).exists() else None
 
 
 def _failed_banner(failed: list[str]) -> str:
@@ -478,18 +671,35 @@ def _failed_banner(failed: list[str]) -> str:
             "anyway with `--allow-failed`. Check the report below before merging.")
 
 
-def _description(key: str, content: str, report: JobReport, failed: list[str], changes: list[str],
-                 left_out: dict[str, str] | None = None) -> str:
+def _description(key: str, content: str, report: JobReport, folders: dict[str, str], failed: list[str],
+                 changes: list[str], left_out: dict[str, str] | None = None, stale: dict[str, str] | None = None) -> str:
     lines = [marker_line(key, content), ""]
     if failed:
         lines += [_failed_banner(failed), ""]
     if left_out:
         lines += ["Not published (they did not pass here; the targets above did):", "",
                   *[f"- `{name}`: {why}" for name, why in left_out.items()], ""]
+    if stale:
+        lines += ["Stale (built from an older revision of the model; re-export them to refresh):", "",
+                  *[f"- `{name}`: {why}" for name, why in stale.items()], ""]
     lines += [
         "This pull request adds exported artifacts of this model, made by hfexport from the repo's export recipe, "
-        f"under `{EXPORTS_DIR}/<target>/`, and a section of the model card that lists them. Each target folder holds the "
-        "artifacts, the recipe target used (`export_config.json`) and its report (`export_report.json`).",
+        "each in the folder where the usual loaders of its format look, and a section of the model card that lists "
+        "them with how to load each. Each folder also holds hfexport's manifest (`export.json`), the recipe target "
+        "used (`export_config.json`) and its report (`export_report.json`).",
+        "",
+        "Targets in this pull request:",
+        "",
+        *[f"- `{name}` → `{folders[name]}/` ({target.export_format} / {target.mode})"
+          for name, target in report.targets.items()],
+        "",
+        "Try it before merging (this PR's revision):",
+        "",
+        "```python",
+        "import hfexport",
+        "",
+        f'model = hfexport.load("{key.split("@")[0]}", target="{next(iter(report.targets))}", revision="refs/pr/N")',
+        "```",
         "",
         "Changes:",
         "",

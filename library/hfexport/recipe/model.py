@@ -27,6 +27,7 @@ class Target:
     quantization: dict | None = None
     description: str | None = None
     runtime: dict = field(default_factory=dict)
+    path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
 
     @classmethod
     def from_dict(cls, name: str, data: dict) -> Target:
@@ -42,13 +43,14 @@ class Target:
             quantization=copy.deepcopy(data.get("quantization")),
             description=data.get("description"),
             runtime=copy.deepcopy(data.get("runtime", {})),
+            path=data.get("path"),
         )
 
     def to_dict(self) -> dict:
         """The target as the recipe would write it (empty sections left out)."""
         data: dict[str, Any] = {"export_format": self.export_format, "mode": self.mode}
         for key in ("description", "options", "generation", "dynamic_shapes", "components", "parity", "quantization",
-                    "runtime"):
+                    "runtime", "path"):
             value = getattr(self, key)
             if value not in (None, {}, []):
                 data[key] = copy.deepcopy(value)
@@ -119,8 +121,11 @@ class Recipe:
         return data
 
     def target_hash(self, name: str) -> str:
-        """The canonical hash of everything that decides target `name`'s export (its standalone recipe)."""
-        return sha256_of(self.standalone(name))
+        """The canonical hash of everything that decides target `name`'s export (its standalone recipe; the `path` it
+        is published to does not change the export, so moving a target re-uses its cache)."""
+        data = self.standalone(name)
+        data["targets"][name].pop("path", None)
+        return sha256_of(data)
 
 
 # ── Sources ──────────────────────────────────────────────────────────────────

@@ -196,8 +196,8 @@ def check_export_folder(folder: str | Path) -> dict:
 
 def program_files(export_format: str, file: str) -> list[tuple[str, bool]]:
     """The files one component's loader opens, each with whether it must exist (what each exporter writes)."""
-    if export_format == "onnx":
-        return [(file, True), (f"{file}.data", False)]
+    if export_format == "onnx":  # external data: `.data` as the engine writes it, `_data` as publications name it
+        return [(file, True), (f"{file}.data", False), (f"{file}_data", False)]
     if export_format == "openvino":
         return [(file, True), (f"{file.removesuffix('.xml')}.bin", True)]
     return [(file, True)]
@@ -213,7 +213,7 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
         found = [fetch(member, required) for member, required in program_files(export_format, file)]
         label = f"{source}/{file}"
         if export_format == "onnx":
-            check_onnx_file(found[0], found[1], label)
+            check_onnx_file(found[0], found[1], label, data_alt=found[2])
         elif export_format == "openvino":
             check_openvino_files(found[0], found[1], label)
         elif export_format == "executorch":
@@ -228,11 +228,12 @@ _ONNX_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 _ALIGNMENT_SLACK = 4096  # a writer may pad the weights file to a page
 
 
-def check_onnx_file(model: Path, data: Path | None, label: str) -> None:
+def check_onnx_file(model: Path, data: Path | None, label: str, data_alt: Path | None = None) -> None:
     """Parse the `.onnx` protobuf here (never letting ONNX Runtime or onnx_ir open anything first) and check every
-    tensor kept outside it: its location must be the component's own `<file>.data` (what the engine writes; anything
-    else, absolute or `..` above all, is refused), and its offset and length must lie inside that file and match the
-    tensor's shape and type. The weights file may be no larger than what the graph declares."""
+    tensor kept outside it: its location must be the component's own `<file>.data` (what the engine writes) or
+    `<file>_data` (what a publication names it, for optimum and transformers.js), one of them for the whole graph;
+    anything else, absolute or `..` above all, is refused. Its offset and length must lie inside that file and match
+    the tensor's shape and type. The weights file may be no larger than what the graph declares."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -244,6 +245,9 @@ def check_onnx_file(model: Path, data: Path | None, label: str) -> None:
     if not proto.HasField("graph"):
         raise CorruptExportError(f"{label}: not an ONNX model (no graph)")
     own = f"{Path(model).name}.data"
+    first = next((tensor for tensor, _ in _onnx_tensors(proto) if tensor.data_location == _ONNX_EXTERNAL), None)
+    if first is not None and {e.key: e.value for e in first.external_data}.get("location") == f"{Path(model).name}_data":
+        own, data = f"{Path(model).name}_data", data_alt
     data_size = os.stat(Path(data).resolve()).st_size if data is not None else None
     end = 0
     for tensor, where in _onnx_tensors(proto):

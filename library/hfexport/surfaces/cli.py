@@ -570,7 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
 
-    p = sub.add_parser("publish", help="publish an OUTPUT folder to exports/<target>/ of a Hub repo (one PR per model)")
+    p = sub.add_parser("publish", help="publish an OUTPUT folder to a Hub repo, each target where the loaders look "
+                                       "(onnx/, openvino/, ...; one PR per model)")
     p.add_argument("output", help="an `hfexport export` OUTPUT folder")
     p.add_argument("--repo", required=True, help="the Hub repo to publish to")
     p.add_argument("--target", action="append", help="a target folder to publish (repeatable; default: all)")

