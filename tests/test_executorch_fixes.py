@@ -45,3 +45,14 @@ def test_the_fix_is_undone_after_the_block():
     with executorch_fixes():
         assert EdgeOpArgValidator.call_function is not before
     assert EdgeOpArgValidator.call_function is before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["forward", "generation"])
+def test_gpt2_on_executorch_passes_at_every_probed_batch(tmp_path, mode):
+    """The matrix cell that failed with error 0x12 at batch 1: forward probes batch 1..8, generation decodes a
+    batch of 2 and probes the components at other batches."""
+    from hfexport.testing.matrix import Cell, run_cell
+
+    result = run_cell(Cell("tiny-gpt2", "executorch", mode), tmp_path)
+    assert result.outcome == "pass", result.detail
