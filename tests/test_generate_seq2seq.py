@@ -118,3 +118,17 @@ def test_an_encoder_decoder_export_without_its_encoder_is_refused(mbart_job):
     del broken.components["encoder"]
     with pytest.raises(GenerationError, match="no `encoder` component"):
         broken.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+
+
+def test_init_proposes_a_passing_generation_recipe_for_t5(session_dir):
+    """`hfexport init` on a T5 (no recipe) writes a generation target that exported and generated token for token
+    (it used to exit 1: the prefill took decoder_input_ids and encoder_outputs, which generate did not feed)."""
+    from hfexport.job.init import init_recipe
+
+    folder = make_model("tiny-t5", session_dir / "tiny-t5-init")
+    (folder / "export_config.json").unlink()  # init is for models without a recipe
+    result = init_recipe(folder, ["onnx"], output=session_dir / "t5-init-recipe.json")
+    assert result.passed == ["onnx-generation"], result.failed
+    assert result.recipe["targets"]["onnx-generation"]["mode"] == "generation"
+    generation = result.report.targets["onnx-generation"].verification["generation"]
+    assert generation["passed"] and generation["token_agreement"] == 1.0
