@@ -45,19 +45,13 @@ _SPEC_FIELDS = ("in_spec", "out_spec")
 
 
 def pt2_unpickling_allowlist() -> list[type]:
-    """The classes a `.pt2` of a transformers export pickles besides tensors, for `torch.serialization.safe_globals`:
-    the cache classes its traced kwargs hold (`transformers.cache_utils`), and the output containers of
-    `transformers.modeling_outputs` (an encoder-decoder's prefill/decode take `encoder_outputs`, a
-    `BaseModelOutput`): dataclasses of tensors, whose unpickling sets fields and runs no code of the file's."""
-    from transformers import cache_utils, modeling_outputs
-    from transformers.utils import ModelOutput
+    """The classes a `.pt2` of a transformers export pickles besides tensors: the cache classes its traced kwargs
+    hold (`transformers.cache_utils`), for `torch.serialization.safe_globals`."""
+    from transformers import cache_utils
 
     bases = (cache_utils.Cache, cache_utils.CacheLayerMixin)
-    caches = [cls for cls in vars(cache_utils).values()
-              if isinstance(cls, type) and issubclass(cls, bases) and cls.__module__ == cache_utils.__name__]
-    outputs = [cls for cls in vars(modeling_outputs).values()
-               if isinstance(cls, type) and issubclass(cls, ModelOutput) and cls.__module__ == modeling_outputs.__name__]
-    return caches + outputs
+    return [cls for cls in vars(cache_utils).values()
+            if isinstance(cls, type) and issubclass(cls, bases) and cls.__module__ == cache_utils.__name__]
 
 
 # ── internals ────────────────────────────────────────────────────────────────
