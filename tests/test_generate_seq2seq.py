@@ -132,3 +132,30 @@ def test_init_proposes_a_passing_generation_recipe_for_t5(session_dir):
     assert result.recipe["targets"]["onnx-generation"]["mode"] == "generation"
     generation = result.report.targets["onnx-generation"].verification["generation"]
     assert generation["passed"] and generation["token_agreement"] == 1.0
+
+
+@pytest.mark.slow
+def test_whisper_generates_from_audio_as_model_generate(session_dir):
+    """Whisper from audio: the feature extractor's `input_features`, the decoder starting from the generation
+    config's `decoder_start_token_id`; `generate` returns the new tokens only, as Whisper's own generate does."""
+    import numpy as np
+    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
+
+    from hfexport import ExportedModel
+    from hfexport.job.run import run_job
+
+    folder = make_model("tiny-whisper", session_dir / "tiny-whisper")
+    output = session_dir / "exported-whisper"
+    report = run_job(folder, output, targets=["onnx-generation"])
+    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    model = WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    extractor = AutoFeatureExtractor.from_pretrained(folder)
+    exported = ExportedModel.from_pretrained(output / "onnx-generation", precision="f32")
+    assert set(exported.runners["encoder"].metadata.kwargs) == {"input_features"}
+    seconds = np.arange(int(16000 * 1.5)) / 16000
+    audio = [np.sin(2 * np.pi * 440 * seconds).astype(np.float32),
+             np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1]
+    features = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+    with torch.no_grad():
+        expected = model.generate(input_features=features, max_new_tokens=MAX_NEW)
+    _assert_equal(exported.generate(input_features=features, max_new_tokens=MAX_NEW), expected)

@@ -217,7 +217,7 @@ def _merged(built, custom):
 
 def generate(
     exported,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
     generation_config=None,
     logits_processor=None,
@@ -249,6 +249,8 @@ def generate(
     if input_features is not None or decoder_input_ids is not None:
         raise GenerationError("input_features / decoder_input_ids are encoder-decoder inputs; this export is a "
                               "decoder-only prefill/decode")
+    if input_ids is None:
+        raise GenerationError("generate needs input_ids (the prompts)")
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
@@ -371,6 +373,10 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
                         encoder=(encoder_outputs, attention_mask), **run)
     if streamer is not None:
         streamer.end()
+    if getattr(exported.config, "model_type", None) == "whisper":
+        # transformers 5.23's WhisperForConditionalGeneration.generate returns the new tokens only (it strips its
+        # decoder prompt: the start token and the forced language/task tokens).
+        return sequences[:, prompt_len:]
     return sequences
 
 

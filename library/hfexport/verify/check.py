@@ -157,8 +157,9 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
     result["eos_token_id"] = eos
     extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
     with torch.no_grad():
-        eager = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                               **extra)
+        given = {key: value for key, value in (("input_ids", input_ids), ("attention_mask", attention_mask))
+                 if value is not None}  # Whisper's generate takes input_features alone
+        eager = model.generate(**given, generation_config=generation_config, **extra)
     model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids") if key in extra}
     try:
         got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config,
