@@ -419,12 +419,20 @@ MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-bert", "BERT", "BertModel", "feature-extraction", ("forward",), build_bert),
         TinyModel("tiny-vit", "ViT", "ViTForImageClassification", "image-classification", ("forward",), build_vit),
         TinyModel("tiny-llama", "Llama", "LlamaForCausalLM", "text-generation", DECODER_MODES, build_llama),
-        TinyModel("tiny-gpt2", "GPT-2", "GPT2LMHeadModel", "text-generation", DECODER_MODES, build_gpt2),
+        TinyModel("tiny-gpt2", "GPT-2", "GPT2LMHeadModel", "text-generation", DECODER_MODES, build_gpt2,
+                  "ExecuTorch: executorch 1.5.1's `to_edge` dtype validator guarded the batch of GPT-2's "
+                  "`c_attn(...).split(...)` to the traced batch (error 0x12 at any other batch); "
+                  "`hfexport.executorch_fixes` keeps it dynamic."),
         TinyModel("tiny-qwen2", "Qwen2", "Qwen2ForCausalLM", "text-generation", DECODER_MODES, build_qwen2),
         TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
-                  build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it)."),
+                  build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it). "
+                  "Generation (all encoder-decoders here): hfexport's `encoder` component beside the engine's "
+                  "prefill/decode, the decoder traced from two start tokens (docs/generation.md). dynamo: the "
+                  "`.pt2` pickles `encoder_outputs` (a `BaseModelOutput`), which torch's weights-only unpickler "
+                  "cannot load (\"Can only SETITEM for dict\"), so hfexport refuses to load it. OpenVINO: the "
+                  "reloaded f32 prefill crashes the process (heap corruption in `infer`) on a third probe shape."),
         TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", DECODER_MODES, build_t5,
-                  "`dims.seq.min` 3, as BART."),
+                  "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md)."),
         TinyModel("tiny-marian", "Marian", "MarianMTModel", "text2text-generation", DECODER_MODES, build_marian,
                   "`dims.seq.min` 3, as BART."),
         TinyModel("tiny-mbart", "mBART", "MBartForConditionalGeneration", "text2text-generation", DECODER_MODES,
