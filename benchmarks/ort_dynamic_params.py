@@ -43,10 +43,9 @@ def main() -> dict:
     from transformers import AutoModel, AutoTokenizer
 
     sys.path.insert(0, str(HERE))
-    from quantization import SENTENCES, minilm_dir
-
     from hfexport.job.run import run_job
     from hfexport.runtime import cpu_info
+    from quantization import SENTENCES, minilm_dir
 
     folder = minilm_dir()
     recipe = json.loads((HERE / "recipes" / "minilm.json").read_text())

@@ -55,11 +55,10 @@ def _embeddings(last_hidden_state, attention_mask):
 
 def main() -> dict:
     import torch
-
     from hfexport.exported import ExportedModel
+    from hfexport.job.compare import program_bytes
     from hfexport.job.run import run_job
     from hfexport.models import load_model, load_processor
-    from hfexport.job.compare import program_bytes
     from hfexport.recipe.loading import load_recipe
     from hfexport.runtime import cpu_info, read_back
 

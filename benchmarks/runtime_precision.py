@@ -51,9 +51,8 @@ def _example(name: str, target: str):
 
 
 def _smollm2():
-    from transformers import AutoTokenizer
-
     from hfexport.testing.models import build_smollm2, smollm2_gguf
+    from transformers import AutoTokenizer
 
     if smollm2_gguf() is None:
         return None

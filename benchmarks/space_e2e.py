@@ -71,11 +71,10 @@ def reference() -> dict:
 
 
 def main() -> None:
-    from playwright.sync_api import sync_playwright
-
-    from hfexport.surfaces import space as space_logic
     from hfexport.job.run import run_job
+    from hfexport.surfaces import space as space_logic
     from hfexport.testing.space import browser_missing, launch_chromium, running_space
+    from playwright.sync_api import sync_playwright
 
     missing = browser_missing()
     if missing:

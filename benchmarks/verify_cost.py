@@ -34,15 +34,14 @@ def minilm_dir() -> Path:
 
 def main() -> dict:
     import torch
-
     from hfexport.exported import ExportedModel
     from hfexport.job.run import run_job
     from hfexport.models import load_model, load_processor
     from hfexport.plan import build_plan
     from hfexport.recipe.loading import load_recipe
     from hfexport.runtime import cpu_info
-    from hfexport.verify.probes import plan_probes, probe_axes, resize_inputs
     from hfexport.verify.check import verify_exported
+    from hfexport.verify.probes import plan_probes, probe_axes, resize_inputs
 
     model_dir = minilm_dir()
     recipe = load_recipe(HERE / "recipes" / "minilm.json")

@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "library"))
 from hfexport.testing.matrix import (  # noqa: E402
     DEFAULT_TIMEOUT_S,
     FORMATS,
-    MODES,
     MODELS,
+    MODES,
     CellResult,
     all_cells,
     compare,

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
-
-from hfexport.surfaces import space as logic
-from hfexport.surfaces.failure import describe_failure
+from hfexport.files import RECIPE_FILE
 from hfexport.latency import chart_rows
 from hfexport.recipe.validation import canonical_json
-from hfexport.recipe.loading import RECIPE_FILE
 from hfexport.report.markdown import report_markdown
+from hfexport.surfaces import space as logic
+from hfexport.surfaces.failure import describe_failure
 
 TITLE = "hfexport: export a Hub model the way its owner says"
 INTRO = (

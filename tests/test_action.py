@@ -12,9 +12,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from hfexport.surfaces.annotations import Annotation, check_recipe, locate, resolve_path
-from hfexport.testing.actions import ActionError, condition, evaluate, parse_commands, read_output_file, run_action
+from hfexport.testing.actions import (
+    ActionError,
+    condition,
+    evaluate,
+    parse_commands,
+    read_output_file,
+    run_action,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTION = ROOT / "action"

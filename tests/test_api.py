@@ -11,9 +11,14 @@ import sys
 import warnings
 from pathlib import Path
 
+import hfexport
 import pytest
 import transformers.exporters as engine
 import transformers.exporters.utils as engine_utils
+from hfexport import AutoExportConfig, AutoHfExporter
+from hfexport.errors import RecipeError, SourceError, UnknownTargetError
+from hfexport.recipe.validation import FORMAT_OPTIONS
+from hfexport.schema import load_schema
 from transformers.exporters import (
     DynamoConfig,
     ExecutorchConfig,
@@ -23,12 +28,6 @@ from transformers.exporters import (
     OnnxExporter,
     OpenVINOConfig,
 )
-
-import hfexport
-from hfexport import AutoExportConfig, AutoHfExporter
-from hfexport.errors import RecipeError, SourceError, UnknownTargetError
-from hfexport.recipe.validation import FORMAT_OPTIONS
-from hfexport.schema import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_CONFIGS = {"dynamo": DynamoConfig, "onnx": OnnxConfig, "executorch": ExecutorchConfig, "openvino": OpenVINOConfig}

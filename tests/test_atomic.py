@@ -10,13 +10,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from transformers.exporters import DynamoExporter
-
-from hfexport.surfaces import cli
-from hfexport.job.run import run_job
 from hfexport.files import save_atomically
+from hfexport.job.run import run_job
 from hfexport.models import load_model
 from hfexport.recipe.loading import load_recipe
+from hfexport.surfaces import cli
+from transformers.exporters import DynamoExporter
 
 TARGET = "pt2"  # tiny-bert's fastest target (torch.export, one component)
 

@@ -11,10 +11,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from hfexport.publication.cache import cache_key, hub_content_hash, local_content_hash, lookup
-from hfexport.progress import Step
 from hfexport.job.run import resolve_source, run_job
+from hfexport.progress import Step
+from hfexport.publication.cache import (
+    cache_key,
+    hub_content_hash,
+    local_content_hash,
+    lookup,
+)
 from hfexport.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

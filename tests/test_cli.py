@@ -10,7 +10,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from hfexport.surfaces import cli as hfexport_cli
 
 SECRET = "hf_SECRETSECRETSECRET123"
@@ -218,13 +217,14 @@ def test_valid_token_stays_out_of_output_and_reports(run, hub, tiny_bert, tmp_pa
 
 @pytest.mark.parametrize("below", ["", "sub"])
 def test_output_that_cannot_be_a_folder_is_refused_before_exporting(run, tiny_bert, tmp_path, monkeypatch, below):
-    """It used to export first (a minute for a big model) and fail when saving."""
-    import hfexport.export
+    """It used to export first (a minute for a big model) and fail when saving: now it is refused before the model
+    even loads."""
+    import hfexport.job.run
 
     def no_export(*args, **kwargs):
-        raise AssertionError("exported although the output cannot be written")
+        raise AssertionError("loaded the model to export although the output cannot be written")
 
-    monkeypatch.setattr(hfexport.export, "run_plan", no_export)
+    monkeypatch.setattr(hfexport.job.run, "load_model", no_export)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     code, out, err = run("export", tiny_bert, "--target", "pt2", "-o", blocker / below if below else blocker)

@@ -8,7 +8,6 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
 from hfexport.collector import one_shot_collection
 from hfexport.progress import Step
 

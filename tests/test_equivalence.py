@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hfexport import AutoHfExporter, ExportedModel
+from hfexport.models import load_model
 from torch.export import Dim
 from transformers import AutoTokenizer
 from transformers.exporters import ExportFormat, OnnxConfig, OnnxExporter
-
-from hfexport import AutoHfExporter, ExportedModel
-from hfexport.models import load_model
 
 
 @pytest.fixture(scope="module")

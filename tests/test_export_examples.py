@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import hfexport
 import pytest
 import torch
-from jsonschema import Draft202012Validator
-
-import hfexport
 from hfexport.models import load_model
 from hfexport.recipe.loading import load_recipe
 from hfexport.schema import load_schema
+from jsonschema import Draft202012Validator
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BERT_TARGETS = load_recipe(EXAMPLES / "tiny-bert").target_names

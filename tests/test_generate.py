@@ -183,7 +183,7 @@ def test_static_cache_has_the_recipes_size(layout_exports, model, tokenizer):
         assert exported.runners["decode"].metadata.kwargs["attention_mask"]["shape"][-1] == 64
     inputs = dict(tokenizer(["The capital of France is"], return_tensors="pt"))
     _check_matches(_load(layout_exports / "onnx-static"), model, inputs, max_new_tokens=40)
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     with pytest.raises(GenerationError, match="max_cache_len"):
         _load(layout_exports / "onnx-static").generate(inputs["input_ids"], max_new_tokens=60)
@@ -236,7 +236,7 @@ def test_stateful_openvino_decode_needs_the_port_read(exported_llama, batch1):
 def test_stateful_openvino_static_cache_is_refused(session_dir, tiny_llama, batch1):
     """A static cache in a stateful OpenVINO decode is exported wrong by transformers 5.23 (its write position
     becomes a constant); the plan defaults such targets to stateful=False, and generate refuses one that is not."""
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     output = _export(session_dir, tiny_llama, "generate-ov-static-stateful", ["openvino-static"], stateful=True)
     with pytest.raises(GenerationError, match="stateful"):
@@ -245,10 +245,9 @@ def test_stateful_openvino_static_cache_is_refused(session_dir, tiny_llama, batc
 
 def test_static_mask_is_the_one_generate_builds(model):
     """The 4D mask fed to a static-cache graph equals transformers' own for the prefill and for a decode step."""
+    from hfexport.generate import static_attention_mask
     from transformers import StaticCache
     from transformers.masking_utils import create_masks_for_generate
-
-    from hfexport.generate import static_attention_mask
 
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])
     cache = StaticCache(config=model.config, max_cache_len=9)
@@ -293,7 +292,8 @@ def test_verify_generation_reports_agreement_and_the_first_divergence(exported_l
 
 
 def test_generate_defaults_and_errors(exported_llama, batch1):
-    from hfexport.generate import GenerationError, default_special_tokens
+    from hfexport.errors import GenerationError
+    from hfexport.generate import default_special_tokens
 
     output, _ = exported_llama
     exported = _load(output / "onnx-generation")
@@ -325,10 +325,9 @@ def test_static_cache_openvino_targets_export_stateless(tiny_llama, model, token
 def test_generation_exports_carry_the_generation_config_they_were_traced_with(tiny_llama, tmp_path):
     """The engine (transformers 5.23) kept `generation_config=None` on a generation export made without an explicit
     one, so the folder had no generation_config.json."""
-    from transformers import GenerationConfig
-
     from hfexport import ExportedModel
     from hfexport.job.run import run_job
+    from transformers import GenerationConfig
 
     report = run_job(tiny_llama, tmp_path / "out", targets=["onnx-generation"], verify=False)
     folder = tmp_path / "out" / "onnx-generation"
@@ -344,7 +343,7 @@ def test_generation_exports_carry_the_generation_config_they_were_traced_with(ti
 
 def test_chunked_static_decode_samples_and_refuses_a_streamer_for_more_rows(layout_exports, model, tokenizer, batch1):
     """A decode pinned to its traced batch (2) samples per chunk; at most one chunk can be streamed."""
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     exported = _load(layout_exports / "dynamo-static")
     torch.manual_seed(5)

@@ -166,8 +166,14 @@ def test_min_new_tokens_holds_back_eos(exports, model, prompts, target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_custom_logits_processor_and_stopping_criteria(exports, model, prompts, target):
-    from transformers import (LogitsProcessorList, MaxLengthCriteria, NoRepeatNGramLogitsProcessor,
-                              StoppingCriteria, StoppingCriteriaList, SuppressTokensLogitsProcessor)
+    from transformers import (
+        LogitsProcessorList,
+        MaxLengthCriteria,
+        NoRepeatNGramLogitsProcessor,
+        StoppingCriteria,
+        StoppingCriteriaList,
+        SuppressTokensLogitsProcessor,
+    )
 
     class StopAfterToken(StoppingCriteria):
         """A user's own criterion: a row stops once it emits `token`."""
@@ -199,7 +205,7 @@ def test_custom_logits_processor_and_stopping_criteria(exports, model, prompts, 
 
 
 def test_stop_strings_need_the_tokenizer(exports, model, prompts, tokenizer):
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     exported, inputs = _load(exports / "onnx-generation"), prompts["batch1"]
     prompt = inputs["input_ids"].shape[1]
@@ -251,7 +257,7 @@ def test_streamer_is_called_as_model_generate_calls_it(exports, model, prompts, 
 
 
 def test_unsupported_options_are_refused_by_name(exports, prompts):
-    from hfexport.generate import GenerationError
+    from hfexport.errors import GenerationError
 
     exported, ids = _load(exports / "openvino-generation"), prompts["batch1"]["input_ids"]
     with pytest.raises(GenerationError, match="beam search.*beam_idx.*ONNX"):
@@ -271,9 +277,8 @@ def test_unsupported_options_are_refused_by_name(exports, prompts):
 def test_global_defaults_are_transformers_own():
     """hfexport applies transformers' global generation defaults itself (transformers keeps them behind a private
     method); this test notices when transformers changes them."""
-    from transformers import GenerationConfig
-
     from hfexport.generate import DEFAULT_NEW_TOKENS, GLOBAL_DEFAULTS
+    from transformers import GenerationConfig
 
     theirs = GenerationConfig._get_default_generation_params()
     assert {key: theirs[key] for key in GLOBAL_DEFAULTS} == GLOBAL_DEFAULTS

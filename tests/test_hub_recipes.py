@@ -8,11 +8,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from huggingface_hub import CommitOperationAdd, HfApi
-
 from hfexport import AutoHfExporter
 from hfexport.errors import SourceError
 from hfexport.job.run import resolve_source
+from huggingface_hub import CommitOperationAdd, HfApi
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
 

@@ -14,6 +14,13 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from hfexport.testing.hub import (
+    DEFAULT_USER,
+    GRADIO_MOCK_OAUTH_TOKEN,
+    LocalHub,
+    Token,
+    git_blob_oid,
+)
 from huggingface_hub import (
     CommitOperationAdd,
     CommitOperationDelete,
@@ -26,14 +33,6 @@ from huggingface_hub.errors import (
     HfHubHTTPError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
-)
-
-from hfexport.testing.hub import (
-    DEFAULT_USER,
-    GRADIO_MOCK_OAUTH_TOKEN,
-    LocalHub,
-    Token,
-    git_blob_oid,
 )
 
 LIBRARY = Path(__file__).resolve().parents[1] / "library"

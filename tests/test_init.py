@@ -6,7 +6,6 @@ import json
 import shutil
 
 import pytest
-
 from hfexport.report.model import JobReport
 
 
@@ -46,9 +45,8 @@ def test_proposed_decoder_recipe_uses_generation_mode(tiny_llama):
 
 
 def test_sequence_dim_is_capped_and_unknown_formats_refused():
-    from transformers import BertConfig
-
     from hfexport.job.init import SEQ_CAP, propose_recipe
+    from transformers import BertConfig
 
     config = BertConfig(max_position_embeddings=1 << 20, architectures=["BertForMaskedLM"])
     recipe = propose_recipe(config=config)

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from hfexport.report.card import render_section
 from hfexport.latency import chart_rows, latency_markdown
-from hfexport.report.model import JobReport, TargetReport
+from hfexport.report.card import render_section
 from hfexport.report.markdown import report_markdown
+from hfexport.report.model import JobReport, TargetReport
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,11 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import hfexport
 import pytest
+from hfexport.errors import CorruptExportError, HfExportError, UnsafeExportError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import hfexport
-from hfexport.errors import CorruptExportError, HfExportError, UnsafeExportError
 
 HYPOTHESIS = settings(max_examples=40, deadline=None, derandomize=True,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -188,7 +187,6 @@ def test_local_header_naming_another_member_is_refused(target, marker):
 def test_weights_only_unpickling_stops_a_payload_that_slipped_past(marker):
     """The second line: inside `weights_only_unpickling`, torch.load(weights_only=False) is still weights-only."""
     import torch
-
     from hfexport.safety.pt2 import weights_only_unpickling
 
     with weights_only_unpickling(), pytest.raises(pickle.UnpicklingError):
@@ -682,7 +680,6 @@ def llama_generation_pt2(session_dir, tiny_llama):
 def _cache_payload(archive: Path, marker: Path) -> None:
     """The sample inputs' DynamicCache (an allowlisted class) carrying a payload in its state."""
     import torch
-
     from hfexport.safety.treespec import pt2_unpickling_allowlist
 
     items = _members(archive)

@@ -12,7 +12,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from hfexport import logs
 
 LIBRARY = str(Path(logs.__file__).parents[1])

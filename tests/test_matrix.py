@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from hfexport.testing.matrix import (
     OUTCOMES,
     Cell,
@@ -114,7 +113,6 @@ def test_image_text_sample_inputs_go_through_the_processor(built_models):
     """A multimodal processor expands each <image> placeholder to the image's tokens (the tokenizer alone leaves
     one, and LLaVA's forward then raises "Image features and image tokens do not match")."""
     import torch
-
     from hfexport.inputs import build_sample_inputs
     from hfexport.models import load_model, load_processor
     from hfexport.recipe.loading import load_recipe
@@ -162,8 +160,7 @@ def test_engine_error_line_keeps_torch_exports_suggested_fix():
     """A cell's error names the recipe bound to change, once: torch.export's UserError repeats its cause's first
     line (tiny-bart's forward guards seq >= 3, which a recipe with `dims.seq.min` 2 violates)."""
     import torch
-
-    from hfexport.job.run import _engine_error
+    from hfexport.job.run import engine_error_message
 
     class NeedsThree(torch.nn.Module):
         def forward(self, x):
@@ -172,7 +169,7 @@ def test_engine_error_line_keeps_torch_exports_suggested_fix():
     with pytest.raises(Exception) as caught:
         torch.export.export(NeedsThree(), (torch.ones(2, 5),),
                             dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=64)},))
-    line = _engine_error(caught.value)
+    line = engine_error_message(caught.value)
     assert "\n" not in line
     assert line.count("Constraints violated (seq)") == 1
     assert line.endswith("Suggested fixes: seq = Dim('seq', min=3, max=64)")

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from hfexport.surfaces.annotations import check_recipe
 from hfexport.errors import RecipeError
 from hfexport.recipe.model import recipe_from_document
+from hfexport.surfaces.annotations import check_recipe
 from hfexport.surfaces.space import check_recipe_text
 
 # Two schema problems (a string opset, an unknown format) and two semantic ones (dims.seq's bounds, an ExecuTorch

@@ -9,13 +9,12 @@ import json
 
 import pytest
 import torch
-from torch.export import Dim
-
 from hfexport.errors import PlanError
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_dims, build_plan
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import recipe_from_document
+from torch.export import Dim
 
 
 @pytest.fixture(scope="module")
@@ -290,9 +289,8 @@ def test_static_cache_generation_config(llama):
 def test_star_cache_spec_exports_and_runs_at_another_past_length(llama):
     """The engine accepts the plan's cache spec (an empty prefill cache kept its container shape: it was None),
     and the decode graph runs with a cache longer than the one it was traced with."""
-    from transformers import DynamicCache
-
     from hfexport.export import run_plan
+    from transformers import DynamicCache
 
     recipe, model, processor = llama
     plan = plan_for(cache_recipe(recipe), model, None, processor, target="gen")

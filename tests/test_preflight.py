@@ -7,10 +7,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from hfexport.progress import Step
+from hfexport.job.preflight import (
+    DISK_FACTOR,
+    MEMORY_FACTOR,
+    RUNTIME_MB,
+    PreflightError,
+    estimate,
+    weights_metadata,
+)
 from hfexport.job.run import run_job
-from hfexport.job.preflight import DISK_FACTOR, MEMORY_FACTOR, RUNTIME_MB, PreflightError, estimate, weights_metadata
+from hfexport.progress import Step
 from hfexport.recipe.loading import load_recipe
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"

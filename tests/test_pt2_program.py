@@ -15,7 +15,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from hfexport.errors import UnsafeExportError
 from hfexport.safety.pt2 import check_pt2_program
 

@@ -12,12 +12,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from hfexport.report.card import END, START, update_card
 from hfexport.errors import PublishError, PublishRefusedError
 from hfexport.publication.publish import find_open_publication, parse_marker, publish
+from hfexport.report.card import END, START, update_card
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
 README = "---\nlicense: mit\ntags:\n- bert\n---\n# Tiny BERT  \n\nKeep   this text\t exactly — ünïcode, trailing spaces   \n"

@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from hfexport.errors import PlanError, RecipeError
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.markdown import report_markdown
@@ -193,7 +192,11 @@ def _quantizer(section: dict, export_format: str):
 
 def test_ort_params_become_onnxruntime_enums():
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
-    from transformers.exporters import OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer, OnnxRuntimeStaticConfig
+    from transformers.exporters import (
+        OnnxRuntimeDynamicConfig,
+        OnnxRuntimeQuantizer,
+        OnnxRuntimeStaticConfig,
+    )
 
     dynamic = _quantizer({"method": "ort_dynamic", "params": {"weight_type": "uint8", "per_channel": True}}, "onnx")
     assert isinstance(dynamic, OnnxRuntimeQuantizer) and isinstance(dynamic.config, OnnxRuntimeDynamicConfig)
@@ -247,10 +250,11 @@ def test_nncf_params_become_nncf_enums_and_objects():
                                     "x86_inductor_int8_dynamic"])
 def test_pt2e_presets_build_the_named_quantizer(preset):
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
-    from transformers.exporters import PT2EQuantizer
-
     from hfexport.quantization.spec import PT2E_PRESETS
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+    )
+    from transformers.exporters import PT2EQuantizer
 
     spec = PT2E_PRESETS[preset]
     calibration = None if spec.dynamic else {"source": "sample_inputs"}
@@ -264,9 +268,8 @@ def test_pt2e_presets_build_the_named_quantizer(preset):
 
 def test_every_parameter_is_a_field_of_the_engine_config_and_every_choice_an_enum_member():
     """The tables are data (validation imports no backend): check them against the installed engine and libraries."""
+    from hfexport.quantization.spec import PARAMS, Choice
     from transformers import exporters
-
-    from hfexport.quantization.spec import PARAMS, _Choice
 
     configs = {"ort_dynamic": exporters.OnnxRuntimeDynamicConfig, "ort_static": exporters.OnnxRuntimeStaticConfig,
                "nncf_weights": exporters.NNCFWeightCompressionConfig, "nncf_quantize": exporters.NNCFQuantizationConfig}
@@ -274,7 +277,7 @@ def test_every_parameter_is_a_field_of_the_engine_config_and_every_choice_an_enu
         fields = {field.name for field in dataclasses.fields(config)}
         assert set(PARAMS[method]) <= fields, f"{method}: {set(PARAMS[method]) - fields} are not engine fields"
         for name, param in PARAMS[method].items():
-            if isinstance(param, _Choice):
+            if isinstance(param, Choice):
                 enum = param.enum()
                 for value, member in param.values.items():
                     assert isinstance(getattr(enum, member), enum), f"{method}.{name}: {value} -> {member}"
@@ -285,7 +288,6 @@ def test_xnnpack_quantizer_keeps_integer_arithmetic_integer():
     preset's quantizer keeps integer add/mul operands as they are (fails without the fix in quantization.py)."""
     import torch
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
-
     from hfexport.quantization.spec import PT2E_PRESETS
 
     class Indexing(torch.nn.Module):
@@ -492,7 +494,7 @@ def test_generation_targets_calibrate_each_component_on_its_own_captured_inputs(
 
 
 def test_default_parity_for_quantized_targets_and_recipe_overrides():
-    from hfexport.verify.thresholds import default_parity, parity_for
+    from hfexport.verify.thresholds import default_parity, thresholds_for
 
     int8 = default_parity("ort_dynamic", "forward")
     assert int8["atol"] is None and int8["rtol"] is None and int8["min_cosine"] == 0.98 and "generate" not in int8
@@ -500,8 +502,6 @@ def test_default_parity_for_quantized_targets_and_recipe_overrides():
     assert int4["min_cosine"] < int8["min_cosine"]
     assert int4["generate"]["max_new_tokens"] >= 8 and 0 < int4["generate"]["min_token_agreement"] < 1
     document = recipe_with({"method": "ort_dynamic"}, parity={"min_cosine": 0.999})
-    assert parity_for(load_recipe(document).target("t"))["min_cosine"] == 0.999
-    from hfexport.verify.thresholds import thresholds_for
 
     thresholds = thresholds_for(load_recipe(document).target("t"))
     assert thresholds["default"]["min_cosine"] == 0.999 and thresholds["default"]["atol"] is None

@@ -12,13 +12,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from hfexport.surfaces import cli
 from hfexport.errors import RecipeError, RecipeNotFoundError, SourceError
 from hfexport.recipe.loading import MAX_RECIPE_BYTES, load_recipe, recipe_from_hub
 from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
+from hfexport.surfaces import cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 BAD = Path(__file__).parent / "data" / "bad_recipes"
 EXPECTED: dict[str, str] = json.loads((BAD / "expected.json").read_text())
@@ -82,10 +81,11 @@ def test_validate_exits_1_with_the_path(in_process, name):
 
 
 @pytest.mark.parametrize("name", CORPUS)
-def test_export_exits_2_and_writes_nothing(in_process, tiny_bert, tmp_path, name):
+def test_export_exits_1_and_writes_nothing(in_process, tiny_bert, tmp_path, name):
+    """An invalid recipe is a failed check (exit 1) for `export` as for `validate`: one policy, errors.exit_code."""
     output = tmp_path / "out"
     code, out, err = in_process("export", str(tiny_bert), "--recipe", str(BAD / name), "-o", str(output), "--quiet")
-    assert code == 2, (out, err)
+    assert code == 1, (out, err)
     assert "Traceback" not in out + err
     assert "invalid recipe" in err
     assert len(err.strip().splitlines()) < 12, "one readable message, not a dump"
@@ -104,7 +104,7 @@ def test_real_command(cli, tiny_bert, tmp_path, name):
     assert _path_line(EXPECTED[name]) in validated.stdout + validated.stderr
     output = tmp_path / "out"
     exported = cli("export", str(tiny_bert), "--recipe", str(BAD / name), "-o", str(output))
-    assert exported.returncode == 2, exported.stderr
+    assert exported.returncode == 1, exported.stderr
     assert "Traceback" not in exported.stdout + exported.stderr
     assert not output.exists() or not any(path.is_dir() for path in output.iterdir())
 

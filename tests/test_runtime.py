@@ -12,10 +12,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from hfexport.errors import RecipeError, SourceError
-from hfexport.runtime import _read_cpuinfo, cpu_info, int8_kernel_path, read_back
 from hfexport.report.markdown import report_markdown
+from hfexport.runtime import read_cpuinfo, cpu_info, int8_kernel_path, read_back
 
 BF16_REASON = "this CPU has no AVX512-BF16/AMX-BF16: OpenVINO runs bf16 requests at f32 here"
 
@@ -29,14 +28,14 @@ def test_cpuinfo_flags_become_the_features_that_change_numerics(tmp_path):
                         "flags\t\t: fpu avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_int8 amx_tile\n")
     epyc = tmp_path / "epyc"
     epyc.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7763 64-Core Processor\nflags\t\t: fpu avx2 fma\n")
-    model, flags = _read_cpuinfo(sapphire)
+    model, flags = read_cpuinfo(sapphire)
     assert model == "Intel(R) Xeon(R) Processor" and "amx_int8" in flags
     assert int8_kernel_path(["AVX2", "AVX512F", "AMX-INT8"]).startswith("AMX-INT8")
     assert int8_kernel_path(["AVX2", "AVX512F", "AVX512-VNNI"]).startswith("VNNI")
     assert "can saturate" in int8_kernel_path(["AVX2", "FMA"])
-    assert _read_cpuinfo(tmp_path / "missing") == (None, set())
+    assert read_cpuinfo(tmp_path / "missing") == (None, set())
     assert int8_kernel_path([], known=False).startswith("unknown")
-    model, flags = _read_cpuinfo(epyc)
+    model, flags = read_cpuinfo(epyc)
     assert model.startswith("AMD EPYC") and "avx512f" not in flags
 
 

@@ -15,9 +15,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from hfexport.errors import CorruptExportError, UnsafeExportError
-from hfexport.safety.artifacts import check_export_folder, check_manifest, check_manifest_file
+from hfexport.safety.artifacts import (
+    check_export_folder,
+    check_manifest,
+    check_manifest_file,
+)
 
 DATA = Path(__file__).parent / "data" / "manifests"
 REAL_MANIFESTS = sorted(DATA.glob("*.json"))

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from jsonschema import Draft202012Validator
-
 from hfexport.schema import load_schema
+from jsonschema import Draft202012Validator
 
 
 @pytest.mark.parametrize("name", ["export_config", "export_report", "export_manifest"])

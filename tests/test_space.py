@@ -16,7 +16,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from hfexport.testing.space import browser_missing, launch_chromium, running_space
 
 pytestmark = pytest.mark.browser

@@ -13,7 +13,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from hfexport.testing.space import running_space
 
 ROOT = Path(__file__).resolve().parent.parent

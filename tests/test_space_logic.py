@@ -10,13 +10,19 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
+from hfexport.errors import (
+    PlanError,
+    Problem,
+    PublishRefusedError,
+    RecipeError,
+    SourceError,
+    UnknownTargetError,
+)
+from hfexport.job.preflight import PreflightError
 from hfexport.surfaces import space as logic
 from hfexport.surfaces.failure import SpaceError, describe_failure
-from hfexport.errors import PlanError, Problem, PublishRefusedError, RecipeError, SourceError, UnknownTargetError
-from hfexport.job.preflight import PreflightError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -366,9 +372,8 @@ def test_space_metadata_pins_the_installed_gradio_and_installs_hfexport():
     import re
 
     import gradio
-    import yaml
-
     import hfexport
+    import yaml
 
     space = Path(__file__).resolve().parent.parent / "space"
     front = re.match(r"^---\n(.*?)\n---\n", (space / "README.md").read_text(), re.S)

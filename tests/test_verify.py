@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hfexport.report.model import JobReport, validate_report
 from hfexport.report.markdown import report_markdown
+from hfexport.report.model import JobReport, validate_report
 
 TRAP_RECIPE = {
     "recipe_version": 1,
@@ -335,9 +334,9 @@ def test_metrics_of_one_output():
 
 
 def test_padded_positions_are_not_compared():
+    from hfexport.recipe.model import Target
     from hfexport.verify.parity import compare_outputs
     from hfexport.verify.thresholds import thresholds_for
-    from hfexport.recipe.model import Target
 
     thresholds = thresholds_for(Target("t", "onnx"))
     eager = {"logits": torch.zeros(2, 3, 4)}

@@ -10,8 +10,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from hfexport.surfaces.webhook import Job, WebhookConfig, WebhookReceiver, classify, make_server
+from hfexport.surfaces.webhook import (
+    Job,
+    WebhookConfig,
+    WebhookReceiver,
+    classify,
+    make_server,
+)
 
 SECRET = "webhook-secret-for-tests"
 

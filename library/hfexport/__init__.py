@@ -62,8 +62,6 @@ _ENGINE = (
 _ENGINE_UTILS = ("decompose_for_generation", "get_leaf_tensors", "prepare_for_export")
 
 __all__ = sorted([*_OWN, *_ENGINE, *_ENGINE_UTILS, "__version__"])
-
-
 _ENGINE_MODULES = ("export", "exported", "generate")  # they import transformers.exporters (torch) at import
 
 

@@ -1,6 +1,8 @@
-"""Errors hfexport raises on purpose, each with the CLI exit code it maps to, and token redaction.
+"""Errors hfexport raises on purpose (one hierarchy under `HfExportError`), the exit-code policy, token redaction
+and `first_line`, the one way to show an error on one line.
 
-Exit codes: 0 ok, 1 a check failed (invalid recipe, parity), 2 the command could not run.
+Exit codes (`exit_code`): 0 ok, 1 a check failed (invalid recipe, parity, unsafe export, refused publication),
+2 the command could not run, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -9,19 +11,11 @@ import os
 import re
 from dataclasses import dataclass
 
-
 EXIT_OK = 0
-
-
 EXIT_CHECK_FAILED = 1
-
-
 EXIT_COULD_NOT_RUN = 2
 
-
 _TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{8,}")
-
-
 _known_secrets: set[str] = set()
 
 
@@ -37,6 +31,20 @@ def redact(text: str) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return _TOKEN_PATTERN.sub("hf_***", text)
+
+
+def exit_code(error: BaseException) -> int:
+    """The one exit-code policy every surface (CLI, action, webhook) follows.
+
+    An `HfExportError` carries its own code: `EXIT_CHECK_FAILED` (1) when the input was looked at and failed a check
+    (an invalid recipe, a parity failure, an unsafe export, a refused publication), `EXIT_COULD_NOT_RUN` (2) when the
+    command could not do its work (a missing source, the Hub unreachable, the engine failing). Ctrl-C is 130, as
+    shells expect; anything else is 2."""
+    if isinstance(error, HfExportError):
+        return error.exit_code
+    if isinstance(error, KeyboardInterrupt):
+        return 130
+    return EXIT_COULD_NOT_RUN
 
 
 def first_line(error: BaseException | str, limit: int | None = None) -> str:
@@ -98,10 +106,6 @@ class PlanError(HfExportError):
     """A valid recipe that does not fit the model it is applied to (unknown input, wrong static size, ...)."""
 
 
-class ExportFailedError(HfExportError):
-    """The engine failed to trace, lower or save a target."""
-
-
 class UnknownTargetError(HfExportError):
     """A target name the recipe does not have."""
 
@@ -120,6 +124,14 @@ class CorruptExportError(SourceError):
 
 class PublishError(HfExportError):
     """Publishing to the Hub failed (authentication, access, network): nothing was half-published."""
+
+
+class CardError(HfExportError, ValueError):
+    """A README whose hfexport markers are unbalanced: hfexport will not guess where its section ends."""
+
+
+class GenerationError(HfExportError, ValueError):
+    """The export cannot generate (no prefill/decode components, inputs it was not traced with, a full cache)."""
 
 
 class PublishRefusedError(HfExportError):

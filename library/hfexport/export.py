@@ -11,15 +11,16 @@ import importlib.util
 import warnings
 from pathlib import Path
 from typing import Any
+
 from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
+from hfexport.engine import export_backends, exporter_class
 from hfexport.exported import ExportedModel
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
-
 
 FORMAT_EXTRAS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": None}
 
@@ -46,14 +47,12 @@ class AutoHfExporter(_EngineAutoHfExporter):
     @classmethod
     def supports_export_format(cls, export_config: dict) -> bool:
         """True only when the format has both a config class and an importable exporter; else warn which is missing."""
-        from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class
-
         export_format = export_config.get("export_format")
-        backend = EXPORT_BACKENDS.get(export_format)
+        backend = export_backends().get(export_format)
         if backend is None:
             warnings.warn(
                 f"No config class and no exporter are registered for export_format={export_format!r} "
-                f"(registered: {', '.join(sorted(map(str, EXPORT_BACKENDS)))}). Register both with "
+                f"(registered: {', '.join(sorted(map(str, export_backends())))}). Register both with "
                 "`hfexport.register_backend(MyExporter)`, whose `config_class` names the config.",
                 stacklevel=2,
             )
@@ -61,7 +60,7 @@ class AutoHfExporter(_EngineAutoHfExporter):
         extra = FORMAT_EXTRAS.get(str(export_format))
         install = f"`pip install 'hfexport[{extra}]'`" if extra else "installing its packages"
         try:
-            exporter = get_exporter_class(export_format)
+            exporter = exporter_class(export_format)
         except ImportError as error:
             warnings.warn(
                 f"The config class {backend.config.__name__} is registered for {export_format!r}, but its exporter "
@@ -90,10 +89,29 @@ class AutoHfExporter(_EngineAutoHfExporter):
         trust_remote_code: bool = False,
         **overrides: Any,
     ) -> RecipeExporter:
-        """An exporter bound to the recipe target `target` (the recipe's default when None) of a folder or Hub repo.
+        """An exporter bound to one target of the owner's recipe, the settings they validated.
 
-        Only the recipe (and `config.json`) is read here; weights load on `.export()` / `.load_model()`.
-        `overrides` are extra engine options for the target (e.g. `opset_version=18`), validated like the recipe.
+        Only the recipe (`export_config.json`, or `config.json`'s `export_config`) is read here; the weights load on
+        `.export()` / `.load_model()`.
+
+        Args:
+            name_or_path (`str` or `Path`): a local model folder or a Hub repo id.
+            target (`str`, *optional*): the recipe target (default: the recipe's `default_target`).
+            revision (`str`, *optional*): the Hub revision (branch, tag, commit).
+            token (`str`, *optional*): a Hub token for private or gated repos.
+            recipe (*optional*): a recipe to use instead of the model's own (a path, folder, repo id, dict or
+                `Recipe`).
+            trust_remote_code (`bool`): passed to transformers when the model loads.
+            overrides: engine options for the target (e.g. `opset_version=18`), validated like the recipe.
+
+        Returns:
+            `RecipeExporter`.
+
+        Raises:
+            RecipeNotFoundError: the model has no recipe (and none was given).
+            RecipeError: the recipe, or the overrides, are invalid: every problem with its JSON path.
+            UnknownTargetError: `target` is not in the recipe.
+            SourceError: the folder or repo cannot be read.
         """
         loaded = load_recipe(recipe if recipe is not None else name_or_path, revision=revision, token=token)
         name = loaded.target(target).name
@@ -104,7 +122,18 @@ class AutoHfExporter(_EngineAutoHfExporter):
 
 
 class RecipeExporter:
-    """An exporter bound to one recipe target: `.recipe`, `.target`, `.config`, `.plan()`, `.export()`."""
+    """An exporter bound to one recipe target (`AutoHfExporter.from_pretrained` makes one).
+
+    Args:
+        recipe (`Recipe`): the validated recipe.
+        target (`str`): the name of the target in it.
+        source (`str` or `Path`, *optional*): the model folder or repo the recipe came from; `.export()` without a
+            model loads it from there.
+        revision, token, trust_remote_code: how to load `source`.
+
+    `.config` is the engine config of the target's options, `.plan(model)` resolves the target against a model
+    (nothing traced), `.export(model=None, inputs=None)` exports it and returns an `ExportedModel`.
+    """
 
     def __init__(self, recipe: Recipe, target: str, source: str | Path | None = None, revision: str | None = None,
                  token: str | None = None, trust_remote_code: bool = False):
@@ -120,25 +149,21 @@ class RecipeExporter:
     @property
     def config(self):
         """The engine config of the target's options (dims are resolved against inputs by `.plan()`)."""
-
         return _engine_config(self.target, self.target.options, None if self.target.dynamic_shapes is None else {})
 
     def load_model(self):
         """The source model, loaded with the class the recipe's task or the config names."""
-
         if self.source is None:
             raise ValueError("This exporter has no source model: pass a model to export()")
         return load_model(self.source, self.recipe, self.revision, self.token, self.trust_remote_code)
 
     def processor(self):
         if self._processor is None and self.source is not None:
-
             self._processor = load_processor(self.source, self.revision, self.token)
         return self._processor
 
     def plan(self, model, inputs: dict | None = None):
         """The resolved plan for `model`: engine configs with dims, inputs, components; nothing traced."""
-
         return build_plan(self.recipe, self.target.name, model, inputs, self.processor() if inputs is None else None,
                           source=self.source, revision=self.revision, token=self.token)
 

@@ -7,21 +7,36 @@ import contextlib
 import inspect
 import os
 from pathlib import Path
+
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
-from hfexport.errors import CorruptExportError, HfExportError, SourceError, UnsafeExportError, redact
+from hfexport.engine import register_treespec_types, runner_class
+from hfexport.errors import (
+    CorruptExportError,
+    HfExportError,
+    SourceError,
+    UnsafeExportError,
+    first_line,
+)
+from hfexport.files import EXPORTS_DIR, RECIPE_COPY_FILE
 from hfexport.generate import generate
+from hfexport.hub import hub_error
 from hfexport.recipe.loading import load_recipe
-from hfexport.runtime import PRECISION_FORMATS, has_runtime_precision, load_options, pinned_precision
-from hfexport.safety.artifacts import MANIFEST_FILE, check_manifest_file, check_program_files, checked_file, read_json
+from hfexport.runtime import (
+    PRECISION_FORMATS,
+    has_runtime_precision,
+    load_options,
+    pinned_precision,
+)
+from hfexport.safety.artifacts import (
+    MANIFEST_FILE,
+    check_manifest_file,
+    check_program_files,
+    checked_file,
+    read_json,
+)
 from hfexport.safety.pt2 import weights_only_unpickling
 from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
-
-
-EXPORTS_FOLDER = "exports"
-
-
-RECIPE_COPY_FILE = "export_config.json"  # the recipe target hfexport.job.run saves beside each export
 
 
 class ExportedModel(_EngineExportedModel):
@@ -79,12 +94,11 @@ class ExportedModel(_EngineExportedModel):
             their new tokens; rows that emitted an EOS token are padded with `pad_token_id` after it.
 
         Raises:
-            `hfexport.generate.GenerationError`: the export has no `prefill`/`decode` components or takes inputs
+            `hfexport.errors.GenerationError`: the export has no `prefill`/`decode` components or takes inputs
             generate does not feed; a kwarg that is not a generation option; an option not reproduced over exported
             graphs (beam search, `num_beams > 1`, names the formats that could support it; guidance, contrastive
             search, `return_dict_in_generate`, ...); a static cache too small for the requested length.
         """
-
         return generate(self, input_ids, attention_mask, generation_config=generation_config,
                         logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
                         generator=generator, seed=seed, tokenizer=tokenizer, **kwargs)
@@ -164,12 +178,14 @@ class ExportedModel(_EngineExportedModel):
         """An export from its checked manifest: every program file checked for its format, then read by its backend,
         with the configs beside it; a backend's failure on a checked file becomes a `CorruptExportError`."""
         from transformers import AutoConfig, GenerationConfig
-        from transformers.exporters import ExportedComponent, ExportFormat, ExportMetadata
-
-        from transformers.exporters.auto import get_runner_class
+        from transformers.exporters import (
+            ExportedComponent,
+            ExportFormat,
+            ExportMetadata,
+        )
 
         export_format = manifest["export_format"]
-        options = [name for name in inspect.signature(get_runner_class(export_format).from_program).parameters
+        options = [name for name in inspect.signature(runner_class(export_format).from_program).parameters
                    if name not in ("program", "metadata", "device")]
         unknown = [name for name in runner_kwargs if name not in options]
         if unknown:  # the caller's mistake, said before anything loads (as the engine's loader says it)
@@ -211,11 +227,11 @@ def _backend_errors(label: str, export_format: str):
         raise
     except pickle.UnpicklingError as error:
         raise UnsafeExportError(f"{label}: refused by the weights-only unpickler "
-                                f"({_first_line(error)[:200]})") from None
+                                f"({first_line(error, 200)})") from None
     except Exception as error:  # noqa: BLE001 - the file passed hfexport's checks: the backend's reason, one line
         backend = _BACKENDS.get(export_format, export_format)
         raise CorruptExportError(f"{label}: {backend} cannot load it: {type(error).__name__}: "
-                                 f"{redact(_first_line(error))[:300]}") from None
+                                 f"{first_line(error, 300)}") from None
 
 
 def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
@@ -231,7 +247,6 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
         return program
     if export_format == "dynamo":
         from transformers.exporters import DynamoExporter
-        from transformers.exporters.metadata import register_treespec_types
 
 
         # A program whose inputs hold a cache needs the (allowlisted) cache classes registered as pytree nodes first.
@@ -258,7 +273,6 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
 
 def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict) -> dict:
     """The runner arguments with the runtime precision applied: the caller's, else the owner's recipe pin."""
-
     allowed = PRECISION_FORMATS.get(export_format, ("auto", "f32"))
     if precision is not None and precision not in allowed:
         raise SourceError(f"precision={precision!r}: {export_format} exports run at "
@@ -273,7 +287,6 @@ def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: d
 
 def owner_precision(fetch) -> str:
     """The target's `runtime.precision` from the recipe copy saved beside the export ("auto" when there is none)."""
-
     path = fetch(RECIPE_COPY_FILE, required=False)
     if path is None:
         return "auto"
@@ -310,7 +323,7 @@ def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, 
     path (inside that commit's snapshot folder, or the repo's blob store the snapshot links to); None for an
     optional file the repo lacks."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+    from huggingface_hub.errors import EntryNotFoundError
 
     source = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
 
@@ -324,9 +337,9 @@ def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, 
             if required:
                 raise CorruptExportError(f"{source}/{name}: missing (named by {MANIFEST_FILE})") from None
             return None
-        except (HfHubHTTPError, OSError, ValueError) as error:
-            raise SourceError(f"cannot download {_join(subfolder, name)} from {repo_id}: "
-                              f"{redact(_first_line(error))}") from None
+        except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+            raise hub_error(error, repo_id, f"downloading {_join(subfolder, name)}", revision=revision,
+                            token=token) from None
         return _checked_cached(file, name, subfolder, source)
 
     return fetch
@@ -343,15 +356,30 @@ def _checked_cached(file: Path, name: str, subfolder: str, source: str) -> Path:
 
 
 def load(repo_or_path, target: str | None = None, revision: str | None = None, **kwargs) -> ExportedModel:
-    """Load an export saved or published by hfexport: a target folder, `OUTPUT/<target>`, or `exports/<target>`
-    of a folder or Hub repo (at `revision`, e.g. `refs/pr/3`), after the manifest safety check."""
+    """Load an export saved or published by hfexport, after proving it safe to load.
+
+    Args:
+        repo_or_path (`str` or `Path`): a target folder, a job's OUTPUT folder, a model folder or a Hub repo id.
+        target (`str`, *optional*): the target to load (`OUTPUT/<target>` or the published `exports/<target>`);
+            needed when there are several.
+        revision (`str`, *optional*): the Hub revision, e.g. `refs/pr/3` for an open hfexport pull request.
+        kwargs: `ExportedModel.from_pretrained`'s options (`precision`, `token`, `cache_dir`, `device`, ...).
+
+    Returns:
+        `ExportedModel`: `model(**inputs)` runs the export, `.generate(...)` generates with a generation target.
+
+    Raises:
+        UnsafeExportError: the export would run code or read outside its folder if loaded.
+        CorruptExportError: the export is broken (names the file and the field).
+        SourceError: nothing exported there, or the folder or repo cannot be read.
+    """
     return ExportedModel.from_pretrained(repo_or_path, target=target, revision=revision or "main", **kwargs)
 
 
 def _target_folder(target: str) -> str:
     if not target or "/" in target or "\\" in target or target in (".", "..") or target.startswith("."):
         raise SourceError(f"{target!r} is not a target name")
-    return f"{EXPORTS_FOLDER}/{target}"
+    return f"{EXPORTS_DIR}/{target}"
 
 
 def _join(*parts: str) -> str:
@@ -360,7 +388,7 @@ def _join(*parts: str) -> str:
 
 def _local_targets(folder: Path) -> list[str]:
     found = [p.parent.name for p in folder.glob(f"*/{MANIFEST_FILE}")]
-    found += [p.parent.name for p in folder.glob(f"{EXPORTS_FOLDER}/*/{MANIFEST_FILE}")]
+    found += [p.parent.name for p in folder.glob(f"{EXPORTS_DIR}/*/{MANIFEST_FILE}")]
     return sorted(set(found))
 
 
@@ -373,30 +401,19 @@ def _checked_hub_manifest(repo_id: str, subfolder: str, revision: str, token, ca
     """Download and check `<subfolder>/export.json`: the commit it came from (which pins every later download), and
     the checked manifest."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     where = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
     try:
         file = hf_hub_download(repo_id, MANIFEST_FILE, subfolder=subfolder or None, revision=revision, token=token,
                                cache_dir=cache_dir, force_download=force_download, local_files_only=local_files_only)
-    except RevisionNotFoundError:
-        raise SourceError(f"revision {revision!r} not found in {repo_id}") from None
-    except EntryNotFoundError:
+    except EntryNotFoundError as error:
+        if isinstance(error, LocalEntryNotFoundError):
+            raise SourceError(f"{where}: {MANIFEST_FILE} is not in the local cache and the Hub cannot be reached") from None
         raise SourceError(f"no {MANIFEST_FILE} at {where}: not an exported model"
                           + _targets_hint(_hub_targets(repo_id, revision, token))) from None
-    except RepositoryNotFoundError:
-        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
-        raise SourceError(f"repository {repo_id} not found or not accessible{hint}") from None
-    except LocalEntryNotFoundError:
-        raise SourceError(f"{where}: {MANIFEST_FILE} is not in the local cache and the Hub cannot be reached") from None
-    except (HfHubHTTPError, OSError, ValueError) as error:
-        raise SourceError(f"cannot read {MANIFEST_FILE} from {where}: {redact(_first_line(error))}") from None
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise hub_error(error, repo_id, f"reading {MANIFEST_FILE} from {where}", revision=revision, token=token) from None
     commit = _snapshot_commit(Path(file)) or revision
     label = f"{repo_id}@{commit}" + (f"/{subfolder}" if subfolder else "")
     checked = _checked_cached(Path(file), MANIFEST_FILE, subfolder, label)
@@ -415,12 +432,7 @@ def _hub_targets(repo_id: str, revision: str, token) -> list[str]:
     from huggingface_hub import HfApi
 
     try:
-        entries = HfApi().list_repo_tree(repo_id, path_in_repo=EXPORTS_FOLDER, revision=revision, token=token)
+        entries = HfApi().list_repo_tree(repo_id, path_in_repo=EXPORTS_DIR, revision=revision, token=token)
         return sorted(entry.path.rsplit("/", 1)[-1] for entry in entries if not hasattr(entry, "size"))
     except Exception:  # noqa: BLE001 - only a hint for an error message
         return []
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

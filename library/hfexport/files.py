@@ -4,13 +4,19 @@ atomic target folders, file listings with sizes and hashes.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
 import hashlib
+import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable
+from pathlib import Path
+
+RECIPE_FILE = "export_config.json"  # the owner's recipe, next to the weights
+RECIPE_COPY_FILE = RECIPE_FILE  # the recipe target saved beside each export: a one-target recipe of its own
+MANIFEST_FILE = "export.json"  # the engine's manifest (transformers.exporters.base.EXPORT_MANIFEST_FILE)
+REPORT_FILE = "export_report.json"  # a job's report, and each target's beside its files
+EXPORTS_DIR = "exports"  # where publications put each target: exports/<target>/
 
 
 def write_json_atomic(path: Path, text: str) -> None:
@@ -59,7 +65,6 @@ def git_blob_sha1(path: Path) -> str:
     return digest.hexdigest()
 
 
-RECIPE_COPY_FILE = "export_config.json"
 
 
 def save_atomically(output: Path, name: str, write: Callable[[Path], None]) -> Path:

@@ -21,8 +21,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from typing import Any
+
 import torch
 
+from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_request
+from hfexport.errors import GenerationError
 
 PREFILL, DECODE, ENCODER = "prefill", "decode", "encoder"
 CACHE = "past_key_values"
@@ -30,10 +33,6 @@ _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE}
 # An encoder-decoder's prefill/decode (the engine's decompose_for_generation) take the decoder tokens and the
 # encoder's output; the encoder is hfexport's own `encoder` component (see `hfexport.plan`), run once per call.
 _SEQ2SEQ_INPUTS = {"decoder_input_ids", "attention_mask", "encoder_outputs", CACHE}
-
-
-class GenerationError(ValueError):
-    """The export cannot generate (no prefill/decode components, inputs it was not traced with, a full cache)."""
 
 
 @dataclass
@@ -78,8 +77,6 @@ GLOBAL_DEFAULTS = {
 
 
 DEFAULT_NEW_TOKENS = 20  # transformers' default `max_length`, counted as new tokens when nobody set a length
-
-
 BEAM_SEARCH_MESSAGE = (
     "beam search (num_beams={beams}) is not implemented over exported graphs: every step reorders the KV cache by "
     "the beams kept. The formats could support it: OpenVINO stateful exports take a `beam_idx` input that reorders "
@@ -676,8 +673,8 @@ class _Session:
         leaves = {}
         if self.cache is not None:
             leaves = {f"{CACHE}.{path}": tensor for path, tensor in get_leaf_tensors(self.cache).items()}
-        runner.request.reset_state()
-        for state in runner.request.query_state():
+        openvino_request(runner).reset_state()
+        for state in openvino_request(runner).query_state():
             path = _state_leaf(state.name)
             if path in leaves:  # else (an empty cache) the variable's own zero-length init is right
                 value = leaves[path].detach().cpu().contiguous().numpy()
@@ -708,11 +705,8 @@ def _stateful_logits(runner, kwargs: dict) -> torch.Tensor:
     lists the cache leaves that `stateful=True` folded into state; the program returns fewer tensors than the spec
     has leaves and the runner raises `StopIteration`. The feed is the runner's own (`openvino_feed`).
     """
-    from transformers.exporters.runners.runner_openvino import openvino_output_tensor
-    from transformers.exporters.utils import openvino_feed
-
     compiled = runner.compiled_model
-    results = runner.request.infer(openvino_feed(compiled, kwargs))
+    results = openvino_infer(runner, kwargs)
     port = compiled.output("logits")
     return openvino_output_tensor(results[port], port)
 

@@ -11,19 +11,10 @@ from typing import Any
 from hfexport.errors import PlanError
 from hfexport.models import GENERATIVE_TASKS
 
-
 DEFAULT_TEXTS = ["The capital of France is Paris, and", "Exporting a model should be one call."]
-
-
 DEFAULT_SEQ = 13
-
-
 DEFAULT_BATCH = 2
-
-
 SEED = 0
-
-
 _DTYPES = ("int64", "int32", "bool", "float32", "float16", "bfloat16")
 
 

@@ -22,21 +22,21 @@ import time
 from pathlib import Path
 
 from hfexport.runtime import cpu_info
-from hfexport.verify.probes import AxisRef, probe_axes, probe_tensors, resize_inputs, shapes_of
-
+from hfexport.verify.probes import (
+    AxisRef,
+    probe_axes,
+    probe_tensors,
+    resize_inputs,
+    shapes_of,
+)
 
 DEFAULT_RUNS = 5
-
-
 GENERATION_TOKENS = 8
-
-
 AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
 
 
 def batch_sizes(plan) -> tuple[list[int], list]:
     """(the batch sizes to measure, the axis refs that follow the batch) for a forward plan."""
-
     refs, auto = probe_axes(plan)
     batch_refs = [ref for ref in refs if ref.dim == "batch" or (auto and ref.axis == 0)]
     tensors = probe_tensors(plan.inputs)
@@ -57,8 +57,9 @@ def _time_ms(call) -> float:
 def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -> dict:
     """The target in `folder` and `model` on the plan's sample inputs at batch 1 and the largest declared batch:
     `{"runs", "cpu", "threads", "points": [{"batch", "shapes", "artifact_ms", "eager_ms", "speedup"}]}`."""
-    from hfexport.exported import ExportedModel
     import torch
+
+    from hfexport.exported import ExportedModel
 
 
     exported = ExportedModel.from_pretrained(Path(folder))

@@ -15,13 +15,13 @@ the terminal: the CLI's console and this logger's handler write there.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import atexit
+import contextlib
 import ctypes
 import io
 import logging
+import os
+import sys
 import tempfile
 import threading
 import warnings
@@ -48,26 +48,12 @@ def quiet_engine_logs(debug: bool, verbose: bool = False) -> None:
 
 
 LOGGER = logging.getLogger("hfexport")
-
-
 ENGINE = logging.getLogger("hfexport.engine")
-
-
 ENV = "HFEXPORT_LOG"
-
-
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-
-
 _handler: logging.Handler | None = None
-
-
 _originals: dict[str, io.TextIOBase] = {}
-
-
 _lock = threading.RLock()
-
-
 _depth = 0
 
 

@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import Problem, RecipeError, SourceError, redact
-
+from hfexport.errors import Problem, RecipeError, SourceError, first_line
 
 # task -> transformers Auto class name
 TASK_AUTO_CLASSES = {
@@ -32,8 +31,6 @@ TASK_AUTO_CLASSES = {
 
 
 GENERATIVE_TASKS = ("text-generation", "text2text-generation", "automatic-speech-recognition", "image-text-to-text")
-
-
 _CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
 
 
@@ -104,7 +101,7 @@ def load_config(name_or_path: str | Path, revision: str | None = None, token: st
             str(name_or_path), revision=revision, token=token, trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError) as error:
-        raise SourceError(f"cannot load the config of {name_or_path}: {redact(_first_line(error))}") from None
+        raise SourceError(f"cannot load the config of {name_or_path}: {first_line(error)}") from None
 
 
 def load_model(name_or_path: str | Path, recipe=None, revision: str | None = None, token: str | None = None,
@@ -117,7 +114,7 @@ def load_model(name_or_path: str | Path, recipe=None, revision: str | None = Non
             str(name_or_path), revision=revision, token=token, trust_remote_code=trust_remote_code, config=config
         )
     except (OSError, ValueError) as error:
-        raise SourceError(f"cannot load {name_or_path} with {cls.__name__}: {redact(_first_line(error))}") from None
+        raise SourceError(f"cannot load {name_or_path} with {cls.__name__}: {first_line(error)}") from None
     return model.eval()
 
 
@@ -131,8 +128,3 @@ def load_processor(name_or_path: str | Path, revision: str | None = None, token:
         except Exception:  # noqa: BLE001 - a repo without a processor is normal; the next loader or None
             continue
     return None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -15,6 +15,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfexport.engine import auto_dynamic_shapes, export_backends, register_cache_pytrees
 from hfexport.errors import PlanError
 from hfexport.inputs import build_sample_inputs
 from hfexport.models import infer_task
@@ -171,7 +172,6 @@ def _resolve_shapes(resolver: _AxisResolver, shapes: dict, component_shapes: dic
                     strict_keys: bool) -> tuple[dict, dict]:
     """torch.export `dynamic_shapes` for `inputs` from recipe specs, and a description of every dynamic axis."""
     import torch
-    from transformers.exporters.exporter_dynamo import get_auto_dynamic_shapes
 
     merged = {**shapes, **component_shapes}
     unknown = [key for key in merged if key not in inputs]
@@ -203,7 +203,7 @@ def _resolve_shapes(resolver: _AxisResolver, shapes: dict, component_shapes: dic
                 text = {axis: f"{desc} (as {inherited_from})" for axis, desc in text.items()}
             described[key] = text
             continue
-        template = get_auto_dynamic_shapes(value)
+        template = auto_dynamic_shapes(value)
         if spec is None or not template:
             # An empty cache (prefill) still needs its container shape (`[]`), not None: torch.export matches
             # the pytree structure of dynamic_shapes against the inputs'.
@@ -282,10 +282,9 @@ def _rebuild_template(template, specs):
 def _engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
     """The engine's config object for the target's format, enums converted from their strings."""
     from transformers.exporters import ExportFormat
-    from transformers.exporters.auto import EXPORT_BACKENDS
 
     export_format = ExportFormat(target.export_format)
-    config_class = EXPORT_BACKENDS[export_format].config
+    config_class = export_backends()[export_format].config
     options = dict(options)
     if dynamic_shapes is None:
         options.setdefault("dynamic", True)  # never pin an axis silently: AUTO on every axis, batch sample >= 2
@@ -374,14 +373,13 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
     import torch
-    from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
 
     target = recipe.target(target_name)
     task = recipe.task or infer_task(model.config)
     if inputs is None:
         inputs = build_sample_inputs(recipe, processor, model.config, task, target.mode)
     dims = build_dims(recipe)
-    register_cache_pytrees_for_model(model)
+    register_cache_pytrees(model)
     base = f"targets.{target.name}.dynamic_shapes"
     shapes = target.dynamic_shapes
     components: dict[str, ComponentPlan] = {}
@@ -459,7 +457,6 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         plan.encoder = stages["encoder"]
         plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)
     if target.quantization:
-
         # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
         plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,
                                    revision, token)

@@ -6,13 +6,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hfexport.errors import redact
+from hfexport.errors import first_line
 
 
 @dataclass
 class Step:
-    """One progress event: `step` is load_model, plan, export, save, verify or target; `status` start/done/error."""
+    """One progress event of a job or a publication.
 
+    `step` is one of `STEPS`: cache (the cache lookup), preflight, load_model, then per target plan, export, save,
+    verify, latency and target (the target as a whole), compare (a quantized target against its reference) and
+    publish. `status` is start, done or error; `detail` a short line (the error's first line on error); `seconds`
+    is set on done and error."""
     step: str
     status: str
     target: str | None = None
@@ -20,14 +24,17 @@ class Step:
     seconds: float | None = None
 
 
+STEPS = ("cache", "preflight", "load_model", "plan", "export", "save", "verify", "latency", "target", "compare",
+         "publish")
 ProgressCallback = Callable[[Step], None]
 
 
 def no_progress(_: Step) -> None:
-    pass
+    """The callback of a job nobody watches."""
 
 
 class StepTimer:
+    """A `with` block reported as one step: start on entry, done (or error, with the error's first line) on exit."""
     def __init__(self, progress: ProgressCallback, step: str, target: str | None = None, detail: str | None = None):
         self.progress, self.step, self.target, self.detail = progress, step, target, detail
         self.seconds = 0.0
@@ -40,6 +47,6 @@ class StepTimer:
     def __exit__(self, kind, error, _tb):
         self.seconds = time.perf_counter() - self.start
         status = "done" if kind is None else "error"
-        detail = self.detail if kind is None else redact(str(error).splitlines()[0] if str(error) else kind.__name__)
+        detail = self.detail if kind is None else first_line(error)
         self.progress(Step(self.step, status, self.target, detail, self.seconds))
         return False

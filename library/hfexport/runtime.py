@@ -16,7 +16,6 @@ import os
 import platform
 from pathlib import Path
 
-
 # Precisions a recipe may pin; "auto" is the device's own default (bf16 on OpenVINO's CPU plugin where the CPU has it).
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 
@@ -51,7 +50,7 @@ def cpu_info() -> dict:
 
     Read from /proc/cpuinfo (Linux); elsewhere the model is `platform.processor()` and the features are unknown
     (an empty list, and `int8_path` says so)."""
-    model, flags = _read_cpuinfo(Path("/proc/cpuinfo"))
+    model, flags = read_cpuinfo(Path("/proc/cpuinfo"))
     features = [name for flag, name in NUMERIC_FEATURES.items() if flag in flags]
     known = bool(flags)
     return {
@@ -68,7 +67,7 @@ def cpu_info() -> dict:
     }
 
 
-def _read_cpuinfo(path: Path) -> tuple[str | None, set[str]]:
+def read_cpuinfo(path: Path) -> tuple[str | None, set[str]]:
     try:
         text = path.read_text(errors="replace")
     except OSError:

@@ -13,31 +13,26 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import redact
+from hfexport.engine import exporter_class
+from hfexport.errors import first_line
+from hfexport.files import MANIFEST_FILE
 from hfexport.plan import build_plan
 from hfexport.progress import Step
 from hfexport.recipe.model import Recipe
 from hfexport.recipe.validation import validate_document
 from hfexport.report.markdown import comparison_summary
 
-
 # ── Size and latency against the unquantized target ──────────────────────────
 
 CHEAP_REFERENCE_PARAMETERS = 50_000_000
-
-
 LATENCY_ROUNDS = 10
-
-
 WARMUP_ROUNDS = 2
 
 
 def program_bytes(folder: Path) -> int:
     """Bytes of an export's programs (the files its manifest names, external weights included)."""
-    from transformers.exporters.auto import get_exporter_class
-
-    manifest = json.loads((folder / "export.json").read_text(encoding="utf-8"))
-    exporter = get_exporter_class(manifest["export_format"])
+    manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    exporter = exporter_class(manifest["export_format"])
     files = {file for entry in manifest["components"].values() for file in exporter.program_files(entry["file"])}
     return sum((folder / file).stat().st_size for file in files if (folder / file).is_file())
 
@@ -59,7 +54,6 @@ def sibling_reference(recipe, name: str, candidates) -> str | None:
 
 def unquantized_recipe(recipe, name: str):
     """A copy of `recipe` whose target `name` has no quantization (the fp32 reference)."""
-
     data = copy.deepcopy(recipe.data)
     data["targets"][name].pop("quantization", None)
     return Recipe(validate_document(data, recipe.source), recipe.source, recipe.document)
@@ -140,7 +134,7 @@ def compare_to_reference(recipe, name: str, folder: Path, model, plan, reference
             samples = _latency_inputs(plan, model)
             latency = measure_latency({"quantized": folder, "reference": reference_folder}, samples)
         except Exception as error:  # noqa: BLE001 - a runtime that cannot time this component: say so, keep sizes
-            result["latency_error"] = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+            result["latency_error"] = first_line(error, 300)
             return result
         (component, sample), = samples.items()
         result.update({
@@ -165,7 +159,6 @@ def compare_job_targets(report, recipe, output: Path, model, plans: dict, proces
     fp32 export when that is cheap (see `compare_to_reference`). The result goes to `TargetReport.quantization`
     under `comparison`; a comparison that cannot run says why there and never changes the target's status.
     """
-
     progress = progress or (lambda step: None)
     saved = [name for name, entry in report.targets.items() if entry.status in ("ok", "failed")]
     updated = []
@@ -180,7 +173,7 @@ def compare_job_targets(report, recipe, output: Path, model, plans: dict, proces
             comparison = compare_to_reference(recipe, name, output / name, model, plan,
                                               output / reference if reference else None, reference, processor, inputs)
         except Exception as error:  # noqa: BLE001 - a comparison that cannot run is reported, not fatal
-            comparison = {"error": redact(str(error).splitlines()[0] if str(error) else type(error).__name__)[:500]}
+            comparison = {"error": first_line(error)[:500]}
         seconds = time.perf_counter() - started
         target_report.quantization["comparison"] = json.loads(json.dumps(comparison, default=str))
         target_report.timings["compare_s"] = round(seconds, 4)

@@ -25,23 +25,12 @@ from hfexport.job.run import run_job
 from hfexport.models import GENERATIVE_TASKS, infer_task, load_config, sequence_limit
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.model import package_versions
-
+from hfexport.verify.thresholds import DEFAULT_MAX_NEW_TOKENS
 
 TARGET_NAMES = {"onnx": "onnx", "openvino": "openvino", "dynamo": "pt2", "executorch": "pte"}
-
-
 DEFAULT_FORMATS = ("onnx",)
-
-
 SEQ_CAP = 2048
-
-
 BATCH = {"min": 1, "max": 8}
-
-
-GENERATE_TOKENS = 8
-
-
 FORMAT_PACKAGES = {"onnx": ("onnx", "onnxscript", "onnxruntime"), "openvino": ("openvino",),
                    "executorch": ("executorch",), "dynamo": ()}
 
@@ -79,7 +68,7 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
                 "export_format": fmt,
                 "mode": "generation",
                 "options": {"dynamic": True, **options},
-                "parity": {"generate": {"max_new_tokens": GENERATE_TOKENS}},
+                "parity": {"generate": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS}},
             }
             continue
         target: dict[str, Any] = {"export_format": fmt, "mode": "forward"}
@@ -105,7 +94,6 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
 def check_model_source(model: str | Path) -> None:
     """Say what is missing, in the user's terms, before transformers says it in its own: a local folder needs a
     `config.json` (an empty folder used to get "Should have a `model_type` key in its config.json")."""
-
     path = Path(str(model))
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -122,7 +110,6 @@ def check_model_source(model: str | Path) -> None:
 
 def validated_with(formats) -> dict[str, str]:
     """Versions of hfexport, transformers, torch and the packages of `formats`, as recipes record them."""
-
     versions = package_versions()
     wanted = ["hfexport", "transformers", "torch"] + [name for fmt in formats for name in FORMAT_PACKAGES.get(fmt, ())]
     return {name: versions[name] for name in dict.fromkeys(wanted) if name in versions}
@@ -151,7 +138,6 @@ def init_recipe(model: str | Path, formats=None, output: str | Path | None = Non
                 exports: str | Path | None = None) -> InitResult:
     """Propose a recipe, export and verify every target (into `exports`, else a temporary folder), and write to
     `output` (when given) a recipe with only the targets that passed and `validated_with` filled in."""
-
     proposed = propose_recipe(model, formats, revision=revision, token=token, trust_remote_code=trust_remote_code)
     with tempfile.TemporaryDirectory(prefix="hfexport-init-") as scratch:
         report = run_job(model, Path(exports) if exports else Path(scratch), all_targets=True, recipe=proposed,

@@ -25,22 +25,11 @@ from pathlib import Path
 from hfexport.errors import HfExportError, redact
 from hfexport.files import human_bytes
 
-
 RUNTIME_MB = 1024
-
-
 MEMORY_FACTOR = {"dynamo": 3.0, "onnx": 4.0, "openvino": 4.0, "executorch": 4.0}
-
-
 GENERATION_FACTOR = 1.5
-
-
 DISK_FACTOR = 1.1
-
-
 GENERATION_COMPONENTS = 2
-
-
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
 

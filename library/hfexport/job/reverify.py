@@ -6,15 +6,20 @@ import time
 from pathlib import Path
 
 from hfexport.errors import SourceError, register_secret
-from hfexport.files import RECIPE_COPY_FILE, file_entries, write_json_atomic
+from hfexport.files import (
+    MANIFEST_FILE,
+    RECIPE_COPY_FILE,
+    REPORT_FILE,
+    file_entries,
+    write_json_atomic,
+)
 from hfexport.job.run import resolve_source
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.recipe.loading import load_recipe
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
+from hfexport.report.model import JobReport, TargetReport
 from hfexport.safety.artifacts import checked_file
 from hfexport.verify.check import summary, verify_exported
-
 
 # ── Re-verifying a saved target ──────────────────────────────────────────────
 
@@ -25,14 +30,15 @@ def reverify(folder: str | Path, model: str | Path, revision: str | None = None,
     (`export_config.json`, saved by the job) gives the target, sample inputs and thresholds. The target's
     `export_report.json` (and the job summary one folder up, when it lists the target) is rewritten atomically
     with the new verification. Returns `(JobReport, target name)`."""
-    from hfexport.exported import ExportedModel
     import datetime
     import json
+
+    from hfexport.exported import ExportedModel
 
 
     register_secret(token)
     folder = Path(folder)
-    if not (folder / "export.json").is_file():
+    if not (folder / MANIFEST_FILE).is_file():
         raise SourceError(f"{folder}: not an exported target folder (no export.json); pass OUTPUT/<target>")
     if not (folder / RECIPE_COPY_FILE).is_file():
         raise SourceError(f"{folder}: no {RECIPE_COPY_FILE}, the recipe target hfexport saves beside an export; "

@@ -12,12 +12,19 @@ import os
 import resource
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hfexport.errors import HfExportError, SourceError, redact, register_secret
-from hfexport.files import RECIPE_COPY_FILE, file_entries, save_atomically, write_json_atomic
-from hfexport.hub import looks_like_repo_id
+from hfexport.files import (
+    RECIPE_COPY_FILE,
+    REPORT_FILE,
+    file_entries,
+    save_atomically,
+    write_json_atomic,
+)
+from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.job.compare import compare_job_targets
 from hfexport.job.preflight import check
 from hfexport.latency import measure_latency
@@ -25,10 +32,15 @@ from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
-from hfexport.publication.cache import cache_key, hub_content_hash, local_content_hash, lookup
+from hfexport.publication.cache import (
+    cache_key,
+    hub_content_hash,
+    local_content_hash,
+    lookup,
+)
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
+from hfexport.report.model import JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
 
 
@@ -40,17 +52,11 @@ def resolve_source(model: str | Path, revision: str | None, token: str | None) -
     if not looks_like_repo_id(str(model)):
         raise SourceError(f"{model}: no such folder, and not a Hub repo id")
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
         info = HfApi().model_info(str(model), revision=revision, token=token, files_metadata=True)
-    except RevisionNotFoundError:
-        raise SourceError(f"revision {revision!r} not found in {model}") from None
-    except RepositoryNotFoundError:
-        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
-        raise SourceError(f"repository {model} not found or not accessible{hint}") from None
-    except (HfHubHTTPError, OSError, ValueError) as error:
-        raise SourceError(f"cannot reach the Hub for {model}: {redact(str(error).splitlines()[0])}") from None
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise hub_error(error, str(model), "reading the model's files", revision=revision, token=token) from None
 
     # content_hash: the model files' sha256, so publishing exports into the same repo (a new commit) is no change,
     # and a folder with the same files has the same hash.
@@ -86,146 +92,217 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_job(
-    model: str | Path,
-    output: str | Path,
-    targets: Sequence[str] | None = None,
-    *,
-    all_targets: bool = False,
-    revision: str | None = None,
-    token: str | None = None,
-    recipe: str | Path | dict | Recipe | None = None,
-    trust_remote_code: bool = False,
-    progress: ProgressCallback | None = None,
-    model_object: Any = None,
-    inputs: dict | None = None,
-    force: bool = False,
-    preflight: bool = True,
-    publish_repo: str | None = None,
-    verify: bool = True,
-    latency: bool = True,
-) -> JobReport:
+@dataclass
+class JobOptions:
+    """How a job runs: everything `run_job` takes besides the model and the output folder.
+
+    Args:
+        targets: the recipe targets to run (default: the recipe's `default_target`).
+        all_targets: run every target of the recipe.
+        revision: the model's revision on the Hub (a branch, tag or commit).
+        token: a Hub token (never written to reports or logs).
+        recipe: a recipe overriding the model's own (a path, a folder, a repo id, a dict or a `Recipe`).
+        trust_remote_code: passed to transformers when loading the model.
+        progress: called with a `Step` for every phase of every target.
+        model_object: an already-loaded model (skips loading; disables the cache, which a key cannot describe).
+        inputs: sample inputs overriding the recipe's (disables the cache too).
+        force: export even when a target's cache key matches an earlier export.
+        preflight: refuse a job whose estimated memory or disk need exceeds what is available.
+        publish_repo: a repo whose published exports count as cache hits (besides the model's own).
+        verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
+        latency: time each target that passed against the eager model (`hfexport.latency`), when verifying.
+    """
+    targets: Sequence[str] | None = None
+    all_targets: bool = False
+    revision: str | None = None
+    token: str | None = None
+    recipe: str | Path | dict | Recipe | None = None
+    trust_remote_code: bool = False
+    progress: ProgressCallback | None = None
+    model_object: Any = None
+    inputs: dict | None = None
+    force: bool = False
+    preflight: bool = True
+    publish_repo: str | None = None
+    verify: bool = True
+    latency: bool = True
+
+
+@dataclass
+class _Job:
+    """One running job: what `_prepare` resolved, and what its targets share (the model, the processor)."""
+    model: str | Path
+    output: Path
+    options: JobOptions
+    recipe: Recipe
+    names: list[str]
+    report: JobReport
+    progress: ProgressCallback
+    revision_to_load: str | None
+    hits: dict
+    keys: dict
+    started: float
+    model_object: Any = None
+    processor: Any = None
+    quantized_plans: dict = field(default_factory=dict)  # target -> plan, compared once every target is saved
+
+
+def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None = None, *,
+            options: JobOptions | None = None, **settings: Any) -> JobReport:
     """Export the requested targets of `model`'s recipe to `output/<target>/` and return the job's report.
 
-    `model` is a local folder or a Hub repo id; `recipe` overrides the model's own recipe; `model_object` skips
-    loading (the caller's already-loaded model). A target that fails to export is recorded with its error and
-    the others still run; a bad recipe or model raises `HfExportError` before anything is written.
+    Before loading anything, each target's cache key (`hfexport.publication.cache`) is looked up in OUTPUT and in
+    the exports published to `publish_repo` / the model's repo: a match is reported "unchanged" (with the reason)
+    and not exported again. Then the preflight refuses a job that would not fit. The model is loaded once; each
+    target is planned, exported through the engine, saved atomically (`OUTPUT/<target>/`, with the recipe target
+    used and its report), verified and timed. A target that fails to export is recorded with its error and the
+    others still run; a target that fails parity keeps its files and is reported "failed".
 
-    Before loading anything, each target's cache key (`hfexport.publication.cache`) is looked up in OUTPUT and in the exports
-    published to `publish_repo` / the model's repo: a match is reported "unchanged" (with the reason) and not
-    exported again, unless `force` (or a caller-supplied `model_object`/`inputs`, which a key cannot describe).
-    Then `preflight` refuses a job whose estimated memory or disk need exceeds what is available.
+    Args:
+        model: a local model folder or a Hub repo id.
+        output: the folder the targets are saved in (`OUTPUT/<target>/`, `OUTPUT/export_report.json`).
+        targets: the targets to run (default: the recipe's `default_target`).
+        options: a `JobOptions`; or pass its fields as keyword arguments (`run_job(m, out, all_targets=True)`).
 
-    With `verify` (the default) each saved target is reloaded from disk and checked against the eager model
-    (`hfexport.verify.check`); a target that fails parity keeps its files and is reported "failed". With `latency` (the
-    default, when verifying) a target that passed is timed against the eager model (`hfexport.latency`).
+    Returns:
+        The `JobReport`, also written to `OUTPUT/export_report.json`.
+
+    Raises:
+        RecipeError: the recipe is invalid (nothing is written).
+        SourceError: the model or its recipe cannot be read.
+        PreflightError: the job would not fit in memory or on disk.
     """
-    from hfexport.export import run_plan
-    progress = progress or no_progress
-    register_secret(token)
+    if options is None:
+        options = JobOptions(targets=targets, **settings)
+    elif targets is not None or settings:
+        raise TypeError("run_job: pass either options= or its fields as keyword arguments, not both")
+    job = _prepare(model, Path(output), options)
+    if any(name not in job.hits for name in job.names):
+        _load(job)
+    for name in job.names:
+        _run_target(job, name)
+    return _finish(job)
+
+
+def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
+    """The recipe, the targets, the source's identity, the cache lookup and the preflight: nothing loaded yet."""
+    progress = options.progress or no_progress
+    register_secret(options.token)
     started = time.perf_counter()
-    output = Path(output)
-    loaded_recipe = load_recipe(recipe if recipe is not None else model, revision=revision, token=token)
-    names = select_targets(loaded_recipe, targets, all_targets)
+    recipe = load_recipe(options.recipe if options.recipe is not None else model, revision=options.revision,
+                         token=options.token)
+    names = select_targets(recipe, options.targets, options.all_targets)
     check_output(output)
     source = {
-        **resolve_source(model, revision, token),
-        "recipe_source": loaded_recipe.source,
-        "recipe_sha256": loaded_recipe.sha256,
+        **resolve_source(model, options.revision, options.token),
+        "recipe_source": recipe.source,
+        "recipe_sha256": recipe.sha256,
     }
     report = JobReport(source=source)
-    revision_to_load = source["commit"] or revision
-    hits, keys = _cache_hits(loaded_recipe, names, source, report.packages, output, token, progress,
-                             skip=force or model_object is not None or inputs is not None,
-                             repos=[r for r in (publish_repo, source["model"] if source["commit"] else None) if r])
-    if verify:  # an export saved with verify=False is no hit for a job that verifies: export and verify it
+    revision_to_load = source["commit"] or options.revision
+    repos = [repo for repo in (options.publish_repo, source["model"] if source["commit"] else None) if repo]
+    hits, keys = _cache_hits(recipe, names, source, report.packages, output, options.token, progress,
+                             skip=options.force or options.model_object is not None or options.inputs is not None,
+                             repos=repos)
+    if options.verify:  # an export saved with verify=False is no hit for a job that verifies: export and verify it
         hits = {name: hit for name, hit in hits.items() if hit.report.verification is not None}
     to_export = [name for name in names if name not in hits]
-    if to_export and preflight and model_object is None:
-
+    if to_export and options.preflight and options.model_object is None:
         with StepTimer(progress, "preflight", detail=str(model)):
-            check(model, [loaded_recipe.target(name) for name in to_export], output, revision_to_load, token)
+            check(model, [recipe.target(name) for name in to_export], output, revision_to_load, options.token)
+    return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
+                model_object=options.model_object)
 
-    if to_export:
-        import_engine()  # its import-time chatter (torchao, torch's pytree warnings) goes to logging
 
-        with StepTimer(progress, "load_model", detail=str(model)) as timer, engine_output("load_model"):
-            model_object = model_object if model_object is not None else load_model(
-                model, loaded_recipe, revision_to_load, token, trust_remote_code
-            )
-            processor = load_processor(model, revision_to_load, token) if inputs is None else None
-        report.timings["load_model_s"] = round(timer.seconds, 4)
+def _load(job: _Job) -> None:
+    """Load the model (unless the caller gave one) and its processor, once for every target."""
+    import_engine()  # its import-time chatter (torchao, torch's pytree warnings) goes to logging
+    options = job.options
+    with StepTimer(job.progress, "load_model", detail=str(job.model)) as timer, engine_output("load_model"):
+        if job.model_object is None:
+            job.model_object = load_model(job.model, job.recipe, job.revision_to_load, options.token,
+                                          options.trust_remote_code)
+        if options.inputs is None:
+            job.processor = load_processor(job.model, job.revision_to_load, options.token)
+    job.report.timings["load_model_s"] = round(timer.seconds, 4)
 
-    quantized_plans: dict = {}  # target -> plan, for the size/latency comparison once every target is saved
-    for name in names:
-        target = loaded_recipe.target(name)
-        target_report = TargetReport(
-            target=name, export_format=target.export_format, mode=target.mode,
-            recipe_target_sha256=loaded_recipe.target_hash(name), cache_key=keys.get(name),
-        )
-        report.targets[name] = target_report
-        if name in hits:
-            _mark_unchanged(target_report, hits[name])
-            progress(Step("target", "done", name, f"unchanged: {hits[name].reason}"))
-            continue
-        progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
-        try:
-            with StepTimer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
-                plan = build_plan(loaded_recipe, name, model_object, inputs, processor, source=model,
-                                  revision=revision_to_load, token=token)
-            target_report.plan = _jsonable(plan.describe())
-            if plan.quantization:
-                quantized_plans[name] = plan
-                target_report.quantization = _jsonable(plan.quantization)
-            target_report.timings["plan_s"] = round(timer.seconds, 4)
-            with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
-                    engine_output(f"export {name}"):
-                exported = run_plan(plan, model_object)
-            target_report.timings["export_s"] = round(timer.seconds, 4)
 
-            def write(folder: Path, exported=exported, name=name):
-                exported.save_pretrained(folder)
-                write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(loaded_recipe.standalone(name)))
+def _run_target(job: _Job, name: str) -> None:
+    """Plan, export, save, verify and time one target; its outcome goes to `job.report.targets[name]`."""
+    from hfexport.export import run_plan
 
-            with StepTimer(progress, "save", name) as timer, engine_output(f"save {name}"):
-                final = save_atomically(output, name, write)
-            target_report.timings["save_s"] = round(timer.seconds, 4)
-            target_report.files = file_entries(final)
-            target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
-            target_report.status = "ok"
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except HfExportError as error:
-            target_report.status, target_report.error = "error", str(error)
-        except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
-            target_report.status = "error"
-            target_report.error = _engine_error(error)
-        if target_report.status == "ok" and verify:
-            _write_target_report(report, name, output / name)  # beside the artifacts even if verifying dies
-            _verify_target(target_report, output / name, model_object, plan, processor, progress)
-            if latency and target_report.status == "ok":
-                _measure_latency(target_report, output / name, model_object, plan, progress)
-        progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
-        if target_report.status in ("ok", "failed"):
-            _write_target_report(report, name, output / name)
-    if quantized_plans:
+    target = job.recipe.target(name)
+    progress, output = job.progress, job.output
+    target_report = TargetReport(
+        target=name, export_format=target.export_format, mode=target.mode,
+        recipe_target_sha256=job.recipe.target_hash(name), cache_key=job.keys.get(name),
+    )
+    job.report.targets[name] = target_report
+    if name in job.hits:
+        _mark_unchanged(target_report, job.hits[name])
+        progress(Step("target", "done", name, f"unchanged: {job.hits[name].reason}"))
+        return
+    progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
+    try:
+        with StepTimer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
+            plan = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor, source=job.model,
+                              revision=job.revision_to_load, token=job.options.token)
+        target_report.plan = _jsonable(plan.describe())
+        if plan.quantization:
+            job.quantized_plans[name] = plan
+            target_report.quantization = _jsonable(plan.quantization)
+        target_report.timings["plan_s"] = round(timer.seconds, 4)
+        with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
+                engine_output(f"export {name}"):
+            exported = run_plan(plan, job.model_object)
+        target_report.timings["export_s"] = round(timer.seconds, 4)
 
-        for name in compare_job_targets(report, loaded_recipe, output, model_object, quantized_plans, processor,
-                                        inputs, progress):
-            _write_target_report(report, name, output / name)
+        def write(folder: Path) -> None:
+            exported.save_pretrained(folder)
+            write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
+
+        with StepTimer(progress, "save", name) as timer, engine_output(f"save {name}"):
+            final = save_atomically(output, name, write)
+        target_report.timings["save_s"] = round(timer.seconds, 4)
+        target_report.files = file_entries(final)
+        target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
+        target_report.status = "ok"
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except HfExportError as error:
+        target_report.status, target_report.error = "error", str(error)
+    except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
+        target_report.status = "error"
+        target_report.error = engine_error_message(error)
+    if target_report.status == "ok" and job.options.verify:
+        _write_target_report(job.report, name, output / name)  # beside the artifacts even if verifying dies
+        _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
+        if job.options.latency and target_report.status == "ok":
+            _measure_latency(target_report, output / name, job.model_object, plan, progress)
+    progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
+    if target_report.status in ("ok", "failed"):
+        _write_target_report(job.report, name, output / name)
+
+
+def _finish(job: _Job) -> JobReport:
+    """Compare quantized targets with their references, total the timings, write `OUTPUT/export_report.json`."""
+    report = job.report
+    if job.quantized_plans:
+        for name in compare_job_targets(report, job.recipe, job.output, job.model_object, job.quantized_plans,
+                                        job.processor, job.options.inputs, job.progress):
+            _write_target_report(report, name, job.output / name)
     verify_times = [t.timings["verify_s"] for t in report.targets.values() if "verify_s" in t.timings]
     if verify_times:
         report.timings["verify_s"] = round(sum(verify_times), 4)
-    report.timings["total_s"] = round(time.perf_counter() - started, 4)
+    report.timings["total_s"] = round(time.perf_counter() - job.started, 4)
     report.peak_rss_mb = round(peak_rss_mb(), 1)
-    write_json_atomic(output / REPORT_FILE, report.to_json())
+    write_json_atomic(job.output / REPORT_FILE, report.to_json())
     return report
 
 
 def _cache_hits(recipe: Recipe, names: list[str], source: dict, packages: dict, output: Path, token: str | None,
                 progress: ProgressCallback, skip: bool, repos: list[str]):
     """(hits by target, cache key by target): which targets a previous export already covers."""
-
     keys = {name: cache_key(source, recipe.target(name), recipe.target_hash(name), packages) for name in names}
     if skip:
         return {}, keys
@@ -248,7 +325,6 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
 def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,
                    progress: ProgressCallback) -> None:
     """Parity of the saved artifacts (reloaded from `folder`) against the eager model; a failure marks the target."""
-
     name = target_report.target
     progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
     started = time.perf_counter()
@@ -258,7 +334,7 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
-        message = f"verification could not run: {_engine_error(error)}"
+        message = f"verification could not run: {engine_error_message(error)}"
         verification = {"passed": False, "error": message, "probes": [], "failures": [message]}
     seconds = time.perf_counter() - started
     target_report.timings["verify_s"] = round(seconds, 4)
@@ -271,7 +347,6 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
 def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback) -> None:
     """The saved artifact's latency next to eager torch (`hfexport.latency`); a measurement that cannot run is
     recorded as such and never changes the target's verdict."""
-
     name = target_report.target
     try:
         with StepTimer(progress, "latency", name, "artifact vs eager torch, batch 1 and the largest declared") as timer, \
@@ -280,7 +355,7 @@ def _measure_latency(target_report: TargetReport, folder: Path, model_object, pl
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - latency is information, not a gate
-        target_report.latency = {"error": _engine_error(error)[:500]}
+        target_report.latency = {"error": engine_error_message(error)[:500]}
         return
     target_report.timings["latency_s"] = round(timer.seconds, 4)
 
@@ -290,7 +365,7 @@ def _write_target_report(report: JobReport, name: str, folder: Path) -> None:
     write_json_atomic(folder / REPORT_FILE, report.to_json(only=name))
 
 
-def _engine_error(error: BaseException) -> str:
+def engine_error_message(error: BaseException) -> str:
     """One line naming the engine's failure, following the cause chain to the root message (a cause that repeats
     the previous message is left out). torch.export's suggested fixes for a dim's range are kept: they say which
     recipe bound to change (`Dim('seq', min=3, max=64)` -> `dims.seq.min` 3)."""

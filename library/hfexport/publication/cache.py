@@ -17,19 +17,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfexport.files import file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.files import REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
-
+from hfexport.report.model import JobReport, TargetReport
 
 KEY_VERSION = 1
-
-
 CORE_PACKAGES = ("hfexport", "transformers", "torch")
-
-
 FORMAT_PACKAGES = {
     "dynamo": (),
     "onnx": ("onnx", "onnxscript", "onnxruntime"),
@@ -48,8 +43,6 @@ QUANTIZATION_PACKAGES = {
 
 
 SOURCE_FILE_NAMES = ("config.json", "generation_config.json")
-
-
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
@@ -184,7 +177,6 @@ def find_published(repo_id: str, name: str, key: str, revisions: list[str], toke
 
 def published_revisions(repo_id: str, token: str | None, base: str = "main") -> list[str]:
     """Where a repo's published exports may be: the open hfexport PR's head, then `base`."""
-
     try:
         open_pr = find_open_publication(repo_id, base, token)
     except Exception:  # noqa: BLE001 - no access to discussions: the branch alone

@@ -18,31 +18,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hfexport.errors import PublishError, PublishRefusedError, redact, register_secret
-from hfexport.files import file_sha256, git_blob_sha1
-from hfexport.hub import looks_like_repo_id
+from hfexport.errors import (
+    CardError,
+    PublishError,
+    PublishRefusedError,
+    register_secret,
+)
+from hfexport.files import EXPORTS_DIR, REPORT_FILE, file_sha256, git_blob_sha1
+from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
-from hfexport.report.card import CardError, format_tags, render_section, update_card
-from hfexport.report.model import JobReport, REPORT_FILE, TargetReport
+from hfexport.report.card import format_tags, render_section, update_card
 from hfexport.report.markdown import report_markdown
-
-
-EXPORTS = "exports"
-
+from hfexport.report.model import JobReport, TargetReport
 
 README = "README.md"
-
-
 TITLE_PREFIX = "hfexport:"
-
-
 MARKER = "hfexport:publication"
-
-
 _MARKER_RE = re.compile(r"<!--\s*hfexport:publication\s+(\{.*?\})\s*-->", re.S)
-
-
 MODES = ("pr", "commit")
 
 
@@ -139,15 +132,30 @@ def publish(
     revision: str | None = None,
     progress: Callable | None = None,
 ) -> PublishResult:
-    """Upload `output`'s target folders to `exports/<target>/` of `repo_id` as one commit.
+    """Publish a job's output to the Hub as one commit: the target folders, the report and the card section.
 
-    `mode="pr"` opens a PR against `revision` (default `main`), or updates the open hfexport PR; `mode="commit"`
-    commits to `revision` directly. Targets that failed (parity, or their export) are left out and listed, with
-    their reason, in the description and the card, so what passed still gets published; `allow_failed` includes
-    the failed targets' artifacts instead (the PR then says so at the top). Nothing passed: `PublishRefusedError`.
-    Returns what was done: `opened`, `updated`, `committed` or `unchanged`.
+    Targets that failed (parity, or their export) are left out and listed, with their reason, in the description
+    and the card, so what passed still gets published.
+
+    Args:
+        output (`str` or `Path`): a job's output folder (`OUTPUT/<target>/` and `OUTPUT/export_report.json`).
+        repo_id (`str`): the model repo (or another repo, created when missing).
+        mode (`str`): `"pr"` opens a pull request against `revision`, or updates the open hfexport one;
+            `"commit"` commits to `revision` directly.
+        token (`str`, *optional*): a Hub token with write access (default: the logged-in one); never logged.
+        allow_failed (`bool`): include the failed targets' artifacts too (the PR then says so at the top).
+        targets (`list[str]`, *optional*): publish only these targets (default: every target in `output`).
+        revision (`str`, *optional*): the branch the PR targets or the commit goes to (default `main`).
+        progress (*optional*): called with a `Step` per phase.
+
+    Returns:
+        `PublishResult`: what was done (`opened`, `updated`, `committed` or `unchanged`), the PR's URL and number,
+        and the targets left out with their reason.
+
+    Raises:
+        PublishRefusedError: no target passed (and not `allow_failed`), or `output` holds nothing to publish.
+        PublishError: the Hub refused or failed (authentication, access, network); nothing was half-published.
     """
-
     emit = progress or (lambda _step: None)
     if mode not in MODES:
         raise PublishError(f"unknown publish mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -196,7 +204,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
 
     changed, changes, deletions = [], [], []
     for item in chosen:
-        prefix = f"{EXPORTS}/{item.name}/"
+        prefix = f"{EXPORTS_DIR}/{item.name}/"
         theirs = {path[len(prefix):]: entry for path, entry in remote.items() if path.startswith(prefix)}
         old = _remote_report(repo_id, head, item.name, token) if REPORT_FILE in theirs else None
         if _same_artifacts(item, theirs) and _same_inputs(item, old):
@@ -214,7 +222,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     operations, files = [], []
     for item in changed:
         for relative, local in sorted(item.files.items()):
-            path = f"{EXPORTS}/{item.name}/{relative}"
+            path = f"{EXPORTS_DIR}/{item.name}/{relative}"
             operations.append(CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)))
             files.append(path)
     operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(deletions)]
@@ -354,7 +362,7 @@ def _ensure_repo(api, repo_id: str, base: str, mode: str, token: str) -> None:
     except Exception as error:  # noqa: BLE001 - mapped to one readable line
         status = getattr(getattr(error, "response", None), "status_code", None)
         if not isinstance(error, RepositoryNotFoundError) or status == 401:
-            raise _hub_error(error, repo_id, "reading the repo") from None
+            raise hub_error(error, repo_id, "reading the repo", error_class=PublishError) from None
     if mode != "commit":
         raise PublishError(f"repository {repo_id} not found, or the token cannot see it: a pull request needs an "
                            "existing repo (use --commit to create one)")
@@ -366,11 +374,11 @@ def _remote_files(api, repo_id: str, revision: str, token: str) -> dict[str, dic
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
-        entries = list(api.list_repo_tree(repo_id, path_in_repo=EXPORTS, recursive=True, revision=revision, token=token))
+        entries = list(api.list_repo_tree(repo_id, path_in_repo=EXPORTS_DIR, recursive=True, revision=revision, token=token))
     except EntryNotFoundError:
         return {}
     except Exception as error:  # noqa: BLE001
-        raise _hub_error(error, repo_id, f"listing {EXPORTS}/") from None
+        raise hub_error(error, repo_id, f"listing {EXPORTS_DIR}/", error_class=PublishError) from None
     return {
         entry.path: {"oid": entry.blob_id, "sha256": entry.lfs.sha256 if entry.lfs else None, "size": entry.size}
         for entry in entries if hasattr(entry, "blob_id")
@@ -386,12 +394,12 @@ def _download_text(repo_id: str, path: str, revision: str, token: str) -> str | 
     except EntryNotFoundError:
         return None
     except Exception as error:  # noqa: BLE001
-        raise _hub_error(error, repo_id, f"reading {path}") from None
+        raise hub_error(error, repo_id, f"reading {path}", error_class=PublishError) from None
 
 
 def _remote_report(repo_id: str, revision: str, name: str, token: str) -> JobReport | None:
     """`exports/<name>/export_report.json` at `revision` (None when absent, unreadable, or not about `name`)."""
-    text = _download_text(repo_id, f"{EXPORTS}/{name}/{REPORT_FILE}", revision, token)
+    text = _download_text(repo_id, f"{EXPORTS_DIR}/{name}/{REPORT_FILE}", revision, token)
     try:
         report = JobReport.from_dict(json.loads(text)) if text else None
     except Exception:  # noqa: BLE001 - an unreadable remote report means "changed"
@@ -480,7 +488,7 @@ def _description(key: str, content: str, report: JobReport, failed: list[str], c
                   *[f"- `{name}`: {why}" for name, why in left_out.items()], ""]
     lines += [
         "This pull request adds exported artifacts of this model, made by hfexport from the repo's export recipe, "
-        f"under `{EXPORTS}/<target>/`, and a section of the model card that lists them. Each target folder holds the "
+        f"under `{EXPORTS_DIR}/<target>/`, and a section of the model card that lists them. Each target folder holds the "
         "artifacts, the recipe target used (`export_config.json`) and its report (`export_report.json`).",
         "",
         "Changes:",
@@ -501,38 +509,4 @@ def _call(function, repo_id: str, action: str):
     except PublishError:
         raise
     except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-        raise _hub_error(error, repo_id, action) from None
-
-
-def _hub_error(error: BaseException, repo_id: str, action: str) -> PublishError:
-    """A Hub failure as one line: what was being done, what it means, what to do; never the token."""
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
-
-    status = getattr(getattr(error, "response", None), "status_code", None)
-    if isinstance(error, RevisionNotFoundError):
-        return PublishError(f"{action}: revision not found in {repo_id}")
-    if status == 401:
-        return PublishError(f"the Hub rejected the token while {action} (401 unauthorized): pass a valid token with "
-                            "--token, set HF_TOKEN or run `hf auth login`")
-    if status == 403:
-        return PublishError(f"the token may not write to {repo_id} (403 forbidden) while {action}: use a token with "
-                            "write access to this repo")
-    if isinstance(error, RepositoryNotFoundError) or status == 404:
-        return PublishError(f"repository {repo_id} not found, or the token cannot see it ({action})")
-    if status == 412:
-        return PublishError(f"{repo_id} changed while {action} (412): nothing was published; run again")
-    if _is_transport_error(error):
-        return PublishError(f"the connection to the Hub dropped while {action}: nothing was published (a commit is "
-                            "applied entirely or not at all); run the command again")
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return PublishError(f"Hub error while {action} on {repo_id}: {redact(text)}")
-
-
-def _is_transport_error(error: BaseException) -> bool:
-    current: BaseException | None = error
-    while current is not None:
-        names = {cls.__name__ for cls in type(current).__mro__}
-        if names & {"TransportError", "ConnectionError", "RemoteProtocolError", "TimeoutException"}:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+        raise hub_error(error, repo_id, action, error_class=PublishError) from None

@@ -24,23 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import PlanError, SourceError, redact, register_secret
-from hfexport.inputs import _tokenizer_of, default_sample_spec, text_inputs
-
+from hfexport.errors import PlanError, register_secret
+from hfexport.hub import hub_error
+from hfexport.inputs import _tokenizer_of, text_inputs
+from hfexport.quantization.spec import FILE_SUFFIXES, sample_texts
 
 DEFAULT_NUM_SAMPLES = 128
-
-
 DEFAULT_MAX_LENGTH = 512
-
-
 MAX_FILE_BYTES = 64 << 20
-
-
-FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".csv")
-
-
-FIELD_SUFFIXES = (".jsonl", ".json", ".csv")
 
 
 @dataclass
@@ -155,44 +146,21 @@ def _read_local(folder: Path, relative: str, where: str) -> bytes:
 def _download(repo_id: str, filename: str, repo_type: str, revision: str | None, token: str | None, where: str) -> bytes:
     """One file of a Hub repo through huggingface_hub; errors are one line, tokens redacted."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     kind = "dataset repo" if repo_type == "dataset" else "repo"
     try:
         path = Path(hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision, token=token))
-    except EntryNotFoundError:
+    except EntryNotFoundError as error:
+        if isinstance(error, LocalEntryNotFoundError):
+            raise hub_error(error, repo_id, f"reading {filename}", revision=revision, token=token, where=where) from None
         raise PlanError(f"{where}.path: no file {filename} in the {kind} {repo_id}") from None
-    except RevisionNotFoundError:
-        raise SourceError(f"{where}.revision: revision {revision!r} not found in the {kind} {repo_id}") from None
-    except GatedRepoError:
-        raise SourceError(f"{where}: the {kind} {repo_id} is gated: request access on the Hub, then pass a token") from None
-    except RepositoryNotFoundError:
-        hint = "" if token else " (for a private repo, pass a token or set HF_TOKEN)"
-        raise SourceError(f"{where}: {kind} {repo_id} not found or not accessible{hint}") from None
-    except HfHubHTTPError as error:
-        raise SourceError(f"{where}: cannot read {filename} from {repo_id}: {redact(str(error).splitlines()[0])}") from None
-    except OSError as error:
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise SourceError(f"{where}: cannot reach the Hub for {repo_id}: {redact(message)}") from None
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise hub_error(error, repo_id, f"reading {filename}", revision=revision, token=token, where=where) from None
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise PlanError(f"{where}.path: {filename} is {size} bytes; calibration files are read up to {MAX_FILE_BYTES}")
     return path.read_bytes()
-
-
-def sample_texts(sample_inputs: dict, task: str | None = None) -> list[str] | None:
-    """The recipe's sample texts (the task's default ones when it has no sample inputs) when texts are all its sample
-    inputs are; else None: calibrate on the one input batch."""
-
-    sample_inputs = sample_inputs or default_sample_spec(task)
-    texts = sample_inputs.get("text")
-    return list(texts) if texts and set(sample_inputs) <= {"text", "max_length"} else None
 
 
 def load_texts(section: dict, recipe, target_name: str, source: str | Path | None = None,

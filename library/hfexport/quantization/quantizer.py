@@ -9,16 +9,27 @@ import enum
 import functools
 from typing import Any
 
-from hfexport.errors import PlanError, RecipeError
+from hfexport.engine import capture_calibration_inputs
+from hfexport.errors import PlanError, RecipeError, first_line
 from hfexport.models import load_processor
 from hfexport.quantization.calibration import build_calibration
-from hfexport.quantization.spec import DEFAULT_PARAMS, PARAMS, PT2E_PRESETS, Pt2ePreset, data_need, effective_params, section_problems
+from hfexport.quantization.spec import (
+    DEFAULT_PARAMS,
+    PARAMS,
+    PT2E_PRESETS,
+    Pt2ePreset,
+    data_need,
+    effective_params,
+    section_problems,
+)
 
 
 def build_pt2e_preset(preset: Pt2ePreset):
     """The torchao/ExecuTorch PT2E quantizer a named preset stands for (imports its backend)."""
     if preset.backend == "xnnpack":
-        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            get_symmetric_quantization_config,
+        )
 
         config = get_symmetric_quantization_config(is_per_channel=preset.per_channel, is_dynamic=preset.dynamic)
         return _xnnpack_quantizer_class()().set_global(config)
@@ -175,7 +186,7 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
     try:
         quantizer.validate_environment(ExportFormat(target.export_format))
     except (ImportError, ValueError) as error:
-        raise PlanError(f"targets.{target.name}.quantization: {str(error).splitlines()[0]}") from None
+        raise PlanError(f"targets.{target.name}.quantization: {first_line(error)}") from None
     need = data_need(section)
     record: dict[str, Any] = {
         "method": section["method"],
@@ -195,7 +206,6 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
 
 
     if processor is None and source is not None:
-
         processor = load_processor(source, revision, token)
     calibration = build_calibration(calibration_section, plan, processor, model.config, source, revision, token)
     described = calibration.describe()
@@ -209,8 +219,6 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
             component.config.quantizer = quantizer.with_calibration(calibration.batches)
         described["per_component"] = {name: len(calibration.batches) for name in plan.components}
     else:
-        from transformers.exporters.quantizers.utils import capture_calibration_inputs
-
         try:
             captured = capture_calibration_inputs(
                 model, calibration.batches, generation_config=plan.generation_config,
@@ -219,7 +227,7 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(
                 f"targets.{target.name}.quantization.calibration: capturing the components' calibration inputs failed: "
-                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
+                f"{first_line(error)}"
             ) from None
         missing = [name for name in plan.components if not captured.get(name)]
         if missing:

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import Problem
-from hfexport.quantization.calibration import FIELD_SUFFIXES, FILE_SUFFIXES, sample_texts
+from hfexport.inputs import default_sample_spec
 
+FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".csv")  # calibration files the recipe may name
+FIELD_SUFFIXES = (".jsonl", ".json", ".csv")  # ... of which these hold records with a text `field`
 
 METHODS = ("ort_dynamic", "ort_static", "nncf_weights", "nncf_quantize", "pt2e")
 
@@ -81,7 +83,7 @@ PT2E_PRESETS = {
 # ── Parameters: JSON in, library objects out ─────────────────────────────────
 
 
-class _Param:
+class Param:
     """One method parameter: what JSON it takes (`problem`) and the library value it becomes (`convert`)."""
 
     expected = ""
@@ -93,14 +95,14 @@ class _Param:
         return value
 
 
-class _Bool(_Param):
+class Bool(Param):
     expected = "true or false"
 
     def problem(self, value):
         return None if isinstance(value, bool) else f"expected true or false, got {_show(value)}"
 
 
-class _Number(_Param):
+class Number(Param):
     def __init__(self, low: float, high: float, integer: bool = False, low_open: bool = False, also: tuple = ()):
         self.low, self.high, self.integer, self.low_open, self.also = low, high, integer, low_open, also
         kind = "an integer" if integer else "a number"
@@ -117,7 +119,7 @@ class _Number(_Param):
         return None
 
 
-class _Names(_Param):
+class Names(Param):
     """A list of node, op or layer names (strings)."""
 
     expected = "a list of names"
@@ -133,7 +135,7 @@ class _Names(_Param):
         return list(value)
 
 
-class _Choice(_Param):
+class Choice(Param):
     """A string naming a member of a library enum: `values` maps the JSON string to the member's attribute name."""
 
     def __init__(self, module: str, cls: str, values: dict[str, str]):
@@ -154,7 +156,7 @@ class _Choice(_Param):
         return getattr(self.enum(), self.values[value])
 
 
-class _ScalarMap(_Param):
+class ScalarMap(Param):
     """ONNX Runtime's `extra_options`: option names to plain values (bool, number, string)."""
 
     expected = "an object of option names to true/false, numbers or strings"
@@ -171,7 +173,7 @@ class _ScalarMap(_Param):
         return dict(value)
 
 
-class _IgnoredScope(_Param):
+class IgnoredScope(Param):
     """`nncf.IgnoredScope`: layers NNCF leaves alone, by `names`, regex `patterns` or op `types`."""
 
     keys = ("names", "patterns", "types", "validate")
@@ -186,7 +188,7 @@ class _IgnoredScope(_Param):
             if key == "validate":
                 if not isinstance(item, bool):
                     return f"validate: expected true or false, got {_show(item)}"
-            elif _Names().problem(item):
+            elif Names().problem(item):
                 return f"{key}: expected a list of strings, got {_show(item)}"
         return None
 
@@ -206,15 +208,11 @@ _ORT_TYPES = {"int8": "QInt8", "uint8": "QUInt8", "int16": "QInt16", "uint16": "
 
 
 _ORT = "onnxruntime.quantization"
-
-
 _NNCF_WEIGHT_MODES = ("int8_sym", "int8_asym", "int4_sym", "int4_asym", "nf4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3",
                       "fp4")
 
 
 _NNCF_ONNX_WEIGHT_MODES = ("int8_sym", "int8_asym", "int4_sym", "int4_asym", "fp8_e4m3")
-
-
 _NNCF_METRICS = ("weight_quantization_error", "hessian_input_activation", "mean_activation_variance",
                  "max_activation_variance", "mean_activation_magnitude")
 
@@ -224,52 +222,52 @@ def _upper(*values: str) -> dict[str, str]:
 
 
 _ORT_COMMON = {
-    "per_channel": _Bool(),
-    "reduce_range": _Bool(),
-    "op_types_to_quantize": _Names(),
-    "nodes_to_quantize": _Names(),
-    "nodes_to_exclude": _Names(),
-    "extra_options": _ScalarMap(),
+    "per_channel": Bool(),
+    "reduce_range": Bool(),
+    "op_types_to_quantize": Names(),
+    "nodes_to_quantize": Names(),
+    "nodes_to_exclude": Names(),
+    "extra_options": ScalarMap(),
 }
 
 
-PARAMS: dict[str, dict[str, _Param]] = {
+PARAMS: dict[str, dict[str, Param]] = {
     "ort_dynamic": {
-        "weight_type": _Choice(_ORT, "QuantType", {"int8": "QInt8", "uint8": "QUInt8"}),
+        "weight_type": Choice(_ORT, "QuantType", {"int8": "QInt8", "uint8": "QUInt8"}),
         **_ORT_COMMON,
     },
     "ort_static": {
-        "quant_format": _Choice(_ORT, "QuantFormat", {"qdq": "QDQ", "qoperator": "QOperator"}),
-        "activation_type": _Choice(_ORT, "QuantType", {k: v for k, v in _ORT_TYPES.items() if "4" not in k}),
-        "weight_type": _Choice(_ORT, "QuantType", _ORT_TYPES),
-        "calibrate_method": _Choice(
+        "quant_format": Choice(_ORT, "QuantFormat", {"qdq": "QDQ", "qoperator": "QOperator"}),
+        "activation_type": Choice(_ORT, "QuantType", {k: v for k, v in _ORT_TYPES.items() if "4" not in k}),
+        "weight_type": Choice(_ORT, "QuantType", _ORT_TYPES),
+        "calibrate_method": Choice(
             _ORT, "CalibrationMethod",
             {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"},
         ),
         **_ORT_COMMON,
     },
     "nncf_weights": {
-        "mode": _Choice("nncf", "CompressWeightsMode", _upper(*_NNCF_WEIGHT_MODES)),
-        "ratio": _Number(0, 1, low_open=True),
-        "group_size": _Number(1, 1 << 20, integer=True, also=(-1,)),
-        "all_layers": _Bool(),
-        "sensitivity_metric": _Choice("nncf", "SensitivityMetric", _upper(*_NNCF_METRICS)),
-        "subset_size": _Number(1, 100000, integer=True),
-        "awq": _Bool(),
-        "scale_estimation": _Bool(),
-        "gptq": _Bool(),
-        "lora_correction": _Bool(),
-        "backup_mode": _Choice("nncf", "BackupMode", _upper("none", "int8_sym", "int8_asym")),
-        "ignored_scope": _IgnoredScope(),
+        "mode": Choice("nncf", "CompressWeightsMode", _upper(*_NNCF_WEIGHT_MODES)),
+        "ratio": Number(0, 1, low_open=True),
+        "group_size": Number(1, 1 << 20, integer=True, also=(-1,)),
+        "all_layers": Bool(),
+        "sensitivity_metric": Choice("nncf", "SensitivityMetric", _upper(*_NNCF_METRICS)),
+        "subset_size": Number(1, 100000, integer=True),
+        "awq": Bool(),
+        "scale_estimation": Bool(),
+        "gptq": Bool(),
+        "lora_correction": Bool(),
+        "backup_mode": Choice("nncf", "BackupMode", _upper("none", "int8_sym", "int8_asym")),
+        "ignored_scope": IgnoredScope(),
     },
     "nncf_quantize": {
-        "mode": _Choice("nncf", "QuantizationMode", _upper("fp8_e4m3", "fp8_e5m2")),
-        "preset": _Choice("nncf", "QuantizationPreset", _upper("performance", "mixed")),
-        "target_device": _Choice("nncf", "TargetDevice", _upper("any", "cpu", "gpu", "npu", "cpu_spr")),
-        "subset_size": _Number(1, 100000, integer=True),
-        "fast_bias_correction": _Bool(),
-        "model_type": _Choice("nncf", "ModelType", _upper("transformer")),
-        "ignored_scope": _IgnoredScope(),
+        "mode": Choice("nncf", "QuantizationMode", _upper("fp8_e4m3", "fp8_e5m2")),
+        "preset": Choice("nncf", "QuantizationPreset", _upper("performance", "mixed")),
+        "target_device": Choice("nncf", "TargetDevice", _upper("any", "cpu", "gpu", "npu", "cpu_spr")),
+        "subset_size": Number(1, 100000, integer=True),
+        "fast_bias_correction": Bool(),
+        "model_type": Choice("nncf", "ModelType", _upper("transformer")),
+        "ignored_scope": IgnoredScope(),
     },
     "pt2e": {},
 }
@@ -444,3 +442,11 @@ def _calibration_problems(section: dict, method: str, path: str, sample_inputs: 
                 "allow_single_sample: true",
             ))
     return problems
+
+
+def sample_texts(sample_inputs: dict, task: str | None = None) -> list[str] | None:
+    """The recipe's sample texts (the task's default ones when it has no sample inputs) when texts are all its sample
+    inputs are; else None: calibrate on the one input batch."""
+    sample_inputs = sample_inputs or default_sample_spec(task)
+    texts = sample_inputs.get("text")
+    return list(texts) if texts and set(sample_inputs) <= {"text", "max_length"} else None

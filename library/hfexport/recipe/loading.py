@@ -7,20 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from hfexport.errors import Problem, RecipeError, RecipeNotFoundError, SourceError
+from hfexport.files import RECIPE_FILE
 from hfexport.hub import hub_file, looks_like_repo_id
 from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
 from hfexport.recipe.validation import MAX_RECIPE_BYTES, parse_recipe_text
 
-
-RECIPE_FILE = "export_config.json"
-
-
 CONFIG_FILE = "config.json"
-
-
 CONFIG_FIELD = "export_config"
-
-
 
 
 def _read_file(path: Path) -> bytes:

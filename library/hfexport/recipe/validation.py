@@ -20,28 +20,17 @@ from hfexport.quantization.spec import METHOD_FORMATS, section_problems
 from hfexport.runtime import PRECISION_FORMATS
 from hfexport.schema import _validator, load_schema
 
-
 MAX_RECIPE_BYTES = 1 << 20
 MAX_DEPTH = 32  # the deepest legitimate path (a component's per-tensor axis) is 9 levels
-
-
 FORMATS = ("dynamo", "onnx", "executorch", "openvino")
-
-
 MODES = ("forward", "generation")
-
-
 AXIS_KEYWORDS = ("static", "auto", "dynamic")
-
-
 _LINEAR = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*(?:([+-])\s*(\d+)\s*)?$")
 
 
 # Engine config fields per format (transformers.exporters.configs), minus what the recipe sets elsewhere.
 # A test checks this table against the engine's dataclasses so a new engine field is noticed.
 _COMMON_OPTIONS = ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_guards")
-
-
 FORMAT_OPTIONS = {
     "dynamo": _COMMON_OPTIONS,
     "onnx": (*_COMMON_OPTIONS, "opset_version", "optimize", "ort_fusions"),

@@ -10,26 +10,16 @@ from __future__ import annotations
 
 import logging
 
-from hfexport.files import human_bytes
+from hfexport.errors import CardError
+from hfexport.files import EXPORTS_DIR, human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
 
-
 START = "<!-- hfexport:start -->"
-
-
 END = "<!-- hfexport:end -->"
-
-
 FORMAT_TAGS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
-
-
 PARITY = {True: "✅ passed", False: "❌ failed", None: "— not verified"}
-
-
-class CardError(ValueError):
-    """A README whose hfexport markers are unbalanced: hfexport will not guess where its section ends."""
 
 
 def format_tags(reports: dict[str, TargetReport]) -> list[str]:
@@ -49,7 +39,7 @@ def _parity(report: TargetReport) -> str:
     return PARITY[None if verification is None else bool(verification.get("passed"))]
 
 
-def render_section(repo_id: str, report: JobReport, folder: str = "exports",
+def render_section(repo_id: str, report: JobReport, folder: str = EXPORTS_DIR,
                    left_out: dict[str, str] | None = None) -> str:
     """The Markdown between the markers (markers included) for the targets of `report`, published in `repo_id`;
     `left_out` lists targets that were not published, with the reason."""
@@ -148,15 +138,8 @@ def update_card(original: str | None, section: str, tags: list[str]) -> str:
     return card.content
 
 
-def section_of(readme: str) -> str | None:
-    """The current hfexport section of a README (markers included), or None."""
-    start = readme.find(START)
-    end = readme.find(END, start + len(START)) if start >= 0 else -1
-    return readme[start:end + len(END)] if start >= 0 and end >= 0 else None
-
 
 def _latency_lines(report: JobReport) -> list[str]:
     """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details."""
-
     section = latency_markdown(report)
     return ["", section] if section else []

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.report.model import JobReport
 from hfexport.runtime import summary_line
-
+from hfexport.verify.thresholds import EXACT_TOKEN_AGREEMENT
 
 STATUS_ICONS = {"ok": "✅ ok", "failed": "❌ failed", "error": "⚠️ error", "unchanged": "➖ unchanged"}
 
@@ -130,7 +129,6 @@ def runtime_cell(verification: dict | None) -> str:
 
 def verified_on_line(report: JobReport) -> str | None:
     """One line: the CPU(s) the verdicts were reached on, and the precision each target's runtime computed at."""
-
     cpus, cells = [], []
     for name, target in report.targets.items():
         runtime = (target.verification or {}).get("runtime")
@@ -147,7 +145,6 @@ def verified_on_line(report: JobReport) -> str | None:
 
 def _runtime_markdown(verification: dict) -> str:
     """The runtime paragraph of a target: CPU, backend, device, and each check's precision (read back)."""
-
     runtime = verification["runtime"]
     cpu = runtime.get("cpu") or {}
     parts = [f"**Runtime:** {runtime.get('backend', '?')} on {runtime.get('device', 'cpu')} · {summary_line(cpu)}"]
@@ -247,7 +244,7 @@ def _generation_markdown(generation: dict) -> str:
         return f"Generation ({settings}): ❌ failed: {_cell(generation['error'])}"
     agreement = generation.get("token_agreement", 0.0)
     line = (f"Generation ({settings}): {'✅ passed' if generation.get('passed') else '❌ failed'}, token agreement {agreement:.1%}"
-            f" (needs {generation.get('min_token_agreement', 1.0):.0%}) with `model.generate(do_sample=False)`")
+            f" (needs {generation.get('min_token_agreement', EXACT_TOKEN_AGREEMENT):.0%}) with `model.generate(do_sample=False)`")
     first = generation.get("first_divergence")
     if first:
         def token(side):
@@ -261,7 +258,6 @@ def _generation_markdown(generation: dict) -> str:
 
 def _latency_lines(report: JobReport) -> list[str]:
     """The latency table and chart (hfexport.latency) below the summary, when the job measured any."""
-
     section = latency_markdown(report)
     return ["", section] if section else []
 

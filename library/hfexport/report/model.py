@@ -14,12 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hfexport.errors import HfExportError, redact
+from hfexport.files import REPORT_FILE
 from hfexport.schema import load_schema
 from hfexport.version import __version__
-
-
-REPORT_FILE = "export_report.json"
-
 
 PACKAGES = ("hfexport", "transformers", "torch", "huggingface_hub", "onnx", "onnxscript", "onnxruntime", "openvino",
             "executorch", "nncf", "torchao")

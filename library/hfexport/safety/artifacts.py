@@ -30,30 +30,23 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import CorruptExportError, UnsafeExportError
+from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
+from hfexport.files import MANIFEST_FILE
 from hfexport.safety.pt2 import check_pt2_archive
-from hfexport.safety.treespec import _IDENTIFIER, _SPEC_FIELDS, _check_file_name, check_treespec, loads_checked
+from hfexport.safety.treespec import (
+    _IDENTIFIER,
+    _SPEC_FIELDS,
+    _check_file_name,
+    check_treespec,
+    loads_checked,
+)
 from hfexport.schema import load_schema
 
-
-MANIFEST_FILE = "export.json"
-
-
 MAX_MANIFEST_BYTES = 16 << 20
-
-
 MAX_JSON_BYTES = 64 << 20  # configs, tokenizer files, the recipe copy
-
-
 MAX_ONNX_BYTES = 2 << 30  # protobuf's own limit for one message: larger models keep weights in `.data`
-
-
 MAX_XML_BYTES = 1 << 30
-
-
 MAX_ARTIFACT_BYTES = 1 << 40  # weights (`.data`, `.bin`, `.pt2`, `.pte`): 1 TiB, then bounded by the file's own index
-
-
 
 
 # ── files: inside the folder, regular, bounded ───────────────────────────────
@@ -226,15 +219,12 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
         elif export_format == "executorch":
             check_pte_file(found[0], label)
         elif export_format == "dynamo" and not allow_unsafe_pt2:
-
             check_pt2_archive(found[0], label)
         paths[name] = found[0]
     return paths
 
 
 _ONNX_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
-
-
 _ALIGNMENT_SLACK = 4096  # a writer may pad the weights file to a page
 
 
@@ -250,7 +240,7 @@ def check_onnx_file(model: Path, data: Path | None, label: str) -> None:
     try:
         proto.ParseFromString(read_checked(model, label, MAX_ONNX_BYTES))
     except (DecodeError, ValueError, RuntimeError) as error:
-        raise CorruptExportError(f"{label}: not an ONNX model (protobuf: {str(error).splitlines()[0][:160]})") from None
+        raise CorruptExportError(f"{label}: not an ONNX model (protobuf: {first_line(error, 160)})") from None
     if not proto.HasField("graph"):
         raise CorruptExportError(f"{label}: not an ONNX model (no graph)")
     own = f"{Path(model).name}.data"

@@ -38,9 +38,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import CorruptExportError, UnsafeExportError
-from hfexport.safety.treespec import check_treespec, loads_checked, pt2_unpickling_allowlist
-
+from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
+from hfexport.safety.treespec import (
+    check_treespec,
+    loads_checked,
+    pt2_unpickling_allowlist,
+)
 
 # Every member `torch.export.save` writes for one program named `model` (torch 2.13, `pt2_archive/_package.py`),
 # relative to the archive's root folder: name -> required. The payloads `data/weights/weight_<n>` and
@@ -59,26 +62,13 @@ ALLOWED_MEMBERS = {
 
 
 _SMALL_MEMBERS = {"archive_format": {b"pt2"}, "archive_version": {b"0"}, "byteorder": {b"little", b"big"}}
-
-
 _PAYLOAD = {"data/weights/": re.compile(r"^weight_[0-9]{1,9}$"), "data/constants/": re.compile(r"^tensor_[0-9]{1,9}$")}
-
-
 _ROOT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-
-
 _MAX_JSON_MEMBER = 256 << 20  # models/model.json of a large model is tens of MB
-
-
 _MAX_PICKLE_MEMBER = 256 << 20
 
-
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 _SYMBOL = re.compile(r"^[a-z]+[0-9]+$")  # s0, u12, ...
-
-
 _OPERATOR = {"getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pos", "pow", "abs", "eq", "ne",
              "lt", "le", "gt", "ge", "and_", "or_", "not_", "xor", "invert", "lshift", "rshift"}
 
@@ -98,25 +88,17 @@ _SYMPY_NAMES = {
 
 
 _SYMPY_KEYWORDS = {"positive", "integer", "real", "nonnegative", "negative", "finite", "evaluate"}
-
-
 _GUARD_NAMES = {"L", "inf", "min", "max", "abs", "Max", "Min", "Eq", "Ne", "Mod", "FloorDiv", "PythonMod", "CeilDiv",
                 "CleanDiv", "IntTrueDiv", "FloatTrueDiv", "ToFloat", "TruncToInt", "sym_max", "sym_min"}
 
 
 _TENSOR_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
-
-
 _BIN_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.LShift, ast.RShift,
             ast.BitAnd, ast.BitOr, ast.BitXor)
 
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
 _OP = re.compile(r"^(?!__)[A-Za-z_][A-Za-z0-9_]*$")
-
-
 _DUNDER_OPS = {f"__{name}__" for name in ("and", "or", "xor", "lshift", "rshift", "iand", "ior", "ixor", "ilshift",
                                            "irshift", "rand", "ror", "rxor", "rlshift", "rrshift")}
 
@@ -136,7 +118,6 @@ def _walk(value: Any, path: str):
 
 def check_pt2_program(document: Any, source: str, name: str) -> None:
     """Check one serialized program (`name` is its archive member) for code-like strings outside the grammar."""
-
     where = f"{source}: {name}"
     for key, value, path in _walk(document, "$"):
         if key == "target" and isinstance(value, str):
@@ -276,7 +257,7 @@ def check_pt2_archive(path: str | Path, source: str | None = None) -> None:
                 raise
             except Exception as error:  # noqa: BLE001 - whatever a weights-only load refuses, the loader would run
                 raise UnsafeExportError(f"{source}: {root}/{relative}: refused, it holds more than tensors and "
-                                        f"transformers caches ({str(error).splitlines()[0][:200]})") from None
+                                        f"transformers caches ({first_line(error, 200)})") from None
 
         payloads: dict[str, set[str]] = {folder: set() for folder in _PAYLOAD}
         pickled: list[str] = []

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hfexport import strict_json
-from hfexport.errors import CorruptExportError, UnsafeExportError
+from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
 
 MAX_JSON_DEPTH = 64
 
@@ -39,8 +39,6 @@ CONTEXT_TAGS = {
 
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
-
-
 _SPEC_FIELDS = ("in_spec", "out_spec")
 
 
@@ -65,7 +63,7 @@ def loads_checked(text: str | bytes, source: str, where: str) -> Any:
     except strict_json.DuplicateKeyError as error:
         raise CorruptExportError(f"{source}: {where}: duplicate key {error.key!r}: refused") from None
     except (ValueError, RecursionError, UnicodeDecodeError) as error:
-        message = "nested too deeply" if isinstance(error, RecursionError) else str(error).splitlines()[0]
+        message = "nested too deeply" if isinstance(error, RecursionError) else first_line(error)
         raise CorruptExportError(f"{source}: {where}: not valid JSON ({message[:200]})") from None
     if _depth(value) > MAX_JSON_DEPTH:
         raise CorruptExportError(f"{source}: {where}: nested deeper than {MAX_JSON_DEPTH} levels: refused")

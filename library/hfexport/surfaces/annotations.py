@@ -19,15 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import RecipeError, SourceError
+from hfexport.files import RECIPE_FILE
 from hfexport.hub import hub_file
-from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, RECIPE_FILE
+from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE
 from hfexport.recipe.model import recipe_from_document, recipe_from_text
 from hfexport.recipe.validation import parse_recipe_text
 
-
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
-
-
 _SYNTAX_POSITION = re.compile(r"\(line (\d+), column (\d+)\)")
 
 

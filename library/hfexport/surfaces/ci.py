@@ -29,27 +29,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfexport.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, redact, register_secret
-from hfexport.files import write_json_atomic
+from hfexport.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_COULD_NOT_RUN,
+    EXIT_OK,
+    HfExportError,
+    exit_code,
+    first_line,
+    register_secret,
+)
+from hfexport.files import REPORT_FILE, write_json_atomic
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.run import run_job, select_targets
 from hfexport.logs import quiet_engine_logs
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import load_recipe
-from hfexport.report.model import JobReport, REPORT_FILE
-from hfexport.surfaces.annotations import Annotation, check_recipe
 from hfexport.report.markdown import report_markdown
-
+from hfexport.report.model import JobReport
+from hfexport.surfaces.annotations import Annotation, check_recipe
 
 MARKDOWN_FILE = "export_report.md"
-
-
 PUBLISH_MODES = ("none", "pr", "commit")
-
-
 TRUE = ("true", "1", "yes", "on")
-
-
 FALSE = ("false", "0", "no", "off", "")
 
 
@@ -70,7 +71,6 @@ def parse_targets(value: str | Sequence[str] | None) -> tuple[list[str] | None, 
 def matrix(model: str | Path, targets: str | Sequence[str] | None = None, *, revision: str | None = None,
            token: str | None = None, recipe: str | Path | None = None) -> dict:
     """A GitHub Actions matrix of the recipe's targets (all of them unless named): reads only the recipe."""
-
     loaded = load_recipe(recipe if recipe else model, revision=revision, token=token)
     names, _ = parse_targets(targets)
     selected = select_targets(loaded, names, all_targets=not names)
@@ -208,7 +208,6 @@ class _LogProgress:
 
 def step_export(inputs: Inputs) -> int:
     """Validate the recipe (annotations), run the job, write the report and the outputs."""
-
     register_secret(inputs.token)
     if inputs.token:
         print(f"::add-mask::{inputs.token}", flush=True)
@@ -265,7 +264,6 @@ def _failure(target) -> str:
 
 def step_publish(inputs: Inputs) -> int:
     """Publish the export step's output: one PR per model (updated in place) or a commit."""
-
     register_secret(inputs.token)
     output = inputs.output_dir
     report = JobReport.read(output)
@@ -367,12 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     except HfExportError as error:
         if args.debug:
             raise
-        return _failed(args.step, str(error), error.exit_code)
+        return _failed(args.step, str(error), exit_code(error))
     except Exception as error:  # noqa: BLE001 - one readable line; --debug shows the traceback
         if args.debug:
             raise
-        text = redact(str(error).strip().splitlines()[0] if str(error).strip() else "")
-        return _failed(args.step, f"{type(error).__name__}: {text}", EXIT_COULD_NOT_RUN)
+        text = first_line(str(error))
+        return _failed(args.step, f"{type(error).__name__}: {text}", exit_code(error))
 
 
 def _failed(step: str, message: str, code: int) -> int:

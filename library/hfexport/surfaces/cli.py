@@ -7,16 +7,27 @@ readable message on stderr, never a traceback (`--debug` shows it) and never a t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Callable
 
 from hfexport.collector import one_shot_collection
-from hfexport.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, HfExportError, PublishRefusedError, RecipeError, redact, register_secret
-from hfexport.files import human_bytes
+from hfexport.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_COULD_NOT_RUN,
+    EXIT_OK,
+    HfExportError,
+    PublishRefusedError,
+    RecipeError,
+    exit_code,
+    first_line,
+    redact,
+    register_secret,
+)
+from hfexport.files import REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.init import default_output, init_recipe
 from hfexport.job.reverify import reverify
@@ -24,12 +35,15 @@ from hfexport.job.run import run_job
 from hfexport.logs import original_stream, quiet_engine_logs
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import load_recipe
-from hfexport.report.markdown import quantization_markdown, report_markdown, target_verification_markdown
-from hfexport.report.model import JobReport, REPORT_FILE
+from hfexport.report.markdown import (
+    quantization_markdown,
+    report_markdown,
+    target_verification_markdown,
+)
+from hfexport.report.model import JobReport
 from hfexport.surfaces.annotations import check_recipe
 from hfexport.surfaces.ci import matrix
 from hfexport.version import __version__
-
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -91,7 +105,6 @@ def cmd_validate(args) -> int:
 
 def _validate_github(args) -> int:
     """Problems as GitHub annotations (`::error file=...,line=...,col=...::`), shown inline in pull requests."""
-
     annotations = check_recipe(args.source, revision=args.revision, token=_token(args))
     for annotation in annotations:
         print(annotation.command())
@@ -106,7 +119,6 @@ def _validate_github(args) -> int:
 @command("plan")
 def cmd_plan(args) -> int:
     """The targets a job would export, as a GitHub Actions matrix (`{"include": [...]}`): reads only the recipe."""
-
     include = matrix(args.model, targets=args.target, revision=args.revision, token=_token(args), recipe=args.recipe)
     if args.json:
         print(json.dumps(include, separators=(",", ":")))  # one line: `echo "matrix=$(...)" >> $GITHUB_OUTPUT`
@@ -207,7 +219,6 @@ def _show_resolved(args) -> int:
             console.print(f"  {input_name}: {shape.get('shape', shape)} dynamic: {axes or 'static'}")
     quantization = described.get("quantization")
     if quantization:
-
         console.print(quantization_markdown(quantization).replace("**", ""), markup=False, highlight=False)
     return EXIT_OK
 
@@ -251,7 +262,6 @@ SUMMARY_COLUMNS = ("target", "format", "mode", "status", "size", "export", "veri
 def _summary_rows(report) -> tuple[list[tuple[str, ...]], list[str]]:
     """The summary table's rows (short cells only) and the notes that go below it, each led by its target's name:
     one per target with an error, a parity failure or an unchanged reason."""
-
     rows, notes = [], []
     for name, target in report.targets.items():
         message = target.error or (target.unchanged_reason if target.status == "unchanged" else None)
@@ -327,7 +337,6 @@ def cmd_export(args) -> int:
         print(f"report: {os.path.join(args.output, 'export_report.json')}")
     code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
     if args.push:
-
         exported = [name for name in report.targets if os.path.isfile(os.path.join(args.output, name, REPORT_FILE))]
         publish_code = _publish(args, _push_repo(args), exported or list(report.targets))
         code = max(code, publish_code) if publish_code != EXIT_OK else code
@@ -340,7 +349,6 @@ def cmd_export(args) -> int:
 @command("verify")
 def cmd_verify(args) -> int:
     """Re-verify an exported target folder against the model; exit 1 when parity fails."""
-
     with contextlib.redirect_stdout(sys.stderr), _console().status(f"verifying {args.folder} against {args.model}"):
         report, name = reverify(args.folder, args.model, revision=args.revision, token=_token(args),
                                 trust_remote_code=args.trust_remote_code)
@@ -356,7 +364,6 @@ def cmd_verify(args) -> int:
 @command("report")
 def cmd_report(args) -> int:
     """Print a job report (OUTPUT/, OUTPUT/<target>/ or the JSON file) as Markdown."""
-
     report = JobReport.read(args.path)
     print(report.to_json() if args.json else report_markdown(report), end="")
     return EXIT_OK
@@ -365,7 +372,6 @@ def cmd_report(args) -> int:
 @command("init")
 def cmd_init(args) -> int:
     """Propose a recipe, export and verify each target, write the ones that passed."""
-
     output = args.output or default_output(args.model)
     if os.path.exists(output) and not args.force:
         raise HfExportError(f"{output} exists; pass --force to replace it, or -o to write elsewhere")
@@ -404,7 +410,6 @@ def _push_repo(args) -> str:
 
 def _publish(args, repo: str, targets: list[str] | None) -> int:
     """Publish OUTPUT to `repo` and print what happened (the PR URL); a refused publication exits 1."""
-
     try:
         result = publish(args.output, repo, mode="commit" if args.commit else "pr", token=_token(args),
                          allow_failed=args.allow_failed, targets=targets, revision=getattr(args, "branch", None))
@@ -540,7 +545,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return EXIT_COULD_NOT_RUN if exit_.code not in (0, None) else EXIT_OK
     if args.version:
-
         print(f"hfexport {__version__}")
         return EXIT_OK
     if not args.command:
@@ -553,17 +557,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         _console().print(f"[red]error:[/red] {escape(str(error))}", markup=True, highlight=False)
-        return EXIT_COULD_NOT_RUN if args.command != "validate" else error.exit_code
-    except KeyboardInterrupt:
+        return exit_code(error)
+    except KeyboardInterrupt as interrupt:
         _console().print("[red]interrupted[/red]: no partial output was kept")
-        return 130
+        return exit_code(interrupt)
     except Exception as error:  # noqa: BLE001 - one readable line; --debug shows the traceback
         if args.debug:
             raise
-        text = redact(str(error).strip().splitlines()[0] if str(error).strip() else "")
+        text = first_line(str(error))
         _console().print(f"[red]error:[/red] {type(error).__name__}: {escape(text)} (run with --debug for the traceback)",
                          markup=True, highlight=False)
-        return EXIT_COULD_NOT_RUN
+        return exit_code(error)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hfexport.errors import HfExportError, PlanError, Problem, PublishError, PublishRefusedError, RecipeError, RecipeNotFoundError, SourceError, UnknownTargetError, first_line, redact
+from hfexport.errors import (
+    HfExportError,
+    PlanError,
+    Problem,
+    PublishError,
+    PublishRefusedError,
+    RecipeError,
+    RecipeNotFoundError,
+    SourceError,
+    UnknownTargetError,
+    first_line,
+    redact,
+)
 from hfexport.job.preflight import PreflightError
 
 

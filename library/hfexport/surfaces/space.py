@@ -34,25 +34,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.job import init
-from hfexport.errors import Problem, RecipeError, RecipeNotFoundError, first_line, redact, register_secret
+from hfexport.errors import (
+    Problem,
+    RecipeError,
+    RecipeNotFoundError,
+    first_line,
+    redact,
+    register_secret,
+)
+from hfexport.files import RECIPE_FILE
 from hfexport.hub import hub_file, looks_like_repo_id
+from hfexport.job import init
 from hfexport.progress import Step
 from hfexport.publication.publish import publish
-from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, RECIPE_FILE, load_recipe
+from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe
 from hfexport.recipe.model import Recipe, recipe_from_document
 from hfexport.recipe.validation import canonical_json, json_path, parse_recipe_text
 from hfexport.report.model import JobReport
-from hfexport.surfaces.failure import SpaceError, Failure, md_escape, report_failure
+from hfexport.surfaces.failure import Failure, SpaceError, md_escape, report_failure
 from hfexport.surfaces.worker import JobWorker, settings_from
 
-
 GRADIO_MOCK_OAUTH_TOKEN = "mock-oauth-token-for-local-dev"
-
-
 RECIPE_PR_TITLE = "Add an hfexport export recipe (export_config.json)"
-
-
 RECIPE_PR_MARKER = "<!-- hfexport:recipe-proposal -->"
 
 
@@ -335,7 +338,6 @@ def fetch_recipe(model: str, revision: str | None, token: str | None) -> Fetched
     An invalid recipe is not an error here: its text is returned with the problems located on its lines.
     Unknown repos and revisions raise `SourceError`. Signed out, reads are anonymous (never the Space's token).
     """
-
     read_token = token or False  # False: huggingface_hub must not fall back to a token of the Space itself
     at = f"{model}@{revision}" if revision else model
     try:
@@ -369,7 +371,6 @@ class Draft:
 
 def draft_recipe(model: str, revision: str | None, formats: Sequence[str], token: str | None) -> Draft:
     """The recipe `hfexport init` would start from for `formats`, ready for the editor (validated)."""
-
     document = init.propose_recipe(model, formats=list(formats), revision=revision, token=token or False)
     # init's description says every target was exported and verified, which `hfexport init` makes true; here the
     # draft is not exported yet (Convert does that, and `validated_with` records it: see `finalize_proposal`).
@@ -390,7 +391,6 @@ def recipe_for_job(text: str | None, repo_recipe: str | None) -> tuple[dict | No
     `repo_recipe` is the canonical JSON of the repo's valid recipe, when one was loaded. Raises `RecipeError`
     (with JSON paths) when the editor's text is not a valid recipe.
     """
-
     if not (text or "").strip():
         return None, False
     check = check_recipe_text(text)
@@ -509,7 +509,6 @@ class JobRunner:
     """
 
     def __init__(self, settings: SpaceSettings):
-
         self._lock = threading.Lock()
         self.settings = settings
         # Jobs act with the visitor's token only: the Space's own (HF_TOKEN, a saved login) stays out of the child.
@@ -527,7 +526,6 @@ class JobRunner:
         self.worker.close()
 
     def run(self, request: JobRequest) -> Iterator[Any]:
-
         started = time.perf_counter()
         message = {
             "model": request.model, "output": str(request.output), "targets": request.targets or None,
@@ -650,7 +648,6 @@ def can_publish(state: dict | None) -> bool:
 def publish_job(state: dict, token: str):
     """Publish a session's converted job through hfexport's one-PR-per-model logic; returns the PublishResult.
     Only the targets that passed are published (`state["targets"]`, from `publishable_targets`)."""
-
     output = state.get("output")
     if state.get("left_out") and not state.get("targets"):
         raise SpaceError("Nothing to publish", "no target passed the parity check: change the recipe in the editor "
@@ -722,7 +719,6 @@ def propose_recipe(repo_id: str, document: dict, token: str, revision: str | Non
 
 def verified_recipe(recipe_document: dict | None, report) -> dict | None:
     """What a finished job proved about a recipe: its canonical JSON and the targets that passed parity."""
-
     if recipe_document is None or report is None:
         return None
     passed = [name for name, target in report.targets.items() if target.status == "ok"
@@ -733,7 +729,6 @@ def verified_recipe(recipe_document: dict | None, report) -> dict | None:
 def finalize_proposal(document: dict, verified: dict | None) -> tuple[dict, bool]:
     """The recipe to propose: with `validated_with` (package versions, as `hfexport init` writes it) only when this
     session exported and verified every one of its targets with exactly this recipe; else as it is."""
-
     bare = {key: value for key, value in document.items() if key != "validated_with"}
     if not verified or verified.get("recipe") not in (canonical_json(document), canonical_json(bare)):
         return document, False

@@ -33,14 +33,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import HfExportError, PublishRefusedError, RecipeNotFoundError, redact, register_secret
+from hfexport.errors import (
+    HfExportError,
+    PublishRefusedError,
+    RecipeNotFoundError,
+    first_line,
+    register_secret,
+)
 from hfexport.job.run import run_job
 from hfexport.publication.publish import publish
 
-
 SECRET_HEADER = "X-Webhook-Secret"
-
-
 MAX_BODY = 1 << 20
 
 
@@ -242,8 +245,7 @@ class WebhookReceiver:
         except RecipeNotFoundError as error:
             job.state, job.detail = "skipped", str(error)
         except Exception as error:  # noqa: BLE001 - one job's failure is recorded; the receiver goes on
-            text = str(error).strip()
-            job.state, job.detail = "failed", redact(text.splitlines()[0] if text else type(error).__name__)
+            job.state, job.detail = "failed", first_line(error)
         finally:
             job.finished_at = _now()
             if job.commit:
@@ -255,7 +257,6 @@ class WebhookReceiver:
 
     def _export_and_publish(self, job: Job, output: Path) -> None:
         """The job API on the pushed commit, then one publication through the one-PR-per-model logic."""
-
         config = self.config
         report = run_job(job.repo, output, targets=config.targets, all_targets=config.targets is None,
                          revision=job.sha, token=config.token)

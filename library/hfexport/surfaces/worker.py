@@ -32,13 +32,8 @@ from hfexport.job.run import run_job
 from hfexport.progress import Step
 from hfexport.surfaces.failure import describe_failure
 
-
 READY = "ready"
-
-
 FINAL = ("done", "failed", "crashed")
-
-
 ENV_PREFIX = "HFEXPORT_"
 
 

@@ -7,7 +7,7 @@ anything imports huggingface_hub). Standard library only.
 Start it:
     python -m hfexport.testing.hub --root DIR --port 0 --token alice=hf_alice:write
     with LocalHub(tmp_path) as hub: HfApi(endpoint=hub.url, token=hub.write_token)
-    conftest.py: `from hfexport.testing.hub import local_hub` (a function-scoped pytest fixture),
+    conftest.py: `from hfexport.testing.hub import local_hub`(a function-scoped pytest fixture),
                  or `hub_session = make_fixture(scope="session")`.
 
 Storage under `root`: `blobs/<oid[:2]>/<oid>` (content addressed by git blob sha1) and, per repo,

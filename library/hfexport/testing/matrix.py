@@ -171,7 +171,7 @@ def ensure_models(workdir: Path, names: Iterable[str], rebuild: bool = False) ->
 def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult:
     """Run one cell in this process: build the model if needed, run the job for the cell's target, classify."""
     from hfexport.errors import HfExportError
-    from hfexport.job.run import _engine_error, run_job
+    from hfexport.job.run import engine_error_message, run_job
 
     workdir = Path(workdir)
     started = time.perf_counter()
@@ -190,7 +190,7 @@ def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult
         return CellResult(*_key(cell), "error", one_line(str(error)), failed.get("stage", "job"),
                           {"wall_s": round(time.perf_counter() - started, 2)})
     except Exception as error:  # noqa: BLE001 - a job that dies outside its targets is this cell's error
-        return CellResult(*_key(cell), "error", one_line(_engine_error(error)), failed.get("stage", "job"),
+        return CellResult(*_key(cell), "error", one_line(engine_error_message(error)), failed.get("stage", "job"),
                           {"wall_s": round(time.perf_counter() - started, 2)})
     return result_from_report(cell, report, failed_stage=failed.get("stage"), wall_s=time.perf_counter() - started)
 

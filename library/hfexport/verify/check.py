@@ -10,7 +10,7 @@ pinned to the sample's 1 is caught. A probe costs at most `parity.max_probe_elem
 
 Every output leaf (named as the model's output fields; cache leaves grouped as `past_key_values`) gets max abs
 diff, max rel diff, cosine similarity and, for logits, top-1 agreement, checked against thresholds: the recipe's
-`parity` (global, then per output) over defaults per format and dtype (`default_tolerance`, docs/parity.md).
+`parity` (global, then per output) over defaults per format and dtype (`hfexport.verify.thresholds.resolve`, docs/parity.md).
 A probe the artifact rejects is a failure carrying the backend's message. Generation targets also decode greedily
 over the exported graphs (`hfexport.generate.generate`) and must agree token for token with `model.generate`.
 """
@@ -23,11 +23,29 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import redact
-from hfexport.runtime import cpu_info, has_runtime_precision, pinned_precision, read_back
+from hfexport.runtime import (
+    cpu_info,
+    has_runtime_precision,
+    pinned_precision,
+    read_back,
+)
 from hfexport.verify.parity import compare_outputs
-from hfexport.verify.probes import mask_of, plan_probes, probe_label, probe_axes, representative_probe, resize_inputs, shapes_of
-from hfexport.verify.thresholds import DEFAULT_MAX_NEW_TOKENS, RUNTIME_MIN_TOKEN_AGREEMENT, SHAPE_ONLY, default_parity, thresholds_for
-
+from hfexport.verify.probes import (
+    mask_of,
+    plan_probes,
+    probe_axes,
+    probe_label,
+    representative_probe,
+    resize_inputs,
+    shapes_of,
+)
+from hfexport.verify.thresholds import (
+    DEFAULT_MAX_NEW_TOKENS,
+    EXACT_TOKEN_AGREEMENT,
+    SHAPE_ONLY,
+    Thresholds,
+    resolve,
+)
 
 _MESSAGE_CHARS = 600
 
@@ -117,7 +135,6 @@ def _with_full_mask(runner, inputs: dict) -> dict:
     return {**inputs, "attention_mask": torch.ones(ids.shape[0], past + ids.shape[1], dtype=torch.long)}
 
 
-
 def _is_stateful(runner) -> bool:
     """An OpenVINO request holding state (a decode whose cache became internal variables): it cannot be fed a
     captured cache, so `hfexport.generate` (which seeds that state) checks it."""
@@ -135,10 +152,11 @@ def _finish(probe: dict) -> dict:
 
 
 def check_generation(exported, model, plan, processor=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                     min_token_agreement: float = 1.0) -> dict:
+                     min_token_agreement: float = EXACT_TOKEN_AGREEMENT) -> dict:
     """Greedy decoding over the exported graphs vs `model.generate(do_sample=False)` on the sample prompts."""
-    from hfexport.generate import generate
     import torch
+
+    from hfexport.generate import generate
 
     inputs = plan.inputs
     result: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_token_agreement": min_token_agreement}
@@ -229,13 +247,14 @@ def _load(folder: Path, export_format: str, precision: str | None):
     return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
 
 
-def _run_checks(exported, model, plan, processor, probes: list[dict], refs, thresholds: dict, *,
-                representative: dict | None, generate_settings: dict, min_token_agreement: float) -> dict:
+def _run_checks(exported, model, plan, processor, probes: list[dict], refs, resolved: Thresholds, *,
+                representative: dict | None) -> dict:
     """Every probe (and, for generation targets, greedy decoding) of one loaded artifact against the eager model.
 
     `representative`, for quantized targets, is the quality probe on real inputs judged by `thresholds`; the shape
     probes are then judged by shapes and finite values only (`SHAPE_ONLY`)."""
     generation = plan.target.mode == "generation"
+    thresholds = resolved.tolerances
     shape_thresholds = SHAPE_ONLY if representative is not None else thresholds
     runs = [(probe, shape_thresholds, "shape" if representative is not None else None) for probe in probes]
     if representative is not None:
@@ -263,8 +282,7 @@ def _run_checks(exported, model, plan, processor, probes: list[dict], refs, thre
     if generation:
         generation_result = check_generation(
             exported, model, plan, processor,
-            max_new_tokens=int(generate_settings.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
-            min_token_agreement=min_token_agreement,
+            max_new_tokens=resolved.max_new_tokens, min_token_agreement=resolved.min_token_agreement,
         )
     failures = [_failure_line(probe) for probe in results if not probe["passed"]]
     if generation_result is not None and not generation_result["passed"]:
@@ -302,13 +320,6 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
     reload_s = time.perf_counter() - started
     dtype = next(iter(exported.components.values())).metadata.export_dtype or "float32"
     generation = target.mode == "generation"
-    generate_settings = parity.get("generate", {}) or {}
-    if target.quantization:  # token agreement over N tokens with a minimum fraction, unless the recipe says more
-
-        generate_settings = {**default_parity(target.quantization["method"], target.mode,
-                                              target.quantization.get("params")).get("generate", {}),
-                             **generate_settings}
-    min_agreement = float(generate_settings.get("min_token_agreement", 1.0))
     probes, cost_bound = plan_probes(plan, model.config, reserve=4 if generation else 0)
     refs, _ = probe_axes(plan)
     representative = representative_probe(plan, processor) if target.quantization else None
@@ -318,10 +329,8 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
     try:
         graph_read = read_back(exported)
         graph_precision = graph_read["precision"] if has_precision else "f32"
-        graph = _run_checks(exported, model, plan, processor, probes, refs,
-                            thresholds_for(target, dtype, graph_precision),
-                            representative=representative, generate_settings=generate_settings,
-                            min_token_agreement=min_agreement)
+        graph = _run_checks(exported, model, plan, processor, probes, refs, resolve(target, dtype, graph_precision),
+                            representative=representative)
         runtime["backend"] = graph_read["backend"]
         runtime["checks"].append({"name": "graph" if has_precision else "runtime", "requested": "f32" if
                                   has_precision else pinned, "precision": graph_read["precision"] or "unknown",
@@ -330,8 +339,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
         runtime_check = None
         if has_precision:
             check, runtime_check = _runtime_precision_check(
-                folder, model, plan, processor, probes, refs, dtype, pinned, representative, generate_settings,
-                min_agreement)
+                folder, model, plan, processor, probes, refs, dtype, pinned, representative)
             runtime["checks"].append(check)
         user = runtime["checks"][-1]
         runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
@@ -371,12 +379,11 @@ def _device_of(components: dict) -> str:
     return ",".join(devices) or "cpu"
 
 
-def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype: str, pinned: str, representative,
-                             generate_settings: dict, min_agreement: float) -> tuple[dict, dict | None]:
+def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype: str, pinned: str,
+                             representative) -> tuple[dict, dict | None]:
     """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds:
     (the check's entry in `runtime.checks`, the report's `runtime_check`). Identical to the graph check (and not run
     again, `runtime_check` None) where the runtime computes at f32 anyway."""
-
     target = plan.target
     exported = _load(Path(folder), str(target.export_format), pinned)
     try:
@@ -386,10 +393,8 @@ def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype
         if precision == "f32":
             check.update(passed=True, same_as="graph")
             return check, None
-        agreement = min(min_agreement, float(RUNTIME_MIN_TOKEN_AGREEMENT.get(precision, min_agreement)))
-        result = _run_checks(exported, model, plan, processor, probes, refs, thresholds_for(target, dtype, precision),
-                             representative=representative, generate_settings=generate_settings,
-                             min_token_agreement=agreement)
+        result = _run_checks(exported, model, plan, processor, probes, refs, resolve(target, dtype, precision),
+                             representative=representative)
     finally:
         del exported
     check["passed"] = result["passed"]

@@ -6,7 +6,6 @@ from typing import Any
 
 from hfexport.verify.thresholds import tolerance_of
 
-
 CACHE_OUTPUTS = ("past_key_values", "present_key_values", "cache_params")
 
 

@@ -9,13 +9,8 @@ from dataclasses import dataclass
 from hfexport.models import sequence_limit
 from hfexport.recipe.validation import parse_axis
 
-
 DEFAULT_MAX_PROBE_ELEMENTS = 1 << 16
-
-
 AUTO_VALUES = {"batch": [1, 8], "seq": [5, 37]}
-
-
 INSIDE_VALUE = 37
 
 

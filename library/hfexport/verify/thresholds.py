@@ -6,10 +6,11 @@ quantization method, then the recipe's `parity`.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
-
-DEFAULT_MAX_NEW_TOKENS = 8
+DEFAULT_MAX_NEW_TOKENS = 8  # greedy tokens generated per prompt by a generation target's check
+EXACT_TOKEN_AGREEMENT = 1.0  # a float32 generation target must agree with model.generate token for token
 
 
 # Defaults per format and precision; the recipe's `parity` overrides them (globally, then per output).
@@ -19,8 +20,6 @@ _FP32 = {"dynamo": (1e-5, 1e-4, 0.99999, 0.99), "onnx": (1e-4, 1e-3, 0.9999, 0.9
 
 
 _HALF = (1e-2, 1e-2, 0.999, 0.95)
-
-
 _FP16_WEIGHTS = (5e-3, 1e-2, 0.9995, 0.98)
 
 
@@ -35,8 +34,6 @@ _RUNTIME = {"bf16": (None, None, 0.998, 0.95), "f16": (None, None, 0.9995, 0.95)
 # diverges (SmolLM2-135M at bf16: 0.69 over 3 chat prompts x 16 tokens), so token agreement has a floor; a broken
 # graph diverges from the first tokens.
 RUNTIME_MIN_TOKEN_AGREEMENT = {"bf16": 0.5, "f16": 0.75}
-
-
 _TOLERANCE_KEYS = ("atol", "rtol", "min_cosine", "min_top1")
 
 
@@ -50,8 +47,8 @@ def default_tolerance(export_format: str, dtype: str = "float32", quantized: boo
 
     `precision` is the precision the runtime computes at (read back from it): a float32 graph that OpenVINO runs
     in bf16 is judged by the bf16 row, not by float32's."""
-    if quantized:
-        values = (None, None, 0.98, 0.9)  # 8-bit; per method and bit width: hfexport.verify.thresholds.default_parity
+    if quantized:  # 8-bit; `default_parity` has the rows per method and bit width
+        values = tuple(default_parity("", "forward")[key] for key in _TOLERANCE_KEYS)
     elif precision in _RUNTIME:
         values = _RUNTIME[precision]
     elif dtype in ("float16", "bfloat16"):
@@ -63,16 +60,53 @@ def default_tolerance(export_format: str, dtype: str = "float32", quantized: boo
     return dict(zip(_TOLERANCE_KEYS, values))
 
 
-def thresholds_for(target, dtype: str = "float32", precision: str = "f32") -> dict:
-    """`{"default": {...}, "outputs": {name: {...}}, "basis": "..."}`: the defaults with the recipe's overrides.
+@dataclass(frozen=True)
+class Thresholds:
+    """What one verification of a target must meet.
 
-    At a reduced runtime precision the recipe's float thresholds (`atol`, `rtol`, `min_cosine`, `min_top1`, made
-    for the float32 graph) do not apply; the recipe pins `runtime.precision` to be judged (and run) at float32."""
+    `tolerances` is `{"default": {...}, "outputs": {name: {...}}, "basis": "..."}` (what reports record); the
+    generation check decodes `max_new_tokens` greedy tokens per prompt and needs `min_token_agreement` of them to
+    match `model.generate`."""
+    tolerances: dict
+    max_new_tokens: int
+    min_token_agreement: float
+
+
+def resolve(target, dtype: str = "float32", precision: str = "f32") -> Thresholds:
+    """The one resolution of a target's thresholds: defaults per format, dtype, runtime precision and quantization
+    method, under the recipe's `parity`.
+
+    Args:
+        target: the recipe `Target` (its `parity`, `quantization`, `export_format`, `options`, `mode`).
+        dtype: the dtype the graph was exported in (`ExportMetadata.export_dtype`).
+        precision: the precision the runtime computes at, read back from it (`f32`, `bf16`, `f16`). At a reduced
+            runtime precision the recipe's float thresholds (made for the float32 graph) do not apply: the recipe
+            pins `runtime.precision` to be judged, and run, at float32.
+
+    Returns:
+        `Thresholds`.
+    """
+    generate = dict((target.parity or {}).get("generate") or {})
+    if target.quantization:  # token agreement over N tokens with a minimum fraction, unless the recipe says more
+        quantized = default_parity(target.quantization["method"], target.mode, target.quantization.get("params"))
+        generate = {**quantized.get("generate", {}), **generate}
+    agreement = float(generate.get("min_token_agreement", EXACT_TOKEN_AGREEMENT))
+    if precision in RUNTIME_MIN_TOKEN_AGREEMENT:
+        agreement = min(agreement, RUNTIME_MIN_TOKEN_AGREEMENT[precision])
+    return Thresholds(_tolerances(target, dtype, precision), int(generate.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
+                      agreement)
+
+
+def thresholds_for(target, dtype: str = "float32", precision: str = "f32") -> dict:
+    """`resolve(...).tolerances`: the output tolerances alone."""
+    return _tolerances(target, dtype, precision)
+
+
+def _tolerances(target, dtype: str, precision: str) -> dict:
     parity = target.parity or {}
     default = default_tolerance(target.export_format, dtype, bool(target.quantization), target.options, precision)
     reduced = precision in _RUNTIME and not target.quantization
-    if target.quantization:  # per method and bit width (hfexport.verify.thresholds.default_parity)
-
+    if target.quantization:  # per method and bit width
         quantized = default_parity(target.quantization["method"], target.mode, target.quantization.get("params"))
         default.update({key: quantized[key] for key in _TOLERANCE_KEYS})
     overridden = [] if reduced else [key for key in _TOLERANCE_KEYS if key in parity]
@@ -114,16 +148,3 @@ def default_parity(method: str, mode: str, params: dict | None = None) -> dict:
     if mode == "generation":
         thresholds["generate"] = {"max_new_tokens": 16, "min_token_agreement": 0.5 if low_bit else 0.75}
     return thresholds
-
-
-def parity_for(target) -> dict:
-    """The thresholds a target's parity gate uses: the quantization defaults under the recipe's own `parity`."""
-    parity = copy.deepcopy(target.parity or {})
-    if not target.quantization:
-        return parity
-    merged = default_parity(target.quantization["method"], target.mode, target.quantization.get("params"))
-    generate = {**merged.get("generate", {}), **parity.pop("generate", {})}
-    merged.update(parity)
-    if target.mode == "generation":
-        merged["generate"] = generate
-    return merged

@@ -1,0 +1,89 @@
+"""The `transformers.exporters` internals hfexport relies on, named in one place.
+
+DESIGN.md: hfexport uses the engine's public constructors and methods. A few things it needs are not part of that
+surface (the backend table, per-format exporter and runner classes, the dynamo exporter's automatic dynamic shapes
+and cache pytree registration, calibration capture, OpenVINO feed and output helpers, the treespec type registry).
+Each is reached through this module only, imported when first used (the engine imports torch), and `INTERNALS`
+lists them with the engine version they were checked against; tests/test_architecture.py fails when the engine
+drops one, so a move in the engine is one file to fix here, not many.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+CHECKED_WITH = "transformers 5.23.0"
+
+# name -> (module, attribute): everything below reads through `internal`.
+INTERNALS = {
+    "EXPORT_BACKENDS": ("transformers.exporters.auto", "EXPORT_BACKENDS"),
+    "get_exporter_class": ("transformers.exporters.auto", "get_exporter_class"),
+    "get_runner_class": ("transformers.exporters.auto", "get_runner_class"),
+    "get_auto_dynamic_shapes": ("transformers.exporters.exporter_dynamo", "get_auto_dynamic_shapes"),
+    "register_cache_pytrees_for_model": ("transformers.exporters.exporter_dynamo", "register_cache_pytrees_for_model"),
+    "register_treespec_types": ("transformers.exporters.metadata", "register_treespec_types"),
+    "capture_calibration_inputs": ("transformers.exporters.quantizers.utils", "capture_calibration_inputs"),
+    "openvino_output_tensor": ("transformers.exporters.runners.runner_openvino", "openvino_output_tensor"),
+    "openvino_feed": ("transformers.exporters.utils", "openvino_feed"),
+}
+
+# Attributes of engine objects hfexport reads (checked by the same test on a loaded OpenVINO runner).
+RUNNER_ATTRIBUTES = {"openvino": ("compiled_model", "request")}
+
+
+def internal(name: str) -> Any:
+    """The engine object `INTERNALS[name]` names, imported on first use."""
+    module, attribute = INTERNALS[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def export_backends() -> dict:
+    """The engine's table of export formats to exporter classes (`transformers.exporters.auto.EXPORT_BACKENDS`)."""
+    return internal("EXPORT_BACKENDS")
+
+
+def exporter_class(export_format: str):
+    """The engine's exporter class for a format (its `program_files`, `load_program`, ...)."""
+    return internal("get_exporter_class")(export_format)
+
+
+def runner_class(export_format: str):
+    """The engine's runner class for a format (its `from_program` and the options it takes)."""
+    return internal("get_runner_class")(export_format)
+
+
+def auto_dynamic_shapes(*args, **kwargs):
+    """The dynamo exporter's dynamic shapes for `dynamic=True` without explicit shapes."""
+    return internal("get_auto_dynamic_shapes")(*args, **kwargs)
+
+
+def register_cache_pytrees(model) -> None:
+    """Register the model's cache classes as pytree nodes, as the dynamo exporter does before tracing."""
+    internal("register_cache_pytrees_for_model")(model)
+
+
+def register_treespec_types(*args, **kwargs):
+    """Register the types a loaded program's treespecs name (the engine's metadata registry)."""
+    return internal("register_treespec_types")(*args, **kwargs)
+
+
+def capture_calibration_inputs(*args, **kwargs):
+    """Per-component calibration inputs captured from generate-style batches (what `export_for_generation` does
+    for a single config)."""
+    return internal("capture_calibration_inputs")(*args, **kwargs)
+
+
+def openvino_request(runner):
+    """The OpenVINO runner's infer request (stateful programs are reset and read through it)."""
+    return runner.request
+
+
+def openvino_infer(runner, kwargs: dict):
+    """Run an OpenVINO runner's compiled model on `kwargs` with the engine's own feed; the raw results by port."""
+    return runner.request.infer(internal("openvino_feed")(runner.compiled_model, kwargs))
+
+
+def openvino_output_tensor(*args, **kwargs):
+    """An OpenVINO result as a torch tensor, as the engine's runner converts it."""
+    return internal("openvino_output_tensor")(*args, **kwargs)

@@ -1,0 +1,187 @@
+"""The package's structure stays true (docs/architecture.md): imports only go down the layers, no import cycles,
+function-level imports of hfexport's own modules only where they defer torch, one place for engine internals, and
+docs/parity.md's threshold table matches the thresholds module."""
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "library" / "hfexport"
+
+# Bottom to top, as docs/architecture.md draws them. A module may import from its own layer or any below.
+LAYERS = [
+    ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
+                    "hub", "schema"]),
+    ("models", ["models", "inputs"]),
+    ("recipe", ["quantization.spec", "recipe"]),
+    ("plan", ["quantization.calibration", "quantization.quantizer", "plan"]),
+    ("artifacts", ["safety", "generate", "exported", "export"]),
+    ("verify", ["verify", "latency"]),
+    ("report", ["report"]),
+    ("publication", ["publication"]),
+    ("job", ["job"]),
+    ("surfaces", ["surfaces"]),
+    ("entry points", ["__init__", "__main__", "testing"]),
+]
+# The modules that import torch (through the engine) when imported: lighter modules import them inside functions,
+# so that `import hfexport`, the CLI and the Space start without torch.
+DEFERRED = {"export", "exported", "generate"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+        found[name] = path
+    return found
+
+
+def _layer(module: str) -> int:
+    best = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (index, len(prefix))
+    assert best is not None, f"hfexport.{module} is in no layer: add it to LAYERS and docs/architecture.md"
+    return best[0]
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, bool, int]]:
+    """(imported hfexport module, at function level?, line) for every import of hfexport's own modules."""
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    modules = _modules()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
+            base = base[: len(base) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+        elif (node.module or "").split(".")[0] == "hfexport":
+            target = node.module.removeprefix("hfexport").removeprefix(".")
+        else:
+            continue
+        for alias in node.names:  # `from hfexport.job import init` imports the module hfexport.job.init
+            name = f"{target}.{alias.name}" if target else alias.name
+            found.append((name if name in modules else target or "__init__", id(node) not in top, node.lineno))
+    return found
+
+
+def test_every_import_goes_down_the_layers_and_defers_only_torch():
+    problems = []
+    for module, path in _modules().items():
+        for target, nested, line in _imports(module, path):
+            where = f"hfexport/{path.relative_to(PACKAGE)}:{line}"
+            if _layer(target) > _layer(module):
+                problems.append(f"{where}: {module} ({LAYERS[_layer(module)][0]}) imports {target} "
+                                f"({LAYERS[_layer(target)][0]}), a layer above")
+            if nested and target not in DEFERRED and not module.startswith(("testing", "__init__")):
+                problems.append(f"{where}: function-level import of {target}; only {sorted(DEFERRED)} (torch) are "
+                                "deferred")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycles():
+    graph = {module: {target for target, _, _ in _imports(module, path) if target != module}
+             for module, path in _modules().items()}
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(node):  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph.get(node, ()):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert not cycles, cycles
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
+    """The two tests above can fail: an upward import from errors.py and a cycle it makes are both reported."""
+    fake = tmp_path / "hfexport"
+    (fake / "job").mkdir(parents=True)
+    (fake / "errors.py").write_text("from hfexport.job.run import run_job\n")
+    (fake / "job" / "__init__.py").write_text("")
+    (fake / "job" / "run.py").write_text("from hfexport.errors import HfExportError\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    with pytest.raises(AssertionError, match="imports job.run"):
+        test_every_import_goes_down_the_layers_and_defers_only_torch()
+    with pytest.raises(AssertionError, match="errors"):
+        test_no_import_cycles()
+
+
+def test_engine_internals_are_named_once_and_still_exist():
+    """Every engine internal hfexport uses is listed in hfexport.engine and still exists in the installed engine;
+    no other module imports from the engine's submodules (its public names come from `transformers.exporters`)."""
+    from hfexport import engine
+
+    for name, (module, attribute) in engine.INTERNALS.items():
+        assert hasattr(importlib.import_module(module), attribute), (
+            f"{module}.{attribute} is gone from the engine (hfexport.engine checked it with {engine.CHECKED_WITH})")
+    public_utils = "transformers.exporters.utils import (decompose_for_generation|get_leaf_tensors|prepare_for_export)"
+    offenders = []
+    for module, path in _modules().items():
+        if module in ("engine", "logs", "__init__") or module.startswith("testing"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if re.search(r"from transformers\.exporters\.\w+", line) and not re.search(public_utils, line):
+                offenders.append(f"hfexport/{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert not offenders, "engine internals outside hfexport.engine:\n" + "\n".join(offenders)
+
+
+def test_parity_doc_table_matches_the_thresholds_module():
+    """docs/parity.md's default-threshold table is the thresholds module's values, row by row."""
+    from hfexport.verify.thresholds import default_parity, default_tolerance
+
+    text = (ROOT / "docs" / "parity.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] and cells[0] != "artifact" and not set(cells[1]) <= {"-"}:
+            if all(re.fullmatch(r"—|[0-9.e-]+", cell) for cell in cells[1:]):
+                rows[cells[0]] = tuple(None if cell == "—" else float(cell) for cell in cells[1:])
+    keys = ("atol", "rtol", "min_cosine", "min_top1")
+
+    def row(thresholds):
+        return tuple(None if thresholds[key] is None else float(thresholds[key]) for key in keys)
+
+    expected = {
+        "dynamo (`.pt2`), float32": row(default_tolerance("dynamo")),
+        "onnx, openvino, executorch, float32": row(default_tolerance("onnx")),
+        "openvino with `compress_to_fp16`": row(default_tolerance("openvino", options={"compress_to_fp16": True})),
+        "any format, float16 / bfloat16": row(default_tolerance("onnx", "float16")),
+        "quantized target, 8-bit (`quantization` set)": row(default_parity("ort_dynamic", "forward")),
+        "quantized target, low-bit weights (int4, nf4, ...)": row(default_parity("nncf_weights", "forward",
+                                                                                 {"mode": "int4_sym"})),
+        "a float32 graph that the runtime runs at **bf16** (OpenVINO; see below)":
+            row(default_tolerance("openvino", precision="bf16")),
+        "a float32 graph that the runtime runs at **f16** (OpenVINO)": row(default_tolerance("openvino", precision="f16")),
+    }
+    for fmt in ("openvino", "executorch"):
+        assert default_tolerance(fmt) == default_tolerance("onnx")
+    assert rows == expected
