@@ -56,3 +56,4 @@ def test_gpt2_on_executorch_passes_at_every_probed_batch(tmp_path, mode):
 
     result = run_cell(Cell("tiny-gpt2", "executorch", mode), tmp_path)
     assert result.outcome == "pass", result.detail
+

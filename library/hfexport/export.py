@@ -173,6 +173,23 @@ class RecipeExporter:
         return run_plan(self.plan(model, inputs), model)
 
 
+def _drop_model_output_samples(exported) -> None:
+    """A `.pt2` saves its program's example inputs as a pickle; an encoder-decoder's prefill/decode were traced with
+    `encoder_outputs`, a transformers `BaseModelOutput` (an OrderedDict subclass), which torch's weights-only
+    unpickler cannot rebuild ("Can only SETITEM for dict ..."), so hfexport's load check refused the file. The
+    example inputs are not needed to run the program (the signature's specs are): drop them for such programs."""
+    import torch
+    from transformers.utils import ModelOutput
+
+    for component in exported.components.values():
+        program = component.program
+        if not isinstance(program, torch.export.ExportedProgram) or program.example_inputs is None:
+            continue
+        leaves = torch.utils._pytree.tree_leaves(program.example_inputs, is_leaf=lambda x: isinstance(x, ModelOutput))
+        if any(isinstance(leaf, ModelOutput) for leaf in leaves):
+            program._example_inputs = None
+
+
 def _format_fixes(plan):
     """hfexport's narrow fixes of a backend's lowering, for the plan's format (hfexport.executorch_fixes)."""
     import contextlib
@@ -203,6 +220,7 @@ def run_plan(plan, model) -> ExportedModel:
             )
             if encoder is not None:
                 exported.components = {"encoder": encoder, **exported.components}
+                _drop_model_output_samples(exported)
         if exported.generation_config is None and getattr(model, "generation_config", None) is not None:
             # transformers 5.23: `export_for_generation(generation_config=None)` traces with the model's generation
             # config but keeps None on the ExportedModel, so `save_pretrained` wrote no generation_config.json and
