@@ -431,11 +431,11 @@ MODELS: dict[str, TinyModel] = {
                   "`.pt2` pickles `encoder_outputs` (a `BaseModelOutput`), which torch's weights-only unpickler "
                   "cannot load (\"Can only SETITEM for dict\"), so hfexport refuses to load it. OpenVINO: the "
                   "reloaded f32 prefill crashes the process (heap corruption in `infer`) on a third probe shape."),
-        TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", DECODER_MODES, build_t5,
+        TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", ("generation",), build_t5,
                   "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md)."),
-        TinyModel("tiny-marian", "Marian", "MarianMTModel", "text2text-generation", DECODER_MODES, build_marian,
+        TinyModel("tiny-marian", "Marian", "MarianMTModel", "text2text-generation", ("generation",), build_marian,
                   "`dims.seq.min` 3, as BART."),
-        TinyModel("tiny-mbart", "mBART", "MBartForConditionalGeneration", "text2text-generation", DECODER_MODES,
+        TinyModel("tiny-mbart", "mBART", "MBartForConditionalGeneration", "text2text-generation", ("generation",),
                   build_mbart, "`dims.seq.min` 3, as BART."),
         TinyModel("tiny-whisper", "Whisper", "WhisperForConditionalGeneration", "automatic-speech-recognition",
                   DECODER_MODES, build_whisper,
