@@ -274,9 +274,12 @@ def build_bart(folder: Path) -> None:
     ))
 
 
+SEQ2SEQ_MODES = ("generation",)
+
+
 def _seq2seq(folder: Path, make_model: Callable[[Any, dict], Any], description: str, note_dims: dict | None = None,
              **generation: Any) -> None:
-    """A tiny encoder-decoder for text (translation, summarization): forward and generation targets."""
+    """A tiny encoder-decoder for text (translation, summarization): generation targets (BART's row covers forward)."""
     tokenizer = bpe_tokenizer()
     ids = _special_ids(tokenizer)
     _seeded()
@@ -284,7 +287,7 @@ def _seq2seq(folder: Path, make_model: Callable[[Any, dict], Any], description: 
     _save_generative(folder, model, tokenizer, decoder_start_token_id=model.config.decoder_start_token_id,
                      **generation)
     _write_recipe(folder, matrix_recipe(
-        "text2text-generation", DECODER_MODES, TEXT_SHAPES, {"text": TEXTS},
+        "text2text-generation", SEQ2SEQ_MODES, TEXT_SHAPES, {"text": TEXTS},
         dims=note_dims or {"batch": DIMS["batch"], "seq": {"min": 3, "max": 64}}, description=description,
     ))
 
@@ -431,11 +434,11 @@ MODELS: dict[str, TinyModel] = {
                   "`.pt2` pickles `encoder_outputs` (a `BaseModelOutput`), which torch's weights-only unpickler "
                   "cannot load (\"Can only SETITEM for dict\"), so hfexport refuses to load it. OpenVINO: the "
                   "reloaded f32 prefill crashes the process (heap corruption in `infer`) on a third probe shape."),
-        TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", ("generation",), build_t5,
+        TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES, build_t5,
                   "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md)."),
-        TinyModel("tiny-marian", "Marian", "MarianMTModel", "text2text-generation", ("generation",), build_marian,
+        TinyModel("tiny-marian", "Marian", "MarianMTModel", "text2text-generation", SEQ2SEQ_MODES, build_marian,
                   "`dims.seq.min` 3, as BART."),
-        TinyModel("tiny-mbart", "mBART", "MBartForConditionalGeneration", "text2text-generation", ("generation",),
+        TinyModel("tiny-mbart", "mBART", "MBartForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES,
                   build_mbart, "`dims.seq.min` 3, as BART."),
         TinyModel("tiny-whisper", "Whisper", "WhisperForConditionalGeneration", "automatic-speech-recognition",
                   DECODER_MODES, build_whisper,
