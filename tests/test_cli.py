@@ -4,6 +4,7 @@ for what cannot run, and a token given with --token that never shows in output o
 from __future__ import annotations
 
 import json
+import re
 import logging
 import os
 import warnings
@@ -106,6 +107,13 @@ def test_export_json_report_on_a_clean_stdout(cli, tiny_bert, tmp_path):
     assert report["targets"]["onnx"]["status"] == "ok"
     assert report == json.loads((output / "export_report.json").read_text())
     assert {entry["path"] for entry in report["targets"]["onnx"]["files"]} >= {"model.onnx", "export.json"}
+    # not a terminal: plain progress lines, each led by the job's elapsed time; one line per verification probe
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert all(re.match(r"\[\d\d:\d\d\.\d\] ", line) for line in lines), lines
+    assert any("✓ onnx: export " in line for line in lines) and any("… onnx: export" in line for line in lines)
+    probes = [line for line in lines if "onnx: probe " in line]
+    assert len(probes) == len(report["targets"]["onnx"]["verification"]["probes"]) and all("✓" in p for p in probes)
+    assert "\x1b[" not in result.stderr  # no terminal control codes in a log
 
 
 # ── What cannot run: one line, exit 2 ────────────────────────────────────────
@@ -137,7 +145,7 @@ def test_invalid_recipe(run, tiny_bert, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text('{"export_format": "onnx", "opset_version": "eighteen"}')
     code, out, err = run("export", tiny_bert, "--recipe", recipe, "-o", tmp_path / "out")
-    assert code == 2 and "Traceback" not in err
+    assert code == 1 and "Traceback" not in err  # an invalid recipe is a failed check: errors.exit_code
     assert "opset_version: 'eighteen' is not of type 'integer'" in err
 
 
@@ -145,7 +153,7 @@ def test_unknown_format(run, tiny_bert, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text('{"export_format": "tflite"}')
     code, out, err = run("export", tiny_bert, "--recipe", recipe, "-o", tmp_path / "out")
-    assert code == 2 and "Traceback" not in err
+    assert code == 1 and "Traceback" not in err  # an invalid recipe is a failed check: errors.exit_code
     assert "export_format: 'tflite' is not one of" in err
 
 

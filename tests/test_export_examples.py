@@ -64,6 +64,27 @@ def test_recipes_cover_every_format_and_the_decoder_has_a_generation_target():
     assert any(target.mode == "generation" for target in llama.targets.values())
 
 
+def test_loaded_onnx_runs_from_its_file_and_parses_the_graph_only_when_asked(exported_bert, eager, tmp_path):
+    """ONNX Runtime opens the checked file; `.program` parses the graph into onnx_ir on first use (the engine's
+    program type), and saving the loaded export again writes the same graph."""
+    import onnx_ir
+
+    output, _ = exported_bert
+    exported = hfexport.ExportedModel.from_pretrained(output / "onnx")
+    component = exported.components["model"]
+    inputs = probe(eager["bert"])
+    first = exported(**inputs).last_hidden_state
+    assert component.parsed is False  # loaded and run without the graph in onnx_ir
+    program = exported.program
+    assert isinstance(program, onnx_ir.Model) and component.parsed
+    assert program.meta["path"] == str(output / "onnx" / "model.onnx")
+    assert exported.program is program  # parsed once
+    exported.save_pretrained(tmp_path / "again")
+    again = hfexport.ExportedModel.from_pretrained(tmp_path / "again")
+    torch.testing.assert_close(again(**inputs).last_hidden_state, first, atol=0, rtol=0)
+    assert [node.op_type for node in again.program.graph] == [node.op_type for node in program.graph]
+
+
 @pytest.mark.parametrize("target", BERT_TARGETS)
 def test_bert_target_runs_at_other_shapes(exported_bert, eager, target):
     output, report = exported_bert

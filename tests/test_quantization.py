@@ -288,6 +288,7 @@ def test_xnnpack_quantizer_keeps_integer_arithmetic_integer():
     preset's quantizer keeps integer add/mul operands as they are (fails without the fix in quantization.py)."""
     import torch
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+    from hfexport.quantization.quantizer import build_pt2e_preset
     from hfexport.quantization.spec import PT2E_PRESETS
 
     class Indexing(torch.nn.Module):
@@ -302,7 +303,7 @@ def test_xnnpack_quantizer_keeps_integer_arithmetic_integer():
 
     x = torch.randn(3, 4)
     graph = torch.export.export(Indexing(), (x,)).module()
-    fixed = PT2E_PRESETS["xnnpack_int8_static_per_channel"].build().transform_for_annotation(copy.deepcopy(graph))
+    fixed = build_pt2e_preset(PT2E_PRESETS["xnnpack_int8_static_per_channel"]).transform_for_annotation(copy.deepcopy(graph))
     fixed(x)  # runs: the integer add keeps its integer scalar
     float_adds = [node for node in fixed.graph.nodes if node.op == "get_attr" and "tensor_constant" in node.target]
     assert len(float_adds) == 1  # the float `* 2.0` still gets its tensor constant

@@ -254,6 +254,20 @@ def test_progress_log_has_one_line_per_step_and_target():
     assert "✓ already exported `pt2`: already published in org/m@refs/pr/1 (exports/pt2)" in log.markdown()
 
 
+def test_progress_log_shows_how_long_a_running_step_has_run():
+    from hfexport.progress import RUNNING, Step
+
+    log = logic.ProgressLog("Converting `org/m`")
+    log.add(Step("export", "start", "pte", "executorch / generation"))
+    log.add(Step("export", RUNNING, "pte", "executorch / generation", 45.2))
+    assert "… export `pte` (running, 45 s): executorch / generation" in log.markdown()
+    log.add(Step("export", "done", "pte", "executorch / generation", 61.0))
+    log.add(Step("export", RUNNING, "pte", "executorch / generation", 62.0))  # a late beat cannot reopen it
+    assert "✓ export `pte` (61.0 s)" in log.markdown() and "running" not in log.markdown()
+    log.add(Step("probe", "done", "pte", "batch=1 seq=2 [decode]", 0.3))
+    assert "✓ parity probe `pte` (0.3 s): batch=1 seq=2 [decode]" in log.markdown()
+
+
 # ── against the local Hub ────────────────────────────────────────────────────
 
 

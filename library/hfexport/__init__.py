@@ -2,6 +2,11 @@
 
 One import serves both hfexport's API and the engine's (`transformers.exporters`): names are resolved lazily,
 so `import hfexport` stays cheap and a backend's packages load only when a target needs them.
+
+The package follows the data flow (docs/architecture.md), bottom to top: foundation (`errors`, `files`,
+`progress`, `hub`, `engine`, `runtime`, ...) → `models`/`inputs` → `recipe/` → `plan` → `export`/`exported`/
+`generate`/`safety/` → `verify/` → `report/` → `publication/` → `job/` → `surfaces/` (CLI, action, webhook,
+Space). Imports only go down.
 """
 
 from __future__ import annotations

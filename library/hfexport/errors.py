@@ -47,6 +47,11 @@ def exit_code(error: BaseException) -> int:
     return EXIT_COULD_NOT_RUN
 
 
+def status_exit_code(status: str) -> int:
+    """The exit code of a job or target by its report status: ok and unchanged 0, failed (parity) 1, error 2."""
+    return {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(status, EXIT_COULD_NOT_RUN)
+
+
 def first_line(error: BaseException | str, limit: int | None = None) -> str:
     """The first line of an error's message (its class name when the message is empty), redacted, optionally cut.
 

@@ -7,7 +7,7 @@ import contextlib
 import inspect
 import os
 from pathlib import Path
-
+from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
 from hfexport.engine import register_treespec_types, runner_class
@@ -51,6 +51,21 @@ class ExportedModel(_EngineExportedModel):
             exported.components, exported.export_format, config=exported.config,
             generation_config=exported.generation_config,
         )
+
+    def to(self, device=None, **runner_kwargs) -> ExportedModel:
+        """The engine's `to`: each component on its backend's runtime. An ONNX component that has not been parsed
+        (`OnnxFileComponent`) reaches the runner as its file, which ONNX Runtime opens: no onnx_ir parse to run it."""
+        unparsed = {name: component for name, component in self.components.items()
+                    if isinstance(component, OnnxFileComponent) and not component.parsed}
+        if not unparsed:
+            return super().to(device, **runner_kwargs)
+        components = self.components
+        self.components = {**components, **{name: ExportedComponent(_OnnxFile(component.path), component.metadata)
+                                            for name, component in unparsed.items()}}
+        try:
+            return super().to(device, **runner_kwargs)
+        finally:
+            self.components = components
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,
                  stopping_criteria=None, streamer=None, generator=None, seed=None, tokenizer=None, **kwargs):
@@ -143,9 +158,10 @@ class ExportedModel(_EngineExportedModel):
         AOTInductor archives) as torch itself would, unpickling included: only for a source you trust.
 
         The components are assembled here from the engine's public classes (`ExportMetadata`, `ExportedComponent`,
-        each exporter's `load_program`, the runner through `.to()`), from the checked files only. ONNX graphs are read
-        with onnx_ir rather than `OnnxExporter.load_program`: importing the ONNX *exporter* makes onnxscript compile
-        its torch_lib, ~5 s per process (transformers 5.23).
+        each exporter's `load_program`, the runner through `.to()`), from the checked files only. An ONNX graph is
+        opened by ONNX Runtime from its checked file and parsed into onnx_ir only when `.program` is read
+        (`OnnxFileComponent`), never through `OnnxExporter.load_program`: importing the ONNX *exporter* makes
+        onnxscript compile its torch_lib, ~5 s per process (transformers 5.23).
         """
         revision = revision or "main"
         subfolder = _join(subfolder, _target_folder(target)) if target else subfolder
@@ -179,7 +195,6 @@ class ExportedModel(_EngineExportedModel):
         with the configs beside it; a backend's failure on a checked file becomes a `CorruptExportError`."""
         from transformers import AutoConfig, GenerationConfig
         from transformers.exporters import (
-            ExportedComponent,
             ExportFormat,
             ExportMetadata,
         )
@@ -194,9 +209,14 @@ class ExportedModel(_EngineExportedModel):
         components = {}
         for name, entry in manifest["components"].items():
             label = f"{source}/{entry['file']}"
+            metadata = ExportMetadata.from_dict(entry["metadata"])
+            if export_format == "onnx":  # ONNX Runtime opens the checked file; the graph is parsed on demand
+                components[name] = OnnxFileComponent(paths[name], metadata, fetch(f"{entry['file']}.data", False),
+                                                     label)
+                continue
             with _backend_errors(label, export_format):
                 program = _read_program(export_format, paths[name], fetch, entry, allow_unsafe_pt2)
-            components[name] = ExportedComponent(program, ExportMetadata.from_dict(entry["metadata"]))
+            components[name] = ExportedComponent(program, metadata)
         config = generation_config = None
         config_file, generation_file = fetch("config.json", False), fetch("generation_config.json", False)
         with _backend_errors(f"{source}/config.json", "transformers"):
@@ -210,6 +230,56 @@ class ExportedModel(_EngineExportedModel):
         model = cls(components, ExportFormat(export_format), config=config, generation_config=generation_config)
         with _backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format):
             return model.to(device, **runner_kwargs)
+
+
+class OnnxFileComponent(ExportedComponent):
+    """An ONNX component read back from its checked file. ONNX Runtime opens the file itself (the engine's runner opens
+    `program.meta["path"]` when a program has one); the graph is parsed into onnx_ir, the engine's program type, only
+    when `.program` is read (saving it again, inspecting the graph): a caller who only runs the export never pays
+    for the parse (benchmarks/load_published.py)."""
+
+    def __init__(self, path: Path, metadata, data: Path | None = None, label: str | None = None):
+        self.metadata, self.path, self.data, self.label = metadata, Path(path), data, label or str(path)
+        self._program = None
+
+    @property
+    def program(self):
+        if self._program is None:
+            with _backend_errors(self.label, "onnx"):
+                self._program = _read_onnx(self.path, self.data)
+        return self._program
+
+    @program.setter
+    def program(self, value) -> None:
+        self._program = value
+
+    @property
+    def parsed(self) -> bool:
+        """Whether the graph has been parsed into onnx_ir (`.program` read or set)."""
+        return self._program is not None
+
+    def __repr__(self) -> str:
+        return f"OnnxFileComponent(path={str(self.path)!r}, parsed={self.parsed})"
+
+
+class _OnnxFile:
+    """What the engine's ONNX runner reads of a loaded program to open its saved file (transformers 5.23:
+    `OnnxModelRunner.from_program` opens `program.meta["path"]` in ONNX Runtime and reads nothing else of it)."""
+
+    def __init__(self, path: Path):
+        self.meta = {"path": str(path)}
+
+
+def _read_onnx(path: Path, data: Path | None):
+    """The checked `.onnx` file as an onnx_ir model that remembers its path (ONNX Runtime reads the weights beside
+    it); weights in the Hub cache's blob store are pointed at there."""
+    import onnx_ir
+
+    program = onnx_ir.load(str(path))
+    program.meta["path"] = str(path)
+    if data is not None and data.is_symlink():
+        _read_weights_from_blob(program, data)
+    return program
 
 
 _BACKENDS = {"onnx": "ONNX Runtime", "openvino": "OpenVINO", "executorch": "ExecuTorch", "dynamo": "torch.export"}
@@ -237,14 +307,7 @@ def _backend_errors(label: str, export_format: str):
 def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
     """One checked program file, read by its backend through the engine's public exporter classes."""
     if export_format == "onnx":
-        import onnx_ir
-
-        program = onnx_ir.load(str(path))
-        program.meta["path"] = str(path)  # the runner opens this file; ONNX Runtime reads the weights beside it
-        data = fetch(f"{entry['file']}.data", False)
-        if data is not None and data.is_symlink():
-            _read_weights_from_blob(program, data)
-        return program
+        return _read_onnx(path, fetch(f"{entry['file']}.data", False))
     if export_format == "dynamo":
         from transformers.exporters import DynamoExporter
 

@@ -229,8 +229,6 @@ def _load(job: _Job) -> None:
 
 def _run_target(job: _Job, name: str) -> None:
     """Plan, export, save, verify and time one target; its outcome goes to `job.report.targets[name]`."""
-    from hfexport.export import run_plan
-
     target = job.recipe.target(name)
     progress, output = job.progress, job.output
     target_report = TargetReport(
@@ -243,6 +241,8 @@ def _run_target(job: _Job, name: str) -> None:
         progress(Step("target", "done", name, f"unchanged: {job.hits[name].reason}"))
         return
     progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
+    from hfexport.export import run_plan  # imports torch: not for a job whose targets are all cache hits
+
     try:
         with StepTimer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
             plan = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor, source=job.model,
@@ -330,7 +330,7 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     started = time.perf_counter()
     try:
         with engine_output(f"verify {name}"):
-            verification = verify_exported(folder, model_object, plan, processor)
+            verification = verify_exported(folder, model_object, plan, processor, progress=progress)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass

@@ -12,7 +12,9 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
+from typing import Any
 
 from hfexport.collector import one_shot_collection
 from hfexport.errors import (
@@ -26,6 +28,7 @@ from hfexport.errors import (
     first_line,
     redact,
     register_secret,
+    status_exit_code,
 )
 from hfexport.files import REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
@@ -33,6 +36,7 @@ from hfexport.job.init import default_output, init_recipe
 from hfexport.job.reverify import reverify
 from hfexport.job.run import run_job
 from hfexport.logs import original_stream, quiet_engine_logs
+from hfexport.progress import RUNNING, Heartbeat
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.markdown import (
@@ -226,34 +230,84 @@ def _show_resolved(args) -> int:
 # ── export ───────────────────────────────────────────────────────────────────
 
 
-class _RichProgress:
-    """Renders job steps: a spinner while a step runs, a line when it ends."""
+class _JobProgress:
+    """Job steps as a person reads them, with elapsed times. On a terminal (rich): one live line per running step,
+    a spinner and its elapsed time ticking, then a ✓/✗ line with the step's seconds. Elsewhere (a CI log, a pipe):
+    plain lines only, each led by the job's elapsed time: the step when it starts, a "still running" line at each
+    heartbeat (`hfexport.progress.Heartbeat` re-sends a long step), each verification probe, and the step's end."""
 
     def __init__(self, console):
         self.console = console
-        self.status = None
+        self.live = console.is_terminal
+        self.started = time.perf_counter()
+        self.display = None  # rich's live Progress, while a step runs on a terminal
+        self.tasks: dict[tuple[str, str | None], Any] = {}
+
+    def _clock(self) -> str:
+        elapsed = time.perf_counter() - self.started
+        return f"[{int(elapsed // 60):02d}:{elapsed % 60:04.1f}]"
+
+    def _print(self, text: str) -> None:
+        self.console.print(text if self.live else f"{self._clock()} {text}", highlight=False)
 
     def __call__(self, step) -> None:
         label = f"{step.target}: {step.step}" if step.target else step.step
-        if step.status == "start" and step.step != "target":
-            self.status = self.console.status(f"{label} {step.detail or ''}".strip())
-            self.status.start()
-            return
-        if self.status is not None and step.step != "target":
-            self.status.stop()
-            self.status = None
+        key = (step.step, step.target)
         if step.step == "target":
             if step.status == "start":
-                self.console.print(f"[bold]▶ {step.target}[/bold] ({step.detail})")
+                self._print(f"[bold]▶ {escape(step.target)}[/bold] ({escape(step.detail or '')})")
             return
+        detail = escape(step.detail or "")
+        if step.status == "start":
+            if self.live:
+                self.tasks[key] = self._live().add_task(f"{escape(label)} {detail}".strip())
+            else:
+                self._print(f"  … {escape(label)}" + (f" ({detail})" if detail else ""))
+            return
+        if step.status == RUNNING:
+            if not self.live:
+                self._print(f"  … {escape(label)}: still running, {step.seconds:.0f} s")
+            return
+        if step.step == "probe":  # one verification probe: its own line, under the verify step
+            if self.live and ("verify", step.target) in self.tasks:
+                self.display.update(self.tasks[("verify", step.target)], description=f"{escape(step.target)}: "
+                                    f"verify — {detail}")
+            mark = "[green]✓[/green]" if step.status == "done" else "[red]✗[/red]"
+            self._print(f"    {mark} {escape(label)} {detail}" + (f" {step.seconds:.1f}s" if step.seconds else ""))
+            return
+        task = self.tasks.pop(key, None)
+        if task is not None and self.display is not None:
+            self.display.remove_task(task)
+            if not self.tasks:
+                self.display.stop()
+                self.display = None
         mark = "[green]✓[/green]" if step.status == "done" else "[red]✗[/red]"
         seconds = f" {step.seconds:.1f}s" if step.seconds is not None else ""
-        detail = f" — {escape(step.detail)}" if step.status == "error" and step.detail else ""
-        self.console.print(f"  {mark} {label}{seconds}{detail}")
+        failure = f" — {detail}" if step.status == "error" and detail else ""
+        self._print(f"  {mark} {escape(label)}{seconds}{failure}")
+
+    def _live(self):
+        """rich's Progress (spinner, description, elapsed time), started when the first step of a run starts."""
+        if self.display is None:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.display = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                    console=self.console, transient=True)
+            self.display.start()
+        return self.display
 
     def close(self):
-        if self.status is not None:
-            self.status.stop()
+        if self.display is not None:
+            self.display.stop()
+            self.display = None
+
+
+HEARTBEAT_S = 30.0  # a plain log gets a "still running" line this often while a step runs
+
+
+def _heartbeat(progress):
+    """The progress callback with a heartbeat (`hfexport.progress.Heartbeat`), or nothing for --quiet."""
+    return Heartbeat(progress, every=HEARTBEAT_S) if progress is not None else contextlib.nullcontext(None)
 
 
 SUMMARY_COLUMNS = ("target", "format", "mode", "status", "size", "export", "verify")
@@ -315,10 +369,10 @@ def print_summary(report, console=None) -> None:
 def cmd_export(args) -> int:
 
     console = _console()
-    progress = _RichProgress(console) if not args.quiet else None
+    progress = _JobProgress(console) if not args.quiet else None
     try:
         # engine prints stay off stdout (--json is parsed from it); one_shot_collection: see hfexport.collector
-        with contextlib.redirect_stdout(sys.stderr), one_shot_collection(progress) as on_step:
+        with contextlib.redirect_stdout(sys.stderr), _heartbeat(progress) as beat, one_shot_collection(beat) as on_step:
             report = run_job(
                 args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
                 token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=on_step,
@@ -335,7 +389,7 @@ def cmd_export(args) -> int:
             target.total_bytes = target.total_bytes or sum(entry["bytes"] for entry in target.files)
         print_summary(report)
         print(f"report: {os.path.join(args.output, 'export_report.json')}")
-    code = {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(report.status, EXIT_COULD_NOT_RUN)
+    code = status_exit_code(report.status)
     if args.push:
         exported = [name for name in report.targets if os.path.isfile(os.path.join(args.output, name, REPORT_FILE))]
         publish_code = _publish(args, _push_repo(args), exported or list(report.targets))
@@ -376,9 +430,9 @@ def cmd_init(args) -> int:
     if os.path.exists(output) and not args.force:
         raise HfExportError(f"{output} exists; pass --force to replace it, or -o to write elsewhere")
     console = _console()
-    progress = _RichProgress(console) if not args.quiet else None
+    progress = _JobProgress(console) if not args.quiet else None
     try:
-        with contextlib.redirect_stdout(sys.stderr), one_shot_collection(progress) as on_step:
+        with contextlib.redirect_stdout(sys.stderr), _heartbeat(progress) as beat, one_shot_collection(beat) as on_step:
             result = init_recipe(args.model, formats=args.format, output=output, revision=args.revision,
                                  token=_token(args), trust_remote_code=args.trust_remote_code, progress=on_step,
                                  exports=args.exports)

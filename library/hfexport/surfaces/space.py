@@ -566,12 +566,14 @@ _STEP_TITLES = {
     "export": "export",
     "save": "save",
     "verify": "verify parity",
+    "probe": "parity probe",
+    "latency": "time against eager torch",
     "unchanged": "already exported",
     "publish": "publish",
 }
 
 
-_STATUS_ICONS = {"start": "…", "done": "✓", "error": "✗"}
+_STATUS_ICONS = {"start": "…", "running": "…", "done": "✓", "error": "✗"}
 
 
 class ProgressLog:
@@ -588,6 +590,10 @@ class ProgressLog:
                 reason = step.detail.removeprefix("unchanged").lstrip(": ")
                 self.entries[("unchanged", step.target)] = type(step)("unchanged", "done", step.target, reason)
             return
+        if step.status == "running":  # a heartbeat: the open step's line shows how long it has been running
+            if (step.step, step.target) in self.entries and self.entries[(step.step, step.target)].status == "start":
+                self.entries[(step.step, step.target)] = step
+            return
         self.entries[(step.step, step.target)] = step
 
     def markdown(self) -> str:
@@ -595,8 +601,10 @@ class ProgressLog:
         for (name, target), step in self.entries.items():
             title = _STEP_TITLES.get(name, name) + (f" `{target}`" if target else "")
             seconds = f" ({step.seconds:.1f} s)" if step.seconds is not None else ""
-            detail = f": {md_escape(step.detail)}" if step.detail and step.status != "start" else ""
-            if step.status == "start" and step.detail and name not in ("load_model",):
+            if step.status == "running":
+                seconds = f" (running, {step.seconds:.0f} s)"
+            detail = f": {md_escape(step.detail)}" if step.detail and step.status not in ("start", "running") else ""
+            if step.status in ("start", "running") and step.detail and name not in ("load_model",):
                 detail = f": {md_escape(step.detail)}"
             lines.append(f"- {_STATUS_ICONS.get(step.status, '•')} {title}{seconds}{detail}")
         if self.note:

@@ -29,11 +29,14 @@ from pathlib import Path
 
 from hfexport.hub import drop_cached_downloads
 from hfexport.job.run import run_job
-from hfexport.progress import Step
+from hfexport.progress import Heartbeat, Step
 from hfexport.surfaces.failure import describe_failure
 
 READY = "ready"
 FINAL = ("done", "failed", "crashed")
+HEARTBEAT_S = 5.0  # how often a running step is re-sent to the page
+
+
 ENV_PREFIX = "HFEXPORT_"
 
 
@@ -174,7 +177,9 @@ def _serve(protocol) -> None:
                 send({"type": "step", "step": asdict(step)})
 
             try:
-                report = run_job(model, request.pop("output"), progress=progress, **request)
+                # the heartbeat re-sends a long step every few seconds: the page shows it running, and for how long
+                with Heartbeat(progress, every=HEARTBEAT_S) as beat:
+                    report = run_job(model, request.pop("output"), progress=beat, **request)
                 send({"type": "done", "report": report.to_dict()})
             except Exception as error:  # noqa: BLE001 - every failure goes back as a category + one line
                 send({"type": "failed", "failure": describe_failure(error, command).to_dict()})

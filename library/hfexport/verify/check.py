@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import redact
+from hfexport.progress import ProgressCallback, Step
 from hfexport.runtime import (
     cpu_info,
     has_runtime_precision,
@@ -248,7 +249,7 @@ def _load(folder: Path, export_format: str, precision: str | None):
 
 
 def _run_checks(exported, model, plan, processor, probes: list[dict], refs, resolved: Thresholds, *,
-                representative: dict | None) -> dict:
+                representative: dict | None, on_probe=None) -> dict:
     """Every probe (and, for generation targets, greedy decoding) of one loaded artifact against the eager model.
 
     `representative`, for quantized targets, is the quality probe on real inputs judged by `thresholds`; the shape
@@ -274,16 +275,24 @@ def _run_checks(exported, model, plan, processor, probes: list[dict], refs, reso
             seconds = (time.perf_counter() - probe_started) / max(len(entries), 1)
             for entry in entries:
                 results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
+                if on_probe is not None:
+                    on_probe(results[-1])
         else:
             entry = _run_forward_probe(exported, model, inputs, probe_thresholds)
             results.append(_finish({**base, "component": "model", "shapes": shapes_of(inputs), **entry,
                                     "seconds": round(time.perf_counter() - probe_started, 4)}))
+            if on_probe is not None:
+                on_probe(results[-1])
     generation_result = None
     if generation:
+        generation_started = time.perf_counter()
         generation_result = check_generation(
             exported, model, plan, processor,
             max_new_tokens=resolved.max_new_tokens, min_token_agreement=resolved.min_token_agreement,
         )
+        if on_probe is not None:
+            on_probe({"name": "greedy generation", "passed": generation_result["passed"],
+                      "seconds": round(time.perf_counter() - generation_started, 4)})
     failures = [_failure_line(probe) for probe in results if not probe["passed"]]
     if generation_result is not None and not generation_result["passed"]:
         failures.append(_generation_failure_line(generation_result))
@@ -291,14 +300,14 @@ def _run_checks(exported, model, plan, processor, probes: list[dict], refs, reso
             "failures": failures}
 
 
-def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
+def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None) -> dict:
     """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict.
 
     Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
     thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
     `runtime.precision`, else the device default, read back from the compiled model) against thresholds for that
     precision; the target passes when both do. `verification["runtime"]` names the CPU, backend, device and
-    precision of each check."""
+    precision of each check. `progress` gets a `probe` step as each probe (and the generation check) ends."""
     import torch
 
 
@@ -330,7 +339,9 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
         graph_read = read_back(exported)
         graph_precision = graph_read["precision"] if has_precision else "f32"
         graph = _run_checks(exported, model, plan, processor, probes, refs, resolve(target, dtype, graph_precision),
-                            representative=representative)
+                            representative=representative,
+                            on_probe=_probe_steps(progress, target.name, f"at {graph_precision}: " if has_precision
+                                                  else ""))
         runtime["backend"] = graph_read["backend"]
         runtime["checks"].append({"name": "graph" if has_precision else "runtime", "requested": "f32" if
                                   has_precision else pinned, "precision": graph_read["precision"] or "unknown",
@@ -339,7 +350,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None) -> dict:
         runtime_check = None
         if has_precision:
             check, runtime_check = _runtime_precision_check(
-                folder, model, plan, processor, probes, refs, dtype, pinned, representative)
+                folder, model, plan, processor, probes, refs, dtype, pinned, representative, progress)
             runtime["checks"].append(check)
         user = runtime["checks"][-1]
         runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
@@ -380,7 +391,7 @@ def _device_of(components: dict) -> str:
 
 
 def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype: str, pinned: str,
-                             representative) -> tuple[dict, dict | None]:
+                             representative, progress: ProgressCallback | None = None) -> tuple[dict, dict | None]:
     """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds:
     (the check's entry in `runtime.checks`, the report's `runtime_check`). Identical to the graph check (and not run
     again, `runtime_check` None) where the runtime computes at f32 anyway."""
@@ -394,11 +405,24 @@ def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype
             check.update(passed=True, same_as="graph")
             return check, None
         result = _run_checks(exported, model, plan, processor, probes, refs, resolve(target, dtype, precision),
-                             representative=representative)
+                             representative=representative, on_probe=_probe_steps(progress, target.name,
+                                                                                   f"at {precision}: "))
     finally:
         del exported
     check["passed"] = result["passed"]
     return check, {"precision": precision, "requested": pinned, **result}
+
+
+def _probe_steps(progress: ProgressCallback | None, target: str, stage: str):
+    """`on_probe(probe)` for `_run_checks`: one `probe` progress step per finished probe (None without progress)."""
+    if progress is None:
+        return None
+
+    def on_probe(probe: dict) -> None:
+        where = probe["name"] + (f" [{probe['component']}]" if probe.get("component") not in (None, "model") else "")
+        progress(Step("probe", "done" if probe["passed"] else "error", target, f"{stage}{where}", probe.get("seconds")))
+
+    return on_probe
 
 
 def _failure_line(probe: dict) -> str:

@@ -5,7 +5,6 @@ quantization method, then the recipe's `parity`.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
