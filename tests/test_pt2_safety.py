@@ -110,3 +110,20 @@ def layout_pt2(session_dir, tiny_llama):
     report = run_job(tiny_llama, output, all_targets=True, recipe=recipe, verify=False)
     assert report.targets["pt2-generation"].status == "ok", report.targets["pt2-generation"].error
     return output / "pt2-generation"
+
+
+def test_a_pt2_saved_without_example_inputs_passes_the_archive_check(tmp_path):
+    """An encoder-decoder's .pt2 drops its `BaseModelOutput` example inputs (hfexport.export): torch.export.save
+    then writes an empty `data/sample_inputs/model.pt`, which is no pickle to refuse."""
+    import torch
+
+    from hfexport.safety.pt2 import check_pt2_archive
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    program = torch.export.export(Double(), (torch.randn(2, 3),))
+    program._example_inputs = None
+    torch.export.save(program, tmp_path / "model.pt2")
+    check_pt2_archive(tmp_path / "model.pt2")

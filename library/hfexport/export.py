@@ -173,16 +173,54 @@ class RecipeExporter:
         return run_plan(self.plan(model, inputs), model)
 
 
+def _drop_model_output_samples(exported) -> None:
+    """A `.pt2` saves its program's example inputs as a pickle; an encoder-decoder's prefill/decode were traced with
+    `encoder_outputs`, a transformers `BaseModelOutput` (an OrderedDict subclass), which torch's weights-only
+    unpickler cannot rebuild ("Can only SETITEM for dict ..."), so hfexport's load check refused the file. The
+    example inputs are not needed to run the program (the signature's specs are): drop them for such programs."""
+    import torch
+    from transformers.utils import ModelOutput
+
+    for component in exported.components.values():
+        program = component.program
+        if not isinstance(program, torch.export.ExportedProgram) or program.example_inputs is None:
+            continue
+        leaves = torch.utils._pytree.tree_leaves(program.example_inputs, is_leaf=lambda x: isinstance(x, ModelOutput))
+        if any(isinstance(leaf, ModelOutput) for leaf in leaves):
+            program._example_inputs = None
+
+
+def _format_fixes(plan):
+    """hfexport's narrow fixes of a backend's lowering, for the plan's format (hfexport.executorch_fixes)."""
+    import contextlib
+
+    if str(plan.export_format) == "executorch":
+        from .executorch_fixes import executorch_fixes
+
+        return executorch_fixes()
+    return contextlib.nullcontext()
+
+
 def run_plan(plan, model) -> ExportedModel:
     """The engine call a plan stands for: `export` for mode forward, `export_for_generation` for generation."""
     exporter = AutoHfExporter.from_config(next(iter(plan.components.values())).config)
-    if plan.mode == "forward":
-        exported = exporter.export(model, dict(plan.inputs), plan.config)
-    else:
-        exported = exporter.export_for_generation(
-            model, dict(plan.inputs), plan.config, generation_config=plan.generation_config,
-            multi_token_decode=plan.multi_token_decode,
-        )
+    with _format_fixes(plan):
+        if plan.mode == "forward":
+            exported = exporter.export(model, dict(plan.inputs), plan.config)
+        else:
+            configs = plan.config
+            encoder = None
+            if plan.encoder is not None:
+                # hfexport's own component (see hfexport.plan._encoder_capture): the engine exports prefill/decode.
+                module, inputs = plan.encoder
+                encoder = exporter.export(module, dict(inputs), configs.pop("encoder")).components["model"]
+            exported = exporter.export_for_generation(
+                model, dict(plan.trace_inputs or plan.inputs), configs, generation_config=plan.generation_config,
+                multi_token_decode=plan.multi_token_decode,
+            )
+            if encoder is not None:
+                exported.components = {"encoder": encoder, **exported.components}
+                _drop_model_output_samples(exported)
         if exported.generation_config is None and getattr(model, "generation_config", None) is not None:
             # transformers 5.23: `export_for_generation(generation_config=None)` traces with the model's generation
             # config but keeps None on the ExportedModel, so `save_pretrained` wrote no generation_config.json and

@@ -68,7 +68,7 @@ class ExportedModel(_EngineExportedModel):
         finally:
             self.components = components
 
-    def generate(self, input_ids, attention_mask=None, generation_config=None, logits_processor=None,
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,
                  stopping_criteria=None, streamer=None, generator=None, seed=None, tokenizer=None, **kwargs):
         """
         Generates tokens over the `prefill`/`decode` components, without the torch model, as `model.generate` does
@@ -77,7 +77,9 @@ class ExportedModel(_EngineExportedModel):
 
         Args:
             input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
-                The prompts, left-padded when they differ in length.
+                The prompts, left-padded when they differ in length (an encoder-decoder: the encoder's input).
+                A speech encoder-decoder (Whisper) takes `input_features=` instead; an encoder-decoder also takes
+                `decoder_input_ids=` (default: the generation config's decoder start and forced tokens).
             attention_mask (`torch.LongTensor` of the same shape, *optional*):
                 1 for real tokens, 0 for padding. Without it every token is real.
             generation_config (`transformers.GenerationConfig`, *optional*):

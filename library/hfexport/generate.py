@@ -27,11 +27,12 @@ import torch
 from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_request
 from hfexport.errors import GenerationError
 
-PREFILL, DECODE = "prefill", "decode"
-
-
+PREFILL, DECODE, ENCODER = "prefill", "decode", "encoder"
 CACHE = "past_key_values"
 _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE}
+# An encoder-decoder's prefill/decode (the engine's decompose_for_generation) take the decoder tokens and the
+# encoder's output; the encoder is hfexport's own `encoder` component (see `hfexport.plan`), run once per call.
+_SEQ2SEQ_INPUTS = {"decoder_input_ids", "attention_mask", "encoder_outputs", CACHE}
 
 
 @dataclass
@@ -43,6 +44,7 @@ class _Layout:
     static_cache_len: int | None  # StaticCache size, None for a DynamicCache
     stateful: dict[str, bool]  # per component: an OpenVINO program that keeps the cache in its infer request
     pinned_batch: int | None  # the only batch size the decode takes (see `_layout`)
+    seq2seq: bool = False  # an encoder-decoder: `encoder` once, then prefill/decode over the decoder tokens
 
 
 # Options of transformers' GenerationConfig that this loop does not reproduce, with the values that leave them off.
@@ -53,8 +55,8 @@ _UNSUPPORTED = {
     "dola_layers": ((None,), "DoLa decoding needs the hidden states of inner layers"),
     "watermarking_config": ((None,), "watermarking is not wired to exported graphs"),
     "prompt_lookup_num_tokens": ((None,), "prompt-lookup (assisted) decoding verifies several tokens per step"),
-    "encoder_repetition_penalty": ((None, 1, 1.0), "an encoder-decoder option"),
-    "encoder_no_repeat_ngram_size": ((None, 0), "an encoder-decoder option"),
+    "encoder_repetition_penalty": ((None, 1, 1.0), "it penalizes the encoder's input tokens, not reproduced here"),
+    "encoder_no_repeat_ngram_size": ((None, 0), "it bans the encoder's input n-grams, not reproduced here"),
     "token_healing": ((None, False), "token healing needs the tokenizer's vocabulary trie"),
     "return_dict_in_generate": ((None, False), "generate returns the token ids only"),
     "output_scores": ((None, False), "generate returns the token ids only"),
@@ -212,7 +214,7 @@ def _merged(built, custom):
 
 def generate(
     exported,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
     generation_config=None,
     logits_processor=None,
@@ -229,11 +231,23 @@ def generate(
 
     Returns prompt + generated tokens, `[batch * num_return_sequences, prompt + n]`.
     """
+    input_features = kwargs.pop("input_features", None)
+    decoder_input_ids = kwargs.pop("decoder_input_ids", None)
     nothing_new = kwargs.get("max_new_tokens") is not None and kwargs["max_new_tokens"] < 1
     if nothing_new:  # transformers refuses max_new_tokens=0; here it returns the prompt
         kwargs.pop("max_new_tokens")
     config = resolve_generation_config(exported, generation_config, **kwargs)
     layout = _layout(exported)
+    if layout.seq2seq:
+        return _generate_seq2seq(exported, layout, config, input_ids, attention_mask, input_features,
+                                 decoder_input_ids, nothing_new, logits_processor=logits_processor,
+                                 stopping_criteria=stopping_criteria, streamer=streamer, generator=generator,
+                                 seed=seed, tokenizer=tokenizer, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    if input_features is not None or decoder_input_ids is not None:
+        raise GenerationError("input_features / decoder_input_ids are encoder-decoder inputs; this export is a "
+                              "decoder-only prefill/decode")
+    if input_ids is None:
+        raise GenerationError("generate needs input_ids (the prompts)")
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
@@ -300,6 +314,88 @@ def generate(
     return sequences
 
 
+def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_mask, input_features,
+                      decoder_input_ids, nothing_new: bool, *, seed, generator, streamer, **run) -> torch.LongTensor:
+    """`model.generate` for an encoder-decoder: the `encoder` component once on `input_ids`/`attention_mask` (or
+    `input_features`), then the decoder loop from `decoder_input_ids` (default: `decoder_start_token_id`, plus the
+    `forced_decoder_ids` of the generation config) over prefill/decode, each fed the encoder's output, its padding
+    mask and the self- and cross-attention cache. Returns the decoder sequences, as `model.generate` does."""
+    encoder_kwargs = {}
+    if input_features is not None:
+        encoder_kwargs["input_features"] = torch.as_tensor(input_features)
+        batch = encoder_kwargs["input_features"].shape[0]
+    else:
+        if input_ids is None:
+            raise GenerationError("an encoder-decoder export generates from input_ids (or input_features)")
+        input_ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+        encoder_kwargs["input_ids"] = input_ids
+        batch = input_ids.shape[0]
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask, dtype=torch.long)
+    elif input_ids is not None and input_features is None:
+        attention_mask = torch.ones_like(input_ids)
+    if attention_mask is not None:
+        encoder_kwargs["attention_mask"] = attention_mask
+    traced = exported.runners[ENCODER].metadata.kwargs
+    missing = [name for name in traced if name not in encoder_kwargs]
+    if missing:
+        raise GenerationError(f"the encoder component takes {missing}; pass them to generate")
+    encoder_kwargs = {name: value for name, value in encoder_kwargs.items() if name in traced}
+    if seed is not None:
+        if generator is not None:
+            raise GenerationError("pass a seed or a generator, not both")
+        generator = torch.Generator().manual_seed(seed)
+    if config.num_return_sequences > 1:
+        encoder_kwargs = {name: value.repeat_interleave(config.num_return_sequences, dim=0)
+                          for name, value in encoder_kwargs.items()}
+        attention_mask = encoder_kwargs.get("attention_mask")
+        batch *= config.num_return_sequences
+    encoder_outputs = exported.runners[ENCODER](**encoder_kwargs)
+    if decoder_input_ids is None:
+        decoder_input_ids = torch.tensor([decoder_prompt(exported, config)] * batch, dtype=torch.long)
+    decoder_input_ids = torch.as_tensor(decoder_input_ids, dtype=torch.long)
+    prompt_len = decoder_input_ids.shape[1]
+    max_length = config.max_length = _max_length(config, prompt_len, exported)
+    if streamer is not None:
+        streamer.put(decoder_input_ids.cpu())
+    if nothing_new or max_length <= prompt_len:
+        if streamer is not None:
+            streamer.end()
+        return decoder_input_ids.clone()
+    decoder_mask = torch.ones_like(decoder_input_ids)
+    sequences = _decode(exported, layout, decoder_input_ids, decoder_mask, real=batch, config=config,
+                        max_length=max_length, streamer=streamer, generator=generator,
+                        encoder=(encoder_outputs, attention_mask), **run)
+    if streamer is not None:
+        streamer.end()
+    if getattr(exported.config, "model_type", None) == "whisper":
+        # transformers 5.23's WhisperForConditionalGeneration.generate returns the new tokens only (it strips its
+        # decoder prompt: the start token and the forced language/task tokens).
+        return sequences[:, prompt_len:]
+    return sequences
+
+
+def decoder_prompt(exported, config) -> list[int]:
+    """The decoder tokens an encoder-decoder's generate starts from: `decoder_start_token_id` (generation config,
+    then model config, then BOS), then the `forced_decoder_ids` in position order (Whisper's language/task tokens)."""
+    sources = [config, getattr(exported, "generation_config", None), getattr(exported, "config", None)]
+    start = next((getattr(s, "decoder_start_token_id") for s in sources
+                  if getattr(s, "decoder_start_token_id", None) is not None), None)
+    if start is None:
+        start = next((getattr(s, "bos_token_id") for s in sources if getattr(s, "bos_token_id", None) is not None), None)
+    if start is None:
+        raise GenerationError("no decoder_start_token_id in the export's generation config or config: pass "
+                              "decoder_input_ids")
+    tokens = [int(_token_ids(start)[0])]
+    forced = getattr(config, "forced_decoder_ids", None) or []
+    for position, token in sorted(forced):
+        if position == len(tokens) and token is not None:
+            tokens.append(int(token))
+    return tokens
+
+
 def _max_length(config, prompt_len: int, exported) -> int:
     """Prompt + new tokens, as `model.generate` reads it: `max_new_tokens`, else `max_length` (a total), else 20 new
     tokens capped at the model's `max_position_embeddings`."""
@@ -321,7 +417,7 @@ def _pad_token(config) -> int | None:
 
 def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, config, max_length: int,
             logits_processor, stopping_criteria, streamer, generator, tokenizer,
-            prefix_allowed_tokens_fn) -> torch.LongTensor:
+            prefix_allowed_tokens_fn, encoder=None) -> torch.LongTensor:
     """transformers 5.23's `_sample` loop (greedy when `do_sample` is off) for one batch the components accept:
     the same processors, token choice, random draws (`torch.multinomial` on the softmax, one per step), padding of
     finished rows, stopping criteria and streamer calls. `real`: rows that are not chunk filler (streamed, and
@@ -334,7 +430,7 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
     if pads and pad is None:
         raise GenerationError("an EOS stopping criterion needs a pad_token_id for the rows that finished")
     batch = input_ids.shape[0]
-    session = _Session(exported, layout, batch)
+    session = _Session(exported, layout, batch, encoder)
     positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
     logits = session.step(PREFILL, input_ids, attention_mask, positions)
 
@@ -434,6 +530,9 @@ def _layout(exported) -> _Layout:
             "(export it with mode `generation`)"
         )
     runners = exported.runners
+    seq2seq = "decoder_input_ids" in runners[PREFILL].metadata.kwargs
+    if seq2seq:
+        return _seq2seq_layout(exported, runners)
     for name in (PREFILL, DECODE):
         unknown = sorted(set(runners[name].metadata.kwargs) - _KNOWN_INPUTS)
         if unknown:
@@ -477,6 +576,25 @@ def _layout(exported) -> _Layout:
     )
 
 
+def _seq2seq_layout(exported, runners) -> _Layout:
+    """An encoder-decoder's layout: an `encoder` component, and prefill/decode over the decoder tokens."""
+    if ENCODER not in exported.components:
+        raise GenerationError(
+            "this encoder-decoder export has prefill/decode but no `encoder` component: re-export it with hfexport "
+            "(mode `generation` exports the encoder beside them)")
+    for name in (PREFILL, DECODE):
+        unknown = sorted(set(runners[name].metadata.kwargs) - _SEQ2SEQ_INPUTS)
+        if unknown:
+            raise GenerationError(f"the {name} component takes {unknown}, which hfexport's generate does not feed")
+    cache = runners[DECODE].metadata.kwargs.get(CACHE, {})
+    if cache.get("container") != "EncoderDecoderCache":
+        raise GenerationError(f"the decode component takes a {cache.get('container')}; an encoder-decoder's generate "
+                              "handles EncoderDecoderCache (of DynamicCache)")
+    stateful = {name: _is_stateful(runners[name]) for name in (PREFILL, DECODE)}
+    return _Layout(takes_mask=True, mask_dtype=None, static_cache_len=None, stateful=stateful, pinned_batch=None,
+                   seq2seq=True)
+
+
 def _is_stateful(runner) -> bool:
     """An OpenVINO program whose cache became internal state (`OpenVINOConfig.stateful`): its infer request holds
     variables. (A prefill traced on an empty cache has no cache inputs either, but no state.)"""
@@ -487,18 +605,21 @@ def _is_stateful(runner) -> bool:
 class _Session:
     """One generation: the cache between calls, and which OpenVINO request holds it as state."""
 
-    def __init__(self, exported, layout: _Layout, batch: int):
+    def __init__(self, exported, layout: _Layout, batch: int, encoder=None):
         self.exported, self.layout, self.batch = exported, layout, batch
+        self.encoder = encoder  # seq2seq: (encoder outputs, encoder padding mask)
         self.cache = self._new_cache(exported, layout)
         self.state_owner: str | None = None
         self.filled = 0  # cache slots written so far (static cache: where the next tokens go)
 
     @staticmethod
     def _new_cache(exported, layout: _Layout):
-        from transformers import DynamicCache, StaticCache
+        from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
         if CACHE not in exported.runners[PREFILL].metadata.kwargs:
             return None
+        if layout.seq2seq:
+            return EncoderDecoderCache(DynamicCache(config=exported.config), DynamicCache(config=exported.config))
         if layout.static_cache_len is not None:
             return StaticCache(config=exported.config, max_cache_len=layout.static_cache_len)
         return DynamicCache(config=exported.config)
@@ -508,7 +629,17 @@ class _Session:
         traced = runner.metadata.kwargs
         device = runner.device
         input_ids, attention_mask, positions = (t.to(device) for t in (input_ids, attention_mask, positions))
-        kwargs: dict[str, Any] = {"input_ids": input_ids}
+        if self.layout.seq2seq:
+            encoder_outputs, encoder_mask = self.encoder
+            kwargs: dict[str, Any] = {"decoder_input_ids": input_ids}
+            if "encoder_outputs" in traced:
+                kwargs["encoder_outputs"] = encoder_outputs
+            if "attention_mask" in traced:
+                kwargs["attention_mask"] = encoder_mask.to(device)
+            if CACHE in traced:
+                kwargs[CACHE] = self.cache
+            return self._run(name, runner, kwargs, input_ids)
+        kwargs = {"input_ids": input_ids}
         if "attention_mask" in traced:
             kwargs["attention_mask"] = attention_mask if self.layout.mask_dtype is None else static_attention_mask(
                 attention_mask, self.filled, input_ids.shape[1], self.layout.static_cache_len, self.layout.mask_dtype
@@ -517,6 +648,10 @@ class _Session:
             kwargs["position_ids"] = positions
         if CACHE in traced:
             kwargs[CACHE] = self.cache
+        return self._run(name, runner, kwargs, input_ids)
+
+    def _run(self, name: str, runner, kwargs: dict, input_ids) -> torch.Tensor:
+        traced = runner.metadata.kwargs
         if self.layout.stateful[name]:
             self._hand_state_to(name, runner)
             self.filled += input_ids.shape[1]

@@ -8,7 +8,10 @@ components the engine's `decompose_for_generation` finds for this model (`prefil
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +47,8 @@ class Plan:
     multi_token_decode: bool = False
     dims: dict[str, Any] = field(default_factory=dict)
     quantization: dict | None = None  # method, params, engine objects, calibration (hfexport.quantization.spec)
+    encoder: tuple[Any, dict] | None = None  # seq2seq generation: (the model's encoder, the kwargs it is traced with)
+    trace_inputs: dict | None = None  # generate kwargs the engine traces with, when not `inputs` (seq2seq)
 
     @property
     def export_format(self):
@@ -309,9 +314,66 @@ def _generation_config(model, target: Target):
     return config
 
 
+@contextlib.contextmanager
+def _encoder_capture(model):
+    """The kwargs of every call to `model.get_encoder()` within the block (nothing when `model` is None).
+
+    transformers 5.23's `decompose_for_generation` captures an encoder-decoder's prefill/decode only; `generate`
+    runs the encoder before them, so hfexport exports it as a third component, traced with what generate passed."""
+    calls: list[dict] = []
+    if model is None:
+        yield calls
+        return
+    encoder = model.get_encoder()
+    original = encoder.forward
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)  # generate filters the encoder's kwargs by its signature
+    def forward(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        call = {}
+        for name, value in bound.arguments.items():
+            kind = signature.parameters[name].kind
+            if kind == inspect.Parameter.VAR_KEYWORD:
+                call.update(value)
+            elif kind != inspect.Parameter.VAR_POSITIONAL:
+                call[name] = value
+        calls.append(call)
+        return original(*args, **kwargs)
+
+    encoder.forward = forward
+    try:
+        yield calls
+    finally:
+        del encoder.forward  # the instance attribute; the class's forward shows again
+
+
+def _seq2seq_trace_inputs(model, inputs: dict) -> dict:
+    """Generate kwargs that trace an encoder-decoder with two decoder prompt tokens.
+
+    With the usual one-token decoder prompt, the decode step is captured with a one-token self-attention cache,
+    and torch.export specializes a size-1 axis: the exported decode would only ever run the second token. Two
+    start tokens make the prefill's decoder axis and the decode's cache axis 2 at trace time, so both stay
+    dynamic (generate then feeds the prefill one token, as model.generate does)."""
+    import torch
+
+    if "decoder_input_ids" in inputs:
+        return dict(inputs)
+    start = model.generation_config.decoder_start_token_id
+    if start is None:
+        start = model.config.decoder_start_token_id
+    if start is None:
+        raise PlanError("the encoder-decoder has no decoder_start_token_id (generation_config or config)")
+    start = start[0] if isinstance(start, (list, tuple)) else int(start)
+    batch = next(value.shape[0] for value in inputs.values() if isinstance(value, torch.Tensor))
+    return {**inputs, "decoder_input_ids": torch.full((batch, 2), start, dtype=torch.long)}
+
+
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
                source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
+    import torch
+
     target = recipe.target(target_name)
     task = recipe.task or infer_task(model.config)
     if inputs is None:
@@ -338,12 +400,24 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         from transformers.exporters.utils import decompose_for_generation
 
         generation_config = _generation_config(model, target)
+        seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+        if seq2seq and (generation_config is not None or multi_token_decode):
+            raise PlanError(f"targets.{target.name}.generation: an encoder-decoder exports with the default layout "
+                            "(a DynamicCache of one token per step); static caches and multi-token decode are for "
+                            "decoder-only models")
         try:
-            stages = decompose_for_generation(
-                model, dict(inputs), generation_config=generation_config, multi_token_decode=multi_token_decode
-            )
+            with _encoder_capture(model if seq2seq else None) as encoder_calls:
+                stages = decompose_for_generation(
+                    model, _seq2seq_trace_inputs(model, inputs) if seq2seq else dict(inputs),
+                    generation_config=generation_config, multi_token_decode=multi_token_decode
+                )
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
+        if seq2seq:
+            if not encoder_calls:
+                raise PlanError(f"targets.{target.name}: generate() never ran {type(model).__name__}'s encoder")
+            encoder_inputs = {key: value for key, value in encoder_calls[0].items() if isinstance(value, torch.Tensor)}
+            stages = {"encoder": (model.get_encoder(), encoder_inputs), **stages}
         unknown_overrides = [name for name in target.components if name not in stages]
         if unknown_overrides:
             raise PlanError(
@@ -379,6 +453,9 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 f"{base}: no component takes {', '.join(map(repr, unknown))}; inputs are: {', '.join(sorted(seen_keys))}"
             )
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
+    if target.mode == "generation" and "encoder" in stages:
+        plan.encoder = stages["encoder"]
+        plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)
     if target.quantization:
         # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
         plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,

@@ -274,6 +274,57 @@ def build_bart(folder: Path) -> None:
     ))
 
 
+SEQ2SEQ_MODES = ("generation",)
+
+
+def _seq2seq(folder: Path, make_model: Callable[[Any, dict], Any], description: str, note_dims: dict | None = None,
+             **generation: Any) -> None:
+    """A tiny encoder-decoder for text (translation, summarization): generation targets (BART's row covers forward)."""
+    tokenizer = bpe_tokenizer()
+    ids = _special_ids(tokenizer)
+    _seeded()
+    model = make_model(tokenizer, ids).eval()
+    _save_generative(folder, model, tokenizer, decoder_start_token_id=model.config.decoder_start_token_id,
+                     **generation)
+    _write_recipe(folder, matrix_recipe(
+        "text2text-generation", SEQ2SEQ_MODES, TEXT_SHAPES, {"text": TEXTS},
+        dims=note_dims or {"batch": DIMS["batch"], "seq": {"min": 3, "max": 64}}, description=description,
+    ))
+
+
+def build_t5(folder: Path) -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    _seq2seq(folder, lambda tokenizer, ids: T5ForConditionalGeneration(T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=ids["pad_token_id"],
+        tie_word_embeddings=False, architectures=["T5ForConditionalGeneration"], initializer_factor=4.0, **ids,
+    )), "Tiny random T5 encoder-decoder (relative position buckets, decoder starts from <pad>).")
+
+
+def build_marian(folder: Path) -> None:
+    from transformers import MarianConfig, MarianMTModel
+
+    _seq2seq(folder, lambda tokenizer, ids: MarianMTModel(MarianConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+        decoder_start_token_id=ids["pad_token_id"], decoder_vocab_size=len(tokenizer), init_std=0.2,
+        share_encoder_decoder_embeddings=True, architectures=["MarianMTModel"], **ids,
+    )), "Tiny random Marian translation model (sinusoidal positions, decoder starts from <pad>).",
+        bad_words_ids=None)
+
+
+def build_mbart(folder: Path) -> None:
+    from transformers import MBartConfig, MBartForConditionalGeneration
+
+    _seq2seq(folder, lambda tokenizer, ids: MBartForConditionalGeneration(MBartConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+        decoder_start_token_id=ids["eos_token_id"], forced_eos_token_id=None, init_std=0.2,
+        tie_word_embeddings=False, architectures=["MBartForConditionalGeneration"], **ids,
+    )), "Tiny random mBART (pre-norm BART; decoder starts from </s>).")
+
+
 WHISPER_CHUNK_SECONDS = 2  # 200 mel frames: max_source_positions 100 keeps the encoder tiny
 
 
@@ -371,10 +422,24 @@ MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-bert", "BERT", "BertModel", "feature-extraction", ("forward",), build_bert),
         TinyModel("tiny-vit", "ViT", "ViTForImageClassification", "image-classification", ("forward",), build_vit),
         TinyModel("tiny-llama", "Llama", "LlamaForCausalLM", "text-generation", DECODER_MODES, build_llama),
-        TinyModel("tiny-gpt2", "GPT-2", "GPT2LMHeadModel", "text-generation", DECODER_MODES, build_gpt2),
+        TinyModel("tiny-gpt2", "GPT-2", "GPT2LMHeadModel", "text-generation", DECODER_MODES, build_gpt2,
+                  "ExecuTorch: executorch 1.5.1's `to_edge` dtype validator guarded the batch of GPT-2's "
+                  "`c_attn(...).split(...)` to the traced batch (error 0x12 at any other batch); "
+                  "`hfexport.executorch_fixes` keeps it dynamic."),
         TinyModel("tiny-qwen2", "Qwen2", "Qwen2ForCausalLM", "text-generation", DECODER_MODES, build_qwen2),
         TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
-                  build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it)."),
+                  build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it). "
+                  "Generation (all encoder-decoders here): hfexport's `encoder` component beside the engine's "
+                  "prefill/decode, the decoder traced from two start tokens (docs/generation.md). dynamo: the "
+                  "`.pt2` pickles `encoder_outputs` (a `BaseModelOutput`), which torch's weights-only unpickler "
+                  "cannot load (\"Can only SETITEM for dict\"), so hfexport refuses to load it. OpenVINO: the "
+                  "reloaded f32 prefill crashes the process (heap corruption in `infer`) on a third probe shape."),
+        TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES, build_t5,
+                  "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md)."),
+        TinyModel("tiny-marian", "Marian", "MarianMTModel", "text2text-generation", SEQ2SEQ_MODES, build_marian,
+                  "`dims.seq.min` 3, as BART."),
+        TinyModel("tiny-mbart", "mBART", "MBartForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES,
+                  build_mbart, "`dims.seq.min` 3, as BART."),
         TinyModel("tiny-whisper", "Whisper", "WhisperForConditionalGeneration", "automatic-speech-recognition",
                   DECODER_MODES, build_whisper,
                   "2 s audio windows (200 mel frames); forward takes explicit `decoder_input_ids` (batch × dec_seq)."),

@@ -162,25 +162,37 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
     inputs = plan.inputs
     result: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_token_agreement": min_token_agreement}
     input_ids = inputs.get("input_ids")
-    if input_ids is None:
-        result.update(passed=False, error="the sample inputs have no input_ids to generate from")
+    input_features = inputs.get("input_features")  # speech encoder-decoders (Whisper) generate from audio
+    if input_ids is None and input_features is None:
+        result.update(passed=False, error="the sample inputs have no input_ids (or input_features) to generate from")
         return result
     attention_mask = inputs.get("attention_mask")
     generation_config = copy.deepcopy(plan.generation_config or model.generation_config)
     generation_config.do_sample, generation_config.num_beams = False, 1
     generation_config.max_new_tokens, generation_config.min_new_tokens = max_new_tokens, None
     eos = generation_config.eos_token_id
-    result["prompts"] = int(input_ids.shape[0])
+    prompts = input_ids if input_ids is not None else input_features
+    result["prompts"] = int(prompts.shape[0])
     result["eos_token_id"] = eos
     extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
     with torch.no_grad():
-        eager = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                               **extra)
+        given = {key: value for key, value in (("input_ids", input_ids), ("attention_mask", attention_mask))
+                 if value is not None}  # Whisper's generate takes input_features alone
+        eager = model.generate(**given, generation_config=generation_config, **extra)
+    model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids") if key in extra}
     try:
-        got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config)
+        got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                       **model_inputs)
     except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
         result.update(passed=False, error=_backend_message(error))
         return result
+    if getattr(model.config, "is_encoder_decoder", False):
+        # An encoder-decoder returns decoder sequences: the generated tokens follow its decoder prompt.
+        from hfexport.generate import decoder_prompt
+
+        decoder_ids = model_inputs.get("decoder_input_ids")
+        length = decoder_ids.shape[1] if decoder_ids is not None else len(decoder_prompt(exported, generation_config))
+        input_ids = got[:, :length]
     prompt = input_ids.shape[1]
     eager_new, got_new = _new_tokens(eager, input_ids), _new_tokens(got, input_ids)
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
