@@ -7,6 +7,7 @@ a backend (config class or exporter) is missing.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import warnings
 from pathlib import Path
@@ -16,6 +17,7 @@ from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
 from hfexport.engine import export_backends, exporter_class
+from hfexport.executorch_fixes import executorch_fixes
 from hfexport.exported import ExportedModel
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
@@ -192,11 +194,7 @@ def _drop_model_output_samples(exported) -> None:
 
 def _format_fixes(plan):
     """hfexport's narrow fixes of a backend's lowering, for the plan's format (hfexport.executorch_fixes)."""
-    import contextlib
-
     if str(plan.export_format) == "executorch":
-        from .executorch_fixes import executorch_fixes
-
         return executorch_fixes()
     return contextlib.nullcontext()
 
