@@ -24,6 +24,10 @@ system-deps:
 	@if ! command -v shellcheck >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; \
 	  else echo "install shellcheck (sudo apt-get install shellcheck) for the action lint tests"; fi; fi
+	@# Node.js + npm: transformers.js, one of the real loaders tests/test_ecosystem_clients.py runs (npm packages from the registry)
+	@if ! command -v npm >/dev/null || ! command -v node >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	  else echo "install Node.js and npm (sudo apt-get install nodejs npm) for the transformers.js test"; fi; fi
 
 demo: setup
 	$(BIN)/hfexport export examples/tiny-llama --all-targets -o demo-out
