@@ -189,7 +189,7 @@ def _drop_model_output_samples(exported) -> None:
             continue
         leaves = torch.utils._pytree.tree_leaves(program.example_inputs, is_leaf=lambda x: isinstance(x, ModelOutput))
         if any(isinstance(leaf, ModelOutput) for leaf in leaves):
-            program._example_inputs = None
+            program.example_inputs = None  # the public setter allows None ("This is allowed", torch 2.13)
 
 
 def _format_fixes(plan):
