@@ -250,6 +250,52 @@ def build_qwen2(folder: Path) -> None:
     )), "Tiny random Qwen2 decoder.")
 
 
+GEMMA3_SLIDING_WINDOW = 4  # under the sample prompts' length, so prefill and decode both cut the window
+
+
+def build_gemma3(folder: Path) -> None:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    _decoder(folder, lambda tokenizer: Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=256,
+        sliding_window=GEMMA3_SLIDING_WINDOW, layer_types=["sliding_attention", "full_attention"],
+        architectures=["Gemma3ForCausalLM"], **_special_ids(tokenizer),
+    )), f"Tiny random Gemma3 text decoder (one sliding-window layer, window {GEMMA3_SLIDING_WINDOW}, one full).")
+
+
+def build_phi3(folder: Path) -> None:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    _decoder(folder, lambda tokenizer: Phi3ForCausalLM(Phi3Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=256,
+        architectures=["Phi3ForCausalLM"], tie_word_embeddings=False, **_special_ids(tokenizer),
+    )), "Tiny random Phi-3 decoder (fused qkv and gate_up projections).")
+
+
+def build_mistral(folder: Path) -> None:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _decoder(folder, lambda tokenizer: MistralForCausalLM(MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, sliding_window=None, architectures=["MistralForCausalLM"],
+        tie_word_embeddings=False, **_special_ids(tokenizer),
+    )), "Tiny random Mistral decoder.")
+
+
+# ── State-space models ───────────────────────────────────────────────────────
+
+
+def build_mamba(folder: Path) -> None:
+    from transformers import MambaConfig, MambaForCausalLM
+
+    _decoder(folder, lambda tokenizer: MambaForCausalLM(MambaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+        architectures=["MambaForCausalLM"], **_special_ids(tokenizer),
+    )), "Tiny random Mamba (selective state-space model: a conv and an SSM state per layer, no attention).")
+
+
 # ── Encoder-decoders ─────────────────────────────────────────────────────────
 
 
@@ -427,6 +473,10 @@ MODELS: dict[str, TinyModel] = {
                   "`c_attn(...).split(...)` to the traced batch (error 0x12 at any other batch); "
                   "`hfexport.executorch_fixes` keeps it dynamic."),
         TinyModel("tiny-qwen2", "Qwen2", "Qwen2ForCausalLM", "text-generation", DECODER_MODES, build_qwen2),
+        TinyModel("tiny-gemma3", "Gemma3", "Gemma3ForCausalLM", "text-generation", DECODER_MODES, build_gemma3),
+        TinyModel("tiny-phi3", "Phi-3", "Phi3ForCausalLM", "text-generation", DECODER_MODES, build_phi3),
+        TinyModel("tiny-mistral", "Mistral", "MistralForCausalLM", "text-generation", DECODER_MODES, build_mistral),
+        TinyModel("tiny-mamba", "Mamba", "MambaForCausalLM", "text-generation", DECODER_MODES, build_mamba),
         TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
                   build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it). "
                   "Generation (all encoder-decoders here): hfexport's `encoder` component beside the engine's "
