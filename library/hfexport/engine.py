@@ -88,8 +88,13 @@ def traced_cache_layout() -> Iterator[None]:
     `update`/`get_mask_sizes`/`get_seq_length` for `DynamicLayer`'s while tracing (`_patch_sliding_window_layer`,
     "temporary: it goes once huggingface/transformers#49542 keeps sliding-window decode on one graph"): an exported
     prefill returns, and an exported decode takes, the whole sliding layer's keys and values (the sliding mask still
-    applies the window), where eager keeps the last `window - 1`. A component probe captures its inputs and its
-    eager reference inside this block, so both sides hold the cache the export holds.
+    applies the window), where eager keeps the last `window - 1`. The engine's capture (`decompose_for_generation`)
+    runs eagerly, outside the patch, so it traced the decode from the eager cut cache: a `.pt2` decode then took only
+    a cache with the capture's token counter (`cumulative_length`, Python pytree context: "Trying to flatten user
+    inputs with exported input tree spec") and the cut cache's strides ("Guard failed:
+    past_key_values[0].stride()[1] != ..."), never the full one its own prefill returns. hfexport runs the capture,
+    and each generation probe's capture and eager reference, inside this block: the decode is traced from the cache
+    the exported prefill returns, and a probe compares the caches the export holds.
     """
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
