@@ -7,10 +7,12 @@ than one token specializes the sequence length to the sample's: torch.export wit
 "Constraints violated (seq)! ... Suggested fixes: seq = 27", and the engine's `dynamic=True` (automatic axes)
 silently exports a prefill that takes 27 tokens only (ONNX Runtime: "Got invalid dimensions for input:
 attention_mask ... Got: 5 Expected: 27"). The fix runs the same recurrence through torch's `scan` higher-order op,
-which keeps the sequence dynamic: torch.export and ONNX (`Scan`) take it. OpenVINO 2026.4.1's PyTorch frontend has
-no conversion rule for `scan` (nor for `while_loop` from an ExportedProgram) and an ExecuTorch 1.5.1 program with
-`scan` fails at run time (`method->execute() failed with error 0x12`), so for those formats the engine's unrolled
-trace stays, with its fixed prefill length (docs/compatibility.md).
+which keeps the sequence dynamic: torch.export and ONNX (`Scan`) take it. Measured on the other formats (tiny Mamba,
+and a minimal scan program): OpenVINO 2026.4.1's PyTorch frontend has no conversion rule for `scan` (nor for
+`while_loop` from an ExportedProgram: "Conversion is failed for: ... while_loop"), and an ExecuTorch 1.5.1 program
+with `scan` fails at run time (tiny Mamba: `method->execute()` error 0x1; the minimal program: error 0x12 in
+`aten::copy_`, even at its traced shape), so for those formats the engine's unrolled trace stays, with its fixed
+prefill length (docs/compatibility.md).
 """
 
 from __future__ import annotations
