@@ -6,7 +6,6 @@ same recurrence as torch's `scan` for the formats that lower it (torch.export, O
 
 import pytest
 import torch
-
 from hfexport.modeling_fixes import SCAN_FORMATS, modeling_fixes
 from hfexport.testing.models import make_model
 
@@ -74,3 +73,15 @@ def test_the_fix_is_undone_and_leaves_eager_calls_and_other_cases_alone(mamba):
             assert modeling_mamba.mamba_selective_scan is original
     with modeling_fixes(torch.nn.Linear(2, 2), "onnx"):
         assert modeling_mamba.mamba_selective_scan is original
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export_format", SCAN_FORMATS)
+@pytest.mark.parametrize("mode", ["forward", "generation"])
+def test_mamba_cells_pass_where_the_fix_applies(tmp_path, export_format, mode):
+    """The matrix cells the fix makes pass: forward probes other lengths; generation feeds `cache_params` through
+    prefill and decode, token for token against `model.generate`."""
+    from hfexport.testing.matrix import Cell, run_cell
+
+    result = run_cell(Cell("tiny-mamba", export_format, mode), tmp_path)
+    assert result.outcome == "pass", result.detail

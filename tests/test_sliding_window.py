@@ -11,7 +11,6 @@ caches of different lengths ("shape [1, 2, 5, 16] != eager [1, 2, 3, 16]") and f
 
 import pytest
 import torch
-
 from hfexport.engine import traced_cache_layout
 from hfexport.testing.models import GEMMA3_SLIDING_WINDOW, make_model
 
