@@ -19,7 +19,12 @@ from pathlib import Path
 
 import hfexport
 import pytest
-from hfexport.errors import CorruptExportError, RecipeError, SourceError, UnsafeExportError
+from hfexport.errors import (
+    CorruptExportError,
+    RecipeError,
+    SourceError,
+    UnsafeExportError,
+)
 from hfexport.layout import (
     LayoutError,
     Place,

@@ -69,11 +69,11 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str | Pla
         START,
         "## Exported artifacts",
         "",
-        f"Exported by hfexport {report.hfexport_version} from this repo's export recipe. Each target is where the usual "
+        (f"Exported by hfexport {report.hfexport_version} from this repo's export recipe. Each target is where the usual "
         "loaders look for its format, under the file name they use for what it is (`model.onnx`, "
         "`model_quantized.onnx`, ...); hfexport's manifest (`export.json`), recipe copy (`export_config.json`) and "
         "report (`export_report.json`) sit beside the files (a variant's named after it: "
-        "`model_quantized.export.json`).",
+        "`model_quantized.export.json`)."),
         "",
         "| target | folder | format | mode | files | size | parity |",
         "|---|---|---|---|---|---|---|",
@@ -143,8 +143,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
     lines: list[str] = []
     names = list(report.targets)
     first = names[0] if names else "TARGET"
-    lines += ["hfexport (any target; the manifest is checked before anything is loaded; a pull request: "
-              '`revision="refs/pr/N"`):', "", "```python", "import hfexport", "",
+    lines += [("hfexport (any target; the manifest is checked before anything is loaded; a pull request: "
+              '`revision="refs/pr/N"`):'), "", "```python", "import hfexport", "",
               f'model = hfexport.load("{repo_id}", target="{first}")', "```", ""]
     if len(names) > 1:
         lines += ["Other targets: " + ", ".join(f'`target="{name}"`' for name in names[1:]), ""]
@@ -170,8 +170,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
                 file_name = f', file_name="{artifact_path(place, export_format).rsplit("/", 1)[-1]}"' \
                     if place.stem else ""
                 optimum += [f"from {module} import {prefix}{suffix}",
-                            f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{place.folder}"'
-                            f'{file_name}{kwargs})  # {name}']
+                            (f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{place.folder}"'
+                            f'{file_name}{kwargs})  # {name}')]
     if optimum:
         lines += ["optimum (optimum-onnx / optimum-intel):", "", "```python", *optimum, "```", ""]
     js = []
@@ -188,8 +188,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
         js.append(f'const extractor = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
                   f"  // {name}")
     if js:
-        lines += ["transformers.js (`dtype` picks the file in `onnx/`: `q8` is `model_quantized.onnx`; weights in "
-                  "`*.onnx_data`, hence `use_external_data_format`):", "",
+        lines += [("transformers.js (`dtype` picks the file in `onnx/`: `q8` is `model_quantized.onnx`; weights in "
+                  "`*.onnx_data`, hence `use_external_data_format`):"), "",
                   "```js", 'import { pipeline } from "@huggingface/transformers";', "", *js, "```", ""]
     plain = []
     found = _forward(report, places, "onnx")
