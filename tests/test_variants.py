@@ -309,3 +309,21 @@ def test_a_variant_graph_pointing_at_the_defaults_weights_is_refused(variant_fol
     with pytest.raises(CorruptExportError, match="'model.onnx_data', not this component's weights file "
                                                  "'model_quantized.onnx"):
         hfexport.load(variant_folder, target="onnx-int8")
+
+
+def test_a_float16_graph_is_named_model_fp16(exported_bert, tmp_path):
+    """The dtype comes from the engine's manifest (`export_dtype`): a checkpoint stored in float16 exports float16
+    graphs (the model loads with dtype="auto"); here tiny-bert's manifest says float16, only the name is under test."""
+    from hfexport.publication.publish import _layout_spec, _local_targets
+
+    output, _ = exported_bert
+    _as_target(output / "onnx", tmp_path / "out" / "onnx", "onnx", None)
+    manifest_file = tmp_path / "out" / "onnx" / "export.json"
+    manifest = json.loads(manifest_file.read_text())
+    assert manifest["components"]["model"]["metadata"]["export_dtype"] == "float32"
+    (item,) = _local_targets(tmp_path / "out", None)
+    assert _layout_spec(item)["artifact"] == "model.onnx"
+    manifest["components"]["model"]["metadata"]["export_dtype"] = "float16"
+    manifest_file.write_text(json.dumps(manifest))
+    assert _layout_spec(item)["artifact"] == "model_fp16.onnx"
+    assert assign_places({"onnx": _layout_spec(item)}) == {"onnx": Place("onnx", "model_fp16")}
