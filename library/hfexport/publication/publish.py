@@ -295,7 +295,8 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
             operations.append(CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)))
             files.append(path)
         changes.append(f"`{name}`: carried over from #{superseded.num} unchanged")
-    operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(set(deletions)) if path in tree]
+    operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(set(deletions) - set(files))
+                   if path in tree]  # a file another target writes in this commit is replaced, not deleted
     card_report, card_places, sources = _card_report(chosen, {**remote, **carry})
     stale = _stale(sources, chosen)
     readme = _readme(repo_id, base_head, token)  # the branch head's README, byte for byte
