@@ -169,9 +169,10 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
                     continue  # optimum reads config.json from the subfolder: the folder's default target has it
                 file_name = f', file_name="{artifact_path(place, export_format).rsplit("/", 1)[-1]}"' \
                     if place.stem else ""
-                optimum += [f"from {module} import {prefix}{suffix}",
-                            (f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{place.folder}"'
-                            f'{file_name}{kwargs})  # {name}')]
+                imported = f"from {module} import {prefix}{suffix}"
+                optimum += ([] if imported in optimum else [imported]) + [
+                    (f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{place.folder}"'
+                    f'{file_name}{kwargs})  # {name}')]
     if optimum:
         lines += ["optimum (optimum-onnx / optimum-intel):", "", "```python", *optimum, "```", ""]
     js = []
@@ -185,7 +186,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
             options.append("use_external_data_format: true")
         if place.folder != "onnx":
             options.append(f'subfolder: "{place.folder}"')
-        js.append(f'const extractor = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
+        variable = "extractor" if not js else "extractor_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+        js.append(f'const {variable} = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
                   f"  // {name}")
     if js:
         lines += [("transformers.js (`dtype` picks the file in `onnx/`: `q8` is `model_quantized.onnx`; weights in "
@@ -195,15 +197,16 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
     found = _forward(report, places, "onnx")
     if found:
         place = found[0][1]
+        path = artifact_path(place, "onnx")
         plain += ["import onnxruntime as ort", "from huggingface_hub import snapshot_download", "",
-                  f'local = snapshot_download("{repo_id}", allow_patterns=["{place.folder}/{place.prefix}*"])',
-                  f'session = ort.InferenceSession(f"{{local}}/{artifact_path(place, "onnx")}")']
+                  f'local = snapshot_download("{repo_id}", allow_patterns=["{path.rsplit(".", 1)[0]}.*"])',
+                  f'session = ort.InferenceSession(f"{{local}}/{path}")']
     found = _forward(report, places, "openvino")
     if found:
         place = found[0][1]
         plain += ([""] if plain else []) + [
             "import openvino as ov", "from huggingface_hub import snapshot_download", "",
-            f'local = snapshot_download("{repo_id}", allow_patterns=["{place.folder}/{place.prefix}*"])',
+            f'local = snapshot_download("{repo_id}", allow_patterns=["{artifact_path(place, "openvino")[:-4]}.*"])',
             f'compiled = ov.Core().compile_model(f"{{local}}/{artifact_path(place, "openvino")}", "CPU")']
     if plain:
         lines += ["Plain ONNX Runtime / OpenVINO:", "", "```python", *plain, "```", ""]
