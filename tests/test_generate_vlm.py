@@ -162,3 +162,35 @@ def test_other_formats_generate_from_images_as_model_generate(session_dir, tiny_
     exported = ExportedModel.from_pretrained(output / target, precision="f32")
     inputs = _inputs(processor, PROMPTS)
     _assert_equal(exported.generate(**inputs, max_new_tokens=MAX_NEW), _reference(model, inputs))
+
+
+def test_init_proposes_an_image_text_generation_recipe_whose_samples_hold_images(session_dir):
+    """`hfexport init` on a VLM: the task is image-text-to-text (it was text2text-generation: LLaVA's class name ends
+    in ForConditionalGeneration, as T5's does), the samples carry images, and the default texts get the processor's
+    image placeholder (without it the processor refuses the images)."""
+    from hfexport.inputs import build_sample_inputs
+    from hfexport.job.init import propose_recipe
+    from hfexport.models import load_config, load_processor
+    from hfexport.recipe.loading import load_recipe
+
+    folder = make_model("tiny-llava", session_dir / "tiny-llava-init")
+    (folder / "export_config.json").unlink()
+    proposed = propose_recipe(folder, ["onnx"])
+    assert proposed["task"] == "image-text-to-text" and "images" in proposed["sample_inputs"]
+    assert proposed["targets"]["onnx-generation"]["mode"] == "generation"
+    recipe, config = load_recipe(proposed), load_config(folder)
+    inputs = build_sample_inputs(recipe, load_processor(folder), config, recipe.task, "generation")
+    assert (inputs["input_ids"] == config.image_token_index).sum(dim=1).tolist() == [16, 16]
+    assert inputs["pixel_values"].shape[0] == 2
+
+
+@pytest.mark.slow
+def test_init_proposes_a_passing_generation_recipe_for_llava(session_dir):
+    from hfexport.job.init import init_recipe
+
+    folder = make_model("tiny-llava", session_dir / "tiny-llava-init-job")
+    (folder / "export_config.json").unlink()
+    result = init_recipe(folder, ["onnx"], output=session_dir / "llava-init-recipe.json")
+    assert result.passed == ["onnx-generation"], result.failed
+    generation = result.report.targets["onnx-generation"].verification["generation"]
+    assert generation["passed"] and generation["token_agreement"] == 1.0
