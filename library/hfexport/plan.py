@@ -470,7 +470,7 @@ def _image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
 
     images = {key: value for key, value in call.items() if isinstance(value, torch.Tensor)}
     fixed = {key: value for key, value in call.items() if key not in images and key != "return_dict"}
-    if "input_ids" not in inputs or image_token_id(model.config) is None or EMBED in stages:
+    if "input_ids" not in inputs or image_token_id(model.config) is None:
         raise PlanError(f"{type(model).__name__}: a vision-language model needs input_ids and an image token id "
                         "(config.image_token_id) to generate from images")
     counts = {int(value.shape[0]) for value in images.values()}
