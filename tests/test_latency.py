@@ -36,6 +36,11 @@ def test_forward_targets_are_timed_at_batch_1_and_the_declared_maximum(timed_job
             assert point["artifact_ms"] > 0 and point["eager_ms"] > 0
             assert point["speedup"] == pytest.approx(point["eager_ms"] / point["artifact_ms"], rel=1e-2)
         assert target.timings["latency_s"] > 0
+    # One job, one model, the same inputs: eager torch is timed once (with onnx, the first), pt2 reuses it.
+    onnx_points, pt2_points = (report.targets[name].latency["points"] for name in ("onnx", "pt2"))
+    assert all("eager_measured_with" not in point for point in onnx_points)
+    assert [point.get("eager_measured_with") for point in pt2_points] == ["onnx", "onnx"]
+    assert [point["eager_ms"] for point in pt2_points] == [point["eager_ms"] for point in onnx_points]
     saved = json.loads((root / "bert" / "onnx" / "export_report.json").read_text())
     assert saved["targets"]["onnx"]["latency"] == report.targets["onnx"].latency  # validated against the schema
     assert JobReport.read(root / "bert").targets["pt2"].latency == report.targets["pt2"].latency

@@ -222,6 +222,24 @@ def test_generation_components_are_discovered(llama):
     assert all(component.config.dynamic for component in plan.components.values())
 
 
+def test_generation_without_shapes_marks_only_a_caches_batch_and_sequence_axes(llama):
+    """No dynamic_shapes in the recipe: the tensor inputs keep Dim.AUTO on every axis, but a cache tensor only on
+    its batch and sequence axes (the engine's dynamic=True would put four symbols on each of them)."""
+    recipe, model, processor = llama
+    plan = build_plan(recipe, "onnx-generation", model, None, processor)
+    decode, prefill = plan.components["decode"], plan.components["prefill"]
+    batch, seq = plan.components["prefill"].input_shapes["input_ids"]["shape"]
+    cache = decode.config.dynamic_shapes["past_key_values"]
+    assert len(cache) == 2 * model.config.num_hidden_layers
+    assert all(spec == {0: Dim.AUTO, 2: Dim.AUTO} for spec in cache), cache
+    assert decode.config.dynamic_shapes["attention_mask"] == {0: Dim.AUTO, 1: Dim.AUTO}
+    assert prefill.config.dynamic_shapes["input_ids"] == {0: Dim.AUTO, 1: Dim.AUTO}
+    assert decode.dynamic_axes["cache"] == "auto on the batch and sequence axes, other axes static"
+    # Here the batch (2) equals the KV heads and the decode mask (seq + 1 = 16) the head_dim: neither pins them.
+    assert decode.input_shapes["past_key_values"] == {"container": "DynamicCache"}
+    assert (batch, seq) == (2, 15) and model.config.num_key_value_heads == 2
+
+
 def cache_recipe(llama_recipe) -> dict:
     document = copy.deepcopy(llama_recipe.document)
     document.pop("default_target")

@@ -7,7 +7,9 @@ call each; the report keeps the median of `runs` calls (milliseconds) and the ra
 artifact is faster). Generation targets are timed the same way over a whole greedy generation of
 `GENERATION_TOKENS` new tokens (one GenerationConfig for both, `min_new_tokens` holding EOS back, so both sides make
 every token): `hfexport.generate` over the exported prefill/decode graphs vs `model.generate`, and the point adds
-milliseconds per new token.
+milliseconds per new token. Within one job, eager torch is timed once per input set (`EagerTimings`): the first
+target that needs it alternates with it, later targets on the same inputs time only their artifact and say whose
+eager figure they compare with (`eager_measured_with`).
 
 The figures describe this machine (its CPU and thread count are recorded), so they say which artifact is fastest
 for the person who ran the job, not everywhere.
@@ -54,9 +56,40 @@ def _time_ms(call) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -> dict:
+class EagerTimings:
+    """The eager model's timings within one job, shared by its targets: the same model on the same inputs (shapes,
+    mode, generation settings) is timed once, alternated with the first target that needs it, and later targets
+    time only their artifact. A job's targets usually share their sample inputs, so a 4-target job times eager
+    torch once per batch size instead of four times; each point says which target its eager figure came from."""
+
+    def __init__(self):
+        self._timings: dict[tuple, tuple[list[float], str]] = {}
+
+    @staticmethod
+    def key(inputs: dict, generation: bool, config=None) -> tuple:
+        """Inputs equal in name, shape, dtype and bytes, the same mode and generation settings: the same timing."""
+        import hashlib
+
+        import torch
+
+        tensors = sorted((name, value) for name, value in inputs.items() if isinstance(value, torch.Tensor))
+        contents = tuple((name, tuple(value.shape), str(value.dtype), hashlib.sha256(
+            value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest())
+            for name, value in tensors)
+        return contents, generation, repr(config.to_dict()) if config is not None else None
+
+    def get(self, key: tuple) -> tuple[list[float], str] | None:
+        return self._timings.get(key)
+
+    def put(self, key: tuple, timings: list[float], target: str) -> None:
+        self._timings.setdefault(key, (timings, target))
+
+
+def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
+                    eager_timings: EagerTimings | None = None) -> dict:
     """The target in `folder` and `model` on the plan's sample inputs at batch 1 and the largest declared batch:
-    `{"runs", "cpu", "threads", "points": [{"batch", "shapes", "artifact_ms", "eager_ms", "speedup"}]}`."""
+    `{"runs", "cpu", "threads", "points": [{"batch", "shapes", "artifact_ms", "eager_ms", "speedup"}]}`.
+    `eager_timings` (a job's): eager figures already taken on the same inputs are reused, not re-measured."""
     import torch
 
     from hfexport.exported import ExportedModel
@@ -64,8 +97,9 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
 
     exported = ExportedModel.from_pretrained(Path(folder))
     generation = plan.target.mode == "generation"
+    config = None
     if generation:
-        exported_call, eager_call = _generation_calls(exported, model, plan)
+        exported_call, eager_call, config = _generation_calls(exported, model, plan)
     else:
         exported_call, eager_call = (lambda inputs: exported(**inputs)), (lambda inputs: model(**inputs))
     sizes, refs = batch_sizes(plan)
@@ -79,16 +113,25 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
             for batch in sizes:
                 inputs = resize_inputs(plan.inputs, refs, {"batch": batch}) if refs else dict(plan.inputs)
                 eager_inputs = copy.deepcopy(inputs)
+                key = EagerTimings.key(inputs, generation, config)
+                shared = eager_timings.get(key) if eager_timings is not None else None
                 exported_call(inputs)  # warm-up: first-call allocations, lazy compilation
-                eager_call(eager_inputs)
+                if shared is None:
+                    eager_call(eager_inputs)
                 artifact, eager = [], []
                 for _ in range(runs):  # alternated, so that load on the machine weighs on both alike
                     artifact.append(_time_ms(lambda: exported_call(inputs)))
-                    eager.append(_time_ms(lambda: eager_call(eager_inputs)))
+                    if shared is None:
+                        eager.append(_time_ms(lambda: eager_call(eager_inputs)))
+                if shared is None and eager_timings is not None:
+                    eager_timings.put(key, eager, plan.target.name)
+                eager, eager_from = shared if shared is not None else (eager, plan.target.name)
                 artifact_ms, eager_ms = statistics.median(artifact), statistics.median(eager)
                 point = {"batch": batch, "shapes": shapes_of(inputs), "artifact_ms": round(artifact_ms, 3),
                          "eager_ms": round(eager_ms, 3),
                          "speedup": round(eager_ms / artifact_ms, 3) if artifact_ms > 0 else None}
+                if eager_from != plan.target.name:
+                    point["eager_measured_with"] = eager_from
                 if generation:
                     point.update(new_tokens=GENERATION_TOKENS,
                                  artifact_ms_per_token=round(artifact_ms / GENERATION_TOKENS, 3),
@@ -101,7 +144,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS) -
 
 
 def _generation_calls(exported, model, plan):
-    """(artifact call, eager call) that each make exactly `GENERATION_TOKENS` greedy tokens from a prompt batch."""
+    """(artifact call, eager call, their GenerationConfig) that each make exactly `GENERATION_TOKENS` greedy tokens from a prompt batch."""
     from hfexport.generate import generate
 
     config = copy.deepcopy(plan.generation_config or model.generation_config)
@@ -114,7 +157,7 @@ def _generation_calls(exported, model, plan):
     def eager(inputs):
         return model.generate(**inputs, generation_config=config)
 
-    return artifact, eager
+    return artifact, eager, config
 
 
 # ── rendering (Markdown for the report, the Space and the card) ──────────────

@@ -281,6 +281,61 @@ def _rebuild_template(template, specs):
     return template
 
 
+def _varying_sizes(stages: dict) -> tuple[set[int], set[int]]:
+    """(batch sizes, sequence lengths) of the sample, read off the 2-D tensor inputs (input_ids, attention_mask,
+    position_ids, decoder_input_ids): batch from axis 0 of every stage's, lengths from axis 1 of every stage's but
+    the decode step's (its mask is one longer than its cache, which would make a head_dim of that size look like a
+    sequence axis). A cache filled by the prefill has the prefill's length; a cross-attention cache the encoder's."""
+    import torch
+
+    batches, lengths = set(), set()
+    for name, (_, subinputs) in stages.items():
+        for value in subinputs.values():
+            if isinstance(value, torch.Tensor) and value.dim() == 2:
+                batches.add(int(value.shape[0]))
+                if name != "decode":
+                    lengths.add(int(value.shape[1]))
+    return {size for size in batches if size > 1}, {size for size in lengths if size > 1}
+
+
+def _default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) -> tuple[dict, dict]:
+    """A generation component's shapes when the recipe gives none: `Dim.AUTO` on every axis of a tensor input, and
+    on a cache tensor only on axis 0 where the sample has a batch size and on later axes where it has a sequence
+    length (`sizes`, from `_varying_sizes`); a cache's other axes (heads, head_dim, a static cache's length, a
+    state-space model's state sizes) are static.
+
+    The engine's `dynamic=True` marks every axis of every cache tensor `Dim.AUTO`: four symbols per tensor, two
+    tensors per layer, and torch.export's symbolic-shape work grows with them (transformers 5.23 warns that explicit
+    shapes export "significantly faster"); a 30-layer decoder's decode step carries 240 (measured:
+    benchmarks/results/generation_shapes.json). An axis whose sample size happens to equal a batch or sequence size
+    stays `Dim.AUTO` (torch.export then decides, as before), so nothing that varies is pinned."""
+    import torch
+    from torch.export import Dim
+    from transformers.exporters.utils import get_leaf_tensors
+
+    batches, lengths = sizes
+    result, cached = {}, False
+    for key, value in prepared.items():
+        if isinstance(value, torch.Tensor):
+            result[key] = {axis: Dim.AUTO for axis in range(value.dim())} or None
+            continue
+        template = auto_dynamic_shapes(value)
+        if not template or isinstance(template, dict):
+            result[key] = template if template else (None if template is None else _static_like(template))
+            continue
+        leaves = list(get_leaf_tensors(value).values())
+        if len(leaves) != len(_flatten_template(template)):
+            result[key] = template  # a container hfexport cannot read leaf by leaf: the engine's default
+            continue
+        specs = iter([{axis: Dim.AUTO for axis, size in enumerate(leaf.shape)
+                       if size in (batches if axis == 0 else lengths)} or None for leaf in leaves])
+        result[key] = _rebuild_template(template, specs)
+        cached = cached or bool(leaves)
+    described = {"*": "auto"} if not cached else {
+        "*": "auto", "cache": "auto on the batch and sequence axes, other axes static"}
+    return result, described
+
+
 def _engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
     """The engine's config object for the target's format, enums converted from their strings."""
     from transformers.exporters import ExportFormat
@@ -560,6 +615,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 f"this model's components are: {', '.join(stages)}"
             )
         seen_keys: set[str] = set()
+        sizes = _varying_sizes(stages)
         for name, (submodel, subinputs) in stages.items():
             override = target.components.get(name, {})
             prepared = _prepared(submodel, subinputs)
@@ -572,7 +628,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 options.setdefault("stateful", False)
             component_shapes = override.get("dynamic_shapes", {})
             if shapes is None and not component_shapes:
-                dynamic_shapes, described = None, {"*": "auto"}
+                dynamic_shapes, described = _default_generation_shapes(prepared, sizes)
             else:
                 resolver = _AxisResolver(recipe, dims, name, generation=True)
                 dynamic_shapes, described = _resolve_shapes(

@@ -27,7 +27,7 @@ from hfexport.files import (
 from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.job.compare import compare_job_targets
 from hfexport.job.preflight import check
-from hfexport.latency import measure_latency
+from hfexport.latency import EagerTimings, measure_latency
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
@@ -145,6 +145,7 @@ class _Job:
     model_object: Any = None
     processor: Any = None
     quantized_plans: dict = field(default_factory=dict)  # target -> plan, compared once every target is saved
+    eager_timings: EagerTimings = field(default_factory=EagerTimings)  # eager torch timed once per input set
 
 
 def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None = None, *,
@@ -278,7 +279,7 @@ def _run_target(job: _Job, name: str) -> None:
         _write_target_report(job.report, name, output / name)  # beside the artifacts even if verifying dies
         _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
         if job.options.latency and target_report.status == "ok":
-            _measure_latency(target_report, output / name, job.model_object, plan, progress)
+            _measure_latency(target_report, output / name, job.model_object, plan, progress, job.eager_timings)
     progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, output / name)
@@ -344,14 +345,15 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
 
 
-def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback) -> None:
+def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback,
+                     eager_timings: EagerTimings | None = None) -> None:
     """The saved artifact's latency next to eager torch (`hfexport.latency`); a measurement that cannot run is
     recorded as such and never changes the target's verdict."""
     name = target_report.target
     try:
         with StepTimer(progress, "latency", name, "artifact vs eager torch, batch 1 and the largest declared") as timer, \
                 engine_output(f"latency {name}"):
-            target_report.latency = _jsonable(measure_latency(folder, model_object, plan))
+            target_report.latency = _jsonable(measure_latency(folder, model_object, plan, eager_timings=eager_timings))
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # noqa: BLE001 - latency is information, not a gate

@@ -219,12 +219,21 @@ def _show_resolved(args) -> int:
         options = {k: v for k, v in component["options"].items() if v not in (None, False)}
         console.print(f"  options: {json.dumps(options, default=str)}")
         for input_name, shape in component["input_shapes"].items():
-            axes = component["dynamic_axes"].get(input_name) if "*" not in component["dynamic_axes"] else "auto (torch.export decides)"
+            axes = _axes_line(component["dynamic_axes"], input_name, shape)
             console.print(f"  {input_name}: {shape.get('shape', shape)} dynamic: {axes or 'static'}")
     quantization = described.get("quantization")
     if quantization:
         console.print(quantization_markdown(quantization).replace("**", ""), markup=False, highlight=False)
     return EXIT_OK
+
+
+def _axes_line(dynamic_axes: dict, input_name: str, shape: dict):
+    """What `show` prints for one input's dynamic axes: the recipe's, or what hfexport left to torch.export."""
+    if "*" not in dynamic_axes:
+        return dynamic_axes.get(input_name)
+    if "container" in shape and "cache" in dynamic_axes:
+        return dynamic_axes["cache"]
+    return "auto (torch.export decides)"
 
 
 # ── export ───────────────────────────────────────────────────────────────────
