@@ -81,7 +81,9 @@ class ExportedModel(_EngineExportedModel):
             input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
                 The prompts, left-padded when they differ in length (an encoder-decoder: the encoder's input).
                 A speech encoder-decoder (Whisper) takes `input_features=` instead; an encoder-decoder also takes
-                `decoder_input_ids=` (default: the generation config's decoder start and forced tokens).
+                `decoder_input_ids=` (default: the generation config's decoder start and forced tokens); a
+                vision-language model takes its processor's image inputs too (`pixel_values=`, Idefics3's
+                `pixel_attention_mask=`), with the image tokens the processor put in `input_ids`.
             attention_mask (`torch.LongTensor` of the same shape, *optional*):
                 1 for real tokens, 0 for padding. Without it every token is real.
             generation_config (`transformers.GenerationConfig`, *optional*):
