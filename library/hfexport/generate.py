@@ -33,6 +33,11 @@ CACHE = "past_key_values"
 # `DynamicCache` of `LinearAttentionLayer`s (a conv state and an SSM state per layer) instead of keys and values.
 STATE = "cache_params"
 _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE, STATE}
+# A vision-language model (see `hfexport.plan`, "Vision-language generation"): hfexport's `image_encoder` (a prompt's
+# images -> image features) and `embed` (input_ids + image features -> inputs_embeds), then the engine's
+# `language_model` (inputs_embeds -> hidden states + cache) and `lm_head` for the prefill, and its `decode`.
+IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD = "image_encoder", "embed", "language_model", "lm_head"
+_LANGUAGE_MODEL_INPUTS = {"inputs_embeds", "attention_mask", "position_ids", CACHE}
 # An encoder-decoder's prefill/decode (the engine's decompose_for_generation) take the decoder tokens and the
 # encoder's output; the encoder is hfexport's own `encoder` component (see `hfexport.plan`), run once per call.
 _SEQ2SEQ_INPUTS = {"decoder_input_ids", "attention_mask", "encoder_outputs", CACHE}
@@ -49,6 +54,12 @@ class _Layout:
     pinned_batch: int | None  # the only batch size the decode takes (see `_layout`)
     seq2seq: bool = False  # an encoder-decoder: `encoder` once, then prefill/decode over the decoder tokens
     cache_kwarg: str = CACHE  # the kwarg that carries the cache: `past_key_values`, or a Mamba's `cache_params`
+    multimodal: bool = False  # a VLM: the prefill is embed -> language_model -> lm_head (see IMAGE_ENCODER)
+
+    @property
+    def prefill(self) -> str:
+        """The component that runs the prompt."""
+        return LANGUAGE_MODEL if self.multimodal else PREFILL
 
 
 # Options of transformers' GenerationConfig that this loop does not reproduce, with the values that leave them off.
@@ -237,6 +248,7 @@ def generate(
     """
     input_features = kwargs.pop("input_features", None)
     decoder_input_ids = kwargs.pop("decoder_input_ids", None)
+    images = {name: kwargs.pop(name) for name in image_input_names(exported) if name in kwargs}
     nothing_new = kwargs.get("max_new_tokens") is not None and kwargs["max_new_tokens"] < 1
     if nothing_new:  # transformers refuses max_new_tokens=0; here it returns the prompt
         kwargs.pop("max_new_tokens")
@@ -255,6 +267,7 @@ def generate(
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
+    inputs_embeds = _image_text_embeds(exported, input_ids, images) if layout.multimodal else None
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = torch.as_tensor(attention_mask, dtype=torch.long)
@@ -274,6 +287,8 @@ def generate(
     if config.num_return_sequences > 1:  # as model.generate expands its inputs: each prompt's copies side by side
         input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
         attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
+        if inputs_embeds is not None:
+            inputs_embeds = inputs_embeds.repeat_interleave(config.num_return_sequences, dim=0)
     batch, prompt_len = input_ids.shape
     max_length = config.max_length = _max_length(config, prompt_len, exported)  # as model.generate sets it
     if layout.static_cache_len is not None and max_length - 1 > layout.static_cache_len:
@@ -296,18 +311,22 @@ def generate(
                stopping_criteria=stopping_criteria, streamer=streamer, generator=generator, tokenizer=tokenizer,
                prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if rows == batch:
-        sequences = _decode(exported, layout, input_ids, attention_mask, real=batch, **run)
+        sequences = _decode(exported, layout, input_ids, attention_mask, real=batch, inputs_embeds=inputs_embeds,
+                            **run)
     else:
         # A decode that only takes its traced batch: run chunks of that size, the last one filled up with copies of
         # its last row (rows are independent), and drop the copies.
         outputs = []
         for first in chunks:
             ids, mask = input_ids[first : first + rows], attention_mask[first : first + rows]
+            embeds = inputs_embeds[first : first + rows] if inputs_embeds is not None else None
             real = ids.shape[0]
             if real < rows:
                 ids = torch.cat([ids, ids[-1:].expand(rows - real, -1)])
                 mask = torch.cat([mask, mask[-1:].expand(rows - real, -1)])
-            outputs.append(_decode(exported, layout, ids, mask, real=real, **run)[:real])
+                if embeds is not None:
+                    embeds = torch.cat([embeds, embeds[-1:].expand(rows - real, -1, -1)])
+            outputs.append(_decode(exported, layout, ids, mask, real=real, inputs_embeds=embeds, **run)[:real])
         width = max(chunk.shape[1] for chunk in outputs)
         pad = _pad_token(config)
         # A chunk whose rows all stopped early is shorter: its rows would have emitted pad tokens from there.
@@ -381,6 +400,59 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
     return sequences
 
 
+def image_input_names(exported) -> list[str]:
+    """The inputs a VLM export's `image_encoder` takes (`pixel_values`, ...); none for other exports."""
+    components = getattr(exported, "components", {})
+    if IMAGE_ENCODER not in components:
+        return []
+    return list(components[IMAGE_ENCODER].metadata.kwargs)
+
+
+def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.Tensor:
+    """A VLM prompt's `inputs_embeds`: the `image_encoder` on each prompt's images in turn (it is traced on one
+    prompt's images, see `hfexport.plan._image_stages`), their features concatenated in order, then `embed`, which
+    scatters them into the token embeddings at the image tokens. Both are exported graphs: no torch model runs."""
+    names = image_input_names(exported)
+    missing = [name for name in names if name not in images]
+    if missing:
+        raise GenerationError(f"this vision-language export generates from images: pass {missing} (the processor's "
+                              f"outputs) with the prompts; it got {sorted(images) or 'none'}")
+    images = {name: torch.as_tensor(images[name]) for name in names}
+    counts = {int(value.shape[0]) for value in images.values()}
+    if len(counts) != 1:
+        raise GenerationError(f"the image inputs {names} differ in their first axis: "
+                              f"{', '.join(f'{k}: {list(v.shape)}' for k, v in images.items())}")
+    encoder = exported.runners[IMAGE_ENCODER]
+    traced = int(encoder.metadata.kwargs[names[0]]["shape"][0])
+    count = counts.pop()
+    step = traced if traced > 1 and count % traced == 0 else 1
+    features = []
+    for first in range(0, count, step):
+        out = encoder(**{name: value[first : first + step].to(encoder.device) for name, value in images.items()})
+        features.append(_only_tensor(out).cpu())
+    features = torch.cat(features)
+    embed = exported.runners[EMBED]
+    return _only_tensor(embed(input_ids=input_ids.to(embed.device),
+                              image_features=features.to(embed.device))).cpu()
+
+
+def _lm_head_logits(exported, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The `lm_head` component on the language model's hidden states (its one input is named as traced)."""
+    runner = exported.runners[LM_HEAD]
+    (name,) = runner.metadata.kwargs
+    return _only_tensor(runner(**{name: hidden_states.to(runner.device)}))
+
+
+def _only_tensor(outputs) -> torch.Tensor:
+    """A component's one output tensor (a runner returns it as traced: a tensor, or a tuple/output of one)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    values = list(outputs.values()) if hasattr(outputs, "values") else list(outputs)
+    if len(values) != 1 or not isinstance(values[0], torch.Tensor):
+        raise GenerationError(f"expected one output tensor, got {type(outputs).__name__}")
+    return values[0]
+
+
 def decoder_prompt(exported, config) -> list[int]:
     """The decoder tokens an encoder-decoder's generate starts from: `decoder_start_token_id` (generation config,
     then model config, then BOS), then the `forced_decoder_ids` in position order (Whisper's language/task tokens)."""
@@ -421,7 +493,7 @@ def _pad_token(config) -> int | None:
 
 def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, config, max_length: int,
             logits_processor, stopping_criteria, streamer, generator, tokenizer,
-            prefix_allowed_tokens_fn, encoder=None) -> torch.LongTensor:
+            prefix_allowed_tokens_fn, encoder=None, inputs_embeds=None) -> torch.LongTensor:
     """transformers 5.23's `_sample` loop (greedy when `do_sample` is off) for one batch the components accept:
     the same processors, token choice, random draws (`torch.multinomial` on the softmax, one per step), padding of
     finished rows, stopping criteria and streamer calls. `real`: rows that are not chunk filler (streamed, and
@@ -434,7 +506,7 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
     if pads and pad is None:
         raise GenerationError("an EOS stopping criterion needs a pad_token_id for the rows that finished")
     batch = input_ids.shape[0]
-    session = _Session(exported, layout, batch, encoder)
+    session = _Session(exported, layout, batch, encoder, inputs_embeds)
     positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
     logits = session.step(PREFILL, input_ids, attention_mask, positions)
 
@@ -527,26 +599,36 @@ def _token_ids(value) -> list[int]:
 
 def _layout(exported) -> _Layout:
     components = getattr(exported, "components", {})
-    missing = [name for name in (PREFILL, DECODE) if name not in components]
+    multimodal = EMBED in components or LANGUAGE_MODEL in components
+    if multimodal:
+        missing = [name for name in (IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD, DECODE) if name not in components]
+        if missing:
+            raise GenerationError(
+                f"a vision-language generation export needs `image_encoder`, `embed`, `language_model`, `lm_head` and "
+                f"`decode`; this one lacks {missing} (has {list(components)}): re-export it with hfexport, whose "
+                "mode `generation` exports the image encoder and the embedding merge beside the engine's components")
+    missing = [] if multimodal else [name for name in (PREFILL, DECODE) if name not in components]
     if missing:
         raise GenerationError(
             f"generation needs `prefill` and `decode` components; this export has {list(components)} "
             "(export it with mode `generation`)"
         )
     runners = exported.runners
-    seq2seq = "decoder_input_ids" in runners[PREFILL].metadata.kwargs
+    seq2seq = not multimodal and "decoder_input_ids" in runners[PREFILL].metadata.kwargs
     if seq2seq:
         return _seq2seq_layout(exported, runners)
-    for name in (PREFILL, DECODE):
-        unknown = sorted(set(runners[name].metadata.kwargs) - _KNOWN_INPUTS)
+    prefill = LANGUAGE_MODEL if multimodal else PREFILL
+    for name in (prefill, DECODE):
+        allowed = _LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
+        unknown = sorted(set(runners[name].metadata.kwargs) - allowed)
         if unknown:
             raise GenerationError(f"the {name} component takes {unknown}, which hfexport's generate does not feed")
-        if "input_ids" not in runners[name].metadata.kwargs:
+        if name != LANGUAGE_MODEL and "input_ids" not in runners[name].metadata.kwargs:
             raise GenerationError(
                 f"the {name} component takes no input_ids (traced: {list(runners[name].metadata.kwargs)})"
             )
     traced = runners[DECODE].metadata.kwargs
-    cache_kwarg = STATE if STATE in traced or STATE in runners[PREFILL].metadata.kwargs else CACHE
+    cache_kwarg = STATE if STATE in traced or STATE in runners[prefill].metadata.kwargs else CACHE
     if cache_kwarg == STATE and CACHE in traced:
         raise GenerationError(f"the decode component takes both {CACHE} and {STATE}")
     mask = traced.get("attention_mask")
@@ -563,7 +645,7 @@ def _layout(exported) -> _Layout:
     elif cache and cache.get("container") != "DynamicCache":
         raise GenerationError(f"the decode component takes a {cache.get('container')}; generate handles DynamicCache "
                               "and StaticCache")
-    stateful = {name: _is_stateful(runners[name]) for name in (PREFILL, DECODE)}
+    stateful = {PREFILL: _is_stateful(runners[prefill]), DECODE: _is_stateful(runners[DECODE])}
     if static_len is not None and stateful[DECODE]:
         raise GenerationError(
             "this OpenVINO export keeps a static cache as internal state (stateful=True), which transformers 5.23 "
@@ -581,6 +663,7 @@ def _layout(exported) -> _Layout:
         stateful=stateful,
         pinned_batch=pinned_batch,
         cache_kwarg=cache_kwarg,
+        multimodal=multimodal,
     )
 
 
@@ -613,9 +696,10 @@ def _is_stateful(runner) -> bool:
 class _Session:
     """One generation: the cache between calls, and which OpenVINO request holds it as state."""
 
-    def __init__(self, exported, layout: _Layout, batch: int, encoder=None):
+    def __init__(self, exported, layout: _Layout, batch: int, encoder=None, inputs_embeds=None):
         self.exported, self.layout, self.batch = exported, layout, batch
         self.encoder = encoder  # seq2seq: (encoder outputs, encoder padding mask)
+        self.inputs_embeds = inputs_embeds  # a VLM's prompt embeddings, image features merged in (the prefill's input)
         self.cache = self._new_cache(exported, layout)
         self.state_owner: str | None = None
         self.filled = 0  # cache slots written so far (static cache: where the next tokens go)
@@ -624,7 +708,7 @@ class _Session:
     def _new_cache(exported, layout: _Layout):
         from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
-        if layout.cache_kwarg not in exported.runners[PREFILL].metadata.kwargs:
+        if layout.cache_kwarg not in exported.runners[layout.prefill].metadata.kwargs:
             return None
         if layout.seq2seq:
             return EncoderDecoderCache(DynamicCache(config=exported.config), DynamicCache(config=exported.config))
@@ -633,7 +717,7 @@ class _Session:
         return DynamicCache(config=exported.config)
 
     def step(self, name: str, input_ids, attention_mask, positions) -> torch.Tensor:
-        runner = self.exported.runners[name]
+        runner = self.exported.runners[self.layout.prefill if name == PREFILL else name]
         traced = runner.metadata.kwargs
         device = runner.device
         input_ids, attention_mask, positions = (t.to(device) for t in (input_ids, attention_mask, positions))
@@ -647,7 +731,10 @@ class _Session:
             if CACHE in traced:
                 kwargs[CACHE] = self.cache
             return self._run(name, runner, kwargs, input_ids)
-        kwargs = {"input_ids": input_ids}
+        if name == PREFILL and self.layout.multimodal:
+            kwargs = {"inputs_embeds": self.inputs_embeds.to(device)}
+        else:
+            kwargs = {"input_ids": input_ids}
         if "attention_mask" in traced:
             kwargs["attention_mask"] = attention_mask if self.layout.mask_dtype is None else static_attention_mask(
                 attention_mask, self.filled, input_ids.shape[1], self.layout.static_cache_len, self.layout.mask_dtype
@@ -669,6 +756,8 @@ class _Session:
         if self.layout.cache_kwarg in traced or name == PREFILL:
             # The cache the next step reads (a prefill traced without a cache input still returns the first one).
             self.cache = getattr(outputs, self.layout.cache_kwarg, None)
+        if name == PREFILL and self.layout.multimodal:
+            return _lm_head_logits(self.exported, outputs.last_hidden_state).cpu()
         return outputs.logits.cpu()
 
     def _hand_state_to(self, name: str, runner) -> None:

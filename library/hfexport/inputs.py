@@ -150,7 +150,13 @@ def image_text_inputs(texts: list[str], spec: dict, processor, count: int, max_l
     if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token
     kwargs = {"truncation": True, "max_length": max_length} if max_length else {}
-    return dict(processor(text=list(texts), images=synthetic_images(spec, count), return_tensors="pt", padding=True,
+    texts = list(texts)
+    placeholder = getattr(processor, "image_token", None)
+    if isinstance(placeholder, str) and count == len(texts):
+        # One image per text: a text without the placeholder (`hfexport init`'s default texts) gets it in front,
+        # else the processor refuses the images ("... image tokens in the text ...").
+        texts = [text if placeholder in text else f"{placeholder} {text}" for text in texts]
+    return dict(processor(text=texts, images=synthetic_images(spec, count), return_tensors="pt", padding=True,
                           **kwargs))
 
 

@@ -1,13 +1,22 @@
-"""Where each published target lives in a repo: the folders the ecosystem's own loaders look in.
+"""Where each published target lives in a repo: the folders and file names the ecosystem's own loaders look for.
 
 sentence-transformers and optimum's `ORTModel*` read `onnx/model.onnx` (+ `onnx/model.onnx_data`), transformers.js
-`onnx/model.onnx`, sentence-transformers and optimum-intel's `OVModel*` `openvino/openvino_model.xml/.bin`. So a
-forward-mode target is published by default into the folder of its format (`onnx/`, `openvino/`, `executorch/`,
-`torch-export/`), with hfexport's own files (`export.json`, `export_config.json`, `export_report.json`) beside the
-artifacts, where no loader reads them. A second target of the same format, and every generation target (the engine
-writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens), goes into
-`<format folder>/<target>/`. A recipe may set a target's `path` (relative, no `..`). Publications made before this
-layout hold `exports/<target>/`, which stays readable.
+`onnx/model.onnx` and, by `dtype`, `onnx/model_quantized.onnx` ("q8"), `onnx/model_q4.onnx` ("q4"),
+`onnx/model_fp16.onnx` ("fp16"); sentence-transformers and optimum-intel's `OVModel*` read
+`openvino/openvino_model.xml/.bin`, and sentence-transformers names its static int8 OpenVINO model
+`openvino/openvino_model_qint8_quantized.xml`. So a forward-mode target is published by default into the folder of
+its format (`onnx/`, `openvino/`, `executorch/`, `torch-export/`) under the file name that says what it is
+(`artifact_name`): several targets of one format share the folder when their names differ.
+
+A target is a `Place`: a folder and, for a *variant* (an artifact named other than its format's default), the stem of
+its artifact. The folder's default target keeps hfexport's own files under their plain names (`export.json`,
+`export_config.json`, `export_report.json`, `config.json`); a variant's files all start with its stem and a dot
+(`model_quantized.onnx`, `model_quantized.onnx_data`, `model_quantized.export.json`, ...), so each file of a folder
+belongs to exactly one target and no loader mistakes hfexport's files for its own. A target whose name is taken, one
+without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every generation target (the engine
+writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
+`<format folder>/<target>/`. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
+Publications made before this layout hold `exports/<target>/`, which stays readable.
 
 Pure names and rules: no Hub, no engine (the file names themselves are `hfexport.files`').
 """
@@ -16,18 +25,60 @@ from __future__ import annotations
 
 import posixpath
 import re
+from dataclasses import dataclass
 
-from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE
+from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
 
 LEGACY_FOLDER = EXPORTS_DIR
 FORMAT_FOLDERS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
+#: The artifact file name each format's engine writes for a forward target, and its loaders' default name.
+DEFAULT_NAMES = {"onnx": "model.onnx", "openvino": "openvino_model.xml", "executorch": "model.pte",
+                 "dynamo": "model.pt2"}
 #: The external data file name the loaders download next to `model.onnx` (optimum, transformers.js: `<file>_data`).
 ONNX_DATA_SUFFIX = "_data"
+#: A variant's stem: no dot, so `<stem>.` names its files unambiguously; never one that would claim the default
+#: target's files (`export.json` starts with `export.`).
+_STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+RESERVED_STEMS = frozenset({"export", "export_config", "export_report", "config", "generation_config", "model",
+                            "openvino_model", "README", "tokenizer", "tokenizer_config", "special_tokens_map"})
+_SUFFIXES = {"onnx": ".onnx", "openvino": ".xml", "executorch": ".pte", "dynamo": ".pt2"}
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_EIGHT_BIT_WEIGHTS = ("int8_sym", "int8_asym")
+_FOUR_BIT_WEIGHTS = ("int4_sym", "int4_asym")
 
 
 class LayoutError(ValueError):
-    """A target path that is not a plain relative folder, or two targets that would share one."""
+    """A target path or file name that is not a plain relative one, or two targets that would share one."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one target is published: its folder and, for a variant, its artifact's stem (None: the folder's default
+    target, whose hfexport files have their plain names)."""
+
+    folder: str
+    stem: str | None = None
+
+    @property
+    def prefix(self) -> str:
+        """What the names of this target's files start with in the repo (`""` for the folder's default target)."""
+        return f"{self.stem}." if self.stem else ""
+
+    @property
+    def manifest(self) -> str:
+        return self.path(MANIFEST_FILE)
+
+    def path(self, name: str) -> str:
+        """The repo path of one of hfexport's per-target files (`export_report.json`, `export_config.json`, ...)."""
+        return f"{self.folder}/{self.prefix}{name}" if self.folder else f"{self.prefix}{name}"
+
+    def label(self) -> str:
+        """How the card and the PR description name it: `onnx/` or `onnx/model_quantized.*`."""
+        return f"{self.folder}/{self.stem}.*" if self.stem else f"{self.folder}/"
+
+    @property
+    def legacy(self) -> bool:
+        return self.folder.startswith(LEGACY_FOLDER + "/")
 
 
 def check_path(path: object, where: str = "path") -> str:
@@ -45,6 +96,20 @@ def check_path(path: object, where: str = "path") -> str:
     return "/".join(parts)
 
 
+def check_file_name(name: object, export_format: str, where: str = "file_name") -> str:
+    """A recipe's `file_name`: a plain name with its format's suffix (`.onnx`, `.xml`, `.pte`, `.pt2`) whose stem is
+    letters, digits, `_-` (no dot, no folder), not one of hfexport's or the loaders' own names."""
+    suffix = _SUFFIXES.get(export_format)
+    if not isinstance(name, str) or suffix is None or not name.endswith(suffix):
+        raise LayoutError(f"{where}: {name!r} is not a file name for {export_format} (expected '<name>{suffix}', "
+                          f"e.g. {DEFAULT_NAMES.get(export_format, 'model' + str(suffix))!r})")
+    stem = name[: -len(suffix)]
+    if name != DEFAULT_NAMES[export_format] and (not _STEM.match(stem) or stem in RESERVED_STEMS):
+        raise LayoutError(f"{where}: {name!r}: the part before {suffix} must be letters, digits, '_' or '-' (no dot, "
+                          f"no folder) and none of {', '.join(sorted(RESERVED_STEMS))}")
+    return name
+
+
 def format_folder(export_format: str) -> str:
     return FORMAT_FOLDERS.get(export_format, export_format)
 
@@ -53,44 +118,95 @@ def legacy_folder(target: str) -> str:
     return f"{LEGACY_FOLDER}/{target}"
 
 
-def assign_folders(targets: dict[str, dict], existing: dict[str, str] | None = None,
-                   foreign: set[str] = frozenset()) -> dict[str, str]:
-    """{target: folder} for the targets being published.
+def artifact_name(export_format: str, quantization: dict | None = None, dtype: str | None = None) -> str | None:
+    """The file name the loaders use for a forward target of this kind, None where they have none.
 
-    `targets`: name -> {"export_format", "mode", "path" (the recipe's, or None)}; `existing`: name -> folder of the
-    targets the repo (or the pull request) already holds. A recipe's path wins; a target already published in the
-    new layout keeps its folder; otherwise forward targets claim their format's folder in name order when no other
-    target holds it and it holds no other files (`foreign`: folders with files that are no hfexport target's, such
-    as an `onnx/` another tool wrote), and the rest go to `<format folder>/<target>`. Two targets never share a
-    folder.
+    ONNX: `model.onnx`; 8-bit quantized (ONNX Runtime dynamic or static int8/uint8, NNCF int8, the x86 Inductor PT2E
+    preset): `model_quantized.onnx`, transformers.js' `dtype: "q8"` file (sentence-transformers opens it with
+    `file_name`); 4-bit weights (NNCF int4, ONNX Runtime static int4/uint4): `model_q4.onnx` (`dtype: "q4"`); a
+    float16 graph (a checkpoint stored in float16, exported at its own dtype): `model_fp16.onnx` (`dtype: "fp16"`).
+    OpenVINO: `openvino_model.xml`; int8 weights and activations (NNCF quantize, the x86 Inductor PT2E preset):
+    `openvino_model_qint8_quantized.xml`, sentence-transformers' name for its static int8 model. Everything else
+    quantized (fp8 modes, OpenVINO weight-only compression, quantized ExecuTorch and torch.export programs) has no
+    name the loaders look for: None."""
+    if export_format not in DEFAULT_NAMES:
+        return None
+    if not quantization:
+        if export_format == "onnx" and dtype in ("float16", "torch.float16"):
+            return "model_fp16.onnx"
+        return DEFAULT_NAMES[export_format]
+    method, params = quantization.get("method"), quantization.get("params") or {}
+    if export_format == "onnx":
+        if method == "ort_dynamic" or method == "ort_static" and params.get("weight_type", "int8") in ("int8", "uint8") \
+                and params.get("activation_type", "uint8") in ("int8", "uint8"):
+            return "model_quantized.onnx"
+        if method == "ort_static" and params.get("weight_type") in ("int4", "uint4"):
+            return "model_q4.onnx"
+        if method == "nncf_weights":
+            mode = params.get("mode", "int8_asym")
+            return "model_quantized.onnx" if mode in _EIGHT_BIT_WEIGHTS else \
+                "model_q4.onnx" if mode in _FOUR_BIT_WEIGHTS else None
+        if method == "nncf_quantize" and not params.get("mode") or \
+                method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static":
+            return "model_quantized.onnx"
+        return None
+    if export_format == "openvino" and (method == "nncf_quantize" and not params.get("mode") or
+                                        method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static"):
+        return "openvino_model_qint8_quantized.xml"
+    return None
+
+
+def place_for(folder: str, export_format: str, name: str | None) -> Place:
+    """The place of a target named `name` (an artifact file name) in `folder`: a variant unless it is the default."""
+    if not name or name == DEFAULT_NAMES.get(export_format):
+        return Place(folder)
+    return Place(folder, name[: -len(_SUFFIXES[export_format])])
+
+
+def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = None,
+                  foreign: set[str] = frozenset()) -> dict[str, Place]:
+    """{target: Place} for the targets being published.
+
+    `targets`: name -> {"export_format", "mode", "path" (the recipe's, or None), "file_name" (the recipe's, or None),
+    "artifact" (`artifact_name` of what it is, or None)}; `existing`: name -> Place of the targets the repo (or the
+    pull request) already holds. A recipe's path or file name wins; a target already published in the new layout keeps
+    its place; otherwise a forward target with a conventional name claims it in its format's folder, in name order,
+    when no other target holds that name there and the folder holds no other tool's files (`foreign`: folders with
+    files that are no hfexport target's, such as an `onnx/` another tool wrote), and the rest go to
+    `<format folder>/<target>/`. Two targets never share a place.
     """
-    existing = {name: folder for name, folder in (existing or {}).items()
-                if not folder.startswith(LEGACY_FOLDER + "/")}
-    assigned: dict[str, str] = {}
+    existing = {name: place for name, place in (existing or {}).items() if not place.legacy}
+    assigned: dict[str, Place] = {}
     for name, spec in targets.items():
-        if spec.get("path"):
-            assigned[name] = check_path(spec["path"], f"targets.{name}.path")
+        if spec.get("path") or spec.get("file_name"):
+            folder = check_path(spec["path"], f"targets.{name}.path") if spec.get("path") else None
+            file_name = check_file_name(spec["file_name"], spec["export_format"], f"targets.{name}.file_name") \
+                if spec.get("file_name") else None
+            if folder is None:
+                folder = format_folder(spec["export_format"])
+            assigned[name] = place_for(folder, spec["export_format"], file_name)
         elif name in existing:
             assigned[name] = existing[name]
 
-    def taken(folder: str, name: str) -> bool:
+    def taken(place: Place, name: str) -> bool:
         held = {**existing, **assigned}
-        return any(other != name and where == folder for other, where in held.items())
+        return any(other != name and where == place for other, where in held.items())
 
     for name in sorted(targets, key=lambda n: (targets[n].get("mode", "forward") != "forward", n)):
         if name in assigned:
             continue
         spec = targets[name]
         base = format_folder(spec["export_format"])
-        forward = spec.get("mode", "forward") == "forward"
-        free = not taken(base, name) and base not in foreign
-        assigned[name] = base if forward and free else posixpath.join(base, name)
+        artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" else None
+        wanted = place_for(base, spec["export_format"], artifact)
+        free = artifact is not None and not taken(wanted, name) and base not in foreign
+        assigned[name] = wanted if free else Place(posixpath.join(base, name))
     held = {**existing, **assigned}
-    for name, folder in assigned.items():
-        clash = [other for other, where in held.items() if other != name and where == folder]
+    for name, place in assigned.items():
+        clash = [other for other, where in held.items() if other != name and where == place]
         if clash:
-            raise LayoutError(f"targets {name!r} and {clash[0]!r} would both be published to {folder}/: give one "
-                              "of them another `path` in the recipe")
+            raise LayoutError(f"targets {name!r} and {clash[0]!r} would both be published to {place.label()}: give "
+                              "one of them another `path` or `file_name` in the recipe")
     return assigned
 
 
@@ -99,20 +215,67 @@ def onnx_data_name(model_file: str) -> str:
     return model_file + ONNX_DATA_SUFFIX
 
 
+def published_name(place: Place, relative: str, export_format: str) -> str:
+    """The name in `place.folder` of a target's file `relative` (as the job saved it in `OUTPUT/<target>/`).
+
+    The default target keeps its names, but ONNX external data `X.onnx.data` (what the engine writes) becomes
+    `X.onnx_data`. A variant's artifact `model.onnx` becomes `<stem>.onnx` (`<stem>.onnx_data`; OpenVINO
+    `<stem>.xml/.bin`, ...), and its other files `<stem>.<name>` (`<stem>.export.json`, `<stem>.config.json`, ...)."""
+    default = DEFAULT_NAMES.get(export_format, "")
+    stem_default, _, suffix = default.rpartition(".")
+    if export_format == "onnx" and relative.endswith(".onnx.data"):
+        relative = onnx_data_name(relative.removesuffix(".data"))
+    if not place.stem:
+        return relative
+    if default and relative == default:
+        return f"{place.stem}.{suffix}"
+    if export_format == "onnx" and relative == onnx_data_name(default):
+        return onnx_data_name(f"{place.stem}.onnx")
+    if export_format == "openvino" and relative == f"{stem_default}.bin":
+        return f"{place.stem}.bin"
+    return place.prefix + relative
+
+
 MANIFEST = MANIFEST_FILE
 RECIPE_COPY = RECIPE_COPY_FILE
 
 
+def _manifest_place(path: str) -> Place | None:
+    """The Place whose manifest is repo path `path` (`<folder>/export.json` or `<folder>/<stem>.export.json`)."""
+    folder, _, name = path.rpartition("/")
+    if name == MANIFEST:
+        return Place(folder)
+    stem = name.removesuffix("." + MANIFEST)
+    if stem != name and _STEM.match(stem) and stem not in RESERVED_STEMS:
+        return Place(folder, stem)
+    return None
+
+
+def export_places(paths) -> set[Place]:
+    """The places among repo `paths` that hold a published target (a manifest); folder `""` for the root."""
+    return {place for place in map(_manifest_place, paths) if place is not None}
+
+
 def export_folders(paths) -> set[str]:
-    """The folders among repo `paths` that hold a published target (an `export.json` manifest), `""` for the root."""
-    return {path.rsplit("/", 1)[0] if "/" in path else "" for path in paths
-            if path == MANIFEST or path.endswith("/" + MANIFEST)}
+    """The folders among repo `paths` that hold a published target (a manifest), `""` for the root."""
+    return {place.folder for place in export_places(paths)}
 
 
 def in_export_folder(path: str, folders: set[str]) -> bool:
     """Whether `path` is one of a published target's own files (directly in its folder) or under `exports/`."""
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
     return path.startswith(LEGACY_FOLDER + "/") or parent in folders
+
+
+def place_files(place: Place, paths) -> list[str]:
+    """The names (in `place.folder`) of the files among repo `paths` that belong to the target at `place`: a variant's
+    start with its stem and a dot; the default target's are the folder's others, less every variant's."""
+    names = [path[len(place.folder) + 1:] for path in paths
+             if "/" in path and path.rsplit("/", 1)[0] == place.folder]
+    if place.stem:
+        return sorted(name for name in names if name.startswith(place.prefix))
+    variants = tuple(other.prefix for other in export_places(paths) if other.folder == place.folder and other.stem)
+    return sorted(name for name in names if not variants or not name.startswith(variants))
 
 
 def target_of_recipe_copy(text: str) -> str | None:
@@ -126,16 +289,25 @@ def target_of_recipe_copy(text: str) -> str | None:
     return next(iter(targets)) if isinstance(targets, dict) and len(targets) == 1 else None
 
 
-def target_folders(paths, read_text) -> dict[str, str]:
-    """{target: folder} of the targets published among repo `paths`; `read_text(path)` reads a (small) recipe copy.
-    Legacy `exports/<target>/` folders are named by the folder; a target found twice keeps the new-layout folder."""
-    found: dict[str, str] = {}
-    for folder in sorted(export_folders(paths), key=lambda f: (f.startswith(LEGACY_FOLDER + "/"), f)):
-        if folder.startswith(LEGACY_FOLDER + "/") and folder.count("/") == 1:
-            name = folder.split("/", 1)[1]
+def target_places(paths, read_text) -> dict[str, Place]:
+    """{target: Place} of the targets published among repo `paths`; `read_text(path)` reads a (small) recipe copy.
+    Legacy `exports/<target>/` folders are named by the folder; a target found twice keeps the new-layout place."""
+    found: dict[str, Place] = {}
+    paths = set(paths)
+    for place in sorted(export_places(paths), key=lambda p: (p.legacy, p.folder, p.stem or "")):
+        if place.legacy and place.folder.count("/") == 1 and not place.stem:
+            name = place.folder.split("/", 1)[1]
         else:
-            copy = f"{folder}/{RECIPE_COPY}" if folder else RECIPE_COPY
+            copy = place.path(RECIPE_COPY)
             name = target_of_recipe_copy(read_text(copy) or "") if copy in paths else None
         if name and name not in found:
-            found[name] = folder
+            found[name] = place
     return found
+
+
+def target_folders(paths, read_text) -> dict[str, str]:
+    """{target: folder} of the targets published among repo `paths` (`target_places`' folders)."""
+    return {name: place.folder for name, place in target_places(paths, read_text).items()}
+
+
+REPORT = REPORT_FILE

@@ -55,6 +55,9 @@ def infer_task(config) -> str:
     name = architectures[0] if architectures else ""
     if getattr(config, "is_encoder_decoder", False) and "Speech" in name or "Whisper" in name:
         return "automatic-speech-recognition"
+    if name.endswith("ForConditionalGeneration") and getattr(config, "vision_config", None) is not None and not getattr(
+            config, "is_encoder_decoder", False):
+        return "image-text-to-text"  # a vision-language model (LLaVA, Idefics3, ...), not a text encoder-decoder
     for suffix, task in (
         ("ForCausalLM", "text-generation"),
         ("ForConditionalGeneration", "text2text-generation"),

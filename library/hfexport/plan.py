@@ -47,7 +47,9 @@ class Plan:
     multi_token_decode: bool = False
     dims: dict[str, Any] = field(default_factory=dict)
     quantization: dict | None = None  # method, params, engine objects, calibration (hfexport.quantization.spec)
-    encoder: tuple[Any, dict] | None = None  # seq2seq generation: (the model's encoder, the kwargs it is traced with)
+    # hfexport's own components, which the engine's decompose_for_generation misses (transformers 5.23):
+    # {name: (module, the kwargs it is traced with)}, an encoder-decoder's `encoder` or a VLM's `image_encoder`, `embed`
+    own_components: dict[str, tuple[Any, dict]] = field(default_factory=dict)
     trace_inputs: dict | None = None  # generate kwargs the engine traces with, when not `inputs` (seq2seq)
 
     @property
@@ -424,6 +426,139 @@ def _seq2seq_trace_inputs(model, inputs: dict) -> dict:
     return {**inputs, "decoder_input_ids": torch.full((batch, 2), start, dtype=torch.long)}
 
 
+# ── Vision-language generation ───────────────────────────────────────────────
+# transformers 5.23's `generate` encodes a VLM's images before the prefill (`_prepare_multimodal_encoder_kwargs_for_
+# generation` calls `base_model.get_image_features` and hands the prefill `mm_encoder_outputs` instead of
+# `pixel_values`), so the engine's `decompose_for_generation`, which captures the forward calls of generate, splits
+# the prefill into `language_model` (taking `inputs_embeds`), `lm_head` and `decode` with no image encoder, and
+# leaves the merge of image features into the text embeddings to the caller. hfexport adds the two missing pieces
+# as components of their own: `image_encoder` (the call generate made: vision tower, feature selection, projector)
+# and `embed` (token embeddings with the image features scattered in at the image-token positions).
+
+IMAGE_ENCODER, EMBED = "image_encoder", "embed"
+OWN_COMPONENTS = ("encoder", IMAGE_ENCODER, EMBED)  # exported by hfexport itself, not by export_for_generation
+
+
+@contextlib.contextmanager
+def _image_features_capture(model):
+    """The kwargs of every call to `model.base_model.get_image_features` within the block (see above)."""
+    calls: list[dict] = []
+    base = getattr(model, "base_model", None)
+    original = getattr(base, "get_image_features", None)
+    if original is None or "image" not in getattr(model, "input_modalities", ()):
+        yield calls
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)  # generate filters the kwargs by this signature
+    def get_image_features(*args, **kwargs):
+        call = {}
+        for name, value in signature.bind(*args, **kwargs).arguments.items():
+            if signature.parameters[name].kind == inspect.Parameter.VAR_KEYWORD:
+                call.update(value)
+            elif signature.parameters[name].kind != inspect.Parameter.VAR_POSITIONAL:
+                call[name] = value
+        calls.append(call)
+        return original(*args, **kwargs)
+
+    base.get_image_features = get_image_features
+    try:
+        yield calls
+    finally:
+        del base.get_image_features  # the instance attribute; the class's method shows again
+
+
+def image_token_id(config) -> int | None:
+    """The placeholder token a VLM's processor repeats once per image feature."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _image_modules(model, fixed: dict):
+    """`(image_encoder, embed)`: the two modules hfexport exports beside a VLM's engine components."""
+    import torch
+
+    base = model.base_model
+
+    class ImageEncoder(torch.nn.Module):
+        """`base_model.get_image_features` on one prompt's images, as generate calls it: the image features of
+        every image token, `[tokens, hidden]` (pooled outputs concatenated, as the model's forward does)."""
+
+        def __init__(self):
+            super().__init__()
+            self.base = base
+
+        def forward(self, **images):
+            features = self.base.get_image_features(**images, **fixed, return_dict=True).pooler_output
+            if isinstance(features, (list, tuple)):
+                features = torch.cat(list(features), dim=0)
+            return features.reshape(-1, features.shape[-1])
+
+    class Embed(torch.nn.Module):
+        """Token embeddings with the image features scattered in at the image-token positions (the model's
+        `masked_scatter`), `[batch, seq, hidden]`: the `inputs_embeds` the language model's prefill takes."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = model.get_input_embeddings()
+            self.image_token_id = image_token_id(model.config)
+
+        def forward(self, input_ids, image_features):
+            embeds = self.embed_tokens(input_ids)
+            mask = (input_ids == self.image_token_id).unsqueeze(-1)
+            return embeds.masked_scatter(mask, image_features.to(embeds.dtype))
+
+    return ImageEncoder().eval(), Embed().eval()
+
+
+def _image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
+    """`{"image_encoder": ..., "embed": ...}` stages from the captured `get_image_features` call.
+
+    The encoder is traced on the first prompt's images (the first slice of every image tensor): LLaVA's
+    `get_image_features` turns the image batch into a Python list, which pins the traced batch, so `generate` runs
+    it once per prompt. The merge is checked here against the `inputs_embeds` the engine captured for the
+    language model, so a model that builds them differently is refused at plan time, not exported wrong."""
+    import torch
+
+    images = {key: value for key, value in call.items() if isinstance(value, torch.Tensor)}
+    fixed = {key: value for key, value in call.items() if key not in images and key != "return_dict"}
+    if "input_ids" not in inputs or image_token_id(model.config) is None:
+        raise PlanError(f"{type(model).__name__}: a vision-language model needs input_ids and an image token id "
+                        "(config.image_token_id) to generate from images")
+    counts = {int(value.shape[0]) for value in images.values()}
+    if len(counts) != 1:
+        raise PlanError(f"{type(model).__name__}: the image inputs {sorted(images)} do not share a batch axis "
+                        f"({', '.join(f'{k}: {list(v.shape)}' for k, v in images.items())}); hfexport's image "
+                        "encoder runs one prompt's images at a time")
+    encoder, embed = _image_modules(model, fixed)
+    with torch.no_grad():
+        features = torch.cat([encoder(**{key: value[row : row + 1] for key, value in images.items()})
+                              for row in range(counts.pop())])
+        merged = embed(inputs["input_ids"], features)
+    expected = stages.get("language_model", (None, {}))[1].get("inputs_embeds")
+    if expected is None or expected.shape != merged.shape or not torch.allclose(expected, merged, atol=1e-5):
+        raise PlanError(f"{type(model).__name__}: the language model's inputs_embeds are not the token embeddings "
+                        "with the image features at the image tokens; hfexport cannot export this model's image "
+                        "merge")
+    first = {key: value[:1].clone() for key, value in images.items()}
+    return {IMAGE_ENCODER: (encoder, first), EMBED: (embed, {"input_ids": inputs["input_ids"], "image_features": features})}
+
+
+def generation_stages(model, inputs: dict, generation_config=None, multi_token_decode: bool = False) -> dict:
+    """The engine's `decompose_for_generation`, plus a VLM's `image_encoder` and `embed` (see above), first."""
+    from transformers.exporters.utils import decompose_for_generation
+
+    with _image_features_capture(model) as image_calls:
+        stages = decompose_for_generation(model, inputs, generation_config=generation_config,
+                                          multi_token_decode=multi_token_decode)
+    if image_calls and IMAGE_ENCODER not in stages:
+        stages = {**_image_stages(model, inputs, image_calls[0], stages), **stages}
+    return stages
+
+
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
                source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
@@ -452,8 +587,6 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"}
         )
     else:
-        from transformers.exporters.utils import decompose_for_generation
-
         generation_config = _generation_config(model, target)
         seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
         if seq2seq and (generation_config is not None or multi_token_decode):
@@ -464,10 +597,12 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             # The cache layout the export's capture and trace use (hfexport.engine.traced_cache_layout: a sliding
             # window layer holds every token), so the shapes planned here are those of the traced samples.
             with _encoder_capture(model if seq2seq else None) as encoder_calls, traced_cache_layout():
-                stages = decompose_for_generation(
+                stages = generation_stages(
                     model, _seq2seq_trace_inputs(model, inputs) if seq2seq else dict(inputs),
                     generation_config=generation_config, multi_token_decode=multi_token_decode
                 )
+        except PlanError:
+            raise
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
         if seq2seq:
@@ -511,9 +646,10 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 f"{base}: no component takes {', '.join(map(repr, unknown))}; inputs are: {', '.join(sorted(seen_keys))}"
             )
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
-    if target.mode == "generation" and "encoder" in stages:
-        plan.encoder = stages["encoder"]
-        plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)
+    if target.mode == "generation":
+        plan.own_components = {name: stages[name] for name in (*OWN_COMPONENTS,) if name in stages}
+        if "encoder" in stages:
+            plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)
     if target.quantization:
         # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
         plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfexport.files import REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
-from hfexport.layout import export_folders, in_export_folder, target_folders
+from hfexport.layout import export_folders, in_export_folder, target_places
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
@@ -167,7 +167,7 @@ def find_local(output: Path, name: str, key: str) -> CacheHit | None:
 
 def find_published(repo_id: str, name: str, key: str, revisions: list[str], token: str | None) -> CacheHit | None:
     """Target `name`'s `export_report.json` where a publication put it (hfexport.layout: `onnx/`, ..., or an older
-    publication's `exports/<name>/`) at one of `revisions` of `repo_id`, with the same key and status ok."""
+    publication's `exports/<name>/`; a variant's `<stem>.export_report.json`) at one of `revisions` of `repo_id`, with the same key and status ok."""
     from huggingface_hub import HfApi, hf_hub_download
 
 
@@ -178,15 +178,15 @@ def find_published(repo_id: str, name: str, key: str, revisions: list[str], toke
             def read(path: str) -> str:
                 return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(encoding="utf-8")
 
-            folder = target_folders(files, read).get(name)
-            if folder is None:
+            place = target_places(files, read).get(name)
+            if place is None:
                 continue
-            path = hf_hub_download(repo_id, f"{folder}/{REPORT_FILE}", revision=revision, token=token)
+            path = hf_hub_download(repo_id, place.path(REPORT_FILE), revision=revision, token=token)
             previous = JobReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8"))).targets.get(name)
         except Exception:  # noqa: BLE001 - absent, private, unreachable or unreadable: not a hit
             continue
         if previous is not None and previous.cache_key == key and previous.status == "ok":
-            return CacheHit(f"{repo_id}@{revision}", f"already published in {repo_id}@{revision} ({folder}/) with "
+            return CacheHit(f"{repo_id}@{revision}", f"already published in {repo_id}@{revision} ({place.label()}) with "
                                                      "the same cache key", previous)
     return None
 

@@ -29,9 +29,18 @@ from hfexport.errors import (
     PublishRefusedError,
     register_secret,
 )
-from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_sha256, git_blob_sha1
+from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE, file_sha256, git_blob_sha1
 from hfexport.hub import hub_error, looks_like_repo_id
-from hfexport.layout import LayoutError, assign_folders, export_folders, onnx_data_name, target_folders
+from hfexport.layout import (
+    LayoutError,
+    Place,
+    artifact_name,
+    assign_places,
+    export_folders,
+    place_files,
+    published_name,
+    target_places,
+)
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, render_section, update_card
@@ -72,22 +81,31 @@ class _Target:
     folder: Path
     report: JobReport
     files: dict[str, Path]  # path relative to the target folder -> local file
-    repo_folder: str = ""  # where it is published (hfexport.layout)
-    published: dict[str, Path | bytes] = field(default_factory=dict)  # path in repo_folder -> content
+    place: Place = field(default_factory=lambda: Place(""))  # where it is published (hfexport.layout)
+    published: dict[str, Path | bytes] = field(default_factory=dict)  # name in place.folder -> content
 
     @property
     def target(self) -> TargetReport:
         return self.report.targets[self.name]
 
+    @property
+    def repo_folder(self) -> str:
+        return self.place.folder
+
 
 @dataclass
 class _RemoteTarget:
-    """A target a revision already holds: its folder, its files there (name -> tree entry) and its report."""
+    """A target a revision already holds: its place, its files there (name in its folder -> tree entry) and its
+    report."""
 
     name: str
-    folder: str
+    place: Place
     files: dict[str, dict]
     report: JobReport | None
+
+    @property
+    def folder(self) -> str:
+        return self.place.folder
 
 
 def publication_key(repo_id: str, base: str) -> str:
@@ -233,24 +251,24 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     remote = _remote_targets(repo_id, head, tree, token)
     foreign = {path.rsplit("/", 1)[0] for path in tree if "/" in path} - export_folders(tree)
     try:
-        folders = assign_folders({item.name: _layout_spec(item) for item in chosen},
-                                 {name: target.folder for name, target in {**remote, **carry}.items()}, foreign)
+        places = assign_places({item.name: _layout_spec(item) for item in chosen},
+                               {name: target.place for name, target in {**remote, **carry}.items()}, foreign)
     except LayoutError as error:
         raise PublishError(f"{repo_id}: {error}") from None
     for item in chosen:
-        item.repo_folder = folders[item.name]
+        item.place = places[item.name]
         item.published = _published_files(item)
 
     changed, changes, deletions = [], [], []
     for item in chosen:
         old = remote.get(item.name)
-        theirs = old.files if old is not None and old.folder == item.repo_folder else {}
+        theirs = old.files if old is not None and old.place == item.place else {}
         if theirs and _same_artifacts(item, theirs) and _same_inputs(item, old.report):
             continue
         changed.append(item)
         change = _describe_change(item, old.report if old else None)
-        if old is not None and old.folder != item.repo_folder:
-            change += f" (moved from `{old.folder}/` to `{item.repo_folder}/`)"
+        if old is not None and old.place != item.place:
+            change += f" (moved from `{old.place.label()}` to `{item.place.label()}`)"
             deletions += [f"{old.folder}/{name}" for name in old.files]
         else:
             deletions += [f"{item.repo_folder}/{name}" for name in theirs if name not in item.published]
@@ -277,13 +295,14 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
             operations.append(CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)))
             files.append(path)
         changes.append(f"`{name}`: carried over from #{superseded.num} unchanged")
-    operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(set(deletions)) if path in tree]
-    card_report, card_folders, sources = _card_report(chosen, {**remote, **carry})
+    operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(set(deletions) - set(files))
+                   if path in tree]  # a file another target writes in this commit is replaced, not deleted
+    card_report, card_places, sources = _card_report(chosen, {**remote, **carry})
     stale = _stale(sources, chosen)
     readme = _readme(repo_id, base_head, token)  # the branch head's README, byte for byte
 
     try:
-        new_readme = update_card(readme, render_section(repo_id, card_report, card_folders, left_out=left_out,
+        new_readme = update_card(readme, render_section(repo_id, card_report, card_places, left_out=left_out,
                                                         stale=stale),
                                  format_tags(card_report.targets), base_model=_base_model(chosen[0].report, repo_id))
     except CardError as error:
@@ -299,7 +318,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     failed = [item.name for item in chosen if item.target.status == "failed"] if allow_failed else []
     key = publication_key(repo_id, base)
     names = ", ".join(item.name for item in changed) or ", ".join(sorted(card_report.targets))
-    description = _description(key, content, card_report, card_folders, failed, changes, left_out, stale)
+    description = _description(key, content, card_report, card_places, failed, changes, left_out, stale)
     if mode == "commit":
         info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"hfexport: export {names}",
                                                commit_description=description, revision=base, parent_commit=head,
@@ -321,35 +340,57 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
 
 
 def _layout_spec(item: _Target) -> dict:
-    """What hfexport.layout needs to place a target: format, mode and the recipe's `path` (from the saved copy)."""
-    path = None
+    """What hfexport.layout needs to place a target: format, mode, the recipe's `path` and `file_name` (from the saved
+    copy) and the conventional file name of what it is (its quantization, the dtype it was exported at)."""
+    spec: dict = {}
     copy = item.folder / RECIPE_COPY_FILE
     if copy.is_file():
         try:
-            path = (json.loads(copy.read_text(encoding="utf-8")).get("targets") or {}).get(item.name, {}).get("path")
+            spec = (json.loads(copy.read_text(encoding="utf-8")).get("targets") or {}).get(item.name, {})
         except (ValueError, AttributeError):
-            path = None
-    return {"export_format": item.target.export_format, "mode": item.target.mode, "path": path}
+            spec = {}
+    spec = spec if isinstance(spec, dict) else {}
+    export_format = item.target.export_format
+    return {"export_format": export_format, "mode": item.target.mode, "path": spec.get("path"),
+            "file_name": spec.get("file_name"),
+            "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item))}
+
+
+def _export_dtype(item: _Target) -> str | None:
+    """The dtype the target's one component was exported at (the engine's manifest: `metadata.export_dtype`)."""
+    try:
+        components = json.loads((item.folder / MANIFEST_FILE).read_text(encoding="utf-8"))["components"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    dtypes = {str((entry.get("metadata") or {}).get("export_dtype")) for entry in components.values()}
+    return dtypes.pop() if len(dtypes) == 1 else None
 
 
 def _published_files(item: _Target) -> dict[str, Path | bytes]:
-    """A target's files as published: ONNX external data `X.onnx.data` (what the engine writes) becomes
-    `X.onnx_data`, the name optimum's `ORTModel*` and transformers.js download beside `X.onnx`, and the graph's
-    external-data locations are rewritten to match (only those strings change; the weights are the same bytes)."""
-    published: dict[str, Path | bytes] = dict(item.files)
-    if item.target.export_format != "onnx":
-        return published
-    for relative in [rel for rel in item.files if rel.endswith(".onnx") and f"{rel}.data" in item.files]:
-        import onnx
+    """A target's files as published in its place (`layout.published_name`): ONNX external data `X.onnx.data` (what
+    the engine writes) becomes `X.onnx_data`, the name optimum's `ORTModel*` and transformers.js download beside
+    `X.onnx`, and the graph's external-data locations are rewritten to match (only those strings change; the weights
+    are the same bytes). A variant's files get its stem (`model_quantized.onnx`, `model_quantized.export.json`, ...),
+    and its manifest names the renamed artifact."""
+    export_format, place = item.target.export_format, item.place
+    names = {relative: published_name(place, relative, export_format) for relative in item.files}
+    published: dict[str, Path | bytes] = {names[relative]: path for relative, path in item.files.items()}
+    if export_format == "onnx":
+        for relative in [rel for rel in item.files if rel.endswith(".onnx") and f"{rel}.data" in item.files]:
+            import onnx
 
-        graph = onnx.load(str(item.files[relative]), load_external_data=False)
-        old, new = Path(relative).name + ".data", onnx_data_name(Path(relative).name)
-        for tensor in _onnx_tensors(graph):
-            for entry in tensor.external_data:
-                if entry.key == "location" and entry.value == old:
-                    entry.value = new
-        published[relative] = graph.SerializeToString()
-        published[onnx_data_name(relative)] = published.pop(f"{relative}.data")
+            graph = onnx.load(str(item.files[relative]), load_external_data=False)
+            old, new = Path(relative).name + ".data", Path(names[f"{relative}.data"]).name
+            for tensor in _onnx_tensors(graph):
+                for entry in tensor.external_data:
+                    if entry.key == "location" and entry.value == old:
+                        entry.value = new
+            published[names[relative]] = graph.SerializeToString()
+    if place.stem and MANIFEST_FILE in item.files:
+        manifest = json.loads(item.files[MANIFEST_FILE].read_text(encoding="utf-8"))
+        for entry in manifest.get("components", {}).values():
+            entry["file"] = published_name(place, entry["file"], export_format)
+        published[names[MANIFEST_FILE]] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
     return published
 
 
@@ -492,9 +533,10 @@ def _content_hash(chosen: list[_Target]) -> str:
     status."""
     entries = []
     for item in sorted(chosen, key=lambda i: i.name):
-        entries.append([item.name, item.repo_folder, item.target.cache_key, item.target.status])
+        where = item.place.label() if item.place.stem else item.place.folder
+        entries.append([item.name, where, item.target.cache_key, item.target.status])
         entries += [[item.name, rel, _git_blob_sha1(content)] for rel, content in sorted(item.published.items())
-                    if rel != REPORT_FILE]
+                    if rel != item.place.prefix + REPORT_FILE]
     return hashlib.sha256(canonical_json(entries).encode()).hexdigest()
 
 
@@ -535,18 +577,17 @@ def _remote_tree(api, repo_id: str, revision: str, token: str, paths: list[str] 
 
 def _remote_targets(repo_id: str, revision: str, tree: dict[str, dict], token: str) -> dict[str, _RemoteTarget]:
     """The targets `revision` holds (hfexport.layout finds their folders), each with its files and report."""
-    found = target_folders(set(tree), lambda path: _download_text(repo_id, path, revision, token))
+    found = target_places(set(tree), lambda path: _download_text(repo_id, path, revision, token))
     targets = {}
-    for name, folder in found.items():
-        files = {path[len(folder) + 1:]: entry for path, entry in tree.items()
-                 if path.rsplit("/", 1)[0] == folder and "/" in path}
-        targets[name] = _RemoteTarget(name, folder, files, _remote_report(repo_id, revision, folder, name, token)
-                                      if REPORT_FILE in files else None)
+    for name, place in found.items():
+        files = {relative: tree[f"{place.folder}/{relative}"] for relative in place_files(place, tree)}
+        targets[name] = _RemoteTarget(name, place, files, _remote_report(repo_id, revision, place, name, token)
+                                      if place.prefix + REPORT_FILE in files else None)
     return targets
 
 
 def _same_remote(a: _RemoteTarget | None, b: _RemoteTarget | None) -> bool:
-    return a is not None and b is not None and a.folder == b.folder and \
+    return a is not None and b is not None and a.place == b.place and \
         {k: v["oid"] for k, v in a.files.items()} == {k: v["oid"] for k, v in b.files.items()}
 
 
@@ -568,9 +609,9 @@ def _download_text(repo_id: str, path: str, revision: str, token: str) -> str | 
         raise hub_error(error, repo_id, f"reading {path}", error_class=PublishError) from None
 
 
-def _remote_report(repo_id: str, revision: str, folder: str, name: str, token: str) -> JobReport | None:
-    """`<folder>/export_report.json` at `revision` (None when absent, unreadable, or not about `name`)."""
-    text = _download_text(repo_id, f"{folder}/{REPORT_FILE}", revision, token)
+def _remote_report(repo_id: str, revision: str, place: Place, name: str, token: str) -> JobReport | None:
+    """The target's `export_report.json` at `revision` (None when absent, unreadable, or not about `name`)."""
+    text = _download_text(repo_id, place.path(REPORT_FILE), revision, token)
     try:
         report = JobReport.from_dict(json.loads(text)) if text else None
     except Exception:  # noqa: BLE001 - an unreadable remote report means "changed"
@@ -583,8 +624,9 @@ def _readme(repo_id: str, revision: str, token: str) -> str | None:
 
 
 def _same_artifacts(item: _Target, theirs: dict[str, dict]) -> bool:
-    ours = {rel for rel in item.published if rel != REPORT_FILE}
-    if ours != {rel for rel in theirs if rel != REPORT_FILE}:
+    report = item.place.prefix + REPORT_FILE
+    ours = {rel for rel in item.published if rel != report}
+    if ours != {rel for rel in theirs if rel != report}:
         return False
     for rel in ours:
         entry, content = theirs[rel], item.published[rel]
@@ -628,19 +670,19 @@ def _describe_change(item: _Target, old_job: JobReport | None) -> str:
 
 
 def _card_report(chosen: list[_Target], remote: dict[str, _RemoteTarget]
-                 ) -> tuple[JobReport, dict[str, str], dict[str, dict]]:
+                 ) -> tuple[JobReport, dict[str, Place], dict[str, dict]]:
     """One report for the card and the description: every target the publication holds (the published ones, and
-    those already there and not republished), with each one's folder."""
+    those already there and not republished), with each one's place."""
     first = chosen[0].report
     report = JobReport(source=first.source, packages=first.packages, created_at=first.created_at,
                        hfexport_version=first.hfexport_version)
     folders, sources = {}, {}
     for name, target in remote.items():
         if target.report is not None:
-            report.targets[name], folders[name] = target.report.targets[name], target.folder
+            report.targets[name], folders[name] = target.report.targets[name], target.place
             sources[name] = target.report.source
     for item in chosen:
-        report.targets[item.name], folders[item.name] = item.target, item.repo_folder
+        report.targets[item.name], folders[item.name] = item.target, item.place
         sources.pop(item.name, None)
     report.targets = dict(sorted(report.targets.items()))
     return report, folders, sources
@@ -671,7 +713,7 @@ def _failed_banner(failed: list[str]) -> str:
             "anyway with `--allow-failed`. Check the report below before merging.")
 
 
-def _description(key: str, content: str, report: JobReport, folders: dict[str, str], failed: list[str],
+def _description(key: str, content: str, report: JobReport, folders: dict[str, Place], failed: list[str],
                  changes: list[str], left_out: dict[str, str] | None = None, stale: dict[str, str] | None = None) -> str:
     lines = [marker_line(key, content), ""]
     if failed:
@@ -684,13 +726,14 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, s
                   *[f"- `{name}`: {why}" for name, why in stale.items()], ""]
     lines += [
         "This pull request adds exported artifacts of this model, made by hfexport from the repo's export recipe, "
-        "each in the folder where the usual loaders of its format look, and a section of the model card that lists "
-        "them with how to load each. Each folder also holds hfexport's manifest (`export.json`), the recipe target "
-        "used (`export_config.json`) and its report (`export_report.json`).",
+        "each in the folder and under the file name where the usual loaders of its format look, and a section of the "
+        "model card that lists them with how to load each. Beside each target's files are hfexport's manifest "
+        "(`export.json`), the recipe target used (`export_config.json`) and its report (`export_report.json`); a "
+        "variant's start with its file's stem (`model_quantized.export.json`).",
         "",
         "Targets in this pull request:",
         "",
-        *[f"- `{name}` → `{folders[name]}/` ({target.export_format} / {target.mode})"
+        *[f"- `{name}` → `{folders[name].label()}` ({target.export_format} / {target.mode})"
           for name, target in report.targets.items()],
         "",
         "Try it before merging (this PR's revision):",

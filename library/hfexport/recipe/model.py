@@ -28,6 +28,7 @@ class Target:
     description: str | None = None
     runtime: dict = field(default_factory=dict)
     path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
+    file_name: str | None = None  # the artifact's name there (hfexport.layout); not part of what is exported either
 
     @classmethod
     def from_dict(cls, name: str, data: dict) -> Target:
@@ -44,13 +45,14 @@ class Target:
             description=data.get("description"),
             runtime=copy.deepcopy(data.get("runtime", {})),
             path=data.get("path"),
+            file_name=data.get("file_name"),
         )
 
     def to_dict(self) -> dict:
         """The target as the recipe would write it (empty sections left out)."""
         data: dict[str, Any] = {"export_format": self.export_format, "mode": self.mode}
         for key in ("description", "options", "generation", "dynamic_shapes", "components", "parity", "quantization",
-                    "runtime", "path"):
+                    "runtime", "path", "file_name"):
             value = getattr(self, key)
             if value not in (None, {}, []):
                 data[key] = copy.deepcopy(value)
@@ -121,10 +123,12 @@ class Recipe:
         return data
 
     def target_hash(self, name: str) -> str:
-        """The canonical hash of everything that decides target `name`'s export (its standalone recipe; the `path` it
-        is published to does not change the export, so moving a target re-uses its cache)."""
+        """The canonical hash of everything that decides target `name`'s export (its standalone recipe; the `path` and
+        `file_name` it is published under do not change the export, so moving or renaming a target re-uses its
+        cache)."""
         data = self.standalone(name)
         data["targets"][name].pop("path", None)
+        data["targets"][name].pop("file_name", None)
         return sha256_of(data)
 
 

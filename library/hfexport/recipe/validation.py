@@ -16,6 +16,7 @@ from typing import Any
 
 from hfexport import strict_json
 from hfexport.errors import Problem, RecipeError
+from hfexport.layout import LayoutError, check_file_name
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
 from hfexport.runtime import PRECISION_FORMATS
 from hfexport.schema import _validator, load_schema
@@ -297,6 +298,15 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
                                     f"{export_format} runs the graph's own types: precision can be "
                                     f"{' or '.join(repr(p) for p in PRECISION_FORMATS[export_format])} "
                                     f"('bf16'/'f16' are OpenVINO runtime precisions)"))
+        if "file_name" in target:  # the suffix of its format, a stem that claims none of hfexport's own names
+            if mode != "forward":
+                problems.append(Problem(json_path([*base, "file_name"]), "file_name applies to mode 'forward' only "
+                                        "(a generation target's graphs keep the engine's names)"))
+            else:
+                try:
+                    check_file_name(target["file_name"], export_format, json_path([*base, "file_name"]))
+                except LayoutError as error:
+                    problems.append(Problem(json_path([*base, "file_name"]), str(error).split(": ", 1)[-1]))
         quantization = target.get("quantization")
         if quantization:  # method x format, preset, params, calibration (hfexport.quantization.spec)
             problems.extend(section_problems(quantization, export_format, target.get("options"), base,

@@ -10,10 +10,12 @@ a format tag has to be added (then its other keys are kept, though the YAML layo
 from __future__ import annotations
 
 import logging
+import re
 
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
 from hfexport.latency import latency_markdown
+from hfexport.layout import DEFAULT_NAMES, Place
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
 
@@ -40,20 +42,38 @@ def _parity(report: TargetReport) -> str:
     return PARITY[None if verification is None else bool(verification.get("passed"))]
 
 
-def render_section(repo_id: str, report: JobReport, folders: dict[str, str] | None = None,
+def _places(report: JobReport, folders: dict[str, str | Place] | None) -> dict[str, Place]:
+    places = {}
+    for name in report.targets:
+        where = (folders or {}).get(name) or f"{EXPORTS_DIR}/{name}"
+        places[name] = where if isinstance(where, Place) else Place(where)
+    return places
+
+
+def artifact_path(place: Place, export_format: str) -> str:
+    """The repo path of a target's (one-component) artifact: `onnx/model.onnx`, `onnx/model_quantized.onnx`."""
+    default = DEFAULT_NAMES.get(export_format, "model")
+    name = f"{place.stem}.{default.rsplit('.', 1)[-1]}" if place.stem else default
+    return f"{place.folder}/{name}"
+
+
+def render_section(repo_id: str, report: JobReport, folders: dict[str, str | Place] | None = None,
                    left_out: dict[str, str] | None = None, stale: dict[str, str] | None = None) -> str:
     """The Markdown between the markers (markers included) for the targets of `report`, published in `repo_id`
-    at `folders` (target -> folder; default `exports/<target>`, the layout of older publications); `left_out` lists
-    targets that were not published, with the reason; `stale` targets built from an older source, with it."""
-    folders = {name: (folders or {}).get(name) or f"{EXPORTS_DIR}/{name}" for name in report.targets}
+    at `folders` (target -> folder or `layout.Place`; default `exports/<target>`, the layout of older publications);
+    `left_out` lists targets that were not published, with the reason; `stale` targets built from an older source,
+    with it."""
+    places = _places(report, folders)
     stale = stale or {}
     lines = [
         START,
         "## Exported artifacts",
         "",
-        f"Exported by hfexport {report.hfexport_version} from this repo's export recipe. Each target is a folder "
-        "where the usual loaders look for its format; hfexport's manifest (`export.json`), recipe copy "
-        "(`export_config.json`) and report (`export_report.json`) sit beside the files.",
+        (f"Exported by hfexport {report.hfexport_version} from this repo's export recipe. Each target is where the usual "
+        "loaders look for its format, under the file name they use for what it is (`model.onnx`, "
+        "`model_quantized.onnx`, ...); hfexport's manifest (`export.json`), recipe copy (`export_config.json`) and "
+        "report (`export_report.json`) sit beside the files (a variant's named after it: "
+        "`model_quantized.export.json`)."),
         "",
         "| target | folder | format | mode | files | size | parity |",
         "|---|---|---|---|---|---|---|",
@@ -61,8 +81,11 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str] | No
     for name, target in report.targets.items():
         size = sum(entry["bytes"] for entry in target.files)
         parity = _parity(target) + (f" ⚠️ stale: {stale[name]}" if name in stale else "")
+        place = places[name]
+        where = artifact_path(place, target.export_format) if place.stem else place.folder
+        shown = where if place.stem else f"{where}/"
         lines.append(
-            f"| `{name}` | [`{folders[name]}/`]({folders[name]}) | {target.export_format} | {target.mode} "
+            f"| `{name}` | [`{shown}`]({where}) | {target.export_format} | {target.mode} "
             f"| {len(target.files)} | {human_bytes(size)} | {parity} |"
         )
     if stale:
@@ -75,7 +98,7 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str] | No
     if verified_on:
         lines += ["", verified_on]
     lines += _latency_lines(report)
-    lines += ["", "### Loading", ""] + loading_snippets(repo_id, report, folders)
+    lines += ["", "### Loading", ""] + loading_snippets(repo_id, report, places)
     lines += [
         "<details><summary>Export report (parity, sizes, provenance)</summary>",
         "",
@@ -91,71 +114,100 @@ def _task(target: TargetReport) -> str | None:
     return (target.plan or {}).get("task")
 
 
-def _first(report: JobReport, folders: dict[str, str], export_format: str, tasks: tuple[str, ...] | None = None):
-    """The first forward target of `export_format` (and one of `tasks`), with its folder, or (None, None)."""
-    for name, target in report.targets.items():
-        if target.export_format == export_format and target.mode == "forward" and (
-                tasks is None or _task(target) in tasks):
-            return name, folders[name]
-    return None, None
+def _forward(report: JobReport, places: dict[str, Place], export_format: str, tasks: tuple[str, ...] | None = None):
+    """The forward targets of `export_format` (and of one of `tasks`), with their places, default targets first."""
+    found = [(name, places[name]) for name, target in report.targets.items()
+             if target.export_format == export_format and target.mode == "forward"
+             and (tasks is None or _task(target) in tasks)]
+    return sorted(found, key=lambda item: (item[1].stem is not None, item[0]))
 
 
 EMBEDDING_TASKS = ("feature-extraction", "sentence-similarity")
 CAUSAL_TASKS = ("text-generation",)
+#: transformers.js' `dtype` for each ONNX file name it knows (`onnx/model<suffix>.onnx`).
+TRANSFORMERS_JS_DTYPES = {None: "fp32", "model_quantized": "q8", "model_fp16": "fp16", "model_q4": "q4",
+                          "model_int8": "int8", "model_uint8": "uint8", "model_bnb4": "bnb4", "model_q4f16": "q4f16"}
 
 
-def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str]) -> list[str]:
+def _external_data(target: TargetReport) -> bool:
+    return any(str(entry.get("path", "")).endswith((".onnx.data", ".onnx_data")) for entry in target.files)
+
+
+def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | Place]) -> list[str]:
     """How to load the published targets with each loader that reads them (tests/test_ecosystem_clients.py runs
     these loaders on a publication): hfexport, sentence-transformers, optimum, transformers.js, plain ONNX Runtime /
-    OpenVINO; and, for generation targets, why the ecosystem's decoder loaders cannot open them."""
+    OpenVINO; and, for generation targets, why the ecosystem's decoder loaders cannot open them. A variant
+    (`onnx/model_quantized.onnx`) is opened by its file name: sentence-transformers' `file_name`, optimum's
+    `file_name`, transformers.js' `dtype` (or `model_file_name`)."""
+    places = _places(report, folders)
     lines: list[str] = []
     names = list(report.targets)
     first = names[0] if names else "TARGET"
-    lines += ["hfexport (any target; the manifest is checked before anything is loaded; a pull request: "
-              '`revision="refs/pr/N"`):', "", "```python", "import hfexport", "",
+    lines += [("hfexport (any target; the manifest is checked before anything is loaded; a pull request: "
+              '`revision="refs/pr/N"`):'), "", "```python", "import hfexport", "",
               f'model = hfexport.load("{repo_id}", target="{first}")', "```", ""]
     if len(names) > 1:
         lines += ["Other targets: " + ", ".join(f'`target="{name}"`' for name in names[1:]), ""]
-    onnx_name, onnx_folder = _first(report, folders, "onnx", EMBEDDING_TASKS)
-    ov_name, ov_folder = _first(report, folders, "openvino", EMBEDDING_TASKS)
-    if onnx_name or ov_name:
-        lines += ["sentence-transformers:", "", "```python", "from sentence_transformers import SentenceTransformer", ""]
-        if onnx_name:
-            extra = "" if onnx_folder == "onnx" else f', model_kwargs={{"file_name": "{onnx_folder}/model.onnx"}}'
-            lines.append(f'model = SentenceTransformer("{repo_id}", backend="onnx"{extra})')
-        if ov_name:
-            extra = "" if ov_folder == "openvino" else \
-                f', model_kwargs={{"file_name": "{ov_folder}/openvino_model.xml"}}'
-            lines.append(f'model = SentenceTransformer("{repo_id}", backend="openvino"{extra})')
-        lines += ["```", ""]
+    st = []
+    for export_format, home in (("onnx", "onnx"), ("openvino", "openvino")):
+        for name, place in _forward(report, places, export_format, EMBEDDING_TASKS):
+            path = artifact_path(place, export_format)
+            extra = "" if place.folder == home and not place.stem else f', model_kwargs={{"file_name": "{path}"}}'
+            st.append(f'model = SentenceTransformer("{repo_id}", backend="{export_format}"{extra})  # {name}')
+    if st:
+        lines += ["sentence-transformers:", "", "```python", "from sentence_transformers import SentenceTransformer",
+                  "", *st, "```", ""]
     optimum = []
-    for export_format, module, prefix in (("onnx", "optimum.onnxruntime", "ORTModel"), ("openvino", "optimum.intel", "OVModel")):
+    for export_format, module, prefix in (("onnx", "optimum.onnxruntime", "ORTModel"),
+                                          ("openvino", "optimum.intel", "OVModel")):
         for tasks, suffix, kwargs in ((EMBEDDING_TASKS, "ForFeatureExtraction", ""),
                                       (CAUSAL_TASKS, "ForCausalLM", ", use_cache=False")):
-            name, folder = _first(report, folders, export_format, tasks)
-            if name:
-                optimum += [f"from {module} import {prefix}{suffix}",
-                            f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{folder}"{kwargs})']
+            found = _forward(report, places, export_format, tasks)
+            defaults = {place.folder for _, place in found if not place.stem}
+            for name, place in found:
+                if place.stem and place.folder not in defaults:
+                    continue  # optimum reads config.json from the subfolder: the folder's default target has it
+                file_name = f', file_name="{artifact_path(place, export_format).rsplit("/", 1)[-1]}"' \
+                    if place.stem else ""
+                imported = f"from {module} import {prefix}{suffix}"
+                optimum += ([] if imported in optimum else [imported]) + [
+                    (f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{place.folder}"'
+                    f'{file_name}{kwargs})  # {name}')]
     if optimum:
         lines += ["optimum (optimum-onnx / optimum-intel):", "", "```python", *optimum, "```", ""]
-    if onnx_name:
-        sub = "" if onnx_folder == "onnx" else f', subfolder: "{onnx_folder}"'
-        lines += ["transformers.js (the weights are in `model.onnx_data`, hence `use_external_data_format`):", "",
-                  "```js", 'import { pipeline } from "@huggingface/transformers";', "",
-                  f'const extractor = await pipeline("feature-extraction", "{repo_id}", '
-                  f'{{ dtype: "fp32", use_external_data_format: true{sub} }});', "```", ""]
+    js = []
+    for name, place in _forward(report, places, "onnx", EMBEDDING_TASKS):
+        options = []
+        if place.stem in TRANSFORMERS_JS_DTYPES or not place.stem:
+            options.append(f'dtype: "{TRANSFORMERS_JS_DTYPES[place.stem]}"')
+        else:
+            options += ['dtype: "fp32"', f'model_file_name: "{place.stem}"']
+        if _external_data(report.targets[name]):
+            options.append("use_external_data_format: true")
+        if place.folder != "onnx":
+            options.append(f'subfolder: "{place.folder}"')
+        variable = "extractor" if not js else "extractor_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+        js.append(f'const {variable} = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
+                  f"  // {name}")
+    if js:
+        lines += [("transformers.js (`dtype` picks the file in `onnx/`: `q8` is `model_quantized.onnx`; weights in "
+                  "`*.onnx_data`, hence `use_external_data_format`):"), "",
+                  "```js", 'import { pipeline } from "@huggingface/transformers";', "", *js, "```", ""]
     plain = []
-    name, folder = _first(report, folders, "onnx")
-    if name:
+    found = _forward(report, places, "onnx")
+    if found:
+        place = found[0][1]
+        path = artifact_path(place, "onnx")
         plain += ["import onnxruntime as ort", "from huggingface_hub import snapshot_download", "",
-                  f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])',
-                  f'session = ort.InferenceSession(f"{{local}}/{folder}/model.onnx")']
-    name, folder = _first(report, folders, "openvino")
-    if name:
+                  f'local = snapshot_download("{repo_id}", allow_patterns=["{path.rsplit(".", 1)[0]}.*"])',
+                  f'session = ort.InferenceSession(f"{{local}}/{path}")']
+    found = _forward(report, places, "openvino")
+    if found:
+        place = found[0][1]
         plain += ([""] if plain else []) + [
             "import openvino as ov", "from huggingface_hub import snapshot_download", "",
-            f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])',
-            f'compiled = ov.Core().compile_model(f"{{local}}/{folder}/openvino_model.xml", "CPU")']
+            f'local = snapshot_download("{repo_id}", allow_patterns=["{artifact_path(place, "openvino")[:-4]}.*"])',
+            f'compiled = ov.Core().compile_model(f"{{local}}/{artifact_path(place, "openvino")}", "CPU")']
     if plain:
         lines += ["Plain ONNX Runtime / OpenVINO:", "", "```python", *plain, "```", ""]
     generation = [name for name, target in report.targets.items() if target.mode == "generation"]
@@ -194,8 +246,9 @@ def replace_section(body: str, section: str) -> str:
 
 def update_card(original: str | None, section: str, tags: list[str], base_model: str | None = None) -> str:
     """The README text with the hfexport section set, `tags` present in the card metadata and, for a publication
-    into another repo than the model's, `base_model` (the Hub links derivatives by it). Bytes outside the section
-    and an unchanged YAML header are kept exactly (CRLF included)."""
+    into another repo than the model's, `base_model` (the Hub links derivatives by it). Bytes outside the section are
+    kept exactly (CRLF included); so is every line of the owner's YAML header: what is missing is added as lines
+    (`header_with`), and only a header that cannot be edited that way is rewritten by huggingface_hub's `ModelCard`."""
     from huggingface_hub import ModelCard
 
     logger = logging.getLogger("huggingface_hub.repocard")
@@ -208,16 +261,85 @@ def update_card(original: str | None, section: str, tags: list[str], base_model:
     body = card.text
     new_body = replace_section(body, section)
     existing = list(card.data.tags or [])
-    merged = existing + [tag for tag in tags if tag not in existing]
+    missing = [tag for tag in tags if tag not in existing]
     add_base = bool(base_model) and not card.data.get("base_model")
-    if original and merged == existing and not add_base:
-        return original[: len(original) - len(body)] + new_body  # header bytes untouched
-    card.data.tags = merged
+    header = original[: len(original) - len(body)] if original else ""
+    if original and not missing and not add_base:
+        return header + new_body  # header bytes untouched
+    card.data.tags = existing + missing
     if add_base:
         card.data.base_model = base_model
+    edited = header_with(header, missing, base_model if add_base else None)
+    if edited is not None and _metadata(edited) == card.data.to_dict():
+        if new_body and not edited.endswith(("\n", "\r")):  # a README that ends at its closing `---`
+            edited += "\r\n" if "\r\n" in edited else "\n"
+        return edited + new_body
     card.text = new_body
     return card.content
 
+
+_BLOCK_KEY = re.compile(r"^tags:[ \t]*(#.*)?$")  # `tags:` opening a block list (nothing after the colon)
+_ITEM = re.compile(r"^([ \t]*)-([ \t]|$)")
+_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$")
+
+
+def header_with(header: str, tags: list[str], base_model: str | None) -> str | None:
+    """`header` (the README's YAML block, `---` lines included) with `tags` appended to its block-style `tags:` list
+    (in that list's indentation) or, without a `tags:` key, as a new `tags:` list at its end, and `base_model: ...`
+    at its end; every existing line kept byte for byte, line endings the header's own. None when the header cannot
+    be edited that way: no header, a flow-style (`tags: [a, b]`) or scalar `tags:`, more than one `tags:` key."""
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+    match = REGEX_YAML_BLOCK.search(header)
+    if not match or match.end() != len(header):
+        return None
+    newline = "\r\n" if "\r\n" in header else "\r" if "\r" in header and "\n" not in header else "\n"
+    lines = match.group(2).splitlines(keepends=True)
+    closing = match.group(3)  # the line break ending the last YAML line, then `---` and its own line break
+    if lines:
+        brk = closing[:2] if closing.startswith("\r\n") else closing[:1]
+        lines[-1] += brk
+        closing = closing[len(brk):]
+    keys = [index for index, line in enumerate(lines) if line.startswith("tags:")]
+    if len(keys) > 1 or keys and not _BLOCK_KEY.match(lines[keys[0]].rstrip("\r\n")):
+        return None
+    added = []
+    if tags and keys:
+        last, indent = keys[0], "- "
+        for index in range(keys[0] + 1, len(lines)):
+            text = lines[index].rstrip("\r\n")
+            item = _ITEM.match(text)
+            if item:
+                last, indent = index, item.group(1) + "-" + (item.group(2) or " ")
+            elif not text.strip() or not text[:1].isspace():
+                break
+            else:
+                last = index
+        indent = indent if indent.endswith((" ", "\t")) else indent + " "
+        lines[last + 1:last + 1] = [f"{indent}{_scalar(tag)}{newline}" for tag in tags]
+    elif tags:
+        added += [f"tags:{newline}"] + [f"- {_scalar(tag)}{newline}" for tag in tags]
+    if base_model:
+        added.append(f"base_model: {_scalar(base_model)}{newline}")
+    return match.group(1) + "".join(lines + added) + closing
+
+
+def _scalar(value: str) -> str:
+    """A YAML scalar for a tag or repo id: plain where that reads back as the same string, else JSON-quoted."""
+    import json
+
+    return value if _PLAIN.match(value) and value.lower() not in ("true", "false", "null", "yes", "no", "on", "off",
+                                                                  "~") else json.dumps(value)
+
+
+def _metadata(header: str) -> dict | None:
+    """The card metadata huggingface_hub reads from a header (what ModelCard would give), or None when unreadable."""
+    from huggingface_hub import ModelCard
+
+    try:
+        return ModelCard(header, ignore_metadata_errors=True).data.to_dict()
+    except Exception:  # noqa: BLE001 - an edit that does not parse is rejected (the rewrite is used instead)
+        return None
 
 
 def _latency_lines(report: JobReport) -> list[str]:

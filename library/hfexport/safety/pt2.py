@@ -84,6 +84,9 @@ _SYMPY_NAMES = {
     "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
     "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat",
     "Identity", "BitwiseFn_bitwise_and", "BitwiseFn_bitwise_or", "BitwiseFn_bitwise_xor",
+    # sympy's relational classes, which `Eq`/`Ne`/`Lt`/... construct: torch 2.13 writes a relation between unbacked
+    # sizes by class name (Idefics3's boolean image index: "Equality(Symbol('u1', integer=True), Symbol('u0', ...))").
+    "Equality", "Unequality", "StrictLessThan", "LessThan", "StrictGreaterThan", "GreaterThan",
 }
 
 

@@ -464,6 +464,58 @@ def build_llava(folder: Path) -> None:
     ))
 
 
+IDEFICS3_SCALE = 2  # the connector's pixel shuffle: (32 / 8) ** 2 patches / 2 ** 2 = 4 image tokens per image
+VLM_MODES = ("generation",)
+
+
+def build_idefics3(folder: Path) -> None:
+    """Tiny Idefics3 (the SmolVLM architecture): SigLIP-style vision tower, pixel-shuffle connector, Llama text model;
+    one 32 x 32 image per prompt (no image splitting), `pixel_values` `[batch, images, 3, H, W]` with a
+    `pixel_attention_mask`."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
+
+    tokenizer = bpe_tokenizer(extra_special=("<fake_token_around_image>", "<image>", "<end_of_utterance>",
+                                             "<global-img>"))
+    ids = _special_ids(tokenizer)
+    _seeded()
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=IMAGE_SIZE, patch_size=PATCH_SIZE)
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **ids,
+    )
+    tokens_per_image = (IMAGE_SIZE // PATCH_SIZE) ** 2 // IDEFICS3_SCALE**2
+    config = Idefics3Config(
+        vision_config=vision, text_config=text, scale_factor=IDEFICS3_SCALE,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+        architectures=["Idefics3ForConditionalGeneration"], **ids,
+    )
+    image_processor = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": IMAGE_SIZE},
+                                             max_image_size={"longest_edge": IMAGE_SIZE})
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                                  image_seq_len=tokens_per_image)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", VLM_MODES, {},
+        {"text": ["<image> Describe the picture", "<image> The capital of France is"], "images": {"count": 2}},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 128}},
+        description=f"Tiny random Idefics3 (SigLIP-style vision tower, pixel-shuffle connector, Llama text model, "
+                    f"{tokens_per_image} tokens per image).",
+    ))
+
+
 MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -519,7 +571,12 @@ MODELS: dict[str, TinyModel] = {
                   "violated (batch)! Suggested fixes: batch = 2\"; the sequence holds a fixed 16 tokens per image. "
                   "Generation: transformers 5.23's generate() runs the vision tower before the prefill "
                   "(`mm_encoder_outputs`), so the engine's decompose_for_generation captures no image encoder or "
-                  "projector: the export has language_model, lm_head and decode only."),
+                  "projector; hfexport exports them (`image_encoder`) and the merge of image features into the text "
+                  "embeddings (`embed`) beside the engine's language_model, lm_head and decode (docs/generation.md). "
+                  "Verification probes vary the batch only: a prompt holds a fixed 16 tokens per image."),
+        TinyModel("tiny-idefics3", "Idefics3", "Idefics3ForConditionalGeneration", "image-text-to-text", VLM_MODES,
+                  build_idefics3, "The SmolVLM architecture. Generation as LLaVA: hfexport's `image_encoder` "
+                  "(vision tower + pixel-shuffle connector, with `pixel_attention_mask`) and `embed`."),
     )
 }
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
+from hfexport.plan import generation_stages
 from hfexport.progress import ProgressCallback, Step
 from hfexport.runtime import (
     cpu_info,
@@ -98,11 +99,10 @@ def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict)
 
 def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
     import torch
-    from transformers.exporters.utils import decompose_for_generation
 
-    with torch.no_grad():
-        stages = decompose_for_generation(model, copy.deepcopy(inputs), generation_config=plan.generation_config,
-                                          multi_token_decode=plan.multi_token_decode)
+    with torch.no_grad():  # the engine's stages, and a VLM's image encoder and embedding merge (hfexport.plan)
+        stages = generation_stages(model, copy.deepcopy(inputs), generation_config=plan.generation_config,
+                                   multi_token_decode=plan.multi_token_decode)
     results = []
     for name, (submodel, subinputs) in stages.items():
         if name not in exported.components:
@@ -164,7 +164,7 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
     """Greedy decoding over the exported graphs vs `model.generate(do_sample=False)` on the sample prompts."""
     import torch
 
-    from hfexport.generate import generate
+    from hfexport.generate import generate, image_input_names
 
     inputs = plan.inputs
     result: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_token_agreement": min_token_agreement}
@@ -186,7 +186,8 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
         given = {key: value for key, value in (("input_ids", input_ids), ("attention_mask", attention_mask))
                  if value is not None}  # Whisper's generate takes input_features alone
         eager = model.generate(**given, generation_config=generation_config, **extra)
-    model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids") if key in extra}
+    model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids", *image_input_names(exported))
+                    if key in extra}  # a VLM's images (pixel_values, ...) go to its image_encoder
     try:
         got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                        **model_inputs)

@@ -46,7 +46,12 @@ def probe_axes(plan) -> tuple[list[AxisRef], bool]:
     tensors = probe_tensors(plan.inputs)
     shapes = plan.target.dynamic_shapes
     if shapes is None:
-        return (_auto_axes(tensors) if _is_dynamic(plan) else []), True
+        refs = _auto_axes(tensors) if _is_dynamic(plan) else []
+        if "image_encoder" in plan.components:
+            # A vision-language prompt holds a fixed number of image tokens per image: a longer or shorter probe
+            # would repeat or cut them (the model then refuses it), so only the batch varies (rows with their images).
+            refs = [ref for ref in refs if ref.dim != "seq"]
+        return refs, True
     refs: list[AxisRef] = []
     for name, spec in shapes.items():
         if name not in tensors or not isinstance(spec, dict) or "*" in spec:

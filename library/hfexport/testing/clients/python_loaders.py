@@ -1,8 +1,10 @@
 """Runs inside the peers' venv (hfexport.testing.peers): loads a published model the way users of each loader do.
 
-`embed REPO REVISION SENTENCES_JSON`: sentence-transformers' torch model (from the repo's own weights) against
-`backend="onnx"` and `backend="openvino"` at REVISION, and optimum's ORT/OV feature-extraction classes on the
-conventional subfolders; prints cosine similarities per loader (or the loader's error).
+`embed REPO REVISION SENTENCES_JSON [VARIANTS_JSON]`: sentence-transformers' torch model (from the repo's own weights)
+against `backend="onnx"` and `backend="openvino"` at REVISION, and optimum's ORT/OV feature-extraction classes on the
+conventional subfolders; VARIANTS_JSON (`{"onnx-int8": "onnx/model_quantized.onnx", ...}`) adds each named file, opened
+with sentence-transformers' `file_name` (and, for ONNX, optimum's `subfolder` + `file_name`); prints cosine
+similarities per loader (or the loader's error).
 `causal REPO REVISION IDS_JSON SUBFOLDER_ONNX SUBFOLDER_OV`: optimum's ORTModelForCausalLM / OVModelForCausalLM
 (use_cache=False) against transformers' torch model: the largest absolute logit difference per loader.
 Prints one JSON line. Never imports hfexport (its transformers is a different major version).
@@ -28,7 +30,7 @@ def _attempt(results, name, function):
         results[name] = {"error": f"{type(error).__name__}: {str(error)[:800]}"}
 
 
-def embed(repo, revision, sentences):
+def embed(repo, revision, sentences, variants=None):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
@@ -39,6 +41,12 @@ def embed(repo, revision, sentences):
         _attempt(results, f"sentence-transformers/{backend}", lambda backend=backend: {"cosine": _cosines(
             reference, SentenceTransformer(repo, backend=backend, revision=revision,
                                            model_kwargs=kwargs[backend]).encode(sentences))})
+    for name, file_name in (variants or {}).items():
+        backend = "openvino" if file_name.endswith(".xml") else "onnx"
+        _attempt(results, f"sentence-transformers/{name}", lambda backend=backend, file_name=file_name: {
+            "cosine": _cosines(reference, SentenceTransformer(
+                repo, backend=backend, revision=revision,
+                model_kwargs={**kwargs[backend], "file_name": file_name}).encode(sentences))})
     tokenizer = AutoTokenizer.from_pretrained(repo, revision=revision)
     batch = tokenizer(sentences, padding=True, return_tensors="pt")
 
@@ -65,6 +73,15 @@ def embed(repo, revision, sentences):
 
     _attempt(results, "optimum/ORTModelForFeatureExtraction", ort)
     _attempt(results, "optimum/OVModelForFeatureExtraction", ov)
+    for name, file_name in (variants or {}).items():
+        if not file_name.endswith(".onnx"):
+            continue
+        from optimum.onnxruntime import ORTModelForFeatureExtraction
+
+        folder, file = file_name.rsplit("/", 1)
+        _attempt(results, f"optimum/ORTModelForFeatureExtraction/{name}", lambda folder=folder, file=file: {
+            "cosine": _cosines(torch_pooled, mean_pooled(ORTModelForFeatureExtraction.from_pretrained(
+                repo, revision=revision, subfolder=folder, file_name=file)))})
     return results
 
 
@@ -102,7 +119,8 @@ def causal(repo, revision, ids, onnx_subfolder, ov_subfolder):
 if __name__ == "__main__":
     command, repo, revision = sys.argv[1:4]
     if command == "embed":
-        print(json.dumps(embed(repo, revision, json.loads(sys.argv[4]))))
+        print(json.dumps(embed(repo, revision, json.loads(sys.argv[4]),
+                               json.loads(sys.argv[5]) if len(sys.argv) > 5 else None)))
     elif command == "causal":
         print(json.dumps(causal(repo, revision, json.loads(sys.argv[4]), sys.argv[5], sys.argv[6])))
     else:
