@@ -10,7 +10,9 @@ drops one, so a move in the engine is one file to fix here, not many.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 CHECKED_WITH = "transformers 5.23.0"
@@ -26,7 +28,11 @@ INTERNALS = {
     "capture_calibration_inputs": ("transformers.exporters.quantizers.utils", "capture_calibration_inputs"),
     "openvino_output_tensor": ("transformers.exporters.runners.runner_openvino", "openvino_output_tensor"),
     "openvino_feed": ("transformers.exporters.utils", "openvino_feed"),
+    "sliding_window_patch": ("transformers.exporters.exporter_dynamo", "_patch_sliding_window_layer"),
 }
+
+# The cache-layer methods the dynamo exporter swaps while tracing (its `_patch_sliding_window_layer`).
+SLIDING_WINDOW_METHODS = ("update", "get_mask_sizes", "get_seq_length")
 
 # Attributes of engine objects hfexport reads (checked by the same test on a loaded OpenVINO runner).
 RUNNER_ATTRIBUTES = {"openvino": ("compiled_model", "request")}
@@ -72,6 +78,36 @@ def capture_calibration_inputs(*args, **kwargs):
     """Per-component calibration inputs captured from generate-style batches (what `export_for_generation` does
     for a single config)."""
     return internal("capture_calibration_inputs")(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def traced_cache_layout() -> Iterator[None]:
+    """Within the block, sliding-window cache layers behave as the engine traces them: as a full `DynamicLayer`.
+
+    transformers 5.23's dynamo exporter (every format traces through it) swaps `DynamicSlidingWindowLayer`'s
+    `update`/`get_mask_sizes`/`get_seq_length` for `DynamicLayer`'s while tracing (`_patch_sliding_window_layer`,
+    "temporary: it goes once huggingface/transformers#49542 keeps sliding-window decode on one graph"): an exported
+    prefill returns, and an exported decode takes, the whole sliding layer's keys and values (the sliding mask still
+    applies the window), where eager keeps the last `window - 1`. The engine's capture (`decompose_for_generation`)
+    runs eagerly, outside the patch, so it traced the decode from the eager cut cache: a `.pt2` decode then took only
+    a cache with the capture's token counter (`cumulative_length`, Python pytree context: "Trying to flatten user
+    inputs with exported input tree spec") and the cut cache's strides ("Guard failed:
+    past_key_values[0].stride()[1] != ..."), never the full one its own prefill returns. hfexport runs the capture,
+    and each generation probe's capture and eager reference, inside this block: the decode is traced from the cache
+    the exported prefill returns, and a probe compares the caches the export holds.
+    """
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    factory = internal("sliding_window_patch")
+    originals = {name: DynamicSlidingWindowLayer.__dict__[name] for name in SLIDING_WINDOW_METHODS
+                 if name in DynamicSlidingWindowLayer.__dict__}
+    for name, original in originals.items():
+        setattr(DynamicSlidingWindowLayer, name, factory(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(DynamicSlidingWindowLayer, name, original)
 
 
 def openvino_request(runner):

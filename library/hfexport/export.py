@@ -16,9 +16,10 @@ from typing import Any
 from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
-from hfexport.engine import export_backends, exporter_class
+from hfexport.engine import export_backends, exporter_class, traced_cache_layout
 from hfexport.executorch_fixes import executorch_fixes
 from hfexport.exported import ExportedModel
+from hfexport.modeling_fixes import modeling_fixes
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
 from hfexport.recipe.loading import load_recipe
@@ -192,17 +193,21 @@ def _drop_model_output_samples(exported) -> None:
             program.example_inputs = None  # the public setter allows None ("This is allowed", torch 2.13)
 
 
-def _format_fixes(plan):
-    """hfexport's narrow fixes of a backend's lowering, for the plan's format (hfexport.executorch_fixes)."""
-    if str(plan.export_format) == "executorch":
-        return executorch_fixes()
-    return contextlib.nullcontext()
+@contextlib.contextmanager
+def _format_fixes(plan, model):
+    """hfexport's narrow fixes of a backend's lowering (hfexport.executorch_fixes) and of the model's code under
+    torch.export (hfexport.modeling_fixes), for the plan's format."""
+    with contextlib.ExitStack() as stack:
+        if str(plan.export_format) == "executorch":
+            stack.enter_context(executorch_fixes())
+        stack.enter_context(modeling_fixes(model, str(plan.export_format)))
+        yield
 
 
 def run_plan(plan, model) -> ExportedModel:
     """The engine call a plan stands for: `export` for mode forward, `export_for_generation` for generation."""
     exporter = AutoHfExporter.from_config(next(iter(plan.components.values())).config)
-    with _format_fixes(plan):
+    with _format_fixes(plan, model):
         if plan.mode == "forward":
             exported = exporter.export(model, dict(plan.inputs), plan.config)
         else:
@@ -211,10 +216,11 @@ def run_plan(plan, model) -> ExportedModel:
             # hfexport.plan), which transformers 5.23's export_for_generation does not capture; it exports the rest.
             own = {name: exporter.export(module, dict(inputs), configs.pop(name)).components["model"]
                    for name, (module, inputs) in plan.own_components.items()}
-            exported = exporter.export_for_generation(
-                model, dict(plan.trace_inputs or plan.inputs), configs, generation_config=plan.generation_config,
-                multi_token_decode=plan.multi_token_decode,
-            )
+            with traced_cache_layout():  # the capture holds the cache layers as the trace does (sliding windows)
+                exported = exporter.export_for_generation(
+                    model, dict(plan.trace_inputs or plan.inputs), configs, generation_config=plan.generation_config,
+                    multi_token_decode=plan.multi_token_decode,
+                )
             if own:
                 exported.components = {**own, **exported.components}
                 _drop_model_output_samples(exported)

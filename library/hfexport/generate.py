@@ -29,7 +29,10 @@ from hfexport.errors import GenerationError
 
 PREFILL, DECODE, ENCODER = "prefill", "decode", "encoder"
 CACHE = "past_key_values"
-_KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE}
+# A state-space model's generate (Mamba, transformers 5.23) passes its recurrent state as `cache_params`: a
+# `DynamicCache` of `LinearAttentionLayer`s (a conv state and an SSM state per layer) instead of keys and values.
+STATE = "cache_params"
+_KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE, STATE}
 # A vision-language model (see `hfexport.plan`, "Vision-language generation"): hfexport's `image_encoder` (a prompt's
 # images -> image features) and `embed` (input_ids + image features -> inputs_embeds), then the engine's
 # `language_model` (inputs_embeds -> hidden states + cache) and `lm_head` for the prefill, and its `decode`.
@@ -50,6 +53,7 @@ class _Layout:
     stateful: dict[str, bool]  # per component: an OpenVINO program that keeps the cache in its infer request
     pinned_batch: int | None  # the only batch size the decode takes (see `_layout`)
     seq2seq: bool = False  # an encoder-decoder: `encoder` once, then prefill/decode over the decoder tokens
+    cache_kwarg: str = CACHE  # the kwarg that carries the cache: `past_key_values`, or a Mamba's `cache_params`
     multimodal: bool = False  # a VLM: the prefill is embed -> language_model -> lm_head (see IMAGE_ENCODER)
 
     @property
@@ -624,9 +628,12 @@ def _layout(exported) -> _Layout:
                 f"the {name} component takes no input_ids (traced: {list(runners[name].metadata.kwargs)})"
             )
     traced = runners[DECODE].metadata.kwargs
+    cache_kwarg = STATE if STATE in traced or STATE in runners[prefill].metadata.kwargs else CACHE
+    if cache_kwarg == STATE and CACHE in traced:
+        raise GenerationError(f"the decode component takes both {CACHE} and {STATE}")
     mask = traced.get("attention_mask")
     mask_dtype = getattr(torch, mask["dtype"]) if mask is not None and mask.get("rank") == 4 else None
-    cache = traced.get(CACHE, {})
+    cache = traced.get(cache_kwarg, {})
     static_len = None
     if cache.get("container") == "StaticCache":
         if mask_dtype is not None:
@@ -655,6 +662,7 @@ def _layout(exported) -> _Layout:
         static_cache_len=static_len,
         stateful=stateful,
         pinned_batch=pinned_batch,
+        cache_kwarg=cache_kwarg,
         multimodal=multimodal,
     )
 
@@ -700,7 +708,7 @@ class _Session:
     def _new_cache(exported, layout: _Layout):
         from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
-        if CACHE not in exported.runners[layout.prefill].metadata.kwargs:
+        if layout.cache_kwarg not in exported.runners[layout.prefill].metadata.kwargs:
             return None
         if layout.seq2seq:
             return EncoderDecoderCache(DynamicCache(config=exported.config), DynamicCache(config=exported.config))
@@ -733,8 +741,8 @@ class _Session:
             )
         if "position_ids" in traced:
             kwargs["position_ids"] = positions
-        if CACHE in traced:
-            kwargs[CACHE] = self.cache
+        if self.layout.cache_kwarg in traced:
+            kwargs[self.layout.cache_kwarg] = self.cache
         return self._run(name, runner, kwargs, input_ids)
 
     def _run(self, name: str, runner, kwargs: dict, input_ids) -> torch.Tensor:
@@ -745,9 +753,9 @@ class _Session:
             return _stateful_logits(runner, kwargs).cpu()
         outputs = runner(**kwargs)
         self.filled += input_ids.shape[1]
-        if CACHE in traced or name == PREFILL:
+        if self.layout.cache_kwarg in traced or name == PREFILL:
             # The cache the next step reads (a prefill traced without a cache input still returns the first one).
-            self.cache = getattr(outputs, CACHE, None)
+            self.cache = getattr(outputs, self.layout.cache_kwarg, None)
         if name == PREFILL and self.layout.multimodal:
             return _lm_head_logits(self.exported, outputs.last_hidden_state).cpu()
         return outputs.logits.cpu()
@@ -761,7 +769,8 @@ class _Session:
 
         leaves = {}
         if self.cache is not None:
-            leaves = {f"{CACHE}.{path}": tensor for path, tensor in get_leaf_tensors(self.cache).items()}
+            leaves = {f"{self.layout.cache_kwarg}.{path}": tensor
+                      for path, tensor in get_leaf_tensors(self.cache).items()}
         openvino_request(runner).reset_state()
         for state in openvino_request(runner).query_state():
             path = _state_leaf(state.name)

@@ -15,7 +15,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfexport.engine import auto_dynamic_shapes, export_backends, register_cache_pytrees
+from hfexport.engine import auto_dynamic_shapes, export_backends, register_cache_pytrees, traced_cache_layout
 from hfexport.errors import PlanError
 from hfexport.inputs import build_sample_inputs
 from hfexport.models import infer_task
@@ -594,7 +594,9 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                             "(a DynamicCache of one token per step); static caches and multi-token decode are for "
                             "decoder-only models")
         try:
-            with _encoder_capture(model if seq2seq else None) as encoder_calls:
+            # The cache layout the export's capture and trace use (hfexport.engine.traced_cache_layout: a sliding
+            # window layer holds every token), so the shapes planned here are those of the traced samples.
+            with _encoder_capture(model if seq2seq else None) as encoder_calls, traced_cache_layout():
                 stages = generation_stages(
                     model, _seq2seq_trace_inputs(model, inputs) if seq2seq else dict(inputs),
                     generation_config=generation_config, multi_token_decode=multi_token_decode

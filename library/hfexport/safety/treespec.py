@@ -47,7 +47,9 @@ def pt2_unpickling_allowlist() -> list[type]:
     hold (`transformers.cache_utils`), for `torch.serialization.safe_globals`."""
     from transformers import cache_utils
 
-    bases = (cache_utils.Cache, cache_utils.CacheLayerMixin)
+    # LinearAttentionLayer (a state-space model's conv and SSM states, Mamba's `cache_params`) subclasses neither
+    # Cache nor CacheLayerMixin.
+    bases = (cache_utils.Cache, cache_utils.CacheLayerMixin, cache_utils.LinearAttentionCacheLayerMixin)
     return [cls for cls in vars(cache_utils).values()
             if isinstance(cls, type) and issubclass(cls, bases) and cls.__module__ == cache_utils.__name__]
 

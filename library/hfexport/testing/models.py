@@ -250,6 +250,54 @@ def build_qwen2(folder: Path) -> None:
     )), "Tiny random Qwen2 decoder.")
 
 
+GEMMA3_SLIDING_WINDOW = 4  # under the sample prompts' length, so prefill and decode both cut the window
+
+
+def build_gemma3(folder: Path) -> None:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    _decoder(folder, lambda tokenizer: Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=256,
+        sliding_window=GEMMA3_SLIDING_WINDOW, layer_types=["sliding_attention", "full_attention"],
+        architectures=["Gemma3ForCausalLM"], **_special_ids(tokenizer),
+    )), f"Tiny random Gemma3 text decoder (one sliding-window layer, window {GEMMA3_SLIDING_WINDOW}, one full).")
+
+
+def build_phi3(folder: Path) -> None:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    _decoder(folder, lambda tokenizer: Phi3ForCausalLM(Phi3Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=256,
+        architectures=["Phi3ForCausalLM"], tie_word_embeddings=False, **_special_ids(tokenizer),
+    )), "Tiny random Phi-3 decoder (fused qkv and gate_up projections).")
+
+
+def build_mistral(folder: Path) -> None:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _decoder(folder, lambda tokenizer: MistralForCausalLM(MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, sliding_window=None, architectures=["MistralForCausalLM"],
+        tie_word_embeddings=False, **_special_ids(tokenizer),
+    )), "Tiny random Mistral decoder.")
+
+
+# ── State-space models ───────────────────────────────────────────────────────
+
+
+def build_mamba(folder: Path) -> None:
+    from transformers import MambaConfig, MambaForCausalLM
+
+    _decoder(folder, lambda tokenizer: MambaForCausalLM(MambaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+        # Untied: with the embeddings tied, greedy decoding repeats one token per prompt (which would not show a
+        # state carried wrong between steps); untied, every step's token differs.
+        tie_word_embeddings=False, architectures=["MambaForCausalLM"], **_special_ids(tokenizer),
+    )), "Tiny random Mamba (selective state-space model: a conv and an SSM state per layer, no attention).")
+
+
 # ── Encoder-decoders ─────────────────────────────────────────────────────────
 
 
@@ -479,6 +527,29 @@ MODELS: dict[str, TinyModel] = {
                   "`c_attn(...).split(...)` to the traced batch (error 0x12 at any other batch); "
                   "`hfexport.executorch_fixes` keeps it dynamic."),
         TinyModel("tiny-qwen2", "Qwen2", "Qwen2ForCausalLM", "text-generation", DECODER_MODES, build_qwen2),
+        TinyModel("tiny-gemma3", "Gemma3", "Gemma3ForCausalLM", "text-generation", DECODER_MODES, build_gemma3,
+                  "Text-only; layer 0 slides (window 4, under the prompts' 15 and 27 tokens), layer 1 is full. "
+                  "transformers 5.23 traces a sliding layer as a full `DynamicLayer` (the sliding mask applies the "
+                  "window) but captures the decode eagerly, from the cut cache: the `.pt2` decode then refused the "
+                  "cache its own prefill returns (\"Trying to flatten user inputs with exported input tree spec\": "
+                  "the layer's token counter is pytree context; then a stride guard of the cut view), and probes "
+                  "compared caches of 5 and 3 tokens. hfexport runs the capture and the probes in the traced layout "
+                  "(`hfexport.engine.traced_cache_layout`)."),
+        TinyModel("tiny-phi3", "Phi-3", "Phi3ForCausalLM", "text-generation", DECODER_MODES, build_phi3),
+        TinyModel("tiny-mistral", "Mistral", "MistralForCausalLM", "text-generation", DECODER_MODES, build_mistral,
+                  "`sliding_window: null` (Gemma3's row covers sliding windows)."),
+        TinyModel("tiny-mamba", "Mamba", "MambaForCausalLM", "text-generation", DECODER_MODES, build_mamba,
+                  "State-space model: generation is prefill + decode over `cache_params` (a `DynamicCache` of "
+                  "`LinearAttentionLayer`s: a conv state [batch, 64, 4] and an SSM state [batch, 64, 8] per layer; "
+                  "the decode takes no attention mask), which `generate` feeds as it feeds a KV cache. Under "
+                  "torch.export transformers 5.23 runs the scan as a Python loop over the sequence "
+                  "(`for index in range(seq_len)`), which specializes seq to the sample's 27 tokens; "
+                  "`hfexport.modeling_fixes` runs it as torch's `scan` on dynamo and ONNX. With `scan`, OpenVINO 2026.4.1's "
+                  "converter stops (OpConversionFailure: no conversion rule for `scan`) and the ExecuTorch 1.5.1 "
+                  "program fails at run time (`method->execute()` error 0x1 at batch 1 × 2 tokens), so there the "
+                  "engine's fixed-length trace stays: forward stops at "
+                  "the dynamic seq, generation's prefill takes 27 tokens only (OpenVINO: token-exact on the 27-token "
+                  "sample prompts; ExecuTorch: the decode's set_inputs fails, error 0x12)."),
         TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
                   build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it). "
                   "Generation (all encoder-decoders here): hfexport's `encoder` component beside the engine's "

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
 from hfexport.plan import generation_stages
 from hfexport.progress import ProgressCallback, Step
@@ -90,7 +91,13 @@ def _run_forward_probe(exported, model, inputs: dict, thresholds: dict) -> dict:
 
 def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
     """Decompose `generate` on the probe prompt (as the export did), then run every exported component on the
-    kwargs its eager twin received."""
+    kwargs its eager twin received. Cache layers behave as the export traced them (`traced_cache_layout`: a
+    sliding-window layer holds every token), for the capture, the eager twin and the cache length alike."""
+    with traced_cache_layout():
+        return _generation_probe_entries(exported, model, plan, inputs, thresholds)
+
+
+def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
     import torch
 
     with torch.no_grad():  # the engine's stages, and a VLM's image encoder and embedding merge (hfexport.plan)

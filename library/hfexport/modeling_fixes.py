@@ -1,0 +1,89 @@
+"""Narrow fixes of transformers' modeling code under torch.export, applied around an export (`modeling_fixes()`).
+
+Mamba (transformers 5.23, `models/mamba/modeling_mamba.py`): without the CUDA kernels, `mamba_selective_scan` skips
+its `associative_scan` path under torch.export ("There is no onnx translation for this op") and runs the recurrence
+as a Python loop, `for index in range(seq_len)`. Tracing unrolls that loop, so every exported graph that sees more
+than one token specializes the sequence length to the sample's: torch.export with a dynamic `seq` stops at
+"Constraints violated (seq)! ... Suggested fixes: seq = 27", and the engine's `dynamic=True` (automatic axes)
+silently exports a prefill that takes 27 tokens only (ONNX Runtime: "Got invalid dimensions for input:
+attention_mask ... Got: 5 Expected: 27"). The fix runs the same recurrence through torch's `scan` higher-order op,
+which keeps the sequence dynamic: torch.export and ONNX (`Scan`) take it. Measured on the other formats (tiny Mamba,
+and a minimal scan program): OpenVINO 2026.4.1's PyTorch frontend has no conversion rule for `scan` (nor for
+`while_loop` from an ExportedProgram: "Conversion is failed for: ... while_loop"), and an ExecuTorch 1.5.1 program
+with `scan` fails at run time (tiny Mamba: `method->execute()` error 0x1; the minimal program: error 0x12 in
+`aten::copy_`, even at its traced shape), so for those formats the engine's unrolled trace stays, with its fixed
+prefill length (docs/compatibility.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+# Formats whose lowering takes torch's `scan` (measured: see the module docstring).
+SCAN_FORMATS = ("dynamo", "onnx")
+
+
+def _selective_scan(original):
+    """`mamba_selective_scan` whose torch-only recurrence is a `scan` while exporting; eager calls are unchanged."""
+    import torch
+    from torch._higher_order_ops.scan import scan
+
+    def selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                       return_last_state=False, use_mambapy=False, use_associative_scan=False, **kwargs):
+        if not torch.compiler.is_exporting():
+            return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias,
+                            delta_softplus=delta_softplus, return_last_state=return_last_state,
+                            use_mambapy=use_mambapy, use_associative_scan=use_associative_scan, **kwargs)
+        # As transformers 5.23's reference path up to its "Recurrent iteration" loop.
+        input_dtype = hidden_states.dtype
+        if delta_bias is not None:
+            dt = dt + delta_bias.to(dt.dtype)[..., None]
+        if delta_softplus:
+            dt = torch.nn.functional.softplus(dt)
+        B, C = B.transpose(1, 2), C.transpose(1, 2)  # [batch, seq, state]
+        discrete_A = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # [batch, inner, seq, state]
+        deltaB_u = dt[:, :, :, None] * B[:, None, :, :].float() * hidden_states[:, :, :, None].float()
+
+        def step(state, inputs):
+            a, bu, c = inputs  # one position: [batch, inner, state] twice, [batch, state]
+            state = a * state + bu
+            # state @ c as a product and a sum: a matmul in the scan's body decomposes, for ONNX, into views
+            # whose sizes come back as SymInts ("'SymInt' object has no attribute 'unsqueeze'" in torch's scan).
+            return state, (state.to(input_dtype) * c[:, None, :].to(input_dtype)).sum(-1)
+
+        initial = torch.zeros_like(discrete_A[:, :, 0], dtype=input_dtype)
+        ssm_state, outputs = scan(step, initial, (discrete_A.movedim(2, 0), deltaB_u.movedim(2, 0), C.movedim(1, 0)))
+        scan_output = outputs.movedim(0, 2)  # [batch, inner, seq]
+        if D is not None:
+            scan_output = scan_output + hidden_states * D[None, :, None]
+        if z is not None:
+            scan_output = scan_output * torch.nn.functional.silu(z)
+        return (scan_output, ssm_state) if return_last_state else scan_output
+
+    selective_scan.__wrapped__ = original
+    return selective_scan
+
+
+@contextlib.contextmanager
+def modeling_fixes(model, export_format: str) -> Iterator[None]:
+    """Within the block, the fixes that apply to `model` on `export_format` are installed (none: a no-op)."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "mamba" or str(export_format) not in SCAN_FORMATS:
+        yield
+        return
+    from transformers.models.mamba import modeling_mamba
+
+    original = modeling_mamba.mamba_selective_scan
+    # Parameters that require grad make the traced `scan` dispatch to its autograd implementation, which ONNX's
+    # decomposition then fails in ("'SymInt' object has no attribute 'unsqueeze'", torch 2.13): an export is
+    # inference only, so they are frozen for the block.
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    modeling_mamba.mamba_selective_scan = _selective_scan(original)
+    for parameter in trainable:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        modeling_mamba.mamba_selective_scan = original
+        for parameter in trainable:
+            parameter.requires_grad_(True)
