@@ -219,7 +219,7 @@ def _show_resolved(args) -> int:
         options = {k: v for k, v in component["options"].items() if v not in (None, False)}
         console.print(f"  options: {json.dumps(options, default=str)}")
         for input_name, shape in component["input_shapes"].items():
-            axes = _axes_line(component["dynamic_axes"], input_name, shape)
+            axes = _resolved_axes(component["dynamic_axes"], input_name, shape)
             console.print(f"  {input_name}: {shape.get('shape', shape)} dynamic: {axes or 'static'}")
     quantization = described.get("quantization")
     if quantization:
@@ -227,7 +227,7 @@ def _show_resolved(args) -> int:
     return EXIT_OK
 
 
-def _axes_line(dynamic_axes: dict, input_name: str, shape: dict):
+def _resolved_axes(dynamic_axes: dict, input_name: str, shape: dict):
     """What `show` prints for one input's dynamic axes: the recipe's, or what hfexport left to torch.export."""
     if "*" not in dynamic_axes:
         return dynamic_axes.get(input_name)
