@@ -372,37 +372,42 @@ def _generation_config(model, target: Target):
 
 
 @contextlib.contextmanager
+def _call_capture(owner, name: str):
+    """The kwargs of every call to `owner.<name>` within the block, each call's arguments bound to its signature
+    (`**kwargs` merged in); nothing is recorded when `owner` is None. The method is shadowed by an instance
+    attribute that keeps its signature (generate filters kwargs by it) and removed afterwards."""
+    calls: list[dict] = []
+    if owner is None:
+        yield calls
+        return
+    original = getattr(owner, name)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def recording(*args, **kwargs):
+        call = {}
+        for argument, value in signature.bind(*args, **kwargs).arguments.items():
+            kind = signature.parameters[argument].kind
+            if kind == inspect.Parameter.VAR_KEYWORD:
+                call.update(value)
+            elif kind != inspect.Parameter.VAR_POSITIONAL:
+                call[argument] = value
+        calls.append(call)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, recording)
+    try:
+        yield calls
+    finally:
+        delattr(owner, name)  # the instance attribute; the class's method shows again
+
+
 def _encoder_capture(model):
     """The kwargs of every call to `model.get_encoder()` within the block (nothing when `model` is None).
 
     transformers 5.23's `decompose_for_generation` captures an encoder-decoder's prefill/decode only; `generate`
     runs the encoder before them, so hfexport exports it as a third component, traced with what generate passed."""
-    calls: list[dict] = []
-    if model is None:
-        yield calls
-        return
-    encoder = model.get_encoder()
-    original = encoder.forward
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)  # generate filters the encoder's kwargs by its signature
-    def forward(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        call = {}
-        for name, value in bound.arguments.items():
-            kind = signature.parameters[name].kind
-            if kind == inspect.Parameter.VAR_KEYWORD:
-                call.update(value)
-            elif kind != inspect.Parameter.VAR_POSITIONAL:
-                call[name] = value
-        calls.append(call)
-        return original(*args, **kwargs)
-
-    encoder.forward = forward
-    try:
-        yield calls
-    finally:
-        del encoder.forward  # the instance attribute; the class's forward shows again
+    return _call_capture(model.get_encoder() if model is not None else None, "forward")
 
 
 def _seq2seq_trace_inputs(model, inputs: dict) -> dict:
@@ -439,33 +444,12 @@ IMAGE_ENCODER, EMBED = "image_encoder", "embed"
 OWN_COMPONENTS = ("encoder", IMAGE_ENCODER, EMBED)  # exported by hfexport itself, not by export_for_generation
 
 
-@contextlib.contextmanager
 def _image_features_capture(model):
     """The kwargs of every call to `model.base_model.get_image_features` within the block (see above)."""
-    calls: list[dict] = []
     base = getattr(model, "base_model", None)
-    original = getattr(base, "get_image_features", None)
-    if original is None or "image" not in getattr(model, "input_modalities", ()):
-        yield calls
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)  # generate filters the kwargs by this signature
-    def get_image_features(*args, **kwargs):
-        call = {}
-        for name, value in signature.bind(*args, **kwargs).arguments.items():
-            if signature.parameters[name].kind == inspect.Parameter.VAR_KEYWORD:
-                call.update(value)
-            elif signature.parameters[name].kind != inspect.Parameter.VAR_POSITIONAL:
-                call[name] = value
-        calls.append(call)
-        return original(*args, **kwargs)
-
-    base.get_image_features = get_image_features
-    try:
-        yield calls
-    finally:
-        del base.get_image_features  # the instance attribute; the class's method shows again
+    if getattr(base, "get_image_features", None) is None or "image" not in getattr(model, "input_modalities", ()):
+        base = None
+    return _call_capture(base, "get_image_features")
 
 
 def image_token_id(config) -> int | None:
