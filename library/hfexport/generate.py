@@ -683,6 +683,11 @@ def _seq2seq_layout(exported, runners) -> _Layout:
         raise GenerationError(f"the decode component takes a {cache.get('container')}; an encoder-decoder's generate "
                               "handles EncoderDecoderCache (of DynamicCache)")
     stateful = {name: _is_stateful(runners[name]) for name in (PREFILL, DECODE)}
+    if stateful[DECODE]:
+        raise GenerationError(
+            "this OpenVINO encoder-decoder export keeps its cache as internal state (stateful=True), which "
+            "transformers 5.23 exports for the sample's encoder length only: the cross-attention state's length is "
+            "pinned to it. Re-export it with options.stateful: false (hfexport's default for encoder-decoders)")
     return _Layout(takes_mask=True, mask_dtype=None, static_cache_len=None, stateful=stateful, pinned_batch=None,
                    seq2seq=True)
 
