@@ -3,7 +3,8 @@ self- and cross-attention cache, token for token what `model.generate` returns (
 pads, EOS per row), and the job's generation check on the same export.
 
 The default run exports tiny mBART (whose two sample prompts generate different tokens: a mask or cache error
-shows) to ONNX once per session; every other family × format is a compatibility-matrix cell (tests/test_matrix.py).
+shows) to ONNX and to OpenVINO once per session; every other family × format is a compatibility-matrix cell
+(tests/test_matrix.py).
 """
 
 from __future__ import annotations
@@ -134,8 +135,88 @@ def test_init_proposes_a_passing_generation_recipe_for_t5(session_dir):
     assert generation["passed"] and generation["token_agreement"] == 1.0
 
 
+@pytest.fixture(scope="session")
+def mbart_openvino_job(session_dir, tiny_mbart, cli):
+    """tiny-mbart's `openvino-generation` target, exported and verified by `hfexport export` in a subprocess:
+    (target folder, the target's report). A subprocess, because the OpenVINO 2026.4.1 failure this guards against
+    kills the process (heap corruption), which would take the whole test session down with it."""
+    import json
+
+    output = session_dir / "exported-mbart-openvino"
+    result = cli("export", str(tiny_mbart), "--target", "openvino-generation", "-o", str(output), "--json", "--quiet",
+                 "--no-preflight")
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    return output / "openvino-generation", json.loads(result.stdout)["targets"]["openvino-generation"]
+
+
+@pytest.fixture(scope="module")
+def exported_openvino(mbart_openvino_job):
+    from hfexport import ExportedModel
+
+    folder, report = mbart_openvino_job
+    assert report["status"] == "ok", report.get("error")
+    return ExportedModel.from_pretrained(folder, precision="f32", device="cpu")
+
+
+def test_openvino_job_verified_every_probe_and_generation(mbart_openvino_job):
+    """The job's own check of the OpenVINO export: every prefill/decode probe ran (none skipped as internal state)
+    and greedy generation on the padded sample prompts matched model.generate token for token. Before, the process
+    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see
+    `hfexport.generate.run_component`)."""
+    _, report = mbart_openvino_job
+    verification = report["verification"]
+    probes = verification["probes"]
+    assert {probe["component"] for probe in probes} >= {"prefill", "decode"}
+    assert all(probe["passed"] and not probe.get("skipped") for probe in probes), probes
+    generation = verification["generation"]
+    assert generation["passed"] and generation["token_agreement"] == 1.0 and generation["prompts"] == 2, generation
+
+
+def test_openvino_decode_keeps_the_caches_in_its_inputs(exported_openvino):
+    """hfexport exports an encoder-decoder's OpenVINO decode stateless: transformers 5.23's stateful transformation
+    pins the cross-attention state to the sample's encoder length."""
+    decode = exported_openvino.runners["decode"]
+    assert not list(decode.request.query_state())
+    names = {name for port in decode.compiled_model.inputs for name in port.get_names()}
+    assert any(".cross_attention_cache." in name for name in names), names
+
+
+def test_openvino_encoder_decoder_plans_default_to_stateless(tiny_mbart, mbart):
+    """The plan keeps the caches in an encoder-decoder's OpenVINO inputs (`stateful: false`) unless the recipe says
+    otherwise (generate then refuses the stateful decode, whose cross-attention state has the sample's length)."""
+    import json
+
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    model, tokenizer = mbart
+    recipe = json.loads((tiny_mbart / "export_config.json").read_text())
+    plan = build_plan(load_recipe(recipe), "openvino-generation", model, processor=tokenizer)
+    assert {name: component.config.stateful for name, component in plan.components.items()} == \
+        {"encoder": False, "prefill": False, "decode": False}
+    recipe["targets"]["openvino-generation"].setdefault("options", {})["stateful"] = True
+    asked = build_plan(load_recipe(recipe), "openvino-generation", model, processor=tokenizer)
+    assert all(component.config.stateful for component in asked.components.values())
+
+
+def test_openvino_generation_matches_model_generate(exported_openvino, mbart):
+    """Batch 2 padded, then each prompt alone (encoder lengths other than the sample's 27 tokens), on one loaded
+    export: the same requests run every shape in turn, as a user's would."""
+    model, tokenizer = mbart
+    inputs = dict(tokenizer(PROMPTS, return_tensors="pt", padding=True))
+    assert (inputs["attention_mask"] == 0).any()
+    expected = _reference(model, inputs)
+    assert not torch.equal(expected[0], expected[1])
+    _assert_equal(exported_openvino.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=MAX_NEW),
+                  expected)
+    for prompt in [*PROMPTS, "Hi"]:
+        single = dict(tokenizer([prompt], return_tensors="pt"))
+        _assert_equal(exported_openvino.generate(**single, max_new_tokens=MAX_NEW), _reference(model, single))
+
+
 @pytest.mark.slow
-def test_whisper_generates_from_audio_as_model_generate(session_dir):
+@pytest.mark.parametrize("export_format", ["onnx", "openvino"])
+def test_whisper_generates_from_audio_as_model_generate(session_dir, export_format):
     """Whisper from audio: the feature extractor's `input_features`, the decoder starting from the generation
     config's `decoder_start_token_id`; `generate` returns the new tokens only, as Whisper's own generate does."""
     import numpy as np
@@ -145,12 +226,13 @@ def test_whisper_generates_from_audio_as_model_generate(session_dir):
     from hfexport.job.run import run_job
 
     folder = make_model("tiny-whisper", session_dir / "tiny-whisper")
-    output = session_dir / "exported-whisper"
-    report = run_job(folder, output, targets=["onnx-generation"])
-    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    output = session_dir / f"exported-whisper-{export_format}"
+    target = f"{export_format}-generation"
+    report = run_job(folder, output, targets=[target])
+    assert report.targets[target].status == "ok", report.targets[target].error
     model = WhisperForConditionalGeneration.from_pretrained(folder).eval()
     extractor = AutoFeatureExtractor.from_pretrained(folder)
-    exported = ExportedModel.from_pretrained(output / "onnx-generation", precision="f32")
+    exported = ExportedModel.from_pretrained(output / target, precision="f32")
     assert set(exported.runners["encoder"].metadata.kwargs) == {"input_features"}
     seconds = np.arange(int(16000 * 1.5)) / 16000
     audio = [np.sin(2 * np.pi * 440 * seconds).astype(np.float32),
