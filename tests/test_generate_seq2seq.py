@@ -181,6 +181,84 @@ def test_openvino_decode_keeps_the_caches_in_its_inputs(exported_openvino):
     assert any(".cross_attention_cache." in name for name in names), names
 
 
+# OpenVINO alone, no hfexport: a program that returns its input `x` (through a no-op ConvertLike, as the engine's
+# seq2seq prefill returns `encoder_last_hidden_state`) beside a computed output, run at shapes that change, each
+# call's inputs freed after it. argv[1]: "share" (share_inputs=True) or "copy".
+PASS_THROUGH_PROGRAM = """
+import sys
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+x = ops.parameter(ov.PartialShape([-1, -1, 16]), np.float32, name="x")
+m = ops.parameter(ov.PartialShape([-1, -1]), np.int64, name="m")
+x.output(0).get_tensor().set_names({"x"})
+m.output(0).get_tensor().set_names({"m"})
+scaled = ops.multiply(x, ops.unsqueeze(ops.convert(m, np.float32), ops.constant(np.int64(2))))
+computed = ops.result(ops.reduce_sum(scaled, ops.constant(np.int64(1)), False))
+computed.output(0).get_tensor().set_names({"y"})
+returned = ops.result(ops.convert_like(x, x))
+returned.output(0).get_tensor().set_names({"x_out"})
+model = ov.Model([computed, returned], [x, m], "pass_through")
+if sys.argv[1] == "build":
+    ov.save_model(model, sys.argv[2])
+    sys.exit(0)
+request = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+rng = np.random.default_rng(0)
+for batch, seq in [(1, 5), (2, 9), (3, 4), (2, 27), (1, 3), (4, 11)] * 5:
+    feed = {"x": rng.standard_normal((batch, seq, 16), dtype=np.float32), "m": np.ones((batch, seq), np.int64)}
+    out = request.infer(feed, share_inputs=sys.argv[1] == "share")
+    assert out["x_out"].shape == (batch, seq, 16)
+    del feed, out
+    reuse = [np.ones(k * 37) for k in range(50)]  # the freed inputs' heap, handed out again
+print("survived")
+"""
+
+
+def _run_pass_through(mode: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", PASS_THROUGH_PROGRAM, mode], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_openvino_corrupts_the_heap_through_a_returned_shared_input():
+    """Why `hfexport.generate.run_component` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the
+    caller's shared buffer, and writes through it at the next shape once the caller freed it (glibc aborts or the
+    process gets SIGSEGV; 15 of 15 runs here). With copies (`share_inputs=False`) every run survives. When the shared
+    runs survive too, OpenVINO has fixed it: run_component's copies can go."""
+    shared = [_run_pass_through("share") for _ in range(3)]
+    assert any(run.returncode < 0 for run in shared), [(run.returncode, run.stdout, run.stderr[-500:]) for run in shared]
+    copied = _run_pass_through("copy")
+    assert copied.returncode == 0 and "survived" in copied.stdout, copied.stderr[-2000:]
+
+
+def test_run_component_copies_only_for_programs_that_return_an_input(tmp_path):
+    """The check reads the compiled program: the pass-through program is detected; without its returned input (every
+    output computed) it keeps the zero-copy default, as does a runner that is not OpenVINO's."""
+    import subprocess
+    import sys
+
+    import openvino as ov
+    from hfexport.generate import _returns_an_input
+
+    subprocess.run([sys.executable, "-c", PASS_THROUGH_PROGRAM, "build", str(tmp_path / "m.xml")], check=True,
+                   timeout=300)
+
+    class Runner:
+        def __init__(self, compiled):
+            self.compiled_model = compiled
+
+    core = ov.Core()
+    returns = Runner(core.compile_model(core.read_model(tmp_path / "m.xml"), "CPU"))
+    assert _returns_an_input(returns)
+    model = core.read_model(tmp_path / "m.xml")
+    model.remove_result(next(r for r in model.get_results() if "x_out" in r.output(0).get_names()))
+    assert not _returns_an_input(Runner(core.compile_model(model, "CPU")))
+    assert not _returns_an_input(object())  # not an OpenVINO runner
+
+
 def test_openvino_encoder_decoder_plans_default_to_stateless(tiny_mbart, mbart):
     """The plan keeps the caches in an encoder-decoder's OpenVINO inputs (`stateful: false`) unless the recipe says
     otherwise (generate then refuses the stateful decode, whose cross-attention state has the sample's length)."""
