@@ -612,6 +612,12 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 # (the traced write position), so every decode step writes the same cache slot. Keep the static
                 # cache in the inputs unless the recipe asks otherwise.
                 options.setdefault("stateful", False)
+            if seq2seq and str(target.export_format) == "openvino":
+                # transformers 5.23: the stateful transformation pins every state axis that the decode passes through
+                # unchanged to its sample length (`_state_init_dims`), which for the cross-attention cache is the
+                # encoder's length: the decode then only takes prompts of the sample's length ("Can not clone with
+                # new dims ... {0 - ?, 4, 27, 8}"). Keep the self- and cross-attention caches in the inputs.
+                options.setdefault("stateful", False)
             component_shapes = override.get("dynamic_shapes", {})
             if shapes is None and not component_shapes:
                 dynamic_shapes, described = _default_generation_shapes(prepared, sizes)
