@@ -103,6 +103,32 @@ def test_right_padding_is_refused(exported, mamba):
         exported.generate(inputs["input_ids"], inputs["attention_mask"].flip(1), max_new_tokens=2)
 
 
+def test_a_stateful_decode_runs_unpadded_prompts_and_refuses_padded_ones(session_dir, tiny_mamba, mamba):
+    """A recipe's `stateful: true` keeps the state in the infer request, where generate cannot zero a padded row."""
+    import json
+
+    from hfexport import ExportedModel
+    from hfexport.generate import GenerationError
+    from hfexport.job.run import run_job
+
+    recipe = json.loads((tiny_mamba / "export_config.json").read_text())
+    target = recipe["targets"]["openvino-generation"]
+    recipe["targets"] = {"ov-stateful": {**target, "options": {**target["options"], "stateful": True}}}
+    recipe["default_target"] = "ov-stateful"
+    output = session_dir / "exported-mamba-openvino-stateful"
+    report = run_job(tiny_mamba, output, targets=["ov-stateful"], recipe=recipe, verify=False)
+    assert report.targets["ov-stateful"].status == "ok", report.targets["ov-stateful"].error
+    exported = ExportedModel.from_pretrained(output / "ov-stateful", precision="f32", device="cpu")
+    assert list(exported.runners["decode"].request.query_state())
+    model, tokenizer = mamba
+    for prompt in PROMPTS[:2]:
+        inputs = dict(tokenizer([prompt], return_tensors="pt"))
+        _assert_equal(exported.generate(**inputs, max_new_tokens=MAX_NEW), _reference(model, inputs))
+    padded = tokenizer(PROMPTS[:2], return_tensors="pt", padding=True)
+    with pytest.raises(GenerationError, match="stateful=True"):
+        exported.generate(padded["input_ids"], padded["attention_mask"], max_new_tokens=2)
+
+
 def test_the_job_checked_the_decode_at_every_probe_batch_and_generation(mamba_openvino_job):
     _, report = mamba_openvino_job
     verification = report.targets["openvino-generation"].verification
