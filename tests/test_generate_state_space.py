@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from hfexport.testing.models import make_model
 
 MAX_NEW = 10
