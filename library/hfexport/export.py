@@ -219,11 +219,16 @@ def run_plan(plan, model) -> ExportedModel:
             # hfexport.plan), which transformers 5.23's export_for_generation does not capture; it exports the rest.
             own = {name: exporter.export(module, dict(inputs), configs.pop(name)).components["model"]
                    for name, (module, inputs) in plan.own_components.items()}
-            with traced_cache_layout():  # the capture holds the cache layers as the trace does (sliding windows)
-                exported = exporter.export_for_generation(
-                    model, dict(plan.trace_inputs or plan.inputs), configs, generation_config=plan.generation_config,
-                    multi_token_decode=plan.multi_token_decode,
-                )
+            if configs:
+                with traced_cache_layout():  # the capture holds the cache layers as the trace does (sliding windows)
+                    exported = exporter.export_for_generation(
+                        model, dict(plan.trace_inputs or plan.inputs), configs,
+                        generation_config=plan.generation_config, multi_token_decode=plan.multi_token_decode,
+                    )
+            else:  # every component is hfexport's own (a state-space decode without its prefill: hfexport.plan)
+                exported = ExportedModel(own, exporter.export_format, config=model.config,
+                                         generation_config=plan.generation_config)
+                own = {}
             if own:
                 exported.components = {**own, **exported.components}
                 _drop_model_output_samples(exported)

@@ -555,9 +555,11 @@ MODELS: dict[str, TinyModel] = {
                   "`hfexport.modeling_fixes` runs it as torch's `scan` on dynamo and ONNX. With `scan`, OpenVINO 2026.4.1's "
                   "converter stops (OpConversionFailure: no conversion rule for `scan`) and the ExecuTorch 1.5.1 "
                   "program fails at run time (`method->execute()` error 0x1 at batch 1 × 2 tokens), so there the "
-                  "engine's fixed-length trace stays: forward stops at "
-                  "the dynamic seq, generation's prefill takes 27 tokens only (OpenVINO: token-exact on the 27-token "
-                  "sample prompts; ExecuTorch: the decode's set_inputs fails, error 0x12)."),
+                  "engine's fixed-length trace stays and forward stops at the dynamic seq. Generation there exports "
+                  "the decode alone (stateless on OpenVINO) and runs the prompt through it token by token from a "
+                  "zero state, a left-padded row's state kept zero while it is padding, as Mamba's masked prefill "
+                  "leaves it (docs/generation.md). The ExecuTorch decode's `attention_mask` slot is traced as None: "
+                  "fed a mask, `set_inputs` failed with error 0x12; hfexport feeds it nothing."),
         TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
                   build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it). "
                   "Generation (all encoder-decoders here): hfexport's `encoder` component beside the engine's "
@@ -580,7 +582,9 @@ MODELS: dict[str, TinyModel] = {
                   build_mbart, "`dims.seq.min` 3, as BART."),
         TinyModel("tiny-whisper", "Whisper", "WhisperForConditionalGeneration", "automatic-speech-recognition",
                   DECODER_MODES, build_whisper,
-                  "2 s audio windows (200 mel frames); forward takes explicit `decoder_input_ids` (batch × dec_seq)."),
+                  "2 s audio windows (200 mel frames); forward takes explicit `decoder_input_ids` (batch × dec_seq). "
+                  "Generation from the audio's `input_features` (two clips), the decoder from the generation "
+                  "config's start and forced tokens."),
         TinyModel("tiny-llava", "LLaVA", "LlavaForConditionalGeneration", "image-text-to-text", DECODER_MODES,
                   build_llava, "Forward shapes static: with a dynamic batch torch.export reports \"Constraints "
                   "violated (batch)! Suggested fixes: batch = 2\"; the sequence holds a fixed 16 tokens per image. "

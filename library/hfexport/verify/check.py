@@ -136,8 +136,9 @@ def _with_full_mask(runner, inputs: dict) -> dict:
     import torch
 
     ids = inputs.get("input_ids")
-    if "attention_mask" not in runner.metadata.kwargs or inputs.get("attention_mask") is not None or ids is None:
-        return inputs
+    traced = runner.metadata.kwargs.get("attention_mask")
+    if traced is None or traced.get("container") == "NoneType" or inputs.get("attention_mask") is not None or ids is None:
+        return inputs  # (a graph traced with attention_mask=None, Mamba's decode, takes no mask)
     if runner.metadata.kwargs["attention_mask"].get("rank", 2) != 2:
         return inputs  # a 4-D (static cache) mask is built by generate, never left out
     cache = inputs.get("past_key_values")
