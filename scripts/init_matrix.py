@@ -118,7 +118,14 @@ def render(results: list[dict], meta: dict) -> str:
               "axes, greedy parity over 8 new tokens), forward targets with `batch`/`seq` dims otherwise; "
               "`dims.seq.min` 3 for encoder-decoders; OpenVINO pinned to f32 (`runtime.precision`) so the verdict "
               "holds on CPUs with and without bf16; sample inputs from the task (texts, images with the processor's "
-              "image placeholder, audio). See `hfexport.job.init.propose_recipe`.", ""]
+              "image placeholder, audio). See `hfexport.job.init.propose_recipe`.", "",
+              "Where the matrix proposals used to differ from the hand-made recipes (tests/test_init.py checks "
+              "each model's proposal against its recipe without exporting): GPT-2 and Marian were proposed as "
+              "feature-extraction forward targets (their class names end in no task suffix); encoder-decoders "
+              "started `seq` at 2; OpenVINO ran at the CPU's default precision (bf16 on this AMX CPU, where tiny "
+              "T5's ±300 logits flipped a top-1 in the matrix). init proposes generation targets only for "
+              "generative models, so the matrix's two errors (Mamba *forward* on OpenVINO and ExecuTorch) do not "
+              "arise here; ExecuTorch ran on four models only, for time.", ""]
     return "\n".join(lines)
 
 
