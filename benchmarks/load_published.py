@@ -51,7 +51,7 @@ from hfexport.testing.hub import LocalHub  # noqa: E402 - stdlib only: huggingfa
 REPO = "user/minilm-published"
 IDS = [101, 1996, 3007, 1997, 2605, 2003, 3000, 1012, 2023, 2003, 1037, 7099, 1997, 3796, 1012, 102]
 
-COMMON = f"""
+COMMON = """
 import json, sys, time
 started = time.perf_counter()
 """

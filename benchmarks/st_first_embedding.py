@@ -10,7 +10,9 @@ main plus one pull request each:
 Then, in the peers' venv, each variant ROUNDS times in a fresh process, the order rotating per round:
 `SentenceTransformer(repo, backend="onnx", revision="refs/pr/N"[, model_kwargs={"file_name": ...}])` and one
 `encode` of one sentence, split into import / load / first embedding, with a cold Hub cache (every file over HTTP
-from the local Hub) and with a warm one. Results: medians per variant and phase, the ratio hfexport / ST.
+from the local Hub) and with a warm one; the backend's imports (the same for every variant) are timed apart from the
+load. Then the ONNX Runtime session alone per downloaded file, 5 x ROUNDS times alternated in one process. Results:
+medians per variant and phase, the ratios hfexport / ST.
 
 Run: `.venv/bin/python benchmarks/st_first_embedding.py` (env ROUNDS, default 5) -> results/st_first_embedding.json
 """
@@ -51,10 +53,16 @@ info = HfApi().upload_folder(repo_id=repo, folder_path=str(Path(work) / "onnx"),
 print(info.pr_url.rsplit("/", 1)[-1])
 """
 
+# import_s: sentence-transformers and the modules its ONNX backend imports on first load (onnxruntime, optimum's
+# ORTModel classes): the same code for every variant, and 70-80% of the wall with a spread of +-1 s between fresh
+# processes on 2 shared cores, so it is timed apart from load_s (finding, fetching and opening the variant's files,
+# the tokenizer) and first_embedding_s, which are what the files decide.
 TIMED = r"""
 import json, sys, time
 started = time.perf_counter()
 from sentence_transformers import SentenceTransformer
+import onnxruntime
+from optimum.onnxruntime import ORTModelForFeatureExtraction
 imported = time.perf_counter()
 repo, revision, file_name, sentence = sys.argv[1:5]
 kwargs = {"model_kwargs": {"file_name": file_name}} if file_name != "-" else {}
@@ -64,6 +72,20 @@ embedding = model.encode([sentence])
 done = time.perf_counter()
 print(json.dumps({"import_s": imported - started, "load_s": loaded - imported, "first_embedding_s": done - loaded,
                   "total_s": done - started, "dims": list(embedding.shape)}))
+"""
+
+# The ONNX Runtime session alone, per downloaded file, alternated in one process: what the file itself costs to open.
+SESSIONS = r"""
+import json, statistics, sys, time
+import onnxruntime as ort
+paths, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
+times = {name: [] for name in paths}
+for _ in range(rounds):
+    for name, path in paths.items():
+        started = time.perf_counter()
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        times[name].append(time.perf_counter() - started)
+print(json.dumps({name: statistics.median(values) for name, values in times.items()}))
 """
 
 
@@ -133,6 +155,27 @@ def main() -> None:
                 a, b = summary[ours_name][cache], summary[theirs_name][cache]
                 ratios[f"{ours_name} / {theirs_name} ({cache}, load + first embedding)"] = round(
                     (a["load_s"] + a["first_embedding_s"]) / (b["load_s"] + b["first_embedding_s"]), 3)
+        from huggingface_hub import hf_hub_download
+
+        files = {name: hf_hub_download(repo, "onnx/model.onnx" if file_name == "-" else file_name, revision=revision,
+                                       cache_dir=work / "sessions")
+                 for name, (repo, revision, file_name) in variants.items()}
+        for name, (repo, revision, file_name) in variants.items():  # external data beside its graph, if any
+            data = ("onnx/model.onnx" if file_name == "-" else file_name) + "_data"
+            if data in hub.list_files(repo, revision):
+                hf_hub_download(repo, data, revision=revision, cache_dir=work / "sessions")
+        opened = subprocess.run([str(python), "-c", SESSIONS, json.dumps(files), str(5 * ROUNDS)], capture_output=True,
+                                text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        if opened.returncode != 0:
+            raise SystemExit(opened.stderr[-3000:])
+        sessions = {name: round(value, 4) for name, value in json.loads(opened.stdout.strip().splitlines()[-1]).items()}
+        for ours_name, theirs_name in (("hfexport fp32", "sentence-transformers fp32"),
+                                       ("hfexport int8 (ort_dynamic)", "sentence-transformers qint8_avx512_vnni")):
+            ratios[f"{ours_name} / {theirs_name} (onnxruntime session from the file)"] = round(
+                sessions[ours_name] / sessions[theirs_name], 3)
+            for cache in ("cold", "warm"):
+                ratios[f"{ours_name} / {theirs_name} ({cache}, total with imports)"] = round(
+                    summary[ours_name][cache]["total_s"] / summary[theirs_name][cache]["total_s"], 3)
         sizes = {repo: {path: len(hub.read_file(repo, path, revision)) for path in hub.list_files(repo, revision)
                         if path.startswith("onnx/") and ".onnx" in path}
                  for repo, revision in ((ours, f"refs/pr/{our_pr}"), (theirs, f"refs/pr/{their_pr}"))}
@@ -146,7 +189,7 @@ def main() -> None:
             "machine": {"cpu": cpu_info(), "cores": os.cpu_count(), "platform": platform.platform(),
                         "load_avg_start_end": [runs[names[0]]["cold"][0]["load_avg"], os.getloadavg()[0]]},
             "peer_versions": json.loads(versions), "hfexport_packages": report.packages,
-            "medians": summary, "ratios": ratios, "onnx_file_bytes": sizes, "runs": runs,
+            "medians": summary, "session_open_s": sessions, "ratios": ratios, "onnx_file_bytes": sizes, "runs": runs,
         }
         out = HERE / "results" / "st_first_embedding.json"
         out.write_text(json.dumps(result, indent=2) + "\n")

@@ -27,8 +27,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _process import run_measured
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -70,23 +71,11 @@ def run(name: str, command: list[str], output: Path, logs: Path) -> dict:
     """One fresh process: wall, CPU and peak RSS from wait4, the load around it, and what it checked."""
     shutil.rmtree(output, ignore_errors=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "info" if name == "optimum" else "error"}
-    load_before = os.getloadavg()[0]
     stdout_path, stderr_path = logs / f"{name}.out", logs / f"{name}.err"
-    with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
-        start = time.perf_counter()
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, cwd=ROOT)
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        raise SystemExit(f"{name} failed ({process.returncode}): {stderr_path.read_text()[-3000:]}")
-    result = {
-        "wall_s": round(wall, 3),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-        "load_avg_1m_before": round(load_before, 2),
-        "load_avg_1m_after": round(os.getloadavg()[0], 2),
-    }
+    result = run_measured(command, stdout_path, stderr_path, env)
+    returncode = result.pop("returncode")
+    if returncode != 0:
+        raise SystemExit(f"{name} failed ({returncode}): {stderr_path.read_text()[-3000:]}")
     if name == "hfexport":
         report = json.loads(stdout_path.read_text())
         verification = report["targets"]["onnx"]["verification"]

@@ -282,7 +282,7 @@ def test_summary_fits_80_columns_and_long_messages_go_below():
     assert rows["openvino-generation"].split()[1:4] == ["openvino", "generation", "failed"], text
     assert "123.5 MB" in rows["openvino-generation"] and "123.4s" in rows["openvino-generation"]
     assert "parity" not in rows["openvino-generation"]  # the message is a note below the table, not a cell
-    notes = "".join(lines[lines.index(next(l for l in lines if l.startswith("openvino-generation: "))):])
+    notes = "".join(lines[lines.index(next(line for line in lines if line.startswith("openvino-generation: "))):])
     assert notes.replace(" ", "").startswith(("openvino-generation:" + LONG_PARITY).replace(" ", ""))
     assert "pt2: an export with the same cache key is in out/pt2" in text
 

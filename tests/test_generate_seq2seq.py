@@ -3,7 +3,8 @@ self- and cross-attention cache, token for token what `model.generate` returns (
 pads, EOS per row), and the job's generation check on the same export.
 
 The default run exports tiny mBART (whose two sample prompts generate different tokens: a mask or cache error
-shows) to ONNX once per session; every other family × format is a compatibility-matrix cell (tests/test_matrix.py).
+shows) to ONNX and to OpenVINO once per session; every other family × format is a compatibility-matrix cell
+(tests/test_matrix.py).
 """
 
 from __future__ import annotations
@@ -134,23 +135,187 @@ def test_init_proposes_a_passing_generation_recipe_for_t5(session_dir):
     assert generation["passed"] and generation["token_agreement"] == 1.0
 
 
+@pytest.fixture(scope="session")
+def mbart_openvino_job(session_dir, tiny_mbart, cli):
+    """tiny-mbart's `openvino-generation` target, exported and verified by `hfexport export` in a subprocess:
+    (target folder, the target's report). A subprocess, because the OpenVINO 2026.4.1 failure this guards against
+    kills the process (heap corruption), which would take the whole test session down with it."""
+    import json
+
+    output = session_dir / "exported-mbart-openvino"
+    result = cli("export", str(tiny_mbart), "--target", "openvino-generation", "-o", str(output), "--json", "--quiet",
+                 "--no-preflight")
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    return output / "openvino-generation", json.loads(result.stdout)["targets"]["openvino-generation"]
+
+
+@pytest.fixture(scope="module")
+def exported_openvino(mbart_openvino_job):
+    from hfexport import ExportedModel
+
+    folder, report = mbart_openvino_job
+    assert report["status"] == "ok", report.get("error")
+    return ExportedModel.from_pretrained(folder, precision="f32", device="cpu")
+
+
+def test_openvino_job_verified_every_probe_and_generation(mbart_openvino_job):
+    """The job's own check of the OpenVINO export: every prefill/decode probe ran (none skipped as internal state)
+    and greedy generation on the padded sample prompts matched model.generate token for token. Before, the process
+    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see
+    `hfexport.generate.run_component`)."""
+    _, report = mbart_openvino_job
+    verification = report["verification"]
+    probes = verification["probes"]
+    assert {probe["component"] for probe in probes} >= {"prefill", "decode"}
+    assert all(probe["passed"] and not probe.get("skipped") for probe in probes), probes
+    generation = verification["generation"]
+    assert generation["passed"] and generation["token_agreement"] == 1.0 and generation["prompts"] == 2, generation
+
+
+def test_openvino_decode_keeps_the_caches_in_its_inputs(exported_openvino):
+    """hfexport exports an encoder-decoder's OpenVINO decode stateless: transformers 5.23's stateful transformation
+    pins the cross-attention state to the sample's encoder length."""
+    decode = exported_openvino.runners["decode"]
+    assert not list(decode.request.query_state())
+    names = {name for port in decode.compiled_model.inputs for name in port.get_names()}
+    assert any(".cross_attention_cache." in name for name in names), names
+
+
+# OpenVINO alone, no hfexport: a program that returns its input `x` (through a no-op ConvertLike, as the engine's
+# seq2seq prefill returns `encoder_last_hidden_state`) beside a computed output, run at shapes that change, each
+# call's inputs freed after it. argv[1]: "share" (share_inputs=True) or "copy".
+PASS_THROUGH_PROGRAM = """
+import sys
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+x = ops.parameter(ov.PartialShape([-1, -1, 16]), np.float32, name="x")
+m = ops.parameter(ov.PartialShape([-1, -1]), np.int64, name="m")
+x.output(0).get_tensor().set_names({"x"})
+m.output(0).get_tensor().set_names({"m"})
+scaled = ops.multiply(x, ops.unsqueeze(ops.convert(m, np.float32), ops.constant(np.int64(2))))
+computed = ops.result(ops.reduce_sum(scaled, ops.constant(np.int64(1)), False))
+computed.output(0).get_tensor().set_names({"y"})
+returned = ops.result(ops.convert_like(x, x))
+returned.output(0).get_tensor().set_names({"x_out"})
+model = ov.Model([computed, returned], [x, m], "pass_through")
+if sys.argv[1] == "build":
+    ov.save_model(model, sys.argv[2])
+    sys.exit(0)
+request = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+rng = np.random.default_rng(0)
+for batch, seq in [(1, 5), (2, 9), (3, 4), (2, 27), (1, 3), (4, 11)] * 5:
+    feed = {"x": rng.standard_normal((batch, seq, 16), dtype=np.float32), "m": np.ones((batch, seq), np.int64)}
+    out = request.infer(feed, share_inputs=sys.argv[1] == "share")
+    assert out["x_out"].shape == (batch, seq, 16)
+    del feed, out
+    reuse = [np.ones(k * 37) for k in range(50)]  # the freed inputs' heap, handed out again
+print("survived")
+"""
+
+
+def _run_pass_through(mode: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", PASS_THROUGH_PROGRAM, mode], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_openvino_corrupts_the_heap_through_a_returned_shared_input():
+    """Why `hfexport.generate.run_component` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the
+    caller's shared buffer, and writes through it at the next shape once the caller freed it (glibc aborts or the
+    process gets SIGSEGV; 15 of 15 runs here). With copies (`share_inputs=False`) every run survives. When the shared
+    runs survive too, OpenVINO has fixed it: run_component's copies can go."""
+    shared = [_run_pass_through("share") for _ in range(3)]
+    assert any(run.returncode < 0 for run in shared), [(run.returncode, run.stdout, run.stderr[-500:]) for run in shared]
+    copied = _run_pass_through("copy")
+    assert copied.returncode == 0 and "survived" in copied.stdout, copied.stderr[-2000:]
+
+
+def test_run_component_copies_only_for_programs_that_return_an_input(tmp_path):
+    """The check reads the compiled program: the pass-through program is detected; without its returned input (every
+    output computed) it keeps the zero-copy default, as does a runner that is not OpenVINO's."""
+    import subprocess
+    import sys
+
+    import openvino as ov
+    from hfexport.generate import _returns_an_input
+
+    subprocess.run([sys.executable, "-c", PASS_THROUGH_PROGRAM, "build", str(tmp_path / "m.xml")], check=True,
+                   timeout=300)
+
+    class Runner:
+        def __init__(self, compiled):
+            self.compiled_model = compiled
+
+    core = ov.Core()
+    returns = Runner(core.compile_model(core.read_model(tmp_path / "m.xml"), "CPU"))
+    assert _returns_an_input(returns)
+    model = core.read_model(tmp_path / "m.xml")
+    model.remove_result(next(r for r in model.get_results() if "x_out" in r.output(0).get_names()))
+    assert not _returns_an_input(Runner(core.compile_model(model, "CPU")))
+    assert not _returns_an_input(object())  # not an OpenVINO runner
+
+
+def test_openvino_encoder_decoder_plans_default_to_stateless(tiny_mbart, mbart):
+    """The plan keeps the caches in an encoder-decoder's OpenVINO inputs (`stateful: false`) unless the recipe says
+    otherwise (generate then refuses the stateful decode, whose cross-attention state has the sample's length)."""
+    import json
+
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    model, tokenizer = mbart
+    recipe = json.loads((tiny_mbart / "export_config.json").read_text())
+    plan = build_plan(load_recipe(recipe), "openvino-generation", model, processor=tokenizer)
+    assert {name: component.config.stateful for name, component in plan.components.items()} == \
+        {"encoder": False, "prefill": False, "decode": False}
+    recipe["targets"]["openvino-generation"].setdefault("options", {})["stateful"] = True
+    asked = build_plan(load_recipe(recipe), "openvino-generation", model, processor=tokenizer)
+    assert all(component.config.stateful for component in asked.components.values())
+
+
+def test_openvino_generation_matches_model_generate(exported_openvino, mbart):
+    """Batch 2 padded, then each prompt alone (encoder lengths other than the sample's 27 tokens), on one loaded
+    export: the same requests run every shape in turn, as a user's would."""
+    model, tokenizer = mbart
+    inputs = dict(tokenizer(PROMPTS, return_tensors="pt", padding=True))
+    assert (inputs["attention_mask"] == 0).any()
+    expected = _reference(model, inputs)
+    assert not torch.equal(expected[0], expected[1])
+    _assert_equal(exported_openvino.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=MAX_NEW),
+                  expected)
+    for prompt in [*PROMPTS, "Hi"]:
+        single = dict(tokenizer([prompt], return_tensors="pt"))
+        _assert_equal(exported_openvino.generate(**single, max_new_tokens=MAX_NEW), _reference(model, single))
+
+
 @pytest.mark.slow
-def test_whisper_generates_from_audio_as_model_generate(session_dir):
+@pytest.mark.parametrize("export_format", ["onnx", "openvino", "executorch"])
+def test_whisper_generates_from_audio_as_model_generate(session_dir, export_format):
     """Whisper from audio: the feature extractor's `input_features`, the decoder starting from the generation
-    config's `decoder_start_token_id`; `generate` returns the new tokens only, as Whisper's own generate does."""
+    config's `decoder_start_token_id`; `generate` returns the new tokens only, as Whisper's own generate does.
+    Batch 2 (two clips); ExecuTorch and OpenVINO as ONNX (the matrix's note of a missing `input_ids` predated the check's
+    `input_features`)."""
     import numpy as np
     from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
 
     from hfexport import ExportedModel
     from hfexport.job.run import run_job
 
-    folder = make_model("tiny-whisper", session_dir / "tiny-whisper")
-    output = session_dir / "exported-whisper"
-    report = run_job(folder, output, targets=["onnx-generation"])
-    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    folder = session_dir / "tiny-whisper"
+    if not (folder / "export_config.json").is_file():
+        make_model("tiny-whisper", folder)
+    output = session_dir / f"exported-whisper-{export_format}"
+    target = f"{export_format}-generation"
+    report = run_job(folder, output, targets=[target])
+    assert report.targets[target].status == "ok", report.targets[target].error
+    assert report.targets[target].verification["generation"]["prompts"] == 2
     model = WhisperForConditionalGeneration.from_pretrained(folder).eval()
     extractor = AutoFeatureExtractor.from_pretrained(folder)
-    exported = ExportedModel.from_pretrained(output / "onnx-generation", precision="f32")
+    exported = ExportedModel.from_pretrained(output / target, precision="f32")
     assert set(exported.runners["encoder"].metadata.kwargs) == {"input_features"}
     seconds = np.arange(int(16000 * 1.5)) / 16000
     audio = [np.sin(2 * np.pi * 440 * seconds).astype(np.float32),

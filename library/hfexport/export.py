@@ -20,6 +20,7 @@ from hfexport.engine import export_backends, exporter_class, traced_cache_layout
 from hfexport.executorch_fixes import executorch_fixes
 from hfexport.exported import ExportedModel
 from hfexport.modeling_fixes import modeling_fixes
+from hfexport.onnx_fixes import onnx_fixes
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
 from hfexport.recipe.loading import load_recipe
@@ -195,11 +196,13 @@ def _drop_model_output_samples(exported) -> None:
 
 @contextlib.contextmanager
 def _format_fixes(plan, model):
-    """hfexport's narrow fixes of a backend's lowering (hfexport.executorch_fixes) and of the model's code under
-    torch.export (hfexport.modeling_fixes), for the plan's format."""
+    """hfexport's narrow fixes of a backend's lowering (hfexport.executorch_fixes, hfexport.onnx_fixes) and of the
+    model's code under torch.export (hfexport.modeling_fixes), for the plan's format."""
     with contextlib.ExitStack() as stack:
         if str(plan.export_format) == "executorch":
             stack.enter_context(executorch_fixes())
+        if str(plan.export_format) == "onnx":
+            stack.enter_context(onnx_fixes())
         stack.enter_context(modeling_fixes(model, str(plan.export_format)))
         yield
 
@@ -216,11 +219,16 @@ def run_plan(plan, model) -> ExportedModel:
             # hfexport.plan), which transformers 5.23's export_for_generation does not capture; it exports the rest.
             own = {name: exporter.export(module, dict(inputs), configs.pop(name)).components["model"]
                    for name, (module, inputs) in plan.own_components.items()}
-            with traced_cache_layout():  # the capture holds the cache layers as the trace does (sliding windows)
-                exported = exporter.export_for_generation(
-                    model, dict(plan.trace_inputs or plan.inputs), configs, generation_config=plan.generation_config,
-                    multi_token_decode=plan.multi_token_decode,
-                )
+            if configs:
+                with traced_cache_layout():  # the capture holds the cache layers as the trace does (sliding windows)
+                    exported = exporter.export_for_generation(
+                        model, dict(plan.trace_inputs or plan.inputs), configs,
+                        generation_config=plan.generation_config, multi_token_decode=plan.multi_token_decode,
+                    )
+            else:  # every component is hfexport's own (a state-space decode without its prefill: hfexport.plan)
+                exported = ExportedModel(own, exporter.export_format, config=model.config,
+                                         generation_config=plan.generation_config)
+                own = {}
             if own:
                 exported.components = {**own, **exported.components}
                 _drop_model_output_samples(exported)

@@ -76,7 +76,8 @@ class ExportedModel(_EngineExportedModel):
         """
         Generates tokens over the `prefill`/`decode` components, without the torch model, as `model.generate` does
         for a decoder-only model: greedy search, or multinomial sampling with `do_sample=True`
-        (`hfexport.generate.generate`).
+        (`hfexport.generate.generate`). A Mamba export on OpenVINO or ExecuTorch has a `decode` alone: the prompt
+        runs through it one token at a time (docs/generation.md).
 
         Args:
             input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):

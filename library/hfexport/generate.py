@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ class _Layout:
     seq2seq: bool = False  # an encoder-decoder: `encoder` once, then prefill/decode over the decoder tokens
     cache_kwarg: str = CACHE  # the kwarg that carries the cache: `past_key_values`, or a Mamba's `cache_params`
     multimodal: bool = False  # a VLM: the prefill is embed -> language_model -> lm_head (see IMAGE_ENCODER)
+    prefill_by_decode: bool = False  # a state-space decode without a prefill: the prompt runs through the decode
 
     @property
     def prefill(self) -> str:
@@ -376,7 +378,7 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
                           for name, value in encoder_kwargs.items()}
         attention_mask = encoder_kwargs.get("attention_mask")
         batch *= config.num_return_sequences
-    encoder_outputs = exported.runners[ENCODER](**encoder_kwargs)
+    encoder_outputs = run_component(exported.runners[ENCODER], encoder_kwargs)
     if decoder_input_ids is None:
         decoder_input_ids = torch.tensor([decoder_prompt(exported, config)] * batch, dtype=torch.long)
     decoder_input_ids = torch.as_tensor(decoder_input_ids, dtype=torch.long)
@@ -531,7 +533,7 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
     batch = input_ids.shape[0]
     session = _Session(exported, layout, batch, encoder, inputs_embeds)
     positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
-    logits = session.step(PREFILL, input_ids, attention_mask, positions)
+    logits = session.prefill(input_ids, attention_mask, positions)
 
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
@@ -632,17 +634,18 @@ def _layout(exported) -> _Layout:
                 f"`decode`; this one lacks {missing} (has {list(components)}): re-export it with hfexport, whose "
                 "mode `generation` exports the image encoder and the embedding merge beside the engine's components")
     missing = [] if multimodal else [name for name in (PREFILL, DECODE) if name not in components]
-    if missing:
+    by_decode = missing == [PREFILL] and STATE in exported.runners[DECODE].metadata.kwargs
+    if missing and not by_decode:
         raise GenerationError(
             f"generation needs `prefill` and `decode` components; this export has {list(components)} "
             "(export it with mode `generation`)"
         )
     runners = exported.runners
-    seq2seq = not multimodal and "decoder_input_ids" in runners[PREFILL].metadata.kwargs
+    seq2seq = not multimodal and not by_decode and "decoder_input_ids" in runners[PREFILL].metadata.kwargs
     if seq2seq:
         return _seq2seq_layout(exported, runners)
-    prefill = LANGUAGE_MODEL if multimodal else PREFILL
-    for name in (prefill, DECODE):
+    prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode else PREFILL
+    for name in dict.fromkeys((prefill, DECODE)):
         allowed = _LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
         unknown = sorted(set(runners[name].metadata.kwargs) - allowed)
         if unknown:
@@ -655,7 +658,10 @@ def _layout(exported) -> _Layout:
     cache_kwarg = STATE if STATE in traced or STATE in runners[prefill].metadata.kwargs else CACHE
     if cache_kwarg == STATE and CACHE in traced:
         raise GenerationError(f"the decode component takes both {CACHE} and {STATE}")
-    mask = traced.get("attention_mask")
+    mask = traced.get("attention_mask") if _fed(traced, "attention_mask") else None
+    # Padded prompts need a mask in the prefill or the decode (a state-space decode takes none: its prefill does,
+    # and without a prefill `_Session` zeroes a row's state while it is padding).
+    takes_mask = mask is not None or by_decode or _fed(runners[prefill].metadata.kwargs, "attention_mask")
     mask_dtype = getattr(torch, mask["dtype"]) if mask is not None and mask.get("rank") == 4 else None
     cache = traced.get(cache_kwarg, {})
     static_len = None
@@ -669,7 +675,7 @@ def _layout(exported) -> _Layout:
     elif cache and cache.get("container") != "DynamicCache":
         raise GenerationError(f"the decode component takes a {cache.get('container')}; generate handles DynamicCache "
                               "and StaticCache")
-    stateful = {PREFILL: _is_stateful(runners[prefill]), DECODE: _is_stateful(runners[DECODE])}
+    stateful = {PREFILL: not by_decode and _is_stateful(runners[prefill]), DECODE: _is_stateful(runners[DECODE])}
     if static_len is not None and stateful[DECODE]:
         raise GenerationError(
             "this OpenVINO export keeps a static cache as internal state (stateful=True), which transformers 5.23 "
@@ -681,13 +687,14 @@ def _layout(exported) -> _Layout:
         # input spec accepts the traced batch size only (torch.export and ExecuTorch check the spec).
         pinned_batch = int(traced["input_ids"]["shape"][0])
     return _Layout(
-        takes_mask=mask is not None,
+        takes_mask=takes_mask,
         mask_dtype=mask_dtype,
         static_cache_len=static_len,
         stateful=stateful,
         pinned_batch=pinned_batch,
         cache_kwarg=cache_kwarg,
         multimodal=multimodal,
+        prefill_by_decode=by_decode,
     )
 
 
@@ -706,8 +713,43 @@ def _seq2seq_layout(exported, runners) -> _Layout:
         raise GenerationError(f"the decode component takes a {cache.get('container')}; an encoder-decoder's generate "
                               "handles EncoderDecoderCache (of DynamicCache)")
     stateful = {name: _is_stateful(runners[name]) for name in (PREFILL, DECODE)}
+    if stateful[DECODE]:
+        raise GenerationError(
+            "this OpenVINO encoder-decoder export keeps its cache as internal state (stateful=True), which "
+            "transformers 5.23 exports for the sample's encoder length only: the cross-attention state's length is "
+            "pinned to it. Re-export it with options.stateful: false (hfexport's default for encoder-decoders)")
     return _Layout(takes_mask=True, mask_dtype=None, static_cache_len=None, stateful=stateful, pinned_batch=None,
                    seq2seq=True)
+
+
+def run_component(runner, kwargs: dict):
+    """Call one component's runner on `kwargs`; an OpenVINO program that returns one of its inputs gets copies.
+
+    OpenVINO 2026.4.1 (CPU plugin): when an output is one of the inputs (a seq2seq prefill's and decode's
+    `encoder_last_hidden_state`, a stateless decode's cross-attention cache, whose no-op `ConvertLike` the plugin
+    drops), an input shared with the request (the engine runner's default `share_inputs=True`) stays bound to that
+    output after `infer` returns; once the caller frees it, the next `infer` at another shape writes through the
+    freed buffer (glibc: "corrupted double-linked list", or SIGSEGV). `share_inputs=False` copies the inputs into
+    the request's own tensors, which live as long as the request (tests/test_generate_seq2seq.py).
+    """
+    if _returns_an_input(runner):
+        return runner(share_inputs=False, **kwargs)
+    return runner(**kwargs)
+
+
+_RETURNS_AN_INPUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> bool, read once per runner
+
+
+def _returns_an_input(runner) -> bool:
+    """Whether an OpenVINO runner's compiled program has an output fed straight by an input: in the plugin's runtime
+    model, that output's `Result` follows a `Parameter`."""
+    compiled = getattr(runner, "compiled_model", None)
+    if compiled is None or not hasattr(compiled, "get_runtime_model"):
+        return False
+    if runner not in _RETURNS_AN_INPUT:
+        _RETURNS_AN_INPUT[runner] = any(result.input_value(0).get_node().get_type_name() == "Parameter"
+                                        for result in compiled.get_runtime_model().get_results())
+    return _RETURNS_AN_INPUT[runner]
 
 
 def _is_stateful(runner) -> bool:
@@ -724,14 +766,16 @@ class _Session:
         self.exported, self.layout, self.batch = exported, layout, batch
         self.encoder = encoder  # seq2seq: (encoder outputs, encoder padding mask)
         self.inputs_embeds = inputs_embeds  # a VLM's prompt embeddings, image features merged in (the prefill's input)
-        self.cache = self._new_cache(exported, layout)
+        self.cache = self._new_cache(exported, layout, batch)
         self.state_owner: str | None = None
         self.filled = 0  # cache slots written so far (static cache: where the next tokens go)
 
     @staticmethod
-    def _new_cache(exported, layout: _Layout):
+    def _new_cache(exported, layout: _Layout, batch: int):
         from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
+        if layout.prefill_by_decode:
+            return zero_state(exported, batch)
         if layout.cache_kwarg not in exported.runners[layout.prefill].metadata.kwargs:
             return None
         if layout.seq2seq:
@@ -739,6 +783,28 @@ class _Session:
         if layout.static_cache_len is not None:
             return StaticCache(config=exported.config, max_cache_len=layout.static_cache_len)
         return DynamicCache(config=exported.config)
+
+    def prefill(self, input_ids, attention_mask, positions) -> torch.Tensor:
+        """The prompt's logits: the prefill component, or (`prefill_by_decode`) the decode on one token at a time."""
+        if not self.layout.prefill_by_decode:
+            return self.step(PREFILL, input_ids, attention_mask, positions)
+        real = attention_mask.bool()
+        if bool((real[:, 1:] < real[:, :-1]).any()):
+            raise GenerationError("this export runs the prompt through its decode, which takes left padding only "
+                                  "(a 0 after a 1 in attention_mask): pad on the left (padding_side='left')")
+        padded = ~real.all(dim=1)
+        if bool(padded.any()) and self.layout.stateful[DECODE]:
+            raise GenerationError("this OpenVINO decode keeps its state in the infer request (stateful=True), so "
+                                  "padded prompts cannot reset a row's state: pass unpadded rows, or re-export it "
+                                  "with options.stateful: false (hfexport's default for it)")
+        for index in range(input_ids.shape[1]):
+            logits = self.step(DECODE, input_ids[:, index : index + 1], attention_mask[:, : index + 1],
+                               positions[:, index : index + 1])
+            if bool(padded.any()) and not bool(real[:, index].all()):
+                # Mamba's prefill zeroes the padded positions' inputs (`apply_mask_to_padding_states`), so a left-
+                # padded row's state is still zero at its first real token: keep it so through the padding.
+                self.cache = zero_state_rows(self.cache, ~real[:, index])
+        return logits
 
     def step(self, name: str, input_ids, attention_mask, positions) -> torch.Tensor:
         runner = self.exported.runners[self.layout.prefill if name == PREFILL else name]
@@ -759,7 +825,7 @@ class _Session:
             kwargs = {"inputs_embeds": self.inputs_embeds.to(device)}
         else:
             kwargs = {"input_ids": input_ids}
-        if "attention_mask" in traced:
+        if _fed(traced, "attention_mask"):
             kwargs["attention_mask"] = attention_mask if self.layout.mask_dtype is None else static_attention_mask(
                 attention_mask, self.filled, input_ids.shape[1], self.layout.static_cache_len, self.layout.mask_dtype
             )
@@ -775,7 +841,7 @@ class _Session:
             self._hand_state_to(name, runner)
             self.filled += input_ids.shape[1]
             return _stateful_logits(runner, kwargs).cpu()
-        outputs = runner(**kwargs)
+        outputs = run_component(runner, kwargs)
         self.filled += input_ids.shape[1]
         if self.layout.cache_kwarg in traced or name == PREFILL:
             # The cache the next step reads (a prefill traced without a cache input still returns the first one).
@@ -802,6 +868,43 @@ class _Session:
                 value = leaves[path].detach().cpu().contiguous().numpy()
                 state.state = openvino.Tensor(value.astype(state.state.data.dtype, copy=False))
         self.state_owner = name
+
+
+def _fed(traced: dict, name: str) -> bool:
+    """Whether a component takes `name` as a tensor: a graph traced with `attention_mask=None` (Mamba's decode)
+    lists it as a `NoneType` slot, and ExecuTorch rejects a tensor there (`set_inputs` error 0x12)."""
+    return name in traced and traced[name].get("container") != "NoneType"
+
+
+def zero_state(exported, batch: int):
+    """The recurrent state a Mamba prefill starts from, `batch` rows of zeros: per layer a conv state
+    `[batch, intermediate_size, conv_kernel]` and an SSM state `[batch, intermediate_size, state_size]` (transformers
+    5.23's `MambaMixer`), written through the cache's own `update_conv_state` / `update_recurrent_state`, the calls
+    the prefill makes, so the cache has the structure the decode was traced with."""
+    from transformers import DynamicCache
+
+    config = exported.config
+    if getattr(config, "model_type", None) != "mamba":
+        raise GenerationError(f"this export has a state-space decode and no prefill; generate knows the initial state "
+                              f"of Mamba only, not of {getattr(config, 'model_type', None)!r}")
+    dtype = getattr(torch, str(getattr(exported.runners[DECODE].metadata, "export_dtype", "float32")), torch.float32)
+    cache = DynamicCache(config=config)
+    for layer in range(config.num_hidden_layers):
+        cache.update_conv_state(torch.zeros(batch, config.intermediate_size, config.conv_kernel, dtype=dtype), layer)
+        cache.update_recurrent_state(torch.zeros(batch, config.intermediate_size, config.state_size, dtype=dtype),
+                                     layer)
+    return cache
+
+
+def zero_state_rows(cache, rows: torch.Tensor):
+    """`cache` (a `DynamicCache` of `LinearAttentionLayer`s) with the states of `rows` (a bool per row) zeroed."""
+    for layer in cache.layers:
+        for states in (layer.conv_states, layer.recurrent_states):
+            for index, tensor in states.items():
+                if tensor is not None:
+                    zeroed = rows.to(tensor.device).view(-1, *([1] * (tensor.dim() - 1)))
+                    states[index] = torch.where(zeroed, torch.zeros((), dtype=tensor.dtype), tensor)
+    return cache
 
 
 def static_attention_mask(attention_mask: torch.Tensor, filled: int, query_len: int, size: int,

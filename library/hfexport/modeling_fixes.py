@@ -12,7 +12,8 @@ and a minimal scan program): OpenVINO 2026.4.1's PyTorch frontend has no convers
 `while_loop` from an ExportedProgram: "Conversion is failed for: ... while_loop"), and an ExecuTorch 1.5.1 program
 with `scan` fails at run time (tiny Mamba: `method->execute()` error 0x1; the minimal program: error 0x12 in
 `aten::copy_`, even at its traced shape), so for those formats the engine's unrolled trace stays, with its fixed
-prefill length (docs/compatibility.md).
+prefill length. There a generation export has no prefill (`prefill_by_decode`): the decode step is the same
+recurrence for one token, and `hfexport.generate` runs the prompt through it token by token (docs/generation.md).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from collections.abc import Iterator
 
 # Formats whose lowering takes torch's `scan` (measured: see the module docstring).
 SCAN_FORMATS = ("dynamo", "onnx")
+
+
+def _is_mamba(model) -> bool:
+    return getattr(getattr(model, "config", None), "model_type", None) == "mamba"
+
+
+def prefill_by_decode(model, export_format: str) -> bool:
+    """True where a Mamba prefill would keep the sample's length (the format takes no `scan`, see above): the plan
+    then exports the decode alone and `hfexport.generate` runs the prompt through it, one token per step."""
+    return _is_mamba(model) and str(export_format) not in SCAN_FORMATS
 
 
 def _selective_scan(original):
@@ -68,7 +79,7 @@ def _selective_scan(original):
 @contextlib.contextmanager
 def modeling_fixes(model, export_format: str) -> Iterator[None]:
     """Within the block, the fixes that apply to `model` on `export_format` are installed (none: a no-op)."""
-    if getattr(getattr(model, "config", None), "model_type", None) != "mamba" or str(export_format) not in SCAN_FORMATS:
+    if not _is_mamba(model) or str(export_format) not in SCAN_FORMATS:
         yield
         return
     from transformers.models.mamba import modeling_mamba

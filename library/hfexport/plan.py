@@ -18,6 +18,7 @@ from typing import Any
 from hfexport.engine import auto_dynamic_shapes, export_backends, register_cache_pytrees, traced_cache_layout
 from hfexport.errors import PlanError
 from hfexport.inputs import build_sample_inputs
+from hfexport.modeling_fixes import prefill_by_decode
 from hfexport.models import infer_task
 from hfexport.quantization.quantizer import attach
 from hfexport.recipe.model import Recipe, Target
@@ -51,6 +52,9 @@ class Plan:
     # {name: (module, the kwargs it is traced with)}, an encoder-decoder's `encoder` or a VLM's `image_encoder`, `embed`
     own_components: dict[str, tuple[Any, dict]] = field(default_factory=dict)
     trace_inputs: dict | None = None  # generate kwargs the engine traces with, when not `inputs` (seq2seq)
+    # A state-space model whose prefill this format would trace at the sample's length only
+    # (`hfexport.modeling_fixes.prefill_by_decode`): no prefill is exported, generate runs the prompt through decode.
+    prefill_by_decode: bool = False
 
     @property
     def export_format(self):
@@ -589,6 +593,12 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             raise
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
+        by_decode = prefill_by_decode(model, str(target.export_format)) and "prefill" in stages
+        if by_decode:
+            # On this format Mamba's scan stays the engine's loop unrolled at the sample's length (modeling_fixes),
+            # so its prefill would take that many tokens only. The decode is the same recurrence for one token:
+            # export it alone; generate feeds it the prompt token by token, from a zero state.
+            stages = {"decode": stages["decode"]}
         if seq2seq:
             if not encoder_calls:
                 raise PlanError(f"targets.{target.name}: generate() never ran {type(model).__name__}'s encoder")
@@ -612,6 +622,16 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 # (the traced write position), so every decode step writes the same cache slot. Keep the static
                 # cache in the inputs unless the recipe asks otherwise.
                 options.setdefault("stateful", False)
+            if seq2seq and str(target.export_format) == "openvino":
+                # transformers 5.23: the stateful transformation pins every state axis that the decode passes through
+                # unchanged to its sample length (`_state_init_dims`), which for the cross-attention cache is the
+                # encoder's length: the decode then only takes prompts of the sample's length ("Can not clone with
+                # new dims ... {0 - ?, 4, 27, 8}"). Keep the self- and cross-attention caches in the inputs.
+                options.setdefault("stateful", False)
+            if by_decode and str(target.export_format) == "openvino":
+                # Left padding zeroes a row's state between the prompt's steps (hfexport.generate), which needs
+                # the state in the decode's inputs and outputs; a recurrent state is small and fixed-size.
+                options.setdefault("stateful", False)
             component_shapes = override.get("dynamic_shapes", {})
             if shapes is None and not component_shapes:
                 dynamic_shapes, described = _default_generation_shapes(prepared, sizes)
@@ -631,7 +651,9 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             )
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
     if target.mode == "generation":
-        plan.own_components = {name: stages[name] for name in (*OWN_COMPONENTS,) if name in stages}
+        plan.prefill_by_decode = by_decode
+        own = (*OWN_COMPONENTS, "decode") if by_decode else OWN_COMPONENTS  # no prefill for the engine's call
+        plan.own_components = {name: stages[name] for name in own if name in stages}
         if "encoder" in stages:
             plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)
     if target.quantization:

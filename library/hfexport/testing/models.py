@@ -74,12 +74,15 @@ def make_model(name: str, folder: str | Path) -> Path:
 
 
 def matrix_recipe(task: str, modes: tuple[str, ...], forward_shapes: dict, sample_inputs: dict,
-                  dims: dict | None = None, description: str = "") -> dict:
-    """A recipe with one target per format × mode: forward with explicit dims, generation with the engine's AUTO."""
+                  dims: dict | None = None, description: str = "", runtime: dict | None = None) -> dict:
+    """A recipe with one target per format × mode: forward with explicit dims, generation with the engine's AUTO.
+    `runtime`: a format's `runtime` section (`{"openvino": {"precision": "f32"}}`), on each of its targets."""
     targets: dict[str, Any] = {}
     for mode in modes:
         for export_format in FORMATS:
             target: dict[str, Any] = {"export_format": export_format, "mode": mode}
+            if export_format in (runtime or {}):
+                target["runtime"] = runtime[export_format]
             options = {"backend": "xnnpack"} if export_format == "executorch" else {}
             if mode == "forward":
                 target["dynamic_shapes"] = forward_shapes
@@ -326,7 +329,7 @@ SEQ2SEQ_MODES = ("generation",)
 
 
 def _seq2seq(folder: Path, make_model: Callable[[Any, dict], Any], description: str, note_dims: dict | None = None,
-             **generation: Any) -> None:
+             runtime: dict | None = None, **generation: Any) -> None:
     """A tiny encoder-decoder for text (translation, summarization): generation targets (BART's row covers forward)."""
     tokenizer = bpe_tokenizer()
     ids = _special_ids(tokenizer)
@@ -337,6 +340,7 @@ def _seq2seq(folder: Path, make_model: Callable[[Any, dict], Any], description: 
     _write_recipe(folder, matrix_recipe(
         "text2text-generation", SEQ2SEQ_MODES, TEXT_SHAPES, {"text": TEXTS},
         dims=note_dims or {"batch": DIMS["batch"], "seq": {"min": 3, "max": 64}}, description=description,
+        runtime=runtime,
     ))
 
 
@@ -347,7 +351,11 @@ def build_t5(folder: Path) -> None:
         vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=ids["pad_token_id"],
         tie_word_embeddings=False, architectures=["T5ForConditionalGeneration"], initializer_factor=4.0, **ids,
-    )), "Tiny random T5 encoder-decoder (relative position buckets, decoder starts from <pad>).")
+    )), "Tiny random T5 encoder-decoder (relative position buckets, decoder starts from <pad>).",
+        # Its logits reach +-300 (initializer_factor 4, untied head: no d_model**-0.5 rescale). At OpenVINO's bf16
+        # default (CPUs with AMX/AVX512-BF16) a 1 x 5 decode probe drifted (logits cosine 0.994, max abs diff 36,
+        # top-1 flipped): the recipe pins f32, so the cell's verdict is the same on every CPU.
+        runtime={"openvino": {"precision": "f32"}})
 
 
 def build_marian(folder: Path) -> None:
@@ -547,25 +555,36 @@ MODELS: dict[str, TinyModel] = {
                   "`hfexport.modeling_fixes` runs it as torch's `scan` on dynamo and ONNX. With `scan`, OpenVINO 2026.4.1's "
                   "converter stops (OpConversionFailure: no conversion rule for `scan`) and the ExecuTorch 1.5.1 "
                   "program fails at run time (`method->execute()` error 0x1 at batch 1 × 2 tokens), so there the "
-                  "engine's fixed-length trace stays: forward stops at "
-                  "the dynamic seq, generation's prefill takes 27 tokens only (OpenVINO: token-exact on the 27-token "
-                  "sample prompts; ExecuTorch: the decode's set_inputs fails, error 0x12)."),
+                  "engine's fixed-length trace stays and forward stops at the dynamic seq. Generation there exports "
+                  "the decode alone (stateless on OpenVINO) and runs the prompt through it token by token from a "
+                  "zero state, a left-padded row's state kept zero while it is padding, as Mamba's masked prefill "
+                  "leaves it (docs/generation.md). The ExecuTorch decode's `attention_mask` slot is traced as None: "
+                  "fed a mask, `set_inputs` failed with error 0x12; hfexport feeds it nothing."),
         TinyModel("tiny-bart", "BART", "BartForConditionalGeneration", "text2text-generation", DECODER_MODES,
                   build_bart, "`dims.seq.min` 3: BART's forward guards seq >= 3 (torch.export suggests it). "
                   "Generation (all encoder-decoders here): hfexport's `encoder` component beside the engine's "
                   "prefill/decode, the decoder traced from two start tokens (docs/generation.md). dynamo: the "
                   "`.pt2` pickles `encoder_outputs` (a `BaseModelOutput`), which torch's weights-only unpickler "
                   "cannot load (\"Can only SETITEM for dict\"), so hfexport refuses to load it. OpenVINO: the "
-                  "reloaded f32 prefill crashes the process (heap corruption in `infer`) on a third probe shape."),
+                  "prefill and decode return an input unchanged (`encoder_last_hidden_state`, the cross-attention "
+                  "cache), and OpenVINO 2026.4.1 keeps such an output bound to a shared input after `infer`: the "
+                  "next call at another shape wrote through the freed buffer (heap corruption, exit -11), so "
+                  "hfexport feeds those programs copies (`hfexport.generate.run_component`); and the decode is "
+                  "exported stateless, since transformers 5.23's stateful transformation pins the cross-attention "
+                  "state to the sample's encoder length."),
         TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES, build_t5,
-                  "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md)."),
+                  "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md). OpenVINO "
+                  "pinned to f32 (`runtime.precision`): the logits reach ±300 (`initializer_factor` 4, untied head), "
+                  "and at the CPU's default bf16 a 1 × 5 decode probe drifted (cosine 0.994, top-1 flipped)."),
         TinyModel("tiny-marian", "Marian", "MarianMTModel", "text2text-generation", SEQ2SEQ_MODES, build_marian,
                   "`dims.seq.min` 3, as BART."),
         TinyModel("tiny-mbart", "mBART", "MBartForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES,
                   build_mbart, "`dims.seq.min` 3, as BART."),
         TinyModel("tiny-whisper", "Whisper", "WhisperForConditionalGeneration", "automatic-speech-recognition",
                   DECODER_MODES, build_whisper,
-                  "2 s audio windows (200 mel frames); forward takes explicit `decoder_input_ids` (batch × dec_seq)."),
+                  "2 s audio windows (200 mel frames); forward takes explicit `decoder_input_ids` (batch × dec_seq). "
+                  "Generation from the audio's `input_features` (two clips), the decoder from the generation "
+                  "config's start and forced tokens."),
         TinyModel("tiny-llava", "LLaVA", "LlavaForConditionalGeneration", "image-text-to-text", DECODER_MODES,
                   build_llava, "Forward shapes static: with a dynamic batch torch.export reports \"Constraints "
                   "violated (batch)! Suggested fixes: batch = 2\"; the sequence holds a fixed 16 tokens per image. "

@@ -100,6 +100,8 @@ def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict)
 def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
     import torch
 
+    from hfexport.generate import run_component  # OpenVINO 2026.4.1: see there
+
     with torch.no_grad():  # the engine's stages, and a VLM's image encoder and embedding merge (hfexport.plan)
         stages = generation_stages(model, copy.deepcopy(inputs), generation_config=plan.generation_config,
                                    multi_token_decode=plan.multi_token_decode)
@@ -118,7 +120,7 @@ def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: d
         with torch.no_grad():
             eager = submodel(**copy.deepcopy(subinputs))
         try:
-            got = runner(**_traced(runner, copy.deepcopy(subinputs)))
+            got = run_component(runner, _traced(runner, copy.deepcopy(subinputs)))
         except Exception as error:  # noqa: BLE001 - recorded with the backend's message
             entry.update(error=_backend_message(error), outputs={})
             results.append(entry)
@@ -134,8 +136,9 @@ def _with_full_mask(runner, inputs: dict) -> dict:
     import torch
 
     ids = inputs.get("input_ids")
-    if "attention_mask" not in runner.metadata.kwargs or inputs.get("attention_mask") is not None or ids is None:
-        return inputs
+    traced = runner.metadata.kwargs.get("attention_mask")
+    if traced is None or traced.get("container") == "NoneType" or inputs.get("attention_mask") is not None or ids is None:
+        return inputs  # (a graph traced with attention_mask=None, Mamba's decode, takes no mask)
     if runner.metadata.kwargs["attention_mask"].get("rank", 2) != 2:
         return inputs  # a 4-D (static cache) mask is built by generate, never left out
     cache = inputs.get("past_key_values")
