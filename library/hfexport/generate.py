@@ -516,6 +516,7 @@ def _token_choice_threads():
         if change:
             torch.set_num_threads(before)
 
+
 def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, config, max_length: int,
             logits_processor, stopping_criteria, streamer, generator, tokenizer,
             prefix_allowed_tokens_fn, encoder=None, inputs_embeds=None) -> torch.LongTensor:
