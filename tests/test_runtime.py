@@ -218,6 +218,32 @@ def test_load_reports_a_malformed_recipe_copy_by_file_and_path(exported_bert, tm
     assert "export_config.json" in str(caught.value) and "runtime.precision" in str(caught.value)
 
 
+def _spinning(exported) -> dict:
+    """Each ONNX session's `session.intra_op.allow_spinning` entry (None: not set, ONNX Runtime's default: spin)."""
+    entries = {}
+    for name, runner in exported.runners.items():
+        try:
+            entries[name] = runner.session.get_session_options().get_session_config_entry(
+                "session.intra_op.allow_spinning")
+        except RuntimeError:  # onnxruntime: "SessionOptions does not have configuration with key"
+            entries[name] = None
+    return entries
+
+
+def test_onnx_generation_exports_load_without_spinning_and_the_callers_options_win(exported_llama, exported_bert):
+    import onnxruntime
+    from hfexport import ExportedModel
+
+    generation = exported_llama[0] / "onnx-generation"
+    assert _spinning(ExportedModel.from_pretrained(generation)) == {"prefill": "0", "decode": "0"}
+    mine = onnxruntime.SessionOptions()
+    mine.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    assert _spinning(ExportedModel.from_pretrained(generation, session_options=mine)) == {"prefill": "1",
+                                                                                          "decode": "1"}
+    # A forward export (one run per call, nothing between runs) keeps ONNX Runtime's defaults.
+    assert _spinning(ExportedModel.from_pretrained(exported_bert[0] / "onnx")) == {"model": None}
+
+
 # ── reports show it ──────────────────────────────────────────────────────────
 
 

@@ -20,7 +20,7 @@ from hfexport.errors import (
     first_line,
 )
 from hfexport.files import RECIPE_COPY_FILE
-from hfexport.generate import generate
+from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
@@ -29,6 +29,7 @@ from hfexport.runtime import (
     PRECISION_FORMATS,
     has_runtime_precision,
     load_options,
+    onnx_generation_session_options,
     pinned_precision,
 )
 from hfexport.safety.artifacts import (
@@ -164,6 +165,9 @@ class ExportedModel(_EngineExportedModel):
         broken) otherwise, naming the file and field; a backend's own failure on a checked file is a
         `CorruptExportError` too.
 
+        An ONNX generation export (a `decode` component) opens its sessions with ONNX Runtime's intra-op spinning off
+        unless `session_options=` is passed (`hfexport.runtime.onnx_generation_session_options`).
+
         `allow_unsafe_pt2=True` loads a `.pt2` that hfexport cannot prove safe (pickled objects, legacy or
         AOTInductor archives) as torch itself would, unpickling included: only for a source you trust.
 
@@ -221,6 +225,9 @@ class ExportedModel(_EngineExportedModel):
         if unknown:  # the caller's mistake, said before anything loads (as the engine's loader says it)
             raise TypeError(f"Unknown kwargs {unknown}: the {export_format} runner takes {options}.")
         paths = check_program_files(manifest, fetch, source, allow_unsafe_pt2=allow_unsafe_pt2)
+        if export_format == "onnx" and DECODE in manifest["components"] and "session_options" not in runner_kwargs:
+            # A generation export: many short runs with torch between them (see the function's docstring).
+            runner_kwargs["session_options"] = onnx_generation_session_options()
         components = {}
         for name, entry in manifest["components"].items():
             label = f"{source}/{entry['file']}"

@@ -18,6 +18,7 @@ and random draws of transformers 5.23's `_sample`, so a seeded sampling run give
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
 from dataclasses import dataclass
@@ -493,6 +494,29 @@ def _pad_token(config) -> int | None:
     return eos[0] if eos else None
 
 
+# Torch threads for each step's token choice (logits processors, softmax/argmax, stopping criteria): vocabulary-sized
+# vectors, which torch splits over its thread pool (past 32768 elements). Its OpenMP workers then need a core at every
+# op and spin after it, next to the runtime's own workers that run the graphs: on SmolLM2-135M (2 shared cores) the
+# processors alone took 0.4-1.3 s of a 2.8-3.7 s ONNX generation at batch 1 with torch's default threads.
+# (benchmarks/smollm2_vs_optimum.py). None leaves torch's setting.
+TOKEN_CHOICE_THREADS: int | None = 1
+
+
+@contextlib.contextmanager
+def _token_choice_threads():
+    """Torch at `TOKEN_CHOICE_THREADS` threads for the block, then back (only the token choice: a `.pt2` graph runs
+    in torch between these blocks, at torch's own setting)."""
+    before = torch.get_num_threads()
+    change = TOKEN_CHOICE_THREADS is not None and TOKEN_CHOICE_THREADS != before
+    if change:
+        torch.set_num_threads(TOKEN_CHOICE_THREADS)
+    try:
+        yield
+    finally:
+        if change:
+            torch.set_num_threads(before)
+
+
 def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, config, max_length: int,
             logits_processor, stopping_criteria, streamer, generator, tokenizer,
             prefix_allowed_tokens_fn, encoder=None, inputs_embeds=None) -> torch.LongTensor:
@@ -515,18 +539,19 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
     while True:
-        scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
-        if config.do_sample:
-            probs = torch.nn.functional.softmax(scores, dim=-1)
-            # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
-            next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
-            next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
-        else:
-            next_tokens = torch.argmax(scores, dim=-1)
-        if pads:
-            next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad))
-        sequences = torch.cat([sequences, next_tokens[:, None]], dim=-1)
-        unfinished &= ~criteria(sequences, None)
+        with _token_choice_threads():
+            scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
+            if config.do_sample:
+                probs = torch.nn.functional.softmax(scores, dim=-1)
+                # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
+                next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
+                next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
+            else:
+                next_tokens = torch.argmax(scores, dim=-1)
+            if pads:
+                next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad))
+            sequences = torch.cat([sequences, next_tokens[:, None]], dim=-1)
+            unfinished &= ~criteria(sequences, None)
         if streamer is not None:
             streamer.put(next_tokens[:real].cpu())
         if not bool(unfinished[:real].any()):
