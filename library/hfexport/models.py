@@ -70,7 +70,36 @@ def infer_task(config) -> str:
     ):
         if name.endswith(suffix):
             return task
-    return "feature-extraction"
+    return _task_from_auto_mappings(name) or "feature-extraction"
+
+
+# transformers' own task -> class tables, for the classes whose names the suffixes above miss (`GPT2LMHeadModel`,
+# `MarianMTModel`, `XLNetLMHeadModel`, ...); the first table naming the class wins.
+_AUTO_MAPPINGS = (
+    ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "automatic-speech-recognition"),
+    ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "image-text-to-text"),
+    ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "text2text-generation"),
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "text-generation"),
+    ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "fill-mask"),
+    ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "text-classification"),
+    ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification"),
+    ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "question-answering"),
+    ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image-classification"),
+    ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "audio-classification"),
+)
+
+
+def _task_from_auto_mappings(name: str) -> str | None:
+    """The task whose transformers Auto table lists class `name`, None when none does (or `name` is empty)."""
+    if not name:
+        return None
+    from transformers.models.auto import modeling_auto
+
+    for table, task in _AUTO_MAPPINGS:
+        classes = getattr(modeling_auto, table, {}).values()
+        if any(name == entry or (isinstance(entry, tuple) and name in entry) for entry in classes):
+            return task
+    return None
 
 
 def sequence_limit(config) -> int | None:

@@ -1,9 +1,11 @@
 """`hfexport init`: propose a recipe for a model that has none, then keep only the targets that export and verify.
 
 `propose_recipe` reads the model's config only (no weights): the task (and so the model class) from
-`config.architectures`, dims from the config (sequence up to `max_position_embeddings`, capped at `SEQ_CAP`; batch
-1..8), and a target per requested format in the mode that fits: `generation` for generative models (prefill/decode
-graphs, axes left to torch.export), `forward` otherwise with named `batch`/`seq` dims. `init_recipe` runs a real job
+`config.architectures`, dims from the config (sequence up to `max_position_embeddings`, capped at `SEQ_CAP`, from 3
+for encoder-decoders; batch 1..8), and a target per requested format in the mode that fits: `generation` for
+generative models (prefill/decode graphs, axes left to torch.export), `forward` otherwise with named `batch`/`seq`
+dims; OpenVINO targets pinned to f32. docs/init_matrix.md (scripts/init_matrix.py) is what it gives on every
+matrix model. `init_recipe` runs a real job
 with that recipe (export, then parity verification of each target reloaded from disk) and writes a recipe holding
 only the targets that passed, with `validated_with` filled in. The Space reuses `propose_recipe`.
 """
@@ -35,6 +37,19 @@ FORMAT_PACKAGES = {"onnx": ("onnx", "onnxscript", "onnxruntime"), "openvino": ("
                    "executorch": ("executorch",), "dynamo": ()}
 
 
+# OpenVINO's CPU plugin runs bf16 by default where the CPU has AVX512-BF16 or AMX, f32 elsewhere, so an unpinned
+# OpenVINO target's verdict depends on the CPU init ran on (docs/parity.md). init pins f32: what it verified then
+# holds on every CPU (tiny T5's ±300 logits flipped a top-1 at bf16). An owner who wants bf16 drops the pin.
+RUNTIME = {"openvino": {"precision": "f32"}}
+# Encoder-decoders (BART, T5, Marian, mBART) guard seq >= 3 under torch.export ("Suggested fixes: seq =
+# Dim('seq', min=3, ...)"), so their proposals start the sequence at 3.
+ENCODER_DECODER_SEQ_MIN = 3
+
+
+def _seq_min(config) -> int:
+    return ENCODER_DECODER_SEQ_MIN if getattr(config, "is_encoder_decoder", False) else 2
+
+
 _TEXT_INPUTS = {"automatic-speech-recognition": None, "audio-classification": "input_values",
                 "image-classification": "pixel_values", "image-feature-extraction": "pixel_values"}
 
@@ -56,22 +71,26 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
     dims: dict[str, dict] = {"batch": dict(BATCH)}
     main_input = _TEXT_INPUTS.get(task, "input_ids")
     if main_input == "input_ids":
-        dims["seq"] = {"min": 2, "max": min(limit or SEQ_CAP, SEQ_CAP)}
+        dims["seq"] = {"min": _seq_min(config), "max": min(limit or SEQ_CAP, SEQ_CAP)}
     sample = default_sample_spec(task)
     if "text" in sample:
         sample = {**sample, "text": list(DEFAULT_TEXTS)}
     targets: dict[str, dict] = {}
     for fmt in formats:
         options: dict[str, Any] = {"backend": "xnnpack"} if fmt == "executorch" else {}
+        runtime = dict(RUNTIME.get(fmt, {}))
         if generative:
             targets[f"{TARGET_NAMES[fmt]}-generation"] = {
                 "export_format": fmt,
                 "mode": "generation",
                 "options": {"dynamic": True, **options},
+                **({"runtime": runtime} if runtime else {}),
                 "parity": {"generate": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS}},
             }
             continue
         target: dict[str, Any] = {"export_format": fmt, "mode": "forward"}
+        if runtime:
+            target["runtime"] = runtime
         if options:
             target["options"] = options
         if main_input is not None:

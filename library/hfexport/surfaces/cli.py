@@ -450,9 +450,15 @@ def cmd_init(args) -> int:
             progress.close()
     for name, reason in result.failed.items():
         console.print(f"[red]✗[/red] {escape(name)}: {escape(reason)}", markup=True, highlight=False)
+    if args.json:
+        formats = {name: target["export_format"] for name, target in result.proposed["targets"].items()}
+        print(json.dumps({"output": str(result.output) if result.output else None, "proposed": result.proposed,
+                          "passed": result.passed, "formats": formats, "failed": result.failed}, indent=2))
     if not result.passed:
         console.print("[red]no target passed[/red]: nothing written", markup=True, highlight=False)
         return EXIT_CHECK_FAILED
+    if args.json:
+        return EXIT_OK
     print(f"wrote {output}: {len(result.passed)} verified target(s): {', '.join(result.passed)}"
           + (f"; left out: {', '.join(result.failed)}" if result.failed else ""))
     return EXIT_OK
@@ -576,6 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "folder, else ./export_config.json)")
     p.add_argument("--force", action="store_true", help="replace an existing recipe file")
     p.add_argument("--exports", help="keep the exports made while validating in this folder (default: discarded)")
+    p.add_argument("--json", action="store_true", help='print {"output", "proposed", "passed", "formats", "failed"} '
+                                                       "(target -> reason) as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
 
