@@ -617,20 +617,17 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             prepared = _prepared(submodel, subinputs)
             seen_keys.update(prepared)
             options = {**target.options, **override.get("options", {})}
-            if generation_config is not None and str(target.export_format) == "openvino":
-                # transformers 5.23: `stateful=True` folds a StaticCache's 0-d `cumulative_length` into a constant
-                # (the traced write position), so every decode step writes the same cache slot. Keep the static
-                # cache in the inputs unless the recipe asks otherwise.
-                options.setdefault("stateful", False)
-            if seq2seq and str(target.export_format) == "openvino":
-                # transformers 5.23: the stateful transformation pins every state axis that the decode passes through
-                # unchanged to its sample length (`_state_init_dims`), which for the cross-attention cache is the
-                # encoder's length: the decode then only takes prompts of the sample's length ("Can not clone with
-                # new dims ... {0 - ?, 4, 27, 8}"). Keep the self- and cross-attention caches in the inputs.
-                options.setdefault("stateful", False)
-            if by_decode and str(target.export_format) == "openvino":
-                # Left padding zeroes a row's state between the prompt's steps (hfexport.generate), which needs
-                # the state in the decode's inputs and outputs; a recurrent state is small and fixed-size.
+            if str(target.export_format) == "openvino" and (generation_config is not None or seq2seq or by_decode):
+                # Keep the cache in the decode's inputs and outputs (OpenVINO `stateful=False`) unless the recipe asks
+                # otherwise, for three reasons:
+                # - a StaticCache (transformers 5.23): `stateful=True` folds its 0-d `cumulative_length` into a
+                #   constant (the traced write position), so every decode step writes the same cache slot;
+                # - an encoder-decoder (transformers 5.23): the stateful transformation pins every state axis that
+                #   the decode passes through unchanged to its sample length (`_state_init_dims`), which for the
+                #   cross-attention cache is the encoder's length: the decode then only takes prompts of the sample's
+                #   length ("Can not clone with new dims ... {0 - ?, 4, 27, 8}");
+                # - a state-space decode that runs the prompt (`by_decode`): left padding zeroes a row's state
+                #   between the prompt's steps (hfexport.generate), which needs the state in the inputs and outputs.
                 options.setdefault("stateful", False)
             component_shapes = override.get("dynamic_shapes", {})
             if shapes is None and not component_shapes:
