@@ -194,7 +194,8 @@ class ExportedModel(_EngineExportedModel):
         each exporter's `load_program`, the runner through `.to()`), from the checked files only. An ONNX graph is
         opened by ONNX Runtime from its checked file and parsed into onnx_ir only when `.program` is read
         (`OnnxFileComponent`), never through `OnnxExporter.load_program`: importing the ONNX *exporter* makes
-        onnxscript compile its torch_lib, ~5 s per process (transformers 5.23).
+        onnxscript compile its torch_lib, ~5 s per process (transformers 5.23). `config.json` is checked at load and
+        read into `.config` on first use (see `config`).
         """
         revision = revision or "main"
         path = Path(str(pretrained_model_name_or_path))
