@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,7 +377,7 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
                           for name, value in encoder_kwargs.items()}
         attention_mask = encoder_kwargs.get("attention_mask")
         batch *= config.num_return_sequences
-    encoder_outputs = run_component(exported.runners[ENCODER], encoder_kwargs)
+    encoder_outputs = exported.runners[ENCODER](**encoder_kwargs)
     if decoder_input_ids is None:
         decoder_input_ids = torch.tensor([decoder_prompt(exported, config)] * batch, dtype=torch.long)
     decoder_input_ids = torch.as_tensor(decoder_input_ids, dtype=torch.long)
@@ -723,36 +722,6 @@ def _seq2seq_layout(exported, runners) -> _Layout:
                    seq2seq=True)
 
 
-def run_component(runner, kwargs: dict):
-    """Call one component's runner on `kwargs`; an OpenVINO program that returns one of its inputs gets copies.
-
-    OpenVINO 2026.4.1 (CPU plugin): when an output is one of the inputs (a seq2seq prefill's and decode's
-    `encoder_last_hidden_state`, a stateless decode's cross-attention cache, whose no-op `ConvertLike` the plugin
-    drops), an input shared with the request (the engine runner's default `share_inputs=True`) stays bound to that
-    output after `infer` returns; once the caller frees it, the next `infer` at another shape writes through the
-    freed buffer (glibc: "corrupted double-linked list", or SIGSEGV). `share_inputs=False` copies the inputs into
-    the request's own tensors, which live as long as the request (tests/test_generate_seq2seq.py).
-    """
-    if _returns_an_input(runner):
-        return runner(share_inputs=False, **kwargs)
-    return runner(**kwargs)
-
-
-_RETURNS_AN_INPUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> bool, read once per runner
-
-
-def _returns_an_input(runner) -> bool:
-    """Whether an OpenVINO runner's compiled program has an output fed straight by an input: in the plugin's runtime
-    model, that output's `Result` follows a `Parameter`."""
-    compiled = getattr(runner, "compiled_model", None)
-    if compiled is None or not hasattr(compiled, "get_runtime_model"):
-        return False
-    if runner not in _RETURNS_AN_INPUT:
-        _RETURNS_AN_INPUT[runner] = any(result.input_value(0).get_node().get_type_name() == "Parameter"
-                                        for result in compiled.get_runtime_model().get_results())
-    return _RETURNS_AN_INPUT[runner]
-
-
 def _is_stateful(runner) -> bool:
     """An OpenVINO program whose cache became internal state (`OpenVINOConfig.stateful`): its infer request holds
     variables. (A prefill traced on an empty cache has no cache inputs either, but no state.)"""
@@ -842,7 +811,7 @@ class _Session:
             self._hand_state_to(name, runner)
             self.filled += input_ids.shape[1]
             return _stateful_logits(runner, kwargs).cpu()
-        outputs = run_component(runner, kwargs)
+        outputs = runner(**kwargs)
         self.filled += input_ids.shape[1]
         if self.layout.cache_kwarg in traced or name == PREFILL:
             # The cache the next step reads (a prefill traced without a cache input still returns the first one).
