@@ -503,8 +503,8 @@ TOKEN_CHOICE_THREADS: int | None = 1
 
 @contextlib.contextmanager
 def _token_choice_threads():
-    """Torch at `TOKEN_CHOICE_THREADS` threads for the block, then back (only the token choice: a `.pt2` graph runs
-    in torch between these blocks, at torch's own setting)."""
+    """Torch at `TOKEN_CHOICE_THREADS` threads for the block, then back, also on an exception (inside another such
+    block: nothing to switch)."""
     before = torch.get_num_threads()
     change = TOKEN_CHOICE_THREADS is not None and TOKEN_CHOICE_THREADS != before
     if change:
@@ -537,28 +537,37 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
 
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
-    while True:
-        with _token_choice_threads():
-            scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
-            if config.do_sample:
-                probs = torch.nn.functional.softmax(scores, dim=-1)
-                # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
-                next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
-                next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
-            else:
-                next_tokens = torch.argmax(scores, dim=-1)
-            if pads:
-                next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad))
-            sequences = torch.cat([sequences, next_tokens[:, None]], dim=-1)
-            unfinished &= ~criteria(sequences, None)
-        if streamer is not None:
-            streamer.put(next_tokens[:real].cpu())
-        if not bool(unfinished[:real].any()):
-            break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
-        positions = positions[:, -1:] + 1
-        logits = session.step(DECODE, next_tokens[:, None], attention_mask, positions)
+    # The token choice at `TOKEN_CHOICE_THREADS`: set once for the whole loop where the graphs run in a runtime of
+    # their own (ONNX Runtime, OpenVINO, ExecuTorch); a `.pt2`'s graphs run in torch, at torch's own setting, so
+    # there it is set around each step's token choice only.
+    with contextlib.nullcontext() if _runs_in_torch(exported) else _token_choice_threads():
+        while True:
+            with _token_choice_threads():  # a `.pt2`'s per-step switch (else already set: nothing to do)
+                scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
+                if config.do_sample:
+                    probs = torch.nn.functional.softmax(scores, dim=-1)
+                    # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
+                    next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
+                    next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
+                else:
+                    next_tokens = torch.argmax(scores, dim=-1)
+                if pads:
+                    next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad))
+                sequences = torch.cat([sequences, next_tokens[:, None]], dim=-1)
+                unfinished &= ~criteria(sequences, None)
+            if streamer is not None:
+                streamer.put(next_tokens[:real].cpu())
+            if not bool(unfinished[:real].any()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
+            positions = positions[:, -1:] + 1
+            logits = session.step(DECODE, next_tokens[:, None], attention_mask, positions)
     return sequences
+
+
+def _runs_in_torch(exported) -> bool:
+    """Whether the export's graphs run in torch (a dynamo `.pt2`) rather than in a runtime of their own."""
+    return str(exported.export_format) == "dynamo"
 
 
 def verify_generation(exported, model, inputs: dict, max_new_tokens: int) -> dict:
