@@ -1,9 +1,9 @@
-"""Issue 16 benchmark: ExecuTorch export with and without hfexport's two cost fixes of the lowering.
+"""Issue 16 benchmark: ExecuTorch export with and without hfexport's cost fixes of the lowering.
 
 `hfexport.executorch_fixes` skips (1) the closing retrace of an XNNPACK preprocess pass that left its partition's
-graph as it found it, and (2) `to_edge`'s second decomposition pass when no op of its table is left in the program
-but size queries. For each case below, one ExecuTorch target is exported (`run_job`, verification off: the export
-alone) in fresh processes, alternately as released (both cost fixes replaced by no-ops; the correctness fix stays)
+graph as it found it, (2) `to_edge`'s second decomposition pass when no op of its table is left in the program but
+size queries, and (3) XNNPACK's two pattern passes (upsampling, attention) on partitions without their anchor op. For each case below, one ExecuTorch target is exported (`run_job`, verification off: the export
+alone) in fresh processes, alternately as released (the cost fixes replaced by no-ops; the correctness fix stays)
 and fixed, ROUNDS times; the `.pte` files of the two sides are compared byte for byte, and the fixed side's counts
 (retraces and decompositions skipped / run) are recorded.
 
@@ -45,6 +45,7 @@ counts = {{}}
 if {released!r}:
     fixes._unchanged_retraces_skipped = lambda counts: contextlib.nullcontext()
     fixes._needless_second_decompositions_skipped = lambda counts: contextlib.nullcontext()
+    fixes._patternless_passes_skipped = lambda counts: contextlib.nullcontext()
 else:
     original = fixes.executorch_fixes
     @contextlib.contextmanager
@@ -126,8 +127,9 @@ def main() -> None:
                 "runs": runs,
             }
     document = {
-        "benchmark": "ExecuTorch export (run_job, verify off) with hfexport's two cost fixes (no-op XNNPACK "
-                     "retraces, needless second decomposition) vs without, fresh processes alternated",
+        "benchmark": "ExecuTorch export (run_job, verify off) with hfexport's cost fixes (no-op XNNPACK "
+                     "retraces, needless second decomposition, patternless pattern passes) vs without, "
+                     "fresh processes alternated",
         "machine": {"cpu": cpu_info(), "cores": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "versions": {"torch": torch.__version__, "executorch": version("executorch"),

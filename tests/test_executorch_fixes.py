@@ -90,14 +90,17 @@ def test_the_cost_fixes_leave_the_program_byte_identical():
     from hfexport.executorch_fixes import (
         RetraceCounts,
         _needless_second_decompositions_skipped,
+        _patternless_passes_skipped,
         _unchanged_retraces_skipped,
     )
 
     released = _lowered_program()
     counts = RetraceCounts()
-    with _unchanged_retraces_skipped(counts), _needless_second_decompositions_skipped(counts):
+    with _unchanged_retraces_skipped(counts), _needless_second_decompositions_skipped(counts), \
+            _patternless_passes_skipped(counts):
         fixed = _lowered_program()
     assert fixed == released
+    assert counts.pattern_passes_skipped == 2  # no upsampling, no attention: neither pattern pass had work
     assert counts.skipped > 0  # the passes that found nothing to do (batch norm fusion, upsample, PReLU, ...)
     assert counts.run > 0  # the conv1d rewrite changed the graph: its retrace ran
     assert counts.decompositions_skipped == 1  # only size queries (the dynamic seq) were left for the second pass
@@ -130,6 +133,23 @@ class _Batch(torch.nn.Module):
         return x * x.shape[0]  # a size query of the dynamic batch, no op to decompose
 
 
+def test_every_pattern_of_a_skipped_pattern_pass_contains_its_anchor_op():
+    """The pattern passes are skipped on partitions without the anchor op: that holds only while every pattern the
+    pass matches contains it. When this fails, ExecuTorch changed the patterns: update `_pattern_anchors`."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    from executorch.exir.graph_module import contains_any_call_fn_target_op
+
+    from hfexport.executorch_fixes import _pattern_anchors
+
+    patterns = {"ConvertToUpsampleBilinear2d": bilinear_2d.get_graphs(), "ConvertToSDPAPass": sdpa.get_graphs()}
+    anchors = {cls.__name__: anchor for cls, anchor in _pattern_anchors().items()}
+    assert set(anchors) == set(patterns)
+    for name, graphs in patterns.items():
+        assert graphs
+        for graph in graphs:
+            assert contains_any_call_fn_target_op(graph, {anchors[name]}), name
+
+
 def test_a_pass_that_rewrites_during_its_retrace_is_never_skipped():
     """A pass whose work is in a retrace hook (`call_operator`) changes nothing before the retrace: it must run."""
     from executorch.exir.dialects._ops import ops as exir_ops
@@ -157,12 +177,14 @@ def test_the_retrace_fix_is_undone_after_the_block():
 
     from executorch.exir.program import _program
 
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+
     def patched():
         return (xnnpack_passes._transform, _ExportPassBase.call, _program._replace_aten_ops_with_transformed_ops,
-                torch.export.ExportedProgram.run_decompositions)
+                torch.export.ExportedProgram.run_decompositions, ConvertToSDPAPass.call)
 
     before = patched()
     with executorch_fixes() as counts:
         assert all(now is not then for now, then in zip(patched(), before))
-        assert counts.skipped == counts.run == counts.decompositions_skipped == counts.decompositions_run == 0
+        assert not any(vars(counts).values())
     assert patched() == before

@@ -30,7 +30,12 @@ graph), so it never skips for a dynamic program. The fix skips the second decomp
 queries of the table is left (a decomposition of a size query is the same size query), on the tiny Llama decode
 ~4-7 s each.
 
-Both cost fixes leave the programs byte for byte the same (tests/test_executorch_fixes.py,
+The fourth: two XNNPACK passes rewrite matches of fixed pattern graphs (bilinear upsampling, attention), which they
+build on first use by exporting and lowering small modules (~2-3 s each, once per process) and then match against
+every partition. A partition without an op that every one of those patterns contains (`upsample_bilinear2d`,
+`_softmax`) cannot match, so the pass is skipped there, and its patterns are never built when no partition has it.
+
+The cost fixes leave the programs byte for byte the same (tests/test_executorch_fixes.py,
 benchmarks/executorch_retrace.py).
 """
 
@@ -64,6 +69,7 @@ class RetraceCounts:
     run: int = 0
     decompositions_skipped: int = 0
     decompositions_run: int = 0
+    pattern_passes_skipped: int = 0
 
 
 def _plain_retrace(pass_) -> bool:
@@ -191,6 +197,49 @@ def _needless_second_decompositions_skipped(counts: RetraceCounts) -> Iterator[N
             original_decompose
 
 
+def _pattern_anchors() -> dict:
+    """XNNPACK passes that only rewrite matches of fixed pattern graphs, with an op every one of their patterns
+    contains (checked against the patterns themselves in tests/test_executorch_fixes.py)."""
+    import torch
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
+
+    return {ConvertToUpsampleBilinear2d: torch.ops.aten.upsample_bilinear2d.vec,
+            ConvertToSDPAPass: torch.ops.aten._softmax.default}
+
+
+@contextlib.contextmanager
+def _patternless_passes_skipped(counts: RetraceCounts) -> Iterator[None]:
+    """Within the block, an XNNPACK pattern pass on a partition without its patterns' anchor op does nothing (it
+    would find no match, then retrace an unchanged graph), so neither its patterns are built nor matched."""
+    try:
+        from executorch.exir.graph_module import contains_any_call_fn_target_op
+        from torch.fx.passes.infra.pass_base import PassResult
+
+        anchors = _pattern_anchors()
+    except (ImportError, AttributeError):
+        yield
+        return
+    originals = {cls: cls.call for cls in anchors}
+
+    def skipping(cls, original):
+        def call(self, graph_module):
+            if contains_any_call_fn_target_op(graph_module, {anchors[cls]}):
+                return original(self, graph_module)
+            self.__dict__.pop("_hfexport_entry", None)
+            counts.pattern_passes_skipped += 1
+            return PassResult(graph_module, False)
+        return call
+
+    for cls, original in originals.items():
+        cls.call = skipping(cls, original)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.call = original
+
+
 @contextlib.contextmanager
 def _split_validation_fixed() -> Iterator[None]:
     """Within the block, ExecuTorch's dtype validator no longer specializes a dynamic dim of a split's outputs."""
@@ -224,5 +273,5 @@ def executorch_fixes() -> Iterator[RetraceCounts]:
     """Within the block, both fixes apply; yields the retrace fix's counts (for tests and benchmarks)."""
     counts = RetraceCounts()
     with _split_validation_fixed(), _unchanged_retraces_skipped(counts), \
-            _needless_second_decompositions_skipped(counts):
+            _needless_second_decompositions_skipped(counts), _patternless_passes_skipped(counts):
         yield counts
