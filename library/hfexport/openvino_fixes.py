@@ -29,12 +29,16 @@ def copy_returned_inputs(runners: dict) -> None:
 
 def returns_an_input(runner) -> bool:
     """Whether an OpenVINO runner's compiled program has an output fed straight by an input: in the plugin's runtime
-    model, that output's `Result` follows a `Parameter`. False for a runner of another backend."""
+    model, that output's `Result` follows a `Parameter`. False for a runner of another backend; True (copy, the safe
+    side) when the device's plugin cannot show its runtime model."""
     compiled = getattr(runner, "compiled_model", None)
     if compiled is None or not hasattr(compiled, "get_runtime_model"):
         return False
-    return any(result.input_value(0).get_node().get_type_name() == "Parameter"
-               for result in compiled.get_runtime_model().get_results())
+    try:
+        results = compiled.get_runtime_model().get_results()
+    except RuntimeError:
+        return True
+    return any(result.input_value(0).get_node().get_type_name() == "Parameter" for result in results)
 
 
 @functools.cache
