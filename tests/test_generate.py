@@ -175,6 +175,55 @@ def test_generation_stops_when_every_row_finished(exported_llama, model, batch1)
     assert got.shape[1] == prompt + k + 1
 
 
+def test_the_token_choice_runs_at_one_torch_thread_and_torch_gets_its_threads_back(exported_llama, layout_exports,
+                                                                                     batch1):
+    """ONNX: torch at `TOKEN_CHOICE_THREADS` for the whole decode loop (set once: the streamer's per-step calls run
+    inside it); a `.pt2`, whose graphs run in torch: only during each step's token choice (the streamer at torch's
+    own setting). Both restore torch's threads after, also when a stopping criterion raises mid-loop."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from hfexport.generate import TOKEN_CHOICE_THREADS
+
+    class Streamer:
+        def __init__(self):
+            self.threads = []
+
+        def put(self, value):
+            self.threads.append(torch.get_num_threads())
+
+        def end(self):
+            pass
+
+    class FailAtStep3(StoppingCriteria):
+        def __init__(self):
+            self.threads = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.threads.append(torch.get_num_threads())
+            if len(self.threads) == 3:
+                raise RuntimeError("stopped at step 3")
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    own = TOKEN_CHOICE_THREADS + 2
+    before = torch.get_num_threads()
+    torch.set_num_threads(own)
+    try:
+        for folder, streamed_at in [(exported_llama[0] / "onnx-generation", TOKEN_CHOICE_THREADS),
+                                    (layout_exports / "dynamo-generation", own)]:
+            exported = _load(folder)
+            streamer = Streamer()
+            exported.generate(batch1["input_ids"], max_new_tokens=4, streamer=streamer)
+            assert streamer.threads == [own] + [streamed_at] * 4, folder.name  # the prompt is put before the loop
+            assert torch.get_num_threads() == own
+            failing = FailAtStep3()
+            with pytest.raises(RuntimeError, match="stopped at step 3"):
+                exported.generate(batch1["input_ids"], max_new_tokens=8,
+                                  stopping_criteria=StoppingCriteriaList([failing]))
+            assert failing.threads == [TOKEN_CHOICE_THREADS] * 3 and torch.get_num_threads() == own, folder.name
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_static_cache_has_the_recipes_size(layout_exports, model, tokenizer):
     """`generation.max_cache_len` sizes the exported cache (it was ignored: the cache came out prompt + 1 long), so a
     generation longer than the sample's runs."""

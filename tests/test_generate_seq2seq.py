@@ -161,8 +161,7 @@ def exported_openvino(mbart_openvino_job):
 def test_openvino_job_verified_every_probe_and_generation(mbart_openvino_job):
     """The job's own check of the OpenVINO export: every prefill/decode probe ran (none skipped as internal state)
     and greedy generation on the padded sample prompts matched model.generate token for token. Before, the process
-    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see
-    `hfexport.generate.run_component`)."""
+    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see `hfexport.openvino_fixes`)."""
     _, report = mbart_openvino_job
     verification = report["verification"]
     probes = verification["probes"]
@@ -224,39 +223,105 @@ def _run_pass_through(mode: str):
 
 
 def test_openvino_corrupts_the_heap_through_a_returned_shared_input():
-    """Why `hfexport.generate.run_component` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the
-    caller's shared buffer, and writes through it at the next shape once the caller freed it (glibc aborts or the
-    process gets SIGSEGV; 15 of 15 runs here). With copies (`share_inputs=False`) every run survives. When the shared
-    runs survive too, OpenVINO has fixed it: run_component's copies can go."""
+    """Why `hfexport.openvino_fixes` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the caller's
+    shared buffer, and writes through it at the next shape once the caller freed it (glibc aborts or the process gets
+    SIGSEGV; 15 of 15 runs here). With copies (`share_inputs=False`) every run survives. When the shared runs survive
+    too, OpenVINO has fixed it: the module's copies can go."""
     shared = [_run_pass_through("share") for _ in range(3)]
     assert any(run.returncode < 0 for run in shared), [(run.returncode, run.stdout, run.stderr[-500:]) for run in shared]
     copied = _run_pass_through("copy")
     assert copied.returncode == 0 and "survived" in copied.stdout, copied.stderr[-2000:]
 
 
-def test_run_component_copies_only_for_programs_that_return_an_input(tmp_path):
-    """The check reads the compiled program: the pass-through program is detected; without its returned input (every
-    output computed) it keeps the zero-copy default, as does a runner that is not OpenVINO's."""
+def test_only_openvino_programs_that_return_an_input_get_copying_runners(tmp_path):
+    """The check reads the compiled program: the pass-through program is detected and its runner always copies;
+    without its returned input (every output computed) it keeps the engine's zero-copy runner, as does a runner that
+    is not OpenVINO's."""
     import subprocess
     import sys
 
     import openvino as ov
-    from hfexport.generate import _returns_an_input
+    from torch.utils._pytree import tree_flatten, treespec_dumps
+    from transformers.exporters import ExportMetadata
+
+    from hfexport.engine import runner_class
+    from hfexport.openvino_fixes import copy_returned_inputs, returns_an_input
 
     subprocess.run([sys.executable, "-c", PASS_THROUGH_PROGRAM, "build", str(tmp_path / "m.xml")], check=True,
                    timeout=300)
-
-    class Runner:
-        def __init__(self, compiled):
-            self.compiled_model = compiled
-
     core = ov.Core()
-    returns = Runner(core.compile_model(core.read_model(tmp_path / "m.xml"), "CPU"))
-    assert _returns_an_input(returns)
-    model = core.read_model(tmp_path / "m.xml")
-    model.remove_result(next(r for r in model.get_results() if "x_out" in r.output(0).get_names()))
-    assert not _returns_an_input(Runner(core.compile_model(model, "CPU")))
-    assert not _returns_an_input(object())  # not an OpenVINO runner
+    computed_only = core.read_model(tmp_path / "m.xml")
+    computed_only.remove_result(next(r for r in computed_only.get_results() if "x_out" in r.output(0).get_names()))
+    engine_runner = runner_class("openvino")
+    metadata = ExportMetadata(out_spec=treespec_dumps(tree_flatten({"y": 0, "x_out": 0})[1]))
+    runners = {"returns": engine_runner(core.compile_model(core.read_model(tmp_path / "m.xml"), "CPU"), metadata),
+               "computes": engine_runner(core.compile_model(computed_only, "CPU"), metadata), "other": object()}
+    assert [returns_an_input(runner) for runner in runners.values()] == [True, False, False]
+    before = dict(runners)
+    copy_returned_inputs(runners)
+    assert type(runners["returns"]) is not engine_runner and isinstance(runners["returns"], engine_runner)
+    assert runners["returns"].compiled_model is before["returns"].compiled_model
+    assert runners["computes"] is before["computes"] and runners["other"] is before["other"]
+
+
+# A loaded OpenVINO mBART export called directly, as a user would: `ExportedModel.__call__` on its prefill alone and
+# `runners[...]` on the encoder, prefill and decode (both share inputs by default), at encoder lengths and batches
+# that change, each call's inputs freed after it; every output against the eager model's. argv: export, model folder.
+DIRECT_CALLS_PROGRAM = """
+import sys
+
+import numpy as np
+import torch
+from transformers import AutoModelForSeq2SeqLM, DynamicCache, EncoderDecoderCache
+
+from hfexport import ExportedModel
+
+exported = ExportedModel.from_pretrained(sys.argv[1], precision="f32", device="cpu")
+model = AutoModelForSeq2SeqLM.from_pretrained(sys.argv[2]).eval()
+prefill_alone = ExportedModel({"model": exported.components["prefill"]}, "openvino").to(
+    "cpu", config={"INFERENCE_PRECISION_HINT": "f32"})
+start = model.config.decoder_start_token_id
+rng = np.random.default_rng(0)
+for batch, length in [(1, 5), (2, 9), (3, 4), (2, 27), (1, 3), (4, 11)] * 2:
+    input_ids = torch.from_numpy(rng.integers(5, model.config.vocab_size, (batch, length)))
+    mask = torch.ones_like(input_ids)
+    decoder_ids = torch.tensor([[start, 7, 9]] * batch)
+    with torch.no_grad():
+        expected = model(input_ids=input_ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    encoder_outputs = exported.runners["encoder"](input_ids=input_ids, attention_mask=mask)
+    cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    prefill_kwargs = dict(attention_mask=mask, decoder_input_ids=decoder_ids[:, :2], encoder_outputs=encoder_outputs,
+                          past_key_values=cache)
+    alone = prefill_alone(**prefill_kwargs)
+    prefill = exported.runners["prefill"](**prefill_kwargs)
+    torch.testing.assert_close(alone.logits, expected[:, :2], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(prefill.logits, expected[:, :2], atol=1e-4, rtol=1e-4)
+    decode = exported.runners["decode"](attention_mask=mask, decoder_input_ids=decoder_ids[:, 2:],
+                                        encoder_outputs=encoder_outputs, past_key_values=prefill.past_key_values)
+    torch.testing.assert_close(decode.logits, expected[:, 2:], atol=1e-4, rtol=1e-4)
+    del input_ids, mask, encoder_outputs, cache, prefill_kwargs, alone, prefill, decode
+    reuse = [np.ones(k * 37) for k in range(50)]  # the freed inputs' heap, handed out again
+print("survived")
+"""
+
+
+def test_direct_calls_on_an_openvino_encoder_decoder_are_safe_and_right(mbart_openvino_job, tiny_mbart):
+    """`ExportedModel(...)` and `exported.runners[...]` called with their default shared inputs, at six shapes in
+    turn, on an export whose prefill and decode return inputs: outputs as the eager model's, and the process lives (in
+    a subprocess: the failure kills it). Before the copies moved into the loaded runner (they were applied by
+    `generate` and the job's probes only), this died with SIGSEGV in 3 of 3 runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder, report = mbart_openvino_job
+    assert report["status"] == "ok", report.get("error")
+    library = str(Path(__file__).resolve().parent.parent / "library")
+    run = subprocess.run([sys.executable, "-c", DIRECT_CALLS_PROGRAM, str(folder), str(tiny_mbart)],
+                         capture_output=True, text=True, timeout=600, check=False,
+                         env={**os.environ, "PYTHONPATH": library})
+    assert run.returncode == 0 and "survived" in run.stdout, f"exit {run.returncode}\n{run.stderr[-3000:]}"
 
 
 def test_openvino_encoder_decoder_plans_default_to_stateless(tiny_mbart, mbart):

@@ -9,12 +9,41 @@ tensor and `len(tensor)` evaluates that tensor's first dim. When that dim is dyn
 batch, and ExecuTorch's memory plan gives an `arange(batch)` a static output, so any other batch fails at run time
 with `method->execute() failed with error 0x12` ("Attempted to resize a static tensor"). The fix hands the validator
 such a node's value as the one-element sequence of returns it expects, for the duration of that check only.
+
+The second fix is of cost, not of outcome. XNNPACK's preprocess runs its 17 graph passes on every delegated
+partition (a dynamic-shape decoder such as the bundled tiny Llama lowers to ~29 small partitions per program, because
+XNNPACK takes no view/slice/expand with more than one dynamic dim), and most of those passes end in a retrace of the
+whole partition through FakeTensor propagation (`ExportPass.call`) whether or not they changed anything: on tiny Llama
+no pass but the dim-order revert changes a graph, yet the retraces are a quarter of the `.pte` export's CPU time
+(benchmarks/executorch_retrace.py). A retrace only re-derives each node's value from the graph, and a graph the
+pass left node for node as it found it (same nodes, targets, arguments, value shapes and dtypes, and the same
+parameter shapes) already carries those values, so the fix skips exactly that retrace and keeps every other; it applies only to passes whose retrace is ExportPass's own (no
+`call_operator` or other hook overridden, so the retrace does no rewriting of its own), and only inside XNNPACK's
+pass manager.
+
+The third is of cost too. `to_edge` with XNNPACK's partitioner decomposes each program twice after functionalizing
+it: once keeping every op XNNPACK might take, then, once XNNPACK has said which nodes it takes (those are renamed
+out of the table's reach), again with the full table for the ones it refused. ExecuTorch itself skips a pass like
+that second one when no op of its table occurs in the graph, but only on its other path (partitioners without
+`check_op_support`), and its check counts size queries (`aten.sym_size.int`, in the table, in every dynamic-shape
+graph), so it never skips for a dynamic program. The fix skips the second decomposition when nothing but size
+queries of the table is left (a decomposition of a size query is the same size query), on the tiny Llama decode
+~4-7 s each.
+
+The fourth: two XNNPACK passes rewrite matches of fixed pattern graphs (bilinear upsampling, attention), which they
+build on first use by exporting and lowering small modules (~2-3 s each, once per process) and then match against
+every partition. A partition without an op that every one of those patterns contains (`upsample_bilinear2d`,
+`_softmax`) cannot match, so the pass is skipped there, and its patterns are never built when no partition has it.
+
+The cost fixes leave the programs byte for byte the same (tests/test_executorch_fixes.py,
+benchmarks/executorch_retrace.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 
 def _single_tensor_list_return(target) -> bool:
@@ -25,8 +54,194 @@ def _single_tensor_list_return(target) -> bool:
     return bool(returns) and len(returns) == 1 and returns[0].type == torch.ListType.ofTensors()
 
 
+_RETRACE_HOOKS = (
+    "ExportTracer", "ExportInterpreter", "_fx", "inputs", "on_attr", "placeholder", "output", "call_operator",
+    "call_size_operator", "call_size_operator_all", "call_sym", "call_cond", "call_while", "call_map", "call_scan",
+    "call_getitem", "call_submodule", "call_delegate",
+)
+
+
+@dataclass
+class RetraceCounts:
+    """What the cost fixes did in one `executorch_fixes()` block: XNNPACK pass retraces skipped and run, and
+    `to_edge`'s second decomposition passes skipped and run."""
+    skipped: int = 0
+    run: int = 0
+    decompositions_skipped: int = 0
+    decompositions_run: int = 0
+    pattern_passes_skipped: int = 0
+
+
+def _plain_retrace(pass_) -> bool:
+    """Whether `pass_` is an ExportPass whose retrace only re-propagates values (no hook of the retrace overridden)."""
+    from executorch.exir.pass_base import ExportPass
+
+    return isinstance(pass_, ExportPass) and all(
+        getattr(type(pass_), hook, None) is getattr(ExportPass, hook, None) for hook in _RETRACE_HOOKS)
+
+
+def _value_key(value) -> str:
+    """A node's value as the retrace derives it: dtype and (symbolic) shape of each tensor, without evaluating sizes."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{[str(size) for size in value.shape]}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_value_key(item) for item in value) + ")"
+    return str(value) if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) \
+        else type(value).__name__
+
+
+def _argument_key(argument) -> str:
+    import torch
+    from torch.fx.node import Node, map_aggregate
+
+    def key(item):
+        if isinstance(item, Node):
+            return f"%{item.name}"
+        if isinstance(item, torch.Tensor):
+            return f"<tensor {id(item)} {_value_key(item)}>"
+        return item
+
+    return repr(map_aggregate(argument, key))
+
+
+def _graph_key(graph_module, program) -> tuple:
+    """Everything a retrace of `graph_module` reads: its nodes, their values' shapes, the program's tensors' shapes."""
+    import torch
+
+    nodes = tuple(
+        (node.op, node.name, str(node.target), _argument_key(node.args), _argument_key(node.kwargs),
+         _value_key(node.meta.get("val")))
+        for node in graph_module.graph.nodes)
+    tensors = tuple(
+        (name, id(tensor), _value_key(tensor), tuple(tensor.stride()))
+        for name, tensor in (*program.state_dict.items(), *program.constants.items())
+        if isinstance(tensor, torch.Tensor))
+    return nodes, tensors
+
+
 @contextlib.contextmanager
-def executorch_fixes() -> Iterator[None]:
+def _unchanged_retraces_skipped(counts: RetraceCounts) -> Iterator[None]:
+    """Within the block, an XNNPACK pass's closing retrace of a graph the pass left as it found it is skipped."""
+    try:
+        from executorch.backends.xnnpack import _passes as xnnpack_passes
+        from executorch.exir.pass_base import _ExportPassBase
+        from torch.fx.passes.infra.pass_base import PassResult
+    except ImportError:
+        yield
+        return
+    original_transform, original_call = xnnpack_passes._transform, _ExportPassBase.call
+
+    def transform(program, *passes, **kwargs):
+        for pass_ in passes:
+            if _plain_retrace(pass_):
+                pass_._hfexport_entry = (program, _graph_key(program.graph_module, program))
+        return original_transform(program, *passes, **kwargs)
+
+    def call(self, graph_module):
+        entry = self.__dict__.pop("_hfexport_entry", None)  # one decision per pass run: its first retrace
+        if entry is not None:
+            program, key = entry
+            if _graph_key(graph_module, program) == key:
+                counts.skipped += 1
+                return PassResult(graph_module, True)
+            counts.run += 1
+        return original_call(self, graph_module)
+
+    xnnpack_passes._transform, _ExportPassBase.call = transform, call
+    try:
+        yield
+    finally:
+        xnnpack_passes._transform, _ExportPassBase.call = original_transform, original_call
+
+
+def _size_queries() -> frozenset:
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, aten.sym_storage_offset.default})
+
+
+@contextlib.contextmanager
+def _needless_second_decompositions_skipped(counts: RetraceCounts) -> Iterator[None]:
+    """Within the block, `to_edge`'s second decomposition pass is skipped when no op of its table is left."""
+    try:
+        from executorch.exir.graph_module import contains_any_call_fn_target_op
+        from executorch.exir.program import _program
+        from torch.export import ExportedProgram
+    except ImportError:
+        yield
+        return
+    original_replace, original_decompose = _program._replace_aten_ops_with_transformed_ops, \
+        ExportedProgram.run_decompositions
+
+    def replace(name, program, partitioner):
+        preserved = original_replace(name, program, partitioner)
+        program.__dict__["_hfexport_second_pass"] = True  # the next decomposition of this program is that pass
+        return preserved
+
+    def run_decompositions(self, decomp_table=None, *args, **kwargs):
+        if self.__dict__.pop("_hfexport_second_pass", False) and decomp_table is not None:
+            if not contains_any_call_fn_target_op(self.graph_module, set(decomp_table) - _size_queries()):
+                counts.decompositions_skipped += 1
+                return self
+            counts.decompositions_run += 1
+        return original_decompose(self, decomp_table, *args, **kwargs)
+
+    _program._replace_aten_ops_with_transformed_ops, ExportedProgram.run_decompositions = replace, run_decompositions
+    try:
+        yield
+    finally:
+        _program._replace_aten_ops_with_transformed_ops, ExportedProgram.run_decompositions = original_replace, \
+            original_decompose
+
+
+def _pattern_anchors() -> dict:
+    """XNNPACK passes that only rewrite matches of fixed pattern graphs, with an op every one of their patterns
+    contains (checked against the patterns themselves in tests/test_executorch_fixes.py)."""
+    import torch
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
+
+    return {ConvertToUpsampleBilinear2d: torch.ops.aten.upsample_bilinear2d.vec,
+            ConvertToSDPAPass: torch.ops.aten._softmax.default}
+
+
+@contextlib.contextmanager
+def _patternless_passes_skipped(counts: RetraceCounts) -> Iterator[None]:
+    """Within the block, an XNNPACK pattern pass on a partition without its patterns' anchor op does nothing (it
+    would find no match, then retrace an unchanged graph), so neither its patterns are built nor matched."""
+    try:
+        from executorch.exir.graph_module import contains_any_call_fn_target_op
+        from torch.fx.passes.infra.pass_base import PassResult
+
+        anchors = _pattern_anchors()
+    except (ImportError, AttributeError):
+        yield
+        return
+    originals = {cls: cls.call for cls in anchors}
+
+    def skipping(cls, original):
+        def call(self, graph_module):
+            if contains_any_call_fn_target_op(graph_module, {anchors[cls]}):
+                return original(self, graph_module)
+            self.__dict__.pop("_hfexport_entry", None)
+            counts.pattern_passes_skipped += 1
+            return PassResult(graph_module, False)
+        return call
+
+    for cls, original in originals.items():
+        cls.call = skipping(cls, original)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.call = original
+
+
+@contextlib.contextmanager
+def _split_validation_fixed() -> Iterator[None]:
     """Within the block, ExecuTorch's dtype validator no longer specializes a dynamic dim of a split's outputs."""
     try:
         from executorch.exir.verification.arg_validator import EdgeOpArgValidator
@@ -51,3 +266,12 @@ def executorch_fixes() -> Iterator[None]:
         yield
     finally:
         EdgeOpArgValidator.call_function = original
+
+
+@contextlib.contextmanager
+def executorch_fixes() -> Iterator[RetraceCounts]:
+    """Within the block, both fixes apply; yields the retrace fix's counts (for tests and benchmarks)."""
+    counts = RetraceCounts()
+    with _split_validation_fixed(), _unchanged_retraces_skipped(counts), \
+            _needless_second_decompositions_skipped(counts), _patternless_passes_skipped(counts):
+        yield counts

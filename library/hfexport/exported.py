@@ -26,6 +26,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
+from hfexport.openvino_fixes import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
 from hfexport.runtime import (
     PRECISION_FORMATS,
@@ -77,18 +78,22 @@ class ExportedModel(_EngineExportedModel):
 
     def to(self, device=None, **runner_kwargs) -> ExportedModel:
         """The engine's `to`: each component on its backend's runtime. An ONNX component that has not been parsed
-        (`OnnxFileComponent`) reaches the runner as its file, which ONNX Runtime opens: no onnx_ir parse to run it."""
+        (`OnnxFileComponent`) reaches the runner as its file, which ONNX Runtime opens: no onnx_ir parse to run it.
+        An OpenVINO program that returns one of its inputs gets a runner that always copies its inputs
+        (`hfexport.openvino_fixes`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
+        2026.4.1 writing through a freed input."""
         unparsed = {name: component for name, component in self.components.items()
                     if isinstance(component, OnnxFileComponent) and not component.parsed}
-        if not unparsed:
-            return super().to(device, **runner_kwargs)
         components = self.components
-        self.components = {**components, **{name: ExportedComponent(_OnnxFile(component.path), component.metadata)
-                                            for name, component in unparsed.items()}}
+        if unparsed:
+            self.components = {**components, **{name: ExportedComponent(_OnnxFile(component.path), component.metadata)
+                                                for name, component in unparsed.items()}}
         try:
-            return super().to(device, **runner_kwargs)
+            super().to(device, **runner_kwargs)
         finally:
             self.components = components
+        copy_returned_inputs(self.runners)
+        return self
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,
                  stopping_criteria=None, streamer=None, generator=None, seed=None, tokenizer=None, **kwargs):

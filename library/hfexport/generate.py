@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,7 +377,7 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
                           for name, value in encoder_kwargs.items()}
         attention_mask = encoder_kwargs.get("attention_mask")
         batch *= config.num_return_sequences
-    encoder_outputs = run_component(exported.runners[ENCODER], encoder_kwargs)
+    encoder_outputs = exported.runners[ENCODER](**encoder_kwargs)
     if decoder_input_ids is None:
         decoder_input_ids = torch.tensor([decoder_prompt(exported, config)] * batch, dtype=torch.long)
     decoder_input_ids = torch.as_tensor(decoder_input_ids, dtype=torch.long)
@@ -504,8 +503,8 @@ TOKEN_CHOICE_THREADS: int | None = 1
 
 @contextlib.contextmanager
 def _token_choice_threads():
-    """Torch at `TOKEN_CHOICE_THREADS` threads for the block, then back (only the token choice: a `.pt2` graph runs
-    in torch between these blocks, at torch's own setting)."""
+    """Torch at `TOKEN_CHOICE_THREADS` threads for the block, then back, also on an exception (inside another such
+    block: nothing to switch)."""
     before = torch.get_num_threads()
     change = TOKEN_CHOICE_THREADS is not None and TOKEN_CHOICE_THREADS != before
     if change:
@@ -538,28 +537,37 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
 
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
-    while True:
-        with _token_choice_threads():
-            scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
-            if config.do_sample:
-                probs = torch.nn.functional.softmax(scores, dim=-1)
-                # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
-                next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
-                next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
-            else:
-                next_tokens = torch.argmax(scores, dim=-1)
-            if pads:
-                next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad))
-            sequences = torch.cat([sequences, next_tokens[:, None]], dim=-1)
-            unfinished &= ~criteria(sequences, None)
-        if streamer is not None:
-            streamer.put(next_tokens[:real].cpu())
-        if not bool(unfinished[:real].any()):
-            break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
-        positions = positions[:, -1:] + 1
-        logits = session.step(DECODE, next_tokens[:, None], attention_mask, positions)
+    # The token choice at `TOKEN_CHOICE_THREADS`: set once for the whole loop where the graphs run in a runtime of
+    # their own (ONNX Runtime, OpenVINO, ExecuTorch); a `.pt2`'s graphs run in torch, at torch's own setting, so
+    # there it is set around each step's token choice only.
+    with contextlib.nullcontext() if _runs_in_torch(exported) else _token_choice_threads():
+        while True:
+            with _token_choice_threads():  # a `.pt2`'s per-step switch (else already set: nothing to do)
+                scores = processors(sequences, logits[:, -1, :].to(dtype=torch.float32, copy=True))
+                if config.do_sample:
+                    probs = torch.nn.functional.softmax(scores, dim=-1)
+                    # Only the real rows draw (chunk filler repeats the last one), so the draws are model.generate's.
+                    next_tokens = torch.multinomial(probs[:real], num_samples=1, generator=generator).squeeze(1)
+                    next_tokens = torch.cat([next_tokens, next_tokens[-1:].expand(batch - real)])
+                else:
+                    next_tokens = torch.argmax(scores, dim=-1)
+                if pads:
+                    next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad))
+                sequences = torch.cat([sequences, next_tokens[:, None]], dim=-1)
+                unfinished &= ~criteria(sequences, None)
+            if streamer is not None:
+                streamer.put(next_tokens[:real].cpu())
+            if not bool(unfinished[:real].any()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
+            positions = positions[:, -1:] + 1
+            logits = session.step(DECODE, next_tokens[:, None], attention_mask, positions)
     return sequences
+
+
+def _runs_in_torch(exported) -> bool:
+    """Whether the export's graphs run in torch (a dynamo `.pt2`) rather than in a runtime of their own."""
+    return str(exported.export_format) == "dynamo"
 
 
 def verify_generation(exported, model, inputs: dict, max_new_tokens: int) -> dict:
@@ -723,36 +731,6 @@ def _seq2seq_layout(exported, runners) -> _Layout:
                    seq2seq=True)
 
 
-def run_component(runner, kwargs: dict):
-    """Call one component's runner on `kwargs`; an OpenVINO program that returns one of its inputs gets copies.
-
-    OpenVINO 2026.4.1 (CPU plugin): when an output is one of the inputs (a seq2seq prefill's and decode's
-    `encoder_last_hidden_state`, a stateless decode's cross-attention cache, whose no-op `ConvertLike` the plugin
-    drops), an input shared with the request (the engine runner's default `share_inputs=True`) stays bound to that
-    output after `infer` returns; once the caller frees it, the next `infer` at another shape writes through the
-    freed buffer (glibc: "corrupted double-linked list", or SIGSEGV). `share_inputs=False` copies the inputs into
-    the request's own tensors, which live as long as the request (tests/test_generate_seq2seq.py).
-    """
-    if _returns_an_input(runner):
-        return runner(share_inputs=False, **kwargs)
-    return runner(**kwargs)
-
-
-_RETURNS_AN_INPUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> bool, read once per runner
-
-
-def _returns_an_input(runner) -> bool:
-    """Whether an OpenVINO runner's compiled program has an output fed straight by an input: in the plugin's runtime
-    model, that output's `Result` follows a `Parameter`."""
-    compiled = getattr(runner, "compiled_model", None)
-    if compiled is None or not hasattr(compiled, "get_runtime_model"):
-        return False
-    if runner not in _RETURNS_AN_INPUT:
-        _RETURNS_AN_INPUT[runner] = any(result.input_value(0).get_node().get_type_name() == "Parameter"
-                                        for result in compiled.get_runtime_model().get_results())
-    return _RETURNS_AN_INPUT[runner]
-
-
 def _is_stateful(runner) -> bool:
     """An OpenVINO program whose cache became internal state (`OpenVINOConfig.stateful`): its infer request holds
     variables. (A prefill traced on an empty cache has no cache inputs either, but no state.)"""
@@ -842,7 +820,7 @@ class _Session:
             self._hand_state_to(name, runner)
             self.filled += input_ids.shape[1]
             return _stateful_logits(runner, kwargs).cpu()
-        outputs = run_component(runner, kwargs)
+        outputs = runner(**kwargs)
         self.filled += input_ids.shape[1]
         if self.layout.cache_kwarg in traced or name == PREFILL:
             # The cache the next step reads (a prefill traced without a cache input still returns the first one).

@@ -569,9 +569,9 @@ MODELS: dict[str, TinyModel] = {
                   "prefill and decode return an input unchanged (`encoder_last_hidden_state`, the cross-attention "
                   "cache), and OpenVINO 2026.4.1 keeps such an output bound to a shared input after `infer`: the "
                   "next call at another shape wrote through the freed buffer (heap corruption, exit -11), so "
-                  "hfexport feeds those programs copies (`hfexport.generate.run_component`); and the decode is "
-                  "exported stateless, since transformers 5.23's stateful transformation pins the cross-attention "
-                  "state to the sample's encoder length."),
+                  "hfexport's loaded runners of those programs always copy their inputs "
+                  "(`hfexport.openvino_fixes`); and the decode is exported stateless, since transformers 5.23's "
+                  "stateful transformation pins the cross-attention state to the sample's encoder length."),
         TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES, build_t5,
                   "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md). OpenVINO "
                   "pinned to f32 (`runtime.precision`): the logits reach ±300 (`initializer_factor` 4, untied head), "
