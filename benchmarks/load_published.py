@@ -9,9 +9,9 @@ gives): `onnx/model.onnx` + `onnx/model.onnx_data`, `onnx/config.json`, hfexport
 warm Hub cache (one warm-up run each downloads the files) and online, as a user who loaded it before:
 
 - hfexport: `from hfexport import load` (hfexport's names resolve lazily: this is the statement that imports the
-  loader's modules); `load(repo, target="onnx")` (the card's snippet: the repo's file list
-  names the target's folder, `export.json` is downloaded and schema-checked, every file checked, ONNX Runtime opens
-  the checked file); one forward.
+  loader's modules); `load(repo, target="onnx")` (the card's snippet: `model_info` gives the
+  commit and file list that name the target's folder, `export.json` is downloaded and schema-checked, every file
+  checked, ONNX Runtime opens the checked file); one forward.
 - hfexport-subfolder: `hfexport.ExportedModel.from_pretrained(repo, subfolder="onnx")`, the same checks without the
   target lookup.
 - two diagnostics, not the target: hfexport-runtime-imported, the `hfexport` row with onnxruntime and onnx imported
