@@ -220,6 +220,32 @@ def test_hub_target_loads_when_clean_and_missing_targets_are_named(hub, exported
         hfexport.load(repo, target="../onnx")
 
 
+def test_a_warm_load_of_a_publication_asks_the_hub_once(hub, exported_bert, tiny_bert, tmp_path):
+    """A published target (`onnx/`, weights in `model.onnx_data`) loaded again with a warm cache makes two requests:
+    `model_info` of the branch, whose commit and file list name the target's folder (its recipe copy is read at that
+    commit from the cache), and the manifest's at the branch, whose commit pins the rest; the optional files the
+    target lacks (`model.onnx.data`, `generation_config.json`) are known absent from the 404s huggingface_hub noted
+    for that commit. By folder, only the manifest's."""
+    import hfexport
+    from hfexport.publication.publish import publish
+
+    output, _ = exported_bert
+    repo = f"user/warm-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, tiny_bert)
+    publish(output, repo, mode="commit", targets=["onnx"], token=hub.write_token)
+    cache = tmp_path / "cache"
+    first = hfexport.load(repo, target="onnx", cache_dir=cache)
+    hub.requests.clear()
+    again = hfexport.load(repo, target="onnx", cache_dir=cache)
+    assert [(method, path) for method, path, _ in hub.requests] == [
+        ("GET", f"/api/models/{repo}/revision/main"), ("HEAD", f"/{repo}/resolve/main/onnx/export.json")]
+    assert again(**_inputs()).last_hidden_state.equal(first(**_inputs()).last_hidden_state)
+    hub.requests.clear()
+    by_folder = hfexport.ExportedModel.from_pretrained(repo, subfolder="onnx", cache_dir=cache)
+    assert [(method, path) for method, path, _ in hub.requests] == [("HEAD", f"/{repo}/resolve/main/onnx/export.json")]
+    assert by_folder.config.to_dict() == first.config.to_dict()
+
+
 def test_hfexport_onnx_loader_matches_the_engines(onnx_export, hub):
     """hfexport builds ONNX exports itself (no exporter import): same components, metadata, config and outputs."""
     import hfexport

@@ -4,8 +4,10 @@ generation over prefill/decode graphs). Everything the engine's class does works
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
+import re
 from pathlib import Path
 
 from transformers.exporters import ExportedComponent
@@ -56,6 +58,23 @@ class ExportedModel(_EngineExportedModel):
             exported.components, exported.export_format, config=exported.config,
             generation_config=exported.generation_config,
         )
+
+    @property
+    def config(self):
+        """The model's config. A loaded export reads its `config.json` (checked as strict JSON at load) into the
+        config object on first use: running the graphs does not need it, and building it imports and documents the
+        model's config class (transformers 5.23: 20-40 ms of a ~0.3 s load, benchmarks/load_published.py). A
+        config.json transformers cannot read raises `CorruptExportError` here, naming the file."""
+        pending = self.__dict__.get("_pending_config")
+        if pending is not None:  # a failure leaves it pending: the next read raises again
+            self.__dict__["_config"] = pending()
+            del self.__dict__["_pending_config"]
+        return self.__dict__.get("_config")
+
+    @config.setter
+    def config(self, value) -> None:
+        self.__dict__.pop("_pending_config", None)
+        self.__dict__["_config"] = value
 
     def to(self, device=None, **runner_kwargs) -> ExportedModel:
         """The engine's `to`: each component on its backend's runtime. An ONNX component that has not been parsed
@@ -180,7 +199,8 @@ class ExportedModel(_EngineExportedModel):
         each exporter's `load_program`, the runner through `.to()`), from the checked files only. An ONNX graph is
         opened by ONNX Runtime from its checked file and parsed into onnx_ir only when `.program` is read
         (`OnnxFileComponent`), never through `OnnxExporter.load_program`: importing the ONNX *exporter* makes
-        onnxscript compile its torch_lib, ~5 s per process (transformers 5.23).
+        onnxscript compile its torch_lib, ~5 s per process (transformers 5.23). `config.json` is checked at load and
+        read into `.config` on first use (see `config`).
         """
         revision = revision or "main"
         path = Path(str(pretrained_model_name_or_path))
@@ -217,7 +237,7 @@ class ExportedModel(_EngineExportedModel):
                       allow_unsafe_pt2: bool = False, prefix: str = "", **runner_kwargs) -> ExportedModel:
         """An export from its checked manifest: every program file checked for its format, then read by its backend,
         with the configs beside it; a backend's failure on a checked file becomes a `CorruptExportError`."""
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import GenerationConfig
         from transformers.exporters import (
             ExportFormat,
             ExportMetadata,
@@ -244,20 +264,21 @@ class ExportedModel(_EngineExportedModel):
             with _backend_errors(label, export_format):
                 program = _read_program(export_format, paths[name], fetch, entry, allow_unsafe_pt2)
             components[name] = ExportedComponent(program, metadata)
-        config = generation_config = None
+        generation_config = None
         config_name, generation_name = prefix + "config.json", prefix + "generation_config.json"
         config_file, generation_file = fetch(config_name, False), fetch(generation_name, False)
-        with _backend_errors(f"{source}/{config_name}", "transformers"):
-            if config_file is not None:
-                read_json(config_file, f"{source}/{config_name}")
-                config = AutoConfig.from_pretrained(config_file.parent if not prefix else config_file,
-                                                    trust_remote_code=trust_remote_code)
+        if config_file is not None:  # strict JSON of bounded size now; the config object on first use (`config`)
+            read_json(config_file, f"{source}/{config_name}")
         with _backend_errors(f"{source}/{generation_name}", "transformers"):
             if generation_file is not None:
                 read_json(generation_file, f"{source}/{generation_name}")
                 generation_config = GenerationConfig.from_pretrained(generation_file.parent,
                                                                      config_file_name=generation_file.name)
-        model = cls(components, ExportFormat(export_format), config=config, generation_config=generation_config)
+        model = cls(components, ExportFormat(export_format), generation_config=generation_config)
+        if config_file is not None:
+            model.__dict__["_pending_config"] = functools.partial(
+                _read_config, config_file.parent if not prefix else config_file, f"{source}/{config_name}",
+                trust_remote_code)
         with _backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format):
             return model.to(device, **runner_kwargs)
 
@@ -332,6 +353,14 @@ def _backend_errors(label: str, export_format: str):
         backend = _BACKENDS.get(export_format, export_format)
         raise CorruptExportError(f"{label}: {backend} cannot load it: {type(error).__name__}: "
                                  f"{first_line(error, 300)}") from None
+
+
+def _read_config(path: Path, label: str, trust_remote_code: bool):
+    """A loaded export's config, read from its checked `config.json` (or a variant's `<stem>.config.json`)."""
+    from transformers import AutoConfig
+
+    with _backend_errors(label, "transformers"):
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
@@ -422,6 +451,9 @@ def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, 
 
     def fetch(name: str, required: bool) -> Path | None:
         check_file_name(name, source)
+        if not required and not force_download and _known_absent(repo_id, _join(subfolder, name), revision,
+                                                                   cache_dir):
+            return None
         try:
             file = Path(hf_hub_download(repo_id, name, subfolder=subfolder or None, revision=revision, token=token,
                                         cache_dir=cache_dir, force_download=force_download,
@@ -436,6 +468,17 @@ def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, 
         return _checked_cached(file, name, subfolder, source)
 
     return fetch
+
+
+def _known_absent(repo_id: str, path: str, revision: str, cache_dir) -> bool:
+    """Whether the Hub cache records `path` as absent at commit `revision`: huggingface_hub notes each 404 it got for
+    a file at a commit (`.no_exist/<commit>/`), and a commit never changes, so an optional file (`model.onnx.data`
+    of a publication, which names it `model.onnx_data`; `generation_config.json` of a forward export) is not asked
+    for again on every load. Only at a full commit id: a branch may gain the file."""
+    from huggingface_hub import _CACHED_NO_EXIST, try_to_load_from_cache
+
+    return bool(re.fullmatch(r"[0-9a-f]{40}", revision)) and \
+        try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=revision) is _CACHED_NO_EXIST
 
 
 def _checked_cached(file: Path, name: str, subfolder: str, source: str) -> Path:
@@ -514,22 +557,26 @@ def _read_small(path: Path) -> str | None:
 def _hub_target_folder(repo_id: str, subfolder: str, target: str, revision: str, token, cache_dir,
                        local_files_only: bool) -> tuple[str, str]:
     """Where target `target` is published in `repo_id` at `revision`, as (folder, prefix of its hfexport files; see
-    `_local_target_folder`): the repo's file list, and the small recipe copy of each published place, name it."""
+    `_local_target_folder`): one `model_info` request gives the branch's commit and its file list, and the small
+    recipe copy of each published place, read at that commit (from the cache, once downloaded: no request), names
+    it."""
     from huggingface_hub import HfApi, hf_hub_download
 
 
     if local_files_only:  # no listing without the Hub: the folder a target of that name would have by default
         return _join(subfolder, legacy_folder(target)), ""
     try:
-        files = HfApi().list_repo_files(repo_id, revision=revision, token=token)
+        info = HfApi().model_info(repo_id, revision=revision, token=token)
     except Exception:  # noqa: BLE001 - the manifest download below says what is wrong, in its words
         return _join(subfolder, legacy_folder(target)), ""
+    commit = info.sha or revision
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
-    paths = {path[len(prefix):] for path in files if path.startswith(prefix)}
+    paths = {sibling.rfilename[len(prefix):] for sibling in info.siblings or ()
+             if sibling.rfilename.startswith(prefix)}
 
     def read(name: str) -> str | None:
         try:
-            return Path(hf_hub_download(repo_id, prefix + name, revision=revision, token=token,
+            return Path(hf_hub_download(repo_id, prefix + name, revision=commit, token=token,
                                         cache_dir=cache_dir)).read_text(encoding="utf-8")
         except Exception:  # noqa: BLE001 - an unreadable copy names no target
             return None
