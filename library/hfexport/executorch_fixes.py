@@ -63,8 +63,8 @@ _RETRACE_HOOKS = (
 
 @dataclass
 class RetraceCounts:
-    """What the cost fixes did in one `executorch_fixes()` block: XNNPACK pass retraces skipped and run, and
-    `to_edge`'s second decomposition passes skipped and run."""
+    """What the cost fixes did in one `executorch_fixes()` block: XNNPACK pass retraces skipped and run, `to_edge`'s
+    second decomposition passes skipped and run, and XNNPACK pattern-pass runs skipped."""
     skipped: int = 0
     run: int = 0
     decompositions_skipped: int = 0
@@ -81,11 +81,12 @@ def _plain_retrace(pass_) -> bool:
 
 
 def _value_key(value) -> str:
-    """A node's value as the retrace derives it: dtype and (symbolic) shape of each tensor, without evaluating sizes."""
+    """A node's value as the retrace derives it: dtype, (symbolic) shape and strides of each tensor, as text (no size
+    is evaluated, so no guard is added)."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return f"{value.dtype}{[str(size) for size in value.shape]}"
+        return f"{value.dtype}{[str(size) for size in value.shape]}{[str(step) for step in value.stride()]}"
     if isinstance(value, (list, tuple)):
         return "(" + ",".join(_value_key(item) for item in value) + ")"
     return str(value) if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) \
@@ -115,7 +116,7 @@ def _graph_key(graph_module, program) -> tuple:
          _value_key(node.meta.get("val")))
         for node in graph_module.graph.nodes)
     tensors = tuple(
-        (name, id(tensor), _value_key(tensor), tuple(tensor.stride()))
+        (name, id(tensor), _value_key(tensor))
         for name, tensor in (*program.state_dict.items(), *program.constants.items())
         if isinstance(tensor, torch.Tensor))
     return nodes, tensors
