@@ -353,6 +353,11 @@ def test_generate_defaults_and_errors(exported_llama, batch1):
         _load(output / "pt2").generate(batch1["input_ids"], max_new_tokens=2)
     with pytest.raises(GenerationError, match="attention_mask has shape"):
         exported.generate(batch1["input_ids"], torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)
+    # tiny-llama's vocabulary is 384 ids: a prompt id past it (or negative) is named, before ONNX Runtime's Gather
+    with pytest.raises(GenerationError, match=r"token id 384, outside the model's vocabulary \(0\.\.383\)"):
+        exported.generate(torch.tensor([[5, 384, 7]]), max_new_tokens=2)
+    with pytest.raises(GenerationError, match="token id -1"):
+        exported.generate(torch.tensor([[5, -1, 7]]), max_new_tokens=2)
 
 
 def test_static_cache_openvino_targets_export_stateless(tiny_llama, model, tokenizer):

@@ -269,6 +269,7 @@ def generate(
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
+    _check_token_ids(exported, input_ids)
     inputs_embeds = _image_text_embeds(exported, input_ids, images) if layout.multimodal else None
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -355,6 +356,7 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
         input_ids = torch.as_tensor(input_ids, dtype=torch.long)
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
+        _check_token_ids(exported, input_ids)
         encoder_kwargs["input_ids"] = input_ids
         batch = input_ids.shape[0]
     if attention_mask is not None:
@@ -472,6 +474,20 @@ def decoder_prompt(exported, config) -> list[int]:
         if position == len(tokens) and token is not None:
             tokens.append(int(token))
     return tokens
+
+
+def _check_token_ids(exported, input_ids: torch.Tensor) -> None:
+    """Refuse prompt ids outside the vocabulary before a graph runs: the runtimes' embedding lookups report them as
+    their own index errors (ONNX Runtime: "indices element out of data bounds"), or not at all."""
+    config = getattr(exported, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab_size = getattr(text_config, "vocab_size", None)
+    if not input_ids.numel() or not isinstance(vocab_size, int):
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise GenerationError(f"input_ids holds token id {bad}, outside the model's vocabulary (0..{vocab_size - 1})")
 
 
 def _max_length(config, prompt_len: int, exported) -> int:
