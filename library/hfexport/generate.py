@@ -269,7 +269,8 @@ def generate(
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
-    _check_token_ids(exported, input_ids)
+    if not layout.multimodal:  # a vision-language prompt's image placeholder id may lie past the text vocabulary
+        _check_token_ids(exported, input_ids)
     inputs_embeds = _image_text_embeds(exported, input_ids, images) if layout.multimodal else None
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
