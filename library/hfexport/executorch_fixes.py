@@ -54,6 +54,19 @@ def _single_tensor_list_return(target) -> bool:
     return bool(returns) and len(returns) == 1 and returns[0].type == torch.ListType.ofTensors()
 
 
+@contextlib.contextmanager
+def _replaced(*replacements) -> Iterator[None]:
+    """Within the block, each `(owner, attribute, value)` is set; on leaving, every attribute gets its original back."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replacements]
+    for owner, name, value in replacements:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
 _RETRACE_HOOKS = (
     "ExportTracer", "ExportInterpreter", "_fx", "inputs", "on_attr", "placeholder", "output", "call_operator",
     "call_size_operator", "call_size_operator_all", "call_sym", "call_cond", "call_while", "call_map", "call_scan",
@@ -150,11 +163,8 @@ def _unchanged_retraces_skipped(counts: RetraceCounts) -> Iterator[None]:
             counts.run += 1
         return original_call(self, graph_module)
 
-    xnnpack_passes._transform, _ExportPassBase.call = transform, call
-    try:
+    with _replaced((xnnpack_passes, "_transform", transform), (_ExportPassBase, "call", call)):
         yield
-    finally:
-        xnnpack_passes._transform, _ExportPassBase.call = original_transform, original_call
 
 
 def _size_queries() -> frozenset:
@@ -190,12 +200,9 @@ def _needless_second_decompositions_skipped(counts: RetraceCounts) -> Iterator[N
             counts.decompositions_run += 1
         return original_decompose(self, decomp_table, *args, **kwargs)
 
-    _program._replace_aten_ops_with_transformed_ops, ExportedProgram.run_decompositions = replace, run_decompositions
-    try:
+    with _replaced((_program, "_replace_aten_ops_with_transformed_ops", replace),
+                   (ExportedProgram, "run_decompositions", run_decompositions)):
         yield
-    finally:
-        _program._replace_aten_ops_with_transformed_ops, ExportedProgram.run_decompositions = original_replace, \
-            original_decompose
 
 
 def _pattern_anchors() -> dict:
@@ -221,8 +228,6 @@ def _patternless_passes_skipped(counts: RetraceCounts) -> Iterator[None]:
     except (ImportError, AttributeError):
         yield
         return
-    originals = {cls: cls.call for cls in anchors}
-
     def skipping(cls, original):
         def call(self, graph_module):
             if contains_any_call_fn_target_op(graph_module, {anchors[cls]}):
@@ -232,13 +237,8 @@ def _patternless_passes_skipped(counts: RetraceCounts) -> Iterator[None]:
             return PassResult(graph_module, False)
         return call
 
-    for cls, original in originals.items():
-        cls.call = skipping(cls, original)
-    try:
+    with _replaced(*((cls, "call", skipping(cls, cls.call)) for cls in anchors)):
         yield
-    finally:
-        for cls, original in originals.items():
-            cls.call = original
 
 
 @contextlib.contextmanager
@@ -262,11 +262,8 @@ def _split_validation_fixed() -> Iterator[None]:
         finally:
             node.meta["val"] = value
 
-    EdgeOpArgValidator.call_function = call_function
-    try:
+    with _replaced((EdgeOpArgValidator, "call_function", call_function)):
         yield
-    finally:
-        EdgeOpArgValidator.call_function = original
 
 
 @contextlib.contextmanager
