@@ -68,9 +68,9 @@ EXTRA_PHASES = [
 ]
 
 
-def run_round(work: Path, index: int) -> dict:
+def run_round(work: Path, index: int, names: list[str]) -> dict:
     output, result_file = work / f"out-{index}", work / f"phases-{index}.json"
-    targets = [arg for name in TARGETS for arg in ("--target", name)] or ["--all-targets"]
+    targets = [arg for name in names for arg in ("--target", name)] or ["--all-targets"]
     model, recipe = MODEL, RECIPE
     if MODEL == "smollm2":
         sys.path.insert(0, str(ROOT / "library"))
@@ -131,11 +131,9 @@ def versions() -> dict:
 
 def separate() -> dict:
     """Each target in its own fresh process: the export phases of the ExecuTorch target next to ONNX's."""
-    global TARGETS
     names, runs = TARGETS or ["pte-generation", "onnx-generation", "openvino-generation"], {}
     for name in names:
-        TARGETS = [name]
-        runs[name] = main()
+        runs[name] = main([name])
         print(f"{name}: {runs[name]['median_wall_s']} s wall", file=sys.stderr)
     details = {name: run["rounds_detail"][0] for name, run in runs.items()}
     phases = {name: {phase: row["cpu_s"] for phase, row in detail["phases"].items()
@@ -161,17 +159,18 @@ def separate() -> dict:
     return result
 
 
-def main() -> dict:
+def main(names: list[str] | None = None) -> dict:
+    names = TARGETS if names is None else names
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hfexport-demo-") as work:
         for index in range(ROUNDS):
-            rounds.append(run_round(Path(work), index))
+            rounds.append(run_round(Path(work), index, names))
             last = rounds[-1]
             print(f"round {index}: {last['wall_s']} s wall, {last['cpu_s']} s CPU, load {last['load_avg_1m_before']}"
                   f" -> {last['load_avg_1m_after']}", file=sys.stderr)
     return {
         "benchmark": "make demo: hfexport export examples/tiny-llama --all-targets, by phase and target" if MODEL.endswith("tiny-llama") else f"hfexport export {MODEL} by phase",
-        "targets": TARGETS or "all",
+        "targets": names or "all",
         "machine": machine(), "versions": versions(), "rounds": ROUNDS,
         "median_wall_s": statistics.median(r["wall_s"] for r in rounds),
         "median_cpu_s": statistics.median(r["cpu_s"] for r in rounds),
