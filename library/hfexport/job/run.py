@@ -235,13 +235,11 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
     if options.workers != "auto":
         workers_number(options.workers)  # a wrong value is refused before anything runs
     if to_export and options.model_object is None and (options.preflight or in_processes):
-        with StepTimer(progress, "preflight", detail=str(model)) as timer:
+        with StepTimer(progress, "preflight", detail=str(model)):
             targets = {name: recipe.target(name) for name in to_export}
             weights = _weights_or_none(model, revision_to_load, options.token)
             if in_processes:
                 groups = export_groups(targets, options.workers, weights and weights[0], available_memory())
-                if len(groups) > 1:
-                    timer.detail = f"{model}: {len(groups)} export processes ({'; '.join(map(', '.join, groups))})"
             if options.preflight:
                 check(model, list(targets.values()), output, revision_to_load, options.token,
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
@@ -257,11 +255,11 @@ def _weights_or_none(model, revision: str | None, token: str | None) -> tuple[in
         return None
 
 
-def _load(job: _Job) -> None:
+def _load(job: _Job, detail: str | None = None) -> None:
     """Load the model (unless the caller gave one) and its processor, once for every target."""
     import_engine()  # its import-time chatter (torchao, torch's pytree warnings) goes to logging
     options = job.options
-    with StepTimer(job.progress, "load_model", detail=str(job.model)) as timer, engine_output("load_model"):
+    with StepTimer(job.progress, "load_model", detail=detail or str(job.model)) as timer, engine_output("load_model"):
         if job.model_object is None:
             job.model_object = load_model(job.model, job.recipe, job.revision_to_load, options.token,
                                           options.trust_remote_code)
@@ -356,7 +354,8 @@ def _export_in_processes(job: _Job) -> None:
     job.progress = serialized(job.progress)
     own, *others = job.groups
     with export_workers(_worker_request(job), others, job.progress, job.output) as workers:
-        _load(job)
+        shares = "; ".join(", ".join(group) for group in others)
+        _load(job, f"{job.model}; {len(others)} more process{'es' if len(others) > 1 else ''} export {shares}")
         with share_cores(len(job.groups)):
             for name in own:
                 _export_target(job, name)
