@@ -168,3 +168,52 @@ def test_ctrl_c_stops_the_workers_and_leaves_nothing_half_written(tiny_bert, tmp
     assert _worker_pids() == []
     assert not (output / "pt2").exists() and _leftovers(output) == []
     assert not (output / "export_report.json").exists()
+
+
+JOB_SCRIPT = """
+import os, sys, threading
+from hfexport.job.run import run_job
+
+out = os.fdopen(os.dup(1), "w")  # the job sends fds 1 and 2 to its engine log while it exports
+
+def progress(step):
+    if step.step == "export" and step.status == "start" and threading.current_thread() is not threading.main_thread():
+        print("worker exporting", file=out, flush=True)
+
+run_job(sys.argv[1], sys.argv[2], targets=["pte", "pt2"], workers=2, progress=progress, latency=False)
+"""
+
+
+def test_a_job_process_that_dies_takes_its_workers_with_it(tiny_bert, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    output = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "library")}
+    job = subprocess.Popen([sys.executable, "-c", JOB_SCRIPT, str(tiny_bert), str(output)], stdout=subprocess.PIPE,
+                           text=True, env=env)
+    try:
+        assert job.stdout.readline().strip() == "worker exporting"
+        workers = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()
+                   and f"PPid:\t{job.pid}\n" in _read(entry / "status")
+                   and WORKER_MODULE.encode() in (entry / "cmdline").read_bytes()]
+        assert len(workers) == 1
+        job.kill()  # as the kernel's OOM killer would: no handler runs
+        job.wait()
+        # tiny-bert's pte export takes over 30 s: a worker left alone would only notice at its next event, after it
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{workers[0]}").exists() and "State:\tZ" not in _read(Path(f"/proc/{workers[0]}/status")):
+            assert time.monotonic() < deadline, "the worker outlived its job process"
+            time.sleep(0.2)
+        assert not (output / "pte").exists()  # it stopped before finishing: no target folder
+    finally:
+        if job.poll() is None:
+            job.kill()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

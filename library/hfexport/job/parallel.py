@@ -10,7 +10,8 @@ save into the same OUTPUT, verify) for its share. Each target folder is written 
 folders removed. Latency is timed afterwards in the job's process, once no export competes for the cores.
 
 Protocol, one JSON object per line (as `surfaces.worker`'s): the job's process writes one request on the worker's
-stdin (the token travels there, never in argv or the environment); the worker answers on its original stdout (the
+stdin (the token travels there, never in argv or the environment) and keeps stdin open while it runs (the worker
+exits when stdin closes: a job process that dies takes its workers with it); the worker answers on its original stdout (the
 engine's prints go to stderr) with `{"type": "step", "step": {...}}` events, `{"type": "target", "name": ...,
 "report": {...}}` as each of its targets ends, then `{"type": "done", "peak_rss_mb": ...}` or
 `{"type": "failed", "error": "..."}`.
@@ -151,7 +152,9 @@ class TargetWorker:
                                         stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
         with contextlib.suppress(BrokenPipeError, OSError):  # a worker that died at once is reported by wait()
             self.process.stdin.write(json.dumps({**request, "targets": self.names}) + "\n")
-            self.process.stdin.close()
+            self.process.stdin.flush()
+        # stdin stays open while the job runs: the worker stops when it closes, so a job process that dies (killed,
+        # out of memory) takes its workers with it instead of leaving them exporting into OUTPUT.
         self.reader = threading.Thread(target=self._read, daemon=True, name=f"hfexport-export-{self.process.pid}")
         self.reader.start()
 
@@ -176,6 +179,8 @@ class TargetWorker:
         """Until the worker has exited and its last event is read."""
         code = self.process.wait()
         self.reader.join()
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
         if not self.finished and self.error is None:
             signal = f" (killed by signal {-code}{': out of memory?' if code == -9 else ''})" if code < 0 else ""
             self.error = f"the export worker process exited with code {code}{signal} before finishing its targets"

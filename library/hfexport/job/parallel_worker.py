@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import warnings
 from dataclasses import asdict
 
@@ -25,6 +26,15 @@ def _apply_logging(settings: dict) -> None:
             warnings.filterwarnings("ignore")
 
 
+def _exit_when_the_job_is_gone() -> None:
+    """The job's process holds our stdin open until it has our results: end of input means it died (or stopped
+    us), so stop now rather than go on exporting for nobody (a target being saved is left as a staging folder,
+    `.<target>.partial-*`, never as a half-written target folder)."""
+    for _ in sys.stdin:
+        pass
+    os._exit(3)
+
+
 def main() -> int:
     """Read one request on stdin, export its targets, answer on the original stdout (`hfexport.job.parallel`)."""
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
@@ -35,6 +45,7 @@ def main() -> int:
         protocol.flush()
 
     request = json.loads(sys.stdin.readline())
+    threading.Thread(target=_exit_when_the_job_is_gone, daemon=True, name="hfexport-job-watch").start()
     _apply_logging(request.pop("logging", {}))
     try:
         with one_shot_collection(lambda step: send({"type": "step", "step": asdict(step)})) as on_step:
