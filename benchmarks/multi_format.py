@@ -4,7 +4,9 @@ all-MiniLM-L6-v2 (issue 16; target: hfexport <= 0.6x the sum of the three peers'
 Four commands, each a fresh process, alternated round by round (the order rotates) so that all see the same load:
 - hfexport: `python -m hfexport export MINILM --recipe benchmarks/recipes/minilm_multi.json --all-targets -o OUT
   --force --json`: targets `onnx` (opset 18), `openvino`, `pte` (ExecuTorch XNNPACK), dims batch x seq, each
-  reloaded from disk and verified (3 probes up to batch 8 x 256) and timed against eager torch (the defaults);
+  reloaded from disk and verified (3 probes up to batch 8 x 256) and timed against eager torch (the defaults),
+  exported in as many processes at once as the machine has cores (`--workers auto`, the default:
+  hfexport.job.parallel); `hfexport-1-process` is the same job with `--workers 1`;
 - optimum-onnx: `optimum-cli export onnx --model MINILM --task feature-extraction OUT` (OPTIMUM_VENV, default
   /work/optimum-venv: optimum 2.1 + optimum-onnx 0.1, transformers 4.57; validates one batch 2 x 16 input);
 - optimum-openvino: `optimum-cli export openvino -m MINILM --task feature-extraction --weight-format fp32 OUT`
@@ -42,7 +44,7 @@ VENVS = {
     "optimum-openvino": (Path(os.environ.get("OPTIMUM_OV_VENV", "/work/optimum-ov-venv")), ["optimum-intel[openvino]"]),
     "optimum-executorch": (Path(os.environ.get("OPTIMUM_ET_VENV", "/work/optimum-et-venv")), ["optimum-executorch"]),
 }
-VARIANTS = ("hfexport", *VENVS)
+VARIANTS = ("hfexport", "hfexport-1-process", *VENVS)
 PEERS = tuple(VENVS)
 
 
@@ -73,6 +75,9 @@ def commands(model: Path, output: Path) -> dict[str, list[str]]:
         "hfexport": [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
                      str(HERE / "recipes" / "minilm_multi.json"), "--all-targets", "-o", str(output), "--force",
                      "--json"],
+        "hfexport-1-process": [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
+                               str(HERE / "recipes" / "minilm_multi.json"), "--all-targets", "-o", str(output),
+                               "--force", "--json", "--workers", "1"],
         "optimum-onnx": [cli["optimum-onnx"], "export", "onnx", "--model", str(model), "--task", "feature-extraction",
                          str(output)],
         "optimum-openvino": [cli["optimum-openvino"], "export", "openvino", "-m", str(model), "--task",
@@ -92,7 +97,7 @@ def run(name: str, command: list[str], output: Path, logs: Path) -> dict:
     returncode = result.pop("returncode")
     if returncode != 0:
         raise SystemExit(f"{name} failed ({returncode}): {stderr_path.read_text()[-3000:]}")
-    if name == "hfexport":
+    if name.startswith("hfexport"):
         report = json.loads(stdout_path.read_text())
         result["targets"] = {}
         for target, entry in report["targets"].items():
@@ -101,6 +106,7 @@ def run(name: str, command: list[str], output: Path, logs: Path) -> dict:
                 raise SystemExit(f"hfexport target {target}: {entry['status']} {entry.get('error')}")
             result["targets"][target] = {"timings": entry["timings"], "probes": len(verification["probes"])}
         result["job_timings"] = report["timings"]
+        result["report_peak_rss_mb"] = report["peak_rss_mb"]  # the job's processes' peaks, added
     return result
 
 
@@ -169,6 +175,9 @@ def main() -> dict:
         "ratio_wall_hfexport_vs_peers_sum": round(median("hfexport", "wall_s") / statistics.median(sums["wall_s"]), 3),
         "ratio_cpu_hfexport_vs_peers_sum": round(median("hfexport", "cpu_s") / statistics.median(sums["cpu_s"]), 3),
         "ratio_wall_per_round": [round(runs["hfexport"][i]["wall_s"] / sums["wall_s"][i], 3) for i in range(ROUNDS)],
+        "ratio_wall_1_process_vs_peers_sum": round(median("hfexport-1-process", "wall_s")
+                                                   / statistics.median(sums["wall_s"]), 3),
+        "ratio_wall_auto_vs_1_process": round(median("hfexport", "wall_s") / median("hfexport-1-process", "wall_s"), 3),
         "target_ratio": 0.6,
         "runs": runs,
     }
@@ -183,4 +192,5 @@ if __name__ == "__main__":
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps({key: result[key] for key in ("median_wall_s", "median_cpu_s", "ratio_wall_hfexport_vs_peers_sum",
-                                                   "ratio_cpu_hfexport_vs_peers_sum")}, indent=2))
+                                                   "ratio_cpu_hfexport_vs_peers_sum", "ratio_wall_1_process_vs_peers_sum",
+                                                   "ratio_wall_auto_vs_1_process")}, indent=2))

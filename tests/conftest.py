@@ -73,7 +73,7 @@ def exported_bert(session_dir, tiny_bert):
     from hfexport.job.run import run_job
 
     output = session_dir / "exported-bert"
-    return output, run_job(tiny_bert, output, all_targets=True)
+    return output, run_job(tiny_bert, output, all_targets=True, workers=2)  # pte in a worker: hfexport.job.parallel
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +82,7 @@ def exported_llama(session_dir, tiny_llama):
     from hfexport.job.run import run_job
 
     output = session_dir / "exported-llama"
-    return output, run_job(tiny_llama, output, all_targets=True)
+    return output, run_job(tiny_llama, output, all_targets=True, workers=2)
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 900):

@@ -154,14 +154,15 @@ def default_output(model: str | Path) -> Path:
 
 def init_recipe(model: str | Path, formats=None, output: str | Path | None = None, *, revision: str | None = None,
                 token: str | None = None, trust_remote_code: bool = False, progress=None,
-                exports: str | Path | None = None) -> InitResult:
+                exports: str | Path | None = None, workers: int | str = 1) -> InitResult:
     """Propose a recipe, export and verify every target (into `exports`, else a temporary folder), and write to
-    `output` (when given) a recipe with only the targets that passed and `validated_with` filled in."""
+    `output` (when given) a recipe with only the targets that passed and `validated_with` filled in. `workers`:
+    `JobOptions.workers`."""
     proposed = propose_recipe(model, formats, revision=revision, token=token, trust_remote_code=trust_remote_code)
     with tempfile.TemporaryDirectory(prefix="hfexport-init-") as scratch:
         report = run_job(model, Path(exports) if exports else Path(scratch), all_targets=True, recipe=proposed,
                          revision=revision, token=token, trust_remote_code=trust_remote_code, progress=progress,
-                         force=True, verify=True)
+                         force=True, verify=True, workers=workers)
     passed = [name for name, target in report.targets.items() if target.status == "ok"]
     failed = {name: target.error or target.status for name, target in report.targets.items() if name not in passed}
     result = InitResult(proposed, None, passed, failed, report)

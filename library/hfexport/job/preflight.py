@@ -5,8 +5,9 @@ only the headers with range requests; a local folder's through `safetensors.safe
 of the tree. Needs are estimates with documented multipliers (docs/publishing.md, "Preflight"):
 
 - memory: `RUNTIME_MB` for the imported libraries, plus the weights (at their stored dtype: transformers loads
-  with `dtype="auto"`) times `MEMORY_FACTOR[format]` for the largest target (exports run one after another);
-  generation targets trace several graphs (`GENERATION_FACTOR`).
+  with `dtype="auto"`) times `MEMORY_FACTOR[format]` for the largest target (a process exports its targets one
+  after another); generation targets trace several graphs (`GENERATION_FACTOR`). A job that exports in several
+  processes at once (`hfexport.job.parallel`) needs that for each process, summed.
 - disk: per target, the weights times `DISK_FACTOR` per component graph (generation exports save one graph per
   stage, each with its weights), plus the download of a Hub model that is not in the local cache yet.
 
@@ -108,13 +109,27 @@ def _hub_weights(repo_id: str, revision: str | None, token: str | None) -> tuple
     return total, {}
 
 
+def memory_factor(target) -> float:
+    """How many times its weights one target's export holds in memory at its peak."""
+    return MEMORY_FACTOR.get(target.export_format, 4.0) * (GENERATION_FACTOR if target.mode == "generation" else 1.0)
+
+
+def memory_needed(weights: int, groups) -> int:
+    """Bytes of memory for exporting `groups` (lists of recipe `Target`s), one process per group, all at once: each
+    process its libraries plus the weights times its largest target's factor."""
+    return sum(RUNTIME_MB * MB + int(weights * max(map(memory_factor, group), default=1.0)) for group in groups)
+
+
 def estimate(model: str | Path, targets, output: str | Path, revision: str | None = None,
-             token: str | None = None) -> Estimate:
-    """Memory and disk a job exporting `targets` (recipe `Target`s) of `model` into `output` needs, and has."""
-    weights, dtypes = weights_metadata(model, revision, token)
-    factors = [MEMORY_FACTOR.get(t.export_format, 4.0) * (GENERATION_FACTOR if t.mode == "generation" else 1.0)
-               for t in targets]
-    memory = RUNTIME_MB * MB + int(weights * max(factors, default=1.0))
+             token: str | None = None, groups=None, weights: tuple[int, dict] | None = None) -> Estimate:
+    """Memory and disk a job exporting `targets` (recipe `Target`s) of `model` into `output` needs, and has.
+    `groups`: the targets split over processes that export at the same time (default: one process for all);
+    `weights`: `weights_metadata`'s answer when the caller already has it."""
+    targets = list(targets)
+    groups = [targets] if groups is None else groups
+    weights, dtypes = weights or weights_metadata(model, revision, token)
+    factors = [memory_factor(t) for t in targets]
+    memory = memory_needed(weights, groups)
     disk = sum(int(weights * DISK_FACTOR * (GENERATION_COMPONENTS if t.mode == "generation" else 1)) for t in targets)
     output_dir = _existing_parent(Path(output))
     download = 0 if Path(str(model)).is_dir() or _cached(str(model), revision) else weights
@@ -123,10 +138,11 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     result = Estimate(weights, dtypes, memory, disk, available_memory(), available_disk(output_dir))
     what = f"weights {_human(weights)}"
     if result.memory_available is not None and memory > result.memory_available:
+        processes = f" in each of {len(groups)} export processes" if len(groups) > 1 else ""
         result.problems.append(
             f"not enough memory: about {_human(memory)} needed ({what} × {max(factors):g} for "
-            f"{_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries), {_human(result.memory_available)} "
-            "available"
+            f"{_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries{processes}), "
+            f"{_human(result.memory_available)} available" + (" (export in one process: --workers 1)" if processes else "")
         )
     if result.disk_available is not None and disk > result.disk_available:
         result.problems.append(
@@ -138,10 +154,10 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
 
 
 def check(model: str | Path, targets, output: str | Path, revision: str | None = None,
-          token: str | None = None) -> Estimate:
+          token: str | None = None, groups=None, weights: tuple[int, dict] | None = None) -> Estimate:
     """`estimate`, raising `PreflightError` when the job does not fit."""
     try:
-        result = estimate(model, targets, output, revision, token)
+        result = estimate(model, targets, output, revision, token, groups, weights)
     except HfExportError:
         raise
     except Exception:  # noqa: BLE001 - an estimate we cannot make must not block the job

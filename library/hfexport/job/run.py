@@ -3,7 +3,9 @@
 A job loads the recipe and the model once, then for each target: plans, exports through the engine, saves to
 `OUTPUT/<target>/` atomically (written aside in `OUTPUT/.<target>.partial-*`, then renamed; an exception or
 Ctrl-C leaves no partial target folder), writes the recipe target used (`export_config.json`) and the target's
-report next to the artifacts, and finally the job summary `OUTPUT/export_report.json`.
+report next to the artifacts, and finally the job summary `OUTPUT/export_report.json`. With `workers` above one,
+the targets are shared out to worker processes that export at the same time (`hfexport.job.parallel`), each running
+the same steps; the latency of every target is then timed in the job's process, once the cores are free.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from hfexport.files import (
 )
 from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.job.compare import compare_job_targets
-from hfexport.job.preflight import check
+from hfexport.job.parallel import (
+    export_groups,
+    export_workers,
+    logging_settings,
+    serialized,
+    share_cores,
+    workers_number,
+)
+from hfexport.job.preflight import available_memory, check, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
@@ -111,6 +121,9 @@ class JobOptions:
         publish_repo: a repo whose published exports count as cache hits (besides the model's own).
         verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
         latency: time each target that passed against the eager model (`hfexport.latency`), when verifying.
+        workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
+            "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
+            `model_object` or `inputs` exports in this process.
     """
     targets: Sequence[str] | None = None
     all_targets: bool = False
@@ -126,6 +139,7 @@ class JobOptions:
     publish_repo: str | None = None
     verify: bool = True
     latency: bool = True
+    workers: int | str = 1
 
 
 @dataclass
@@ -142,10 +156,13 @@ class _Job:
     hits: dict
     keys: dict
     started: float
+    groups: list[list[str]] = field(default_factory=list)  # the targets to export, one group per process
     model_object: Any = None
     processor: Any = None
+    plans: dict = field(default_factory=dict)  # target -> plan, for timing the target after its export
     quantized_plans: dict = field(default_factory=dict)  # target -> plan, compared once every target is saved
     eager_timings: EagerTimings = field(default_factory=EagerTimings)  # eager torch timed once per input set
+    workers_peak_rss_mb: float = 0.0  # the worker processes' peaks, added to this process's in the report
 
 
 def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None = None, *,
@@ -178,10 +195,15 @@ def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None
     elif targets is not None or settings:
         raise TypeError("run_job: pass either options= or its fields as keyword arguments, not both")
     job = _prepare(model, Path(output), options)
-    if any(name not in job.hits for name in job.names):
-        _load(job)
     for name in job.names:
-        _run_target(job, name)
+        _add_target(job, name)
+    if len(job.groups) > 1:
+        _export_in_processes(job)
+    elif job.groups:
+        _load(job)
+        for name in job.groups[0]:
+            _export_target(job, name)
+            _complete_target(job, name)
     return _finish(job)
 
 
@@ -208,18 +230,36 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
     if options.verify:  # an export saved with verify=False is no hit for a job that verifies: export and verify it
         hits = {name: hit for name, hit in hits.items() if hit.report.verification is not None}
     to_export = [name for name in names if name not in hits]
-    if to_export and options.preflight and options.model_object is None:
+    groups = [to_export] if to_export else []
+    in_processes = options.model_object is None and options.inputs is None and options.workers != 1
+    if options.workers != "auto":
+        workers_number(options.workers)  # a wrong value is refused before anything runs
+    if to_export and options.model_object is None and (options.preflight or in_processes):
         with StepTimer(progress, "preflight", detail=str(model)):
-            check(model, [recipe.target(name) for name in to_export], output, revision_to_load, options.token)
+            targets = {name: recipe.target(name) for name in to_export}
+            weights = _weights_or_none(model, revision_to_load, options.token)
+            if in_processes:
+                groups = export_groups(targets, options.workers, weights and weights[0], available_memory())
+            if options.preflight:
+                check(model, list(targets.values()), output, revision_to_load, options.token,
+                      groups=[[targets[name] for name in group] for group in groups], weights=weights)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
-                model_object=options.model_object)
+                groups=groups, model_object=options.model_object)
 
 
-def _load(job: _Job) -> None:
+def _weights_or_none(model, revision: str | None, token: str | None) -> tuple[int, dict] | None:
+    """`preflight.weights_metadata`, or None when it cannot be read (the loader reports real access problems)."""
+    try:
+        return weights_metadata(model, revision, token)
+    except Exception:  # noqa: BLE001 - an estimate we cannot make must not block the job
+        return None
+
+
+def _load(job: _Job, detail: str | None = None) -> None:
     """Load the model (unless the caller gave one) and its processor, once for every target."""
     import_engine()  # its import-time chatter (torchao, torch's pytree warnings) goes to logging
     options = job.options
-    with StepTimer(job.progress, "load_model", detail=str(job.model)) as timer, engine_output("load_model"):
+    with StepTimer(job.progress, "load_model", detail=detail or str(job.model)) as timer, engine_output("load_model"):
         if job.model_object is None:
             job.model_object = load_model(job.model, job.recipe, job.revision_to_load, options.token,
                                           options.trust_remote_code)
@@ -228,10 +268,9 @@ def _load(job: _Job) -> None:
     job.report.timings["load_model_s"] = round(timer.seconds, 4)
 
 
-def _run_target(job: _Job, name: str) -> None:
-    """Plan, export, save, verify and time one target; its outcome goes to `job.report.targets[name]`."""
+def _add_target(job: _Job, name: str) -> None:
+    """The target's report in `job.report` (in recipe order); a cache hit is reported unchanged and done."""
     target = job.recipe.target(name)
-    progress, output = job.progress, job.output
     target_report = TargetReport(
         target=name, export_format=target.export_format, mode=target.mode,
         recipe_target_sha256=job.recipe.target_hash(name), cache_key=job.keys.get(name),
@@ -239,8 +278,14 @@ def _run_target(job: _Job, name: str) -> None:
     job.report.targets[name] = target_report
     if name in job.hits:
         _mark_unchanged(target_report, job.hits[name])
-        progress(Step("target", "done", name, f"unchanged: {job.hits[name].reason}"))
-        return
+        job.progress(Step("target", "done", name, f"unchanged: {job.hits[name].reason}"))
+
+
+def _export_target(job: _Job, name: str) -> None:
+    """Plan, export, save and verify one target; its outcome goes to `job.report.targets[name]`."""
+    target = job.recipe.target(name)
+    progress, output = job.progress, job.output
+    target_report = job.report.targets[name]
     progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
     from hfexport.export import run_plan  # imports torch: not for a job whose targets are all cache hits
 
@@ -248,6 +293,7 @@ def _run_target(job: _Job, name: str) -> None:
         with StepTimer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
             plan = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor, source=job.model,
                               revision=job.revision_to_load, token=job.options.token)
+        job.plans[name] = plan
         target_report.plan = _jsonable(plan.describe())
         if plan.quantization:
             job.quantized_plans[name] = plan
@@ -278,11 +324,83 @@ def _run_target(job: _Job, name: str) -> None:
     if target_report.status == "ok" and job.options.verify:
         _write_target_report(job.report, name, output / name)  # beside the artifacts even if verifying dies
         _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
-        if job.options.latency and target_report.status == "ok":
-            _measure_latency(target_report, output / name, job.model_object, plan, progress, job.eager_timings)
-    progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, output / name)
+
+
+def _complete_target(job: _Job, name: str) -> None:
+    """After its export: time the target (when it passed), say it is done, write its report."""
+    target_report = job.report.targets[name]
+    if job.options.verify and job.options.latency and target_report.status == "ok":
+        _measure_latency(target_report, job.output / name, job.model_object, _plan(job, name), job.progress,
+                         job.eager_timings)
+    job.progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
+    if target_report.status in ("ok", "failed"):
+        _write_target_report(job.report, name, job.output / name)
+
+
+def _plan(job: _Job, name: str):
+    """The target's plan: the one it was exported with, or (a worker's target) made again here, as cheaply."""
+    if name not in job.plans:
+        with engine_output(f"plan {name}"):
+            job.plans[name] = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor,
+                                         source=job.model, revision=job.revision_to_load, token=job.options.token)
+    return job.plans[name]
+
+
+def _export_in_processes(job: _Job) -> None:
+    """Export `job.groups[0]` here while each other group exports in a worker process (`hfexport.job.parallel`);
+    then take the workers' reports, and time and complete every target here, in recipe order."""
+    job.progress = serialized(job.progress)
+    own, *others = job.groups
+    with export_workers(_worker_request(job), others, job.progress, job.output) as workers:
+        shares = "; ".join(", ".join(group) for group in others)
+        _load(job, f"{job.model}; {len(others)} more process{'es' if len(others) > 1 else ''} export {shares}")
+        with share_cores(len(job.groups)):
+            for name in own:
+                _export_target(job, name)
+        for worker in workers:
+            worker.wait()
+            job.workers_peak_rss_mb += worker.peak_rss_mb
+            for name in worker.names:
+                if name in worker.reports:
+                    job.report.targets[name] = TargetReport.from_dict(worker.reports[name])
+                else:
+                    target_report = job.report.targets[name]
+                    target_report.status, target_report.error = "error", worker.error
+    for name in (name for name in job.names if name not in job.hits):
+        if job.report.targets[name].quantization and name not in job.quantized_plans:
+            job.quantized_plans[name] = _plan(job, name)
+        _complete_target(job, name)
+
+
+def _worker_request(job: _Job) -> dict:
+    """What a worker process needs to export its share of the job (`export_in_worker`), as JSON."""
+    return {
+        "model": str(job.model), "output": str(job.output), "revision": job.revision_to_load,
+        "token": job.options.token, "trust_remote_code": job.options.trust_remote_code,
+        "recipe": job.recipe.data, "recipe_source": job.recipe.source, "source": job.report.source,
+        "keys": job.keys, "verify": job.options.verify, "processes": len(job.groups), "logging": logging_settings(),
+    }
+
+
+def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> None:
+    """A worker process's share of a job (`hfexport.job.parallel_worker`): load the model, then plan, export, save and
+    verify each of `request["targets"]` exactly as the job's own process does, calling `on_target(name, report
+    dict)` as each ends. Latency is left to the job's process."""
+    register_secret(request["token"])
+    options = JobOptions(revision=request["revision"], token=request["token"],
+                         trust_remote_code=request["trust_remote_code"], verify=request["verify"], latency=False)
+    recipe = Recipe(request["recipe"], request["recipe_source"])
+    job = _Job(request["model"], Path(request["output"]), options, recipe, list(request["targets"]),
+               JobReport(source=request["source"]), progress, request["revision"], {}, request["keys"],
+               time.perf_counter())
+    _load(job)
+    with share_cores(request["processes"]):
+        for name in job.names:
+            _add_target(job, name)
+            _export_target(job, name)
+            on_target(name, job.report.targets[name].to_dict())
 
 
 def _finish(job: _Job) -> JobReport:
@@ -296,7 +414,7 @@ def _finish(job: _Job) -> JobReport:
     if verify_times:
         report.timings["verify_s"] = round(sum(verify_times), 4)
     report.timings["total_s"] = round(time.perf_counter() - job.started, 4)
-    report.peak_rss_mb = round(peak_rss_mb(), 1)
+    report.peak_rss_mb = round(peak_rss_mb() + job.workers_peak_rss_mb, 1)
     write_json_atomic(job.output / REPORT_FILE, report.to_json())
     return report
 

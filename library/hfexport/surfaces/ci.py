@@ -230,7 +230,7 @@ def step_export(inputs: Inputs) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # engine prints stay out of the command stream
         report = run_job(model, output, targets=names, all_targets=all_targets, revision=inputs.revision,
                          token=inputs.token, recipe=recipe, progress=progress, force=inputs.force,
-                         publish_repo=inputs.repo)
+                         publish_repo=inputs.repo, workers="auto")
     return _finish(report, output, inputs.fail_on_parity)
 
 

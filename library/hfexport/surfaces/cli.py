@@ -33,6 +33,7 @@ from hfexport.errors import (
 from hfexport.files import REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
 from hfexport.job.init import default_output, init_recipe
+from hfexport.job.parallel import workers_number
 from hfexport.job.reverify import reverify
 from hfexport.job.run import run_job
 from hfexport.logs import original_stream, quiet_engine_logs
@@ -311,6 +312,22 @@ class _JobProgress:
             self.display = None
 
 
+def _workers(value: str) -> int | str:
+    """`--workers`: "auto" or a number of processes (1 or more)."""
+    if value == "auto":
+        return value
+    try:
+        return workers_number(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).replace("workers=", "")) from None
+
+
+def workers_arg(parser) -> None:
+    parser.add_argument("--workers", type=_workers, default="auto", metavar="N|auto",
+                        help="processes exporting targets at once (default auto: one per core, as many as fit in "
+                             "memory; 1: this process only)")
+
+
 HEARTBEAT_S = 30.0  # a plain log gets a "still running" line this often while a step runs
 
 
@@ -386,7 +403,7 @@ def cmd_export(args) -> int:
                 args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
                 token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=on_step,
                 force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
-                verify=not args.no_verify,
+                verify=not args.no_verify, workers=args.workers,
             )
     finally:
         if progress:
@@ -444,7 +461,7 @@ def cmd_init(args) -> int:
         with contextlib.redirect_stdout(sys.stderr), _heartbeat(progress) as beat, one_shot_collection(beat) as on_step:
             result = init_recipe(args.model, formats=args.format, output=output, revision=args.revision,
                                  token=_token(args), trust_remote_code=args.trust_remote_code, progress=on_step,
-                                 exports=args.exports)
+                                 exports=args.exports, workers=args.workers)
     finally:
         if progress:
             progress.close()
@@ -558,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export")
     p.add_argument("--no-preflight", action="store_true", help="skip the memory/disk estimate before loading weights")
     p.add_argument("--no-verify", action="store_true", help="skip parity verification (on by default; exit 1 on failure)")
+    workers_arg(p)
     p.add_argument("--push", action="store_true", help="publish the exports to the Hub (a PR by default)")
     p.add_argument("--repo", help="with --push: the repo to publish to (default: the model's repo)")
     publish_args(p)
@@ -586,6 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "(target -> reason) as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
+    workers_arg(p)
 
     p = sub.add_parser("publish", help="publish an OUTPUT folder to a Hub repo, each target where the loaders look "
                                        "(onnx/, openvino/, ...; one PR per model)")
