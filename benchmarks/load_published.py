@@ -16,9 +16,10 @@ warm Hub cache (one warm-up run each downloads the files) and online, as a user 
   target lookup.
 - two diagnostics, not the target: hfexport-runtime-imported, the `hfexport` row with onnxruntime and onnx imported
   in the import phase, as optimum's import statement imports them (hfexport's names are lazy: its load imports the
-  backend a target needs); hfexport-imports-first, with every module its load imports lazily imported first (those
-  two, jsonschema for the manifest check, onnx_ir, which the engine's ONNX runner module imports): what the loader
-  call itself costs.
+  backend a target needs; hfexport's load itself no longer imports onnx: the external-data check parses with
+  protobuf alone); hfexport-imports-first, with every module its load imports lazily imported first (onnxruntime and
+  jsonschema, for the manifest check; before issue 16's change also onnx and onnx_ir, which the engine's ONNX runner
+  module imports; `hfexport.OnnxFileRunner` runs the file without it): what the loader call itself costs.
 - optimum: `ORTModelForFeatureExtraction.from_pretrained(repo, subfolder="onnx")` (the card's snippet); one forward.
   optimum-onnx 0.1.0 cannot import beside transformers 5.23 (it needs `transformers.utils.is_offline_mode`), so it
   runs from its own venv (OPTIMUM_PYTHON, default /work/optimum-venv/bin/python, made by `vs_optimum.py --setup`:
@@ -107,7 +108,7 @@ loaded_cpu = time.process_time()
     "hfexport-imports-first": COMMON + f"""
 from hfexport import load
 import torch
-import jsonschema, onnx, onnx_ir, onnxruntime, transformers.exporters.runners.runner_onnx
+import jsonschema, onnxruntime
 imported = time.perf_counter()
 imported_cpu = time.process_time()
 model = load({REPO!r}, target="onnx")

@@ -19,7 +19,8 @@ LAYERS = [
     ("models", ["models", "inputs"]),
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "plan"]),
-    ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "generate", "exported", "export"]),
+    ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "onnx_runner", "generate", "exported",
+                   "export"]),
     ("verify", ["verify", "latency"]),
     ("report", ["report"]),
     ("publication", ["publication"]),
@@ -29,7 +30,7 @@ LAYERS = [
 ]
 # The modules that import torch (through the engine) when imported: lighter modules import them inside functions,
 # so that `import hfexport`, the CLI and the Space start without torch.
-DEFERRED = {"export", "exported", "generate"}
+DEFERRED = {"export", "exported", "generate", "onnx_runner"}
 
 
 def _modules() -> dict[str, Path]:

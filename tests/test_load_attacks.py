@@ -289,6 +289,80 @@ def test_external_data_hidden_in_a_subgraph_attribute_is_refused(target):
     _refused(folder, UnsafeExportError, "model.onnx", "then_branch.g.node[0].attribute.value.t", "'/etc/hostname'")
 
 
+def test_the_onnx_subset_reads_the_fields_onnx_declares():
+    """`safety.onnx_proto`, which parses `.onnx` files for the external-data check without importing onnx, declares
+    each field it reads with onnx's own number, type and cardinality, and sizes each element type as onnx does."""
+    import onnx
+    from google.protobuf.descriptor import FieldDescriptor
+    from hfexport.safety import onnx_proto
+
+    scalars = {"string": FieldDescriptor.TYPE_STRING, "int64": FieldDescriptor.TYPE_INT64,
+               "int32": FieldDescriptor.TYPE_INT32, "TensorProto.DataLocation": FieldDescriptor.TYPE_ENUM}
+    ours = onnx_proto.model_proto().DESCRIPTOR
+    for message, fields in onnx_proto.FIELDS.items():
+        theirs = getattr(onnx, message).DESCRIPTOR
+        assert theirs.file.name == "onnx/onnx-ml.proto"
+        for name, number, kind, repeated in fields:
+            field = theirs.fields_by_name[name]
+            assert (field.number, field.is_repeated) == (number, repeated), (message, name)
+            if kind in scalars:
+                assert field.type == scalars[kind], (message, name)
+            else:
+                assert field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.name == kind
+    assert dict(onnx.TensorProto.DataLocation.items()) == onnx_proto.DATA_LOCATION
+    assert ours.full_name == f"{onnx_proto.PACKAGE}.ModelProto"  # its own pool: onnx's classes stay as they are
+    for name, number in onnx.TensorProto.DataType.items():
+        try:
+            size = onnx.helper.tensor_dtype_to_np_dtype(number).itemsize
+        except KeyError:
+            size = None
+        expected = None if size is None or number == onnx.TensorProto.STRING else size
+        assert onnx_proto.ITEMSIZE.get(number) == expected, name
+    packed = {"UINT4": 2, "INT4": 2, "FLOAT4E2M1": 2, "UINT2": 4, "INT2": 4}  # elements a byte, per onnx's spec
+    assert onnx_proto.PACKED == {onnx.TensorProto.DataType.Value(name): count for name, count in packed.items()}
+
+
+def test_the_onnx_subset_finds_every_external_tensor_onnx_finds(target):
+    """On a real export with a tensor added in each place the check walks (an initializer, a sparse initializer, a
+    node attribute in a subgraph, a local function), the subset parse sees the same external tensors, locations,
+    offsets and lengths as onnx's own parse."""
+    import onnx
+    from hfexport.safety.artifacts import _onnx_tensors
+    from hfexport.safety.onnx_proto import model_proto
+    from onnx import TensorProto, helper
+
+    folder = target("onnx")
+    model = onnx.load(folder / "model.onnx", load_external_data=False)
+
+    def external(name: str, location: str):
+        tensor = helper.make_tensor(name, TensorProto.FLOAT, [2], [0.0, 0.0])
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.ClearField("float_data")
+        for key, value in (("location", location), ("offset", "4096"), ("length", "8")):
+            tensor.external_data.add(key=key, value=value)
+        return tensor
+
+    branch = helper.make_graph([helper.make_node("Constant", [], ["b"], value=external("in_branch", "/x"))], "g",
+                               [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+    model.graph.node.append(helper.make_node("If", ["c"], ["d"], then_branch=branch, else_branch=branch))
+    indices = helper.make_tensor("indices", TensorProto.INT64, [1], [0])
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(external("sparse", "../y"), indices, [4]))
+    model.functions.append(helper.make_function("local", "f", [], ["e"], [
+        helper.make_node("Constant", [], ["e"], value=external("in_function", "z"))], [helper.make_opsetid("", 18)]))
+    data = model.SerializeToString()
+
+    def seen(proto) -> list:
+        return sorted((where, tensor.name, tensor.data_type, list(tensor.dims),
+                       sorted((entry.key, entry.value) for entry in tensor.external_data))
+                      for tensor, where in _onnx_tensors(proto) if tensor.data_location == 1)
+
+    subset = model_proto()()
+    subset.ParseFromString(data)
+    found = seen(subset)
+    assert found == seen(onnx.load_from_string(data)) and len(found) >= 4
+    assert {"in_branch", "sparse", "in_function"} <= {name for _, name, *_ in found}
+
+
 def test_a_fifo_is_refused_without_blocking(target):
     folder = target("onnx")
     (folder / "config.json").unlink()

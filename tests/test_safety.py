@@ -246,6 +246,68 @@ def test_a_warm_load_of_a_publication_asks_the_hub_once(hub, exported_bert, tiny
     assert by_folder.config.to_dict() == first.config.to_dict()
 
 
+def test_loading_a_published_onnx_target_imports_neither_onnx_nor_onnx_ir(hub, exported_bert, tiny_bert, tmp_path):
+    """Loading a published ONNX target and running it, in a fresh process, imports neither onnx_ir (the engine's ONNX
+    runner module imports it: ~30 ms) nor onnx (~40 ms: the external-data check parses with protobuf alone,
+    `safety.onnx_proto`), and gives the outputs the in-process load gives (benchmarks/load_published.py)."""
+    import os
+    import subprocess
+    import sys
+
+    import hfexport
+    from hfexport.publication.publish import publish
+
+    output, _ = exported_bert
+    repo = f"user/light-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, tiny_bert)
+    publish(output, repo, mode="commit", targets=["onnx"], token=hub.write_token)
+    cache = tmp_path / "cache"
+    expected = hfexport.load(repo, target="onnx", cache_dir=cache)(**_inputs()).last_hidden_state
+    heavy = ("onnx", "onnx_ir", "onnxscript", "transformers.exporters.runners.runner_onnx")
+    code = (
+        "import json, sys, torch, hfexport\n"
+        f"model = hfexport.load({repo!r}, target='onnx', cache_dir={str(cache)!r})\n"
+        "ids = torch.ones(1, 5, dtype=torch.long)\n"
+        "out = model(input_ids=ids, attention_mask=ids).last_hidden_state\n"
+        f"print(json.dumps({{'imported': [m for m in {heavy!r} if m in sys.modules], "
+        "'runner': type(model.runners['model']).__name__, 'output': out.flatten().tolist()}))\n")
+    library = str(Path(hfexport.__file__).resolve().parent.parent)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": library})
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["imported"] == [] and found["runner"] == "OnnxFileRunner"
+    assert found["output"] == expected.flatten().tolist()
+
+
+def test_hfexport_onnx_runner_takes_the_engines_options_and_hands_over_what_it_does_not_run(onnx_export, tmp_path):
+    """`OnnxFileRunner.from_program` takes what the engine's ONNX runner takes; explicit providers and a graph with a
+    type NumPy cannot hold (bf16) get the engine's runner, and run."""
+    import inspect
+
+    import hfexport
+    import onnx
+    from hfexport.exported import _OnnxFile
+    from hfexport.onnx_runner import OnnxFileRunner
+    from onnx import TensorProto, helper
+    from transformers.exporters.runners.runner_onnx import OnnxModelRunner
+
+    def options(runner) -> list:
+        return [(p.name, p.default) for p in inspect.signature(runner.from_program).parameters.values()]
+
+    assert options(OnnxFileRunner) == options(OnnxModelRunner)
+    chosen = hfexport.ExportedModel.from_pretrained(onnx_export, providers=["CPUExecutionProvider"])
+    assert type(chosen.runners["model"]) is OnnxModelRunner
+    assert chosen(**_inputs()).last_hidden_state.equal(
+        hfexport.ExportedModel.from_pretrained(onnx_export)(**_inputs()).last_hidden_state)
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "bf16",
+                              [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "bf16.onnx")
+    metadata = chosen.components["model"].metadata
+    assert type(OnnxFileRunner.from_program(_OnnxFile(tmp_path / "bf16.onnx"), metadata)) is OnnxModelRunner
+
+
 def test_hfexport_onnx_loader_matches_the_engines(onnx_export, hub):
     """hfexport builds ONNX exports itself (no exporter import): same components, metadata, config and outputs."""
     import hfexport
@@ -255,7 +317,9 @@ def test_hfexport_onnx_loader_matches_the_engines(onnx_export, hub):
     assert list(ours.components) == list(theirs.components) and ours.export_format == theirs.export_format
     assert ours.components["model"].metadata == theirs.components["model"].metadata
     assert ours.config.to_dict() == theirs.config.to_dict()
-    assert type(ours.runners["model"]) is type(theirs.runners["model"])
+    # On the CPU hfexport runs the checked file itself (no onnx_ir import), on the same ONNX Runtime kernels.
+    assert type(ours.runners["model"]).__name__ == "OnnxFileRunner"
+    assert type(theirs.runners["model"]).__name__ == "OnnxModelRunner"
     assert ours(**_inputs()).last_hidden_state.equal(theirs(**_inputs()).last_hidden_state)
     # From the Hub cache (the weights file is a link to a blob), the graph's weights stay readable through onnx_ir.
     repo = f"user/loader-{uuid.uuid4().hex[:8]}"

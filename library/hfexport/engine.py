@@ -28,6 +28,7 @@ INTERNALS = {
     "capture_calibration_inputs": ("transformers.exporters.quantizers.utils", "capture_calibration_inputs"),
     "openvino_output_tensor": ("transformers.exporters.runners.runner_openvino", "openvino_output_tensor"),
     "openvino_feed": ("transformers.exporters.utils", "openvino_feed"),
+    "onnx_inputs": ("transformers.exporters.utils", "onnx_inputs"),
     "sliding_window_patch": ("transformers.exporters.exporter_dynamo", "_patch_sliding_window_layer"),
 }
 
@@ -36,6 +37,9 @@ SLIDING_WINDOW_METHODS = ("update", "get_mask_sizes", "get_seq_length")
 
 # Attributes of engine objects hfexport reads (checked by the same test on a loaded OpenVINO runner).
 RUNNER_ATTRIBUTES = {"openvino": ("compiled_model", "request")}
+
+# The attribute `ExportedModel.to` fills with the runners, which `.runners` returns (set by `set_runners`).
+EXPORTED_MODEL_RUNNERS = "_runners"
 
 
 def internal(name: str) -> Any:
@@ -62,6 +66,16 @@ def runner_class(export_format: str):
 def auto_dynamic_shapes(*args, **kwargs):
     """The dynamo exporter's dynamic shapes for `dynamic=True` without explicit shapes."""
     return internal("get_auto_dynamic_shapes")(*args, **kwargs)
+
+
+def onnx_inputs(input_names: list[str], kwargs: dict) -> dict:
+    """The traced forward's tensor leaves in `kwargs` by ONNX input name, as the engine's ONNX runner binds them."""
+    return internal("onnx_inputs")(input_names, kwargs)
+
+
+def set_runners(exported, runners: dict) -> None:
+    """Give an engine `ExportedModel` its runners, as its `to` does (`.runners`, `__call__` and `device` read them)."""
+    setattr(exported, EXPORTED_MODEL_RUNNERS, runners)
 
 
 def register_cache_pytrees(model) -> None:

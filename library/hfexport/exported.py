@@ -13,7 +13,7 @@ from pathlib import Path
 from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
-from hfexport.engine import register_treespec_types, runner_class
+from hfexport.engine import register_treespec_types, runner_class, set_runners
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
@@ -26,6 +26,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
+from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.openvino_fixes import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
 from hfexport.runtime import (
@@ -77,13 +78,19 @@ class ExportedModel(_EngineExportedModel):
         self.__dict__["_config"] = value
 
     def to(self, device=None, **runner_kwargs) -> ExportedModel:
-        """The engine's `to`: each component on its backend's runtime. An ONNX component that has not been parsed
-        (`OnnxFileComponent`) reaches the runner as its file, which ONNX Runtime opens: no onnx_ir parse to run it.
+        """The engine's `to`: each component on its backend's runtime. ONNX components that have not been parsed
+        (`OnnxFileComponent`) run from their files on hfexport's `OnnxFileRunner` (the CPU, without importing
+        onnx_ir), or reach the engine's runner as their file, which ONNX Runtime opens: no onnx_ir parse to run them.
         An OpenVINO program that returns one of its inputs gets a runner that always copies its inputs
         (`hfexport.openvino_fixes`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
         2026.4.1 writing through a freed input."""
         unparsed = {name: component for name, component in self.components.items()
                     if isinstance(component, OnnxFileComponent) and not component.parsed}
+        if unparsed and len(unparsed) == len(self.components):  # hfexport's runner: no onnx_ir import on the CPU
+            set_runners(self, {name: OnnxFileRunner.from_program(_OnnxFile(component.path), component.metadata,
+                                                                 device, **runner_kwargs)
+                               for name, component in unparsed.items()})
+            return self
         components = self.components
         if unparsed:
             self.components = {**components, **{name: ExportedComponent(_OnnxFile(component.path), component.metadata)
@@ -244,7 +251,8 @@ class ExportedModel(_EngineExportedModel):
         )
 
         export_format = manifest["export_format"]
-        options = [name for name in inspect.signature(runner_class(export_format).from_program).parameters
+        runner = OnnxFileRunner if export_format == "onnx" else runner_class(export_format)  # the engine's options
+        options = [name for name in inspect.signature(runner.from_program).parameters
                    if name not in ("program", "metadata", "device")]
         unknown = [name for name in runner_kwargs if name not in options]
         if unknown:  # the caller's mistake, said before anything loads (as the engine's loader says it)

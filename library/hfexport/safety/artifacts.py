@@ -32,6 +32,7 @@ from typing import Any
 
 from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
 from hfexport.files import MANIFEST_FILE
+from hfexport.safety.onnx_proto import EXTERNAL, ITEMSIZE, PACKED, model_proto
 from hfexport.safety.pt2 import check_pt2_archive
 from hfexport.safety.treespec import (
     _IDENTIFIER,
@@ -224,7 +225,7 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
     return paths
 
 
-_ONNX_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+_ONNX_EXTERNAL = EXTERNAL  # TensorProto.DataLocation.EXTERNAL
 _ALIGNMENT_SLACK = 4096  # a writer may pad the weights file to a page
 
 
@@ -234,10 +235,9 @@ def check_onnx_file(model: Path, data: Path | None, label: str, data_alt: Path |
     `<file>_data` (what a publication names it, for optimum and transformers.js), one of them for the whole graph;
     anything else, absolute or `..` above all, is refused. Its offset and length must lie inside that file and match
     the tensor's shape and type. The weights file may be no larger than what the graph declares."""
-    import onnx
     from google.protobuf.message import DecodeError
 
-    proto = onnx.ModelProto()
+    proto = model_proto()()  # onnx's ModelProto for the fields read here, without importing onnx (safety.onnx_proto)
     try:
         proto.ParseFromString(read_checked(model, label, MAX_ONNX_BYTES))
     except (DecodeError, ValueError, RuntimeError) as error:
@@ -285,19 +285,12 @@ def _onnx_int(value, label: str, where: str, field: str) -> int:
 
 
 def _onnx_nbytes(tensor) -> int | None:
-    """What a tensor's shape and element type take in bytes; None for types without a fixed size."""
-    import onnx
-
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, TypeError, ValueError):
+    """What a tensor's shape and element type take in bytes; None for types without a fixed size (strings)."""
+    itemsize = ITEMSIZE.get(tensor.data_type)
+    if itemsize is None:
         return None
-    if tensor.data_type == onnx.TensorProto.STRING or itemsize == 0:
-        return None
-    per_byte = {getattr(onnx.TensorProto, name, None): count for name, count in (
-        ("INT4", 2), ("UINT4", 2), ("FLOAT4E2M1", 2), ("INT2", 4), ("UINT2", 4))}
-    if tensor.data_type in per_byte:  # packed sub-byte types
-        return -(-math.prod(tensor.dims) // per_byte[tensor.data_type])
+    if tensor.data_type in PACKED:  # packed sub-byte types
+        return -(-math.prod(tensor.dims) // PACKED[tensor.data_type])
     return math.prod(tensor.dims) * itemsize
 
 

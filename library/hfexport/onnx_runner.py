@@ -1,0 +1,78 @@
+"""Running a loaded ONNX file on ONNX Runtime's CPU provider without importing onnx_ir.
+
+transformers 5.23's ONNX runner module imports onnx_ir (and, through it, onnx) when it is imported, and reads onnx_ir's
+dtype table on every call to bind its inputs: ~70 ms of CPU of a ~0.3 s load to first output
+(benchmarks/load_published.py) that a loaded export never needs to run. An export loaded from its checked files
+(`exported.OnnxFileComponent`, never parsed) on the CPU runs here instead: the session opens the checked file with the
+caller's session options, as the engine's runner opens a loaded program's file, and runs on NumPy arrays that share
+the tensors' memory. Anything else keeps the engine's runner (`engine.runner_class("onnx")`): a GPU or explicit
+providers (the engine picks and binds them), and a graph with an input or output NumPy cannot hold (bf16, float8,
+int4), which gets the engine's runner over the session already opened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.exporters import ModelRunner
+
+from hfexport.engine import onnx_inputs, runner_class
+
+# ONNX Runtime's type names of the tensors a NumPy array holds (`NodeArg.type`); others go to the engine's runner.
+NUMPY_TYPES = frozenset(f"tensor({name})" for name in (
+    "float", "float16", "double", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"))
+
+
+def runs_here(device=None, providers=None) -> bool:
+    """Whether a session for `device`/`providers` is one this module runs: ONNX Runtime's CPU provider, chosen by
+    `device="cpu"` or by default on a machine without CUDA (where the engine would pick the CPU provider too)."""
+    if providers is not None:
+        return False
+    if device is None:
+        return not torch.cuda.is_available()
+    return torch.device(device).type == "cpu"
+
+
+class OnnxFileRunner(ModelRunner):
+    """Runs a checked `.onnx` file in an ONNX Runtime CPU session: `runner(**kwargs)` returns what the source model
+    returns, as the engine's ONNX runner does (same inputs by name, same outputs, `.session`, `.metadata`)."""
+
+    def __init__(self, metadata, session):
+        super().__init__(metadata)
+        self.session = session
+        self.input_names = [spec.name for spec in session.get_inputs()]
+        self.output_names = [spec.name for spec in session.get_outputs()]
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @classmethod
+    def from_program(cls, program, metadata, device=None, providers: list | None = None,
+                     session_options=None) -> ModelRunner:
+        """A runner for the file `program.meta["path"]` names (`exported._OnnxFile`), with the engine's `from_program`
+        options: on the CPU here, else (a GPU, explicit providers) the engine's runner."""
+        if not runs_here(device, providers):  # the engine's runner module imports onnx_ir: only on these paths
+            return runner_class("onnx").from_program(program, metadata, device, providers=providers,
+                                              session_options=session_options)
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(program.meta["path"], session_options,
+                                               providers=["CPUExecutionProvider"])
+        specs = [*session.get_inputs(), *session.get_outputs()]
+        if any(spec.type not in NUMPY_TYPES for spec in specs):
+            return runner_class("onnx")(metadata, session)
+        return cls(metadata, session)
+
+    def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs) -> Any:
+        """Run on the traced forward's kwargs (inputs by ONNX name, as `onnx_inputs` maps them). The inputs are read in
+        place (NumPy views of the tensors) and the outputs are ONNX Runtime's fresh arrays, so `share_inputs` and
+        `share_outputs` change nothing."""
+        inputs = onnx_inputs(self.input_names, kwargs)
+        missing = [name for name in self.input_names if name not in inputs]
+        if missing:
+            raise ValueError(f"The graph takes {missing}, which {list(kwargs)} don't hold.")
+        feeds = {name: tensor.detach().cpu().contiguous().numpy() for name, tensor in inputs.items()}
+        outputs = self.session.run(self.output_names, feeds)
+        return self.unflatten([torch.from_numpy(output) for output in outputs])
