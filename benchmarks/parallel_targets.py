@@ -58,12 +58,15 @@ def files(output: Path) -> dict[str, int]:
 
 def main() -> dict:
     sys.path.insert(0, str(ROOT / "library"))
-    from hfexport.job.parallel import split_targets, export_cost, usable_cpus
+    from hfexport.job.parallel import export_groups, usable_cpus
+    from hfexport.job.preflight import available_memory, weights_metadata
     from hfexport.recipe.loading import load_recipe
     from hfexport.runtime import cpu_info
 
     recipe = load_recipe(MODEL)
-    groups = split_targets({name: export_cost(recipe.target(name)) for name in recipe.target_names}, usable_cpus())
+    # the groups `--workers auto` makes, from the same inputs as the job's (hfexport.job.run._prepare)
+    groups = export_groups({name: recipe.target(name) for name in recipe.target_names}, "auto",
+                           weights_metadata(MODEL)[0], available_memory())
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     same_files = None
     with tempfile.TemporaryDirectory(prefix="hfexport-parallel-") as work:

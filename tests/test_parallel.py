@@ -20,8 +20,8 @@ WORKER_MODULE = "hfexport.job.parallel_worker"
 SECRET = "hf_parallelTokenNeverLogged0123456789"
 
 
-def _worker_pids() -> list[int]:
-    """This process's live worker children (`python -m hfexport.job.parallel_worker`)."""
+def _worker_pids(parent: int | None = None) -> list[int]:
+    """The live worker children (`python -m hfexport.job.parallel_worker`) of `parent` (default: this process)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -31,8 +31,8 @@ def _worker_pids() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        parent = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), None)
-        if parent == str(os.getpid()) and WORKER_MODULE.encode() in cmdline and "State:\tZ" not in status:
+        if (f"PPid:\t{parent or os.getpid()}\n" in status and WORKER_MODULE.encode() in cmdline
+                and "State:\tZ" not in status):
             pids.append(int(entry.name))
     return pids
 
@@ -195,9 +195,7 @@ def test_a_job_process_that_dies_takes_its_workers_with_it(tiny_bert, tmp_path):
                            text=True, env=env)
     try:
         assert job.stdout.readline().strip() == "worker exporting"
-        workers = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()
-                   and f"PPid:\t{job.pid}\n" in _read(entry / "status")
-                   and WORKER_MODULE.encode() in (entry / "cmdline").read_bytes()]
+        workers = _worker_pids(job.pid)
         assert len(workers) == 1
         job.kill()  # as the kernel's OOM killer would: no handler runs
         job.wait()

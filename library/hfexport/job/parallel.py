@@ -175,23 +175,23 @@ class TargetWorker:
             elif kind == "failed":
                 self.error = str(event.get("error") or "the export worker failed")
 
-    def wait(self) -> None:
-        """Until the worker has exited and its last event is read."""
+    def wait(self, stopped: bool = False) -> None:
+        """Until the worker has exited and its last event is read (`stopped`: we killed it)."""
         code = self.process.wait()
         self.reader.join()
         with contextlib.suppress(OSError):
             self.process.stdin.close()
         if not self.finished and self.error is None:
             signal = f" (killed by signal {-code}{': out of memory?' if code == -9 else ''})" if code < 0 else ""
-            self.error = f"the export worker process exited with code {code}{signal} before finishing its targets"
+            self.error = ("the export worker was stopped" if stopped else
+                          f"the export worker process exited with code {code}{signal} before finishing its targets")
 
     def stop(self) -> None:
-        """Kill the worker (its unfinished targets' folders are removed by `remove_unfinished`)."""
-        if self.process.poll() is None:
+        """Kill the worker if it still runs (its unfinished targets' folders are removed by `remove_unfinished`)."""
+        running = self.process.poll() is None
+        if running:
             self.process.kill()
-        self.wait()
-        if not self.finished:
-            self.error = self.error or "the export worker was stopped"
+        self.wait(stopped=running)
 
     @property
     def unfinished(self) -> list[str]:
