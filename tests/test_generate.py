@@ -14,6 +14,7 @@ LAYOUTS = {
     "generation": {},
     "static": {"cache_implementation": "static", "max_cache_len": 64},
     "mtd": {"multi_token_decode": True},
+    "single": {"single_graph": True},
 }
 OPTIONS = {
     "dynamo": {"dynamic": True},
@@ -21,9 +22,12 @@ OPTIONS = {
     "openvino": {"dynamic": True},
     "executorch": {"dynamic": True, "backend": "xnnpack"},
 }
-# Exported per test session here (the example recipe's own generation targets come from `exported_llama`).
-DEFAULT_LAYOUTS = ["dynamo-generation", "dynamo-static", "dynamo-mtd", "onnx-static", "onnx-mtd"]
-SLOW_LAYOUTS = ["openvino-static", "openvino-mtd", "executorch-static", "executorch-mtd"]
+# Exported per test session here (the example recipe's own generation targets, single graphs of onnx, openvino and
+# executorch, come from `exported_llama`).
+DEFAULT_LAYOUTS = ["dynamo-generation", "dynamo-static", "dynamo-mtd", "dynamo-single", "onnx-generation",
+                   "onnx-static", "onnx-mtd"]
+SLOW_LAYOUTS = ["openvino-generation", "openvino-static", "openvino-mtd", "executorch-generation", "executorch-static",
+                "executorch-mtd"]
 RECIPE_TARGETS = ["onnx-generation", "openvino-generation", "pte-generation"]
 
 
@@ -272,13 +276,9 @@ def test_stateful_openvino_decode_needs_the_port_read(exported_llama, batch1):
     decode = exported.runners["decode"]
     assert len(decode.request.query_state()) > 0  # the recipe's default: stateful
     ids = batch1["input_ids"]
-    prefill = exported.runners["prefill"](
-        input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(ids.shape[1])[None],
-        past_key_values=__import__("transformers").DynamicCache(config=exported.config),
-    )
     with pytest.raises(StopIteration):  # the engine bug; drop `_stateful_logits` when this stops raising
-        decode(input_ids=ids[:, -1:], attention_mask=torch.ones(1, ids.shape[1] + 1, dtype=torch.long),
-               position_ids=torch.tensor([[ids.shape[1]]]), past_key_values=prefill.past_key_values)
+        # the recipe's single graph: the decode runs the prompt from its variables' zero-length init
+        decode(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(ids.shape[1])[None])
 
 
 @pytest.mark.slow

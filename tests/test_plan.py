@@ -213,20 +213,60 @@ def test_engine_enum_and_options(bert):
 # ── Generation ───────────────────────────────────────────────────────────────
 
 
+def llama_layout(llama_recipe, **generation) -> dict:
+    """The example recipe whose `onnx-generation` target has the `generation` settings given (none: the default
+    layout, a prefill and a one-token decode)."""
+    document = copy.deepcopy(llama_recipe.document)
+    target = document["targets"]["onnx-generation"]
+    target.pop("generation", None)
+    if generation:
+        target["generation"] = generation
+    return document
+
+
 def test_generation_components_are_discovered(llama):
     recipe, model, processor = llama
-    plan = build_plan(recipe, "onnx-generation", model, None, processor)
+    plan = plan_for(llama_layout(recipe), model, None, processor, target="onnx-generation")
     assert list(plan.components) == ["prefill", "decode"]
     assert set(plan.config) == {"prefill", "decode"}
     assert plan.components["decode"].input_shapes["input_ids"]["shape"][1] == 1
     assert all(component.config.dynamic for component in plan.components.values())
+    assert not plan.single_graph and not plan.own_components
+
+
+def test_a_single_graph_is_the_multi_token_decode_alone(llama):
+    """`generation.single_graph` (the example recipe's layout): no prefill to trace; the decode takes several tokens
+    (the sample's two) and is exported as hfexport's own component, with the shapes the default layout gives it."""
+    recipe, model, processor = llama
+    plan = build_plan(recipe, "onnx-generation", model, None, processor)
+    assert recipe.target("onnx-generation").generation == {"single_graph": True}
+    assert list(plan.components) == ["decode"] and list(plan.own_components) == ["decode"]
+    assert plan.single_graph and plan.multi_token_decode and not plan.prefill_by_decode
+    decode = plan.components["decode"]
+    assert decode.input_shapes["input_ids"]["shape"][1] == 2
+    cache = decode.config.dynamic_shapes["past_key_values"]
+    assert all(spec == {0: Dim.AUTO, 2: Dim.AUTO} for spec in cache), cache
+
+
+@pytest.mark.parametrize(("generation", "message"), [
+    ({"single_graph": True, "cache_implementation": "static", "max_cache_len": 32},
+     r"targets\.onnx-generation\.generation\.single_graph: a single graph runs the prompt on an empty DynamicCache"),
+    ({"single_graph": True, "multi_token_decode": False},
+     r"targets\.onnx-generation\.generation\.single_graph: a single graph is a multi-token decode"),
+])
+def test_single_graph_conflicts_are_recipe_errors(llama, generation, message):
+    from hfexport.errors import RecipeError
+
+    recipe, model, processor = llama
+    with pytest.raises(RecipeError, match=message):
+        recipe_from_document(llama_layout(recipe, **generation))
 
 
 def test_generation_without_shapes_marks_only_a_caches_batch_and_sequence_axes(llama):
     """No dynamic_shapes in the recipe: the tensor inputs keep Dim.AUTO on every axis, but a cache tensor only on
     its batch and sequence axes (the engine's dynamic=True would put four symbols on each of them)."""
     recipe, model, processor = llama
-    plan = build_plan(recipe, "onnx-generation", model, None, processor)
+    plan = plan_for(llama_layout(recipe), model, None, processor, target="onnx-generation")
     decode, prefill = plan.components["decode"], plan.components["prefill"]
     batch, seq = plan.components["prefill"].input_shapes["input_ids"]["shape"]
     cache = decode.config.dynamic_shapes["past_key_values"]
@@ -342,3 +382,19 @@ def test_oversized_samples_are_refused_before_allocating(bert, sample_inputs, pa
                 "sample_inputs": sample_inputs, "targets": {"t": {"export_format": "onnx"}}}
     with pytest.raises(PlanError, match=f"{path}.*too large"):
         plan_for(document, model, None, processor)
+
+
+def test_single_graph_needs_an_attention_cache(session_dir):
+    """A state-space decode (Mamba's `cache_params`) cannot run a prompt on an empty attention cache: refused at plan
+    time, naming what the decode takes."""
+    from hfexport.testing.models import make_model
+
+    folder = make_model("tiny-mamba", session_dir / "plan-tiny-mamba")
+    recipe = load_recipe(folder)
+    document = copy.deepcopy(recipe.document)
+    target = {"export_format": "onnx", "mode": "generation", "generation": {"single_graph": True}}
+    document["targets"], document["default_target"] = {"gen": target}, "gen"
+    model = load_model(folder, recipe)
+    with pytest.raises(PlanError, match=r"targets\.gen\.generation\.single_graph: the decode takes .*cache_params.*"
+                                        r"single_graph runs the prompt on an empty DynamicCache"):
+        plan_for(document, model, None, load_processor(folder), target="gen")

@@ -3,6 +3,7 @@ and a clear refusal before any weights are loaded when they do not fit."""
 
 from __future__ import annotations
 
+import copy
 import uuid
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from hfexport.job.preflight import (
 from hfexport.job.run import run_job
 from hfexport.progress import Step
 from hfexport.recipe.loading import load_recipe
+from hfexport.recipe.model import Recipe
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
 LLAMA = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"
@@ -72,9 +74,13 @@ def test_estimates_follow_the_documented_multipliers(tmp_path):
     both = estimate(EXAMPLE, [bert.target("onnx"), bert.target("pt2")], tmp_path)
     assert both.memory_needed == onnx.memory_needed  # targets run one after another: the largest one counts
     assert both.disk_needed == 2 * onnx.disk_needed
-    generation = estimate(LLAMA, [llama.target("onnx-generation")], tmp_path)
     llama_weights, _ = weights_metadata(LLAMA)
-    assert generation.disk_needed == int(llama_weights * DISK_FACTOR * 2)  # prefill and decode graphs
+    single = estimate(LLAMA, [llama.target("onnx-generation")], tmp_path)  # the example's single graph
+    assert single.disk_needed == int(llama_weights * DISK_FACTOR)
+    data = copy.deepcopy(llama.data)
+    data["targets"]["onnx-generation"].pop("generation")
+    pair = estimate(LLAMA, [Recipe(data, llama.source).target("onnx-generation")], tmp_path)
+    assert pair.disk_needed == int(llama_weights * DISK_FACTOR * 2)  # prefill and decode graphs
     assert onnx.memory_available and onnx.disk_available and onnx.fits
 
 

@@ -62,15 +62,17 @@ def test_explicit_batch_dim_passes_at_batch_1_and_8_on_every_format(exported_ber
 
 def test_generation_targets_compare_prefill_and_decode_and_greedy_tokens(exported_llama):
     _, report = exported_llama
-    target = _target(report, "onnx-generation")
+    target = _target(report, "onnx-generation")  # a single graph (generation.single_graph): the decode alone
     verification = target.verification
     assert target.status == "ok", target.error
     components = {probe["component"] for probe in verification["probes"]}
-    assert components == {"prefill", "decode"}
+    # the decode is compared on the prompt (an empty cache, against the eager prefill) and on a step after it
+    assert components == {"decode (the prompt, on an empty cache)", "decode"}
     # axes are auto for this target: batch 1 and 8 are probed
     assert sorted({probe["dims"]["batch"] for probe in verification["probes"]}) == [1, 8]
-    prefill = [probe for probe in verification["probes"] if probe["component"] == "prefill"]
-    for probe in prefill:
+    prompt = [probe for probe in verification["probes"] if probe["component"].startswith("decode (the prompt")]
+    assert len(prompt) == 2  # batch 1 and batch 8
+    for probe in prompt:
         assert probe["outputs"]["logits"]["top1"] == 1.0
         assert probe["outputs"]["past_key_values"]["leaves"] == 4  # 2 layers x keys/values
     generation = verification["generation"]

@@ -57,11 +57,12 @@ class _Layout:
     cache_kwarg: str = CACHE  # the kwarg that carries the cache: `past_key_values`, or a Mamba's `cache_params`
     multimodal: bool = False  # a VLM: the prefill is embed -> language_model -> lm_head (see IMAGE_ENCODER)
     prefill_by_decode: bool = False  # a state-space decode without a prefill: the prompt runs through the decode
+    single_graph: bool = False  # a multi-token decode without a prefill: the prompt runs on an empty cache
 
     @property
     def prefill(self) -> str:
         """The component that runs the prompt."""
-        return LANGUAGE_MODEL if self.multimodal else PREFILL
+        return LANGUAGE_MODEL if self.multimodal else DECODE if self.single_graph else PREFILL
 
 
 # Options of transformers' GenerationConfig that this loop does not reproduce, with the values that leave them off.
@@ -661,16 +662,17 @@ def _layout(exported) -> _Layout:
                 "mode `generation` exports the image encoder and the embedding merge beside the engine's components")
     missing = [] if multimodal else [name for name in (PREFILL, DECODE) if name not in components]
     by_decode = missing == [PREFILL] and STATE in exported.runners[DECODE].metadata.kwargs
-    if missing and not by_decode:
+    single_graph = missing == [PREFILL] and not by_decode and CACHE in exported.runners[DECODE].metadata.kwargs
+    if missing and not by_decode and not single_graph:
         raise GenerationError(
             f"generation needs `prefill` and `decode` components; this export has {list(components)} "
             "(export it with mode `generation`)"
         )
     runners = exported.runners
-    seq2seq = not multimodal and not by_decode and "decoder_input_ids" in runners[PREFILL].metadata.kwargs
+    seq2seq = not multimodal and PREFILL in runners and "decoder_input_ids" in runners[PREFILL].metadata.kwargs
     if seq2seq:
         return _seq2seq_layout(exported, runners)
-    prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode else PREFILL
+    prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode or single_graph else PREFILL
     for name in dict.fromkeys((prefill, DECODE)):
         allowed = _LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
         unknown = sorted(set(runners[name].metadata.kwargs) - allowed)
@@ -701,6 +703,10 @@ def _layout(exported) -> _Layout:
     elif cache and cache.get("container") != "DynamicCache":
         raise GenerationError(f"the decode component takes a {cache.get('container')}; generate handles DynamicCache "
                               "and StaticCache")
+    if single_graph and (static_len is not None or traced["input_ids"].get("shape", [0, 0])[1] == 1):
+        raise GenerationError("this export has a decode and no prefill, and its decode takes one token per step over "
+                              "a static cache or a DynamicCache: only a multi-token decode (generation.single_graph) "
+                              "can run the prompt")
     stateful = {PREFILL: not by_decode and _is_stateful(runners[prefill]), DECODE: _is_stateful(runners[DECODE])}
     if static_len is not None and stateful[DECODE]:
         raise GenerationError(
@@ -721,6 +727,7 @@ def _layout(exported) -> _Layout:
         cache_kwarg=cache_kwarg,
         multimodal=multimodal,
         prefill_by_decode=by_decode,
+        single_graph=single_graph,
     )
 
 
@@ -772,6 +779,8 @@ class _Session:
 
         if layout.prefill_by_decode:
             return zero_state(exported, batch)
+        if layout.single_graph:  # a stateful OpenVINO decode starts from its variables' zero-length init instead
+            return None if layout.stateful[DECODE] else empty_cache(exported.config, batch, _export_dtype(exported))
         if layout.cache_kwarg not in exported.runners[layout.prefill].metadata.kwargs:
             return None
         if layout.seq2seq:
@@ -782,6 +791,8 @@ class _Session:
 
     def prefill(self, input_ids, attention_mask, positions) -> torch.Tensor:
         """The prompt's logits: the prefill component, or (`prefill_by_decode`) the decode on one token at a time."""
+        if self.layout.single_graph:
+            return self.step(DECODE, input_ids, attention_mask, positions)
         if not self.layout.prefill_by_decode:
             return self.step(PREFILL, input_ids, attention_mask, positions)
         real = attention_mask.bool()
@@ -883,13 +894,34 @@ def zero_state(exported, batch: int):
     if getattr(config, "model_type", None) != "mamba":
         raise GenerationError(f"this export has a state-space decode and no prefill; generate knows the initial state "
                               f"of Mamba only, not of {getattr(config, 'model_type', None)!r}")
-    dtype = getattr(torch, str(getattr(exported.runners[DECODE].metadata, "export_dtype", "float32")), torch.float32)
+    dtype = _export_dtype(exported)
     cache = DynamicCache(config=config)
     for layer in range(config.num_hidden_layers):
         cache.update_conv_state(torch.zeros(batch, config.intermediate_size, config.conv_kernel, dtype=dtype), layer)
         cache.update_recurrent_state(torch.zeros(batch, config.intermediate_size, config.state_size, dtype=dtype),
                                      layer)
     return cache
+
+
+def empty_cache(config, batch: int, dtype: torch.dtype = torch.float32):
+    """The `DynamicCache` a single-graph decode runs the prompt on (`generation.single_graph`): per layer of `config`,
+    keys and values of `batch` rows and no positions, `[batch, key_value_heads, 0, head_dim]` (transformers 5.23's
+    attention cache layout), so the cache has the structure the decode was traced with."""
+    from transformers import DynamicCache
+
+    config = config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = DynamicCache(config=config)
+    for layer in range(len(cache.layers)):
+        cache.update(torch.zeros(batch, heads, 0, head_dim, dtype=dtype),
+                     torch.zeros(batch, heads, 0, head_dim, dtype=dtype), layer)
+    return cache
+
+
+def _export_dtype(exported) -> torch.dtype:
+    """The dtype the decode was traced at (its float inputs, the cache among them)."""
+    return getattr(torch, str(getattr(exported.runners[DECODE].metadata, "export_dtype", "float32")), torch.float32)
 
 
 def zero_state_rows(cache, rows: torch.Tensor):

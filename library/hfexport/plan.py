@@ -55,6 +55,8 @@ class Plan:
     # A state-space model whose prefill this format would trace at the sample's length only
     # (`hfexport.modeling_fixes.prefill_by_decode`): no prefill is exported, generate runs the prompt through decode.
     prefill_by_decode: bool = False
+    # `generation.single_graph`: the multi-token decode alone, which runs the prompt on an empty cache too (no prefill).
+    single_graph: bool = False
 
     @property
     def export_format(self):
@@ -547,6 +549,20 @@ def generation_stages(model, inputs: dict, generation_config=None, multi_token_d
     return stages
 
 
+def _check_single_graph(target_name: str, stages: dict) -> None:
+    """`generation.single_graph` is for a decoder-only text model whose decode is attention over a `DynamicCache`: a
+    VLM's prompt goes through its image merge, and a state-space decode (`cache_params`) takes one token per step."""
+    where = f"targets.{target_name}.generation.single_graph"
+    if set(stages) != {"prefill", "decode"}:
+        raise PlanError(f"{where}: this model's components are {', '.join(stages)}; single_graph needs a plain "
+                        "prefill/decode pair (a decoder-only text model)")
+    cache = stages["decode"][1].get("past_key_values")
+    if type(cache).__name__ != "DynamicCache":
+        raise PlanError(f"{where}: the decode takes {type(cache).__name__ if cache is not None else 'no attention cache'}"
+                        f" ({', '.join(stages['decode'][1])}); single_graph runs the prompt on an empty DynamicCache "
+                        "of attention layers")
+
+
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
                source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
@@ -562,7 +578,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
     shapes = target.dynamic_shapes
     components: dict[str, ComponentPlan] = {}
     generation_config = None
-    multi_token_decode = bool(target.generation.get("multi_token_decode", False))
+    single_graph = bool(target.generation.get("single_graph", False))
+    multi_token_decode = single_graph or bool(target.generation.get("multi_token_decode", False))
 
     if target.mode == "forward":
         prepared = _prepared(model, inputs)
@@ -579,8 +596,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
         if seq2seq and (generation_config is not None or multi_token_decode):
             raise PlanError(f"targets.{target.name}.generation: an encoder-decoder exports with the default layout "
-                            "(a DynamicCache of one token per step); static caches and multi-token decode are for "
-                            "decoder-only models")
+                            "(a DynamicCache of one token per step); static caches, multi-token decode and single "
+                            "graphs are for decoder-only models")
         try:
             # The cache layout the export's capture and trace use (hfexport.engine.traced_cache_layout: a sliding
             # window layer holds every token), so the shapes planned here are those of the traced samples.
@@ -593,8 +610,12 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             raise
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
+        sizes = _varying_sizes(stages)
         by_decode = prefill_by_decode(model, str(target.export_format)) and "prefill" in stages
-        if by_decode:
+        if single_graph:
+            _check_single_graph(target.name, stages)
+            stages = {"decode": stages["decode"]}
+        elif by_decode:
             # On this format Mamba's scan stays the engine's loop unrolled at the sample's length (modeling_fixes),
             # so its prefill would take that many tokens only. The decode is the same recurrence for one token:
             # export it alone; generate feeds it the prompt token by token, from a zero state.
@@ -611,7 +632,6 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 f"this model's components are: {', '.join(stages)}"
             )
         seen_keys: set[str] = set()
-        sizes = _varying_sizes(stages)
         for name, (submodel, subinputs) in stages.items():
             override = target.components.get(name, {})
             prepared = _prepared(submodel, subinputs)
@@ -648,8 +668,9 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             )
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
     if target.mode == "generation":
-        plan.prefill_by_decode = by_decode
-        own = (*OWN_COMPONENTS, "decode") if by_decode else OWN_COMPONENTS  # no prefill for the engine's call
+        plan.prefill_by_decode, plan.single_graph = by_decode, single_graph
+        # Without a prefill the decode is exported as hfexport's own (the engine's export_for_generation traces both).
+        own = (*OWN_COMPONENTS, "decode") if by_decode or single_graph else OWN_COMPONENTS
         plan.own_components = {name: stages[name] for name in own if name in stages}
         if "encoder" in stages:
             plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)

@@ -68,6 +68,12 @@ def _latency_inputs(plan, model) -> dict[str, dict]:
     stages = decompose_for_generation(model, dict(plan.inputs), generation_config=plan.generation_config,
                                       multi_token_decode=plan.multi_token_decode)
     first = next(iter(stages))
+    if plan.single_graph:  # the prompt runs on the decode, from an empty cache
+        from hfexport.generate import empty_cache
+
+        prompt = stages[first][1]
+        cache = empty_cache(model.config, int(prompt["input_ids"].shape[0]), model.dtype)
+        return {"decode": {**prompt, "past_key_values": cache}}
     return {first: stages[first][1]}
 
 

@@ -37,14 +37,18 @@ from hfexport.progress import ProgressCallback, Step
 # Relative export time of one target by format (tiny Llama generation, benchmarks/results/demo_breakdown.json:
 # pte 50-63 s, ONNX 22-26 s, OpenVINO 16 s, pt2 3-4 s); a generation target traces two graphs or more.
 EXPORT_COST = {"executorch": 4.0, "onnx": 1.5, "openvino": 1.0, "dynamo": 0.25}
-GENERATION_COST = 2.0
+GENERATION_COST = 2.0  # a prefill and a decode
+SINGLE_GRAPH_COST = 1.2  # `generation.single_graph`: one multi-token decode (benchmarks/results/single_graph.json)
 
 LIBRARY_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the hfexport package
 
 
 def export_cost(target) -> float:
     """The relative time one recipe target takes to export (the split needs only the order of magnitude)."""
-    return EXPORT_COST.get(str(target.export_format), 1.0) * (GENERATION_COST if target.mode == "generation" else 1.0)
+    if target.mode != "generation":
+        return EXPORT_COST.get(str(target.export_format), 1.0)
+    graphs = SINGLE_GRAPH_COST if target.generation.get("single_graph") else GENERATION_COST
+    return EXPORT_COST.get(str(target.export_format), 1.0) * graphs
 
 
 def usable_cpus() -> int:

@@ -9,7 +9,7 @@ of the tree. Needs are estimates with documented multipliers (docs/publishing.md
   after another); generation targets trace several graphs (`GENERATION_FACTOR`). A job that exports in several
   processes at once (`hfexport.job.parallel`) needs that for each process, summed.
 - disk: per target, the weights times `DISK_FACTOR` per component graph (generation exports save one graph per
-  stage, each with its weights), plus the download of a Hub model that is not in the local cache yet.
+  stage, each with its weights: `graphs_saved`), plus the download of a Hub model that is not in the local cache yet.
 
 Available memory is `psutil`'s available memory (capped by a cgroup v2 limit when there is one); disk is
 `shutil.disk_usage` of the output's filesystem. `HFEXPORT_MEMORY_LIMIT_MB` / `HFEXPORT_DISK_LIMIT_MB` override
@@ -114,6 +114,14 @@ def memory_factor(target) -> float:
     return MEMORY_FACTOR.get(target.export_format, 4.0) * (GENERATION_FACTOR if target.mode == "generation" else 1.0)
 
 
+def graphs_saved(target) -> int:
+    """How many graphs, each holding the weights, the target saves: a generation target's prefill and decode, or the
+    decode alone (`generation.single_graph`)."""
+    if target.mode != "generation" or target.generation.get("single_graph"):
+        return 1
+    return GENERATION_COMPONENTS
+
+
 def memory_needed(weights: int, groups) -> int:
     """Bytes of memory for exporting `groups` (lists of recipe `Target`s), one process per group, all at once: each
     process its libraries plus the weights times its largest target's factor."""
@@ -130,7 +138,7 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     weights, dtypes = weights or weights_metadata(model, revision, token)
     factors = [memory_factor(t) for t in targets]
     memory = memory_needed(weights, groups)
-    disk = sum(int(weights * DISK_FACTOR * (GENERATION_COMPONENTS if t.mode == "generation" else 1)) for t in targets)
+    disk = sum(int(weights * DISK_FACTOR * graphs_saved(t)) for t in targets)
     output_dir = _existing_parent(Path(output))
     download = 0 if Path(str(model)).is_dir() or _cached(str(model), revision) else weights
     if download and _same_filesystem(output_dir, _hf_cache_dir()):

@@ -284,6 +284,13 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
         generation = target.get("generation", {})
         if generation.get("cache_implementation") == "static" and "max_cache_len" not in generation:
             problems.append(Problem(json_path([*base, "generation"]), "a static cache needs max_cache_len"))
+        if generation.get("single_graph"):
+            if generation.get("cache_implementation") == "static":
+                problems.append(Problem(json_path([*base, "generation", "single_graph"]),
+                                        "a single graph runs the prompt on an empty DynamicCache: it takes no static cache"))
+            if generation.get("multi_token_decode") is False:
+                problems.append(Problem(json_path([*base, "generation", "single_graph"]),
+                                        "a single graph is a multi-token decode: drop multi_token_decode: false"))
         for component, override in target.get("components", {}).items():
             check_options(override.get("options"), export_format, [*base, "components", component, "options"])
             check_shapes(override.get("dynamic_shapes"), [*base, "components", component, "dynamic_shapes"])

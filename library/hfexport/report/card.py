@@ -212,8 +212,9 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
         lines += ["Plain ONNX Runtime / OpenVINO:", "", "```python", *plain, "```", ""]
     generation = [name for name, target in report.targets.items() if target.mode == "generation"]
     if generation:
-        lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's separate prefill and decode "
-                  "graphs (cache tensors named `past_key_values.layers.N.keys`): optimum's `ORTModelForCausalLM` / "
+        lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's generation graphs (a prefill "
+                  "and a decode, or with `generation.single_graph` one decode that also runs the prompt; cache tensors "
+                  "named `past_key_values.layers.N.keys`): optimum's `ORTModelForCausalLM` / "
                   "`OVModelForCausalLM` and transformers.js load one merged decoder (`model.onnx`, "
                   "`decoder_model_merged.onnx`, `openvino_model.xml`) with `past_key_values.N.key` inputs, which these "
                   "graphs are not, so load them with `hfexport.load(...).generate(...)`. A forward target of a "

@@ -105,11 +105,20 @@ def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: d
                                    multi_token_decode=plan.multi_token_decode)
     results = []
     for name, (submodel, subinputs) in stages.items():
-        if name not in exported.components:
+        component = name
+        if name == "prefill" and plan.single_graph:
+            # The decode runs the prompt too, on an empty cache: compared with the eager prefill on the same prompt.
+            from hfexport.generate import empty_cache
+
+            component = "decode"
+            batch = int(subinputs["input_ids"].shape[0])
+            subinputs = {**subinputs, "past_key_values": empty_cache(model.config, batch, model.dtype)}
+        if component not in exported.components:
             continue
-        runner = exported.runners[name]
+        runner = exported.runners[component]
         subinputs = _with_full_mask(runner, subinputs)
-        entry = {"component": name, "shapes": shapes_of(subinputs)}
+        entry = {"component": component if component == name else f"{component} (the prompt, on an empty cache)",
+                 "shapes": shapes_of(subinputs)}
         if _is_stateful(runner):
             entry.update(skipped="its cache lives in the OpenVINO infer request: checked by greedy generation",
                          outputs={})
