@@ -45,12 +45,18 @@ ALL_AUTO_COMPONENT = {
 
 
 def model_and_recipe() -> tuple[str, dict]:
+    """The model and its recipe in the prefill + decode layout this A/B is about (without `generation` settings:
+    the recipes now export single graphs, benchmarks/single_graph.py)."""
     if MODEL == "smollm2":
         from hfexport.testing.models import build_smollm2
 
         folder = build_smollm2(Path(os.environ.get("SMOLLM2_DIR", "/tmp/hfexport-smollm2")))
-        return str(folder), json.loads((HERE / "recipes" / "smollm2.json").read_text())
-    return MODEL, json.loads((Path(MODEL) / "export_config.json").read_text())
+        model, recipe = str(folder), json.loads((HERE / "recipes" / "smollm2.json").read_text())
+    else:
+        model, recipe = MODEL, json.loads((Path(MODEL) / "export_config.json").read_text())
+    for spec in recipe["targets"].values():
+        spec.pop("generation", None)
+    return model, recipe
 
 
 def all_auto(recipe: dict, target: str) -> dict:
