@@ -115,7 +115,7 @@ def test_llama_target_runs_at_other_shapes(exported_llama, eager, target):
             expected = model(**inputs, use_cache=False).logits
             actual = exported(**inputs).logits
         else:  # a single graph (generation.single_graph): the decode runs the prompt on an empty cache
-            from hfexport.generate import empty_cache
+            from hfexport.models import empty_cache
 
             assert list(exported.components) == ["decode"]
             assert sample_shape(report, target, "decode") != [BATCH, SEQ]

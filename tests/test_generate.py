@@ -269,16 +269,24 @@ def test_static_decode_traced_at_batch_2_runs_other_batches(layout_exports, mode
     _check_matches(exported, model, three)
 
 
-def test_stateful_openvino_decode_needs_the_port_read(exported_llama, batch1):
+def test_stateful_openvino_decode_needs_the_port_read(exported_llama, model, batch1):
     """transformers 5.23: the OpenVINO runner cannot unflatten a stateful decode's outputs (its out_spec still has
-    the cache leaves folded into state), which generate works around by reading `logits` by port."""
+    the cache leaves folded into state), which generate (and `run_component`, which the quantized-vs-reference latency
+    uses) works around by reading `logits` by port."""
+    from hfexport.generate import run_component
+
     exported = _load(exported_llama[0] / "openvino-generation")
     decode = exported.runners["decode"]
     assert len(decode.request.query_state()) > 0  # the recipe's default: stateful
     ids = batch1["input_ids"]
+    # the recipe's single graph: the decode runs the prompt from its variables' zero-length init
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(ids.shape[1])[None]}
     with pytest.raises(StopIteration):  # the engine bug; drop `_stateful_logits` when this stops raising
-        # the recipe's single graph: the decode runs the prompt from its variables' zero-length init
-        decode(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(ids.shape[1])[None])
+        decode(**kwargs)
+    with torch.no_grad():
+        expected = model(**kwargs).logits
+    for _ in range(2):  # each call starts from the reset state
+        torch.testing.assert_close(run_component(decode, kwargs), expected, atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.slow
@@ -422,3 +430,31 @@ def test_chunked_static_decode_samples_and_refuses_a_streamer_for_more_rows(layo
     assert sampled.shape[0] == 3 and torch.equal(sampled[:, : three["input_ids"].shape[1]], three["input_ids"])
     with pytest.raises(GenerationError, match="streamer"):
         exported.generate(three["input_ids"], three["attention_mask"], max_new_tokens=MAX_NEW, streamer=Recorder())
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-qwen2"])
+def test_single_graph_of_other_decoders_matches_model_generate(session_dir, name):
+    """`generation.single_graph` beyond Llama: Gemma3's sliding-window layer (the empty cache holds a sliding layer
+    that the prompt then fills past its window) and Qwen2's biased projections, ONNX, verified by the job (the decode
+    on the prompt against the eager prefill, then greedy tokens) and generated here against `model.generate`."""
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import make_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = make_model(name, session_dir / f"{name}-single-graph")
+    recipe = json.loads((folder / "export_config.json").read_text())
+    recipe["targets"] = {"onnx-single": {"export_format": "onnx", "mode": "generation",
+                                         "generation": {"single_graph": True},
+                                         "parity": {"generate": {"max_new_tokens": MAX_NEW}}}}
+    recipe["default_target"] = "onnx-single"
+    report = run_job(folder, session_dir / f"{name}-single-graph-out", recipe=recipe)
+    target = report.targets["onnx-single"]
+    assert target.status == "ok", target.error
+    assert "decode (the prompt, on an empty cache)" in {probe["component"] for probe in target.verification["probes"]}
+    assert target.verification["generation"]["token_agreement"] == 1.0
+    exported = _load(session_dir / f"{name}-single-graph-out" / "onnx-single")
+    assert list(exported.components) == ["decode"]
+    tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    # longer than Gemma3's sliding window (4), and left-padded
+    inputs = dict(tokenizer(["The capital of France is a city", "Hi"], return_tensors="pt", padding=True))
+    _check_matches(exported, AutoModelForCausalLM.from_pretrained(folder).eval(), inputs)

@@ -468,20 +468,39 @@ def test_data_free_methods_get_no_calibration_set(bert):
     assert plan.quantization["data"] == "none" and plan.quantization["calibration"] is None
 
 
-def test_generation_targets_calibrate_each_component_on_its_own_captured_inputs(tiny_llama):
-    """export_for_generation skips its calibration capture for per-component configs; the plan does it."""
+@pytest.mark.parametrize("single_graph", [False, True])
+def test_generation_targets_calibrate_each_component_on_its_own_captured_inputs(tiny_llama, single_graph):
+    """export_for_generation skips its calibration capture for per-component configs; the plan does it. A single
+    graph (generation.single_graph) also runs the prompts: its decode calibrates on both, the prompts on an empty
+    cache."""
     from hfexport.models import load_model, load_processor
 
     model, processor = load_model(tiny_llama), load_processor(tiny_llama)
     document = json.loads((tiny_llama / "export_config.json").read_text())
     target = copy.deepcopy(document["targets"]["openvino-generation"])
+    target.pop("generation", None)
+    if single_graph:
+        target["generation"] = {"single_graph": True}
     target["quantization"] = {"method": "nncf_weights",
                               "params": {"mode": "int4_sym", "group_size": 16, "scale_estimation": True},
                               "calibration": {"source": "texts", "texts": TEXTS}}
     document["targets"], document["default_target"] = {"t": target}, "t"
     plan = _plan(document, model, processor)
-    assert set(plan.components) == {"prefill", "decode"}
     per_component = plan.quantization["calibration"]["per_component"]
+    if single_graph:
+        samples = plan.components["decode"].config.quantizer.calibration_dataset
+        assert set(plan.components) == {"decode"} and per_component == {"decode": len(samples)}
+        # the engine's capture of a multi-token decode holds each batch's prompt call and a later step; the prompts
+        # get the empty cache the graph runs them on (zero-length tensors in every layer, not uninitialized layers)
+        prompts = [sample for sample in samples if sample["past_key_values"].get_seq_length() == 0]
+        steps = [sample for sample in samples if sample["past_key_values"].get_seq_length() > 0]
+        assert prompts and steps and len(prompts) + len(steps) == len(samples)
+        for sample in prompts:
+            keys = [layer.keys for layer in sample["past_key_values"].layers]
+            assert len(keys) == model.config.num_hidden_layers and all(k is not None and k.shape[2] == 0 for k in keys)
+            assert sample["input_ids"].shape[1] > 1
+        return
+    assert set(plan.components) == {"prefill", "decode"}
     assert per_component == {"prefill": 2, "decode": 2}
     for name, component in plan.components.items():
         samples = component.config.quantizer.calibration_dataset
@@ -572,6 +591,7 @@ def test_minilm_nncf_weights_int8_openvino_passes_its_gate(minilm, tmp_path):
 
 def _llama_recipe(tiny_llama, name: str, quantization: dict, max_new_tokens: int = 8) -> dict:
     document = json.loads((tiny_llama / "export_config.json").read_text())
+    document["targets"][name].pop("generation", None)  # the prefill + decode layout these jobs were written for
     target = copy.deepcopy(document["targets"][name])
     target["quantization"] = quantization
     target["parity"] = {"generate": {"max_new_tokens": max_new_tokens}}

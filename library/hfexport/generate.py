@@ -27,6 +27,7 @@ import torch
 
 from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_request
 from hfexport.errors import GenerationError
+from hfexport.models import empty_cache
 
 PREFILL, DECODE, ENCODER = "prefill", "decode", "encoder"
 CACHE = "past_key_values"
@@ -903,22 +904,6 @@ def zero_state(exported, batch: int):
     return cache
 
 
-def empty_cache(config, batch: int, dtype: torch.dtype = torch.float32):
-    """The `DynamicCache` a single-graph decode runs the prompt on (`generation.single_graph`): per layer of `config`,
-    keys and values of `batch` rows and no positions, `[batch, key_value_heads, 0, head_dim]` (transformers 5.23's
-    attention cache layout), so the cache has the structure the decode was traced with."""
-    from transformers import DynamicCache
-
-    config = config.get_text_config()
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    cache = DynamicCache(config=config)
-    for layer in range(len(cache.layers)):
-        cache.update(torch.zeros(batch, heads, 0, head_dim, dtype=dtype),
-                     torch.zeros(batch, heads, 0, head_dim, dtype=dtype), layer)
-    return cache
-
-
 def _export_dtype(exported) -> torch.dtype:
     """The dtype the decode was traced at (its float inputs, the cache among them)."""
     return getattr(torch, str(getattr(exported.runners[DECODE].metadata, "export_dtype", "float32")), torch.float32)
@@ -949,6 +934,15 @@ def static_attention_mask(attention_mask: torch.Tensor, filled: int, query_len: 
     if dtype == torch.bool:
         return allowed
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def run_component(runner, kwargs: dict):
+    """One call of an exported component, as generate makes it: a stateful OpenVINO decode (a single graph's prompt,
+    from its reset state) returns its logits read by port (`_stateful_logits`), any other its runner's outputs."""
+    if _is_stateful(runner):
+        openvino_request(runner).reset_state()
+        return _stateful_logits(runner, {key: value for key, value in kwargs.items() if key != CACHE})
+    return runner(**kwargs)
 
 
 def _stateful_logits(runner, kwargs: dict) -> torch.Tensor:

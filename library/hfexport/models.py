@@ -160,3 +160,21 @@ def load_processor(name_or_path: str | Path, revision: str | None = None, token:
         except Exception:  # noqa: BLE001 - a repo without a processor is normal; the next loader or None
             continue
     return None
+
+
+def empty_cache(config, batch: int, dtype=None):
+    """The `DynamicCache` a single-graph decode runs the prompt on (`generation.single_graph`): per layer of `config`,
+    keys and values of `batch` rows and no positions, `[batch, key_value_heads, 0, head_dim]` (transformers 5.23's
+    attention cache layout), so the cache has the structure the decode was traced with."""
+    import torch
+    from transformers import DynamicCache
+
+    dtype = dtype or torch.float32
+    config = config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = DynamicCache(config=config)
+    for layer in range(len(cache.layers)):
+        cache.update(torch.zeros(batch, heads, 0, head_dim, dtype=dtype),
+                     torch.zeros(batch, heads, 0, head_dim, dtype=dtype), layer)
+    return cache

@@ -16,6 +16,7 @@ from typing import Any
 from hfexport.engine import exporter_class
 from hfexport.errors import first_line
 from hfexport.files import MANIFEST_FILE
+from hfexport.models import empty_cache
 from hfexport.plan import build_plan
 from hfexport.progress import Step
 from hfexport.recipe.model import Recipe
@@ -69,8 +70,6 @@ def _latency_inputs(plan, model) -> dict[str, dict]:
                                       multi_token_decode=plan.multi_token_decode)
     first = next(iter(stages))
     if plan.single_graph:  # the prompt runs on the decode, from an empty cache
-        from hfexport.generate import empty_cache
-
         prompt = stages[first][1]
         cache = empty_cache(model.config, int(prompt["input_ids"].shape[0]), model.dtype)
         return {"decode": {**prompt, "past_key_values": cache}}
@@ -80,6 +79,7 @@ def _latency_inputs(plan, model) -> dict[str, dict]:
 def measure_latency(folders: dict[str, Path], inputs: dict[str, dict], rounds: int = LATENCY_ROUNDS) -> dict[str, float]:
     """Median seconds per call of each export on the same inputs, runs interleaved so load changes hit both alike."""
     from hfexport.exported import ExportedModel
+    from hfexport.generate import run_component
 
     loaded = {key: ExportedModel.from_pretrained(folder) for key, folder in folders.items()}
     (component, sample), = inputs.items()
@@ -87,7 +87,7 @@ def measure_latency(folders: dict[str, Path], inputs: dict[str, dict], rounds: i
     def call(exported):
         runner = exported.runners[component]
         traced = runner.metadata.kwargs  # what the graph was traced with (flags such as use_cache are not inputs)
-        return runner(**{key: value for key, value in copy.deepcopy(sample).items() if key in traced})
+        return run_component(runner, {key: value for key, value in copy.deepcopy(sample).items() if key in traced})
 
     for _ in range(WARMUP_ROUNDS):
         for exported in loaded.values():

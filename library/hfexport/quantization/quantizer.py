@@ -11,7 +11,7 @@ from typing import Any
 
 from hfexport.engine import capture_calibration_inputs
 from hfexport.errors import PlanError, RecipeError, first_line
-from hfexport.models import load_processor
+from hfexport.models import empty_cache, load_processor
 from hfexport.quantization.calibration import build_calibration
 from hfexport.quantization.spec import (
     DEFAULT_PARAMS,
@@ -229,6 +229,8 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
                 f"targets.{target.name}.quantization.calibration: capturing the components' calibration inputs failed: "
                 f"{first_line(error)}"
             ) from None
+        if plan.single_graph:
+            captured = {"decode": [_with_empty_cache(inputs, model) for inputs in captured.get("decode", [])]}
         missing = [name for name in plan.components if not captured.get(name)]
         if missing:
             raise PlanError(f"targets.{target.name}.quantization.calibration: no calibration inputs captured for "
@@ -238,3 +240,14 @@ def attach(plan, model, processor=None, source=None, revision=None, token=None) 
         described["per_component"] = {name: len(captured[name]) for name in plan.components}
     record["calibration"] = described
     return record
+
+
+def _with_empty_cache(inputs: dict, model) -> dict:
+    """A captured multi-token decode call: the engine's capture holds the prompt's call too, on a `DynamicCache`
+    whose layers are not initialized yet (no tensors to feed). A single graph runs prompts on
+    `hfexport.models.empty_cache` (zero-length tensors), so that is what it is calibrated on."""
+    cache = inputs.get("past_key_values")
+    layers = getattr(cache, "layers", None)
+    if not layers or all(getattr(layer, "keys", None) is not None for layer in layers):
+        return inputs
+    return {**inputs, "past_key_values": empty_cache(model.config, int(inputs["input_ids"].shape[0]), model.dtype)}

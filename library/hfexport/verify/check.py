@@ -24,6 +24,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
+from hfexport.models import empty_cache
 from hfexport.plan import generation_stages
 from hfexport.progress import ProgressCallback, Step
 from hfexport.runtime import (
@@ -108,8 +109,6 @@ def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: d
         component = name
         if name == "prefill" and plan.single_graph:
             # The decode runs the prompt too, on an empty cache: compared with the eager prefill on the same prompt.
-            from hfexport.generate import empty_cache
-
             component = "decode"
             batch = int(subinputs["input_ids"].shape[0])
             subinputs = {**subinputs, "past_key_values": empty_cache(model.config, batch, model.dtype)}
