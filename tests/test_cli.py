@@ -91,7 +91,7 @@ def test_show_generation_target_json(run, tiny_llama):
     code, out, _ = run("show", tiny_llama, "--target", "onnx-generation", "--json")
     assert code == 0
     plan = json.loads(out)
-    assert list(plan["components"]) == ["prefill", "decode"]
+    assert list(plan["components"]) == ["decode"]  # the example's single graph (generation.single_graph)
 
 
 # ── export --json ────────────────────────────────────────────────────────────
