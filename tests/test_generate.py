@@ -141,6 +141,18 @@ def test_layouts_match_model_generate(layout_exports, model, batch2, batch1, tar
     _check_matches(exported, model, batch1)
 
 
+def test_a_one_token_decode_without_its_prefill_is_refused(layout_exports, batch1):
+    """Only a multi-token decode can run a prompt: the default layout's decode alone is refused, saying why."""
+    from hfexport import ExportedModel
+    from hfexport.errors import GenerationError
+
+    full = _load(layout_exports / "onnx-generation")
+    decode_only = ExportedModel({"decode": full.components["decode"]}, full.export_format, config=full.config)
+    with pytest.raises(GenerationError, match="its decode takes one token per step: generate runs a prompt only on a "
+                                              "multi-token decode"):
+        decode_only.generate(batch1["input_ids"], max_new_tokens=2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("target", SLOW_LAYOUTS)
 def test_layouts_match_model_generate_all_formats(slow_layout_exports, model, batch2, batch1, target):

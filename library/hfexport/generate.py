@@ -705,9 +705,10 @@ def _layout(exported) -> _Layout:
         raise GenerationError(f"the decode component takes a {cache.get('container')}; generate handles DynamicCache "
                               "and StaticCache")
     if single_graph and (static_len is not None or traced["input_ids"].get("shape", [0, 0])[1] == 1):
-        raise GenerationError("this export has a decode and no prefill, and its decode takes one token per step over "
-                              "a static cache or a DynamicCache: only a multi-token decode (generation.single_graph) "
-                              "can run the prompt")
+        what = "a static cache" if static_len is not None else "one token per step"
+        raise GenerationError(f"this export has a decode and no prefill, and its decode takes {what}: generate runs "
+                              "a prompt only on a multi-token decode over a DynamicCache (generation.single_graph); "
+                              "export the prefill too")
     stateful = {PREFILL: not by_decode and _is_stateful(runners[prefill]), DECODE: _is_stateful(runners[DECODE])}
     if static_len is not None and stateful[DECODE]:
         raise GenerationError(
@@ -791,7 +792,8 @@ class _Session:
         return DynamicCache(config=exported.config)
 
     def prefill(self, input_ids, attention_mask, positions) -> torch.Tensor:
-        """The prompt's logits: the prefill component, or (`prefill_by_decode`) the decode on one token at a time."""
+        """The prompt's logits: the prefill component, the decode on an empty cache (`single_graph`), or
+        (`prefill_by_decode`) the decode on one token at a time."""
         if self.layout.single_graph:
             return self.step(DECODE, input_ids, attention_mask, positions)
         if not self.layout.prefill_by_decode:
