@@ -578,7 +578,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
     shapes = target.dynamic_shapes
     components: dict[str, ComponentPlan] = {}
     generation_config = None
-    single_graph = bool(target.generation.get("single_graph", False))
+    single_graph = target.single_graph
     multi_token_decode = single_graph or bool(target.generation.get("multi_token_decode", False))
 
     if target.mode == "forward":

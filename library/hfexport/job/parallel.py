@@ -47,7 +47,7 @@ def export_cost(target) -> float:
     """The relative time one recipe target takes to export (the split needs only the order of magnitude)."""
     if target.mode != "generation":
         return EXPORT_COST.get(str(target.export_format), 1.0)
-    graphs = SINGLE_GRAPH_COST if target.generation.get("single_graph") else GENERATION_COST
+    graphs = SINGLE_GRAPH_COST if target.single_graph else GENERATION_COST
     return EXPORT_COST.get(str(target.export_format), 1.0) * graphs
 
 

@@ -117,7 +117,7 @@ def memory_factor(target) -> float:
 def graphs_saved(target) -> int:
     """How many graphs, each holding the weights, the target saves: a generation target's prefill and decode, or the
     decode alone (`generation.single_graph`)."""
-    if target.mode != "generation" or target.generation.get("single_graph"):
+    if target.mode != "generation" or target.single_graph:
         return 1
     return GENERATION_COMPONENTS
 

@@ -30,6 +30,11 @@ class Target:
     path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
     file_name: str | None = None  # the artifact's name there (hfexport.layout); not part of what is exported either
 
+    @property
+    def single_graph(self) -> bool:
+        """A generation target exported as its multi-token decode alone (`generation.single_graph`): one graph."""
+        return self.mode == "generation" and bool(self.generation.get("single_graph", False))
+
     @classmethod
     def from_dict(cls, name: str, data: dict) -> Target:
         return cls(
