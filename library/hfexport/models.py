@@ -178,3 +178,9 @@ def empty_cache(config, batch: int, dtype=None):
         cache.update(torch.zeros(batch, heads, 0, head_dim, dtype=dtype),
                      torch.zeros(batch, heads, 0, head_dim, dtype=dtype), layer)
     return cache
+
+
+def on_empty_cache(inputs: dict, model) -> dict:
+    """A prompt's forward kwargs (`input_ids`, mask, positions) with `past_key_values` the `empty_cache` of `model`'s
+    config, batch and dtype: what a single-graph decode runs a prompt on."""
+    return {**inputs, "past_key_values": empty_cache(model.config, int(inputs["input_ids"].shape[0]), model.dtype)}

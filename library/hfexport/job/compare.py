@@ -16,7 +16,7 @@ from typing import Any
 from hfexport.engine import exporter_class
 from hfexport.errors import first_line
 from hfexport.files import MANIFEST_FILE
-from hfexport.models import empty_cache
+from hfexport.models import on_empty_cache
 from hfexport.plan import build_plan
 from hfexport.progress import Step
 from hfexport.recipe.model import Recipe
@@ -70,9 +70,7 @@ def _latency_inputs(plan, model) -> dict[str, dict]:
                                       multi_token_decode=plan.multi_token_decode)
     first = next(iter(stages))
     if plan.single_graph:  # the prompt runs on the decode, from an empty cache
-        prompt = stages[first][1]
-        cache = empty_cache(model.config, int(prompt["input_ids"].shape[0]), model.dtype)
-        return {"decode": {**prompt, "past_key_values": cache}}
+        return {"decode": on_empty_cache(stages[first][1], model)}
     return {first: stages[first][1]}
 
 

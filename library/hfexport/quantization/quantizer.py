@@ -11,7 +11,7 @@ from typing import Any
 
 from hfexport.engine import capture_calibration_inputs
 from hfexport.errors import PlanError, RecipeError, first_line
-from hfexport.models import empty_cache, load_processor
+from hfexport.models import load_processor, on_empty_cache
 from hfexport.quantization.calibration import build_calibration
 from hfexport.quantization.spec import (
     DEFAULT_PARAMS,
@@ -250,4 +250,4 @@ def _with_empty_cache(inputs: dict, model) -> dict:
     layers = getattr(cache, "layers", None)
     if not layers or all(getattr(layer, "keys", None) is not None for layer in layers):
         return inputs
-    return {**inputs, "past_key_values": empty_cache(model.config, int(inputs["input_ids"].shape[0]), model.dtype)}
+    return on_empty_cache(inputs, model)

@@ -24,7 +24,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
-from hfexport.models import empty_cache
+from hfexport.models import on_empty_cache
 from hfexport.plan import generation_stages
 from hfexport.progress import ProgressCallback, Step
 from hfexport.runtime import (
@@ -109,9 +109,7 @@ def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: d
         component = name
         if name == "prefill" and plan.single_graph:
             # The decode runs the prompt too, on an empty cache: compared with the eager prefill on the same prompt.
-            component = "decode"
-            batch = int(subinputs["input_ids"].shape[0])
-            subinputs = {**subinputs, "past_key_values": empty_cache(model.config, batch, model.dtype)}
+            component, subinputs = "decode", on_empty_cache(subinputs, model)
         if component not in exported.components:
             continue
         runner = exported.runners[component]
