@@ -225,7 +225,6 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
     return paths
 
 
-_ONNX_EXTERNAL = EXTERNAL  # TensorProto.DataLocation.EXTERNAL
 _ALIGNMENT_SLACK = 4096  # a writer may pad the weights file to a page
 
 
@@ -245,13 +244,13 @@ def check_onnx_file(model: Path, data: Path | None, label: str, data_alt: Path |
     if not proto.HasField("graph"):
         raise CorruptExportError(f"{label}: not an ONNX model (no graph)")
     own = f"{Path(model).name}.data"
-    first = next((tensor for tensor, _ in _onnx_tensors(proto) if tensor.data_location == _ONNX_EXTERNAL), None)
+    first = next((tensor for tensor, _ in _onnx_tensors(proto) if tensor.data_location == EXTERNAL), None)
     if first is not None and {e.key: e.value for e in first.external_data}.get("location") == f"{Path(model).name}_data":
         own, data = f"{Path(model).name}_data", data_alt
     data_size = os.stat(Path(data).resolve()).st_size if data is not None else None
     end = 0
     for tensor, where in _onnx_tensors(proto):
-        if tensor.data_location != _ONNX_EXTERNAL:
+        if tensor.data_location != EXTERNAL:
             if tensor.external_data:
                 raise CorruptExportError(f"{label}: {where}: external_data on a tensor stored inline")
             continue
