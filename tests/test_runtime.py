@@ -187,13 +187,27 @@ def _pinned_copy(exported_bert, tmp_path: Path, precision: str) -> Path:
     return folder
 
 
+def _plugin_precision(folder: Path, hint: str) -> str:
+    """What OpenVINO's CPU plugin itself runs `folder`'s IR at when compiled with INFERENCE_PRECISION_HINT=`hint`."""
+    import openvino
+
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(str(folder / "openvino_model.xml")), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": hint})
+    text = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+    return "bf16" if "bf" in text else "f16" if "16" in text else "f32"
+
+
 def test_load_applies_the_recipes_pin_and_the_callers_choice_wins(exported_bert, tmp_path):
     import hfexport
 
     folder = _pinned_copy(exported_bert, tmp_path, "f32")
     assert read_back(hfexport.load(folder, device="cpu"))["precision"] == "f32"
+    # The caller's f16 replaces the pin: the model runs at what the CPU plugin makes of an f16 hint on this CPU (f16
+    # with AVX512-FP16/AMX-FP16, bf16 on a CPU with bf16 only such as AMD Zen 4/5, f32 without either), read from a
+    # bare OpenVINO compile of the same IR with the same hint.
     f16 = read_back(hfexport.load(folder, device="cpu", precision="f16"))["precision"]
-    assert f16 in ("f16", "f32")  # f16 where the plugin supports it on this CPU, else it falls back to f32
+    assert f16 == _plugin_precision(folder, "f16")
     explicit = hfexport.load(folder, device="cpu", precision="f16", config={"INFERENCE_PRECISION_HINT": "f32"})
     assert read_back(explicit)["precision"] == "f32"
 
