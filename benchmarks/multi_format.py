@@ -117,10 +117,10 @@ def peers_model(model: Path) -> Path:
     return peer_model(model)
 
 
-def commands(model: Path, output: Path) -> dict[str, list[str]]:
+def commands(model: Path, peers: Path, output: Path) -> dict[str, list[str]]:
+    """Each variant's command line: hfexport reads `model`, the peers `peers` (`peers_model(model)`)."""
     cli = {name: str(venv / "bin" / "optimum-cli") for name, (venv, _) in VENVS.items()}
     tasks = SETTINGS["tasks"]
-    peers = peers_model(model)
     hfexport = [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
                 str(HERE / "recipes" / SETTINGS["recipe"]), "--all-targets", "-o", str(output), "--force", "--json"]
     return {
@@ -187,13 +187,14 @@ def main() -> dict:
         if not (venv / "bin" / "optimum-cli").exists():
             raise SystemExit(f"no optimum-cli in {venv}: run `{sys.executable} {__file__} --setup` first")
     model = model_dir()
+    peers = peers_model(model)  # made once: it writes the peers' config.json
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="hfexport-multi-") as work:
         work = Path(work)
         for index in range(ROUNDS):
             order = VARIANTS[index % len(VARIANTS):] + VARIANTS[:index % len(VARIANTS)]
             for name in order:
-                runs[name].append(run(name, commands(model, work / name)[name], work / name, work))
+                runs[name].append(run(name, commands(model, peers, work / name)[name], work / name, work))
                 last = runs[name][-1]
                 print(f"round {index} {name}: {last['wall_s']:.1f} s wall, {last['cpu_s']:.1f} s CPU, "
                       f"load {last['load_avg_1m_before']} -> {last['load_avg_1m_after']}", file=sys.stderr)
@@ -206,9 +207,9 @@ def main() -> dict:
         "benchmark": "one verified hfexport job (onnx + openvino + pte) vs optimum-cli export onnx / openvino / "
                      "executorch run separately, alternated",
         "model": SETTINGS["model"],
-        "commands": {name: " ".join(command).replace(str(peers_model(model)), f"{SETTINGS['name']}-PEERS")
+        "commands": {name: " ".join(command).replace(str(peers), f"{SETTINGS['name']}-PEERS")
                      .replace(str(model), SETTINGS["name"]).replace(f"{ROOT}/", "")
-                     for name, command in commands(model, Path("OUT")).items()},
+                     for name, command in commands(model, peers, Path("OUT")).items()},
         "what_each_checks": SETTINGS["checks"],
         "rounds": ROUNDS, "machine": machine(), "versions": versions(),
         "median_wall_s": {name: round(median(name, "wall_s"), 2) for name in VARIANTS},
