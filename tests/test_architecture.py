@@ -21,7 +21,7 @@ LAYERS = [
     ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "plan"]),
     ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "onnx_runner", "generate", "exported",
                    "export"]),
-    ("verify", ["verify", "latency"]),
+    ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),
     ("publication", ["publication"]),
     ("job", ["job"]),

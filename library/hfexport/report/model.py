@@ -53,6 +53,7 @@ class TargetReport:
     verification: dict | None = None
     quantization: dict | None = None
     latency: dict | None = None  # hfexport.latency: artifact vs eager torch per batch size, on the verifying machine
+    runtimes: list[dict] = field(default_factory=list)  # hfexport.deployment: RuntimeCheck.to_dict() per runtime
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -62,7 +63,7 @@ class TargetReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> TargetReport:
-        return cls(**data)
+        return cls(**data)  # reports written before `runtimes` existed read with an empty list (the default)
 
 
 @dataclass
