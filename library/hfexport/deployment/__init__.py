@@ -6,11 +6,20 @@ tokens as `model.generate` (greedy) on the recipe's sample prompts. Each runtime
 runner and optimum-executorch on `.pte`); each returns a `RuntimeCheck`, which the report stores per target under
 `runtimes`. A runtime that is not installed is `not_checked` with why, never `passed`; one that crashes or runs past
 its time limit is `failed` with its own message, and the job goes on.
+
+Where a runtime is found: each lives in its users' own environment, so a runtime module looks for the environment
+named by `HFEXPORT_RUNTIME_<NAME>` (a Python interpreter for the Python runtimes, a folder holding `node_modules/`
+for transformers.js; `runtime_environment`), else for the runtime importable beside hfexport, else reports
+`not_checked: not installed`. Client scripts run in those environments never import hfexport (`run_client`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hfexport.errors import redact
 
 PASSED, FAILED, NOT_CHECKED = "passed", "failed", "not_checked"
 
@@ -57,3 +66,94 @@ def compare_tokens(runtime: str, expected: list[list[int]], got: list[list[int]]
     reason = (f"prompt {difference['prompt']} differs at new token {difference['position']}: "
               f"expected {difference['expected']}, got {difference['got']}")
     return RuntimeCheck(runtime, FAILED, reason=reason, first_difference=difference, **fields)
+
+
+@dataclass
+class GenerationRequest:
+    """What every runtime is asked to generate, and what `model.generate` (greedy, f32) answered on the same input.
+
+    `prompts` are the recipe's sample prompts as token ids, one list per prompt, unpadded (runtimes that take text
+    get `texts`). `expected[i]` are the new tokens `model.generate` made for prompt i alone (batch 1), cut after the
+    first EOS. `padded_expected` is the same for all prompts in one left-padded batch (None where the model has no
+    pad token or there is one prompt): runtimes that batch are checked on it too.
+    """
+
+    prompts: list[list[int]]
+    expected: list[list[int]]
+    max_new_tokens: int
+    eos_token_id: list[int]
+    pad_token_id: int | None = None
+    padded_expected: list[list[int]] | None = None
+    texts: list[str] | None = None
+    model_type: str | None = None
+    is_encoder_decoder: bool = False
+    timeout_s: float = 300.0
+    extra: dict = field(default_factory=dict)  # arrays some families need (Whisper: input_features), by input name
+
+    def cut(self, tokens: list[int]) -> list[int]:
+        """`tokens` cut after the first EOS and to max_new_tokens, as `expected` is."""
+        tokens = list(tokens)[: self.max_new_tokens]
+        for index, token in enumerate(tokens):
+            if token in self.eos_token_id:
+                return tokens[: index + 1]
+        return tokens
+
+
+#: The runtimes the gate runs per export format: module names in this package, each with
+#: `RUNTIME: str` (the name reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck`.
+#: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
+RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": (), "openvino": (), "executorch": (), "dynamo": ()}
+
+
+def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
+    """Every runtime of `export_format` on `folder`; a runtime module that raises is `failed` with its message."""
+    import importlib
+
+    checks = []
+    for name in RUNTIMES.get(export_format, ()):
+        module = importlib.import_module(f"{__name__}.{name}")
+        started = time.perf_counter()
+        try:
+            check = module.check(Path(folder), request)
+        except Exception as error:  # noqa: BLE001 - one runtime's crash is its verdict; the job goes on
+            check = RuntimeCheck(module.RUNTIME, FAILED, reason=redact(f"{type(error).__name__}: {error}")[:500])
+        if check.seconds is None:
+            check.seconds = round(time.perf_counter() - started, 3)
+        checks.append(check)
+    return checks
+
+
+def run_client(command: list[str], *, timeout: float, env: dict[str, str] | None = None,
+               cwd: str | Path | None = None) -> dict:
+    """Run a runtime's client script (in the runtime's own environment); its last stdout line is a JSON object.
+
+    Raises `RuntimeClientError` with the client's own last lines when it exits non-zero, prints no JSON, or runs
+    past `timeout` seconds (then it is killed)."""
+    import json
+    import subprocess
+
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise RuntimeClientError(f"ran past its time limit of {timeout:.0f} s and was stopped") from None
+    lines = [line for line in done.stdout.strip().splitlines() if line.strip()]
+    if done.returncode != 0 or not lines:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise RuntimeClientError(redact(f"exited {done.returncode}: {tail}"[:600]))
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        raise RuntimeClientError(redact(f"printed no JSON result: {lines[-1][:300]}")) from None
+
+
+def runtime_environment(name: str) -> str | None:
+    """The environment configured for runtime `name` (`HFEXPORT_RUNTIME_<NAME>`, non-alphanumerics as `_`), or None."""
+    import os
+    import re
+
+    return os.environ.get("HFEXPORT_RUNTIME_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()) or None
+
+
+class RuntimeClientError(RuntimeError):
+    """A runtime's client crashed, hung, or answered nothing readable: the runtime's check fails with this message."""
