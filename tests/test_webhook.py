@@ -219,7 +219,7 @@ def test_queue_runs_one_job_per_repo_and_a_newer_push_supersedes_a_queued_one(hu
         ran.append(job.sha)
         started.set()
         assert gate.wait(30)
-        job.commit = f"own-{job.sha}"
+        job.commit, job.action = "9" * 39 + job.sha[0], "committed"
 
     receiver = WebhookReceiver(config(hub, tmp_path, debounce_s=0), run)
     decide = lambda sha, repo="user/q": receiver.handle({"x-webhook-secret": SECRET},  # noqa: E731
@@ -237,7 +237,7 @@ def test_queue_runs_one_job_per_repo_and_a_newer_push_supersedes_a_queued_one(hu
     states = {job.sha[0]: job.state for job in receiver.jobs()}
     assert states == {"a": "done", "b": "superseded", "c": "superseded", "d": "done", "e": "done"}
     # its own commits (a `commit`-mode publication to main) never trigger a job
-    decision = decide(f"own-{'d' * 40}")
+    decision = decide("9" * 39 + "d")
     assert decision.status == 200 and "own commit" in decision.body["ignored"]
 
 

@@ -23,8 +23,8 @@ the server accepts it as a write token of the first write token's user (override
 disable with `mock_oauth_user=False`).
 
 Fault injection: `hub.fail_next_commit = "drop"` closes the next commit request's connection mid-body and applies
-nothing; `hub.inject_fault(endpoint, mode, times)` generalises it (modes: "drop", "drop_after_apply", "error" or
-an HTTP status code).
+nothing; `hub.inject_fault(endpoint, mode, times)` generalises it (modes: "drop", "drop_after_apply", "error",
+"timeout" or an HTTP status code such as 500 or 429).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ _GITATTRIBUTES = "".join(
     )
 ).encode()
 
-FAULT_MODES = ("drop", "drop_after_apply", "error")
+FAULT_MODES = ("drop", "drop_after_apply", "error", "timeout")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -423,6 +423,7 @@ class LocalHub:
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status), most recent last
         self._faults: dict[str, list[str | int]] = {}
         self._faults_lock = threading.Lock()
+        self.timeout_s = 5.0  # how long a "timeout" fault holds the request before closing without an answer
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -514,7 +515,8 @@ class LocalHub:
         Endpoints: commit, preupload, resolve, repo_info, tree, paths_info, refs, commits, create_repo, delete_repo,
         discussions, discussion, discussion_change, merge, whoami, branch, tag, settings, list_repos.
         Modes: "drop" (close the connection mid-request, apply nothing), "drop_after_apply" (apply, then close
-        without answering), "error" (HTTP 500, apply nothing) or an int HTTP status (apply nothing).
+        without answering), "error" (HTTP 500, apply nothing), "timeout" (read the request, answer nothing for
+        `hub.timeout_s` seconds, then close; apply nothing) or an int HTTP status such as 429 (apply nothing).
         The client sends commits without retrying, but preupload and downloads go through its backoff helper,
         which retries network errors, 429 and 5xx after sleeping 1, 2, 4... seconds: use a 4xx there to stay fast.
         """
@@ -1495,6 +1497,11 @@ class _Handler(BaseHTTPRequestHandler):
                 hub.requests.append((method, self.path, 0))
                 return
             req.body = self._read_body()
+            if fault == "timeout":
+                threading.Event().wait(hub.timeout_s)
+                self._drop(read_half=False)
+                hub.requests.append((method, self.path, 0))
+                return
             if fault == "error" or isinstance(fault, int):
                 status = 500 if fault == "error" else int(fault)
                 raise HubError(status, f"Injected fault ({status})")
