@@ -13,6 +13,11 @@ Configuration comes from the environment (a Space's secrets and variables):
     HFEXPORT_RECONCILE  seconds between two comparisons of the watched repos with the Hub (default 600; 0: only
                         on start)
     HFEXPORT_RETRIES    further attempts of a publication the Hub failed transiently (default 3)
+    HFEXPORT_EXECUTOR   local (default: each export in a child process here, one at a time) or hf-jobs (each export
+                        a Hugging Face Job of the token's user, side by side)
+    HFEXPORT_JOBS_IMAGE hf-jobs: the Docker image (or Space URL) with hfexport installed that each Job runs
+    HFEXPORT_JOBS_NAMESPACE, HFEXPORT_JOBS_TIMEOUT  hf-jobs: whose Jobs (default the token's user); the Hub's time
+                        limit per Job (default 2h)
     HOST, PORT          where to listen (default 0.0.0.0:7860, a Space's port)
 All the logic lives in `hfexport.surfaces.webhook`; this file only reads the settings and serves.
 """
@@ -40,6 +45,10 @@ def config_from_env(environ=os.environ) -> WebhookConfig:
         debounce_s=float(environ.get("HFEXPORT_DEBOUNCE", "5")),
         reconcile_s=float(environ.get("HFEXPORT_RECONCILE", "600")),
         retries=int(environ.get("HFEXPORT_RETRIES", "3")),
+        executor=environ.get("HFEXPORT_EXECUTOR", "local"),
+        jobs_image=environ.get("HFEXPORT_JOBS_IMAGE") or None,
+        jobs_namespace=environ.get("HFEXPORT_JOBS_NAMESPACE") or None,
+        jobs_timeout=environ.get("HFEXPORT_JOBS_TIMEOUT", "2h"),
     )
 
 

@@ -18,6 +18,7 @@ Run it: `python action/webhook_app.py` (a Space: see docs/ci.md), or `make_serve
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hmac
 import html
@@ -48,6 +49,7 @@ from hfexport.errors import (
 )
 from hfexport.files import human_bytes, write_json_atomic
 from hfexport.hub import looks_like_repo_id
+from hfexport.job.dispatch import SPEC_ENV, TERMINAL, HfJobs
 from hfexport.job.run import run_job
 from hfexport.publication.publish import publish
 from hfexport.publication.record import publication_record
@@ -57,7 +59,7 @@ SECRET_HEADER = "X-Webhook-Secret"
 MAX_BODY = 1 << 20
 STATE_FILE = "receiver-state.json"
 JOBS_DIR = "jobs"
-EXECUTORS = ("local",)
+EXECUTORS = ("local", "hf-jobs")
 
 
 @dataclass
@@ -78,7 +80,11 @@ class WebhookConfig:
     reconcile_s: float = 600.0  # how often the Hub is compared with what was exported (0: only on start)
     retries: int = 3  # further attempts of a publication the Hub failed transiently (5xx, 429, dropped connection)
     retry_backoff_s: float = 5.0  # the first wait between attempts; doubled each time
-    executor: str = "local"
+    executor: str = "local"  # local: a child process here, one at a time; hf-jobs: one Hugging Face Job per export
+    jobs_image: str | None = None  # hf-jobs: a Docker image (or Space URL) with hfexport installed
+    jobs_namespace: str | None = None  # hf-jobs: whose Jobs (default: the token's user)
+    jobs_timeout: str | None = "2h"  # hf-jobs: the Hub stops a Job that runs longer
+    jobs_poll_s: float = 5.0  # hf-jobs: how often inspect_job is asked
 
     def __post_init__(self):
         if not self.secret:
@@ -87,6 +93,9 @@ class WebhookConfig:
             raise HfExportError(f"publish: expected pr or commit, got {self.publish!r}")
         if self.executor not in EXECUTORS:
             raise HfExportError(f"executor: expected one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.executor == "hf-jobs" and not self.jobs_image:
+            raise HfExportError("executor hf-jobs needs jobs_image (HFEXPORT_JOBS_IMAGE): a Docker image or Space "
+                                "with hfexport installed, where each Job runs `python -m hfexport.surfaces.webhook --job`")
         if self.reconcile_s < 0 or self.retries < 0 or self.retry_backoff_s < 0:
             raise HfExportError("reconcile_s, retries and retry_backoff_s must not be negative")
         self.workdir = Path(self.workdir)
@@ -118,6 +127,8 @@ class Job:
     superseded_by: int | None = None
     via: str = "webhook"  # webhook | reconcile (found behind the Hub's branch head)
     attempts: int = 0
+    hf_job: str | None = None  # hf-jobs: the Job's id
+    flavor: str | None = None  # hf-jobs: the hardware chosen, and why
     received: float = field(default=0.0, repr=False)
     transient: bool = field(default=False, repr=False)  # failed for a reason worth trying again later
 
@@ -256,7 +267,8 @@ class WebhookReceiver:
 
     def __init__(self, config: WebhookConfig, run: Callable[[Job, Path], None] | None = None):
         self.config = config
-        self._run = run or self._run_in_process
+        self._run = run or (self._run_on_hf_jobs if config.executor == "hf-jobs" else self._run_in_process)
+        self._hf_jobs: HfJobs | None = None
         self._children: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._run_lock = threading.Lock()
@@ -400,9 +412,10 @@ class WebhookReceiver:
                         state.worker = None
                         return
                 continue
-            # One job at a time in this process: torch.export is not thread-safe, and a Space has few cores.
-            # The queued job is taken only once it may run, so pushes that arrive meanwhile still supersede it.
-            with self._run_lock:
+            # Locally one job at a time: a Space has few cores and little memory. On Hugging Face Jobs each export
+            # has its own machine, so repos run side by side. The queued job is taken only once it may run, so
+            # pushes that arrive meanwhile still supersede it.
+            with self._run_lock if self.config.executor == "local" else contextlib.nullcontext():
                 with self._lock:
                     job = state.pending
                     if job is None or job.received + self.config.debounce_s > time.monotonic():
@@ -447,6 +460,50 @@ class WebhookReceiver:
             with self._lock:
                 self._children.discard(child)
         apply_result(job, out, err, child.returncode, output)
+
+    def _run_on_hf_jobs(self, job: Job, output: Path) -> None:
+        """The hf-jobs executor: dispatch the export as a Hugging Face Job (the flavor from the preflight's memory
+        estimate), follow it through `inspect_job`, cancel it when a newer push to the repo is queued, and read its
+        result from its logs. The Job publishes itself; its token is a Job secret."""
+        jobs = self._jobs_client()
+        flavor = jobs.flavor(job.repo, job.sha, self.config.targets)
+        job.flavor = flavor.describe()
+        spec = {"repo": job.repo, "sha": job.sha, "output": "hfexport-job-output", **job_settings(self.config)}
+        job.hf_job = jobs.run(spec, flavor.name, {"hfexport-repo": job.repo.replace("/", "--"), "sha": job.sha[:12]})
+        state = self._repos[job.repo]
+        while True:
+            stage, message = jobs.stage(job.hf_job)
+            if stage in TERMINAL:
+                break
+            with self._lock:
+                newer = state.pending
+            if newer is not None or self._stop.is_set():
+                jobs.cancel(job.hf_job)  # superseded: its commit is all or nothing, so nothing half-made stays
+                job.state, job.superseded_by = "superseded", newer.id if newer else None
+                job.detail = f"Job {job.hf_job} canceled: " + (f"superseded by {newer.sha[:12]}" if newer
+                                                              else "the receiver stopped")
+                job.transient = newer is None
+                return
+            self._stop.wait(self.config.jobs_poll_s)
+        lines = jobs.logs(job.hf_job)
+        code = 0 if stage == "COMPLETED" else 1
+        apply_result(job, "\n".join(lines), "\n".join(lines), code)
+        if code and job.detail and job.detail.startswith("the export process died"):
+            job.detail = f"Job {job.hf_job} ended {stage}" + (f" ({message})" if message else "") + \
+                job.detail.removeprefix("the export process died (exit code 1)")
+
+    def _jobs_client(self) -> HfJobs:
+        if self._hf_jobs is None:
+            self._hf_jobs = HfJobs(self.config.token, self.config.jobs_namespace, self.config.jobs_image or "",
+                                   self.config.jobs_timeout)
+        return self._hf_jobs
+
+    def logs(self, job_id: int) -> list[str] | None:
+        """A job's Hugging Face Job logs (redacted), or None when it has no Job."""
+        job = next((job for job in self.jobs() if job.id == job_id), None)
+        if job is None or not job.hf_job:
+            return None
+        return self._jobs_client().logs(job.hf_job)
 
     # ── state ──
 
@@ -529,6 +586,7 @@ def _retrying(job: Job, call: Callable[[], Any], retries: int, backoff_s: float,
     raise AssertionError("unreachable")
 
 
+RESULT_PREFIX = "hfexport-job-result: "
 RESULT_FIELDS = ("state", "status", "changed", "action", "pr_url", "commit", "detail", "attempts", "transient")
 
 
@@ -543,7 +601,7 @@ def _job_main() -> int:
         os._exit(3)
 
     threading.Thread(target=watch_parent, daemon=True).start()
-    spec = json.loads(sys.stdin.read())
+    spec = json.loads(os.environ.get(SPEC_ENV) or sys.stdin.read())  # a Hugging Face Job has no stdin
     token = os.environ.get("HF_TOKEN") or None
     register_secret(token)
     job = Job(0, spec["repo"], spec["sha"], state="running")
@@ -556,7 +614,7 @@ def _job_main() -> int:
     except Exception as error:  # noqa: BLE001 - one line for the receiver's status page
         job.state, job.detail = "failed", first_line(error)
         job.transient = job.transient or bool(getattr(error, "transient", False)) or isinstance(error, OSError)
-    print(json.dumps({name: getattr(job, name) for name in RESULT_FIELDS}), flush=True)
+    print(RESULT_PREFIX + json.dumps({name: getattr(job, name) for name in RESULT_FIELDS}), flush=True)
     return 0
 
 
@@ -569,7 +627,7 @@ def _free_bytes(path: Path) -> int | None:
 
 def apply_result(job: Job, stdout: str, stderr: str, returncode: int, output: Path | None = None) -> None:
     """Fill `job` from its child's last stdout line; a child that died says how (signal or exit code) in one line."""
-    lines = [line for line in (stdout or "").splitlines() if line.startswith("{")]
+    lines = [line[len(RESULT_PREFIX):] for line in (stdout or "").splitlines() if line.startswith(RESULT_PREFIX)]
     try:
         result = json.loads(lines[-1]) if lines and returncode == 0 else None
     except ValueError:
@@ -608,6 +666,9 @@ def status_html(status: dict) -> str:
                  "" if job.get("changed") is None else str(job["changed"]).lower(), job["received_at"],
                  job.get("finished_at") or "", job.get("detail") or ""]
         escaped = [html.escape(cell) for cell in cells]
+        if job.get("hf_job"):
+            escaped[-1] += f' <a href="logs/{job["id"]}">Job {html.escape(job["hf_job"])} logs</a>'
+            escaped[-1] += f" on {html.escape(job['flavor'])}" if job.get("flavor") else ""
         rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in escaped[:6]) + f"<td>{link}</td>"
                     + "".join(f"<td>{cell}</td>" for cell in escaped[6:]) + "</tr>")
     header = "".join(f"<th>{name}</th>" for name in ("job", "repo", "commit", "state", "report", "changed",
@@ -643,6 +704,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, self.receiver.status())
         if path == "/health":
             return self._send(200, {"ok": True})
+        if path.startswith("/logs/") and path[len("/logs/"):].isdigit():
+            lines = self.receiver.logs(int(path[len("/logs/"):]))
+            if lines is None:
+                return self._send(404, {"error": "no Hugging Face Job for this job"})
+            return self._send(200, "\n".join(lines) + "\n", "text/plain; charset=utf-8")
         if path == "":
             return self._send(200, status_html(self.receiver.status()), "text/html; charset=utf-8")
         self._send(404, {"error": "not found"})
