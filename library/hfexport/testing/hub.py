@@ -45,6 +45,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -1477,7 +1478,9 @@ class _Jobs:
             raise HubError(400, f"cannot start the Job's command: {error}") from None
         job = {"id": job_id, "namespace": namespace, "owner": user.user, "spec": spec, "flavor": flavor,
                "createdAt": _now(), "process": process, "log": log, "folder": folder, "canceled": False,
-               "finishedAt": None}
+               "finishedAt": None, "started": time.monotonic(), "ended": None}
+        threading.Thread(target=lambda: (process.wait(), job.__setitem__("ended", time.monotonic())),
+                         daemon=True).start()  # when it really ended (benchmarks), whoever asks
         with self._lock:
             self._jobs[job_id] = job
             self.started.append((job_id, {k: v for k, v in spec.items() if k != "secrets"}))
