@@ -15,6 +15,8 @@ from hfexport.surfaces.webhook import (
     WebhookConfig,
     WebhookReceiver,
     classify,
+    export_and_publish,
+    job_settings,
     make_server,
 )
 
@@ -78,6 +80,13 @@ def config(hub, tmp_path: Path, **overrides) -> WebhookConfig:
     settings = {"secret": SECRET, "token": hub.write_token, "workdir": tmp_path / "jobs", "targets": ["pt2"],
                 "debounce_s": 0.2}
     return WebhookConfig(**{**settings, **overrides})
+
+
+def in_process(settings: WebhookConfig):
+    """The receiver's job function run in the test's process. The local executor runs it in a child process (the
+    `published` fixture, and the kill and full-disk tests of test_webhook_durable.py, go through that); the other
+    tests save the child's start-up (imports, ~5-20 s on a loaded 2-core machine) this way."""
+    return lambda job, output: export_and_publish(job, output, job_settings(settings), settings.token)
 
 
 def perturbed_weights(folder: Path, delta: float) -> bytes:
@@ -177,7 +186,8 @@ def test_a_burst_of_pushes_makes_one_pr_from_the_newest_commit(hub, tiny_bert, t
     for index in range(1, 6):  # five pushes, each with new weights
         shas.append(hub.commit(repo, add={"model.safetensors": perturbed_weights(tiny_bert, 0.01 * index)},
                                title=f"weights {index}")["oid"])
-    server = Receiver(config(hub, tmp_path, debounce_s=3.0))
+    settings = config(hub, tmp_path, debounce_s=3.0)
+    server = Receiver(settings, in_process(settings))
     try:
         for old, new in zip(shas[:-1], shas[1:]):
             assert server.post(payload(hub, repo, new, old))[0] == 202
