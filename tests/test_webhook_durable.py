@@ -138,10 +138,26 @@ def test_a_receiver_killed_during_an_export_redoes_it_on_restart_once(hub, tiny_
         assert pr_source(hub, repo) == (1, hub.head(repo))
         [pr] = hub.discussions(repo)
         assert len(hub.commits(repo, f"refs/pr/{pr['num']}")) == len(hub.commits(repo)) + 1
+        assert not any(path.is_file() for path in (tmp_path / "jobs").rglob("*"))  # the killed job's files: gone
     finally:
         app.terminate()
         app.wait(30)
         hub.timeout_s = 5.0
+
+
+def test_an_unreadable_state_file_is_said_and_the_configured_repos_are_still_reconciled(hub, tiny_bert, tmp_path):
+    repo = new_repo(hub, tiny_bert, "badstate")
+    (tmp_path / STATE_FILE).write_text("{not json")
+    ran = []
+    receiver = WebhookReceiver(config(hub, tmp_path, workdir=tmp_path, repos=[repo]),
+                               run=lambda job, output: ran.append(job.sha))
+    assert "could not be read" in receiver.status()["state_file"]["problem"]
+    [job] = receiver.reconcile()
+    assert receiver.wait_idle(30) and ran == [hub.head(repo)] and job.via == "reconcile"
+    saved = json.loads((tmp_path / STATE_FILE).read_text())  # rewritten whole (aside, then renamed over)
+    assert saved["repos"][repo]["handled"] == hub.head(repo)
+    assert receiver.status()["state_file"]["problem"] is None
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # no temporary left
 
 
 # ── the Hub failing: bounded retries, then a clear failed state ──────────────
