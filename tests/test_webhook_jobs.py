@@ -19,7 +19,8 @@ def jobs_config(hub, tmp_path, **overrides):
 def test_each_export_is_a_job_that_publishes_itself_with_the_token_as_a_secret(hub, tiny_bert, tmp_path):
     repo = f"user/jobs-{uuid.uuid4().hex[:8]}"
     hub.seed_repo(repo, tiny_bert)
-    server = Receiver(jobs_config(hub, tmp_path))
+    hub.inject_fault("jobs_run", 503)  # the Hub refusing the first dispatch: retried
+    server = Receiver(jobs_config(hub, tmp_path, retry_backoff_s=0.1))
     try:
         assert server.post(payload(hub, repo, hub.head(repo)))[0] == 202
         assert server.receiver.wait_idle(600)
@@ -37,6 +38,7 @@ def test_each_export_is_a_job_that_publishes_itself_with_the_token_as_a_secret(h
         assert "hfexport-job-result" in logs and f"Job {job_id} logs" in page
         assert all(hub.write_token not in text for text in (logs, status, page))
     finally:
+        hub.clear_faults()
         server.close()
 
 

@@ -8,10 +8,18 @@ huggingface_hub's `WebhookPayload` model loses `repo.headSha` (it reads `head_sh
 the pushed commit is `updatedRefs[].newSha` of `refs/heads/<branch>`.
 
 Bursts coalesce: a job waits `debounce_s` after its push, and a newer push to the same repo supersedes a job that
-has not started (it runs after a running one). Jobs run one at a time in the process (torch.export is not
-thread-safe); a job is taken from its repo's queue only when it can start, so waiting never runs a stale commit. A job runs the job API on the
-pushed commit (a repo without a recipe is skipped), then publishes through `hfexport.publication.publish` (one PR per model,
-updated in place; unchanged content is left alone). `GET /status` (JSON) and `GET /` (HTML) list recent jobs.
+has not started (it runs after a running one); a job is taken from its repo's queue only when it can start, so
+waiting never runs a stale commit. A job (`export_and_publish`, the one job function) runs the job API on the pushed
+commit (a repo without a recipe is skipped), then publishes through `hfexport.publication.publish` (one PR per
+model, updated in place; unchanged content is left alone), retrying transient Hub failures with backoff.
+Executors: `local` runs each job in a child process (`python -m hfexport.surfaces.webhook --job`), one at a time (a
+Space has few cores; a crash or a full disk ends the job, not the receiver); `hf-jobs` dispatches each as a Hugging
+Face Job (`hfexport.job.dispatch`), side by side.
+
+The Hub is the record: on `start()` and every `reconcile_s` the receiver compares each watched repo's branch head
+with the source commit its open PR names (`hfexport.publication.record`) and queues the repos behind, so a push
+before a restart, or a delivery that never came, is exported once. `receiver-state.json` in the workdir remembers the
+watched repos and the commits handled. `GET /status` (JSON), `GET /` (HTML) and `GET /logs/<job>` show the jobs.
 
 Run it: `python action/webhook_app.py` (a Space: see docs/ci.md), or `make_server(WebhookReceiver(config))`.
 """
@@ -41,6 +49,7 @@ from typing import Any
 
 from hfexport.errors import (
     HfExportError,
+    PublishError,
     PublishRefusedError,
     RecipeNotFoundError,
     first_line,
@@ -48,7 +57,7 @@ from hfexport.errors import (
     register_secret,
 )
 from hfexport.files import human_bytes, write_json_atomic
-from hfexport.hub import looks_like_repo_id
+from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.job.dispatch import SPEC_ENV, TERMINAL, HfJobs
 from hfexport.job.run import run_job
 from hfexport.publication.publish import publish
@@ -465,14 +474,25 @@ class WebhookReceiver:
         """The hf-jobs executor: dispatch the export as a Hugging Face Job (the flavor from the preflight's memory
         estimate), follow it through `inspect_job`, cancel it when a newer push to the repo is queued, and read its
         result from its logs. The Job publishes itself; its token is a Job secret."""
-        jobs = self._jobs_client()
-        flavor = jobs.flavor(job.repo, job.sha, self.config.targets)
+        def hub(call: Callable[[], Any], action: str) -> Any:
+            try:
+                return call()
+            except Exception as error:  # noqa: BLE001 - one line, marked transient for a 5xx, 429 or lost connection
+                raise hub_error(error, job.repo, action, error_class=PublishError) from None
+
+        retries, backoff = self.config.retries, self.config.retry_backoff_s
+        jobs = hub(self._jobs_client, "reaching Hugging Face Jobs")
+        flavor = _retrying(job, lambda: hub(lambda: jobs.flavor(job.repo, job.sha, self.config.targets),
+                                            "listing the Jobs hardware"), retries, backoff, self._stop.wait)
         job.flavor = flavor.describe()
         spec = {"repo": job.repo, "sha": job.sha, "output": "hfexport-job-output", **job_settings(self.config)}
-        job.hf_job = jobs.run(spec, flavor.name, {"hfexport-repo": job.repo.replace("/", "--"), "sha": job.sha[:12]})
+        labels = {"hfexport-repo": job.repo.replace("/", "--"), "sha": job.sha[:12]}
+        job.hf_job = _retrying(job, lambda: hub(lambda: jobs.run(spec, flavor.name, labels), "starting the Job"),
+                               retries, backoff, self._stop.wait)
         state = self._repos[job.repo]
         while True:
-            stage, message = jobs.stage(job.hf_job)
+            stage, message = _retrying(job, lambda: hub(lambda: jobs.stage(job.hf_job), "inspecting the Job"),
+                                       retries, backoff, self._stop.wait)
             if stage in TERMINAL:
                 break
             with self._lock:
@@ -570,19 +590,24 @@ def _retrying(job: Job, call: Callable[[], Any], retries: int, backoff_s: float,
     """`call()`, tried again after a transient Hub failure (5xx, 429, a dropped or unanswered connection) up to
     `retries` times, waiting `backoff_s`, then twice as long each time. A commit is applied entirely or not at all,
     so a failed attempt left nothing behind. The last failure is raised, marked transient."""
+    last = None
     for attempt in range(retries + 1):
         job.attempts = attempt + 1
         try:
-            return call()
+            result = call()
         except HfExportError as error:
             if not getattr(error, "transient", False):
                 raise
             if attempt == retries:
                 job.transient = True
                 raise type(error)(f"gave up after {attempt + 1} attempts: {error}") from None
-            delay = backoff_s * 2 ** attempt
-            job.detail = f"attempt {attempt + 1} failed ({first_line(error, 200)}); retrying in {delay:g} s"
+            delay, last = backoff_s * 2 ** attempt, first_line(error, 200)
+            job.detail = f"attempt {attempt + 1} failed ({last}); retrying in {delay:g} s"
             wait(delay)
+        else:
+            if last is not None:
+                job.detail = f"succeeded on attempt {attempt + 1}, after: {last}"
+            return result
     raise AssertionError("unreachable")
 
 
