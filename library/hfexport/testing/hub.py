@@ -22,6 +22,9 @@ Gradio (>= 5) injects `GRADIO_MOCK_OAUTH_TOKEN` as the OAuth token of a locally 
 the server accepts it as a write token of the first write token's user (override with `mock_oauth_user=`,
 disable with `mock_oauth_user=False`).
 
+Hugging Face Jobs: `run_job`, `inspect_job`, `fetch_job_logs`, `cancel_job` and `list_jobs_hardware` are served, each
+Job run as a local subprocess (`_Jobs`).
+
 Fault injection: `hub.fail_next_commit = "drop"` closes the next commit request's connection mid-body and applies
 nothing; `hub.inject_fault(endpoint, mode, times)` generalises it (modes: "drop", "drop_after_apply", "error",
 "timeout" or an HTTP status code such as 500 or 429).
@@ -516,7 +519,8 @@ class LocalHub:
         """Make the next `times` requests to `endpoint` fail.
 
         Endpoints: commit, preupload, resolve, repo_info, tree, paths_info, refs, commits, create_repo, delete_repo,
-        discussions, discussion, discussion_change, merge, whoami, branch, tag, settings, list_repos.
+        discussions, discussion, discussion_change, merge, whoami, branch, tag, settings, list_repos, jobs_run,
+        jobs_inspect, jobs_logs, jobs_cancel, jobs_list, jobs_hardware.
         Modes: "drop" (close the connection mid-request, apply nothing), "drop_after_apply" (apply, then close
         without answering), "error" (HTTP 500, apply nothing), "timeout" (read the request, answer nothing for
         `hub.timeout_s` seconds, then close; apply nothing) or an int HTTP status such as 429 (apply nothing).
