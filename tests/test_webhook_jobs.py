@@ -73,3 +73,14 @@ def test_the_flavor_is_the_cheapest_cpu_machine_that_holds_the_preflight_estimat
     assert choose_flavor(10 * 10**9, hardware).name == "cpu-basic"
     assert choose_flavor(20 * 10**9, hardware).name == "cpu-upgrade"
     assert choose_flavor(200 * 10**9, hardware).name == "cpu-upgrade"  # the largest; its preflight says why not
+
+
+def test_the_jobs_executor_needs_an_image_and_an_unknown_executor_is_refused(tmp_path):
+    import pytest
+    from hfexport.errors import HfExportError
+    from hfexport.surfaces.webhook import WebhookConfig
+
+    with pytest.raises(HfExportError, match="HFEXPORT_JOBS_IMAGE"):
+        WebhookConfig(secret="s", workdir=tmp_path, executor="hf-jobs")
+    with pytest.raises(HfExportError, match="expected one of local, hf-jobs"):
+        WebhookConfig(secret="s", workdir=tmp_path, executor="kubernetes")
