@@ -43,7 +43,7 @@ NO_RESULTS = "Nothing converted yet for this model."
 def _new_state() -> dict:
     return {"session": None, "model": None, "revision": None, "repo_recipe": None, "loaded_text": None,
             "output": None, "targets": [], "left_out": [], "edited": False, "zip": None, "status": None,
-            "verified": None}
+            "verified": None, "recipe_valid": False, "recipe_source": None, "pr": None}
 
 
 def _forget_results(state: dict) -> dict:
@@ -90,11 +90,12 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         except Exception as error:  # noqa: BLE001 - shown as a category + command, never a traceback
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
             state = {**_forget_results(state), "model": None, "revision": None, "repo_recipe": None,
-                     "loaded_text": None}
-            return (_fail(error, command), gr.update(), gr.update(value=[], visible=False),
+                     "loaded_text": None, "recipe_valid": False, "recipe_source": None, "pr": None}
+            return (_fail(error, command), "", gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
         state = _forget_results(state)
-        state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text)
+        state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text, recipe_valid=False,
+                     recipe_source=None, pr=logic.open_pr_number(model, _token(oauth_token, settings)))
         if fetched.check is None:  # no recipe: offer formats and a draft
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
@@ -106,27 +107,41 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                         gr.update(value=[], visible=False), gr.update(choices=[], value=[]), gr.update(visible=True),
                         state)
             check = draft.check
+            state.update(recipe_valid=check.valid, recipe_source="proposed", loaded_text=draft.text)
             return (status + (draft.note or check.markdown()), draft.text, _problems(check), _target_update(check),
                     gr.update(visible=True), state)
         check = fetched.check
+        state.update(recipe_valid=check.valid, recipe_source="repo")
         if check.valid:
             state["repo_recipe"] = canonical_json(check.document)
         status = f"Recipe from `{fetched.source}`\n\n{check.markdown()}"
         return (status, fetched.text, _problems(check), _target_update(check), gr.update(visible=False), state)
 
-    def draft(model_id: str, revision: str, formats: list[str], oauth_token: gr.OAuthToken | None):
+    def draft(model_id: str, revision: str, formats: list[str], state: dict | None,
+              oauth_token: gr.OAuthToken | None):
+        state = dict(state or _new_state())
         try:
             model = logic.check_model_id(model_id)
             rev = logic.check_revision(revision)
             result = logic.draft_recipe(model, rev, formats or ["onnx"], _token(oauth_token, settings))
         except Exception as error:  # noqa: BLE001
-            return _fail(error, logic.init_command((model_id or "MODEL").strip(), formats)), gr.update(), gr.update(), gr.update()
+            return (_fail(error, logic.init_command((model_id or "MODEL").strip(), formats)), gr.update(),
+                    gr.update(), gr.update(), state)
         check = result.check
-        return (result.note or check.markdown()), result.text, _problems(check), _target_update(check)
+        state.update(recipe_valid=check.valid, recipe_source="proposed", loaded_text=result.text)
+        return (result.note or check.markdown()), result.text, _problems(check), _target_update(check), state
 
-    def validate(text: str):
+    def validate(text: str, state: dict | None):
         check = logic.check_recipe_text(text)
-        return check.markdown(), _problems(check), _target_update(check)
+        state = {**(state or _new_state()), "recipe_valid": check.valid}
+        return check.markdown(), _problems(check), _target_update(check), state
+
+    def controls(state: dict | None, oauth_token: gr.OAuthToken | None):
+        """Convert enabled only when it can succeed (with the reason beside it when not); Open PR enabled only with
+        something to publish, and named "Update PR #N" once the model has an hfexport pull request."""
+        blocker = logic.convert_blocker(state, _token(oauth_token, settings))
+        return (gr.update(interactive=blocker is None), blocker or "",
+                gr.update(interactive=logic.can_publish(state), value=logic.pr_button_label(state)))
 
     def convert(model_id: str, revision: str, recipe_text: str, targets: list[str], state: dict | None,
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
@@ -149,8 +164,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         session = request.session_hash if request is not None and request.session_hash else "api"
         state["session"] = session
         folder = workspace.new_job(session)
+        proposed = state.get("recipe_source") == "proposed" and (recipe_text or "").strip() == (
+            state.get("loaded_text") or "").strip()
         job = logic.JobRequest(model=model, output=folder / "out", targets=list(targets or []), revision=rev,
-                               token=token, recipe=recipe)
+                               token=token, recipe=recipe, recipe_origin="proposed" if proposed else "edited")
         log = logic.ProgressLog(f"Converting `{model}`" + (f" at `{rev}`" if rev else ""))
         yield log.markdown(), "", None, gr.update(interactive=False), state
         for event in runner.run(job):
@@ -196,10 +213,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             token = logic.require_token(_token(oauth_token, settings), "open pull requests")
             result = logic.publish_job(state, token)
         except Exception as error:  # noqa: BLE001
-            return _fail(error, command)
+            return _fail(error, command), state
         left_out = state.get("left_out") or []
         note = f" Not published: {', '.join(f'`{name}`' for name in left_out)} (did not pass)." if left_out else ""
-        return logic.publish_message(result) + note
+        state = {**state, "pr": getattr(result, "pr_num", None) or state.get("pr")}
+        return logic.publish_message(result) + note, state
 
     def propose(model_id: str, recipe_text: str, state: dict | None, oauth_token: gr.OAuthToken | None):
         """Open a pull request that adds the editor's (validated) recipe as `export_config.json`."""
@@ -221,9 +239,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         return message + " Not every target was converted and verified here: no `validated_with` recorded."
 
     def forget_results():
-        """Another model (or none) is loading: the previous model's report, zip and Open PR go."""
-        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False), "",
-                gr.update(value=None, visible=False))
+        """Another model (or none) is loading: the previous model's report, zip, Open PR and messages go, and
+        Convert waits for the new recipe."""
+        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False, value="Open PR"), "",
+                gr.update(value=None, visible=False), "", gr.update(interactive=False))
 
     def busy():
         """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
@@ -231,12 +250,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         return (gr.update(interactive=False), gr.update(interactive=False), "", "",
                 gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False))
 
-    def idle(state: dict | None):
+    def idle(state: dict | None, oauth_token: gr.OAuthToken | None):
         state = state or {}
         rows = state.get("latency") or []
         chart = gr.update(value=_latency_frame(rows), visible=True) if rows else gr.update(value=None, visible=False)
-        return (gr.update(interactive=True), gr.update(interactive=logic.can_publish(state)),
-                gr.update(visible=bool(state.get("zip"))), chart)
+        return (*controls(state, oauth_token), gr.update(visible=bool(state.get("zip"))), chart)
 
     def remember(model_id: str, revision: str, recipe_text: str):
         return {"model": model_id or "", "revision": revision or "", "recipe": recipe_text or ""}
@@ -253,6 +271,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             check = logic.check_recipe_text(saved["recipe"])
             status = f"{status}\n\nYour edited recipe is back in the editor:\n\n{check.markdown()}"
             text, problems_update, targets_update = saved["recipe"], _problems(check), _target_update(check)
+            state = {**state, "recipe_valid": check.valid}
         return saved["model"], saved["revision"], status, text, problems_update, targets_update, group, state
 
     # ── layout ───────────────────────────────────────────────────────────────
@@ -281,8 +300,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         with gr.Row():
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
                                        scale=3)
-            convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert")
+            convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert", interactive=False)
             propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
+        convert_hint = gr.Markdown("Load a model to convert it.", elem_id="convert-hint")
         propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
         progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
         latency_chart = gr.BarPlot(None, x="run", y="ms", color="batch", sort="y", visible=False,
@@ -297,21 +317,27 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             if request is not None and request.session_hash:
                 workspace.release(request.session_hash)
 
-        job_outputs = [progress, results, download, pr_button, pr_result, latency_chart]
+        job_outputs = [progress, results, download, pr_button, pr_result, latency_chart, propose_result,
+                       convert_button]
         loaded = [recipe_status, editor, problems, targets, format_group, state]
+        gated = [convert_button, convert_hint, pr_button]
         demo.load(show_user, None, user, api_visibility="private")
-        demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private")
+        demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
+            controls, state, gated, api_visibility="private", queue=False)
         demo.unload(closed)
         for trigger, api in ((load_button.click, {"api_name": "load_recipe"}),
                              (model_box.submit, {"api_visibility": "private"})):
             trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(
                 load_model, [model_box, revision_box, state], loaded, **api,
-            ).then(remember, [model_box, revision_box, editor], saved, api_visibility="private")
-        formats.input(draft, [model_box, revision_box, formats], [recipe_status, editor, problems, targets],
-                      api_name="draft_recipe").then(remember, [model_box, revision_box, editor], saved,
-                                                    api_visibility="private")
-        editor.input(validate, editor, [recipe_status, problems, targets], api_name="validate_recipe", queue=False,
-                     trigger_mode="always_last", show_progress="hidden").then(
+            ).then(controls, state, gated, api_visibility="private", queue=False).then(
+                remember, [model_box, revision_box, editor], saved, api_visibility="private")
+        formats.input(draft, [model_box, revision_box, formats, state], [recipe_status, editor, problems, targets,
+                                                                          state],
+                      api_name="draft_recipe").then(controls, state, gated, api_visibility="private", queue=False).then(
+            remember, [model_box, revision_box, editor], saved, api_visibility="private")
+        editor.input(validate, [editor, state], [recipe_status, problems, targets, state], api_name="validate_recipe",
+                     queue=False, trigger_mode="always_last", show_progress="hidden").then(
+            controls, state, gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
@@ -321,9 +347,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
             api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
             preprocess=False,
-        ).then(idle, state, [convert_button, pr_button, download, latency_chart], api_visibility="private",
-               queue=False)
-        pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
+        ).then(idle, state, [*gated, download, latency_chart], api_visibility="private", queue=False)
+        pr_button.click(open_pr, state, [pr_result, state], api_name="open_pr", concurrency_limit=2,
+                        concurrency_id="publish").then(controls, state, gated, api_visibility="private", queue=False)
         propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]
@@ -343,9 +369,11 @@ def _problems(check: logic.RecipeCheck):
 
 
 def _target_update(check: logic.RecipeCheck):
+    """The recipe's targets to tick, its default ticked; none while it does not validate (never an earlier
+    recipe's)."""
     names = check.targets
     if not check.valid:
-        return gr.update()
+        return gr.update(choices=[], value=[])
     return gr.update(choices=names, value=[check.recipe.default_target] if names else [])
 
 

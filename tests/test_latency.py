@@ -162,3 +162,35 @@ def test_faster_or_slower_is_said_only_beyond_the_spread():
     assert verdict(slower) == "slower" and versus(slower) == "2.00x slower"
     old = {"artifact_ms": 1.0, "eager_ms": 2.0, "speedup": 2.0}  # a report from before spreads: no claim
     assert verdict(old) == "unknown" and versus(old) == "2.00x"
+
+
+def test_a_table_of_several_runs_says_each_rows_run():
+    """A PR holding targets of two runs (one republished, one kept): each row names its run, since each has its own
+    eager baseline; a table of one run has no such column."""
+    report = JobReport(source={"model": "m", "recipe_sha256": "0" * 64})
+    point = {"batch": 1, "artifact_ms": 1.0, "eager_ms": 3.0, "speedup": 3.0,
+             "artifact_spread": [0.9, 1.1], "eager_spread": [2.8, 3.2]}
+    latency = lambda run: {"runs": 7, "cpu": "Test CPU", "threads": 2, "cores": 2, "points": [point],  # noqa: E731
+                           "run": run, "run_source": "abcdef012345"}
+    report.targets["a"] = TargetReport("a", "onnx", "forward", latency=latency("2026-12-01T10:00:00+00:00"))
+    report.targets["b"] = TargetReport("b", "onnx", "forward", latency=latency("2026-12-01T10:00:00+00:00"))
+    assert " run |" not in latency_markdown(report)
+    report.targets["b"] = TargetReport("b", "onnx", "forward", latency=latency("2026-12-03T08:00:00+00:00"))
+    text = latency_markdown(report)
+    assert "rows of different runs" in text and " run |" in text
+    row_b = next(line for line in text.splitlines() if line.startswith("| `b`"))
+    assert "2026-12-03 08:00 · `abcdef012345`" in row_b
+
+
+def test_the_card_and_the_description_say_where_the_recipe_came_from():
+    from hfexport.report.card import recipe_origin
+
+    def origin(**source):
+        return recipe_origin(JobReport(source={"model": "user/m", "recipe_sha256": "ab" * 32, **source}))
+
+    assert origin(recipe_source="user/m/export_config.json").startswith("this repo's export recipe (`export_config.json`")
+    assert "sha256 `abababababab`" in origin(recipe_source="user/m/export_config.json")
+    assert origin(recipe_source="<dict>", recipe_origin="proposed").startswith("a recipe hfexport proposed")
+    assert origin(recipe_source="<dict>", recipe_origin="edited").startswith("a recipe edited in the hfexport Space")
+    assert origin(recipe_source="<dict>").startswith("a recipe given to the exporter, not the repo's")
+    assert origin(recipe_source="/tmp/mine.json").startswith("the recipe `/tmp/mine.json`, not the repo's")

@@ -121,12 +121,14 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     page.locator("#progress", has_text="download and load the model").wait_for(timeout=JOB_TIMEOUT_MS)
     shot(page, "04-converting")
 
-    # A second visitor converts while the job runs: the page shows its place in the queue. (Its repo does not
-    # exist, so its turn ends fast with a category and the reproducing command.)
+    # A second visitor converts while the job runs: the page shows its place in the queue. (Its repo holds a
+    # recipe and no model, so its turn ends fast with a category and the reproducing command.)
     other = new_page()
     sign_in(other)
-    missing = f"user/missing-{uuid.uuid4().hex[:8]}"
-    other.locator("#model input, #model textarea").first.fill(missing)
+    missing = seed(hub, "space-recipe-only", {"export_config.json": (EXAMPLES / "tiny-bert" /
+                                                                    "export_config.json").read_bytes()})
+    load(other, missing)
+    other.locator("#recipe-status", has_text="Valid recipe").wait_for()
     other.locator("#convert").click()
     other.get_by_text(re.compile(r"queue:\s*\d+\s*/\s*\d+")).first.wait_for(timeout=5_000)
     shot(other, "05-second-session-queued")
@@ -138,8 +140,7 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     table = page.locator("#results table", has_text="max abs")
     assert "cosine" in table.inner_text() and "last_hidden_state" in table.inner_text()
     shot(page, "06-converted")
-    other.locator("#results", has_text="Repository not found").wait_for(timeout=JOB_TIMEOUT_MS)
-    assert f"hfexport export {missing} -o out" in text_of(other, "#results")
+    other.locator("#results", has_text=f"hfexport export {missing} -o out").wait_for(timeout=JOB_TIMEOUT_MS)
 
     with page.expect_download() as download:
         page.locator("#download a").first.click()
@@ -151,6 +152,9 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     page.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
     message = text_of(page, "#pr-result")
     assert "Opened pull request #1" in message, message
+    from playwright.sync_api import expect
+
+    expect(page.locator("#open-pr")).to_have_text("Update PR #1")  # the PR exists: the button updates it
     link = page.locator("#pr-result a").first.get_attribute("href")
     assert link.endswith(f"/{repo}/discussions/1"), link
     shot(page, "07-pr-opened")
@@ -178,6 +182,7 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     finished = re.compile(re.escape(repo) + r"[\s\S]*Finished in")  # not the earlier job's "Finished in"
     other.locator("#progress", has_text=finished).wait_for(timeout=JOB_TIMEOUT_MS)
     assert "already exported onnx: already published" in text_of(other, "#progress"), text_of(other, "#progress")
+    expect(other.locator("#open-pr")).to_have_text("Update PR #1")  # found on the Hub when the model loaded
     other.locator("#open-pr").click()
     other.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
     assert "up to date" in text_of(other, "#pr-result"), text_of(other, "#pr-result")
@@ -201,10 +206,11 @@ def test_signed_out_convert_asks_to_sign_in(space, hub, new_page):
     page = new_page()
     load(page, repo)
     page.locator("#recipe-status", has_text="Valid recipe").wait_for()  # public recipes read anonymously
-    page.locator("#convert").click()
-    page.locator("#progress", has_text="Sign in required").wait_for()
+    from playwright.sync_api import expect
+
+    expect(page.locator("#convert")).to_be_disabled()  # signed out: Convert cannot succeed, and says why
+    page.locator("#convert-hint", has_text="Sign in to convert").wait_for()
     shot(page, "10-signed-out-convert")
-    assert "sign in with Hugging Face" in text_of(page, "#progress")
     page.locator("#propose").click()
     page.locator("#propose-result", has_text="Sign in required").wait_for()
     assert hub.discussions(repo) == []
@@ -239,9 +245,10 @@ def test_invalid_recipe_shows_its_json_path_and_validates_as_you_type(space, hub
     assert path in page.locator("#problems").text_content()  # the highlighted line carries its JSON path
     shot(page, "12-invalid-recipe")
 
-    page.locator("#convert").click()
-    page.locator("#progress", has_text="Invalid recipe").wait_for()
-    assert path in text_of(page, "#progress") and "hfexport export" in text_of(page, "#progress")
+    from playwright.sync_api import expect
+
+    expect(page.locator("#convert")).to_be_disabled()  # an invalid recipe cannot convert
+    page.locator("#convert-hint", has_text="Fix the recipe").wait_for()
 
     # Fix it in the editor: the check runs as you type, the problem view goes away, targets come back.
     editor = page.locator("#editor .cm-content")
@@ -252,6 +259,7 @@ def test_invalid_recipe_shows_its_json_path_and_validates_as_you_type(space, hub
     page.locator("#recipe-status", has_text="Valid recipe").wait_for()
     page.locator("#targets").get_by_label("pt2").wait_for()
     page.locator("#problems").wait_for(state="hidden")
+    expect(page.locator("#convert")).to_be_enabled()
     shot(page, "13-recipe-fixed-in-editor")
 
 
@@ -452,10 +460,74 @@ def test_without_a_login_the_space_starts_signed_out_with_one_line(hub, tmp_path
         assert page.get_by_role("button", name="Sign in with Hugging Face").count() == 0
         load(page, repo)  # signed out, recipes still load and are checked
         page.locator("#recipe-status", has_text="Valid recipe").wait_for()
-        page.locator("#convert").click()
-        page.locator("#progress", has_text="Sign in required").wait_for()
+        page.locator("#convert-hint", has_text="Sign in to convert").wait_for()
+        assert page.locator("#convert").is_disabled()
         shot(page, "22-no-login-signed-out-mode")
         context.close()
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+# ── Every Load starts from what is on screen (issue 30) ──────────────────────
+
+
+def test_each_load_resets_the_editor_targets_messages_and_buttons(space, hub, new_page):
+    """In one page, one after another: a model without a recipe (recipe proposed as a PR), a missing repo, tiny-bert;
+    then tiny-llama and a repo whose recipe is invalid. Nothing of a previous load stays on screen, and Convert is
+    enabled only when it can succeed."""
+    from playwright.sync_api import expect
+
+    bert = {p.name: p.read_bytes() for p in (EXAMPLES / "tiny-bert").iterdir()}
+    norecipe = seed(hub, "space-seq-norecipe", {k: v for k, v in bert.items() if k != "export_config.json"})
+    good = seed(hub, "space-seq-bert", bert)
+    llama = seed(hub, "space-seq-llama", EXAMPLES / "tiny-llama")
+    recipe = json.loads(bert["export_config.json"])
+    recipe["targets"]["onnx"]["dynamic_shapes"]["input_ids"]["1"] = "sequence"  # not a declared dim
+    bad = seed(hub, "space-seq-bad", {**bert, "export_config.json": json.dumps(recipe, indent=2).encode()})
+    missing = f"user/does-not-exist-{uuid.uuid4().hex[:8]}"
+    page = new_page()
+    editor, convert, hint = page.locator("#editor .cm-content"), page.locator("#convert"), page.locator("#convert-hint")
+    targets = page.locator("#targets input[type=checkbox]")
+    expect(convert).to_be_disabled()
+    sign_in(page)
+
+    load(page, norecipe)
+    page.locator("#recipe-status", has_text="Proposed recipe").wait_for()
+    page.locator("#propose").click()
+    page.locator("#propose-result", has_text="Opened pull request #1").wait_for()
+    expect(convert).to_be_enabled()
+
+    load(page, missing)
+    page.locator("#recipe-status", has_text="Repository not found").wait_for()
+    assert "export_format" not in editor.inner_text()  # not bert-norecipe's recipe
+    assert text_of(page, "#propose-result").strip() == ""  # nor its "Opened pull request #1"
+    expect(targets).to_have_count(0)
+    expect(convert).to_be_disabled()
+    hint.filter(has_text="Load a model").wait_for()
+    shot(page, "23-sequence-missing-repo")
+
+    load(page, good)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    assert "Repository not found" not in text_of(page, "#recipe-status")
+    assert json.loads(editor.inner_text()) == json.loads(bert["export_config.json"])
+    page.locator("#targets").get_by_label("onnx").wait_for()
+    assert page.locator("#targets").get_by_label("onnx").is_checked()
+    expect(convert).to_be_enabled()
+    assert text_of(page, "#convert-hint").strip() == ""
+
+    load(page, llama)
+    page.locator("#recipe-status", has_text=llama).wait_for()
+    page.locator("#targets").get_by_label("onnx-generation").wait_for()
+    llama_default = json.loads((EXAMPLES / "tiny-llama" / "export_config.json").read_text())["default_target"]
+    assert page.locator("#targets").get_by_label(llama_default, exact=True).is_checked()
+
+    load(page, bad)
+    page.locator("#recipe-status", has_text="Invalid recipe").wait_for()
+    status = text_of(page, "#recipe-status")
+    assert bad in status and "targets.onnx.dynamic_shapes.input_ids.1" in status
+    assert "onnx-generation" not in status
+    expect(targets).to_have_count(0)  # none of tiny-llama's targets stay ticked
+    expect(convert).to_be_disabled()
+    hint.filter(has_text="Fix the recipe").wait_for()
+    shot(page, "24-sequence-bad-recipe-after-llama")

@@ -262,16 +262,30 @@ def latency_markdown(report, bar_width: int = 24) -> str:
         key = (point["batch"], bool(point.get("new_tokens")))
         slowest[key] = max(slowest.get(key, 0.0), point["artifact_ms"], point["eager_ms"])
     load = first.get("load_average")
+    runs = {name: _run_label(target.latency) for name, target in report.targets.items()
+            if (getattr(target, "latency", None) or {}).get("points")}
+    mixed = len(set(runs.values())) > 1  # rows of several jobs (a PR holding targets of earlier runs): each says which
     lines = [f"### Latency on the verifying machine ({first['cpu']}, {first['threads']} threads"
-             + (f", load average {load:.2f}" if load is not None else "")
-             + f"; median of {first['runs']}+ runs, 25th-75th percentile in brackets)", "",
-             "| target | batch | artifact ms | eager torch ms | vs eager | |", "|---|---:|---:|---:|---:|---|"]
+             + (f", load average {load:.2f}" if load is not None and not mixed else "")
+             + f"; median of {first['runs']}+ runs, 25th-75th percentile in brackets"
+             + ("; rows of different runs, each with its own eager baseline" if mixed else "") + ")", "",
+             "| target | batch | artifact ms | eager torch ms | vs eager | |" + (" run |" if mixed else ""),
+             "|---|---:|---:|---:|---:|---|" + ("---|" if mixed else "")]
     for name, point in sorted(rows, key=lambda row: (row[1]["batch"], row[1]["artifact_ms"])):
         bar = _bar(point["artifact_ms"], slowest[(point["batch"], bool(point.get("new_tokens")))], bar_width)
         label = f"`{name}`" + (f" (generate, {point['new_tokens']} tokens)" if point.get("new_tokens") else "")
         lines.append(f"| {label} | {point['batch']} | {_ms(point['artifact_ms'], point.get('artifact_spread'))} "
-                     f"| {_ms(point['eager_ms'], point.get('eager_spread'))} | {versus(point)} | `{bar}` |")
+                     f"| {_ms(point['eager_ms'], point.get('eager_spread'))} | {versus(point)} | `{bar}` |"
+                     + (f" {runs[name]} |" if mixed else ""))
     return "\n".join(lines)
+
+
+def _run_label(latency: dict) -> str:
+    """The run a target's figures come from: its job's time and model files (`run`, `run_source`)."""
+    run, source = latency.get("run"), latency.get("run_source")
+    if not run:
+        return "unknown run"
+    return str(run)[:16].replace("T", " ") + (f" · `{source}`" if source else "")
 
 
 def versus(point: dict) -> str:

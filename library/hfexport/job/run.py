@@ -123,6 +123,8 @@ class JobOptions:
         publish_repo: a repo whose published exports count as cache hits (besides the model's own).
         verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
         latency: time each target that passed against the eager model (`hfexport.latency`), when verifying.
+        recipe_origin: where a given `recipe` came from, for what the report, card and PR say: "proposed" (by
+            hfexport, the repo has none) or "edited" (the repo's, changed); None: as `recipe_source` says.
         workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
             "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
             `model_object` or `inputs` exports in this process.
@@ -142,6 +144,7 @@ class JobOptions:
     verify: bool = True
     latency: bool = True
     workers: int | str = 1
+    recipe_origin: str | None = None
 
 
 @dataclass
@@ -222,6 +225,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
         **resolve_source(model, options.revision, options.token),
         "recipe_source": recipe.source,
         "recipe_sha256": recipe.sha256,
+        **({"recipe_origin": options.recipe_origin} if options.recipe_origin and options.recipe is not None else {}),
     }
     report = JobReport(source=source)
     revision_to_load = source["commit"] or options.revision
@@ -336,6 +340,10 @@ def _complete_target(job: _Job, name: str) -> None:
     if job.options.verify and job.options.latency and target_report.status == "ok":
         _measure_latency(target_report, job.output / name, job.model_object, _plan(job, name), job.progress,
                          job.eager_timings)
+        if (target_report.latency or {}).get("points"):  # which run: a table of several runs' rows says so per row
+            source = job.report.source
+            target_report.latency.update(run=job.report.created_at,
+                                         run_source=str(source.get("commit") or source.get("content_hash") or "")[:12])
     job.progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, job.output / name)

@@ -46,7 +46,7 @@ from hfexport.files import RECIPE_FILE
 from hfexport.hub import hub_file, looks_like_repo_id
 from hfexport.job import init
 from hfexport.progress import Step
-from hfexport.publication.publish import publish
+from hfexport.publication.publish import find_open_publication, publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe
 from hfexport.recipe.model import Recipe, recipe_from_document
 from hfexport.recipe.validation import canonical_json, json_path, parse_recipe_text
@@ -484,6 +484,7 @@ class JobRequest:
     revision: str | None = None
     token: str | None = None
     recipe: dict | None = None  # None: the repo's own recipe; else the editor's (validated) document
+    recipe_origin: str | None = None  # the editor's recipe: "proposed" (as hfexport drafted it) or "edited"
 
     @property
     def command(self) -> str:
@@ -530,6 +531,7 @@ class JobRunner:
         message = {
             "model": request.model, "output": str(request.output), "targets": request.targets or None,
             "revision": request.revision, "token": request.token, "recipe": request.recipe,
+            "recipe_origin": request.recipe_origin if request.recipe is not None else None,
             "verify": self.settings.verify, "command": request.command, "keep_downloads": self.settings.keep_downloads,
             "env": settings_from(),
         }
@@ -645,6 +647,34 @@ def publishable_targets(report) -> list[str]:
     if report is None:
         return []
     return [name for name, target in report.targets.items() if target.status in PUBLISHABLE]
+
+
+def convert_blocker(state: dict | None, token: str | None) -> str | None:
+    """Why Convert cannot succeed now (the page disables it and says this), or None: no model loaded, signed out,
+    or a recipe in the editor that does not validate."""
+    state = state or {}
+    if not state.get("model"):
+        return "Load a model to convert it."
+    if not token:
+        return "Sign in to convert."
+    if not state.get("recipe_valid"):
+        return "Fix the recipe's problems to convert."
+    return None
+
+
+def open_pr_number(model: str, token: str | None) -> int | None:
+    """The number of `model`'s open hfexport pull request, or None (none, or the Hub cannot say)."""
+    try:
+        found = find_open_publication(model, token=token or False)
+    except Exception:  # noqa: BLE001 - the button's label only: "Open PR" when in doubt
+        return None
+    return found.num if found else None
+
+
+def pr_button_label(state: dict | None) -> str:
+    """"Update PR #N" once the model has an hfexport pull request, "Open PR" before."""
+    number = (state or {}).get("pr")
+    return f"Update PR #{number}" if number else "Open PR"
 
 
 def can_publish(state: dict | None) -> bool:
