@@ -90,12 +90,14 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         except Exception as error:  # noqa: BLE001 - shown as a category + command, never a traceback
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
             state = {**_forget_results(state), "model": None, "revision": None, "repo_recipe": None,
-                     "loaded_text": None, "recipe_valid": False, "recipe_source": None, "pr": None}
+                     "loaded_text": None, "recipe_valid": False, "recipe_source": None, "pr": None,
+                     "model_config": None}
             return (_fail(error, command), "", gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
         state = _forget_results(state)
         state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text, recipe_valid=False,
-                     recipe_source=None, pr=logic.open_pr_number(model, _token(oauth_token, settings)))
+                     recipe_source=None, pr=logic.open_pr_number(model, _token(oauth_token, settings)),
+                     model_config=fetched.config)
         if fetched.check is None:  # no recipe: offer formats and a draft
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
@@ -132,7 +134,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         return (result.note or check.markdown()), result.text, _problems(check), _target_update(check), state
 
     def validate(text: str, state: dict | None):
-        check = logic.check_recipe_text(text)
+        check = logic.check_recipe_text(text, config=(state or {}).get("model_config"))
         state = {**(state or _new_state()), "recipe_valid": check.valid}
         return check.markdown(), _problems(check), _target_update(check), state
 
@@ -178,30 +180,35 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         log.note = f"Finished in {event.seconds:.1f} s."
         if event.report is None:
             workspace.release(session)
-            yield log.markdown(), event.failure.markdown(), None, gr.update(interactive=False), state
+            yield log.collapsed(), event.failure.markdown(), None, gr.update(interactive=False), state
             return
         report = event.report
-        try:
-            zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
-        except OSError as error:  # e.g. the disk filled up: the report is still worth showing
-            workspace.release(session)
-            yield log.markdown(), _fail(error, job.command) + "\n\n" + report_markdown(report), None, \
-                gr.update(interactive=False), state
-            return
+        zip_path = None
+        if logic.publishable_targets(report):  # a job where nothing passed offers nothing to download
+            try:
+                zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
+            except OSError as error:  # e.g. the disk filled up: the report is still worth showing
+                workspace.release(session)
+                yield log.collapsed(), _fail(error, job.command) + "\n\n" + report_markdown(report), None, \
+                    gr.update(interactive=False), state
+                return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
         publishable = logic.publishable_targets(report)
         state.update(model=model, revision=rev, output=str(job.output), targets=publishable, edited=edited,
                      latency=chart_rows(report),
                      left_out=[name for name in report.targets if name not in publishable],
-                     zip=str(zip_path), status=report.status, verified=logic.verified_recipe(used, report))
+                     zip=str(zip_path) if zip_path else None, status=report.status,
+                     verified=logic.verified_recipe(used, report))
         results = report_markdown(report)
         if event.failure is not None:
             results = event.failure.markdown() + "\n\n" + results
             if publishable:
                 results = (f"**Open PR** publishes the targets that passed ({', '.join(publishable)}); the others "
                            "stay out.\n\n" + results)
+        results = logic.outcome_markdown(report, pr_num=state.get("pr")) + "\n\n" + results
         # The zip's value only (the API returns it as a path); `idle` shows the area once there is one.
-        yield log.markdown(), results, str(zip_path), gr.update(interactive=logic.can_publish(state)), state
+        yield (log.collapsed(), results, str(zip_path) if zip_path else None,
+               gr.update(interactive=logic.can_publish(state)), state)
 
     def open_pr(state: dict | None, oauth_token: gr.OAuthToken | None):
         """Publish the converted artifacts as the model's one hfexport pull request (opened, updated or unchanged)."""
@@ -268,7 +275,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         status, text, problems_update, targets_update, group, state = load_model(saved["model"], saved["revision"],
                                                                                  state, oauth_token)
         if saved["recipe"].strip() and saved["recipe"].strip() != (text if isinstance(text, str) else "").strip():
-            check = logic.check_recipe_text(saved["recipe"])
+            check = logic.check_recipe_text(saved["recipe"], config=state.get("model_config"))
             status = f"{status}\n\nYour edited recipe is back in the editor:\n\n{check.markdown()}"
             text, problems_update, targets_update = saved["recipe"], _problems(check), _target_update(check)
             state = {**state, "recipe_valid": check.valid}

@@ -140,7 +140,8 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     table = page.locator("#results table", has_text="max abs")
     assert "cosine" in table.inner_text() and "last_hidden_state" in table.inner_text()
     shot(page, "06-converted")
-    other.locator("#results", has_text=f"hfexport export {missing} -o out").wait_for(timeout=JOB_TIMEOUT_MS)
+    other.locator("#results", has_text=f"hfexport export {missing} --target onnx -o out").wait_for(
+        timeout=JOB_TIMEOUT_MS)
 
     with page.expect_download() as download:
         page.locator("#download a").first.click()
@@ -181,7 +182,8 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     other.locator("#convert").click()
     finished = re.compile(re.escape(repo) + r"[\s\S]*Finished in")  # not the earlier job's "Finished in"
     other.locator("#progress", has_text=finished).wait_for(timeout=JOB_TIMEOUT_MS)
-    assert "already exported onnx: already published" in text_of(other, "#progress"), text_of(other, "#progress")
+    steps = other.locator("#progress").text_content()  # the step log, folded once the job finished
+    assert "already exported onnx: already published" in steps, steps
     expect(other.locator("#open-pr")).to_have_text("Update PR #1")  # found on the Hub when the model loaded
     other.locator("#open-pr").click()
     other.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
@@ -377,6 +379,13 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     expect(page.locator("#convert")).to_be_enabled()
     results = text_of(page, "#results")
     assert "Parity check failed" in results and "Open PR publishes the targets that passed (pt2)" in results, results
+    # The outcome first: per target passed/failed and why, what the zip holds; the step log is folded.
+    assert results.lstrip().startswith("Outcome"), results[:300]
+    outcome = page.locator("#results table").first.inner_text()
+    assert re.search(r"onnx\s+❌ failed\s+\S", outcome) and re.search(r"pt2\s+✅ passed\s+parity verified", outcome), outcome
+    assert "Download: the zip below holds pt2." in results
+    expect(page.locator("#progress details")).to_have_count(1)
+    expect(page.locator("#progress li").first).to_be_hidden()
     assert "failed: " in results and "passed" in results  # words in the parity cells, not only marks
     assert "--allow-failed" not in results and "allow_failed" not in results
     expect(page.locator("#download")).to_be_visible()
@@ -404,6 +413,8 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
     expect(page.locator("#convert")).to_be_enabled()
     assert "Parity check failed" in text_of(page, "#results")
+    assert "Nothing to download: no target passed." in text_of(page, "#results")
+    expect(page.locator("#download")).to_be_hidden()  # a failed job offers nothing to download
     expect(page.locator("#open-pr")).to_be_disabled()
     assert "Open PR publishes" not in text_of(page, "#results")
     shot(page, "20-nothing-publishable")

@@ -39,7 +39,7 @@ from hfexport.job.run import run_job
 from hfexport.logs import original_stream, quiet_engine_logs
 from hfexport.progress import RUNNING, Heartbeat
 from hfexport.publication.publish import publish
-from hfexport.recipe.loading import load_recipe
+from hfexport.recipe.loading import check_against_model, load_recipe
 from hfexport.report.markdown import (
     quantization_markdown,
     report_markdown,
@@ -93,6 +93,7 @@ def cmd_validate(args) -> int:
     args.json = args.json or args.format == "json"
     try:
         recipe = load_recipe(args.source, revision=args.revision, token=_token(args))
+        check_against_model(recipe, args.source, revision=args.revision, token=_token(args))
     except RecipeError as error:
         if args.json:
             print(json.dumps({"valid": False, "source": error.source,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import (
+    HfExportError,
     Problem,
     RecipeError,
     RecipeNotFoundError,
@@ -42,14 +43,14 @@ from hfexport.errors import (
     redact,
     register_secret,
 )
-from hfexport.files import RECIPE_FILE
+from hfexport.files import RECIPE_FILE, human_bytes
 from hfexport.hub import hub_file, looks_like_repo_id
 from hfexport.job import init
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
-from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe
+from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
 from hfexport.recipe.model import Recipe, recipe_from_document
-from hfexport.recipe.validation import canonical_json, json_path, parse_recipe_text
+from hfexport.recipe.validation import canonical_json, config_problems, json_path, parse_recipe_text
 from hfexport.report.model import JobReport
 from hfexport.surfaces.failure import Failure, SpaceError, md_escape, report_failure
 from hfexport.surfaces.worker import JobWorker, settings_from
@@ -291,8 +292,9 @@ class RecipeCheck:
         return segments
 
 
-def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
-    """Parse and validate recipe text (strict JSON, schema, semantics); never raises for bad input."""
+def check_recipe_text(text: str | None, source: str = "editor", config: tuple[dict, str] | None = None) -> RecipeCheck:
+    """Parse and validate recipe text (strict JSON, schema, semantics; with the model's `config`, (config.json as a
+    dict, where it was read), its dims against what the model admits); never raises for bad input."""
     text = text or ""
     check = RecipeCheck(text=text)
     try:
@@ -308,6 +310,11 @@ def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
     check.pretty, where = pretty_json(document)
     try:
         check.recipe = recipe_from_document(document, source)
+        if config is not None:
+            problems = config_problems(check.recipe.data, *config)
+            if problems:
+                check.recipe = None
+                raise RecipeError(problems, source)
     except RecipeError as error:
         check.problems = list(error.problems)
         for problem in check.problems:
@@ -330,10 +337,12 @@ class FetchedRecipe:
     source: str
     text: str = ""
     check: RecipeCheck | None = None
+    config: tuple[dict, str] | None = None  # the model's config.json (as a dict, where): dims are checked against it
 
 
 def fetch_recipe(model: str, revision: str | None, token: str | None) -> FetchedRecipe:
-    """Read `model`'s recipe from the Hub (only `export_config.json`/`config.json`) and validate it.
+    """Read `model`'s recipe from the Hub (only `export_config.json`/`config.json`) and validate it, its dims against
+    the model's config.json (`config_problems`).
 
     An invalid recipe is not an error here: its text is returned with the problems located on its lines.
     Unknown repos and revisions raise `SourceError`. Signed out, reads are anonymous (never the Space's token).
@@ -341,23 +350,29 @@ def fetch_recipe(model: str, revision: str | None, token: str | None) -> Fetched
     read_token = token or False  # False: huggingface_hub must not fall back to a token of the Space itself
     at = f"{model}@{revision}" if revision else model
     try:
-        recipe = load_recipe(model, revision=revision, token=read_token)
+        recipe, invalid = load_recipe(model, revision=revision, token=read_token), None
     except RecipeNotFoundError:
         return FetchedRecipe(source=at)
     except RecipeError as error:
-        raw = hub_file(model, RECIPE_FILE, revision, read_token)
-        source = f"{at}/{RECIPE_FILE}"
-        if raw is None:  # the recipe is the `export_config` field of config.json
-            source = f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})"
-            config = json.loads(hub_file(model, CONFIG_FILE, revision, read_token) or b"{}")
-            raw = pretty_json(config.get(CONFIG_FIELD))[0].encode() if isinstance(config, dict) else b""
-        text = raw.decode("utf-8", errors="replace")
-        check = check_recipe_text(text, source)
-        if check.valid:  # cannot happen (same validator); keep the loader's verdict rather than guess
-            check = RecipeCheck(text=text, problems=list(error.problems))
-        return FetchedRecipe(source=source, text=check.pretty or text, check=check)
-    check = check_recipe_text(recipe_text(recipe), recipe.source or at)
-    return FetchedRecipe(source=recipe.source or at, text=check.pretty or check.text, check=check)
+        recipe, invalid = None, error
+    try:
+        config = model_config(model, revision, read_token)
+    except HfExportError:  # an unreadable config.json: the recipe is still checked on its own
+        config = None
+    if recipe is not None:
+        check = check_recipe_text(recipe_text(recipe), recipe.source or at, config)
+        return FetchedRecipe(source=recipe.source or at, text=check.pretty or check.text, check=check, config=config)
+    raw = hub_file(model, RECIPE_FILE, revision, read_token)
+    source = f"{at}/{RECIPE_FILE}"
+    if raw is None:  # the recipe is the `export_config` field of config.json
+        source = f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})"
+        document = json.loads(hub_file(model, CONFIG_FILE, revision, read_token) or b"{}")
+        raw = pretty_json(document.get(CONFIG_FIELD))[0].encode() if isinstance(document, dict) else b""
+    text = raw.decode("utf-8", errors="replace")
+    check = check_recipe_text(text, source)
+    if check.valid:  # cannot happen (same validator); keep the loader's verdict rather than guess
+        check = RecipeCheck(text=text, problems=list(invalid.problems))
+    return FetchedRecipe(source=source, text=check.pretty or text, check=check, config=config)
 
 
 @dataclass
@@ -598,6 +613,14 @@ class ProgressLog:
             return
         self.entries[(step.step, step.target)] = step
 
+    def collapsed(self) -> str:
+        """The finished log: its title and note on one line, the steps folded under it (the outcome comes first)."""
+        body = self.markdown().split("\n", 2)[2] if self.entries else ""
+        if self.note:
+            body = body.rsplit("\n\n", 1)[0]
+        head = f"**{self.title}**" + (f" · {self.note}" if self.note else "")
+        return f"{head}\n\n<details><summary>Step log ({len(self.entries)} steps)</summary>\n\n{body}\n\n</details>"
+
     def markdown(self) -> str:
         lines = [f"**{self.title}**", ""]
         for (name, target), step in self.entries.items():
@@ -675,6 +698,34 @@ def pr_button_label(state: dict | None) -> str:
     """"Update PR #N" once the model has an hfexport pull request, "Open PR" before."""
     number = (state or {}).get("pr")
     return f"Update PR #{number}" if number else "Open PR"
+
+
+def outcome_markdown(report, pr_url: str | None = None, pr_num: int | None = None) -> str:
+    """The outcome of a job first: per target passed/failed and why, and its size; what the zip holds (only targets
+    that passed) and the pull request, when there is one."""
+    lines = ["### Outcome", "", "| target | result | why | size |", "|---|---|---|---|"]
+    for name, target in report.targets.items():
+        verification = target.verification or {}
+        if target.status in ("ok", "unchanged"):
+            result = "✅ passed" if target.status == "ok" else "➖ unchanged"
+            why = ("parity verified" if verification.get("passed") else target.unchanged_reason or
+                   "exported (not verified)")
+        else:
+            result = "❌ failed" if target.status == "failed" else "⚠️ error"
+            failures = verification.get("failures") or []
+            why = failures[0] if failures and not target.error else (target.error or "parity check failed")
+        size = human_bytes(target.total_bytes) if target.files and target.total_bytes else "—"
+        lines.append(f"| `{name}` | {result} | {md_escape(first_line(str(why), 200))} | {size} |")
+    passed = publishable_targets(report)
+    lines += [""]
+    lines.append(f"Download: the zip below holds {', '.join(f'`{name}`' for name in passed)}." if passed
+                 else "Nothing to download: no target passed.")
+    if pr_url:
+        lines.append(f"Pull request: [#{pr_num}]({pr_url}).")
+    elif pr_num:
+        lines.append(f"This model's hfexport pull request is #{pr_num}: **Update PR #{pr_num}** publishes these "
+                     "targets to it.")
+    return "\n".join(lines)
 
 
 def can_publish(state: dict | None) -> bool:
