@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import time
 from collections.abc import Sequence
@@ -522,7 +523,30 @@ def engine_error_message(error: BaseException) -> str:
             messages.append(f"{type(current).__name__}: {first}".strip() + (f" Suggested fixes: {fixes}" if fixes else ""))
         previous = first
         current = current.__cause__ or current.__context__
-    return redact(" <- ".join(messages))[:2000]
+    line = " <- ".join(messages)
+    return redact(_recipe_field_hint(line) + line)[:2000]
+
+
+_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
+_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'((?:, (?:min|max)=\d+)*)\)|(\d+))")
+
+
+def _recipe_field_hint(line: str) -> str:
+    """torch.export's shape-constraint error as the recipe fields that cause it: each violated dim is `dims.<name>`
+    (each recipe dim becomes one torch.export.Dim of that name), with its suggested bounds ('' for other errors)."""
+    violated = _VIOLATED.search(line)
+    if not violated:
+        return ""
+    names = [name.strip() for name in violated.group(1).split(",") if name.strip()]
+    fixes = []
+    for name, bounds, constant in _FIX.findall(line.partition("Suggested fixes:")[2]):
+        if constant:
+            fixes.append(f"`dims.{name}` can only be {constant} for this model (make that axis static)")
+        else:
+            fixes += [f"`dims.{name}.{key}` {value}" for key, value in re.findall(r"(min|max)=(\d+)", bounds)]
+    fields = ", ".join(f"`dims.{name}`" for name in names)
+    advice = f"; set {', '.join(fixes)}" if fixes else "; narrow its min/max to what the model supports"
+    return f"Recipe {fields}: the model cannot be traced over that range{advice}. "
 
 
 def _suggested_fixes(lines: list[str]) -> str:
