@@ -715,7 +715,8 @@ def outcome_markdown(report, pr_url: str | None = None, pr_num: int | None = Non
             failures = verification.get("failures") or []
             why = failures[0] if failures and not target.error else (target.error or "parity check failed")
         size = human_bytes(target.total_bytes) if target.files and target.total_bytes else "—"
-        lines.append(f"| `{name}` | {result} | {md_escape(first_line(str(why), 200))} | {size} |")
+        why = md_escape(first_line(str(why), 200)).replace("|", "\\|")  # a table cell: its pipes escaped
+        lines.append(f"| `{name}` | {result} | {why} | {size} |")
     passed = publishable_targets(report)
     lines += [""]
     lines.append(f"Download: the zip below holds {', '.join(f'`{name}`' for name in passed)}." if passed
