@@ -356,6 +356,20 @@ def test_an_unknown_enum_value_gets_did_you_mean():
     with pytest.raises(RecipeError) as raised:
         validate_document({"export_format": "onxx"})
     assert "did you mean 'onnx'?" in str(raised.value)
+    with pytest.raises(RecipeError) as raised:
+        validate_document({"export_format": "pt2"})  # the target name people use for torch.export
+    assert "did you mean 'dynamo'?" in str(raised.value)
+
+
+def test_one_name_per_format_with_the_old_spellings_accepted_where_typed():
+    from hfexport.layout import FORMAT_LABELS, canonical_format
+    from hfexport.surfaces.cli import build_parser
+
+    assert [canonical_format(name) for name in ("pt2", "torch.export", "PTE", "onnx", "tflite")] == [
+        "dynamo", "dynamo", "executorch", "onnx", "tflite"]
+    args = build_parser().parse_args(["init", "m", "--format", "pt2", "--format", "pte", "--format", "onnx"])
+    assert args.format == ["dynamo", "executorch", "onnx"]
+    assert set(FORMAT_LABELS) == {"onnx", "openvino", "executorch", "dynamo"}
 
 
 def test_config_problems_checks_sequence_and_image_dims():

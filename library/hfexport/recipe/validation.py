@@ -17,7 +17,7 @@ from typing import Any
 
 from hfexport import strict_json
 from hfexport.errors import Problem, RecipeError
-from hfexport.layout import LayoutError, check_file_name
+from hfexport.layout import LayoutError, canonical_format, check_file_name
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
 from hfexport.runtime import PRECISION_FORMATS
 from hfexport.schema import _validator, load_schema
@@ -128,8 +128,9 @@ def _schema_problem(error) -> Problem:
         return Problem(json_path(path), f"invalid key {bad[0]!r}; expected {what}" if bad else error.message)
     if validator == "enum" and isinstance(value, str):
         choices = [str(choice) for choice in error.validator_value]
-        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6) or difflib.get_close_matches(
-            value.lower(), choices, n=1, cutoff=0.6)
+        alias = canonical_format(value)
+        close = ([alias] if alias in choices and alias != value else []) or difflib.get_close_matches(
+            value, choices, n=1, cutoff=0.6) or difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return Problem(json_path(path), f"{value!r} is not one of {', '.join(choices)}{hint}")
     if validator == "pattern" and isinstance(value, str) and "." in value and path and path[-1] == "model_class":

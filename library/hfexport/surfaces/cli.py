@@ -38,6 +38,7 @@ from hfexport.job.init import default_output, init_recipe
 from hfexport.job.parallel import workers_number
 from hfexport.job.reverify import reverify
 from hfexport.job.run import run_job
+from hfexport.layout import canonical_format
 from hfexport.logs import original_stream, quiet_engine_logs
 from hfexport.progress import RUNNING, Heartbeat
 from hfexport.publication.publish import publish
@@ -654,8 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="propose a recipe for a model, export and verify it, write the targets that pass")
     source_args(p, "model", "a model folder or a Hub repo id")
-    p.add_argument("--format", action="append", choices=("onnx", "openvino", "dynamo", "executorch"),
-                   help="a format to propose a target for (repeatable; default: onnx)")
+    p.add_argument("--format", action="append", type=canonical_format, choices=("onnx", "openvino", "dynamo", "executorch"),
+                   help="a format to propose a target for (repeatable; default: onnx; pt2 and pte are accepted for "
+                        "dynamo and executorch)")
     p.add_argument("-o", "--output", help="where to write the recipe (default: MODEL/export_config.json for a "
                                           "folder, else ./export_config.json)")
     p.add_argument("--force", action="store_true", help="replace an existing recipe file")
