@@ -175,6 +175,9 @@ def test_a_table_of_several_runs_says_each_rows_run():
     report.targets["a"] = TargetReport("a", "onnx", "forward", latency=latency("2026-12-01T10:00:00+00:00"))
     report.targets["b"] = TargetReport("b", "onnx", "forward", latency=latency("2026-12-01T10:00:00+00:00"))
     assert " run |" not in latency_markdown(report)
+    assert "machine was busy" not in latency_markdown(report)
+    report.targets["a"].latency["load_average"] = 5.5  # on 2 cores
+    assert "The machine was busy while timed (load average 5.50 on 2 cores)" in latency_markdown(report)
     report.targets["b"] = TargetReport("b", "onnx", "forward", latency=latency("2026-12-03T08:00:00+00:00"))
     text = latency_markdown(report)
     assert "rows of different runs" in text and " run |" in text

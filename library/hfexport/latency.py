@@ -269,6 +269,9 @@ def latency_markdown(report, bar_width: int = 24) -> str:
              + (f", load average {load:.2f}" if load is not None and not mixed else "")
              + f"; median of {first['runs']}+ runs, 25th-75th percentile in brackets"
              + ("; rows of different runs, each with its own eager baseline" if mixed else "") + ")", "",
+             *([f"The machine was busy while timed (load average {load:.2f} on {first['cores']} cores): times "
+                "include waits for cores; a difference within the spreads is not claimed.", ""]
+               if load is not None and first.get("cores") and load > first["cores"] and not mixed else []),
              "| target | batch | artifact ms | eager torch ms | vs eager | |" + (" run |" if mixed else ""),
              "|---|---:|---:|---:|---:|---|" + ("---|" if mixed else "")]
     for name, point in sorted(rows, key=lambda row: (row[1]["batch"], row[1]["artifact_ms"])):
