@@ -46,6 +46,15 @@ MAX_RUNS = 100
 BUDGET_S = 1.0  # timing goes on past DEFAULT_RUNS until both sides together ran this long
 WARMUP_CALLS = 3  # untimed calls per side and batch size, first calls of a shape pay allocations and set-up
 WARMUP_S = 0.2  # ... and at least this long, whichever is more
+# BUDGET_S and WARMUP_S can be set per process (HFEXPORT_LATENCY_BUDGET_S, HFEXPORT_LATENCY_WARMUP_S): the test suite
+# shortens them, since its jobs' figures describe nothing.
+
+
+def _seconds_setting(name: str, default: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
 GENERATION_TOKENS = 8
 AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
 
@@ -71,16 +80,18 @@ def _time_ms(call) -> float:
 
 def _warm_up(call) -> None:
     """`call` run untimed `WARMUP_CALLS` times and for at least `WARMUP_S` seconds."""
-    started, calls = time.perf_counter(), 0
-    while calls < WARMUP_CALLS or time.perf_counter() - started < WARMUP_S:
+    started, calls, warmup_s = time.perf_counter(), 0, _seconds_setting("HFEXPORT_LATENCY_WARMUP_S", WARMUP_S)
+    while calls < WARMUP_CALLS or time.perf_counter() - started < warmup_s:
         call()
         calls += 1
 
 
-def time_alternately(calls: dict, runs: int = DEFAULT_RUNS, budget_s: float = BUDGET_S,
+def time_alternately(calls: dict, runs: int = DEFAULT_RUNS, budget_s: float | None = None,
                      max_runs: int = MAX_RUNS) -> dict[str, list[float]]:
     """Milliseconds per call of each of `calls` (name: a no-argument callable): each warmed up (`_warm_up`), then
     all timed one after the other in rounds, for at least `runs` rounds and `budget_s` seconds, at most `max_runs`."""
+    if budget_s is None:
+        budget_s = _seconds_setting("HFEXPORT_LATENCY_BUDGET_S", BUDGET_S)
     for call in calls.values():
         _warm_up(call)
     samples: dict[str, list[float]] = {name: [] for name in calls}
