@@ -146,7 +146,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         something to publish, and named "Update PR #N" once the model has an hfexport pull request."""
         blocker = logic.convert_blocker(state, _token(oauth_token, settings))
         return (gr.update(interactive=blocker is None), blocker or "",
-                gr.update(interactive=logic.can_publish(state), value=logic.pr_button_label(state)))
+                gr.update(interactive=logic.can_publish(state), value=logic.pr_button_label(state)),
+                gr.update(interactive=logic.can_publish(state)))
 
     def convert(model_id: str, revision: str, recipe_text: str, targets: list[str], state: dict | None,
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
@@ -229,6 +230,19 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         state = {**state, "pr": getattr(result, "pr_num", None) or state.get("pr")}
         return logic.publish_message(result) + note, state
 
+    def publish_new(state: dict | None, profile: gr.OAuthProfile | None, oauth_token: gr.OAuthToken | None):
+        """Publish the converted artifacts as one commit to a repo of the signed-in user (created when missing)."""
+        state = state or _new_state()
+        model = state.get("model") or "MODEL"
+        try:
+            token = logic.require_token(_token(oauth_token, settings), "publish to your repo")
+            if profile is None:
+                raise logic.SpaceError("Sign in required", "sign in with Hugging Face to publish to your repo")
+            result = logic.publish_job(state, token, repo=logic.new_repo_name(profile.username, model))
+        except Exception as error:  # noqa: BLE001
+            return _fail(error, logic.export_command(model, state.get("revision"), state.get("targets") or []))
+        return logic.publish_message(result)
+
     def propose(model_id: str, recipe_text: str, state: dict | None, oauth_token: gr.OAuthToken | None):
         """Open a pull request that adds the editor's (validated) recipe as `export_config.json`."""
         command = logic.validate_command((model_id or "MODEL").strip())
@@ -252,13 +266,14 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         """Another model (or none) is loading: the previous model's report, zip, Open PR and messages go, and
         Convert waits for the new recipe."""
         return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False, value="Open PR"), "",
-                gr.update(value=None, visible=False), "", gr.update(interactive=False))
+                gr.update(value=None, visible=False), "", gr.update(interactive=False), gr.update(interactive=False))
 
     def busy():
         """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
         conversion's results and zip go (its folder is replaced by the new job's)."""
         return (gr.update(interactive=False), gr.update(interactive=False), "", "",
-                gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False))
+                gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False),
+                gr.update(interactive=False))
 
     def idle(state: dict | None, oauth_token: gr.OAuthToken | None):
         state = state or {}
@@ -320,7 +335,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                                    x_title="", x_label_angle=-30, height=260, elem_id="latency-chart")
         results = gr.Markdown(label="Results", elem_id="results")
         download = gr.File(label="Artifacts (zip)", interactive=False, height=90, elem_id="download", visible=False)
-        pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
+        with gr.Row():
+            pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
+            new_repo_button = gr.Button("Publish to my repo", interactive=False, elem_id="publish-new")
         pr_result = gr.Markdown(label="Pull request", elem_id="pr-result")
 
         def closed(request: gr.Request):  # the tab was closed: its artifacts go now, not when the state expires
@@ -328,9 +345,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 workspace.release(request.session_hash)
 
         job_outputs = [progress, results, download, pr_button, pr_result, latency_chart, propose_result,
-                       convert_button]
+                       convert_button, new_repo_button]
         loaded = [recipe_status, editor, problems, targets, format_group, state]
-        gated = [convert_button, convert_hint, pr_button]
+        gated = [convert_button, convert_hint, pr_button, new_repo_button]
         demo.load(show_user, None, user, api_visibility="private")
         demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
             controls, state, gated, api_visibility="private", queue=False)
@@ -352,7 +369,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
         convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress,
-                                          latency_chart],
+                                          latency_chart, new_repo_button],
                              queue=False, api_visibility="private").then(
             convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
             api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
@@ -360,6 +377,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         ).then(idle, state, [*gated, download, latency_chart], api_visibility="private", queue=False)
         pr_button.click(open_pr, state, [pr_result, state], api_name="open_pr", concurrency_limit=2,
                         concurrency_id="publish").then(controls, state, gated, api_visibility="private", queue=False)
+        new_repo_button.click(publish_new, state, pr_result, api_name="publish_to_my_repo", concurrency_limit=2,
+                              concurrency_id="publish")
         propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]

@@ -405,6 +405,13 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     assert any(path.startswith("torch-export/") for path in published)
     assert not any(path.startswith("onnx/") for path in published), sorted(published)
 
+    # Or as one commit to a new repo of the signed-in user, created for it (issue 30).
+    page.locator("#publish-new").click()
+    mine = f"user/{repo.split('/')[1]}-hfexport"
+    page.locator("#pr-result", has_text="Committed to").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert mine in text_of(page, "#pr-result"), text_of(page, "#pr-result")
+    assert "torch-export/model.pt2" in hub.list_files(mine) and "onnx/model.onnx" not in hub.list_files(mine)
+
     # Only the failing target: nothing to publish, and the button says so by being disabled.
     page.locator("#targets").get_by_label("pt2").uncheck()
     page.locator("#convert").click()

@@ -735,9 +735,15 @@ def can_publish(state: dict | None) -> bool:
     return bool(state.get("output") and state.get("targets") and Path(state["output"]).is_dir())
 
 
-def publish_job(state: dict, token: str):
-    """Publish a session's converted job through hfexport's one-PR-per-model logic; returns the PublishResult.
-    Only the targets that passed are published (`state["targets"]`, from `publishable_targets`)."""
+def new_repo_name(username: str, model: str) -> str:
+    """The repo under the signed-in user that "Publish to my repo" commits to: `<user>/<model name>-hfexport`."""
+    return f"{username}/{model.rsplit('/', 1)[-1]}-hfexport"
+
+
+def publish_job(state: dict, token: str, repo: str | None = None):
+    """Publish a session's converted job through hfexport's one-PR-per-model logic (or, with `repo`, as one commit
+    to that repo, created when missing); returns the PublishResult. Only the targets that passed are published
+    (`state["targets"]`, from `publishable_targets`)."""
     output = state.get("output")
     if state.get("left_out") and not state.get("targets"):
         raise SpaceError("Nothing to publish", "no target passed the parity check: change the recipe in the editor "
@@ -745,6 +751,8 @@ def publish_job(state: dict, token: str):
     if not output or not Path(output).is_dir() or not state.get("targets"):
         raise SpaceError("Nothing to publish", "Convert the model first; a session's artifacts are kept until it "
                          "ends, loads another model or converts again")
+    if repo is not None:
+        return publish(output, repo, mode="commit", token=token, targets=state.get("targets"))
     return publish(output, state["model"], mode="pr", token=token, targets=state.get("targets"),
                    revision=state.get("revision"))
 
