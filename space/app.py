@@ -122,6 +122,15 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         status = f"Recipe from `{fetched.source}`\n\n{check.markdown()}"
         return (status, fetched.text, _problems(check), _target_update(check), gr.update(visible=False), state)
 
+    def search(query: str, oauth_token: gr.OAuthToken | None):
+        """The Hub's models matching `query`, to pick one into the model box."""
+        try:
+            found = logic.find_models(query, _token(oauth_token, settings))
+        except Exception as error:  # noqa: BLE001
+            return gr.update(choices=[], value=None, visible=False), _fail(error)
+        note = "" if found or not (query or "").strip() else f"No model matches `{query.strip()}`."
+        return gr.update(choices=found, value=None, visible=bool(found)), note
+
     def draft(model_id: str, revision: str, formats: list[str], state: dict | None,
               oauth_token: gr.OAuthToken | None):
         state = dict(state or _new_state())
@@ -310,6 +319,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 gr.LoginButton()
             user = gr.Markdown(elem_id="user")
         with gr.Row():
+            search_box = gr.Textbox(label="Search the Hub's models", placeholder="bert, llama, ... (Enter)", scale=3,
+                                    elem_id="search")
+            search_note = gr.Markdown(elem_id="search-note")
+        found_models = gr.Radio([], label="Models found: pick one", visible=False, elem_id="search-results")
+        with gr.Row():
             model_box = gr.Textbox(label="Model repo", placeholder="org/model", scale=3, elem_id="model")
             revision_box = gr.Textbox("", label="Revision (optional)", placeholder="main", scale=1, elem_id="revision")
             load_button = gr.Button("Load recipe", scale=1, elem_id="load")
@@ -352,6 +366,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
             controls, state, gated, api_visibility="private", queue=False)
         demo.unload(closed)
+        search_box.submit(search, search_box, [found_models, search_note], api_name="search_models")
+        found_models.input(lambda picked: picked or gr.update(), found_models, model_box, api_visibility="private",
+                           queue=False)
         for trigger, api in ((load_button.click, {"api_name": "load_recipe"}),
                              (model_box.submit, {"api_visibility": "private"})):
             trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(

@@ -505,6 +505,11 @@ def test_each_load_resets_the_editor_targets_messages_and_buttons(space, hub, ne
     bad = seed(hub, "space-seq-bad", {**bert, "export_config.json": json.dumps(recipe, indent=2).encode()})
     missing = f"user/does-not-exist-{uuid.uuid4().hex[:8]}"
     page = new_page()
+    # The search box finds a model and puts it in the model box (issue 30).
+    page.locator("#search input, #search textarea").first.fill(good.split("/")[1])
+    page.locator("#search input, #search textarea").first.press("Enter")
+    page.locator("#search-results").get_by_label(good).check()
+    expect(page.locator("#model input, #model textarea").first).to_have_value(good)
     editor, convert, hint = page.locator("#editor .cm-content"), page.locator("#convert"), page.locator("#convert-hint")
     targets = page.locator("#targets input[type=checkbox]")
     expect(convert).to_be_disabled()

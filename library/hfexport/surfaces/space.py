@@ -44,7 +44,7 @@ from hfexport.errors import (
     register_secret,
 )
 from hfexport.files import RECIPE_FILE, human_bytes
-from hfexport.hub import hub_file, looks_like_repo_id
+from hfexport.hub import hub_file, looks_like_repo_id, search_models
 from hfexport.job import init
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
@@ -670,6 +670,11 @@ def publishable_targets(report) -> list[str]:
     if report is None:
         return []
     return [name for name, target in report.targets.items() if target.status in PUBLISHABLE]
+
+
+def find_models(query: str, token: str | bool | None) -> list[str]:
+    """The search box: model repo ids on the Hub matching `query` (signed out: anonymously)."""
+    return search_models(query, token or False)
 
 
 def convert_blocker(state: dict | None, token: str | None) -> str | None:
