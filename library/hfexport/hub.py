@@ -126,3 +126,16 @@ def drop_cached_downloads(repo_id: str) -> int:
     strategy = cache.delete_revisions(*hashes)
     strategy.execute()
     return strategy.expected_freed_size
+
+
+def search_models(query: str, token: str | bool | None = None, limit: int = 20) -> list[str]:
+    """Model repo ids matching `query` on the Hub (its own search), at most `limit`; [] for an empty query."""
+    from huggingface_hub import HfApi
+
+    query = (query or "").strip()
+    if not query:
+        return []
+    try:
+        return [model.id for model in HfApi().list_models(search=query, limit=limit, token=token)]
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise hub_error(error, query, "searching models", token=token if isinstance(token, str) else None) from None

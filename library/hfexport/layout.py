@@ -31,6 +31,19 @@ from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_
 
 LEGACY_FOLDER = EXPORTS_DIR
 FORMAT_FOLDERS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
+#: One name per format, the recipe's `export_format` (the engine's), which the report, the CLI and the Space use;
+#: what people call it, shown beside that name; and the other spellings accepted where people type a format (the
+#: CLI's `--format`, a recipe's problem says "did you mean"), each meaning that one name.
+FORMAT_LABELS = {"onnx": "ONNX", "openvino": "OpenVINO", "executorch": "ExecuTorch (.pte)",
+                 "dynamo": "torch.export (.pt2)"}
+FORMAT_ALIASES = {"pt2": "dynamo", "torch.export": "dynamo", "torch-export": "dynamo", "torch_export": "dynamo",
+                  "pte": "executorch", "ov": "openvino", "openvino-ir": "openvino"}
+
+
+def canonical_format(name: str) -> str:
+    """`name` as the one format name (`pt2` -> `dynamo`); an unknown name is returned as it is."""
+    text = str(name).strip().lower()
+    return text if text in FORMAT_FOLDERS else FORMAT_ALIASES.get(text, str(name))
 #: The artifact file name each format's engine writes for a forward target, and its loaders' default name.
 DEFAULT_NAMES = {"onnx": "model.onnx", "openvino": "openvino_model.xml", "executorch": "model.pte",
                  "dynamo": "model.pt2"}

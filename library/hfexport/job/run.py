@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import time
 from collections.abc import Sequence
@@ -127,6 +128,8 @@ class JobOptions:
         runtimes: run each generation target that passed in the deployment runtimes of its format
             (`hfexport.deployment`: transformers.js, optimum, onnxruntime-genai, OpenVINO GenAI, ExecuTorch's LLM
             runner, where installed), token for token against `model.generate`; one that fails fails the target.
+        recipe_origin: where a given `recipe` came from, for what the report, card and PR say: "proposed" (by
+            hfexport, the repo has none) or "edited" (the repo's, changed); None: as `recipe_source` says.
         workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
             "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
             `model_object` or `inputs` exports in this process.
@@ -147,6 +150,7 @@ class JobOptions:
     latency: bool = True
     runtimes: bool = True
     workers: int | str = 1
+    recipe_origin: str | None = None
 
 
 @dataclass
@@ -227,6 +231,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
         **resolve_source(model, options.revision, options.token),
         "recipe_source": recipe.source,
         "recipe_sha256": recipe.sha256,
+        **({"recipe_origin": options.recipe_origin} if options.recipe_origin and options.recipe is not None else {}),
     }
     report = JobReport(source=source)
     revision_to_load = source["commit"] or options.revision
@@ -343,6 +348,10 @@ def _complete_target(job: _Job, name: str) -> None:
     if job.options.verify and job.options.latency and target_report.status == "ok":
         _measure_latency(target_report, job.output / name, job.model_object, _plan(job, name), job.progress,
                          job.eager_timings)
+        if (target_report.latency or {}).get("points"):  # which run: a table of several runs' rows says so per row
+            source = job.report.source
+            target_report.latency.update(run=job.report.created_at,
+                                         run_source=str(source.get("commit") or source.get("content_hash") or "")[:12])
     job.progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, job.output / name)
@@ -548,7 +557,30 @@ def engine_error_message(error: BaseException) -> str:
             messages.append(f"{type(current).__name__}: {first}".strip() + (f" Suggested fixes: {fixes}" if fixes else ""))
         previous = first
         current = current.__cause__ or current.__context__
-    return redact(" <- ".join(messages))[:2000]
+    line = " <- ".join(messages)
+    return redact(_recipe_field_hint(line) + line)[:2000]
+
+
+_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
+_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'((?:, (?:min|max)=\d+)*)\)|(\d+))")
+
+
+def _recipe_field_hint(line: str) -> str:
+    """torch.export's shape-constraint error as the recipe fields that cause it: each violated dim is `dims.<name>`
+    (each recipe dim becomes one torch.export.Dim of that name), with its suggested bounds ('' for other errors)."""
+    violated = _VIOLATED.search(line)
+    if not violated:
+        return ""
+    names = [name.strip() for name in violated.group(1).split(",") if name.strip()]
+    fixes = []
+    for name, bounds, constant in _FIX.findall(line.partition("Suggested fixes:")[2]):
+        if constant:
+            fixes.append(f"`dims.{name}` can only be {constant} for this model (make that axis static)")
+        else:
+            fixes += [f"`dims.{name}.{key}` {value}" for key, value in re.findall(r"(min|max)=(\d+)", bounds)]
+    fields = ", ".join(f"`dims.{name}`" for name in names)
+    advice = f"; set {', '.join(fixes)}" if fixes else "; narrow its min/max to what the model supports"
+    return f"Recipe {fields}: the model cannot be traced over that range{advice}. "
 
 
 def _suggested_fixes(lines: list[str]) -> str:

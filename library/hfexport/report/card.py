@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import PurePath
 
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
@@ -69,7 +70,7 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str | Pla
         START,
         "## Exported artifacts",
         "",
-        (f"Exported by hfexport {report.hfexport_version} from this repo's export recipe. Each target is where the usual "
+        (f"Exported by hfexport {report.hfexport_version} from {recipe_origin(report)}. Each target is where the usual "
         "loaders look for its format, under the file name they use for what it is (`model.onnx`, "
         "`model_quantized.onnx`, ...); hfexport's manifest (`export.json`), recipe copy (`export_config.json`) and "
         "report (`export_report.json`) sit beside the files (a variant's named after it: "
@@ -133,6 +134,26 @@ def _external_data(target: TargetReport) -> bool:
     return any(str(entry.get("path", "")).endswith((".onnx.data", ".onnx_data")) for entry in target.files)
 
 
+def recipe_origin(report: JobReport) -> str:
+    """Where the job's recipe came from, in words, with its hash: the repo's own, one hfexport proposed (the repo has
+    none), one edited in the Space, or another given to the job."""
+    source = report.source or {}
+    digest = f"sha256 `{str(source.get('recipe_sha256', ''))[:12]}`"
+    origin, where = source.get("recipe_origin"), str(source.get("recipe_source") or "")
+    if origin == "proposed":
+        return f"a recipe hfexport proposed for this model, which has none yet ({digest})"
+    if origin == "edited":
+        return f"a recipe edited in the hfexport Space, not the recipe in the repo ({digest})"
+    model = str(source.get("model") or "")
+    own = model and (where.startswith((model.rstrip("/") + "/", model.rstrip("/") + "@"))
+                     or PurePath(where).parent == PurePath(model))  # a Hub repo's file, or a local folder's
+    if own:
+        return f"this repo's export recipe (`{where.rsplit('/', 1)[-1]}`, {digest})"
+    if where and where != "<dict>":
+        return f"the recipe `{where}`, not the repo's ({digest})"
+    return f"a recipe given to the exporter, not the repo's ({digest})"
+
+
 def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | Place]) -> list[str]:
     """How to load the published targets with each loader that reads them (tests/test_ecosystem_clients.py runs
     these loaders on a publication): hfexport, sentence-transformers, optimum, transformers.js, plain ONNX Runtime /
@@ -143,8 +164,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
     lines: list[str] = []
     names = list(report.targets)
     first = names[0] if names else "TARGET"
-    lines += [("hfexport (any target; the manifest is checked before anything is loaded; a pull request: "
-              '`revision="refs/pr/N"`):'), "", "```python", "import hfexport", "",
+    lines += ["hfexport (any target; the manifest is checked before anything is loaded):", "", "```python",
+              "import hfexport", "",
               f'model = hfexport.load("{repo_id}", target="{first}")', "```", ""]
     if len(names) > 1:
         lines += ["Other targets: " + ", ".join(f'`target="{name}"`' for name in names[1:]), ""]

@@ -231,8 +231,10 @@ def runtimes_markdown(runtimes: list[dict]) -> str:
 def _probe_rows(probes: list[dict]) -> list[str]:
     """A table row per probe and output: max abs, max rel, cosine, top-1, pass/fail (rejections with the message)."""
     lines: list[str] = []
-    if probes:
-        lines += ["", "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
+    if probes:  # collapsed: the verdict line above says the outcome, the rows are for who wants them
+        lines += ["", f"<details><summary>{len(probes)} probe{'s' if len(probes) != 1 else ''}: max abs, max rel, "
+                      "cosine, top-1 per output</summary>", "",
+                  "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
                   "|---|---|---|---|---|---|---|---|"]
     for probe in probes:
         label = _cell(probe.get("name", ""))
@@ -252,6 +254,8 @@ def _probe_rows(probes: list[dict]) -> list[str]:
             top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
             lines.append(f"| {label} | {component} | {name} | {_metric(metrics.get('max_abs'))} "
                          f"| {_metric(metrics.get('max_rel'))} | {_ratio(metrics.get('cosine'))} | {top1} | {result} |")
+    if probes:
+        lines += ["", "</details>"]
     return lines
 
 
