@@ -49,7 +49,10 @@ from hfexport.publication.cache import (
     hub_content_hash,
     local_content_hash,
     lookup,
+    target_packages,
 )
+from hfexport.rebind.folder import previous, rebind_copy, record
+from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
 from hfexport.report.model import JobReport, TargetReport
@@ -123,6 +126,9 @@ class JobOptions:
         publish_repo: a repo whose published exports count as cache hits (besides the model's own).
         verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
         latency: time each target that passed against the eager model (`hfexport.latency`), when verifying.
+        rebind: when a previous export of the target in OUTPUT has the same rebind key (everything in the cache key
+            but the weights: `hfexport.rebind`), write the new weights into its graphs instead of exporting; the gate
+            then runs as for an export, and anything the weight map cannot vouch for falls back to a full export.
         workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
             "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
             `model_object` or `inputs` exports in this process.
@@ -142,6 +148,7 @@ class JobOptions:
     verify: bool = True
     latency: bool = True
     workers: int | str = 1
+    rebind: bool = True
 
 
 @dataclass
@@ -301,6 +308,9 @@ def _export_target(job: _Job, name: str) -> None:
             job.quantized_plans[name] = plan
             target_report.quantization = _jsonable(plan.quantization)
         target_report.timings["plan_s"] = round(timer.seconds, 4)
+        key = _rebind_key(job, name, plan)
+        if key and job.options.rebind and _rebind(job, name, key, plan):
+            return
         with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
                 engine_output(f"export {name}"):
             exported = run_plan(plan, job.model_object)
@@ -309,6 +319,8 @@ def _export_target(job: _Job, name: str) -> None:
         def write(folder: Path) -> None:
             exported.save_pretrained(folder)
             write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
+            if key:
+                _record_weight_map(folder, job.model_object, key, target_report)
 
         with StepTimer(progress, "save", name) as timer, engine_output(f"save {name}"):
             final = save_atomically(output, name, write)
@@ -328,6 +340,91 @@ def _export_target(job: _Job, name: str) -> None:
         _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, output / name)
+
+
+def _rebind_key(job: _Job, name: str, plan) -> str | None:
+    """The target's rebind key (`hfexport.rebind.weight_map.rebind_key`); None for a quantized target (its weights
+    are computed, not copied), or a model the job did not load from its source."""
+    target = job.recipe.target(name)
+    if plan.quantization or target.quantization:
+        if job.options.rebind and (job.output / name / "export.json").is_file():
+            job.report.targets[name].rebind = {"from": None, "seconds": 0.0, "fallback": "the target is quantized: "
+                                               "its weights are computed by the quantizer, not copied"}
+        return None
+    if job.options.inputs is not None:
+        return None
+    packages = {package: job.report.packages.get(package) for package in target_packages(target)}
+    try:
+        return rebind_key(job.model_object, job.recipe.target_hash(name), packages)
+    except Exception:  # noqa: BLE001 - a model whose state cannot be described is exported, never rebound
+        return None
+
+
+def _record_weight_map(folder: Path, model, key: str, target_report: TargetReport) -> None:
+    """The export's weight map into its export.json; a map that cannot be made leaves none (no rebind from it)."""
+    started = time.perf_counter()
+    try:
+        with engine_output("weight map"):
+            record(folder, model, key)
+    except Exception as error:  # noqa: BLE001 - the map only enables later rebinds; the export stands without it
+        target_report.rebind = {"from": None, "seconds": 0.0,
+                                "fallback": f"no weight map recorded: {engine_error_message(error)[:300]}"}
+    target_report.timings["weight_map_s"] = round(time.perf_counter() - started, 4)
+
+
+def _rebind(job: _Job, name: str, key: str, plan) -> bool:
+    """Rebind the new weights into the previous export of `name` in OUTPUT and gate it; True when that passed.
+    Otherwise the reason goes to the report's `rebind.fallback` and the caller exports."""
+    target_report, progress, output = job.report.targets[name], job.progress, job.output
+    source = output / name
+    started = time.perf_counter()
+
+    def fallback(reason: str | None) -> bool:
+        target_report.rebind = None if reason is None else {
+            "from": str(source), "seconds": round(time.perf_counter() - started, 4), "fallback": reason}
+        return False
+
+    if not job.options.verify:
+        return fallback("verification is off: a rebound artifact is only kept once the gate passed" if
+                        (source / "export.json").is_file() else None)
+    manifest, reason = previous(source, key)
+    if manifest is None:
+        return fallback(reason)
+    try:
+        before = JobReport.read(source).targets.get(name)
+    except HfExportError:
+        before = None
+    if before is None or before.status != "ok":
+        return fallback("the previous export did not pass its gate")
+    written = {}
+    try:
+        with StepTimer(progress, "rebind", name, f"new weights into the graphs of {source}") as timer, \
+                engine_output(f"rebind {name}"):
+            def write(folder: Path) -> None:
+                written["bytes"] = rebind_copy(source, folder, manifest, job.model_object)
+
+            final = save_atomically(output, name, write)
+    except RebindRefused as error:
+        return fallback(str(error))
+    target_report.timings["rebind_s"] = round(timer.seconds, 4)
+    target_report.files = file_entries(final)
+    target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
+    target_report.status, target_report.error, target_report.method = "ok", None, "rebind"
+    target_report.rebind = {"from": str(source), "seconds": round(timer.seconds, 4), "fallback": None,
+                            "bytes_written": written.get("bytes", 0)}
+    _write_target_report(job.report, name, final)
+    _verify_target(target_report, final, job.model_object, plan, job.processor, progress)
+    if target_report.status == "ok":
+        _write_target_report(job.report, name, final)
+        return True
+    reason = f"the rebound artifact failed the gate: {target_report.error}"
+    target_report.status, target_report.error, target_report.method = "ok", None, "export"
+    target_report.verification, target_report.files, target_report.total_bytes = None, [], 0
+    target_report.timings.pop("verify_s", None)
+    target_report.rebind = {"from": str(source), "seconds": round(time.perf_counter() - started, 4),
+                            "fallback": reason[:2000]}
+    progress(Step("rebind", "error", name, f"falling back to a full export: {reason}"))
+    return False
 
 
 def _complete_target(job: _Job, name: str) -> None:
@@ -392,7 +489,7 @@ def _worker_request(job: _Job) -> dict:
         "model": str(job.model), "output": str(job.output), "revision": job.revision_to_load,
         "token": job.options.token, "trust_remote_code": job.options.trust_remote_code,
         "recipe": job.recipe.data, "recipe_source": job.recipe.source, "source": job.report.source,
-        "keys": job.keys, "verify": job.options.verify, "processes": len(job.groups), "logging": logging_settings(),
+        "keys": job.keys, "verify": job.options.verify, "rebind": job.options.rebind, "processes": len(job.groups), "logging": logging_settings(),
     }
 
 
@@ -402,7 +499,8 @@ def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> No
     dict)` as each ends. Latency is left to the job's process."""
     register_secret(request["token"])
     options = JobOptions(revision=request["revision"], token=request["token"],
-                         trust_remote_code=request["trust_remote_code"], verify=request["verify"], latency=False)
+                         trust_remote_code=request["trust_remote_code"], verify=request["verify"], latency=False,
+                         rebind=request.get("rebind", True))
     recipe = Recipe(request["recipe"], request["recipe_source"])
     job = _Job(request["model"], Path(request["output"]), options, recipe, list(request["targets"]),
                JobReport(source=request["source"]), progress, request["revision"], {}, request["keys"],
