@@ -353,6 +353,8 @@ def _rebind_key(job: _Job, name: str, plan) -> str | None:
         return None
     if job.options.inputs is not None:
         return None
+    if not target.rebind:  # the recipe turned it off: no map, no rebind
+        return None
     packages = {package: job.report.packages.get(package) for package in target_packages(target)}
     try:
         return rebind_key(job.model_object, job.recipe.target_hash(name), packages)
