@@ -16,8 +16,8 @@ import pytest
 
 from hfexport.files import MANIFEST_FILE
 
-LLAMA_TARGETS = ["pt2", "onnx-generation", "openvino-generation"]
-BERT_TARGETS = ["onnx", "openvino", "pt2"]
+LLAMA_TARGETS = ["pt2", "onnx-generation", "openvino-generation", "pte-generation"]
+BERT_TARGETS = ["onnx", "openvino", "pt2", "pte"]
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +38,7 @@ def previous_exports(session_dir, checkpoints):
     outputs = {}
     for name, targets in (("llama", LLAMA_TARGETS), ("bert", BERT_TARGETS)):
         output = session_dir / f"rebind-{name}-out"
-        report = run_job(checkpoints[name][0], output, targets, workers=1, latency=False)
+        report = run_job(checkpoints[name][0], output, targets, workers=2, latency=False)  # pte in a worker
         assert report.status == "ok", {n: t.error for n, t in report.targets.items()}
         outputs[name] = output
     return outputs
