@@ -183,3 +183,40 @@ def test_no_rebind_and_the_recipe_switch_always_export(previous_exports, checkpo
     loaded = load_recipe(recipe)
     assert loaded.target("pt2").rebind is False and loaded.target("onnx").rebind is True
     assert loaded.target("pt2").to_dict()["rebind"] is False
+
+
+def test_a_push_of_new_weights_through_the_webhook_updates_the_pr_with_rebound_artifacts(hub, checkpoints, tmp_path):
+    """The receiver's job finds the previous export in the model's open hfexport PR (no OUTPUT survives between
+    webhook jobs), rebinds the pushed weights into it, gates it, and updates the same PR."""
+    import uuid
+
+    from test_webhook import Receiver, config, payload
+
+    old, new = checkpoints["bert"]
+    repo = f"user/rebind-{uuid.uuid4().hex[:8]}"
+    hub.seed_repo(repo, old)
+    server = Receiver(config(hub, tmp_path, targets=["pt2", "onnx"]))
+    try:
+        assert server.post(payload(hub, repo, hub.head(repo)))[0] == 202
+        assert server.receiver.wait_idle(600)
+        [pr] = hub.discussions(repo)
+        ref = f"refs/pr/{pr['num']}"
+        first = {path: hub.read_file(repo, path, ref) for path in ("onnx/model.onnx", "torch-export/export.json")}
+        before = hub.head(repo)
+        pushed = hub.commit(repo, add={"model.safetensors": (new / "model.safetensors").read_bytes()},
+                            title="training step")["oid"]
+        assert server.post(payload(hub, repo, pushed, before))[0] == 202
+        assert server.receiver.wait_idle(600)
+        job = {job.sha: job for job in server.receiver.jobs()}[pushed]
+        assert (job.state, job.status, job.action) == ("done", "ok", "updated"), job.detail
+        assert [pr["num"] for pr in hub.discussions(repo)] == [pr["num"]]
+        for folder in ("onnx", "torch-export"):
+            report = json.loads(hub.read_file(repo, f"{folder}/export_report.json", ref))
+            [target] = report["targets"].values()
+            assert report["source"]["commit"] == pushed
+            assert target["method"] == "rebind" and target["rebind"]["from"] == f"{repo}@{ref}", target["rebind"]
+            assert target["verification"]["passed"]
+        # the graphs and the manifest (with its weight map) are the same bytes; the weights are new
+        assert {path: hub.read_file(repo, path, ref) for path in first} == first
+    finally:
+        server.close()

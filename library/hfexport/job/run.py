@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from hfexport.publication.cache import (
     cache_key,
     hub_content_hash,
     local_content_hash,
+    fetch_published_export,
     lookup,
     target_packages,
 )
@@ -172,6 +174,7 @@ class _Job:
     quantized_plans: dict = field(default_factory=dict)  # target -> plan, compared once every target is saved
     eager_timings: EagerTimings = field(default_factory=EagerTimings)  # eager torch timed once per input set
     workers_peak_rss_mb: float = 0.0  # the worker processes' peaks, added to this process's in the report
+    repos: list[str] = field(default_factory=list)  # where published exports may be (cache hits, rebind sources)
 
 
 def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None = None, *,
@@ -253,7 +256,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                 check(model, list(targets.values()), output, revision_to_load, options.token,
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
-                groups=groups, model_object=options.model_object)
+                groups=groups, model_object=options.model_object, repos=repos)
 
 
 def _weights_or_none(model, revision: str | None, token: str | None) -> tuple[int, dict] | None:
@@ -375,20 +378,37 @@ def _record_weight_map(folder: Path, model, key: str, target_report: TargetRepor
 
 
 def _rebind(job: _Job, name: str, key: str, plan) -> bool:
-    """Rebind the new weights into the previous export of `name` in OUTPUT and gate it; True when that passed.
-    Otherwise the reason goes to the report's `rebind.fallback` and the caller exports."""
+    """Rebind the new weights into the previous export of `name` (in OUTPUT, else published in the job's repos: the
+    open hfexport PR, then the branch) and gate it; True when that passed. Otherwise the reason goes to the report's
+    `rebind.fallback` and the caller exports."""
+    if not job.options.verify:
+        if (job.output / name / "export.json").is_file():
+            job.report.targets[name].rebind = {"from": None, "seconds": 0.0, "fallback": "verification is off: a "
+                                               "rebound artifact is only kept once the gate passed"}
+        return False
+    source = job.output / name
+    if not (source / "export.json").is_file() and job.repos:
+        downloaded = job.output / f".{name}.previous-{os.getpid()}"
+        try:
+            with StepTimer(job.progress, "rebind", name, "looking for a published export with the same rebind key"):
+                where = fetch_published_export(job.repos, name, key, downloaded, job.options.token)
+            if where:
+                return _rebind_from(job, name, key, plan, downloaded, where)
+        finally:
+            shutil.rmtree(downloaded, ignore_errors=True)
+    return _rebind_from(job, name, key, plan, source, str(source))
+
+
+def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str) -> bool:
+    """`_rebind` from the previous export in `source` (described as `where` in the report)."""
     target_report, progress, output = job.report.targets[name], job.progress, job.output
-    source = output / name
     started = time.perf_counter()
 
     def fallback(reason: str | None) -> bool:
         target_report.rebind = None if reason is None else {
-            "from": str(source), "seconds": round(time.perf_counter() - started, 4), "fallback": reason}
+            "from": where, "seconds": round(time.perf_counter() - started, 4), "fallback": reason}
         return False
 
-    if not job.options.verify:
-        return fallback("verification is off: a rebound artifact is only kept once the gate passed" if
-                        (source / "export.json").is_file() else None)
     manifest, reason = previous(source, key)
     if manifest is None:
         return fallback(reason)
@@ -400,7 +420,7 @@ def _rebind(job: _Job, name: str, key: str, plan) -> bool:
         return fallback("the previous export did not pass its gate")
     written = {}
     try:
-        with StepTimer(progress, "rebind", name, f"new weights into the graphs of {source}") as timer, \
+        with StepTimer(progress, "rebind", name, f"new weights into the graphs of {where}") as timer, \
                 engine_output(f"rebind {name}"):
             def write(folder: Path) -> None:
                 written["bytes"] = rebind_copy(source, folder, manifest, job.model_object)
@@ -412,7 +432,7 @@ def _rebind(job: _Job, name: str, key: str, plan) -> bool:
     target_report.files = file_entries(final)
     target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
     target_report.status, target_report.error, target_report.method = "ok", None, "rebind"
-    target_report.rebind = {"from": str(source), "seconds": round(timer.seconds, 4), "fallback": None,
+    target_report.rebind = {"from": where, "seconds": round(timer.seconds, 4), "fallback": None,
                             "bytes_written": written.get("bytes", 0)}
     _write_target_report(job.report, name, final)
     _verify_target(target_report, final, job.model_object, plan, job.processor, progress)
@@ -423,7 +443,7 @@ def _rebind(job: _Job, name: str, key: str, plan) -> bool:
     target_report.status, target_report.error, target_report.method = "ok", None, "export"
     target_report.verification, target_report.files, target_report.total_bytes = None, [], 0
     target_report.timings.pop("verify_s", None)
-    target_report.rebind = {"from": str(source), "seconds": round(time.perf_counter() - started, 4),
+    target_report.rebind = {"from": where, "seconds": round(time.perf_counter() - started, 4),
                             "fallback": reason[:2000]}
     progress(Step("rebind", "error", name, f"falling back to a full export: {reason}"))
     return False
