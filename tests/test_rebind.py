@@ -220,3 +220,19 @@ def test_a_push_of_new_weights_through_the_webhook_updates_the_pr_with_rebound_a
         assert {path: hub.read_file(repo, path, ref) for path in first} == first
     finally:
         server.close()
+
+
+def test_a_quantized_target_is_exported_never_rebound(checkpoints, tmp_path):
+    """A quantized target's weights are computed by the quantizer, not copied: no map, and a push exports it."""
+    from hfexport.job.run import run_job
+
+    old, new = checkpoints["bert"]
+    recipe = json.loads((old / "export_config.json").read_text())
+    recipe["targets"] = {"onnx-int8": {**recipe["targets"]["onnx"], "quantization": {"method": "ort_dynamic"}}}
+    recipe["default_target"] = "onnx-int8"
+    output = tmp_path / "out"
+    first = run_job(old, output, ["onnx-int8"], recipe=recipe, workers=1, latency=False).targets["onnx-int8"]
+    assert first.status == "ok" and "weight_map" not in json.loads((output / "onnx-int8" / MANIFEST_FILE).read_text())
+    target = run_job(new, output, ["onnx-int8"], recipe=recipe, workers=1, latency=False).targets["onnx-int8"]
+    assert (target.status, target.method) == ("ok", "export")
+    assert "quantized" in target.rebind["fallback"]

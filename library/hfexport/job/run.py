@@ -440,6 +440,7 @@ def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str)
         _write_target_report(job.report, name, final)
         return True
     reason = f"the rebound artifact failed the gate: {target_report.error}"
+    _write_target_report(job.report, name, final)  # "failed" beside the rebound files until the export replaces them
     target_report.status, target_report.error, target_report.method = "ok", None, "export"
     target_report.verification, target_report.files, target_report.total_bytes = None, [], 0
     target_report.timings.pop("verify_s", None)
@@ -511,7 +512,7 @@ def _worker_request(job: _Job) -> dict:
         "model": str(job.model), "output": str(job.output), "revision": job.revision_to_load,
         "token": job.options.token, "trust_remote_code": job.options.trust_remote_code,
         "recipe": job.recipe.data, "recipe_source": job.recipe.source, "source": job.report.source,
-        "keys": job.keys, "verify": job.options.verify, "rebind": job.options.rebind, "processes": len(job.groups), "logging": logging_settings(),
+        "keys": job.keys, "verify": job.options.verify, "rebind": job.options.rebind, "repos": job.repos, "processes": len(job.groups), "logging": logging_settings(),
     }
 
 
@@ -526,7 +527,7 @@ def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> No
     recipe = Recipe(request["recipe"], request["recipe_source"])
     job = _Job(request["model"], Path(request["output"]), options, recipe, list(request["targets"]),
                JobReport(source=request["source"]), progress, request["revision"], {}, request["keys"],
-               time.perf_counter())
+               time.perf_counter(), repos=list(request.get("repos", [])))
     _load(job)
     with share_cores(request["processes"]):
         for name in job.names:
