@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.rebind.stored import ONNX_DTYPES, Stored, mapped, write_at
+from hfexport.rebind.stored import ONNX_DTYPES, Stored, inside, mapped, plain_file, write_at
 
 
 def _tensors(graph):
@@ -33,11 +33,17 @@ def read(folder: Path, file: str) -> list[Stored]:
         shape = list(tensor.dims)
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             entries = {entry.key: entry.value for entry in tensor.external_data}
+            if not plain_file(entries.get("location", "")) or "length" not in entries:
+                continue  # outside the folder, or of unknown size: never read nor written (and unmapped)
             location = str(Path(file).parent / entries["location"]) if Path(file).parent != Path(".") \
                 else entries["location"]
             if location not in views:
+                if not (folder / location).is_file() or (folder / location).is_symlink():
+                    continue
                 views[location] = mapped(folder / location)
             offset, length = int(entries.get("offset", 0)), int(entries["length"])
+            if not inside(views[location], offset, length):
+                continue
             stored.append(Stored(name, location, offset, length, dtype, shape, views[location][offset:offset + length]))
         elif tensor.HasField("raw_data"):
             stored.append(Stored(name, file, None, len(tensor.raw_data), dtype, shape, tensor.raw_data))

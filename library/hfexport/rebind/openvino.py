@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.rebind.stored import OPENVINO_DTYPES, Stored, mapped, write_at
+from hfexport.rebind.stored import OPENVINO_DTYPES, Stored, inside, mapped, write_at
 
 
 def _bin(file: str) -> str:
@@ -31,7 +31,7 @@ def read(folder: Path, file: str) -> list[Stored]:
         element = attributes.get("element_type", "")
         dtype = OPENVINO_DTYPES.get(element, f"openvino:{element}")
         shape = [int(dim) for dim in attributes.get("shape", "").split(",") if dim.strip()]
-        if offset not in stored:
+        if offset not in stored and inside(data, offset, size):
             stored[offset] = Stored(f"@{offset}", _bin(file), offset, size, dtype, shape, data[offset:offset + size])
     return list(stored.values())
 

@@ -10,7 +10,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from hfexport.rebind.stored import Stored, mapped, write_at
+from hfexport.rebind.stored import Stored, inside, mapped, write_at
 
 _LOCAL, _CENTRAL, _DESCRIPTOR = 0x04034B50, 0x02014B50, 0x08074B50
 
@@ -37,6 +37,8 @@ def read(folder: Path, file: str) -> list[Stored]:
             if not _is_tensor(info.filename) or info.compress_type != zipfile.ZIP_STORED:
                 continue
             offset = _data_offset(view, info)
+            if not inside(view, offset, info.file_size):
+                continue
             stored.append(Stored(info.filename, file, offset, info.file_size, None, None,
                                  view[offset:offset + info.file_size]))
     return stored

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.rebind.stored import Stored, mapped, write_at
+from hfexport.rebind.stored import Stored, inside, mapped, write_at
 
 #: ExecuTorch's ScalarType numbers (exir/scalar_type.py) by torch dtype name.
 SCALAR_TYPES = {0: ("uint8", 1), 1: ("int8", 1), 2: ("int16", 2), 3: ("int32", 4), 4: ("int64", 8),
@@ -34,6 +34,8 @@ def read(folder: Path, file: str) -> list[Stored]:
     for entry in program.named_data or []:
         segment = program.segments[entry.segment_index]
         offset = base + segment.offset
+        if not inside(view, offset, segment.size):
+            continue
         stored.append(Stored(f"named:{entry.key}", file, offset, segment.size, None, None,
                              view[offset:offset + segment.size]))
     constants = program.constant_segment
@@ -53,7 +55,7 @@ def read(folder: Path, file: str) -> list[Stored]:
                 for dim in shape:
                     nbytes *= dim
                 offset = start + constants.offsets[index]
-                if nbytes:
+                if nbytes and inside(view, offset, nbytes):
                     stored.append(Stored(f"constant:{index}", file, offset, nbytes, dtype, shape,
                                          view[offset:offset + nbytes]))
     return stored

@@ -34,6 +34,18 @@ class Stored:
         return self.dtype is None or self.dtype in FLOAT_DTYPES
 
 
+def inside(view: memoryview, offset: int, nbytes: int) -> bool:
+    """Whether a stored tensor's declared bytes lie inside its file (a hostile or truncated file's do not: such a
+    tensor is not listed, so nothing is read or written outside the file)."""
+    return 0 <= offset and 0 <= nbytes and offset + nbytes <= len(view)
+
+
+def plain_file(name: str) -> bool:
+    """A file name in the export's own folder: no folder part, no `..`, not hidden (ONNX external-data locations are
+    read from the graph, which may come from someone else's publication)."""
+    return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
+
+
 def mapped(path: Path) -> memoryview:
     """A read-only view of a file's bytes (mmap: a 500 MB weights file is not read into memory)."""
     with open(path, "rb") as handle:
