@@ -236,3 +236,37 @@ def test_a_quantized_target_is_exported_never_rebound(checkpoints, tmp_path):
     target = run_job(new, output, ["onnx-int8"], recipe=recipe, workers=1, latency=False).targets["onnx-int8"]
     assert (target.status, target.method) == ("ok", "export")
     assert "quantized" in target.rebind["fallback"]
+
+
+def test_a_packed_tensor_maps_to_its_parts_by_value():
+    """ONNX Runtime's fusions pack transposed Q/K/V (and gate/up) into one initializer (`packed_matmul_N`), and
+    OpenVINO may store fp16: the map finds the concatenation, the transposes and the cast by value, whatever the
+    name, and recomputes the bytes from new weights."""
+    import torch
+
+    from hfexport.rebind.stored import Stored
+    from hfexport.rebind.weight_map import _Variant, _compute, _match, _sample
+
+    generator = torch.Generator().manual_seed(0)
+    weights = {name: torch.randn(rows, 16, generator=generator) for name, rows in (("q", 16), ("k", 8), ("v", 8))}
+    variants = []
+    for name, tensor in weights.items():
+        for transform, form in (([], tensor), (["transpose"], tensor.t()), (["cast"], tensor.half()),
+                                (["transpose", "cast"], tensor.t().half())):
+            variants.append(_Variant([name], transform, form.contiguous()))
+    index = {}
+    for variant in variants:
+        data = variant.tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        index.setdefault((len(data), _sample(data)), []).append(variant)
+    for dtype, transform in ((torch.float32, ["transpose"]), (torch.float16, ["transpose", "cast"])):
+        packed = torch.cat([weights[name].t().to(dtype) for name in ("q", "k", "v")], dim=1).contiguous()
+        data = packed.view(-1).view(torch.uint8).numpy().tobytes()
+        entry = Stored("packed_matmul_0", "model.onnx", None, len(data), str(dtype).removeprefix("torch."),
+                       list(packed.shape), data)
+        parts, axis = _match(entry, index, variants)
+        assert axis == 1 and [part["keys"] for part in parts] == [["q"], ["k"], ["v"]]
+        assert all(part["transform"] == transform for part in parts)
+        record = {"file": "model.onnx", "name": entry.name, "dtype": entry.dtype, "concat_axis": axis, "parts": parts}
+        new = {name: tensor + 1 for name, tensor in weights.items()}
+        expected = torch.cat([new[name].t().to(dtype) for name in ("q", "k", "v")], dim=1)
+        assert _compute(record, new) == expected.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
