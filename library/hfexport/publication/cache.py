@@ -18,8 +18,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfexport.files import REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
-from hfexport.layout import export_folders, in_export_folder, target_places
+from hfexport.files import MANIFEST_FILE, REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.layout import export_folders, in_export_folder, published_name, target_places
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
@@ -257,9 +257,6 @@ def _download_target(repo_id: str, revision: str, place, previous: TargetReport,
                      token: str | None) -> bool:
     """The files of a published target into `destination` under their local names; False if any is missing."""
     from huggingface_hub import hf_hub_download
-
-    from hfexport.files import MANIFEST_FILE
-    from hfexport.layout import published_name
 
     export_format = previous.export_format
     names = {entry["path"]: published_name(place, entry["path"], export_format) for entry in previous.files}
