@@ -66,7 +66,7 @@ def peer_model(model: Path, folder: Path) -> Path:
 def commands(new: Path, peers: Path, output: Path) -> dict[str, list[str]]:
     from hfexport.testing.peers import peer_venv
 
-    optimum = str(peer_venv() / "bin" / "optimum-cli")
+    optimum = str(Path(peer_venv()).parent / "optimum-cli")  # peer_venv() is the venv's python
     selection = ["--target", "onnx-generation"] if MODE == "onnx" else ["--all-targets"]
     found = {
         "hfexport-rebind": [sys.executable, "-m", "hfexport", "export", str(new), "--recipe", str(RECIPE), *selection,
