@@ -111,7 +111,9 @@ def _sample(data) -> bytes:
 
 def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list[str]]:
     """Names grouped by identical values (ties, and parameters that happen to be bit-identical), and the degenerate
-    names: bit-identical without being tied, or constant (every element equal, more than one)."""
+    names: bit-identical without being tied, constant (every element equal, more than one), or a symmetric matrix."""
+    import torch
+
     tied = {name: tuple(group) for group in ties for name in group}
     by_value: dict[tuple, list[str]] = {}
     degenerate = []
@@ -121,6 +123,9 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
         by_value.setdefault((str(tensor.dtype), tuple(tensor.shape), digest), []).append(name)
         if flat.numel() > 1 and tensor.is_floating_point() and bool((flat == flat[0]).all()):
             degenerate.append(name)
+        elif tensor.is_floating_point() and tensor.dim() == 2 and tensor.shape[0] == tensor.shape[1] \
+                and torch.equal(tensor, tensor.t()):
+            degenerate.append(name)  # symmetric: stored as it is or transposed, the bytes cannot tell
     groups = list(by_value.values())
     for names in groups:
         if len({tied.get(name, (name,)) for name in names}) > 1:
@@ -190,6 +195,8 @@ def _match(entry: Stored, index: dict, variants: list[_Variant]) -> tuple[list[d
         return None, None
     data = bytes(entry.data)
     for variant in index.get((len(data), _sample(data)), []):
+        if entry.dtype is None and "cast" in variant.transform:
+            continue  # an untyped storage (.pt2, .pte named data) holds the parameter's own dtype
         if _bytes(variant.tensor) == data and (entry.dtype is None or str(variant.tensor.dtype).endswith(entry.dtype)):
             return [_part(variant, entry.shape)], None
     stored = _as_tensor(entry)
