@@ -123,7 +123,7 @@ class JobOptions:
         progress: called with a `Step` for every phase of every target.
         model_object: an already-loaded model (skips loading; disables the cache, which a key cannot describe).
         inputs: sample inputs overriding the recipe's (disables the cache too).
-        force: export even when a target's cache key matches an earlier export.
+        force: export even when a target's cache key matches an earlier export (and never rebind).
         preflight: refuse a job whose estimated memory or disk need exceeds what is available.
         publish_repo: a repo whose published exports count as cache hits (besides the model's own).
         verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
@@ -312,7 +312,7 @@ def _export_target(job: _Job, name: str) -> None:
             target_report.quantization = _jsonable(plan.quantization)
         target_report.timings["plan_s"] = round(timer.seconds, 4)
         key = _rebind_key(job, name, plan)
-        if key and job.options.rebind and _rebind(job, name, key, plan):
+        if key and job.options.rebind and not job.options.force and _rebind(job, name, key, plan):
             return
         with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
                 engine_output(f"export {name}"):

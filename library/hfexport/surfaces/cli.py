@@ -572,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the job report as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
-    p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export")
+    p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export (and never rebind)")
     p.add_argument("--no-preflight", action="store_true", help="skip the memory/disk estimate before loading weights")
     p.add_argument("--no-verify", action="store_true", help="skip parity verification (on by default; exit 1 on failure)")
     p.add_argument("--no-rebind", action="store_true",
