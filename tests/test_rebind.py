@@ -234,6 +234,7 @@ def _without_weights(data: bytes) -> bytes:
     return graph.SerializeToString()
 
 
+@pytest.mark.slow  # two quantized exports, each compared with its unquantized reference: ~2 min under load
 def test_a_quantized_target_is_exported_never_rebound(checkpoints, tmp_path):
     """A quantized target's weights are computed by the quantizer, not copied: no map, and a push exports it."""
     from hfexport.job.run import run_job
