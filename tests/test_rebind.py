@@ -258,7 +258,7 @@ def test_a_packed_tensor_maps_to_its_parts_by_value():
     import torch
 
     from hfexport.rebind.stored import Stored
-    from hfexport.rebind.weight_map import _Variant, _compute, _match, _sample
+    from hfexport.rebind.weight_map import _u8, _Variant, _compute, _match, _sample
 
     generator = torch.Generator().manual_seed(0)
     weights = {name: torch.randn(rows, 16, generator=generator) for name, rows in (("q", 16), ("k", 8), ("v", 8))}
@@ -269,7 +269,7 @@ def test_a_packed_tensor_maps_to_its_parts_by_value():
             variants.append(_Variant([name], transform, form.contiguous()))
     index = {}
     for variant in variants:
-        data = variant.tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        data = _u8(variant.tensor)
         index.setdefault((len(data), _sample(data)), []).append(variant)
     for dtype, transform in ((torch.float32, ["transpose"]), (torch.float16, ["transpose", "cast"])):
         packed = torch.cat([weights[name].t().to(dtype) for name in ("q", "k", "v")], dim=1).contiguous()
@@ -282,4 +282,4 @@ def test_a_packed_tensor_maps_to_its_parts_by_value():
         record = {"file": "model.onnx", "name": entry.name, "dtype": entry.dtype, "concat_axis": axis, "parts": parts}
         new = {name: tensor + 1 for name, tensor in weights.items()}
         expected = torch.cat([new[name].t().to(dtype) for name in ("q", "k", "v")], dim=1)
-        assert _compute(record, new) == expected.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        assert torch.equal(_compute(record, new), _u8(expected))

@@ -88,25 +88,39 @@ def _torch_dtype(name: str):
     return getattr(torch, name)
 
 
-def _as_tensor(entry: Stored):
-    """The stored bytes as a tensor of the stored dtype and shape (None where the format does not say)."""
+def _stored_u8(entry: Stored):
+    """The stored bytes as a uint8 tensor over the file's memory (no copy; never written through)."""
+    import warnings
+
     import torch
 
-    if entry.dtype not in FLOAT_DTYPES or entry.shape is None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: torch warns that writes are undefined
+        return torch.frombuffer(entry.data, dtype=torch.uint8) if entry.nbytes else torch.empty(0, dtype=torch.uint8)
+
+
+def _as_tensor(entry: Stored):
+    """The stored bytes as a tensor of the stored dtype and shape (None where the format does not say)."""
+    if entry.dtype not in FLOAT_DTYPES or entry.shape is None or not entry.nbytes:
         return None
-    flat = torch.frombuffer(bytearray(entry.data), dtype=_torch_dtype(entry.dtype)) if entry.nbytes else None
-    return None if flat is None else flat.reshape(entry.shape)
+    return _stored_u8(entry).view(_torch_dtype(entry.dtype)).reshape(entry.shape)
+
+
+def _u8(tensor):
+    """A tensor's bytes as a flat uint8 tensor (a view when it is contiguous)."""
+    import torch
+
+    return tensor.contiguous().view(-1).view(torch.uint8)
 
 
 def _bytes(tensor) -> bytes:
-    import torch
-
-    return tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return _u8(tensor).numpy().tobytes()
 
 
 def _sample(data) -> bytes:
+    """A few bytes of a flat uint8 tensor (start, middle, end): the index key that finds candidates to compare."""
     n = len(data)
-    return bytes(data[:16]) + bytes(data[n // 2:n // 2 + 16]) + bytes(data[max(0, n - 16):])
+    return b"".join(data[a:b].numpy().tobytes() for a, b in ((0, 16), (n // 2, n // 2 + 16), (max(0, n - 16), n)))
 
 
 def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list[str]]:
@@ -119,7 +133,7 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
     degenerate = []
     for name, tensor in tensors.items():
         flat = tensor.reshape(-1)
-        digest = hashlib.sha256(_bytes(tensor)).hexdigest()
+        digest = hashlib.sha256(_u8(tensor).numpy()).hexdigest()
         by_value.setdefault((str(tensor.dtype), tuple(tensor.shape), digest), []).append(name)
         if flat.numel() > 1 and tensor.is_floating_point() and bool((flat == flat[0]).all()):
             degenerate.append(name)
@@ -155,7 +169,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
         variants += [_Variant(names, transform, form.contiguous()) for transform, form in forms]
     index: dict[tuple, list[_Variant]] = {}
     for variant in variants:
-        data = _bytes(variant.tensor)
+        data = _u8(variant.tensor)
         index.setdefault((len(data), _sample(data)), []).append(variant)
 
     entries, unmapped, covered = [], [], set()
@@ -168,11 +182,10 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
                 continue
             record = {"file": file, "name": name, "nbytes": entry.nbytes, "dtype": entry.dtype, "shape": entry.shape,
                       "concat_axis": axis, "parts": parts}
-            if _compute(record, tensors) != bytes(entry.data):  # the exact comparison every entry passes
+            if not torch.equal(_compute(record, tensors), _stored_u8(entry)):  # the exact comparison every entry passes
                 raise AssertionError(f"weight map: {file}:{name} does not recompute to its stored bytes")
             covered.update(key for part in parts for key in part["keys"])
             entries.append(record)
-    del torch
     return {
         "version": MAP_VERSION,
         "rebind_key": key,
@@ -184,7 +197,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
 
 
 def _constant(entry: Stored) -> bool:
-    data = bytes(entry.data)
+    data = bytes(entry.data[:4096])
     return len(set(data[i:i + 4] for i in range(0, min(len(data), 4096), 4))) <= 1
 
 
@@ -193,11 +206,13 @@ def _match(entry: Stored, index: dict, variants: list[_Variant]) -> tuple[list[d
     concatenated along an axis; (None, None) when nothing matches."""
     if entry.nbytes == 0:
         return None, None
-    data = bytes(entry.data)
+    import torch
+
+    data = _stored_u8(entry)
     for variant in index.get((len(data), _sample(data)), []):
         if entry.dtype is None and "cast" in variant.transform:
             continue  # an untyped storage (.pt2, .pte named data) holds the parameter's own dtype
-        if _bytes(variant.tensor) == data and (entry.dtype is None or str(variant.tensor.dtype).endswith(entry.dtype)):
+        if torch.equal(_u8(variant.tensor), data) and (entry.dtype is None or str(variant.tensor.dtype).endswith(entry.dtype)):
             return [_part(variant, entry.shape)], None
     stored = _as_tensor(entry)
     if stored is None or stored.dim() not in (1, 2):
@@ -237,7 +252,7 @@ def _concat(stored, axis: int, variants: list[_Variant]) -> list[dict] | None:
     return parts if len(parts) > 1 else None
 
 
-def _compute(record: dict, tensors: dict) -> bytes:
+def _compute(record: dict, tensors: dict):
     """A map entry's bytes from `tensors` (the parameters by name): each part transformed, concatenated, reshaped."""
     import torch
 
@@ -257,7 +272,7 @@ def _compute(record: dict, tensors: dict) -> bytes:
             tensor = tensor.to(dtype)
         pieces.append(tensor)
     tensor = torch.cat(pieces, dim=record["concat_axis"]) if record["concat_axis"] is not None else pieces[0]
-    return _bytes(tensor)
+    return _u8(tensor)
 
 
 def refusal(weight_map: dict | None, key: str) -> str | None:
@@ -282,6 +297,8 @@ def refusal(weight_map: dict | None, key: str) -> str | None:
 def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
     """Write `model`'s weights into the export in `folder` through `weight_map` (checked with `refusal` first).
     Each entry must still be where the map says, with its size, dtype and shape. Returns the bytes written."""
+    import torch
+
     tensors, _, _ = sources(model)
     stored = stored_tensors(folder, manifest)
     module = FORMATS[manifest["export_format"]]
@@ -300,8 +317,8 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
         if len(data) != entry.nbytes:
             raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {len(data)} bytes, the "
                                 f"stored tensor has {entry.nbytes}")
-        if data != bytes(entry.data):
-            updates.setdefault(record["file"], {})[record["name"]] = data
+        if not torch.equal(data, _stored_u8(entry)):
+            updates.setdefault(record["file"], {})[record["name"]] = data.numpy().tobytes()
     for file, changes in updates.items():
         module.write(folder, file, stored[file], changes)
     return sum(len(data) for changes in updates.values() for data in changes.values())
