@@ -20,7 +20,7 @@ LAYERS = [
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "plan"]),
     ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "onnx_runner", "generate", "exported",
-                   "export"]),
+                   "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),
     ("publication", ["publication"]),

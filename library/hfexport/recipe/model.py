@@ -29,6 +29,7 @@ class Target:
     runtime: dict = field(default_factory=dict)
     path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
     file_name: str | None = None  # the artifact's name there (hfexport.layout); not part of what is exported either
+    rebind: bool = True  # a weights-only update may be rebound into the previous export's graphs (hfexport.rebind)
 
     @property
     def single_graph(self) -> bool:
@@ -51,6 +52,7 @@ class Target:
             runtime=copy.deepcopy(data.get("runtime", {})),
             path=data.get("path"),
             file_name=data.get("file_name"),
+            rebind=data.get("rebind", True),
         )
 
     def to_dict(self) -> dict:
@@ -61,6 +63,8 @@ class Target:
             value = getattr(self, key)
             if value not in (None, {}, []):
                 data[key] = copy.deepcopy(value)
+        if not self.rebind:
+            data["rebind"] = False
         return data
 
 

@@ -50,6 +50,11 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"**Error:** {target.error}", ""]
         if target.unchanged_reason:
             lines += [f"Unchanged: {target.unchanged_reason}", ""]
+        if target.method == "rebind" and target.rebind:
+            lines += [f"Rebound: this checkpoint's weights written into the graphs of the previous export "
+                      f"({target.rebind['from']}) in {_seconds(target.rebind['seconds'])}, then verified as any export.", ""]
+        elif target.rebind and target.rebind.get("fallback"):
+            lines += [f"Exported in full, not rebound: {target.rebind['fallback']}", ""]
         if target.quantization:
             lines += [quantization_markdown(target.quantization), ""]
         section = target_verification_markdown(target)

@@ -426,7 +426,8 @@ def cmd_export(args) -> int:
                 args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,
                 token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=on_step,
                 force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
-                verify=not args.no_verify, workers=args.workers,
+                verify=not args.no_verify, workers=args.workers, rebind=not args.no_rebind,
+                latency=not args.no_latency,
             )
     finally:
         if progress:
@@ -632,9 +633,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the job report as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
-    p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export")
+    p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export (and never rebind)")
     p.add_argument("--no-preflight", action="store_true", help="skip the memory/disk estimate before loading weights")
     p.add_argument("--no-verify", action="store_true", help="skip parity verification (on by default; exit 1 on failure)")
+    p.add_argument("--no-latency", action="store_true",
+                   help="skip timing each verified target against eager torch (information, not a check)")
+    p.add_argument("--no-rebind", action="store_true",
+                   help="always export: never rebind a checkpoint's new weights into the previous export's graphs")
     workers_arg(p)
     p.add_argument("--push", action="store_true", help="publish the exports to the Hub (a PR by default)")
     p.add_argument("--repo", help="with --push: the repo to publish to (default: the model's repo)")
