@@ -1,0 +1,38 @@
+"""What the Python runtimes' modules share: finding the runtime's interpreter and running a client script on a
+request file. (Private to this package: each runtime module is the concept; this is their plumbing.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from hfexport.deployment import GenerationRequest, run_client, runtime_environment
+
+CLIENTS = Path(__file__).resolve().parent / "clients"
+
+
+def interpreter(runtime: str, module: str) -> str | None:
+    """The python that has `module`: `HFEXPORT_RUNTIME_<RUNTIME>` if set, else hfexport's own when it can import
+    `module`, else None (not installed)."""
+    configured = runtime_environment(runtime)
+    if configured:
+        return configured if Path(configured).exists() else None
+    return sys.executable if importlib.util.find_spec(module) is not None else None
+
+
+def request_payload(request: GenerationRequest, padded: bool) -> dict:
+    return {"prompts": request.prompts, "max_new_tokens": request.max_new_tokens,
+            "pad_token_id": request.pad_token_id, "eos_token_id": request.eos_token_id,
+            "padded": bool(padded and request.padded_expected is not None)}
+
+
+def run_python_client(python: str, script: str, folder: Path, payload: dict, timeout: float) -> dict:
+    """Run `clients/<script> FOLDER REQUEST` with `python`; its last stdout line (JSON) as a dict."""
+    with tempfile.TemporaryDirectory(prefix="hfexport-runtime-") as scratch:
+        request_file = Path(scratch) / "request.json"
+        request_file.write_text(json.dumps(payload), encoding="utf-8")
+        return run_client([python, str(CLIENTS / script), str(folder), str(request_file)], timeout=timeout,
+                          cwd=scratch)
