@@ -40,12 +40,12 @@ def gated_llama(session_dir, tiny_llama, runtime_env):
     output = session_dir / "llama-onnx-runtimes"
     with mock.patch.dict(os.environ, runtime_env):
         report = run_job(tiny_llama, output, [TARGET], latency=False)
-    return output / TARGET, report.targets[TARGET]
+    return output / TARGET, report.targets[TARGET], report
 
 
 @pytest.fixture(scope="session")
 def contract_folder(gated_llama) -> Path:
-    folder, target = gated_llama
+    folder, target, _ = gated_llama
     assert target.status == "ok", target.error
     return folder
 
@@ -139,7 +139,7 @@ def test_hfexports_own_generate_runs_the_same_files(contract_folder, request_for
 
 
 def test_the_gate_reports_every_onnx_runtime_passed(gated_llama):
-    _, target = gated_llama
+    _, target, _ = gated_llama
     assert [(check["runtime"], check["verdict"]) for check in target.runtimes] == [
         ("transformers.js", PASSED), ("optimum", PASSED), ("onnxruntime-genai", PASSED)], target.runtimes
     checks = {check["runtime"]: check for check in target.runtimes}
@@ -190,3 +190,23 @@ def test_a_contract_generation_target_is_published_to_onnx():
     places = assign_places({**targets, "onnx": {"export_format": "onnx", "mode": "forward",
                                                 "artifact": "model.onnx"}})
     assert places["onnx"] == Place("onnx") and places["onnx-generation"] == Place("onnx/onnx-generation")
+
+
+def test_the_card_shows_the_runtimes_that_passed_and_only_those(gated_llama):
+    from hfexport.report.card import render_section
+
+    _, target, report = gated_llama
+    card = render_section("org/tiny-llama", report, {TARGET: Place("onnx")})
+    assert 'pipeline("text-generation", "org/tiny-llama"' in card
+    assert 'ORTModelForCausalLM.from_pretrained("org/tiny-llama", subfolder="onnx")' in card
+    assert 'og.Model(f"{folder}/onnx")' in card
+    assert "hold the engine's generation graphs" not in card
+    saved = target.runtimes
+    try:
+        target.runtimes = [{**check, "verdict": NOT_CHECKED} if check["runtime"] == "optimum" else check
+                           for check in saved]
+        card = render_section("org/tiny-llama", report, {TARGET: Place("onnx")})
+    finally:
+        target.runtimes = saved
+    assert "ORTModelForCausalLM.from_pretrained(\"org/tiny-llama\", subfolder" not in card
+    assert 'pipeline("text-generation"' in card

@@ -20,7 +20,11 @@ def interpreter(runtime: str, module: str) -> str | None:
     configured = runtime_environment(runtime)
     if configured:
         return configured if Path(configured).exists() else None
-    return sys.executable if importlib.util.find_spec(module) is not None else None
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # `optimum.onnxruntime` without `optimum`
+        found = False
+    return sys.executable if found else None
 
 
 def request_payload(request: GenerationRequest, padded: bool) -> dict:

@@ -39,8 +39,9 @@ PEER_REQUIREMENTS = (
     "onnxruntime==1.32.0",
     "openvino==2026.4.1",
 )
-#: onnxruntime-genai as its users install it from PyPI (it brings the ONNX Runtime it runs on; no torch, no transformers).
-GENAI_REQUIREMENTS = ("onnxruntime-genai==0.18.0", "onnxruntime==1.32.0")
+#: onnxruntime-genai as its users install it from PyPI (it brings the ONNX Runtime it runs on; no torch, no transformers),
+#: with huggingface_hub to download an export as the README shows.
+GENAI_REQUIREMENTS = ("onnxruntime-genai==0.18.0", "onnxruntime==1.32.0", "huggingface_hub==0.36.2")
 #: transformers.js from npm; onnxruntime-node bundles its CPU binary (its install script only fetches CUDA extras).
 NODE_PACKAGES = {"@huggingface/transformers": "4.3.2"}
 CLIENTS = Path(__file__).resolve().parent / "clients"
