@@ -210,3 +210,33 @@ def test_the_card_shows_the_runtimes_that_passed_and_only_those(gated_llama):
         target.runtimes = saved
     assert "ORTModelForCausalLM.from_pretrained(\"org/tiny-llama\", subfolder" not in card
     assert 'pipeline("text-generation"' in card
+
+
+def test_an_export_in_the_engines_older_layout_still_loads_and_generates(contract_folder, request_for_llama,
+                                                                         tmp_path):
+    """Publications made before the contract hold `decode.onnx` with the engine's names
+    (`input.past_key_values.layers.{i}.keys`, `output.past_key_values.layers.{i}.values`): still loaded and run."""
+    import re
+
+    import onnx_ir
+    import torch
+
+    from hfexport import ExportedModel
+
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("config.json", "generation_config.json", "export_config.json"):
+        (old / name).write_bytes((contract_folder / name).read_bytes())
+    model = onnx_ir.load(str(contract_folder / "model.onnx"))
+    for value in model.graph.inputs:
+        value.name = re.sub(r"^past_key_values\.(\d+)\.(key|value)$", r"input.past_key_values.layers.\1.\2s", value.name)
+    for value in model.graph.outputs:
+        value.name = re.sub(r"^present\.(\d+)\.(key|value)$", r"output.past_key_values.layers.\1.\2s", value.name)
+    onnx_ir.save(model, str(old / "decode.onnx"), external_data="decode.onnx.data")
+    manifest = json.loads((contract_folder / "export.json").read_text())
+    manifest["components"]["decode"]["file"] = "decode.onnx"
+    (old / "export.json").write_text(json.dumps(manifest))
+    exported = ExportedModel.from_pretrained(old)
+    prompt, expected = request_for_llama.prompts[0], request_for_llama.expected[0]
+    out = exported.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert request_for_llama.cut(out[0, len(prompt):].tolist()) == expected
