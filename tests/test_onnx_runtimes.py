@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,22 @@ from hfexport.testing import peers
 
 TARGET = "onnx-generation"
 MAX_NEW_TOKENS = 8
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPET = re.compile(r"<!-- runtime-snippet: (?P<runtime>[\w.-]+) -->\n```(?:js|python)\n(?P<code>.*?)```", re.S)
+#: What tests/test_smollm2_runtimes.py fills in when it runs the README's snippets against a pull request.
+README_REPO, README_REVISION, README_PROMPT = "your-org/your-llm", "refs/pr/1", '"The capital of France is"'
+
+
+def readme_snippets() -> dict[str, str]:
+    """README.md's loading snippets, by runtime (each after a `<!-- runtime-snippet: NAME -->` marker)."""
+    return {match["runtime"]: match["code"] for match in SNIPPET.finditer((ROOT / "README.md").read_text())}
+
+
+def test_the_readme_shows_each_onnx_runtime_with_what_the_slow_test_fills_in():
+    snippets = readme_snippets()
+    assert set(snippets) == {"transformers.js", "optimum", "onnxruntime-genai"}
+    for code in snippets.values():
+        assert README_REPO in code and README_REVISION in code and README_PROMPT in code and "16" in code
 
 
 @pytest.fixture(scope="session")
@@ -240,3 +257,17 @@ def test_an_export_in_the_engines_older_layout_still_loads_and_generates(contrac
     prompt, expected = request_for_llama.prompts[0], request_for_llama.expected[0]
     out = exported.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     assert request_for_llama.cut(out[0, len(prompt):].tolist()) == expected
+
+
+@pytest.mark.parametrize(("model_type", "genai_type"), [("llama", "llama"), ("qwen2", "qwen2"), ("gpt2", "decoder"),
+                                                        ("starcoder2", "decoder")])
+def test_genai_config_names_a_model_type_onnxruntime_genai_runs_as_a_plain_decoder(model_type, genai_type):
+    """onnxruntime-genai gives GPT-2 a model of its own (one combined cache tensor per layer), so a GPT-2 graph in the
+    contract runs as its generic "decoder"; an unknown model_type too."""
+    from hfexport.onnx_contract import genai_config
+
+    config = {"model_type": model_type, "vocab_size": 320, "num_attention_heads": 4, "hidden_size": 32,
+              "max_position_embeddings": 64, "eos_token_id": 1}
+    made = genai_config({"num_hidden_layers": 2, "num_key_value_heads": 4, "head_size": 8}, config, {"pad_token_id": 0})
+    assert made["model"]["type"] == genai_type
+    assert (made["model"]["pad_token_id"], made["model"]["eos_token_id"], made["model"]["context_length"]) == (0, 1, 64)

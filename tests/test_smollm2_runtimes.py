@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -24,27 +23,14 @@ import pytest
 
 from hfexport.testing import peers
 
+from test_onnx_runtimes import README_PROMPT, README_REPO, README_REVISION, readme_snippets
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT = ["What is the capital of France?", "Write a haiku about the sea."]
 CACHE = Path(os.environ.get("HFEXPORT_SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
-SNIPPET = re.compile(r"<!-- runtime-snippet: (?P<runtime>[\w.-]+) -->\n```(?:js|python)\n(?P<code>.*?)```", re.S)
-README_REPO, README_REVISION, README_PROMPT = "your-org/your-llm", "refs/pr/1", '"The capital of France is"'
-NEW_TOKENS = 16  # what the README's snippets ask for
-
-
-def readme_snippets() -> dict[str, str]:
-    """The README's loading snippets, by runtime."""
-    return {match["runtime"]: match["code"] for match in SNIPPET.finditer((ROOT / "README.md").read_text())}
-
-
-def test_the_readme_shows_each_onnx_runtime():
-    snippets = readme_snippets()
-    assert set(snippets) == {"transformers.js", "optimum", "onnxruntime-genai"}
-    for code in snippets.values():
-        assert README_REPO in code and README_REVISION in code and README_PROMPT in code
-        assert f"{NEW_TOKENS}" in code
+NEW_TOKENS = 16  # what the README's snippets ask for (test_onnx_runtimes checks they do)
 
 
 @pytest.fixture(scope="module")

@@ -30,11 +30,12 @@ BATCH, SEQUENCE, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_l
 _ENGINE_CACHE = re.compile(r"^(?:input\.|output\.)?past_key_values\.layers\.(\d+)\.(keys|values)$")
 _CONTRACT_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _SYMBOL = re.compile(r"\b[su]\d+\b")
-#: onnxruntime-genai 0.18's decoder-only model types (src/models/model_type.h, `ModelType::IsLLM`); another
-#: model_type runs as the generic "decoder".
+#: onnxruntime-genai's model types that run as its plain decoder-only model (src/models/model_type.h,
+#: `ModelType::IsLLM`, less "gpt2" and "lfm2", which src/models/model.cpp gives models of their own: GPT-2's takes one
+#: combined `past_%d` cache tensor per layer); any other model_type runs as the generic "decoder", the same model.
 GENAI_LLM_TYPES = frozenset({
-    "chatglm", "decoder", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "granite", "internlm2", "lfm2", "llama",
-    "mistral", "nemotron", "olmo", "phi", "phimoe", "phi3", "phi3small", "qwen2", "qwen3", "smollm3"})
+    "chatglm", "decoder", "ernie4_5", "gemma", "gemma2", "gemma3_text", "granite", "internlm2", "llama", "mistral",
+    "nemotron", "olmo", "phi", "phimoe", "phi3", "phi3small", "qwen2", "qwen3", "smollm3"})
 
 
 class ContractError(ValueError):
