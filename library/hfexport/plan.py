@@ -609,6 +609,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             raise PlanError(f"targets.{target.name}.generation: an encoder-decoder exports with the default layout "
                             "(a DynamicCache of one token per step); static caches, multi-token decode and single "
                             "graphs are for decoder-only models")
+        default_graph = single_graph and target.single_graph_by_default
+        stages = None
         try:
             # The cache layout the export's capture and trace use (hfexport.engine.traced_cache_layout: a sliding
             # window layer holds every token), so the shapes planned here are those of the traced samples.
@@ -620,12 +622,18 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         except PlanError:
             raise
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
-            raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
-        if single_graph and target.single_graph_by_default and not _single_graph_fits(stages):
-            # the ONNX default (one graph) on a model that has no plain prefill/decode over attention: its own layout
+            if not default_graph:
+                raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
+                                f"{error}") from None
+        if default_graph and (stages is None or not _single_graph_fits(stages)):
+            # the ONNX default (one graph) on a model without a plain prefill/decode over attention: its own layout
             single_graph = multi_token_decode = False
-            with traced_cache_layout():
-                stages = generation_stages(model, dict(inputs), generation_config=generation_config)
+            try:
+                with traced_cache_layout():
+                    stages = generation_stages(model, dict(inputs), generation_config=generation_config)
+            except Exception as error:  # noqa: BLE001 - the engine's own message, one line
+                raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
+                                f"{error}") from None
         sizes = _varying_sizes(stages)
         by_decode = prefill_by_decode(model, str(target.export_format)) and "prefill" in stages
         if single_graph:
