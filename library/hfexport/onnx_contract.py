@@ -74,7 +74,8 @@ def applies(manifest: dict) -> bool:
 
 def to_contract(folder: Path) -> bool:
     """Rewrite the decode graph saved in `folder` into the loaders' contract (`model.onnx` + `model.onnx_data`,
-    `genai_config.json`, the manifest updated); False (nothing changed) when the export is not one it applies to.
+    `genai_config.json`, the manifest updated); False (nothing changed) when the export is not one it applies to or
+    its graph takes an input the loaders do not feed (`outside_contract`).
 
     Raises `ContractError` when the graph's cache has a dynamic head count or head size."""
     import onnx_ir
@@ -88,6 +89,8 @@ def to_contract(folder: Path) -> bool:
     source = folder / entry["file"]
     model = onnx_ir.load(str(source))
     graph = model.graph
+    if outside_contract(graph):
+        return False
     symbols = _symbol_names(graph)
     for value in graph.inputs:
         value.name = contract_name(value.name, is_output=False)
@@ -107,6 +110,14 @@ def to_contract(folder: Path) -> bool:
     (folder / GENAI_CONFIG_FILE).write_text(json.dumps(genai_config(graph_shapes(graph), config, generation),
                                                        indent=2) + "\n", encoding="utf-8")
     return True
+
+
+def outside_contract(graph) -> list[str]:
+    """The graph's inputs no loader feeds (Gemma3's sliding cache layers take `..._sliding_window_tensor`, transformers
+    5.23): such a graph keeps the engine's names and layout, which hfexport's own runner reads."""
+    known = {"input_ids", "attention_mask", "position_ids"}
+    return [value.name for value in graph.inputs if value.name not in known
+            and not _ENGINE_CACHE.match(value.name) and not _CONTRACT_PAST.match(value.name)]
 
 
 def graph_shapes(graph) -> dict:

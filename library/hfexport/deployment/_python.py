@@ -12,6 +12,10 @@ from pathlib import Path
 from hfexport.deployment import GenerationRequest, run_client, runtime_environment
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
+#: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.onnx_contract).
+NOT_IN_CONTRACT = ("not in the ONNX runtimes' layout (model.onnx with past_key_values.{i}.key inputs, "
+                   "genai_config.json): the export keeps the engine's graphs (an encoder-decoder, a VLM, a state-space "
+                   "decode, a prefill/decode pair, or a graph with inputs the runtimes do not feed)")
 
 
 def interpreter(runtime: str, module: str) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, compare_tokens
-from hfexport.deployment._python import interpreter, request_payload, run_python_client
+from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client
 
 RUNTIME = "onnxruntime-genai"
 CLIENT = "onnxruntime_genai_generate.py"
@@ -22,8 +22,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if request.is_encoder_decoder:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported for onnxruntime-genai")
     if not (Path(folder) / "genai_config.json").is_file():
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="no genai_config.json: not a decoder-only graph in the "
-                            "loaders' layout (onnx/model.onnx)")
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
     python = interpreter(RUNTIME, "onnxruntime_genai")
     if python is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install onnxruntime-genai, or set "

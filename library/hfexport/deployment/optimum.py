@@ -15,7 +15,7 @@ from hfexport.deployment import (
     RuntimeClientError,
     compare_tokens,
 )
-from hfexport.deployment._python import interpreter, request_payload, run_python_client
+from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client
 
 RUNTIME = "optimum"
 CLIENT = "optimum_generate.py"
@@ -26,8 +26,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported in optimum's "
                             "encoder_model/decoder_model_merged layout yet")
     if not (Path(folder) / "model.onnx").is_file():
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="no model.onnx: not a decoder-only graph in the loaders' "
-                            "layout")
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
     python = interpreter(RUNTIME, "optimum.onnxruntime")
     if python is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install optimum-onnx[onnxruntime], or set "

@@ -21,7 +21,7 @@ from hfexport.deployment import (
     run_client,
     runtime_environment,
 )
-from hfexport.deployment._python import CLIENTS, request_payload
+from hfexport.deployment._python import NOT_IN_CONTRACT, CLIENTS, request_payload
 from hfexport.deployment.optimum import judge
 
 RUNTIME = "transformers.js"
@@ -37,8 +37,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported in transformers.js' "
                             "encoder_model/decoder_model_merged layout yet")
     if not (folder / "model.onnx").is_file():
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="no model.onnx: not a decoder-only graph in the loaders' "
-                            "layout")
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
     modules = runtime_environment(RUNTIME)
     node = shutil.which("node")
     if not modules or not (Path(modules) / PACKAGE / "package.json").is_file() or node is None:
