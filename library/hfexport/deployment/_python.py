@@ -1,4 +1,4 @@
-"""What the Python runtimes' modules share: finding the runtime's interpreter and running a client script on a
+"""What the runtime modules share: finding a Python runtime's interpreter, running a client script on a
 request file. (Private to this package: each runtime module is the concept; this is their plumbing.)"""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hfexport.deployment import GenerationRequest, run_client, runtime_environment
+from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, compare_tokens, run_client, runtime_environment
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 #: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.onnx_contract).
@@ -44,3 +44,16 @@ def run_python_client(python: str, script: str, folder: Path, payload: dict, tim
         request_file.write_text(json.dumps(payload), encoding="utf-8")
         return run_client([python, str(CLIENTS / script), str(folder), str(request_file)], timeout=timeout,
                           cwd=scratch)
+
+
+def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int]) -> RuntimeCheck:
+    """A client's `batch1` (and `padded`) new tokens against `model.generate`'s, cut after EOS as `expected` is."""
+    fields = {"version": result.get("version"), "batch_sizes": batches}
+    check = compare_tokens(runtime, request.expected, [request.cut(tokens) for tokens in result["batch1"]], **fields)
+    if check.verdict != PASSED or request.padded_expected is None:
+        return check
+    padded = compare_tokens(runtime, request.padded_expected,
+                            [request.cut(tokens) for tokens in result.get("padded") or []], **fields)
+    if padded.verdict != PASSED:
+        padded.reason = f"left-padded batch of {len(request.prompts)}: {padded.reason}"
+    return padded

@@ -9,13 +9,11 @@ from pathlib import Path
 from hfexport.deployment import (
     FAILED,
     NOT_CHECKED,
-    PASSED,
     GenerationRequest,
     RuntimeCheck,
     RuntimeClientError,
-    compare_tokens,
 )
-from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client
+from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, judge, request_payload, run_python_client
 
 RUNTIME = "optimum"
 CLIENT = "optimum_generate.py"
@@ -38,16 +36,3 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     except RuntimeClientError as error:
         return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches)
     return judge(RUNTIME, request, result, batches)
-
-
-def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int]) -> RuntimeCheck:
-    """A client's `batch1` (and `padded`) new tokens against `model.generate`'s, cut after EOS as `expected` is."""
-    fields = {"version": result.get("version"), "batch_sizes": batches}
-    check = compare_tokens(runtime, request.expected, [request.cut(tokens) for tokens in result["batch1"]], **fields)
-    if check.verdict != PASSED or request.padded_expected is None:
-        return check
-    padded = compare_tokens(runtime, request.padded_expected,
-                            [request.cut(tokens) for tokens in result.get("padded") or []], **fields)
-    if padded.verdict != PASSED:
-        padded.reason = f"left-padded batch of {len(request.prompts)}: {padded.reason}"
-    return padded

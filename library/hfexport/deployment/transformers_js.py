@@ -21,8 +21,7 @@ from hfexport.deployment import (
     run_client,
     runtime_environment,
 )
-from hfexport.deployment._python import NOT_IN_CONTRACT, CLIENTS, request_payload
-from hfexport.deployment.optimum import judge
+from hfexport.deployment._python import CLIENTS, NOT_IN_CONTRACT, judge, request_payload
 
 RUNTIME = "transformers.js"
 CLIENT = "transformers_js_generate.mjs"
