@@ -443,7 +443,9 @@ def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dic
                 text = {"passed": "✅ pass", "failed": "❌ fail"}.get(verdict, "➖ not checked")
                 if verdict != "passed" and check.get("reason"):
                     detail = one_line(f"{runtime}: {check['reason']}")
-                    notes.setdefault(detail, []).append(f"{name}/{fmt}/generation")
+                    cells_noted = notes.setdefault(detail, [])
+                    if f"{name}/{fmt}/generation" not in cells_noted:  # the main table's note may say the same
+                        cells_noted.append(f"{name}/{fmt}/generation")
                     number = list(notes).index(detail) + 1
                     text += f" [{number}](#note-{number})"
                 row.append(text)
