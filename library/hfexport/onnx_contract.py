@@ -28,6 +28,7 @@ DATA_FILE = MODEL_FILE + "_data"
 GENAI_CONFIG_FILE = "genai_config.json"
 BATCH, SEQUENCE, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
 _ENGINE_CACHE = re.compile(r"^(?:input\.|output\.)?past_key_values\.layers\.(\d+)\.(keys|values)$")
+_SLIDING = re.compile(r"^(?:input\.)?past_key_values\.layers\.\d+\._sliding_window_tensor$")
 _CONTRACT_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _SYMBOL = re.compile(r"\b[su]\d+\b")
 #: onnxruntime-genai's model types that run as its plain decoder-only model (src/models/model_type.h,
@@ -89,6 +90,8 @@ def to_contract(folder: Path) -> bool:
     source = folder / entry["file"]
     model = onnx_ir.load(str(source))
     graph = model.graph
+    config = _read_json(folder / "config.json")
+    _fold_sliding_windows(graph, config)
     if outside_contract(graph):
         return False
     symbols = _symbol_names(graph)
@@ -105,16 +108,32 @@ def to_contract(folder: Path) -> bool:
             old.unlink(missing_ok=True)
     entry["file"] = MODEL_FILE
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    config = _read_json(folder / "config.json")
     generation = _read_json(folder / "generation_config.json")
     (folder / GENAI_CONFIG_FILE).write_text(json.dumps(genai_config(graph_shapes(graph), config, generation),
                                                        indent=2) + "\n", encoding="utf-8")
     return True
 
 
+def _fold_sliding_windows(graph, config: dict) -> None:
+    """transformers 5.23 traces a sliding-window cache layer (Gemma3, Mistral with a window) with its window size as one
+    more input, `past_key_values.layers.{i}._sliding_window_tensor` (`DynamicSlidingWindowLayer`: a 0-d int64 tensor of
+    `config.sliding_window`), which no runtime feeds: it becomes a constant of the graph (its output stays, unread)."""
+    import numpy
+    import onnx_ir
+
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    window = text.get("sliding_window")
+    if not isinstance(window, int):
+        return
+    for value in [value for value in graph.inputs if _SLIDING.match(value.name)]:
+        graph.inputs.remove(value)
+        value.const_value = onnx_ir.tensor(numpy.array(window, dtype=numpy.int64), name=value.name)
+        graph.register_initializer(value)
+
+
 def outside_contract(graph) -> list[str]:
-    """The graph's inputs no loader feeds (Gemma3's sliding cache layers take `..._sliding_window_tensor`, transformers
-    5.23): such a graph keeps the engine's names and layout, which hfexport's own runner reads."""
+    """The graph's inputs no loader feeds: such a graph keeps the engine's names and layout, which hfexport's own
+    runner reads."""
     known = {"input_ids", "attention_mask", "position_ids"}
     return [value.name for value in graph.inputs if value.name not in known
             and not _ENGINE_CACHE.match(value.name) and not _CONTRACT_PAST.match(value.name)]
@@ -188,7 +207,9 @@ def _symbol_names(graph) -> dict[str, str]:
     for value in graph.inputs:  # every input's batch, attention_mask's too (torch.export may give it its own symbol)
         name(value, 0, BATCH)
     name(inputs.get("input_ids"), 1, SEQUENCE)
-    name(past, 2, PAST)
+    for value in graph.inputs:  # every layer's past length (a sliding layer's has its own symbol)
+        if _ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name):
+            name(value, 2, PAST)
     name(inputs.get("attention_mask"), 1, TOTAL)
     return names
 
