@@ -271,3 +271,29 @@ def test_genai_config_names_a_model_type_onnxruntime_genai_runs_as_a_plain_decod
     made = genai_config({"num_hidden_layers": 2, "num_key_value_heads": 4, "head_size": 8}, config, {"pad_token_id": 0})
     assert made["model"]["type"] == genai_type
     assert (made["model"]["pad_token_id"], made["model"]["eos_token_id"], made["model"]["context_length"]) == (0, 1, 64)
+
+
+def test_a_sliding_window_input_is_folded_and_any_other_unknown_input_keeps_the_engine_layout():
+    """transformers 5.23 traces Gemma3's sliding layers with `..._sliding_window_tensor` as an input; the contract makes
+    it a constant of config.sliding_window. An input no runtime feeds otherwise keeps the graph out of the contract."""
+    import onnx
+    import onnx_ir
+    from onnx import TensorProto, helper
+
+    from hfexport.onnx_contract import _fold_sliding_windows, outside_contract
+
+    sliding = "input.past_key_values.layers.0._sliding_window_tensor"
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [sliding], ["window_out"]), helper.make_node("Identity", ["input_ids"], ["ids"])],
+        "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
+              helper.make_tensor_value_info(sliding, TensorProto.INT64, []),
+              helper.make_tensor_value_info("input.past_key_values.layers.0.keys", TensorProto.FLOAT, ["b", 2, "p", 4]),
+              helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("window_out", TensorProto.INT64, []),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])])
+    model = onnx_ir.serde.deserialize_model(helper.make_model(graph))
+    _fold_sliding_windows(model.graph, {"sliding_window": 512})
+    assert sliding not in [value.name for value in model.graph.inputs]
+    assert model.graph.initializers[sliding].const_value.numpy() == 512
+    assert outside_contract(model.graph) == ["token_type_ids"]
+    onnx.checker.check_model(onnx_ir.serde.serialize_model(model))
