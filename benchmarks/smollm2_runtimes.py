@@ -96,11 +96,11 @@ for line in sys.stdin:
 JS_WORKER = r"""
 import readline from "node:readline";
 import { AutoModelForCausalLM, Tensor, env } from "@huggingface/transformers";
-const [modelsDir, newTokens] = process.argv.slice(2);
+const [modelsDir, newTokens, externalData] = process.argv.slice(2);
 env.allowRemoteModels = false;
 env.localModelPath = modelsDir;
 const model = await AutoModelForCausalLM.from_pretrained("model", { dtype: "fp32", device: "cpu",
-                                                                    use_external_data_format: true });
+                                                                    use_external_data_format: externalData === "1" });
 const n = Number(newTokens);
 async function run(prompt) {
   const ids = new Tensor("int64", BigInt64Array.from(prompt.map(BigInt)), [1, prompt.length]);
@@ -205,7 +205,8 @@ class Worker:
             (stage / "models" / "model" / "onnx").symlink_to(folder.resolve(), target_is_directory=True)
             (stage / "node_modules").symlink_to(modules / "node_modules", target_is_directory=True)
             (stage / "worker.mjs").write_text(JS_WORKER)
-            command, cwd = ["node", str(stage / "worker.mjs"), str(stage / "models"), str(NEW_TOKENS)], stage
+            external = "1" if (folder / "model.onnx_data").is_file() else "0"  # optimum's keeps its weights inline
+            command, cwd = ["node", str(stage / "worker.mjs"), str(stage / "models"), str(NEW_TOKENS), external], stage
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=cwd,
                                         env=env)
