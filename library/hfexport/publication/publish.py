@@ -114,8 +114,11 @@ def publication_key(repo_id: str, base: str) -> str:
     return f"{repo_id}@{base}"
 
 
-def marker_line(key: str, content: str) -> str:
-    return f"<!-- {MARKER} {json.dumps({'key': key, 'content': content}, sort_keys=True)} -->"
+def marker_line(key: str, content: str, source: str | None = None) -> str:
+    """The PR description's hidden marker: the publication's key, its content hash and the source commit it was built
+    from (what the webhook receiver compares the branch head with when it reconciles)."""
+    fields = {"key": key, "content": content, **({"source": source} if source else {})}
+    return f"<!-- {MARKER} {json.dumps(fields, sort_keys=True)} -->"
 
 
 def parse_marker(text: str | None) -> dict | None:
@@ -319,7 +322,8 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     failed = [item.name for item in chosen if item.target.status == "failed"] if allow_failed else []
     key = publication_key(repo_id, base)
     names = ", ".join(item.name for item in changed) or ", ".join(sorted(card_report.targets))
-    description = _description(key, content, card_report, card_places, failed, changes, left_out, stale)
+    source = chosen[0].report.source.get("commit")
+    description = _description(key, content, card_report, card_places, failed, changes, left_out, stale, source)
     if mode == "commit":
         info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"hfexport: export {names}",
                                                commit_description=description, revision=base, parent_commit=head,
@@ -333,7 +337,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
             _close_superseded(api, repo_id, superseded, info.pr_num, token)
         return PublishResult("opened", info.pr_url, info.pr_num, info.oid, repo_id, files)
     info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"{TITLE_PREFIX} update {names}",
-                                           commit_description=marker_line(key, content) + "\n\n" + "\n".join(changes),
+                                           commit_description=marker_line(key, content, source) + "\n\n" + "\n".join(changes),
                                            revision=f"refs/pr/{open_pr.num}", parent_commit=head, token=token),
                  repo_id, f"pushing to refs/pr/{open_pr.num}")
     _after_update(api, repo_id, open_pr, info.oid, description, changes, failed, token)
@@ -716,8 +720,9 @@ def _failed_banner(failed: list[str]) -> str:
 
 
 def _description(key: str, content: str, report: JobReport, folders: dict[str, Place], failed: list[str],
-                 changes: list[str], left_out: dict[str, str] | None = None, stale: dict[str, str] | None = None) -> str:
-    lines = [marker_line(key, content), ""]
+                 changes: list[str], left_out: dict[str, str] | None = None, stale: dict[str, str] | None = None,
+                 source: str | None = None) -> str:
+    lines = [marker_line(key, content, source), ""]
     if failed:
         lines += [_failed_banner(failed), ""]
     if left_out:
