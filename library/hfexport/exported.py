@@ -26,6 +26,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
+from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.openvino_fixes import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
@@ -101,6 +102,15 @@ class ExportedModel(_EngineExportedModel):
             self.components = components
         copy_returned_inputs(self.runners)
         return self
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """The engine's `save_pretrained`; a decoder-only ONNX generation export (one `decode` graph) is then put in
+        the loaders' contract (`model.onnx` + `model.onnx_data`, `genai_config.json`; `hfexport.onnx_contract`), so
+        transformers.js, optimum and onnxruntime-genai open the folder as it is, and `from_pretrained` here too."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if str(getattr(self.export_format, "value", self.export_format)) == "onnx":
+            to_contract(Path(save_directory))
+        return result
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,
                  stopping_criteria=None, streamer=None, generator=None, seed=None, tokenizer=None, **kwargs):

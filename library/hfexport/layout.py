@@ -12,9 +12,11 @@ A target is a `Place`: a folder and, for a *variant* (an artifact named other th
 its artifact. The folder's default target keeps hfexport's own files under their plain names (`export.json`,
 `export_config.json`, `export_report.json`, `config.json`); a variant's files all start with its stem and a dot
 (`model_quantized.onnx`, `model_quantized.onnx_data`, `model_quantized.export.json`, ...), so each file of a folder
-belongs to exactly one target and no loader mistakes hfexport's files for its own. A target whose name is taken, one
-without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every generation target (the engine
-writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
+belongs to exactly one target and no loader mistakes hfexport's files for its own. A decoder-only ONNX generation
+target saved in the loaders' contract (`hfexport.onnx_contract`: `model.onnx` + `genai_config.json`, which
+transformers.js, optimum and onnxruntime-genai open) claims `onnx/` like a forward target. A target whose name is
+taken, one without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every other generation
+target (the engine writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
 `<format folder>/<target>/`. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
 Publications made before this layout hold `exports/<target>/`, which stays readable.
 
@@ -210,7 +212,8 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
             continue
         spec = targets[name]
         base = format_folder(spec["export_format"])
-        artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" else None
+        artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" or \
+            spec.get("loaders_contract") and spec.get("artifact") == DEFAULT_NAMES.get(spec["export_format"]) else None
         wanted = place_for(base, spec["export_format"], artifact)
         free = artifact is not None and not taken(wanted, name) and base not in foreign
         assigned[name] = wanted if free else Place(posixpath.join(base, name))

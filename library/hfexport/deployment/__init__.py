@@ -102,7 +102,8 @@ class GenerationRequest:
 #: The runtimes the gate runs per export format: module names in this package, each with
 #: `RUNTIME: str` (the name reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck`.
 #: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
-RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": (), "openvino": (), "executorch": (), "dynamo": ()}
+RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": ("transformers_js", "optimum", "onnxruntime_genai"), "openvino": (),
+                                         "executorch": (), "dynamo": ()}
 
 
 def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:

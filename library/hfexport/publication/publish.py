@@ -41,6 +41,7 @@ from hfexport.layout import (
     published_name,
     target_places,
 )
+from hfexport.onnx_contract import GENAI_CONFIG_FILE
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, recipe_origin, render_section, update_card
@@ -362,7 +363,8 @@ def _layout_spec(item: _Target) -> dict:
     export_format = item.target.export_format
     return {"export_format": export_format, "mode": item.target.mode, "path": spec.get("path"),
             "file_name": spec.get("file_name"),
-            "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item))}
+            "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item)),
+            "loaders_contract": (item.folder / GENAI_CONFIG_FILE).is_file()}
 
 
 def _export_dtype(item: _Target) -> str | None:

@@ -231,7 +231,10 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
             f'compiled = ov.Core().compile_model(f"{{local}}/{artifact_path(place, "openvino")}", "CPU")']
     if plain:
         lines += ["Plain ONNX Runtime / OpenVINO:", "", "```python", *plain, "```", ""]
-    generation = [name for name, target in report.targets.items() if target.mode == "generation"]
+    lines += runtime_snippets(repo_id, report, places)
+    generation = [name for name, target in report.targets.items()  # in the engine's layout, not the loaders'
+                  if target.mode == "generation" and not _passed_runtimes(target)
+                  and not any(str(entry.get("path", "")).endswith("genai_config.json") for entry in target.files)]
     if generation:
         lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's generation graphs (a prefill "
                   "and a decode, or with `generation.single_graph` one decode that also runs the prompt; cache tensors "
@@ -240,6 +243,35 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
                   "`decoder_model_merged.onnx`, `openvino_model.xml`) with `past_key_values.N.key` inputs, which these "
                   "graphs are not, so load them with `hfexport.load(...).generate(...)`. A forward target of a "
                   "decoder loads with `ORTModelForCausalLM` / `OVModelForCausalLM` and `use_cache=False`.", ""]
+    return lines
+
+
+def _passed_runtimes(target: TargetReport) -> list[str]:
+    return [check["runtime"] for check in (target.runtimes or []) if check.get("verdict") == "passed"]
+
+
+def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) -> list[str]:
+    """For each generation target, loading snippets of the deployment runtimes that generated `model.generate`'s
+    tokens from its files in the gate (its report's `runtimes`), and of those only (README's section shows them)."""
+    lines: list[str] = []
+    for name, target in report.targets.items():
+        passed = _passed_runtimes(target)
+        if target.mode != "generation" or not passed:
+            continue
+        folder = places[name].folder
+        lines += [f"`{name}` generated `model.generate`'s tokens in {', '.join(passed)} (hfexport's gate):", ""]
+        if "transformers.js" in passed:
+            sub = "" if folder == "onnx" else f', subfolder: "{folder}"'
+            lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
+                      f'const generator = await pipeline("text-generation", "{repo_id}", '
+                      f'{{ dtype: "fp32", use_external_data_format: true{sub} }});', "```", ""]
+        if "optimum" in passed:
+            lines += ["```python", "from optimum.onnxruntime import ORTModelForCausalLM", "",
+                      f'model = ORTModelForCausalLM.from_pretrained("{repo_id}", subfolder="{folder}")', "```", ""]
+        if "onnxruntime-genai" in passed:
+            lines += ["```python", "import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
+                      f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])',
+                      f'model = og.Model(f"{{folder}}/{folder}")', "```", ""]
     return lines
 
 
