@@ -58,7 +58,7 @@ from hfexport.errors import (
 )
 from hfexport.files import human_bytes, write_json_atomic
 from hfexport.hub import hub_error, looks_like_repo_id
-from hfexport.job.dispatch import SPEC_ENV, TERMINAL, HfJobs
+from hfexport.job.dispatch import RESULT_PREFIX, SPEC_ENV, TERMINAL, HfJobs
 from hfexport.job.run import run_job
 from hfexport.publication.publish import publish
 from hfexport.publication.record import publication_record
@@ -611,7 +611,6 @@ def _retrying(job: Job, call: Callable[[], Any], retries: int, backoff_s: float,
     raise AssertionError("unreachable")
 
 
-RESULT_PREFIX = "hfexport-job-result: "
 RESULT_FIELDS = ("state", "status", "changed", "action", "pr_url", "commit", "detail", "attempts", "transient")
 
 
