@@ -581,11 +581,15 @@ def test_run_on_my_hugging_face_jobs_when_the_model_does_not_fit_the_space(space
     page.locator("#run-jobs").click()
     page.locator("#jobs-progress", has_text="RUNNING").wait_for(timeout=JOB_TIMEOUT_MS)
     assert "Job logs" in text_of(page, "#jobs-progress") and "cpu-basic" in text_of(page, "#jobs-progress")
+    # The Job's progress steps (lines of its logs) as the same checklist as Convert's, while it runs.
+    page.locator("#jobs-progress", has_text="download and load the model").wait_for(timeout=JOB_TIMEOUT_MS)
     shot(page, "21-jobs-running")
     page.locator("#jobs-progress", has_text="opened pull request").wait_for(timeout=JOB_TIMEOUT_MS)
     progress = text_of(page, "#jobs-progress")
     shot(page, "22-jobs-published")
-    assert "COMPLETED" in progress and "hfexport-job-result" in progress  # the Job's own log lines
+    assert "COMPLETED" in progress and "✓ verify parity onnx" in progress, progress
+    page.locator("#jobs-progress summary", has_text="Job logs").click()
+    page.locator("#jobs-progress", has_text="hfexport-job-result").wait_for()  # the Job's own log lines
     [pr] = [d for d in hub.discussions(repo) if d["isPullRequest"]]
     link = page.locator("#jobs-progress a", has_text=f"#{pr['num']}")
     assert link.get_attribute("href").endswith(f"{repo}/discussions/{pr['num']}")

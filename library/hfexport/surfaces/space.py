@@ -961,10 +961,16 @@ class JobsUpdate:
             " without a result: its logs above say why."
 
     def markdown(self) -> str:
-        head = f"**Hugging Face Job** `{self.job_id}` on {md_escape(self.flavor)} · **{self.stage}**"
-        shown = [redact(line) for line in self.logs[-self.tail:]]
+        """The outcome (once finished), the Job's steps as the Convert checklist, then its other log lines."""
+        from hfexport.job.dispatch import job_steps
+
+        steps, other = job_steps(self.logs)
+        log = ProgressLog(f"Hugging Face Job `{self.job_id}` on {md_escape(self.flavor)} · {self.stage}")
+        for step in steps:
+            log.add(step)
+        shown = [redact(line) for line in other[-self.tail:]]
         body = "\n".join(shown).replace("```", "ʼʼʼ")
-        lines = [head, "", f"<details open><summary>Job logs (last {len(shown)} lines)</summary>", "",
+        lines = [log.markdown(), "", f"<details><summary>Job logs (last {len(shown)} lines)</summary>", "",
                  "```text", body, "```", "", "</details>"]
         if self.finished:
             lines = [self.outcome(), "", *lines]
