@@ -49,6 +49,8 @@ from hfexport.errors import (
 from hfexport.files import RECIPE_FILE, human_bytes
 from hfexport.hub import hub_file, looks_like_repo_id, search_models
 from hfexport.job import init
+from hfexport.job.dispatch import TERMINAL, HfJobs, estimate_memory, job_result, job_steps
+from hfexport.job.preflight import available_memory
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
@@ -891,9 +893,6 @@ class JobsFit:
 def jobs_fit(model: str, revision: str | None, token: str | None) -> JobsFit:
     """Whether exporting every target of `model` fits this Space, from the preflight's estimate (reads the recipe
     and the weights' sizes from the Hub; loads nothing)."""
-    from hfexport.job.dispatch import estimate_memory
-    from hfexport.job.preflight import available_memory
-
     try:
         memory = estimate_memory(model, revision or "main", None, token)
     except HfExportError:
@@ -933,8 +932,6 @@ class JobsUpdate:
 
     @property
     def finished(self) -> bool:
-        from hfexport.job.dispatch import TERMINAL
-
         return self.stage in TERMINAL
 
     @property
@@ -962,8 +959,6 @@ class JobsUpdate:
 
     def markdown(self) -> str:
         """The outcome (once finished), the Job's steps as the Convert checklist, then its other log lines."""
-        from hfexport.job.dispatch import job_steps
-
         steps, other = job_steps(self.logs)
         log = ProgressLog(f"Hugging Face Job `{self.job_id}` on {md_escape(self.flavor)} · {self.stage}")
         for step in steps:
@@ -983,8 +978,6 @@ def run_on_jobs(model: str, revision: str | None, targets: Sequence[str], token:
     `job.dispatch.HfJobs` (the hardware chosen from the preflight's estimate, the token a Job secret): yields the
     Job's state and logs every `jobs_poll_s` until it ends, the last update with its outcome (the pull request).
     Ticked `targets` are exported; none: every target of the recipe."""
-    from hfexport.job.dispatch import HfJobs, job_result
-
     register_secret(token)
     jobs = HfJobs(token, image=settings.jobs_image or "", timeout=settings.jobs_timeout)
     sha = jobs.api.model_info(model, revision=revision, token=token).sha
