@@ -94,13 +94,13 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
             state = {**_forget_results(state), "model": None, "revision": None, "repo_recipe": None,
                      "loaded_text": None, "recipe_valid": False, "recipe_source": None, "pr": None,
-                     "model_config": None}
+                     "model_config": None, "fit": None}
             return (_fail(error, command), "", gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
         state = _forget_results(state)
         state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text, recipe_valid=False,
                      recipe_source=None, pr=logic.open_pr_number(model, _token(oauth_token, settings)),
-                     model_config=fetched.config)
+                     model_config=fetched.config, fit=None)
         if fetched.check is None:  # no recipe: offer formats and a draft
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "

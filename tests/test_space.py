@@ -629,3 +629,20 @@ def test_the_jobs_token_is_redacted_from_the_job_logs_and_errors_the_page_shows(
     else:
         raise AssertionError("a missing repo ran a Job")
     assert token not in shown and "missing" in shown
+
+
+def test_run_on_my_jobs_is_the_default_only_when_the_model_does_not_fit_and_needs_the_repos_recipe():
+    from hfexport.surfaces import space as logic
+
+    assert logic.JobsFit(10**9, 2 * 10**9).fits and "Fits this Space" in logic.JobsFit(10**9, 2 * 10**9).markdown()
+    assert not logic.JobsFit(2 * 10**9, 10**9).fits
+    assert logic.JobsFit(None, 10**9).fits  # no estimate: Convert stays the default, the Job's preflight decides
+    settings = logic.SpaceSettings(workdir=Path("/tmp"), jobs_image="local/x")
+    state = {"model": "user/m", "recipe_source": "repo", "repo_recipe": "{}", "loaded_text": "{ }"}
+    assert logic.jobs_blocker(state, "t", settings, "{ }") is None
+    assert "editor's changes" in logic.jobs_blocker(state, "t", settings, '{"edited": 1}')
+    assert "propose this recipe" in logic.jobs_blocker({**state, "recipe_source": "proposed"}, "t", settings, "{ }")
+    assert "Sign in" in logic.jobs_blocker(state, None, settings, "{ }")
+    assert "HFEXPORT_SPACE_JOBS_IMAGE" in logic.jobs_blocker(state, "t", logic.SpaceSettings(workdir=Path("/tmp")),
+                                                             "{ }")
+    assert logic.SpaceSettings.from_env({"SPACE_ID": "me/hfexport"}).jobs_image == "hf.co/spaces/me/hfexport"

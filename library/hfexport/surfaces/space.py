@@ -895,7 +895,7 @@ def jobs_fit(model: str, revision: str | None, token: str | None) -> JobsFit:
     and the weights' sizes from the Hub; loads nothing)."""
     try:
         memory = estimate_memory(model, revision or "main", None, token)
-    except HfExportError:
+    except Exception:  # noqa: BLE001 - advice only: without an estimate the Job's own preflight decides
         memory = None
     return JobsFit(memory, available_memory())
 
