@@ -46,7 +46,7 @@ NO_RESULTS = "Nothing converted yet for this model."
 def _new_state() -> dict:
     return {"session": None, "model": None, "revision": None, "repo_recipe": None, "loaded_text": None,
             "output": None, "targets": [], "left_out": [], "edited": False, "zip": None, "status": None,
-            "verified": None, "recipe_valid": False, "recipe_source": None, "pr": None}
+            "verified": None, "recipe_valid": False, "recipe_source": None, "pr": None, "fit": None}
 
 
 def _forget_results(state: dict) -> dict:
@@ -94,13 +94,13 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
             state = {**_forget_results(state), "model": None, "revision": None, "repo_recipe": None,
                      "loaded_text": None, "recipe_valid": False, "recipe_source": None, "pr": None,
-                     "model_config": None}
+                     "model_config": None, "fit": None}
             return (_fail(error, command), "", gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
         state = _forget_results(state)
         state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text, recipe_valid=False,
                      recipe_source=None, pr=logic.open_pr_number(model, _token(oauth_token, settings)),
-                     model_config=fetched.config)
+                     model_config=fetched.config, fit=None)
         if fetched.check is None:  # no recipe: offer formats and a draft
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
@@ -116,9 +116,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             return (status + (draft.note or check.markdown()), draft.text, _problems(check), _target_update(check),
                     gr.update(visible=True), state)
         check = fetched.check
-        state.update(recipe_valid=check.valid, recipe_source="repo")
+        state.update(recipe_valid=check.valid, recipe_source="repo", fit=None)
         if check.valid:
             state["repo_recipe"] = canonical_json(check.document)
+            fit = logic.jobs_fit(model, rev, _token(oauth_token, settings))
+            state["fit"] = {"memory": fit.memory, "available": fit.available}
         status = f"Recipe from `{fetched.source}`\n\n{check.markdown()}"
         return (status, fetched.text, _problems(check), _target_update(check), gr.update(visible=False), state)
 
@@ -150,13 +152,43 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         state = {**(state or _new_state()), "recipe_valid": check.valid}
         return check.markdown(), _problems(check), _target_update(check), state
 
-    def controls(state: dict | None, oauth_token: gr.OAuthToken | None):
+    def controls(state: dict | None, recipe_text: str | None, oauth_token: gr.OAuthToken | None):
         """Convert enabled only when it can succeed (with the reason beside it when not); Open PR enabled only with
-        something to publish, and named "Update PR #N" once the model has an hfexport pull request."""
-        blocker = logic.convert_blocker(state, _token(oauth_token, settings))
-        return (gr.update(interactive=blocker is None), blocker or "",
+        something to publish, and named "Update PR #N" once the model has an hfexport pull request. "Run on my
+        Hugging Face Jobs" is the primary action when the preflight's estimate does not fit this Space."""
+        token = _token(oauth_token, settings)
+        blocker = logic.convert_blocker(state, token)
+        jobs_blocker = logic.jobs_blocker(state, token, settings, recipe_text)
+        fit = logic.JobsFit(**(state or {}).get("fit")) if (state or {}).get("fit") else None
+        too_large = fit is not None and not fit.fits
+        return (gr.update(interactive=blocker is None, variant="secondary" if too_large else "primary"),
+                blocker or "",
                 gr.update(interactive=logic.can_publish(state), value=logic.pr_button_label(state)),
-                gr.update(interactive=logic.can_publish(state)))
+                gr.update(interactive=logic.can_publish(state)),
+                gr.update(interactive=jobs_blocker is None, variant="primary" if too_large else "secondary"),
+                jobs_blocker or (fit.markdown() if fit else ""))
+
+    def run_jobs(model_id: str, revision: str, recipe_text: str, targets: list[str], state: dict | None,
+                 oauth_token: gr.OAuthToken | None):
+        """Export and publish as a Hugging Face Job under the signed-in user's account: its state and logs as it
+        runs, then the pull request it opened."""
+        state = dict(state or _new_state())
+        command = logic.export_command((model_id or "MODEL").strip(), (revision or "").strip() or None, targets,
+                                       push=True)
+        try:
+            model = logic.check_model_id(model_id)
+            rev = logic.check_revision(revision)
+            token = logic.require_token(_token(oauth_token, settings), "run on your Hugging Face Jobs")
+            blocker = logic.jobs_blocker(state, token, settings, recipe_text)
+            if blocker:
+                raise logic.SpaceError("Cannot run on Hugging Face Jobs", blocker)
+            yield "Starting a Hugging Face Job…", state
+            for update in logic.run_on_jobs(model, rev, targets or [], token, settings):
+                if update.finished and update.pr_num:
+                    state = {**state, "pr": update.pr_num}
+                yield update.markdown(), state
+        except Exception as error:  # noqa: BLE001
+            yield _fail(error, command), state
 
     def convert(model_id: str, revision: str, recipe_text: str, targets: list[str], state: dict | None,
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
@@ -275,7 +307,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         """Another model (or none) is loading: the previous model's report, zip, Open PR and messages go, and
         Convert waits for the new recipe."""
         return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False, value="Open PR"), "",
-                gr.update(value=None, visible=False), "", gr.update(interactive=False), gr.update(interactive=False))
+                gr.update(value=None, visible=False), "", gr.update(interactive=False), gr.update(interactive=False),
+                "")
 
     def busy():
         """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
@@ -284,11 +317,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False),
                 gr.update(interactive=False))
 
-    def idle(state: dict | None, oauth_token: gr.OAuthToken | None):
+    def idle(state: dict | None, recipe_text: str | None, oauth_token: gr.OAuthToken | None):
         state = state or {}
         rows = state.get("latency") or []
         chart = gr.update(value=_latency_frame(rows), visible=True) if rows else gr.update(value=None, visible=False)
-        return (*controls(state, oauth_token), gr.update(visible=bool(state.get("zip"))), chart)
+        return (*controls(state, recipe_text, oauth_token), gr.update(visible=bool(state.get("zip"))), chart)
 
     def remember(model_id: str, revision: str, recipe_text: str):
         return {"model": model_id or "", "revision": revision or "", "recipe": recipe_text or ""}
@@ -340,8 +373,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
                                        scale=3)
             convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert", interactive=False)
+            jobs_button = gr.Button("Run on my Hugging Face Jobs", scale=1, elem_id="run-jobs", interactive=False)
             propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
         convert_hint = gr.Markdown("Load a model to convert it.", elem_id="convert-hint")
+        jobs_hint = gr.Markdown(elem_id="jobs-hint")
+        jobs_progress = gr.Markdown(elem_id="jobs-progress")
         propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
         progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
         latency_chart = gr.BarPlot(None, x="run", y="ms", color="batch", sort="y", visible=False,
@@ -359,12 +395,12 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 workspace.release(request.session_hash)
 
         job_outputs = [progress, results, download, pr_button, pr_result, latency_chart, propose_result,
-                       convert_button, new_repo_button]
+                       convert_button, new_repo_button, jobs_progress]
         loaded = [recipe_status, editor, problems, targets, format_group, state]
-        gated = [convert_button, convert_hint, pr_button, new_repo_button]
+        gated = [convert_button, convert_hint, pr_button, new_repo_button, jobs_button, jobs_hint]
         demo.load(show_user, None, user, api_visibility="private")
         demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
-            controls, state, gated, api_visibility="private", queue=False)
+            controls, [state, editor], gated, api_visibility="private", queue=False)
         demo.unload(closed)
         search_box.submit(search, search_box, [found_models, search_note], api_name="search_models")
         found_models.input(lambda picked: picked or gr.update(), found_models, model_box, api_visibility="private",
@@ -373,15 +409,15 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                              (model_box.submit, {"api_visibility": "private"})):
             trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(
                 load_model, [model_box, revision_box, state], loaded, **api,
-            ).then(controls, state, gated, api_visibility="private", queue=False).then(
+            ).then(controls, [state, editor], gated, api_visibility="private", queue=False).then(
                 remember, [model_box, revision_box, editor], saved, api_visibility="private")
         formats.input(draft, [model_box, revision_box, formats, state], [recipe_status, editor, problems, targets,
                                                                           state],
-                      api_name="draft_recipe").then(controls, state, gated, api_visibility="private", queue=False).then(
+                      api_name="draft_recipe").then(controls, [state, editor], gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private")
         editor.input(validate, [editor, state], [recipe_status, problems, targets, state], api_name="validate_recipe",
                      queue=False, trigger_mode="always_last", show_progress="hidden").then(
-            controls, state, gated, api_visibility="private", queue=False).then(
+            controls, [state, editor], gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
@@ -391,11 +427,16 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
             api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
             preprocess=False,
-        ).then(idle, state, [*gated, download, latency_chart], api_visibility="private", queue=False)
+        ).then(idle, [state, editor], [*gated, download, latency_chart], api_visibility="private", queue=False)
         pr_button.click(open_pr, state, [pr_result, state], api_name="open_pr", concurrency_limit=2,
-                        concurrency_id="publish").then(controls, state, gated, api_visibility="private", queue=False)
+                        concurrency_id="publish").then(controls, [state, editor], gated, api_visibility="private", queue=False)
         new_repo_button.click(publish_new, state, pr_result, api_name="publish_to_my_repo", concurrency_limit=2,
                               concurrency_id="publish")
+        jobs_button.click(lambda: (gr.update(interactive=False), ""), None, [jobs_button, jobs_progress], queue=False,
+                          api_visibility="private").then(
+            run_jobs, [model_box, revision_box, editor, targets, state], [jobs_progress, state],
+            api_name="run_on_my_jobs", concurrency_limit=4, concurrency_id="jobs", preprocess=False,
+        ).then(controls, [state, editor], gated, api_visibility="private", queue=False)
         propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]

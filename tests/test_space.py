@@ -554,3 +554,95 @@ def test_each_load_resets_the_editor_targets_messages_and_buttons(space, hub, ne
     expect(convert).to_be_disabled()
     hint.filter(has_text="Fix the recipe").wait_for()
     shot(page, "24-sequence-bad-recipe-after-llama")
+
+
+def test_run_on_my_hugging_face_jobs_when_the_model_does_not_fit_the_space(space, hub, new_page, monkeypatch):
+    """A model over the Space's memory: "Run on my Hugging Face Jobs" is the primary action; the export runs as a
+    Job of the signed-in user (the local Hub runs it as a subprocess), its state and logs show as it runs, and the
+    pull request it opened is linked. The token is a Job secret: not in the Job's spec, not on the page."""
+    from playwright.sync_api import expect
+
+    repo = seed(hub, "space-jobs", EXAMPLES / "tiny-bert")
+    monkeypatch.setattr(space.settings, "jobs_image", "local/hfexport")
+    monkeypatch.setattr(space.settings, "jobs_poll_s", 0.5)
+    monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "64")  # what this Space may use: less than the export needs
+    page = new_page()
+    sign_in(page)
+    load(page, repo)
+    page.locator("#jobs-hint", has_text="Too large for this Space").wait_for()
+    assert re.search(r"\d+(\.\d+)? [KMG]?B estimated, 67.1 MB available here", text_of(page, "#jobs-hint"))
+    expect(page.locator("#run-jobs")).to_have_class(re.compile(r"\bprimary\b"))
+    expect(page.locator("#convert")).to_have_class(re.compile(r"\bsecondary\b"))
+    expect(page.locator("#run-jobs")).to_be_enabled()
+    shot(page, "20-jobs-offered")
+    monkeypatch.delenv("HFEXPORT_MEMORY_LIMIT_MB")  # the Job's machine is not this Space
+
+    started = len(hub.jobs.started)
+    page.locator("#run-jobs").click()
+    page.locator("#jobs-progress", has_text="RUNNING").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "Job logs" in text_of(page, "#jobs-progress") and "cpu-basic" in text_of(page, "#jobs-progress")
+    # The Job's progress steps (lines of its logs) as the same checklist as Convert's, while it runs.
+    page.locator("#jobs-progress", has_text="download and load the model").wait_for(timeout=JOB_TIMEOUT_MS)
+    shot(page, "21-jobs-running")
+    page.locator("#jobs-progress", has_text="opened pull request").wait_for(timeout=JOB_TIMEOUT_MS)
+    progress = text_of(page, "#jobs-progress")
+    shot(page, "22-jobs-published")
+    assert "COMPLETED" in progress and "✓ verify parity onnx" in progress, progress
+    page.locator("#jobs-progress summary", has_text="Job logs").click()
+    page.locator("#jobs-progress", has_text="hfexport-job-result").wait_for()  # the Job's own log lines
+    [pr] = [d for d in hub.discussions(repo) if d["isPullRequest"]]
+    link = page.locator("#jobs-progress a", has_text=f"#{pr['num']}")
+    assert link.get_attribute("href").endswith(f"{repo}/discussions/{pr['num']}")
+    [(job_id, spec)] = hub.jobs.started[started:]
+    assert spec["flavor"] == "cpu-basic" and spec["dockerImage"] == "local/hfexport"
+    assert hub.jobs._jobs[job_id]["owner"] == "user"  # the signed-in user's own Jobs
+    token = "mock-oauth-token-for-local-dev"  # the session's OAuth token
+    assert token not in json.dumps(spec) and token not in page.content()
+    expect(page.locator("#open-pr")).to_have_text(f"Update PR #{pr['num']}")
+
+
+def test_the_jobs_token_is_redacted_from_the_job_logs_and_errors_the_page_shows(hub):
+    """A Job that prints its HF_TOKEN secret: the Space's view of its logs shows `***`; an error reaching Jobs
+    names no token either."""
+    from hfexport.job.dispatch import HfJobs
+    from hfexport.surfaces import space as logic
+    from hfexport.surfaces.failure import describe_failure
+    from huggingface_hub import HfApi
+
+    token = logic.hub_token(hub.write_token, logic.SpaceSettings(workdir=Path("/tmp")))  # as a session registers it
+    info = HfApi(token=token).run_job(image="local/x", command=["python", "-c", "import os; print('token', "
+                                                                "os.environ['HF_TOKEN'])"], secrets={"HF_TOKEN": token})
+    jobs = HfJobs(token)
+    deadline = time.monotonic() + 60
+    while jobs.stage(info.id)[0] not in ("COMPLETED", "ERROR"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    raw = list(HfApi(token=token).fetch_job_logs(job_id=info.id))
+    assert any(token in line for line in raw)  # the Job did print it
+    update = logic.JobsUpdate("user/x", info.id, "cpu-basic", "COMPLETED", logs=jobs.logs(info.id))
+    assert "token ***" in update.markdown() and token not in update.markdown()
+    settings = logic.SpaceSettings(workdir=Path("/tmp"), jobs_image="local/x", jobs_poll_s=0.1)
+    try:
+        list(logic.run_on_jobs(f"user/missing-{uuid.uuid4().hex[:8]}", None, [], token, settings))
+    except Exception as error:  # noqa: BLE001
+        shown = describe_failure(error, "hfexport export user/missing").markdown()
+    else:
+        raise AssertionError("a missing repo ran a Job")
+    assert token not in shown and "missing" in shown
+
+
+def test_run_on_my_jobs_is_the_default_only_when_the_model_does_not_fit_and_needs_the_repos_recipe():
+    from hfexport.surfaces import space as logic
+
+    assert logic.JobsFit(10**9, 2 * 10**9).fits and "Fits this Space" in logic.JobsFit(10**9, 2 * 10**9).markdown()
+    assert not logic.JobsFit(2 * 10**9, 10**9).fits
+    assert logic.JobsFit(None, 10**9).fits  # no estimate: Convert stays the default, the Job's preflight decides
+    settings = logic.SpaceSettings(workdir=Path("/tmp"), jobs_image="local/x")
+    state = {"model": "user/m", "recipe_source": "repo", "repo_recipe": "{}", "loaded_text": "{ }"}
+    assert logic.jobs_blocker(state, "t", settings, "{ }") is None
+    assert "editor's changes" in logic.jobs_blocker(state, "t", settings, '{"edited": 1}')
+    assert "propose this recipe" in logic.jobs_blocker({**state, "recipe_source": "proposed"}, "t", settings, "{ }")
+    assert "Sign in" in logic.jobs_blocker(state, None, settings, "{ }")
+    assert "HFEXPORT_SPACE_JOBS_IMAGE" in logic.jobs_blocker(state, "t", logic.SpaceSettings(workdir=Path("/tmp")),
+                                                             "{ }")
+    assert logic.SpaceSettings.from_env({"SPACE_ID": "me/hfexport"}).jobs_image == "hf.co/spaces/me/hfexport"

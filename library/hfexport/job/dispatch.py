@@ -10,6 +10,7 @@ targets (`job.preflight.memory_needed`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable
@@ -18,10 +19,13 @@ from dataclasses import dataclass
 from hfexport.errors import HfExportError, first_line, redact
 from hfexport.job.preflight import memory_needed, weights_metadata
 from hfexport.job.run import select_targets
+from hfexport.progress import Step
 from hfexport.recipe.loading import load_recipe
 
 JOB_COMMAND = ["python", "-m", "hfexport.surfaces.webhook", "--job"]
 SPEC_ENV = "HFEXPORT_JOB"
+RESULT_PREFIX = "hfexport-job-result: "  # the Job's last stdout line: its outcome as JSON
+STEP_PREFIX = "hfexport-job-step: "  # a progress `Step` of the Job, as JSON, one line each
 TERMINAL = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?)i?B\s*$", re.I)
 
@@ -55,6 +59,36 @@ def estimate_memory(repo_id: str, revision: str, targets: list[str] | None, toke
     chosen = [recipe.target(name) for name in select_targets(recipe, targets, targets is None)]
     weights, _ = weights_metadata(repo_id, revision, token)
     return memory_needed(weights, [chosen])
+
+
+def job_result(lines: Iterable[str]) -> dict | None:
+    """The outcome a Job printed (its last `RESULT_PREFIX` line, as a dict), or None when it printed none."""
+    found = [line[len(RESULT_PREFIX):] for line in lines if line.startswith(RESULT_PREFIX)]
+    try:
+        result = json.loads(found[-1]) if found else None
+    except ValueError:
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def print_step(step) -> None:
+    """A Job's progress callback: each `Step` (not the heartbeats) as one `STEP_PREFIX` line of its logs."""
+    if step.status != "running":
+        print(STEP_PREFIX + json.dumps(dataclasses.asdict(step)), flush=True)
+
+
+def job_steps(lines: Iterable[str]) -> tuple[list[Step], list[str]]:
+    """A Job's logs split into its progress `Step`s and its other lines."""
+    steps, other = [], []
+    for line in lines:
+        if line.startswith(STEP_PREFIX):
+            try:
+                steps.append(Step(**json.loads(line[len(STEP_PREFIX):])))
+                continue
+            except (ValueError, TypeError):
+                pass
+        other.append(line)
+    return steps, other
 
 
 def choose_flavor(memory: int | None, hardware: Iterable) -> Flavor:
@@ -102,7 +136,7 @@ class HfJobs:
         return str(getattr(status.stage, "value", status.stage)), status.message
 
     def logs(self, job_id: str) -> list[str]:
-        """What the Job printed so far (redacted)."""
+        """What the Job printed so far (redacted; never blocks while it runs)."""
         try:
             return [redact(line) for line in self.api.fetch_job_logs(job_id=job_id, namespace=self.namespace,
                                                                        token=self.token)]

@@ -13,6 +13,9 @@ This module adds what a multi-user web page needs around those calls:
   reproduces it locally. Never a traceback, never a token.
 - `check_recipe_text`: validation for the recipe editor, problems with their JSON paths located on the lines of
   the pretty-printed recipe so the page can highlight them.
+- `jobs_fit` / `run_on_jobs`: "Run on my Hugging Face Jobs", the export as a Job under the signed-in user's
+  account (`job.dispatch`: the flavor from the preflight's memory estimate, the token a Job secret), followed
+  through its state and logs until it has published its pull request.
 - `propose_recipe`: a pull request that adds `export_config.json` to the model repo, updated in place (one open
   proposal per repo) and left alone when it already holds the same recipe.
 """
@@ -46,6 +49,8 @@ from hfexport.errors import (
 from hfexport.files import RECIPE_FILE, human_bytes
 from hfexport.hub import hub_file, looks_like_repo_id, search_models
 from hfexport.job import init
+from hfexport.job.dispatch import TERMINAL, HfJobs, estimate_memory, job_result, job_steps
+from hfexport.job.preflight import available_memory
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
@@ -74,6 +79,9 @@ class SpaceSettings:
     keep_downloads: bool = False  # False: a model's downloaded weights leave the Hub cache after its job
     use_hf_token_for_mock_login: bool = False  # local runs against a real Hub: see `hub_token`
     job_timeout_s: float = 3600.0  # a job running longer is stopped (its process killed) and reported
+    jobs_image: str | None = None  # "Run on my Hugging Face Jobs": an image with hfexport (default: this Space)
+    jobs_timeout: str = "2h"  # the Hub stops a user's Job that runs longer
+    jobs_poll_s: float = 5.0  # how often the page asks the Job's state and logs
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> SpaceSettings:
@@ -89,6 +97,10 @@ class SpaceSettings:
             keep_downloads=env.get("HFEXPORT_SPACE_KEEP_DOWNLOADS", "0") == "1",
             use_hf_token_for_mock_login=env.get("HFEXPORT_SPACE_USE_HF_TOKEN", "0") == "1",
             job_timeout_s=float(env.get("HFEXPORT_SPACE_JOB_TIMEOUT_S", "3600")),
+            jobs_image=env.get("HFEXPORT_SPACE_JOBS_IMAGE") or (f"hf.co/spaces/{env['SPACE_ID']}"
+                                                               if env.get("SPACE_ID") else None),
+            jobs_timeout=env.get("HFEXPORT_SPACE_JOBS_TIMEOUT", "2h"),
+            jobs_poll_s=float(env.get("HFEXPORT_SPACE_JOBS_POLL_S", "5")),
         )
 
 
@@ -851,3 +863,137 @@ def _read_hub_file(api, repo_id: str, filename: str, revision: str) -> bytes | N
         return Path(hf_hub_download(repo_id, filename, revision=revision, token=api.token)).read_bytes()
     except EntryNotFoundError:
         return None
+
+
+# ── Run on my Hugging Face Jobs ──────────────────────────────────────────────
+
+
+@dataclass
+class JobsFit:
+    """The preflight's memory estimate for all of a model's targets against what this Space has."""
+
+    memory: int | None
+    available: int | None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory is None or self.available is None or self.memory <= self.available
+
+    def markdown(self) -> str:
+        if self.memory is None:
+            return "**Run on my Hugging Face Jobs** exports on a machine of your own account (no memory estimate)."
+        numbers = f"{human_bytes(self.memory)} estimated" + (f", {human_bytes(self.available)} available here"
+                                                              if self.available is not None else "")
+        if self.fits:
+            return f"Fits this Space ({numbers}); **Run on my Hugging Face Jobs** also works."
+        return (f"**Too large for this Space** ({numbers}): **Run on my Hugging Face Jobs** exports it on a machine "
+                "of your own account that holds it, and opens the pull request from there.")
+
+
+def jobs_fit(model: str, revision: str | None, token: str | None) -> JobsFit:
+    """Whether exporting every target of `model` fits this Space, from the preflight's estimate (reads the recipe
+    and the weights' sizes from the Hub; loads nothing)."""
+    try:
+        memory = estimate_memory(model, revision or "main", None, token)
+    except Exception:  # noqa: BLE001 - advice only: without an estimate the Job's own preflight decides
+        memory = None
+    return JobsFit(memory, available_memory())
+
+
+def jobs_blocker(state: dict | None, token: str | None, settings: SpaceSettings, recipe_text: str | None) -> str | None:
+    """Why "Run on my Hugging Face Jobs" cannot run now, or None. The Job exports with the model repo's own
+    recipe, so an edited or proposed recipe cannot go there (propose it first, or Convert here)."""
+    state = state or {}
+    if not state.get("model"):
+        return "Load a model to run it on your Hugging Face Jobs."
+    if not token:
+        return "Sign in to run on your Hugging Face Jobs."
+    if not settings.jobs_image:
+        return "This Space has no Jobs image (HFEXPORT_SPACE_JOBS_IMAGE) to run exports on Hugging Face Jobs."
+    if state.get("recipe_source") != "repo" or not state.get("repo_recipe"):
+        return "A Job exports with the repo's own recipe: propose this recipe first (or Convert here)."
+    if (recipe_text or "").strip() != (state.get("loaded_text") or "").strip():
+        return "A Job exports with the repo's own recipe, not the editor's changes: Convert here to try them."
+    return None
+
+
+@dataclass
+class JobsUpdate:
+    """One look at the user's Job: its id, hardware, stage and logs so far; at the end its outcome."""
+
+    model: str
+    job_id: str
+    flavor: str
+    stage: str
+    message: str | None = None
+    logs: list[str] = field(default_factory=list)
+    result: dict | None = None
+    tail: int = 40
+
+    @property
+    def finished(self) -> bool:
+        return self.stage in TERMINAL
+
+    @property
+    def pr_num(self) -> int | None:
+        match = re.search(r"/discussions/(\d+)", (self.result or {}).get("pr_url") or "")
+        return int(match[1]) if match else None
+
+    def outcome(self) -> str:
+        result = self.result or {}
+        url = result.get("pr_url")
+        link = f"[#{self.pr_num}]({url})" if url else ""
+        detail = f" ({md_escape(redact(result['detail']))})" if result.get("detail") else ""
+        if result.get("action") == "opened":
+            return f"✓ The Job opened pull request {link} on `{self.model}`.{detail}"
+        if result.get("action") == "updated":
+            return f"✓ The Job pushed a new commit to pull request {link} on `{self.model}`.{detail}"
+        if result.get("action") == "unchanged":
+            return f"= Pull request {link} on `{self.model}` is up to date: nothing changed.{detail}"
+        if result.get("action") == "committed":
+            return f"✓ The Job committed to `{self.model}`.{detail}"
+        if result:
+            return f"✗ The Job ended {result.get('state', 'failed')}{detail}."
+        return f"✗ The Job ended {self.stage}" + (f" ({md_escape(redact(self.message))})" if self.message else "") + \
+            " without a result: its logs above say why."
+
+    def markdown(self) -> str:
+        """The outcome (once finished), the Job's steps as the Convert checklist, then its other log lines."""
+        steps, other = job_steps(self.logs)
+        log = ProgressLog(f"Hugging Face Job `{self.job_id}` on {md_escape(self.flavor)} · {self.stage}")
+        for step in steps:
+            log.add(step)
+        shown = [redact(line) for line in other[-self.tail:]]
+        body = "\n".join(shown).replace("```", "ʼʼʼ")
+        lines = [log.markdown(), "", f"<details><summary>Job logs (last {len(shown)} lines)</summary>", "",
+                 "```text", body, "```", "", "</details>"]
+        if self.finished:
+            lines = [self.outcome(), "", *lines]
+        return "\n".join(lines)
+
+
+def run_on_jobs(model: str, revision: str | None, targets: Sequence[str], token: str,
+                settings: SpaceSettings) -> Iterator[JobsUpdate]:
+    """Export and publish `model` as a Hugging Face Job under the signed-in user's account, through
+    `job.dispatch.HfJobs` (the hardware chosen from the preflight's estimate, the token a Job secret): yields the
+    Job's state and logs every `jobs_poll_s` until it ends, the last update with its outcome (the pull request).
+    Ticked `targets` are exported; none: every target of the recipe."""
+    register_secret(token)
+    jobs = HfJobs(token, image=settings.jobs_image or "", timeout=settings.jobs_timeout)
+    sha = jobs.api.model_info(model, revision=revision, token=token).sha
+    chosen = list(targets) or None
+    flavor = jobs.flavor(model, sha, chosen)
+    branch = revision if revision and not re.fullmatch(r"[0-9a-f]{40}", revision) else "main"
+    spec = {"repo": model, "sha": sha, "output": "hfexport-job-output", "targets": chosen, "publish": "pr",
+            "branch": branch, "allow_failed": False, "retries": 3, "retry_backoff_s": 5.0}
+    job_id = jobs.run(spec, flavor.name, {"hfexport-space": "1", "hfexport-repo": model.replace("/", "--")})
+    while True:
+        stage, message = jobs.stage(job_id)
+        logs = jobs.logs(job_id)
+        update = JobsUpdate(model, job_id, flavor.describe(), stage, message, logs)
+        if update.finished:
+            update.result = job_result(logs)
+            yield update
+            return
+        yield update
+        time.sleep(settings.jobs_poll_s)

@@ -58,7 +58,7 @@ from hfexport.errors import (
 )
 from hfexport.files import human_bytes, write_json_atomic
 from hfexport.hub import hub_error, looks_like_repo_id
-from hfexport.job.dispatch import SPEC_ENV, TERMINAL, HfJobs
+from hfexport.job.dispatch import RESULT_PREFIX, SPEC_ENV, TERMINAL, HfJobs, print_step
 from hfexport.job.run import run_job
 from hfexport.publication.publish import publish
 from hfexport.publication.record import publication_record
@@ -566,11 +566,12 @@ def job_settings(config: WebhookConfig) -> dict:
 
 
 def export_and_publish(job: Job, output: Path, settings: Mapping[str, Any], token: str | None,
-                       wait: Callable[[float], Any] = time.sleep) -> None:
+                       wait: Callable[[float], Any] = time.sleep, progress: Callable[[Any], None] | None = None) -> None:
     """The job: the job API on the pushed commit, then one publication through the one-PR-per-model logic (retried
     after transient Hub failures). Fills `job`'s fields; a recipe-less repo raises `RecipeNotFoundError`."""
     targets = settings.get("targets")
-    report = run_job(job.repo, output, targets=targets, all_targets=targets is None, revision=job.sha, token=token)
+    report = run_job(job.repo, output, targets=targets, all_targets=targets is None, revision=job.sha, token=token,
+                     progress=progress)
     job.status, job.changed = report.status, report.changed
     # What passed is published; failed targets are left out (listed in the PR) unless allow_failed.
     try:
@@ -611,7 +612,6 @@ def _retrying(job: Job, call: Callable[[], Any], retries: int, backoff_s: float,
     raise AssertionError("unreachable")
 
 
-RESULT_PREFIX = "hfexport-job-result: "
 RESULT_FIELDS = ("state", "status", "changed", "action", "pr_url", "commit", "detail", "attempts", "transient")
 
 
@@ -631,7 +631,7 @@ def _job_main() -> int:
     register_secret(token)
     job = Job(0, spec["repo"], spec["sha"], state="running")
     try:
-        export_and_publish(job, Path(spec["output"]), spec, token)
+        export_and_publish(job, Path(spec["output"]), spec, token, progress=print_step)  # steps in the Job's logs
         if job.state == "running":
             job.state = "done"
     except RecipeNotFoundError as error:
