@@ -66,6 +66,7 @@ from hfexport.strict_json import loads as loads_strict
 
 SECRET_HEADER = "X-Webhook-Secret"
 MAX_BODY = 1 << 20
+DISCARD_LIMIT = 16 << 20  # an oversized body read away before answering 413 (beyond it the connection is dropped)
 STATE_FILE = "receiver-state.json"
 JOBS_DIR = "jobs"
 EXECUTORS = ("local", "hf-jobs")
@@ -719,9 +720,21 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": "not found"})
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY:
+            self._discard(length)
             return self._send(413, {"error": "payload too large"})
         decision = self.receiver.handle(dict(self.headers.items()), self.rfile.read(length))
         self._send(decision.status, decision.body)
+
+    def _discard(self, length: int) -> None:
+        """Read an oversized body away, up to a bound, so the sender gets the 413 rather than a broken pipe (it is
+        still writing when a server that closes at once answers); past the bound the connection is just closed."""
+        self.close_connection = True
+        left = min(length, DISCARD_LIMIT)
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            left -= len(chunk)
 
     def do_GET(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0].rstrip("/")
