@@ -29,6 +29,7 @@ from hfexport.layout import check_file_name as check_artifact_name
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.openvino_fixes import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
+from hfexport.runtime_layout import finish as finish_runtime_layout
 from hfexport.runtime import (
     PRECISION_FORMATS,
     has_runtime_precision,
@@ -76,6 +77,13 @@ class ExportedModel(_EngineExportedModel):
     def config(self, value) -> None:
         self.__dict__.pop("_pending_config", None)
         self.__dict__["_config"] = value
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, tokenizer=None, **kwargs) -> None:
+        """The engine's `save_pretrained`, then the files the deployment runtimes read beside a generation export
+        (`hfexport.runtime_layout`: optimum-intel's file name for a stateful OpenVINO LLM graph, `tokenizer`'s files
+        and its OpenVINO tokenizer models), so OpenVINO GenAI and optimum-intel open the folder as it is."""
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        finish_runtime_layout(save_directory, tokenizer)
 
     def to(self, device=None, **runner_kwargs) -> ExportedModel:
         """The engine's `to`: each component on its backend's runtime. ONNX components that have not been parsed

@@ -13,9 +13,10 @@ its artifact. The folder's default target keeps hfexport's own files under their
 `export_config.json`, `export_report.json`, `config.json`); a variant's files all start with its stem and a dot
 (`model_quantized.onnx`, `model_quantized.onnx_data`, `model_quantized.export.json`, ...), so each file of a folder
 belongs to exactly one target and no loader mistakes hfexport's files for its own. A target whose name is taken, one
-without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every generation target (the engine
-writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
-`<format folder>/<target>/`. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
+without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every generation target whose files no
+loader of the ecosystem opens (the engine's prefill/decode graphs) goes into `<format folder>/<target>/`; one laid out
+in its runtimes' contract (`deployable`: one program under the loaders' name, such as the stateful
+`openvino_model.xml` OpenVINO GenAI and optimum-intel run) claims its format's folder like a forward target. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
 Publications made before this layout hold `exports/<target>/`, which stays readable.
 
 Pure names and rules: no Hub, no engine (the file names themselves are `hfexport.files`').
@@ -197,7 +198,9 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
             continue
         spec = targets[name]
         base = format_folder(spec["export_format"])
-        artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" else None
+        # A generation target laid out in its runtimes' contract (one program under the loaders' name, e.g. a stateful
+        # `openvino_model.xml`: hfexport.runtime_layout) claims its format's folder as a forward target does.
+        artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" or spec.get("deployable") else None
         wanted = place_for(base, spec["export_format"], artifact)
         free = artifact is not None and not taken(wanted, name) and base not in foreign
         assigned[name] = wanted if free else Place(posixpath.join(base, name))

@@ -579,6 +579,10 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
     components: dict[str, ComponentPlan] = {}
     generation_config = None
     single_graph = target.single_graph
+    defaulted = single_graph and target.single_graph_by_default  # falls back where one graph does not fit
+    if defaulted and (getattr(model.config, "is_encoder_decoder", False)
+                      or prefill_by_decode(model, str(target.export_format))):
+        single_graph = defaulted = False
     multi_token_decode = single_graph or bool(target.generation.get("multi_token_decode", False))
 
     if target.mode == "forward":
@@ -612,6 +616,14 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
         sizes = _varying_sizes(stages)
         by_decode = prefill_by_decode(model, str(target.export_format)) and "prefill" in stages
+        if single_graph and defaulted:
+            try:
+                _check_single_graph(target.name, stages)
+            except PlanError:  # a VLM: the prefill/decode pair, as without the default
+                single_graph = multi_token_decode = False
+                with traced_cache_layout():
+                    stages = generation_stages(model, dict(inputs), generation_config=generation_config)
+                sizes = _varying_sizes(stages)
         if single_graph:
             _check_single_graph(target.name, stages)
             stages = {"decode": stages["decode"]}

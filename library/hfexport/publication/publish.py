@@ -32,6 +32,7 @@ from hfexport.errors import (
 from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE, file_sha256, git_blob_sha1
 from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.layout import (
+    DEFAULT_NAMES,
     LayoutError,
     Place,
     artifact_name,
@@ -353,7 +354,19 @@ def _layout_spec(item: _Target) -> dict:
     export_format = item.target.export_format
     return {"export_format": export_format, "mode": item.target.mode, "path": spec.get("path"),
             "file_name": spec.get("file_name"),
-            "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item))}
+            "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item)),
+            "deployable": _deployable(item)}
+
+
+def _deployable(item: _Target) -> bool:
+    """A generation target saved in its runtimes' contract: one program under its format's loaders' name
+    (`hfexport.runtime_layout`), which it is published under in the format's folder."""
+    try:
+        components = json.loads((item.folder / MANIFEST_FILE).read_text(encoding="utf-8"))["components"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    files = [entry.get("file") for entry in components.values() if isinstance(entry, dict)]
+    return item.target.mode == "generation" and files == [DEFAULT_NAMES.get(item.target.export_format)]
 
 
 def _export_dtype(item: _Target) -> str | None:

@@ -32,8 +32,19 @@ class Target:
 
     @property
     def single_graph(self) -> bool:
-        """A generation target exported as its multi-token decode alone (`generation.single_graph`): one graph."""
-        return self.mode == "generation" and bool(self.generation.get("single_graph", False))
+        """A generation target exported as its multi-token decode alone (`generation.single_graph`): one graph. The
+        default for OpenVINO (`single_graph_by_default`)."""
+        return self.mode == "generation" and bool(self.generation.get("single_graph", self.single_graph_by_default))
+
+    @property
+    def single_graph_by_default(self) -> bool:
+        """An OpenVINO generation target whose recipe sets none of `single_graph`, `multi_token_decode`,
+        `cache_implementation`, `max_cache_len`: one stateful decode graph, the one OpenVINO GenAI and optimum-intel
+        run (`hfexport.runtime_layout`). The plan keeps the prefill/decode pair for models one graph does not fit
+        (encoder-decoders, vision-language and state-space models)."""
+        return self.mode == "generation" and str(self.export_format) == "openvino" and not any(
+            key in self.generation for key in ("single_graph", "multi_token_decode", "cache_implementation",
+                                               "max_cache_len"))
 
     @classmethod
     def from_dict(cls, name: str, data: dict) -> Target:
