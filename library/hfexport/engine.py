@@ -1,6 +1,6 @@
 """The `transformers.exporters` internals hfexport relies on, named in one place.
 
-DESIGN.md: hfexport uses the engine's public constructors and methods. A few things it needs are not part of that
+docs/architecture.md: hfexport uses the engine's public constructors and methods. A few things it needs are not part of that
 surface (the backend table, per-format exporter and runner classes, the dynamo exporter's automatic dynamic shapes
 and cache pytree registration, calibration capture, OpenVINO feed and output helpers, the treespec type registry).
 Each is reached through this module only, imported when first used (the engine imports torch), and `INTERNALS`

@@ -16,7 +16,8 @@ class Step:
     """One progress event of a job or a publication.
 
     `step` is one of `STEPS`: cache (the cache lookup), preflight, load_model, then per target plan, export, save,
-    verify, probe (one verification probe, sent as it ends), latency and target (the target as a whole), compare (a
+    verify, probe (one verification probe, sent as it ends), runtimes (generating in the deployment runtimes), latency
+    and target (the target as a whole), compare (a
     quantized target against its reference) and publish. `status` is start, done or error, or `RUNNING` (a
     `Heartbeat` re-sending a step still in progress, `seconds` so far); `detail` a short line (the error's first line
     on error); `seconds` is set on done and error."""
@@ -27,8 +28,8 @@ class Step:
     seconds: float | None = None
 
 
-STEPS = ("cache", "preflight", "load_model", "plan", "export", "save", "verify", "probe", "latency", "target",
-         "compare", "publish")
+STEPS = ("cache", "preflight", "load_model", "plan", "export", "save", "verify", "probe", "runtimes", "latency",
+         "target", "compare", "publish")
 ProgressCallback = Callable[[Step], None]
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfexport.deployment.gate import check_runtimes, has_runtimes
 from hfexport.engine import runner_class
 from hfexport.errors import HfExportError, SourceError, redact, register_secret
 from hfexport.files import (
@@ -123,6 +124,9 @@ class JobOptions:
         publish_repo: a repo whose published exports count as cache hits (besides the model's own).
         verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
         latency: time each target that passed against the eager model (`hfexport.latency`), when verifying.
+        runtimes: run each generation target that passed in the deployment runtimes of its format
+            (`hfexport.deployment`: transformers.js, optimum, onnxruntime-genai, OpenVINO GenAI, ExecuTorch's LLM
+            runner, where installed), token for token against `model.generate`; one that fails fails the target.
         workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
             "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
             `model_object` or `inputs` exports in this process.
@@ -141,6 +145,7 @@ class JobOptions:
     publish_repo: str | None = None
     verify: bool = True
     latency: bool = True
+    runtimes: bool = True
     workers: int | str = 1
 
 
@@ -326,6 +331,8 @@ def _export_target(job: _Job, name: str) -> None:
     if target_report.status == "ok" and job.options.verify:
         _write_target_report(job.report, name, output / name)  # beside the artifacts even if verifying dies
         _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
+        if target_report.status == "ok" and job.options.runtimes and target.mode == "generation":
+            _check_runtimes(target_report, output / name, job.model_object, plan, job.processor, progress)
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, output / name)
 
@@ -392,7 +399,8 @@ def _worker_request(job: _Job) -> dict:
         "model": str(job.model), "output": str(job.output), "revision": job.revision_to_load,
         "token": job.options.token, "trust_remote_code": job.options.trust_remote_code,
         "recipe": job.recipe.data, "recipe_source": job.recipe.source, "source": job.report.source,
-        "keys": job.keys, "verify": job.options.verify, "processes": len(job.groups), "logging": logging_settings(),
+        "keys": job.keys, "verify": job.options.verify, "runtimes": job.options.runtimes,
+        "processes": len(job.groups), "logging": logging_settings(),
     }
 
 
@@ -402,7 +410,8 @@ def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> No
     dict)` as each ends. Latency is left to the job's process."""
     register_secret(request["token"])
     options = JobOptions(revision=request["revision"], token=request["token"],
-                         trust_remote_code=request["trust_remote_code"], verify=request["verify"], latency=False)
+                         trust_remote_code=request["trust_remote_code"], verify=request["verify"], latency=False,
+                         runtimes=request.get("runtimes", True))
     recipe = Recipe(request["recipe"], request["recipe_source"])
     job = _Job(request["model"], Path(request["output"]), options, recipe, list(request["targets"]),
                JobReport(source=request["source"]), progress, request["revision"], {}, request["keys"],
@@ -473,6 +482,31 @@ def _verify_target(target_report: TargetReport, folder: Path, model_object, plan
     if not verification["passed"]:
         target_report.status, target_report.error = "failed", summary(verification)
     progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
+
+
+def _check_runtimes(target_report: TargetReport, folder: Path, model_object, plan, processor,
+                    progress: ProgressCallback) -> None:
+    """The deployment runtimes of the target's format on its saved files (`hfexport.deployment.gate`); a runtime that
+    generated other tokens than `model.generate` (or crashed) fails the target, one not installed is `not_checked`."""
+    if not has_runtimes(str(plan.target.export_format)):
+        return
+    name = target_report.target
+    with StepTimer(progress, "runtimes", name, "generating in the deployment runtimes") as timer, \
+            engine_output(f"runtimes {name}"):
+        try:
+            checks = check_runtimes(folder, model_object, plan, processor)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as error:  # noqa: BLE001 - the expected tokens could not be made: say so, do not pass
+            target_report.status = "failed"
+            target_report.error = f"runtime checks could not run: {engine_error_message(error)}"
+            return
+    target_report.timings["runtimes_s"] = round(timer.seconds, 4)
+    target_report.runtimes = [check.to_dict() for check in checks]
+    failed = [check for check in checks if check.verdict == "failed"]
+    if failed:
+        target_report.status = "failed"
+        target_report.error = "; ".join(f"{check.runtime}: {check.reason}" for check in failed)
 
 
 def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback,

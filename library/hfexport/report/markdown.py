@@ -55,6 +55,8 @@ def report_markdown(report: JobReport) -> str:
         section = target_verification_markdown(target)
         if section:
             lines += [section, ""]
+        if target.runtimes:
+            lines += [runtimes_markdown(target.runtimes), ""]
         if target.files:
             lines += ["<details><summary>files</summary>", "", "| file | size |", "|---|---|"]
             lines += [f"| `{entry['path']}` | {human_bytes(entry['bytes'])} |" for entry in target.files]
@@ -208,6 +210,21 @@ def target_verification_markdown(target) -> str:
     failures = verification.get("failures") or []
     if failures and not verification.get("passed"):
         lines += ["", "Failures:", ""] + [f"- {_cell(failure)}" for failure in failures]
+    return "\n".join(lines)
+
+
+RUNTIME_VERDICTS = {"passed": "✅ passed", "failed": "❌ failed", "not_checked": "➖ not checked"}
+
+
+def runtimes_markdown(runtimes: list[dict]) -> str:
+    """The deployment runtimes' verdicts (hfexport.deployment): a row per runtime, with its version and why."""
+    lines = ["**Deployment runtimes** — greedy generation on the sample prompts, token for token against "
+             "`model.generate`", "", "| runtime | version | verdict | batch | detail |", "|---|---|---|---|---|"]
+    for check in runtimes:
+        batches = ", ".join(map(str, check.get("batch_sizes") or [])) or "—"
+        detail = check.get("reason") or (f"at {check['precision']}" if check.get("precision") else "")
+        lines.append(f"| {check['runtime']} | {check.get('version') or '—'} | "
+                     f"{RUNTIME_VERDICTS.get(check['verdict'], check['verdict'])} | {batches} | {_cell(detail)} |")
     return "\n".join(lines)
 
 

@@ -567,6 +567,7 @@ _STEP_TITLES = {
     "save": "save",
     "verify": "verify parity",
     "probe": "parity probe",
+    "runtimes": "generate in the deployment runtimes",
     "latency": "time against eager torch",
     "unchanged": "already exported",
     "publish": "publish",

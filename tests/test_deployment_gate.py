@@ -1,0 +1,103 @@
+"""The gate's runtime step (hfexport.deployment): the expected tokens every deployment runtime is held to, the
+verdicts, and a runtime that crashes or hangs failing its own check while the others still run."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from hfexport import deployment
+from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, RuntimeCheck, compare_tokens, first_difference
+
+
+def test_first_difference_names_the_prompt_and_position():
+    assert first_difference([[1, 2, 3]], [[1, 2, 3]]) is None
+    assert first_difference([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 6]]) == {
+        "prompt": 1, "position": 1, "expected": 5, "got": 6}
+    assert first_difference([[1, 2]], [[1, 2, 9]]) == {"prompt": 0, "position": 2, "expected": None, "got": 9}
+    check = compare_tokens("rt", [[1, 2]], [[1, 3]], version="1.0")
+    assert (check.verdict, check.version, check.first_difference["position"]) == (FAILED, "1.0", 1)
+    assert "differs at new token 1" in check.reason
+    assert compare_tokens("rt", [[7]], [[7]]).to_dict() == {"runtime": "rt", "verdict": PASSED}
+
+
+@pytest.fixture(scope="module")
+def llama_plan(tiny_llama):
+    from hfexport.models import load_model, load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    recipe = load_recipe(tiny_llama)
+    model = load_model(tiny_llama, recipe)
+    processor = load_processor(tiny_llama)
+    return model, build_plan(recipe, "onnx-generation", model, processor=processor), processor
+
+
+def test_the_request_holds_model_generate_per_prompt_and_left_padded(llama_plan):
+    import torch
+
+    from hfexport.deployment.gate import generation_request
+
+    model, plan, processor = llama_plan
+    request = generation_request(model, plan, processor)
+    assert request.texts == plan.recipe.sample_inputs["text"]
+    assert len(request.prompts) == len(request.expected) == 2
+    assert len(request.prompts[0]) != len(request.prompts[1])  # so the padded batch really pads
+    for prompt, expected in zip(request.prompts, request.expected, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=request.max_new_tokens, pad_token_id=request.pad_token_id)
+        assert request.cut(out[0, len(prompt):].tolist()) == expected
+        assert 0 < len(expected) <= request.max_new_tokens
+    assert request.padded_expected is not None and len(request.padded_expected) == 2
+
+
+def test_a_crashing_runtime_fails_its_check_and_the_others_still_run(llama_plan, monkeypatch, tmp_path):
+    from hfexport.deployment.gate import generation_request
+
+    model, plan, processor = llama_plan
+    request = generation_request(model, plan, processor)
+
+    def crash(folder, request):
+        raise OSError("libfoo.so: cannot open shared object file (token hf_secretsecretsecret)")
+
+    def absent(folder, request):
+        return RuntimeCheck("absent-runtime", NOT_CHECKED, reason="not installed")
+
+    for name, check in (("crashing", crash), ("absent", absent)):
+        module = types.ModuleType(f"hfexport.deployment.{name}")
+        module.RUNTIME, module.check = f"{name}-runtime", check
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(deployment.RUNTIMES, "onnx", ("crashing", "absent"))
+    from hfexport.errors import register_secret
+
+    register_secret("hf_secretsecretsecret")
+    checks = deployment.run_checks("onnx", tmp_path, request)
+    assert [(c.runtime, c.verdict) for c in checks] == [("crashing-runtime", FAILED), ("absent-runtime", NOT_CHECKED)]
+    assert "cannot open shared object" in checks[0].reason and "hf_secret" not in checks[0].reason
+
+
+def test_a_hanging_client_is_stopped_and_named():
+    with pytest.raises(deployment.RuntimeClientError, match="time limit of 1 s"):
+        deployment.run_client([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    with pytest.raises(deployment.RuntimeClientError, match="exited 3"):
+        deployment.run_client([sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
+                              timeout=30)
+    assert deployment.run_client([sys.executable, "-c", "print('log'); print('{\"a\": 1}')"], timeout=30) == {"a": 1}
+
+
+def test_the_report_renders_each_runtimes_verdict():
+    from hfexport.report.markdown import runtimes_markdown
+    from hfexport.report.model import JobReport, TargetReport
+
+    checks = [RuntimeCheck("onnxruntime-genai", PASSED, version="0.9.0", batch_sizes=[1, 2]).to_dict(),
+              RuntimeCheck("transformers.js", NOT_CHECKED, reason="Node.js is not installed").to_dict()]
+    text = runtimes_markdown(checks)
+    assert "| onnxruntime-genai | 0.9.0 | ✅ passed | 1, 2 |" in text
+    assert "➖ not checked" in text and "Node.js is not installed" in text
+    target = TargetReport("onnx-generation", "onnx", "generation", runtimes=checks)
+    report = JobReport(source={"model": "m", "recipe_sha256": "0" * 64}, targets={"onnx-generation": target})
+    assert JobReport.from_dict(report.to_dict()).targets["onnx-generation"].runtimes == checks  # schema-valid
