@@ -161,3 +161,53 @@ def test_absent_crashed_and_hung_runtimes(openvino_llama, llama_request, monkeyp
     crashed, hung = run_checks("openvino", openvino_llama, quick)
     assert crashed.verdict == FAILED and "exited 139" in crashed.reason and "Segmentation fault" in crashed.reason
     assert hung.verdict == FAILED and "time limit" in hung.reason
+
+
+def readme_snippet(marker: str) -> str:
+    """The README's code block right after `<!-- marker -->`: the tests run exactly what users read."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split(f"<!-- {marker} -->", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+@pytest.mark.parametrize("marker, environment", [("readme-llm-openvino-genai", peers.genai_venv),
+                                                 ("readme-llm-optimum-intel", peers.peer_venv)])
+def test_the_readme_snippets_run_on_the_export(marker, environment, openvino_llama, llama_request, tmp_path):
+    import subprocess
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "openvino-generation").symlink_to(openvino_llama)
+    script = tmp_path / "snippet.py"
+    script.write_text(readme_snippet(marker))
+    done = subprocess.run([str(environment()), str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(openvino_llama)
+    new = tokenizer.decode(llama_request.expected[0])  # the first sample prompt is the README's
+    assert new.strip() and new.strip() in done.stdout
+
+
+def test_the_card_shows_llm_runtime_snippets_only_for_runtimes_that_passed(exported_llama):
+    import copy
+
+    from hfexport.layout import Place
+    from hfexport.report.card import loading_snippets
+
+    report = copy.deepcopy(exported_llama[1])
+    places = {name: Place(f"x/{name}") for name in report.targets}
+    places["openvino-generation"] = Place("openvino")
+    target = report.targets["openvino-generation"]
+    target.runtimes = [{"runtime": "openvino-genai", "verdict": "passed"},
+                       {"runtime": "optimum-intel", "verdict": "not_checked", "reason": "not installed"}]
+    text = "\n".join(loading_snippets("me/llama", report, places))
+    assert 'openvino_genai.LLMPipeline(f"{local}/openvino", "CPU")' in text
+    assert "OVModelForCausalLM.from_pretrained(f\"{local}/openvino\")" not in text
+    target.runtimes = [{"runtime": "openvino-genai", "verdict": "failed", "reason": "differs"}]
+    assert "LLMPipeline" not in "\n".join(loading_snippets("me/llama", report, places))
+
+
+def test_a_runtime_whose_parent_package_is_missing_is_not_found(monkeypatch):
+    monkeypatch.delenv("HFEXPORT_RUNTIME_OPTIMUM_INTEL", raising=False)
+    assert openvino_genai.find_python("optimum-intel", "no_such_package_here.intel") is None

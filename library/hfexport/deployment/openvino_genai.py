@@ -43,7 +43,11 @@ def find_python(runtime: str, module: str) -> str | None:
     configured = runtime_environment(runtime)
     if configured:
         return configured
-    return sys.executable if importlib.util.find_spec(module) is not None else None
+    try:
+        found = importlib.util.find_spec(module)
+    except ImportError:  # `optimum.intel` without `optimum`: find_spec imports the parent package
+        found = None
+    return sys.executable if found is not None else None
 
 
 def stop_token_kept(request: GenerationRequest, got: list[list[int]]) -> list[list[int]]:

@@ -210,7 +210,9 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
             f'compiled = ov.Core().compile_model(f"{{local}}/{artifact_path(place, "openvino")}", "CPU")']
     if plain:
         lines += ["Plain ONNX Runtime / OpenVINO:", "", "```python", *plain, "```", ""]
-    generation = [name for name, target in report.targets.items() if target.mode == "generation"]
+    lines += llm_runtime_snippets(repo_id, report, places)
+    generation = [name for name, target in report.targets.items() if target.mode == "generation"
+                  and not _passed_runtimes(target)]
     if generation:
         lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's generation graphs (a prefill "
                   "and a decode, or with `generation.single_graph` one decode that also runs the prompt; cache tensors "
@@ -219,6 +221,33 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
                   "`decoder_model_merged.onnx`, `openvino_model.xml`) with `past_key_values.N.key` inputs, which these "
                   "graphs are not, so load them with `hfexport.load(...).generate(...)`. A forward target of a "
                   "decoder loads with `ORTModelForCausalLM` / `OVModelForCausalLM` and `use_cache=False`.", ""]
+    return lines
+
+
+def _passed_runtimes(target) -> set[str]:
+    """The deployment runtimes that generated `model.generate`'s tokens from this target's files (its report)."""
+    return {check.get("runtime") for check in target.runtimes or [] if check.get("verdict") == "passed"}
+
+
+def llm_runtime_snippets(repo_id: str, report: JobReport, places: dict) -> list[str]:
+    """OpenVINO GenAI and optimum-intel snippets for the generation targets those runtimes passed (only those)."""
+    lines: list[str] = []
+    for name, target in report.targets.items():
+        passed, place = _passed_runtimes(target), places.get(name)
+        if target.mode != "generation" or place is None or not passed & {"openvino-genai", "optimum-intel"}:
+            continue
+        folder = place.folder
+        code = ["from huggingface_hub import snapshot_download", "",
+                f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
+        if "openvino-genai" in passed:
+            code += ["", "import openvino_genai", "",
+                     f'pipe = openvino_genai.LLMPipeline(f"{{local}}/{folder}", "CPU")',
+                     'print(pipe.generate("The capital of France is", max_new_tokens=20))']
+        if "optimum-intel" in passed:
+            code += ["", "from optimum.intel import OVModelForCausalLM", "",
+                     f'model = OVModelForCausalLM.from_pretrained(f"{{local}}/{folder}")']
+        lines += [f"`{name}` in OpenVINO GenAI / optimum-intel (checked: the same greedy tokens as "
+                  "`model.generate`):", "", "```python", *code, "```", ""]
     return lines
 
 
