@@ -80,12 +80,23 @@ def text_tokenizer(processor):
 
 
 def save_tokenizer(folder: Path, processor) -> list[str]:
-    """The tokenizer's own files (`tokenizer.json`, `tokenizer_config.json`, ...) beside the program."""
+    """The tokenizer's own files (`tokenizer.json`, `tokenizer_config.json`, ...) beside the program, readable by
+    transformers 4.x too."""
     tokenizer = text_tokenizer(processor)
     if tokenizer is None:
         return []
     before = set(os.listdir(folder))
     tokenizer.save_pretrained(folder)
+    config = folder / "tokenizer_config.json"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and data.get("tokenizer_class") == "TokenizersBackend":
+        # transformers 5 names its generic tokenizer.json tokenizer `TokenizersBackend`, a class transformers 4.x
+        # (optimum-intel's) cannot load; `PreTrainedTokenizerFast` is the same tokenizer in both.
+        data["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return sorted(set(os.listdir(folder)) - before)
 
 

@@ -64,9 +64,15 @@ def stop_token_kept(request: GenerationRequest, got: list[list[int]]) -> list[li
 
 
 def token_agreement(expected: list[list[int]], got: list[list[int]]) -> float:
-    """The fraction of `expected`'s tokens that `got` has at the same position of the same prompt."""
+    """hfexport's token agreement (`hfexport.generate.verify_generation`): per prompt, the tokens before its first
+    divergence from `expected`, over all of `expected`'s tokens."""
     total = sum(map(len, expected)) or 1
-    same = sum(a == b for want, have in zip(expected, got, strict=False) for a, b in zip(want, have, strict=False))
+    same = 0
+    for want, have in zip(expected, got, strict=False):
+        for a, b in zip(want, have, strict=False):
+            if a != b:
+                break
+            same += 1
     return same / total
 
 
