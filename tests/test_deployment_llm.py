@@ -211,3 +211,27 @@ def test_the_card_shows_llm_runtime_snippets_only_for_runtimes_that_passed(expor
 def test_a_runtime_whose_parent_package_is_missing_is_not_found(monkeypatch):
     monkeypatch.delenv("HFEXPORT_RUNTIME_OPTIMUM_INTEL", raising=False)
     assert openvino_genai.find_python("optimum-intel", "no_such_package_here.intel") is None
+
+
+def test_openvino_generation_is_one_graph_unless_the_recipe_says_otherwise():
+    from hfexport.recipe.model import Target
+
+    def target(fmt, generation=None):
+        return Target.from_dict("t", {"export_format": fmt, "mode": "generation", "generation": generation or {}})
+
+    assert target("openvino").single_graph and target("openvino").single_graph_by_default
+    assert not target("openvino", {"multi_token_decode": False}).single_graph
+    assert not target("openvino", {"cache_implementation": "static", "max_cache_len": 64}).single_graph
+    assert not target("openvino", {"single_graph": False}).single_graph
+    assert not target("onnx").single_graph and not target("executorch").single_graph
+
+
+def test_a_generation_target_in_its_runtimes_contract_is_published_in_its_formats_folder():
+    from hfexport.layout import Place, assign_places
+
+    spec = {"export_format": "openvino", "mode": "generation", "artifact": "openvino_model.xml"}
+    assert assign_places({"gen": {**spec, "deployable": True}}) == {"gen": Place("openvino")}
+    assert assign_places({"gen": spec}) == {"gen": Place("openvino/gen")}  # the engine's own graphs: a subfolder
+    forward = {"export_format": "openvino", "mode": "forward", "artifact": "openvino_model.xml"}
+    assert assign_places({"fwd": forward, "gen": {**spec, "deployable": True}}) == \
+        {"fwd": Place("openvino"), "gen": Place("openvino/gen")}
