@@ -235,3 +235,23 @@ def test_a_generation_target_in_its_runtimes_contract_is_published_in_its_format
     forward = {"export_format": "openvino", "mode": "forward", "artifact": "openvino_model.xml"}
     assert assign_places({"fwd": forward, "gen": {**spec, "deployable": True}}) == \
         {"fwd": Place("openvino"), "gen": Place("openvino/gen")}
+
+
+def test_an_export_saved_before_the_runtime_layout_stays_readable(openvino_llama, llama_request, tmp_path):
+    """Targets saved before this layout hold `openvino_decode.xml`, named by their manifest."""
+    import shutil
+
+    import torch
+
+    from hfexport import load
+
+    old = tmp_path / "old"
+    shutil.copytree(openvino_llama, old)
+    (old / "openvino_model.xml").rename(old / "openvino_decode.xml")
+    (old / "openvino_model.bin").rename(old / "openvino_decode.bin")
+    manifest = json.loads((old / "export.json").read_text())
+    manifest["components"]["decode"]["file"] = "openvino_decode.xml"
+    (old / "export.json").write_text(json.dumps(manifest))
+    prompt = llama_request.prompts[0]
+    out = load(old).generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    assert llama_request.cut(out[0, len(prompt):].tolist()) == llama_request.expected[0]
