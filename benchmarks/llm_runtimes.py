@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct in OpenVINO GenAI: hfexport's OpenVINO generation export vs optimum-intel's (issue 27).
 
 Both folders are run by `openvino_genai.LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32")` in the runtime's
-own environment (`hfexport.testing.peers.genai_venv()`), one long-lived process per folder, so every call alternates
+own environment (`hfexport.testing.peers.openvino_genai_venv()`), one long-lived process per folder, so every call alternates
 with the other's in one run: greedy, batch 1, chat-template prompts (token ids), exactly NEW_TOKENS new tokens
 (`min_new_tokens`), one warm-up each, then ROUNDS rounds of every prompt on both, the order swapped each round.
 Figures are GenAI's own `perf_metrics` (time to first token, throughput of the decode), medians over the calls; a
@@ -116,7 +116,7 @@ def _exports() -> tuple[Path, Path]:
 def main() -> int:
     from transformers import AutoTokenizer
 
-    from hfexport.testing.peers import genai_venv
+    from hfexport.testing.peers import openvino_genai_venv as genai_venv
 
     ours, theirs = _exports()
     tokenizer = AutoTokenizer.from_pretrained(ours)

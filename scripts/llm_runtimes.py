@@ -28,7 +28,7 @@ def main() -> int:
     from hfexport.testing.matrix import ensure_models
     from hfexport.version import __version__
 
-    os.environ.setdefault("HFEXPORT_RUNTIME_OPENVINO_GENAI", str(peers.genai_venv()))
+    os.environ.setdefault("HFEXPORT_RUNTIME_OPENVINO_GENAI", str(peers.openvino_genai_venv()))
     os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM_INTEL", str(peers.peer_venv()))
     workdir = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/hfexport-llm-runtimes")
     formats = os.environ.get("FORMATS", "openvino").split(",")

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 from hfexport.files import RECIPE_FILE
 from hfexport.latency import chart_rows
+from hfexport.layout import FORMAT_LABELS
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.markdown import report_markdown
 from hfexport.surfaces import space as logic
@@ -27,8 +28,10 @@ INTRO = (
     "formats and settings; every artifact is reloaded and checked against the model before you get it. "
     "**Open PR** publishes the artifacts to the model repo as one pull request, updated in place on later runs."
 )
-FORMAT_CHOICES = [("ONNX", "onnx"), ("OpenVINO", "openvino"), ("ExecuTorch (.pte)", "executorch"),
-                  ("torch.export (.pt2)", "dynamo")]
+# Each format under its one name (the recipe's `export_format`, as the report and the CLI say it), with what people
+# call it.
+FORMAT_CHOICES = [(f"{FORMAT_LABELS[name]} · {name}" if FORMAT_LABELS[name].lower() != name else FORMAT_LABELS[name],
+                   name) for name in ("onnx", "openvino", "executorch", "dynamo")]
 IDLE = "Conversions run one at a time; while yours waits, its place in the queue shows here."
 CSS = ".problem-lines { font-family: var(--font-mono); white-space: pre; }"
 
@@ -43,7 +46,7 @@ NO_RESULTS = "Nothing converted yet for this model."
 def _new_state() -> dict:
     return {"session": None, "model": None, "revision": None, "repo_recipe": None, "loaded_text": None,
             "output": None, "targets": [], "left_out": [], "edited": False, "zip": None, "status": None,
-            "verified": None}
+            "verified": None, "recipe_valid": False, "recipe_source": None, "pr": None}
 
 
 def _forget_results(state: dict) -> dict:
@@ -90,11 +93,14 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         except Exception as error:  # noqa: BLE001 - shown as a category + command, never a traceback
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
             state = {**_forget_results(state), "model": None, "revision": None, "repo_recipe": None,
-                     "loaded_text": None}
-            return (_fail(error, command), gr.update(), gr.update(value=[], visible=False),
+                     "loaded_text": None, "recipe_valid": False, "recipe_source": None, "pr": None,
+                     "model_config": None}
+            return (_fail(error, command), "", gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
         state = _forget_results(state)
-        state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text)
+        state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text, recipe_valid=False,
+                     recipe_source=None, pr=logic.open_pr_number(model, _token(oauth_token, settings)),
+                     model_config=fetched.config)
         if fetched.check is None:  # no recipe: offer formats and a draft
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
@@ -106,27 +112,51 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                         gr.update(value=[], visible=False), gr.update(choices=[], value=[]), gr.update(visible=True),
                         state)
             check = draft.check
+            state.update(recipe_valid=check.valid, recipe_source="proposed", loaded_text=draft.text)
             return (status + (draft.note or check.markdown()), draft.text, _problems(check), _target_update(check),
                     gr.update(visible=True), state)
         check = fetched.check
+        state.update(recipe_valid=check.valid, recipe_source="repo")
         if check.valid:
             state["repo_recipe"] = canonical_json(check.document)
         status = f"Recipe from `{fetched.source}`\n\n{check.markdown()}"
         return (status, fetched.text, _problems(check), _target_update(check), gr.update(visible=False), state)
 
-    def draft(model_id: str, revision: str, formats: list[str], oauth_token: gr.OAuthToken | None):
+    def search(query: str, oauth_token: gr.OAuthToken | None):
+        """The Hub's models matching `query`, to pick one into the model box."""
+        try:
+            found = logic.find_models(query, _token(oauth_token, settings))
+        except Exception as error:  # noqa: BLE001
+            return gr.update(choices=[], value=None, visible=False), _fail(error)
+        note = "" if found or not (query or "").strip() else f"No model matches `{query.strip()}`."
+        return gr.update(choices=found, value=None, visible=bool(found)), note
+
+    def draft(model_id: str, revision: str, formats: list[str], state: dict | None,
+              oauth_token: gr.OAuthToken | None):
+        state = dict(state or _new_state())
         try:
             model = logic.check_model_id(model_id)
             rev = logic.check_revision(revision)
             result = logic.draft_recipe(model, rev, formats or ["onnx"], _token(oauth_token, settings))
         except Exception as error:  # noqa: BLE001
-            return _fail(error, logic.init_command((model_id or "MODEL").strip(), formats)), gr.update(), gr.update(), gr.update()
+            return (_fail(error, logic.init_command((model_id or "MODEL").strip(), formats)), gr.update(),
+                    gr.update(), gr.update(), state)
         check = result.check
-        return (result.note or check.markdown()), result.text, _problems(check), _target_update(check)
+        state.update(recipe_valid=check.valid, recipe_source="proposed", loaded_text=result.text)
+        return (result.note or check.markdown()), result.text, _problems(check), _target_update(check), state
 
-    def validate(text: str):
-        check = logic.check_recipe_text(text)
-        return check.markdown(), _problems(check), _target_update(check)
+    def validate(text: str, state: dict | None):
+        check = logic.check_recipe_text(text, config=(state or {}).get("model_config"))
+        state = {**(state or _new_state()), "recipe_valid": check.valid}
+        return check.markdown(), _problems(check), _target_update(check), state
+
+    def controls(state: dict | None, oauth_token: gr.OAuthToken | None):
+        """Convert enabled only when it can succeed (with the reason beside it when not); Open PR enabled only with
+        something to publish, and named "Update PR #N" once the model has an hfexport pull request."""
+        blocker = logic.convert_blocker(state, _token(oauth_token, settings))
+        return (gr.update(interactive=blocker is None), blocker or "",
+                gr.update(interactive=logic.can_publish(state), value=logic.pr_button_label(state)),
+                gr.update(interactive=logic.can_publish(state)))
 
     def convert(model_id: str, revision: str, recipe_text: str, targets: list[str], state: dict | None,
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
@@ -149,8 +179,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         session = request.session_hash if request is not None and request.session_hash else "api"
         state["session"] = session
         folder = workspace.new_job(session)
+        proposed = state.get("recipe_source") == "proposed" and (recipe_text or "").strip() == (
+            state.get("loaded_text") or "").strip()
         job = logic.JobRequest(model=model, output=folder / "out", targets=list(targets or []), revision=rev,
-                               token=token, recipe=recipe)
+                               token=token, recipe=recipe, recipe_origin="proposed" if proposed else "edited")
         log = logic.ProgressLog(f"Converting `{model}`" + (f" at `{rev}`" if rev else ""))
         yield log.markdown(), "", None, gr.update(interactive=False), state
         for event in runner.run(job):
@@ -161,30 +193,35 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         log.note = f"Finished in {event.seconds:.1f} s."
         if event.report is None:
             workspace.release(session)
-            yield log.markdown(), event.failure.markdown(), None, gr.update(interactive=False), state
+            yield log.collapsed(), event.failure.markdown(), None, gr.update(interactive=False), state
             return
         report = event.report
-        try:
-            zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
-        except OSError as error:  # e.g. the disk filled up: the report is still worth showing
-            workspace.release(session)
-            yield log.markdown(), _fail(error, job.command) + "\n\n" + report_markdown(report), None, \
-                gr.update(interactive=False), state
-            return
+        zip_path = None
+        if logic.publishable_targets(report):  # a job where nothing passed offers nothing to download
+            try:
+                zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
+            except OSError as error:  # e.g. the disk filled up: the report is still worth showing
+                workspace.release(session)
+                yield log.collapsed(), _fail(error, job.command) + "\n\n" + report_markdown(report), None, \
+                    gr.update(interactive=False), state
+                return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
         publishable = logic.publishable_targets(report)
         state.update(model=model, revision=rev, output=str(job.output), targets=publishable, edited=edited,
                      latency=chart_rows(report),
                      left_out=[name for name in report.targets if name not in publishable],
-                     zip=str(zip_path), status=report.status, verified=logic.verified_recipe(used, report))
+                     zip=str(zip_path) if zip_path else None, status=report.status,
+                     verified=logic.verified_recipe(used, report))
         results = report_markdown(report)
         if event.failure is not None:
             results = event.failure.markdown() + "\n\n" + results
             if publishable:
                 results = (f"**Open PR** publishes the targets that passed ({', '.join(publishable)}); the others "
                            "stay out.\n\n" + results)
+        results = logic.outcome_markdown(report, pr_num=state.get("pr")) + "\n\n" + results
         # The zip's value only (the API returns it as a path); `idle` shows the area once there is one.
-        yield log.markdown(), results, str(zip_path), gr.update(interactive=logic.can_publish(state)), state
+        yield (log.collapsed(), results, str(zip_path) if zip_path else None,
+               gr.update(interactive=logic.can_publish(state)), state)
 
     def open_pr(state: dict | None, oauth_token: gr.OAuthToken | None):
         """Publish the converted artifacts as the model's one hfexport pull request (opened, updated or unchanged)."""
@@ -196,10 +233,24 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             token = logic.require_token(_token(oauth_token, settings), "open pull requests")
             result = logic.publish_job(state, token)
         except Exception as error:  # noqa: BLE001
-            return _fail(error, command)
+            return _fail(error, command), state
         left_out = state.get("left_out") or []
         note = f" Not published: {', '.join(f'`{name}`' for name in left_out)} (did not pass)." if left_out else ""
-        return logic.publish_message(result) + note
+        state = {**state, "pr": getattr(result, "pr_num", None) or state.get("pr")}
+        return logic.publish_message(result) + note, state
+
+    def publish_new(state: dict | None, profile: gr.OAuthProfile | None, oauth_token: gr.OAuthToken | None):
+        """Publish the converted artifacts as one commit to a repo of the signed-in user (created when missing)."""
+        state = state or _new_state()
+        model = state.get("model") or "MODEL"
+        try:
+            token = logic.require_token(_token(oauth_token, settings), "publish to your repo")
+            if profile is None:
+                raise logic.SpaceError("Sign in required", "sign in with Hugging Face to publish to your repo")
+            result = logic.publish_job(state, token, repo=logic.new_repo_name(profile.username, model))
+        except Exception as error:  # noqa: BLE001
+            return _fail(error, logic.export_command(model, state.get("revision"), state.get("targets") or []))
+        return logic.publish_message(result)
 
     def propose(model_id: str, recipe_text: str, state: dict | None, oauth_token: gr.OAuthToken | None):
         """Open a pull request that adds the editor's (validated) recipe as `export_config.json`."""
@@ -221,22 +272,23 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         return message + " Not every target was converted and verified here: no `validated_with` recorded."
 
     def forget_results():
-        """Another model (or none) is loading: the previous model's report, zip and Open PR go."""
-        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False), "",
-                gr.update(value=None, visible=False))
+        """Another model (or none) is loading: the previous model's report, zip, Open PR and messages go, and
+        Convert waits for the new recipe."""
+        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False, value="Open PR"), "",
+                gr.update(value=None, visible=False), "", gr.update(interactive=False), gr.update(interactive=False))
 
     def busy():
         """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
         conversion's results and zip go (its folder is replaced by the new job's)."""
         return (gr.update(interactive=False), gr.update(interactive=False), "", "",
-                gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False))
+                gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False),
+                gr.update(interactive=False))
 
-    def idle(state: dict | None):
+    def idle(state: dict | None, oauth_token: gr.OAuthToken | None):
         state = state or {}
         rows = state.get("latency") or []
         chart = gr.update(value=_latency_frame(rows), visible=True) if rows else gr.update(value=None, visible=False)
-        return (gr.update(interactive=True), gr.update(interactive=logic.can_publish(state)),
-                gr.update(visible=bool(state.get("zip"))), chart)
+        return (*controls(state, oauth_token), gr.update(visible=bool(state.get("zip"))), chart)
 
     def remember(model_id: str, revision: str, recipe_text: str):
         return {"model": model_id or "", "revision": revision or "", "recipe": recipe_text or ""}
@@ -250,9 +302,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         status, text, problems_update, targets_update, group, state = load_model(saved["model"], saved["revision"],
                                                                                  state, oauth_token)
         if saved["recipe"].strip() and saved["recipe"].strip() != (text if isinstance(text, str) else "").strip():
-            check = logic.check_recipe_text(saved["recipe"])
+            check = logic.check_recipe_text(saved["recipe"], config=state.get("model_config"))
             status = f"{status}\n\nYour edited recipe is back in the editor:\n\n{check.markdown()}"
             text, problems_update, targets_update = saved["recipe"], _problems(check), _target_update(check)
+            state = {**state, "recipe_valid": check.valid}
         return saved["model"], saved["revision"], status, text, problems_update, targets_update, group, state
 
     # ── layout ───────────────────────────────────────────────────────────────
@@ -265,6 +318,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             if sign_in:
                 gr.LoginButton()
             user = gr.Markdown(elem_id="user")
+        with gr.Row():
+            search_box = gr.Textbox(label="Search the Hub's models", placeholder="bert, llama, ... (Enter)", scale=3,
+                                    elem_id="search")
+            search_note = gr.Markdown(elem_id="search-note")
+        found_models = gr.Radio([], label="Models found: pick one", visible=False, elem_id="search-results")
         with gr.Row():
             model_box = gr.Textbox(label="Model repo", placeholder="org/model", scale=3, elem_id="model")
             revision_box = gr.Textbox("", label="Revision (optional)", placeholder="main", scale=1, elem_id="revision")
@@ -281,8 +339,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         with gr.Row():
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
                                        scale=3)
-            convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert")
+            convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert", interactive=False)
             propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
+        convert_hint = gr.Markdown("Load a model to convert it.", elem_id="convert-hint")
         propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
         progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
         latency_chart = gr.BarPlot(None, x="run", y="ms", color="batch", sort="y", visible=False,
@@ -290,40 +349,53 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                                    x_title="", x_label_angle=-30, height=260, elem_id="latency-chart")
         results = gr.Markdown(label="Results", elem_id="results")
         download = gr.File(label="Artifacts (zip)", interactive=False, height=90, elem_id="download", visible=False)
-        pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
+        with gr.Row():
+            pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
+            new_repo_button = gr.Button("Publish to my repo", interactive=False, elem_id="publish-new")
         pr_result = gr.Markdown(label="Pull request", elem_id="pr-result")
 
         def closed(request: gr.Request):  # the tab was closed: its artifacts go now, not when the state expires
             if request is not None and request.session_hash:
                 workspace.release(request.session_hash)
 
-        job_outputs = [progress, results, download, pr_button, pr_result, latency_chart]
+        job_outputs = [progress, results, download, pr_button, pr_result, latency_chart, propose_result,
+                       convert_button, new_repo_button]
         loaded = [recipe_status, editor, problems, targets, format_group, state]
+        gated = [convert_button, convert_hint, pr_button, new_repo_button]
         demo.load(show_user, None, user, api_visibility="private")
-        demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private")
+        demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
+            controls, state, gated, api_visibility="private", queue=False)
         demo.unload(closed)
+        search_box.submit(search, search_box, [found_models, search_note], api_name="search_models")
+        found_models.input(lambda picked: picked or gr.update(), found_models, model_box, api_visibility="private",
+                           queue=False)
         for trigger, api in ((load_button.click, {"api_name": "load_recipe"}),
                              (model_box.submit, {"api_visibility": "private"})):
             trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(
                 load_model, [model_box, revision_box, state], loaded, **api,
-            ).then(remember, [model_box, revision_box, editor], saved, api_visibility="private")
-        formats.input(draft, [model_box, revision_box, formats], [recipe_status, editor, problems, targets],
-                      api_name="draft_recipe").then(remember, [model_box, revision_box, editor], saved,
-                                                    api_visibility="private")
-        editor.input(validate, editor, [recipe_status, problems, targets], api_name="validate_recipe", queue=False,
-                     trigger_mode="always_last", show_progress="hidden").then(
+            ).then(controls, state, gated, api_visibility="private", queue=False).then(
+                remember, [model_box, revision_box, editor], saved, api_visibility="private")
+        formats.input(draft, [model_box, revision_box, formats, state], [recipe_status, editor, problems, targets,
+                                                                          state],
+                      api_name="draft_recipe").then(controls, state, gated, api_visibility="private", queue=False).then(
+            remember, [model_box, revision_box, editor], saved, api_visibility="private")
+        editor.input(validate, [editor, state], [recipe_status, problems, targets, state], api_name="validate_recipe",
+                     queue=False, trigger_mode="always_last", show_progress="hidden").then(
+            controls, state, gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
         convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress,
-                                          latency_chart],
+                                          latency_chart, new_repo_button],
                              queue=False, api_visibility="private").then(
             convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
             api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
             preprocess=False,
-        ).then(idle, state, [convert_button, pr_button, download, latency_chart], api_visibility="private",
-               queue=False)
-        pr_button.click(open_pr, state, pr_result, api_name="open_pr", concurrency_limit=2, concurrency_id="publish")
+        ).then(idle, state, [*gated, download, latency_chart], api_visibility="private", queue=False)
+        pr_button.click(open_pr, state, [pr_result, state], api_name="open_pr", concurrency_limit=2,
+                        concurrency_id="publish").then(controls, state, gated, api_visibility="private", queue=False)
+        new_repo_button.click(publish_new, state, pr_result, api_name="publish_to_my_repo", concurrency_limit=2,
+                              concurrency_id="publish")
         propose_button.click(propose, [model_box, editor, state], propose_result, api_name="propose_recipe",
                              concurrency_limit=2, concurrency_id="publish")
     demo.hfexport_settings = settings  # type: ignore[attr-defined]
@@ -343,9 +415,11 @@ def _problems(check: logic.RecipeCheck):
 
 
 def _target_update(check: logic.RecipeCheck):
+    """The recipe's targets to tick, its default ticked; none while it does not validate (never an earlier
+    recipe's)."""
     names = check.targets
     if not check.valid:
-        return gr.update()
+        return gr.update(choices=[], value=[])
     return gr.update(choices=names, value=[check.recipe.default_target] if names else [])
 
 

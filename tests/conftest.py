@@ -27,6 +27,10 @@ os.environ.update(HUB.env(token=False, hf_home=_SESSION_DIR / "hf_home"))
 os.environ.pop("HF_TOKEN", None)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Latency is timed after every verified export; the suite's figures describe nothing, so it times briefly (the
+# defaults, 0.2 s warm-up and 1 s per batch size, are tested in tests/test_latency.py).
+os.environ.setdefault("HFEXPORT_LATENCY_BUDGET_S", "0.05")
+os.environ.setdefault("HFEXPORT_LATENCY_WARMUP_S", "0")
 
 EXAMPLES = ROOT / "examples"
 

@@ -107,12 +107,13 @@ def test_export_json_report_on_a_clean_stdout(cli, tiny_bert, tmp_path):
     assert report["targets"]["onnx"]["status"] == "ok"
     assert report == json.loads((output / "export_report.json").read_text())
     assert {entry["path"] for entry in report["targets"]["onnx"]["files"]} >= {"model.onnx", "export.json"}
-    # not a terminal: plain progress lines, each led by the job's elapsed time; one line per verification probe
+    # not a terminal: plain progress lines, each led by the job's elapsed time; one line per step (at its end), no
+    # probe lines unless -v
     lines = [line for line in result.stderr.splitlines() if line.startswith("[")]
     assert all(re.match(r"\[\d\d:\d\d\.\d\] ", line) for line in lines), lines
-    assert any("✓ onnx: export " in line for line in lines) and any("… onnx: export" in line for line in lines)
-    probes = [line for line in lines if "onnx: probe " in line]
-    assert len(probes) == len(report["targets"]["onnx"]["verification"]["probes"]) and all("✓" in p for p in probes)
+    assert any("✓ onnx: export " in line for line in lines) and not any("… onnx: export" in line for line in lines)
+    assert not [line for line in lines if "onnx: probe " in line], lines
+    assert len(lines) <= 20, lines
     assert "\x1b[" not in result.stderr  # no terminal control codes in a log
 
 
@@ -252,7 +253,7 @@ def _report_with_a_long_failure():
     report = JobReport(source={"model": "examples/tiny-llama"})
     report.targets["openvino-generation"] = TargetReport(
         "openvino-generation", "openvino", "generation", status="failed", error=LONG_PARITY,
-        files=[{"path": "openvino_model.bin", "bytes": 123_456_789}], timings={"export_s": 123.4, "verify_s": 12.25})
+        verification={"passed": False, "probes": []}, files=[{"path": "openvino_model.bin", "bytes": 123_456_789}], timings={"export_s": 123.4, "verify_s": 12.25})
     report.targets["pt2"] = TargetReport("pt2", "dynamo", "forward", status="unchanged",
                                          unchanged_reason="an export with the same cache key is in out/pt2",
                                          files=[{"path": "model.pt2", "bytes": 12_345}])
@@ -279,7 +280,7 @@ def test_summary_fits_80_columns_and_long_messages_go_below():
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in text.splitlines()]
     assert max(map(len, lines)) <= 80, text
     rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("openvino-generation", "pte")}
-    assert rows["openvino-generation"].split()[1:4] == ["openvino", "generation", "failed"], text
+    assert rows["openvino-generation"].split()[1:4] == ["openvino", "failed", "FAIL"], text  # status, parity
     assert "123.5 MB" in rows["openvino-generation"] and "123.4s" in rows["openvino-generation"]
     assert "parity" not in rows["openvino-generation"]  # the message is a note below the table, not a cell
     notes = "".join(lines[lines.index(next(line for line in lines if line.startswith("openvino-generation: "))):])
@@ -292,8 +293,8 @@ def test_summary_is_plain_text_when_not_a_terminal():
     assert "\x1b[" not in text and not set(text) & set("─│┃━╭╮")
     lines = text.splitlines()
     assert lines[0] == "hfexport · examples/tiny-llama"
-    assert lines[1].split() == ["target", "format", "mode", "status", "size", "export", "verify"]
-    assert lines[3].split() == ["openvino-generation", "openvino", "generation", "failed", "123.5", "MB", "123.4s",
+    assert lines[1].split() == ["target", "format", "status", "parity", "size", "export", "verify"]
+    assert lines[3].split() == ["openvino-generation", "openvino", "failed", "FAIL", "123.5", "MB", "123.4s",
                                 "12.2s"]
     assert f"openvino-generation: {LONG_PARITY}" in lines  # one line, whole: logs are read with grep
 
@@ -303,8 +304,8 @@ def test_real_export_prints_a_plain_table_to_a_pipe(cli, tiny_bert, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "\x1b[" not in result.stdout and "─" not in result.stdout
-    assert lines[1].split()[:4] == ["target", "format", "mode", "status"]
-    assert lines[3].split()[:4] == ["pt2", "dynamo", "forward", "ok"]
+    assert lines[1].split()[:4] == ["target", "format", "status", "parity"]
+    assert lines[3].split()[:4] == ["pt2", "dynamo", "ok", "pass"]
 
 
 # ── Messages in the user's terms ─────────────────────────────────────────────
@@ -332,3 +333,24 @@ def test_init_on_an_empty_folder_names_the_missing_config(run, tmp_path):
     assert "model_type" not in err
     code, out, err = run("init", tmp_path / "missing", "-o", tmp_path / "recipe.json")
     assert_one_readable_error(code, out, err, "missing: no such folder")
+
+
+def test_progress_shows_step_starts_and_probes_only_when_verbose():
+    import io
+
+    from hfexport.progress import Step
+    from hfexport.surfaces.cli import _JobProgress
+    from rich.console import Console
+
+    def lines(verbose):
+        out = io.StringIO()
+        progress = _JobProgress(Console(file=out, force_terminal=False, width=120), verbose=verbose)
+        for step in (Step("export", "start", "onnx"), Step("export", "done", "onnx", seconds=1.0),
+                     Step("probe", "done", "onnx", "batch=1 seq=2", seconds=0.1),
+                     Step("probe", "error", "onnx", "batch=8 seq=64: max abs 0.5", seconds=0.1)):
+            progress(step)
+        return out.getvalue().splitlines()
+
+    quiet, verbose = lines(False), lines(True)
+    assert len(quiet) == 2 and "✓ onnx: export" in quiet[0] and "✗ onnx: probe batch=8" in quiet[1], quiet
+    assert len(verbose) == 4 and "… onnx: export" in verbose[0] and "✓ onnx: probe batch=1" in verbose[2], verbose

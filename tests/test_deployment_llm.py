@@ -72,7 +72,7 @@ def openvino_llama(exported_llama) -> Path:
 @pytest.fixture()
 def runtimes(monkeypatch):
     """The runtimes' own environments, as the gate finds them (HFEXPORT_RUNTIME_<NAME>)."""
-    monkeypatch.setenv("HFEXPORT_RUNTIME_OPENVINO_GENAI", str(peers.genai_venv()))
+    monkeypatch.setenv("HFEXPORT_RUNTIME_OPENVINO_GENAI", str(peers.openvino_genai_venv()))
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_INTEL", str(peers.peer_venv()))
 
 
@@ -170,7 +170,7 @@ def readme_snippet(marker: str) -> str:
     return block.split("```", 1)[0]
 
 
-@pytest.mark.parametrize("marker, environment", [("readme-llm-openvino-genai", peers.genai_venv),
+@pytest.mark.parametrize("marker, environment", [("readme-llm-openvino-genai", peers.openvino_genai_venv),
                                                  ("readme-llm-optimum-intel", peers.peer_venv)])
 def test_the_readme_snippets_run_on_the_export(marker, environment, openvino_llama, llama_request, tmp_path):
     import subprocess
@@ -230,10 +230,10 @@ def test_a_generation_target_in_its_runtimes_contract_is_published_in_its_format
     from hfexport.layout import Place, assign_places
 
     spec = {"export_format": "openvino", "mode": "generation", "artifact": "openvino_model.xml"}
-    assert assign_places({"gen": {**spec, "deployable": True}}) == {"gen": Place("openvino")}
+    assert assign_places({"gen": {**spec, "loaders_contract": True}}) == {"gen": Place("openvino")}
     assert assign_places({"gen": spec}) == {"gen": Place("openvino/gen")}  # the engine's own graphs: a subfolder
     forward = {"export_format": "openvino", "mode": "forward", "artifact": "openvino_model.xml"}
-    assert assign_places({"fwd": forward, "gen": {**spec, "deployable": True}}) == \
+    assert assign_places({"fwd": forward, "gen": {**spec, "loaders_contract": True}}) == \
         {"fwd": Place("openvino"), "gen": Place("openvino/gen")}
 
 

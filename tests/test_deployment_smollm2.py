@@ -37,7 +37,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def runtime_env():
-    return {"HFEXPORT_RUNTIME_OPENVINO_GENAI": str(peers.genai_venv()),
+    return {"HFEXPORT_RUNTIME_OPENVINO_GENAI": str(peers.openvino_genai_venv()),
             "HFEXPORT_RUNTIME_OPTIMUM_INTEL": str(peers.peer_venv())}
 
 

@@ -499,6 +499,20 @@ def test_malformed_manifests_raise_one_corrupt_export_error(target, edit, text, 
     assert message.startswith(str(folder / "export.json"))
 
 
+@pytest.mark.parametrize("name", ["model.onnx\x00.txt", "model.onnx\x01", "\x00"])
+def test_a_file_name_with_a_nul_or_control_character_is_refused_by_both_loaders(target, name):
+    """Python's path functions raise a raw `ValueError: embedded null byte` on a NUL: the manifest check refuses it
+    first, from `hfexport.load` and from `ExportedModel.from_pretrained` alike."""
+    from hfexport import ExportedModel
+
+    folder = target("onnx")
+    _edit_manifest(folder, lambda m: m["components"]["model"].__setitem__("file", name))
+    message = _refused(folder, UnsafeExportError, "export.json", "components.model.file")
+    assert "\x00" not in message
+    with pytest.raises(UnsafeExportError, match="components.model.file"):
+        ExportedModel.from_pretrained(folder)
+
+
 def test_openvino_custom_operations_and_runtime_options_are_refused(target):
     folder = target("openvino")
     xml = (folder / "openvino_model.xml").read_text()

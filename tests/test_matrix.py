@@ -281,3 +281,19 @@ def test_matrix_cell(cell, matrix_workdir):
                       stacklevel=1)
     if expected == "pass":
         assert result.outcome == "pass", f"{cell.id} regressed: {result.outcome}: {result.detail}"
+
+
+def test_a_shape_constraint_error_names_the_recipe_field():
+    """torch.export's "Constraints violated (seq)!" reads as the recipe's `dims.seq`, with the bound to set."""
+    import torch
+    from hfexport.job.run import engine_error_message
+
+    class NeedsThree(torch.nn.Module):
+        def forward(self, x):
+            return x + 1 if x.shape[1] >= 3 else x - 1
+
+    with pytest.raises(Exception) as caught:
+        torch.export.export(NeedsThree(), (torch.ones(2, 5),),
+                            dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=64)},))
+    line = engine_error_message(caught.value)
+    assert line.startswith("Recipe `dims.seq`: the model cannot be traced over that range; set `dims.seq.min` 3"), line

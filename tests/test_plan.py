@@ -215,12 +215,10 @@ def test_engine_enum_and_options(bert):
 
 def llama_layout(llama_recipe, **generation) -> dict:
     """The example recipe whose `onnx-generation` target has the `generation` settings given (none: the default
-    layout, a prefill and a one-token decode)."""
+    layout, a prefill and a one-token decode: `single_graph: false`, since ONNX defaults to one graph)."""
     document = copy.deepcopy(llama_recipe.document)
     target = document["targets"]["onnx-generation"]
-    target.pop("generation", None)
-    if generation:
-        target["generation"] = generation
+    target["generation"] = generation or {"single_graph": False}
     return document
 
 
@@ -232,6 +230,19 @@ def test_generation_components_are_discovered(llama):
     assert plan.components["decode"].input_shapes["input_ids"]["shape"][1] == 1
     assert all(component.config.dynamic for component in plan.components.values())
     assert not plan.single_graph and not plan.own_components
+
+
+def test_an_onnx_generation_target_is_one_graph_by_default(llama):
+    """The ONNX runtimes' contract is one decoder graph (hfexport.onnx_contract): a plain `mode: generation` ONNX target
+    of a decoder-only model plans as a single graph; OpenVINO keeps its prefill/decode pair."""
+    recipe, model, processor = llama
+    document = copy.deepcopy(recipe.document)
+    document["targets"]["onnx-generation"].pop("generation", None)
+    plan = plan_for(document, model, None, processor, target="onnx-generation")
+    assert list(plan.components) == ["decode"] and plan.single_graph
+    document["targets"]["openvino-generation"].pop("generation", None)
+    plan = plan_for(document, model, None, processor, target="openvino-generation")
+    assert list(plan.components) == ["prefill", "decode"] and not plan.single_graph
 
 
 def test_a_single_graph_is_the_multi_token_decode_alone(llama):

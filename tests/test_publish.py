@@ -74,6 +74,12 @@ def test_publish_opens_one_pr_that_loads_back_through_refs_pr(hub, bert_out):
         assert path in files and path in result.files
     marker = parse_marker(hub.discussions(repo)[0]["events"][0]["data"]["latest"]["raw"])
     assert marker["key"] == f"{repo}@main" and len(marker["content"]) == 64
+    # The description names this PR's revision (filled in once the PR has its number) and where the recipe came from.
+    description = hub.discussions(repo)[0]["events"][0]["data"]["latest"]["raw"]
+    assert 'revision="refs/pr/1"' in description and "refs/pr/N" not in description, description
+    assert "from this repo's export recipe (`export_config.json`, sha256 `" in description, description
+    card = hub.read_file(repo, "README.md", "refs/pr/1").decode()
+    assert "refs/pr/N" not in card and "from this repo's export recipe (`export_config.json`" in card
 
     # The PR's files load back from the Hub at refs/pr/1 and compute what the local artifacts compute.
     for target, field in (("onnx", "last_hidden_state"), ("pt2", "last_hidden_state")):

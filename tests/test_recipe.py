@@ -322,3 +322,65 @@ def test_every_axis_form_is_valid(axis):
     recipe = recipe_from_document({"recipe_version": 1, "dims": {"batch": {}}, "targets": {"o": {
         "export_format": "onnx", "dynamic_shapes": {"input_ids": {"0": axis}}}}})
     assert recipe.target().dynamic_shapes == {"input_ids": {"0": axis}}
+
+
+# ── Validation against the model (issue 30) ─────────────────────────────────
+
+
+@pytest.fixture
+def run():
+    from conftest import run_cli
+
+    return run_cli
+
+
+def test_dims_past_what_the_models_config_admits_are_refused_with_the_field(tmp_path, run):
+    import shutil
+
+    folder = tmp_path / "bert"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "tiny-bert", folder)
+    recipe = json.loads((folder / "export_config.json").read_text())
+    recipe["dims"]["seq"]["max"] = 100000  # tiny-bert's max_position_embeddings is 128
+    (folder / "export_config.json").write_text(json.dumps(recipe))
+    done = run("validate", str(folder))
+    code, out, err = done.returncode, done.stdout, done.stderr
+    assert code == 1, (out, err)
+    assert "dims.seq.max: 100000 is more than the model's max_position_embeddings (128" in out + err
+    assert "at most 128" in out + err and "Traceback" not in out + err
+
+
+def test_an_unknown_enum_value_gets_did_you_mean():
+    from hfexport.errors import RecipeError
+    from hfexport.recipe.validation import validate_document
+
+    with pytest.raises(RecipeError) as raised:
+        validate_document({"export_format": "onxx"})
+    assert "did you mean 'onnx'?" in str(raised.value)
+    with pytest.raises(RecipeError) as raised:
+        validate_document({"export_format": "pt2"})  # the target name people use for torch.export
+    assert "did you mean 'dynamo'?" in str(raised.value)
+
+
+def test_one_name_per_format_with_the_old_spellings_accepted_where_typed():
+    from hfexport.layout import FORMAT_LABELS, canonical_format
+    from hfexport.surfaces.cli import build_parser
+
+    assert [canonical_format(name) for name in ("pt2", "torch.export", "PTE", "onnx", "tflite")] == [
+        "dynamo", "dynamo", "executorch", "onnx", "tflite"]
+    args = build_parser().parse_args(["init", "m", "--format", "pt2", "--format", "pte", "--format", "onnx"])
+    assert args.format == ["dynamo", "executorch", "onnx"]
+    assert set(FORMAT_LABELS) == {"onnx", "openvino", "executorch", "dynamo"}
+
+
+def test_config_problems_checks_sequence_and_image_dims():
+    from hfexport.recipe.validation import config_problems
+
+    recipe = {"dims": {"s": {"min": 1, "max": 512}, "h": {"min": 32, "max": 448}},
+              "targets": {"t": {"export_format": "onnx", "dynamic_shapes": {
+                  "input_ids": {"1": "s"}, "pixel_values": {"2": "h", "3": "h"}}}}}
+    config = {"text_config": {"max_position_embeddings": 256}, "vision_config": {"image_size": 224}}
+    problems = {problem.path: problem.message for problem in config_problems(recipe, config)}
+    assert set(problems) == {"dims.s.max", "dims.h.max"}
+    assert "text_config.max_position_embeddings (256" in problems["dims.s.max"]
+    assert "vision_config.image_size (224" in problems["dims.h.max"]
+    assert config_problems(recipe, {"text_config": {"max_position_embeddings": 512}}) == []

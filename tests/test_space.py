@@ -121,12 +121,14 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     page.locator("#progress", has_text="download and load the model").wait_for(timeout=JOB_TIMEOUT_MS)
     shot(page, "04-converting")
 
-    # A second visitor converts while the job runs: the page shows its place in the queue. (Its repo does not
-    # exist, so its turn ends fast with a category and the reproducing command.)
+    # A second visitor converts while the job runs: the page shows its place in the queue. (Its repo holds a
+    # recipe and no model, so its turn ends fast with a category and the reproducing command.)
     other = new_page()
     sign_in(other)
-    missing = f"user/missing-{uuid.uuid4().hex[:8]}"
-    other.locator("#model input, #model textarea").first.fill(missing)
+    missing = seed(hub, "space-recipe-only", {"export_config.json": (EXAMPLES / "tiny-bert" /
+                                                                    "export_config.json").read_bytes()})
+    load(other, missing)
+    other.locator("#recipe-status", has_text="Valid recipe").wait_for()
     other.locator("#convert").click()
     other.get_by_text(re.compile(r"queue:\s*\d+\s*/\s*\d+")).first.wait_for(timeout=5_000)
     shot(other, "05-second-session-queued")
@@ -136,10 +138,10 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     assert "hfexport report" in results and "onnx" in results
     assert "Parity" in results and "passed" in results, results  # the parity section of the report
     table = page.locator("#results table", has_text="max abs")
-    assert "cosine" in table.inner_text() and "last_hidden_state" in table.inner_text()
+    assert "cosine" in table.text_content() and "last_hidden_state" in table.text_content()  # folded probe rows
     shot(page, "06-converted")
-    other.locator("#results", has_text="Repository not found").wait_for(timeout=JOB_TIMEOUT_MS)
-    assert f"hfexport export {missing} -o out" in text_of(other, "#results")
+    other.locator("#results", has_text=f"hfexport export {missing} --target onnx -o out").wait_for(
+        timeout=JOB_TIMEOUT_MS)
 
     with page.expect_download() as download:
         page.locator("#download a").first.click()
@@ -151,6 +153,9 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     page.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
     message = text_of(page, "#pr-result")
     assert "Opened pull request #1" in message, message
+    from playwright.sync_api import expect
+
+    expect(page.locator("#open-pr")).to_have_text("Update PR #1")  # the PR exists: the button updates it
     link = page.locator("#pr-result a").first.get_attribute("href")
     assert link.endswith(f"/{repo}/discussions/1"), link
     shot(page, "07-pr-opened")
@@ -177,7 +182,9 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     other.locator("#convert").click()
     finished = re.compile(re.escape(repo) + r"[\s\S]*Finished in")  # not the earlier job's "Finished in"
     other.locator("#progress", has_text=finished).wait_for(timeout=JOB_TIMEOUT_MS)
-    assert "already exported onnx: already published" in text_of(other, "#progress"), text_of(other, "#progress")
+    steps = other.locator("#progress").text_content()  # the step log, folded once the job finished
+    assert "already exported onnx: already published" in steps, steps
+    expect(other.locator("#open-pr")).to_have_text("Update PR #1")  # found on the Hub when the model loaded
     other.locator("#open-pr").click()
     other.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
     assert "up to date" in text_of(other, "#pr-result"), text_of(other, "#pr-result")
@@ -201,10 +208,11 @@ def test_signed_out_convert_asks_to_sign_in(space, hub, new_page):
     page = new_page()
     load(page, repo)
     page.locator("#recipe-status", has_text="Valid recipe").wait_for()  # public recipes read anonymously
-    page.locator("#convert").click()
-    page.locator("#progress", has_text="Sign in required").wait_for()
+    from playwright.sync_api import expect
+
+    expect(page.locator("#convert")).to_be_disabled()  # signed out: Convert cannot succeed, and says why
+    page.locator("#convert-hint", has_text="Sign in to convert").wait_for()
     shot(page, "10-signed-out-convert")
-    assert "sign in with Hugging Face" in text_of(page, "#progress")
     page.locator("#propose").click()
     page.locator("#propose-result", has_text="Sign in required").wait_for()
     assert hub.discussions(repo) == []
@@ -239,9 +247,10 @@ def test_invalid_recipe_shows_its_json_path_and_validates_as_you_type(space, hub
     assert path in page.locator("#problems").text_content()  # the highlighted line carries its JSON path
     shot(page, "12-invalid-recipe")
 
-    page.locator("#convert").click()
-    page.locator("#progress", has_text="Invalid recipe").wait_for()
-    assert path in text_of(page, "#progress") and "hfexport export" in text_of(page, "#progress")
+    from playwright.sync_api import expect
+
+    expect(page.locator("#convert")).to_be_disabled()  # an invalid recipe cannot convert
+    page.locator("#convert-hint", has_text="Fix the recipe").wait_for()
 
     # Fix it in the editor: the check runs as you type, the problem view goes away, targets come back.
     editor = page.locator("#editor .cm-content")
@@ -252,6 +261,7 @@ def test_invalid_recipe_shows_its_json_path_and_validates_as_you_type(space, hub
     page.locator("#recipe-status", has_text="Valid recipe").wait_for()
     page.locator("#targets").get_by_label("pt2").wait_for()
     page.locator("#problems").wait_for(state="hidden")
+    expect(page.locator("#convert")).to_be_enabled()
     shot(page, "13-recipe-fixed-in-editor")
 
 
@@ -369,12 +379,19 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     expect(page.locator("#convert")).to_be_enabled()
     results = text_of(page, "#results")
     assert "Parity check failed" in results and "Open PR publishes the targets that passed (pt2)" in results, results
+    # The outcome first: per target passed/failed and why, what the zip holds; the step log is folded.
+    assert results.lstrip().startswith("Outcome"), results[:300]
+    outcome = page.locator("#results table").first.inner_text()
+    assert re.search(r"onnx\s+❌ failed\s+\S", outcome) and re.search(r"pt2\s+✅ passed\s+parity verified", outcome), outcome
+    assert "Download: the zip below holds pt2." in results
+    expect(page.locator("#progress details")).to_have_count(1)
+    expect(page.locator("#progress li").first).to_be_hidden()
     assert "failed: " in results and "passed" in results  # words in the parity cells, not only marks
     assert "--allow-failed" not in results and "allow_failed" not in results
     expect(page.locator("#download")).to_be_visible()
     expect(page.locator("#open-pr")).to_be_enabled()
     # pt2's latency next to eager torch: a table with a text chart in the report, and a bar chart on the page
-    assert "Latency on the verifying machine" in results and re.search(r"pt2\s+1\s+[\d.]+\s+[\d.]+", results), results
+    assert "Latency on the verifying machine" in results and re.search(r"pt2\s+1\s+[\d.]+ \([\d.]+–[\d.]+\)\s+[\d.]+", results), results
     chart = page.locator("#latency-chart")
     expect(chart).to_be_visible()
     chart.locator("canvas, svg").first.wait_for()
@@ -388,6 +405,13 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     assert any(path.startswith("torch-export/") for path in published)
     assert not any(path.startswith("onnx/") for path in published), sorted(published)
 
+    # Or as one commit to a new repo of the signed-in user, created for it (issue 30).
+    page.locator("#publish-new").click()
+    mine = f"user/{repo.split('/')[1]}-hfexport"
+    page.locator("#pr-result", has_text="Committed to").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert mine in text_of(page, "#pr-result"), text_of(page, "#pr-result")
+    assert "torch-export/model.pt2" in hub.list_files(mine) and "onnx/model.onnx" not in hub.list_files(mine)
+
     # Only the failing target: nothing to publish, and the button says so by being disabled.
     page.locator("#targets").get_by_label("pt2").uncheck()
     page.locator("#convert").click()
@@ -396,6 +420,8 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
     expect(page.locator("#convert")).to_be_enabled()
     assert "Parity check failed" in text_of(page, "#results")
+    assert "Nothing to download: no target passed." in text_of(page, "#results")
+    expect(page.locator("#download")).to_be_hidden()  # a failed job offers nothing to download
     expect(page.locator("#open-pr")).to_be_disabled()
     assert "Open PR publishes" not in text_of(page, "#results")
     shot(page, "20-nothing-publishable")
@@ -452,10 +478,79 @@ def test_without_a_login_the_space_starts_signed_out_with_one_line(hub, tmp_path
         assert page.get_by_role("button", name="Sign in with Hugging Face").count() == 0
         load(page, repo)  # signed out, recipes still load and are checked
         page.locator("#recipe-status", has_text="Valid recipe").wait_for()
-        page.locator("#convert").click()
-        page.locator("#progress", has_text="Sign in required").wait_for()
+        page.locator("#convert-hint", has_text="Sign in to convert").wait_for()
+        assert page.locator("#convert").is_disabled()
         shot(page, "22-no-login-signed-out-mode")
         context.close()
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+# ── Every Load starts from what is on screen (issue 30) ──────────────────────
+
+
+def test_each_load_resets_the_editor_targets_messages_and_buttons(space, hub, new_page):
+    """In one page, one after another: a model without a recipe (recipe proposed as a PR), a missing repo, tiny-bert;
+    then tiny-llama and a repo whose recipe is invalid. Nothing of a previous load stays on screen, and Convert is
+    enabled only when it can succeed."""
+    from playwright.sync_api import expect
+
+    bert = {p.name: p.read_bytes() for p in (EXAMPLES / "tiny-bert").iterdir()}
+    norecipe = seed(hub, "space-seq-norecipe", {k: v for k, v in bert.items() if k != "export_config.json"})
+    good = seed(hub, "space-seq-bert", bert)
+    llama = seed(hub, "space-seq-llama", EXAMPLES / "tiny-llama")
+    recipe = json.loads(bert["export_config.json"])
+    recipe["targets"]["onnx"]["dynamic_shapes"]["input_ids"]["1"] = "sequence"  # not a declared dim
+    bad = seed(hub, "space-seq-bad", {**bert, "export_config.json": json.dumps(recipe, indent=2).encode()})
+    missing = f"user/does-not-exist-{uuid.uuid4().hex[:8]}"
+    page = new_page()
+    # The search box finds a model and puts it in the model box (issue 30).
+    page.locator("#search input, #search textarea").first.fill(good.split("/")[1])
+    page.locator("#search input, #search textarea").first.press("Enter")
+    page.locator("#search-results").get_by_label(good).check()
+    expect(page.locator("#model input, #model textarea").first).to_have_value(good)
+    editor, convert, hint = page.locator("#editor .cm-content"), page.locator("#convert"), page.locator("#convert-hint")
+    targets = page.locator("#targets input[type=checkbox]")
+    expect(convert).to_be_disabled()
+    sign_in(page)
+
+    load(page, norecipe)
+    page.locator("#recipe-status", has_text="Proposed recipe").wait_for()
+    page.locator("#propose").click()
+    page.locator("#propose-result", has_text="Opened pull request #1").wait_for()
+    expect(convert).to_be_enabled()
+
+    load(page, missing)
+    page.locator("#recipe-status", has_text="Repository not found").wait_for()
+    assert "export_format" not in editor.inner_text()  # not bert-norecipe's recipe
+    assert text_of(page, "#propose-result").strip() == ""  # nor its "Opened pull request #1"
+    expect(targets).to_have_count(0)
+    expect(convert).to_be_disabled()
+    hint.filter(has_text="Load a model").wait_for()
+    shot(page, "23-sequence-missing-repo")
+
+    load(page, good)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    assert "Repository not found" not in text_of(page, "#recipe-status")
+    assert json.loads(editor.inner_text()) == json.loads(bert["export_config.json"])
+    page.locator("#targets").get_by_label("onnx").wait_for()
+    assert page.locator("#targets").get_by_label("onnx").is_checked()
+    expect(convert).to_be_enabled()
+    assert text_of(page, "#convert-hint").strip() == ""
+
+    load(page, llama)
+    page.locator("#recipe-status", has_text=llama).wait_for()
+    page.locator("#targets").get_by_label("onnx-generation").wait_for()
+    llama_default = json.loads((EXAMPLES / "tiny-llama" / "export_config.json").read_text())["default_target"]
+    assert page.locator("#targets").get_by_label(llama_default, exact=True).is_checked()
+
+    load(page, bad)
+    page.locator("#recipe-status", has_text="Invalid recipe").wait_for()
+    status = text_of(page, "#recipe-status")
+    assert bad in status and "targets.onnx.dynamic_shapes.input_ids.1" in status
+    assert "onnx-generation" not in status
+    expect(targets).to_have_count(0)  # none of tiny-llama's targets stay ticked
+    expect(convert).to_be_disabled()
+    hint.filter(has_text="Fix the recipe").wait_for()
+    shot(page, "24-sequence-bad-recipe-after-llama")

@@ -456,3 +456,19 @@ def test_worker_streams_a_job_then_a_burst_of_cache_hit_events(hub, tmp_path):
         assert any(s.step == "target" and "unchanged" in (s.detail or "") for s in second[:-1])
     finally:
         runner.close()
+
+
+def test_a_recipe_from_the_editor_is_recorded_as_proposed_or_edited(tiny_bert, tmp_path):
+    """What the Space sends with the editor's recipe (JobRequest.recipe_origin) reaches the report, and the card says
+    it: not "this repo's export recipe" (issue 30). The job is prepared only (recipe, source, cache): no export."""
+    from hfexport.job.run import JobOptions, _prepare
+    from hfexport.report.card import render_section
+    from hfexport.report.model import validate_report
+
+    recipe = json.loads((tiny_bert / "export_config.json").read_text())
+    job = _prepare(tiny_bert, tmp_path / "out", JobOptions(targets=["pt2"], recipe=recipe, recipe_origin="proposed"))
+    report = job.report
+    assert report.source["recipe_origin"] == "proposed"
+    validate_report(report.to_dict())
+    card = render_section("user/model", report)
+    assert "from a recipe hfexport proposed for this model" in card and "this repo's export recipe" not in card

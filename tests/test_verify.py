@@ -141,6 +141,12 @@ def test_no_verify_lets_the_trap_through_and_verify_catches_it_later(tmp_path, t
         assert _probe_batches(target.verification)[8] is False
         assert target.verification["against"]["model"] == str(tiny_bert)
 
+    # The OUTPUT folder, no --model: every target, against the model its report names (issue 30).
+    again = cli("verify", str(output))
+    assert again.returncode == 1 and "### `pt2` (dynamo / forward) vs " + str(tiny_bert) in again.stdout, again.stderr
+    missing = cli("verify", str(tmp_path / "no-such-output"))
+    assert missing.returncode == 2 and "no-such-output: no such folder" in missing.stderr, missing.stderr
+
 
 # ── deliberately wrong artifacts ─────────────────────────────────────────────
 

@@ -15,6 +15,8 @@ from hfexport.surfaces.webhook import (
     WebhookConfig,
     WebhookReceiver,
     classify,
+    export_and_publish,
+    job_settings,
     make_server,
 )
 
@@ -78,6 +80,13 @@ def config(hub, tmp_path: Path, **overrides) -> WebhookConfig:
     settings = {"secret": SECRET, "token": hub.write_token, "workdir": tmp_path / "jobs", "targets": ["pt2"],
                 "debounce_s": 0.2}
     return WebhookConfig(**{**settings, **overrides})
+
+
+def in_process(settings: WebhookConfig):
+    """The receiver's job function run in the test's process. The local executor runs it in a child process (the
+    `published` fixture, and the kill and full-disk tests of test_webhook_durable.py, go through that); the other
+    tests save the child's start-up (imports, ~5-20 s on a loaded 2-core machine) this way."""
+    return lambda job, output: export_and_publish(job, output, job_settings(settings), settings.token)
 
 
 def perturbed_weights(folder: Path, delta: float) -> bytes:
@@ -177,7 +186,8 @@ def test_a_burst_of_pushes_makes_one_pr_from_the_newest_commit(hub, tiny_bert, t
     for index in range(1, 6):  # five pushes, each with new weights
         shas.append(hub.commit(repo, add={"model.safetensors": perturbed_weights(tiny_bert, 0.01 * index)},
                                title=f"weights {index}")["oid"])
-    server = Receiver(config(hub, tmp_path, debounce_s=3.0))
+    settings = config(hub, tmp_path, debounce_s=3.0)
+    server = Receiver(settings, in_process(settings))
     try:
         for old, new in zip(shas[:-1], shas[1:]):
             assert server.post(payload(hub, repo, new, old))[0] == 202
@@ -219,7 +229,7 @@ def test_queue_runs_one_job_per_repo_and_a_newer_push_supersedes_a_queued_one(hu
         ran.append(job.sha)
         started.set()
         assert gate.wait(30)
-        job.commit = f"own-{job.sha}"
+        job.commit, job.action = "9" * 39 + job.sha[0], "committed"
 
     receiver = WebhookReceiver(config(hub, tmp_path, debounce_s=0), run)
     decide = lambda sha, repo="user/q": receiver.handle({"x-webhook-secret": SECRET},  # noqa: E731
@@ -237,7 +247,7 @@ def test_queue_runs_one_job_per_repo_and_a_newer_push_supersedes_a_queued_one(hu
     states = {job.sha[0]: job.state for job in receiver.jobs()}
     assert states == {"a": "done", "b": "superseded", "c": "superseded", "d": "done", "e": "done"}
     # its own commits (a `commit`-mode publication to main) never trigger a job
-    decision = decide(f"own-{'d' * 40}")
+    decision = decide("9" * 39 + "d")
     assert decision.status == 200 and "own commit" in decision.body["ignored"]
 
 

@@ -26,6 +26,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
+from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.openvino_fixes import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
@@ -78,13 +79,6 @@ class ExportedModel(_EngineExportedModel):
         self.__dict__.pop("_pending_config", None)
         self.__dict__["_config"] = value
 
-    def save_pretrained(self, save_directory, push_to_hub: bool = False, tokenizer=None, **kwargs) -> None:
-        """The engine's `save_pretrained`, then the files the deployment runtimes read beside a generation export
-        (`hfexport.runtime_layout`: optimum-intel's file name for a stateful OpenVINO LLM graph, `tokenizer`'s files
-        and its OpenVINO tokenizer models), so OpenVINO GenAI and optimum-intel open the folder as it is."""
-        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-        finish_runtime_layout(save_directory, tokenizer)
-
     def to(self, device=None, **runner_kwargs) -> ExportedModel:
         """The engine's `to`: each component on its backend's runtime. ONNX components that have not been parsed
         (`OnnxFileComponent`) run from their files on hfexport's `OnnxFileRunner` (the CPU, without importing
@@ -109,6 +103,18 @@ class ExportedModel(_EngineExportedModel):
             self.components = components
         copy_returned_inputs(self.runners)
         return self
+
+    def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs):
+        """The engine's `save_pretrained`; a decoder-only generation export is then put in its runtimes' contract:
+        ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.onnx_contract`)
+        for transformers.js, optimum and onnxruntime-genai; OpenVINO (one stateful `decode` graph) as optimum-intel's
+        `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
+        for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if str(getattr(self.export_format, "value", self.export_format)) == "onnx":
+            to_contract(Path(save_directory))
+        finish_runtime_layout(save_directory, tokenizer)
+        return result
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,
                  stopping_criteria=None, streamer=None, generator=None, seed=None, tokenizer=None, **kwargs):

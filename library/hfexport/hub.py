@@ -16,6 +16,7 @@ def looks_like_repo_id(value: str) -> bool:
 
 PRIVATE_REPO_HINT = " (for a private repo, pass a token or set HF_TOKEN)"
 TRANSPORT_ERRORS = {"TransportError", "ConnectionError", "RemoteProtocolError", "TimeoutException"}
+TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 def hub_error(error: BaseException, repo_id: str, action: str, *, revision: str | None = None,
@@ -78,7 +79,10 @@ def hub_error(error: BaseException, repo_id: str, action: str, *, revision: str 
         message = f"cannot reach the Hub for {repo_id} while {action}: {first_line(error)}"
     else:
         message = f"Hub error while {action} on {repo_id}: {first_line(error)}"
-    return error_class(prefix + redact(message))
+    mapped = error_class(prefix + redact(message))
+    # Worth trying again later (the Hub overloaded, rate-limiting, or the connection failing), not a refusal.
+    mapped.transient = status in TRANSIENT_STATUS or (status is None and is_transport_error(error))
+    return mapped
 
 
 def is_transport_error(error: BaseException) -> bool:
@@ -122,3 +126,16 @@ def drop_cached_downloads(repo_id: str) -> int:
     strategy = cache.delete_revisions(*hashes)
     strategy.execute()
     return strategy.expected_freed_size
+
+
+def search_models(query: str, token: str | bool | None = None, limit: int = 20) -> list[str]:
+    """Model repo ids matching `query` on the Hub (its own search), at most `limit`; [] for an empty query."""
+    from huggingface_hub import HfApi
+
+    query = (query or "").strip()
+    if not query:
+        return []
+    try:
+        return [model.id for model in HfApi().list_models(search=query, limit=limit, token=token)]
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise hub_error(error, query, "searching models", token=token if isinstance(token, str) else None) from None

@@ -2,17 +2,26 @@
 
 For each batch size (1 and the largest the target declares: `dims.batch.max` when its batch axis is a named dim,
 8 when torch.export decides the axes, else the sample's), the target is reloaded from disk and it and the eager
-model run the sample inputs resized to that batch (the sample's sequence length), alternately, after one warm-up
-call each; the report keeps the median of `runs` calls (milliseconds) and the ratio eager / artifact (above 1: the
-artifact is faster). Generation targets are timed the same way over a whole greedy generation of
-`GENERATION_TOKENS` new tokens (one GenerationConfig for both, `min_new_tokens` holding EOS back, so both sides make
-every token): `hfexport.generate` over the exported prefill/decode graphs vs `model.generate`, and the point adds
-milliseconds per new token. Within one job, eager torch is timed once per input set (`EagerTimings`): the first
-target that needs it alternates with it, later targets on the same inputs time only their artifact and say whose
-eager figure they compare with (`eager_measured_with`).
+model run the sample inputs resized to that batch (the sample's sequence length). Generation targets are timed the
+same way over a whole greedy generation of `GENERATION_TOKENS` new tokens (one GenerationConfig for both,
+`min_new_tokens` holding EOS back, so both sides make every token): `hfexport.generate` over the exported graphs vs
+`model.generate`, and the point adds milliseconds per new token. Within one job, eager torch is timed once per
+input set (`EagerTimings`): later targets on the same inputs time only their artifact and say whose eager figure
+they compare with (`eager_measured_with`).
 
-The figures describe this machine (its CPU and thread count are recorded), so they say which artifact is fastest
-for the person who ran the job, not everywhere.
+How (`time_alternately`), and why: eager batch 1 used to measure slower than batch 8 (the Space's worker, and the
+CLI on a busy machine). A call's time there is its cost plus waits that have nothing to do with it: the first calls
+of a shape pay allocations and lazy set-up, and torch's intra-op pool spans every core, so on a shared machine each
+parallel kernel waits for a thread another process (or the artifact runtime's pool, run just before) holds; the same
+1 ms tiny-bert forward measured 1 to 275 ms on the 2-core machine of benchmarks/latency_vs_timeit.py. One warm-up
+call and the median of 5 such calls is noise, and the batch timed first (batch 1, right after the export) paid the
+most of it. So each side is warmed up for `WARMUP_CALLS` calls and `WARMUP_S` seconds, then both are timed
+alternately (load weighs on both alike) for at least `runs` calls each and `BUDGET_S` seconds (at most `MAX_RUNS`);
+each point keeps the median and the spread (the 25th and 75th percentiles) of both sides and the machine's load
+average, and `verdict` says "faster"/"slower" only when the two spreads do not overlap ("within spread" otherwise).
+
+The figures describe this machine (its CPU, thread count and load are recorded), so they say which artifact is
+fastest for the person who ran the job, not everywhere.
 """
 
 from __future__ import annotations
@@ -32,7 +41,20 @@ from hfexport.verify.probes import (
     shapes_of,
 )
 
-DEFAULT_RUNS = 5
+DEFAULT_RUNS = 7  # the fewest timed calls per side and batch size
+MAX_RUNS = 100
+BUDGET_S = 1.0  # timing goes on past DEFAULT_RUNS until both sides together ran this long
+WARMUP_CALLS = 3  # untimed calls per side and batch size, first calls of a shape pay allocations and set-up
+WARMUP_S = 0.2  # ... and at least this long, whichever is more
+# BUDGET_S and WARMUP_S can be set per process (HFEXPORT_LATENCY_BUDGET_S, HFEXPORT_LATENCY_WARMUP_S): the test suite
+# shortens them, since its jobs' figures describe nothing.
+
+
+def _seconds_setting(name: str, default: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
 GENERATION_TOKENS = 8
 AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
 
@@ -54,6 +76,55 @@ def _time_ms(call) -> float:
     started = time.perf_counter()
     call()
     return (time.perf_counter() - started) * 1000
+
+
+def _warm_up(call) -> None:
+    """`call` run untimed `WARMUP_CALLS` times and for at least `WARMUP_S` seconds."""
+    started, calls, warmup_s = time.perf_counter(), 0, _seconds_setting("HFEXPORT_LATENCY_WARMUP_S", WARMUP_S)
+    while calls < WARMUP_CALLS or time.perf_counter() - started < warmup_s:
+        call()
+        calls += 1
+
+
+def time_alternately(calls: dict, runs: int = DEFAULT_RUNS, budget_s: float | None = None,
+                     max_runs: int = MAX_RUNS) -> dict[str, list[float]]:
+    """Milliseconds per call of each of `calls` (name: a no-argument callable): each warmed up (`_warm_up`), then
+    all timed one after the other in rounds, for at least `runs` rounds and `budget_s` seconds, at most `max_runs`."""
+    if budget_s is None:
+        budget_s = _seconds_setting("HFEXPORT_LATENCY_BUDGET_S", BUDGET_S)
+    for call in calls.values():
+        _warm_up(call)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    started = time.perf_counter()
+    while True:
+        for name, call in calls.items():
+            samples[name].append(_time_ms(call))
+        done = len(next(iter(samples.values())))
+        if done >= max_runs or (done >= runs and time.perf_counter() - started >= budget_s):
+            return samples
+
+
+def summary(samples: list[float]) -> dict:
+    """`{"ms": median, "spread": [25th, 75th percentile]}` of a side's samples, rounded to microseconds."""
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        low, _, high = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        low = high = ordered[0]
+    return {"ms": round(statistics.median(ordered), 3), "spread": [round(low, 3), round(high, 3)]}
+
+
+def verdict(point: dict) -> str:
+    """"faster"/"slower" (the artifact against eager torch) when their spreads do not overlap, else "within spread".
+    A point without spreads (a report from before they were recorded) is "unknown"."""
+    artifact, eager = point.get("artifact_spread"), point.get("eager_spread")
+    if not artifact or not eager:
+        return "unknown"
+    if artifact[1] < eager[0]:
+        return "faster"
+    if artifact[0] > eager[1]:
+        return "slower"
+    return "within spread"
 
 
 class EagerTimings:
@@ -115,21 +186,21 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
                 eager_inputs = copy.deepcopy(inputs)
                 key = EagerTimings.key(inputs, generation, config)
                 shared = eager_timings.get(key) if eager_timings is not None else None
-                exported_call(inputs)  # warm-up: first-call allocations, lazy compilation
+                calls = {"artifact": lambda: exported_call(inputs)}
                 if shared is None:
-                    eager_call(eager_inputs)
-                artifact, eager = [], []
-                for _ in range(runs):  # alternated, so that load on the machine weighs on both alike
-                    artifact.append(_time_ms(lambda: exported_call(inputs)))
-                    if shared is None:
-                        eager.append(_time_ms(lambda: eager_call(eager_inputs)))
+                    calls["eager"] = lambda: eager_call(eager_inputs)
+                samples = time_alternately(calls, runs)  # alternated: load on the machine weighs on both alike
                 if shared is None and eager_timings is not None:
-                    eager_timings.put(key, eager, plan.target.name)
-                eager, eager_from = shared if shared is not None else (eager, plan.target.name)
-                artifact_ms, eager_ms = statistics.median(artifact), statistics.median(eager)
-                point = {"batch": batch, "shapes": shapes_of(inputs), "artifact_ms": round(artifact_ms, 3),
-                         "eager_ms": round(eager_ms, 3),
+                    eager_timings.put(key, samples["eager"], plan.target.name)
+                eager, eager_from = shared if shared is not None else (samples["eager"], plan.target.name)
+                artifact, eager_side = summary(samples["artifact"]), summary(eager)
+                artifact_ms, eager_ms = artifact["ms"], eager_side["ms"]
+                point = {"batch": batch, "shapes": shapes_of(inputs), "artifact_ms": artifact_ms,
+                         "eager_ms": eager_ms, "artifact_spread": artifact["spread"],
+                         "eager_spread": eager_side["spread"], "runs": len(samples["artifact"]),
+                         "eager_runs": len(eager),
                          "speedup": round(eager_ms / artifact_ms, 3) if artifact_ms > 0 else None}
+                point["verdict"] = verdict(point)
                 if eager_from != plan.target.name:
                     point["eager_measured_with"] = eager_from
                 if generation:
@@ -140,7 +211,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
     finally:
         model.train(was_training)
     return {"runs": runs, "cpu": cpu_info()["model"], "threads": torch.get_num_threads(), "cores": os.cpu_count(),
-            "points": points}
+            "load_average": round(os.getloadavg()[0], 2), "points": points}
 
 
 def _generation_calls(exported, model, plan):
@@ -201,17 +272,52 @@ def latency_markdown(report, bar_width: int = 24) -> str:
     for _, point in rows:
         key = (point["batch"], bool(point.get("new_tokens")))
         slowest[key] = max(slowest.get(key, 0.0), point["artifact_ms"], point["eager_ms"])
-    lines = [f"### Latency on the verifying machine ({first['cpu']}, {first['threads']} threads; median of "
-             f"{first['runs']} runs)", "",
-             "| target | batch | artifact ms | eager torch ms | vs eager | |", "|---|---:|---:|---:|---:|---|"]
+    load = first.get("load_average")
+    runs = {name: _run_label(target.latency) for name, target in report.targets.items()
+            if (getattr(target, "latency", None) or {}).get("points")}
+    mixed = len(set(runs.values())) > 1  # rows of several jobs (a PR holding targets of earlier runs): each says which
+    lines = [f"### Latency on the verifying machine ({first['cpu']}, {first['threads']} threads"
+             + (f", load average {load:.2f}" if load is not None and not mixed else "")
+             + f"; median of {first['runs']}+ runs, 25th-75th percentile in brackets"
+             + ("; rows of different runs, each with its own eager baseline" if mixed else "") + ")", "",
+             *([f"The machine was busy while timed (load average {load:.2f} on {first['cores']} cores): times "
+                "include waits for cores; a difference within the spreads is not claimed.", ""]
+               if load is not None and first.get("cores") and load > first["cores"] and not mixed else []),
+             "| target | batch | artifact ms | eager torch ms | vs eager | |" + (" run |" if mixed else ""),
+             "|---|---:|---:|---:|---:|---|" + ("---|" if mixed else "")]
     for name, point in sorted(rows, key=lambda row: (row[1]["batch"], row[1]["artifact_ms"])):
         bar = _bar(point["artifact_ms"], slowest[(point["batch"], bool(point.get("new_tokens")))], bar_width)
-        speedup = point.get("speedup")
-        versus = "—" if speedup is None else f"{speedup:.2f}x {'faster' if speedup >= 1 else 'slower'}"
         label = f"`{name}`" + (f" (generate, {point['new_tokens']} tokens)" if point.get("new_tokens") else "")
-        lines.append(f"| {label} | {point['batch']} | {point['artifact_ms']:.2f} | {point['eager_ms']:.2f} "
-                     f"| {versus} | `{bar}` |")
+        lines.append(f"| {label} | {point['batch']} | {_ms(point['artifact_ms'], point.get('artifact_spread'))} "
+                     f"| {_ms(point['eager_ms'], point.get('eager_spread'))} | {versus(point)} | `{bar}` |"
+                     + (f" {runs[name]} |" if mixed else ""))
     return "\n".join(lines)
+
+
+def _run_label(latency: dict) -> str:
+    """The run a target's figures come from: its job's time and model files (`run`, `run_source`)."""
+    run, source = latency.get("run"), latency.get("run_source")
+    if not run:
+        return "unknown run"
+    return str(run)[:16].replace("T", " ") + (f" · `{source}`" if source else "")
+
+
+def versus(point: dict) -> str:
+    """The artifact against eager torch in words: `2.10x faster` only when the spreads do not overlap, `within
+    spread (1.05x)` when they do; a point from before spreads were recorded shows its ratio alone."""
+    speedup = point.get("speedup")
+    if speedup is None:
+        return "—"
+    said = verdict(point)
+    if said == "within spread":
+        return f"within spread ({speedup:.2f}x)"
+    if said == "unknown":
+        return f"{speedup:.2f}x"
+    return f"{speedup:.2f}x {said}" if said == "faster" else f"{1 / speedup:.2f}x slower"
+
+
+def _ms(value: float, spread: list | None) -> str:
+    return f"{value:.2f}" + (f" ({spread[0]:.2f}–{spread[1]:.2f})" if spread else "")
 
 
 def _bar(value: float, scale: float, width: int) -> str:

@@ -12,11 +12,13 @@ A target is a `Place`: a folder and, for a *variant* (an artifact named other th
 its artifact. The folder's default target keeps hfexport's own files under their plain names (`export.json`,
 `export_config.json`, `export_report.json`, `config.json`); a variant's files all start with its stem and a dot
 (`model_quantized.onnx`, `model_quantized.onnx_data`, `model_quantized.export.json`, ...), so each file of a folder
-belongs to exactly one target and no loader mistakes hfexport's files for its own. A target whose name is taken, one
-without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every generation target whose files no
-loader of the ecosystem opens (the engine's prefill/decode graphs) goes into `<format folder>/<target>/`; one laid out
-in its runtimes' contract (`deployable`: one program under the loaders' name, such as the stateful
-`openvino_model.xml` OpenVINO GenAI and optimum-intel run) claims its format's folder like a forward target. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
+belongs to exactly one target and no loader mistakes hfexport's files for its own. A decoder-only ONNX generation
+target saved in the loaders' contract (`hfexport.onnx_contract`: `model.onnx` + `genai_config.json`, which
+transformers.js, optimum and onnxruntime-genai open) claims `onnx/` like a forward target, and so does a decoder-only OpenVINO generation target saved as
+optimum-intel's stateful `openvino_model.xml` (`hfexport.runtime_layout`), in `openvino/`. A target whose name is
+taken, one without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every other generation
+target (the engine writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
+`<format folder>/<target>/`. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
 Publications made before this layout hold `exports/<target>/`, which stays readable.
 
 Pure names and rules: no Hub, no engine (the file names themselves are `hfexport.files`').
@@ -32,6 +34,19 @@ from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_
 
 LEGACY_FOLDER = EXPORTS_DIR
 FORMAT_FOLDERS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
+#: One name per format, the recipe's `export_format` (the engine's), which the report, the CLI and the Space use;
+#: what people call it, shown beside that name; and the other spellings accepted where people type a format (the
+#: CLI's `--format`, a recipe's problem says "did you mean"), each meaning that one name.
+FORMAT_LABELS = {"onnx": "ONNX", "openvino": "OpenVINO", "executorch": "ExecuTorch (.pte)",
+                 "dynamo": "torch.export (.pt2)"}
+FORMAT_ALIASES = {"pt2": "dynamo", "torch.export": "dynamo", "torch-export": "dynamo", "torch_export": "dynamo",
+                  "pte": "executorch", "ov": "openvino", "openvino-ir": "openvino"}
+
+
+def canonical_format(name: str) -> str:
+    """`name` as the one format name (`pt2` -> `dynamo`); an unknown name is returned as it is."""
+    text = str(name).strip().lower()
+    return text if text in FORMAT_FOLDERS else FORMAT_ALIASES.get(text, str(name))
 #: The artifact file name each format's engine writes for a forward target, and its loaders' default name.
 DEFAULT_NAMES = {"onnx": "model.onnx", "openvino": "openvino_model.xml", "executorch": "model.pte",
                  "dynamo": "model.pt2"}
@@ -198,9 +213,8 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
             continue
         spec = targets[name]
         base = format_folder(spec["export_format"])
-        # A generation target laid out in its runtimes' contract (one program under the loaders' name, e.g. a stateful
-        # `openvino_model.xml`: hfexport.runtime_layout) claims its format's folder as a forward target does.
-        artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" or spec.get("deployable") else None
+        artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" or \
+            spec.get("loaders_contract") and spec.get("artifact") == DEFAULT_NAMES.get(spec["export_format"]) else None
         wanted = place_for(base, spec["export_format"], artifact)
         free = artifact is not None and not taken(wanted, name) and base not in foreign
         assigned[name] = wanted if free else Place(posixpath.join(base, name))

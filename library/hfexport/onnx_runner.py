@@ -18,6 +18,7 @@ import torch
 from transformers.exporters import ModelRunner
 
 from hfexport.engine import onnx_inputs, runner_class
+from hfexport.onnx_contract import leaf_path
 
 # ONNX Runtime's type names of the tensors a NumPy array holds (`NodeArg.type`); others go to the engine's runner.
 NUMPY_TYPES = frozenset(f"tensor({name})" for name in (
@@ -68,8 +69,11 @@ class OnnxFileRunner(ModelRunner):
     def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs) -> Any:
         """Run on the traced forward's kwargs (inputs by ONNX name, as `onnx_inputs` maps them). The inputs are read in
         place (NumPy views of the tensors) and the outputs are ONNX Runtime's fresh arrays, so `share_inputs` and
-        `share_outputs` change nothing."""
-        inputs = onnx_inputs(self.input_names, kwargs)
+        `share_outputs` change nothing. A graph in the loaders' contract (`past_key_values.{i}.key`,
+        `hfexport.onnx_contract`) is fed the same leaves as the engine's names (`leaf_path`)."""
+        paths = [leaf_path(name) for name in self.input_names]
+        leaves = onnx_inputs(paths, kwargs)
+        inputs = {name: leaves[path] for name, path in zip(self.input_names, paths, strict=True) if path in leaves}
         missing = [name for name in self.input_names if name not in inputs]
         if missing:
             raise ValueError(f"The graph takes {missing}, which {list(kwargs)} don't hold.")

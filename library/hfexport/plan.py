@@ -563,6 +563,15 @@ def _check_single_graph(target_name: str, stages: dict) -> None:
                         "of attention layers")
 
 
+def _single_graph_fits(stages: dict) -> bool:
+    """Whether `_check_single_graph` accepts `stages` (a plain prefill/decode pair over a `DynamicCache`)."""
+    try:
+        _check_single_graph("", stages)
+    except PlanError:
+        return False
+    return True
+
+
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
                source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
@@ -579,10 +588,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
     components: dict[str, ComponentPlan] = {}
     generation_config = None
     single_graph = target.single_graph
-    defaulted = single_graph and target.single_graph_by_default  # falls back where one graph does not fit
-    if defaulted and (getattr(model.config, "is_encoder_decoder", False)
-                      or prefill_by_decode(model, str(target.export_format))):
-        single_graph = defaulted = False
+    if target.single_graph_by_default and getattr(model.config, "is_encoder_decoder", False):
+        single_graph = False  # the default single graph is for decoder-only models
     multi_token_decode = single_graph or bool(target.generation.get("multi_token_decode", False))
 
     if target.mode == "forward":
@@ -602,6 +609,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             raise PlanError(f"targets.{target.name}.generation: an encoder-decoder exports with the default layout "
                             "(a DynamicCache of one token per step); static caches, multi-token decode and single "
                             "graphs are for decoder-only models")
+        default_graph = single_graph and target.single_graph_by_default
+        stages = None
         try:
             # The cache layout the export's capture and trace use (hfexport.engine.traced_cache_layout: a sliding
             # window layer holds every token), so the shapes planned here are those of the traced samples.
@@ -613,17 +622,20 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         except PlanError:
             raise
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
-            raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: {error}") from None
-        sizes = _varying_sizes(stages)
-        by_decode = prefill_by_decode(model, str(target.export_format)) and "prefill" in stages
-        if single_graph and defaulted:
+            if not default_graph:
+                raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
+                                f"{error}") from None
+        if default_graph and (stages is None or not _single_graph_fits(stages)):
+            # the ONNX/OpenVINO default (one graph) on a model without a plain prefill/decode over attention: its own layout
+            single_graph = multi_token_decode = False
             try:
-                _check_single_graph(target.name, stages)
-            except PlanError:  # a VLM: the prefill/decode pair, as without the default
-                single_graph = multi_token_decode = False
                 with traced_cache_layout():
                     stages = generation_stages(model, dict(inputs), generation_config=generation_config)
-                sizes = _varying_sizes(stages)
+            except Exception as error:  # noqa: BLE001 - the engine's own message, one line
+                raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
+                                f"{error}") from None
+        sizes = _varying_sizes(stages)
+        by_decode = prefill_by_decode(model, str(target.export_format)) and "prefill" in stages
         if single_graph:
             _check_single_graph(target.name, stages)
             stages = {"decode": stages["decode"]}

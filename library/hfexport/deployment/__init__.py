@@ -103,8 +103,8 @@ class GenerationRequest:
 #: `RUNTIME: str` (the name reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck` (or a
 #: list of them: one runtime checked at several precisions).
 #: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
-RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": (), "openvino": ("openvino_genai", "optimum_intel"), "executorch": (),
-                                        "dynamo": ()}
+RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": ("transformers_js", "optimum", "onnxruntime_genai"),
+                                        "openvino": ("openvino_genai", "optimum_intel"), "executorch": (), "dynamo": ()}
 
 
 def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:

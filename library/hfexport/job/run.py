@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,14 +45,19 @@ from hfexport.job.preflight import available_memory, check, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
+from hfexport.onnx_contract import GENAI_CONFIG_FILE
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
 from hfexport.publication.cache import (
     cache_key,
     hub_content_hash,
     local_content_hash,
+    fetch_published_export,
     lookup,
+    target_packages,
 )
+from hfexport.rebind.folder import previous, rebind_copy, record
+from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
 from hfexport.report.model import JobReport, TargetReport
@@ -119,7 +126,7 @@ class JobOptions:
         progress: called with a `Step` for every phase of every target.
         model_object: an already-loaded model (skips loading; disables the cache, which a key cannot describe).
         inputs: sample inputs overriding the recipe's (disables the cache too).
-        force: export even when a target's cache key matches an earlier export.
+        force: export even when a target's cache key matches an earlier export (and never rebind).
         preflight: refuse a job whose estimated memory or disk need exceeds what is available.
         publish_repo: a repo whose published exports count as cache hits (besides the model's own).
         verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
@@ -127,6 +134,11 @@ class JobOptions:
         runtimes: run each generation target that passed in the deployment runtimes of its format
             (`hfexport.deployment`: transformers.js, optimum, onnxruntime-genai, OpenVINO GenAI, ExecuTorch's LLM
             runner, where installed), token for token against `model.generate`; one that fails fails the target.
+        recipe_origin: where a given `recipe` came from, for what the report, card and PR say: "proposed" (by
+            hfexport, the repo has none) or "edited" (the repo's, changed); None: as `recipe_source` says.
+        rebind: when a previous export of the target in OUTPUT has the same rebind key (everything in the cache key
+            but the weights: `hfexport.rebind`), write the new weights into its graphs instead of exporting; the gate
+            then runs as for an export, and anything the weight map cannot vouch for falls back to a full export.
         workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
             "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
             `model_object` or `inputs` exports in this process.
@@ -147,6 +159,8 @@ class JobOptions:
     latency: bool = True
     runtimes: bool = True
     workers: int | str = 1
+    recipe_origin: str | None = None
+    rebind: bool = True
 
 
 @dataclass
@@ -170,6 +184,7 @@ class _Job:
     quantized_plans: dict = field(default_factory=dict)  # target -> plan, compared once every target is saved
     eager_timings: EagerTimings = field(default_factory=EagerTimings)  # eager torch timed once per input set
     workers_peak_rss_mb: float = 0.0  # the worker processes' peaks, added to this process's in the report
+    repos: list[str] = field(default_factory=list)  # where published exports may be (cache hits, rebind sources)
 
 
 def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None = None, *,
@@ -227,6 +242,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
         **resolve_source(model, options.revision, options.token),
         "recipe_source": recipe.source,
         "recipe_sha256": recipe.sha256,
+        **({"recipe_origin": options.recipe_origin} if options.recipe_origin and options.recipe is not None else {}),
     }
     report = JobReport(source=source)
     revision_to_load = source["commit"] or options.revision
@@ -251,7 +267,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                 check(model, list(targets.values()), output, revision_to_load, options.token,
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
-                groups=groups, model_object=options.model_object)
+                groups=groups, model_object=options.model_object, repos=repos)
 
 
 def _weights_or_none(model, revision: str | None, token: str | None) -> tuple[int, dict] | None:
@@ -306,6 +322,9 @@ def _export_target(job: _Job, name: str) -> None:
             job.quantized_plans[name] = plan
             target_report.quantization = _jsonable(plan.quantization)
         target_report.timings["plan_s"] = round(timer.seconds, 4)
+        key = _rebind_key(job, name, plan)
+        if key and job.options.rebind and not job.options.force and _rebind(job, name, key, plan):
+            return
         with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
                 engine_output(f"export {name}"):
             exported = run_plan(plan, job.model_object)
@@ -314,6 +333,10 @@ def _export_target(job: _Job, name: str) -> None:
         def write(folder: Path) -> None:
             exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
+            if (folder / GENAI_CONFIG_FILE).is_file() and hasattr(job.processor, "save_pretrained"):
+                job.processor.save_pretrained(folder)  # the loaders' contract: the tokenizer beside the graph
+            if key:
+                _record_weight_map(folder, job.model_object, key, target_report)
 
         with StepTimer(progress, "save", name) as timer, engine_output(f"save {name}"):
             final = save_atomically(output, name, write)
@@ -337,12 +360,121 @@ def _export_target(job: _Job, name: str) -> None:
         _write_target_report(job.report, name, output / name)
 
 
+def _rebind_key(job: _Job, name: str, plan) -> str | None:
+    """The target's rebind key (`hfexport.rebind.weight_map.rebind_key`); None for a quantized target (its weights
+    are computed, not copied), or a model the job did not load from its source."""
+    target = job.recipe.target(name)
+    if plan.quantization or target.quantization:
+        if job.options.rebind and (job.output / name / "export.json").is_file():
+            job.report.targets[name].rebind = {"from": None, "seconds": 0.0, "fallback": "the target is quantized: "
+                                               "its weights are computed by the quantizer, not copied"}
+        return None
+    if job.options.inputs is not None:
+        return None
+    if not target.rebind:  # the recipe turned it off: no map, no rebind
+        return None
+    packages = {package: job.report.packages.get(package) for package in target_packages(target)}
+    try:
+        return rebind_key(job.model_object, job.recipe.target_hash(name), packages)
+    except Exception:  # noqa: BLE001 - a model whose state cannot be described is exported, never rebound
+        return None
+
+
+def _record_weight_map(folder: Path, model, key: str, target_report: TargetReport) -> None:
+    """The export's weight map into its export.json; a map that cannot be made leaves none (no rebind from it)."""
+    started = time.perf_counter()
+    try:
+        with engine_output("weight map"):
+            record(folder, model, key)
+    except Exception as error:  # noqa: BLE001 - the map only enables later rebinds; the export stands without it
+        target_report.rebind = {"from": None, "seconds": 0.0,
+                                "fallback": f"no weight map recorded: {engine_error_message(error)[:300]}"}
+    target_report.timings["weight_map_s"] = round(time.perf_counter() - started, 4)
+
+
+def _rebind(job: _Job, name: str, key: str, plan) -> bool:
+    """Rebind the new weights into the previous export of `name` (in OUTPUT, else published in the job's repos: the
+    open hfexport PR, then the branch) and gate it; True when that passed. Otherwise the reason goes to the report's
+    `rebind.fallback` and the caller exports."""
+    if not job.options.verify:
+        if (job.output / name / "export.json").is_file():
+            job.report.targets[name].rebind = {"from": None, "seconds": 0.0, "fallback": "verification is off: a "
+                                               "rebound artifact is only kept once the gate passed"}
+        return False
+    source = job.output / name
+    if not (source / "export.json").is_file() and job.repos:
+        downloaded = job.output / f".{name}.previous-{os.getpid()}"
+        try:
+            with StepTimer(job.progress, "rebind", name, "looking for a published export with the same rebind key"):
+                where = fetch_published_export(job.repos, name, key, downloaded, job.options.token)
+            if where:
+                return _rebind_from(job, name, key, plan, downloaded, where)
+        finally:
+            shutil.rmtree(downloaded, ignore_errors=True)
+    return _rebind_from(job, name, key, plan, source, str(source))
+
+
+def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str) -> bool:
+    """`_rebind` from the previous export in `source` (described as `where` in the report)."""
+    target_report, progress, output = job.report.targets[name], job.progress, job.output
+    started = time.perf_counter()
+
+    def fallback(reason: str | None) -> bool:
+        target_report.rebind = None if reason is None else {
+            "from": where, "seconds": round(time.perf_counter() - started, 4), "fallback": reason}
+        return False
+
+    manifest, reason = previous(source, key)
+    if manifest is None:
+        return fallback(reason)
+    try:
+        before = JobReport.read(source).targets.get(name)
+    except HfExportError:
+        before = None
+    if before is None or before.status != "ok":
+        return fallback("the previous export did not pass its gate")
+    written = {}
+    try:
+        with StepTimer(progress, "rebind", name, f"new weights into the graphs of {where}") as timer, \
+                engine_output(f"rebind {name}"):
+            def write(folder: Path) -> None:
+                written["bytes"] = rebind_copy(source, folder, manifest, job.model_object)
+
+            final = save_atomically(output, name, write)
+    except RebindRefused as error:
+        return fallback(str(error))
+    target_report.timings["rebind_s"] = round(timer.seconds, 4)
+    target_report.files = file_entries(final)
+    target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
+    target_report.status, target_report.error, target_report.method = "ok", None, "rebind"
+    target_report.rebind = {"from": where, "seconds": round(timer.seconds, 4), "fallback": None,
+                            "bytes_written": written.get("bytes", 0)}
+    _write_target_report(job.report, name, final)
+    _verify_target(target_report, final, job.model_object, plan, job.processor, progress)
+    if target_report.status == "ok":
+        _write_target_report(job.report, name, final)
+        return True
+    reason = f"the rebound artifact failed the gate: {target_report.error}"
+    _write_target_report(job.report, name, final)  # "failed" beside the rebound files until the export replaces them
+    target_report.status, target_report.error, target_report.method = "ok", None, "export"
+    target_report.verification, target_report.files, target_report.total_bytes = None, [], 0
+    target_report.timings.pop("verify_s", None)
+    target_report.rebind = {"from": where, "seconds": round(time.perf_counter() - started, 4),
+                            "fallback": reason[:2000]}
+    progress(Step("rebind", "error", name, f"falling back to a full export: {reason}"))
+    return False
+
+
 def _complete_target(job: _Job, name: str) -> None:
     """After its export: time the target (when it passed), say it is done, write its report."""
     target_report = job.report.targets[name]
     if job.options.verify and job.options.latency and target_report.status == "ok":
         _measure_latency(target_report, job.output / name, job.model_object, _plan(job, name), job.progress,
                          job.eager_timings)
+        if (target_report.latency or {}).get("points"):  # which run: a table of several runs' rows says so per row
+            source = job.report.source
+            target_report.latency.update(run=job.report.created_at,
+                                         run_source=str(source.get("commit") or source.get("content_hash") or "")[:12])
     job.progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, job.output / name)
@@ -400,7 +532,7 @@ def _worker_request(job: _Job) -> dict:
         "token": job.options.token, "trust_remote_code": job.options.trust_remote_code,
         "recipe": job.recipe.data, "recipe_source": job.recipe.source, "source": job.report.source,
         "keys": job.keys, "verify": job.options.verify, "runtimes": job.options.runtimes,
-        "processes": len(job.groups), "logging": logging_settings(),
+        "rebind": job.options.rebind, "repos": job.repos, "processes": len(job.groups), "logging": logging_settings(),
     }
 
 
@@ -411,11 +543,11 @@ def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> No
     register_secret(request["token"])
     options = JobOptions(revision=request["revision"], token=request["token"],
                          trust_remote_code=request["trust_remote_code"], verify=request["verify"], latency=False,
-                         runtimes=request.get("runtimes", True))
+                         runtimes=request.get("runtimes", True), rebind=request.get("rebind", True))
     recipe = Recipe(request["recipe"], request["recipe_source"])
     job = _Job(request["model"], Path(request["output"]), options, recipe, list(request["targets"]),
                JobReport(source=request["source"]), progress, request["revision"], {}, request["keys"],
-               time.perf_counter())
+               time.perf_counter(), repos=list(request.get("repos", [])))
     _load(job)
     with share_cores(request["processes"]):
         for name in job.names:
@@ -548,7 +680,30 @@ def engine_error_message(error: BaseException) -> str:
             messages.append(f"{type(current).__name__}: {first}".strip() + (f" Suggested fixes: {fixes}" if fixes else ""))
         previous = first
         current = current.__cause__ or current.__context__
-    return redact(" <- ".join(messages))[:2000]
+    line = " <- ".join(messages)
+    return redact(_recipe_field_hint(line) + line)[:2000]
+
+
+_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
+_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'((?:, (?:min|max)=\d+)*)\)|(\d+))")
+
+
+def _recipe_field_hint(line: str) -> str:
+    """torch.export's shape-constraint error as the recipe fields that cause it: each violated dim is `dims.<name>`
+    (each recipe dim becomes one torch.export.Dim of that name), with its suggested bounds ('' for other errors)."""
+    violated = _VIOLATED.search(line)
+    if not violated:
+        return ""
+    names = [name.strip() for name in violated.group(1).split(",") if name.strip()]
+    fixes = []
+    for name, bounds, constant in _FIX.findall(line.partition("Suggested fixes:")[2]):
+        if constant:
+            fixes.append(f"`dims.{name}` can only be {constant} for this model (make that axis static)")
+        else:
+            fixes += [f"`dims.{name}.{key}` {value}" for key, value in re.findall(r"(min|max)=(\d+)", bounds)]
+    fields = ", ".join(f"`dims.{name}`" for name in names)
+    advice = f"; set {', '.join(fixes)}" if fixes else "; narrow its min/max to what the model supports"
+    return f"Recipe {fields}: the model cannot be traced over that range{advice}. "
 
 
 def _suggested_fixes(lines: list[str]) -> str:

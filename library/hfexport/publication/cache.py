@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfexport.files import REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
-from hfexport.layout import export_folders, in_export_folder, target_places
+from hfexport.files import MANIFEST_FILE, REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.layout import export_folders, in_export_folder, published_name, target_places
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
 from hfexport.recipe.validation import sha256_of
@@ -216,3 +217,78 @@ def lookup(output: Path, keys: dict[str, str | None], repos: list[str], token: s
                 hits[name] = hit
                 missing.remove(name)
     return hits
+
+
+def fetch_published_export(repos: list[str], name: str, key: str, destination: Path, token: str | None) -> str | None:
+    """Download target `name`'s published export whose weight map has rebind key `key` (hfexport.rebind) from the
+    first of `repos` that has one (its open hfexport PR's head, then its branch) into `destination`, under the names
+    the job saves (`published_name` undone: `X.onnx_data` back to `X.onnx.data`, a variant's stem dropped), so it
+    reads as `OUTPUT/<name>/` would. Returns where it came from (`repo@revision`), or None."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    for repo_id in dict.fromkeys(repos):
+        for revision in published_revisions(repo_id, token):
+            try:
+                files = set(HfApi().list_repo_files(repo_id, revision=revision, token=token))
+
+                def read(path: str, repo_id=repo_id, revision=revision) -> str:
+                    return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(
+                        encoding="utf-8")
+
+                place = target_places(files, read).get(name)
+                if place is None or place.manifest not in files:
+                    continue
+                manifest = json.loads(read(place.manifest))
+                if (manifest.get("weight_map") or {}).get("rebind_key") != key:
+                    continue
+                report_text = read(place.path(REPORT_FILE))
+                previous = JobReport.from_dict(json.loads(report_text)).targets.get(name)
+            except Exception:  # noqa: BLE001 - absent, private, unreachable or unreadable: not a source
+                continue
+            if previous is None or previous.status != "ok":
+                continue
+            if _download_target(repo_id, revision, place, previous, destination, token):
+                write_json_atomic(destination / REPORT_FILE, report_text)
+                return f"{repo_id}@{revision}"
+    return None
+
+
+def _download_target(repo_id: str, revision: str, place, previous: TargetReport, destination: Path,
+                     token: str | None) -> bool:
+    """The files of a published target into `destination` under their local names; False if any is missing."""
+    from huggingface_hub import hf_hub_download
+
+    export_format = previous.export_format
+    names = {entry["path"]: published_name(place, entry["path"], export_format) for entry in previous.files}
+    local_of = {published: local for local, published in names.items()}
+    destination.mkdir(parents=True, exist_ok=True)
+    try:
+        for local, published in names.items():
+            path = f"{place.folder}/{published}" if place.folder else published
+            file = Path(hf_hub_download(repo_id, path, revision=revision, token=token))
+            (destination / local).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, destination / local)
+    except Exception:  # noqa: BLE001 - a file that cannot be downloaded: not a source
+        return False
+    manifest = json.loads((destination / MANIFEST_FILE).read_text(encoding="utf-8"))
+    for entry in manifest.get("components", {}).values():
+        entry["file"] = local_of.get(entry["file"], entry["file"])
+    write_json_atomic(destination / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    if export_format == "onnx":
+        _local_onnx_locations(destination, local_of)
+    return True
+
+
+def _local_onnx_locations(folder: Path, local_of: dict[str, str]) -> None:
+    """Point each graph's external-data locations back at the names the job saves (publication renamed them)."""
+    import onnx
+
+    for graph_file in folder.glob("*.onnx"):
+        graph = onnx.load(str(graph_file), load_external_data=False)
+        changed = False
+        for tensor in graph.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value in local_of and local_of[entry.value] != entry.value:
+                    entry.value, changed = local_of[entry.value], True
+        if changed:
+            graph_file.write_bytes(graph.SerializeToString())

@@ -42,9 +42,10 @@ from hfexport.layout import (
     published_name,
     target_places,
 )
+from hfexport.onnx_contract import GENAI_CONFIG_FILE
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
-from hfexport.report.card import format_tags, render_section, update_card
+from hfexport.report.card import format_tags, recipe_origin, render_section, update_card
 from hfexport.report.markdown import report_markdown
 from hfexport.report.model import JobReport, TargetReport
 
@@ -114,8 +115,11 @@ def publication_key(repo_id: str, base: str) -> str:
     return f"{repo_id}@{base}"
 
 
-def marker_line(key: str, content: str) -> str:
-    return f"<!-- {MARKER} {json.dumps({'key': key, 'content': content}, sort_keys=True)} -->"
+def marker_line(key: str, content: str, source: str | None = None) -> str:
+    """The PR description's hidden marker: the publication's key, its content hash and the source commit it was built
+    from (what the webhook receiver compares the branch head with when it reconciles)."""
+    fields = {"key": key, "content": content, **({"source": source} if source else {})}
+    return f"<!-- {MARKER} {json.dumps(fields, sort_keys=True)} -->"
 
 
 def parse_marker(text: str | None) -> dict | None:
@@ -319,7 +323,9 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     failed = [item.name for item in chosen if item.target.status == "failed"] if allow_failed else []
     key = publication_key(repo_id, base)
     names = ", ".join(item.name for item in changed) or ", ".join(sorted(card_report.targets))
-    description = _description(key, content, card_report, card_places, failed, changes, left_out, stale)
+    source = chosen[0].report.source.get("commit")
+    description = _description(key, content, card_report, card_places, failed, changes, left_out, stale, source,
+                               open_pr.num if open_pr is not None else None)
     if mode == "commit":
         info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"hfexport: export {names}",
                                                commit_description=description, revision=base, parent_commit=head,
@@ -331,9 +337,13 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
                                                parent_commit=head, token=token), repo_id, "opening a pull request")
         if superseded is not None:
             _close_superseded(api, repo_id, superseded, info.pr_num, token)
+        if info.pr_num:  # the number is known now: the description's snippet names this PR's revision
+            _fill_description(api, repo_id, info.pr_num, _description(key, content, card_report, card_places, failed,
+                                                                      changes, left_out, stale, source, info.pr_num),
+                              token)
         return PublishResult("opened", info.pr_url, info.pr_num, info.oid, repo_id, files)
     info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"{TITLE_PREFIX} update {names}",
-                                           commit_description=marker_line(key, content) + "\n\n" + "\n".join(changes),
+                                           commit_description=marker_line(key, content, source) + "\n\n" + "\n".join(changes),
                                            revision=f"refs/pr/{open_pr.num}", parent_commit=head, token=token),
                  repo_id, f"pushing to refs/pr/{open_pr.num}")
     _after_update(api, repo_id, open_pr, info.oid, description, changes, failed, token)
@@ -355,12 +365,12 @@ def _layout_spec(item: _Target) -> dict:
     return {"export_format": export_format, "mode": item.target.mode, "path": spec.get("path"),
             "file_name": spec.get("file_name"),
             "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item)),
-            "deployable": _deployable(item)}
+            "loaders_contract": (item.folder / GENAI_CONFIG_FILE).is_file() or _deployable(item)}
 
 
 def _deployable(item: _Target) -> bool:
     """A generation target saved in its runtimes' contract: one program under its format's loaders' name
-    (`hfexport.runtime_layout`), which it is published under in the format's folder."""
+    (`hfexport.runtime_layout`: OpenVINO's stateful `openvino_model.xml`), published in the format's folder."""
     try:
         components = json.loads((item.folder / MANIFEST_FILE).read_text(encoding="utf-8"))["components"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -446,6 +456,18 @@ def _close_superseded(api, repo_id: str, old: OpenPublication, new_num: int | No
                                "since this pull request was opened, so hfexport opened a fresh one from the branch's "
                                "current head (it merges cleanly) with every target this one held.", token=token)
         api.change_discussion_status(repo_id, old.num, "closed", token=token)
+    except Exception:  # noqa: BLE001 - the publication itself succeeded
+        pass
+
+
+def _fill_description(api, repo_id: str, num: int, description: str, token: str) -> None:
+    """A new PR's description, rewritten with its number; the PR is already open, so a failure only warns (the
+    description then has no "try it" snippet rather than a wrong one)."""
+    try:
+        details = api.get_discussion_details(repo_id, num, token=token)
+        first = next((event for event in details.events if event.type == "comment"), None)
+        if first is not None:
+            api.edit_discussion_comment(repo_id, num, first.id, description, token=token)
     except Exception:  # noqa: BLE001 - the publication itself succeeded
         pass
 
@@ -692,13 +714,25 @@ def _card_report(chosen: list[_Target], remote: dict[str, _RemoteTarget]
     folders, sources = {}, {}
     for name, target in remote.items():
         if target.report is not None:
-            report.targets[name], folders[name] = target.report.targets[name], target.place
+            report.targets[name], folders[name] = _with_run(target.report, name), target.place
             sources[name] = target.report.source
     for item in chosen:
         report.targets[item.name], folders[item.name] = item.target, item.place
         sources.pop(item.name, None)
     report.targets = dict(sorted(report.targets.items()))
     return report, folders, sources
+
+
+def _with_run(report: JobReport, name: str) -> TargetReport:
+    """`report`'s target, its latency naming the run that measured it (a report from before runs were recorded gets
+    its job's time and source): a card's latency table then never mixes runs unsaid."""
+    target = report.targets[name]
+    latency = target.latency or {}
+    if not latency.get("points") or latency.get("run"):
+        return target
+    source = report.source or {}
+    run = {"run": report.created_at, "run_source": str(source.get("commit") or source.get("content_hash") or "")[:12]}
+    return TargetReport.from_dict({**target.to_dict(), "latency": {**latency, **run}})
 
 
 def _stale(sources: dict[str, dict], chosen: list[_Target]) -> dict[str, str]:
@@ -727,8 +761,10 @@ def _failed_banner(failed: list[str]) -> str:
 
 
 def _description(key: str, content: str, report: JobReport, folders: dict[str, Place], failed: list[str],
-                 changes: list[str], left_out: dict[str, str] | None = None, stale: dict[str, str] | None = None) -> str:
-    lines = [marker_line(key, content), ""]
+                 changes: list[str], left_out: dict[str, str] | None = None, stale: dict[str, str] | None = None,
+                 source: str | None = None, pr_num: int | None = None) -> str:
+    """The PR's description; `pr_num` fills its revision in the snippet (a new PR's is filled in once opened)."""
+    lines = [marker_line(key, content, source), ""]
     if failed:
         lines += [_failed_banner(failed), ""]
     if left_out:
@@ -738,7 +774,7 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, P
         lines += ["Stale (built from an older revision of the model; re-export them to refresh):", "",
                   *[f"- `{name}`: {why}" for name, why in stale.items()], ""]
     lines += [
-        "This pull request adds exported artifacts of this model, made by hfexport from the repo's export recipe, "
+        f"This pull request adds exported artifacts of this model, made by hfexport from {recipe_origin(report)}, "
         "each in the folder and under the file name where the usual loaders of its format look, and a section of the "
         "model card that lists them with how to load each. Beside each target's files are hfexport's manifest "
         "(`export.json`), the recipe target used (`export_config.json`) and its report (`export_report.json`); a "
@@ -749,14 +785,9 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, P
         *[f"- `{name}` → `{folders[name].label()}` ({target.export_format} / {target.mode})"
           for name, target in report.targets.items()],
         "",
-        "Try it before merging (this PR's revision):",
-        "",
-        "```python",
-        "import hfexport",
-        "",
-        f'model = hfexport.load("{key.split("@")[0]}", target="{next(iter(report.targets))}", revision="refs/pr/N")',
-        "```",
-        "",
+        *(["Try it before merging (this PR's revision):", "", "```python", "import hfexport", "",
+           f'model = hfexport.load("{key.split("@")[0]}", target="{next(iter(report.targets))}", '
+           f'revision="refs/pr/{pr_num}")', "```", ""] if pr_num else []),
         "Changes:",
         "",
         *[f"- {line}" for line in changes],

@@ -10,7 +10,7 @@ from hfexport.errors import Problem, RecipeError, RecipeNotFoundError, SourceErr
 from hfexport.files import RECIPE_FILE
 from hfexport.hub import hub_file, looks_like_repo_id
 from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
-from hfexport.recipe.validation import MAX_RECIPE_BYTES, parse_recipe_text
+from hfexport.recipe.validation import MAX_RECIPE_BYTES, config_problems, parse_recipe_text
 
 CONFIG_FILE = "config.json"
 CONFIG_FIELD = "export_config"
@@ -64,6 +64,36 @@ def recipe_from_hub(repo_id: str, revision: str | None = None, token: str | None
         f"no recipe in {at}: expected {RECIPE_FILE} or an `{CONFIG_FIELD}` field in {CONFIG_FILE} "
         "(`hfexport init` proposes one)"
     )
+
+
+def model_config(source: str | Path, revision: str | None = None, token: str | None = None) -> tuple[dict, str] | None:
+    """(the model's config.json as a dict, where it was read) for a model folder or a Hub repo id; None for anything
+    else (a recipe file, a dict) or a model without one."""
+    path = Path(str(source))
+    if path.is_dir():
+        config_path = path / CONFIG_FILE
+        data = _read_file(config_path) if config_path.is_file() else None
+        where = str(config_path)
+    elif isinstance(source, str) and looks_like_repo_id(source) and not path.suffix == ".json":
+        data = hub_file(source, CONFIG_FILE, revision, token)
+        where = f"{source}/{CONFIG_FILE}"
+    else:
+        return None
+    if data is None:
+        return None
+    config = parse_recipe_text(data, where)
+    return (config, where) if isinstance(config, dict) else None
+
+
+def check_against_model(recipe: Recipe, source: str | Path, revision: str | None = None,
+                        token: str | None = None) -> None:
+    """Raise `RecipeError` when the recipe's dims are past what the model's config admits (`config_problems`)."""
+    found = model_config(source, revision, token)
+    if found is None:
+        return
+    problems = config_problems(recipe.data, *found)
+    if problems:
+        raise RecipeError(problems, recipe.source)
 
 
 def load_recipe(source: str | Path | dict | Recipe, revision: str | None = None, token: str | None = None) -> Recipe:

@@ -29,22 +29,29 @@ class Target:
     runtime: dict = field(default_factory=dict)
     path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
     file_name: str | None = None  # the artifact's name there (hfexport.layout); not part of what is exported either
+    rebind: bool = True  # a weights-only update may be rebound into the previous export's graphs (hfexport.rebind)
 
     @property
     def single_graph(self) -> bool:
-        """A generation target exported as its multi-token decode alone (`generation.single_graph`): one graph. The
-        default for OpenVINO (`single_graph_by_default`)."""
-        return self.mode == "generation" and bool(self.generation.get("single_graph", self.single_graph_by_default))
+        """A generation target exported as its multi-token decode alone (`generation.single_graph`): one graph. An
+        ONNX or OpenVINO generation target that says nothing of its layout is one by default
+        (`single_graph_by_default`)."""
+        if self.mode != "generation":
+            return False
+        if "single_graph" in self.generation:
+            return bool(self.generation["single_graph"])
+        return self.single_graph_by_default
 
     @property
     def single_graph_by_default(self) -> bool:
-        """An OpenVINO generation target whose recipe sets none of `single_graph`, `multi_token_decode`,
-        `cache_implementation`, `max_cache_len`: one stateful decode graph, the one OpenVINO GenAI and optimum-intel
-        run (`hfexport.runtime_layout`). The plan keeps the prefill/decode pair for models one graph does not fit
-        (encoder-decoders, vision-language and state-space models)."""
-        return self.mode == "generation" and str(self.export_format) == "openvino" and not any(
-            key in self.generation for key in ("single_graph", "multi_token_decode", "cache_implementation",
-                                               "max_cache_len"))
+        """An ONNX or OpenVINO generation target without `single_graph`, `multi_token_decode` or a static cache: the
+        ONNX runtimes' contract is one decoder graph (`hfexport.onnx_contract`), OpenVINO GenAI's and optimum-intel's
+        one stateful decode graph (`hfexport.runtime_layout`), so a decoder-only model exports as one; the plan falls
+        back to a prefill/decode pair where the model has none (encoder-decoders, VLMs, Mamba)."""
+        generation = self.generation
+        return self.mode == "generation" and str(self.export_format) in ("onnx", "openvino") and \
+            "single_graph" not in generation and "multi_token_decode" not in generation and \
+            generation.get("cache_implementation", "dynamic") == "dynamic"
 
     @classmethod
     def from_dict(cls, name: str, data: dict) -> Target:
@@ -62,6 +69,7 @@ class Target:
             runtime=copy.deepcopy(data.get("runtime", {})),
             path=data.get("path"),
             file_name=data.get("file_name"),
+            rebind=data.get("rebind", True),
         )
 
     def to_dict(self) -> dict:
@@ -72,6 +80,8 @@ class Target:
             value = getattr(self, key)
             if value not in (None, {}, []):
                 data[key] = copy.deepcopy(value)
+        if not self.rebind:
+            data["rebind"] = False
         return data
 
 

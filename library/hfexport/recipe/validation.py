@@ -9,6 +9,7 @@ options per format, default target). Every problem is reported with its JSON pat
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
 import re
@@ -16,7 +17,7 @@ from typing import Any
 
 from hfexport import strict_json
 from hfexport.errors import Problem, RecipeError
-from hfexport.layout import LayoutError, check_file_name
+from hfexport.layout import LayoutError, canonical_format, check_file_name
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
 from hfexport.runtime import PRECISION_FORMATS
 from hfexport.schema import _validator, load_schema
@@ -125,9 +126,67 @@ def _schema_problem(error) -> Problem:
         bad = [name for name in value if not re.fullmatch(pattern, name)]
         what = "an axis index (\"0\", \"1\", ...)" if pattern.startswith("^(0|") else f"a name matching {pattern}"
         return Problem(json_path(path), f"invalid key {bad[0]!r}; expected {what}" if bad else error.message)
+    if validator == "enum" and isinstance(value, str):
+        choices = [str(choice) for choice in error.validator_value]
+        alias = canonical_format(value)
+        close = ([alias] if alias in choices and alias != value else []) or difflib.get_close_matches(
+            value, choices, n=1, cutoff=0.6) or difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return Problem(json_path(path), f"{value!r} is not one of {', '.join(choices)}{hint}")
     if validator == "pattern" and isinstance(value, str) and "." in value and path and path[-1] == "model_class":
         return Problem(json_path(path), f"{value!r} is a dotted path; a recipe names a transformers class, never code")
     return Problem(json_path(path), _short_message(error.message))
+
+
+# What a model's config.json says its inputs admit: (config keys, the inputs and axes they bound, what it is).
+_SEQUENCE_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+_SEQUENCE_AXES = {"input_ids": "1", "attention_mask": "1", "token_type_ids": "1", "position_ids": "1",
+                  "decoder_input_ids": "1", "inputs_embeds": "1"}
+_IMAGE_AXES = {"pixel_values": ("2", "3")}
+
+
+def _config_value(config: dict, keys: tuple[str, ...], nested: str) -> tuple[str, int] | None:
+    for holder in (config, config.get(nested) if isinstance(config.get(nested), dict) else None):
+        for key in keys:
+            value = (holder or {}).get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return (key if holder is config else f"{nested}.{key}"), value
+    return None
+
+
+def _dims_on(document: dict, axes: dict) -> set[str]:
+    """The names of `dims` that some target binds to one of `axes` (input name -> axis key or keys)."""
+    names = set()
+    for target in (document.get("targets") or {}).values():
+        for tensor, spec in ((target or {}).get("dynamic_shapes") or {}).items():
+            wanted = axes.get(tensor)
+            if not isinstance(spec, dict) or wanted is None:
+                continue
+            for axis, value in spec.items():
+                if axis in (wanted if isinstance(wanted, tuple) else (wanted,)) and isinstance(value, str):
+                    names.add(re.split(r"[+\-*]", value)[0].strip())
+    return names
+
+
+def config_problems(document: dict, config: dict, config_source: str = "config.json") -> list[Problem]:
+    """The recipe's `dims` against what the model's config admits: a sequence dim past `max_position_embeddings`
+    (or its aliases), an image dim past `image_size`. The schema cannot know these; the export would fail with the
+    engine's "Constraints violated" (or run past the model's positions) instead."""
+    problems: list[Problem] = []
+    dims = document.get("dims") if isinstance(document.get("dims"), dict) else {}
+    checks = [(_dims_on(document, _SEQUENCE_AXES) | ({"seq"} & set(dims)),
+               _config_value(config, _SEQUENCE_KEYS, "text_config"), "positions"),
+              (_dims_on(document, _IMAGE_AXES), _config_value(config, ("image_size",), "vision_config"), "pixels")]
+    for names, limit, what in checks:
+        if limit is None:
+            continue
+        key, value = limit
+        for name in sorted(names):
+            bound = (dims.get(name) or {}).get("max") if isinstance(dims.get(name), dict) else None
+            if isinstance(bound, int) and bound > value:
+                problems.append(Problem(f"dims.{name}.max", f"{bound} is more than the model's {key} ({value} "
+                                        f"{what}, {config_source}); at most {value}"))
+    return problems
 
 
 def _short(value: Any) -> str:

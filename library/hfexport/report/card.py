@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import PurePath
 
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
@@ -69,7 +70,7 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str | Pla
         START,
         "## Exported artifacts",
         "",
-        (f"Exported by hfexport {report.hfexport_version} from this repo's export recipe. Each target is where the usual "
+        (f"Exported by hfexport {report.hfexport_version} from {recipe_origin(report)}. Each target is where the usual "
         "loaders look for its format, under the file name they use for what it is (`model.onnx`, "
         "`model_quantized.onnx`, ...); hfexport's manifest (`export.json`), recipe copy (`export_config.json`) and "
         "report (`export_report.json`) sit beside the files (a variant's named after it: "
@@ -133,6 +134,26 @@ def _external_data(target: TargetReport) -> bool:
     return any(str(entry.get("path", "")).endswith((".onnx.data", ".onnx_data")) for entry in target.files)
 
 
+def recipe_origin(report: JobReport) -> str:
+    """Where the job's recipe came from, in words, with its hash: the repo's own, one hfexport proposed (the repo has
+    none), one edited in the Space, or another given to the job."""
+    source = report.source or {}
+    digest = f"sha256 `{str(source.get('recipe_sha256', ''))[:12]}`"
+    origin, where = source.get("recipe_origin"), str(source.get("recipe_source") or "")
+    if origin == "proposed":
+        return f"a recipe hfexport proposed for this model, which has none yet ({digest})"
+    if origin == "edited":
+        return f"a recipe edited in the hfexport Space, not the recipe in the repo ({digest})"
+    model = str(source.get("model") or "")
+    own = model and (where.startswith((model.rstrip("/") + "/", model.rstrip("/") + "@"))
+                     or PurePath(where).parent == PurePath(model))  # a Hub repo's file, or a local folder's
+    if own:
+        return f"this repo's export recipe (`{where.rsplit('/', 1)[-1]}`, {digest})"
+    if where and where != "<dict>":
+        return f"the recipe `{where}`, not the repo's ({digest})"
+    return f"a recipe given to the exporter, not the repo's ({digest})"
+
+
 def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | Place]) -> list[str]:
     """How to load the published targets with each loader that reads them (tests/test_ecosystem_clients.py runs
     these loaders on a publication): hfexport, sentence-transformers, optimum, transformers.js, plain ONNX Runtime /
@@ -143,8 +164,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
     lines: list[str] = []
     names = list(report.targets)
     first = names[0] if names else "TARGET"
-    lines += [("hfexport (any target; the manifest is checked before anything is loaded; a pull request: "
-              '`revision="refs/pr/N"`):'), "", "```python", "import hfexport", "",
+    lines += ["hfexport (any target; the manifest is checked before anything is loaded):", "", "```python",
+              "import hfexport", "",
               f'model = hfexport.load("{repo_id}", target="{first}")', "```", ""]
     if len(names) > 1:
         lines += ["Other targets: " + ", ".join(f'`target="{name}"`' for name in names[1:]), ""]
@@ -210,9 +231,10 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
             f'compiled = ov.Core().compile_model(f"{{local}}/{artifact_path(place, "openvino")}", "CPU")']
     if plain:
         lines += ["Plain ONNX Runtime / OpenVINO:", "", "```python", *plain, "```", ""]
-    lines += llm_runtime_snippets(repo_id, report, places)
-    generation = [name for name, target in report.targets.items() if target.mode == "generation"
-                  and not _passed_runtimes(target)]
+    lines += runtime_snippets(repo_id, report, places)
+    generation = [name for name, target in report.targets.items()  # in the engine's layout, not the loaders'
+                  if target.mode == "generation" and not _passed_runtimes(target)
+                  and not any(str(entry.get("path", "")).endswith("genai_config.json") for entry in target.files)]
     if generation:
         lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's generation graphs (a prefill "
                   "and a decode, or with `generation.single_graph` one decode that also runs the prompt; cache tensors "
@@ -224,30 +246,43 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
     return lines
 
 
-def _passed_runtimes(target) -> set[str]:
-    """The deployment runtimes that generated `model.generate`'s tokens from this target's files (its report)."""
-    return {check.get("runtime") for check in target.runtimes or [] if check.get("verdict") == "passed"}
+def _passed_runtimes(target: TargetReport) -> list[str]:
+    return [check["runtime"] for check in (target.runtimes or []) if check.get("verdict") == "passed"]
 
 
-def llm_runtime_snippets(repo_id: str, report: JobReport, places: dict) -> list[str]:
-    """OpenVINO GenAI and optimum-intel snippets for the generation targets those runtimes passed (only those)."""
+def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) -> list[str]:
+    """For each generation target, loading snippets of the deployment runtimes that generated `model.generate`'s
+    tokens from its files in the gate (its report's `runtimes`), and of those only (README's section shows them)."""
     lines: list[str] = []
     for name, target in report.targets.items():
-        passed, place = _passed_runtimes(target), places.get(name)
-        if target.mode != "generation" or place is None or not passed & {"openvino-genai", "optimum-intel"}:
+        passed = _passed_runtimes(target)
+        if target.mode != "generation" or not passed:
             continue
-        folder = place.folder
-        code = ["from huggingface_hub import snapshot_download", "",
-                f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
-        if "openvino-genai" in passed:
-            code += ["", "import openvino_genai", "",
-                     f'pipe = openvino_genai.LLMPipeline(f"{{local}}/{folder}", "CPU")',
-                     'print(pipe.generate("The capital of France is", max_new_tokens=20))']
-        if "optimum-intel" in passed:
-            code += ["", "from optimum.intel import OVModelForCausalLM", "",
-                     f'model = OVModelForCausalLM.from_pretrained(f"{{local}}/{folder}")']
-        lines += [f"`{name}` in OpenVINO GenAI / optimum-intel (checked: the same greedy tokens as "
-                  "`model.generate`):", "", "```python", *code, "```", ""]
+        folder = places[name].folder
+        lines += [f"`{name}` generated `model.generate`'s tokens in {', '.join(passed)} (hfexport's gate):", ""]
+        if "transformers.js" in passed:
+            sub = "" if folder == "onnx" else f', subfolder: "{folder}"'
+            lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
+                      f'const generator = await pipeline("text-generation", "{repo_id}", '
+                      f'{{ dtype: "fp32", use_external_data_format: true{sub} }});', "```", ""]
+        if "optimum" in passed:
+            lines += ["```python", "from optimum.onnxruntime import ORTModelForCausalLM", "",
+                      f'model = ORTModelForCausalLM.from_pretrained("{repo_id}", subfolder="{folder}")', "```", ""]
+        if "onnxruntime-genai" in passed:
+            lines += ["```python", "import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
+                      f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])',
+                      f'model = og.Model(f"{{folder}}/{folder}")', "```", ""]
+        if {"openvino-genai", "optimum-intel"} & set(passed):
+            code = ["from huggingface_hub import snapshot_download", "",
+                    f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
+            if "openvino-genai" in passed:
+                code += ["", "import openvino_genai", "",
+                         f'pipe = openvino_genai.LLMPipeline(f"{{local}}/{folder}", "CPU")',
+                         'print(pipe.generate("The capital of France is", max_new_tokens=20))']
+            if "optimum-intel" in passed:
+                code += ["", "from optimum.intel import OVModelForCausalLM", "",
+                         f'model = OVModelForCausalLM.from_pretrained(f"{{local}}/{folder}")']
+            lines += ["```python", *code, "```", ""]
     return lines
 
 

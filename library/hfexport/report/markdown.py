@@ -50,6 +50,11 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"**Error:** {target.error}", ""]
         if target.unchanged_reason:
             lines += [f"Unchanged: {target.unchanged_reason}", ""]
+        if target.method == "rebind" and target.rebind:
+            lines += [f"Rebound: this checkpoint's weights written into the graphs of the previous export "
+                      f"({target.rebind['from']}) in {_seconds(target.rebind['seconds'])}, then verified as any export.", ""]
+        elif target.rebind and target.rebind.get("fallback"):
+            lines += [f"Exported in full, not rebound: {target.rebind['fallback']}", ""]
         if target.quantization:
             lines += [quantization_markdown(target.quantization), ""]
         section = target_verification_markdown(target)
@@ -231,8 +236,10 @@ def runtimes_markdown(runtimes: list[dict]) -> str:
 def _probe_rows(probes: list[dict]) -> list[str]:
     """A table row per probe and output: max abs, max rel, cosine, top-1, pass/fail (rejections with the message)."""
     lines: list[str] = []
-    if probes:
-        lines += ["", "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
+    if probes:  # collapsed: the verdict line above says the outcome, the rows are for who wants them
+        lines += ["", f"<details><summary>{len(probes)} probe{'s' if len(probes) != 1 else ''}: max abs, max rel, "
+                      "cosine, top-1 per output</summary>", "",
+                  "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
                   "|---|---|---|---|---|---|---|---|"]
     for probe in probes:
         label = _cell(probe.get("name", ""))
@@ -252,6 +259,8 @@ def _probe_rows(probes: list[dict]) -> list[str]:
             top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
             lines.append(f"| {label} | {component} | {name} | {_metric(metrics.get('max_abs'))} "
                          f"| {_metric(metrics.get('max_rel'))} | {_ratio(metrics.get('cosine'))} | {top1} | {result} |")
+    if probes:
+        lines += ["", "</details>"]
     return lines
 
 

@@ -46,6 +46,8 @@ class TargetReport:
     recipe_target_sha256: str = ""
     cache_key: str | None = None
     unchanged_reason: str | None = None
+    method: str = "export"  # "rebind": the previous export's graphs with this checkpoint's weights (hfexport.rebind)
+    rebind: dict | None = None  # {"from", "seconds", "fallback", "bytes_written"}: the rebind tried, and why it fell back
     plan: dict | None = None
     files: list[dict] = field(default_factory=list)
     total_bytes: int = 0

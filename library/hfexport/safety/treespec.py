@@ -90,8 +90,10 @@ def check_file_name(name: Any, source: str) -> None:
 
 
 def _check_file_name(value: Any, source: str, where: str) -> None:
-    """A component file is a plain name inside the export's folder: no absolute path, no `..`, no backslash."""
+    """A component file is a plain name inside the export's folder: no absolute path, no `..`, no backslash, and no
+    NUL or other control character (Python's path functions raise a bare `ValueError` on a NUL)."""
     if not isinstance(value, str) or not value or value.startswith("/") or "\\" in value or \
+            any(ord(char) < 32 or ord(char) == 127 for char in value) or \
             any(part in ("", ".", "..") for part in value.split("/")):
         raise UnsafeExportError(f"{source}: {where}: {value!r} is not a file name inside the export's folder")
 

@@ -124,6 +124,7 @@ class Inputs:
     output_dir: Path
     workspace: Path
     gather_from: Path | None = None
+    rebind: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Inputs:
@@ -152,7 +153,7 @@ class Inputs:
             publish=publish, repo=get("repo") or None, token=get("hf-token") or environ.get("HF_TOKEN") or None,
             fail_on_parity=flag("fail-on-parity", True), force=flag("force", False),
             output_dir=Path(get("output-dir") or os.path.join(temp, "hfexport-output")), workspace=workspace,
-            gather_from=workspace / gather_from if gather_from else None,
+            gather_from=workspace / gather_from if gather_from else None, rebind=flag("rebind", True),
         )
 
     def model_source(self) -> str:
@@ -230,7 +231,7 @@ def step_export(inputs: Inputs) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # engine prints stay out of the command stream
         report = run_job(model, output, targets=names, all_targets=all_targets, revision=inputs.revision,
                          token=inputs.token, recipe=recipe, progress=progress, force=inputs.force,
-                         publish_repo=inputs.repo, workers="auto")
+                         publish_repo=inputs.repo, workers="auto", rebind=inputs.rebind)
     return _finish(report, output, inputs.fail_on_parity)
 
 

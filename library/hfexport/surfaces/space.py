@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import (
+    HfExportError,
     Problem,
     RecipeError,
     RecipeNotFoundError,
@@ -42,14 +43,14 @@ from hfexport.errors import (
     redact,
     register_secret,
 )
-from hfexport.files import RECIPE_FILE
-from hfexport.hub import hub_file, looks_like_repo_id
+from hfexport.files import RECIPE_FILE, human_bytes
+from hfexport.hub import hub_file, looks_like_repo_id, search_models
 from hfexport.job import init
 from hfexport.progress import Step
-from hfexport.publication.publish import publish
-from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe
+from hfexport.publication.publish import find_open_publication, publish
+from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
 from hfexport.recipe.model import Recipe, recipe_from_document
-from hfexport.recipe.validation import canonical_json, json_path, parse_recipe_text
+from hfexport.recipe.validation import canonical_json, config_problems, json_path, parse_recipe_text
 from hfexport.report.model import JobReport
 from hfexport.surfaces.failure import Failure, SpaceError, md_escape, report_failure
 from hfexport.surfaces.worker import JobWorker, settings_from
@@ -291,8 +292,9 @@ class RecipeCheck:
         return segments
 
 
-def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
-    """Parse and validate recipe text (strict JSON, schema, semantics); never raises for bad input."""
+def check_recipe_text(text: str | None, source: str = "editor", config: tuple[dict, str] | None = None) -> RecipeCheck:
+    """Parse and validate recipe text (strict JSON, schema, semantics; with the model's `config`, (config.json as a
+    dict, where it was read), its dims against what the model admits); never raises for bad input."""
     text = text or ""
     check = RecipeCheck(text=text)
     try:
@@ -308,6 +310,11 @@ def check_recipe_text(text: str | None, source: str = "editor") -> RecipeCheck:
     check.pretty, where = pretty_json(document)
     try:
         check.recipe = recipe_from_document(document, source)
+        if config is not None:
+            problems = config_problems(check.recipe.data, *config)
+            if problems:
+                check.recipe = None
+                raise RecipeError(problems, source)
     except RecipeError as error:
         check.problems = list(error.problems)
         for problem in check.problems:
@@ -330,10 +337,12 @@ class FetchedRecipe:
     source: str
     text: str = ""
     check: RecipeCheck | None = None
+    config: tuple[dict, str] | None = None  # the model's config.json (as a dict, where): dims are checked against it
 
 
 def fetch_recipe(model: str, revision: str | None, token: str | None) -> FetchedRecipe:
-    """Read `model`'s recipe from the Hub (only `export_config.json`/`config.json`) and validate it.
+    """Read `model`'s recipe from the Hub (only `export_config.json`/`config.json`) and validate it, its dims against
+    the model's config.json (`config_problems`).
 
     An invalid recipe is not an error here: its text is returned with the problems located on its lines.
     Unknown repos and revisions raise `SourceError`. Signed out, reads are anonymous (never the Space's token).
@@ -341,23 +350,29 @@ def fetch_recipe(model: str, revision: str | None, token: str | None) -> Fetched
     read_token = token or False  # False: huggingface_hub must not fall back to a token of the Space itself
     at = f"{model}@{revision}" if revision else model
     try:
-        recipe = load_recipe(model, revision=revision, token=read_token)
+        recipe, invalid = load_recipe(model, revision=revision, token=read_token), None
     except RecipeNotFoundError:
         return FetchedRecipe(source=at)
     except RecipeError as error:
-        raw = hub_file(model, RECIPE_FILE, revision, read_token)
-        source = f"{at}/{RECIPE_FILE}"
-        if raw is None:  # the recipe is the `export_config` field of config.json
-            source = f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})"
-            config = json.loads(hub_file(model, CONFIG_FILE, revision, read_token) or b"{}")
-            raw = pretty_json(config.get(CONFIG_FIELD))[0].encode() if isinstance(config, dict) else b""
-        text = raw.decode("utf-8", errors="replace")
-        check = check_recipe_text(text, source)
-        if check.valid:  # cannot happen (same validator); keep the loader's verdict rather than guess
-            check = RecipeCheck(text=text, problems=list(error.problems))
-        return FetchedRecipe(source=source, text=check.pretty or text, check=check)
-    check = check_recipe_text(recipe_text(recipe), recipe.source or at)
-    return FetchedRecipe(source=recipe.source or at, text=check.pretty or check.text, check=check)
+        recipe, invalid = None, error
+    try:
+        config = model_config(model, revision, read_token)
+    except HfExportError:  # an unreadable config.json: the recipe is still checked on its own
+        config = None
+    if recipe is not None:
+        check = check_recipe_text(recipe_text(recipe), recipe.source or at, config)
+        return FetchedRecipe(source=recipe.source or at, text=check.pretty or check.text, check=check, config=config)
+    raw = hub_file(model, RECIPE_FILE, revision, read_token)
+    source = f"{at}/{RECIPE_FILE}"
+    if raw is None:  # the recipe is the `export_config` field of config.json
+        source = f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})"
+        document = json.loads(hub_file(model, CONFIG_FILE, revision, read_token) or b"{}")
+        raw = pretty_json(document.get(CONFIG_FIELD))[0].encode() if isinstance(document, dict) else b""
+    text = raw.decode("utf-8", errors="replace")
+    check = check_recipe_text(text, source)
+    if check.valid:  # cannot happen (same validator); keep the loader's verdict rather than guess
+        check = RecipeCheck(text=text, problems=list(invalid.problems))
+    return FetchedRecipe(source=source, text=check.pretty or text, check=check, config=config)
 
 
 @dataclass
@@ -484,6 +499,7 @@ class JobRequest:
     revision: str | None = None
     token: str | None = None
     recipe: dict | None = None  # None: the repo's own recipe; else the editor's (validated) document
+    recipe_origin: str | None = None  # the editor's recipe: "proposed" (as hfexport drafted it) or "edited"
 
     @property
     def command(self) -> str:
@@ -530,6 +546,7 @@ class JobRunner:
         message = {
             "model": request.model, "output": str(request.output), "targets": request.targets or None,
             "revision": request.revision, "token": request.token, "recipe": request.recipe,
+            "recipe_origin": request.recipe_origin if request.recipe is not None else None,
             "verify": self.settings.verify, "command": request.command, "keep_downloads": self.settings.keep_downloads,
             "env": settings_from(),
         }
@@ -597,6 +614,14 @@ class ProgressLog:
             return
         self.entries[(step.step, step.target)] = step
 
+    def collapsed(self) -> str:
+        """The finished log: its title and note on one line, the steps folded under it (the outcome comes first)."""
+        body = self.markdown().split("\n", 2)[2] if self.entries else ""
+        if self.note:
+            body = body.rsplit("\n\n", 1)[0]
+        head = f"**{self.title}**" + (f" · {self.note}" if self.note else "")
+        return f"{head}\n\n<details><summary>Step log ({len(self.entries)} steps)</summary>\n\n{body}\n\n</details>"
+
     def markdown(self) -> str:
         lines = [f"**{self.title}**", ""]
         for (name, target), step in self.entries.items():
@@ -648,15 +673,83 @@ def publishable_targets(report) -> list[str]:
     return [name for name, target in report.targets.items() if target.status in PUBLISHABLE]
 
 
+def find_models(query: str, token: str | bool | None) -> list[str]:
+    """The search box: model repo ids on the Hub matching `query` (signed out: anonymously)."""
+    return search_models(query, token or False)
+
+
+def convert_blocker(state: dict | None, token: str | None) -> str | None:
+    """Why Convert cannot succeed now (the page disables it and says this), or None: no model loaded, signed out,
+    or a recipe in the editor that does not validate."""
+    state = state or {}
+    if not state.get("model"):
+        return "Load a model to convert it."
+    if not token:
+        return "Sign in to convert."
+    if not state.get("recipe_valid"):
+        return "Fix the recipe's problems to convert."
+    return None
+
+
+def open_pr_number(model: str, token: str | None) -> int | None:
+    """The number of `model`'s open hfexport pull request, or None (none, or the Hub cannot say)."""
+    try:
+        found = find_open_publication(model, token=token or False)
+    except Exception:  # noqa: BLE001 - the button's label only: "Open PR" when in doubt
+        return None
+    return found.num if found else None
+
+
+def pr_button_label(state: dict | None) -> str:
+    """"Update PR #N" once the model has an hfexport pull request, "Open PR" before."""
+    number = (state or {}).get("pr")
+    return f"Update PR #{number}" if number else "Open PR"
+
+
+def outcome_markdown(report, pr_url: str | None = None, pr_num: int | None = None) -> str:
+    """The outcome of a job first: per target passed/failed and why, and its size; what the zip holds (only targets
+    that passed) and the pull request, when there is one."""
+    lines = ["### Outcome", "", "| target | result | why | size |", "|---|---|---|---|"]
+    for name, target in report.targets.items():
+        verification = target.verification or {}
+        if target.status in ("ok", "unchanged"):
+            result = "✅ passed" if target.status == "ok" else "➖ unchanged"
+            why = ("parity verified" if verification.get("passed") else target.unchanged_reason or
+                   "exported (not verified)")
+        else:
+            result = "❌ failed" if target.status == "failed" else "⚠️ error"
+            failures = verification.get("failures") or []
+            why = failures[0] if failures and not target.error else (target.error or "parity check failed")
+        size = human_bytes(target.total_bytes) if target.files and target.total_bytes else "—"
+        why = md_escape(first_line(str(why), 200)).replace("|", "\\|")  # a table cell: its pipes escaped
+        lines.append(f"| `{name}` | {result} | {why} | {size} |")
+    passed = publishable_targets(report)
+    lines += [""]
+    lines.append(f"Download: the zip below holds {', '.join(f'`{name}`' for name in passed)}." if passed
+                 else "Nothing to download: no target passed.")
+    if pr_url:
+        lines.append(f"Pull request: [#{pr_num}]({pr_url}).")
+    elif pr_num:
+        lines.append(f"This model's hfexport pull request is #{pr_num}: **Update PR #{pr_num}** publishes these "
+                     "targets to it.")
+    return "\n".join(lines)
+
+
 def can_publish(state: dict | None) -> bool:
     """Whether Open PR has something to publish for this session (the page enables the button only then)."""
     state = state or {}
     return bool(state.get("output") and state.get("targets") and Path(state["output"]).is_dir())
 
 
-def publish_job(state: dict, token: str):
-    """Publish a session's converted job through hfexport's one-PR-per-model logic; returns the PublishResult.
-    Only the targets that passed are published (`state["targets"]`, from `publishable_targets`)."""
+def new_repo_name(username: str, model: str) -> str:
+    """The repo under the signed-in user that "Publish to my repo" commits to: `<user>/<model name>-hfexport`."""
+    return f"{username}/{model.rsplit('/', 1)[-1]}-hfexport"
+
+
+def publish_job(state: dict, token: str, repo: str | None = None):
+    """Publish a session's converted job through hfexport's one-PR-per-model logic (or, with `repo`, as one commit
+    to that repo, created when missing); returns the PublishResult. Only the targets that passed are published
+    (`state["targets"]`, from `publishable_targets`)."""
     output = state.get("output")
     if state.get("left_out") and not state.get("targets"):
         raise SpaceError("Nothing to publish", "no target passed the parity check: change the recipe in the editor "
@@ -664,6 +757,8 @@ def publish_job(state: dict, token: str):
     if not output or not Path(output).is_dir() or not state.get("targets"):
         raise SpaceError("Nothing to publish", "Convert the model first; a session's artifacts are kept until it "
                          "ends, loads another model or converts again")
+    if repo is not None:
+        return publish(output, repo, mode="commit", token=token, targets=state.get("targets"))
     return publish(output, state["model"], mode="pr", token=token, targets=state.get("targets"),
                    revision=state.get("revision"))
 

@@ -22,9 +22,12 @@ Gradio (>= 5) injects `GRADIO_MOCK_OAUTH_TOKEN` as the OAuth token of a locally 
 the server accepts it as a write token of the first write token's user (override with `mock_oauth_user=`,
 disable with `mock_oauth_user=False`).
 
+Hugging Face Jobs: `run_job`, `inspect_job`, `fetch_job_logs`, `cancel_job` and `list_jobs_hardware` are served, each
+Job run as a local subprocess (`_Jobs`).
+
 Fault injection: `hub.fail_next_commit = "drop"` closes the next commit request's connection mid-body and applies
-nothing; `hub.inject_fault(endpoint, mode, times)` generalises it (modes: "drop", "drop_after_apply", "error" or
-an HTTP status code).
+nothing; `hub.inject_fault(endpoint, mode, times)` generalises it (modes: "drop", "drop_after_apply", "error",
+"timeout" or an HTTP status code such as 500 or 429).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -93,7 +97,7 @@ _GITATTRIBUTES = "".join(
     )
 ).encode()
 
-FAULT_MODES = ("drop", "drop_after_apply", "error")
+FAULT_MODES = ("drop", "drop_after_apply", "error", "timeout")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -423,6 +427,8 @@ class LocalHub:
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status), most recent last
         self._faults: dict[str, list[str | int]] = {}
         self._faults_lock = threading.Lock()
+        self.timeout_s = 5.0  # how long a "timeout" fault holds the request before closing without an answer
+        self.jobs = _Jobs(self)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -443,6 +449,7 @@ class LocalHub:
 
     def stop(self) -> None:
         """Stop serving (idempotent); removes the root if it was a temporary one."""
+        self.jobs.cancel_all()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -512,9 +519,11 @@ class LocalHub:
         """Make the next `times` requests to `endpoint` fail.
 
         Endpoints: commit, preupload, resolve, repo_info, tree, paths_info, refs, commits, create_repo, delete_repo,
-        discussions, discussion, discussion_change, merge, whoami, branch, tag, settings, list_repos.
+        discussions, discussion, discussion_change, merge, whoami, branch, tag, settings, list_repos, jobs_run,
+        jobs_inspect, jobs_logs, jobs_cancel, jobs_list, jobs_hardware.
         Modes: "drop" (close the connection mid-request, apply nothing), "drop_after_apply" (apply, then close
-        without answering), "error" (HTTP 500, apply nothing) or an int HTTP status (apply nothing).
+        without answering), "error" (HTTP 500, apply nothing), "timeout" (read the request, answer nothing for
+        `hub.timeout_s` seconds, then close; apply nothing) or an int HTTP status such as 429 (apply nothing).
         The client sends commits without retrying, but preupload and downloads go through its backoff helper,
         which retries network errors, 429 and 5xx after sleeping 1, 2, 4... seconds: use a 4xx there to stay fast.
         """
@@ -896,6 +905,8 @@ class LocalHub:
                 return "whoami", self._h_whoami
             if segs[1:] == ["validate-yaml"] and method == "POST":
                 return "validate_yaml", lambda req: _json({"errors": [], "warnings": []})
+            if n >= 2 and segs[1] == "jobs":
+                return self.jobs.route(method, [unquote(seg) for seg in segs[2:]])
             if segs[1:] == ["repos", "create"] and method == "POST":
                 return "create_repo", self._h_create_repo
             if segs[1:] == ["repos", "delete"] and method == "DELETE":
@@ -1384,6 +1395,148 @@ class LocalHub:
         return _Response(status, b"", headers, file=(blob, start, length))
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Jobs
+
+
+JOB_HARDWARE = [  # what GET /api/jobs/hardware answers (the Hub's published CPU flavors; a local run uses this machine)
+    {"name": "cpu-basic", "prettyName": "CPU Basic", "cpu": "2 vCPU", "ram": "16 GB", "ephemeralStorage": "50 GB",
+     "accelerator": None, "unitCostMicroUSD": 167, "unitCostUSD": 0.000167, "unitLabel": "minute"},
+    {"name": "cpu-upgrade", "prettyName": "CPU Upgrade", "cpu": "8 vCPU", "ram": "32 GB", "ephemeralStorage": "50 GB",
+     "accelerator": None, "unitCostMicroUSD": 500, "unitCostUSD": 0.0005, "unitLabel": "minute"},
+]
+_TERMINAL = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
+
+
+class _Jobs:
+    """Hugging Face Jobs on the local Hub: `POST /api/jobs/{namespace}` runs the Job's command as a local subprocess
+    (a leading `python` is this interpreter, with hfexport importable: it stands for the Job's image), with its
+    `environment` and `secrets` as environment variables and `HF_ENDPOINT` pointing back here; `GET .../{id}` is
+    `inspect_job`, `GET .../{id}/logs` the log stream (SSE) `fetch_job_logs` reads, `POST .../{id}/cancel` kills it.
+    Secret values are never answered back. `hub.jobs.started` lists (id, spec) for tests."""
+
+    def __init__(self, hub: LocalHub):
+        self.hub = hub
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self.started: list[tuple[str, dict[str, Any]]] = []
+
+    def route(self, method: str, rest: list[str]) -> tuple[str, Callable[[_Request], _Response]]:
+        if rest == ["hardware"] and method == "GET":
+            return "jobs_hardware", lambda req: _json(JOB_HARDWARE)
+        if len(rest) == 1 and method == "POST":
+            return "jobs_run", lambda req: self._run(req, rest[0])
+        if len(rest) == 1 and method == "GET":
+            return "jobs_list", lambda req: _json([self._info(job) for job in self._owned(req, rest[0])])
+        if len(rest) == 2 and method == "GET":
+            return "jobs_inspect", lambda req: _json(self._info(self._get(req, *rest)))
+        if len(rest) == 3 and rest[2] == "logs" and method == "GET":
+            return "jobs_logs", lambda req: self._logs(self._get(req, rest[0], rest[1]))
+        if len(rest) == 3 and rest[2] == "cancel" and method == "POST":
+            return "jobs_cancel", lambda req: self._cancel(self._get(req, rest[0], rest[1]))
+        raise HubError(404, f"Not found: {method} /api/jobs/{'/'.join(rest)}")
+
+    def _owned(self, req: _Request, namespace: str) -> list[dict[str, Any]]:
+        if req.user is None:
+            raise HubError(401, "Invalid credentials in Authorization header")
+        if not self.hub._is_member(req.user, namespace):
+            raise HubError(403, f"You cannot use the Jobs of {namespace!r}")
+        with self._lock:
+            return [job for job in self._jobs.values() if job["namespace"] == namespace]
+
+    def _get(self, req: _Request, namespace: str, job_id: str) -> dict[str, Any]:
+        for job in self._owned(req, namespace):
+            if job["id"] == job_id:
+                return job
+        raise HubError(404, f"Job {job_id} not found")
+
+    def _run(self, req: _Request, namespace: str) -> _Response:
+        import subprocess
+
+        self._owned(req, namespace)
+        user = self.hub._require_write_role(req.user, "run a Job")
+        spec = req.json()
+        command = spec.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
+            raise HubError(400, "command: expected a non-empty list of strings")
+        environment, secrets = spec.get("environment") or {}, spec.get("secrets") or {}
+        if not isinstance(environment, dict) or not isinstance(secrets, dict):
+            raise HubError(400, "environment and secrets: expected objects")
+        flavor = spec.get("flavor") or "cpu-basic"
+        if flavor not in {hardware["name"] for hardware in JOB_HARDWARE}:
+            raise HubError(400, f"Unknown flavor {flavor!r}")
+        job_id = uuid.uuid4().hex[:24]
+        folder = self.hub.root / "jobs" / job_id
+        folder.mkdir(parents=True)
+        library = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, **{k: str(v) for k, v in environment.items()}, **{k: str(v) for k, v in secrets.items()},
+               "HF_ENDPOINT": self.hub.url, "JOB_ID": job_id,
+               "PYTHONPATH": os.pathsep.join(filter(None, [library, os.environ.get("PYTHONPATH")]))}
+        argv = [sys.executable, *command[1:]] if command[0] in ("python", "python3") else command
+        log = open(folder / "log.txt", "wb")  # noqa: SIM115 - the child writes it; closed when it ends
+        try:
+            process = subprocess.Popen(argv, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as error:
+            log.close()
+            raise HubError(400, f"cannot start the Job's command: {error}") from None
+        job = {"id": job_id, "namespace": namespace, "owner": user.user, "spec": spec, "flavor": flavor,
+               "createdAt": _now(), "process": process, "log": log, "folder": folder, "canceled": False,
+               "finishedAt": None, "started": time.monotonic(), "ended": None}
+        threading.Thread(target=lambda: (process.wait(), job.__setitem__("ended", time.monotonic())),
+                         daemon=True).start()  # when it really ended (benchmarks), whoever asks
+        with self._lock:
+            self._jobs[job_id] = job
+            self.started.append((job_id, {k: v for k, v in spec.items() if k != "secrets"}))
+        return _json(self._info(job))
+
+    def _stage(self, job: dict[str, Any]) -> tuple[str, str | None]:
+        code = job["process"].poll()
+        if code is None:
+            return "RUNNING", None
+        if job["finishedAt"] is None:
+            job["finishedAt"] = _now()
+            job["log"].close()
+        if job["canceled"]:
+            return "CANCELED", "canceled"
+        return ("COMPLETED", None) if code == 0 else ("ERROR", f"exit code {code}")
+
+    def _info(self, job: dict[str, Any]) -> dict[str, Any]:
+        stage, message = self._stage(job)
+        spec = job["spec"]
+        return {"id": job["id"], "createdAt": job["createdAt"], "startedAt": job["createdAt"],
+                "finishedAt": job["finishedAt"], "dockerImage": spec.get("dockerImage"), "spaceId": spec.get("spaceId"),
+                "owner": {"id": hashlib.sha1(job["owner"].encode()).hexdigest()[:24], "name": job["owner"],
+                          "type": "user"},
+                "command": spec.get("command"), "arguments": spec.get("arguments") or [],
+                "environment": spec.get("environment") or {}, "secrets": sorted(spec.get("secrets") or {}),
+                "flavor": job["flavor"], "labels": spec.get("labels") or {},
+                "status": {"stage": stage, "message": message}}
+
+    def _logs(self, job: dict[str, Any]) -> _Response:
+        self._stage(job)
+        text = (job["folder"] / "log.txt").read_bytes().decode("utf-8", "replace")
+        events = [{"timestamp": job["createdAt"], "data": line} for line in ["===== Job started =====",
+                                                                             *text.splitlines()]]
+        body = "".join(f"data: {json.dumps(event)}\n\n" for event in events).encode()
+        return _Response(200, body, {"Content-Type": "text/event-stream"})
+
+    def _cancel(self, job: dict[str, Any]) -> _Response:
+        if job["process"].poll() is None:
+            job["canceled"] = True
+            with contextlib.suppress(OSError):
+                os.killpg(job["process"].pid, signal.SIGKILL)
+            job["process"].wait(30)
+        return _json({"success": True})
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            self._cancel(job)
+            self._stage(job)
+
+
 def _parse_range(spec: str, size: int) -> tuple[int, int] | None:
     m = re.fullmatch(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", spec)
     if not m or (not m[1] and not m[2]):
@@ -1495,6 +1648,11 @@ class _Handler(BaseHTTPRequestHandler):
                 hub.requests.append((method, self.path, 0))
                 return
             req.body = self._read_body()
+            if fault == "timeout":
+                threading.Event().wait(hub.timeout_s)
+                self._drop(read_half=False)
+                hub.requests.append((method, self.path, 0))
+                return
             if fault == "error" or isinstance(fault, int):
                 status = 500 if fault == "error" else int(fault)
                 raise HubError(status, f"Injected fault ({status})")

@@ -75,6 +75,7 @@ class CellResult:
     detail: str | None = None
     stage: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    runtimes: list[dict] = field(default_factory=list)  # the gate's deployment runtime checks (report `runtimes`)
 
     @property
     def id(self) -> str:
@@ -147,7 +148,9 @@ def result_from_report(cell: Cell, report, target: str | None = None, failed_sta
     timings = {key: value for key, value in target_report.timings.items() if isinstance(value, (int, float))}
     if wall_s is not None:
         timings["wall_s"] = round(wall_s, 2)
-    return CellResult(cell.model, cell.export_format, cell.mode, outcome, detail, stage, timings)
+    runtimes = [{key: check[key] for key in ("runtime", "verdict", "version", "reason") if check.get(key)}
+                for check in target_report.runtimes or []]
+    return CellResult(cell.model, cell.export_format, cell.mode, outcome, detail, stage, timings, runtimes)
 
 
 # ── Running cells ────────────────────────────────────────────────────────────
@@ -397,6 +400,7 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
                 cells.append(text)
             lines.append(f"| `{name}`{family} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += _runtime_lines(results, ordered, notes)
     lines += ["## Models", "", "| model | class | task | recipe notes |", "|---|---|---|---|"]
     lines += [f"| `{name}` | `{MODELS[name].model_class}` | {MODELS[name].task} | {_escape(MODELS[name].note) or '—'} |"
               for name in ordered if name in MODELS]
@@ -412,6 +416,43 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
     if meta.get("ci"):
         lines += ["## In CI", "", meta["ci"], ""]
     return "\n".join(lines)
+
+
+def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dict[str, list[str]]) -> list[str]:
+    """The deployment runtimes' verdicts on each generation cell that ran them (`hfexport.deployment`): a table per
+    format, models x runtimes; a cell that did not pass says why in a note."""
+    lines: list[str] = []
+    for fmt in FORMATS:
+        cells = {r.model: r for r in results if r.export_format == fmt and r.mode == "generation" and r.runtimes}
+        runtimes = list(dict.fromkeys(check["runtime"] for r in cells.values() for check in r.runtimes))
+        if not runtimes:
+            continue
+        lines += [f"## Generation in the deployment runtimes ({fmt})", "",
+                  "The gate's check on the cell's saved files: greedy generation on the sample prompts in each runtime, "
+                  "token for token against `model.generate` at f32 (docs/generation.md).", "",
+                  "| model | " + " | ".join(runtimes) + " |", "|---|" + "---|" * len(runtimes)]
+        for name in [model for model in ordered if model in cells]:
+            row = []
+            by_runtime = {check["runtime"]: check for check in cells[name].runtimes}
+            for runtime in runtimes:
+                check = by_runtime.get(runtime)
+                if check is None:
+                    row.append("—")
+                    continue
+                verdict = check["verdict"]
+                text = {"passed": "✅ pass", "failed": "❌ fail"}.get(verdict, "➖ not checked")
+                if verdict != "passed" and check.get("reason"):
+                    detail = one_line(f"{runtime}: {check['reason']}")
+                    cells_noted = notes.setdefault(detail, [])
+                    if f"{name}/{fmt}/generation" not in cells_noted:  # the main table's note may say the same
+                        cells_noted.append(f"{name}/{fmt}/generation")
+                    number = list(notes).index(detail) + 1
+                    text += f" [{number}](#note-{number})"
+                row.append(text)
+            family = f" ({MODELS[name].family})" if name in MODELS else ""
+            lines.append(f"| `{name}`{family} | " + " | ".join(row) + " |")
+        lines.append("")
+    return lines
 
 
 def _escape(text: str) -> str:

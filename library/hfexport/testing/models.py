@@ -639,3 +639,28 @@ def build_smollm2(folder: str | Path) -> Path:
     tokenizer.save_pretrained(folder)
     (folder / ".complete").write_text("ok\n")
     return folder
+
+
+def perturbed_checkpoint(source: str | Path, folder: str | Path, seed: int, scale: float = 1e-3) -> Path:
+    """A copy of the model folder `source` whose every floating weight is moved by seeded noise (`scale` times the
+    tensor's own spread, at least `scale`), as a training step would: the same config and files, other weights. The
+    tests' and benchmarks' "checkpoint push" (hfexport.rebind). Tied weights stay tied (saved once)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    source, folder = Path(source), Path(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns(".*"))
+    generator = torch.Generator().manual_seed(seed)
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(file)
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point():
+                spread = max(float(tensor.float().std()) if tensor.numel() > 1 else 0.0, 1.0) * scale
+                noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32) * spread
+                tensors[name] = (tensor.float() + noise).to(tensor.dtype).contiguous()
+        save_file(tensors, file, metadata={"format": "pt"})
+    return folder

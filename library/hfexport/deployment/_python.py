@@ -1,0 +1,59 @@
+"""What the runtime modules share: finding a Python runtime's interpreter, running a client script on a
+request file. (Private to this package: each runtime module is the concept; this is their plumbing.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, compare_tokens, run_client, runtime_environment
+
+CLIENTS = Path(__file__).resolve().parent / "clients"
+#: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.onnx_contract).
+NOT_IN_CONTRACT = ("not in the ONNX runtimes' layout (model.onnx with past_key_values.{i}.key inputs, "
+                   "genai_config.json): the export keeps the engine's graphs (an encoder-decoder, a VLM, a state-space "
+                   "decode, a prefill/decode pair, or a graph with inputs the runtimes do not feed)")
+
+
+def interpreter(runtime: str, module: str) -> str | None:
+    """The python that has `module`: `HFEXPORT_RUNTIME_<RUNTIME>` if set, else hfexport's own when it can import
+    `module`, else None (not installed)."""
+    configured = runtime_environment(runtime)
+    if configured:
+        return configured if Path(configured).exists() else None
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # `optimum.onnxruntime` without `optimum`
+        found = False
+    return sys.executable if found else None
+
+
+def request_payload(request: GenerationRequest, padded: bool) -> dict:
+    return {"prompts": request.prompts, "max_new_tokens": request.max_new_tokens,
+            "pad_token_id": request.pad_token_id, "eos_token_id": request.eos_token_id,
+            "padded": bool(padded and request.padded_expected is not None)}
+
+
+def run_python_client(python: str, script: str, folder: Path, payload: dict, timeout: float) -> dict:
+    """Run `clients/<script> FOLDER REQUEST` with `python`; its last stdout line (JSON) as a dict."""
+    with tempfile.TemporaryDirectory(prefix="hfexport-runtime-") as scratch:
+        request_file = Path(scratch) / "request.json"
+        request_file.write_text(json.dumps(payload), encoding="utf-8")
+        return run_client([python, str(CLIENTS / script), str(folder), str(request_file)], timeout=timeout,
+                          cwd=scratch)
+
+
+def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int]) -> RuntimeCheck:
+    """A client's `batch1` (and `padded`) new tokens against `model.generate`'s, cut after EOS as `expected` is."""
+    fields = {"version": result.get("version"), "batch_sizes": batches}
+    check = compare_tokens(runtime, request.expected, [request.cut(tokens) for tokens in result["batch1"]], **fields)
+    if check.verdict != PASSED or request.padded_expected is None:
+        return check
+    padded = compare_tokens(runtime, request.padded_expected,
+                            [request.cut(tokens) for tokens in result.get("padded") or []], **fields)
+    if padded.verdict != PASSED:
+        padded.reason = f"left-padded batch of {len(request.prompts)}: {padded.reason}"
+    return padded

@@ -1,0 +1,43 @@
+"""onnxruntime-genai on an ONNX generation export: `og.Model(folder)` reads the `genai_config.json` hfexport writes
+beside `model.onnx` (`hfexport.onnx_contract`), then greedy `og.Generator` runs on each prompt's token ids.
+
+Batch 1 only: onnxruntime-genai gives the real tokens of a left-padded row their absolute column as position
+(src/models/position_inputs.cpp, "iterate backwards as to not misinterpret any right pad tokens"), where
+`model.generate` counts from each row's first real token, so its padded batch computes another (rotary-equivalent,
+not bit-equal) function and is not a token-exact check. Its sequence stops before the EOS token that ended it (where
+`model.generate` keeps it), so a final EOS is left out of both sides of the comparison.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, compare_tokens
+from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client
+
+RUNTIME = "onnxruntime-genai"
+CLIENT = "onnxruntime_genai_generate.py"
+
+
+def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+    if request.is_encoder_decoder:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported for onnxruntime-genai")
+    if not (Path(folder) / "genai_config.json").is_file():
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
+    python = interpreter(RUNTIME, "onnxruntime_genai")
+    if python is None:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install onnxruntime-genai, or set "
+                            "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI to its python)")
+    try:
+        result = run_python_client(python, CLIENT, Path(folder), request_payload(request, padded=False),
+                                   request.timeout_s)
+    except RuntimeClientError as error:
+        return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=[1])
+    # Its sequence ends before the EOS token it stopped at: compared without a final EOS on both sides.
+    got = [_without_eos(request.cut(tokens), request) for tokens in result["batch1"]]
+    expected = [_without_eos(tokens, request) for tokens in request.expected]
+    return compare_tokens(RUNTIME, expected, got, version=result.get("version"), batch_sizes=[1])
+
+
+def _without_eos(tokens: list[int], request: GenerationRequest) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] in request.eos_token_id else tokens

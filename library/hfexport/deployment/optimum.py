@@ -1,0 +1,38 @@
+"""optimum's `ORTModelForCausalLM` on an ONNX generation export, in optimum's own environment (transformers 4.57):
+`from_pretrained(folder)` opens `model.onnx` (+ `model.onnx_data`), then greedy `generate` on each prompt's token ids
+(batch 1) and on all prompts in one left-padded batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hfexport.deployment import (
+    FAILED,
+    NOT_CHECKED,
+    GenerationRequest,
+    RuntimeCheck,
+    RuntimeClientError,
+)
+from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, judge, request_payload, run_python_client
+
+RUNTIME = "optimum"
+CLIENT = "optimum_generate.py"
+
+
+def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+    if request.is_encoder_decoder:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported in optimum's "
+                            "encoder_model/decoder_model_merged layout yet")
+    if not (Path(folder) / "model.onnx").is_file():
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
+    python = interpreter(RUNTIME, "optimum.onnxruntime")
+    if python is None:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install optimum-onnx[onnxruntime], or set "
+                            "HFEXPORT_RUNTIME_OPTIMUM to its python)")
+    batches = [1, len(request.prompts)] if request.padded_expected is not None else [1]
+    try:
+        result = run_python_client(python, CLIENT, Path(folder), request_payload(request, padded=True),
+                                   request.timeout_s)
+    except RuntimeClientError as error:
+        return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches)
+    return judge(RUNTIME, request, result, batches)

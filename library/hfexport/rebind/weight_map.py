@@ -1,0 +1,324 @@
+"""The weight map: which parameters each stored tensor of an export holds, and how; and the rebind key.
+
+Made at every full export by value, not by name: each stored tensor of the saved files (`hfexport.rebind.onnx`,
+`openvino`, `pt2`, `pte`) is compared byte for byte with the model's parameters and buffers, as they are, transposed,
+cast to the stored dtype, reshaped, or several of them concatenated along an axis. What matches is recorded as plain
+data in the export manifest (`export.json`'s `weight_map`, schema'd and checked on load like the rest).
+
+The map says where a rebind would be wrong, so that it is refused rather than published:
+- `degenerate`: parameters that were bit-identical to another (not tied) or constant at export time. The
+  exporters deduplicate identical initializers (onnx_ir), drop a multiply by one (OpenVINO), so such a
+  parameter may share a location or have none, which only its value at export time decided.
+- `uncovered`: state_dict keys no stored tensor holds (folded into something else, or dropped).
+- `unmapped`: floating stored tensors that match nothing (a transform the map does not know).
+`apply` writes a new model's weights through the map; a location whose parameters now differ is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hfexport.rebind import onnx as onnx_format
+from hfexport.rebind import openvino as openvino_format
+from hfexport.rebind import pt2 as pt2_format
+from hfexport.rebind import pte as pte_format
+from hfexport.rebind.stored import FLOAT_DTYPES, Stored
+
+MAP_VERSION = 1
+FORMATS = {"onnx": onnx_format, "openvino": openvino_format, "dynamo": pt2_format, "executorch": pte_format}
+#: A floating stored tensor at least this large that matches nothing is taken for a weight the map cannot explain.
+UNMAPPED_MIN_BYTES = 64
+
+
+class RebindRefused(Exception):
+    """Why a rebind cannot be made; the job exports instead and reports this sentence."""
+
+
+@dataclass
+class _Variant:
+    keys: list[str]
+    transform: list[str]
+    tensor: object  # torch.Tensor, contiguous
+
+
+def sources(model) -> tuple[dict, list[str], list[list[str]]]:
+    """(tensor by name, the state_dict keys, the ties: names sharing one storage) of a model's parameters and
+    buffers (non-persistent buffers too: they are derived from the config, and graphs may hold them)."""
+    tensors, by_storage = {}, {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        tensors[name] = tensor.detach()
+        by_storage.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)),
+                              []).append(name)
+    keys = list(model.state_dict().keys())
+    ties = sorted(sorted(names) for names in by_storage.values() if len(names) > 1)
+    return tensors, keys, ties
+
+
+def rebind_key(model, target_hash: str, packages: dict) -> str:
+    """Everything a cache key holds except the weights: the config (and generation config), the recipe target,
+    the package versions, the state_dict's keys, shapes and dtypes, and which of them are tied."""
+    tensors, keys, ties = sources(model)
+    config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    generation = getattr(model, "generation_config", None)
+    document = {
+        "map_version": MAP_VERSION, "config": config,
+        "generation_config": generation.to_diff_dict() if generation is not None else None,
+        "recipe_target": target_hash, "packages": packages,
+        "state_dict": {key: [list(tensors[key].shape), str(tensors[key].dtype)] for key in keys if key in tensors},
+        "ties": ties,
+    }
+    document["generation_config"] = {k: v for k, v in (document["generation_config"] or {}).items()
+                                     if k != "transformers_version"}
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def stored_tensors(folder: Path, manifest: dict) -> dict[str, dict[str, Stored]]:
+    """Every stored tensor of the export in `folder`, by component program file, then by locator."""
+    module = FORMATS[manifest["export_format"]]
+    files = dict.fromkeys(entry["file"] for entry in manifest["components"].values())
+    return {file: {entry.name: entry for entry in module.read(folder, file)} for file in files}
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _stored_u8(entry: Stored):
+    """The stored bytes as a uint8 tensor over the file's memory (no copy; never written through)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: torch warns that writes are undefined
+        return torch.frombuffer(entry.data, dtype=torch.uint8) if entry.nbytes else torch.empty(0, dtype=torch.uint8)
+
+
+def _as_tensor(entry: Stored):
+    """The stored bytes as a tensor of the stored dtype and shape (None where the format does not say)."""
+    if entry.dtype not in FLOAT_DTYPES or entry.shape is None or not entry.nbytes:
+        return None
+    return _stored_u8(entry).view(_torch_dtype(entry.dtype)).reshape(entry.shape)
+
+
+def _u8(tensor):
+    """A tensor's bytes as a flat uint8 tensor (a view when it is contiguous)."""
+    import torch
+
+    return tensor.contiguous().view(-1).view(torch.uint8)
+
+
+def _bytes(tensor) -> bytes:
+    return _u8(tensor).numpy().tobytes()
+
+
+def _sample(data) -> bytes:
+    """A few bytes of a flat uint8 tensor (start, middle, end): the index key that finds candidates to compare."""
+    n = len(data)
+    return b"".join(data[a:b].numpy().tobytes() for a, b in ((0, 16), (n // 2, n // 2 + 16), (max(0, n - 16), n)))
+
+
+def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+    """Names grouped by identical values (ties, and parameters that happen to be bit-identical), and the degenerate
+    names: bit-identical without being tied, constant (every element equal, more than one), or a symmetric matrix."""
+    import torch
+
+    tied = {name: tuple(group) for group in ties for name in group}
+    by_value: dict[tuple, list[str]] = {}
+    degenerate = []
+    for name, tensor in tensors.items():
+        flat = tensor.reshape(-1)
+        digest = hashlib.sha256(_u8(tensor).numpy()).hexdigest()
+        by_value.setdefault((str(tensor.dtype), tuple(tensor.shape), digest), []).append(name)
+        if flat.numel() > 1 and tensor.is_floating_point() and bool((flat == flat[0]).all()):
+            degenerate.append(name)
+        elif tensor.is_floating_point() and tensor.dim() == 2 and tensor.shape[0] == tensor.shape[1] \
+                and torch.equal(tensor, tensor.t()):
+            degenerate.append(name)  # symmetric: stored as it is or transposed, the bytes cannot tell
+    groups = list(by_value.values())
+    for names in groups:
+        if len({tied.get(name, (name,)) for name in names}) > 1:
+            degenerate.extend(names)
+    return groups, sorted(set(degenerate))
+
+
+def build(folder: Path, manifest: dict, model, key: str) -> dict:
+    """The weight map of the export saved in `folder` (its `manifest`) from `model`, the model it was exported from,
+    every entry verified by recomputing it from the parameters and comparing bytes."""
+    import torch
+
+    tensors, keys, ties = sources(model)
+    groups, degenerate = _groups(tensors, ties)
+    stored = stored_tensors(folder, manifest)
+    dtypes = {entry.dtype for file in stored.values() for entry in file.values() if entry.dtype in FLOAT_DTYPES}
+    variants: list[_Variant] = []
+    for names in groups:
+        tensor = tensors[names[0]]
+        forms = [([], tensor)]
+        if tensor.dim() == 2:
+            forms.append((["transpose"], tensor.t()))
+        for transform, form in list(forms):
+            for dtype in dtypes:
+                if tensor.is_floating_point() and str(tensor.dtype).removeprefix("torch.") != dtype:
+                    forms.append(([*transform, "cast"], form.to(_torch_dtype(dtype))))
+        variants += [_Variant(names, transform, form.contiguous()) for transform, form in forms]
+    index: dict[tuple, list[_Variant]] = {}
+    for variant in variants:
+        data = _u8(variant.tensor)
+        index.setdefault((len(data), _sample(data)), []).append(variant)
+
+    entries, unmapped, covered = [], [], set()
+    for file, by_name in stored.items():
+        for name, entry in by_name.items():
+            parts, axis = _match(entry, index, variants)
+            if parts is None:
+                if entry.floating and entry.nbytes >= UNMAPPED_MIN_BYTES and not _constant(entry):
+                    unmapped.append(f"{file}:{name}")
+                continue
+            record = {"file": file, "name": name, "nbytes": entry.nbytes, "dtype": entry.dtype, "shape": entry.shape,
+                      "concat_axis": axis, "parts": parts}
+            if not torch.equal(_compute(record, tensors), _stored_u8(entry)):  # the exact comparison every entry passes
+                raise AssertionError(f"weight map: {file}:{name} does not recompute to its stored bytes")
+            covered.update(key for part in parts for key in part["keys"])
+            entries.append(record)
+    return {
+        "version": MAP_VERSION,
+        "rebind_key": key,
+        "degenerate": [name for name in degenerate if name in keys],
+        "uncovered": [name for name in keys if name not in covered],
+        "unmapped": sorted(unmapped)[:1000],
+        "tensors": entries,
+    }
+
+
+def _constant(entry: Stored) -> bool:
+    data = bytes(entry.data[:4096])
+    return len(set(data[i:i + 4] for i in range(0, min(len(data), 4096), 4))) <= 1
+
+
+def _match(entry: Stored, index: dict, variants: list[_Variant]) -> tuple[list[dict] | None, int | None]:
+    """The parts a stored tensor is made of: one variant (identity, transpose, cast, reshape), or several
+    concatenated along an axis; (None, None) when nothing matches."""
+    if entry.nbytes == 0:
+        return None, None
+    import torch
+
+    data = _stored_u8(entry)
+    for variant in index.get((len(data), _sample(data)), []):
+        if entry.dtype is None and "cast" in variant.transform:
+            continue  # an untyped storage (.pt2, .pte named data) holds the parameter's own dtype
+        if torch.equal(_u8(variant.tensor), data) and (entry.dtype is None or str(variant.tensor.dtype).endswith(entry.dtype)):
+            return [_part(variant, entry.shape)], None
+    stored = _as_tensor(entry)
+    if stored is None or stored.dim() not in (1, 2):
+        return None, None
+    for axis in range(stored.dim()):
+        parts = _concat(stored, axis, variants)
+        if parts:
+            return parts, axis
+    return None, None
+
+
+def _part(variant: _Variant, shape: list[int] | None) -> dict:
+    transform = list(variant.transform)
+    if shape is not None and list(variant.tensor.shape) != list(shape):
+        transform.append("reshape")
+    return {"keys": list(variant.keys), "transform": transform or ["identity"]}
+
+
+def _concat(stored, axis: int, variants: list[_Variant]) -> list[dict] | None:
+    import torch
+
+    size, position, parts = stored.shape[axis], 0, []
+    others = [d for i, d in enumerate(stored.shape) if i != axis]
+    candidates = [v for v in variants if v.tensor.dtype == stored.dtype and v.tensor.dim() == stored.dim()
+                  and [d for i, d in enumerate(v.tensor.shape) if i != axis] == others]
+    while position < size:
+        for variant in candidates:
+            length = variant.tensor.shape[axis]
+            if length <= size - position and length < size and torch.equal(stored.narrow(axis, position, length),
+                                                                          variant.tensor):
+                parts.append({"keys": list(variant.keys), "transform": list(variant.transform) or ["identity"],
+                              "length": int(length)})
+                position += length
+                break
+        else:
+            return None
+    return parts if len(parts) > 1 else None
+
+
+def _compute(record: dict, tensors: dict):
+    """A map entry's bytes from `tensors` (the parameters by name): each part transformed, concatenated, reshaped."""
+    import torch
+
+    pieces = []
+    dtype = _torch_dtype(record["dtype"]) if record["dtype"] in FLOAT_DTYPES else None
+    for part in record["parts"]:
+        values = [tensors[key] for key in part["keys"]]
+        first = values[0]
+        for other, key in zip(values[1:], part["keys"][1:]):
+            if other.shape != first.shape or not torch.equal(other, first):
+                raise RebindRefused(f"{record['file']}:{record['name']} serves {part['keys'][0]} and {key}, whose new "
+                                    "values differ (one stored tensor, several parameters)")
+        tensor = first
+        if "transpose" in part["transform"]:
+            tensor = tensor.t()
+        if "cast" in part["transform"] and dtype is not None:
+            tensor = tensor.to(dtype)
+        pieces.append(tensor)
+    tensor = torch.cat(pieces, dim=record["concat_axis"]) if record["concat_axis"] is not None else pieces[0]
+    return _u8(tensor)
+
+
+def refusal(weight_map: dict | None, key: str) -> str | None:
+    """Why this map cannot take new weights with rebind key `key` (None: it can)."""
+    if not weight_map:
+        return "the previous export has no weight map"
+    if weight_map.get("version") != MAP_VERSION:
+        return f"the previous export's weight map is version {weight_map.get('version')}, not {MAP_VERSION}"
+    if weight_map.get("rebind_key") != key:
+        return "the previous export's rebind key differs (config, recipe target, packages or parameter shapes)"
+    if weight_map.get("degenerate"):
+        names = weight_map["degenerate"]
+        return (f"the previous export came from a degenerate checkpoint: {len(names)} parameter(s) bit-identical to "
+                f"another or constant (e.g. {names[0]}), which the exporters may have merged or dropped")
+    if weight_map.get("uncovered"):
+        return f"state_dict key {weight_map['uncovered'][0]} maps to no stored tensor of the previous export"
+    if weight_map.get("unmapped"):
+        return f"stored tensor {weight_map['unmapped'][0]} of the previous export maps to no parameter"
+    return None
+
+
+def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
+    """Write `model`'s weights into the export in `folder` through `weight_map` (checked with `refusal` first).
+    Each entry must still be where the map says, with its size, dtype and shape. Returns the bytes written."""
+    import torch
+
+    tensors, _, _ = sources(model)
+    stored = stored_tensors(folder, manifest)
+    module = FORMATS[manifest["export_format"]]
+    updates: dict[str, dict[str, bytes]] = {}
+    for record in weight_map["tensors"]:
+        entry = stored.get(record["file"], {}).get(record["name"])
+        if entry is None or entry.nbytes != record["nbytes"] or entry.dtype != record["dtype"] \
+                or entry.shape != record["shape"]:
+            raise RebindRefused(f"{record['file']}:{record['name']} is not in the previous export as its weight map "
+                                "says")
+        for part in record["parts"]:
+            missing = [key for key in part["keys"] if key not in tensors]
+            if missing:
+                raise RebindRefused(f"{record['file']}:{record['name']} maps to {missing[0]}, which the model lacks")
+        data = _compute(record, tensors)
+        if len(data) != entry.nbytes:
+            raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {len(data)} bytes, the "
+                                f"stored tensor has {entry.nbytes}")
+        if not torch.equal(data, _stored_u8(entry)):
+            updates.setdefault(record["file"], {})[record["name"]] = data.numpy().tobytes()
+    for file, changes in updates.items():
+        module.write(folder, file, stored[file], changes)
+    return sum(len(data) for changes in updates.values() for data in changes.values())
