@@ -223,7 +223,7 @@ def test_openvino_generation_is_one_graph_unless_the_recipe_says_otherwise():
     assert not target("openvino", {"multi_token_decode": False}).single_graph
     assert not target("openvino", {"cache_implementation": "static", "max_cache_len": 64}).single_graph
     assert not target("openvino", {"single_graph": False}).single_graph
-    assert not target("onnx").single_graph and not target("executorch").single_graph
+    assert target("onnx").single_graph and not target("executorch").single_graph  # ONNX: #26
 
 
 def test_a_generation_target_in_its_runtimes_contract_is_published_in_its_formats_folder():
