@@ -20,7 +20,7 @@ LAYERS = [
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "plan"]),
     ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "onnx_contract",
-                   "onnx_runner", "generate", "exported", "export", "rebind"]),
+                   "onnx_runner", "runtime_layout", "generate", "exported", "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),
     ("publication", ["publication"]),

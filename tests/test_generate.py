@@ -391,8 +391,13 @@ def test_static_cache_openvino_targets_export_stateless(tiny_llama, model, token
     recipe = load_recipe(_layout_recipe(tiny_llama, ["openvino-static", "openvino-generation"]))
     static = build_plan(recipe, "openvino-static", model, processor=tokenizer)
     assert [component.config.stateful for component in static.components.values()] == [False, False]
-    dynamic = build_plan(recipe, "openvino-generation", model, processor=tokenizer)
-    assert [component.config.stateful for component in dynamic.components.values()] == [True, True]
+    dynamic = build_plan(recipe, "openvino-generation", model, processor=tokenizer)  # one graph by default (#27)
+    assert {name: component.config.stateful for name, component in dynamic.components.items()} == {"decode": True}
+    document = _layout_recipe(tiny_llama, ["openvino-generation"])
+    document["targets"]["openvino-generation"]["generation"] = {"single_graph": False}
+    pair = load_recipe(document)
+    pair_plan = build_plan(pair, "openvino-generation", model, processor=tokenizer)
+    assert [component.config.stateful for component in pair_plan.components.values()] == [True, True]
     asked = load_recipe(_layout_recipe(tiny_llama, ["openvino-static"], stateful=True))
     asked_plan = build_plan(asked, "openvino-static", model, processor=tokenizer)
     assert all(component.config.stateful for component in asked_plan.components.values())

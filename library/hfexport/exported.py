@@ -30,6 +30,7 @@ from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.openvino_fixes import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
+from hfexport.runtime_layout import finish as finish_runtime_layout
 from hfexport.runtime import (
     PRECISION_FORMATS,
     has_runtime_precision,
@@ -103,13 +104,16 @@ class ExportedModel(_EngineExportedModel):
         copy_returned_inputs(self.runners)
         return self
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """The engine's `save_pretrained`; a decoder-only ONNX generation export (one `decode` graph) is then put in
-        the loaders' contract (`model.onnx` + `model.onnx_data`, `genai_config.json`; `hfexport.onnx_contract`), so
-        transformers.js, optimum and onnxruntime-genai open the folder as it is, and `from_pretrained` here too."""
+    def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs):
+        """The engine's `save_pretrained`; a decoder-only generation export is then put in its runtimes' contract:
+        ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.onnx_contract`)
+        for transformers.js, optimum and onnxruntime-genai; OpenVINO (one stateful `decode` graph) as optimum-intel's
+        `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
+        for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files."""
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if str(getattr(self.export_format, "value", self.export_format)) == "onnx":
             to_contract(Path(save_directory))
+        finish_runtime_layout(save_directory, tokenizer)
         return result
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,

@@ -626,7 +626,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                 raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
                                 f"{error}") from None
         if default_graph and (stages is None or not _single_graph_fits(stages)):
-            # the ONNX default (one graph) on a model without a plain prefill/decode over attention: its own layout
+            # the ONNX/OpenVINO default (one graph) on a model without a plain prefill/decode over attention: its own layout
             single_graph = multi_token_decode = False
             try:
                 with traced_cache_layout():

@@ -331,7 +331,7 @@ def _export_target(job: _Job, name: str) -> None:
         target_report.timings["export_s"] = round(timer.seconds, 4)
 
         def write(folder: Path) -> None:
-            exported.save_pretrained(folder)
+            exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
             if (folder / GENAI_CONFIG_FILE).is_file() and hasattr(job.processor, "save_pretrained"):
                 job.processor.save_pretrained(folder)  # the loaders' contract: the tokenizer beside the graph

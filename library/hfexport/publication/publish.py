@@ -32,6 +32,7 @@ from hfexport.errors import (
 from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE, file_sha256, git_blob_sha1
 from hfexport.hub import hub_error, looks_like_repo_id
 from hfexport.layout import (
+    DEFAULT_NAMES,
     LayoutError,
     Place,
     artifact_name,
@@ -364,7 +365,18 @@ def _layout_spec(item: _Target) -> dict:
     return {"export_format": export_format, "mode": item.target.mode, "path": spec.get("path"),
             "file_name": spec.get("file_name"),
             "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item)),
-            "loaders_contract": (item.folder / GENAI_CONFIG_FILE).is_file()}
+            "loaders_contract": (item.folder / GENAI_CONFIG_FILE).is_file() or _deployable(item)}
+
+
+def _deployable(item: _Target) -> bool:
+    """A generation target saved in its runtimes' contract: one program under its format's loaders' name
+    (`hfexport.runtime_layout`: OpenVINO's stateful `openvino_model.xml`), published in the format's folder."""
+    try:
+        components = json.loads((item.folder / MANIFEST_FILE).read_text(encoding="utf-8"))["components"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    files = [entry.get("file") for entry in components.values() if isinstance(entry, dict)]
+    return item.target.mode == "generation" and files == [DEFAULT_NAMES.get(item.target.export_format)]
 
 
 def _export_dtype(item: _Target) -> str | None:

@@ -34,7 +34,8 @@ class Target:
     @property
     def single_graph(self) -> bool:
         """A generation target exported as its multi-token decode alone (`generation.single_graph`): one graph. An
-        ONNX generation target that says nothing of its layout is one by default (`single_graph_by_default`)."""
+        ONNX or OpenVINO generation target that says nothing of its layout is one by default
+        (`single_graph_by_default`)."""
         if self.mode != "generation":
             return False
         if "single_graph" in self.generation:
@@ -43,11 +44,12 @@ class Target:
 
     @property
     def single_graph_by_default(self) -> bool:
-        """An ONNX generation target without `single_graph`, `multi_token_decode` or a static cache: the ONNX
-        runtimes' contract is one decoder graph (`hfexport.onnx_contract`), so a decoder-only model exports as one;
-        the plan falls back to a prefill/decode pair where the model has none (encoder-decoders, VLMs, Mamba)."""
+        """An ONNX or OpenVINO generation target without `single_graph`, `multi_token_decode` or a static cache: the
+        ONNX runtimes' contract is one decoder graph (`hfexport.onnx_contract`), OpenVINO GenAI's and optimum-intel's
+        one stateful decode graph (`hfexport.runtime_layout`), so a decoder-only model exports as one; the plan falls
+        back to a prefill/decode pair where the model has none (encoder-decoders, VLMs, Mamba)."""
         generation = self.generation
-        return self.mode == "generation" and str(self.export_format) == "onnx" and \
+        return self.mode == "generation" and str(self.export_format) in ("onnx", "openvino") and \
             "single_graph" not in generation and "multi_token_decode" not in generation and \
             generation.get("cache_implementation", "dynamic") == "dynamic"
 

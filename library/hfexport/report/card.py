@@ -272,6 +272,17 @@ def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) 
             lines += ["```python", "import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
                       f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])',
                       f'model = og.Model(f"{{folder}}/{folder}")', "```", ""]
+        if {"openvino-genai", "optimum-intel"} & set(passed):
+            code = ["from huggingface_hub import snapshot_download", "",
+                    f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
+            if "openvino-genai" in passed:
+                code += ["", "import openvino_genai", "",
+                         f'pipe = openvino_genai.LLMPipeline(f"{{local}}/{folder}", "CPU")',
+                         'print(pipe.generate("The capital of France is", max_new_tokens=20))']
+            if "optimum-intel" in passed:
+                code += ["", "from optimum.intel import OVModelForCausalLM", "",
+                         f'model = OVModelForCausalLM.from_pretrained(f"{{local}}/{folder}")']
+            lines += ["```python", *code, "```", ""]
     return lines
 
 

@@ -42,6 +42,9 @@ PEER_REQUIREMENTS = (
 #: onnxruntime-genai as its users install it from PyPI (it brings the ONNX Runtime it runs on; no torch, no transformers),
 #: with huggingface_hub to download an export as the README shows.
 GENAI_REQUIREMENTS = ("onnxruntime-genai==0.18.0", "onnxruntime==1.32.0", "huggingface_hub==0.36.2")
+#: OpenVINO GenAI as its users install it (LLMPipeline with its tokenizer plugin), at hfexport's OpenVINO version:
+#: openvino-genai and openvino-tokenizers must match openvino exactly. No torch, no transformers.
+OPENVINO_GENAI_REQUIREMENTS = ("openvino==2026.4.1", "openvino-tokenizers==2026.4.1.0", "openvino-genai==2026.4.1.0")
 #: transformers.js from npm; onnxruntime-node bundles its CPU binary (its install script only fetches CUDA extras).
 NODE_PACKAGES = {"@huggingface/transformers": "4.3.2"}
 CLIENTS = Path(__file__).resolve().parent / "clients"
@@ -99,18 +102,22 @@ def build_seconds(folder: Path) -> float | None:
         return None
 
 
-def peer_venv(requirements: tuple[str, ...] = PEER_REQUIREMENTS) -> Path:
-    """A venv with `requirements` (CPU torch installed first and pinned), built once; returns its python."""
+def peer_venv(requirements: tuple[str, ...] = PEER_REQUIREMENTS, *, torch: bool = True) -> Path:
+    """A venv with `requirements` (CPU torch installed first and pinned, unless `torch=False`), built once; returns
+    its python."""
 
     def build(folder: Path) -> None:
         _run([sys.executable, "-m", "venv", str(folder)], "creating the peers' venv")
         pip = [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        _run([*pip, TORCH], f"installing {TORCH}")
-        constraints = folder / "constraints.txt"
-        constraints.write_text(TORCH + "\n")
-        _run([*pip, "-c", str(constraints), *requirements], "installing the peers' packages")
+        if torch:
+            _run([*pip, TORCH], f"installing {TORCH}")
+            constraints = folder / "constraints.txt"
+            constraints.write_text(TORCH + "\n")
+            _run([*pip, "-c", str(constraints), *requirements], "installing the peers' packages")
+        else:
+            _run([*pip, *requirements], "installing the peers' packages")
 
-    folder = _timed(cache_root() / _key("venv", [TORCH, *requirements]), build)
+    folder = _timed(cache_root() / _key("venv", [TORCH, *requirements] if torch else list(requirements)), build)
     return folder / "bin" / "python"
 
 
@@ -124,6 +131,11 @@ def genai_venv(requirements: tuple[str, ...] = GENAI_REQUIREMENTS) -> Path:
 
     folder = _timed(cache_root() / _key("venv", list(requirements)), build)
     return folder / "bin" / "python"
+
+
+def openvino_genai_venv() -> Path:
+    """A venv with OpenVINO GenAI (`OPENVINO_GENAI_REQUIREMENTS`), built once; returns its python."""
+    return peer_venv(OPENVINO_GENAI_REQUIREMENTS, torch=False)
 
 
 def node_modules(packages: dict[str, str] | None = None) -> Path:

@@ -1,0 +1,144 @@
+"""OpenVINO GenAI's `LLMPipeline(folder, "CPU")` on an OpenVINO generation export, as its users run it.
+
+It runs in the environment named by `HFEXPORT_RUNTIME_OPENVINO_GENAI` (a Python with `openvino-genai`), else beside
+hfexport where `openvino_genai` is importable, else the check is `not_checked`. The client
+(`clients/openvino_genai_client.py`) feeds the request's prompts as token ids (`TokenizedInputs`) with greedy
+decoding, at an f32 inference precision hint (token for token against `model.generate`, at batch 1 and on the
+left-padded batch), and, where the CPU plugin's default precision is not f32 (bf16 on CPUs with AVX512-BF16 or
+AMX), again at that default, judged by hfexport's token agreement floor for that precision
+(`verify.thresholds.RUNTIME_MIN_TOKEN_AGREEMENT`): a second record with that precision.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from hfexport.deployment import (
+    FAILED,
+    NOT_CHECKED,
+    PASSED,
+    GenerationRequest,
+    RuntimeCheck,
+    RuntimeClientError,
+    compare_tokens,
+    first_difference,
+    run_client,
+    runtime_environment,
+)
+from hfexport.verify.thresholds import RUNTIME_MIN_TOKEN_AGREEMENT
+
+RUNTIME = "openvino-genai"
+MODULE = "openvino_genai"
+CLIENTS = Path(__file__).resolve().parent / "clients"
+CLIENT = CLIENTS / "openvino_genai_client.py"
+MODEL_FILE = "openvino_model.xml"
+
+
+def find_python(runtime: str, module: str) -> str | None:
+    """The Python that runs `runtime`: `HFEXPORT_RUNTIME_<NAME>`, else this one where `module` is importable."""
+    configured = runtime_environment(runtime)
+    if configured:
+        return configured
+    try:
+        found = importlib.util.find_spec(module)
+    except ImportError:  # `optimum.intel` without `optimum`: find_spec imports the parent package
+        found = None
+    return sys.executable if found is not None else None
+
+
+def stop_token_kept(request: GenerationRequest, got: list[list[int]]) -> list[list[int]]:
+    """`got` cut as `expected` is; a runtime that stops at an EOS without returning it gets that EOS back where
+    `model.generate`'s tokens end with it (the same decision, the same length)."""
+    out = []
+    for index, tokens in enumerate(got):
+        tokens = request.cut(tokens)
+        want = request.expected[index] if index < len(request.expected) else []
+        if want and want[-1] in request.eos_token_id and tokens == want[:-1]:
+            tokens = want
+        out.append(tokens)
+    return out
+
+
+def token_agreement(expected: list[list[int]], got: list[list[int]]) -> float:
+    """hfexport's token agreement (`hfexport.generate.verify_generation`): per prompt, the tokens before its first
+    divergence from `expected`, over all of `expected`'s tokens."""
+    total = sum(map(len, expected)) or 1
+    same = 0
+    for want, have in zip(expected, got, strict=False):
+        for a, b in zip(want, have, strict=False):
+            if a != b:
+                break
+            same += 1
+    return same / total
+
+
+def judge_at_precision(runtime: str, request: GenerationRequest, got: list[list[int]], precision: str,
+                       **fields) -> RuntimeCheck:
+    """f32: token for token. A reduced precision (bf16, f16): passed when the token agreement reaches hfexport's
+    floor for it (`RUNTIME_MIN_TOKEN_AGREEMENT`), else failed naming the agreement and the first difference."""
+    if precision == "f32" or precision not in RUNTIME_MIN_TOKEN_AGREEMENT:
+        return compare_tokens(runtime, request.expected, got, precision=precision, **fields)
+    agreement, floor = token_agreement(request.expected, got), RUNTIME_MIN_TOKEN_AGREEMENT[precision]
+    difference = first_difference(request.expected, got)
+    if agreement >= floor:
+        return RuntimeCheck(runtime, PASSED, precision=precision, first_difference=difference, **fields)
+    return RuntimeCheck(runtime, FAILED, precision=precision, first_difference=difference,
+                        reason=f"at {precision} {agreement:.2f} of the greedy tokens agree with model.generate, "
+                               f"below hfexport's floor of {floor} for {precision}", **fields)
+
+
+def write_request(directory: Path, request: GenerationRequest, **extra) -> Path:
+    """The request as the clients read it (JSON: prompts, max_new_tokens, eos/pad ids, padded)."""
+    path = directory / "request.json"
+    path.write_text(json.dumps({
+        "prompts": request.prompts, "max_new_tokens": request.max_new_tokens, "eos_token_id": request.eos_token_id,
+        "pad_token_id": request.pad_token_id, "padded": request.padded_expected is not None, "texts": request.texts,
+        **extra}), encoding="utf-8")
+    return path
+
+
+def check(folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
+    """LLMPipeline on `folder` at an f32 hint (token-exact, batch 1 and left-padded), and at the device's default
+    precision where that is not f32."""
+    folder = Path(folder)
+    python = find_python(RUNTIME, MODULE)
+    if python is None:
+        return [RuntimeCheck(RUNTIME, NOT_CHECKED, reason="openvino-genai is not installed (pip install "
+                             "openvino-genai, or set HFEXPORT_RUNTIME_OPENVINO_GENAI to a Python that has it)")]
+    if request.is_encoder_decoder or not (folder / MODEL_FILE).is_file():
+        return [RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"no {MODEL_FILE} (one stateful decoder-only graph) in the "
+                             "export: LLMPipeline runs decoder-only LLMs exported as one stateful graph")]
+    with tempfile.TemporaryDirectory(prefix="hfexport-genai-") as scratch:
+        try:
+            answer = run_client([python, str(CLIENT), str(folder), str(write_request(Path(scratch), request))],
+                                timeout=request.timeout_s)
+        except RuntimeClientError as error:
+            return [RuntimeCheck(RUNTIME, FAILED, reason=str(error))]
+    version = answer.get("version")
+    batches = [1] + ([len(request.prompts)] if "f32_padded" in answer else [])
+    checks = [judge_f32(RUNTIME, request, answer, version, batches)]
+    default = answer.get("default_precision")
+    if "default" in answer:
+        checks.append(judge_at_precision(RUNTIME, request, stop_token_kept(request, answer["default"]), default,
+                                         version=version, batch_sizes=[1]))
+    return checks
+
+
+def judge_f32(runtime: str, request: GenerationRequest, answer: dict, version: str | None,
+              batches: list[int]) -> RuntimeCheck:
+    """A client's f32 answer (`f32`: batch 1, `f32_padded`: the left-padded batch) token for token."""
+    single = compare_tokens(runtime, request.expected, stop_token_kept(request, answer["f32"]), precision="f32",
+                            version=version, batch_sizes=batches)
+    if not single.passed or "f32_padded" not in answer or request.padded_expected is None:
+        return single
+    padded = GenerationRequest(request.prompts, request.padded_expected, request.max_new_tokens,
+                               request.eos_token_id, request.pad_token_id)
+    batch = compare_tokens(runtime, padded.expected, stop_token_kept(padded, answer["f32_padded"]), precision="f32",
+                           version=version, batch_sizes=batches)
+    if not batch.passed:
+        batch.reason = f"left-padded batch of {len(request.prompts)}: {batch.reason}"
+    return batch
