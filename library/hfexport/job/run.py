@@ -132,8 +132,8 @@ class JobOptions:
         verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
         latency: time each target that passed against the eager model (`hfexport.latency`), when verifying.
         runtimes: run each generation target that passed in the deployment runtimes of its format
-            (`hfexport.deployment`: transformers.js, optimum, onnxruntime-genai, OpenVINO GenAI, ExecuTorch's LLM
-            runner, where installed), token for token against `model.generate`; one that fails fails the target.
+            (`hfexport.deployment`: transformers.js, optimum, onnxruntime-genai, OpenVINO GenAI, optimum-intel, where
+            installed), token for token against `model.generate`; one that fails fails the target.
         recipe_origin: where a given `recipe` came from, for what the report, card and PR say: "proposed" (by
             hfexport, the repo has none) or "edited" (the repo's, changed); None: as `recipe_source` says.
         rebind: when a previous export of the target in OUTPUT has the same rebind key (everything in the cache key
