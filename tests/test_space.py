@@ -679,7 +679,10 @@ def test_a_ticked_quantized_variant_is_added_to_the_recipe_converted_gated_and_p
     outcome = page.locator("#results table").first.inner_text()
     sizes = {name: size for name, size in re.findall(r"(onnx(?:-int8)?)\s+✅ passed\s+parity verified\s+(\S+ \S+)",
                                                      outcome)}
-    assert set(sizes) == {"onnx", "onnx-int8"}, outcome
+    assert set(sizes) == {"onnx", "onnx-int8"} and sizes["onnx-int8"] != sizes["onnx"], outcome
+    results = text_of(page, "#results")
+    assert "Quality judged on the recipe's 2 sample text" in results, results  # real text, not random ids
+    assert re.search(r"Quantization: ort_dynamic .* reference: onnx", results), results
     shot(page, "31-quantized-variant-converted")
 
     page.locator("#open-pr").click()
