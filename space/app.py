@@ -152,6 +152,35 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         state = {**(state or _new_state()), "recipe_valid": check.valid}
         return check.markdown(), _problems(check), _target_update(check), state
 
+    def add_variants(kinds: list[str], recipe_text: str, ticked: list[str], state: dict | None):
+        """The ticked quantized variants added to the editor's recipe as targets (the unticked ones taken out), and
+        ticked to convert: what is converted is what the editor shows."""
+        state = dict(state or _new_state())
+        check = logic.check_recipe_text(recipe_text, config=state.get("model_config"))
+        if not check.valid:
+            return ("Fix the recipe's problems to add quantized variants.\n\n" + check.markdown(), gr.update(),
+                    _problems(check), gr.update(), gr.update(value=[]), state)
+        try:
+            document = logic.with_quantized_variants(check.document, kinds or [])
+        except Exception as error:  # noqa: BLE001
+            return _fail(error), gr.update(), gr.update(), gr.update(), gr.update(), state
+        text = logic.pretty_json(document)[0]
+        check = logic.check_recipe_text(text, config=state.get("model_config"))
+        state["recipe_valid"] = check.valid
+        added = logic.variant_targets(document, kinds or [])
+        keep = [name for name in ticked or [] if name in check.targets]
+        value = list(dict.fromkeys((keep or [check.recipe.default_target] if check.valid else []) + added))
+        note = f"Quantized variants in the editor's recipe: {', '.join(f'`{n}`' for n in added)}.\n\n" if added else ""
+        targets_update = gr.update(choices=check.targets, value=value) if check.valid else _target_update(check)
+        return note + check.markdown(), text, _problems(check), targets_update, gr.update(), state
+
+    def offer_variants(recipe_text: str):
+        """The quantized variants the editor's recipe can take (ticked: those it holds); hidden when none."""
+        check = logic.check_recipe_text(recipe_text)
+        choices = logic.quantized_variant_choices(check.document) if check.valid else []
+        return gr.update(choices=choices, value=logic.ticked_variants(check.document) if choices else [],
+                         visible=bool(choices))
+
     def controls(state: dict | None, recipe_text: str | None, oauth_token: gr.OAuthToken | None):
         """Convert enabled only when it can succeed (with the reason beside it when not); Open PR enabled only with
         something to publish, and named "Update PR #N" once the model has an hfexport pull request. "Run on my
@@ -369,6 +398,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                                       elem_classes=["problem-lines"], visible=False)
         editor = gr.Code(label=f"Recipe ({RECIPE_FILE}): edit to try changes; checked as you type", language="json",
                          interactive=True, lines=12, max_lines=20, elem_id="editor")
+        variants = gr.CheckboxGroup([], label="Quantized variants: added to the recipe as targets of their own "
+                                    "(converted and parity-checked like the others)", elem_id="variants", visible=False)
         with gr.Row():
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
                                        scale=3)
@@ -400,7 +431,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         gated = [convert_button, convert_hint, pr_button, new_repo_button, jobs_button, jobs_hint]
         demo.load(show_user, None, user, api_visibility="private")
         demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
-            controls, [state, editor], gated, api_visibility="private", queue=False)
+            controls, [state, editor], gated, api_visibility="private", queue=False).then(
+            offer_variants, editor, variants, api_visibility="private", queue=False)
         demo.unload(closed)
         search_box.submit(search, search_box, [found_models, search_note], api_name="search_models")
         found_models.input(lambda picked: picked or gr.update(), found_models, model_box, api_visibility="private",
@@ -410,13 +442,21 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(
                 load_model, [model_box, revision_box, state], loaded, **api,
             ).then(controls, [state, editor], gated, api_visibility="private", queue=False).then(
-                remember, [model_box, revision_box, editor], saved, api_visibility="private")
+                remember, [model_box, revision_box, editor], saved, api_visibility="private").then(
+                offer_variants, editor, variants, api_visibility="private", queue=False)
         formats.input(draft, [model_box, revision_box, formats, state], [recipe_status, editor, problems, targets,
                                                                           state],
                       api_name="draft_recipe").then(controls, [state, editor], gated, api_visibility="private", queue=False).then(
-            remember, [model_box, revision_box, editor], saved, api_visibility="private")
+            remember, [model_box, revision_box, editor], saved, api_visibility="private").then(
+            offer_variants, editor, variants, api_visibility="private", queue=False)
         editor.input(validate, [editor, state], [recipe_status, problems, targets, state], api_name="validate_recipe",
                      queue=False, trigger_mode="always_last", show_progress="hidden").then(
+            controls, [state, editor], gated, api_visibility="private", queue=False).then(
+            remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False).then(
+            offer_variants, editor, variants, api_visibility="private", queue=False)
+        variants.input(add_variants, [variants, editor, targets, state], [recipe_status, editor, problems, targets,
+                                                                          variants, state],
+                       api_name="add_quantized_variants", queue=False).then(
             controls, [state, editor], gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the

@@ -646,3 +646,49 @@ def test_run_on_my_jobs_is_the_default_only_when_the_model_does_not_fit_and_need
     assert "HFEXPORT_SPACE_JOBS_IMAGE" in logic.jobs_blocker(state, "t", logic.SpaceSettings(workdir=Path("/tmp")),
                                                              "{ }")
     assert logic.SpaceSettings.from_env({"SPACE_ID": "me/hfexport"}).jobs_image == "hf.co/spaces/me/hfexport"
+
+
+def test_a_ticked_quantized_variant_is_added_to_the_recipe_converted_gated_and_published(space, hub, new_page):
+    """Issue 30: "ONNX int8" adds an `onnx-int8` target (ONNX Runtime dynamic quantization) to the editor's recipe;
+    Convert exports and gates it on the recipe's sample text beside fp32 `onnx`, and the PR places it where
+    transformers.js looks for "q8" (`onnx/model_quantized.onnx`), saying the recipe was edited."""
+    from playwright.sync_api import expect
+
+    recipe = json.loads((EXAMPLES / "tiny-bert" / "export_config.json").read_text())
+    recipe["targets"] = {name: recipe["targets"][name] for name in ("onnx", "openvino")}
+    files = {p.name: p.read_bytes() for p in (EXAMPLES / "tiny-bert").iterdir()}
+    files["export_config.json"] = json.dumps(recipe, indent=2).encode()
+    repo = seed(hub, "space-quant", files)
+    page = new_page()
+    sign_in(page)
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    variants = page.locator("#variants")
+    expect(variants.get_by_label("OpenVINO int8 weights (NNCF weight compression)")).to_be_visible()
+    variants.get_by_label("ONNX int8 (ONNX Runtime dynamic quantization)").check()
+    page.locator("#recipe-status", has_text="onnx-int8").wait_for()
+    edited = json.loads(page.locator("#editor .cm-content").inner_text())
+    assert edited["targets"]["onnx-int8"]["quantization"] == {"method": "ort_dynamic"}, edited
+    assert set(edited["targets"]) == {"onnx", "openvino", "onnx-int8"}
+    expect(page.locator("#targets").get_by_label("onnx-int8")).to_be_checked()
+    expect(page.locator("#targets").get_by_label("onnx", exact=True)).to_be_checked()
+    shot(page, "30-quantized-variant-ticked")
+
+    page.locator("#convert").click()
+    page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
+    outcome = page.locator("#results table").first.inner_text()
+    sizes = {name: size for name, size in re.findall(r"(onnx(?:-int8)?)\s+✅ passed\s+parity verified\s+(\S+ \S+)",
+                                                     outcome)}
+    assert set(sizes) == {"onnx", "onnx-int8"} and sizes["onnx-int8"] != sizes["onnx"], outcome
+    results = text_of(page, "#results")
+    assert "Quality judged on the recipe's 2 sample text" in results, results  # real text, not random ids
+    assert re.search(r"Quantization: ort_dynamic .* reference: onnx", results), results
+    shot(page, "31-quantized-variant-converted")
+
+    page.locator("#open-pr").click()
+    page.locator("#pr-result", has_text="Opened pull request").wait_for(timeout=JOB_TIMEOUT_MS)
+    published = hub.files(repo, "refs/pr/1")
+    assert "onnx/model.onnx" in published and "onnx/model_quantized.onnx" in published, sorted(published)
+    assert len(published["onnx/model_quantized.onnx"]) < len(published["onnx/model.onnx"])
+    description = hub.discussions(repo)[0]
+    assert "edited in the hfexport Space" in json.dumps(description), description

@@ -472,3 +472,47 @@ def test_a_recipe_from_the_editor_is_recorded_as_proposed_or_edited(tiny_bert, t
     validate_report(report.to_dict())
     card = render_section("user/model", report)
     assert "from a recipe hfexport proposed for this model" in card and "this repo's export recipe" not in card
+
+
+# ── quantized variants ───────────────────────────────────────────────────────
+
+
+def test_quantized_variants_are_schema_valid_targets_with_names_that_do_not_collide():
+    """Issue 30: the page's "ONNX int8" / "OpenVINO int8" add one quantized copy of each unquantized target of their
+    format; the result validates (schema and quantization checks), publishes where the loaders look, and is undone by
+    unticking; a name already taken gets a suffix, and neither the base's parity nor its path follows it."""
+    from hfexport.layout import artifact_name
+
+    recipe = bert_recipe()
+    recipe["targets"]["onnx"]["parity"] = {"atol": 1e-6}
+    recipe["targets"]["onnx-int8"] = {**recipe["targets"]["onnx"], "path": "mine"}  # a user's own target of that name
+    before = json.loads(json.dumps(recipe))
+    assert [key for _, key in logic.quantized_variant_choices(recipe)] == ["onnx-int8", "openvino-int8"]
+    assert logic.ticked_variants(recipe) == []
+
+    both = logic.with_quantized_variants(recipe, ["onnx-int8", "openvino-int8"])
+    assert recipe == before  # never edited in place
+    check = logic.check_recipe_text(logic.pretty_json(both)[0])
+    assert check.valid, check.markdown()
+    added = logic.variant_targets(both)
+    # one per unquantized base of the format: the user's `onnx-int8` is a base too (it has no quantization)
+    assert sorted(added) == ["onnx-int8-2", "onnx-int8-int8", "openvino-int8"], added
+    assert set(before["targets"]) <= set(both["targets"]) and before["targets"]["onnx-int8"] == both["targets"]["onnx-int8"]
+    onnx_q8 = both["targets"]["onnx-int8-2"]
+    assert onnx_q8["quantization"] == {"method": "ort_dynamic"} and "parity" not in onnx_q8 and "path" not in onnx_q8
+    assert onnx_q8["dynamic_shapes"] == recipe["targets"]["onnx"]["dynamic_shapes"]
+    assert artifact_name("onnx", onnx_q8["quantization"]) == "model_quantized.onnx"
+    assert both["targets"]["openvino-int8"]["quantization"] == {"method": "nncf_weights", "params": {"mode": "int8_asym"}}
+    assert logic.ticked_variants(both) == ["onnx-int8", "openvino-int8"]
+
+    assert logic.with_quantized_variants(both, ["onnx-int8", "openvino-int8"]) == both  # ticking again adds nothing
+    assert logic.with_quantized_variants(both, []) == recipe  # unticking takes back exactly what was added
+    only_onnx = logic.with_quantized_variants(both, ["onnx-int8"])
+    assert "openvino-int8" not in only_onnx["targets"] and "onnx-int8-2" in only_onnx["targets"]
+
+    assert logic.quantized_variant_choices({"export_format": "onnx"}) == []  # a flat recipe has no named targets
+    long = {**recipe, "targets": {"o" * 64: recipe["targets"]["onnx"]}, "default_target": "o" * 64}
+    named = logic.variant_targets(logic.with_quantized_variants(long, ["onnx-int8"]))
+    assert named == ["o" * 59 + "-int8"]
+    with pytest.raises(SpaceError, match="the page offers: onnx-int8, openvino-int8"):
+        logic.with_quantized_variants(recipe, ["onnx-fp8"])

@@ -16,6 +16,9 @@ This module adds what a multi-user web page needs around those calls:
 - `jobs_fit` / `run_on_jobs`: "Run on my Hugging Face Jobs", the export as a Job under the signed-in user's
   account (`job.dispatch`: the flavor from the preflight's memory estimate, the token a Job secret), followed
   through its state and logs until it has published its pull request.
+- `with_quantized_variants`: the quantized variants the page offers for a recipe's ONNX and OpenVINO targets
+  (`onnx-int8`: ONNX Runtime dynamic int8; `openvino-int8`: NNCF int8 weight compression), added to the editor's
+  recipe as targets of their own, so they are converted, gated and published like any other.
 - `propose_recipe`: a pull request that adds `export_config.json` to the model repo, updated in place (one open
   proposal per repo) and left alone when it already holds the same recipe.
 """
@@ -426,6 +429,117 @@ def recipe_for_job(text: str | None, repo_recipe: str | None) -> tuple[dict | No
     if repo_recipe is not None and canonical_json(check.document) == repo_recipe:
         return None, False
     return check.document, True
+
+
+# ── Quantized variants ───────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class QuantizedVariant:
+    """A quantized copy the page offers of every unquantized target of one format: its `quantization` section."""
+
+    export_format: str
+    suffix: str  # the new target is named `<target>-<suffix>`
+    label: str
+    quantization: dict
+
+
+# Data-free methods only: a variant needs nothing but the recipe it is added to (docs/quantization.md). Each is
+# published under the name its loaders look for (`layout.artifact_name`) where one exists: ONNX Runtime's dynamic int8
+# is transformers.js' `model_quantized.onnx` ("q8"); OpenVINO int8 weight compression (optimum-intel's
+# `--weight-format int8`) has no conventional file name, so it goes to `openvino/<target>/`.
+QUANTIZED_VARIANTS = {
+    "onnx-int8": QuantizedVariant("onnx", "int8", "ONNX int8 (ONNX Runtime dynamic quantization)",
+                                  {"method": "ort_dynamic"}),
+    "openvino-int8": QuantizedVariant("openvino", "int8", "OpenVINO int8 weights (NNCF weight compression)",
+                                      {"method": "nncf_weights", "params": {"mode": "int8_asym"}}),
+}
+_NOT_COPIED = ("quantization", "parity", "path", "file_name", "description")  # the base's own, not its variant's
+
+
+def _variant_spec(base: str, spec: dict, variant: QuantizedVariant) -> dict:
+    copied = {key: value for key, value in spec.items() if key not in _NOT_COPIED}
+    return {**copied, "description": f"{base}, quantized: {variant.label}.",
+            "quantization": json.loads(json.dumps(variant.quantization))}
+
+
+def _variant_bases(targets: dict, variant: QuantizedVariant) -> list[str]:
+    return [name for name, spec in targets.items() if isinstance(spec, dict) and not spec.get("quantization")
+            and spec.get("export_format") == variant.export_format]
+
+
+def quantized_variant_choices(document: Any) -> list[tuple[str, str]]:
+    """(label, key) of the variants a recipe can take: those whose format it has an unquantized target of. A flat
+    recipe (one unnamed target) takes none: variants are named targets."""
+    targets = document.get("targets") if isinstance(document, dict) else None
+    if not isinstance(targets, dict):
+        return []
+    return [(variant.label, key) for key, variant in QUANTIZED_VARIANTS.items() if _variant_bases(targets, variant)]
+
+
+def variant_targets(document: Any, kinds: Sequence[str] | None = None) -> list[str]:
+    """The names of the targets of `document` that are the variants `kinds` (default: all) would add, as added."""
+    targets = document.get("targets") if isinstance(document, dict) else None
+    if not isinstance(targets, dict):
+        return []
+    found = []
+    for key in kinds if kinds is not None else QUANTIZED_VARIANTS:
+        variant = QUANTIZED_VARIANTS[key]
+        for base in _variant_bases(targets, variant):
+            wanted = _variant_spec(base, targets[base], variant)
+            found += [name for name, spec in targets.items() if spec == wanted]
+    return found
+
+
+def _variant_name(base: str, suffix: str, taken: dict) -> str:
+    """`<base>-<suffix>`, then `-2`, `-3`...: the first name no target has, within the 64 characters of a name."""
+    number = 1
+    while True:
+        tail = f"-{suffix}" + (f"-{number}" if number > 1 else "")
+        name = base[: 64 - len(tail)] + tail
+        if name not in taken:
+            return name
+        number += 1
+
+
+def ticked_variants(document: Any) -> list[str]:
+    """The variants `document` holds for every target they apply to (the page's ticks after an edit or a load)."""
+    targets = (document or {}).get("targets") if isinstance(document, dict) else None
+    ticked = []
+    for label, key in quantized_variant_choices(document):
+        bases = _variant_bases(targets, QUANTIZED_VARIANTS[key])
+        if len(variant_targets(document, [key])) >= len(bases):
+            ticked.append(key)
+    return ticked
+
+
+def with_quantized_variants(document: dict, kinds: Sequence[str]) -> dict:
+    """`document` with the quantized variants `kinds` (keys of `QUANTIZED_VARIANTS`) as targets of their own, and
+    those of the other kinds, unchanged since they were added, taken out; never edits `document` in place.
+
+    Each unquantized target of a variant's format gets a copy named `<target>-<suffix>` (`onnx` -> `onnx-int8`;
+    `-2`, `-3`... when that name is another target's) with the variant's `quantization` section, without the base's
+    `parity` (a quantized target is judged by the quantized defaults, `quantization.default_parity`), `path` and
+    `file_name` (the publication names it where its loaders look). A variant already present is left as it is.
+    Raises SpaceError for an unknown kind."""
+    unknown = [kind for kind in kinds if kind not in QUANTIZED_VARIANTS]
+    if unknown:
+        raise SpaceError("Unknown quantized variant", f"{', '.join(map(repr, unknown))}; the page offers: "
+                         f"{', '.join(QUANTIZED_VARIANTS)}")
+    document = json.loads(json.dumps(document))
+    targets = document.get("targets")
+    if not isinstance(targets, dict):
+        return document
+    for key in [key for key in QUANTIZED_VARIANTS if key not in kinds]:
+        for name in variant_targets(document, [key]):
+            del targets[name]
+    for key in kinds:
+        variant = QUANTIZED_VARIANTS[key]
+        for base in _variant_bases(targets, variant):
+            wanted = _variant_spec(base, targets[base], variant)
+            if wanted not in targets.values():
+                targets[_variant_name(base, variant.suffix, targets)] = wanted
+    return document
 
 
 # ── Per-session folders ──────────────────────────────────────────────────────
