@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest, run_checks
-from hfexport.deployment import openvino_genai, optimum_intel
+from hfexport.deployment import _python, openvino_genai, optimum_intel
 from hfexport.testing import peers
 
 MAX_NEW_TOKENS = 8
@@ -144,7 +144,7 @@ def test_absent_crashed_and_hung_runtimes(openvino_llama, llama_request, monkeyp
     monkeypatch.delenv("HFEXPORT_RUNTIME_OPTIMUM_INTEL", raising=False)
     with monkeypatch.context() as patched:
         for module in (openvino_genai, optimum_intel):  # nor importable beside hfexport
-            patched.setattr(module, "find_python", lambda runtime, name: None)
+            patched.setattr(module, "interpreter", lambda runtime, name: None)
         absent = run_checks("openvino", openvino_llama, llama_request)
     assert [check.verdict for check in absent] == [NOT_CHECKED, NOT_CHECKED]
     assert "not installed" in absent[0].reason and "HFEXPORT_RUNTIME_OPENVINO_GENAI" in absent[0].reason
@@ -210,7 +210,7 @@ def test_the_card_shows_llm_runtime_snippets_only_for_runtimes_that_passed(expor
 
 def test_a_runtime_whose_parent_package_is_missing_is_not_found(monkeypatch):
     monkeypatch.delenv("HFEXPORT_RUNTIME_OPTIMUM_INTEL", raising=False)
-    assert openvino_genai.find_python("optimum-intel", "no_such_package_here.intel") is None
+    assert _python.interpreter("optimum-intel", "no_such_package_here.intel") is None
 
 
 def test_openvino_generation_is_one_graph_unless_the_recipe_says_otherwise():

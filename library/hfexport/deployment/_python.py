@@ -32,9 +32,11 @@ def interpreter(runtime: str, module: str) -> str | None:
 
 
 def request_payload(request: GenerationRequest, padded: bool) -> dict:
+    """The request as every client reads it (JSON): prompts as token ids, max_new_tokens, eos/pad ids, whether to
+    generate the left-padded batch too, and the prompts' texts."""
     return {"prompts": request.prompts, "max_new_tokens": request.max_new_tokens,
             "pad_token_id": request.pad_token_id, "eos_token_id": request.eos_token_id,
-            "padded": bool(padded and request.padded_expected is not None)}
+            "padded": bool(padded and request.padded_expected is not None), "texts": request.texts}
 
 
 def run_python_client(python: str, script: str, folder: Path, payload: dict, timeout: float) -> dict:

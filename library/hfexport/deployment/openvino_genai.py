@@ -11,10 +11,6 @@ AMX), again at that default, judged by hfexport's token agreement floor for that
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
-import tempfile
 from pathlib import Path
 
 from hfexport.deployment import (
@@ -26,28 +22,14 @@ from hfexport.deployment import (
     RuntimeClientError,
     compare_tokens,
     first_difference,
-    run_client,
-    runtime_environment,
 )
+from hfexport.deployment._python import interpreter, request_payload, run_python_client
 from hfexport.verify.thresholds import RUNTIME_MIN_TOKEN_AGREEMENT
 
 RUNTIME = "openvino-genai"
 MODULE = "openvino_genai"
-CLIENTS = Path(__file__).resolve().parent / "clients"
-CLIENT = CLIENTS / "openvino_genai_client.py"
+CLIENT = "openvino_genai_client.py"
 MODEL_FILE = "openvino_model.xml"
-
-
-def find_python(runtime: str, module: str) -> str | None:
-    """The Python that runs `runtime`: `HFEXPORT_RUNTIME_<NAME>`, else this one where `module` is importable."""
-    configured = runtime_environment(runtime)
-    if configured:
-        return configured
-    try:
-        found = importlib.util.find_spec(module)
-    except ImportError:  # `optimum.intel` without `optimum`: find_spec imports the parent package
-        found = None
-    return sys.executable if found is not None else None
 
 
 def stop_token_kept(request: GenerationRequest, got: list[list[int]]) -> list[list[int]]:
@@ -91,33 +73,21 @@ def judge_at_precision(runtime: str, request: GenerationRequest, got: list[list[
                                f"below hfexport's floor of {floor} for {precision}", **fields)
 
 
-def write_request(directory: Path, request: GenerationRequest, **extra) -> Path:
-    """The request as the clients read it (JSON: prompts, max_new_tokens, eos/pad ids, padded)."""
-    path = directory / "request.json"
-    path.write_text(json.dumps({
-        "prompts": request.prompts, "max_new_tokens": request.max_new_tokens, "eos_token_id": request.eos_token_id,
-        "pad_token_id": request.pad_token_id, "padded": request.padded_expected is not None, "texts": request.texts,
-        **extra}), encoding="utf-8")
-    return path
-
-
 def check(folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
     """LLMPipeline on `folder` at an f32 hint (token-exact, batch 1 and left-padded), and at the device's default
     precision where that is not f32."""
     folder = Path(folder)
-    python = find_python(RUNTIME, MODULE)
+    python = interpreter(RUNTIME, MODULE)
     if python is None:
         return [RuntimeCheck(RUNTIME, NOT_CHECKED, reason="openvino-genai is not installed (pip install "
                              "openvino-genai, or set HFEXPORT_RUNTIME_OPENVINO_GENAI to a Python that has it)")]
     if request.is_encoder_decoder or not (folder / MODEL_FILE).is_file():
         return [RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"no {MODEL_FILE} (one stateful decoder-only graph) in the "
                              "export: LLMPipeline runs decoder-only LLMs exported as one stateful graph")]
-    with tempfile.TemporaryDirectory(prefix="hfexport-genai-") as scratch:
-        try:
-            answer = run_client([python, str(CLIENT), str(folder), str(write_request(Path(scratch), request))],
-                                timeout=request.timeout_s)
-        except RuntimeClientError as error:
-            return [RuntimeCheck(RUNTIME, FAILED, reason=str(error))]
+    try:
+        answer = run_python_client(python, CLIENT, folder, request_payload(request, padded=True), request.timeout_s)
+    except RuntimeClientError as error:
+        return [RuntimeCheck(RUNTIME, FAILED, reason=str(error))]
     version = answer.get("version")
     batches = [1] + ([len(request.prompts)] if "f32_padded" in answer else [])
     checks = [judge_f32(RUNTIME, request, answer, version, batches)]

@@ -9,7 +9,6 @@ left-padded batch, and the new tokens must be `model.generate`'s, token for toke
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from hfexport.deployment import (
@@ -18,30 +17,28 @@ from hfexport.deployment import (
     GenerationRequest,
     RuntimeCheck,
     RuntimeClientError,
-    run_client,
 )
-from hfexport.deployment.openvino_genai import CLIENTS, MODEL_FILE, find_python, judge_f32, write_request
+from hfexport.deployment._python import interpreter, request_payload, run_python_client
+from hfexport.deployment.openvino_genai import MODEL_FILE, judge_f32
 
 RUNTIME = "optimum-intel"
 MODULE = "optimum.intel"
-CLIENT = CLIENTS / "optimum_intel_client.py"
+CLIENT = "optimum_intel_client.py"
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     """OVModelForCausalLM on `folder` at an f32 hint: token-exact at batch 1 and on the left-padded batch."""
     folder = Path(folder)
-    python = find_python(RUNTIME, MODULE)
+    python = interpreter(RUNTIME, MODULE)
     if python is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="optimum-intel is not installed (pip install "
                             "optimum-intel[openvino], or set HFEXPORT_RUNTIME_OPTIMUM_INTEL to a Python that has it)")
     if request.is_encoder_decoder or not (folder / MODEL_FILE).is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"no {MODEL_FILE} (one stateful decoder-only graph) in the "
                             "export: OVModelForCausalLM runs decoder-only LLMs exported as one graph")
-    with tempfile.TemporaryDirectory(prefix="hfexport-optimum-intel-") as scratch:
-        try:
-            answer = run_client([python, str(CLIENT), str(folder), str(write_request(Path(scratch), request))],
-                                timeout=request.timeout_s)
-        except RuntimeClientError as error:
-            return RuntimeCheck(RUNTIME, FAILED, reason=str(error))
+    try:
+        answer = run_python_client(python, CLIENT, folder, request_payload(request, padded=True), request.timeout_s)
+    except RuntimeClientError as error:
+        return RuntimeCheck(RUNTIME, FAILED, reason=str(error))
     batches = [1] + ([len(request.prompts)] if "f32_padded" in answer else [])
     return judge_f32(RUNTIME, request, answer, answer.get("version"), batches)
