@@ -234,7 +234,8 @@ def test_generation_components_are_discovered(llama):
 
 def test_an_onnx_generation_target_is_one_graph_by_default(llama):
     """The ONNX runtimes' contract is one decoder graph (hfexport.onnx_contract): a plain `mode: generation` ONNX target
-    of a decoder-only model plans as a single graph; OpenVINO keeps its prefill/decode pair."""
+    of a decoder-only model plans as a single graph, and so does OpenVINO's (optimum-intel's one stateful graph,
+    hfexport.runtime_layout); `generation.single_graph: false` keeps the prefill/decode pair."""
     recipe, model, processor = llama
     document = copy.deepcopy(recipe.document)
     document["targets"]["onnx-generation"].pop("generation", None)
@@ -242,6 +243,9 @@ def test_an_onnx_generation_target_is_one_graph_by_default(llama):
     assert list(plan.components) == ["decode"] and plan.single_graph
     document["targets"]["openvino-generation"].pop("generation", None)
     plan = plan_for(document, model, None, processor, target="openvino-generation")
+    assert list(plan.components) == ["decode"] and plan.single_graph
+    document["targets"]["onnx-generation"]["generation"] = {"single_graph": False}
+    plan = plan_for(document, model, None, processor, target="onnx-generation")
     assert list(plan.components) == ["prefill", "decode"] and not plan.single_graph
 
 

@@ -478,9 +478,7 @@ def test_generation_targets_calibrate_each_component_on_its_own_captured_inputs(
     model, processor = load_model(tiny_llama), load_processor(tiny_llama)
     document = json.loads((tiny_llama / "export_config.json").read_text())
     target = copy.deepcopy(document["targets"]["openvino-generation"])
-    target.pop("generation", None)
-    if single_graph:
-        target["generation"] = {"single_graph": True}
+    target["generation"] = {"single_graph": single_graph}  # each layout asked for by name (one graph is the default)
     target["quantization"] = {"method": "nncf_weights",
                               "params": {"mode": "int4_sym", "group_size": 16, "scale_estimation": True},
                               "calibration": {"source": "texts", "texts": TEXTS}}
