@@ -33,6 +33,9 @@ class ComponentPlan:
     config: Any  # the engine's ExportConfigMixin subclass
     input_shapes: dict[str, Any]  # sample shapes, for the report
     dynamic_axes: dict[str, Any]  # input -> axis -> description; {"*": "auto"} when torch.export decides
+    # What the engine's export input preparers (transformers' `register_export_input_preparer`) computed from the
+    # sample inputs before tracing: input -> {"kind": "added" | "replaced", ...} (`preparer_record`).
+    prepared_inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +75,12 @@ class Plan:
         if self.target.mode == "forward":
             return self.components["model"].config
         return {name: component.config for name, component in self.components.items()}
+
+    def prepared_inputs(self) -> dict | None:
+        """The report's `prepared_inputs`: per component, what the engine's input preparers computed (None: nothing)."""
+        record = {name: component.prepared_inputs for name, component in self.components.items()
+                  if component.prepared_inputs}
+        return record or None
 
     def describe(self) -> dict:
         """The resolved plan as JSON: format, mode, dims, and per component its options and dynamic axes."""
@@ -365,6 +374,57 @@ def _prepared(model, inputs: dict) -> dict:
     return dict(prepared)
 
 
+def traced_inputs(model, inputs: dict) -> dict:
+    """A probe's forward kwargs as the graph takes them: what the engine's input preparers computed from them added
+    or replaced, as at export time (an `image_sizes` tensor becomes the Python ints the graph was specialized on)."""
+    return _prepared(model, inputs)
+
+
+_RECORDED_VALUES = 64  # a prepared input of at most this many values is recorded with its values
+
+
+def _describe_prepared(value) -> dict:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        described = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        if value.numel() <= _RECORDED_VALUES:
+            described["value"] = value.tolist()
+        return described
+    if isinstance(value, (list, tuple)):
+        return {"python": type(value).__name__, "value": _jsonable_value(value)}
+    if isinstance(value, (int, float, bool)):
+        return {"python": type(value).__name__, "value": value}
+    return {"python": type(value).__name__}
+
+
+def _jsonable_value(value):
+    if isinstance(value, (list, tuple)):
+        return [_jsonable_value(item) for item in value]
+    return value if isinstance(value, (int, float, bool, str)) or value is None else repr(value)
+
+
+def preparer_record(inputs: dict, prepared: dict) -> dict:
+    """What the engine's export input preparers did to `inputs` (`prepared` = `_prepared(model, inputs)`): each input
+    they added (`cu_seqlens`, `position_ids`, ...) and each they replaced (`image_sizes`: a tensor become Python
+    ints), with shapes and small values. The engine's dtype cast and popped output flags are not preparers' work."""
+    import torch
+
+    record: dict[str, Any] = {}
+    for name, after in prepared.items():
+        if name not in inputs:
+            record[name] = {"kind": "added", **_describe_prepared(after)}
+            continue
+        before = inputs[name]
+        if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor):
+            if before.shape == after.shape and (before.dtype == after.dtype or before.is_floating_point()):
+                continue  # unchanged, or only cast to the model's dtype
+        elif type(before) is type(after) and not isinstance(before, torch.Tensor):
+            continue
+        record[name] = {"kind": "replaced", "from": _describe_prepared(before), **_describe_prepared(after)}
+    return record
+
+
 def _generation_config(model, target: Target):
     generation = target.generation
     if generation.get("cache_implementation") != "static":
@@ -600,7 +660,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         )
         config = _engine_config(target, target.options, dynamic_shapes)
         components["model"] = ComponentPlan(
-            "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"}
+            "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
+            preparer_record(inputs, prepared),
         )
     else:
         generation_config = _generation_config(model, target)
@@ -684,7 +745,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                     if component_shapes else base, strict_keys=bool(component_shapes),
                 )
             config = _engine_config(target, options, dynamic_shapes)
-            components[name] = ComponentPlan(name, config, {k: _describe_shape(v) for k, v in prepared.items()}, described)
+            components[name] = ComponentPlan(name, config, {k: _describe_shape(v) for k, v in prepared.items()}, described,
+                                             preparer_record(subinputs, prepared))
         unknown = [key for key in (shapes or {}) if key not in seen_keys]
         if unknown:
             raise PlanError(

@@ -318,6 +318,7 @@ def _export_target(job: _Job, name: str) -> None:
                               revision=job.revision_to_load, token=job.options.token)
         job.plans[name] = plan
         target_report.plan = _jsonable(plan.describe())
+        target_report.prepared_inputs = _jsonable(plan.prepared_inputs())
         if plan.quantization:
             job.quantized_plans[name] = plan
             target_report.quantization = _jsonable(plan.quantization)

@@ -49,6 +49,8 @@ class TargetReport:
     method: str = "export"  # "rebind": the previous export's graphs with this checkpoint's weights (hfexport.rebind)
     rebind: dict | None = None  # {"from", "seconds", "fallback", "bytes_written"}: the rebind tried, and why it fell back
     plan: dict | None = None
+    # per component, what transformers' export input preparers computed from the sample inputs (Plan.prepared_inputs)
+    prepared_inputs: dict | None = None
     files: list[dict] = field(default_factory=list)
     total_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)

@@ -524,6 +524,64 @@ def build_idefics3(folder: Path) -> None:
     ))
 
 
+# LLaVA-NeXT's "anyres": an image is resized onto the best of these grids and cut into 32 x 32 tiles, plus the whole
+# image as one more tile. The recipe's images are one fixed size (the tile contract), so every prompt holds the same
+# number of image tokens.
+LLAVA_NEXT_GRID_PINPOINTS = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+LLAVA_NEXT_IMAGE = {"count": 2, "height": IMAGE_SIZE, "width": 2 * IMAGE_SIZE}
+
+
+def build_llava_next(folder: Path) -> None:
+    """Tiny LLaVA-NeXT: CLIP vision tower, Llama text model, anyres tiling. Its forward and `get_image_features`
+    take `image_sizes`, the marker of transformers 5.23's `image_sizes` export input preparer (which turns the
+    tensor into Python ints outside the traced graph)."""
+    from transformers import (
+        CLIPVisionConfig,
+        GenerationConfig,
+        LlamaConfig,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
+        LlavaNextProcessor,
+    )
+
+    tokenizer = bpe_tokenizer(extra_special=("<image>",))
+    ids = _special_ids(tokenizer)
+    _seeded()
+    vision = CLIPVisionConfig(
+        image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, projection_dim=32,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, **ids,
+    )
+    config = LlavaNextConfig(
+        vision_config=vision, text_config=text, image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=LLAVA_NEXT_GRID_PINPOINTS, vision_feature_layer=-1,
+        vision_feature_select_strategy="default", tie_word_embeddings=False,
+        architectures=["LlavaNextForConditionalGeneration"],
+    )
+    image_processor = LlavaNextImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=LLAVA_NEXT_GRID_PINPOINTS,
+    )
+    processor = LlavaNextProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default", image_token="<image>", num_additional_image_tokens=1,
+    )
+    model = LlavaNextForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, LLAVA_FORWARD_SHAPES,
+        {"text": ["<image> Describe the picture", "<image> The capital of France is"], "images": LLAVA_NEXT_IMAGE},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random LLaVA-NeXT (CLIP vision tower, Llama text model, anyres tiles of 32 x 32).",
+    ))
+
+
 MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -596,6 +654,12 @@ MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-idefics3", "Idefics3", "Idefics3ForConditionalGeneration", "image-text-to-text", VLM_MODES,
                   build_idefics3, "The SmolVLM architecture. Generation as LLaVA: hfexport's `image_encoder` "
                   "(vision tower + pixel-shuffle connector, with `pixel_attention_mask`) and `embed`."),
+        TinyModel("tiny-llava-next", "LLaVA-NeXT", "LlavaNextForConditionalGeneration", "image-text-to-text",
+                  DECODER_MODES, build_llava_next,
+                  "The `image_sizes` family: transformers 5.23's `image_sizes` export input preparer turns the "
+                  "processor's `image_sizes` tensor into Python ints before tracing (recorded in the report's "
+                  "`prepared_inputs`), so the anyres tiling is static. Images one fixed size (32 x 64: 3 tiles, "
+                  "64 tokens each); forward shapes static as LLaVA's."),
     )
 }
 

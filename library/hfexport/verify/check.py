@@ -25,7 +25,7 @@ from typing import Any
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
 from hfexport.models import on_empty_cache
-from hfexport.plan import generation_stages
+from hfexport.plan import generation_stages, traced_inputs
 from hfexport.progress import ProgressCallback, Step
 from hfexport.runtime import (
     cpu_info,
@@ -78,13 +78,15 @@ def _traced(runner, inputs: dict) -> dict:
     return {key: value for key, value in inputs.items() if key in traced}
 
 
-def _run_forward_probe(exported, model, inputs: dict, thresholds: dict) -> dict:
+def _run_forward_probe(exported, model, inputs: dict, thresholds: dict, prepared: bool = False) -> dict:
+    """`prepared`: the engine's input preparers changed the traced inputs (the report's `prepared_inputs`), so the
+    artifact is fed the probe's inputs prepared the same way; the eager model takes them as they are."""
     import torch
 
     with torch.no_grad():
         eager = model(**copy.deepcopy(inputs))
     try:
-        got = exported(**inputs)
+        got = exported(**(traced_inputs(model, inputs) if prepared else inputs))
     except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure, not a crash
         return {"error": _backend_message(error), "outputs": {}}
     return {"outputs": compare_outputs(got, eager, thresholds, mask_of(inputs))}
@@ -293,7 +295,8 @@ def _run_checks(exported, model, plan, processor, probes: list[dict], refs, reso
                 if on_probe is not None:
                     on_probe(results[-1])
         else:
-            entry = _run_forward_probe(exported, model, inputs, probe_thresholds)
+            entry = _run_forward_probe(exported, model, inputs, probe_thresholds,
+                                       prepared=bool(plan.components["model"].prepared_inputs))
             results.append(_finish({**base, "component": "model", "shapes": shapes_of(inputs), **entry,
                                     "seconds": round(time.perf_counter() - probe_started, 4)}))
             if on_probe is not None:
