@@ -25,7 +25,7 @@ from typing import Any
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
 from hfexport.models import on_empty_cache
-from hfexport.plan import generation_stages, traced_inputs
+from hfexport.plan import generation_stages, image_token_id, traced_inputs
 from hfexport.progress import ProgressCallback, Step
 from hfexport.runtime import (
     cpu_info,
@@ -35,6 +35,7 @@ from hfexport.runtime import (
 )
 from hfexport.verify.parity import compare_outputs
 from hfexport.verify.probes import (
+    keep_image_tokens,
     mask_of,
     plan_probes,
     probe_axes,
@@ -280,7 +281,8 @@ def _run_checks(exported, model, plan, processor, probes: list[dict], refs, reso
     results: list[dict] = []
     for probe, probe_thresholds, role in runs:
         probe_started = time.perf_counter()
-        inputs = probe.get("inputs") or resize_inputs(plan.inputs, refs, probe["dims"])
+        inputs = probe.get("inputs") or keep_image_tokens(resize_inputs(plan.inputs, refs, probe["dims"]),
+                                                          plan.inputs, image_token_id(model.config))
         base = {"name": probe.get("name") or probe_label(probe["dims"]), "dims": probe["dims"],
                 **({"capped": probe["capped"]} if probe.get("capped") else {}), **({"role": role} if role else {})}
         if generation:

@@ -225,6 +225,24 @@ def resize_inputs(inputs: dict, refs: list[AxisRef], assignment: dict) -> dict:
     return result
 
 
+def keep_image_tokens(resized: dict, inputs: dict, image_token: int | None) -> dict:
+    """A vision-language probe grown along the text: the cyclic tiling of `resize_inputs` repeats the image
+    placeholders, which the model then refuses ("Image features and image tokens do not match"); the repeated
+    ones become the row's last text token, so every row keeps its images' token count and the text grows."""
+    ids, before = resized.get("input_ids"), inputs.get("input_ids")
+    if image_token is None or ids is None or before is None or ids.shape[1] <= before.shape[1]:
+        return resized
+    ids = ids.clone()
+    for row in range(ids.shape[0]):
+        original = before[row % before.shape[0]]
+        wanted = int((original == image_token).sum())
+        positions = (ids[row] == image_token).nonzero().flatten()
+        text = original[original != image_token]
+        if len(positions) > wanted and len(text):
+            ids[row, positions[wanted:]] = text[-1]
+    return {**resized, "input_ids": ids}
+
+
 def shapes_of(inputs: dict) -> dict:
     return {name: list(tensor.shape) for name, tensor in probe_tensors(inputs).items()}
 

@@ -1,0 +1,117 @@
+"""The families whose inputs transformers' export input preparers compute (`register_export_input_preparer`), end to
+end from a recipe: the recipe's shape contract (text dynamic to a maximum, image tiles fixed, batch 1 for an edge
+target) reaches the exported graph's inputs, a sample that breaks it is refused naming the recipe field, and what
+the preparer computed is recorded in the report (`prepared_inputs`).
+
+Tiny LLaVA-NeXT (the `image_sizes` preparer: its `image_sizes` tensor becomes Python ints before tracing), one
+export on torch.export per session (~30 s).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from hfexport.errors import PlanError
+from hfexport.testing.models import IMAGE_SIZE, make_model
+
+TILES = 3  # a 32 x 64 image under anyres pinpoints 32 x 32 / 32 x 64 / 64 x 32: two 32 x 32 crops + the whole image
+SEQ = {"min": 70, "max": 200}
+
+
+def edge_recipe(width: int = 2 * IMAGE_SIZE, text: str = "<image> Describe the picture in one sentence, please.") -> dict:
+    """An edge target: batch 1, the text dynamic up to `SEQ.max`, the image tiles fixed (count and size)."""
+    fixed_tiles = {"0": 1, "1": TILES, "3": IMAGE_SIZE, "4": IMAGE_SIZE}
+    return {
+        "recipe_version": 1,
+        "task": "image-text-to-text",
+        "dims": {"seq": SEQ},
+        "sample_inputs": {"text": [text], "images": {"count": 1, "height": IMAGE_SIZE, "width": width}},
+        "targets": {"edge": {
+            "export_format": "dynamo", "mode": "forward",
+            "dynamic_shapes": {"input_ids": {"0": 1, "1": "seq"}, "attention_mask": {"0": 1, "1": "seq"},
+                               "pixel_values": fixed_tiles},
+            "parity": {"probe": {"seq": [80, SEQ["max"]]}},
+        }},
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_next(session_dir):
+    return make_model("tiny-llava-next", session_dir / "tiny-llava-next")
+
+
+def _with_recipe(source, folder, recipe: dict):
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(source, folder)
+    (folder / "export_config.json").write_text(json.dumps(recipe), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def edge_job(session_dir, tiny_llava_next):
+    from hfexport.job.run import run_job
+
+    folder = _with_recipe(tiny_llava_next, session_dir / "llava-next-edge", edge_recipe())
+    output = session_dir / "llava-next-edge-out"
+    return output, run_job(folder, output, targets=["edge"])
+
+
+def test_the_recipes_tile_and_text_range_reach_the_graph(edge_job):
+    import torch
+
+    output, report = edge_job
+    target = report.targets["edge"]
+    assert target.status == "ok", target.error
+    assert target.verification["passed"], target.verification["failures"]
+    probed = {probe["name"] for probe in target.verification["probes"]}
+    assert {"seq=80", f"seq={SEQ['max']}"} <= probed
+    program = torch.export.load(str(output / "edge" / "model.pt2"))
+    shapes = {node.name: node.meta["val"].shape for node in program.graph.nodes if node.op == "placeholder"
+              and node.name in ("input_ids", "attention_mask", "pixel_values")}
+    assert list(shapes["pixel_values"]) == [1, TILES, 3, IMAGE_SIZE, IMAGE_SIZE]  # the tiles: fixed
+    batch, seq = shapes["input_ids"]
+    assert batch == 1 and isinstance(seq, torch.SymInt)  # the text: dynamic
+    bounds = program.range_constraints[seq.node.expr]
+    assert (int(bounds.lower), int(bounds.upper)) == (SEQ["min"], SEQ["max"])
+    assert shapes["attention_mask"][1].node.expr == seq.node.expr
+    assert target.plan["components"]["model"]["dynamic_axes"]["input_ids"]["1"] == "seq [70, 200]"
+
+
+def test_the_report_records_what_the_preparer_computed(edge_job):
+    from hfexport.report.model import validate_report
+
+    output, report = edge_job
+    prepared = report.targets["edge"].prepared_inputs
+    # transformers' `image_sizes` preparer: the processor's [1, 2] tensor, as the Python ints the graph is traced on
+    assert prepared == {"model": {"image_sizes": {
+        "kind": "replaced", "from": {"shape": [1, 2], "dtype": "int64", "value": [[IMAGE_SIZE, 2 * IMAGE_SIZE]]},
+        "python": "list", "value": [[IMAGE_SIZE, 2 * IMAGE_SIZE]]}}}
+    written = json.loads((output / "export_report.json").read_text(encoding="utf-8"))
+    validate_report(written)
+    assert written["targets"]["edge"]["prepared_inputs"] == prepared
+
+
+@pytest.mark.parametrize("recipe, field, expectation", [
+    (edge_recipe(width=IMAGE_SIZE, text="<image> " + "The quick brown fox jumps over the lazy dog. " * 3),
+     "targets.edge.dynamic_shapes.pixel_values.1",
+     f"the recipe pins this axis to {TILES}, but the sample input has size 2"),
+    (edge_recipe(text="<image> " + "The quick brown fox jumps over the lazy dog. " * 20),
+     "targets.edge.dynamic_shapes.input_ids.1", "outside dim 'seq' [70, 200]"),
+], ids=["another-tile-count", "text-past-the-maximum"])
+def test_a_sample_outside_the_contract_is_refused_naming_the_field(session_dir, tiny_llava_next, recipe, field,
+                                                                     expectation):
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    folder = _with_recipe(tiny_llava_next, session_dir / "llava-next-mismatch", recipe)
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(folder), "edge", model, processor=load_processor(folder))
+    assert str(refused.value).startswith(f"{field}:") and expectation in str(refused.value)
