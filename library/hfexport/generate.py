@@ -407,6 +407,16 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
     return sequences
 
 
+def as_traced(runner, kwargs: dict) -> dict:
+    """`kwargs` as the component was traced: an input the graph took as a Python list (transformers' `image_sizes`
+    export input preparer turns the processor's tensor into `(height, width)` int tuples before tracing, so the graph
+    is specialized on them) is fed its tensor's values the same way."""
+    traced = runner.metadata.kwargs
+    return {name: [tuple(int(v) for v in row) for row in value.tolist()]
+            if isinstance(value, torch.Tensor) and (traced.get(name) or {}).get("container") == "list" else value
+            for name, value in kwargs.items()}
+
+
 def image_input_names(exported) -> list[str]:
     """The inputs a VLM export's `image_encoder` takes (`pixel_values`, ...); none for other exports."""
     components = getattr(exported, "components", {})
@@ -435,7 +445,8 @@ def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch
     step = traced if traced > 1 and count % traced == 0 else 1
     features = []
     for first in range(0, count, step):
-        out = encoder(**{name: value[first : first + step].to(encoder.device) for name, value in images.items()})
+        out = encoder(**as_traced(encoder, {name: value[first : first + step].to(encoder.device)
+                                            for name, value in images.items()}))
         features.append(_only_tensor(out).cpu())
     features = torch.cat(features)
     embed = exported.runners[EMBED]

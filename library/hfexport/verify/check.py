@@ -104,6 +104,8 @@ def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict)
 def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
     import torch
 
+    from hfexport.generate import as_traced
+
     with torch.no_grad():  # the engine's stages, and a VLM's image encoder and embedding merge (hfexport.plan)
         stages = generation_stages(model, copy.deepcopy(inputs), generation_config=plan.generation_config,
                                    multi_token_decode=plan.multi_token_decode)
@@ -127,7 +129,7 @@ def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: d
         with torch.no_grad():
             eager = submodel(**copy.deepcopy(subinputs))
         try:
-            got = runner(**_traced(runner, copy.deepcopy(subinputs)))
+            got = runner(**as_traced(runner, _traced(runner, copy.deepcopy(subinputs))))
         except Exception as error:  # noqa: BLE001 - recorded with the backend's message
             entry.update(error=_backend_message(error), outputs={})
             results.append(entry)
