@@ -160,21 +160,50 @@ def image_text_inputs(texts: list[str], spec: dict, processor, count: int, max_l
                           **kwargs))
 
 
-def audio_inputs(spec: dict, processor, count: int) -> dict:
-    """Deterministic synthetic audio (a tone plus seeded noise) through the feature extractor."""
+def synthetic_audio(spec: dict, count: int, rate: int) -> list:
+    """`count` deterministic clips (a tone plus seeded noise, float32 arrays) of the spec's length at `rate`."""
     import numpy as np
 
-    extractor = getattr(processor, "feature_extractor", processor)
-    if extractor is None:
-        raise PlanError("sample_inputs.audio: the model repo has no feature extractor")
-    rate = spec.get("sampling_rate") or getattr(extractor, "sampling_rate", 16000)
     seconds = spec.get("seconds", 1.0)
     check_sample_size("sample_inputs.audio", (count, int(rate * seconds)))
     rng = np.random.default_rng(SEED)
     time = np.arange(int(rate * seconds)) / rate
-    waves = [(0.3 * np.sin(2 * np.pi * (220 + 110 * i) * time) + 0.01 * rng.standard_normal(time.size)).astype("float32")
-             for i in range(count)]
-    return dict(extractor(waves, sampling_rate=rate, return_tensors="pt"))
+    return [(0.3 * np.sin(2 * np.pi * (220 + 110 * i) * time) + 0.01 * rng.standard_normal(time.size)).astype("float32")
+            for i in range(count)]
+
+
+def _sampling_rate(spec: dict, extractor) -> int:
+    return spec.get("sampling_rate") or getattr(extractor, "sampling_rate", 16000)
+
+
+def audio_inputs(spec: dict, processor, count: int) -> dict:
+    """Deterministic synthetic audio (a tone plus seeded noise) through the feature extractor."""
+    extractor = getattr(processor, "feature_extractor", processor)
+    if extractor is None:
+        raise PlanError("sample_inputs.audio: the model repo has no feature extractor")
+    rate = _sampling_rate(spec, extractor)
+    return dict(extractor(synthetic_audio(spec, count, rate), sampling_rate=rate, return_tensors="pt"))
+
+
+def is_audio_text_processor(processor) -> bool:
+    """A processor that puts audio placeholders into the text (tokenizer + feature extractor + `audio_token`), e.g.
+    Qwen3ASRProcessor; Whisper's processor has no `audio_token` (its audio goes to the encoder, not the text)."""
+    return (getattr(processor, "tokenizer", None) is not None
+            and getattr(processor, "feature_extractor", None) is not None
+            and isinstance(getattr(processor, "audio_token", None), str))
+
+
+def audio_text_inputs(texts: list[str], spec: dict, processor, count: int) -> dict:
+    """Texts and audio through a multimodal processor in one call, which expands each audio placeholder to that
+    clip's token count (as `image_text_inputs` does for images)."""
+    tokenizer = processor.tokenizer
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    placeholder = processor.audio_token
+    texts = [text if placeholder in text else f"{placeholder} {text}" for text in texts]
+    rate = _sampling_rate(spec, processor.feature_extractor)
+    return dict(processor(text=texts, audio=synthetic_audio(spec, count, rate), sampling_rate=rate,
+                          return_tensors="pt", padding=True))
 
 
 def default_sample_spec(task: str | None) -> dict:
@@ -199,11 +228,13 @@ def build_sample_inputs(recipe, processor, config, task: str | None, mode: str =
     if "text" in spec and "images" in spec and is_image_text_processor(processor):
         inputs.update(image_text_inputs(spec["text"], spec["images"], processor, spec["images"].get("count", count),
                                         spec.get("max_length")))
+    elif "text" in spec and "audio" in spec and is_audio_text_processor(processor):
+        inputs.update(audio_text_inputs(spec["text"], spec["audio"], processor, spec["audio"].get("count", count)))
     elif "text" in spec:
         inputs.update(text_inputs(spec["text"], processor, config, spec.get("max_length")))
     if "images" in spec and "pixel_values" not in inputs:
         inputs.update(image_inputs(spec["images"], processor, spec["images"].get("count", count)))
-    if "audio" in spec:
+    if "audio" in spec and "input_features" not in inputs:
         inputs.update(audio_inputs(spec["audio"], processor, spec["audio"].get("count", count)))
     if not inputs:
         raise PlanError("sample_inputs: nothing to build inputs from")

@@ -582,6 +582,61 @@ def build_llava_next(folder: Path) -> None:
     ))
 
 
+ASR_MEL_BINS = 16
+ASR_N_WINDOW = 50  # mel frames per half chunk: the feature extractor pads to whole chunks of 100 frames (1 s)
+
+
+def build_qwen3_asr(folder: Path) -> None:
+    """Tiny Qwen3-ASR: a chunked conv + windowed-attention audio encoder whose features replace the prompt's audio
+    placeholders, and a Qwen3 text model. Its forward takes `input_features` and `input_features_mask`, the markers of
+    transformers 5.23's Qwen3-ASR export input preparer (`cu_seqlens`, `max_seqlen` computed before tracing)."""
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen3ASRConfig,
+        Qwen3ASRFeatureExtractor,
+        Qwen3ASRForConditionalGeneration,
+        Qwen3ASRProcessor,
+    )
+
+    audio_tokens = {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
+                    "audio_eos_token": "<|audio_end|>"}
+    trained = bpe_tokenizer(extra_special=tuple(audio_tokens.values()))
+    # The processor reads the audio tokens as named attributes of the tokenizer (saved in tokenizer_config.json).
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=audio_tokens,
+    )
+    ids = _special_ids(tokenizer)
+    _seeded()
+    config = Qwen3ASRConfig(
+        audio_config={"model_type": "qwen3_asr_encoder", "num_mel_bins": ASR_MEL_BINS, "encoder_layers": 1,
+                      "encoder_attention_heads": 4, "encoder_ffn_dim": 64, "d_model": 32, "n_window": ASR_N_WINDOW,
+                      "output_dim": 64, "n_window_infer": 2 * ASR_N_WINDOW, "downsample_hidden_size": 8},
+        text_config={"model_type": "qwen3", "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                     "max_position_embeddings": 512, "tie_word_embeddings": False, **ids},
+        audio_token_id=tokenizer.convert_tokens_to_ids(audio_tokens["audio_token"]),
+        architectures=["Qwen3ASRForConditionalGeneration"], **ids,
+    )
+    processor = Qwen3ASRProcessor(
+        feature_extractor=Qwen3ASRFeatureExtractor(feature_size=ASR_MEL_BINS, n_window=ASR_N_WINDOW),
+        tokenizer=tokenizer,
+    )
+    model = Qwen3ASRForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    prompt = f"{audio_tokens['audio_bos_token']}{audio_tokens['audio_token']}{audio_tokens['audio_eos_token']}"
+    _write_recipe(folder, matrix_recipe(
+        "automatic-speech-recognition", DECODER_MODES, {"input_ids": {"0": "static", "1": "static"}},
+        {"text": [f"{prompt} Transcribe the audio", f"{prompt} The capital of France is"],
+         "audio": {"count": 2, "seconds": 1.5}},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random Qwen3-ASR (chunked conv + windowed-attention audio encoder, Qwen3 text model).",
+    ))
+
+
 MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -654,6 +709,12 @@ MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-idefics3", "Idefics3", "Idefics3ForConditionalGeneration", "image-text-to-text", VLM_MODES,
                   build_idefics3, "The SmolVLM architecture. Generation as LLaVA: hfexport's `image_encoder` "
                   "(vision tower + pixel-shuffle connector, with `pixel_attention_mask`) and `embed`."),
+        TinyModel("tiny-qwen3-asr", "Qwen3-ASR", "Qwen3ASRForConditionalGeneration", "automatic-speech-recognition",
+                  DECODER_MODES, build_qwen3_asr,
+                  "The `input_features` + `input_features_mask` family: transformers 5.23's Qwen3-ASR export input "
+                  "preparer computes the encoder's windowed-attention `cu_seqlens` and `max_seqlen` from the mask "
+                  "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames); "
+                  "forward shapes static (a fixed number of audio tokens per clip)."),
         TinyModel("tiny-llava-next", "LLaVA-NeXT", "LlavaNextForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_llava_next,
                   "The `image_sizes` family: transformers 5.23's `image_sizes` export input preparer turns the "

@@ -47,9 +47,10 @@ def probe_axes(plan) -> tuple[list[AxisRef], bool]:
     shapes = plan.target.dynamic_shapes
     if shapes is None:
         refs = _auto_axes(tensors) if _is_dynamic(plan) else []
-        if "image_encoder" in plan.components:
-            # A vision-language prompt holds a fixed number of image tokens per image: a longer or shorter probe
-            # would repeat or cut them (the model then refuses it), so only the batch varies (rows with their images).
+        if "image_encoder" in plan.components or "audio_encoder" in plan.components:
+            # A vision-language prompt holds a fixed number of image tokens per image (an audio-language prompt: of
+            # audio tokens per clip): a longer or shorter probe would repeat or cut them (the model then refuses
+            # it), so only the batch varies (rows with their images or clips).
             refs = [ref for ref in refs if ref.dim != "seq"]
         return refs, True
     refs: list[AxisRef] = []
