@@ -58,6 +58,9 @@ def infer_task(config) -> str:
     if name.endswith("ForConditionalGeneration") and getattr(config, "vision_config", None) is not None and not getattr(
             config, "is_encoder_decoder", False):
         return "image-text-to-text"  # a vision-language model (LLaVA, Idefics3, ...), not a text encoder-decoder
+    if name.endswith("ForConditionalGeneration") and getattr(config, "audio_config", None) is not None and (
+            _task_from_auto_mappings(name) == "automatic-speech-recognition"):
+        return "automatic-speech-recognition"  # a decoder over audio tokens (Qwen3-ASR), not a text encoder-decoder
     for suffix, task in (
         ("ForCausalLM", "text-generation"),
         ("ForConditionalGeneration", "text2text-generation"),

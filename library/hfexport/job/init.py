@@ -69,10 +69,15 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
     generative = task in GENERATIVE_TASKS
     limit = sequence_limit(config)
     dims: dict[str, dict] = {"batch": dict(BATCH)}
-    main_input = _TEXT_INPUTS.get(task, "input_ids")
+    # A decoder whose prompt holds the audio's tokens (Qwen3-ASR), not an encoder-decoder over the audio (Whisper):
+    # it takes prompts too, to which its processor adds each clip's placeholders.
+    audio_prompt = task == "automatic-speech-recognition" and getattr(config, "audio_token_id", None) is not None
+    main_input = "input_ids" if audio_prompt else _TEXT_INPUTS.get(task, "input_ids")
     if main_input == "input_ids":
         dims["seq"] = {"min": _seq_min(config), "max": min(limit or SEQ_CAP, SEQ_CAP)}
     sample = default_sample_spec(task)
+    if audio_prompt:
+        sample["text"] = list(DEFAULT_TEXTS)
     if "text" in sample:
         sample = {**sample, "text": list(DEFAULT_TEXTS)}
     targets: dict[str, dict] = {}
