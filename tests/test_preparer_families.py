@@ -115,3 +115,33 @@ def test_a_sample_outside_the_contract_is_refused_naming_the_field(session_dir, 
     with pytest.raises(PlanError) as refused:
         build_plan(load_recipe(folder), "edge", model, processor=load_processor(folder))
     assert str(refused.value).startswith(f"{field}:") and expectation in str(refused.value)
+
+
+def test_a_component_traced_on_python_ints_is_fed_them():
+    """transformers' `image_sizes` preparer traces a component on Python ints (its metadata: a list); `generate` and
+    the probes hold the processor's tensor, which the graph's input spec refuses ("Trying to flatten user inputs")."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hfexport.generate import as_traced
+
+    runner = SimpleNamespace(metadata=SimpleNamespace(kwargs={
+        "pixel_values": {"rank": 5, "shape": [1, 3, 3, 32, 32], "dtype": "float32"}, "image_sizes": {"container": "list"}}))
+    pixels = torch.zeros(1, 3, 3, 32, 32)
+    fed = as_traced(runner, {"pixel_values": pixels, "image_sizes": torch.tensor([[32, 64]])})
+    assert fed["image_sizes"] == [(32, 64)] and fed["pixel_values"] is pixels
+
+
+def test_a_text_growing_probe_keeps_each_rows_image_tokens():
+    import torch
+
+    from hfexport.verify.probes import keep_image_tokens
+
+    image = 9
+    sample = {"input_ids": torch.tensor([[0, image, image, 5, 6], [image, image, 7, 8, 4]])}
+    grown = {"input_ids": torch.cat([sample["input_ids"], sample["input_ids"][:, :3]], dim=1)}  # cyclic tiling
+    kept = keep_image_tokens(grown, sample, image)["input_ids"]
+    assert ((kept == image).sum(-1) == 2).all()
+    assert kept.tolist() == [[0, image, image, 5, 6, 0, 6, 6], [image, image, 7, 8, 4, 4, 4, 7]]
+    assert keep_image_tokens(sample, sample, image) is sample  # not grown: as it was
