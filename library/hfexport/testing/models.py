@@ -713,8 +713,15 @@ MODELS: dict[str, TinyModel] = {
                   DECODER_MODES, build_qwen3_asr,
                   "The `input_features` + `input_features_mask` family: transformers 5.23's Qwen3-ASR export input "
                   "preparer computes the encoder's windowed-attention `cu_seqlens` and `max_seqlen` from the mask "
-                  "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames); "
-                  "forward shapes static (a fixed number of audio tokens per clip)."),
+                  "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames). "
+                  "Forward: `Qwen3ASRModel.forward` calls `get_audio_features` without its kwargs, so the "
+                  "`cu_seqlens` the preparer adds to the model's inputs never reach the encoder, which computes them "
+                  "itself and stops torch.export (the engine's GuardOnDataDependentSymNode). Generation: the engine "
+                  "exports `audio_encoder` (the preparer's `cu_seqlens` one more input), `multi_modal_projector`, "
+                  "`language_model`, `lm_head` and `decode`, but hfexport's probes and `generate` do not compute "
+                  "`cu_seqlens` for new clips (the preparer reads the model's `n_window`), so the audio encoder's "
+                  "probe is refused for the missing input (OpenVINO, fed without it, fails a reshape; "
+                  "docs/generation.md); on ExecuTorch the engine's export of the audio encoder stops first."),
         TinyModel("tiny-llava-next", "LLaVA-NeXT", "LlavaNextForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_llava_next,
                   "The `image_sizes` family: transformers 5.23's `image_sizes` export input preparer turns the "
