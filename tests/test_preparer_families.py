@@ -145,3 +145,39 @@ def test_a_text_growing_probe_keeps_each_rows_image_tokens():
     assert ((kept == image).sum(-1) == 2).all()
     assert kept.tolist() == [[0, image, image, 5, 6, 0, 6, 6], [image, image, 7, 8, 4, 4, 4, 7]]
     assert keep_image_tokens(sample, sample, image) is sample  # not grown: as it was
+
+
+@pytest.fixture(scope="session")
+def llava_next_generation(session_dir, tiny_llava_next):
+    """tiny-llava-next's `dynamo-generation` target, exported and verified by the job: (output folder, JobReport)."""
+    from hfexport.job.run import run_job
+
+    output = session_dir / "llava-next-generation"
+    return output, run_job(tiny_llava_next, output, targets=["dynamo-generation"])
+
+
+def test_llava_next_generates_token_for_token_from_new_images(llava_next_generation, tiny_llava_next):
+    """The `.pt2` image encoder is traced on the preparer's Python-int `image_sizes`; `generate` feeds the
+    processor's tensor as those ints, and an image the export never saw (same size: the tile contract) generates
+    what `model.generate` does, batched and left-padded."""
+    import numpy as np
+    import torch
+    from transformers import AutoProcessor, LlavaNextForConditionalGeneration
+
+    from hfexport import ExportedModel
+
+    output, report = llava_next_generation
+    target = report.targets["dynamo-generation"]
+    assert target.status == "ok" and target.verification["passed"], target.verification["failures"]
+    assert target.verification["generation"]["token_agreement"] == 1.0
+    assert target.prepared_inputs["image_encoder"]["image_sizes"]["kind"] == "replaced"
+    model = LlavaNextForConditionalGeneration.from_pretrained(tiny_llava_next).eval()
+    processor = AutoProcessor.from_pretrained(tiny_llava_next)
+    rng = np.random.default_rng(7)
+    images = [rng.integers(0, 256, (IMAGE_SIZE, 2 * IMAGE_SIZE, 3), dtype=np.uint8) for _ in range(2)]
+    inputs = dict(processor(text=["<image> What is this?", "<image> The quick brown fox jumps"], images=images,
+                            return_tensors="pt", padding=True))
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    exported = ExportedModel.from_pretrained(output / "dynamo-generation")
+    assert torch.equal(exported.generate(**inputs, max_new_tokens=8), expected)
