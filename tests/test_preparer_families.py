@@ -93,6 +93,10 @@ def test_the_report_records_what_the_preparer_computed(edge_job):
     written = json.loads((output / "export_report.json").read_text(encoding="utf-8"))
     validate_report(written)
     assert written["targets"]["edge"]["prepared_inputs"] == prepared
+    from hfexport.report.markdown import report_markdown
+
+    assert ("Computed by the engine's input preparers before tracing: model: `image_sizes` replaced (list)."
+            in report_markdown(report))
 
 
 @pytest.mark.parametrize("recipe, field, expectation", [

@@ -57,6 +57,8 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"Exported in full, not rebound: {target.rebind['fallback']}", ""]
         if target.quantization:
             lines += [quantization_markdown(target.quantization), ""]
+        if target.prepared_inputs:
+            lines += [prepared_inputs_markdown(target.prepared_inputs), ""]
         section = target_verification_markdown(target)
         if section:
             lines += [section, ""]
@@ -67,6 +69,18 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"| `{entry['path']}` | {human_bytes(entry['bytes'])} |" for entry in target.files]
             lines += ["", "</details>"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def prepared_inputs_markdown(prepared: dict) -> str:
+    """One line: what transformers' export input preparers computed from the sample inputs, per component."""
+    parts = []
+    for component, inputs in prepared.items():
+        described = []
+        for name, entry in inputs.items():
+            shape = "x".join(map(str, entry["shape"])) if "shape" in entry else entry.get("python", "")
+            described.append(f"`{name}` {entry['kind']} ({shape}{' ' + entry['dtype'] if 'dtype' in entry else ''})")
+        parts.append(f"{component}: {', '.join(described)}")
+    return "Computed by the engine's input preparers before tracing: " + "; ".join(parts) + "."
 
 
 def quantization_markdown(quantization: dict) -> str:
