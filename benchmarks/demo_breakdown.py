@@ -20,20 +20,17 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import export_breakdown  # noqa: E402 - the phase timer, shared
+import export_breakdown  # noqa: E402 - the phase timer and its measured child, shared
+from _process import machine, versions  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 TARGETS = [t for t in os.environ.get("TARGETS", "").split(",") if t]
@@ -73,7 +70,6 @@ def run_round(work: Path, index: int, names: list[str]) -> dict:
     targets = [arg for name in names for arg in ("--target", name)] or ["--all-targets"]
     model, recipe = MODEL, RECIPE
     if MODEL == "smollm2":
-        sys.path.insert(0, str(ROOT / "library"))
         from hfexport.testing.models import build_smollm2
 
         model = str(build_smollm2(Path(os.environ.get("SMOLLM2_DIR", "/tmp/hfexport-smollm2"))))
@@ -82,27 +78,11 @@ def run_round(work: Path, index: int, names: list[str]) -> dict:
             "--json"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "library"),
            "TRANSFORMERS_VERBOSITY": "error"}
-    load_before = os.getloadavg()[0]
-    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    spawned = time.time()
-    process = subprocess.Popen([sys.executable, __file__, "--child", str(result_file), "--", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
-    stdout, stderr = process.communicate()
-    reaped = time.time()
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_total = (usage.ru_utime - usage_before.ru_utime) + (usage.ru_stime - usage_before.ru_stime)
-    if process.returncode not in (0,):
-        raise SystemExit(f"round {index} failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
-    child_result = json.loads(result_file.read_text())
-    report = json.loads(stdout)
-    phases = child_result["phases"]
-    phases["interpreter startup"] = {"wall_s": child_result["started_wall"] - spawned,
-                                     "cpu_s": child_result["started_cpu"], "calls": 1}
-    phases["interpreter exit"] = {"wall_s": reaped - child_result["ended_wall"],
-                                  "cpu_s": max(cpu_total - child_result["ended_cpu"], 0.0), "calls": 1}
+    measured = export_breakdown.measure_child(__file__, args, result_file, env, f"round {index}")
+    report, child_result, phases = measured["report"], measured["child"], measured["phases"]
     return {
-        "wall_s": round(reaped - spawned, 2), "cpu_s": round(cpu_total, 2),
-        "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        "wall_s": round(measured["wall_s"], 2), "cpu_s": round(measured["cpu_s"], 2),
+        "load_avg_1m_before": measured["load_avg_1m_before"], "load_avg_1m_after": measured["load_avg_1m_after"],
         "peak_rss_mb": report.get("peak_rss_mb"),
         "job_timings": report["timings"],
         "targets": {name: {"status": t["status"], "timings": t["timings"]} for name, t in report["targets"].items()},
@@ -112,21 +92,6 @@ def run_round(work: Path, index: int, names: list[str]) -> dict:
         "imports_by_package": dict(list(sorted(child_result["imports_by_package"].items(),
                                                key=lambda item: -item[1]["cpu_s"]))[:20]),
     }
-
-
-def machine() -> dict:
-    sys.path.insert(0, str(ROOT / "library"))
-    from hfexport.runtime import cpu_info
-
-    return {"cpu": cpu_info(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
-
-
-def versions() -> dict:
-    from importlib.metadata import version
-
-    return {name: version(name) for name in ("torch", "transformers", "executorch", "openvino", "onnxscript",
-                                             "onnxruntime")}
 
 
 def separate() -> dict:

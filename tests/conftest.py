@@ -7,6 +7,7 @@ Exported examples are built once per session and shared: exports are the slow pa
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -115,3 +116,101 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeou
 def cli():
     """`cli("validate", path)` -> CompletedProcess of the real `hfexport` command in a subprocess."""
     return run_cli
+
+
+# ── models loaded once per session, each test module gets its own copy ─────────────────────────────────────────
+# Loading is the slow part; a deep copy of a tiny model is milliseconds. Module-scoped copies keep one module's
+# changes (a generation config set, a tokenizer's padding side) out of every other module.
+
+
+@pytest.fixture(scope="session")
+def _llama_pretrained(tiny_llama):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    tokenizer.padding_side = "left"
+    return AutoModelForCausalLM.from_pretrained(tiny_llama).eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def llama_model(_llama_pretrained):
+    """tiny-llama's `AutoModelForCausalLM` in eval mode: this module's own copy."""
+    return copy.deepcopy(_llama_pretrained[0])
+
+
+@pytest.fixture(scope="module")
+def llama_tokenizer(_llama_pretrained):
+    """tiny-llama's tokenizer, padding on the left (generation batches): this module's own copy."""
+    return copy.deepcopy(_llama_pretrained[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_mbart(session_dir) -> Path:
+    """A tiny random mBART (its two sample prompts generate different tokens: a mask or cache error shows)."""
+    from hfexport.testing.models import make_model
+
+    return make_model("tiny-mbart", session_dir / "tiny-mbart")
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(session_dir) -> Path:
+    from hfexport.testing.models import make_model
+
+    return make_model("tiny-llava", session_dir / "tiny-llava-vlm")
+
+
+def _generation_job(session_dir, model: Path, name: str):
+    from hfexport.job.run import run_job
+
+    output = session_dir / name
+    return output, run_job(model, output, targets=["onnx-generation"])
+
+
+@pytest.fixture(scope="session")
+def _mbart_job(session_dir, tiny_mbart):
+    return _generation_job(session_dir, tiny_mbart, "exported-mbart")
+
+
+@pytest.fixture(scope="session")
+def _llava_job(session_dir, tiny_llava):
+    return _generation_job(session_dir, tiny_llava, "exported-llava")
+
+
+@pytest.fixture(scope="module")
+def mbart_job(_mbart_job):
+    """tiny-mbart's `onnx-generation` target, exported and verified by the job once per session: (output folder,
+    this module's copy of the JobReport). The folder is shared: read it."""
+    return _mbart_job[0], copy.deepcopy(_mbart_job[1])
+
+
+@pytest.fixture(scope="module")
+def llava_job(_llava_job):
+    """tiny-llava's `onnx-generation` target, exported and verified by the job once per session: (output folder,
+    this module's copy of the JobReport). The folder is shared: read it."""
+    return _llava_job[0], copy.deepcopy(_llava_job[1])
+
+
+@pytest.fixture(scope="session")
+def _mbart_pretrained(tiny_mbart):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    return AutoModelForSeq2SeqLM.from_pretrained(tiny_mbart).eval(), AutoTokenizer.from_pretrained(tiny_mbart)
+
+
+@pytest.fixture(scope="session")
+def _llava_pretrained(tiny_llava):
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    return LlavaForConditionalGeneration.from_pretrained(tiny_llava).eval(), AutoProcessor.from_pretrained(tiny_llava)
+
+
+@pytest.fixture(scope="module")
+def mbart(_mbart_pretrained):
+    """tiny-mbart's (model in eval mode, tokenizer): this module's own copies."""
+    return copy.deepcopy(_mbart_pretrained)
+
+
+@pytest.fixture(scope="module")
+def llava(_llava_pretrained):
+    """tiny-llava's (model in eval mode, processor): this module's own copies."""
+    return copy.deepcopy(_llava_pretrained)

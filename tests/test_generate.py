@@ -71,19 +71,13 @@ def slow_layout_exports(session_dir, tiny_llama):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_llama):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+def model(llama_model):
+    return llama_model  # conftest: loaded once per session, this module's own copy
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
-    tokenizer.padding_side = "left"
-    return tokenizer
+def tokenizer(llama_tokenizer):
+    return llama_tokenizer  # conftest: padding on the left, this module's own copy
 
 
 @pytest.fixture(scope="module")

@@ -18,27 +18,6 @@ MAX_NEW = 10
 PROMPTS = ["The capital of France is", "The quick brown fox jumps over the lazy"]
 
 
-@pytest.fixture(scope="session")
-def tiny_mbart(session_dir):
-    return make_model("tiny-mbart", session_dir / "tiny-mbart")
-
-
-@pytest.fixture(scope="session")
-def mbart_job(session_dir, tiny_mbart):
-    """tiny-mbart's `onnx-generation` target, exported and verified by the job: (output folder, JobReport)."""
-    from hfexport.job.run import run_job
-
-    output = session_dir / "exported-mbart"
-    return output, run_job(tiny_mbart, output, targets=["onnx-generation"])
-
-
-@pytest.fixture(scope="module")
-def mbart(tiny_mbart):
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    return AutoModelForSeq2SeqLM.from_pretrained(tiny_mbart).eval(), AutoTokenizer.from_pretrained(tiny_mbart)
-
-
 @pytest.fixture(scope="module")
 def exported(mbart_job):
     from hfexport import ExportedModel
@@ -161,7 +140,7 @@ def exported_openvino(mbart_openvino_job):
 def test_openvino_job_verified_every_probe_and_generation(mbart_openvino_job):
     """The job's own check of the OpenVINO export: every prefill/decode probe ran (none skipped as internal state)
     and greedy generation on the padded sample prompts matched model.generate token for token. Before, the process
-    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see `hfexport.openvino_fixes`)."""
+    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see `hfexport.workarounds.openvino`)."""
     _, report = mbart_openvino_job
     verification = report["verification"]
     probes = verification["probes"]
@@ -223,7 +202,7 @@ def _run_pass_through(mode: str):
 
 
 def test_openvino_corrupts_the_heap_through_a_returned_shared_input():
-    """Why `hfexport.openvino_fixes` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the caller's
+    """Why `hfexport.workarounds.openvino` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the caller's
     shared buffer, and writes through it at the next shape once the caller freed it (glibc aborts or the process gets
     SIGSEGV; 15 of 15 runs here). With copies (`share_inputs=False`) every run survives. When the shared runs survive
     too, OpenVINO has fixed it: the module's copies can go."""
@@ -245,7 +224,7 @@ def test_only_openvino_programs_that_return_an_input_get_copying_runners(tmp_pat
     from transformers.exporters import ExportMetadata
 
     from hfexport.engine import runner_class
-    from hfexport.openvino_fixes import copy_returned_inputs, returns_an_input
+    from hfexport.workarounds.openvino import copy_returned_inputs, returns_an_input
 
     subprocess.run([sys.executable, "-c", PASS_THROUGH_PROGRAM, "build", str(tmp_path / "m.xml")], check=True,
                    timeout=300)

@@ -1,6 +1,6 @@
 """State-space generation where the prefill cannot take a dynamic length: Mamba on OpenVINO and ExecuTorch.
 
-There transformers 5.23's scan stays a loop unrolled at the sample's length (hfexport.modeling_fixes), so hfexport
+There transformers 5.23's scan stays a loop unrolled at the sample's length (hfexport.workarounds.transformers_models), so hfexport
 exports the decode alone and `generate` runs the prompt through it one token at a time from a zero state, zeroing a
 left-padded row's state while it is padding, as Mamba's masked prefill leaves it. The default run exports tiny Mamba
 to OpenVINO once per session (the decode only: ~20 s); ExecuTorch is the slow test at the end (and a matrix cell).

@@ -18,27 +18,6 @@ MAX_NEW = 10
 PROMPTS = ["<image> Describe the picture", "<image> The capital of France is"]
 
 
-@pytest.fixture(scope="session")
-def tiny_llava(session_dir):
-    return make_model("tiny-llava", session_dir / "tiny-llava-vlm")
-
-
-@pytest.fixture(scope="session")
-def llava_job(session_dir, tiny_llava):
-    """tiny-llava's `onnx-generation` target, exported and verified by the job: (output folder, JobReport)."""
-    from hfexport.job.run import run_job
-
-    output = session_dir / "exported-llava"
-    return output, run_job(tiny_llava, output, targets=["onnx-generation"])
-
-
-@pytest.fixture(scope="module")
-def llava(tiny_llava):
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-
-    return LlavaForConditionalGeneration.from_pretrained(tiny_llava).eval(), AutoProcessor.from_pretrained(tiny_llava)
-
-
 @pytest.fixture(scope="module")
 def exported(llava_job):
     from hfexport import ExportedModel

@@ -1,4 +1,4 @@
-"""Mamba under torch.export keeps a dynamic sequence length (hfexport.modeling_fixes).
+"""Mamba under torch.export keeps a dynamic sequence length (hfexport.workarounds.transformers_models).
 
 transformers 5.23's `mamba_selective_scan` runs its torch-only recurrence as `for index in range(seq_len)` while
 exporting, so every traced graph of more than one token specializes seq to the sample's length. The fix runs the
@@ -6,7 +6,7 @@ same recurrence as torch's `scan` for the formats that lower it (torch.export, O
 
 import pytest
 import torch
-from hfexport.modeling_fixes import SCAN_FORMATS, modeling_fixes
+from hfexport.workarounds.transformers_models import SCAN_FORMATS, modeling_fixes
 from hfexport.testing.models import make_model
 
 BATCH = torch.export.Dim("batch", min=1, max=8)
@@ -37,7 +37,7 @@ def _export(model):
 
 
 def test_without_the_fix_the_export_specializes_the_sequence(mamba):
-    # When this fails, transformers' Mamba exports a dynamic sequence itself: drop hfexport.modeling_fixes.
+    # When this fails, transformers' Mamba exports a dynamic sequence itself: drop hfexport.workarounds.transformers_models.
     with pytest.raises(Exception, match=r"Constraints violated \(seq\)"):
         _export(mamba)
 

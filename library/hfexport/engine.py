@@ -4,8 +4,9 @@ docs/architecture.md: hfexport uses the engine's public constructors and methods
 surface (the backend table, per-format exporter and runner classes, the dynamo exporter's automatic dynamic shapes
 and cache pytree registration, calibration capture, OpenVINO feed and output helpers, the treespec type registry).
 Each is reached through this module only, imported when first used (the engine imports torch), and `INTERNALS`
-lists them with the engine version they were checked against; tests/test_architecture.py fails when the engine
-drops one, so a move in the engine is one file to fix here, not many.
+(`hfexport.workarounds.transformers_exporters`, beside every other upstream workaround) lists them with the engine
+version they were checked against; tests/test_architecture.py fails when the engine drops one, so a move in the
+engine is one file to fix here, not many.
 """
 
 from __future__ import annotations
@@ -15,31 +16,12 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
-CHECKED_WITH = "transformers 5.23.0"
-
-# name -> (module, attribute): everything below reads through `internal`.
-INTERNALS = {
-    "EXPORT_BACKENDS": ("transformers.exporters.auto", "EXPORT_BACKENDS"),
-    "get_exporter_class": ("transformers.exporters.auto", "get_exporter_class"),
-    "get_runner_class": ("transformers.exporters.auto", "get_runner_class"),
-    "get_auto_dynamic_shapes": ("transformers.exporters.exporter_dynamo", "get_auto_dynamic_shapes"),
-    "register_cache_pytrees_for_model": ("transformers.exporters.exporter_dynamo", "register_cache_pytrees_for_model"),
-    "register_treespec_types": ("transformers.exporters.metadata", "register_treespec_types"),
-    "capture_calibration_inputs": ("transformers.exporters.quantizers.utils", "capture_calibration_inputs"),
-    "openvino_output_tensor": ("transformers.exporters.runners.runner_openvino", "openvino_output_tensor"),
-    "openvino_feed": ("transformers.exporters.utils", "openvino_feed"),
-    "onnx_inputs": ("transformers.exporters.utils", "onnx_inputs"),
-    "sliding_window_patch": ("transformers.exporters.exporter_dynamo", "_patch_sliding_window_layer"),
-}
-
-# The cache-layer methods the dynamo exporter swaps while tracing (its `_patch_sliding_window_layer`).
-SLIDING_WINDOW_METHODS = ("update", "get_mask_sizes", "get_seq_length")
-
-# Attributes of engine objects hfexport reads (checked by the same test on a loaded OpenVINO runner).
-RUNNER_ATTRIBUTES = {"openvino": ("compiled_model", "request")}
-
-# The attribute `ExportedModel.to` fills with the runners, which `.runners` returns (set by `set_runners`).
-EXPORTED_MODEL_RUNNERS = "_runners"
+from hfexport.workarounds.transformers_exporters import (
+    CHECKED_WITH,  # noqa: F401 - the version INTERNALS were checked with, named beside them
+    EXPORTED_MODEL_RUNNERS,
+    INTERNALS,
+    SLIDING_WINDOW_METHODS,
+)
 
 
 def internal(name: str) -> Any:

@@ -17,10 +17,10 @@ from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
 from hfexport.engine import export_backends, exporter_class, traced_cache_layout
-from hfexport.executorch_fixes import executorch_fixes
+from hfexport.workarounds.executorch import executorch_fixes
 from hfexport.exported import ExportedModel
-from hfexport.modeling_fixes import modeling_fixes
-from hfexport.onnx_fixes import onnx_fixes
+from hfexport.workarounds.transformers_models import modeling_fixes
+from hfexport.workarounds.onnxscript import onnx_fixes
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
 from hfexport.recipe.loading import load_recipe
@@ -196,8 +196,8 @@ def _drop_model_output_samples(exported) -> None:
 
 @contextlib.contextmanager
 def _format_fixes(plan, model):
-    """hfexport's narrow fixes of a backend's lowering (hfexport.executorch_fixes, hfexport.onnx_fixes) and of the
-    model's code under torch.export (hfexport.modeling_fixes), for the plan's format."""
+    """hfexport's narrow fixes of a backend's lowering (hfexport.workarounds.executorch, .onnxscript) and of the
+    model's code under torch.export (hfexport.workarounds.transformers_models), for the plan's format."""
     with contextlib.ExitStack() as stack:
         if str(plan.export_format) == "executorch":
             stack.enter_context(executorch_fixes())

@@ -28,7 +28,7 @@ from hfexport.layout import LayoutError, legacy_folder, target_folders, target_p
 from hfexport.layout import check_file_name as check_artifact_name
 from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
-from hfexport.openvino_fixes import copy_returned_inputs
+from hfexport.workarounds.openvino import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
 from hfexport.runtime_layout import finish as finish_runtime_layout
 from hfexport.runtime import (
@@ -84,7 +84,7 @@ class ExportedModel(_EngineExportedModel):
         (`OnnxFileComponent`) run from their files on hfexport's `OnnxFileRunner` (the CPU, without importing
         onnx_ir), or reach the engine's runner as their file, which ONNX Runtime opens: no onnx_ir parse to run them.
         An OpenVINO program that returns one of its inputs gets a runner that always copies its inputs
-        (`hfexport.openvino_fixes`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
+        (`hfexport.workarounds.openvino`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
         2026.4.1 writing through a freed input."""
         unparsed = {name: component for name, component in self.components.items()
                     if isinstance(component, OnnxFileComponent) and not component.parsed}

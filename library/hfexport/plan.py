@@ -18,7 +18,7 @@ from typing import Any
 from hfexport.engine import auto_dynamic_shapes, export_backends, register_cache_pytrees, traced_cache_layout
 from hfexport.errors import PlanError
 from hfexport.inputs import build_sample_inputs
-from hfexport.modeling_fixes import prefill_by_decode
+from hfexport.workarounds.transformers_models import prefill_by_decode
 from hfexport.models import infer_task
 from hfexport.quantization.quantizer import attach
 from hfexport.recipe.model import Recipe, Target
@@ -56,7 +56,7 @@ class Plan:
     own_components: dict[str, tuple[Any, dict]] = field(default_factory=dict)
     trace_inputs: dict | None = None  # generate kwargs the engine traces with, when not `inputs` (seq2seq)
     # A state-space model whose prefill this format would trace at the sample's length only
-    # (`hfexport.modeling_fixes.prefill_by_decode`): no prefill is exported, generate runs the prompt through decode.
+    # (`hfexport.workarounds.transformers_models.prefill_by_decode`): no prefill is exported, generate runs the prompt through decode.
     prefill_by_decode: bool = False
     # `generation.single_graph`: the multi-token decode alone, which runs the prompt on an empty cache too (no prefill).
     single_graph: bool = False

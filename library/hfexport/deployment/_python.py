@@ -48,14 +48,34 @@ def run_python_client(python: str, script: str, folder: Path, payload: dict, tim
                           cwd=scratch)
 
 
-def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int]) -> RuntimeCheck:
-    """A client's `batch1` (and `padded`) new tokens against `model.generate`'s, cut after EOS as `expected` is."""
-    fields = {"version": result.get("version"), "batch_sizes": batches}
-    check = compare_tokens(runtime, request.expected, [request.cut(tokens) for tokens in result["batch1"]], **fields)
+def as_expected(request: GenerationRequest, expected: list[list[int]], got: list[list[int]],
+                keep_stop_token: bool = False) -> list[list[int]]:
+    """`got` cut after EOS and to max_new_tokens as `expected` is. `keep_stop_token`: a runtime that stops at an EOS
+    without returning it (OpenVINO GenAI's LLMPipeline, optimum-intel) gets that EOS back where `expected`'s row ends
+    with it (the same decision, the same length)."""
+    out = []
+    for index, tokens in enumerate(got):
+        tokens = request.cut(tokens)
+        want = expected[index] if index < len(expected) else []
+        if keep_stop_token and want and want[-1] in request.eos_token_id and tokens == want[:-1]:
+            tokens = want
+        out.append(tokens)
+    return out
+
+
+def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int], *,
+          keys: tuple[str, str] = ("batch1", "padded"), keep_stop_token: bool = False, **fields) -> RuntimeCheck:
+    """The one token judge of every runtime: a client's batch-1 new tokens (`result[keys[0]]`), then, where the
+    request has a left-padded batch, that batch's (`result[keys[1]]`), token for token against `model.generate`'s,
+    cut as `expected` is (`as_expected`); `fields` (a precision) go into the record."""
+    fields = {"version": result.get("version"), "batch_sizes": batches, **fields}
+    single_key, padded_key = keys
+    check = compare_tokens(runtime, request.expected,
+                           as_expected(request, request.expected, result[single_key], keep_stop_token), **fields)
     if check.verdict != PASSED or request.padded_expected is None:
         return check
-    padded = compare_tokens(runtime, request.padded_expected,
-                            [request.cut(tokens) for tokens in result.get("padded") or []], **fields)
+    padded = compare_tokens(runtime, request.padded_expected, as_expected(
+        request, request.padded_expected, result.get(padded_key) or [], keep_stop_token), **fields)
     if padded.verdict != PASSED:
         padded.reason = f"left-padded batch of {len(request.prompts)}: {padded.reason}"
     return padded

@@ -23,7 +23,7 @@ from hfexport.deployment import (
     compare_tokens,
     first_difference,
 )
-from hfexport.deployment._python import interpreter, request_payload, run_python_client
+from hfexport.deployment._python import as_expected, interpreter, judge, request_payload, run_python_client
 from hfexport.verify.thresholds import RUNTIME_MIN_TOKEN_AGREEMENT
 
 RUNTIME = "openvino-genai"
@@ -33,16 +33,8 @@ MODEL_FILE = "openvino_model.xml"
 
 
 def stop_token_kept(request: GenerationRequest, got: list[list[int]]) -> list[list[int]]:
-    """`got` cut as `expected` is; a runtime that stops at an EOS without returning it gets that EOS back where
-    `model.generate`'s tokens end with it (the same decision, the same length)."""
-    out = []
-    for index, tokens in enumerate(got):
-        tokens = request.cut(tokens)
-        want = request.expected[index] if index < len(request.expected) else []
-        if want and want[-1] in request.eos_token_id and tokens == want[:-1]:
-            tokens = want
-        out.append(tokens)
-    return out
+    """`got` cut as `expected` is, with the EOS LLMPipeline stops at without returning given back (`as_expected`)."""
+    return as_expected(request, request.expected, got, keep_stop_token=True)
 
 
 def token_agreement(expected: list[list[int]], got: list[list[int]]) -> float:
@@ -90,7 +82,7 @@ def check(folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
         return [RuntimeCheck(RUNTIME, FAILED, reason=str(error))]
     version = answer.get("version")
     batches = [1] + ([len(request.prompts)] if "f32_padded" in answer else [])
-    checks = [judge_f32(RUNTIME, request, answer, version, batches)]
+    checks = [judge_f32(RUNTIME, request, answer, batches)]
     default = answer.get("default_precision")
     if "default" in answer:
         checks.append(judge_at_precision(RUNTIME, request, stop_token_kept(request, answer["default"]), default,
@@ -98,17 +90,7 @@ def check(folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
     return checks
 
 
-def judge_f32(runtime: str, request: GenerationRequest, answer: dict, version: str | None,
-              batches: list[int]) -> RuntimeCheck:
-    """A client's f32 answer (`f32`: batch 1, `f32_padded`: the left-padded batch) token for token."""
-    single = compare_tokens(runtime, request.expected, stop_token_kept(request, answer["f32"]), precision="f32",
-                            version=version, batch_sizes=batches)
-    if not single.passed or "f32_padded" not in answer or request.padded_expected is None:
-        return single
-    padded = GenerationRequest(request.prompts, request.padded_expected, request.max_new_tokens,
-                               request.eos_token_id, request.pad_token_id)
-    batch = compare_tokens(runtime, padded.expected, stop_token_kept(padded, answer["f32_padded"]), precision="f32",
-                           version=version, batch_sizes=batches)
-    if not batch.passed:
-        batch.reason = f"left-padded batch of {len(request.prompts)}: {batch.reason}"
-    return batch
+def judge_f32(runtime: str, request: GenerationRequest, answer: dict, batches: list[int]) -> RuntimeCheck:
+    """An OpenVINO client's f32 answer (`f32`: batch 1, `f32_padded`: the left-padded batch) by the one judge
+    (`_python.judge`), with the stop token LLMPipeline and optimum-intel drop kept."""
+    return judge(runtime, request, answer, batches, keys=("f32", "f32_padded"), keep_stop_token=True, precision="f32")

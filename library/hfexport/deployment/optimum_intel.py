@@ -41,4 +41,4 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     except RuntimeClientError as error:
         return RuntimeCheck(RUNTIME, FAILED, reason=str(error))
     batches = [1] + ([len(request.prompts)] if "f32_padded" in answer else [])
-    return judge_f32(RUNTIME, request, answer, answer.get("version"), batches)
+    return judge_f32(RUNTIME, request, answer, batches)

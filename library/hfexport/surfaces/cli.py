@@ -34,24 +34,15 @@ from hfexport.errors import (
 )
 from hfexport.files import MANIFEST_FILE, REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
-from hfexport.job.init import default_output, init_recipe
-from hfexport.job.parallel import workers_number
-from hfexport.job.reverify import reverify
-from hfexport.job.run import run_job
 from hfexport.layout import canonical_format
 from hfexport.logs import original_stream, quiet_engine_logs
 from hfexport.progress import RUNNING, Heartbeat
-from hfexport.publication.publish import publish
 from hfexport.recipe.loading import check_against_model, load_recipe
-from hfexport.report.markdown import (
-    quantization_markdown,
-    report_markdown,
-    target_verification_markdown,
-)
-from hfexport.report.model import JobReport
 from hfexport.surfaces.annotations import check_recipe
-from hfexport.surfaces.ci import matrix
 from hfexport.version import __version__
+
+# Each command imports what it runs: `validate` and `show` read the recipe only, so the job stack (job, publication,
+# report, surfaces.ci) is imported inside the commands that run it (benchmarks/show.py measures the difference).
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -133,6 +124,8 @@ def _validate_github(args) -> int:
 @command("plan")
 def cmd_plan(args) -> int:
     """The targets a job would export, as a GitHub Actions matrix (`{"include": [...]}`): reads only the recipe."""
+    from hfexport.surfaces.ci import matrix
+
     include = matrix(args.model, targets=args.target, revision=args.revision, token=_token(args), recipe=args.recipe)
     if args.json:
         print(json.dumps(include, separators=(",", ":")))  # one line: `echo "matrix=$(...)" >> $GITHUB_OUTPUT`
@@ -208,6 +201,7 @@ def _axes_line(spec, dims: dict) -> str:
 
 def _show_resolved(args) -> int:
     """The resolved plan: loads the model (plans resolve dims against real inputs) but traces nothing."""
+    from hfexport.report.markdown import quantization_markdown
     from hfexport.export import AutoHfExporter
 
     exporter = AutoHfExporter.from_pretrained(args.source, target=args.target, revision=args.revision,
@@ -326,6 +320,8 @@ class _JobProgress:
 
 def _workers(value: str) -> int | str:
     """`--workers`: "auto" or a number of processes (1 or more)."""
+    from hfexport.job.parallel import workers_number
+
     if value == "auto":
         return value
     try:
@@ -417,6 +413,8 @@ def print_summary(report, console=None) -> None:
 @command("export")
 def cmd_export(args) -> int:
 
+    from hfexport.job.run import run_job
+
     console = _console()
     progress = _JobProgress(console, verbose=getattr(args, "verbose", False)) if not args.quiet else None
     try:
@@ -454,6 +452,9 @@ def cmd_export(args) -> int:
 def cmd_verify(args) -> int:
     """Re-verify an exported target folder (or every target of an OUTPUT folder) against the model its report
     names (`--model` overrides); exit 1 when parity fails."""
+    from hfexport.job.reverify import reverify
+    from hfexport.report.markdown import target_verification_markdown
+
     folders = _target_folders(Path(args.folder))
     status = EXIT_OK
     for folder in folders:
@@ -474,6 +475,8 @@ def cmd_verify(args) -> int:
 
 def _target_folders(folder: Path) -> list[Path]:
     """OUTPUT/<target> itself, or each exported target of an OUTPUT folder (the targets its report lists)."""
+    from hfexport.report.model import JobReport
+
     if not folder.is_dir():
         raise SourceError(f"{folder}: no such folder")
     if (folder / MANIFEST_FILE).is_file():
@@ -489,6 +492,8 @@ def _target_folders(folder: Path) -> list[Path]:
 def _source_model(folder: Path, args) -> tuple[str, str | None]:
     """(model, revision) to verify against: `--model`/`--revision`, else what the target's report records (the
     commit it was exported from)."""
+    from hfexport.report.model import JobReport
+
     if args.model:
         return args.model, args.revision
     source = JobReport.read(folder).source if (folder / REPORT_FILE).is_file() else {}
@@ -505,6 +510,9 @@ def _source_model(folder: Path, args) -> tuple[str, str | None]:
 @command("report")
 def cmd_report(args) -> int:
     """Print a job report (OUTPUT/, OUTPUT/<target>/ or the JSON file) as Markdown."""
+    from hfexport.report.markdown import report_markdown
+    from hfexport.report.model import JobReport
+
     report = JobReport.read(args.path)
     print(report.to_json() if args.json else report_markdown(report), end="")
     return EXIT_OK
@@ -513,6 +521,8 @@ def cmd_report(args) -> int:
 @command("init")
 def cmd_init(args) -> int:
     """Propose a recipe, export and verify each target, write the ones that passed."""
+    from hfexport.job.init import default_output, init_recipe
+
     output = args.output or default_output(args.model)
     if os.path.exists(output) and not args.force:
         raise HfExportError(f"{output} exists; pass --force to replace it, or -o to write elsewhere")
@@ -557,6 +567,8 @@ def _push_repo(args) -> str:
 
 def _publish(args, repo: str, targets: list[str] | None) -> int:
     """Publish OUTPUT to `repo` and print what happened (the PR URL); a refused publication exits 1."""
+    from hfexport.publication.publish import publish
+
     try:
         result = publish(args.output, repo, mode="commit" if args.commit else "pr", token=_token(args),
                          allow_failed=args.allow_failed, targets=targets, revision=getattr(args, "branch", None))

@@ -1,0 +1,82 @@
+"""Every workaround of an upstream project's bug or cost, in one place: what it works around, the version it was
+checked against, where it lives, and its canary (a test that fails when upstream fixes it, so the workaround can go).
+
+Someone upgrading transformers, onnxscript, OpenVINO or ExecuTorch reads `WORKAROUNDS`, runs each entry's canary
+and the tests beside it, and removes what upstream fixed. One module per upstream project holds the fixes
+(`workarounds.executorch`, `workarounds.onnxscript`, `workarounds.openvino`, `workarounds.transformers_models`); the
+engine internals hfexport reads (transformers.exporters names that are not its public API) are listed in
+`workarounds.transformers_exporters.INTERNALS` and reached through `hfexport.engine`. This module is data only: it
+imports none of them (tests/test_workarounds.py checks every entry's module and canary exist).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workaround:
+    name: str
+    upstream: str  # the project and the version it was checked against
+    works_around: str
+    module: str  # where it lives, under hfexport
+    applied: str  # where hfexport applies it
+    canary: str  # pytest node id: fails once upstream no longer has the problem
+
+
+WORKAROUNDS = (
+    Workaround(
+        name="executorch-split-dtype-validator",
+        upstream="executorch 1.5.1",
+        works_around="to_edge's EdgeOpArgValidator iterates a Tensor[] return as its first tensor, so len() adds a "
+                     "guard that specializes a split's dynamic batch (any other batch then fails at run time)",
+        module="workarounds.executorch", applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
+        canary="tests/test_executorch_fixes.py::test_without_the_fix_executorch_still_specializes_the_batch"),
+    Workaround(
+        name="executorch-xnnpack-retraces",
+        upstream="executorch 1.5.1",
+        works_around="(cost) XNNPACK's preprocess retraces each partition after passes that left it unchanged, "
+                     "to_edge decomposes a second time with nothing left, pattern passes build patterns no partition "
+                     "can match; the programs stay byte for byte the same",
+        module="workarounds.executorch", applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
+        canary="tests/test_executorch_fixes.py::test_the_cost_fixes_leave_the_program_byte_identical"),
+    Workaround(
+        name="onnxscript-multi-output-matcher",
+        upstream="onnxscript 0.7.2",
+        works_around="(cost) SimplePatternMatcher indexes the whole graph for every node before checking its op, "
+                     "so the optimizer's rewrite pass is quadratic in the graph's size",
+        module="workarounds.onnxscript", applied="export._format_fixes, around every ONNX export (onnx_fixes)",
+        canary="tests/test_onnx_fixes.py::test_the_fix_keeps_the_optimized_graph_and_drops_the_per_node_scans"),
+    Workaround(
+        name="openvino-returned-shared-input",
+        upstream="openvino 2026.4.1 (CPU plugin)",
+        works_around="a program that returns one of its inputs keeps the caller's shared input buffer bound and "
+                     "writes through it once freed (heap corruption, SIGSEGV); such runners always copy their inputs",
+        module="workarounds.openvino",
+        applied="exported.ExportedModel.to, where the runners are made: ExportedModel.__call__, runners[...] and "
+                "generate are all covered",
+        canary="tests/test_generate_seq2seq.py::test_openvino_corrupts_the_heap_through_a_returned_shared_input"),
+    Workaround(
+        name="transformers-mamba-scan",
+        upstream="transformers 5.23.0 (models/mamba)",
+        works_around="without CUDA kernels Mamba's selective scan is a Python loop that torch.export unrolls, "
+                     "specializing the sequence length; run as torch's scan on dynamo and ONNX",
+        module="workarounds.transformers_models",
+        applied="export._format_fixes around torch.export and ONNX exports of Mamba (modeling_fixes); plan reads "
+                "prefill_by_decode where it cannot apply",
+        canary="tests/test_modeling_fixes.py::test_without_the_fix_the_export_specializes_the_sequence"),
+    Workaround(
+        name="transformers-sliding-window-trace",
+        upstream="transformers 5.23.0 (exporters; huggingface/transformers#49542)",
+        works_around="the dynamo exporter traces sliding-window cache layers as full DynamicLayers while eager cuts "
+                     "them to the window, so the engine's eager capture traced a decode the prefill cannot feed",
+        module="engine", applied="engine.traced_cache_layout around the generation capture and the probes",
+        canary="tests/test_sliding_window.py::test_eager_cuts_the_sliding_layer_to_its_window"),
+    Workaround(
+        name="transformers-exporters-internals",
+        upstream="transformers 5.23.0 (exporters)",
+        works_around="names hfexport needs that are not the engine's public API (backend table, runner classes, "
+                     "feeds, treespec registry, ...), each listed with the version it was checked against",
+        module="workarounds.transformers_exporters", applied="read through hfexport.engine only",
+        canary="tests/test_architecture.py::test_engine_internals_are_named_once_and_still_exist"),
+)

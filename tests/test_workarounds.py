@@ -1,0 +1,55 @@
+"""Every upstream workaround is in `hfexport.workarounds.WORKAROUNDS`, naming its upstream project and version, what
+it works around, where it lives, and a canary test that exists (the test that fails once upstream fixes it)."""
+
+import ast
+import re
+from pathlib import Path
+
+from hfexport.workarounds import WORKAROUNDS
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "library" / "hfexport"
+
+
+def _test_names(path: Path) -> set[str]:
+    return {node.name for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+
+
+def test_every_entry_names_its_upstream_version_module_and_an_existing_canary():
+    problems = []
+    for entry in WORKAROUNDS:
+        if not re.search(r"\d+\.\d+", entry.upstream):
+            problems.append(f"{entry.name}: upstream {entry.upstream!r} names no version")
+        if not entry.works_around.strip() or not entry.applied.strip():
+            problems.append(f"{entry.name}: says neither what it works around nor where it applies")
+        module = PACKAGE.joinpath(*entry.module.split("."))
+        if not module.with_suffix(".py").is_file() and not (module / "__init__.py").is_file():
+            problems.append(f"{entry.name}: no module hfexport.{entry.module}")
+        file, _, name = entry.canary.partition("::")
+        if not (ROOT / file).is_file() or name not in _test_names(ROOT / file):
+            problems.append(f"{entry.name}: canary {entry.canary} does not exist")
+    assert not problems, "\n".join(problems)
+    assert len({entry.name for entry in WORKAROUNDS}) == len(WORKAROUNDS)
+
+
+def test_every_workaround_module_is_in_the_registry():
+    listed = {entry.module for entry in WORKAROUNDS}
+    modules = {f"workarounds.{path.stem}" for path in (PACKAGE / "workarounds").glob("*.py") if path.stem != "__init__"}
+    assert modules <= listed, f"not in WORKAROUNDS: {sorted(modules - listed)}"
+
+
+def test_the_checker_sees_a_missing_canary(monkeypatch):
+    import dataclasses
+
+    import hfexport.workarounds as registry
+
+    broken = dataclasses.replace(WORKAROUNDS[0], canary="tests/test_workarounds.py::test_that_does_not_exist")
+    monkeypatch.setattr(__import__(__name__), "WORKAROUNDS", (broken,))
+    try:
+        test_every_entry_names_its_upstream_version_module_and_an_existing_canary()
+    except AssertionError as error:
+        assert "does not exist" in str(error)
+    else:
+        raise AssertionError("a missing canary was not reported")
+    assert registry.WORKAROUNDS[0].canary != broken.canary
