@@ -75,7 +75,9 @@ class GenerationRequest:
     `prompts` are the recipe's sample prompts as token ids, one list per prompt, unpadded (runtimes that take text
     get `texts`). `expected[i]` are the new tokens `model.generate` made for prompt i alone (batch 1), cut after the
     first EOS. `padded_expected` is the same for all prompts in one left-padded batch (None where the model has no
-    pad token or there is one prompt): runtimes that batch are checked on it too.
+    pad token or there is one prompt): runtimes that batch are checked on it too. An encoder-decoder's prompts are its
+    encoder's input (its new tokens follow the decoder start token), padded on the right in the batch
+    (`padding_side`); Whisper's prompts are empty and its audio features are in `extra["input_features"]`.
     """
 
     prompts: list[list[int]]
@@ -87,6 +89,7 @@ class GenerationRequest:
     texts: list[str] | None = None
     model_type: str | None = None
     is_encoder_decoder: bool = False
+    padding_side: str = "left"  # how `padded_expected`'s batch was padded (an encoder-decoder's encoder input: right)
     timeout_s: float = 300.0
     extra: dict = field(default_factory=dict)  # arrays some families need (Whisper: input_features), by input name
 
