@@ -42,7 +42,8 @@ def request_payload(request: GenerationRequest, padded: bool) -> dict:
                "pad_token_id": request.pad_token_id, "eos_token_id": request.eos_token_id,
                "padded": bool(padded and request.padded_expected is not None), "texts": request.texts}
     if request.is_encoder_decoder:  # the encoder's input padded on its side; Whisper's features (float32 in JSON)
-        payload.update(is_encoder_decoder=True, padding_side=request.padding_side)
+        payload.update(is_encoder_decoder=True, padding_side=request.padding_side,
+                       decoder_start_token_id=request.decoder_start_token_id)
         if "input_features" in request.extra:
             payload["input_features"] = request.extra["input_features"].astype("float32").tolist()
     return payload

@@ -64,6 +64,7 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
         prompts=prompts, expected=[], max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad,
         texts=list(plan.recipe.sample_inputs.get("text") or []) or None,
         model_type=getattr(model.config, "model_type", None), is_encoder_decoder=is_encoder_decoder,
+        decoder_start_token_id=_decoder_start(config, model) if is_encoder_decoder else None,
         extra={key: value.detach().cpu().numpy() for key, value in extra.items() if torch.is_tensor(value)})
     was_training = model.training
     model.eval()
@@ -105,8 +106,17 @@ def _padded_batch(model, config, prompts, input_ids, mask, extra, request) -> li
     return [request.cut(row[width:]) for row in out.tolist()]
 
 
+def _decoder_start(config, model) -> int | None:
+    start = config.decoder_start_token_id
+    if start is None:
+        start = getattr(model.config, "decoder_start_token_id", None)
+    return int(start) if isinstance(start, int) else None
+
+
 def _new_tokens(sequence: list[int], prompt: list[int], request: GenerationRequest) -> list[int]:
-    """A decoder-only sequence without its prompt; an encoder-decoder's without its decoder start token."""
+    """A decoder-only sequence without its prompt; an encoder-decoder's without its decoder start token, where it
+    starts with it (transformers 5's Whisper generate leaves it out when given a generation config)."""
     if request.is_encoder_decoder:
-        return sequence[1:]
+        start = request.decoder_start_token_id
+        return sequence[1:] if start is None or sequence[:1] == [start] else sequence
     return sequence[len(prompt):] if sequence[: len(prompt)] == prompt else sequence

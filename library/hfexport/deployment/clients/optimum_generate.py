@@ -24,6 +24,12 @@ def generate(model, rows, masks, request):
     return [row[len(rows[0]):].tolist() for row in output]
 
 
+def new_tokens(rows, request):
+    """Each sequence without its decoder start token, where it starts with it (optimum's Whisper leaves it out)."""
+    start = request.get("decoder_start_token_id")
+    return [row[1:] if start is None or row[:1] == [start] else row for row in rows.tolist()]
+
+
 def seq2seq(folder, request):
     """Each prompt alone, then all in one batch padded on `padding_side`: new tokens after the decoder start."""
     options = dict(do_sample=False, max_new_tokens=request["max_new_tokens"], pad_token_id=request["pad_token_id"],
@@ -31,13 +37,14 @@ def seq2seq(folder, request):
     if request.get("input_features") is not None:
         model = ORTModelForSpeechSeq2Seq.from_pretrained(folder)
         features = torch.tensor(request["input_features"], dtype=torch.float32)
-        batch1 = [model.generate(input_features=features[i: i + 1], **options)[0, 1:].tolist()
+        batch1 = [new_tokens(model.generate(input_features=features[i: i + 1], **options), request)[0]
                   for i in range(features.shape[0])]
-        padded = model.generate(input_features=features, **options)[:, 1:].tolist() if request.get("padded") else None
+        padded = new_tokens(model.generate(input_features=features, **options), request) \
+            if request.get("padded") else None
         return batch1, padded
     model = ORTModelForSeq2SeqLM.from_pretrained(folder)
-    batch1 = [model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                             **options)[0, 1:].tolist() for p in request["prompts"]]
+    batch1 = [new_tokens(model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                        **options), request)[0] for p in request["prompts"]]
     padded = None
     if request.get("padded"):
         width = max(len(p) for p in request["prompts"])
@@ -46,8 +53,8 @@ def seq2seq(folder, request):
                 for p in request["prompts"]]
         masks = [[1] * len(p) + [0] * (width - len(p)) if right else [0] * (width - len(p)) + [1] * len(p)
                  for p in request["prompts"]]
-        padded = model.generate(input_ids=torch.tensor(rows), attention_mask=torch.tensor(masks),
-                                **options)[:, 1:].tolist()
+        padded = new_tokens(model.generate(input_ids=torch.tensor(rows), attention_mask=torch.tensor(masks),
+                                           **options), request)
     return batch1, padded
 
 

@@ -40,7 +40,8 @@ async function generateSeq2seq(rows, masks) {
       attention_mask: new Tensor("int64", BigInt64Array.from(masks.flat().map(BigInt)), [rows.length, rows[0].length]),
       ...settings,
     });
-  return output.tolist().map((row) => row.slice(1).map(Number));
+  const start = request.decoder_start_token_id;
+  return output.tolist().map((row) => row.map(Number)).map((row) => (start == null || row[0] === start ? row.slice(1) : row));
 }
 
 if (seq2seq) {
@@ -48,8 +49,7 @@ if (seq2seq) {
   const inputs = speech ? request.input_features : request.prompts;
   for (const row of inputs) batch1.push((await generateSeq2seq([row], speech ? null : [row.map(() => 1)]))[0]);
   let padded = null;
-  if (request.padded && speech) padded = await generateSeq2seq(inputs, null);
-  else if (request.padded) {
+  if (request.padded) {
     const width = Math.max(...inputs.map((p) => p.length));
     const right = request.padding_side === "right";
     const pad = (p, value) => Array(width - p.length).fill(value);
