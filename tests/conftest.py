@@ -94,6 +94,40 @@ def exported_bert(session_dir, tiny_bert):
 
 
 @pytest.fixture(scope="session")
+def runtime_env():
+    """The ONNX runtimes' environments (optimum's venv, onnxruntime-genai's venv, transformers.js' node_modules),
+    built once and cached (hfexport.testing.peers), as `HFEXPORT_RUNTIME_*` settings for the gate."""
+    from hfexport.testing import peers
+
+    try:
+        return {"HFEXPORT_RUNTIME_OPTIMUM": str(peers.peer_venv()),
+                "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI": str(peers.genai_venv()),
+                "HFEXPORT_RUNTIME_TRANSFORMERS_JS": str(peers.node_modules())}
+    except peers.PeerSetupError as error:
+        pytest.fail(f"a runtime's environment could not be built: {error}")
+
+
+@pytest.fixture(scope="session")
+def tiny_mbart(session_dir):
+    from hfexport.testing.models import make_model
+
+    return make_model("tiny-mbart", session_dir / "tiny-mbart")
+
+
+@pytest.fixture(scope="session")
+def mbart_job(session_dir, tiny_mbart, runtime_env):
+    """tiny-mbart's `onnx-generation` target, exported and verified by a job whose gate runs the ONNX runtimes
+    (tests/test_generate_seq2seq.py, tests/test_onnx_seq2seq.py): (output folder, JobReport)."""
+    from unittest import mock
+
+    from hfexport.job.run import run_job
+
+    output = session_dir / "exported-mbart"
+    with mock.patch.dict(os.environ, runtime_env):
+        return output, run_job(tiny_mbart, output, targets=["onnx-generation"], latency=False)
+
+
+@pytest.fixture(scope="session")
 def exported_llama(session_dir, tiny_llama):
     """tiny-llama exported to every target of its recipe (forward and generation), once per session."""
     from hfexport.job.run import run_job

@@ -14,22 +14,9 @@ import torch
 
 from hfexport.testing.models import make_model
 
+
 MAX_NEW = 10
 PROMPTS = ["The capital of France is", "The quick brown fox jumps over the lazy"]
-
-
-@pytest.fixture(scope="session")
-def tiny_mbart(session_dir):
-    return make_model("tiny-mbart", session_dir / "tiny-mbart")
-
-
-@pytest.fixture(scope="session")
-def mbart_job(session_dir, tiny_mbart):
-    """tiny-mbart's `onnx-generation` target, exported and verified by the job: (output folder, JobReport)."""
-    from hfexport.job.run import run_job
-
-    output = session_dir / "exported-mbart"
-    return output, run_job(tiny_mbart, output, targets=["onnx-generation"])
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +259,8 @@ import sys
 
 import numpy as np
 import torch
+
+from hfexport.testing.models import make_model
 from transformers import AutoModelForSeq2SeqLM, DynamicCache, EncoderDecoderCache
 
 from hfexport import ExportedModel
