@@ -141,8 +141,16 @@ def _name_encoder_dims(graph) -> None:
                 names.setdefault(str(dim.value), new)
     for value in [*graph.inputs, *graph.outputs]:
         if value.shape is not None:
-            value.shape = onnx_ir.Shape([dim if isinstance(dim, int) or dim.value is None
+            value.shape = onnx_ir.Shape([_int(dim) if isinstance(_int(dim), int) or dim.value is None
                                          else names.get(str(dim.value), dim.value) for dim in value.shape])
+
+
+def _int(dim):
+    """A dim as an int where it is static: the engine writes some specialized dims as symbols named by their value
+    (Whisper's `input_features` `[s6, "80", "200"]`), which transformers.js would read as symbols (0 in an empty past)."""
+    if isinstance(dim, int):
+        return dim
+    return int(dim.value) if dim.value is not None and str(dim.value).isdigit() else dim
 
 
 def merge_decoder(prefill, decode):
@@ -162,7 +170,7 @@ def merge_decoder(prefill, decode):
     add("input_ids", onnx_ir.DataType.INT64, ["batch_size", "decoder_sequence_length"])
     if "attention_mask" in inputs or any(value.name == "attention_mask" for value in prefill.graph.inputs):
         add("encoder_attention_mask", onnx_ir.DataType.INT64, ["batch_size", "encoder_sequence_length"])
-    encoder_length = hidden.shape[1] if isinstance(hidden.shape[1], int) else "encoder_sequence_length"
+    encoder_length = _int(hidden.shape[1]) if isinstance(_int(hidden.shape[1]), int) else "encoder_sequence_length"
     add("encoder_hidden_states", hidden.dtype, ["batch_size", encoder_length, _static(hidden, 2)])
     for layer in layers:
         for kind, length in (("decoder", "past_decoder_sequence_length"), ("encoder", "encoder_sequence_length_out")):
@@ -194,7 +202,7 @@ def merge_decoder(prefill, decode):
 
 
 def _static(value, axis: int) -> int:
-    dim = value.shape[axis]
+    dim = _int(value.shape[axis])
     if not isinstance(dim, int):
         raise Seq2SeqContractError(f"{value.name}: shape {value.shape}: axis {axis} must be static (transformers.js "
                                    "makes every symbolic dim of the empty past 0 but `batch_size`)")
@@ -219,7 +227,7 @@ def _engine_name(contract: str, template: dict) -> str:
 def _output_dims(name: str, source, outer: dict) -> list:
     match = _CONTRACT_CACHE.match(name)
     if not match:  # logits
-        return ["batch_size", "decoder_sequence_length", source.shape[2]]
+        return ["batch_size", "decoder_sequence_length", _int(source.shape[2])]
     past = outer[f"past_key_values.{match[2]}.{match[3]}.{match[4]}"]
     length = "total_decoder_sequence_length" if match[3] == "decoder" else "encoder_sequence_length_out"
     return ["batch_size", past.shape[1], length, past.shape[3]]

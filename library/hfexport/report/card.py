@@ -234,7 +234,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
     lines += runtime_snippets(repo_id, report, places)
     generation = [name for name, target in report.targets.items()  # in the engine's layout, not the loaders'
                   if target.mode == "generation" and not _passed_runtimes(target)
-                  and not any(str(entry.get("path", "")).endswith("genai_config.json") for entry in target.files)]
+                  and not any(str(entry.get("path", "")).endswith(("genai_config.json", "decoder_model_merged.onnx"))
+                              for entry in target.files)]
     if generation:
         lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's generation graphs (a prefill "
                   "and a decode, or with `generation.single_graph` one decode that also runs the prompt; cache tensors "
