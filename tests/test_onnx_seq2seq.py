@@ -220,3 +220,29 @@ def test_the_readme_seq2seq_snippet_generates_model_generates_text(runtime, snip
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].strip() == _expected_text(tiny_mbart).strip()
+
+
+@pytest.mark.slow
+def test_an_export_in_the_engines_older_seq2seq_layout_still_loads_and_generates(session_dir, tiny_mbart,
+                                                                                 monkeypatch):
+    """Publications made before the seq2seq layout hold `encoder.onnx`, `prefill.onnx` and `decode.onnx` with the
+    engine's names: exported here as they were (the layout step off), then loaded and run token for token."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hfexport import ExportedModel, onnx_seq2seq
+    from hfexport.job.run import run_job
+
+    monkeypatch.setattr(onnx_seq2seq, "to_contract", lambda folder: False)
+    output = session_dir / "mbart-older-layout"
+    report = run_job(tiny_mbart, output, targets=[TARGET], latency=False)
+    assert report.targets[TARGET].status == "ok", report.targets[TARGET].error
+    assert (output / TARGET / "prefill.onnx").is_file() and not (output / TARGET / "decoder_model_merged.onnx").exists()
+    model = AutoModelForSeq2SeqLM.from_pretrained(tiny_mbart).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_mbart)
+    inputs = dict(tokenizer(["The capital of France is", "The quick brown fox jumps over the lazy"],
+                            return_tensors="pt", padding=True))
+    with torch.no_grad():
+        expected = model.generate(**inputs, do_sample=False, max_new_tokens=10)
+    exported = ExportedModel.from_pretrained(output / TARGET, precision="f32")
+    assert torch.equal(exported.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=10), expected)
