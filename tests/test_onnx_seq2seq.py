@@ -246,3 +246,13 @@ def test_an_export_in_the_engines_older_seq2seq_layout_still_loads_and_generates
         expected = model.generate(**inputs, do_sample=False, max_new_tokens=10)
     exported = ExportedModel.from_pretrained(output / TARGET, precision="f32")
     assert torch.equal(exported.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=10), expected)
+
+
+def test_the_seq2seq_target_is_published_in_onnx(mbart_job, mbart_folder):
+    from hfexport.layout import Place, assign_places
+    from hfexport.publication.publish import _layout_spec, _Target
+
+    _, report = mbart_job
+    spec = _layout_spec(_Target(TARGET, mbart_folder, report, files={}))
+    assert spec["loaders_contract"] is True and spec["artifact"] == "model.onnx"
+    assert assign_places({TARGET: spec}) == {TARGET: Place("onnx")}
