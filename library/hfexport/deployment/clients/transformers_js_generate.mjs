@@ -60,29 +60,29 @@ if (seq2seq) {
   const pkg = JSON.parse(fs.readFileSync(new URL("./node_modules/@huggingface/transformers/package.json",
                                                  import.meta.url), "utf8"));
   console.log(JSON.stringify({ version: pkg.version, batch1, padded }));
-  process.exit(0);
-}
+} else {
 
-async function generate(rows, masks) {
-  const shape = [rows.length, rows[0].length];
-  const input_ids = new Tensor("int64", BigInt64Array.from(rows.flat().map(BigInt)), shape);
-  const attention_mask = new Tensor("int64", BigInt64Array.from(masks.flat().map(BigInt)), shape);
-  const output = await model.generate({
-    input_ids, attention_mask, max_new_tokens: request.max_new_tokens, do_sample: false,
-    pad_token_id: request.pad_token_id, eos_token_id: request.eos_token_id,
-  });
-  return output.tolist().map((row) => row.slice(shape[1]).map(Number));
-}
+  async function generate(rows, masks) {
+    const shape = [rows.length, rows[0].length];
+    const input_ids = new Tensor("int64", BigInt64Array.from(rows.flat().map(BigInt)), shape);
+    const attention_mask = new Tensor("int64", BigInt64Array.from(masks.flat().map(BigInt)), shape);
+    const output = await model.generate({
+      input_ids, attention_mask, max_new_tokens: request.max_new_tokens, do_sample: false,
+      pad_token_id: request.pad_token_id, eos_token_id: request.eos_token_id,
+    });
+    return output.tolist().map((row) => row.slice(shape[1]).map(Number));
+  }
 
-const batch1 = [];
-for (const prompt of request.prompts) batch1.push((await generate([prompt], [prompt.map(() => 1)]))[0]);
-let padded = null;
-if (request.padded) {
-  const width = Math.max(...request.prompts.map((p) => p.length));
-  const rows = request.prompts.map((p) => [...Array(width - p.length).fill(request.pad_token_id), ...p]);
-  const masks = request.prompts.map((p) => [...Array(width - p.length).fill(0), ...p.map(() => 1)]);
-  padded = await generate(rows, masks);
+  const batch1 = [];
+  for (const prompt of request.prompts) batch1.push((await generate([prompt], [prompt.map(() => 1)]))[0]);
+  let padded = null;
+  if (request.padded) {
+    const width = Math.max(...request.prompts.map((p) => p.length));
+    const rows = request.prompts.map((p) => [...Array(width - p.length).fill(request.pad_token_id), ...p]);
+    const masks = request.prompts.map((p) => [...Array(width - p.length).fill(0), ...p.map(() => 1)]);
+    padded = await generate(rows, masks);
+  }
+  const pkg = JSON.parse(fs.readFileSync(new URL("./node_modules/@huggingface/transformers/package.json",
+                                                 import.meta.url), "utf8"));
+  console.log(JSON.stringify({ version: pkg.version, batch1, padded }));
 }
-const pkg = JSON.parse(fs.readFileSync(new URL("./node_modules/@huggingface/transformers/package.json",
-                                               import.meta.url), "utf8"));
-console.log(JSON.stringify({ version: pkg.version, batch1, padded }));
