@@ -95,6 +95,20 @@ def exported_bert(session_dir, tiny_bert):
 
 
 @pytest.fixture(scope="session")
+def runtime_env():
+    """The ONNX runtimes' environments (optimum's venv, onnxruntime-genai's venv, transformers.js' node_modules),
+    built once and cached (hfexport.testing.peers), as `HFEXPORT_RUNTIME_*` settings for the gate."""
+    from hfexport.testing import peers
+
+    try:
+        return {"HFEXPORT_RUNTIME_OPTIMUM": str(peers.peer_venv()),
+                "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI": str(peers.genai_venv()),
+                "HFEXPORT_RUNTIME_TRANSFORMERS_JS": str(peers.node_modules())}
+    except peers.PeerSetupError as error:
+        pytest.fail(f"a runtime's environment could not be built: {error}")
+
+
+@pytest.fixture(scope="session")
 def exported_llama(session_dir, tiny_llama):
     """tiny-llama exported to every target of its recipe (forward and generation), once per session."""
     from hfexport.job.run import run_job
@@ -159,16 +173,20 @@ def tiny_llava(session_dir) -> Path:
     return make_model("tiny-llava", session_dir / "tiny-llava-vlm")
 
 
-def _generation_job(session_dir, model: Path, name: str):
+def _generation_job(session_dir, model: Path, name: str, env: dict | None = None):
+    from unittest import mock
+
     from hfexport.job.run import run_job
 
     output = session_dir / name
-    return output, run_job(model, output, targets=["onnx-generation"])
+    with mock.patch.dict(os.environ, env or {}):
+        return output, run_job(model, output, targets=["onnx-generation"], latency=False)
 
 
 @pytest.fixture(scope="session")
-def _mbart_job(session_dir, tiny_mbart):
-    return _generation_job(session_dir, tiny_mbart, "exported-mbart")
+def _mbart_job(session_dir, tiny_mbart, runtime_env):
+    """Its gate runs the ONNX runtimes (tests/test_generate_seq2seq.py, tests/test_onnx_seq2seq.py)."""
+    return _generation_job(session_dir, tiny_mbart, "exported-mbart", runtime_env)
 
 
 @pytest.fixture(scope="session")

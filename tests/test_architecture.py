@@ -20,7 +20,7 @@ LAYERS = [
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "plan"]),
     ("artifacts", ["safety", "workarounds.executorch", "workarounds.onnxscript", "workarounds.openvino",
-                   "onnx_contract", "onnx_runner", "runtime_layout", "generate", "exported", "export", "rebind"]),
+                   "onnx_contract", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate", "exported", "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),
     ("publication", ["publication"]),

@@ -14,6 +14,7 @@ import torch
 
 from hfexport.testing.models import make_model
 
+
 MAX_NEW = 10
 PROMPTS = ["The capital of France is", "The quick brown fox jumps over the lazy"]
 
@@ -251,6 +252,8 @@ import sys
 
 import numpy as np
 import torch
+
+from hfexport.testing.models import make_model
 from transformers import AutoModelForSeq2SeqLM, DynamicCache, EncoderDecoderCache
 
 from hfexport import ExportedModel

@@ -37,17 +37,6 @@ def test_the_readme_shows_each_onnx_runtime_with_what_the_slow_test_fills_in():
 
 
 @pytest.fixture(scope="session")
-def runtime_env():
-    """The three runtimes' environments, built once and cached (hfexport.testing.peers)."""
-    try:
-        return {"HFEXPORT_RUNTIME_OPTIMUM": str(peers.peer_venv()),
-                "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI": str(peers.genai_venv()),
-                "HFEXPORT_RUNTIME_TRANSFORMERS_JS": str(peers.node_modules())}
-    except peers.PeerSetupError as error:
-        pytest.fail(f"a runtime's environment could not be built: {error}")
-
-
-@pytest.fixture(scope="session")
 def gated_llama(session_dir, tiny_llama, runtime_env):
     """tiny-llama's ONNX generation target exported by a job whose gate runs the three runtimes: (folder, report)."""
     from unittest import mock

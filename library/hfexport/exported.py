@@ -26,6 +26,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
+from hfexport import onnx_seq2seq
 from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.workarounds.openvino import copy_returned_inputs
@@ -107,12 +108,14 @@ class ExportedModel(_EngineExportedModel):
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs):
         """The engine's `save_pretrained`; a decoder-only generation export is then put in its runtimes' contract:
         ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.onnx_contract`)
-        for transformers.js, optimum and onnxruntime-genai; OpenVINO (one stateful `decode` graph) as optimum-intel's
+        for transformers.js, optimum and onnxruntime-genai; an ONNX encoder-decoder (encoder, prefill, decode) as
+        `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.onnx_seq2seq`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
         `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
         for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files."""
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if str(getattr(self.export_format, "value", self.export_format)) == "onnx":
             to_contract(Path(save_directory))
+            onnx_seq2seq.to_contract(Path(save_directory))
         finish_runtime_layout(save_directory, tokenizer)
         return result
 

@@ -18,6 +18,7 @@ import torch
 from transformers.exporters import ModelRunner
 
 from hfexport.engine import onnx_inputs, runner_class
+from hfexport import onnx_seq2seq
 from hfexport.onnx_contract import leaf_path
 
 # ONNX Runtime's type names of the tensors a NumPy array holds (`NodeArg.type`); others go to the engine's runner.
@@ -44,6 +45,7 @@ class OnnxFileRunner(ModelRunner):
         self.session = session
         self.input_names = [spec.name for spec in session.get_inputs()]
         self.output_names = [spec.name for spec in session.get_outputs()]
+        self.merged = onnx_seq2seq.is_merged(self.input_names)  # decoder_model_merged.onnx (both prefill and decode)
 
     @property
     def device(self) -> torch.device:
@@ -71,6 +73,8 @@ class OnnxFileRunner(ModelRunner):
         place (NumPy views of the tensors) and the outputs are ONNX Runtime's fresh arrays, so `share_inputs` and
         `share_outputs` change nothing. A graph in the loaders' contract (`past_key_values.{i}.key`,
         `hfexport.onnx_contract`) is fed the same leaves as the engine's names (`leaf_path`)."""
+        if self.merged:
+            return self._run_merged(kwargs)
         paths = [leaf_path(name) for name in self.input_names]
         leaves = onnx_inputs(paths, kwargs)
         inputs = {name: leaves[path] for name, path in zip(self.input_names, paths, strict=True) if path in leaves}
@@ -80,3 +84,30 @@ class OnnxFileRunner(ModelRunner):
         feeds = {name: tensor.detach().cpu().contiguous().numpy() for name, tensor in inputs.items()}
         outputs = self.session.run(self.output_names, feeds)
         return self.unflatten([torch.from_numpy(output) for output in outputs])
+
+    def _run_merged(self, kwargs) -> Any:
+        """A merged encoder-decoder decoder (`hfexport.onnx_seq2seq`) run as the engine's prefill or decode: the decode
+        when `kwargs` hold a cache (`use_cache_branch` true), else the prefill, fed an empty past of length 0 as the
+        loaders feed it; its outputs returned in the engine's order (the passed-through encoder output included)."""
+        import numpy
+
+        names = [name for name in self.input_names if name != onnx_seq2seq.USE_CACHE_BRANCH]
+        paths = [onnx_seq2seq.leaf_path(name) for name in names]
+        leaves = onnx_inputs(paths, kwargs)
+        feeds = {name: leaves[path].detach().cpu().contiguous().numpy()
+                 for name, path in zip(names, paths, strict=True) if path in leaves}
+        pasts = [spec for spec in self.session.get_inputs() if spec.name.startswith("past_key_values.")]
+        use_cache = any(spec.name in feeds for spec in pasts)
+        batch = feeds["input_ids"].shape[0]
+        for spec in pasts:
+            if spec.name not in feeds:  # the first step: an empty past, as optimum and transformers.js feed it
+                dtype = numpy.float16 if spec.type == "tensor(float16)" else numpy.float32
+                feeds[spec.name] = numpy.zeros((batch, spec.shape[1], 0, spec.shape[3]), dtype=dtype)
+        feeds[onnx_seq2seq.USE_CACHE_BRANCH] = numpy.array([use_cache])
+        missing = [name for name in self.input_names if name not in feeds]
+        if missing:
+            raise ValueError(f"The graph takes {missing}, which {list(kwargs)} don't hold.")
+        found = dict(zip(self.output_names, self.session.run(self.output_names, feeds), strict=True))
+        wanted = onnx_seq2seq.engine_outputs(self.session.get_modelmeta().custom_metadata_map, use_cache)
+        outputs = [found.get(name, feeds.get(name)) for name in map(onnx_seq2seq.contract_output, wanted)]
+        return self.unflatten([torch.from_numpy(numpy.ascontiguousarray(output)) for output in outputs])

@@ -92,10 +92,20 @@ def save_tokenizer(folder: Path, processor) -> list[str]:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         data = None
-    if isinstance(data, dict) and data.get("tokenizer_class") == "TokenizersBackend":
+    if not isinstance(data, dict):
+        return sorted(set(os.listdir(folder)) - before)
+    changed = False
+    if data.get("tokenizer_class") == "TokenizersBackend":
         # transformers 5 names its generic tokenizer.json tokenizer `TokenizersBackend`, a class transformers 4.x
         # (optimum-intel's) cannot load; `PreTrainedTokenizerFast` is the same tokenizer in both.
-        data["tokenizer_class"] = "PreTrainedTokenizerFast"
+        data["tokenizer_class"], changed = "PreTrainedTokenizerFast", True
+    if isinstance(data.get("extra_special_tokens"), list):
+        # transformers 5 writes the additional special tokens as a list `extra_special_tokens`; transformers 4.x
+        # (optimum's) reads that key as a dict of named tokens (`.keys()`), and the list as `additional_special_tokens`.
+        extra, changed = data.pop("extra_special_tokens"), True
+        if extra and "additional_special_tokens" not in data:
+            data["additional_special_tokens"] = extra
+    if changed:
         config.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return sorted(set(os.listdir(folder)) - before)
 

@@ -75,7 +75,9 @@ class GenerationRequest:
     `prompts` are the recipe's sample prompts as token ids, one list per prompt, unpadded (runtimes that take text
     get `texts`). `expected[i]` are the new tokens `model.generate` made for prompt i alone (batch 1), cut after the
     first EOS. `padded_expected` is the same for all prompts in one left-padded batch (None where the model has no
-    pad token or there is one prompt): runtimes that batch are checked on it too.
+    pad token or there is one prompt): runtimes that batch are checked on it too. An encoder-decoder's prompts are its
+    encoder's input (its new tokens follow the decoder start token), padded on the right in the batch
+    (`padding_side`); Whisper's prompts are empty and its audio features are in `extra["input_features"]`.
     """
 
     prompts: list[list[int]]
@@ -87,6 +89,8 @@ class GenerationRequest:
     texts: list[str] | None = None
     model_type: str | None = None
     is_encoder_decoder: bool = False
+    decoder_start_token_id: int | None = None  # an encoder-decoder's: new tokens are those after it
+    padding_side: str = "left"  # how `padded_expected`'s batch was padded (an encoder-decoder's encoder input: right)
     timeout_s: float = 300.0
     extra: dict = field(default_factory=dict)  # arrays some families need (Whisper: input_features), by input name
 
@@ -135,6 +139,7 @@ def run_client(command: list[str], *, timeout: float, env: dict[str, str] | None
     Raises `RuntimeClientError` with the client's own last lines when it exits non-zero, prints no JSON, or runs
     past `timeout` seconds (then it is killed)."""
     import json
+    import re
     import subprocess
 
     try:
@@ -144,7 +149,10 @@ def run_client(command: list[str], *, timeout: float, env: dict[str, str] | None
         raise RuntimeClientError(f"ran past its time limit of {timeout:.0f} s and was stopped") from None
     lines = [line for line in done.stdout.strip().splitlines() if line.strip()]
     if done.returncode != 0 or not lines:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        # The client's own error line where there is one (Node prints its stack after it), else its last lines.
+        errors = [line.strip() for line in lines if re.match(r"^\s*(\w+\.)*\w*(Error|Exception)\b", line)]
+        tail = errors[-1] if errors else " | ".join(lines[-3:])
         raise RuntimeClientError(redact(f"exited {done.returncode}: {tail}"[:600]))
     try:
         return json.loads(lines[-1])

@@ -17,6 +17,10 @@ NOT_IN_CONTRACT = ("not in the ONNX runtimes' layout (model.onnx with past_key_v
                    "genai_config.json): the export keeps the engine's graphs (an encoder-decoder, a VLM, a state-space "
                    "decode, a prefill/decode pair, or a graph with inputs the runtimes do not feed)")
 
+#: Why a runtime does not check an encoder-decoder folder without `decoder_model_merged.onnx` (hfexport.onnx_seq2seq).
+NOT_IN_SEQ2SEQ_CONTRACT = ("not in the seq2seq runtimes' layout (encoder_model.onnx + decoder_model_merged.onnx): an "
+                           "export saved before hfexport wrote it, or in another format's graphs")
+
 
 def interpreter(runtime: str, module: str) -> str | None:
     """The python that has `module`: `HFEXPORT_RUNTIME_<RUNTIME>` if set, else hfexport's own when it can import
@@ -34,9 +38,15 @@ def interpreter(runtime: str, module: str) -> str | None:
 def request_payload(request: GenerationRequest, padded: bool) -> dict:
     """The request as every client reads it (JSON): prompts as token ids, max_new_tokens, eos/pad ids, whether to
     generate the left-padded batch too, and the prompts' texts."""
-    return {"prompts": request.prompts, "max_new_tokens": request.max_new_tokens,
-            "pad_token_id": request.pad_token_id, "eos_token_id": request.eos_token_id,
-            "padded": bool(padded and request.padded_expected is not None), "texts": request.texts}
+    payload = {"prompts": request.prompts, "max_new_tokens": request.max_new_tokens,
+               "pad_token_id": request.pad_token_id, "eos_token_id": request.eos_token_id,
+               "padded": bool(padded and request.padded_expected is not None), "texts": request.texts}
+    if request.is_encoder_decoder:  # the encoder's input padded on its side; Whisper's features (float32 in JSON)
+        payload.update(is_encoder_decoder=True, padding_side=request.padding_side,
+                       decoder_start_token_id=request.decoder_start_token_id)
+        if "input_features" in request.extra:
+            payload["input_features"] = request.extra["input_features"].astype("float32").tolist()
+    return payload
 
 
 def run_python_client(python: str, script: str, folder: Path, payload: dict, timeout: float) -> dict:

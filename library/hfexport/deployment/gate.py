@@ -32,13 +32,18 @@ def check_runtimes(folder: str | Path, model, plan, processor=None) -> list[Runt
 
 
 def generation_request(model, plan, processor=None) -> GenerationRequest | None:
-    """The sample prompts and `model.generate`'s greedy tokens for them; None when the inputs have no token prompt."""
+    """The sample prompts and `model.generate`'s greedy tokens for them; None when the inputs have no token prompt
+    (nor, for a speech encoder-decoder, `input_features`)."""
     import torch
 
     inputs = plan.inputs
     input_ids = inputs.get("input_ids")
-    if input_ids is None:
+    is_encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    features = inputs.get("input_features") if is_encoder_decoder else None
+    if input_ids is None and features is None:
         return None
+    if input_ids is None:  # Whisper: the audio's features are the prompt; no token prompt
+        input_ids = torch.zeros((features.shape[0], 0), dtype=torch.long)
     mask = inputs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
@@ -52,12 +57,14 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
     eos_ids = [int(token) for token in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
     pad = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else None)
     config.pad_token_id = pad
-    extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
+    # An encoder-decoder generates from its encoder's input alone (the recipe's decoder_input_ids are trace samples).
+    skipped = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
+    extra = {key: value for key, value in inputs.items() if key not in skipped}
     request = GenerationRequest(
         prompts=prompts, expected=[], max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad,
         texts=list(plan.recipe.sample_inputs.get("text") or []) or None,
-        model_type=getattr(model.config, "model_type", None),
-        is_encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)),
+        model_type=getattr(model.config, "model_type", None), is_encoder_decoder=is_encoder_decoder,
+        decoder_start_token_id=_decoder_start(config, model) if is_encoder_decoder else None,
         extra={key: value.detach().cpu().numpy() for key, value in extra.items() if torch.is_tensor(value)})
     was_training = model.training
     model.eval()
@@ -66,23 +73,50 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
             for index, prompt in enumerate(prompts):
                 row_extra = {key: value[index: index + 1] for key, value in extra.items() if torch.is_tensor(value)}
                 ids = torch.tensor([prompt], dtype=input_ids.dtype)
-                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                     **row_extra)
+                prompt_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if prompt else {}
+                out = model.generate(**prompt_inputs, generation_config=config, **row_extra)
                 request.expected.append(request.cut(_new_tokens(out[0].tolist(), prompt, request)))
-            if len(prompts) > 1 and pad is not None and not request.is_encoder_decoder:
-                width = max(map(len, prompts))
-                ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=input_ids.dtype)
-                left_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-                                         dtype=mask.dtype)
-                out = model.generate(input_ids=ids, attention_mask=left_mask, generation_config=config, **extra)
-                request.padded_expected = [request.cut(row[width:]) for row in out.tolist()]
+            if len(prompts) > 1 and (pad is not None or features is not None):
+                request.padded_expected = _padded_batch(model, config, prompts, input_ids, mask, extra, request)
     finally:
         model.train(was_training)
     return request
 
 
-def _new_tokens(sequence: list[int], prompt: list[int], request: GenerationRequest) -> list[int]:
-    """A decoder-only sequence without its prompt; an encoder-decoder's without its decoder start token."""
+def _padded_batch(model, config, prompts, input_ids, mask, extra, request) -> list[list[int]]:
+    """`model.generate` on all prompts in one batch: a decoder-only's left-padded, an encoder-decoder's encoder input
+    padded on its tokenizer's side (`request.padding_side`, right for T5, BART, Marian, mBART), Whisper's features as
+    they are (same length)."""
+    import torch
+
+    width = max(map(len, prompts))
     if request.is_encoder_decoder:
-        return sequence[1:]
+        request.padding_side = "right"
+        if width == 0:  # Whisper
+            out = model.generate(generation_config=config, **extra)
+            return [request.cut(_new_tokens(row, [], request)) for row in out.tolist()]
+    pad, left = request.pad_token_id, request.padding_side == "left"
+    ids = torch.tensor([[pad] * (width - len(p)) + p if left else p + [pad] * (width - len(p)) for p in prompts],
+                       dtype=input_ids.dtype)
+    padded_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) if left else [1] * len(p) + [0] * (width - len(p))
+                                for p in prompts], dtype=mask.dtype)
+    out = model.generate(input_ids=ids, attention_mask=padded_mask, generation_config=config, **extra)
+    if request.is_encoder_decoder:
+        return [request.cut(_new_tokens(row, [], request)) for row in out.tolist()]
+    return [request.cut(row[width:]) for row in out.tolist()]
+
+
+def _decoder_start(config, model) -> int | None:
+    start = config.decoder_start_token_id
+    if start is None:
+        start = getattr(model.config, "decoder_start_token_id", None)
+    return int(start) if isinstance(start, int) else None
+
+
+def _new_tokens(sequence: list[int], prompt: list[int], request: GenerationRequest) -> list[int]:
+    """A decoder-only sequence without its prompt; an encoder-decoder's without its decoder start token, where it
+    starts with it (transformers 5's Whisper generate leaves it out when given a generation config)."""
+    if request.is_encoder_decoder:
+        start = request.decoder_start_token_id
+        return sequence[1:] if start is None or sequence[:1] == [start] else sequence
     return sequence[len(prompt):] if sequence[: len(prompt)] == prompt else sequence

@@ -16,12 +16,21 @@ from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeC
 from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client
 
 RUNTIME = "onnxruntime-genai"
+#: Why an encoder-decoder is not checked (onnxruntime-genai 0.18's model types: src/models/model_type.h; its Whisper
+#: layout: models/builders/whisper.py).
+SEQ2SEQ_REASON = {"whisper": (
+    "not built: onnxruntime-genai 0.18's whisper model takes an encoder that also outputs each layer's cross-attention "
+    "cache (present_key_cross_{i}, present_value_cross_{i}) and a decoder fed it as past_key_cross_{i}, without "
+    "encoder_hidden_states (its model builder's layout); hfexport's decoder_model_merged.onnx (optimum's and "
+    "transformers.js' layout) computes that cache in its first step")}
+SEQ2SEQ_OTHER = ("not a model type of onnxruntime-genai 0.18 (its encoder-decoders are whisper and marian-ssru, "
+                 "each in its model builder's own layout)")
 CLIENT = "onnxruntime_genai_generate.py"
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if request.is_encoder_decoder:
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported for onnxruntime-genai")
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=SEQ2SEQ_REASON.get(request.model_type, SEQ2SEQ_OTHER))
     if not (Path(folder) / "genai_config.json").is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
     python = interpreter(RUNTIME, "onnxruntime_genai")

@@ -1,6 +1,8 @@
 """optimum's `ORTModelForCausalLM` on an ONNX generation export, in optimum's own environment (transformers 4.57):
 `from_pretrained(folder)` opens `model.onnx` (+ `model.onnx_data`), then greedy `generate` on each prompt's token ids
-(batch 1) and on all prompts in one left-padded batch."""
+(batch 1) and on all prompts in one left-padded batch. An encoder-decoder (`encoder_model.onnx` +
+`decoder_model_merged.onnx`, `hfexport.onnx_seq2seq`) runs in `ORTModelForSeq2SeqLM` on its encoder's token ids
+(batch 1, and one right-padded batch), Whisper in `ORTModelForSpeechSeq2Seq` on its `input_features`."""
 
 from __future__ import annotations
 
@@ -13,17 +15,24 @@ from hfexport.deployment import (
     RuntimeCheck,
     RuntimeClientError,
 )
-from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, judge, request_payload, run_python_client
+from hfexport.deployment._python import (
+    NOT_IN_CONTRACT,
+    NOT_IN_SEQ2SEQ_CONTRACT,
+    interpreter,
+    judge,
+    request_payload,
+    run_python_client,
+)
+from hfexport.onnx_seq2seq import DECODER_FILE
 
 RUNTIME = "optimum"
 CLIENT = "optimum_generate.py"
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
-    if request.is_encoder_decoder:
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported in optimum's "
-                            "encoder_model/decoder_model_merged layout yet")
-    if not (Path(folder) / "model.onnx").is_file():
+    if request.is_encoder_decoder and not (Path(folder) / DECODER_FILE).is_file():
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_SEQ2SEQ_CONTRACT)
+    if not request.is_encoder_decoder and not (Path(folder) / "model.onnx").is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
     python = interpreter(RUNTIME, "optimum.onnxruntime")
     if python is None:

@@ -46,6 +46,8 @@ from hfexport.latency import EagerTimings, measure_latency
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
 from hfexport.onnx_contract import GENAI_CONFIG_FILE
+from hfexport.onnx_seq2seq import DECODER_FILE
+from hfexport.runtime_layout import save_tokenizer
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
 from hfexport.publication.cache import (
@@ -334,8 +336,10 @@ def _export_target(job: _Job, name: str) -> None:
         def write(folder: Path) -> None:
             exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
-            if (folder / GENAI_CONFIG_FILE).is_file() and hasattr(job.processor, "save_pretrained"):
+            in_contract = (folder / GENAI_CONFIG_FILE).is_file() or (folder / DECODER_FILE).is_file()
+            if in_contract and hasattr(job.processor, "save_pretrained"):
                 job.processor.save_pretrained(folder)  # the loaders' contract: the tokenizer beside the graph
+                save_tokenizer(folder, job.processor)  # its class as transformers 4.x (optimum's) reads it too
             if key:
                 _record_weight_map(folder, job.model_object, key, target_report)
 

@@ -43,6 +43,7 @@ from hfexport.layout import (
     target_places,
 )
 from hfexport.onnx_contract import GENAI_CONFIG_FILE
+from hfexport.onnx_seq2seq import DECODER_FILE
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, recipe_origin, render_section, update_card
@@ -365,7 +366,8 @@ def _layout_spec(item: _Target) -> dict:
     return {"export_format": export_format, "mode": item.target.mode, "path": spec.get("path"),
             "file_name": spec.get("file_name"),
             "artifact": artifact_name(export_format, spec.get("quantization"), _export_dtype(item)),
-            "loaders_contract": (item.folder / GENAI_CONFIG_FILE).is_file() or _deployable(item)}
+            "loaders_contract": (item.folder / GENAI_CONFIG_FILE).is_file() or (item.folder / DECODER_FILE).is_file()
+            or _deployable(item)}
 
 
 def _deployable(item: _Target) -> bool:

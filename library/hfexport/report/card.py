@@ -234,7 +234,8 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
     lines += runtime_snippets(repo_id, report, places)
     generation = [name for name, target in report.targets.items()  # in the engine's layout, not the loaders'
                   if target.mode == "generation" and not _passed_runtimes(target)
-                  and not any(str(entry.get("path", "")).endswith("genai_config.json") for entry in target.files)]
+                  and not any(str(entry.get("path", "")).endswith(("genai_config.json", "decoder_model_merged.onnx"))
+                              for entry in target.files)]
     if generation:
         lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's generation graphs (a prefill "
                   "and a decode, or with `generation.single_graph` one decode that also runs the prompt; cache tensors "
@@ -250,6 +251,14 @@ def _passed_runtimes(target: TargetReport) -> list[str]:
     return [check["runtime"] for check in (target.runtimes or []) if check.get("verdict") == "passed"]
 
 
+#: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
+#: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.onnx_seq2seq); other tasks: a decoder-only LLM's.
+SEQ2SEQ_LOADERS = {"text2text-generation": ("text2text-generation", "ORTModelForSeq2SeqLM"),
+                   "translation": ("translation", "ORTModelForSeq2SeqLM"),
+                   "summarization": ("summarization", "ORTModelForSeq2SeqLM"),
+                   "automatic-speech-recognition": ("automatic-speech-recognition", "ORTModelForSpeechSeq2Seq")}
+
+
 def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) -> list[str]:
     """For each generation target, loading snippets of the deployment runtimes that generated `model.generate`'s
     tokens from its files in the gate (its report's `runtimes`), and of those only (README's section shows them)."""
@@ -260,14 +269,16 @@ def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) 
             continue
         folder = places[name].folder
         lines += [f"`{name}` generated `model.generate`'s tokens in {', '.join(passed)} (hfexport's gate):", ""]
+        task = str((target.plan or {}).get("task") or "")
+        pipeline_task, ort_class = SEQ2SEQ_LOADERS.get(task, ("text-generation", "ORTModelForCausalLM"))
         if "transformers.js" in passed:
             sub = "" if folder == "onnx" else f', subfolder: "{folder}"'
             lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
-                      f'const generator = await pipeline("text-generation", "{repo_id}", '
+                      f'const generator = await pipeline("{pipeline_task}", "{repo_id}", '
                       f'{{ dtype: "fp32", use_external_data_format: true{sub} }});', "```", ""]
         if "optimum" in passed:
-            lines += ["```python", "from optimum.onnxruntime import ORTModelForCausalLM", "",
-                      f'model = ORTModelForCausalLM.from_pretrained("{repo_id}", subfolder="{folder}")', "```", ""]
+            lines += ["```python", f"from optimum.onnxruntime import {ort_class}", "",
+                      f'model = {ort_class}.from_pretrained("{repo_id}", subfolder="{folder}")', "```", ""]
         if "onnxruntime-genai" in passed:
             lines += ["```python", "import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
                       f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])',
