@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, compare_tokens, run_client, runtime_environment
+from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, judge_tokens, run_client, runtime_environment
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 #: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.onnx_contract).
@@ -39,6 +39,14 @@ def request_payload(request: GenerationRequest, padded: bool) -> dict:
             "padded": bool(padded and request.padded_expected is not None), "texts": request.texts}
 
 
+def variant_dtype(request: GenerationRequest) -> str:
+    """The precision a runtime's record names: transformers.js' dtype of the file the target is published under
+    (`fp32`, `q8`, `fp16`, ...; `hfexport.layout.transformers_js_dtype`), else the file name."""
+    from hfexport.layout import transformers_js_dtype
+
+    return transformers_js_dtype(request.file_name) or request.file_name
+
+
 def run_python_client(python: str, script: str, folder: Path, payload: dict, timeout: float) -> dict:
     """Run `clients/<script> FOLDER REQUEST` with `python`; its last stdout line (JSON) as a dict."""
     with tempfile.TemporaryDirectory(prefix="hfexport-runtime-") as scratch:
@@ -48,14 +56,17 @@ def run_python_client(python: str, script: str, folder: Path, payload: dict, tim
                           cwd=scratch)
 
 
-def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int]) -> RuntimeCheck:
-    """A client's `batch1` (and `padded`) new tokens against `model.generate`'s, cut after EOS as `expected` is."""
-    fields = {"version": result.get("version"), "batch_sizes": batches}
-    check = compare_tokens(runtime, request.expected, [request.cut(tokens) for tokens in result["batch1"]], **fields)
+def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int],
+          precision: str | None = None) -> RuntimeCheck:
+    """A client's `batch1` (and `padded`) new tokens against `model.generate`'s, cut after EOS as `expected` is,
+    judged as the target is (`judge_tokens`: token for token, or a quantized target's agreement floor)."""
+    fields = {"version": result.get("version"), "batch_sizes": batches, "precision": precision}
+    check = judge_tokens(runtime, request, request.expected, [request.cut(tokens) for tokens in result["batch1"]],
+                         **fields)
     if check.verdict != PASSED or request.padded_expected is None:
         return check
-    padded = compare_tokens(runtime, request.padded_expected,
-                            [request.cut(tokens) for tokens in result.get("padded") or []], **fields)
+    padded = judge_tokens(runtime, request, request.padded_expected,
+                          [request.cut(tokens) for tokens in result.get("padded") or []], **fields)
     if padded.verdict != PASSED:
         padded.reason = f"left-padded batch of {len(request.prompts)}: {padded.reason}"
     return padded

@@ -1,9 +1,12 @@
 """optimum's `ORTModelForCausalLM` on an ONNX generation export, in optimum's own environment (transformers 4.57):
-`from_pretrained(folder)` opens `model.onnx` (+ `model.onnx_data`), then greedy `generate` on each prompt's token ids
-(batch 1) and on all prompts in one left-padded batch."""
+`from_pretrained(folder, file_name=...)` opens the graph by the name it is published under (`model.onnx`, or a
+quantized/fp16 variant's `model_quantized.onnx`, `model_fp16.onnx`, each with its `_data`), then greedy `generate` on
+each prompt's token ids (batch 1) and on all prompts in one left-padded batch; a quantized target is judged by its
+token agreement floor, as the gate judges it."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from hfexport.deployment import (
@@ -13,7 +16,15 @@ from hfexport.deployment import (
     RuntimeCheck,
     RuntimeClientError,
 )
-from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, judge, request_payload, run_python_client
+from hfexport.deployment._python import (
+    NOT_IN_CONTRACT,
+    interpreter,
+    judge,
+    request_payload,
+    run_python_client,
+    variant_dtype,
+)
+from hfexport.onnx_contract import stage_as
 
 RUNTIME = "optimum"
 CLIENT = "optimum_generate.py"
@@ -30,9 +41,12 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install optimum-onnx[onnxruntime], or set "
                             "HFEXPORT_RUNTIME_OPTIMUM to its python)")
     batches = [1, len(request.prompts)] if request.padded_expected is not None else [1]
-    try:
-        result = run_python_client(python, CLIENT, Path(folder), request_payload(request, padded=True),
-                                   request.timeout_s)
-    except RuntimeClientError as error:
-        return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches)
-    return judge(RUNTIME, request, result, batches)
+    payload = {**request_payload(request, padded=True), "file_name": request.file_name}
+    precision = variant_dtype(request)
+    with tempfile.TemporaryDirectory(prefix="hfexport-optimum-") as scratch:
+        staged = stage_as(Path(folder), Path(scratch) / "onnx", request.file_name)
+        try:
+            result = run_python_client(python, CLIENT, staged, payload, request.timeout_s)
+        except RuntimeClientError as error:
+            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=precision)
+    return judge(RUNTIME, request, result, batches, precision=precision)

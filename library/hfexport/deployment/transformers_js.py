@@ -1,7 +1,8 @@
 """transformers.js (`@huggingface/transformers` on Node) on an ONNX generation export: `AutoModelForCausalLM`
-opens the export laid out as its users' Hub repo (config.json at the root, the graph in `onnx/model.onnx` +
-`model.onnx_data`), then greedy `generate` on each prompt's token ids (batch 1) and on all prompts in one
-left-padded batch. transformers.js builds the first step's empty past from the graph's input metadata (`batch_size`
+opens the export laid out as its users' Hub repo (config.json at the root with the `transformers.js_config` the
+publication writes, the graph in `onnx/model{suffix}.onnx` + its `_data`, a quantized or fp16 target under its dtype's
+suffix) with the `dtype` alone, then greedy `generate` on each prompt's token ids (batch 1) and on all prompts in one
+left-padded batch. A quantized target is judged by its token agreement floor, as the gate judges it. transformers.js builds the first step's empty past from the graph's input metadata (`batch_size`
 is the batch, every other symbol 0), which `hfexport.onnx_contract` writes."""
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from hfexport.deployment import (
     runtime_environment,
 )
 from hfexport.deployment._python import CLIENTS, NOT_IN_CONTRACT, judge, request_payload
+from hfexport.layout import transformers_js_config, transformers_js_dtype
+from hfexport.onnx_contract import MODEL_FILE, stage_as
 
 RUNTIME = "transformers.js"
 CLIENT = "transformers_js_generate.mjs"
@@ -35,24 +38,32 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if request.is_encoder_decoder:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="encoder-decoders are not exported in transformers.js' "
                             "encoder_model/decoder_model_merged layout yet")
-    if not (folder / "model.onnx").is_file():
+    if not (folder / MODEL_FILE).is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
+    dtype = transformers_js_dtype(request.file_name)
+    if dtype is None:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"published as {request.file_name}, a name transformers.js "
+                            "opens by no dtype (it opens onnx/model{suffix}.onnx: _fp16, _quantized, _q4, ...)")
     modules = runtime_environment(RUNTIME)
     node = shutil.which("node")
     if not modules or not (Path(modules) / PACKAGE / "package.json").is_file() or node is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (Node.js and `npm install "
                             "@huggingface/transformers` in a folder named by HFEXPORT_RUNTIME_TRANSFORMERS_JS)")
     batches = [1, len(request.prompts)] if request.padded_expected is not None else [1]
-    payload = {**request_payload(request, padded=True), "dtype": "fp32",
-               "external_data": (folder / "model.onnx_data").is_file()}
+    payload = {**request_payload(request, padded=True), "dtype": dtype}
     with tempfile.TemporaryDirectory(prefix="hfexport-transformers-js-") as scratch:
         stage = Path(scratch)
         repo = stage / "models" / "model"
-        repo.mkdir(parents=True)
+        onnx = stage_as(folder, repo / "onnx", request.file_name)
         for name in ROOT_FILES:
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, repo / name)
-        os.symlink(folder, repo / "onnx", target_is_directory=True)
+        # config.json as the publication writes it: `transformers.js_config` names the graph's external data, so the
+        # client asks for nothing but the dtype (hfexport.layout.transformers_js_config).
+        config = json.loads((repo / "config.json").read_text(encoding="utf-8"))
+        (repo / "config.json").write_text(json.dumps(transformers_js_config(config, [path.name for path in
+                                                                                     onnx.iterdir()])),
+                                          encoding="utf-8")
         os.symlink(Path(modules).resolve() / "node_modules", stage / "node_modules", target_is_directory=True)
         shutil.copyfile(CLIENTS / CLIENT, stage / CLIENT)  # ESM resolves packages beside the script
         (stage / "request.json").write_text(json.dumps(payload), encoding="utf-8")
@@ -60,5 +71,5 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
             result = run_client([node, str(stage / CLIENT), str(stage / "models"), "model", str(stage / "request.json")],
                                 timeout=request.timeout_s, cwd=stage)
         except RuntimeClientError as error:
-            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches)
-    return judge(RUNTIME, request, result, batches)
+            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=dtype)
+    return judge(RUNTIME, request, result, batches, precision=dtype)

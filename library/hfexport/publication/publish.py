@@ -42,7 +42,7 @@ from hfexport.layout import (
     published_name,
     target_places,
 )
-from hfexport.onnx_contract import GENAI_CONFIG_FILE
+from hfexport.onnx_contract import GENAI_CONFIG_FILE, relocated
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, recipe_origin, render_section, update_card
@@ -398,40 +398,18 @@ def _published_files(item: _Target) -> dict[str, Path | bytes]:
     export_format, place = item.target.export_format, item.place
     names = {relative: published_name(place, relative, export_format) for relative in item.files}
     published: dict[str, Path | bytes] = {names[relative]: path for relative, path in item.files.items()}
-    if export_format == "onnx":
-        for relative in [rel for rel in item.files if rel.endswith(".onnx") and f"{rel}.data" in item.files]:
-            import onnx
-
-            graph = onnx.load(str(item.files[relative]), load_external_data=False)
-            old, new = Path(relative).name + ".data", Path(names[f"{relative}.data"]).name
-            for tensor in _onnx_tensors(graph):
-                for entry in tensor.external_data:
-                    if entry.key == "location" and entry.value == old:
-                        entry.value = new
-            published[names[relative]] = graph.SerializeToString()
+    if export_format == "onnx":  # the engine's `X.onnx.data`, or the contract's `model.onnx_data` of a variant
+        for relative in [rel for rel in item.files if rel.endswith(".onnx")]:
+            data = next((rel for rel in (f"{relative}.data", f"{relative}_data") if rel in item.files), None)
+            if data is None or Path(names[data]).name == Path(data).name:
+                continue
+            published[names[relative]] = relocated(item.files[relative], Path(data).name, Path(names[data]).name)
     if place.stem and MANIFEST_FILE in item.files:
         manifest = json.loads(item.files[MANIFEST_FILE].read_text(encoding="utf-8"))
         for entry in manifest.get("components", {}).values():
             entry["file"] = published_name(place, entry["file"], export_format)
         published[names[MANIFEST_FILE]] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
     return published
-
-
-def _onnx_tensors(model):
-    """Every tensor of an ONNX model that may keep its bytes outside: initializers and tensor attributes, subgraphs
-    included."""
-    graphs = [model.graph]
-    while graphs:
-        graph = graphs.pop()
-        yield from graph.initializer
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.HasField("t"):
-                    yield attribute.t
-                yield from attribute.tensors
-                if attribute.HasField("g"):
-                    graphs.append(attribute.g)
-                graphs.extend(attribute.graphs)
 
 
 def _owner_edited_readme(api, repo_id: str, num: int, base: str, base_tree: dict[str, dict], token: str) -> bool:

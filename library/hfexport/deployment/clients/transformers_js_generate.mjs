@@ -1,8 +1,9 @@
 // Greedy generation with transformers.js (@huggingface/transformers, Node) on an export (run where its
 // node_modules/ is). It never imports hfexport.
 // Args: MODELS_DIR MODEL REQUEST_JSON. MODELS_DIR/MODEL is laid out as a Hub repo (config.json at its root, the
-// graph in onnx/model.onnx). REQUEST_JSON holds {"prompts": [[ids]], "max_new_tokens", "pad_token_id",
-// "eos_token_id", "padded", "dtype", "external_data"}. Prints one JSON line:
+// graph in onnx/model{dtype suffix}.onnx; config.json's transformers.js_config names its external data). REQUEST_JSON
+// holds {"prompts": [[ids]], "max_new_tokens", "pad_token_id", "eos_token_id", "padded", "dtype"}. The model is
+// opened with the dtype alone, as its users do. Prints one JSON line:
 // {"version", "batch1": [[new ids]], "padded": [[new ids]] or null}.
 import fs from "node:fs";
 import { AutoModelForCausalLM, Tensor, env } from "@huggingface/transformers";
@@ -11,9 +12,7 @@ const [modelsDir, modelName, requestFile] = process.argv.slice(2);
 const request = JSON.parse(fs.readFileSync(requestFile, "utf8"));
 env.allowRemoteModels = false;
 env.localModelPath = modelsDir;
-const options = { dtype: request.dtype || "fp32", device: "cpu" };
-if (request.external_data) options.use_external_data_format = true;
-const model = await AutoModelForCausalLM.from_pretrained(modelName, options);
+const model = await AutoModelForCausalLM.from_pretrained(modelName, { dtype: request.dtype || "fp32", device: "cpu" });
 
 async function generate(rows, masks) {
   const shape = [rows.length, rows[0].length];
