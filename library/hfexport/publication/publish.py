@@ -41,6 +41,7 @@ from hfexport.layout import (
     place_files,
     published_name,
     target_places,
+    transformers_js_config,
 )
 from hfexport.onnx_contract import GENAI_CONFIG_FILE, relocated
 from hfexport.progress import Step
@@ -50,6 +51,7 @@ from hfexport.report.markdown import report_markdown
 from hfexport.report.model import JobReport, TargetReport
 
 README = "README.md"
+ROOT_CONFIG = "config.json"
 TITLE_PREFIX = "hfexport:"
 MARKER = "hfexport:publication"
 _MARKER_RE = re.compile(r"<!--\s*hfexport:publication\s+(\{.*?\})\s*-->", re.S)
@@ -316,6 +318,10 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     if new_readme != pr_readme:
         operations.append(CommitOperationAdd(path_in_repo=README, path_or_fileobj=new_readme.encode("utf-8")))
         files.append(README)
+    config = _root_config(repo_id, chosen, base_head, head, base_tree, (set(tree) - set(deletions)) | set(files), token)
+    if config is not None:
+        operations.append(CommitOperationAdd(path_in_repo=ROOT_CONFIG, path_or_fileobj=config))
+        files.append(ROOT_CONFIG)
     if not operations:
         return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None, head,
                              repo_id, [])
@@ -348,6 +354,33 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
                  repo_id, f"pushing to refs/pr/{open_pr.num}")
     _after_update(api, repo_id, open_pr, info.oid, description, changes, failed, token)
     return PublishResult("updated", open_pr.url, open_pr.num, info.oid, repo_id, files)
+
+
+def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str, base_tree: dict, after: set[str],
+                 token: str) -> bytes | None:
+    """The repo's root config.json with `transformers.js_config` naming the external data of every graph in `onnx/`
+    (`hfexport.layout.transformers_js_config`), so transformers.js opens `onnx/model.onnx` or a dtype variant
+    (`model_quantized.onnx`, `model_fp16.onnx`) with `dtype` alone; None when nothing changes, the repo has no
+    config.json (a publication into another repo), or no ONNX generation target in the loaders' contract is published
+    in `onnx/` (forward targets' cards pass `use_external_data_format` instead). The owner's keys are kept."""
+    if ROOT_CONFIG not in base_tree or not any(item.place.folder == "onnx" and (item.folder / GENAI_CONFIG_FILE).is_file()
+                                               for item in chosen):
+        return None
+    text = _download_text(repo_id, ROOT_CONFIG, base_head, token)
+    try:
+        config = json.loads(text or "")
+    except ValueError:
+        return None
+    if not isinstance(config, dict):
+        return None
+    onnx_files = [path.split("/", 1)[1] for path in after if path.startswith("onnx/") and path.count("/") == 1]
+    updated = transformers_js_config(config, onnx_files)
+    current = _download_text(repo_id, ROOT_CONFIG, head, token) if head != base_head else text
+    try:
+        unchanged = json.loads(current or "") == updated
+    except ValueError:
+        unchanged = False
+    return None if unchanged else (json.dumps(updated, indent=2) + "\n").encode("utf-8")
 
 
 def _layout_spec(item: _Target) -> dict:
