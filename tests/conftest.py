@@ -115,3 +115,30 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeou
 def cli():
     """`cli("validate", path)` -> CompletedProcess of the real `hfexport` command in a subprocess."""
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def runtime_env():
+    """The three ONNX runtimes' environments (test_onnx_runtimes.py, test_onnx_variants.py), built once and cached
+    (hfexport.testing.peers)."""
+    from hfexport.testing import peers
+
+    try:
+        return {"HFEXPORT_RUNTIME_OPTIMUM": str(peers.peer_venv()),
+                "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI": str(peers.genai_venv()),
+                "HFEXPORT_RUNTIME_TRANSFORMERS_JS": str(peers.node_modules())}
+    except peers.PeerSetupError as error:
+        pytest.fail(f"a runtime's environment could not be built: {error}")
+
+
+@pytest.fixture(scope="session")
+def gated_llama(session_dir, tiny_llama, runtime_env):
+    """tiny-llama's ONNX generation target exported by a job whose gate runs the three runtimes: (folder, report)."""
+    from unittest import mock
+
+    from hfexport.job.run import run_job
+
+    output = session_dir / "llama-onnx-runtimes"
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(tiny_llama, output, ["onnx-generation"], latency=False)
+    return output / "onnx-generation", report.targets["onnx-generation"], report
