@@ -7,6 +7,7 @@ Every cell (tiny model × format × mode, `hfexport.testing.models`) runs in its
     python scripts/compatibility_matrix.py --models tiny-gpt2   # some cells: merged into the existing results
     python scripts/compatibility_matrix.py --update-expected    # also rewrite tests/data/compatibility_expected.json
     python scripts/compatibility_matrix.py --render-only        # docs/compatibility.md from docs/compatibility.json
+                                                                # and docs/llm_runtimes.json (scripts/llm_runtimes.py)
 
 Exit status: 0 when no cell regressed against the expectations file, 1 otherwise.
 """
@@ -42,6 +43,8 @@ from hfexport.testing.matrix import (  # noqa: E402
 
 DOCS_JSON = ROOT / "docs" / "compatibility.json"
 DOCS_MD = ROOT / "docs" / "compatibility.md"
+#: The deployment runtimes per decoder family (scripts/llm_runtimes.py): rendered into the runtimes tables.
+RUNTIMES_JSON = ROOT / "docs" / "llm_runtimes.json"
 EXPECTED = ROOT / "tests" / "data" / "compatibility_expected.json"
 REGENERATE = "python scripts/compatibility_matrix.py --jobs 2 --timeout 480 --fresh --update-expected"
 CI_NOTE = (
@@ -85,6 +88,11 @@ def package_versions() -> dict:
     return {name: found[name] for name in wanted if name in found}
 
 
+def runtime_rows(path: Path = RUNTIMES_JSON) -> dict | None:
+    """docs/llm_runtimes.json as committed (None when absent): its rows replace the cells' own runtime verdicts."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", choices=list(MODELS), help="default: all")
@@ -106,7 +114,7 @@ def main(argv=None) -> int:
         results, meta = read_results(args.json)
         meta.update(regenerate=REGENERATE, ci=ci_note(results, meta))
         write_text_atomic(args.json, json.dumps(results_document(results, meta), indent=2, ensure_ascii=False) + "\n")
-        write_text_atomic(args.markdown, render_markdown(results, meta))
+        write_text_atomic(args.markdown, render_markdown(results, meta, runtime_rows()))
         print(f"wrote {args.json} and {args.markdown}")
         return 0
 
@@ -145,7 +153,7 @@ def main(argv=None) -> int:
     ordered = sorted(merged.values(), key=lambda r: r.cell)
     meta["ci"] = ci_note(ordered, meta)
     write_text_atomic(args.json, json.dumps(results_document(ordered, meta), indent=2, ensure_ascii=False) + "\n")
-    write_text_atomic(args.markdown, render_markdown(ordered, meta))
+    write_text_atomic(args.markdown, render_markdown(ordered, meta, runtime_rows()))
     print(f"{len(results)} cells in {wall / 60:.1f} min; wrote {args.json} and {args.markdown}")
 
     document = json.loads(args.expected.read_text(encoding="utf-8")) if args.expected.is_file() else {}
