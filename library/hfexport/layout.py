@@ -15,7 +15,11 @@ its artifact. The folder's default target keeps hfexport's own files under their
 belongs to exactly one target and no loader mistakes hfexport's files for its own. A decoder-only ONNX generation
 target saved in the loaders' contract (`hfexport.onnx_contract`: `model.onnx` + `genai_config.json`, which
 transformers.js, optimum and onnxruntime-genai open) claims `onnx/` like a forward target, and so does a decoder-only OpenVINO generation target saved as
-optimum-intel's stateful `openvino_model.xml` (`hfexport.runtime_layout`), in `openvino/`. A target whose name is
+optimum-intel's stateful `openvino_model.xml` (`hfexport.runtime_layout`), in `openvino/`. A quantized or float16 ONNX
+generation target in that contract is a transformers.js dtype variant beside it (`onnx/model_quantized.onnx` +
+`model_quantized.onnx_data`, `model_q4.onnx`, `model_fp16.onnx`: `TRANSFORMERS_JS_SUFFIXES`), and the publication
+writes `transformers.js_config` into the repo's config.json (`transformers_js_config`) so `dtype` alone opens it.
+A target whose name is
 taken, one without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every other generation
 target (the engine writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
 `<format folder>/<target>/`. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
