@@ -167,3 +167,27 @@ def test_the_readmes_transformers_js_snippets_open_the_pull_request_by_dtype_alo
     suffix = "" if snippet == "fp32" else "_quantized"
     downloaded = {path.name for path in (tmp_path / "tjs").rglob("onnx/*")}  # its cache: what it fetched
     assert {f"model{suffix}.onnx", f"model{suffix}.onnx_data"} <= downloaded, downloaded
+
+
+@pytest.mark.slow
+def test_a_float16_checkpoint_is_gated_as_the_fp16_variant(session_dir, tiny_llama, runtime_env):
+    """A checkpoint stored in float16 exports a float16 graph (the engine exports at the model's dtype): it is
+    published as `model_fp16.onnx` (transformers.js' `dtype: "fp16"`) and the gate opens it so in every runtime,
+    judged by hfexport's f16 token agreement floor."""
+    from unittest import mock
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hfexport.job.run import run_job
+
+    model = session_dir / "llama-float16"
+    shutil.copytree(tiny_llama, model)
+    AutoModelForCausalLM.from_pretrained(model, dtype=torch.float16).save_pretrained(model)
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(model, session_dir / "llama-float16-out", [TARGET], latency=False)
+    target = report.targets[TARGET]
+    assert target.status == "ok", target.error
+    assert [(check["runtime"], check["verdict"], check["precision"]) for check in target.runtimes] == [
+        ("transformers.js", PASSED, "fp16"), ("optimum", PASSED, "fp16"), ("onnxruntime-genai", PASSED, "fp16")], \
+        target.runtimes

@@ -30,6 +30,8 @@ def check_runtimes(folder: str | Path, model, plan, processor=None) -> list[Runt
         return []
     if export_format == "onnx":
         request.file_name = published_file_name(Path(folder), plan.target)
+        if request.file_name == "model_fp16.onnx":  # a float16 graph: judged by hfexport's f16 token agreement floor
+            request.min_token_agreement = resolve(plan.target, "float16", precision="f16").min_token_agreement
     return run_checks(export_format, Path(folder), request)
 
 
