@@ -6,7 +6,7 @@ why where it is not a pass (and, for the failures and workarounds traced to a ru
 into docs/compatibility.md's runtimes tables (`--render-only` needs no rerun of the matrix), and a Markdown table goes
 to stdout.
 
-    FORMATS=onnx,onnx-q8,openvino python scripts/llm_runtimes.py [WORKDIR]
+    FORMATS=onnx,onnx-q8,openvino [MODELS=tiny-phi3,...] python scripts/llm_runtimes.py [WORKDIR]
 
 `onnx`: the float32 ONNX generation target (transformers.js, optimum, onnxruntime-genai, token for token);
 `onnx-q8`: an 8-bit target (`ort_dynamic`) added to the model's recipe, published as transformers.js' q8 variant
@@ -91,11 +91,12 @@ def main() -> int:
         os.environ.setdefault("HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI", str(peers.genai_venv()))
         os.environ.setdefault("HFEXPORT_RUNTIME_TRANSFORMERS_JS", str(peers.node_modules()))
     workdir = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/hfexport-llm-runtimes")
-    models = ensure_models(workdir, FAMILIES)
+    families = os.environ.get("MODELS", ",".join(FAMILIES)).split(",")
+    models = ensure_models(workdir, families)
     rows = []
-    for name in FAMILIES:
-        add_targets(models[name], formats)
-        for export_format in formats:
+    for export_format in formats:
+        for name in families:
+            add_targets(models[name], formats)
             target = FORMATS[export_format]
             started = time.perf_counter()
             report = run_job(models[name], workdir / "out" / name, targets=[target], latency=False, workers=1)
@@ -106,7 +107,7 @@ def main() -> int:
                          "error": result.error, "runtimes": runtimes,
                          "wall_s": round(time.perf_counter() - started, 1)})
             print(json.dumps(rows[-1])[:400], file=sys.stderr, flush=True)
-    DOCUMENT.write_text(json.dumps(merged(rows), indent=2) + "\n")
+            DOCUMENT.write_text(json.dumps(merged(rows), indent=2) + "\n")  # after each row: a long run keeps them
     runtimes = sorted({check["runtime"] for row in rows for check in row["runtimes"]})
     print("| model | format | export | " + " | ".join(runtimes) + " |")
     print("|---|---|---|" + "---|" * len(runtimes))
