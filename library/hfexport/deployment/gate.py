@@ -9,9 +9,12 @@ for token.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from hfexport.deployment import RUNTIMES, GenerationRequest, RuntimeCheck, run_checks
+from hfexport.files import MANIFEST_FILE
+from hfexport.layout import artifact_name
 from hfexport.verify.thresholds import resolve
 
 
@@ -39,11 +42,6 @@ def published_file_name(folder: Path, target) -> str:
     """The ONNX file name a target is published under (`hfexport.layout.artifact_name`, or the recipe's `file_name`):
     `model_quantized.onnx` for an 8-bit target, `model_fp16.onnx` for a float16 graph, ... (transformers.js' dtype
     suffixes), else `model.onnx`."""
-    import json
-
-    from hfexport.files import MANIFEST_FILE
-    from hfexport.layout import artifact_name
-
     if target.file_name:
         return target.file_name
     try:
