@@ -452,8 +452,11 @@ def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dic
             continue
         title, what = RUNTIME_TABLES.get(fmt, (fmt, "greedy generation on the sample prompts in each runtime"))
         source = ""
-        if any(table == fmt for _, table in rows):
-            source = (" Rows from [`llm_runtimes.json`](llm_runtimes.json) (`scripts/llm_runtimes.py`"
+        from_rows = [model for model, table in rows if table == fmt]
+        if from_rows:
+            which = "Rows" if set(from_rows) == set(cells) else "The rows of " + ", ".join(
+                f"`{model}`" for model in from_rows) + " (the others: the matrix run's cells)"
+            source = (f" {which} from [`llm_runtimes.json`](llm_runtimes.json) (`scripts/llm_runtimes.py`"
                       + (f", {runtime_meta['generated']}" if (runtime_meta or {}).get("generated") else "") + ").")
         lines += [f"## Generation in the deployment runtimes ({title})", "",
                   f"The gate's check on the saved files: {what}.{source}", "",
