@@ -60,10 +60,10 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
                 shutil.copyfile(folder / name, repo / name)
         # config.json as the publication writes it: `transformers.js_config` names the graph's external data, so the
         # client asks for nothing but the dtype (hfexport.layout.transformers_js_config).
-        config = json.loads((repo / "config.json").read_text(encoding="utf-8"))
-        (repo / "config.json").write_text(json.dumps(transformers_js_config(config, [path.name for path in
-                                                                                     onnx.iterdir()])),
-                                          encoding="utf-8")
+        if (repo / "config.json").is_file():
+            config = json.loads((repo / "config.json").read_text(encoding="utf-8"))
+            names = [path.name for path in onnx.iterdir()]
+            (repo / "config.json").write_text(json.dumps(transformers_js_config(config, names)), encoding="utf-8")
         os.symlink(Path(modules).resolve() / "node_modules", stage / "node_modules", target_is_directory=True)
         shutil.copyfile(CLIENTS / CLIENT, stage / CLIENT)  # ESM resolves packages beside the script
         (stage / "request.json").write_text(json.dumps(payload), encoding="utf-8")
