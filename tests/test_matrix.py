@@ -311,10 +311,13 @@ def test_the_runtimes_tables_render_the_committed_runtime_rows_over_the_cells_ow
             {"runtime": "optimum", "verdict": "failed", "reason": "Got: 4 Expected: 2",
              "cause": "optimum-onnx 0.1.0 reads num_attention_heads for phi3"}]},
         {"model": "tiny-phi3", "format": "onnx-q8", "runtimes": [
-            {"runtime": "transformers.js", "verdict": "passed", "precision": "q8"}]}]}
+            {"runtime": "transformers.js", "verdict": "passed", "precision": "q8"}]},
+        {"model": "tiny-llama", "format": "onnx-q8", "runtimes": [], "error": "parity failed: top1 0.5 < 0.9"}]}
     text = render_markdown([cell], {}, runtimes)
     assert "| `tiny-phi3` (Phi-3) | ❌ fail [1](#note-1) [2](#note-2) |" in text
     assert "## Generation in the deployment runtimes (onnx, 8-bit variant `onnx/model_quantized.onnx`)" in text
     assert "| `tiny-phi3` (Phi-3) | ✅ pass |" in text
     assert "optimum: Got: 4 Expected: 2" in text and "optimum-onnx 0.1.0 reads num_attention_heads" in text
     assert "2026-12-03T13:00:00Z" in text
+    assert "| `tiny-llama` (Llama) | ➖ not run [3](#note-3) |" in text
+    assert "not run: the target failed hfexport's own gate first (parity failed: top1 0.5 &lt; 0.9)" in text

@@ -442,17 +442,25 @@ def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dic
     (model, format), so the tables are re-rendered from committed JSON without rerunning the matrix."""
     lines: list[str] = []
     rows = {(row["model"], row["format"]): row["runtimes"] for row in runtime_rows or [] if row.get("runtimes")}
+    # A target that failed its own gate before the runtimes ran (a quantized one below its parity floor): no verdicts,
+    # its error instead.
+    unrun = {(row["model"], row["format"]): row["error"] for row in runtime_rows or []
+             if not row.get("runtimes") and row.get("error")}
     tables = list(dict.fromkeys([*FORMATS, *RUNTIME_TABLES, *(fmt for _, fmt in rows)]))
     for fmt in tables:
         cells = {r.model: r.runtimes for r in results if r.export_format == fmt and r.mode == "generation"
                  and r.runtimes}
         cells.update({model: checks for (model, table), checks in rows.items() if table == fmt})
         runtimes = list(dict.fromkeys(check["runtime"] for checks in cells.values() for check in checks))
+        for (model, table), error in unrun.items():
+            if table == fmt and model not in cells:
+                cells[model] = [{"runtime": runtime, "verdict": "not_run", "reason": f"not run: the target failed "
+                                 f"hfexport's own gate first ({error})"} for runtime in runtimes]
         if not runtimes:
             continue
         title, what = RUNTIME_TABLES.get(fmt, (fmt, "greedy generation on the sample prompts in each runtime"))
         source = ""
-        from_rows = [model for model, table in rows if table == fmt]
+        from_rows = [model for model, table in [*rows, *unrun] if table == fmt]
         if from_rows:
             which = "Rows" if set(from_rows) == set(cells) else "The rows of " + ", ".join(
                 f"`{model}`" for model in from_rows) + " (the others: the matrix run's cells)"
@@ -471,7 +479,7 @@ def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dic
                     row.append("—")
                     continue
                 verdict = check["verdict"]
-                text = {"passed": "✅ pass", "failed": "❌ fail"}.get(verdict, "➖ not checked")
+                text = {"passed": "✅ pass", "failed": "❌ fail", "not_run": "➖ not run"}.get(verdict, "➖ not checked")
                 for detail in (check.get("reason") if verdict != "passed" else None, check.get("cause")):
                     if not detail:
                         continue
