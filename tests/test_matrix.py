@@ -319,5 +319,6 @@ def test_the_runtimes_tables_render_the_committed_runtime_rows_over_the_cells_ow
     assert "| `tiny-phi3` (Phi-3) | ✅ pass |" in text
     assert "optimum: Got: 4 Expected: 2" in text and "optimum-onnx 0.1.0 reads num_attention_heads" in text
     assert "2026-12-03T13:00:00Z" in text
-    assert "| `tiny-llama` (Llama) | ➖ not run [3](#note-3) |" in text
+    assert "| `tiny-llama` (Llama) | ➖ not run [3](#note-3) |" in text and "3. <a id=\"note-3\"></a>`tiny-llama/onnx-q8" \
+        "/generation`: not run" in text
     assert "not run: the target failed hfexport's own gate first (parity failed: top1 0.5 &lt; 0.9)" in text

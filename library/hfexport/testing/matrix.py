@@ -483,7 +483,7 @@ def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dic
                 for detail in (check.get("reason") if verdict != "passed" else None, check.get("cause")):
                     if not detail:
                         continue
-                    detail = one_line(f"{runtime}: {detail}", 1200)
+                    detail = one_line(detail if verdict == "not_run" else f"{runtime}: {detail}", 1200)
                     cells_noted = notes.setdefault(detail, [])
                     if f"{name}/{fmt}/generation" not in cells_noted:  # the main table's note may say the same
                         cells_noted.append(f"{name}/{fmt}/generation")
