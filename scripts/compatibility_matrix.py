@@ -7,6 +7,7 @@ Every cell (tiny model × format × mode, `hfexport.testing.models`) runs in its
     python scripts/compatibility_matrix.py --models tiny-gpt2   # some cells: merged into the existing results
     python scripts/compatibility_matrix.py --update-expected    # also rewrite tests/data/compatibility_expected.json
     python scripts/compatibility_matrix.py --render-only        # docs/compatibility.md from docs/compatibility.json
+                                                                # and docs/llm_runtimes.json (scripts/llm_runtimes.py)
 
 Exit status: 0 when no cell regressed against the expectations file, 1 otherwise.
 """
@@ -42,6 +43,10 @@ from hfexport.testing.matrix import (  # noqa: E402
 
 DOCS_JSON = ROOT / "docs" / "compatibility.json"
 DOCS_MD = ROOT / "docs" / "compatibility.md"
+#: The deployment runtimes per decoder family (scripts/llm_runtimes.py): rendered into the runtimes tables.
+RUNTIMES_JSON = ROOT / "docs" / "llm_runtimes.json"
+#: The same for the encoder-decoder families (scripts/llm_runtimes.py --seq2seq).
+SEQ2SEQ_RUNTIMES_JSON = ROOT / "docs" / "seq2seq_runtimes.json"
 EXPECTED = ROOT / "tests" / "data" / "compatibility_expected.json"
 REGENERATE = "python scripts/compatibility_matrix.py --jobs 2 --timeout 480 --fresh --update-expected"
 CI_NOTE = (
@@ -85,6 +90,15 @@ def package_versions() -> dict:
     return {name: found[name] for name in wanted if name in found}
 
 
+def runtime_rows(paths=(RUNTIMES_JSON, SEQ2SEQ_RUNTIMES_JSON)) -> dict | None:
+    """docs/llm_runtimes.json (the decoders) and docs/seq2seq_runtimes.json (the encoder-decoders) as committed, as
+    one document (None when neither is there): their rows replace the cells' own runtime verdicts."""
+    documents = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths if Path(path).is_file()]
+    if not documents:
+        return None
+    return {**documents[0], "rows": [row for document in documents for row in document.get("rows", [])]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", choices=list(MODELS), help="default: all")
@@ -106,7 +120,7 @@ def main(argv=None) -> int:
         results, meta = read_results(args.json)
         meta.update(regenerate=REGENERATE, ci=ci_note(results, meta))
         write_text_atomic(args.json, json.dumps(results_document(results, meta), indent=2, ensure_ascii=False) + "\n")
-        write_text_atomic(args.markdown, render_markdown(results, meta))
+        write_text_atomic(args.markdown, render_markdown(results, meta, runtime_rows()))
         print(f"wrote {args.json} and {args.markdown}")
         return 0
 
@@ -145,7 +159,7 @@ def main(argv=None) -> int:
     ordered = sorted(merged.values(), key=lambda r: r.cell)
     meta["ci"] = ci_note(ordered, meta)
     write_text_atomic(args.json, json.dumps(results_document(ordered, meta), indent=2, ensure_ascii=False) + "\n")
-    write_text_atomic(args.markdown, render_markdown(ordered, meta))
+    write_text_atomic(args.markdown, render_markdown(ordered, meta, runtime_rows()))
     print(f"{len(results)} cells in {wall / 60:.1f} min; wrote {args.json} and {args.markdown}")
 
     document = json.loads(args.expected.read_text(encoding="utf-8")) if args.expected.is_file() else {}

@@ -109,6 +109,20 @@ def runtime_env():
 
 
 @pytest.fixture(scope="session")
+def gated_llama(session_dir, tiny_llama, runtime_env):
+    """tiny-llama's ONNX generation target exported by a job whose gate runs the three runtimes
+    (test_onnx_runtimes.py, test_onnx_variants.py): (folder, target report, job report)."""
+    from unittest import mock
+
+    from hfexport.job.run import run_job
+
+    output = session_dir / "llama-onnx-runtimes"
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(tiny_llama, output, ["onnx-generation"], latency=False)
+    return output / "onnx-generation", report.targets["onnx-generation"], report
+
+
+@pytest.fixture(scope="session")
 def exported_llama(session_dir, tiny_llama):
     """tiny-llama exported to every target of its recipe (forward and generation), once per session."""
     from hfexport.job.run import run_job

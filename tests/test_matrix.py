@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_FILE = ROOT / "tests" / "data" / "compatibility_expected.json"
 DOCS_JSON = ROOT / "docs" / "compatibility.json"
 DOCS_MD = ROOT / "docs" / "compatibility.md"
+RUNTIMES_JSON = ROOT / "docs" / "llm_runtimes.json"  # scripts/llm_runtimes.py: the runtimes tables' rows
 CELL_TIMEOUT_S = float(os.environ.get("HFEXPORT_MATRIX_TIMEOUT", "480"))
 # The default run's subset: the bundled examples, exported once per session by tests/conftest.py.
 FAST_SUBSET = {"exported_bert": "examples/tiny-bert", "exported_llama": "examples/tiny-llama"}
@@ -219,7 +220,8 @@ def test_a_hanging_cell_times_out_and_its_process_is_gone(tmp_path):
 
 def test_docs_are_generated_from_the_committed_results():
     results, meta = read_results(DOCS_JSON)
-    assert DOCS_MD.read_text(encoding="utf-8") == render_markdown(results, meta), (
+    runtimes = json.loads(RUNTIMES_JSON.read_text(encoding="utf-8"))
+    assert DOCS_MD.read_text(encoding="utf-8") == render_markdown(results, meta, runtimes), (
         "docs/compatibility.md differs from what scripts/compatibility_matrix.py renders: regenerate it "
         "(python scripts/compatibility_matrix.py --render-only), never edit it by hand"
     )
@@ -297,3 +299,26 @@ def test_a_shape_constraint_error_names_the_recipe_field():
                             dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=64)},))
     line = engine_error_message(caught.value)
     assert line.startswith("Recipe `dims.seq`: the model cannot be traced over that range; set `dims.seq.min` 3"), line
+
+
+def test_the_runtimes_tables_render_the_committed_runtime_rows_over_the_cells_own():
+    """docs/llm_runtimes.json (scripts/llm_runtimes.py) replaces a cell's runtime verdicts and adds its own tables
+    (the 8-bit ONNX variant), each failure with its reason and, where traced, its cause, as notes."""
+    cell = CellResult("tiny-phi3", "onnx", "generation", "pass", None, None, {"export_s": 1.0},
+                      [{"runtime": "optimum", "verdict": "passed"}])
+    runtimes = {"generated": "2026-12-03T13:00:00Z", "rows": [
+        {"model": "tiny-phi3", "format": "onnx", "runtimes": [
+            {"runtime": "optimum", "verdict": "failed", "reason": "Got: 4 Expected: 2",
+             "cause": "optimum-onnx 0.1.0 reads num_attention_heads for phi3"}]},
+        {"model": "tiny-phi3", "format": "onnx-q8", "runtimes": [
+            {"runtime": "transformers.js", "verdict": "passed", "precision": "q8"}]},
+        {"model": "tiny-llama", "format": "onnx-q8", "runtimes": [], "error": "parity failed: top1 0.5 < 0.9"}]}
+    text = render_markdown([cell], {}, runtimes)
+    assert "| `tiny-phi3` (Phi-3) | ❌ fail [1](#note-1) [2](#note-2) |" in text
+    assert "## Generation in the deployment runtimes (onnx, 8-bit variant `onnx/model_quantized.onnx`)" in text
+    assert "| `tiny-phi3` (Phi-3) | ✅ pass |" in text
+    assert "optimum: Got: 4 Expected: 2" in text and "optimum-onnx 0.1.0 reads num_attention_heads" in text
+    assert "2026-12-03T13:00:00Z" in text
+    assert "| `tiny-llama` (Llama) | ➖ not run [3](#note-3) |" in text and "3. <a id=\"note-3\"></a>`tiny-llama/onnx-q8" \
+        "/generation`: not run" in text
+    assert "not run: the target failed hfexport's own gate first (parity failed: top1 0.5 &lt; 0.9)" in text

@@ -6,7 +6,6 @@ venv), each in the environment `hfexport.testing.peers` builds, named to the run
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -34,19 +33,6 @@ def test_the_readme_shows_each_onnx_runtime_with_what_the_slow_test_fills_in():
     assert set(snippets) == {"transformers.js", "optimum", "onnxruntime-genai"}
     for code in snippets.values():
         assert README_REPO in code and README_REVISION in code and README_PROMPT in code and "16" in code
-
-
-@pytest.fixture(scope="session")
-def gated_llama(session_dir, tiny_llama, runtime_env):
-    """tiny-llama's ONNX generation target exported by a job whose gate runs the three runtimes: (folder, report)."""
-    from unittest import mock
-
-    from hfexport.job.run import run_job
-
-    output = session_dir / "llama-onnx-runtimes"
-    with mock.patch.dict(os.environ, runtime_env):
-        report = run_job(tiny_llama, output, [TARGET], latency=False)
-    return output / TARGET, report.targets[TARGET], report
 
 
 @pytest.fixture(scope="session")

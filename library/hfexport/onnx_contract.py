@@ -114,6 +114,66 @@ def to_contract(folder: Path) -> bool:
     return True
 
 
+def relocated(path: Path, old: str, new: str) -> bytes:
+    """The ONNX graph at `path` (its proto alone, weights left where they are) with every external-data location
+    `old` renamed `new`: a graph published or staged under another name (`model_quantized.onnx`) names its own data
+    file (`model_quantized.onnx_data`), as transformers.js and optimum download `<file>_data` beside `<file>`."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in onnx_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value == old:
+                entry.value = new
+    return model.SerializeToString()
+
+
+def onnx_tensors(model):
+    """Every tensor of an ONNX model proto that may keep its bytes outside: initializers and tensor attributes,
+    subgraphs included."""
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        yield from graph.initializer
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                if attribute.HasField("g"):
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)
+
+
+def stage_as(folder: Path, stage: Path, file_name: str) -> Path:
+    """`stage` laid out as the contract folder `folder` is published when its graph is named `file_name` (a
+    transformers.js dtype variant, `model_quantized.onnx`): `file_name` + `file_name_data` (the graph naming that data
+    file) and every other file of `folder` (symlinked; `model.onnx` itself not, for a variant; the variant's data hard-linked). What the gate hands the
+    runtimes, so each opens the variant by the name its users do."""
+    folder, stage = Path(folder), Path(stage)
+    stage.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if file_name == MODEL_FILE or path.name not in (MODEL_FILE, DATA_FILE):
+            (stage / path.name).symlink_to(path.resolve())
+    if file_name != MODEL_FILE:
+        data = folder / DATA_FILE
+        (stage / file_name).write_bytes(relocated(folder / MODEL_FILE, DATA_FILE, file_name + "_data")
+                                        if data.is_file() else (folder / MODEL_FILE).read_bytes())
+        if data.is_file():  # a real file beside the graph: ONNX Runtime refuses external data that resolves elsewhere
+            _link_or_copy(data.resolve(), stage / (file_name + "_data"))
+    return stage
+
+
+def _link_or_copy(source: Path, destination: Path) -> None:
+    import os
+    import shutil
+
+    try:
+        os.link(source, destination)
+    except OSError:  # another file system
+        shutil.copyfile(source, destination)
+
+
 def _fold_sliding_windows(graph, config: dict) -> None:
     """transformers 5.23 traces a sliding-window cache layer (Gemma3, Mistral with a window) with its window size as one
     more input, `past_key_values.layers.{i}._sliding_window_tensor` (`DynamicSlidingWindowLayer`: a 0-d int64 tensor of

@@ -68,6 +68,35 @@ def compare_tokens(runtime: str, expected: list[list[int]], got: list[list[int]]
     return RuntimeCheck(runtime, FAILED, reason=reason, first_difference=difference, **fields)
 
 
+def token_agreement(expected: list[list[int]], got: list[list[int]]) -> float:
+    """hfexport's token agreement (`hfexport.generate.verify_generation`): per prompt, the tokens before its first
+    divergence from `expected`, over all of `expected`'s tokens."""
+    total = sum(map(len, expected)) or 1
+    same = 0
+    for want, have in zip(expected, got, strict=False):
+        for a, b in zip(want, have, strict=False):
+            if a != b:
+                break
+            same += 1
+    return same / total
+
+
+def judge_tokens(runtime: str, request: GenerationRequest, expected: list[list[int]], got: list[list[int]],
+                 **fields) -> RuntimeCheck:
+    """A runtime's new tokens against `model.generate`'s, the way the gate judges the target itself: token for token
+    (`compare_tokens`) for a float32 target; for a quantized one (`request.min_token_agreement` < 1, the target's
+    `hfexport.verify.thresholds.resolve`), passed when the token agreement reaches that floor."""
+    floor = request.min_token_agreement
+    if floor >= 1.0:
+        return compare_tokens(runtime, expected, got, **fields)
+    agreement, difference = token_agreement(expected, got), first_difference(expected, got)
+    if agreement >= floor:
+        return RuntimeCheck(runtime, PASSED, first_difference=difference, **fields)
+    return RuntimeCheck(runtime, FAILED, first_difference=difference,
+                        reason=f"{agreement:.2f} of the greedy tokens agree with model.generate, below the target's "
+                               f"floor of {floor:g} (quantized: hfexport.verify.thresholds)", **fields)
+
+
 @dataclass
 class GenerationRequest:
     """What every runtime is asked to generate, and what `model.generate` (greedy, f32) answered on the same input.
@@ -93,6 +122,13 @@ class GenerationRequest:
     padding_side: str = "left"  # how `padded_expected`'s batch was padded (an encoder-decoder's encoder input: right)
     timeout_s: float = 300.0
     extra: dict = field(default_factory=dict)  # arrays some families need (Whisper: input_features), by input name
+    #: The ONNX file name the target is published under (`hfexport.layout.artifact_name`): a quantized or fp16 target
+    #: is a transformers.js dtype variant (`model_quantized.onnx`, `model_fp16.onnx`), and each runtime opens it by
+    #: that name, as its users do.
+    file_name: str = "model.onnx"
+    #: The share of greedy tokens that must agree with `model.generate` (`hfexport.verify.thresholds.resolve`): 1.0
+    #: (token for token) unless the target is quantized.
+    min_token_agreement: float = 1.0
 
     def cut(self, tokens: list[int]) -> list[int]:
         """`tokens` cut after the first EOS and to max_new_tokens, as `expected` is."""

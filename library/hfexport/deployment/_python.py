@@ -9,7 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, compare_tokens, run_client, runtime_environment
+from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, judge_tokens, run_client, runtime_environment
+from hfexport.layout import transformers_js_dtype
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 #: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.onnx_contract).
@@ -49,6 +50,12 @@ def request_payload(request: GenerationRequest, padded: bool) -> dict:
     return payload
 
 
+def variant_dtype(request: GenerationRequest) -> str:
+    """The precision a runtime's record names: transformers.js' dtype of the file the target is published under
+    (`fp32`, `q8`, `fp16`, ...; `hfexport.layout.transformers_js_dtype`), else the file name."""
+    return transformers_js_dtype(request.file_name) or request.file_name
+
+
 def run_python_client(python: str, script: str, folder: Path, payload: dict, timeout: float) -> dict:
     """Run `clients/<script> FOLDER REQUEST` with `python`; its last stdout line (JSON) as a dict."""
     with tempfile.TemporaryDirectory(prefix="hfexport-runtime-") as scratch:
@@ -76,15 +83,16 @@ def as_expected(request: GenerationRequest, expected: list[list[int]], got: list
 def judge(runtime: str, request: GenerationRequest, result: dict, batches: list[int], *,
           keys: tuple[str, str] = ("batch1", "padded"), keep_stop_token: bool = False, **fields) -> RuntimeCheck:
     """The one token judge of every runtime: a client's batch-1 new tokens (`result[keys[0]]`), then, where the
-    request has a left-padded batch, that batch's (`result[keys[1]]`), token for token against `model.generate`'s,
-    cut as `expected` is (`as_expected`); `fields` (a precision) go into the record."""
+    request has a left-padded batch, that batch's (`result[keys[1]]`), against `model.generate`'s, cut as `expected`
+    is (`as_expected`), and judged as the target is (`judge_tokens`: token for token, or a quantized target's
+    agreement floor); `fields` (a precision) go into the record."""
     fields = {"version": result.get("version"), "batch_sizes": batches, **fields}
     single_key, padded_key = keys
-    check = compare_tokens(runtime, request.expected,
-                           as_expected(request, request.expected, result[single_key], keep_stop_token), **fields)
+    check = judge_tokens(runtime, request, request.expected,
+                         as_expected(request, request.expected, result[single_key], keep_stop_token), **fields)
     if check.verdict != PASSED or request.padded_expected is None:
         return check
-    padded = compare_tokens(runtime, request.padded_expected, as_expected(
+    padded = judge_tokens(runtime, request, request.padded_expected, as_expected(
         request, request.padded_expected, result.get(padded_key) or [], keep_stop_token), **fields)
     if padded.verdict != PASSED:
         padded.reason = f"left-padded batch of {len(request.prompts)}: {padded.reason}"

@@ -9,9 +9,12 @@ for token.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from hfexport.deployment import RUNTIMES, GenerationRequest, RuntimeCheck, run_checks
+from hfexport.files import MANIFEST_FILE
+from hfexport.layout import artifact_name
 from hfexport.verify.thresholds import resolve
 
 
@@ -28,7 +31,26 @@ def check_runtimes(folder: str | Path, model, plan, processor=None) -> list[Runt
     request = generation_request(model, plan, processor)
     if request is None:
         return []
+    if export_format == "onnx":
+        request.file_name = published_file_name(Path(folder), plan.target)
+        if request.file_name == "model_fp16.onnx":  # a float16 graph: judged by hfexport's f16 token agreement floor
+            request.min_token_agreement = resolve(plan.target, "float16", precision="f16").min_token_agreement
     return run_checks(export_format, Path(folder), request)
+
+
+def published_file_name(folder: Path, target) -> str:
+    """The ONNX file name a target is published under (`hfexport.layout.artifact_name`, or the recipe's `file_name`):
+    `model_quantized.onnx` for an 8-bit target, `model_fp16.onnx` for a float16 graph, ... (transformers.js' dtype
+    suffixes), else `model.onnx`."""
+    if target.file_name:
+        return target.file_name
+    try:
+        components = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))["components"]
+        dtypes = {str((entry.get("metadata") or {}).get("export_dtype")) for entry in components.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        dtypes = set()
+    dtype = dtypes.pop() if len(dtypes) == 1 else None
+    return artifact_name("onnx", target.quantization, dtype) or "model.onnx"
 
 
 def generation_request(model, plan, processor=None) -> GenerationRequest | None:
@@ -50,7 +72,8 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
     prompts = [[int(token) for token, keep in zip(row, keep_row, strict=True) if keep]
                for row, keep_row in zip(input_ids.tolist(), mask.tolist(), strict=True)]
     config = copy.deepcopy(plan.generation_config or model.generation_config)
-    max_new_tokens = resolve(plan.target).max_new_tokens
+    thresholds = resolve(plan.target)
+    max_new_tokens = thresholds.max_new_tokens
     config.do_sample, config.num_beams = False, 1
     config.max_new_tokens, config.min_new_tokens = max_new_tokens, None
     eos = config.eos_token_id
@@ -65,6 +88,7 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
         texts=list(plan.recipe.sample_inputs.get("text") or []) or None,
         model_type=getattr(model.config, "model_type", None), is_encoder_decoder=is_encoder_decoder,
         decoder_start_token_id=_decoder_start(config, model) if is_encoder_decoder else None,
+        min_token_agreement=thresholds.min_token_agreement,
         extra={key: value.detach().cpu().numpy() for key, value in extra.items() if torch.is_tensor(value)})
     was_training = model.training
     model.eval()

@@ -1,5 +1,8 @@
 """onnxruntime-genai on an ONNX generation export: `og.Model(folder)` reads the `genai_config.json` hfexport writes
-beside `model.onnx` (`hfexport.onnx_contract`), then greedy `og.Generator` runs on each prompt's token ids.
+beside `model.onnx` (`hfexport.onnx_contract`), then greedy `og.Generator` runs on each prompt's token ids. A quantized
+or fp16 variant (`model_quantized.onnx` beside `model.onnx` in `onnx/`, whose `genai_config.json` names `model.onnx`)
+is opened as its users select it: `og.Config(folder)` with `config.overlay('{"model": {"decoder": {"filename":
+"model_quantized.onnx"}}}')`, and judged by the target's token agreement floor.
 
 Batch 1 only: onnxruntime-genai gives the real tokens of a left-padded row their absolute column as position
 (src/models/position_inputs.cpp, "iterate backwards as to not misinterpret any right pad tokens"), where
@@ -10,10 +13,12 @@ not bit-equal) function and is not a token-exact check. Its sequence stops befor
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
-from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, compare_tokens
-from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client
+from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, judge_tokens
+from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client, variant_dtype
+from hfexport.onnx_contract import stage_as
 
 RUNTIME = "onnxruntime-genai"
 #: Why an encoder-decoder is not checked (onnxruntime-genai 0.18's model types: src/models/model_type.h; its Whisper
@@ -37,15 +42,19 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if python is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install onnxruntime-genai, or set "
                             "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI to its python)")
-    try:
-        result = run_python_client(python, CLIENT, Path(folder), request_payload(request, padded=False),
-                                   request.timeout_s)
-    except RuntimeClientError as error:
-        return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=[1])
+    precision = variant_dtype(request)
+    payload = {**request_payload(request, padded=False), "filename": request.file_name}
+    with tempfile.TemporaryDirectory(prefix="hfexport-genai-") as scratch:
+        staged = stage_as(Path(folder), Path(scratch) / "onnx", request.file_name)
+        try:
+            result = run_python_client(python, CLIENT, staged, payload, request.timeout_s)
+        except RuntimeClientError as error:
+            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=[1], precision=precision)
     # Its sequence ends before the EOS token it stopped at: compared without a final EOS on both sides.
     got = [_without_eos(request.cut(tokens), request) for tokens in result["batch1"]]
     expected = [_without_eos(tokens, request) for tokens in request.expected]
-    return compare_tokens(RUNTIME, expected, got, version=result.get("version"), batch_sizes=[1])
+    return judge_tokens(RUNTIME, request, expected, got, version=result.get("version"), batch_sizes=[1],
+                        precision=precision)
 
 
 def _without_eos(tokens: list[int], request: GenerationRequest) -> list[int]:

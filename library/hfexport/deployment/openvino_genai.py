@@ -22,6 +22,7 @@ from hfexport.deployment import (
     RuntimeClientError,
     compare_tokens,
     first_difference,
+    token_agreement,
 )
 from hfexport.deployment._python import as_expected, interpreter, judge, request_payload, run_python_client
 from hfexport.verify.thresholds import RUNTIME_MIN_TOKEN_AGREEMENT
@@ -35,19 +36,6 @@ MODEL_FILE = "openvino_model.xml"
 def stop_token_kept(request: GenerationRequest, got: list[list[int]]) -> list[list[int]]:
     """`got` cut as `expected` is, with the EOS LLMPipeline stops at without returning given back (`as_expected`)."""
     return as_expected(request, request.expected, got, keep_stop_token=True)
-
-
-def token_agreement(expected: list[list[int]], got: list[list[int]]) -> float:
-    """hfexport's token agreement (`hfexport.generate.verify_generation`): per prompt, the tokens before its first
-    divergence from `expected`, over all of `expected`'s tokens."""
-    total = sum(map(len, expected)) or 1
-    same = 0
-    for want, have in zip(expected, got, strict=False):
-        for a, b in zip(want, have, strict=False):
-            if a != b:
-                break
-            same += 1
-    return same / total
 
 
 def judge_at_precision(runtime: str, request: GenerationRequest, got: list[list[int]], precision: str,

@@ -1,11 +1,14 @@
 """optimum's `ORTModelForCausalLM` on an ONNX generation export, in optimum's own environment (transformers 4.57):
-`from_pretrained(folder)` opens `model.onnx` (+ `model.onnx_data`), then greedy `generate` on each prompt's token ids
-(batch 1) and on all prompts in one left-padded batch. An encoder-decoder (`encoder_model.onnx` +
-`decoder_model_merged.onnx`, `hfexport.onnx_seq2seq`) runs in `ORTModelForSeq2SeqLM` on its encoder's token ids
-(batch 1, and one right-padded batch), Whisper in `ORTModelForSpeechSeq2Seq` on its `input_features`."""
+`from_pretrained(folder, file_name=...)` opens the graph by the name it is published under (`model.onnx`, or a
+quantized/fp16 variant's `model_quantized.onnx`, `model_fp16.onnx`, each with its `_data`), then greedy `generate` on
+each prompt's token ids (batch 1) and on all prompts in one left-padded batch; a quantized target is judged by its
+token agreement floor, as the gate judges it. An encoder-decoder (`encoder_model.onnx` + `decoder_model_merged.onnx`,
+`hfexport.onnx_seq2seq`) runs in `ORTModelForSeq2SeqLM` on its encoder's token ids (batch 1, and one right-padded
+batch), Whisper in `ORTModelForSpeechSeq2Seq` on its `input_features`."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from hfexport.deployment import (
@@ -22,7 +25,9 @@ from hfexport.deployment._python import (
     judge,
     request_payload,
     run_python_client,
+    variant_dtype,
 )
+from hfexport.onnx_contract import stage_as
 from hfexport.onnx_seq2seq import DECODER_FILE
 
 RUNTIME = "optimum"
@@ -39,9 +44,14 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install optimum-onnx[onnxruntime], or set "
                             "HFEXPORT_RUNTIME_OPTIMUM to its python)")
     batches = [1, len(request.prompts)] if request.padded_expected is not None else [1]
-    try:
-        result = run_python_client(python, CLIENT, Path(folder), request_payload(request, padded=True),
-                                   request.timeout_s)
-    except RuntimeClientError as error:
-        return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches)
-    return judge(RUNTIME, request, result, batches)
+    payload = {**request_payload(request, padded=True), "file_name": request.file_name}
+    precision = variant_dtype(request)
+    with tempfile.TemporaryDirectory(prefix="hfexport-optimum-") as scratch:
+        # An encoder-decoder's files are read as they are; a decoder's graph under the name it is published under.
+        staged = Path(folder) if request.is_encoder_decoder else stage_as(Path(folder), Path(scratch) / "onnx",
+                                                                           request.file_name)
+        try:
+            result = run_python_client(python, CLIENT, staged, payload, request.timeout_s)
+        except RuntimeClientError as error:
+            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=precision)
+    return judge(RUNTIME, request, result, batches, precision=precision)

@@ -1,11 +1,12 @@
 """transformers.js (`@huggingface/transformers` on Node) on an ONNX generation export: `AutoModelForCausalLM`
-opens the export laid out as its users' Hub repo (config.json at the root, the graph in `onnx/model.onnx` +
-`model.onnx_data`), then greedy `generate` on each prompt's token ids (batch 1) and on all prompts in one
-left-padded batch. transformers.js builds the first step's empty past from the graph's input metadata (`batch_size`
-is the batch, every other symbol 0), which `hfexport.onnx_contract` writes. An encoder-decoder
-(`onnx/encoder_model.onnx` + `onnx/decoder_model_merged.onnx`, `hfexport.onnx_seq2seq`) runs in
-`AutoModelForSeq2SeqLM` on its encoder's token ids (batch 1 and one right-padded batch), Whisper in
-`AutoModelForSpeechSeq2Seq` on its `input_features`."""
+opens the export laid out as its users' Hub repo (config.json at the root with the `transformers.js_config` the
+publication writes, the graph in `onnx/model{suffix}.onnx` + its `_data`, a quantized or fp16 target under its dtype's
+suffix) with the `dtype` alone, then greedy `generate` on each prompt's token ids (batch 1) and on all prompts in one
+left-padded batch. A quantized target is judged by its token agreement floor, as the gate judges it. transformers.js
+builds the first step's empty past from the graph's input metadata (`batch_size` is the batch, every other symbol 0),
+which `hfexport.onnx_contract` writes. An encoder-decoder (`onnx/encoder_model.onnx` +
+`onnx/decoder_model_merged.onnx`, `hfexport.onnx_seq2seq`) runs in `AutoModelForSeq2SeqLM` on its encoder's token ids
+(batch 1 and one right-padded batch), Whisper in `AutoModelForSpeechSeq2Seq` on its `input_features`."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ from hfexport.deployment import (
     GenerationRequest,
     RuntimeCheck,
     RuntimeClientError,
-    compare_tokens,
+    judge_tokens,
     run_client,
     runtime_environment,
 )
 from hfexport.deployment._python import CLIENTS, NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, judge, request_payload
+from hfexport.layout import transformers_js_config, transformers_js_dtype
+from hfexport.onnx_contract import MODEL_FILE, stage_as
 from hfexport.onnx_seq2seq import DECODER_FILE
 
 RUNTIME = "transformers.js"
@@ -38,11 +41,14 @@ ROOT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeni
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     folder = Path(folder).resolve()
-    graph = DECODER_FILE if request.is_encoder_decoder else "model.onnx"
-    if request.is_encoder_decoder and not (folder / graph).is_file():
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_SEQ2SEQ_CONTRACT)
+    seq2seq = request.is_encoder_decoder
+    graph = DECODER_FILE if seq2seq else MODEL_FILE
     if not (folder / graph).is_file():
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_SEQ2SEQ_CONTRACT if seq2seq else NOT_IN_CONTRACT)
+    dtype = "fp32" if seq2seq else transformers_js_dtype(request.file_name)
+    if dtype is None:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"published as {request.file_name}, a name transformers.js "
+                            "opens by no dtype (it opens onnx/model{suffix}.onnx: _fp16, _quantized, _q4, ...)")
     modules = runtime_environment(RUNTIME)
     node = shutil.which("node")
     if not modules or not (Path(modules) / PACKAGE / "package.json").is_file() or node is None:
@@ -53,16 +59,25 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     # of more rows ("Unable to decode tensor with `batch size !== 1`").
     batched = request.padded_expected is not None and "input_features" not in request.extra
     batches = [1, len(request.prompts)] if batched else [1]
-    payload = {**request_payload(request, padded=batched), "dtype": "fp32",
-               "external_data": (folder / (graph + "_data")).is_file()}
+    payload = {**request_payload(request, padded=batched), "dtype": dtype,
+               "external_data": seq2seq and (folder / (graph + "_data")).is_file()}
     with tempfile.TemporaryDirectory(prefix="hfexport-transformers-js-") as scratch:
         stage = Path(scratch)
         repo = stage / "models" / "model"
-        repo.mkdir(parents=True)
+        if seq2seq:  # the two graphs as they are
+            repo.mkdir(parents=True)
+            os.symlink(folder, repo / "onnx", target_is_directory=True)
+        else:  # the graph under the name it is published under
+            stage_as(folder, repo / "onnx", request.file_name)
         for name in ROOT_FILES:
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, repo / name)
-        os.symlink(folder, repo / "onnx", target_is_directory=True)
+        # config.json as the publication writes it: `transformers.js_config` names a decoder graph's external data, so
+        # the client asks for nothing but the dtype (hfexport.layout.transformers_js_config).
+        if not seq2seq and (repo / "config.json").is_file():
+            config = json.loads((repo / "config.json").read_text(encoding="utf-8"))
+            names = [path.name for path in (repo / "onnx").iterdir()]
+            (repo / "config.json").write_text(json.dumps(transformers_js_config(config, names)), encoding="utf-8")
         os.symlink(Path(modules).resolve() / "node_modules", stage / "node_modules", target_is_directory=True)
         shutil.copyfile(CLIENTS / CLIENT, stage / CLIENT)  # ESM resolves packages beside the script
         (stage / "request.json").write_text(json.dumps(payload), encoding="utf-8")
@@ -70,8 +85,8 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
             result = run_client([node, str(stage / CLIENT), str(stage / "models"), "model", str(stage / "request.json")],
                                 timeout=request.timeout_s, cwd=stage)
         except RuntimeClientError as error:
-            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches)
+            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=dtype)
     if not batched:
-        return compare_tokens(RUNTIME, request.expected, [request.cut(tokens) for tokens in result["batch1"]],
-                              version=result.get("version"), batch_sizes=batches)
-    return judge(RUNTIME, request, result, batches)
+        return judge_tokens(RUNTIME, request, request.expected, [request.cut(tokens) for tokens in result["batch1"]],
+                            version=result.get("version"), batch_sizes=batches, precision=dtype)
+    return judge(RUNTIME, request, result, batches, precision=dtype)

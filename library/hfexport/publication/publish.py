@@ -41,8 +41,9 @@ from hfexport.layout import (
     place_files,
     published_name,
     target_places,
+    transformers_js_config,
 )
-from hfexport.onnx_contract import GENAI_CONFIG_FILE
+from hfexport.onnx_contract import GENAI_CONFIG_FILE, relocated
 from hfexport.onnx_seq2seq import DECODER_FILE
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
@@ -51,6 +52,7 @@ from hfexport.report.markdown import report_markdown
 from hfexport.report.model import JobReport, TargetReport
 
 README = "README.md"
+ROOT_CONFIG = "config.json"
 TITLE_PREFIX = "hfexport:"
 MARKER = "hfexport:publication"
 _MARKER_RE = re.compile(r"<!--\s*hfexport:publication\s+(\{.*?\})\s*-->", re.S)
@@ -317,6 +319,10 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
     if new_readme != pr_readme:
         operations.append(CommitOperationAdd(path_in_repo=README, path_or_fileobj=new_readme.encode("utf-8")))
         files.append(README)
+    config = _root_config(repo_id, chosen, base_head, head, base_tree, (set(tree) - set(deletions)) | set(files), token)
+    if config is not None:
+        operations.append(CommitOperationAdd(path_in_repo=ROOT_CONFIG, path_or_fileobj=config))
+        files.append(ROOT_CONFIG)
     if not operations:
         return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None, head,
                              repo_id, [])
@@ -349,6 +355,33 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
                  repo_id, f"pushing to refs/pr/{open_pr.num}")
     _after_update(api, repo_id, open_pr, info.oid, description, changes, failed, token)
     return PublishResult("updated", open_pr.url, open_pr.num, info.oid, repo_id, files)
+
+
+def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str, base_tree: dict, after: set[str],
+                 token: str) -> bytes | None:
+    """The repo's root config.json with `transformers.js_config` naming the external data of every graph in `onnx/`
+    (`hfexport.layout.transformers_js_config`), so transformers.js opens `onnx/model.onnx` or a dtype variant
+    (`model_quantized.onnx`, `model_fp16.onnx`) with `dtype` alone; None when nothing changes, the repo has no
+    config.json (a publication into another repo), or no ONNX generation target in the loaders' contract is published
+    in `onnx/` (forward targets' cards pass `use_external_data_format` instead). The owner's keys are kept."""
+    if ROOT_CONFIG not in base_tree or not any(item.place.folder == "onnx" and (item.folder / GENAI_CONFIG_FILE).is_file()
+                                               for item in chosen):
+        return None
+    text = _download_text(repo_id, ROOT_CONFIG, base_head, token)
+    try:
+        config = json.loads(text or "")
+    except ValueError:
+        return None
+    if not isinstance(config, dict):
+        return None
+    onnx_files = [path.split("/", 1)[1] for path in after if path.startswith("onnx/") and path.count("/") == 1]
+    updated = transformers_js_config(config, onnx_files)
+    current = _download_text(repo_id, ROOT_CONFIG, head, token) if head != base_head else text
+    try:
+        unchanged = json.loads(current or "") == updated
+    except ValueError:
+        unchanged = False
+    return None if unchanged else (json.dumps(updated, indent=2) + "\n").encode("utf-8")
 
 
 def _layout_spec(item: _Target) -> dict:
@@ -400,40 +433,18 @@ def _published_files(item: _Target) -> dict[str, Path | bytes]:
     export_format, place = item.target.export_format, item.place
     names = {relative: published_name(place, relative, export_format) for relative in item.files}
     published: dict[str, Path | bytes] = {names[relative]: path for relative, path in item.files.items()}
-    if export_format == "onnx":
-        for relative in [rel for rel in item.files if rel.endswith(".onnx") and f"{rel}.data" in item.files]:
-            import onnx
-
-            graph = onnx.load(str(item.files[relative]), load_external_data=False)
-            old, new = Path(relative).name + ".data", Path(names[f"{relative}.data"]).name
-            for tensor in _onnx_tensors(graph):
-                for entry in tensor.external_data:
-                    if entry.key == "location" and entry.value == old:
-                        entry.value = new
-            published[names[relative]] = graph.SerializeToString()
+    if export_format == "onnx":  # the engine's `X.onnx.data`, or the contract's `model.onnx_data` of a variant
+        for relative in [rel for rel in item.files if rel.endswith(".onnx")]:
+            data = next((rel for rel in (f"{relative}.data", f"{relative}_data") if rel in item.files), None)
+            if data is None or Path(names[data]).name == Path(data).name:
+                continue
+            published[names[relative]] = relocated(item.files[relative], Path(data).name, Path(names[data]).name)
     if place.stem and MANIFEST_FILE in item.files:
         manifest = json.loads(item.files[MANIFEST_FILE].read_text(encoding="utf-8"))
         for entry in manifest.get("components", {}).values():
             entry["file"] = published_name(place, entry["file"], export_format)
         published[names[MANIFEST_FILE]] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
     return published
-
-
-def _onnx_tensors(model):
-    """Every tensor of an ONNX model that may keep its bytes outside: initializers and tensor attributes, subgraphs
-    included."""
-    graphs = [model.graph]
-    while graphs:
-        graph = graphs.pop()
-        yield from graph.initializer
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.HasField("t"):
-                    yield attribute.t
-                yield from attribute.tensors
-                if attribute.HasField("g"):
-                    graphs.append(attribute.g)
-                graphs.extend(attribute.graphs)
 
 
 def _owner_edited_readme(api, repo_id: str, num: int, base: str, base_tree: dict[str, dict], token: str) -> bool:

@@ -16,7 +16,7 @@ from pathlib import PurePath
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
 from hfexport.latency import latency_markdown
-from hfexport.layout import DEFAULT_NAMES, Place
+from hfexport.layout import DEFAULT_NAMES, TRANSFORMERS_JS_SUFFIXES, Place
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
 
@@ -126,8 +126,8 @@ def _forward(report: JobReport, places: dict[str, Place], export_format: str, ta
 EMBEDDING_TASKS = ("feature-extraction", "sentence-similarity")
 CAUSAL_TASKS = ("text-generation",)
 #: transformers.js' `dtype` for each ONNX file name it knows (`onnx/model<suffix>.onnx`).
-TRANSFORMERS_JS_DTYPES = {None: "fp32", "model_quantized": "q8", "model_fp16": "fp16", "model_q4": "q4",
-                          "model_int8": "int8", "model_uint8": "uint8", "model_bnb4": "bnb4", "model_q4f16": "q4f16"}
+TRANSFORMERS_JS_DTYPES = {None: "fp32", **{f"model{suffix}": dtype for dtype, suffix in TRANSFORMERS_JS_SUFFIXES.items()
+                                            if suffix}}
 
 
 def _external_data(target: TargetReport) -> bool:
@@ -267,22 +267,34 @@ def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) 
         passed = _passed_runtimes(target)
         if target.mode != "generation" or not passed:
             continue
-        folder = places[name].folder
+        folder, stem = places[name].folder, places[name].stem
         lines += [f"`{name}` generated `model.generate`'s tokens in {', '.join(passed)} (hfexport's gate):", ""]
         task = str((target.plan or {}).get("task") or "")
         pipeline_task, ort_class = SEQ2SEQ_LOADERS.get(task, ("text-generation", "ORTModelForCausalLM"))
+        seq2seq = task in SEQ2SEQ_LOADERS
         if "transformers.js" in passed:
+            # A decoder's external data is named by config.json's transformers.js_config (the publication writes it);
+            # an encoder-decoder's two graphs are opened with use_external_data_format.
             sub = "" if folder == "onnx" else f', subfolder: "{folder}"'
+            dtype = TRANSFORMERS_JS_DTYPES.get(stem, "fp32")
             lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
                       f'const generator = await pipeline("{pipeline_task}", "{repo_id}", '
-                      f'{{ dtype: "fp32", use_external_data_format: true{sub} }});', "```", ""]
+                      f'{{ dtype: "{dtype}"{", use_external_data_format: true" if seq2seq else ""}{sub} }});', "```",
+                      ""]
         if "optimum" in passed:
+            file_name = f', file_name="{stem}.onnx"' if stem and not seq2seq else ""
             lines += ["```python", f"from optimum.onnxruntime import {ort_class}", "",
-                      f'model = {ort_class}.from_pretrained("{repo_id}", subfolder="{folder}")', "```", ""]
+                      f'model = {ort_class}.from_pretrained("{repo_id}", subfolder="{folder}"{file_name})', "```", ""]
         if "onnxruntime-genai" in passed:
-            lines += ["```python", "import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
-                      f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])',
-                      f'model = og.Model(f"{{folder}}/{folder}")', "```", ""]
+            code = ["import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
+                    f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
+            if stem:  # the folder's genai_config.json names model.onnx: the variant is picked by an overlay
+                code += [f'config = og.Config(f"{{folder}}/{folder}")',
+                         f'config.overlay(\'{{"model": {{"decoder": {{"filename": "{stem}.onnx"}}}}}}\')',
+                         "model = og.Model(config)"]
+            else:
+                code += [f'model = og.Model(f"{{folder}}/{folder}")']
+            lines += ["```python", *code, "```", ""]
         if {"openvino-genai", "optimum-intel"} & set(passed):
             code = ["from huggingface_hub import snapshot_download", "",
                     f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']

@@ -237,8 +237,9 @@ RUNTIME_VERDICTS = {"passed": "✅ passed", "failed": "❌ failed", "not_checked
 
 def runtimes_markdown(runtimes: list[dict]) -> str:
     """The deployment runtimes' verdicts (hfexport.deployment): a row per runtime, with its version and why."""
-    lines = ["**Deployment runtimes** — greedy generation on the sample prompts, token for token against "
-             "`model.generate`", "", "| runtime | version | verdict | batch | detail |", "|---|---|---|---|---|"]
+    lines = ["**Deployment runtimes** — greedy generation on the sample prompts against `model.generate`: token for "
+             "token, or for a quantized or fp16 variant (detail: `at q8`, `at fp16`) within the target's token agreement "
+             "floor", "", "| runtime | version | verdict | batch | detail |", "|---|---|---|---|---|"]
     for check in runtimes:
         batches = ", ".join(map(str, check.get("batch_sizes") or [])) or "—"
         detail = check.get("reason") or (f"at {check['precision']}" if check.get("precision") else "")

@@ -333,8 +333,10 @@ def _seconds(value) -> str:
     return f"{value:.1f} s" if isinstance(value, (int, float)) else "—"
 
 
-def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
-    """docs/compatibility.md: a header saying it is generated, a table per mode (models × formats), the notes."""
+def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | None = None) -> str:
+    """docs/compatibility.md: a header saying it is generated, a table per mode (models × formats), the deployment
+    runtimes' tables (the cells' own verdicts, replaced by `runtimes`, docs/llm_runtimes.json, where it has the
+    row), the notes."""
     by_id = {result.id: result for result in results}
     notes: dict[str, list[str]] = {}  # detail -> the cells that report it (one note per distinct message)
     regenerate = meta.get("regenerate", "python scripts/compatibility_matrix.py")
@@ -400,7 +402,7 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
                 cells.append(text)
             lines.append(f"| `{name}`{family} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += _runtime_lines(results, ordered, notes)
+    lines += _runtime_lines(results, ordered, notes, (runtimes or {}).get("rows"), runtimes)
     lines += ["## Models", "", "| model | class | task | recipe notes |", "|---|---|---|---|"]
     lines += [f"| `{name}` | `{MODELS[name].model_class}` | {MODELS[name].task} | {_escape(MODELS[name].note) or '—'} |"
               for name in ordered if name in MODELS]
@@ -418,31 +420,71 @@ def render_markdown(results: Sequence[CellResult], meta: dict) -> str:
     return "\n".join(lines)
 
 
-def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dict[str, list[str]]) -> list[str]:
+#: The runtime tables beside the matrix's own formats (scripts/llm_runtimes.py's `onnx-q8`: an 8-bit target
+#: published as transformers.js' q8 variant), and how each table is titled and described.
+RUNTIME_TABLES = {
+    "onnx": ("onnx", "greedy generation on the sample prompts in each runtime, token for token against "
+                     "`model.generate` at f32 (docs/generation.md)"),
+    "onnx-q8": ("onnx, 8-bit variant `onnx/model_quantized.onnx`", "the same target quantized (`ort_dynamic`), "
+                "opened by the name it is published under (transformers.js `dtype: \"q8\"`, optimum "
+                "`file_name=`, onnxruntime-genai's `genai_config` overlay), judged by hfexport's 8-bit token agreement "
+                "floor (docs/quantization.md)"),
+    "openvino": ("openvino", "greedy generation on the sample prompts in each runtime, token for token against "
+                             "`model.generate` at an f32 precision hint (docs/generation.md)"),
+}
+
+
+def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dict[str, list[str]],
+                   runtime_rows: Sequence[dict] | None = None, runtime_meta: dict | None = None) -> list[str]:
     """The deployment runtimes' verdicts on each generation cell that ran them (`hfexport.deployment`): a table per
-    format, models x runtimes; a cell that did not pass says why in a note."""
+    format, models x runtimes; a cell that did not pass says why in a note (and the cause, where traced). `runtime_rows`
+    (docs/llm_runtimes.json's `rows`, scripts/llm_runtimes.py) replace the matrix cells' own verdicts for their
+    (model, format), so the tables are re-rendered from committed JSON without rerunning the matrix."""
     lines: list[str] = []
-    for fmt in FORMATS:
-        cells = {r.model: r for r in results if r.export_format == fmt and r.mode == "generation" and r.runtimes}
-        runtimes = list(dict.fromkeys(check["runtime"] for r in cells.values() for check in r.runtimes))
+    rows = {(row["model"], row["format"]): row["runtimes"] for row in runtime_rows or [] if row.get("runtimes")}
+    # A target that failed its own gate before the runtimes ran (a quantized one below its parity floor): no verdicts,
+    # its error instead.
+    unrun = {(row["model"], row["format"]): row["error"] for row in runtime_rows or []
+             if not row.get("runtimes") and row.get("error")}
+    tables = list(dict.fromkeys([*FORMATS, *RUNTIME_TABLES, *(fmt for _, fmt in rows)]))
+    for fmt in tables:
+        cells = {r.model: r.runtimes for r in results if r.export_format == fmt and r.mode == "generation"
+                 and r.runtimes}
+        cells.update({model: checks for (model, table), checks in rows.items() if table == fmt})
+        runtimes = list(dict.fromkeys(check["runtime"] for checks in cells.values() for check in checks))
+        for (model, table), error in unrun.items():
+            if table == fmt and model not in cells:
+                cells[model] = [{"runtime": runtime, "verdict": "not_run", "reason": f"not run: the target failed "
+                                 f"hfexport's own gate first ({error})"} for runtime in runtimes]
         if not runtimes:
             continue
-        lines += [f"## Generation in the deployment runtimes ({fmt})", "",
-                  "The gate's check on the cell's saved files: greedy generation on the sample prompts in each runtime, "
-                  "token for token against `model.generate` at f32 (docs/generation.md).", "",
+        title, what = RUNTIME_TABLES.get(fmt, (fmt, "greedy generation on the sample prompts in each runtime"))
+        source = ""
+        from_rows = [model for model, table in [*rows, *unrun] if table == fmt]
+        if from_rows:
+            which = "Rows" if set(from_rows) == set(cells) else "The rows of " + ", ".join(
+                f"`{model}`" for model in from_rows) + " (the others: the matrix run's cells)"
+            source = (f" {which} from [`llm_runtimes.json`](llm_runtimes.json) and"
+                      " [`seq2seq_runtimes.json`](seq2seq_runtimes.json) (`scripts/llm_runtimes.py`"
+                      + (f", {runtime_meta['generated']}" if (runtime_meta or {}).get("generated") else "") + ").")
+        lines += [f"## Generation in the deployment runtimes ({title})", "",
+                  f"The gate's check on the saved files: {what}.{source}", "",
                   "| model | " + " | ".join(runtimes) + " |", "|---|" + "---|" * len(runtimes)]
-        for name in [model for model in ordered if model in cells]:
+        order = [*ordered, *sorted(model for model in cells if model not in ordered)]
+        for name in [model for model in order if model in cells]:
             row = []
-            by_runtime = {check["runtime"]: check for check in cells[name].runtimes}
+            by_runtime = {check["runtime"]: check for check in cells[name]}
             for runtime in runtimes:
                 check = by_runtime.get(runtime)
                 if check is None:
                     row.append("—")
                     continue
                 verdict = check["verdict"]
-                text = {"passed": "✅ pass", "failed": "❌ fail"}.get(verdict, "➖ not checked")
-                if verdict != "passed" and check.get("reason"):
-                    detail = one_line(f"{runtime}: {check['reason']}")
+                text = {"passed": "✅ pass", "failed": "❌ fail", "not_run": "➖ not run"}.get(verdict, "➖ not checked")
+                for detail in (check.get("reason") if verdict != "passed" else None, check.get("cause")):
+                    if not detail:
+                        continue
+                    detail = one_line(detail if verdict == "not_run" else f"{runtime}: {detail}", 1200)
                     cells_noted = notes.setdefault(detail, [])
                     if f"{name}/{fmt}/generation" not in cells_noted:  # the main table's note may say the same
                         cells_noted.append(f"{name}/{fmt}/generation")

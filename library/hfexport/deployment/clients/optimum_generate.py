@@ -3,9 +3,10 @@ encoder-decoder's (`encoder_model.onnx` + `decoder_model_merged.onnx`) with ORTM
 `input_features` (Whisper), ORTModelForSpeechSeq2Seq.
 
 argv: FOLDER REQUEST_JSON. REQUEST_JSON holds {"prompts": [[ids]], "max_new_tokens", "pad_token_id",
-"eos_token_id", "padded"}, for an encoder-decoder also "is_encoder_decoder", "padding_side" and Whisper's
-"input_features" ([batch, mel bins, frames]). Prints one JSON line: {"version", "batch1": [[new ids]], "padded":
-[[new ids]] or null} (an encoder-decoder's new ids: after its decoder start token).
+"eos_token_id", "padded", "file_name"} (the graph's file in FOLDER, as users pass it), for an encoder-decoder also
+"is_encoder_decoder", "padding_side" and Whisper's "input_features" ([batch, mel bins, frames]). Prints one JSON line:
+{"version", "batch1": [[new ids]], "padded": [[new ids]] or null} (an encoder-decoder's new ids: after its decoder
+start token).
 Token ids, not text: transformers 4.57 (optimum's) cannot read transformers 5's tokenizer_config.json.
 This is how optimum's users load an ONNX LLM; it never imports hfexport.
 """
@@ -68,7 +69,7 @@ def main():
         batch1, padded = seq2seq(folder, request)
         print(json.dumps({"version": version("optimum-onnx"), "batch1": batch1, "padded": padded}))
         return
-    model = ORTModelForCausalLM.from_pretrained(folder)
+    model = ORTModelForCausalLM.from_pretrained(folder, file_name=request.get("file_name", "model.onnx"))
     batch1 = [generate(model, [prompt], [[1] * len(prompt)], request)[0] for prompt in request["prompts"]]
     padded = None
     if request.get("padded"):

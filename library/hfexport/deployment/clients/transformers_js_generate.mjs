@@ -1,10 +1,12 @@
 // Greedy generation with transformers.js (@huggingface/transformers, Node) on an export (run where its
 // node_modules/ is). It never imports hfexport.
 // Args: MODELS_DIR MODEL REQUEST_JSON. MODELS_DIR/MODEL is laid out as a Hub repo (config.json at its root, the
-// graph in onnx/model.onnx). REQUEST_JSON holds {"prompts": [[ids]], "max_new_tokens", "pad_token_id",
-// "eos_token_id", "padded", "dtype", "external_data"}, for an encoder-decoder also "is_encoder_decoder",
-// "padding_side" and Whisper's "input_features" ([batch, mel bins, frames]): then AutoModelForSeq2SeqLM (or
-// AutoModelForSpeechSeq2Seq) opens onnx/encoder_model.onnx + onnx/decoder_model_merged.onnx. Prints one JSON line:
+// graph in onnx/model{dtype suffix}.onnx; config.json's transformers.js_config names its external data). REQUEST_JSON
+// holds {"prompts": [[ids]], "max_new_tokens", "pad_token_id", "eos_token_id", "padded", "dtype", "external_data"}:
+// the model is opened with the dtype alone, as its users do (plus use_external_data_format where "external_data" is
+// set: an encoder-decoder's graphs). For an encoder-decoder also "is_encoder_decoder", "padding_side" and Whisper's
+// "input_features" ([batch, mel bins, frames]): then AutoModelForSeq2SeqLM (or AutoModelForSpeechSeq2Seq) opens
+// onnx/encoder_model.onnx + onnx/decoder_model_merged.onnx. Prints one JSON line:
 // {"version", "batch1": [[new ids]], "padded": [[new ids]] or null} (an encoder-decoder's: after the decoder start).
 import fs from "node:fs";
 import {
