@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "library"))
 
 from hfexport.testing.matrix import (  # noqa: E402
+    committed_runtime_rows,
     DEFAULT_TIMEOUT_S,
     FORMATS,
     MODELS,
@@ -43,10 +44,6 @@ from hfexport.testing.matrix import (  # noqa: E402
 
 DOCS_JSON = ROOT / "docs" / "compatibility.json"
 DOCS_MD = ROOT / "docs" / "compatibility.md"
-#: The deployment runtimes per decoder family (scripts/llm_runtimes.py): rendered into the runtimes tables.
-RUNTIMES_JSON = ROOT / "docs" / "llm_runtimes.json"
-#: The same for the encoder-decoder families (scripts/llm_runtimes.py --seq2seq).
-SEQ2SEQ_RUNTIMES_JSON = ROOT / "docs" / "seq2seq_runtimes.json"
 EXPECTED = ROOT / "tests" / "data" / "compatibility_expected.json"
 REGENERATE = "python scripts/compatibility_matrix.py --jobs 2 --timeout 480 --fresh --update-expected"
 CI_NOTE = (
@@ -90,13 +87,9 @@ def package_versions() -> dict:
     return {name: found[name] for name in wanted if name in found}
 
 
-def runtime_rows(paths=(RUNTIMES_JSON, SEQ2SEQ_RUNTIMES_JSON)) -> dict | None:
-    """docs/llm_runtimes.json (the decoders) and docs/seq2seq_runtimes.json (the encoder-decoders) as committed, as
-    one document (None when neither is there): their rows replace the cells' own runtime verdicts."""
-    documents = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths if Path(path).is_file()]
-    if not documents:
-        return None
-    return {**documents[0], "rows": [row for document in documents for row in document.get("rows", [])]}
+def runtime_rows() -> dict | None:
+    """The committed runtime rows (`hfexport.testing.matrix.committed_runtime_rows`)."""
+    return committed_runtime_rows(ROOT / "docs")
 
 
 def main(argv=None) -> int:

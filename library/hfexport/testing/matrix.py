@@ -420,6 +420,17 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
     return "\n".join(lines)
 
 
+def committed_runtime_rows(docs) -> dict | None:
+    """docs/llm_runtimes.json (the decoders) and docs/seq2seq_runtimes.json (the encoder-decoders), both written by
+    scripts/llm_runtimes.py, as one document (None when neither is there): their rows replace the matrix cells' own
+    runtime verdicts in the runtimes tables."""
+    paths = [Path(docs) / "llm_runtimes.json", Path(docs) / "seq2seq_runtimes.json"]
+    documents = [json.loads(path.read_text(encoding="utf-8")) for path in paths if path.is_file()]
+    if not documents:
+        return None
+    return {**documents[0], "rows": [row for document in documents for row in document.get("rows", [])]}
+
+
 #: The runtime tables beside the matrix's own formats (scripts/llm_runtimes.py's `onnx-q8`: an 8-bit target
 #: published as transformers.js' q8 variant), and how each table is titled and described.
 RUNTIME_TABLES = {
