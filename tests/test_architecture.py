@@ -19,7 +19,7 @@ LAYERS = [
     ("models", ["models", "inputs"]),
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "plan"]),
-    ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "onnx_contract",
+    ("artifacts", ["safety", "executorch_data", "executorch_fixes", "onnx_fixes", "openvino_fixes", "onnx_contract",
                    "onnx_runner", "runtime_layout", "generate", "exported", "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),
