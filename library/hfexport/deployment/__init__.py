@@ -68,6 +68,38 @@ def compare_tokens(runtime: str, expected: list[list[int]], got: list[list[int]]
     return RuntimeCheck(runtime, FAILED, reason=reason, first_difference=difference, **fields)
 
 
+#: A `GenerationRequest` token field not generated yet (its `answer` generates it when a runtime first reads it).
+PENDING = "pending"
+
+
+class _Generated:
+    """A `GenerationRequest` field holding `model.generate`'s tokens, generated on first read by the request's
+    `answer`: the gate asks every runtime, and a runtime that is not installed (or not in its contract) answers
+    `not_checked` without reading them, so when none runs, the model does not generate at all. The tokens are the
+    same whenever they are generated (the same model, prompts and greedy config), so reading them late changes no
+    verdict. Stored in the instance's `__dict__` under the field's own name (a data descriptor wins over it)."""
+
+    def __init__(self, default=PENDING):
+        self.default = default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, request, owner=None):
+        if request is None:  # the dataclass asks for the default: none for a required field
+            if self.default is PENDING:
+                raise AttributeError(self.name)
+            return self.default
+        answer = request.__dict__.get("answer")
+        if request.__dict__.get(self.name) is PENDING and answer is not None:
+            request.answer = None
+            request.expected, request.padded_expected = answer()
+        return request.__dict__.get(self.name)
+
+    def __set__(self, request, value) -> None:
+        request.__dict__[self.name] = value
+
+
 @dataclass
 class GenerationRequest:
     """What every runtime is asked to generate, and what `model.generate` (greedy, f32) answered on the same input.
@@ -75,20 +107,22 @@ class GenerationRequest:
     `prompts` are the recipe's sample prompts as token ids, one list per prompt, unpadded (runtimes that take text
     get `texts`). `expected[i]` are the new tokens `model.generate` made for prompt i alone (batch 1), cut after the
     first EOS. `padded_expected` is the same for all prompts in one left-padded batch (None where the model has no
-    pad token or there is one prompt): runtimes that batch are checked on it too.
+    pad token or there is one prompt): runtimes that batch are checked on it too. Both may be `PENDING` with an
+    `answer()` that returns them (`hfexport.deployment.gate` builds it so): generated on first read (`_Generated`).
     """
 
     prompts: list[list[int]]
-    expected: list[list[int]]
+    expected: list[list[int]] = _Generated()
     max_new_tokens: int
     eos_token_id: list[int]
     pad_token_id: int | None = None
-    padded_expected: list[list[int]] | None = None
+    padded_expected: list[list[int]] | None = _Generated(None)
     texts: list[str] | None = None
     model_type: str | None = None
     is_encoder_decoder: bool = False
     timeout_s: float = 300.0
     extra: dict = field(default_factory=dict)  # arrays some families need (Whisper: input_features), by input name
+    answer: object = field(default=None, repr=False, compare=False)  # () -> (expected, padded_expected), or None
 
     def cut(self, tokens: list[int]) -> list[int]:
         """`tokens` cut after the first EOS and to max_new_tokens, as `expected` is."""

@@ -3,7 +3,8 @@ runtime of the target's format (`hfexport.deployment.RUNTIMES`) on the saved fil
 
 The expected tokens are greedy, at the model's own (float32) precision, on each prompt alone (batch 1) and on all
 prompts in one left-padded batch, cut after the first EOS: the same answer every runtime is compared with, token
-for token.
+for token. They are generated when the first runtime that runs reads them: where no runtime of the format is
+installed (each answers `not_checked`), the model does not generate for nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from hfexport.deployment import RUNTIMES, GenerationRequest, RuntimeCheck, run_checks
+from hfexport.deployment import PENDING, RUNTIMES, GenerationRequest, RuntimeCheck, run_checks
 from hfexport.verify.thresholds import resolve
 
 
@@ -54,30 +55,39 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
     config.pad_token_id = pad
     extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
     request = GenerationRequest(
-        prompts=prompts, expected=[], max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad,
-        texts=list(plan.recipe.sample_inputs.get("text") or []) or None,
+        prompts=prompts, expected=PENDING, max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad,
+        padded_expected=PENDING, texts=list(plan.recipe.sample_inputs.get("text") or []) or None,
         model_type=getattr(model.config, "model_type", None),
         is_encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)),
         extra={key: value.detach().cpu().numpy() for key, value in extra.items() if torch.is_tensor(value)})
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for index, prompt in enumerate(prompts):
-                row_extra = {key: value[index: index + 1] for key, value in extra.items() if torch.is_tensor(value)}
-                ids = torch.tensor([prompt], dtype=input_ids.dtype)
-                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                     **row_extra)
-                request.expected.append(request.cut(_new_tokens(out[0].tolist(), prompt, request)))
-            if len(prompts) > 1 and pad is not None and not request.is_encoder_decoder:
-                width = max(map(len, prompts))
-                ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=input_ids.dtype)
-                left_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-                                         dtype=mask.dtype)
-                out = model.generate(input_ids=ids, attention_mask=left_mask, generation_config=config, **extra)
-                request.padded_expected = [request.cut(row[width:]) for row in out.tolist()]
-    finally:
-        model.train(was_training)
+
+    def answer() -> tuple[list[list[int]], list[list[int]] | None]:
+        """`model.generate`'s tokens for each prompt alone, and for the left-padded batch (run when a runtime first
+        reads them: none is run when no runtime is installed)."""
+        expected, padded_expected = [], None
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for index, prompt in enumerate(prompts):
+                    row_extra = {key: value[index: index + 1] for key, value in extra.items()
+                                 if torch.is_tensor(value)}
+                    ids = torch.tensor([prompt], dtype=input_ids.dtype)
+                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                         generation_config=config, **row_extra)
+                    expected.append(request.cut(_new_tokens(out[0].tolist(), prompt, request)))
+                if len(prompts) > 1 and pad is not None and not request.is_encoder_decoder:
+                    width = max(map(len, prompts))
+                    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=input_ids.dtype)
+                    left_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                                             dtype=mask.dtype)
+                    out = model.generate(input_ids=ids, attention_mask=left_mask, generation_config=config, **extra)
+                    padded_expected = [request.cut(row[width:]) for row in out.tolist()]
+        finally:
+            model.train(was_training)
+        return expected, padded_expected
+
+    request.answer = answer
     return request
 
 
