@@ -71,6 +71,8 @@ def test_a_push_of_new_weights_is_rebound_into_every_format_and_gated(model, pre
         assert (target.status, target.method) == ("ok", "rebind"), (name, target.error, target.rebind)
         assert target.rebind["fallback"] is None and target.rebind["bytes_written"] > 0
         assert target.verification["passed"]  # the full gate against the new eager model
+        if name in ("onnx-generation", "openvino-generation"):  # and the deployment runtimes, as for an export
+            assert target.runtimes and {check["verdict"] for check in target.runtimes} <= {"passed", "not_checked"}
         after = _files(output / name)
         changed = {file for file in after if after[file] != before[name].get(file)}
         # only weights and the report changed: graphs, manifest (with its map) and configs are byte-identical
