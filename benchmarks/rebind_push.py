@@ -10,7 +10,8 @@ is given beside the rebind's); then, round by round and alternated (the order ro
   first export (copied before the timer starts): each target rebound into the previous graphs, reloaded and
   verified (probes and greedy generation against the new eager model), as any export; `--no-latency`: the timing
   of the artifact against eager torch is information the peers do not produce either (it took 9+ minutes of
-  SmolLM2 under a load of 14 here);
+  SmolLM2 under a load of 14 here); the deployment runtimes are part of the gate where installed
+  (`HFEXPORT_RUNTIME_*`), else `not_checked` at no cost;
 - the peers: `optimum-cli export onnx --task text-generation-with-past` (validates its export), and for MODE=multi
   `optimum-cli export openvino --task text-generation-with-past --weight-format fp32`, and
   `optimum-cli export executorch --task text-generation --recipe xnnpack` where a venv has it; on the new

@@ -101,3 +101,35 @@ def test_the_report_renders_each_runtimes_verdict():
     target = TargetReport("onnx-generation", "onnx", "generation", runtimes=checks)
     report = JobReport(source={"model": "m", "recipe_sha256": "0" * 64}, targets={"onnx-generation": target})
     assert JobReport.from_dict(report.to_dict()).targets["onnx-generation"].runtimes == checks  # schema-valid
+
+
+def test_the_model_generates_only_when_a_runtime_reads_the_tokens(llama_plan, monkeypatch, tmp_path):
+    """Where no runtime of the format runs (none installed), the gate does not make the model generate; the first
+    runtime that reads the tokens gets the same ones `model.generate` gives, generated once."""
+    from hfexport.deployment.gate import check_runtimes, generation_request
+
+    model, plan, processor = llama_plan
+    expected = generation_request(model, plan, processor)
+    expected = (expected.expected, expected.padded_expected)
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: calls.append(1) or generate(*args, **kwargs))
+
+    def absent(folder, request):
+        return RuntimeCheck("absent-runtime", NOT_CHECKED, reason="not installed")
+
+    def reader(folder, request):
+        return compare_tokens("reader-runtime", request.expected, request.expected)
+
+    for name, check in (("absent", absent), ("reader", reader)):
+        module = types.ModuleType(f"hfexport.deployment.{name}")
+        module.RUNTIME, module.check = f"{name}-runtime", check
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(deployment.RUNTIMES, "onnx", ("absent",))
+    assert [c.verdict for c in check_runtimes(tmp_path, model, plan, processor)] == [NOT_CHECKED]
+    assert not calls
+    monkeypatch.setitem(deployment.RUNTIMES, "onnx", ("absent", "reader", "reader"))
+    request = generation_request(model, plan, processor)
+    assert not calls
+    assert [c.verdict for c in deployment.run_checks("onnx", tmp_path, request)] == [NOT_CHECKED, PASSED, PASSED]
+    assert (request.expected, request.padded_expected) == expected and len(calls) == 3  # 2 prompts + padded batch

@@ -250,6 +250,35 @@ def test_openvino_weights_linked_outside_are_refused(target, outside):
     _refused(folder, UnsafeExportError, "openvino_model.bin", "outside the export folder")
 
 
+def test_executorch_weights_linked_outside_are_refused(target, outside):
+    folder = target("pte")
+    shutil.move(folder / "model.ptd", outside / "model.ptd")
+    (folder / "model.ptd").symlink_to(outside / "model.ptd")
+    _refused(folder, UnsafeExportError, "model.ptd", "outside the export folder")
+
+
+def _ptd_segment_index(path: Path) -> None:
+    """Point a named entry of the `.ptd` at a segment the file does not have (its stored index patched in place; the
+    first entry whose index is written out: flatbuffers omit an index of 0)."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+
+    def at(position: int, fmt: str = "<I") -> int:
+        return struct.unpack_from(fmt, data, position)[0]
+
+    root = at(0)
+    named = root + at(root - at(root, "<i") + 8, "<H")
+    vector = named + at(named)
+    for index in range(at(vector)):
+        entry = vector + 4 + 4 * index + at(vector + 4 + 4 * index)
+        field = at(entry - at(entry, "<i") + 6, "<H")
+        if field:
+            struct.pack_into("<I", data, entry + field, 1 << 20)
+            break
+    path.write_bytes(bytes(data))
+
+
 def _set_external_location(folder: Path, location: str, **fields) -> None:
     import onnx
 
@@ -430,6 +459,10 @@ def _truncate(path: Path, keep: float) -> None:
         ("openvino", lambda f: (f / "openvino_model.bin").unlink(), ["openvino_model.bin", "missing"]),
         ("pte", lambda f: (f / "model.pte").write_bytes(b"\x00" * 64), ["model.pte", "not an ExecuTorch program"]),
         ("pte", lambda f: _truncate(f / "model.pte", 0.3), ["model.pte", "ExecuTorch cannot load it"]),
+        ("pte", lambda f: (f / "model.ptd").write_bytes(b"\x00" * 64), ["model.ptd", "not an ExecuTorch data file"]),
+        ("pte", lambda f: _truncate(f / "model.ptd", 0.5), ["model.ptd", "outside the file"]),
+        ("pte", lambda f: _ptd_segment_index(f / "model.ptd"), ["model.ptd", "names segment"]),
+        ("pte", lambda f: (f / "model.ptd").unlink(), ["model.pte", "model.ptd"]),
         ("onnx", lambda f: (f / "config.json").write_text('{"model_type": "bert", "model_type": "gpt2"}'),
          ["config.json", "duplicate key 'model_type'"]),
     ],

@@ -71,13 +71,42 @@ def test_a_push_of_new_weights_is_rebound_into_every_format_and_gated(model, pre
         assert (target.status, target.method) == ("ok", "rebind"), (name, target.error, target.rebind)
         assert target.rebind["fallback"] is None and target.rebind["bytes_written"] > 0
         assert target.verification["passed"]  # the full gate against the new eager model
+        if name in ("onnx-generation", "openvino-generation"):  # and the deployment runtimes, as for an export
+            assert target.runtimes and {check["verdict"] for check in target.runtimes} <= {"passed", "not_checked"}
         after = _files(output / name)
         changed = {file for file in after if after[file] != before[name].get(file)}
         # only weights and the report changed: graphs, manifest (with its map) and configs are byte-identical
         assert changed - {"export_report.json"}, name
         assert not changed & {MANIFEST_FILE, "config.json", "export_config.json"}
         assert all(not file.endswith((".xml",)) for file in changed), changed
+        if name.startswith("pte"):  # the weights are in each program's .ptd: the .pte files are byte-identical
+            programs = [file for file in after if file.endswith(".pte")]
+            assert programs and not changed & set(programs), changed
+            assert {file for file in changed if file.endswith(".ptd")} == {p[:-4] + ".ptd" for p in programs}
+            weight_map = json.loads((output / name / MANIFEST_FILE).read_text())["weight_map"]
+            assert any(entry["name"].startswith("ptd:") for entry in weight_map["tensors"])
     assert json.loads((output / "export_report.json").read_text())["targets"]["pt2"]["method"] == "rebind"
+
+
+def test_an_older_pte_that_keeps_its_weights_inside_is_still_rebound(checkpoints, tmp_path, monkeypatch):
+    """Before the .ptd, hfexport saved the engine's .pte as it is, weights inside: such a publication still rebinds
+    (its constant segment and delegates' named data rewritten in place) and stays one file."""
+    import hfexport.exported
+    from hfexport.job.run import run_job
+
+    old, new = checkpoints["bert"]
+    output = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(hfexport.exported, "separated", lambda program, tag: program)  # the save before the .ptd
+        assert run_job(old, output, ["pte"], workers=1, latency=False).status == "ok"
+    assert not list((output / "pte").glob("*.ptd"))
+    weight_map = json.loads((output / "pte" / MANIFEST_FILE).read_text())["weight_map"]
+    assert weight_map["tensors"] and not any(entry["name"].startswith("ptd:") for entry in weight_map["tensors"])
+    program = (output / "pte" / "model.pte").read_bytes()
+    target = run_job(new, output, ["pte"], workers=1, latency=False).targets["pte"]
+    assert (target.status, target.method) == ("ok", "rebind"), (target.error, target.rebind)
+    assert target.verification["passed"] and target.rebind["bytes_written"] > 0
+    assert (output / "pte" / "model.pte").read_bytes() != program and not list((output / "pte").glob("*.ptd"))
 
 
 def test_a_degenerate_checkpoint_is_never_rebound(exported_llama, checkpoints, tmp_path):

@@ -21,6 +21,8 @@ from hfexport.errors import (
     UnsafeExportError,
     first_line,
 )
+from hfexport.executorch_data import DATA_PATH, data_name, separated, write_data
+from hfexport.executorch_data import load_program as load_executorch
 from hfexport.files import RECIPE_COPY_FILE
 from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
@@ -112,11 +114,29 @@ class ExportedModel(_EngineExportedModel):
         `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.onnx_seq2seq`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
         `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
         for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files."""
+        export_format = str(getattr(self.export_format, "value", self.export_format))
+        if export_format == "executorch":
+            return self._save_executorch(save_directory, *args, **kwargs)
         result = super().save_pretrained(save_directory, *args, **kwargs)
-        if str(getattr(self.export_format, "value", self.export_format)) == "onnx":
+        if export_format == "onnx":
             to_contract(Path(save_directory))
             onnx_seq2seq.to_contract(Path(save_directory))
         finish_runtime_layout(save_directory, tokenizer)
+        return result
+
+    def _save_executorch(self, save_directory, *args, **kwargs):
+        """The engine's `save_pretrained` with each program's weights in its own `.ptd` beside the `.pte`
+        (`hfexport.executorch_data`): the engine writes the re-emitted `.pte`, then each component's data file."""
+        components = self.components
+        self.components = {name: ExportedComponent(separated(component.program, name), component.metadata)
+                           for name, component in components.items()}
+        try:
+            result = super().save_pretrained(save_directory, *args, **kwargs)
+            entries = read_json(Path(save_directory) / MANIFEST_FILE, MANIFEST_FILE)["components"]
+            for name, component in self.components.items():
+                write_data(component.program, Path(save_directory) / data_name(entries[name]["file"]))
+        finally:
+            self.components = components
         return result
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,
@@ -304,7 +324,11 @@ class ExportedModel(_EngineExportedModel):
             model.__dict__["_pending_config"] = functools.partial(
                 _read_config, config_file.parent if not prefix else config_file, f"{source}/{config_name}",
                 trust_remote_code)
-        with _backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format):
+        without = [entry["file"] for name, entry in manifest["components"].items()
+                   if export_format == "executorch" and not getattr(components[name].program, DATA_PATH, None)]
+        hint = f" (there is no {data_name(without[0])} beside it: a program whose weights are kept apart cannot " \
+               "load without its data file)" if without else ""
+        with _backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format, hint):
             return model.to(device, **runner_kwargs)
 
 
@@ -362,7 +386,7 @@ _BACKENDS = {"onnx": "ONNX Runtime", "openvino": "OpenVINO", "executorch": "Exec
 
 
 @contextlib.contextmanager
-def _backend_errors(label: str, export_format: str):
+def _backend_errors(label: str, export_format: str, hint: str = ""):
     """A backend's failure on a file hfexport checked, as one `CorruptExportError` line naming the file (a weights-only
     unpickling refusal as `UnsafeExportError`)."""
     import pickle
@@ -377,7 +401,7 @@ def _backend_errors(label: str, export_format: str):
     except Exception as error:  # noqa: BLE001 - the file passed hfexport's checks: the backend's reason, one line
         backend = _BACKENDS.get(export_format, export_format)
         raise CorruptExportError(f"{label}: {backend} cannot load it: {type(error).__name__}: "
-                                 f"{first_line(error, 300)}") from None
+                                 f"{first_line(error, 300)}{hint}") from None
 
 
 def _read_config(path: Path, label: str, trust_remote_code: bool):
@@ -414,7 +438,8 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
     if export_format == "executorch":
         from transformers.exporters import ExecutorchExporter
 
-        return ExecutorchExporter.load_program(path)
+        data = fetch(data_name(entry["file"]), False)  # checked with the program (safety.artifacts.program_files)
+        return load_executorch(path, data) if data is not None else ExecutorchExporter.load_program(path)
     raise CorruptExportError(f"{path}: unknown export format {export_format!r}")
 
 

@@ -286,7 +286,7 @@ def published_name(place: Place, relative: str, export_format: str) -> str:
 
     The default target keeps its names, but ONNX external data `X.onnx.data` (what the engine writes) becomes
     `X.onnx_data`. A variant's artifact `model.onnx` becomes `<stem>.onnx` (`<stem>.onnx_data`; OpenVINO
-    `<stem>.xml/.bin`, ...), and its other files `<stem>.<name>` (`<stem>.export.json`, `<stem>.config.json`, ...)."""
+    `<stem>.xml/.bin`; ExecuTorch `<stem>.pte/.ptd`, ...), and its other files `<stem>.<name>` (`<stem>.export.json`, `<stem>.config.json`, ...)."""
     default = DEFAULT_NAMES.get(export_format, "")
     stem_default, _, suffix = default.rpartition(".")
     if export_format == "onnx" and relative.endswith(".onnx.data"):
@@ -299,6 +299,8 @@ def published_name(place: Place, relative: str, export_format: str) -> str:
         return onnx_data_name(f"{place.stem}.onnx")
     if export_format == "openvino" and relative == f"{stem_default}.bin":
         return f"{place.stem}.bin"
+    if export_format == "executorch" and relative == f"{stem_default}.ptd":  # the loader reads `<stem>.pte`'s `.ptd`
+        return f"{place.stem}.ptd"
     return place.prefix + relative
 
 

@@ -97,6 +97,38 @@ def judge_tokens(runtime: str, request: GenerationRequest, expected: list[list[i
                                f"floor of {floor:g} (quantized: hfexport.verify.thresholds)", **fields)
 
 
+#: A `GenerationRequest` token field not generated yet (its `answer` generates it when a runtime first reads it).
+PENDING = "pending"
+
+
+class _Generated:
+    """A `GenerationRequest` field holding `model.generate`'s tokens, generated on first read by the request's
+    `answer`: the gate asks every runtime, and a runtime that is not installed (or not in its contract) answers
+    `not_checked` without reading them, so when none runs, the model does not generate at all. The tokens are the
+    same whenever they are generated (the same model, prompts and greedy config), so reading them late changes no
+    verdict. Stored in the instance's `__dict__` under the field's own name (a data descriptor wins over it)."""
+
+    def __init__(self, default=PENDING):
+        self.default = default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, request, owner=None):
+        if request is None:  # the dataclass asks for the default: none for a required field
+            if self.default is PENDING:
+                raise AttributeError(self.name)
+            return self.default
+        answer = request.__dict__.get("answer")
+        if request.__dict__.get(self.name) is PENDING and answer is not None:
+            request.answer = None
+            request.expected, request.padded_expected = answer()
+        return request.__dict__.get(self.name)
+
+    def __set__(self, request, value) -> None:
+        request.__dict__[self.name] = value
+
+
 @dataclass
 class GenerationRequest:
     """What every runtime is asked to generate, and what `model.generate` (greedy, f32) answered on the same input.
@@ -106,15 +138,17 @@ class GenerationRequest:
     first EOS. `padded_expected` is the same for all prompts in one left-padded batch (None where the model has no
     pad token or there is one prompt): runtimes that batch are checked on it too. An encoder-decoder's prompts are its
     encoder's input (its new tokens follow the decoder start token), padded on the right in the batch
-    (`padding_side`); Whisper's prompts are empty and its audio features are in `extra["input_features"]`.
+    (`padding_side`); Whisper's prompts are empty and its audio features are in `extra["input_features"]`. Both
+    `expected` and `padded_expected` may be `PENDING` with an `answer()` that returns them
+    (`hfexport.deployment.gate` builds it so): generated on first read (`_Generated`).
     """
 
     prompts: list[list[int]]
-    expected: list[list[int]]
+    expected: list[list[int]] = _Generated()
     max_new_tokens: int
     eos_token_id: list[int]
     pad_token_id: int | None = None
-    padded_expected: list[list[int]] | None = None
+    padded_expected: list[list[int]] | None = _Generated(None)
     texts: list[str] | None = None
     model_type: str | None = None
     is_encoder_decoder: bool = False
@@ -129,6 +163,7 @@ class GenerationRequest:
     #: The share of greedy tokens that must agree with `model.generate` (`hfexport.verify.thresholds.resolve`): 1.0
     #: (token for token) unless the target is quantized.
     min_token_agreement: float = 1.0
+    answer: object = field(default=None, repr=False, compare=False)  # () -> (expected, padded_expected), or None
 
     def cut(self, tokens: list[int]) -> list[int]:
         """`tokens` cut after the first EOS and to max_new_tokens, as `expected` is."""

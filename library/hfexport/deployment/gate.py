@@ -3,7 +3,8 @@ runtime of the target's format (`hfexport.deployment.RUNTIMES`) on the saved fil
 
 The expected tokens are greedy, at the model's own (float32) precision, on each prompt alone (batch 1) and on all
 prompts in one left-padded batch, cut after the first EOS: the same answer every runtime is compared with, token
-for token.
+for token. They are generated when the first runtime that runs reads them: where no runtime of the format is
+installed (each answers `not_checked`), the model does not generate for nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import copy
 import json
 from pathlib import Path
 
-from hfexport.deployment import RUNTIMES, GenerationRequest, RuntimeCheck, run_checks
+from hfexport.deployment import PENDING, RUNTIMES, GenerationRequest, RuntimeCheck, run_checks
 from hfexport.files import MANIFEST_FILE
 from hfexport.layout import artifact_name
 from hfexport.verify.thresholds import resolve
@@ -84,26 +85,36 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
     skipped = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
     extra = {key: value for key, value in inputs.items() if key not in skipped}
     request = GenerationRequest(
-        prompts=prompts, expected=[], max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad,
-        texts=list(plan.recipe.sample_inputs.get("text") or []) or None,
+        prompts=prompts, expected=PENDING, max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad,
+        padded_expected=PENDING, texts=list(plan.recipe.sample_inputs.get("text") or []) or None,
         model_type=getattr(model.config, "model_type", None), is_encoder_decoder=is_encoder_decoder,
         decoder_start_token_id=_decoder_start(config, model) if is_encoder_decoder else None,
+        padding_side="right" if is_encoder_decoder else "left",  # set now: a runtime may read it before `expected`
         min_token_agreement=thresholds.min_token_agreement,
         extra={key: value.detach().cpu().numpy() for key, value in extra.items() if torch.is_tensor(value)})
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for index, prompt in enumerate(prompts):
-                row_extra = {key: value[index: index + 1] for key, value in extra.items() if torch.is_tensor(value)}
-                ids = torch.tensor([prompt], dtype=input_ids.dtype)
-                prompt_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if prompt else {}
-                out = model.generate(**prompt_inputs, generation_config=config, **row_extra)
-                request.expected.append(request.cut(_new_tokens(out[0].tolist(), prompt, request)))
-            if len(prompts) > 1 and (pad is not None or features is not None):
-                request.padded_expected = _padded_batch(model, config, prompts, input_ids, mask, extra, request)
-    finally:
-        model.train(was_training)
+
+    def answer() -> tuple[list[list[int]], list[list[int]] | None]:
+        """`model.generate`'s tokens for each prompt alone, and for the padded batch (run when a runtime first reads
+        them: none is run when no runtime is installed)."""
+        expected, padded_expected = [], None
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for index, prompt in enumerate(prompts):
+                    row_extra = {key: value[index: index + 1] for key, value in extra.items()
+                                 if torch.is_tensor(value)}
+                    ids = torch.tensor([prompt], dtype=input_ids.dtype)
+                    prompt_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if prompt else {}
+                    out = model.generate(**prompt_inputs, generation_config=config, **row_extra)
+                    expected.append(request.cut(_new_tokens(out[0].tolist(), prompt, request)))
+                if len(prompts) > 1 and (pad is not None or features is not None):
+                    padded_expected = _padded_batch(model, config, prompts, input_ids, mask, extra, request)
+        finally:
+            model.train(was_training)
+        return expected, padded_expected
+
+    request.answer = answer
     return request
 
 
@@ -114,11 +125,9 @@ def _padded_batch(model, config, prompts, input_ids, mask, extra, request) -> li
     import torch
 
     width = max(map(len, prompts))
-    if request.is_encoder_decoder:
-        request.padding_side = "right"
-        if width == 0:  # Whisper
-            out = model.generate(generation_config=config, **extra)
-            return [request.cut(_new_tokens(row, [], request)) for row in out.tolist()]
+    if request.is_encoder_decoder and width == 0:  # Whisper
+        out = model.generate(generation_config=config, **extra)
+        return [request.cut(_new_tokens(row, [], request)) for row in out.tolist()]
     pad, left = request.pad_token_id, request.padding_side == "left"
     ids = torch.tensor([[pad] * (width - len(p)) + p if left else p + [pad] * (width - len(p)) for p in prompts],
                        dtype=input_ids.dtype)

@@ -456,6 +456,9 @@ def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str)
                             "bytes_written": written.get("bytes", 0)}
     _write_target_report(job.report, name, final)
     _verify_target(target_report, final, job.model_object, plan, job.processor, progress)
+    if target_report.status == "ok" and job.options.runtimes and plan.target.mode == "generation":
+        # the same gate as an export's: the deployment runtimes generate on the rebound files too
+        _check_runtimes(target_report, final, job.model_object, plan, job.processor, progress)
     if target_report.status == "ok":
         _write_target_report(job.report, name, final)
         return True

@@ -11,8 +11,8 @@ checked here, each before the engine or a backend sees the file:
   contexts (`{"_t": "seq"|"map"|"obj"|"type", "p": "module:Class", ...}`) whose classes it imports and *calls*
   when it rebuilds outputs (transformers 5.23, `exporters.exporter_dynamo`): a crafted
   `{"_t": "seq", "p": "os:system", "v": ["..."]}` runs a shell command on the first call of a loaded export;
-- each program file is what its exporter writes (`check_onnx_file`, `check_openvino_files`, `check_pte_file`, and
-  `pt2_safety.check_pt2_archive` for `.pt2`).
+- each program file is what its exporter writes (`check_onnx_file`, `check_openvino_files`, `check_pte_file` and
+  `check_ptd_file` for an ExecuTorch program's weights beside it, and `pt2_safety.check_pt2_archive` for `.pt2`).
 
 What would run code or read outside the folder raises `UnsafeExportError`; what is merely broken raises
 `CorruptExportError`. Both name the file and the field. See docs/security.md.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import re
 import stat
@@ -31,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
+from hfexport.executorch_data import data_name
 from hfexport.files import MANIFEST_FILE
 from hfexport.safety.onnx_proto import EXTERNAL, ITEMSIZE, PACKED, model_proto
 from hfexport.safety.pt2 import check_pt2_archive
+from hfexport.safety.ptd import read_flat_tensor
 from hfexport.safety.treespec import (
     _IDENTIFIER,
     _SPEC_FIELDS,
@@ -47,7 +50,7 @@ MAX_MANIFEST_BYTES = 16 << 20
 MAX_JSON_BYTES = 64 << 20  # configs, tokenizer files, the recipe copy
 MAX_ONNX_BYTES = 2 << 30  # protobuf's own limit for one message: larger models keep weights in `.data`
 MAX_XML_BYTES = 1 << 30
-MAX_ARTIFACT_BYTES = 1 << 40  # weights (`.data`, `.bin`, `.pt2`, `.pte`): 1 TiB, then bounded by the file's own index
+MAX_ARTIFACT_BYTES = 1 << 40  # weights (`.data`, `.bin`, `.pt2`, `.pte`, `.ptd`): 1 TiB, then bounded by the file's own index
 
 
 # ── files: inside the folder, regular, bounded ───────────────────────────────
@@ -201,6 +204,8 @@ def program_files(export_format: str, file: str) -> list[tuple[str, bool]]:
         return [(file, True), (f"{file}.data", False), (f"{file}_data", False)]
     if export_format == "openvino":
         return [(file, True), (f"{file.removesuffix('.xml')}.bin", True)]
+    if export_format == "executorch":  # its weights in `<stem>.ptd` (hfexport.executorch_data); older exports: none
+        return [(file, True), (data_name(file), False)]
     return [(file, True)]
 
 
@@ -219,6 +224,8 @@ def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bo
             check_openvino_files(found[0], found[1], label)
         elif export_format == "executorch":
             check_pte_file(found[0], label)
+            if found[1] is not None:
+                check_ptd_file(found[1], f"{source}/{data_name(file)}")
         elif export_format == "dynamo" and not allow_unsafe_pt2:
             check_pt2_archive(found[0], label)
         paths[name] = found[0]
@@ -394,6 +401,18 @@ def check_pte_file(path: Path, label: str) -> None:
     head = read_checked_prefix(path, label, 8)
     if len(head) < 8 or head[4:6] != b"ET":
         raise CorruptExportError(f"{label}: not an ExecuTorch program (no ET file identifier)")
+
+
+def check_ptd_file(path: Path, label: str) -> None:
+    """An ExecuTorch data file (`.ptd`, beside its `.pte`): plain data, a FlatTensor whose index
+    (`safety.ptd.read_flat_tensor`) is well-formed and places every named entry inside the file. It names no other
+    file: the loader passes it to the runtime as the program's data map, and nothing in it runs."""
+    try:
+        with open(Path(path).resolve(strict=True), "rb") as file:
+            data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(file.fileno()).st_size else b""
+    except OSError as error:
+        raise CorruptExportError(f"{label}: cannot be read ({error.strerror or error})") from None
+    read_flat_tensor(memoryview(data), label)  # the map closes when collected (a refusal's traceback holds views)
 
 
 def read_checked_prefix(path: Path, label: str, count: int) -> bytes:
