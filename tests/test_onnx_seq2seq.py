@@ -27,8 +27,8 @@ REPO = "your-org/your-seq2seq"
 
 
 @pytest.fixture(scope="session")
-def mbart_folder(mbart_job) -> Path:
-    output, report = mbart_job
+def mbart_folder(_mbart_job) -> Path:
+    output, report = _mbart_job  # the session's export (read only; conftest's mbart_job gives a module's report copy)
     assert report.targets[TARGET].status == "ok", report.targets[TARGET].error
     return output / TARGET
 
