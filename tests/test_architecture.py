@@ -18,7 +18,7 @@ LAYERS = [
                     "hub", "schema", "layout"]),
     ("models", ["models", "inputs"]),
     ("recipe", ["quantization.spec", "recipe"]),
-    ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "plan"]),
+    ("plan", ["quantization.calibration", "quantization.quantizer", "modeling_fixes", "executorch_llm", "plan"]),
     ("artifacts", ["safety", "executorch_fixes", "onnx_fixes", "openvino_fixes", "onnx_contract",
                    "onnx_runner", "runtime_layout", "generate", "exported", "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),

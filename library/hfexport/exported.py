@@ -14,6 +14,10 @@ from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
 from hfexport.engine import register_treespec_types, runner_class, set_runners
+from hfexport.executorch_llm import DATA_FILE as LLM_DATA_FILE
+from hfexport.executorch_llm import is_llm_program
+from hfexport.executorch_llm import load_program as load_llm_program
+from hfexport.executorch_llm import save_data as save_llm_data
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
@@ -31,6 +35,7 @@ from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.openvino_fixes import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
 from hfexport.runtime_layout import finish as finish_runtime_layout
+from hfexport.runtime_layout import save_tokenizer
 from hfexport.runtime import (
     PRECISION_FORMATS,
     has_runtime_precision,
@@ -113,6 +118,8 @@ class ExportedModel(_EngineExportedModel):
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if str(getattr(self.export_format, "value", self.export_format)) == "onnx":
             to_contract(Path(save_directory))
+        if save_llm_data(self, Path(save_directory)):  # ExecuTorch's LLM runner: model.ptd and tokenizer.json beside
+            save_tokenizer(Path(save_directory), tokenizer)
         finish_runtime_layout(save_directory, tokenizer)
         return result
 
@@ -411,6 +418,8 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
     if export_format == "executorch":
         from transformers.exporters import ExecutorchExporter
 
+        if is_llm_program(entry["metadata"]):  # ExecuTorch's LLM runner contract: the weights in model.ptd beside it
+            return load_llm_program(path, fetch(LLM_DATA_FILE, True))
         return ExecutorchExporter.load_program(path)
     raise CorruptExportError(f"{path}: unknown export format {export_format!r}")
 
