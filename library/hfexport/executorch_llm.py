@@ -15,8 +15,9 @@ for: the model over a `StaticCache` registered as buffers, `forward(input_ids, c
 cache tensors once more as constants beside the buffers, and torch 2.13's `run_decompositions` in `to_edge` then
 fails), lowered with executorch's `to_edge_transform_and_lower(..., partitioner=[XnnpackPartitioner()],
 constant_methods=...)`, and its weights tagged for a `.ptd` as executorch's own LLM export does
-(`delegate_external_constants_pass_unlifted` for the XNNPACK-delegated weights, `ExecutorchBackendConfig(
-external_constants=...)` for the rest; `export_llama_lib.py`).
+(`delegate_constant_tag` for the XNNPACK-delegated weights, `ExecutorchBackendConfig(external_constants=...)` for the
+rest; `export_llama_lib.py`), under hfexport's ExecuTorch lowering fixes (`hfexport.executorch_fixes`, applied by
+`hfexport.export.run_plan`).
 
 Why not the engine (`transformers.exporters.ExecutorchExporter`): its `export_for_generation` traces the model's
 prefill/decode with the cache as inputs and outputs, non-strict; it calls `to_edge_transform_and_lower` without
@@ -122,7 +123,6 @@ def export(model, engine_config, generation: dict):
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
     from transformers.exporters import ExportedComponent, ExportedModel, ExportFormat, ExportMetadata
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
@@ -136,10 +136,7 @@ def export(model, engine_config, generation: dict):
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
     with torch.no_grad():
         program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
-        # XNNPACK's weights go to the named data store under this tag, i.e. into model.ptd (executorch's LLM export)
-        tagged = program.module()
-        delegate_external_constants_pass_unlifted(module=tagged, gen_tag_fn=lambda node: DATA_TAG)
-        program = torch.export.export(tagged, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
+    _tag_weights(program)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
                                           constant_methods=constant_methods(model, max_len))
     manager = lowered.to_executorch(ExecutorchBackendConfig(external_constants=lambda node: DATA_TAG))
@@ -168,6 +165,21 @@ def export(model, engine_config, generation: dict):
     generation_config = copy.deepcopy(getattr(model, "generation_config", None))
     return ExportedModel({COMPONENT: ExportedComponent(loaded, metadata)}, ExportFormat.EXECUTORCH,
                          config=model.config, generation_config=generation_config)
+
+
+def _tag_weights(program) -> None:
+    """Tag the program's constant inputs (weights, constant buffers; not the cache, which the program mutates) for
+    `model.ptd`: XNNPACK's node visitor puts a constant whose placeholder carries `custom.delegate_constant_tag` into
+    the named data under that tag, i.e. the data file. executorch's own LLM export sets the same tag with
+    `delegate_external_constants_pass_unlifted` on the unlifted module and traces it again; tagging the lifted
+    placeholders is the same mark without a second trace."""
+    signature = program.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    constants = set(signature.inputs_to_parameters) | set(signature.inputs_to_lifted_tensor_constants) | {
+        name for name, buffer in signature.inputs_to_buffers.items() if buffer not in mutated}
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in constants:
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = DATA_TAG
 
 
 def _versions() -> dict:

@@ -212,9 +212,10 @@ def run_plan(plan, model) -> ExportedModel:
     """The engine call a plan stands for: `export` for mode forward, `export_for_generation` for generation."""
     if plan.llm_runner is not None:
         # ExecuTorch's LLM runner contract: hfexport's own export (the engine cannot add the runner's metadata methods
-        # nor hold the cache in the program; hfexport.executorch_llm says why)
-        return ExportedModel.from_engine(export_llm_program(model, plan.components["model"].config,
-                                                            plan.target.generation))
+        # nor hold the cache in the program; hfexport.executorch_llm says why), with the same lowering fixes
+        with _format_fixes(plan, model):
+            return ExportedModel.from_engine(export_llm_program(model, plan.components["model"].config,
+                                                                plan.target.generation))
     exporter = AutoHfExporter.from_config(next(iter(plan.components.values())).config)
     with _format_fixes(plan, model):
         if plan.mode == "forward":
