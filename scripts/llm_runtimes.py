@@ -5,8 +5,10 @@ saved files; each verdict, with why where it is not a pass, goes to docs/llm_run
 stdout (pasted into docs/generation.md#deployment-runtimes).
 
     HFEXPORT_RUNTIME_OPENVINO_GENAI=... HFEXPORT_RUNTIME_OPTIMUM_INTEL=... python scripts/llm_runtimes.py [WORKDIR]
+    FORMATS=executorch python scripts/llm_runtimes.py [WORKDIR]   # TextLLMRunner, beside hfexport's executorch
 
-Without those variables the runtimes' own environments are built (hfexport.testing.peers) and used.
+Without those variables the runtimes' own environments are built (hfexport.testing.peers) and used. FORMATS
+(default `openvino`; `openvino,executorch`) names the formats run; the json keeps the other formats' rows.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ def main() -> int:
     from hfexport.testing.matrix import ensure_models
     from hfexport.version import __version__
 
-    os.environ.setdefault("HFEXPORT_RUNTIME_OPENVINO_GENAI", str(peers.openvino_genai_venv()))
-    os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM_INTEL", str(peers.peer_venv()))
     workdir = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/hfexport-llm-runtimes")
     formats = os.environ.get("FORMATS", "openvino").split(",")
+    if "openvino" in formats:
+        os.environ.setdefault("HFEXPORT_RUNTIME_OPENVINO_GENAI", str(peers.openvino_genai_venv()))
+        os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM_INTEL", str(peers.peer_venv()))
     models = ensure_models(workdir, FAMILIES)
     rows = []
     for name in FAMILIES:
@@ -44,9 +47,15 @@ def main() -> int:
                          "error": result.error, "runtimes": result.runtimes,
                          "wall_s": round(time.perf_counter() - started, 1)})
             print(json.dumps(rows[-1])[:400], file=sys.stderr, flush=True)
+    result = ROOT / "docs" / "llm_runtimes.json"
+    try:  # the rows of the formats not run this time are kept
+        kept = [row for row in json.loads(result.read_text())["rows"] if row["format"] not in formats]
+    except (OSError, ValueError, KeyError):
+        kept = []
+    rows = sorted(kept + rows, key=lambda row: (FAMILIES.index(row["model"]), row["format"]))
     document = {"hfexport": __version__, "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "rows": rows}
-    (ROOT / "docs" / "llm_runtimes.json").write_text(json.dumps(document, indent=2) + "\n")
+    result.write_text(json.dumps(document, indent=2) + "\n")
     runtimes = sorted({check["runtime"] for row in rows for check in row["runtimes"]})
     print("| model | format | export | " + " | ".join(runtimes) + " |")
     print("|---|---|---|" + "---|" * len(runtimes))

@@ -4,7 +4,7 @@ run it (executorch's Python bindings of the C++ runner the Android and iOS apps 
 It runs in the environment named by `HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER` (a Python with `executorch`), else
 beside hfexport where `executorch.extension.llm.runner` is importable (hfexport's `executorch` extra), else the check
 is `not_checked`. The client (`clients/executorch_llm_runner_client.py`) gives the runner each sample prompt's text
-(the runner encodes it: with the BOS token where the model's tokenizer adds one), greedy (temperature 0), one prompt
+(the runner encodes it: `num_bos=1` where the model's tokenizer adds a BOS token of its own), greedy (temperature 0), one prompt
 at a time (the runner has no batch), and reads the new tokens back through a copy of `tokenizer.json` without its
 decoder, so each reported piece is a vocabulary string naming one token id: the check is token for token against
 `model.generate`, and the runner's prompt must be the same number of tokens. The text the runner reports with the
@@ -46,12 +46,16 @@ def _llm_program(folder: Path) -> bool:
         return False
 
 
-def _bos(folder: Path) -> int | None:
-    try:
-        value = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("bos_token_id")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) else None
+def _adds_bos(folder: Path, text: str) -> int:
+    """1 where the folder's tokenizer starts `text` with a token of its own (a BOS its post-processor adds), which
+    TextLLMRunner's tokenizer adds only when asked (`num_bos`); 0 where the text itself starts as it should (a chat
+    prompt whose first token is the BOS id: SmolLM2's `<|im_start|>`)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    with_special = tokenizer.encode(text, add_special_tokens=True).ids
+    plain = tokenizer.encode(text, add_special_tokens=False).ids
+    return 1 if with_special[1:] == plain and len(with_special) == len(plain) + 1 else 0
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
@@ -68,8 +72,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if not request.texts or len(request.texts) != len(request.prompts):
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="the recipe's sample inputs have no text prompts: "
                             "TextLLMRunner takes text")
-    bos = _bos(folder)
-    num_bos = [1 if bos is not None and prompt[:1] == [bos] else 0 for prompt in request.prompts]
+    num_bos = [_adds_bos(folder, text) for text in request.texts]
     payload = {"texts": request.texts, "max_new_tokens": request.max_new_tokens, "num_bos": num_bos}
     try:
         answer = run_python_client(python, CLIENT, folder, payload, request.timeout_s)
