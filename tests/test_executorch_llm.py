@@ -146,3 +146,17 @@ def test_an_executorch_target_that_asks_for_the_engines_graphs_keeps_them():
     assert not target({"multi_token_decode": True}).llm_runner_by_default
     assert not target({"cache_implementation": "static", "max_cache_len": 64}).llm_runner_by_default
     assert not Target.from_dict("t", {"export_format": "onnx", "mode": "generation"}).llm_runner_by_default
+
+
+def test_the_card_shows_the_runner_snippet_only_when_it_passed(pte_llama):
+    import copy
+
+    from hfexport.layout import Place
+    from hfexport.report.card import loading_snippets
+
+    report = copy.deepcopy(pte_llama[1])
+    places = {TARGET: Place("executorch")}
+    text = "\n".join(loading_snippets("me/llama", report, places))  # the gate passed it
+    assert 'TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json", f"{local}/model.ptd")' in text
+    report.targets[TARGET].runtimes = [{"runtime": "executorch-llm-runner", "verdict": "failed", "reason": "differs"}]
+    assert "TextLLMRunner" not in "\n".join(loading_snippets("me/llama", report, places))
