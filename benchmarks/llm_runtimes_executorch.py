@@ -16,7 +16,8 @@ each side's token ids are recorded and compared.
   runner's contract: a static cache of 2048 positions, batch 1) (HFEXPORT_DIR: a folder already made);
 - optimum-executorch: `optimum-cli export executorch --model SMOLLM2 --task text-generation --recipe xnnpack` in its
   own venv (`hfexport.testing.peers.peer_venv(("optimum-executorch==1.1.0",))`: optimum-executorch 1.1.0 pins
-  transformers 5.0.0rc1) (OPTIMUM_DIR: a folder already made). Its default is also batch 1 and a static cache of
+  transformers 5.0.0rc1; the model's config without the GGUF `quantization_config`, `llm_runtimes._peer_model`)
+  (OPTIMUM_DIR: a folder already made). Its default is also batch 1 and a static cache of
   2048 positions; it writes no `tokenizer.json`, so the model's own is used for it.
 
 Run: `python benchmarks/llm_runtimes_executorch.py` (ROUNDS, default 3; NEW_TOKENS, default 32) ->
@@ -39,7 +40,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 sys.path.insert(0, str(HERE))
 
-from llm_runtimes import CHAT, _load, _lscpu  # noqa: E402
+from llm_runtimes import CHAT, _load, _lscpu, _peer_model  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
@@ -92,7 +93,8 @@ def _exports(model: Path) -> tuple[Path, Path]:
     theirs = Path(os.environ["OPTIMUM_DIR"]) if os.environ.get("OPTIMUM_DIR") else work / "optimum-executorch"
     if not (theirs / "model.pte").is_file():
         cli = Path(peer_venv(OPTIMUM_EXECUTORCH)).parent / "optimum-cli"
-        subprocess.run([str(cli), "export", "executorch", "--model", str(model), "--task", "text-generation",
+        subprocess.run([str(cli), "export", "executorch", "--model", str(_peer_model(model, work)), "--task",
+                        "text-generation",
                         "--recipe", "xnnpack", "--output_dir", str(theirs)], check=True)
     return ours, theirs
 

@@ -105,7 +105,7 @@ class GenerationRequest:
 #: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
 RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": ("transformers_js", "optimum", "onnxruntime_genai"),
                                         "openvino": ("openvino_genai", "optimum_intel"),
-                                        "executorch": ("executorch_llm_runner",), "dynamo": ()}
+                                        "executorch": ("executorch_llm_runner", "optimum_executorch"), "dynamo": ()}
 
 
 def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
