@@ -16,8 +16,8 @@ Run: `python benchmarks/llm_runtimes.py` (ROUNDS, default 5; NEW_TOKENS, default
 benchmarks/results/llm_runtimes.json (or OUT). The CPU (lscpu) and the load average before and after are recorded:
 the machine is shared.
 
-The ExecuTorch half of issue 27's benchmark (hfexport's `.pte` vs optimum-executorch's in TextLLMRunner) is not
-measured: hfexport's `.pte` generation exports are not in the runner's contract yet (docs/generation.md).
+The ExecuTorch half of issue 27's benchmark (hfexport's `.pte` vs optimum-executorch's in TextLLMRunner) is
+`benchmarks/llm_runtimes_executorch.py`.
 """
 
 from __future__ import annotations

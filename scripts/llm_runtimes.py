@@ -11,7 +11,8 @@ to stdout.
 `onnx`: the float32 ONNX generation target (transformers.js, optimum, onnxruntime-genai, token for token);
 `onnx-q8`: an 8-bit target (`ort_dynamic`) added to the model's recipe, published as transformers.js' q8 variant
 `onnx/model_quantized.onnx` and judged by hfexport's 8-bit token agreement floor; `openvino`: OpenVINO GenAI and
-optimum-intel. The runtimes' environments come from `HFEXPORT_RUNTIME_*`, else `hfexport.testing.peers` builds them.
+optimum-intel; `executorch`: ExecuTorch's TextLLMRunner (and optimum-executorch) on the LLM runner
+program. The runtimes' environments come from `HFEXPORT_RUNTIME_*`, else `hfexport.testing.peers` builds them.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ LAYERS = [
                     "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters"]),
     ("models", ["models", "inputs"]),
     ("recipe", ["quantization.spec", "recipe"]),
-    ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "plan"]),
+    ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "executorch_llm", "plan"]),
     ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxscript",
                    "workarounds.openvino", "onnx_contract", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
                    "exported", "export", "rebind"]),

@@ -17,6 +17,7 @@ from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
 from hfexport.engine import export_backends, exporter_class, traced_cache_layout
+from hfexport.executorch_llm import export as export_llm_program
 from hfexport.workarounds.executorch import executorch_fixes
 from hfexport.exported import ExportedModel
 from hfexport.workarounds.transformers_models import modeling_fixes
@@ -209,6 +210,12 @@ def _format_fixes(plan, model):
 
 def run_plan(plan, model) -> ExportedModel:
     """The engine call a plan stands for: `export` for mode forward, `export_for_generation` for generation."""
+    if plan.llm_runner is not None:
+        # ExecuTorch's LLM runner contract: hfexport's own export (the engine cannot add the runner's metadata methods
+        # nor hold the cache in the program; hfexport.executorch_llm says why), with the same lowering fixes
+        with _format_fixes(plan, model):
+            return ExportedModel.from_engine(export_llm_program(model, plan.components["model"].config,
+                                                                plan.target.generation))
     exporter = AutoHfExporter.from_config(next(iter(plan.components.values())).config)
     with _format_fixes(plan, model):
         if plan.mode == "forward":

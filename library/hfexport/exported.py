@@ -14,6 +14,9 @@ from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
 from hfexport.engine import register_treespec_types, runner_class, set_runners
+from hfexport.executorch_llm import DATA_FILE as LLM_DATA_FILE
+from hfexport.executorch_llm import is_llm_program
+from hfexport.executorch_llm import load_program as load_llm_program
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
@@ -34,6 +37,7 @@ from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.workarounds.openvino import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
 from hfexport.runtime_layout import finish as finish_runtime_layout
+from hfexport.runtime_layout import save_tokenizer
 from hfexport.runtime import (
     PRECISION_FORMATS,
     has_runtime_precision,
@@ -115,12 +119,15 @@ class ExportedModel(_EngineExportedModel):
         `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
         for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files."""
         export_format = str(getattr(self.export_format, "value", self.export_format))
-        if export_format == "executorch":
-            return self._save_executorch(save_directory, *args, **kwargs)
-        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if export_format == "executorch":  # each program's weights in its .ptd (an LLM runner program's model.ptd too)
+            result = self._save_executorch(save_directory, *args, **kwargs)
+        else:
+            result = super().save_pretrained(save_directory, *args, **kwargs)
         if export_format == "onnx":
             to_contract(Path(save_directory))
             onnx_seq2seq.to_contract(Path(save_directory))
+        if any(is_llm_program(component.metadata) for component in self.components.values()):
+            save_tokenizer(Path(save_directory), tokenizer)  # ExecuTorch's LLM runner reads tokenizer.json beside it
         finish_runtime_layout(save_directory, tokenizer)
         return result
 
@@ -438,6 +445,8 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
     if export_format == "executorch":
         from transformers.exporters import ExecutorchExporter
 
+        if is_llm_program(entry["metadata"]):  # ExecuTorch's LLM runner contract: the weights in model.ptd beside it
+            return load_llm_program(path, fetch(LLM_DATA_FILE, True))
         data = fetch(data_name(entry["file"]), False)  # checked with the program (safety.artifacts.program_files)
         return load_executorch(path, data) if data is not None else ExecutorchExporter.load_program(path)
     raise CorruptExportError(f"{path}: unknown export format {export_format!r}")

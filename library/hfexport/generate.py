@@ -27,6 +27,8 @@ import torch
 
 from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_request
 from hfexport.errors import GenerationError
+from hfexport.executorch_llm import COMPONENT as LLM_PROGRAM
+from hfexport.executorch_llm import is_llm_program
 from hfexport.models import empty_cache
 
 PREFILL, DECODE, ENCODER = "prefill", "decode", "encoder"
@@ -59,10 +61,13 @@ class _Layout:
     multimodal: bool = False  # a VLM: the prefill is embed -> language_model -> lm_head (see IMAGE_ENCODER)
     prefill_by_decode: bool = False  # a state-space decode without a prefill: the prompt runs through the decode
     single_graph: bool = False  # a multi-token decode without a prefill: the prompt runs on an empty cache
+    llm_program: bool = False  # ExecuTorch's LLM runner program: `model(input_ids, cache_position)`, its cache inside
 
     @property
     def prefill(self) -> str:
         """The component that runs the prompt."""
+        if self.llm_program:
+            return LLM_PROGRAM
         return LANGUAGE_MODEL if self.multimodal else DECODE if self.single_graph else PREFILL
 
 
@@ -664,6 +669,12 @@ def _token_ids(value) -> list[int]:
 
 def _layout(exported) -> _Layout:
     components = getattr(exported, "components", {})
+    if list(components) == [LLM_PROGRAM] and is_llm_program(exported.runners[LLM_PROGRAM].metadata):
+        # ExecuTorch's LLM runner program (hfexport.executorch_llm): batch 1 (the chunks of `generate`), the prompt
+        # without its left padding at positions from 0, then one token per step; the cache stays in the program.
+        size = int(exported.runners[LLM_PROGRAM].metadata.export_config.get("max_seq_len") or 0) or None
+        return _Layout(takes_mask=True, mask_dtype=None, static_cache_len=size, stateful={LLM_PROGRAM: False},
+                       pinned_batch=1, llm_program=True)
     multimodal = EMBED in components or LANGUAGE_MODEL in components
     if multimodal:
         missing = [name for name in (IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD, DECODE) if name not in components]
@@ -790,6 +801,8 @@ class _Session:
     def _new_cache(exported, layout: _Layout, batch: int):
         from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
+        if layout.llm_program:
+            return None
         if layout.prefill_by_decode:
             return zero_state(exported, batch)
         if layout.single_graph:  # a stateful OpenVINO decode starts from its variables' zero-length init instead
@@ -805,6 +818,12 @@ class _Session:
     def prefill(self, input_ids, attention_mask, positions) -> torch.Tensor:
         """The prompt's logits: the prefill component, the decode on an empty cache (`single_graph`), or
         (`prefill_by_decode`) the decode on one token at a time."""
+        if self.layout.llm_program:
+            real = attention_mask[0].bool()
+            if bool((real[1:].int() < real[:-1].int()).any()):
+                raise GenerationError("this ExecuTorch LLM program takes left padding only (a 0 after a 1 in "
+                                      "attention_mask): pad on the left (padding_side='left')")
+            return self._llm_run(input_ids[:, real])
         if self.layout.single_graph:
             return self.step(DECODE, input_ids, attention_mask, positions)
         if not self.layout.prefill_by_decode:
@@ -827,7 +846,18 @@ class _Session:
                 self.cache = zero_state_rows(self.cache, ~real[:, index])
         return logits
 
+    def _llm_run(self, input_ids) -> torch.Tensor:
+        """ExecuTorch's LLM runner program on `input_ids` (one row) at the next cache positions, as TextLLMRunner
+        calls it."""
+        runner = self.exported.runners[LLM_PROGRAM]
+        positions = torch.arange(self.filled, self.filled + input_ids.shape[1], dtype=torch.long)
+        logits = runner(input_ids=input_ids.contiguous(), cache_position=positions)
+        self.filled += input_ids.shape[1]
+        return logits.cpu() if logits.dim() == 3 else logits.cpu()[None]
+
     def step(self, name: str, input_ids, attention_mask, positions) -> torch.Tensor:
+        if self.layout.llm_program:
+            return self._llm_run(input_ids)
         runner = self.exported.runners[self.layout.prefill if name == PREFILL else name]
         traced = runner.metadata.kwargs
         device = runner.device

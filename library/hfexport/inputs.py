@@ -103,8 +103,10 @@ def _tokenizer_of(processor):
     return getattr(processor, "tokenizer", processor)
 
 
-def text_inputs(texts: list[str], processor, config, max_length: int | None = None) -> dict:
-    """Tokenize sample texts (padding to the longest; pad = eos when the tokenizer has no pad token)."""
+def text_inputs(texts: list[str], processor, config, max_length: int | None = None,
+                padding_side: str | None = None) -> dict:
+    """Tokenize sample texts (padding to the longest, on `padding_side` when given, else the tokenizer's side;
+    pad = eos when the tokenizer has no pad token)."""
     import torch
 
     tokenizer = _tokenizer_of(processor)
@@ -116,6 +118,8 @@ def text_inputs(texts: list[str], processor, config, max_length: int | None = No
     if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token
     kwargs = {"truncation": True, "max_length": max_length} if max_length else {}
+    if padding_side is not None:
+        kwargs["padding_side"] = padding_side
     encoded = dict(tokenizer(list(texts), return_tensors="pt", padding=True, **kwargs))
     return _avoid_special_length(encoded, tokenizer, len(texts))
 
@@ -231,7 +235,12 @@ def build_sample_inputs(recipe, processor, config, task: str | None, mode: str =
     elif "text" in spec and "audio" in spec and is_audio_text_processor(processor):
         inputs.update(audio_text_inputs(spec["text"], spec["audio"], processor, spec["audio"].get("count", count)))
     elif "text" in spec:
-        inputs.update(text_inputs(spec["text"], processor, config, spec.get("max_length")))
+        # A decoder-only model's generation prompts are left-padded, as `model.generate` expects them, whatever side
+        # the checkpoint's tokenizer pads (SmolLM2's pads right): ExecuTorch's LLM runner program and a decode that
+        # runs the prompt take no right padding.
+        decoder_generation = mode == "generation" and not getattr(config, "is_encoder_decoder", False)
+        inputs.update(text_inputs(spec["text"], processor, config, spec.get("max_length"),
+                                  padding_side="left" if decoder_generation else None))
     if "images" in spec and "pixel_values" not in inputs:
         inputs.update(image_inputs(spec["images"], processor, spec["images"].get("count", count)))
     if "audio" in spec and "input_features" not in inputs:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hfexport.engine import auto_dynamic_shapes, export_backends, register_cache_pytrees, traced_cache_layout
 from hfexport.errors import PlanError
+from hfexport.executorch_llm import max_context
 from hfexport.inputs import build_sample_inputs
 from hfexport.workarounds.transformers_models import prefill_by_decode
 from hfexport.models import infer_task
@@ -60,6 +61,9 @@ class Plan:
     prefill_by_decode: bool = False
     # `generation.single_graph`: the multi-token decode alone, which runs the prompt on an empty cache too (no prefill).
     single_graph: bool = False
+    # ExecuTorch's LLM runner contract (`hfexport.executorch_llm`): one program `model` that holds its cache, exported
+    # by hfexport itself; the cache size it holds.
+    llm_runner: int | None = None
 
     @property
     def export_format(self):
@@ -632,6 +636,19 @@ def _single_graph_fits(stages: dict) -> bool:
     return True
 
 
+def _llm_runner_plan(target: Target, model, stages: dict, components: dict, other_layout: bool):
+    """The one component of ExecuTorch's LLM runner contract (`hfexport.executorch_llm`) for a decoder-only text
+    model's default ExecuTorch generation target on XNNPACK, else None (the engine's prefill/decode pair)."""
+    if not target.llm_runner_by_default or other_layout or target.components or target.dynamic_shapes is not None \
+            or set(stages) != {"prefill", "decode"} or not _single_graph_fits(stages):
+        return None
+    config = components["decode"].config
+    if getattr(config, "backend", "xnnpack") != "xnnpack":
+        return None
+    return ComponentPlan("model", config, {"input_ids": [1, "seq"], "cache_position": ["seq"]},
+                         {"input_ids": {"1": "seq"}, "cache_position": {"0": "seq"}})
+
+
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
                source=None, revision: str | None = None, token: str | None = None) -> Plan:
     """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
@@ -646,7 +663,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
     base = f"targets.{target.name}.dynamic_shapes"
     shapes = target.dynamic_shapes
     components: dict[str, ComponentPlan] = {}
-    generation_config = None
+    generation_config = llm_runner = None
     single_graph = target.single_graph
     if target.single_graph_by_default and getattr(model.config, "is_encoder_decoder", False):
         single_graph = False  # the default single graph is for decoder-only models
@@ -752,7 +769,12 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             raise PlanError(
                 f"{base}: no component takes {', '.join(map(repr, unknown))}; inputs are: {', '.join(sorted(seen_keys))}"
             )
+        llm_runner = _llm_runner_plan(target, model, stages, components, seq2seq or by_decode)
+        if llm_runner is not None:
+            components = {"model": llm_runner}
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
+    if llm_runner is not None:
+        plan.llm_runner = max_context(model, target.generation)
     if target.mode == "generation":
         plan.prefill_by_decode, plan.single_graph = by_decode, single_graph
         # Without a prefill the decode is exported as hfexport's own (the engine's export_for_generation traces both).

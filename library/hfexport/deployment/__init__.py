@@ -2,8 +2,8 @@
 
 A generation target passes in a runtime only when that runtime, installed where its users have it, generated the same
 tokens as `model.generate` (greedy) on the recipe's sample prompts. Each runtime is one module of this package
-(transformers.js, optimum, onnxruntime-genai on ONNX; OpenVINO GenAI and optimum-intel on OpenVINO; none yet on `.pte`:
-ExecuTorch's LLM runner cannot run hfexport's `.pte` generation exports, docs/generation.md); each returns a `RuntimeCheck`, which the report stores per target under
+(transformers.js, optimum, onnxruntime-genai on ONNX; OpenVINO GenAI and optimum-intel on OpenVINO; ExecuTorch's
+TextLLMRunner on `.pte`); each returns a `RuntimeCheck`, which the report stores per target under
 `runtimes`. A runtime that is not installed is `not_checked` with why, never `passed`; one that crashes or runs past
 its time limit is `failed` with its own message, and the job goes on.
 
@@ -179,7 +179,8 @@ class GenerationRequest:
 #: list of them: one runtime checked at several precisions).
 #: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
 RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": ("transformers_js", "optimum", "onnxruntime_genai"),
-                                        "openvino": ("openvino_genai", "optimum_intel"), "executorch": (), "dynamo": ()}
+                                        "openvino": ("openvino_genai", "optimum_intel"),
+                                        "executorch": ("executorch_llm_runner", "optimum_executorch"), "dynamo": ()}
 
 
 def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:

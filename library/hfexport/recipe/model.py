@@ -53,6 +53,17 @@ class Target:
             "single_graph" not in generation and "multi_token_decode" not in generation and \
             generation.get("cache_implementation", "dynamic") == "dynamic"
 
+    @property
+    def llm_runner_by_default(self) -> bool:
+        """An ExecuTorch generation target without `single_graph`, `multi_token_decode` or `cache_implementation`:
+        ExecuTorch's LLM runner contract (one program that holds its cache, `hfexport.executorch_llm`) for a
+        decoder-only text model; the plan falls back to the engine's prefill/decode pair where the model has none
+        (encoder-decoders, VLMs, Mamba). `single_graph: false` keeps the pair too."""
+        generation = self.generation
+        return self.mode == "generation" and str(self.export_format) == "executorch" and \
+            "single_graph" not in generation and "multi_token_decode" not in generation and \
+            "cache_implementation" not in generation and not self.quantization
+
     @classmethod
     def from_dict(cls, name: str, data: dict) -> Target:
         return cls(

@@ -306,6 +306,14 @@ def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) 
                 code += ["", "from optimum.intel import OVModelForCausalLM", "",
                          f'model = OVModelForCausalLM.from_pretrained(f"{{local}}/{folder}")']
             lines += ["```python", *code, "```", ""]
+        if "executorch-llm-runner" in passed:
+            lines += ["```python", "from huggingface_hub import snapshot_download",
+                      "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner", "",
+                      f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"]) + "/{folder}"',
+                      'runner = TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json", f"{local}/model.ptd")',
+                      "# greedy; num_bos=1 where the tokenizer starts a prompt with its BOS token",
+                      'runner.generate("The capital of France is", GenerationConfig(echo=False, max_new_tokens=20, '
+                      'temperature=0.0))', "```", ""]
     return lines
 
 

@@ -1,0 +1,165 @@
+"""ExecuTorch generation exports in the LLM runner's contract (issue 27): one `model.pte` that holds its KV cache and
+the runner's metadata methods, its weights in `model.ptd`, `tokenizer.json` beside them; ExecuTorch's own
+`TextLLMRunner` runs them as its users do, token for token against `model.generate`, in the gate and from the README's
+snippet; hfexport's `generate` runs the same files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest, run_checks
+
+MAX_NEW_TOKENS = 8
+TARGET = "pte-llm"
+
+
+@pytest.fixture(scope="session")
+def pte_llama(session_dir, tiny_llama):
+    """tiny-llama with a recipe whose ExecuTorch generation target says nothing of its layout (the default), exported
+    by a job with the gate's runtimes on, once per session."""
+    from hfexport.job.run import run_job
+
+    model = session_dir / "pte-llama-model"
+    model.mkdir()
+    for file in tiny_llama.iterdir():
+        if file.name != "export_config.json":
+            (model / file.name).symlink_to(file)
+    recipe = json.loads((tiny_llama / "export_config.json").read_text())
+    recipe["targets"] = {TARGET: {"export_format": "executorch", "mode": "generation", "options": {"backend": "xnnpack"},
+                                  "parity": {"generate": {"max_new_tokens": MAX_NEW_TOKENS}}}}
+    recipe["default_target"] = TARGET
+    (model / "export_config.json").write_text(json.dumps(recipe))
+    output = session_dir / "pte-llama"
+    report = run_job(model, output, latency=False)
+    return output / TARGET, report
+
+
+@pytest.fixture(scope="session")
+def llama_texts(tiny_llama) -> list[str]:
+    return json.loads((tiny_llama / "export_config.json").read_text())["sample_inputs"]["text"]
+
+
+def test_the_default_executorch_generation_target_is_the_runners_program(pte_llama):
+    from executorch.runtime import Runtime
+
+    folder, report = pte_llama
+    target = report.targets[TARGET]
+    assert target.status == "ok", target.error
+    assert {"model.pte", "model.ptd", "tokenizer.json", "config.json", "generation_config.json"} <= \
+        {path.name for path in folder.iterdir()}
+    # the weights are in the .ptd: the program is a fraction of it
+    assert (folder / "model.pte").stat().st_size < (folder / "model.ptd").stat().st_size / 4
+    program = Runtime.get().load_program(folder / "model.pte", data_path=str(folder / "model.ptd"))
+    methods = set(program.method_names)
+    assert {"forward", "get_max_seq_len", "get_max_context_len", "use_kv_cache", "enable_dynamic_shape",
+            "use_sdpa_with_kv_cache", "get_eos_ids", "get_bos_id", "get_vocab_size"} <= methods
+    assert program.load_method("get_max_seq_len").execute([])[0] == 256  # tiny-llama's max_position_embeddings
+    assert list(program.load_method("get_eos_ids").execute([])) == [1]
+    runtimes = {check["runtime"]: check for check in target.runtimes}
+    check = runtimes["executorch-llm-runner"]
+    assert check["verdict"] == PASSED, check
+    assert check["version"] == "1.5.1" and check["batch_sizes"] == [1]
+    # optimum-executorch 1.1.0 loads model.pte alone (deployment/optimum_executorch.py): said, not failed
+    assert runtimes["optimum-executorch"]["verdict"] == NOT_CHECKED
+    assert "model.ptd" in runtimes["optimum-executorch"]["reason"]
+
+
+def test_hfexports_generate_runs_the_same_files(pte_llama, tiny_llama, llama_texts):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hfexport import load
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    inputs = tokenizer(llama_texts, return_tensors="pt", padding=True)
+    exported = load(pte_llama[0])
+    assert list(exported.components) == ["model"]
+    want = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert torch.equal(exported.generate(**inputs, max_new_tokens=12), want)  # batch 2, left-padded
+    right = tokenizer(llama_texts[:1], return_tensors="pt")
+    assert torch.equal(exported.generate(**right, max_new_tokens=12)[0], want[0][-right.input_ids.shape[1] - 12:])
+
+
+def test_a_runner_that_differs_crashes_or_is_absent(pte_llama, monkeypatch, tmp_path):
+    from hfexport.deployment import executorch_llm_runner
+
+    folder = pte_llama[0]
+    prompts, texts = [[0, 279]], ["The"]
+    wrong = GenerationRequest(prompts, [[5, 6, 7]], 3, [1], texts=texts)
+    check = executorch_llm_runner.check(folder, wrong)
+    assert check.verdict == FAILED and check.first_difference["position"] == 0
+    with monkeypatch.context() as patched:
+        patched.setattr(executorch_llm_runner, "interpreter", lambda runtime, name: None)
+        assert [check.verdict for check in run_checks("executorch", folder, wrong)] == [NOT_CHECKED, NOT_CHECKED]
+    crash = tmp_path / "crash"
+    crash.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
+    crash.chmod(0o755)
+    monkeypatch.setenv("HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER", str(crash))
+    crashed = executorch_llm_runner.check(folder, wrong)
+    assert crashed.verdict == FAILED and "exited 139" in crashed.reason
+    monkeypatch.delenv("HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER")
+    not_text = executorch_llm_runner.check(folder, GenerationRequest(prompts, [[5]], 1, [1]))
+    assert not_text.verdict == NOT_CHECKED and "text" in not_text.reason
+    assert executorch_llm_runner.check(tmp_path, wrong).verdict == NOT_CHECKED  # not the runner's contract
+
+
+def readme_snippet(marker: str) -> str:
+    """The README's code block right after `<!-- marker -->`: the tests run exactly what users read."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split(f"<!-- {marker} -->", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def test_the_readme_snippet_runs_the_export_in_textllmrunner(pte_llama, tiny_llama, llama_texts, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / TARGET).symlink_to(pte_llama[0])
+    script = tmp_path / "snippet.py"
+    script.write_text(readme_snippet("readme-llm-executorch"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    ids = tokenizer(llama_texts[0], return_tensors="pt").input_ids  # the README's prompt is the first sample
+    new = model.generate(ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)[0, ids.shape[1]:]
+    first = tokenizer.decode(new[:1])  # the runner prints each piece's bytes on stdout as it goes
+    assert first.strip() and first.encode() in done.stdout
+
+
+def test_an_executorch_target_that_asks_for_the_engines_graphs_keeps_them():
+    from hfexport.recipe.model import Target
+
+    def target(generation=None, **extra):
+        return Target.from_dict("t", {"export_format": "executorch", "mode": "generation",
+                                      "generation": generation or {}, **extra})
+
+    assert target().llm_runner_by_default
+    assert target({"max_cache_len": 64}).llm_runner_by_default  # the runner's cache size
+    assert not target({"single_graph": True}).llm_runner_by_default
+    assert not target({"single_graph": False}).llm_runner_by_default
+    assert not target({"multi_token_decode": True}).llm_runner_by_default
+    assert not target({"cache_implementation": "static", "max_cache_len": 64}).llm_runner_by_default
+    assert not Target.from_dict("t", {"export_format": "onnx", "mode": "generation"}).llm_runner_by_default
+
+
+def test_the_card_shows_the_runner_snippet_only_when_it_passed(pte_llama):
+    import copy
+
+    from hfexport.layout import Place
+    from hfexport.report.card import loading_snippets
+
+    report = copy.deepcopy(pte_llama[1])
+    places = {TARGET: Place("executorch")}
+    text = "\n".join(loading_snippets("me/llama", report, places))  # the gate passed it
+    assert 'TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json", f"{local}/model.ptd")' in text
+    report.targets[TARGET].runtimes = [{"runtime": "executorch-llm-runner", "verdict": "failed", "reason": "differs"}]
+    assert "TextLLMRunner" not in "\n".join(loading_snippets("me/llama", report, places))
