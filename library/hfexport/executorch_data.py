@@ -86,14 +86,3 @@ def write_data(program, destination: Path) -> bool:
         shutil.copyfile(source, partial)
         os.replace(partial, destination)
     return True
-
-
-def load_program(path: Path, data: Path | None):
-    """A saved `.pte` read by ExecuTorch's runtime with its data file (the engine's `ExecutorchExporter.load_program`
-    takes no data file); the program keeps both paths, so saving it again copies both."""
-    from executorch.runtime import Runtime
-
-    program = Runtime.get().load_program(Path(path), data_path=str(data) if data is not None else None)
-    program.path = str(path)
-    setattr(program, DATA_PATH, str(data) if data is not None else None)
-    return program

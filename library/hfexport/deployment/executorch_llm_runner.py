@@ -28,21 +28,20 @@ from hfexport.deployment import (
     compare_tokens,
 )
 from hfexport.deployment._python import interpreter, run_python_client
+from hfexport.executorch_llm import manifest_is_llm
+from hfexport.files import MANIFEST_FILE
 
 RUNTIME = "executorch-llm-runner"
 MODULE = "executorch.extension.llm.runner"
 CLIENT = "executorch_llm_runner_client.py"
-PROGRAM_FILE, TOKENIZER_FILE = "model.pte", "tokenizer.json"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def _llm_program(folder: Path) -> bool:
-    """A folder whose export.json names one ExecuTorch LLM runner program (hfexport.executorch_llm)."""
+    """A folder whose export.json names one ExecuTorch LLM runner program (`hfexport.executorch_llm`)."""
     try:
-        manifest = json.loads((folder / "export.json").read_text(encoding="utf-8"))
-        components = manifest["components"]
-        return manifest.get("export_format") == "executorch" and list(components) == ["model"] and \
-            bool(components["model"]["metadata"]["export_config"].get("llm_runner"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return manifest_is_llm(json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, AttributeError):
         return False
 
 
