@@ -112,6 +112,44 @@ def alternate(variants: Sequence[str], rounds: int, run: Callable[[str, int], di
     return runs
 
 
+def alternate_workers(commands: dict[str, list[str]], prompts: Sequence, rounds: int, reference: str,
+                      keys: Sequence[str] = ("tokens_per_s", "ttft_ms"), **popen) -> tuple[dict, dict]:
+    """One long-lived worker process per variant (`commands[name]`: it prints `{"ready": true}`, then answers each
+    JSON prompt line on stdin with one JSON line), warmed up on the first prompt, then every prompt to every worker,
+    `rounds` times, the order reversed each round. Returns the answers by variant and, per key, the ratios of each
+    other variant's answer over `reference`'s (only where the reference's value is not 0)."""
+    workers = {name: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
+               for name, command in commands.items()}
+    try:
+        for worker in workers.values():
+            assert json.loads(worker.stdout.readline())["ready"]
+
+        def call(name: str, prompt) -> dict:
+            workers[name].stdin.write(json.dumps(prompt) + "\n")
+            workers[name].stdin.flush()
+            return json.loads(workers[name].stdout.readline())
+
+        for name in workers:  # warm-up
+            call(name, prompts[0])
+        runs: dict[str, list[dict]] = {name: [] for name in workers}
+        ratios_by_key: dict[str, list[float]] = {key: [] for key in keys}
+        for index in range(rounds):
+            order = list(workers) if index % 2 == 0 else list(reversed(workers))
+            for prompt in prompts:
+                got = {name: call(name, prompt) for name in order}
+                for name, result in got.items():
+                    runs[name].append(result)
+                for key in keys:
+                    for name in workers:
+                        if name != reference and got[reference][key]:
+                            ratios_by_key[key].append(got[name][key] / got[reference][key])
+    finally:
+        for worker in workers.values():
+            worker.stdin.close()
+            worker.wait(timeout=60)
+    return runs, ratios_by_key
+
+
 def median(runs: dict[str, list[dict]], name: str, key: str) -> float:
     return statistics.median(run[key] for run in runs[name])
 

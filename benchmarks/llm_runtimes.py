@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from _process import load, machine  # noqa: E402 - the benchmarks' harness
+from _process import alternate_workers, load, machine  # noqa: E402 - the benchmarks' harness
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -111,33 +111,9 @@ def main() -> int:
                                              tokenize=True, return_dict=True)["input_ids"] for text in CHAT]
     python = str(genai_venv())
     load_before = load()
-    workers = {name: subprocess.Popen([python, "-c", WORKER, str(folder), str(NEW_TOKENS)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True)
-               for name, folder in (("hfexport", ours), ("optimum-intel", theirs))}
-    for worker in workers.values():
-        assert json.loads(worker.stdout.readline())["ready"]
-
-    def call(name: str, prompt: list[int]) -> dict:
-        worker = workers[name]
-        worker.stdin.write(json.dumps(prompt) + "\n")
-        worker.stdin.flush()
-        return json.loads(worker.stdout.readline())
-
-    for name in workers:  # warm-up
-        call(name, prompts[0])
-    runs: dict[str, list[dict]] = {name: [] for name in workers}
-    ratios = {"tokens_per_s": [], "ttft_ms": []}
-    for round_index in range(ROUNDS):
-        order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
-        for prompt in prompts:
-            got = {name: call(name, prompt) for name in order}
-            for name, result in got.items():
-                runs[name].append(result)
-            for key in ratios:
-                ratios[key].append(got["hfexport"][key] / got["optimum-intel"][key])
-    for worker in workers.values():
-        worker.stdin.close()
-        worker.wait(timeout=60)
+    commands = {name: [python, "-c", WORKER, str(folder), str(NEW_TOKENS)]
+                for name, folder in (("hfexport", ours), ("optimum-intel", theirs))}
+    runs, ratios = alternate_workers(commands, prompts, ROUNDS, reference="optimum-intel")
     document = {
         "what": "SmolLM2-135M-Instruct, OpenVINO GenAI LLMPipeline (f32 hint), batch 1, greedy, "
                 f"{NEW_TOKENS} new tokens, {len(prompts)} chat prompts x {ROUNDS} rounds, alternated",

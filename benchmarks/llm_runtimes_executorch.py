@@ -40,7 +40,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 sys.path.insert(0, str(HERE))
 
-from llm_runtimes import CHAT, _load, _lscpu, _peer_model  # noqa: E402
+from _process import alternate_workers, load, machine  # noqa: E402 - the benchmarks' harness
+from llm_runtimes import CHAT, _peer_model  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
@@ -109,42 +110,17 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=False) for text in CHAT]
-    load_before = _load()
+    load_before = load()
     sides = (("hfexport", ours), ("optimum-executorch", theirs))
-    workers = {name: subprocess.Popen([sys.executable, "-c", WORKER, str(folder), str(model / "tokenizer.json"),
-                                       str(NEW_TOKENS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True)
-               for name, folder in sides}
-    for worker in workers.values():
-        assert json.loads(worker.stdout.readline())["ready"]
-
-    def call(name: str, prompt: str) -> dict:
-        worker = workers[name]
-        worker.stdin.write(json.dumps(prompt) + "\n")
-        worker.stdin.flush()
-        return json.loads(worker.stdout.readline())
-
-    for name in workers:  # warm-up
-        call(name, prompts[0])
-    runs: dict[str, list[dict]] = {name: [] for name in workers}
-    ratios = {"tokens_per_s": [], "ttft_ms": []}
-    for round_index in range(ROUNDS):
-        order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
-        for prompt in prompts:
-            got = {name: call(name, prompt) for name in order}
-            for name, result in got.items():
-                runs[name].append(result)
-            for key in ratios:
-                if got["optimum-executorch"][key]:
-                    ratios[key].append(got["hfexport"][key] / got["optimum-executorch"][key])
-    for worker in workers.values():
-        worker.stdin.close()
-        worker.wait(timeout=60)
+    commands = {name: [sys.executable, "-c", WORKER, str(folder), str(model / "tokenizer.json"), str(NEW_TOKENS)]
+                for name, folder in sides}
+    runs, ratios = alternate_workers(commands, prompts, ROUNDS, reference="optimum-executorch",
+                                     stderr=subprocess.DEVNULL)
     document = {
         "what": "SmolLM2-135M-Instruct, ExecuTorch 1.5.1 TextLLMRunner (XNNPACK, f32), batch 1, greedy, at most "
                 f"{NEW_TOKENS} new tokens, {len(prompts)} chat prompts x {ROUNDS} rounds, alternated; hfexport's "
                 "model.pte + model.ptd vs optimum-executorch 1.1.0's model.pte",
-        "cpu": _lscpu(), "load_average_before": load_before, "load_average_after": _load(),
+        "cpu": machine(), "load_average_before": load_before, "load_average_after": load(),
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files_bytes": {name: {path.name: path.stat().st_size for path in sorted(folder.iterdir())
                                if path.suffix in (".pte", ".ptd")} for name, folder in sides},
