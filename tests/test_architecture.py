@@ -18,7 +18,10 @@ LAYERS = [
                     "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters"]),
     ("models", ["models", "inputs"]),
     ("recipe", ["quantization.spec", "recipe"]),
-    ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "executorch_llm", "plan"]),
+    # What every plan family shares (the Plan data, dynamic shapes, what the engine traces), below the families.
+    ("plan parts", ["plan.model", "plan.shapes", "plan.tracing"]),
+    ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "executorch_llm",
+              "plan"]),
     ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxscript",
                    "workarounds.openvino", "onnx_contract", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
                    "exported", "export", "rebind"]),

@@ -23,7 +23,8 @@ from hfexport.exported import ExportedModel
 from hfexport.workarounds.transformers_models import modeling_fixes
 from hfexport.workarounds.onnxscript import onnx_fixes
 from hfexport.models import load_model, load_processor
-from hfexport.plan import _engine_config, build_plan
+from hfexport.plan import build_plan
+from hfexport.plan.tracing import _engine_config
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
 

@@ -1,0 +1,51 @@
+"""`build_plan`: a recipe target resolved against one concrete model. Pure data in, engine objects out; nothing
+traced. Mode `forward` is one `"model"` component here; mode `generation` is planned in `plan.generation`."""
+
+from __future__ import annotations
+
+from hfexport.engine import register_cache_pytrees
+from hfexport.inputs import build_sample_inputs
+from hfexport.models import infer_task
+from hfexport.plan.generation import _plan_generation
+from hfexport.plan.model import ComponentPlan, Plan
+from hfexport.plan.shapes import _AxisResolver, _describe_shape, _resolve_shapes, build_dims
+from hfexport.plan.tracing import _engine_config, _prepared, preparer_record
+from hfexport.quantization.quantizer import attach
+from hfexport.recipe.model import Recipe
+
+
+def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
+               source=None, revision: str | None = None, token: str | None = None) -> Plan:
+    """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
+    target = recipe.target(target_name)
+    task = recipe.task or infer_task(model.config)
+    if inputs is None:
+        inputs = build_sample_inputs(recipe, processor, model.config, task, target.mode)
+    dims = build_dims(recipe)
+    register_cache_pytrees(model)
+    single_graph = target.single_graph
+    if target.single_graph_by_default and getattr(model.config, "is_encoder_decoder", False):
+        single_graph = False  # the default single graph is for decoder-only models
+    multi_token_decode = single_graph or bool(target.generation.get("multi_token_decode", False))
+
+    if target.mode == "forward":
+        base = f"targets.{target.name}.dynamic_shapes"
+        shapes = target.dynamic_shapes
+        prepared = _prepared(model, inputs)
+        resolver = _AxisResolver(recipe, dims, "model", generation=False)
+        dynamic_shapes, described = (
+            _resolve_shapes(resolver, shapes, {}, prepared, base, strict_keys=True) if shapes is not None else (None, None)
+        )
+        config = _engine_config(target, target.options, dynamic_shapes)
+        components = {"model": ComponentPlan(
+            "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
+            preparer_record(inputs, prepared),
+        )}
+        plan = Plan(recipe, target, task, dict(inputs), components, None, multi_token_decode, dims)
+    else:
+        plan = _plan_generation(recipe, target, task, model, inputs, dims, single_graph, multi_token_decode)
+    if target.quantization:
+        # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
+        plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,
+                                   revision, token)
+    return plan

@@ -1,0 +1,136 @@
+"""Generation planning shared by every family: the engine's split of `generate` into components (plus hfexport's
+own), each planned with its engine config and traced shapes; the family modules add what theirs needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hfexport.engine import traced_cache_layout
+from hfexport.errors import PlanError
+from hfexport.executorch_llm import max_context
+from hfexport.plan.decoder import _check_single_graph, _generation_config, _llm_runner_plan, _single_graph_fits
+from hfexport.plan.model import ComponentPlan, Plan
+from hfexport.plan.seq2seq import _check_default_layout, _encoder_capture, _seq2seq_trace_inputs, _with_encoder
+from hfexport.plan.shapes import (
+    _AxisResolver, _default_generation_shapes, _describe_shape, _resolve_shapes, _varying_sizes,
+)
+from hfexport.plan.state_space import _exports_decode_alone
+from hfexport.plan.tracing import _engine_config, _prepared, preparer_record
+from hfexport.plan.vision_language import EMBED, IMAGE_ENCODER, _image_features_capture, _image_stages
+from hfexport.recipe.model import Recipe, Target
+
+OWN_COMPONENTS = ("encoder", IMAGE_ENCODER, EMBED)  # exported by hfexport itself, not by export_for_generation
+
+
+def generation_stages(model, inputs: dict, generation_config=None, multi_token_decode: bool = False) -> dict:
+    """The engine's `decompose_for_generation`, plus a VLM's `image_encoder` and `embed` (plan.vision_language),
+    first."""
+    from transformers.exporters.utils import decompose_for_generation
+
+    with _image_features_capture(model) as image_calls:
+        stages = decompose_for_generation(model, inputs, generation_config=generation_config,
+                                          multi_token_decode=multi_token_decode)
+    if image_calls and IMAGE_ENCODER not in stages:
+        stages = {**_image_stages(model, inputs, image_calls[0], stages), **stages}
+    return stages
+
+
+def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: dict, dims: dict[str, Any],
+                     single_graph: bool, multi_token_decode: bool) -> Plan:
+    """Target `target` (mode `generation`) resolved against `model`: its components, then the plan."""
+    base = f"targets.{target.name}.dynamic_shapes"
+    shapes = target.dynamic_shapes
+    components: dict[str, ComponentPlan] = {}
+    generation_config = _generation_config(model, target)
+    seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+    if seq2seq:
+        _check_default_layout(target, generation_config, multi_token_decode)
+    default_graph = single_graph and target.single_graph_by_default
+    stages = None
+    try:
+        # The cache layout the export's capture and trace use (hfexport.engine.traced_cache_layout: a sliding
+        # window layer holds every token), so the shapes planned here are those of the traced samples.
+        with _encoder_capture(model if seq2seq else None) as encoder_calls, traced_cache_layout():
+            stages = generation_stages(
+                model, _seq2seq_trace_inputs(model, inputs) if seq2seq else dict(inputs),
+                generation_config=generation_config, multi_token_decode=multi_token_decode
+            )
+    except PlanError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the engine's own message, one line
+        if not default_graph:
+            raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
+                            f"{error}") from None
+    if default_graph and (stages is None or not _single_graph_fits(stages)):
+        # the ONNX/OpenVINO default (one graph) on a model without a plain prefill/decode over attention: its own layout
+        single_graph = multi_token_decode = False
+        try:
+            with traced_cache_layout():
+                stages = generation_stages(model, dict(inputs), generation_config=generation_config)
+        except Exception as error:  # noqa: BLE001 - the engine's own message, one line
+            raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
+                            f"{error}") from None
+    sizes = _varying_sizes(stages)
+    by_decode = _exports_decode_alone(model, str(target.export_format), stages)
+    if single_graph:
+        _check_single_graph(target.name, stages)
+        stages = {"decode": stages["decode"]}
+    elif by_decode:
+        stages = {"decode": stages["decode"]}  # a state-space decode alone (hfexport.plan.state_space)
+    if seq2seq:
+        stages = _with_encoder(target, model, stages, encoder_calls)
+    unknown_overrides = [name for name in target.components if name not in stages]
+    if unknown_overrides:
+        raise PlanError(
+            f"targets.{target.name}.components: no component {', '.join(map(repr, unknown_overrides))}; "
+            f"this model's components are: {', '.join(stages)}"
+        )
+    seen_keys: set[str] = set()
+    for name, (submodel, subinputs) in stages.items():
+        override = target.components.get(name, {})
+        prepared = _prepared(submodel, subinputs)
+        seen_keys.update(prepared)
+        options = {**target.options, **override.get("options", {})}
+        if str(target.export_format) == "openvino" and (generation_config is not None or seq2seq or by_decode):
+            # Keep the cache in the decode's inputs and outputs (OpenVINO `stateful=False`) unless the recipe asks
+            # otherwise, for three reasons:
+            # - a StaticCache (transformers 5.23): `stateful=True` folds its 0-d `cumulative_length` into a
+            #   constant (the traced write position), so every decode step writes the same cache slot;
+            # - an encoder-decoder (transformers 5.23): the stateful transformation pins every state axis that
+            #   the decode passes through unchanged to its sample length (`_state_init_dims`), which for the
+            #   cross-attention cache is the encoder's length: the decode then only takes prompts of the sample's
+            #   length ("Can not clone with new dims ... {0 - ?, 4, 27, 8}");
+            # - a state-space decode that runs the prompt (`by_decode`): left padding zeroes a row's state
+            #   between the prompt's steps (hfexport.generate), which needs the state in the inputs and outputs.
+            options.setdefault("stateful", False)
+        component_shapes = override.get("dynamic_shapes", {})
+        if shapes is None and not component_shapes:
+            dynamic_shapes, described = _default_generation_shapes(prepared, sizes)
+        else:
+            resolver = _AxisResolver(recipe, dims, name, generation=True)
+            dynamic_shapes, described = _resolve_shapes(
+                resolver, {k: v for k, v in (shapes or {}).items() if k in prepared}, component_shapes,
+                prepared, f"targets.{target.name}.components.{name}.dynamic_shapes"
+                if component_shapes else base, strict_keys=bool(component_shapes),
+            )
+        config = _engine_config(target, options, dynamic_shapes)
+        components[name] = ComponentPlan(name, config, {k: _describe_shape(v) for k, v in prepared.items()}, described,
+                                         preparer_record(subinputs, prepared))
+    unknown = [key for key in (shapes or {}) if key not in seen_keys]
+    if unknown:
+        raise PlanError(
+            f"{base}: no component takes {', '.join(map(repr, unknown))}; inputs are: {', '.join(sorted(seen_keys))}"
+        )
+    llm_runner = _llm_runner_plan(target, model, stages, components, seq2seq or by_decode)
+    if llm_runner is not None:
+        components = {"model": llm_runner}
+    plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
+    if llm_runner is not None:
+        plan.llm_runner = max_context(model, target.generation)
+    plan.prefill_by_decode, plan.single_graph = by_decode, single_graph
+    # Without a prefill the decode is exported as hfexport's own (the engine's export_for_generation traces both).
+    own = (*OWN_COMPONENTS, "decode") if by_decode or single_graph else OWN_COMPONENTS
+    plan.own_components = {name: stages[name] for name in own if name in stages}
+    if "encoder" in stages:
+        plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)
+    return plan
