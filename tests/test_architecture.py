@@ -22,6 +22,8 @@ LAYERS = [
     ("plan parts", ["plan.model", "plan.shapes", "plan.tracing"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "executorch_llm",
               "plan"]),
+    # The generation loop every family shares (generate/options, generate/loop), below the family modules.
+    ("generation loop", ["generate.options", "generate.loop"]),
     ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxscript",
                    "workarounds.openvino", "onnx_contract", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
                    "exported", "export", "rebind"]),

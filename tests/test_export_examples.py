@@ -127,7 +127,7 @@ def test_llama_target_runs_at_other_shapes(exported_llama, eager, target):
                 # A stateful OpenVINO decode starts from its variables' zero-length init; its logits are read by
                 # port (transformers 5.23's runner cannot unflatten its outputs: test_generate.py)
                 from hfexport.engine import openvino_request
-                from hfexport.generate import _stateful_logits
+                from hfexport.generate.loop import _stateful_logits
 
                 openvino_request(decode).reset_state()
                 actual = _stateful_logits(decode, {**inputs, "position_ids": position_ids})

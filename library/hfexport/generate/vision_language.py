@@ -1,0 +1,102 @@
+"""Generation of a vision-language model: hfexport's `image_encoder` and `embed` turn the prompt's images and
+tokens into `inputs_embeds`, the engine's `language_model` and `lm_head` run the prompt, its `decode` the rest (the
+components `hfexport.plan.vision_language` exports)."""
+
+from __future__ import annotations
+
+import torch
+
+from hfexport.errors import GenerationError
+from hfexport.generate.loop import CACHE, PREFILL, _Session, as_traced
+
+# hfexport's `image_encoder` (a prompt's images -> image features) and `embed` (input_ids + image features ->
+# inputs_embeds), then the engine's `language_model` (inputs_embeds -> hidden states + cache) and `lm_head` for the
+# prefill, and its `decode`.
+IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD = "image_encoder", "embed", "language_model", "lm_head"
+_LANGUAGE_MODEL_INPUTS = {"inputs_embeds", "attention_mask", "position_ids", CACHE}
+
+
+def _is_vision_language(components: dict, decode: str) -> bool:
+    """Whether an export is a VLM's (it has `embed` or `language_model`); refuses one that lacks a component."""
+    if EMBED not in components and LANGUAGE_MODEL not in components:
+        return False
+    missing = [name for name in (IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD, decode) if name not in components]
+    if missing:
+        raise GenerationError(
+            f"a vision-language generation export needs `image_encoder`, `embed`, `language_model`, `lm_head` and "
+            f"`decode`; this one lacks {missing} (has {list(components)}): re-export it with hfexport, whose "
+            "mode `generation` exports the image encoder and the embedding merge beside the engine's components")
+    return True
+
+
+class _VisionLanguageSession(_Session):
+    """A VLM's generation: the prefill is `language_model` on the prompt's embeddings, then `lm_head`."""
+
+    def __init__(self, exported, layout, batch: int, inputs_embeds: torch.Tensor):
+        self.inputs_embeds = inputs_embeds  # the prompt's embeddings, image features merged in (the prefill's input)
+        super().__init__(exported, layout, batch)
+
+    def _tokens(self, name: str, device, input_ids) -> dict:
+        if name == PREFILL:
+            return {"inputs_embeds": self.inputs_embeds.to(device)}
+        return super()._tokens(name, device, input_ids)
+
+    def _logits(self, name: str, outputs) -> torch.Tensor:
+        if name == PREFILL:
+            return _lm_head_logits(self.exported, outputs.last_hidden_state).cpu()
+        return super()._logits(name, outputs)
+
+
+def image_input_names(exported) -> list[str]:
+    """The inputs a VLM export's `image_encoder` takes (`pixel_values`, ...); none for other exports."""
+    components = getattr(exported, "components", {})
+    if IMAGE_ENCODER not in components:
+        return []
+    return list(components[IMAGE_ENCODER].metadata.kwargs)
+
+
+def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.Tensor:
+    """A VLM prompt's `inputs_embeds`: the `image_encoder` on each prompt's images in turn (it is traced on one
+    prompt's images, see `hfexport.plan.vision_language._image_stages`), their features concatenated in order, then
+    `embed`, which scatters them into the token embeddings at the image tokens. Both are exported graphs: no torch
+    model runs."""
+    names = image_input_names(exported)
+    missing = [name for name in names if name not in images]
+    if missing:
+        raise GenerationError(f"this vision-language export generates from images: pass {missing} (the processor's "
+                              f"outputs) with the prompts; it got {sorted(images) or 'none'}")
+    images = {name: torch.as_tensor(images[name]) for name in names}
+    counts = {int(value.shape[0]) for value in images.values()}
+    if len(counts) != 1:
+        raise GenerationError(f"the image inputs {names} differ in their first axis: "
+                              f"{', '.join(f'{k}: {list(v.shape)}' for k, v in images.items())}")
+    encoder = exported.runners[IMAGE_ENCODER]
+    traced = int(encoder.metadata.kwargs[names[0]]["shape"][0])
+    count = counts.pop()
+    step = traced if traced > 1 and count % traced == 0 else 1
+    features = []
+    for first in range(0, count, step):
+        out = encoder(**as_traced(encoder, {name: value[first : first + step].to(encoder.device)
+                                            for name, value in images.items()}))
+        features.append(_only_tensor(out).cpu())
+    features = torch.cat(features)
+    embed = exported.runners[EMBED]
+    return _only_tensor(embed(input_ids=input_ids.to(embed.device),
+                              image_features=features.to(embed.device))).cpu()
+
+
+def _lm_head_logits(exported, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The `lm_head` component on the language model's hidden states (its one input is named as traced)."""
+    runner = exported.runners[LM_HEAD]
+    (name,) = runner.metadata.kwargs
+    return _only_tensor(runner(**{name: hidden_states.to(runner.device)}))
+
+
+def _only_tensor(outputs) -> torch.Tensor:
+    """A component's one output tensor (a runner returns it as traced: a tensor, or a tuple/output of one)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    values = list(outputs.values()) if hasattr(outputs, "values") else list(outputs)
+    if len(values) != 1 or not isinstance(values[0], torch.Tensor):
+        raise GenerationError(f"expected one output tensor, got {type(outputs).__name__}")
+    return values[0]
