@@ -62,8 +62,8 @@ WORKAROUNDS = (
         works_around="without CUDA kernels Mamba's selective scan is a Python loop that torch.export unrolls, "
                      "specializing the sequence length; run as torch's scan on dynamo and ONNX",
         module="workarounds.transformers_models",
-        applied="export._format_fixes around torch.export and ONNX exports of Mamba (modeling_fixes); plan reads "
-                "prefill_by_decode where it cannot apply",
+        applied="export._format_fixes around torch.export and ONNX exports of Mamba (modeling_fixes); plan.state_space "
+                "reads prefill_by_decode where it cannot apply",
         canary="tests/test_modeling_fixes.py::test_without_the_fix_the_export_specializes_the_sequence"),
     Workaround(
         name="transformers-sliding-window-trace",
