@@ -1,24 +1,15 @@
-"""`model.generate` over exported prefill/decode graphs, without the torch model: greedy search and sampling.
+"""`model.generate` over exported graphs, without the torch model: greedy search and sampling, on any format.
 
-`generate(exported, input_ids, ...)` runs the `prefill` component on the prompt, then the `decode` component
-one token at a time, carrying the KV cache between calls the way `model.generate` does: a `DynamicCache` that
-grows, or a fixed-size `StaticCache` (a `generation.cache_implementation: "static"` target) fed a 4D mask built
-here. It works the same over all four formats because every backend's runner takes the traced forward's kwargs
-and returns what the model returns; the one backend difference is OpenVINO's stateful decode, which keeps the
-cache inside its infer request: it is seeded from the prefill's cache and then left to carry itself.
+`generate(exported, input_ids, ...)` runs the prompt through the export's prefill, then its decode one token at a
+time, carrying the cache between calls the way `model.generate` does, with transformers' own generation config,
+logits processors, stopping criteria, streamers and random draws (so a seeded sampling run gives its tokens).
+`verify_generation` compares it token for token with `model.generate(do_sample=False)`: the parity check of
+generation targets.
 
-The options are transformers' own: a `GenerationConfig` resolved as `model.generate` resolves it
-(`resolve_generation_config`), the `LogitsProcessorList` and `StoppingCriteriaList` it implies, built from
-transformers' public classes (`build_logits_processor`, `build_stopping_criteria`), streamers, and the token choice
-and random draws of transformers 5.23's `_sample`, so a seeded sampling run gives `model.generate`'s tokens.
-
-`verify_generation(exported, model, inputs, max_new_tokens)` compares it token for token with
-`model.generate(do_sample=False)`: the parity check of generation targets.
-
-Modules: `options` (the generation config, processors and stopping criteria), `loop` (the `_sample` loop and the
-session that carries the cache), and one module per family: `decoder` (decoder-only text, static caches, single
-graphs, ExecuTorch's LLM program), `seq2seq` (encoder-decoders and Whisper), `vision_language`, `state_space`
-(Mamba). This module reads which family an export is and hands the call to it.
+This module reads which family an export is and hands the call to its module: `decoder` (decoder-only text: dynamic
+and static caches, single graphs, ExecuTorch's LLM program), `seq2seq` (encoder-decoders, Whisper),
+`vision_language`, `state_space` (Mamba); they share `loop` (the `_sample` loop, the session that carries the cache)
+and `options` (the generation config, processors and stopping criteria).
 """
 
 from __future__ import annotations
