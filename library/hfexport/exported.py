@@ -20,6 +20,7 @@ from hfexport.executorch_llm import load_program as load_executorch  # a .pte wi
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
+    PublishError,
     SourceError,
     UnsafeExportError,
     first_line,
@@ -110,13 +111,19 @@ class ExportedModel(_EngineExportedModel):
         copy_returned_inputs(self.runners)
         return self
 
-    def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs):
+    def save_pretrained(self, save_directory, *args, tokenizer=None, push_to_hub=False, **kwargs):
         """The engine's `save_pretrained`; a decoder-only generation export is then put in its runtimes' contract:
         ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.onnx_contract`)
         for transformers.js, optimum and onnxruntime-genai; an ONNX encoder-decoder (encoder, prefill, decode) as
         `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.onnx_seq2seq`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
         `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
-        for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files."""
+        for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files.
+
+        `push_to_hub=True` uploads once every file is written (`repo_id`, `commit_message`, `token`, `private` as the
+        engine takes them): the engine's own upload runs before the files written here (the `.ptd`, the runtimes'
+        layout) exist, so it would publish an export its loaders cannot open."""
+        if push_to_hub:
+            return self._save_and_push(Path(save_directory), *args, tokenizer=tokenizer, **kwargs)
         export_format = str(getattr(self.export_format, "value", self.export_format))
         if export_format == "executorch":  # each program's weights in its .ptd (an LLM runner program's model.ptd too)
             result = self._save_executorch(save_directory, *args, **kwargs)
@@ -129,6 +136,21 @@ class ExportedModel(_EngineExportedModel):
             save_tokenizer(Path(save_directory), tokenizer)  # ExecuTorch's LLM runner reads tokenizer.json beside it
         finish_runtime_layout(save_directory, tokenizer)
         return result
+
+    def _save_and_push(self, directory: Path, *args, tokenizer=None, commit_message=None, repo_id=None, **hub_kwargs):
+        """Save everything, then upload the files that changed, as the engine's `push_to_hub` does."""
+        from huggingface_hub import HfApi
+
+        directory.mkdir(parents=True, exist_ok=True)
+        timestamps = self._get_files_timestamps(directory)
+        self.save_pretrained(directory, *args, tokenizer=tokenizer)
+        token = hub_kwargs.get("token")
+        try:
+            repo_id = HfApi().create_repo(repo_id or directory.name, exist_ok=True, **hub_kwargs).repo_id
+            self._upload_modified_files(directory, repo_id, timestamps, commit_message=commit_message, token=token)
+        except Exception as error:  # noqa: BLE001 - huggingface_hub's errors, as one readable message
+            raise hub_error(error, repo_id or directory.name, "uploading the export", token=token,
+                            error_class=PublishError) from None
 
     def _save_executorch(self, save_directory, *args, **kwargs):
         """The engine's `save_pretrained` with each program's weights in its own `.ptd` beside the `.pte`
