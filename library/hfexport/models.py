@@ -154,12 +154,17 @@ def load_model(name_or_path: str | Path, recipe=None, revision: str | None = Non
 
 
 def load_processor(name_or_path: str | Path, revision: str | None = None, token: str | None = None):
-    """The repo's processor or tokenizer (None when it has neither): it turns sample texts/images into inputs."""
+    """The repo's processor or tokenizer (None when it has neither): it turns sample texts/images into inputs.
+
+    A processor that needs a package this environment lacks is an error naming it: falling back to the tokenizer
+    would turn a vision or audio model's samples into text alone and fail later with a message about shapes."""
     from transformers import AutoProcessor, AutoTokenizer
 
     for loader in (AutoProcessor, AutoTokenizer):
         try:
             return loader.from_pretrained(str(name_or_path), revision=revision, token=token)
+        except ImportError as error:
+            raise SourceError(f"cannot load the processor of {name_or_path}: {first_line(error)}") from None
         except Exception:  # noqa: BLE001 - a repo without a processor is normal; the next loader or None
             continue
     return None
