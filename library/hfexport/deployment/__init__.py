@@ -84,8 +84,8 @@ def token_agreement(expected: list[list[int]], got: list[list[int]]) -> float:
 def judge_tokens(runtime: str, request: GenerationRequest, expected: list[list[int]], got: list[list[int]],
                  **fields) -> RuntimeCheck:
     """A runtime's new tokens against `model.generate`'s, the way the gate judges the target itself: token for token
-    (`compare_tokens`) for a float32 target; for a quantized one (`request.min_token_agreement` < 1, the target's
-    `hfexport.verify.thresholds.resolve`), passed when the token agreement reaches that floor."""
+    (`compare_tokens`) for a float32 target; for a quantized or float16 one (`request.min_token_agreement` < 1, the
+    target's `hfexport.verify.thresholds.resolve`), passed when the token agreement reaches that floor."""
     floor = request.min_token_agreement
     if floor >= 1.0:
         return compare_tokens(runtime, expected, got, **fields)
@@ -94,7 +94,7 @@ def judge_tokens(runtime: str, request: GenerationRequest, expected: list[list[i
         return RuntimeCheck(runtime, PASSED, first_difference=difference, **fields)
     return RuntimeCheck(runtime, FAILED, first_difference=difference,
                         reason=f"{agreement:.2f} of the greedy tokens agree with model.generate, below the target's "
-                               f"floor of {floor:g} (quantized: hfexport.verify.thresholds)", **fields)
+                               f"floor of {floor:g} (quantized or float16: hfexport.verify.thresholds)", **fields)
 
 
 #: A `GenerationRequest` token field not generated yet (its `answer` generates it when a runtime first reads it).

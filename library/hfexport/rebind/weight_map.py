@@ -269,7 +269,13 @@ def _compute(record: dict, tensors: dict):
         if "transpose" in part["transform"]:
             tensor = tensor.t()
         if "cast" in part["transform"] and dtype is not None:
-            tensor = tensor.to(dtype)
+            cast = tensor.to(dtype)
+            if dtype == torch.float16 and tensor.is_floating_point() and \
+                    bool((((cast == 0) & (tensor != 0)) | (cast.isinf() & tensor.isfinite())).any()):
+                # onnxruntime's float16 converter (hfexport.onnx_float16) clamps such values, a cast flushes them
+                raise RebindRefused(f"{record['file']}:{record['name']}: {part['keys'][0]} has values float16 "
+                                    "cannot hold (below its smallest subnormal or beyond its largest value)")
+            tensor = cast
         pieces.append(tensor)
     tensor = torch.cat(pieces, dim=record["concat_axis"]) if record["concat_axis"] is not None else pieces[0]
     return _u8(tensor)
