@@ -111,6 +111,7 @@ def test_the_float16_target_is_judged_at_f16_by_hfexport_and_the_three_runtimes(
     assert [(check["runtime"], check["verdict"], check["precision"]) for check in target.runtimes] == [
         ("transformers.js", PASSED, "fp16"), ("optimum", PASSED, "fp16"), ("onnxruntime-genai", PASSED, "fp16")], \
         target.runtimes
+    assert all(0.75 <= check["token_agreement"] <= 1 for check in target.runtimes), target.runtimes
 
 
 def test_hfexports_own_generate_runs_the_float16_files(gated_fp16, fp16_checkpoints):
@@ -206,3 +207,38 @@ def test_the_pull_request_holds_model_fp16_and_transformers_js_opens_it_by_dtype
     assert json.loads(done.stdout.strip().splitlines()[-1])[0]["generated_text"].startswith("hello world")
     downloaded = {path.name for path in (tmp_path / "tjs").rglob("onnx/*")}
     assert {"model_fp16.onnx", "model_fp16.onnx_data"} <= downloaded and "model.onnx" not in downloaded, downloaded
+
+
+@pytest.mark.slow
+def test_smollm2_converted_to_float16_is_gated_in_every_onnx_runtime(smollm2, runtime_env, tmp_path):
+    """SmolLM2-135M-Instruct (stored in float32) with the float16 target, on chat prompts, 16 greedy tokens: hfexport's
+    verification and the three runtimes judged at f16; the agreement each reached is in the report."""
+    from unittest import mock
+
+    from transformers import AutoTokenizer
+
+    from hfexport.job.run import run_job
+
+    model = tmp_path / "smollm2"
+    shutil.copytree(smollm2, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    chat = ["What is the capital of France?", "Write a haiku about the sea."]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True) for text in chat]
+    recipe = {"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": prompts},
+              "targets": {FP16: {"export_format": "onnx", "mode": "generation", "dtype": "float16",
+                                 "parity": {"generate": {"max_new_tokens": 16}}}}}
+    (model / "export_config.json").write_text(json.dumps(recipe, indent=2))
+    (model / ".complete").unlink(missing_ok=True)
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(model, tmp_path / "out", latency=False)
+    target = report.targets[FP16]
+    assert target.status == "ok", target.error
+    generation = target.verification["generation"]
+    figures = {"hfexport": generation["token_agreement"],
+               **{check["runtime"]: (check.get("token_agreement"), check.get("first_difference"))
+                  for check in target.runtimes}}
+    print("SmolLM2 float16 token agreement:", json.dumps(figures))
+    assert [(check["runtime"], check["verdict"], check["precision"]) for check in target.runtimes] == [
+        ("transformers.js", PASSED, "fp16"), ("optimum", PASSED, "fp16"), ("onnxruntime-genai", PASSED, "fp16")], \
+        figures

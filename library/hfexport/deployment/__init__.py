@@ -35,6 +35,7 @@ class RuntimeCheck:
     first_difference: dict | None = None  # {"prompt", "position", "expected", "got"} when tokens differ
     batch_sizes: list[int] | None = None  # the batch sizes it generated at (1, and a left-padded batch where it batches)
     precision: str | None = None  # what the runtime computed at, read back where it says (f32, bf16, ...)
+    token_agreement: float | None = None  # judged by an agreement floor (quantized, float16): the share that agreed
     seconds: float | None = None
 
     def to_dict(self) -> dict:
@@ -90,6 +91,7 @@ def judge_tokens(runtime: str, request: GenerationRequest, expected: list[list[i
     if floor >= 1.0:
         return compare_tokens(runtime, expected, got, **fields)
     agreement, difference = token_agreement(expected, got), first_difference(expected, got)
+    fields.setdefault("token_agreement", round(agreement, 4))
     if agreement >= floor:
         return RuntimeCheck(runtime, PASSED, first_difference=difference, **fields)
     return RuntimeCheck(runtime, FAILED, first_difference=difference,
