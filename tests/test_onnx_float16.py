@@ -50,6 +50,22 @@ def test_the_recipes_dtype_takes_float16_on_onnx_targets_only():
         assert path in message and words in message, message
 
 
+def test_only_a_float32_graph_is_converted(tmp_path):
+    """A bfloat16 checkpoint's graph is refused with the dtype named (onnxruntime's converter takes float32); a float16
+    one is left as it is (nothing to convert)."""
+    from hfexport.onnx_float16 import Float16Error, convert
+
+    manifest = {"export_format": "onnx", "components": {"decode": {"file": "model.onnx",
+                                                                    "metadata": {"export_dtype": "bfloat16"}}}}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(Float16Error, match="float16 converts a float32 graph; component 'decode' was exported at "
+                                           "bfloat16"):
+        convert(tmp_path)
+    manifest["components"]["decode"]["metadata"]["export_dtype"] = "float16"
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert convert(tmp_path) is False
+
+
 @pytest.fixture(scope="session")
 def fp16_checkpoints(session_dir, tiny_llama):
     """(old, new): two trained-looking tiny-llama checkpoints whose recipe has the float16 target."""
