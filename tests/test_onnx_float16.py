@@ -66,6 +66,22 @@ def test_only_a_float32_graph_is_converted(tmp_path):
     assert convert(tmp_path) is False
 
 
+def test_the_weight_maps_clamped_cast_is_onnxruntimes_float16_conversion():
+    """`cast_clamped` writes the bytes onnxruntime's converter writes, at the edges where a plain cast differs."""
+    import numpy
+    import torch
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+
+    from hfexport.rebind.weight_map import clamped_float16
+
+    values = numpy.array([0.0, -0.0, 1e-9, -1e-9, 2.0 ** -25, 3e-8, 5.9e-8, 6e-8, 1e-5, 0.1, -0.3, 65504.0, 65519.0,
+                          70000.0, -1e6, 3.4e38, float("inf"), float("-inf")], dtype=numpy.float32)
+    expected = convert_np_to_float16(values)
+    got = clamped_float16(torch.from_numpy(values)).numpy()
+    assert got.tobytes() == expected.tobytes(), (got, expected)
+    assert torch.from_numpy(values).to(torch.float16).numpy().tobytes() != expected.tobytes()  # a cast would not
+
+
 @pytest.fixture(scope="session")
 def fp16_checkpoints(session_dir, tiny_llama):
     """(old, new): two trained-looking tiny-llama checkpoints whose recipe has the float16 target."""
@@ -109,11 +125,12 @@ def test_the_float32_graph_is_converted_to_float16_and_recorded_so(gated_fp16):
     half = onnx.TensorProto.FLOAT16
     assert types["logits"] == types["past_key_values.0.key"] == types["present.0.value"] == half, types
     assert types["input_ids"] == onnx.TensorProto.INT64
-    # the weight map was made from the float16 files: every weight held, as a cast of its float32 parameter
+    # the weight map was made from the float16 files: every weight held, as onnxruntime's clamped cast of its float32
+    # parameter
     weight_map = manifest["weight_map"]
     assert not weight_map["degenerate"] and not weight_map["uncovered"] and not weight_map["unmapped"]
     weights = [entry for entry in weight_map["tensors"] if entry["dtype"] == "float16"]
-    assert weights and all("cast" in part["transform"] for entry in weights for part in entry["parts"])
+    assert weights and all("cast_clamped" in part["transform"] for entry in weights for part in entry["parts"])
 
 
 def test_the_float16_target_is_judged_at_f16_by_hfexport_and_the_three_runtimes(gated_fp16):
