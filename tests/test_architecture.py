@@ -20,7 +20,7 @@ LAYERS = [
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "executorch_llm", "plan"]),
     ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxscript",
-                   "workarounds.openvino", "onnx_contract", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
+                   "workarounds.openvino", "onnx_contract", "onnx_float16", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
                    "exported", "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),
@@ -192,6 +192,8 @@ def test_parity_doc_table_matches_the_thresholds_module():
         "a float32 graph that the runtime runs at **bf16** (OpenVINO; see below)":
             row(default_tolerance("openvino", precision="bf16")),
         "a float32 graph that the runtime runs at **f16** (OpenVINO)": row(default_tolerance("openvino", precision="f16")),
+        "an ONNX target converted to float16 (`dtype`) from a float32 model":
+            row(default_tolerance("onnx", "float16", precision="f16")),
     }
     for fmt in ("openvino", "executorch"):
         assert default_tolerance(fmt) == default_tolerance("onnx")

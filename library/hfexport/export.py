@@ -246,4 +246,6 @@ def run_plan(plan, model) -> ExportedModel:
             import copy
 
             exported.generation_config = copy.deepcopy(model.generation_config)
-    return ExportedModel.from_engine(exported)
+    result = ExportedModel.from_engine(exported)
+    result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.onnx_float16)
+    return result

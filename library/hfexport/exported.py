@@ -31,7 +31,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
-from hfexport import onnx_seq2seq
+from hfexport import onnx_float16, onnx_seq2seq
 from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.workarounds.openvino import copy_returned_inputs
@@ -57,7 +57,13 @@ from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
 
 
 class ExportedModel(_EngineExportedModel):
-    """The engine's `ExportedModel`, returned by every hfexport export."""
+    """The engine's `ExportedModel`, returned by every hfexport export.
+
+    `save_dtype`: the dtype its ONNX graphs are converted to when saved (the recipe target's `dtype`, "float16":
+    `hfexport.onnx_float16`); None keeps the exported dtype. The graphs in memory stay as exported; the saved files,
+    and what `load` reads back, are float16."""
+
+    save_dtype: str | None = None
 
     @classmethod
     def from_engine(cls, exported: _EngineExportedModel) -> ExportedModel:
@@ -130,6 +136,8 @@ class ExportedModel(_EngineExportedModel):
         else:
             result = super().save_pretrained(save_directory, *args, **kwargs)
         if export_format == "onnx":
+            if self.save_dtype == onnx_float16.FLOAT16:
+                onnx_float16.convert(Path(save_directory))
             to_contract(Path(save_directory))
             onnx_seq2seq.to_contract(Path(save_directory))
         if any(is_llm_program(component.metadata) for component in self.components.values()):
