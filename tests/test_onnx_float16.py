@@ -275,3 +275,18 @@ def test_smollm2_converted_to_float16_is_gated_in_every_onnx_runtime(smollm2, ru
     assert [(check["runtime"], check["verdict"], check["precision"]) for check in target.runtimes] == [
         ("transformers.js", PASSED, "fp16"), ("optimum", PASSED, "fp16"), ("onnxruntime-genai", PASSED, "fp16")], \
         figures
+
+
+def test_an_encoder_decoders_float16_generation_target_is_refused_with_the_field_named(tiny_mbart, tmp_path):
+    """Its two graphs would be converted but published under the float32 names, which its loaders open as float32:
+    the target fails with the recipe field named, nothing is written, and the job goes on."""
+    from hfexport.job.run import run_job
+
+    model = tmp_path / "mbart"
+    shutil.copytree(tiny_mbart, model)
+    (model / "export_config.json").write_text(json.dumps({"task": "text2text-generation", "targets": {
+        FP16: FP16_TARGET}}))
+    report = run_job(model, tmp_path / "out", latency=False)
+    target = report.targets[FP16]
+    assert target.status == "error" and f"targets.{FP16}.dtype" in target.error, target.error
+    assert "decoder-only" in target.error and not (tmp_path / "out" / FP16).exists()

@@ -16,6 +16,7 @@ from typing import Any
 from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
+from hfexport.errors import Problem, RecipeError
 from hfexport.engine import export_backends, exporter_class, traced_cache_layout
 from hfexport.executorch_llm import export as export_llm_program
 from hfexport.workarounds.executorch import executorch_fixes
@@ -210,6 +211,12 @@ def _format_fixes(plan, model):
 
 def run_plan(plan, model) -> ExportedModel:
     """The engine call a plan stands for: `export` for mode forward, `export_for_generation` for generation."""
+    if plan.target.dtype and plan.target.mode == "generation" and getattr(model.config, "is_encoder_decoder", False):
+        # the two graphs of encoder_model.onnx + decoder_model_merged.onnx would be converted but published under the
+        # float32 names, which transformers.js and optimum load as float32: refused rather than published misnamed
+        raise RecipeError(Problem(f"targets.{plan.target.name}.dtype", "float16 is for decoder-only generation and "
+                                  "forward targets: an encoder-decoder's encoder_model.onnx + decoder_model_merged.onnx "
+                                  "have no float16 names in hfexport's layout yet"))
     if plan.llm_runner is not None:
         # ExecuTorch's LLM runner contract: hfexport's own export (the engine cannot add the runner's metadata methods
         # nor hold the cache in the program; hfexport.executorch_llm says why), with the same lowering fixes
