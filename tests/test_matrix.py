@@ -63,11 +63,11 @@ def built_models(tmp_path_factory) -> dict[str, Path]:
 def test_matrix_covers_the_required_families():
     families = {model.family for model in MODELS.values()}
     assert {"BERT", "Llama", "GPT-2", "Qwen2", "Gemma3", "Phi-3", "Mistral", "Mamba", "BART", "T5", "Marian", "mBART",
-            "ViT", "Whisper", "LLaVA", "Idefics3", "LLaVA-NeXT", "Qwen3-ASR"} <= families
+            "ViT", "Whisper", "LLaVA", "Idefics3", "LLaVA-NeXT", "Qwen3-ASR", "PaddleOCR-VL"} <= families
     generative = {name for name, model in MODELS.items() if "generation" in model.modes}
     assert generative == {"tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-gemma3", "tiny-phi3", "tiny-mistral",
                           "tiny-mamba", "tiny-bart", "tiny-t5", "tiny-marian", "tiny-mbart", "tiny-whisper",
-                          "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next"}
+                          "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-paddleocr-vl"}
     cells = all_cells()
     assert len(cells) == 4 * sum(len(model.modes) for model in MODELS.values())
     assert {cell.export_format for cell in cells} == set(FORMATS)

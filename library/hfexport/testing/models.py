@@ -798,12 +798,15 @@ MODELS: dict[str, TinyModel] = {
                   "64 tokens each); forward shapes static as LLaVA's."),
         TinyModel("tiny-paddleocr-vl", "PaddleOCR-VL", "PaddleOCRVLForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_paddleocr_vl,
-                  "The `grid_thw` family (Qwen2-VL-class vision), PaddleOCR-VL standing in for Qwen2-VL, whose "
-                  "processor needs torchvision (docs/generation.md). transformers 5.23's `grid_thw` export input "
-                  "preparer computes the vision tower's `cu_seqlens`, `max_seqlen`, position ids and position-"
-                  "embedding interpolation indices before tracing, and the engine the text's rope index "
-                  "(`get_rope_index`); both are in the report's `prepared_inputs`. Images one fixed size (32 x 64: "
-                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's."),
+                  "The `grid_thw` family (Qwen2-VL-class vision; Qwen2-VL's processor needs torchvision, which "
+                  "cannot load beside the CPU torch: docs/generation.md). Images one fixed size (32 x 64: "
+                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's. Forward: the "
+                  "engine runs the text's rope index (`get_rope_index`) only on a module that has it, and "
+                  "PaddleOCR-VL keeps it on its base model, so the trace stopped in its `tolist()`; hfexport runs "
+                  "the same preparer on the base model (`workarounds.transformers_models.base_rope_index`), the "
+                  "graph takes `position_ids` [3, batch, seq], recorded in the report's `prepared_inputs`. "
+                  "Generation: the decode takes 3-axis rope positions (`position_ids` [4, batch, 1]), which "
+                  "hfexport's generate (1-axis positions) cannot compute, so the plan refuses it (docs/generation.md)."),
     )
 }
 
