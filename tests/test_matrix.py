@@ -95,6 +95,8 @@ def test_tiny_model_is_a_small_complete_checkpoint(built_models, name):
     for mode in spec.modes:
         inputs = build_sample_inputs(recipe, processor, model.config, recipe.task, mode)
         tensors = {key: value for key, value in inputs.items() if isinstance(value, torch.Tensor)}
+        if "image_grid_thw" in tensors:  # grid_thw family: pixel_values are the images' packed patches
+            assert tensors.pop("pixel_values").shape[0] == int(tensors["image_grid_thw"].prod(-1).sum())
         assert all(value.shape[0] == 2 for value in tensors.values()), {k: v.shape for k, v in tensors.items()}
         with torch.no_grad():
             if mode == "forward":
