@@ -264,3 +264,90 @@ def test_a_grid_thw_generation_is_refused_with_the_reason(tiny_paddleocr_vl):
     with pytest.raises(PlanError, match=r"multi-axis rope positions \(position_ids \[4, 2, 1\]"):
         build_plan(load_recipe(tiny_paddleocr_vl), "dynamo-generation", model,
                    processor=load_processor(tiny_paddleocr_vl))
+
+
+PADDLE_PATCHES = 32  # a 32 x 64 image in 8 x 8 patches: image_grid_thw [1, 4, 8]
+PADDLE_SEQ = {"min": 20, "max": 120}
+
+
+def paddleocr_vl_edge_recipe(height: int = IMAGE_SIZE, width: int = 2 * IMAGE_SIZE) -> dict:
+    """The edge contract on the grid_thw family: batch 1, the text dynamic to `PADDLE_SEQ.max`, the image fixed (its
+    packed patches and grid); the rope `position_ids` the engine's preparer adds follow the text (named as prepared)."""
+    from hfexport.testing.models import PADDLEOCR_VL_PROMPT
+
+    text = {"0": 1, "1": "seq"}
+    return {
+        "recipe_version": 1,
+        "task": "image-text-to-text",
+        "dims": {"seq": PADDLE_SEQ},
+        "sample_inputs": {"text": [f"{PADDLEOCR_VL_PROMPT} Describe the picture in one sentence, please."],
+                          "images": {"count": 1, "height": height, "width": width}},
+        "targets": {"edge": {
+            "export_format": "dynamo", "mode": "forward",
+            "dynamic_shapes": {"input_ids": text, "attention_mask": text, "mm_token_type_ids": text,
+                               "position_ids": {"1": 1, "2": "seq"}, "pixel_values": {"0": PADDLE_PATCHES},
+                               "image_grid_thw": {"0": 1}},
+            "parity": {"probe": {"seq": [40, PADDLE_SEQ["max"]]}},
+        }},
+    }
+
+
+@pytest.fixture(scope="session")
+def paddleocr_vl_edge(session_dir, tiny_paddleocr_vl):
+    from hfexport.job.run import run_job
+
+    folder = _with_recipe(tiny_paddleocr_vl, session_dir / "paddleocr-vl-edge", paddleocr_vl_edge_recipe())
+    output = session_dir / "paddleocr-vl-edge-out"
+    return output, run_job(folder, output, targets=["edge"])
+
+
+def test_a_grid_thw_edge_contract_reaches_the_graph(paddleocr_vl_edge):
+    """Probes grow the text to 40 and 120 tokens around the fixed image (placeholders and their `mm_token_type_ids`
+    kept, the rope positions recomputed per probe by the preparer) and match eager."""
+    import torch
+
+    output, report = paddleocr_vl_edge
+    target = report.targets["edge"]
+    assert target.status == "ok", target.error
+    assert target.verification["passed"], target.verification["failures"]
+    assert {probe["name"] for probe in target.verification["probes"]} >= {"seq=40", f"seq={PADDLE_SEQ['max']}"}
+    program = torch.export.load(str(output / "edge" / "model.pt2"))
+    shapes = {node.name: node.meta["val"].shape for node in program.graph.nodes if node.op == "placeholder"}
+    assert list(shapes["pixel_values"]) == [PADDLE_PATCHES, 3, 8, 8]  # the image: fixed
+    assert list(shapes["image_grid_thw"]) == [1, 3]
+    batch, seq = shapes["input_ids"]
+    assert batch == 1 and isinstance(seq, torch.SymInt)  # the text: dynamic
+    bounds = program.range_constraints[seq.node.expr]
+    assert (int(bounds.lower), int(bounds.upper)) == (PADDLE_SEQ["min"], PADDLE_SEQ["max"])
+    assert shapes["position_ids"][0] == 3 and shapes["position_ids"][2].node.expr == seq.node.expr
+    assert target.prepared_inputs["model"]["position_ids"]["kind"] == "added"
+
+
+def test_a_grid_thw_image_of_another_size_is_refused_naming_the_field(session_dir, tiny_paddleocr_vl):
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    folder = _with_recipe(tiny_paddleocr_vl, session_dir / "paddleocr-vl-mismatch",
+                          paddleocr_vl_edge_recipe(height=2 * IMAGE_SIZE, width=2 * IMAGE_SIZE))
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(folder), "edge", model, processor=load_processor(folder))
+    assert str(refused.value).startswith("targets.edge.dynamic_shapes.")
+    assert f"the recipe pins this axis to {PADDLE_PATCHES}, but the sample input has size" in str(refused.value)
+
+
+def test_a_text_growing_probe_marks_the_turned_placeholders_as_text():
+    """The rope index groups image grids by `mm_token_type_ids`: a tiled placeholder turned into text is text there."""
+    import torch
+
+    from hfexport.verify.probes import keep_image_tokens
+
+    image = 9
+    sample = {"input_ids": torch.tensor([[0, image, image, 5, 6]]), "mm_token_type_ids": torch.tensor([[0, 1, 1, 0, 0]])}
+    grown = {name: torch.cat([value, value[:, :3]], dim=1) for name, value in sample.items()}
+    kept = keep_image_tokens(grown, sample, image)
+    assert kept["input_ids"].tolist() == [[0, image, image, 5, 6, 0, 6, 6]]
+    assert kept["mm_token_type_ids"].tolist() == [[0, 1, 1, 0, 0, 0, 0, 0]]
