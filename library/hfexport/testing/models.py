@@ -135,6 +135,19 @@ def bpe_tokenizer(vocab_size: int = 320, extra_special: tuple[str, ...] = ()):
     )
 
 
+def named_special_tokenizer(tokens: dict[str, str]):
+    """`bpe_tokenizer` with `tokens` as named special tokens (`{"image_token": "<|IMAGE_PLACEHOLDER|>"}`): processors
+    read them as attributes of the tokenizer (`tokenizer.image_token`, `.image_token_id`; saved in
+    tokenizer_config.json)."""
+    from transformers import PreTrainedTokenizerFast
+
+    trained = bpe_tokenizer(extra_special=tuple(tokens.values()))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=tokens,
+    )
+
+
 def wordpiece_tokenizer(vocab_size: int = 256):
     """A BERT-style WordPiece tokenizer trained on CORPUS ([CLS] text [SEP])."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -592,7 +605,6 @@ def build_qwen3_asr(folder: Path) -> None:
     transformers 5.23's Qwen3-ASR export input preparer (`cu_seqlens`, `max_seqlen` computed before tracing)."""
     from transformers import (
         GenerationConfig,
-        PreTrainedTokenizerFast,
         Qwen3ASRConfig,
         Qwen3ASRFeatureExtractor,
         Qwen3ASRForConditionalGeneration,
@@ -601,12 +613,7 @@ def build_qwen3_asr(folder: Path) -> None:
 
     audio_tokens = {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
                     "audio_eos_token": "<|audio_end|>"}
-    trained = bpe_tokenizer(extra_special=tuple(audio_tokens.values()))
-    # The processor reads the audio tokens as named attributes of the tokenizer (saved in tokenizer_config.json).
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        padding_side="left", extra_special_tokens=audio_tokens,
-    )
+    tokenizer = named_special_tokenizer(audio_tokens)
     ids = _special_ids(tokenizer)
     _seeded()
     config = Qwen3ASRConfig(
@@ -662,15 +669,9 @@ def build_paddleocr_vl(folder: Path) -> None:
         PaddleOCRVLForConditionalGeneration,
         PaddleOCRVLImageProcessorPil,
         PaddleOCRVLProcessor,
-        PreTrainedTokenizerFast,
     )
 
-    trained = bpe_tokenizer(extra_special=tuple(PADDLEOCR_VL_TOKENS.values()))
-    # The processor reads `image_token` / `image_token_id` as attributes of the tokenizer (tokenizer_config.json).
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        padding_side="left", extra_special_tokens=PADDLEOCR_VL_TOKENS,
-    )
+    tokenizer = named_special_tokenizer(PADDLEOCR_VL_TOKENS)
     ids = _special_ids(tokenizer)
     token_id = tokenizer.convert_tokens_to_ids
     _seeded()
