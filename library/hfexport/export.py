@@ -21,7 +21,7 @@ from hfexport.engine import export_backends, exporter_class, traced_cache_layout
 from hfexport.executorch_llm import export as export_llm_program
 from hfexport.workarounds.executorch import executorch_fixes
 from hfexport.exported import ExportedModel
-from hfexport.workarounds.transformers_models import modeling_fixes
+from hfexport.workarounds.transformers_models import base_rope_index, modeling_fixes
 from hfexport.workarounds.onnxscript import onnx_fixes
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
@@ -226,7 +226,9 @@ def run_plan(plan, model) -> ExportedModel:
     exporter = AutoHfExporter.from_config(next(iter(plan.components.values())).config)
     with _format_fixes(plan, model):
         if plan.mode == "forward":
-            exported = exporter.export(model, dict(plan.inputs), plan.config)
+            # the rope positions the engine's preparers compute on the base model, where they miss them on the model
+            # (hfexport.workarounds.transformers_models.base_rope_index; the plan's shapes include them)
+            exported = exporter.export(model, base_rope_index(model, dict(plan.inputs)), plan.config)
         else:
             configs = plan.config
             # hfexport's own components (an encoder-decoder's encoder, a VLM's image encoder and embedding merge:

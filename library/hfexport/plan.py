@@ -19,7 +19,7 @@ from hfexport.engine import auto_dynamic_shapes, export_backends, register_cache
 from hfexport.errors import PlanError
 from hfexport.executorch_llm import max_context
 from hfexport.inputs import build_sample_inputs
-from hfexport.workarounds.transformers_models import prefill_by_decode
+from hfexport.workarounds.transformers_models import base_rope_index, prefill_by_decode
 from hfexport.models import infer_task
 from hfexport.quantization.quantizer import attach
 from hfexport.recipe.model import Recipe, Target
@@ -375,7 +375,7 @@ def _prepared(model, inputs: dict) -> dict:
     from transformers.exporters.utils import prepare_for_export
 
     _, prepared, _ = prepare_for_export(model, copy.copy(dict(inputs)))
-    return dict(prepared)
+    return base_rope_index(model, dict(prepared))
 
 
 def traced_inputs(model, inputs: dict) -> dict:
@@ -579,6 +579,15 @@ def _image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
 
     images = {key: value for key, value in call.items() if isinstance(value, torch.Tensor)}
     fixed = {key: value for key, value in call.items() if key not in images and key != "return_dict"}
+    positions = stages.get("decode", (None, {}))[1].get("position_ids")
+    if isinstance(positions, torch.Tensor) and positions.dim() == 3:
+        # Qwen2-VL-class rope (`get_rope_index`): text positions plus (t, h, w) positions laid out on each image's
+        # grid, continued in the decode by the prompt's rope deltas; computing them needs the image grids and the
+        # model's own index, which hfexport's generate (exported graphs only, 1-axis positions) does not have.
+        raise PlanError(f"{type(model).__name__}: its decode takes multi-axis rope positions (position_ids "
+                        f"{list(positions.shape)}: the text position and (t, h, w) positions from the model's "
+                        "get_rope_index over the image grids, shifted by the prompt's rope deltas); hfexport's "
+                        "generate feeds 1-axis positions, so it cannot run this model's generation export")
     if "input_ids" not in inputs or image_token_id(model.config) is None:
         raise PlanError(f"{type(model).__name__}: a vision-language model needs input_ids and an image token id "
                         "(config.image_token_id) to generate from images")

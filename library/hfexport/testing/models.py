@@ -135,6 +135,19 @@ def bpe_tokenizer(vocab_size: int = 320, extra_special: tuple[str, ...] = ()):
     )
 
 
+def named_special_tokenizer(tokens: dict[str, str]):
+    """`bpe_tokenizer` with `tokens` as named special tokens (`{"image_token": "<|IMAGE_PLACEHOLDER|>"}`): processors
+    read them as attributes of the tokenizer (`tokenizer.image_token`, `.image_token_id`; saved in
+    tokenizer_config.json)."""
+    from transformers import PreTrainedTokenizerFast
+
+    trained = bpe_tokenizer(extra_special=tuple(tokens.values()))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=tokens,
+    )
+
+
 def wordpiece_tokenizer(vocab_size: int = 256):
     """A BERT-style WordPiece tokenizer trained on CORPUS ([CLS] text [SEP])."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -592,7 +605,6 @@ def build_qwen3_asr(folder: Path) -> None:
     transformers 5.23's Qwen3-ASR export input preparer (`cu_seqlens`, `max_seqlen` computed before tracing)."""
     from transformers import (
         GenerationConfig,
-        PreTrainedTokenizerFast,
         Qwen3ASRConfig,
         Qwen3ASRFeatureExtractor,
         Qwen3ASRForConditionalGeneration,
@@ -601,12 +613,7 @@ def build_qwen3_asr(folder: Path) -> None:
 
     audio_tokens = {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
                     "audio_eos_token": "<|audio_end|>"}
-    trained = bpe_tokenizer(extra_special=tuple(audio_tokens.values()))
-    # The processor reads the audio tokens as named attributes of the tokenizer (saved in tokenizer_config.json).
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        padding_side="left", extra_special_tokens=audio_tokens,
-    )
+    tokenizer = named_special_tokenizer(audio_tokens)
     ids = _special_ids(tokenizer)
     _seeded()
     config = Qwen3ASRConfig(
@@ -634,6 +641,68 @@ def build_qwen3_asr(folder: Path) -> None:
          "audio": {"count": 2, "seconds": 1.5}},
         dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
         description="Tiny random Qwen3-ASR (chunked conv + windowed-attention audio encoder, Qwen3 text model).",
+    ))
+
+
+# PaddleOCR-VL, the grid_thw family here: the Qwen2-VL-class processors (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V)
+# all carry a video processor, which transformers 5.23 builds only with torchvision, and PyPI's one torchvision for
+# torch 2.13.0 (0.28.0) is a CUDA build that cannot load beside the CPU torch (docs/generation.md). PaddleOCR-VL's
+# processor is image processor + tokenizer (PIL backend), its vision tower is the same `grid_thw` packed-patch NaViT
+# encoder and its text model the same 3-axis (mrope) rope index that transformers' preparers compute.
+PADDLEOCR_VL_TOKENS = {"image_token": "<|IMAGE_PLACEHOLDER|>", "vision_start_token": "<|IMAGE_START|>",
+                       "vision_end_token": "<|IMAGE_END|>"}
+PADDLEOCR_VL_PROMPT = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+# The image contract: one size, 32 x 64 pixels = a 4 x 8 grid of 8 x 8 patches (`image_grid_thw` [1, 4, 8]), merged
+# 2 x 2 into 8 image tokens; the pixel budget (min = max = 32 * 64) keeps any image at that grid.
+PADDLEOCR_VL_IMAGE = {"count": 2, "height": IMAGE_SIZE, "width": 2 * IMAGE_SIZE}
+
+
+def build_paddleocr_vl(folder: Path) -> None:
+    """Tiny PaddleOCR-VL: a NaViT-style vision tower over packed patches (`pixel_values` [patches, 3, 8, 8] with
+    `image_grid_thw`), a 2 x 2 patch-merging projector and an Ernie-4.5-style text model with 3-axis rope. Its
+    vision tower takes `grid_thw`, the marker of transformers 5.23's `grid_thw` export input preparer (`cu_seqlens`,
+    `max_seqlen`, position ids, bilinear position-embedding indices); its outer model has `get_rope_index`, which the
+    engine runs before tracing for the text's rope positions."""
+    from transformers import (
+        GenerationConfig,
+        PaddleOCRVLConfig,
+        PaddleOCRVLForConditionalGeneration,
+        PaddleOCRVLImageProcessorPil,
+        PaddleOCRVLProcessor,
+    )
+
+    tokenizer = named_special_tokenizer(PADDLEOCR_VL_TOKENS)
+    ids = _special_ids(tokenizer)
+    token_id = tokenizer.convert_tokens_to_ids
+    _seeded()
+    config = PaddleOCRVLConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "spatial_merge_size": 2},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                     "max_position_embeddings": 512, "tie_word_embeddings": False, **ids,
+                     # rope over 16 / 2 = 8 frequency pairs, split over (t, h, w) as the real 128-dim [16, 24, 24]
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        image_token_id=token_id(PADDLEOCR_VL_TOKENS["image_token"]), video_token_id=tokenizer.pad_token_id,
+        vision_start_token_id=token_id(PADDLEOCR_VL_TOKENS["vision_start_token"]),
+        vision_end_token_id=token_id(PADDLEOCR_VL_TOKENS["vision_end_token"]),
+        tie_word_embeddings=False, architectures=["PaddleOCRVLForConditionalGeneration"], **ids,
+    )
+    pixels = PADDLEOCR_VL_IMAGE["height"] * PADDLEOCR_VL_IMAGE["width"]
+    image_processor = PaddleOCRVLImageProcessorPil(patch_size=PATCH_SIZE, temporal_patch_size=1, merge_size=2,
+                                                   min_pixels=pixels, max_pixels=pixels)
+    processor = PaddleOCRVLProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    model = PaddleOCRVLForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, LLAVA_FORWARD_SHAPES,
+        {"text": [f"{PADDLEOCR_VL_PROMPT} Describe the picture", f"{PADDLEOCR_VL_PROMPT} The capital of France is"],
+         "images": PADDLEOCR_VL_IMAGE},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random PaddleOCR-VL (NaViT-style vision tower over grid_thw patches, Ernie-4.5-style "
+                    "text model with 3-axis rope; 32 x 64 images, 8 tokens each).",
     ))
 
 
@@ -728,6 +797,17 @@ MODELS: dict[str, TinyModel] = {
                   "processor's `image_sizes` tensor into Python ints before tracing (recorded in the report's "
                   "`prepared_inputs`), so the anyres tiling is static. Images one fixed size (32 x 64: 3 tiles, "
                   "64 tokens each); forward shapes static as LLaVA's."),
+        TinyModel("tiny-paddleocr-vl", "PaddleOCR-VL", "PaddleOCRVLForConditionalGeneration", "image-text-to-text",
+                  DECODER_MODES, build_paddleocr_vl,
+                  "The `grid_thw` family (Qwen2-VL-class vision; Qwen2-VL's processor needs torchvision, which "
+                  "cannot load beside the CPU torch: docs/generation.md). Images one fixed size (32 x 64: "
+                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's. Forward: the "
+                  "engine runs the text's rope index (`get_rope_index`) only on a module that has it, and "
+                  "PaddleOCR-VL keeps it on its base model, so the trace stopped in its `tolist()`; hfexport runs "
+                  "the same preparer on the base model (`workarounds.transformers_models.base_rope_index`), the "
+                  "graph takes `position_ids` [3, batch, seq], recorded in the report's `prepared_inputs`. "
+                  "Generation: the decode takes 3-axis rope positions (`position_ids` [4, batch, 1]), which "
+                  "hfexport's generate (1-axis positions) cannot compute, so the plan refuses it (docs/generation.md)."),
     )
 }
 
