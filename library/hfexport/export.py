@@ -246,4 +246,8 @@ def run_plan(plan, model) -> ExportedModel:
             import copy
 
             exported.generation_config = copy.deepcopy(model.generation_config)
-    return ExportedModel.from_engine(exported)
+    result = ExportedModel.from_engine(exported)
+    # what running the engine's input preparers again needs, per component whose inputs they added to
+    result.input_preparers = {name: component.preparer_context for name, component in plan.components.items()
+                              if component.preparer_context and name in result.components}
+    return result

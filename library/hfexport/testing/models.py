@@ -637,6 +637,103 @@ def build_qwen3_asr(folder: Path) -> None:
     ))
 
 
+# MiniCPM-V 4.6: a NaViT-style packed vision encoder (the `target_sizes` family). The image processor resizes an image
+# to about `scale_resolution`² pixels in whole 4 x 4 patch blocks and packs its patches into one row; `target_sizes`
+# is each image's patch grid, from which transformers 5.23's `target_sizes` export input preparer computes the
+# nearest position ids, the window-attention merger's window index and the packed sequence length.
+MINICPM_V_PATCH = 4
+MINICPM_V_RESOLUTION = 32
+MINICPM_V_IMAGE = {"count": 1, "height": 32, "width": 48}  # one fixed size, resized to 32 x 32: 8 x 8 patches, 4 tokens
+MINICPM_V_TOKENS = {"image_token": "<image>", "video_token": "<video>", "image_start_token": "<im_start>",
+                    "image_end_token": "<im_end>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+                    "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"}
+
+
+def build_minicpm_v(folder: Path) -> None:
+    """Tiny MiniCPM-V 4.6 (`MiniCPMV4_6ForConditionalGeneration`): SigLIP-style vision tower over packed patches, a
+    window-attention merger after its first layer, an MLP merger, a Qwen3 text model. Its forward and
+    `get_image_features` take `target_sizes`, the marker of transformers 5.23's NaViT export input preparer.
+
+    Its processor (`MiniCPMV4_6Processor`: the image processor, a video processor, the tokenizer) cannot be built
+    without torchvision: transformers' processor checks its video processor against `BaseVideoProcessor`, which needs
+    torchvision. The folder holds each part as a real checkpoint does (the PIL image processor, the video processor's
+    config, the tokenizer, `processor_config.json`), so loading it fails here exactly as loading the real repo does."""
+    from transformers import (
+        GenerationConfig,
+        MiniCPMV4_6Config,
+        MiniCPMV4_6ForConditionalGeneration,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
+    from transformers.models.minicpmv4_6.video_processing_minicpmv4_6 import MiniCPMV4_6VideoProcessor
+
+    trained = bpe_tokenizer(extra_special=tuple(MINICPM_V_TOKENS.values()))
+    # The processor reads its placeholder tokens as named attributes of the tokenizer (saved in tokenizer_config.json).
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=MINICPM_V_TOKENS,
+    )
+    ids = _special_ids(tokenizer)
+    _seeded()
+    config = MiniCPMV4_6Config(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 2 * MINICPM_V_RESOLUTION, "patch_size": MINICPM_V_PATCH,
+                       "window_kernel_size": [2, 2]},
+        text_config={"model_type": "qwen3", "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                     "max_position_embeddings": 512, "tie_word_embeddings": False, **ids},
+        insert_layer_id=0, image_token_id=tokenizer.convert_tokens_to_ids(MINICPM_V_TOKENS["image_token"]),
+        video_token_id=tokenizer.convert_tokens_to_ids(MINICPM_V_TOKENS["video_token"]),
+        architectures=["MiniCPMV4_6ForConditionalGeneration"], **ids,
+    )
+    model = MiniCPMV4_6ForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    parts = {"scale_resolution": MINICPM_V_RESOLUTION, "patch_size": MINICPM_V_PATCH, "slice_mode": False}
+    MiniCPMV4_6ImageProcessorPil(**parts, use_image_id=False).save_pretrained(folder)
+    MiniCPMV4_6VideoProcessor(**parts).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "MiniCPMV4_6Processor"}, indent=2)
+                                                  + "\n", encoding="utf-8")
+    # The edge contract: batch 1, the text dynamic up to `seq.max`, the image one fixed size (so its packed patches
+    # and `target_sizes` are fixed too). Generation is probed at batch 1 only: the processor packs every image of a
+    # batch into one row of `pixel_values`, which a batch axis cannot tile (`dims.batch` goes to 2 only because a dim
+    # needs min < max; nothing is probed or traced at 2).
+    recipe = matrix_recipe(
+        "image-text-to-text", DECODER_MODES,
+        {"input_ids": {"0": "static", "1": "seq"}, "attention_mask": {"0": "static", "1": "seq"},
+         "pixel_values": {"0": "static", "3": "static"}, "target_sizes": {"0": "static"}},
+        {"text": ["<image> Describe the picture"], "images": MINICPM_V_IMAGE},
+        dims={"batch": {"min": 1, "max": 2}, "seq": {"min": 8, "max": 128}},
+        description="Tiny random MiniCPM-V 4.6 (NaViT-style packed vision encoder with target_sizes, window-attention "
+                    "merger, Qwen3 text model); one 32 x 48 image, batch 1.",
+    )
+    for target in recipe["targets"].values():
+        if target["mode"] == "generation":
+            target["parity"]["probe"] = {"batch": [1]}
+    _write_recipe(folder, recipe)
+
+
+def minicpm_v_inputs(folder: str | Path, texts: list[str], images: list) -> dict:
+    """tiny-minicpm-v's model inputs for prompts with one image each, made as `MiniCPMV4_6Processor` makes them
+    (which cannot be built here: `build_minicpm_v`): the PIL image processor's packed `pixel_values` and
+    `target_sizes`, each prompt's `<image>` expanded to `<im_start>` + one `<image>` per 16 patches + `<im_end>`
+    (its `replace_image_token` with slices and image ids off), the texts through the tokenizer, left-padded. Batch 1
+    only: the processor packs every image of a batch into one row."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    if len(texts) != 1 or len(images) != 1:
+        raise ValueError("tiny-minicpm-v's inputs are one prompt with one image (the edge contract: batch 1)")
+    tokenizer, image_processor = AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
+    pixels = image_processor(images=images, return_tensors="pt")
+    tokens = int(pixels["target_sizes"].prod(-1)[0]) // 16
+    placeholder = MINICPM_V_TOKENS["image_start_token"] + MINICPM_V_TOKENS["image_token"] * tokens \
+        + MINICPM_V_TOKENS["image_end_token"]
+    text = tokenizer([texts[0].replace(MINICPM_V_TOKENS["image_token"], placeholder, 1)], return_tensors="pt")
+    return {"input_ids": text["input_ids"], "attention_mask": text["attention_mask"],
+            "pixel_values": pixels["pixel_values"], "target_sizes": pixels["target_sizes"]}
+
+
 MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -728,6 +825,16 @@ MODELS: dict[str, TinyModel] = {
                   "processor's `image_sizes` tensor into Python ints before tracing (recorded in the report's "
                   "`prepared_inputs`), so the anyres tiling is static. Images one fixed size (32 x 64: 3 tiles, "
                   "64 tokens each); forward shapes static as LLaVA's."),
+        TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",
+                  DECODER_MODES, build_minicpm_v,
+                  "The `target_sizes` family (NaViT-style packed vision encoders; transformers 5.23's preparer computes "
+                  "the nearest position ids, window index and packed lengths from `target_sizes`). Every cell stops "
+                  "at loading the processor: `MiniCPMV4_6Processor` needs its video processor, and transformers' "
+                  "video processors need torchvision, which this environment does not have (PyPI's torchvision "
+                  "0.28.0 wheel links the CUDA build of torch, `libtorch_cuda.so`, so it cannot load beside torch "
+                  "2.13.0+cpu). Every class this preparer serves (MiniCPM-V 4.6, MiniCPM-V 4.7, MiniCPM-OCR) has "
+                  "the same processor. The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
+                  "fixed 32 x 48 image."),
     )
 }
 
