@@ -48,6 +48,9 @@ class TinyModel:
     modes: tuple[str, ...]
     build: Callable[[Path], None]
     note: str = ""  # what the recipe had to say differently from the defaults, and why (shown in the docs)
+    # A package the model's processor needs that hfexport's environment may lack ("torchvision"): where it is missing,
+    # loading the model's processor is refused with transformers' message, and so is every job on it.
+    processor_needs: str = ""
 
     def targets(self) -> list[str]:
         return [target_name(export_format, mode) for mode in self.modes for export_format in FORMATS]
@@ -704,7 +707,7 @@ def build_minicpm_v(folder: Path) -> None:
         {"input_ids": {"0": "static", "1": "seq"}, "attention_mask": {"0": "static", "1": "seq"},
          "pixel_values": {"0": "static", "3": "static"}, "target_sizes": {"0": "static"}},
         {"text": ["<image> Describe the picture"], "images": MINICPM_V_IMAGE},
-        dims={"batch": {"min": 1, "max": 2}, "seq": {"min": 8, "max": 128}},
+        dims={"batch": {"min": 1, "max": 2}, "seq": {"min": 2, "max": 128}},
         description="Tiny random MiniCPM-V 4.6 (NaViT-style packed vision encoder with target_sizes, window-attention "
                     "merger, Qwen3 text model); one 32 x 48 image, batch 1.",
     )
@@ -834,7 +837,7 @@ MODELS: dict[str, TinyModel] = {
                   "0.28.0 wheel links the CUDA build of torch, `libtorch_cuda.so`, so it cannot load beside torch "
                   "2.13.0+cpu). Every class this preparer serves (MiniCPM-V 4.6, MiniCPM-V 4.7, MiniCPM-OCR) has "
                   "the same processor. The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
-                  "fixed 32 x 48 image."),
+                  "fixed 32 x 48 image.", processor_needs="torchvision"),
     )
 }
 
