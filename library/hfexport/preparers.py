@@ -23,6 +23,10 @@ FILE = "input_preparers.json"
 ATTRIBUTES = ("num_patches_per_side", "window_kernel_size", "spatial_merge_size", "window_size", "patch_size",
               "num_grid_per_side", "n_window", "n_window_infer")
 
+# The attention implementations a recorded component may name (what the preparers read it for: whether flash
+# attention wants `max_seqlen`).
+ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", None)
+
 
 def _attribute(module, name: str):
     """The first value of `name` on `module` or a submodule (where the engine's preparers look for it)."""
@@ -42,9 +46,9 @@ def context(module, added: list[str]) -> dict:
         value = _attribute(module, name)
         if value is not None and _plain(value):
             attributes[name] = list(value) if isinstance(value, tuple) else value
-    config = getattr(module, "config", None)
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
     return {"added": list(added), "attributes": attributes,
-            "attn_implementation": getattr(config, "_attn_implementation", None)}
+            "attn_implementation": implementation if implementation in ATTENTION else None}
 
 
 def prepare(recorded: dict, inputs: dict) -> dict:
@@ -92,6 +96,7 @@ def check(data: Any, label: str) -> dict[str, dict]:
             if name not in ATTRIBUTES or not _plain(value):
                 refuse(f"{where}.attributes.{name}", f"expected one of {', '.join(ATTRIBUTES)} with a number, string "
                                                      "or list of integers")
-        if entry["attn_implementation"] is not None and not isinstance(entry["attn_implementation"], str):
-            refuse(f"{where}.attn_implementation", "expected a string or null")
+        if entry["attn_implementation"] not in ATTENTION:  # a name only: never a kernel repo to fetch
+            refuse(f"{where}.attn_implementation", "expected one of " + ", ".join(
+                name or "null" for name in ATTENTION))
     return data

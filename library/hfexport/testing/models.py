@@ -837,7 +837,11 @@ MODELS: dict[str, TinyModel] = {
                   "0.28.0 wheel links the CUDA build of torch, `libtorch_cuda.so`, so it cannot load beside torch "
                   "2.13.0+cpu). Every class this preparer serves (MiniCPM-V 4.6, MiniCPM-V 4.7, MiniCPM-OCR) has "
                   "the same processor. The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
-                  "fixed 32 x 48 image.", processor_needs="torchvision"),
+                  "fixed 32 x 48 image. Given the processor's inputs made its way (`minicpm_v_inputs`), generation "
+                  "passes on torch.export, ONNX and OpenVINO, token for token on new images from the saved files "
+                  "(the export's `input_preparers.json`; docs/generation.md); ExecuTorch's export stops "
+                  "(GuardOnDataDependentSymNode), and forward is not traceable with the preparer.",
+                  processor_needs="torchvision"),
     )
 }
 
