@@ -88,7 +88,8 @@ def test_init_writes_a_recipe_that_exports_and_verifies(example, request, tmp_pa
 
 MATRIX_MODELS = ["tiny-bert", "tiny-vit", "tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-gemma3", "tiny-phi3",
                  "tiny-mistral", "tiny-mamba", "tiny-bart", "tiny-t5", "tiny-marian", "tiny-mbart", "tiny-whisper",
-                 "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-minicpm-v"]
+                 "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-minicpm-v",
+                 "tiny-qwen2.5-omni"]
 
 
 def test_the_parametrized_list_is_the_whole_matrix():

@@ -69,7 +69,8 @@ def test_matrix_covers_the_required_families():
     generative = {name for name, model in MODELS.items() if "generation" in model.modes}
     assert generative == {"tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-gemma3", "tiny-phi3", "tiny-mistral",
                           "tiny-mamba", "tiny-bart", "tiny-t5", "tiny-marian", "tiny-mbart", "tiny-whisper",
-                          "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-minicpm-v"}
+                          "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-minicpm-v",
+                          "tiny-qwen2.5-omni"}
     cells = all_cells()
     assert len(cells) == 4 * sum(len(model.modes) for model in MODELS.values())
     assert {cell.export_format for cell in cells} == set(FORMATS)

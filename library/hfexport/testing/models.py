@@ -737,6 +737,74 @@ def minicpm_v_inputs(folder: str | Path, texts: list[str], images: list) -> dict
             "pixel_values": pixels["pixel_values"], "target_sizes": pixels["target_sizes"]}
 
 
+QWEN2_5_OMNI_TOKENS = {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>",
+                       "image_token": "<|IMAGE|>", "video_token": "<|VIDEO|>", "vision_bos_token": "<|vision_bos|>",
+                       "vision_eos_token": "<|vision_eos|>"}
+
+
+def build_qwen2_5_omni(folder: Path) -> None:
+    """Tiny Qwen2.5-Omni thinker (`Qwen2_5OmniThinkerForConditionalGeneration`): a chunked audio encoder whose forward
+    takes `input_features` + `feature_lens`, the markers of transformers 5.23's omni-audio export input preparer, a
+    Qwen2.5-VL-style vision encoder and a Qwen2 text model with M-RoPE. Its processor (`Qwen2_5OmniProcessor`: image
+    processor, `Qwen2VLVideoProcessor`, Whisper feature extractor, tokenizer) needs torchvision, so the folder holds its
+    parts as a real checkpoint does (one `preprocessor_config.json` with the image processor's and the feature
+    extractor's keys, `processor_config.json`, the tokenizer) and loading it fails here as loading the real repo does."""
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen2_5OmniThinkerConfig,
+        Qwen2_5OmniThinkerForConditionalGeneration,
+        WhisperFeatureExtractor,
+    )
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    trained = bpe_tokenizer(extra_special=tuple(QWEN2_5_OMNI_TOKENS.values()))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=QWEN2_5_OMNI_TOKENS,
+    )
+    ids = _special_ids(tokenizer)
+    token = {name: tokenizer.convert_tokens_to_ids(text) for name, text in QWEN2_5_OMNI_TOKENS.items()}
+    _seeded()
+    config = Qwen2_5OmniThinkerConfig(
+        audio_config={"num_mel_bins": ASR_MEL_BINS, "encoder_layers": 1, "encoder_attention_heads": 4,
+                      "encoder_ffn_dim": 64, "d_model": 32, "n_window": ASR_N_WINDOW, "output_dim": 64,
+                      "max_source_positions": 200},
+        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "patch_size": PATCH_SIZE,
+                       "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 32, "out_hidden_size": 64,
+                       "fullatt_block_indexes": [0]},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                     **ids},
+        audio_token_index=token["audio_token"], image_token_index=token["image_token"],
+        video_token_index=token["video_token"], audio_start_token_id=token["audio_bos_token"],
+        audio_end_token_id=token["audio_eos_token"], vision_start_token_id=token["vision_bos_token"],
+        vision_end_token_id=token["vision_eos_token"], architectures=["Qwen2_5OmniThinkerForConditionalGeneration"],
+        **ids,
+    )
+    model = Qwen2_5OmniThinkerForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    extractor = WhisperFeatureExtractor(feature_size=ASR_MEL_BINS).to_dict()
+    extractor.pop("mel_filters", None)  # recomputed from the sizes when loaded
+    preprocessor = {**Qwen2VLImageProcessorPil().to_dict(), **extractor}
+    for name, document in (("preprocessor_config.json", preprocessor),
+                           ("processor_config.json", {"processor_class": "Qwen2_5OmniProcessor"})):
+        (folder / name).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    placeholder = QWEN2_5_OMNI_TOKENS["audio_bos_token"] + QWEN2_5_OMNI_TOKENS["audio_token"] \
+        + QWEN2_5_OMNI_TOKENS["audio_eos_token"]
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, {"input_ids": {"0": "static", "1": "static"}},
+        {"text": [f"{placeholder} Transcribe the audio", f"{placeholder} The capital of France is"],
+         "audio": {"count": 2, "seconds": 1.0}},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random Qwen2.5-Omni thinker (chunked audio encoder with feature_lens, Qwen2.5-VL-style "
+                    "vision encoder, Qwen2 text model with M-RoPE).",
+    ))
+
+
 MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -841,6 +909,17 @@ MODELS: dict[str, TinyModel] = {
                   "passes on torch.export, ONNX and OpenVINO, token for token on new images from the saved files "
                   "(the export's `input_preparers.json`; docs/generation.md); ExecuTorch's export stops "
                   "(GuardOnDataDependentSymNode), and forward is not traceable with the preparer.",
+                  processor_needs="torchvision"),
+        TinyModel("tiny-qwen2.5-omni", "Qwen2.5-Omni", "Qwen2_5OmniThinkerForConditionalGeneration",
+                  "image-text-to-text", DECODER_MODES, build_qwen2_5_omni,
+                  "The `input_features` + `feature_lens` family (omni audio encoders: transformers 5.23's preparer "
+                  "computes the audio encoder's padded chunks, chunk lengths, `cu_seqlens`, valid and pooling indices "
+                  "with helpers from its modeling module; it serves Qwen2.5-Omni's and Qwen3-Omni-MoE's audio "
+                  "encoders, and fires on a module called with `feature_lens`: the thinker's forward takes "
+                  "`feature_attention_mask`). Every cell stops at loading the processor: `Qwen2_5OmniProcessor` "
+                  "takes `Qwen2VLVideoProcessor`, which needs torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor "
+                  "takes the same video processor). The task is init's (the thinker is in transformers' "
+                  "image-text-to-text table); the recipe's samples are audio clips with prompts.",
                   processor_needs="torchvision"),
     )
 }
