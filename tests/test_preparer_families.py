@@ -6,7 +6,10 @@ the preparer computed is recorded in the report (`prepared_inputs`).
 Tiny LLaVA-NeXT (the `image_sizes` preparer: its `image_sizes` tensor becomes Python ints before tracing), one
 export on torch.export per session (~30 s). Tiny PaddleOCR-VL (the `grid_thw` family: packed patches with image
 grids, 3-axis rope positions from the base model's `get_rope_index`), one edge forward export on torch.export
-(~40 s).
+(~40 s). Tiny MiniCPM-V 4.6 (the `target_sizes` preparer: a NaViT-style encoder's
+position ids and window index computed from `target_sizes`, and again at run time from `input_preparers.json`), one
+generation export on torch.export per session; its processor needs torchvision, which is not installed, so its
+inputs are made the processor's way by `hfexport.testing.models.minicpm_v_inputs`.
 """
 
 from __future__ import annotations
@@ -331,3 +334,120 @@ def test_a_text_growing_probe_marks_the_turned_placeholders_as_text():
     kept = keep_image_tokens(grown, sample, image)
     assert kept["input_ids"].tolist() == [[0, image, image, 5, 6, 0, 6, 6]]
     assert kept["mm_token_type_ids"].tolist() == [[0, 1, 1, 0, 0, 0, 0, 0]]
+
+
+# ── The `target_sizes` family: tiny MiniCPM-V 4.6 (NaViT-style packed vision encoder) ────────────────────────────
+
+
+@pytest.fixture(scope="session")
+def tiny_minicpm_v(session_dir):
+    return make_model("tiny-minicpm-v", session_dir / "tiny-minicpm-v")
+
+
+def _minicpm_v_image(seed: int):
+    import numpy as np
+    from PIL import Image
+
+    from hfexport.testing.models import MINICPM_V_IMAGE
+
+    shape = (MINICPM_V_IMAGE["height"], MINICPM_V_IMAGE["width"], 3)
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+
+
+def test_a_processor_that_needs_a_missing_library_is_refused_with_transformers_message(tiny_minicpm_v):
+    """MiniCPM-V's processor needs its video processor, which needs torchvision: the job says so instead of falling
+    back to the tokenizer (which would turn the recipe's images into something else and fail later)."""
+    import importlib.util
+
+    from hfexport.errors import SourceError
+    from hfexport.models import load_processor
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the processor loads")
+    with pytest.raises(SourceError) as refused:
+        load_processor(tiny_minicpm_v)
+    assert str(refused.value) == ("cannot load the model's processor: MiniCPMV4_6VideoProcessor requires the "
+                                  "Torchvision library but it was not found in your environment")
+
+
+@pytest.fixture(scope="session")
+def minicpm_v_generation(session_dir, tiny_minicpm_v):
+    """tiny-minicpm-v's `dynamo-generation` target (batch 1, one fixed-size image), exported and verified by the job
+    from the processor's inputs made without it (`minicpm_v_inputs`): (output folder, JobReport)."""
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import minicpm_v_inputs
+
+    inputs = minicpm_v_inputs(tiny_minicpm_v, ["<image> Describe the picture"], [_minicpm_v_image(0)])
+    output = session_dir / "minicpm-v-generation"
+    return output, run_job(tiny_minicpm_v, output, targets=["dynamo-generation"], inputs=inputs)
+
+
+def test_minicpm_v_generates_token_for_token_from_new_images(minicpm_v_generation, tiny_minicpm_v):
+    """The `target_sizes` preparer adds the image encoder's nearest position ids, window index and window lengths at
+    export; the export records what computing them again needs (`input_preparers.json`), so generating from the files
+    on images the export never saw (same size: the contract) gives `model.generate`'s tokens with no torch model."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport import ExportedModel
+    from hfexport.testing.models import minicpm_v_inputs
+
+    output, report = minicpm_v_generation
+    target = report.targets["dynamo-generation"]
+    assert target.status == "ok" and target.verification["passed"], target.verification["failures"]
+    assert target.verification["generation"]["token_agreement"] == 1.0
+    prepared = target.prepared_inputs["image_encoder"]
+    assert {"position_ids", "window_index", "cu_window_seqlens", "merged_shape"} <= set(prepared)
+    assert prepared["window_index"]["kind"] == "added" and prepared["window_index"]["shape"] == [64]
+    exported = ExportedModel.from_pretrained(output / "dynamo-generation")
+    assert exported.input_preparers["image_encoder"]["attributes"] == {
+        "num_patches_per_side": 16, "window_kernel_size": [2, 2], "patch_size": 4}
+    model = AutoModelForImageTextToText.from_pretrained(tiny_minicpm_v).eval()
+    for seed, text in ((7, "<image> What is this?"), (8, "<image> The quick brown fox jumps over the lazy dog")):
+        inputs = minicpm_v_inputs(tiny_minicpm_v, [text], [_minicpm_v_image(seed)])
+        with torch.no_grad():
+            expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+        assert torch.equal(exported.generate(**inputs, max_new_tokens=8), expected)
+
+
+def test_a_broken_input_preparers_file_is_refused_naming_the_field(minicpm_v_generation, tmp_path):
+    from hfexport import ExportedModel
+    from hfexport.errors import CorruptExportError
+
+    output, _ = minicpm_v_generation
+    folder = tmp_path / "export"
+    shutil.copytree(output / "dynamo-generation", folder)
+    data = json.loads((folder / "input_preparers.json").read_text(encoding="utf-8"))
+    data["image_encoder"]["attributes"]["__class__"] = "os.system"
+    (folder / "input_preparers.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(CorruptExportError) as refused:
+        ExportedModel.from_pretrained(folder)
+    assert "input_preparers.json: $.image_encoder.attributes.__class__: expected one of" in str(refused.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export_format", ["onnx", "openvino"])
+def test_minicpm_v_generates_token_for_token_in_onnx_and_openvino(export_format, session_dir, tiny_minicpm_v):
+    """As on torch.export: the job's gate passes, and the saved files generate `model.generate`'s tokens on new
+    images, each prepared from `input_preparers.json` (about 5 min per format at load 25 on 2 cores)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport import ExportedModel
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import minicpm_v_inputs
+
+    target = f"{export_format}-generation"
+    inputs = minicpm_v_inputs(tiny_minicpm_v, ["<image> Describe the picture"], [_minicpm_v_image(0)])
+    output = session_dir / f"minicpm-v-{target}"
+    report = run_job(tiny_minicpm_v, output, targets=[target], inputs=inputs)
+    checked = report.targets[target]
+    assert checked.status == "ok" and checked.verification["passed"], checked.verification["failures"]
+    assert checked.verification["generation"]["token_agreement"] == 1.0
+    exported = ExportedModel.from_pretrained(output / target)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_minicpm_v).eval()
+    for seed, text in ((7, "<image> What is this?"), (8, "<image> The quick brown fox jumps over the lazy dog")):
+        prompt = minicpm_v_inputs(tiny_minicpm_v, [text], [_minicpm_v_image(seed)])
+        with torch.no_grad():
+            expected = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+        assert torch.equal(exported.generate(**prompt, max_new_tokens=8), expected)

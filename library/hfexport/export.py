@@ -257,4 +257,7 @@ def run_plan(plan, model) -> ExportedModel:
             exported.generation_config = copy.deepcopy(model.generation_config)
     result = ExportedModel.from_engine(exported)
     result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.onnx_float16)
+    # what running the engine's input preparers again needs, per component whose inputs they added to
+    result.input_preparers = {name: component.preparer_context for name, component in plan.components.items()
+                              if component.preparer_context and name in result.components}
     return result

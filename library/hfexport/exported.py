@@ -31,7 +31,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
-from hfexport import onnx_float16, onnx_seq2seq
+from hfexport import onnx_float16, onnx_seq2seq, preparers
 from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.workarounds.openvino import copy_returned_inputs
@@ -143,6 +143,7 @@ class ExportedModel(_EngineExportedModel):
         if any(is_llm_program(component.metadata) for component in self.components.values()):
             save_tokenizer(Path(save_directory), tokenizer)  # ExecuTorch's LLM runner reads tokenizer.json beside it
         finish_runtime_layout(save_directory, tokenizer)
+        preparers.write(save_directory, getattr(self, "input_preparers", {}))
         return result
 
     def _save_and_push(self, directory: Path, *args, tokenizer=None, commit_message=None, repo_id=None, **hub_kwargs):
@@ -334,6 +335,11 @@ class ExportedModel(_EngineExportedModel):
         if export_format == "onnx" and DECODE in manifest["components"] and "session_options" not in runner_kwargs:
             # A generation export: many short runs with torch between them (see the function's docstring).
             runner_kwargs["session_options"] = onnx_generation_session_options()
+        input_preparers = {}  # the engine's input preparers run again on new inputs (hfexport.preparers)
+        preparers_file = fetch(prefix + preparers.FILE, False)
+        if preparers_file is not None:  # checked before any program is read
+            label = f"{source}/{prefix}{preparers.FILE}"
+            input_preparers = preparers.check(read_json(preparers_file, label), label)
         components = {}
         for name, entry in manifest["components"].items():
             label = f"{source}/{entry['file']}"
@@ -356,6 +362,7 @@ class ExportedModel(_EngineExportedModel):
                 generation_config = GenerationConfig.from_pretrained(generation_file.parent,
                                                                      config_file_name=generation_file.name)
         model = cls(components, ExportFormat(export_format), generation_config=generation_config)
+        model.input_preparers = input_preparers
         if config_file is not None:
             model.__dict__["_pending_config"] = functools.partial(
                 _read_config, config_file.parent if not prefix else config_file, f"{source}/{config_name}",

@@ -29,6 +29,7 @@ from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_req
 from hfexport.errors import GenerationError
 from hfexport.executorch_llm import COMPONENT as LLM_PROGRAM
 from hfexport.executorch_llm import is_llm_program
+from hfexport import preparers
 from hfexport.models import empty_cache
 
 PREFILL, DECODE, ENCODER = "prefill", "decode", "encoder"
@@ -423,11 +424,13 @@ def as_traced(runner, kwargs: dict) -> dict:
 
 
 def image_input_names(exported) -> list[str]:
-    """The inputs a VLM export's `image_encoder` takes (`pixel_values`, ...); none for other exports."""
+    """The inputs a VLM export's `image_encoder` takes from the caller (`pixel_values`, ...; not those the engine's
+    input preparers compute from them, `hfexport.preparers`); none for other exports."""
     components = getattr(exported, "components", {})
     if IMAGE_ENCODER not in components:
         return []
-    return list(components[IMAGE_ENCODER].metadata.kwargs)
+    added = set(getattr(exported, "input_preparers", {}).get(IMAGE_ENCODER, {}).get("added", ()))
+    return [name for name in components[IMAGE_ENCODER].metadata.kwargs if name not in added]
 
 
 def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.Tensor:
@@ -448,10 +451,14 @@ def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch
     traced = int(encoder.metadata.kwargs[names[0]]["shape"][0])
     count = counts.pop()
     step = traced if traced > 1 and count % traced == 0 else 1
+    recorded = getattr(exported, "input_preparers", {}).get(IMAGE_ENCODER)
     features = []
     for first in range(0, count, step):
-        out = encoder(**as_traced(encoder, {name: value[first : first + step].to(encoder.device)
-                                            for name, value in images.items()}))
+        chunk = {name: value[first : first + step] for name, value in images.items()}
+        if recorded:  # what the engine's input preparers computed at export, computed from these images
+            chunk = preparers.prepare(recorded, chunk)
+        out = encoder(**as_traced(encoder, {name: value.to(encoder.device) if isinstance(value, torch.Tensor)
+                                            else value for name, value in chunk.items()}))
         features.append(_only_tensor(out).cpu())
     features = torch.cat(features)
     embed = exported.runners[EMBED]
@@ -698,7 +705,9 @@ def _layout(exported) -> _Layout:
     prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode or single_graph else PREFILL
     for name in dict.fromkeys((prefill, DECODE)):
         allowed = _LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
-        unknown = sorted(set(runners[name].metadata.kwargs) - allowed)
+        traced = runners[name].metadata.kwargs
+        # a kwarg traced as None (MiniCPM-V's `downsample_mode`) is a constant of the graph, not an input to feed
+        unknown = sorted(key for key in set(traced) - allowed if traced[key].get("container") != "NoneType")
         if unknown:
             raise GenerationError(f"the {name} component takes {unknown}, which hfexport's generate does not feed")
         if name != LANGUAGE_MODEL and "input_ids" not in runners[name].metadata.kwargs:

@@ -115,16 +115,6 @@ def sequence_limit(config) -> int | None:
     return None
 
 
-def multi_axis_rope(config) -> bool:
-    """Whether the text model's rope takes several position axes (Qwen2-VL-class M-RoPE: `mrope_section`), whose
-    positions come from the model's `get_rope_index` over the image grids, not from the attention mask."""
-    for holder in (config, getattr(config, "text_config", None)):
-        rope = getattr(holder, "rope_parameters", None) if holder is not None else None
-        if isinstance(rope, dict) and rope.get("mrope_section"):
-            return True
-    return False
-
-
 def model_class_for(config, task: str | None = None, model_class: str | None = None):
     """The class to load: task's Auto class, else the recipe's class name, else the config's architecture."""
     if task:
@@ -166,15 +156,17 @@ def load_model(name_or_path: str | Path, recipe=None, revision: str | None = Non
 def load_processor(name_or_path: str | Path, revision: str | None = None, token: str | None = None):
     """The repo's processor or tokenizer (None when it has neither): it turns sample texts/images into inputs.
 
-    A processor that needs a package this environment lacks is an error naming it: falling back to the tokenizer
-    would turn a vision or audio model's samples into text alone and fail later with a message about shapes."""
+    A processor that needs a library this environment lacks is refused (SourceError with transformers' own message,
+    e.g. "MiniCPMV4_6VideoProcessor requires the Torchvision library"): falling back to the tokenizer would turn
+    the repo's images or audio into something other than its processor's inputs, and fail later for another reason."""
     from transformers import AutoProcessor, AutoTokenizer
 
     for loader in (AutoProcessor, AutoTokenizer):
         try:
             return loader.from_pretrained(str(name_or_path), revision=revision, token=token)
         except ImportError as error:
-            raise SourceError(f"cannot load the processor of {name_or_path}: {first_line(error)}") from None
+            sentence = " ".join(str(error).split()).split(". ")[0].rstrip(".") or type(error).__name__
+            raise SourceError(f"cannot load the model's processor: {first_line(sentence)}") from None
         except Exception:  # noqa: BLE001 - a repo without a processor is normal; the next loader or None
             continue
     return None

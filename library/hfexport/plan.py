@@ -21,6 +21,7 @@ from hfexport.executorch_llm import max_context
 from hfexport.inputs import build_sample_inputs
 from hfexport.workarounds.transformers_models import base_rope_index, prefill_by_decode
 from hfexport.models import infer_task
+from hfexport import preparers
 from hfexport.quantization.quantizer import attach
 from hfexport.recipe.model import Recipe, Target
 from hfexport.recipe.validation import parse_axis
@@ -37,6 +38,8 @@ class ComponentPlan:
     # What the engine's export input preparers (transformers' `register_export_input_preparer`) computed from the
     # sample inputs before tracing: input -> {"kind": "added" | "replaced", ...} (`preparer_record`).
     prepared_inputs: dict[str, Any] = field(default_factory=dict)
+    # What running those preparers again on new inputs needs (`hfexport.preparers.context`), when they added inputs.
+    preparer_context: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -429,6 +432,12 @@ def preparer_record(inputs: dict, prepared: dict) -> dict:
     return record
 
 
+def _preparer_context(module, record: dict) -> dict:
+    """`hfexport.preparers.context` of a component whose inputs the engine's preparers added to ({} otherwise)."""
+    added = [name for name, entry in record.items() if entry["kind"] == "added"]
+    return preparers.context(module, added) if added else {}
+
+
 def _generation_config(model, target: Target):
     generation = target.generation
     if generation.get("cache_implementation") != "static":
@@ -544,6 +553,9 @@ def _image_modules(model, fixed: dict):
         def __init__(self):
             super().__init__()
             self.base = base
+            # the engine's input preparers read the exported module's config (`target_sizes`'s `get_max_seqlen`: the
+            # attention implementation), as they read a model's
+            self.config = base.config
 
         def forward(self, **images):
             features = self.base.get_image_features(**images, **fixed, return_dict=True).pooler_output
@@ -685,9 +697,10 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             _resolve_shapes(resolver, shapes, {}, prepared, base, strict_keys=True) if shapes is not None else (None, None)
         )
         config = _engine_config(target, target.options, dynamic_shapes)
+        record = preparer_record(inputs, prepared)
         components["model"] = ComponentPlan(
             "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
-            preparer_record(inputs, prepared),
+            record, _preparer_context(model, record),
         )
     else:
         generation_config = _generation_config(model, target)
@@ -771,8 +784,9 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
                     if component_shapes else base, strict_keys=bool(component_shapes),
                 )
             config = _engine_config(target, options, dynamic_shapes)
+            record = preparer_record(subinputs, prepared)
             components[name] = ComponentPlan(name, config, {k: _describe_shape(v) for k, v in prepared.items()}, described,
-                                             preparer_record(subinputs, prepared))
+                                             record, _preparer_context(submodel, record))
         unknown = [key for key in (shapes or {}) if key not in seen_keys]
         if unknown:
             raise PlanError(

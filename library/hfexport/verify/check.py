@@ -128,8 +128,14 @@ def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: d
             continue
         with torch.no_grad():
             eager = submodel(**copy.deepcopy(subinputs))
+        fed = copy.deepcopy(subinputs)
+        planned = plan.components.get(component)
+        if planned is not None and planned.prepared_inputs:
+            # the engine's input preparers computed some of this component's inputs at export (the report's
+            # `prepared_inputs`: a NaViT encoder's window index from `target_sizes`): computed again from the probe's
+            fed = traced_inputs(submodel, fed)
         try:
-            got = runner(**as_traced(runner, _traced(runner, copy.deepcopy(subinputs))))
+            got = runner(**as_traced(runner, _traced(runner, fed)))
         except Exception as error:  # noqa: BLE001 - recorded with the backend's message
             entry.update(error=_backend_message(error), outputs={})
             results.append(entry)
