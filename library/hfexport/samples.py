@@ -42,7 +42,9 @@ class SampleError(HfExportError):
 
 def display_name(path: str | Path) -> str:
     """The file's name as reports show it: no folder, no control characters or backticks, at most 100 characters."""
-    name = re.sub(r"[\x00-\x1f\x7f`]", "", Path(str(path)).name).strip() or "sample"
+    name = re.sub(r"[\x00-\x1f\x7f`]", "", Path(str(path)).name).strip()
+    if name in ("", ".", ".."):
+        name = "sample"
     return name if len(name) <= 100 else name[:48] + "…" + name[-48:]
 
 

@@ -59,7 +59,7 @@ def report_markdown(report: JobReport) -> str:
         if target.quantization:
             lines += [quantization_markdown(target.quantization), ""]
         if target.sample_files:
-            lines += [sample_files_markdown(target.sample_files), ""]
+            lines += [sample_files_markdown(target.sample_files, target.mode), ""]
         if target.prepared_inputs:
             lines += [prepared_inputs_markdown(target.prepared_inputs), ""]
         section = target_verification_markdown(target)
@@ -74,12 +74,13 @@ def report_markdown(report: JobReport) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def sample_files_markdown(records: list[dict]) -> str:
+def sample_files_markdown(records: list[dict], mode: str = "forward") -> str:
     """One line: the sample files the job was given, which the export was traced and verified on."""
     kinds = " and ".join(f"{record['kind']} {describe(record)}" for record in records)
     places = " and ".join("images" if record["kind"] == "image" else "audio clips" for record in records)
+    checks = "every parity probe and the generation check were" if mode == "generation" else "every parity probe was"
     return (f"**Sample input:** the given {kinds}, in place of the recipe's synthesized {places}: the export was "
-            "traced on it, and every parity probe (and the generation check) was built from it.")
+            f"traced on it, and {checks} built from it.")
 
 
 def prepared_inputs_markdown(prepared: dict) -> str:
