@@ -129,8 +129,8 @@ def _decode_image(path: Path, sample: SampleFile, label: str) -> None:
                 raise SampleError(f"{label}: a {image.format} image; expected one of {', '.join(IMAGE_FORMATS)}")
             width, height = image.size
             if width * height > MAX_IMAGE_PIXELS:
-                raise SampleError(f"{label}: {width} × {height} pixels is over the {MAX_IMAGE_PIXELS // 1_000_000} "
-                                  "megapixel limit for a sample image")
+                raise SampleError(f"{label}: {width} × {height} pixels is over the {MAX_IMAGE_PIXELS:,} pixel limit "
+                                  "for a sample image")
             image.load()  # the whole file: a truncated or corrupt one fails here, not in the processor
             sample.data = image.convert("RGB")
     except SampleError:
