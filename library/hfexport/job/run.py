@@ -32,6 +32,7 @@ from hfexport.files import (
     write_json_atomic,
 )
 from hfexport.hub import hub_error, looks_like_repo_id
+from hfexport.inputs import check_sample_places, sample_spec
 from hfexport.job.compare import compare_job_targets
 from hfexport.job.parallel import (
     export_groups,
@@ -61,7 +62,6 @@ from hfexport.publication.cache import (
 from hfexport.rebind.folder import previous, rebind_copy, record
 from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.recipe.loading import load_recipe
-from hfexport.inputs import check_sample_places, sample_spec
 from hfexport.recipe.model import Recipe
 from hfexport.report.model import JobReport, TargetReport
 from hfexport.samples import read_samples
@@ -249,7 +249,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                          token=options.token)
     names = select_targets(recipe, options.targets, options.all_targets)
     samples = read_samples(options.sample_files)  # a bad file is refused here: nothing loaded, nothing written
-    if samples:
+    if samples and (recipe.sample_inputs or recipe.task):  # else the task is the model's: checked once it is known
         check_sample_places(sample_spec(recipe, recipe.task), samples)
     check_output(output)
     source = {
