@@ -443,12 +443,12 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         variants = gr.CheckboxGroup([], label="Quantized variants: added to the recipe as targets of their own "
                                     "(converted and parity-checked like the others)", elem_id="variants", visible=False)
         with gr.Row():
-            sample_image = gr.File(label=logic.SAMPLE_LABELS["image"] + ": your own, in place of the recipe's "
-                                   "synthesized images", file_types=logic.SAMPLE_FILE_TYPES["image"], type="filepath",
-                                   height=110, visible=False, elem_id="sample-image")
-            sample_audio = gr.File(label=logic.SAMPLE_LABELS["audio"] + ": your own, in place of the recipe's "
-                                   "synthesized clips", file_types=logic.SAMPLE_FILE_TYPES["audio"], type="filepath",
-                                   height=110, visible=False, elem_id="sample-audio")
+            sample_image = gr.File(label=logic.SAMPLE_LABELS["image"] + " (PNG, JPEG, WebP...): your own, in place "
+                                   "of the recipe's synthesized images", type="filepath", height=110, visible=False,
+                                   elem_id="sample-image")
+            sample_audio = gr.File(label=logic.SAMPLE_LABELS["audio"] + ", PCM: your own, in place of the recipe's "
+                                   "synthesized clips", type="filepath", height=110, visible=False,
+                                   elem_id="sample-audio")
         sample_note = gr.Markdown(elem_id="sample-note")
         with gr.Row():
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",

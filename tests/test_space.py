@@ -735,10 +735,14 @@ def test_a_vision_language_model_converts_on_an_uploaded_image_named_in_the_repo
     page.locator("#sample-note", has_text="processor takes an image").wait_for()
     shot(page, "40-sample-upload-offered")
 
+    notes = uploads / "notes.txt"
+    notes.write_text("a text file\n")
+    page.locator("#sample-image input[type=file]").set_input_files(str(notes))  # any file reaches the check
+    page.locator("#sample-note", has_text="notes.txt: not an image").wait_for(timeout=JOB_TIMEOUT_MS)
     page.locator("#sample-image input[type=file]").set_input_files(str(broken))
-    page.locator("#sample-note", has_text="Unusable sample file").wait_for(timeout=JOB_TIMEOUT_MS)
+    page.locator("#sample-note", has_text="holiday.png").wait_for(timeout=JOB_TIMEOUT_MS)
     note = text_of(page, "#sample-note")
-    assert "holiday.png" in note and "not an image" in note, note
+    assert "Unusable sample file" in note and "not an image" in note, note
     assert str(uploads) not in page.content() and "Traceback" not in page.content()
     shot(page, "41-sample-refused")
 

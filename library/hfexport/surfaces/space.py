@@ -442,8 +442,9 @@ def recipe_for_job(text: str | None, repo_recipe: str | None) -> tuple[dict | No
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 SAMPLE_LABELS = {"image": "Sample image", "audio": "Sample audio (WAV)"}
-# What the upload areas offer in the browser's file picker; the content is what `read_sample` checks.
-SAMPLE_FILE_TYPES = {"image": ["image"], "audio": [".wav", ".wave"]}
+# The upload areas take any file (no Gradio `file_types`): Gradio refuses a type it was told to before any handler
+# runs, with a toast, leaving the refused file shown beside the previous sample still kept for Convert. Every file
+# reaches `check_sample`, which judges its content (not its name) and names it in one line.
 
 
 def sample_kinds(model: str, revision: str | None, token: str | None) -> list[str]:
