@@ -330,7 +330,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         model = state.get("model") or "MODEL"
         command = logic.export_command(model, state.get("revision"), state.get("targets") or [],
                                        edited_recipe=bool(state.get("edited")), push=True,
-                                       samples={kind: Path(entry["path"]).name
+                                       samples={kind: logic.display_name(entry["path"])
                                                 for kind, entry in (state.get("samples") or {}).items()})
         try:
             token = logic.require_token(_token(oauth_token, settings), "open pull requests")

@@ -693,7 +693,7 @@ class JobRequest:
     @property
     def command(self) -> str:
         return export_command(self.model, self.revision, self.targets, edited_recipe=self.recipe is not None,
-                              samples={kind: Path(path).name for kind, path in self.sample_files.items()})
+                              samples={kind: display_name(path) for kind, path in self.sample_files.items()})
 
 
 @dataclass
