@@ -16,7 +16,7 @@ PACKAGE = ROOT / "library" / "hfexport"
 LAYERS = [
     ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
                     "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters"]),
-    ("models", ["models", "inputs", "preparers"]),
+    ("models", ["models", "samples", "inputs", "preparers"]),
     ("recipe", ["quantization.spec", "recipe"]),
     ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "executorch_llm", "plan"]),
     ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxscript",

@@ -451,3 +451,28 @@ def test_minicpm_v_generates_token_for_token_in_onnx_and_openvino(export_format,
         with torch.no_grad():
             expected = model.generate(**prompt, max_new_tokens=8, do_sample=False)
         assert torch.equal(exported.generate(**prompt, max_new_tokens=8), expected)
+
+
+def test_an_uploaded_image_that_breaks_the_tile_contract_is_refused_naming_the_field(session_dir, tiny_llava_next,
+                                                                                     tmp_path):
+    """A person's own image (`sample_files`, the Space's upload) is held to the recipe's contract like a synthesized
+    one: a square photo tiles into 2 crops under anyres, where the edge target pins 3, so the plan refuses it naming
+    the field, before anything is traced."""
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.samples import read_sample
+
+    recipe = edge_recipe(text="<image> " + "The quick brown fox jumps over the lazy dog. " * 3)
+    folder = _with_recipe(tiny_llava_next, session_dir / "llava-next-upload", recipe)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "sq.png")
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(folder), "edge", model, processor=load_processor(folder),
+                   samples={"image": read_sample(tmp_path / "sq.png", "image")})
+    assert str(refused.value).startswith("targets.edge.dynamic_shapes.pixel_values.1:")
+    assert f"the recipe pins this axis to {TILES}, but the sample input has size 2" in str(refused.value)

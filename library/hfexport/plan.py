@@ -671,14 +671,15 @@ def _llm_runner_plan(target: Target, model, stages: dict, components: dict, othe
 
 
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
-               source=None, revision: str | None = None, token: str | None = None) -> Plan:
-    """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
+               source=None, revision: str | None = None, token: str | None = None, samples: dict | None = None) -> Plan:
+    """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None, with the given
+    sample files `samples` in place of synthesized images and clips: `hfexport.samples`)."""
     import torch
 
     target = recipe.target(target_name)
     task = recipe.task or infer_task(model.config)
     if inputs is None:
-        inputs = build_sample_inputs(recipe, processor, model.config, task, target.mode)
+        inputs = build_sample_inputs(recipe, processor, model.config, task, target.mode, samples)
     dims = build_dims(recipe)
     register_cache_pytrees(model)
     base = f"targets.{target.name}.dynamic_shapes"
