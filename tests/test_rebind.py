@@ -246,6 +246,74 @@ def test_the_llm_programs_map_and_a_corrupted_one_caught_by_the_gate_and_textllm
     assert runner["executorch-llm-runner"].verdict == "failed", runner["executorch-llm-runner"]
 
 
+@pytest.fixture(scope="session")
+def mbart_export(session_dir, tiny_mbart):
+    """tiny mBART (untied: its `model.shared.weight` is a parameter no graph reads) trained-looking, exported to its
+    ONNX generation target once: (OUTPUT, old checkpoint, new checkpoint). The new checkpoint leaves `model.shared`
+    as it was, as training leaves a parameter that gets no gradient."""
+    from safetensors.torch import load_file, save_file
+
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import perturbed_checkpoint
+
+    old = perturbed_checkpoint(tiny_mbart, session_dir / "rebind-mbart-old", seed=1)
+    new = perturbed_checkpoint(tiny_mbart, session_dir / "rebind-mbart-new", seed=2)
+    (weights,) = new.glob("*.safetensors")
+    tensors = load_file(weights)
+    (previous,) = old.glob("*.safetensors")
+    tensors["model.shared.weight"] = load_file(previous)["model.shared.weight"]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    output = session_dir / "rebind-mbart-out"
+    report = run_job(old, output, ["onnx-generation"], workers=1, latency=False)
+    assert report.status == "ok", {n: t.error for n, t in report.targets.items()}
+    return output, old, new
+
+
+def test_the_seq2seq_layouts_merged_decoder_is_rebound_and_an_unread_parameter_must_be_unchanged(mbart_export,
+                                                                                                 tmp_path):
+    """The seq2seq layout's `decoder_model_merged.onnx` keeps its two branches' weights once, in the outer graph:
+    the map holds each there (and the encoder's in `encoder_model.onnx`), a push rewrites both files' weights and
+    nothing else, and the gate passes. The untied mBART's `model.shared.weight` is read by no graph (uncovered):
+    the map records its value, and a push that changed it is refused."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hfexport.job.run import run_job
+    from hfexport.rebind.weight_map import refusal
+
+    source, old, new = mbart_export
+    output = _copy(source, tmp_path / "out", ["onnx-generation"])
+    folder = output / "onnx-generation"
+    weight_map = json.loads((folder / MANIFEST_FILE).read_text())["weight_map"]
+    assert weight_map["uncovered"] == ["model.shared.weight"] and not weight_map["unmapped"]
+    assert not weight_map["degenerate"] and set(weight_map["uncovered_sha256"]) == {"model.shared.weight"}
+    held = {}
+    for entry in weight_map["tensors"]:
+        for part in entry["parts"]:
+            for key in part["keys"]:
+                held.setdefault(key, set()).add(entry["file"])
+    assert held["model.decoder.layers.0.self_attn.q_proj.weight"] == {"decoder_model_merged.onnx"}
+    assert held["model.encoder.layers.0.self_attn.q_proj.weight"] == {"encoder_model.onnx"}
+
+    changed = AutoModelForSeq2SeqLM.from_pretrained(new)
+    with torch.no_grad():
+        changed.model.shared.weight.add_(1e-3)
+    assert "model.shared.weight maps to no stored tensor of the previous export, and its value changed" in \
+        refusal(weight_map, weight_map["rebind_key"], changed)
+    assert refusal(weight_map, weight_map["rebind_key"], AutoModelForSeq2SeqLM.from_pretrained(new)) is None
+
+    before = _files(folder)
+    target = run_job(new, output, ["onnx-generation"], workers=1, latency=False).targets["onnx-generation"]
+    assert (target.status, target.method) == ("ok", "rebind"), (target.error, target.rebind)
+    assert target.verification["passed"] and target.rebind["bytes_written"] > 0
+    after = _files(folder)
+    files = {file for file in after if after[file] != before.get(file)}
+    assert {"encoder_model.onnx_data", "decoder_model_merged.onnx_data"} <= files
+    assert not files & {MANIFEST_FILE, "config.json", "generation_config.json"}
+    for graph in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        assert _without_weights(after[graph]) == _without_weights(before[graph]), graph
+
+
 def test_a_weight_map_is_checked_on_load(previous_exports):
     from hfexport.errors import CorruptExportError
     from hfexport.safety.artifacts import check_manifest
