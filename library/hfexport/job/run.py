@@ -443,7 +443,7 @@ def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str)
             "from": where, "seconds": round(time.perf_counter() - started, 4), "fallback": reason}
         return False
 
-    manifest, reason = previous(source, key)
+    manifest, reason = previous(source, key, job.model_object)
     if manifest is None:
         return fallback(reason)
     try:

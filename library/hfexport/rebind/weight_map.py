@@ -191,11 +191,13 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
                 raise AssertionError(f"weight map: {file}:{name} does not recompute to its stored bytes")
             covered.update(key for part in parts for key in part["keys"])
             entries.append(record)
+    uncovered = [name for name in keys if name not in covered]
     return {
         "version": MAP_VERSION,
         "rebind_key": key,
         "degenerate": [name for name in degenerate if name in keys],
-        "uncovered": [name for name in keys if name not in covered],
+        "uncovered": uncovered,
+        "uncovered_sha256": {name: _digest(tensors[name]) for name in uncovered if name in tensors},
         "unmapped": sorted(unmapped)[:1000],
         "tensors": entries,
     }
@@ -223,6 +225,21 @@ def clamped_float16(tensor):
     x = torch.where((x > high) & (x < float("inf")), high, x)
     x = torch.where((x < -high) & (x > float("-inf")), -high, x)
     return x.to(torch.float16)
+
+
+def _digest(tensor) -> str:
+    return hashlib.sha256(_u8(tensor).numpy()).hexdigest()
+
+
+def _changed(weight_map: dict, model) -> list[str]:
+    """The uncovered state_dict keys whose value is not the one the previous export was made from (all of them when
+    the map recorded no values, or no model is given)."""
+    recorded = weight_map.get("uncovered_sha256") or {}
+    if model is None or not recorded:
+        return list(weight_map["uncovered"])
+    tensors, _, _ = sources(model)
+    return [name for name in weight_map["uncovered"]
+            if name not in tensors or recorded.get(name) != _digest(tensors[name])]
 
 
 def _constant(entry: Stored) -> bool:
@@ -306,8 +323,12 @@ def _compute(record: dict, tensors: dict):
     return _u8(tensor)
 
 
-def refusal(weight_map: dict | None, key: str) -> str | None:
-    """Why this map cannot take new weights with rebind key `key` (None: it can)."""
+def refusal(weight_map: dict | None, key: str, model=None) -> str | None:
+    """Why this map cannot take `model`'s weights with rebind key `key` (None: it can). A state_dict key that no
+    stored tensor holds is let through only when its value is the one the previous export was made from (a parameter
+    the graphs never read, such as an untied encoder-decoder's unused `model.shared.weight`, which training leaves
+    as it is): wherever it went, the artifact then holds its new value already. Where a folded tensor made from it
+    is stored, that tensor matches no parameter and `unmapped` refuses the map."""
     if not weight_map:
         return "the previous export has no weight map"
     if weight_map.get("version") != MAP_VERSION:
@@ -318,8 +339,10 @@ def refusal(weight_map: dict | None, key: str) -> str | None:
         names = weight_map["degenerate"]
         return (f"the previous export came from a degenerate checkpoint: {len(names)} parameter(s) bit-identical to "
                 f"another or constant (e.g. {names[0]}), which the exporters may have merged or dropped")
-    if weight_map.get("uncovered"):
-        return f"state_dict key {weight_map['uncovered'][0]} maps to no stored tensor of the previous export"
+    changed = _changed(weight_map, model) if weight_map.get("uncovered") else []
+    if changed:
+        return f"state_dict key {changed[0]} maps to no stored tensor of the previous export" + (
+            ", and its value changed" if model is not None and weight_map.get("uncovered_sha256") else "")
     if weight_map.get("unmapped"):
         return f"stored tensor {weight_map['unmapped'][0]} of the previous export maps to no parameter"
     return None
