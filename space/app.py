@@ -46,7 +46,8 @@ NO_RESULTS = "Nothing converted yet for this model."
 def _new_state() -> dict:
     return {"session": None, "model": None, "revision": None, "repo_recipe": None, "loaded_text": None,
             "output": None, "targets": [], "left_out": [], "edited": False, "zip": None, "status": None,
-            "verified": None, "recipe_valid": False, "recipe_source": None, "pr": None, "fit": None}
+            "verified": None, "recipe_valid": False, "recipe_source": None, "pr": None, "fit": None,
+            "sample_kinds": [], "samples": {}}
 
 
 def _forget_results(state: dict) -> dict:
@@ -94,13 +95,14 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             command = logic.validate_command((model_id or "").strip() or "MODEL", (revision or "").strip() or None)
             state = {**_forget_results(state), "model": None, "revision": None, "repo_recipe": None,
                      "loaded_text": None, "recipe_valid": False, "recipe_source": None, "pr": None,
-                     "model_config": None, "fit": None}
+                     "model_config": None, "fit": None, "sample_kinds": [], "samples": {}}
             return (_fail(error, command), "", gr.update(value=[], visible=False),
                     gr.update(choices=[], value=[]), gr.update(visible=False), state)
         state = _forget_results(state)
         state.update(model=model, revision=rev, repo_recipe=None, loaded_text=fetched.text, recipe_valid=False,
                      recipe_source=None, pr=logic.open_pr_number(model, _token(oauth_token, settings)),
-                     model_config=fetched.config, fit=None)
+                     model_config=fetched.config, fit=None, samples={},
+                     sample_kinds=logic.sample_kinds(model, rev, _token(oauth_token, settings)))
         if fetched.check is None:  # no recipe: offer formats and a draft
             status = (f"**No recipe in `{model}`.** Pick formats below: the recipe proposed for them is in the "
                       "editor. Edit it, **Convert** to try it, then **Propose recipe** to open a pull request "
@@ -181,6 +183,35 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         return gr.update(choices=choices, value=logic.ticked_variants(check.document) if choices else [],
                          visible=bool(choices))
 
+    def offer_samples(state: dict | None):
+        """An upload area per kind of sample the loaded model's processor takes (an image, a WAV clip), empty: a
+        newly loaded model starts from the recipe's own samples."""
+        kinds = (state or {}).get("sample_kinds") or []
+        note = ""
+        if kinds:
+            what = " or ".join("an image" if kind == "image" else "a WAV clip" for kind in kinds)
+            note = (f"This model's processor takes {what}: upload your own (optional) and Convert traces and "
+                    "verifies the export on it instead of the recipe's synthesized samples.")
+        return (gr.update(visible="image" in kinds, value=None), gr.update(visible="audio" in kinds, value=None),
+                note)
+
+    def take_sample(kind: str):
+        def take(path: str | None, state: dict | None):
+            """Check the visitor's upload (type, size, decodes): kept for Convert, or refused with the reason and
+            the upload area emptied, so no conversion runs on a file that cannot be used."""
+            state = dict(state or _new_state())
+            samples = {key: value for key, value in (state.get("samples") or {}).items() if key != kind}
+            try:
+                sample = logic.check_sample(path, kind)
+            except Exception as error:  # noqa: BLE001 - a category and one line naming the file, never a traceback
+                note = f"{_fail(error)}\n\nUpload another file, or Convert with the recipe's own samples."
+                return gr.update(value=None), note, {**state, "samples": samples}
+            if sample is not None:
+                samples[kind] = {"path": str(path), "describe": sample.describe()}
+            return gr.update(), logic.sample_markdown(samples), {**state, "samples": samples}
+
+        return take
+
     def controls(state: dict | None, recipe_text: str | None, oauth_token: gr.OAuthToken | None):
         """Convert enabled only when it can succeed (with the reason beside it when not); Open PR enabled only with
         something to publish, and named "Update PR #N" once the model has an hfexport pull request. "Run on my
@@ -240,11 +271,20 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         session = request.session_hash if request is not None and request.session_hash else "api"
         state["session"] = session
         folder = workspace.new_job(session)
+        samples = (state.get("samples") or {}) if state.get("model") == model else {}
+        try:
+            staged = logic.stage_samples(samples, folder)
+        except Exception as error:  # noqa: BLE001 - e.g. the upload expired from Gradio's cache: upload it again
+            workspace.release(session)
+            yield _fail(error), "", None, gr.update(interactive=False), state
+            return
         proposed = state.get("recipe_source") == "proposed" and (recipe_text or "").strip() == (
             state.get("loaded_text") or "").strip()
         job = logic.JobRequest(model=model, output=folder / "out", targets=list(targets or []), revision=rev,
-                               token=token, recipe=recipe, recipe_origin="proposed" if proposed else "edited")
-        log = logic.ProgressLog(f"Converting `{model}`" + (f" at `{rev}`" if rev else ""))
+                               token=token, recipe=recipe, recipe_origin="proposed" if proposed else "edited",
+                               sample_files=staged)
+        log = logic.ProgressLog(f"Converting `{model}`" + (f" at `{rev}`" if rev else "") + "".join(
+            f" on your sample {kind} {entry['describe']}" for kind, entry in samples.items()))
         yield log.markdown(), "", None, gr.update(interactive=False), state
         for event in runner.run(job):
             if isinstance(event, logic.Finished):
@@ -289,7 +329,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         state = state or _new_state()
         model = state.get("model") or "MODEL"
         command = logic.export_command(model, state.get("revision"), state.get("targets") or [],
-                                       edited_recipe=bool(state.get("edited")), push=True)
+                                       edited_recipe=bool(state.get("edited")), push=True,
+                                       samples={kind: logic.display_name(entry["path"])
+                                                for kind, entry in (state.get("samples") or {}).items()})
         try:
             token = logic.require_token(_token(oauth_token, settings), "open pull requests")
             result = logic.publish_job(state, token)
@@ -401,6 +443,14 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         variants = gr.CheckboxGroup([], label="Quantized variants: added to the recipe as targets of their own "
                                     "(converted and parity-checked like the others)", elem_id="variants", visible=False)
         with gr.Row():
+            sample_image = gr.File(label=logic.SAMPLE_LABELS["image"] + " (PNG, JPEG, WebP...): your own, in place "
+                                   "of the recipe's synthesized images", type="filepath", height=110, visible=False,
+                                   elem_id="sample-image")
+            sample_audio = gr.File(label=logic.SAMPLE_LABELS["audio"] + ", PCM: your own, in place of the recipe's "
+                                   "synthesized clips", type="filepath", height=110, visible=False,
+                                   elem_id="sample-audio")
+        sample_note = gr.Markdown(elem_id="sample-note")
+        with gr.Row():
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
                                        scale=3)
             convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert", interactive=False)
@@ -429,8 +479,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                        convert_button, new_repo_button, jobs_progress]
         loaded = [recipe_status, editor, problems, targets, format_group, state]
         gated = [convert_button, convert_hint, pr_button, new_repo_button, jobs_button, jobs_hint]
+        sample_areas = [sample_image, sample_audio, sample_note]
         demo.load(show_user, None, user, api_visibility="private")
         demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
+            offer_samples, state, sample_areas, api_visibility="private", queue=False).then(
             controls, [state, editor], gated, api_visibility="private", queue=False).then(
             offer_variants, editor, variants, api_visibility="private", queue=False)
         demo.unload(closed)
@@ -441,7 +493,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                              (model_box.submit, {"api_visibility": "private"})):
             trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(
                 load_model, [model_box, revision_box, state], loaded, **api,
-            ).then(controls, [state, editor], gated, api_visibility="private", queue=False).then(
+            ).then(offer_samples, state, sample_areas, api_visibility="private", queue=False).then(
+                controls, [state, editor], gated, api_visibility="private", queue=False).then(
                 remember, [model_box, revision_box, editor], saved, api_visibility="private").then(
                 offer_variants, editor, variants, api_visibility="private", queue=False)
         formats.input(draft, [model_box, revision_box, formats, state], [recipe_status, editor, problems, targets,
@@ -459,6 +512,11 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                        api_name="add_quantized_variants", queue=False).then(
             controls, [state, editor], gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False)
+        for area, kind in ((sample_image, "image"), (sample_audio, "audio")):
+            area.upload(take_sample(kind), [area, state], [area, sample_note, state], api_visibility="private").then(
+                controls, [state, editor], gated, api_visibility="private", queue=False)
+            area.clear(take_sample(kind), [area, state], [area, sample_note, state], api_visibility="private",
+                       queue=False).then(controls, [state, editor], gated, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
         convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress,

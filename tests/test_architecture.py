@@ -16,16 +16,16 @@ PACKAGE = ROOT / "library" / "hfexport"
 LAYERS = [
     ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
                     "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters"]),
-    ("models", ["models", "inputs"]),
+    ("models", ["models", "samples", "inputs", "preparers"]),
     ("recipe", ["quantization.spec", "recipe"]),
     # What every plan family shares (the Plan data, dynamic shapes, what the engine traces), below the families.
-    ("plan parts", ["plan.model", "plan.shapes", "plan.tracing"]),
-    ("plan", ["quantization.calibration", "quantization.quantizer", "workarounds.transformers_models", "executorch_llm",
-              "plan"]),
+    # workarounds.transformers_models sits here: plan.tracing runs its `base_rope_index` on every traced input.
+    ("plan parts", ["plan.model", "plan.shapes", "plan.tracing", "workarounds.transformers_models"]),
+    ("plan", ["quantization.calibration", "quantization.quantizer", "executorch_llm", "plan"]),
     # The generation loop every family shares (generate/options, generate/loop), below the family modules.
     ("generation loop", ["generate.options", "generate.loop"]),
     ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxscript",
-                   "workarounds.openvino", "onnx_contract", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
+                   "workarounds.openvino", "onnx_contract", "onnx_float16", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
                    "exported", "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),
@@ -197,6 +197,8 @@ def test_parity_doc_table_matches_the_thresholds_module():
         "a float32 graph that the runtime runs at **bf16** (OpenVINO; see below)":
             row(default_tolerance("openvino", precision="bf16")),
         "a float32 graph that the runtime runs at **f16** (OpenVINO)": row(default_tolerance("openvino", precision="f16")),
+        "an ONNX target converted to float16 (`dtype`) from a float32 model":
+            row(default_tolerance("onnx", "float16", precision="f16")),
     }
     for fmt in ("openvino", "executorch"):
         assert default_tolerance(fmt) == default_tolerance("onnx")

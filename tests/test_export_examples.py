@@ -85,6 +85,22 @@ def test_loaded_onnx_runs_from_its_file_and_parses_the_graph_only_when_asked(exp
     assert [node.op_type for node in again.program.graph] == [node.op_type for node in program.graph]
 
 
+def test_push_to_hub_uploads_every_file_a_save_writes(exported_bert, hub, tmp_path):
+    """`save_pretrained(push_to_hub=True)` publishes what a local save writes: the engine's own upload ran before
+    hfexport wrote the `.ptd` beside the `.pte`, so the pushed program could not load its weights."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    output, _ = exported_bert
+    exported = hfexport.ExportedModel.from_pretrained(output / "pte")
+    exported.save_pretrained(tmp_path / "pushed", push_to_hub=True, repo_id="user/pushed-pte", token=hub.write_token)
+    saved = {file.name for file in (tmp_path / "pushed").iterdir() if file.is_file()}
+    assert "model.ptd" in saved
+    assert set(HfApi().list_repo_files("user/pushed-pte", token=hub.write_token)) >= saved
+    downloaded = snapshot_download("user/pushed-pte", token=hub.write_token, local_dir=tmp_path / "downloaded")
+    again = hfexport.ExportedModel.from_pretrained(downloaded)
+    assert set(again.components) == set(exported.components)
+
+
 @pytest.mark.parametrize("target", BERT_TARGETS)
 def test_bert_target_runs_at_other_shapes(exported_bert, eager, target):
     output, report = exported_bert

@@ -413,3 +413,18 @@ def test_single_graph_needs_an_attention_cache(session_dir):
     with pytest.raises(PlanError, match=r"targets\.gen\.generation\.single_graph: the decode takes .*cache_params.*"
                                         r"single_graph runs the prompt on an empty DynamicCache"):
         plan_for(document, model, None, load_processor(folder), target="gen")
+
+
+def test_a_processor_missing_a_package_is_named_not_replaced_by_the_tokenizer(tiny_llama, monkeypatch):
+    """A vision model's processor that needs torchvision must not fall back to the tokenizer silently: the samples
+    would be text alone and the export would fail later on shapes, far from the cause."""
+    import transformers
+
+    from hfexport.errors import SourceError
+
+    def needs_torchvision(*args, **kwargs):
+        raise ImportError("Qwen2VLVideoProcessor requires the Torchvision library but it was not found")
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", needs_torchvision)
+    with pytest.raises(SourceError, match="cannot load the model.s processor: .*Torchvision"):
+        load_processor(tiny_llama)

@@ -4,7 +4,12 @@ target) reaches the exported graph's inputs, a sample that breaks it is refused 
 the preparer computed is recorded in the report (`prepared_inputs`).
 
 Tiny LLaVA-NeXT (the `image_sizes` preparer: its `image_sizes` tensor becomes Python ints before tracing), one
-export on torch.export per session (~30 s).
+export on torch.export per session (~30 s). Tiny PaddleOCR-VL (the `grid_thw` family: packed patches with image
+grids, 3-axis rope positions from the base model's `get_rope_index`), one edge forward export on torch.export
+(~40 s). Tiny MiniCPM-V 4.6 (the `target_sizes` preparer: a NaViT-style encoder's
+position ids and window index computed from `target_sizes`, and again at run time from `input_preparers.json`), one
+generation export on torch.export per session; its processor needs torchvision, which is not installed, so its
+inputs are made the processor's way by `hfexport.testing.models.minicpm_v_inputs`.
 """
 
 from __future__ import annotations
@@ -185,3 +190,289 @@ def test_llava_next_generates_token_for_token_from_new_images(llava_next_generat
         expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     exported = ExportedModel.from_pretrained(output / "dynamo-generation")
     assert torch.equal(exported.generate(**inputs, max_new_tokens=8), expected)
+
+
+# ── The grid_thw family: tiny PaddleOCR-VL (Qwen2-VL-class vision; Qwen2-VL's processor needs torchvision) ──────
+
+
+@pytest.fixture(scope="session")
+def tiny_paddleocr_vl(session_dir):
+    return make_model("tiny-paddleocr-vl", session_dir / "tiny-paddleocr-vl")
+
+
+def _paddleocr_vl_inputs(folder):
+    """The matrix recipe's sample through the model's real processor (PIL images): packed patches + image grids."""
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.inputs import build_sample_inputs
+    from hfexport.models import load_processor
+    from hfexport.recipe.loading import load_recipe
+
+    recipe = load_recipe(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    return model, build_sample_inputs(recipe, load_processor(folder), model.config, recipe.task, "forward")
+
+
+def test_the_engine_alone_computes_no_rope_index_for_the_outer_model(tiny_paddleocr_vl):
+    """Canary of `workarounds.transformers_models.base_rope_index`: transformers 5.23's preparers look for
+    `get_rope_index` on the traced module only, and PaddleOCR-VL's (like Qwen2-VL's) is on its base model; once the
+    engine computes the positions itself, the workaround can go."""
+    from transformers.exporters.utils import prepare_for_export
+
+    from hfexport.workarounds.transformers_models import base_rope_index
+
+    model, inputs = _paddleocr_vl_inputs(tiny_paddleocr_vl)
+    assert list(inputs["image_grid_thw"].tolist()) == [[1, 4, 8], [1, 4, 8]]  # 32 x 64 pixels, 8 x 8 patches
+    assert list(inputs["pixel_values"].shape) == [64, 3, 8, 8]  # two images' patches, packed
+    _, prepared, _ = prepare_for_export(model, dict(inputs))
+    assert prepared.get("position_ids") is None
+    positions = base_rope_index(model, dict(prepared))["position_ids"]
+    expected, _ = model.model.get_rope_index(inputs["input_ids"], image_grid_thw=inputs["image_grid_thw"],
+                                             attention_mask=inputs["attention_mask"],
+                                             mm_token_type_ids=inputs["mm_token_type_ids"])
+    assert positions.shape == (3, *inputs["input_ids"].shape) and (positions == expected).all()
+
+
+def test_a_grid_thw_generation_is_refused_with_the_reason(tiny_paddleocr_vl):
+    """hfexport's generate feeds 1-axis positions; this decode takes the text + (t, h, w) rope positions."""
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    model, _ = _paddleocr_vl_inputs(tiny_paddleocr_vl)
+    with pytest.raises(PlanError, match=r"multi-axis rope positions \(position_ids \[4, 2, 1\]"):
+        build_plan(load_recipe(tiny_paddleocr_vl), "dynamo-generation", model,
+                   processor=load_processor(tiny_paddleocr_vl))
+
+
+PADDLE_PATCHES = 32  # a 32 x 64 image in 8 x 8 patches: image_grid_thw [1, 4, 8]
+PADDLE_SEQ = {"min": 20, "max": 120}
+
+
+def paddleocr_vl_edge_recipe(height: int = IMAGE_SIZE, width: int = 2 * IMAGE_SIZE) -> dict:
+    """The edge contract on the grid_thw family: batch 1, the text dynamic to `PADDLE_SEQ.max`, the image fixed (its
+    packed patches and grid); the rope `position_ids` the engine's preparer adds follow the text (named as prepared)."""
+    from hfexport.testing.models import PADDLEOCR_VL_PROMPT
+
+    text = {"0": 1, "1": "seq"}
+    return {
+        "recipe_version": 1,
+        "task": "image-text-to-text",
+        "dims": {"seq": PADDLE_SEQ},
+        "sample_inputs": {"text": [f"{PADDLEOCR_VL_PROMPT} Describe the picture in one sentence, please."],
+                          "images": {"count": 1, "height": height, "width": width}},
+        "targets": {"edge": {
+            "export_format": "dynamo", "mode": "forward",
+            "dynamic_shapes": {"input_ids": text, "attention_mask": text, "mm_token_type_ids": text,
+                               "position_ids": {"1": 1, "2": "seq"}, "pixel_values": {"0": PADDLE_PATCHES},
+                               "image_grid_thw": {"0": 1}},
+            "parity": {"probe": {"seq": [40, PADDLE_SEQ["max"]]}},
+        }},
+    }
+
+
+@pytest.fixture(scope="session")
+def paddleocr_vl_edge(session_dir, tiny_paddleocr_vl):
+    from hfexport.job.run import run_job
+
+    folder = _with_recipe(tiny_paddleocr_vl, session_dir / "paddleocr-vl-edge", paddleocr_vl_edge_recipe())
+    output = session_dir / "paddleocr-vl-edge-out"
+    return output, run_job(folder, output, targets=["edge"])
+
+
+def test_a_grid_thw_edge_contract_reaches_the_graph(paddleocr_vl_edge):
+    """Probes grow the text to 40 and 120 tokens around the fixed image (placeholders and their `mm_token_type_ids`
+    kept, the rope positions recomputed per probe by the preparer) and match eager."""
+    import torch
+
+    output, report = paddleocr_vl_edge
+    target = report.targets["edge"]
+    assert target.status == "ok", target.error
+    assert target.verification["passed"], target.verification["failures"]
+    assert {probe["name"] for probe in target.verification["probes"]} >= {"seq=40", f"seq={PADDLE_SEQ['max']}"}
+    program = torch.export.load(str(output / "edge" / "model.pt2"))
+    shapes = {node.name: node.meta["val"].shape for node in program.graph.nodes if node.op == "placeholder"}
+    assert list(shapes["pixel_values"]) == [PADDLE_PATCHES, 3, 8, 8]  # the image: fixed
+    assert list(shapes["image_grid_thw"]) == [1, 3]
+    batch, seq = shapes["input_ids"]
+    assert batch == 1 and isinstance(seq, torch.SymInt)  # the text: dynamic
+    bounds = program.range_constraints[seq.node.expr]
+    assert (int(bounds.lower), int(bounds.upper)) == (PADDLE_SEQ["min"], PADDLE_SEQ["max"])
+    assert shapes["position_ids"][0] == 3 and shapes["position_ids"][2].node.expr == seq.node.expr
+    # the text's 3-axis rope positions, computed before tracing by the engine's preparer on the base model: one
+    # more input of the graph, recorded in the report
+    sample = target.plan["components"]["model"]["input_shapes"]["input_ids"]["shape"]
+    assert target.prepared_inputs == {"model": {"position_ids": {"kind": "added", "shape": [3, *sample],
+                                                                 "dtype": "int64"}}}
+
+
+def test_a_grid_thw_image_of_another_size_is_refused_naming_the_field(session_dir, tiny_paddleocr_vl):
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    folder = _with_recipe(tiny_paddleocr_vl, session_dir / "paddleocr-vl-mismatch",
+                          paddleocr_vl_edge_recipe(height=2 * IMAGE_SIZE, width=2 * IMAGE_SIZE))
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(folder), "edge", model, processor=load_processor(folder))
+    assert str(refused.value).startswith("targets.edge.dynamic_shapes.")
+    assert f"the recipe pins this axis to {PADDLE_PATCHES}, but the sample input has size" in str(refused.value)
+
+
+def test_a_text_growing_probe_marks_the_turned_placeholders_as_text():
+    """The rope index groups image grids by `mm_token_type_ids`: a tiled placeholder turned into text is text there."""
+    import torch
+
+    from hfexport.verify.probes import keep_image_tokens
+
+    image = 9
+    sample = {"input_ids": torch.tensor([[0, image, image, 5, 6]]), "mm_token_type_ids": torch.tensor([[0, 1, 1, 0, 0]])}
+    grown = {name: torch.cat([value, value[:, :3]], dim=1) for name, value in sample.items()}
+    kept = keep_image_tokens(grown, sample, image)
+    assert kept["input_ids"].tolist() == [[0, image, image, 5, 6, 0, 6, 6]]
+    assert kept["mm_token_type_ids"].tolist() == [[0, 1, 1, 0, 0, 0, 0, 0]]
+
+
+# ── The `target_sizes` family: tiny MiniCPM-V 4.6 (NaViT-style packed vision encoder) ────────────────────────────
+
+
+@pytest.fixture(scope="session")
+def tiny_minicpm_v(session_dir):
+    return make_model("tiny-minicpm-v", session_dir / "tiny-minicpm-v")
+
+
+def _minicpm_v_image(seed: int):
+    import numpy as np
+    from PIL import Image
+
+    from hfexport.testing.models import MINICPM_V_IMAGE
+
+    shape = (MINICPM_V_IMAGE["height"], MINICPM_V_IMAGE["width"], 3)
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+
+
+def test_a_processor_that_needs_a_missing_library_is_refused_with_transformers_message(tiny_minicpm_v):
+    """MiniCPM-V's processor needs its video processor, which needs torchvision: the job says so instead of falling
+    back to the tokenizer (which would turn the recipe's images into something else and fail later)."""
+    import importlib.util
+
+    from hfexport.errors import SourceError
+    from hfexport.models import load_processor
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the processor loads")
+    with pytest.raises(SourceError) as refused:
+        load_processor(tiny_minicpm_v)
+    assert str(refused.value) == ("cannot load the model's processor: MiniCPMV4_6VideoProcessor requires the "
+                                  "Torchvision library but it was not found in your environment")
+
+
+@pytest.fixture(scope="session")
+def minicpm_v_generation(session_dir, tiny_minicpm_v):
+    """tiny-minicpm-v's `dynamo-generation` target (batch 1, one fixed-size image), exported and verified by the job
+    from the processor's inputs made without it (`minicpm_v_inputs`): (output folder, JobReport)."""
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import minicpm_v_inputs
+
+    inputs = minicpm_v_inputs(tiny_minicpm_v, ["<image> Describe the picture"], [_minicpm_v_image(0)])
+    output = session_dir / "minicpm-v-generation"
+    return output, run_job(tiny_minicpm_v, output, targets=["dynamo-generation"], inputs=inputs)
+
+
+def test_minicpm_v_generates_token_for_token_from_new_images(minicpm_v_generation, tiny_minicpm_v):
+    """The `target_sizes` preparer adds the image encoder's nearest position ids, window index and window lengths at
+    export; the export records what computing them again needs (`input_preparers.json`), so generating from the files
+    on images the export never saw (same size: the contract) gives `model.generate`'s tokens with no torch model."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport import ExportedModel
+    from hfexport.testing.models import minicpm_v_inputs
+
+    output, report = minicpm_v_generation
+    target = report.targets["dynamo-generation"]
+    assert target.status == "ok" and target.verification["passed"], target.verification["failures"]
+    assert target.verification["generation"]["token_agreement"] == 1.0
+    prepared = target.prepared_inputs["image_encoder"]
+    assert {"position_ids", "window_index", "cu_window_seqlens", "merged_shape"} <= set(prepared)
+    assert prepared["window_index"]["kind"] == "added" and prepared["window_index"]["shape"] == [64]
+    exported = ExportedModel.from_pretrained(output / "dynamo-generation")
+    assert exported.input_preparers["image_encoder"]["attributes"] == {
+        "num_patches_per_side": 16, "window_kernel_size": [2, 2], "patch_size": 4}
+    model = AutoModelForImageTextToText.from_pretrained(tiny_minicpm_v).eval()
+    for seed, text in ((7, "<image> What is this?"), (8, "<image> The quick brown fox jumps over the lazy dog")):
+        inputs = minicpm_v_inputs(tiny_minicpm_v, [text], [_minicpm_v_image(seed)])
+        with torch.no_grad():
+            expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+        assert torch.equal(exported.generate(**inputs, max_new_tokens=8), expected)
+
+
+def test_a_broken_input_preparers_file_is_refused_naming_the_field(minicpm_v_generation, tmp_path):
+    from hfexport import ExportedModel
+    from hfexport.errors import CorruptExportError
+
+    output, _ = minicpm_v_generation
+    folder = tmp_path / "export"
+    shutil.copytree(output / "dynamo-generation", folder)
+    data = json.loads((folder / "input_preparers.json").read_text(encoding="utf-8"))
+    data["image_encoder"]["attributes"]["__class__"] = "os.system"
+    (folder / "input_preparers.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(CorruptExportError) as refused:
+        ExportedModel.from_pretrained(folder)
+    assert "input_preparers.json: $.image_encoder.attributes.__class__: expected one of" in str(refused.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export_format", ["onnx", "openvino"])
+def test_minicpm_v_generates_token_for_token_in_onnx_and_openvino(export_format, session_dir, tiny_minicpm_v):
+    """As on torch.export: the job's gate passes, and the saved files generate `model.generate`'s tokens on new
+    images, each prepared from `input_preparers.json` (about 5 min per format at load 25 on 2 cores)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport import ExportedModel
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import minicpm_v_inputs
+
+    target = f"{export_format}-generation"
+    inputs = minicpm_v_inputs(tiny_minicpm_v, ["<image> Describe the picture"], [_minicpm_v_image(0)])
+    output = session_dir / f"minicpm-v-{target}"
+    report = run_job(tiny_minicpm_v, output, targets=[target], inputs=inputs)
+    checked = report.targets[target]
+    assert checked.status == "ok" and checked.verification["passed"], checked.verification["failures"]
+    assert checked.verification["generation"]["token_agreement"] == 1.0
+    exported = ExportedModel.from_pretrained(output / target)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_minicpm_v).eval()
+    for seed, text in ((7, "<image> What is this?"), (8, "<image> The quick brown fox jumps over the lazy dog")):
+        prompt = minicpm_v_inputs(tiny_minicpm_v, [text], [_minicpm_v_image(seed)])
+        with torch.no_grad():
+            expected = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+        assert torch.equal(exported.generate(**prompt, max_new_tokens=8), expected)
+
+
+def test_an_uploaded_image_that_breaks_the_tile_contract_is_refused_naming_the_field(session_dir, tiny_llava_next,
+                                                                                     tmp_path):
+    """A person's own image (`sample_files`, the Space's upload) is held to the recipe's contract like a synthesized
+    one: a square photo tiles into 2 crops under anyres, where the edge target pins 3, so the plan refuses it naming
+    the field, before anything is traced."""
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.samples import read_sample
+
+    recipe = edge_recipe(text="<image> " + "The quick brown fox jumps over the lazy dog. " * 3)
+    folder = _with_recipe(tiny_llava_next, session_dir / "llava-next-upload", recipe)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "sq.png")
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(folder), "edge", model, processor=load_processor(folder),
+                   samples={"image": read_sample(tmp_path / "sq.png", "image")})
+    assert str(refused.value).startswith("targets.edge.dynamic_shapes.pixel_values.1:")
+    assert f"the recipe pins this axis to {TILES}, but the sample input has size 2" in str(refused.value)

@@ -16,8 +16,21 @@ import pytest
 
 from hfexport.files import MANIFEST_FILE
 
-LLAMA_TARGETS = ["pt2", "onnx-generation", "openvino-generation", "pte-generation"]
+#: The default ExecuTorch generation target of a decoder (no layout named): one program in TextLLMRunner's contract
+#: (hfexport.executorch_llm), the model wrapped in transformers' `TorchExportableModuleWithStaticCache`.
+LLM_TARGET = "pte-llm"
+LLAMA_TARGETS = ["pt2", "onnx-generation", "openvino-generation", "pte-generation", LLM_TARGET]
 BERT_TARGETS = ["onnx", "openvino", "pt2", "pte"]
+
+
+def _with_llm_target(folder: Path) -> Path:
+    """The model folder's recipe with the LLM runner program as one more target."""
+    path = folder / "export_config.json"
+    recipe = json.loads(path.read_text())
+    recipe["targets"][LLM_TARGET] = {"export_format": "executorch", "mode": "generation",
+                                     "options": {"backend": "xnnpack"}, "parity": {"generate": {"max_new_tokens": 8}}}
+    path.write_text(json.dumps(recipe, indent=2))
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +38,11 @@ def checkpoints(session_dir, tiny_llama, tiny_bert):
     """{model: (old checkpoint, new checkpoint)}: two trained-looking checkpoints of each tiny model."""
     from hfexport.testing.models import perturbed_checkpoint
 
-    return {name: (perturbed_checkpoint(source, session_dir / f"rebind-{name}-old", seed=1),
-                   perturbed_checkpoint(source, session_dir / f"rebind-{name}-new", seed=2))
-            for name, source in (("llama", tiny_llama), ("bert", tiny_bert))}
+    checkpoints = {name: (perturbed_checkpoint(source, session_dir / f"rebind-{name}-old", seed=1),
+                          perturbed_checkpoint(source, session_dir / f"rebind-{name}-new", seed=2))
+                   for name, source in (("llama", tiny_llama), ("bert", tiny_bert))}
+    checkpoints["llama"] = tuple(_with_llm_target(folder) for folder in checkpoints["llama"])
+    return checkpoints
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +86,11 @@ def test_a_push_of_new_weights_is_rebound_into_every_format_and_gated(model, pre
         assert (target.status, target.method) == ("ok", "rebind"), (name, target.error, target.rebind)
         assert target.rebind["fallback"] is None and target.rebind["bytes_written"] > 0
         assert target.verification["passed"]  # the full gate against the new eager model
-        if name in ("onnx-generation", "openvino-generation"):  # and the deployment runtimes, as for an export
+        if name in ("onnx-generation", "openvino-generation", LLM_TARGET):  # and the deployment runtimes
             assert target.runtimes and {check["verdict"] for check in target.runtimes} <= {"passed", "not_checked"}
+        if name == LLM_TARGET:  # ExecuTorch's own TextLLMRunner ran the rebound program token for token
+            runner = {check["runtime"]: check for check in target.runtimes}["executorch-llm-runner"]
+            assert runner["verdict"] == "passed", runner
         after = _files(output / name)
         changed = {file for file in after if after[file] != before[name].get(file)}
         # only weights and the report changed: graphs, manifest (with its map) and configs are byte-identical
@@ -184,6 +202,116 @@ def test_a_corrupted_weight_map_is_caught_by_the_gate(previous_exports, checkpoi
     assert (target.status, target.method) == ("ok", "export")
     assert target.rebind["fallback"].startswith("the rebound artifact failed the gate")
     assert target.verification["passed"]
+
+
+def test_the_llm_programs_map_and_a_corrupted_one_caught_by_the_gate_and_textllmrunner(previous_exports, checkpoints,
+                                                                                       tmp_path):
+    """The LLM runner program wraps the model in `TorchExportableModuleWithStaticCache`: its `.ptd` names the
+    constants with the wrapper's prefix (`model.model.norm.weight`) and XNNPACK's weights by hash, and its static KV
+    cache is a mutable buffer the program plans in memory, neither stored nor a weight. The map still covers every
+    state_dict key. Two same-shaped weights swapped in that map: the rebound program fails the gate
+    (`ExportedModel.generate` against `model.generate`) and ExecuTorch's TextLLMRunner both."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hfexport.deployment.gate import check_runtimes
+    from hfexport.plan import build_plan
+    from hfexport.rebind.folder import rebind_copy
+    from hfexport.rebind.weight_map import stored_tensors
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.verify.check import verify_exported
+
+    source = previous_exports["llama"] / LLM_TARGET
+    manifest = json.loads((source / MANIFEST_FILE).read_text())
+    weight_map = manifest["weight_map"]
+    by_key = {entry["parts"][0]["keys"][0]: entry for entry in weight_map["tensors"]}
+    assert by_key["model.norm.weight"]["name"] == "ptd:model.model.norm.weight"  # state_dict key -> .ptd key
+    assert by_key["lm_head.weight"]["file"] == "model.pte" and by_key["lm_head.weight"]["name"].startswith("ptd:")
+    stored = [name for entries in stored_tensors(source, manifest).values() for name in entries]
+    assert not [name for name in stored if "cache" in name.lower()], stored  # the KV cache is not stored
+    assert not weight_map["uncovered"] and not weight_map["unmapped"] and not weight_map["degenerate"]
+
+    q, o = by_key["model.layers.0.self_attn.q_proj.weight"], by_key["model.layers.0.self_attn.o_proj.weight"]
+    q["parts"], o["parts"] = o["parts"], q["parts"]
+    new = checkpoints["llama"][1]
+    model = AutoModelForCausalLM.from_pretrained(new).eval()
+    tokenizer = AutoTokenizer.from_pretrained(new)
+    folder = tmp_path / LLM_TARGET
+    assert rebind_copy(source, folder, manifest, model) > 0
+    assert (folder / "model.pte").read_bytes() == (source / "model.pte").read_bytes()
+    plan = build_plan(load_recipe(json.loads((new / "export_config.json").read_text())), LLM_TARGET, model, None,
+                      tokenizer, source=new)
+    verification = verify_exported(folder, model, plan, tokenizer)
+    assert not verification["passed"] and verification["failures"]
+    runner = {check.runtime: check for check in check_runtimes(folder, model, plan, tokenizer)}
+    assert runner["executorch-llm-runner"].verdict == "failed", runner["executorch-llm-runner"]
+
+
+@pytest.fixture(scope="session")
+def mbart_export(session_dir, tiny_mbart):
+    """tiny mBART (untied: its `model.shared.weight` is a parameter no graph reads) trained-looking, exported to its
+    ONNX generation target once: (OUTPUT, old checkpoint, new checkpoint). The new checkpoint leaves `model.shared`
+    as it was, as training leaves a parameter that gets no gradient."""
+    from safetensors.torch import load_file, save_file
+
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import perturbed_checkpoint
+
+    old = perturbed_checkpoint(tiny_mbart, session_dir / "rebind-mbart-old", seed=1)
+    new = perturbed_checkpoint(tiny_mbart, session_dir / "rebind-mbart-new", seed=2)
+    (weights,) = new.glob("*.safetensors")
+    tensors = load_file(weights)
+    (previous,) = old.glob("*.safetensors")
+    tensors["model.shared.weight"] = load_file(previous)["model.shared.weight"]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    output = session_dir / "rebind-mbart-out"
+    report = run_job(old, output, ["onnx-generation"], workers=1, latency=False)
+    assert report.status == "ok", {n: t.error for n, t in report.targets.items()}
+    return output, old, new
+
+
+def test_the_seq2seq_layouts_merged_decoder_is_rebound_and_an_unread_parameter_must_be_unchanged(mbart_export,
+                                                                                                 tmp_path):
+    """The seq2seq layout's `decoder_model_merged.onnx` keeps its two branches' weights once, in the outer graph:
+    the map holds each there (and the encoder's in `encoder_model.onnx`), a push rewrites both files' weights and
+    nothing else, and the gate passes. The untied mBART's `model.shared.weight` is read by no graph (uncovered):
+    the map records its value, and a push that changed it is refused."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hfexport.job.run import run_job
+    from hfexport.rebind.weight_map import refusal
+
+    source, old, new = mbart_export
+    output = _copy(source, tmp_path / "out", ["onnx-generation"])
+    folder = output / "onnx-generation"
+    weight_map = json.loads((folder / MANIFEST_FILE).read_text())["weight_map"]
+    assert weight_map["uncovered"] == ["model.shared.weight"] and not weight_map["unmapped"]
+    assert not weight_map["degenerate"] and set(weight_map["uncovered_sha256"]) == {"model.shared.weight"}
+    held = {}
+    for entry in weight_map["tensors"]:
+        for part in entry["parts"]:
+            for key in part["keys"]:
+                held.setdefault(key, set()).add(entry["file"])
+    assert held["model.decoder.layers.0.self_attn.q_proj.weight"] == {"decoder_model_merged.onnx"}
+    assert held["model.encoder.layers.0.self_attn.q_proj.weight"] == {"encoder_model.onnx"}
+
+    changed = AutoModelForSeq2SeqLM.from_pretrained(new)
+    with torch.no_grad():
+        changed.model.shared.weight.add_(1e-3)
+    assert "model.shared.weight maps to no stored tensor of the previous export, and its value changed" in \
+        refusal(weight_map, weight_map["rebind_key"], changed)
+    assert refusal(weight_map, weight_map["rebind_key"], AutoModelForSeq2SeqLM.from_pretrained(new)) is None
+
+    before = _files(folder)
+    target = run_job(new, output, ["onnx-generation"], workers=1, latency=False).targets["onnx-generation"]
+    assert (target.status, target.method) == ("ok", "rebind"), (target.error, target.rebind)
+    assert target.verification["passed"] and target.rebind["bytes_written"] > 0
+    after = _files(folder)
+    files = {file for file in after if after[file] != before.get(file)}
+    assert {"encoder_model.onnx_data", "decoder_model_merged.onnx_data"} <= files
+    assert not files & {MANIFEST_FILE, "config.json", "generation_config.json"}
+    for graph in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        assert _without_weights(after[graph]) == _without_weights(before[graph]), graph
 
 
 def test_a_weight_map_is_checked_on_load(previous_exports):

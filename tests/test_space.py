@@ -692,3 +692,124 @@ def test_a_ticked_quantized_variant_is_added_to_the_recipe_converted_gated_and_p
     assert len(published["onnx/model_quantized.onnx"]) < len(published["onnx/model.onnx"])
     description = hub.discussions(repo)[0]
     assert "edited in the hfexport Space" in json.dumps(description), description
+
+
+# ── The visitor's own sample image or clip (issue 32) ────────────────────────
+
+
+def _image_file(path: Path, size=(70, 50)) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def test_a_vision_language_model_converts_on_an_uploaded_image_named_in_the_report_and_pr(space, hub, new_page,
+                                                                                         tiny_llava, tmp_path):
+    """Tiny LLaVA from the local Hub: its processor takes images, so the page offers an image upload (and no audio
+    one). A file that is no image is refused with its name and nothing runs; a real image is converted on (the
+    export traced and verified on it), the results and the pull request name it, never the path it came from."""
+    from playwright.sync_api import expect
+
+    repo = seed(hub, "space-llava-sample", tiny_llava)
+    bert = seed(hub, "space-sample-bert", EXAMPLES / "tiny-bert")
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    broken = uploads / "holiday.png"
+    broken.write_bytes(b"this is text, not a PNG\n")
+    image = _image_file(uploads / "street scene.png")
+    page = new_page()
+    sign_in(page)
+
+    load(page, bert)  # no processor that takes images or audio: no upload offered
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    expect(page.locator("#sample-image")).to_be_hidden()
+    expect(page.locator("#sample-audio")).to_be_hidden()
+
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    expect(page.locator("#sample-image")).to_be_visible()
+    expect(page.locator("#sample-audio")).to_be_hidden()
+    page.locator("#sample-note", has_text="processor takes an image").wait_for()
+    shot(page, "40-sample-upload-offered")
+
+    notes = uploads / "notes.txt"
+    notes.write_text("a text file\n")
+    page.locator("#sample-image input[type=file]").set_input_files(str(notes))  # any file reaches the check
+    page.locator("#sample-note", has_text="notes.txt: not an image").wait_for(timeout=JOB_TIMEOUT_MS)
+    page.locator("#sample-image input[type=file]").set_input_files(str(broken))
+    page.locator("#sample-note", has_text="holiday.png").wait_for(timeout=JOB_TIMEOUT_MS)
+    note = text_of(page, "#sample-note")
+    assert "Unusable sample file" in note and "not an image" in note, note
+    assert str(uploads) not in page.content() and "Traceback" not in page.content()
+    shot(page, "41-sample-refused")
+
+    page.locator("#sample-image input[type=file]").set_input_files(str(image))
+    page.locator("#sample-note", has_text="street scene.png").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "70 × 50 px" in text_of(page, "#sample-note")
+    shot(page, "42-sample-accepted")
+
+    page.locator("#convert").click()
+    page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
+    results = text_of(page, "#results")
+    assert "passed" in results and "Parity" in results, results
+    assert "Sample input" in results and "street scene.png" in results and "70 × 50 px" in results, results
+    assert str(uploads) not in page.content() and str(space.settings.workdir) not in results
+    shot(page, "43-converted-on-the-sample")
+
+    page.locator("#open-pr").click()
+    page.locator("#pr-result", has_text="pull request").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "Opened pull request #1" in text_of(page, "#pr-result"), text_of(page, "#pr-result")
+    files = hub.files(repo, "refs/pr/1")
+    report = json.loads(files["onnx/export_report.json"])
+    target = report["targets"]["onnx-forward"]
+    assert target["status"] == "ok" and target["verification"]["passed"]
+    [sample] = target["sample_files"]
+    assert (sample["kind"], sample["name"], sample["width"], sample["height"]) == ("image", "street scene.png", 70, 50)
+    assert sample["bytes"] == image.stat().st_size
+    [pr] = hub.discussions(repo)
+    description = pr["events"][0]["data"]["latest"]["raw"]
+    assert "street scene.png" in description and "Sample input" in description, description
+    published = json.dumps(report) + description + files["README.md"].decode()
+    assert str(uploads) not in published and str(space.settings.workdir) not in published
+    shot(page, "44-pr-names-the-sample")
+
+
+def test_a_speech_model_offers_a_wav_upload_and_refuses_a_clip_it_cannot_decode(space, hub, new_page,
+                                                                               tmp_path_factory):
+    """Tiny Whisper: its processor is an audio feature extractor, so the page offers a WAV upload (no image one). A
+    32-bit float WAV (which the stdlib decoder does not read) and a file that is no WAV are refused by name, with
+    what to do, and no pull request is made."""
+    import struct
+
+    from hfexport.testing.models import make_model
+    from playwright.sync_api import expect
+
+    folder = tmp_path_factory.mktemp("space-whisper")
+    repo = seed(hub, "space-whisper-sample", make_model("tiny-whisper", folder / "tiny-whisper"))
+    floats = folder / "float.wav"
+    data = struct.pack("<4f", 0.0, 0.1, -0.1, 0.0)
+    fmt = struct.pack("<HHIIHH", 3, 1, 16000, 64000, 4, 32)
+    floats.write_bytes(b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<I", 16) + fmt
+                       + b"data" + struct.pack("<I", len(data)) + data)
+    mp3 = folder / "speech.wav"
+    mp3.write_bytes(b"ID3\x03\x00" + bytes(200))  # an MP3 named .wav
+    page = new_page()
+    sign_in(page)
+    load(page, repo)
+    page.locator("#recipe-status", has_text="Valid recipe").wait_for()
+    expect(page.locator("#sample-audio")).to_be_visible()
+    expect(page.locator("#sample-image")).to_be_hidden()
+    page.locator("#sample-note", has_text="a WAV clip").wait_for()
+
+    page.locator("#sample-audio input[type=file]").set_input_files(str(floats))
+    page.locator("#sample-note", has_text="Unusable sample file").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "float.wav" in text_of(page, "#sample-note") and "16-bit PCM" in text_of(page, "#sample-note")
+    page.locator("#sample-audio input[type=file]").set_input_files(str(mp3))
+    page.locator("#sample-note", has_text="not a WAV file").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "speech.wav" in text_of(page, "#sample-note") and "Traceback" not in page.content()
+    assert str(folder) not in page.content()
+    shot(page, "45-audio-sample-refused")
+    assert hub.discussions(repo) == []

@@ -16,11 +16,12 @@ from typing import Any
 from transformers.exporters import AutoExportConfig as _EngineAutoExportConfig
 from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
+from hfexport.errors import Problem, RecipeError
 from hfexport.engine import export_backends, exporter_class, traced_cache_layout
 from hfexport.executorch_llm import export as export_llm_program
 from hfexport.workarounds.executorch import executorch_fixes
 from hfexport.exported import ExportedModel
-from hfexport.workarounds.transformers_models import modeling_fixes
+from hfexport.workarounds.transformers_models import base_rope_index, modeling_fixes
 from hfexport.workarounds.onnxscript import onnx_fixes
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
@@ -211,6 +212,12 @@ def _format_fixes(plan, model):
 
 def run_plan(plan, model) -> ExportedModel:
     """The engine call a plan stands for: `export` for mode forward, `export_for_generation` for generation."""
+    if plan.target.dtype and plan.target.mode == "generation" and getattr(model.config, "is_encoder_decoder", False):
+        # the two graphs of encoder_model.onnx + decoder_model_merged.onnx would be converted but published under the
+        # float32 names, which transformers.js and optimum load as float32: refused rather than published misnamed
+        raise RecipeError(Problem(f"targets.{plan.target.name}.dtype", "float16 is for decoder-only generation and "
+                                  "forward targets: an encoder-decoder's encoder_model.onnx + decoder_model_merged.onnx "
+                                  "have no float16 names in hfexport's layout yet"))
     if plan.llm_runner is not None:
         # ExecuTorch's LLM runner contract: hfexport's own export (the engine cannot add the runner's metadata methods
         # nor hold the cache in the program; hfexport.executorch_llm says why), with the same lowering fixes
@@ -220,7 +227,9 @@ def run_plan(plan, model) -> ExportedModel:
     exporter = AutoHfExporter.from_config(next(iter(plan.components.values())).config)
     with _format_fixes(plan, model):
         if plan.mode == "forward":
-            exported = exporter.export(model, dict(plan.inputs), plan.config)
+            # the rope positions the engine's preparers compute on the base model, where they miss them on the model
+            # (hfexport.workarounds.transformers_models.base_rope_index; the plan's shapes include them)
+            exported = exporter.export(model, base_rope_index(model, dict(plan.inputs)), plan.config)
         else:
             configs = plan.config
             # hfexport's own components (an encoder-decoder's encoder, a VLM's image encoder and embedding merge:
@@ -247,4 +256,9 @@ def run_plan(plan, model) -> ExportedModel:
             import copy
 
             exported.generation_config = copy.deepcopy(model.generation_config)
-    return ExportedModel.from_engine(exported)
+    result = ExportedModel.from_engine(exported)
+    result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.onnx_float16)
+    # what running the engine's input preparers again needs, per component whose inputs they added to
+    result.input_preparers = {name: component.preparer_context for name, component in plan.components.items()
+                              if component.preparer_context and name in result.components}
+    return result

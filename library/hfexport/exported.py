@@ -20,6 +20,7 @@ from hfexport.executorch_llm import load_program as load_executorch  # a .pte wi
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
+    PublishError,
     SourceError,
     UnsafeExportError,
     first_line,
@@ -30,7 +31,7 @@ from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
-from hfexport import onnx_seq2seq
+from hfexport import onnx_float16, onnx_seq2seq, preparers
 from hfexport.onnx_contract import to_contract
 from hfexport.onnx_runner import OnnxFileRunner
 from hfexport.workarounds.openvino import copy_returned_inputs
@@ -56,7 +57,13 @@ from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
 
 
 class ExportedModel(_EngineExportedModel):
-    """The engine's `ExportedModel`, returned by every hfexport export."""
+    """The engine's `ExportedModel`, returned by every hfexport export.
+
+    `save_dtype`: the dtype its ONNX graphs are converted to when saved (the recipe target's `dtype`, "float16":
+    `hfexport.onnx_float16`); None keeps the exported dtype. The graphs in memory stay as exported; the saved files,
+    and what `load` reads back, are float16."""
+
+    save_dtype: str | None = None
 
     @classmethod
     def from_engine(cls, exported: _EngineExportedModel) -> ExportedModel:
@@ -110,25 +117,49 @@ class ExportedModel(_EngineExportedModel):
         copy_returned_inputs(self.runners)
         return self
 
-    def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs):
+    def save_pretrained(self, save_directory, *args, tokenizer=None, push_to_hub=False, **kwargs):
         """The engine's `save_pretrained`; a decoder-only generation export is then put in its runtimes' contract:
         ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.onnx_contract`)
         for transformers.js, optimum and onnxruntime-genai; an ONNX encoder-decoder (encoder, prefill, decode) as
         `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.onnx_seq2seq`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
         `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
-        for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files."""
+        for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files.
+
+        `push_to_hub=True` uploads once every file is written (`repo_id`, `commit_message`, `token`, `private` as the
+        engine takes them): the engine's own upload runs before the files written here (the `.ptd`, the runtimes'
+        layout) exist, so it would publish an export its loaders cannot open."""
+        if push_to_hub:
+            return self._save_and_push(Path(save_directory), *args, tokenizer=tokenizer, **kwargs)
         export_format = str(getattr(self.export_format, "value", self.export_format))
         if export_format == "executorch":  # each program's weights in its .ptd (an LLM runner program's model.ptd too)
             result = self._save_executorch(save_directory, *args, **kwargs)
         else:
             result = super().save_pretrained(save_directory, *args, **kwargs)
         if export_format == "onnx":
+            if self.save_dtype == onnx_float16.FLOAT16:
+                onnx_float16.convert(Path(save_directory))
             to_contract(Path(save_directory))
             onnx_seq2seq.to_contract(Path(save_directory))
         if any(is_llm_program(component.metadata) for component in self.components.values()):
             save_tokenizer(Path(save_directory), tokenizer)  # ExecuTorch's LLM runner reads tokenizer.json beside it
         finish_runtime_layout(save_directory, tokenizer)
+        preparers.write(save_directory, getattr(self, "input_preparers", {}))
         return result
+
+    def _save_and_push(self, directory: Path, *args, tokenizer=None, commit_message=None, repo_id=None, **hub_kwargs):
+        """Save everything, then upload the files that changed, as the engine's `push_to_hub` does."""
+        from huggingface_hub import HfApi
+
+        directory.mkdir(parents=True, exist_ok=True)
+        timestamps = self._get_files_timestamps(directory)
+        self.save_pretrained(directory, *args, tokenizer=tokenizer)
+        token = hub_kwargs.get("token")
+        try:
+            repo_id = HfApi().create_repo(repo_id or directory.name, exist_ok=True, **hub_kwargs).repo_id
+            self._upload_modified_files(directory, repo_id, timestamps, commit_message=commit_message, token=token)
+        except Exception as error:  # noqa: BLE001 - huggingface_hub's errors, as one readable message
+            raise hub_error(error, repo_id or directory.name, "uploading the export", token=token,
+                            error_class=PublishError) from None
 
     def _save_executorch(self, save_directory, *args, **kwargs):
         """The engine's `save_pretrained` with each program's weights in its own `.ptd` beside the `.pte`
@@ -304,6 +335,11 @@ class ExportedModel(_EngineExportedModel):
         if export_format == "onnx" and DECODE in manifest["components"] and "session_options" not in runner_kwargs:
             # A generation export: many short runs with torch between them (see the function's docstring).
             runner_kwargs["session_options"] = onnx_generation_session_options()
+        input_preparers = {}  # the engine's input preparers run again on new inputs (hfexport.preparers)
+        preparers_file = fetch(prefix + preparers.FILE, False)
+        if preparers_file is not None:  # checked before any program is read
+            label = f"{source}/{prefix}{preparers.FILE}"
+            input_preparers = preparers.check(read_json(preparers_file, label), label)
         components = {}
         for name, entry in manifest["components"].items():
             label = f"{source}/{entry['file']}"
@@ -326,6 +362,7 @@ class ExportedModel(_EngineExportedModel):
                 generation_config = GenerationConfig.from_pretrained(generation_file.parent,
                                                                      config_file_name=generation_file.name)
         model = cls(components, ExportFormat(export_format), generation_config=generation_config)
+        model.input_preparers = input_preparers
         if config_file is not None:
             model.__dict__["_pending_config"] = functools.partial(
                 _read_config, config_file.parent if not prefix else config_file, f"{source}/{config_name}",

@@ -10,6 +10,7 @@ from typing import Any
 
 from hfexport.errors import PlanError
 from hfexport.models import GENERATIVE_TASKS
+from hfexport.samples import SPEC_KEYS
 
 DEFAULT_TEXTS = ["The capital of France is Paris, and", "Exporting a model should be one call."]
 DEFAULT_SEQ = 13
@@ -134,12 +135,18 @@ def synthetic_images(spec: dict, count: int) -> list:
     return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
 
 
-def image_inputs(spec: dict, processor, count: int) -> dict:
-    """Deterministic synthetic RGB images through the image processor."""
+def sample_images(spec: dict, count: int, samples: dict | None = None) -> list:
+    """The sample's `count` images: the given sample image (`hfexport.samples`) in each place, else synthetic ones."""
+    given = (samples or {}).get("image")
+    return [given.image()] * count if given is not None else synthetic_images(spec, count)
+
+
+def image_inputs(spec: dict, processor, count: int, samples: dict | None = None) -> dict:
+    """Deterministic synthetic RGB images (or the given sample image) through the image processor."""
     image_processor = getattr(processor, "image_processor", processor)
     if image_processor is None:
         raise PlanError("sample_inputs.images: the model repo has no image processor")
-    return dict(image_processor(images=synthetic_images(spec, count), return_tensors="pt"))
+    return dict(image_processor(images=sample_images(spec, count, samples), return_tensors="pt"))
 
 
 def is_image_text_processor(processor) -> bool:
@@ -147,7 +154,8 @@ def is_image_text_processor(processor) -> bool:
     return getattr(processor, "tokenizer", None) is not None and getattr(processor, "image_processor", None) is not None
 
 
-def image_text_inputs(texts: list[str], spec: dict, processor, count: int, max_length: int | None = None) -> dict:
+def image_text_inputs(texts: list[str], spec: dict, processor, count: int, max_length: int | None = None,
+                      samples: dict | None = None) -> dict:
     """Texts and images through a multimodal processor in one call: the processor expands each image placeholder
     in the text to that image's token count (the tokenizer alone leaves one placeholder, which the model rejects)."""
     tokenizer = processor.tokenizer
@@ -160,7 +168,7 @@ def image_text_inputs(texts: list[str], spec: dict, processor, count: int, max_l
         # One image per text: a text without the placeholder (`hfexport init`'s default texts) gets it in front,
         # else the processor refuses the images ("... image tokens in the text ...").
         texts = [text if placeholder in text else f"{placeholder} {text}" for text in texts]
-    return dict(processor(text=texts, images=synthetic_images(spec, count), return_tensors="pt", padding=True,
+    return dict(processor(text=texts, images=sample_images(spec, count, samples), return_tensors="pt", padding=True,
                           **kwargs))
 
 
@@ -180,13 +188,19 @@ def _sampling_rate(spec: dict, extractor) -> int:
     return spec.get("sampling_rate") or getattr(extractor, "sampling_rate", 16000)
 
 
-def audio_inputs(spec: dict, processor, count: int) -> dict:
-    """Deterministic synthetic audio (a tone plus seeded noise) through the feature extractor."""
+def sample_audio(spec: dict, count: int, rate: int, samples: dict | None = None) -> list:
+    """The sample's `count` clips at `rate`: the given sample clip (`hfexport.samples`) in each place, else synthetic."""
+    given = (samples or {}).get("audio")
+    return [given.audio(rate)] * count if given is not None else synthetic_audio(spec, count, rate)
+
+
+def audio_inputs(spec: dict, processor, count: int, samples: dict | None = None) -> dict:
+    """Deterministic synthetic audio (a tone plus seeded noise), or the given clip, through the feature extractor."""
     extractor = getattr(processor, "feature_extractor", processor)
     if extractor is None:
         raise PlanError("sample_inputs.audio: the model repo has no feature extractor")
     rate = _sampling_rate(spec, extractor)
-    return dict(extractor(synthetic_audio(spec, count, rate), sampling_rate=rate, return_tensors="pt"))
+    return dict(extractor(sample_audio(spec, count, rate, samples), sampling_rate=rate, return_tensors="pt"))
 
 
 def is_audio_text_processor(processor) -> bool:
@@ -197,7 +211,7 @@ def is_audio_text_processor(processor) -> bool:
             and isinstance(getattr(processor, "audio_token", None), str))
 
 
-def audio_text_inputs(texts: list[str], spec: dict, processor, count: int) -> dict:
+def audio_text_inputs(texts: list[str], spec: dict, processor, count: int, samples: dict | None = None) -> dict:
     """Texts and audio through a multimodal processor in one call, which expands each audio placeholder to that
     clip's token count (as `image_text_inputs` does for images)."""
     tokenizer = processor.tokenizer
@@ -206,7 +220,7 @@ def audio_text_inputs(texts: list[str], spec: dict, processor, count: int) -> di
     placeholder = processor.audio_token
     texts = [text if placeholder in text else f"{placeholder} {text}" for text in texts]
     rate = _sampling_rate(spec, processor.feature_extractor)
-    return dict(processor(text=texts, audio=synthetic_audio(spec, count, rate), sampling_rate=rate,
+    return dict(processor(text=texts, audio=sample_audio(spec, count, rate, samples), sampling_rate=rate,
                           return_tensors="pt", padding=True))
 
 
@@ -221,9 +235,28 @@ def default_sample_spec(task: str | None) -> dict:
     return {"text": DEFAULT_TEXTS}
 
 
-def build_sample_inputs(recipe, processor, config, task: str | None, mode: str = "forward") -> dict[str, Any]:
-    """The inputs a target is traced with: forward kwargs (mode `forward`) or generate kwargs (`generation`)."""
-    spec = recipe.sample_inputs or default_sample_spec(task)
+def sample_spec(recipe, task: str | None) -> dict:
+    """The recipe's `sample_inputs`, or what is synthesized for its task when it names none."""
+    return recipe.sample_inputs or default_sample_spec(task)
+
+
+def check_sample_places(spec: dict, samples: dict | None) -> None:
+    """PlanError when a given sample file (`hfexport.samples`) has no place in the sample inputs: it stands in for
+    the recipe's images (clips), so a recipe whose samples hold none cannot take one."""
+    for kind, sample in (samples or {}).items():
+        key = SPEC_KEYS[kind]
+        if key not in spec:
+            raise PlanError(f"sample_inputs.{key}: the recipe's sample inputs hold no {key}, so the sample {kind} "
+                            f"{sample.name} has no place in them (add `sample_inputs.{key}` to the recipe)")
+
+
+def build_sample_inputs(recipe, processor, config, task: str | None, mode: str = "forward",
+                        samples: dict | None = None) -> dict[str, Any]:
+    """The inputs a target is traced with: forward kwargs (mode `forward`) or generate kwargs (`generation`).
+    `samples`: given sample files by kind (`hfexport.samples.SampleFile`), each in place of every synthesized item of
+    its kind."""
+    spec = sample_spec(recipe, task)
+    check_sample_places(spec, samples)
     dims = recipe.dims
     inputs: dict[str, Any] = {}
     if "tensors" in spec:
@@ -231,9 +264,10 @@ def build_sample_inputs(recipe, processor, config, task: str | None, mode: str =
     count = len(spec.get("text", [])) or DEFAULT_BATCH
     if "text" in spec and "images" in spec and is_image_text_processor(processor):
         inputs.update(image_text_inputs(spec["text"], spec["images"], processor, spec["images"].get("count", count),
-                                        spec.get("max_length")))
+                                        spec.get("max_length"), samples))
     elif "text" in spec and "audio" in spec and is_audio_text_processor(processor):
-        inputs.update(audio_text_inputs(spec["text"], spec["audio"], processor, spec["audio"].get("count", count)))
+        inputs.update(audio_text_inputs(spec["text"], spec["audio"], processor, spec["audio"].get("count", count),
+                                        samples))
     elif "text" in spec:
         # A decoder-only model's generation prompts are left-padded, as `model.generate` expects them, whatever side
         # the checkpoint's tokenizer pads (SmolLM2's pads right): ExecuTorch's LLM runner program and a decode that
@@ -242,9 +276,9 @@ def build_sample_inputs(recipe, processor, config, task: str | None, mode: str =
         inputs.update(text_inputs(spec["text"], processor, config, spec.get("max_length"),
                                   padding_side="left" if decoder_generation else None))
     if "images" in spec and "pixel_values" not in inputs:
-        inputs.update(image_inputs(spec["images"], processor, spec["images"].get("count", count)))
+        inputs.update(image_inputs(spec["images"], processor, spec["images"].get("count", count), samples))
     if "audio" in spec and "input_features" not in inputs:
-        inputs.update(audio_inputs(spec["audio"], processor, spec["audio"].get("count", count)))
+        inputs.update(audio_inputs(spec["audio"], processor, spec["audio"].get("count", count), samples))
     if not inputs:
         raise PlanError("sample_inputs: nothing to build inputs from")
     if mode == "forward" and task in GENERATIVE_TASKS:

@@ -45,6 +45,8 @@ class OnnxFileRunner(ModelRunner):
         self.session = session
         self.input_names = [spec.name for spec in session.get_inputs()]
         self.output_names = [spec.name for spec in session.get_outputs()]
+        #: the float16 inputs of a float16 graph (`hfexport.onnx_float16`): fed at float16, as its runtimes feed them
+        self.half_inputs = frozenset(spec.name for spec in session.get_inputs() if spec.type == "tensor(float16)")
         self.merged = onnx_seq2seq.is_merged(self.input_names)  # decoder_model_merged.onnx (both prefill and decode)
 
     @property
@@ -81,7 +83,7 @@ class OnnxFileRunner(ModelRunner):
         missing = [name for name in self.input_names if name not in inputs]
         if missing:
             raise ValueError(f"The graph takes {missing}, which {list(kwargs)} don't hold.")
-        feeds = {name: tensor.detach().cpu().contiguous().numpy() for name, tensor in inputs.items()}
+        feeds = {name: _at(tensor, name in self.half_inputs) for name, tensor in inputs.items()}
         outputs = self.session.run(self.output_names, feeds)
         return self.unflatten([torch.from_numpy(output) for output in outputs])
 
@@ -94,7 +96,7 @@ class OnnxFileRunner(ModelRunner):
         names = [name for name in self.input_names if name != onnx_seq2seq.USE_CACHE_BRANCH]
         paths = [onnx_seq2seq.leaf_path(name) for name in names]
         leaves = onnx_inputs(paths, kwargs)
-        feeds = {name: leaves[path].detach().cpu().contiguous().numpy()
+        feeds = {name: _at(leaves[path], name in self.half_inputs)
                  for name, path in zip(names, paths, strict=True) if path in leaves}
         pasts = [spec for spec in self.session.get_inputs() if spec.name.startswith("past_key_values.")]
         use_cache = any(spec.name in feeds for spec in pasts)
@@ -111,3 +113,11 @@ class OnnxFileRunner(ModelRunner):
         wanted = onnx_seq2seq.engine_outputs(self.session.get_modelmeta().custom_metadata_map, use_cache)
         outputs = [found.get(name, feeds.get(name)) for name in map(onnx_seq2seq.contract_output, wanted)]
         return self.unflatten([torch.from_numpy(numpy.ascontiguousarray(output)) for output in outputs])
+
+
+def _at(tensor, half: bool):
+    """A tensor as the NumPy array fed to the session: a float32 tensor given to a float16 input (a float32 model's
+    cache or pixels, fed to a graph converted to float16) cast to float16, as the graph's runtimes hold it."""
+    if half and tensor.is_floating_point() and tensor.dtype != torch.float16:
+        tensor = tensor.to(torch.float16)
+    return tensor.detach().cpu().contiguous().numpy()

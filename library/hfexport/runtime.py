@@ -199,7 +199,8 @@ def _read_runner(runner, program) -> dict:
     session = getattr(runner, "session", None)
     if session is not None and hasattr(session, "get_providers"):  # ONNX Runtime
         entry = {"device": "cpu" if session.get_providers() == ["CPUExecutionProvider"] else "accelerator",
-                 "providers": list(session.get_providers()), "precision": "f32"}
+                 "providers": list(session.get_providers()),
+                 "precision": "f16" if _metadata_dtype(runner) == "f16" else "f32"}  # a float16 graph computes in it
         if _onnx_is_int8(program):
             entry["precision"] = "int8"
             entry["int8_path"] = cpu_info()["int8_path"]

@@ -35,6 +35,7 @@ class RuntimeCheck:
     first_difference: dict | None = None  # {"prompt", "position", "expected", "got"} when tokens differ
     batch_sizes: list[int] | None = None  # the batch sizes it generated at (1, and a left-padded batch where it batches)
     precision: str | None = None  # what the runtime computed at, read back where it says (f32, bf16, ...)
+    token_agreement: float | None = None  # judged by an agreement floor (quantized, float16): the share that agreed
     seconds: float | None = None
 
     def to_dict(self) -> dict:
@@ -84,17 +85,18 @@ def token_agreement(expected: list[list[int]], got: list[list[int]]) -> float:
 def judge_tokens(runtime: str, request: GenerationRequest, expected: list[list[int]], got: list[list[int]],
                  **fields) -> RuntimeCheck:
     """A runtime's new tokens against `model.generate`'s, the way the gate judges the target itself: token for token
-    (`compare_tokens`) for a float32 target; for a quantized one (`request.min_token_agreement` < 1, the target's
-    `hfexport.verify.thresholds.resolve`), passed when the token agreement reaches that floor."""
+    (`compare_tokens`) for a float32 target; for a quantized or float16 one (`request.min_token_agreement` < 1, the
+    target's `hfexport.verify.thresholds.resolve`), passed when the token agreement reaches that floor."""
     floor = request.min_token_agreement
     if floor >= 1.0:
         return compare_tokens(runtime, expected, got, **fields)
     agreement, difference = token_agreement(expected, got), first_difference(expected, got)
+    fields.setdefault("token_agreement", round(agreement, 4))
     if agreement >= floor:
         return RuntimeCheck(runtime, PASSED, first_difference=difference, **fields)
     return RuntimeCheck(runtime, FAILED, first_difference=difference,
                         reason=f"{agreement:.2f} of the greedy tokens agree with model.generate, below the target's "
-                               f"floor of {floor:g} (quantized: hfexport.verify.thresholds)", **fields)
+                               f"floor of {floor:g} (quantized or float16: hfexport.verify.thresholds)", **fields)
 
 
 #: A `GenerationRequest` token field not generated yet (its `answer` generates it when a runtime first reads it).

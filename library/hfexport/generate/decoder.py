@@ -67,7 +67,9 @@ def _decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single
     prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode or single_graph else PREFILL
     for name in dict.fromkeys((prefill, DECODE)):
         allowed = _LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
-        unknown = sorted(set(runners[name].metadata.kwargs) - allowed)
+        traced = runners[name].metadata.kwargs
+        # a kwarg traced as None (MiniCPM-V's `downsample_mode`) is a constant of the graph, not an input to feed
+        unknown = sorted(key for key in set(traced) - allowed if traced[key].get("container") != "NoneType")
         if unknown:
             raise GenerationError(f"the {name} component takes {unknown}, which hfexport's generate does not feed")
         if name != LANGUAGE_MODEL and "input_ids" not in runners[name].metadata.kwargs:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from hfexport.errors import GenerationError
+from hfexport import preparers
 from hfexport.generate.loop import CACHE, PREFILL, _Session, as_traced
 
 # hfexport's `image_encoder` (a prompt's images -> image features) and `embed` (input_ids + image features ->
@@ -48,11 +49,13 @@ class _VisionLanguageSession(_Session):
 
 
 def image_input_names(exported) -> list[str]:
-    """The inputs a VLM export's `image_encoder` takes (`pixel_values`, ...); none for other exports."""
+    """The inputs a VLM export's `image_encoder` takes from the caller (`pixel_values`, ...; not those the engine's
+    input preparers compute from them, `hfexport.preparers`); none for other exports."""
     components = getattr(exported, "components", {})
     if IMAGE_ENCODER not in components:
         return []
-    return list(components[IMAGE_ENCODER].metadata.kwargs)
+    added = set(getattr(exported, "input_preparers", {}).get(IMAGE_ENCODER, {}).get("added", ()))
+    return [name for name in components[IMAGE_ENCODER].metadata.kwargs if name not in added]
 
 
 def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.Tensor:
@@ -74,10 +77,14 @@ def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch
     traced = int(encoder.metadata.kwargs[names[0]]["shape"][0])
     count = counts.pop()
     step = traced if traced > 1 and count % traced == 0 else 1
+    recorded = getattr(exported, "input_preparers", {}).get(IMAGE_ENCODER)
     features = []
     for first in range(0, count, step):
-        out = encoder(**as_traced(encoder, {name: value[first : first + step].to(encoder.device)
-                                            for name, value in images.items()}))
+        chunk = {name: value[first : first + step] for name, value in images.items()}
+        if recorded:  # what the engine's input preparers computed at export, computed from these images
+            chunk = preparers.prepare(recorded, chunk)
+        out = encoder(**as_traced(encoder, {name: value.to(encoder.device) if isinstance(value, torch.Tensor)
+                                            else value for name, value in chunk.items()}))
         features.append(_only_tensor(out).cpu())
     features = torch.cat(features)
     embed = exported.runners[EMBED]

@@ -106,7 +106,7 @@ def _shapes(sample: dict) -> dict:
 
 
 def compare_to_reference(recipe, name: str, folder: Path, model, plan, reference_folder: Path | None = None,
-                         reference_name: str | None = None, processor=None, inputs=None) -> dict:
+                         reference_name: str | None = None, processor=None, inputs=None, samples=None) -> dict:
     """Size and latency of the quantized export in `folder` against an unquantized one.
 
     The reference is an unquantized target of the same format and mode exported in the same job
@@ -126,7 +126,8 @@ def compare_to_reference(recipe, name: str, folder: Path, model, plan, reference
                 )
                 return result
 
-            reference_plan = build_plan(unquantized_recipe(recipe, name), name, model, inputs, processor)
+            reference_plan = build_plan(unquantized_recipe(recipe, name), name, model, inputs, processor,
+                                        samples=samples)
             exported = run_plan(reference_plan, model)
             temporary = folder.parent / f".{name}.reference-{uuid.uuid4().hex[:8]}"
             exported.save_pretrained(temporary)
@@ -156,7 +157,7 @@ def compare_to_reference(recipe, name: str, folder: Path, model, plan, reference
 
 
 def compare_job_targets(report, recipe, output: Path, model, plans: dict, processor=None, inputs=None,
-                        progress=None) -> list[str]:
+                        progress=None, samples=None) -> list[str]:
     """Compare every quantized target a job saved with its reference; return the targets whose report changed.
 
     The reference is an unquantized target of the same format and mode saved by the same job, else a throwaway
@@ -175,7 +176,8 @@ def compare_job_targets(report, recipe, output: Path, model, plans: dict, proces
         started = time.perf_counter()
         try:
             comparison = compare_to_reference(recipe, name, output / name, model, plan,
-                                              output / reference if reference else None, reference, processor, inputs)
+                                              output / reference if reference else None, reference, processor, inputs,
+                                              samples)
         except Exception as error:  # noqa: BLE001 - a comparison that cannot run is reported, not fatal
             comparison = {"error": first_line(error)[:500]}
         seconds = time.perf_counter() - started

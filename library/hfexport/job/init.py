@@ -24,7 +24,7 @@ from hfexport.files import write_json_atomic
 from hfexport.hub import looks_like_repo_id
 from hfexport.inputs import DEFAULT_TEXTS, default_sample_spec
 from hfexport.job.run import run_job
-from hfexport.models import GENERATIVE_TASKS, infer_task, load_config, sequence_limit
+from hfexport.models import GENERATIVE_TASKS, infer_task, load_config, multi_axis_rope, sequence_limit
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.model import package_versions
 from hfexport.verify.thresholds import DEFAULT_MAX_NEW_TOKENS
@@ -66,7 +66,11 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
     if unknown:
         raise ValueError(f"unknown format(s) {unknown}; choose from {', '.join(TARGET_NAMES)}")
     task = infer_task(config)
-    generative = task in GENERATIVE_TASKS
+    # A multi-axis rope (Qwen2-VL-class: positions from `get_rope_index` over the image grids) is beyond hfexport's
+    # generate, whose plan refuses it (docs/generation.md): such a model gets the forward it can export, whole and
+    # static as a vision-language forward is (a prompt holds a fixed number of image tokens per image).
+    static_forward = task == "image-text-to-text" and multi_axis_rope(config)
+    generative = task in GENERATIVE_TASKS and not static_forward
     limit = sequence_limit(config)
     dims: dict[str, dict] = {"batch": dict(BATCH)}
     # A decoder whose prompt holds the audio's tokens (Qwen3-ASR), not an encoder-decoder over the audio (Whisper):
@@ -98,7 +102,9 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
             target["runtime"] = runtime
         if options:
             target["options"] = options
-        if main_input is not None:
+        if static_forward:
+            target["dynamic_shapes"] = {"input_ids": {"0": "static", "1": "static"}, "pixel_values": {"0": "static"}}
+        elif main_input is not None:
             target["dynamic_shapes"] = {main_input: {"0": "batch", **({"1": "seq"} if "seq" in dims else {})}}
         else:
             target.setdefault("options", {})["dynamic"] = True

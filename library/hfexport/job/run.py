@@ -32,6 +32,7 @@ from hfexport.files import (
     write_json_atomic,
 )
 from hfexport.hub import hub_error, looks_like_repo_id
+from hfexport.inputs import check_sample_places, sample_spec
 from hfexport.job.compare import compare_job_targets
 from hfexport.job.parallel import (
     export_groups,
@@ -63,6 +64,7 @@ from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
 from hfexport.report.model import JobReport, TargetReport
+from hfexport.samples import read_samples
 from hfexport.verify.check import summary, verify_exported
 
 
@@ -144,6 +146,11 @@ class JobOptions:
         workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
             "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
             `model_object` or `inputs` exports in this process.
+        sample_files: a person's own sample files by kind, `{"image": path}` / `{"audio": path}` (`hfexport.samples`:
+            checked before anything loads): each stands in every synthesized image (clip) of the recipe's sample
+            inputs, so the export is traced, probed and generation-checked on it, through the model's processor. Each
+            target's report names it (file name, size, pixels or seconds; never its folder). Like `inputs`, it
+            disables the cache and rebinding: the job exports and verifies with the file.
     """
     targets: Sequence[str] | None = None
     all_targets: bool = False
@@ -163,6 +170,7 @@ class JobOptions:
     workers: int | str = 1
     recipe_origin: str | None = None
     rebind: bool = True
+    sample_files: dict[str, str | Path] | None = None
 
 
 @dataclass
@@ -187,6 +195,7 @@ class _Job:
     eager_timings: EagerTimings = field(default_factory=EagerTimings)  # eager torch timed once per input set
     workers_peak_rss_mb: float = 0.0  # the worker processes' peaks, added to this process's in the report
     repos: list[str] = field(default_factory=list)  # where published exports may be (cache hits, rebind sources)
+    samples: dict = field(default_factory=dict)  # kind -> hfexport.samples.SampleFile (options.sample_files, read)
 
 
 def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None = None, *,
@@ -239,6 +248,9 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
     recipe = load_recipe(options.recipe if options.recipe is not None else model, revision=options.revision,
                          token=options.token)
     names = select_targets(recipe, options.targets, options.all_targets)
+    samples = read_samples(options.sample_files)  # a bad file is refused here: nothing loaded, nothing written
+    if samples and (recipe.sample_inputs or recipe.task):  # else the task is the model's: checked once it is known
+        check_sample_places(sample_spec(recipe, recipe.task), samples)
     check_output(output)
     source = {
         **resolve_source(model, options.revision, options.token),
@@ -250,8 +262,8 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
     revision_to_load = source["commit"] or options.revision
     repos = [repo for repo in (options.publish_repo, source["model"] if source["commit"] else None) if repo]
     hits, keys = _cache_hits(recipe, names, source, report.packages, output, options.token, progress,
-                             skip=options.force or options.model_object is not None or options.inputs is not None,
-                             repos=repos)
+                             skip=options.force or options.model_object is not None or options.inputs is not None
+                             or bool(samples), repos=repos)
     if options.verify:  # an export saved with verify=False is no hit for a job that verifies: export and verify it
         hits = {name: hit for name, hit in hits.items() if hit.report.verification is not None}
     to_export = [name for name in names if name not in hits]
@@ -269,7 +281,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                 check(model, list(targets.values()), output, revision_to_load, options.token,
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
-                groups=groups, model_object=options.model_object, repos=repos)
+                groups=groups, model_object=options.model_object, repos=repos, samples=samples)
 
 
 def _weights_or_none(model, revision: str | None, token: str | None) -> tuple[int, dict] | None:
@@ -317,8 +329,10 @@ def _export_target(job: _Job, name: str) -> None:
     try:
         with StepTimer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
             plan = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor, source=job.model,
-                              revision=job.revision_to_load, token=job.options.token)
+                              revision=job.revision_to_load, token=job.options.token, samples=job.samples)
         job.plans[name] = plan
+        if job.samples and job.options.inputs is None:
+            target_report.sample_files = [sample.record() for sample in job.samples.values()]
         target_report.plan = _jsonable(plan.describe())
         target_report.prepared_inputs = _jsonable(plan.prepared_inputs())
         if plan.quantization:
@@ -374,7 +388,7 @@ def _rebind_key(job: _Job, name: str, plan) -> str | None:
             job.report.targets[name].rebind = {"from": None, "seconds": 0.0, "fallback": "the target is quantized: "
                                                "its weights are computed by the quantizer, not copied"}
         return None
-    if job.options.inputs is not None:
+    if job.options.inputs is not None or job.samples:
         return None
     if not target.rebind:  # the recipe turned it off: no map, no rebind
         return None
@@ -429,7 +443,7 @@ def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str)
             "from": where, "seconds": round(time.perf_counter() - started, 4), "fallback": reason}
         return False
 
-    manifest, reason = previous(source, key)
+    manifest, reason = previous(source, key, job.model_object)
     if manifest is None:
         return fallback(reason)
     try:
@@ -493,7 +507,8 @@ def _plan(job: _Job, name: str):
     if name not in job.plans:
         with engine_output(f"plan {name}"):
             job.plans[name] = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor,
-                                         source=job.model, revision=job.revision_to_load, token=job.options.token)
+                                         source=job.model, revision=job.revision_to_load, token=job.options.token,
+                                         samples=job.samples)
     return job.plans[name]
 
 
@@ -541,6 +556,7 @@ def _worker_request(job: _Job) -> dict:
         "recipe": job.recipe.data, "recipe_source": job.recipe.source, "source": job.report.source,
         "keys": job.keys, "verify": job.options.verify, "runtimes": job.options.runtimes,
         "rebind": job.options.rebind, "repos": job.repos, "processes": len(job.groups), "logging": logging_settings(),
+        "sample_files": {kind: str(path) for kind, path in (job.options.sample_files or {}).items()},
     }
 
 
@@ -555,7 +571,8 @@ def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> No
     recipe = Recipe(request["recipe"], request["recipe_source"])
     job = _Job(request["model"], Path(request["output"]), options, recipe, list(request["targets"]),
                JobReport(source=request["source"]), progress, request["revision"], {}, request["keys"],
-               time.perf_counter(), repos=list(request.get("repos", [])))
+               time.perf_counter(), repos=list(request.get("repos", [])),
+               samples=read_samples(request.get("sample_files")))
     _load(job)
     with share_cores(request["processes"]):
         for name in job.names:
@@ -569,7 +586,7 @@ def _finish(job: _Job) -> JobReport:
     report = job.report
     if job.quantized_plans:
         for name in compare_job_targets(report, job.recipe, job.output, job.model_object, job.quantized_plans,
-                                        job.processor, job.options.inputs, job.progress):
+                                        job.processor, job.options.inputs, job.progress, job.samples):
             _write_target_report(report, name, job.output / name)
     verify_times = [t.timings["verify_s"] for t in report.targets.values() if "verify_s" in t.timings]
     if verify_times:

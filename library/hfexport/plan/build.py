@@ -9,18 +9,19 @@ from hfexport.models import infer_task
 from hfexport.plan.generation import _plan_generation
 from hfexport.plan.model import ComponentPlan, Plan
 from hfexport.plan.shapes import _AxisResolver, _describe_shape, _resolve_shapes, build_dims
-from hfexport.plan.tracing import _engine_config, _prepared, preparer_record
+from hfexport.plan.tracing import _engine_config, _prepared, _preparer_context, preparer_record
 from hfexport.quantization.quantizer import attach
 from hfexport.recipe.model import Recipe
 
 
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
-               source=None, revision: str | None = None, token: str | None = None) -> Plan:
-    """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None)."""
+               source=None, revision: str | None = None, token: str | None = None, samples: dict | None = None) -> Plan:
+    """Resolve target `target_name` of `recipe` against `model` (and inputs, synthesized when None, with the given
+    sample files `samples` in place of synthesized images and clips: `hfexport.samples`)."""
     target = recipe.target(target_name)
     task = recipe.task or infer_task(model.config)
     if inputs is None:
-        inputs = build_sample_inputs(recipe, processor, model.config, task, target.mode)
+        inputs = build_sample_inputs(recipe, processor, model.config, task, target.mode, samples)
     dims = build_dims(recipe)
     register_cache_pytrees(model)
     single_graph = target.single_graph
@@ -37,9 +38,10 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             _resolve_shapes(resolver, shapes, {}, prepared, base, strict_keys=True) if shapes is not None else (None, None)
         )
         config = _engine_config(target, target.options, dynamic_shapes)
+        record = preparer_record(inputs, prepared)
         components = {"model": ComponentPlan(
             "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
-            preparer_record(inputs, prepared),
+            record, _preparer_context(model, record),
         )}
         plan = Plan(recipe, target, task, dict(inputs), components, None, multi_token_decode, dims)
     else:

@@ -15,7 +15,7 @@ from hfexport.plan.shapes import (
     _AxisResolver, _default_generation_shapes, _describe_shape, _resolve_shapes, _varying_sizes,
 )
 from hfexport.plan.state_space import _exports_decode_alone
-from hfexport.plan.tracing import _engine_config, _prepared, preparer_record
+from hfexport.plan.tracing import _engine_config, _prepared, _preparer_context, preparer_record
 from hfexport.plan.vision_language import EMBED, IMAGE_ENCODER, _image_features_capture, _image_stages
 from hfexport.recipe.model import Recipe, Target
 
@@ -114,8 +114,9 @@ def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: d
                 if component_shapes else base, strict_keys=bool(component_shapes),
             )
         config = _engine_config(target, options, dynamic_shapes)
+        record = preparer_record(subinputs, prepared)
         components[name] = ComponentPlan(name, config, {k: _describe_shape(v) for k, v in prepared.items()}, described,
-                                         preparer_record(subinputs, prepared))
+                                         record, _preparer_context(submodel, record))
     unknown = [key for key in (shapes or {}) if key not in seen_keys]
     if unknown:
         raise PlanError(

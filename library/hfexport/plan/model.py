@@ -20,6 +20,8 @@ class ComponentPlan:
     # What the engine's export input preparers (transformers' `register_export_input_preparer`) computed from the
     # sample inputs before tracing: input -> {"kind": "added" | "replaced", ...} (`preparer_record`).
     prepared_inputs: dict[str, Any] = field(default_factory=dict)
+    # What running those preparers again on new inputs needs (`hfexport.preparers.context`), when they added inputs.
+    preparer_context: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -12,6 +12,8 @@ from typing import Any
 from hfexport.engine import export_backends
 from hfexport.errors import PlanError
 from hfexport.recipe.model import Target
+from hfexport.workarounds.transformers_models import base_rope_index
+from hfexport import preparers
 
 
 def _engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
@@ -34,7 +36,7 @@ def _prepared(model, inputs: dict) -> dict:
     from transformers.exporters.utils import prepare_for_export
 
     _, prepared, _ = prepare_for_export(model, copy.copy(dict(inputs)))
-    return dict(prepared)
+    return base_rope_index(model, dict(prepared))
 
 
 def traced_inputs(model, inputs: dict) -> dict:
@@ -86,6 +88,12 @@ def preparer_record(inputs: dict, prepared: dict) -> dict:
             continue
         record[name] = {"kind": "replaced", "from": _describe_prepared(before), **_describe_prepared(after)}
     return record
+
+
+def _preparer_context(module, record: dict) -> dict:
+    """`hfexport.preparers.context` of a component whose inputs the engine's preparers added to ({} otherwise)."""
+    added = [name for name, entry in record.items() if entry["kind"] == "added"]
+    return preparers.context(module, added) if added else {}
 
 
 @contextlib.contextmanager

@@ -47,6 +47,9 @@ def _image_modules(model, fixed: dict):
         def __init__(self):
             super().__init__()
             self.base = base
+            # the engine's input preparers read the exported module's config (`target_sizes`'s `get_max_seqlen`: the
+            # attention implementation), as they read a model's
+            self.config = base.config
 
         def forward(self, **images):
             features = self.base.get_image_features(**images, **fixed, return_dict=True).pooler_output
@@ -82,6 +85,15 @@ def _image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
 
     images = {key: value for key, value in call.items() if isinstance(value, torch.Tensor)}
     fixed = {key: value for key, value in call.items() if key not in images and key != "return_dict"}
+    positions = stages.get("decode", (None, {}))[1].get("position_ids")
+    if isinstance(positions, torch.Tensor) and positions.dim() == 3:
+        # Qwen2-VL-class rope (`get_rope_index`): text positions plus (t, h, w) positions laid out on each image's
+        # grid, continued in the decode by the prompt's rope deltas; computing them needs the image grids and the
+        # model's own index, which hfexport's generate (exported graphs only, 1-axis positions) does not have.
+        raise PlanError(f"{type(model).__name__}: its decode takes multi-axis rope positions (position_ids "
+                        f"{list(positions.shape)}: the text position and (t, h, w) positions from the model's "
+                        "get_rope_index over the image grids, shifted by the prompt's rope deltas); hfexport's "
+                        "generate feeds 1-axis positions, so it cannot run this model's generation export")
     if "input_ids" not in inputs or image_token_id(model.config) is None:
         raise PlanError(f"{type(model).__name__}: a vision-language model needs input_ids and an image token id "
                         "(config.image_token_id) to generate from images")

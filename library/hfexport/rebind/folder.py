@@ -21,9 +21,9 @@ def record(folder: Path, model, key: str) -> dict:
     return manifest["weight_map"]
 
 
-def previous(folder: Path, key: str) -> tuple[dict | None, str | None]:
-    """(the checked manifest, None) when the export in `folder` can take weights with rebind key `key`; else (None,
-    why not)."""
+def previous(folder: Path, key: str, model=None) -> tuple[dict | None, str | None]:
+    """(the checked manifest, None) when the export in `folder` can take `model`'s weights with rebind key `key`; else
+    (None, why not)."""
     if not (folder / MANIFEST_FILE).is_file():
         return None, None
     try:
@@ -32,7 +32,7 @@ def previous(folder: Path, key: str) -> tuple[dict | None, str | None]:
         return None, f"the previous export's {MANIFEST_FILE} is unreadable: {error}"
     if manifest["export_format"] not in FORMATS:
         return None, f"{manifest['export_format']} exports are not rebound"
-    reason = refusal(manifest.get("weight_map"), key)
+    reason = refusal(manifest.get("weight_map"), key, model)
     return (None, reason) if reason else (manifest, None)
 
 

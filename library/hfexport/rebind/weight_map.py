@@ -2,7 +2,8 @@
 
 Made at every full export by value, not by name: each stored tensor of the saved files (`hfexport.rebind.onnx`,
 `openvino`, `pt2`, `pte`) is compared byte for byte with the model's parameters and buffers, as they are, transposed,
-cast to the stored dtype, reshaped, or several of them concatenated along an axis. What matches is recorded as plain
+cast to the stored dtype (or, for an ONNX export converted to float16, clamped and cast as onnxruntime's converter
+does: `cast_clamped`), reshaped, or several of them concatenated along an axis. What matches is recorded as plain
 data in the export manifest (`export.json`'s `weight_map`, schema'd and checked on load like the rest).
 
 The map says where a rebind would be wrong, so that it is refused rather than published:
@@ -156,6 +157,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
     groups, degenerate = _groups(tensors, ties)
     stored = stored_tensors(folder, manifest)
     dtypes = {entry.dtype for file in stored.values() for entry in file.values() if entry.dtype in FLOAT_DTYPES}
+    clamped = converted_to_float16(manifest)
     variants: list[_Variant] = []
     for names in groups:
         tensor = tensors[names[0]]
@@ -165,7 +167,10 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
         for transform, form in list(forms):
             for dtype in dtypes:
                 if tensor.is_floating_point() and str(tensor.dtype).removeprefix("torch.") != dtype:
-                    forms.append(([*transform, "cast"], form.to(_torch_dtype(dtype))))
+                    if clamped and dtype == "float16" and tensor.dtype == torch.float32:
+                        forms.append(([*transform, "cast_clamped"], clamped_float16(form)))
+                    else:
+                        forms.append(([*transform, "cast"], form.to(_torch_dtype(dtype))))
         variants += [_Variant(names, transform, form.contiguous()) for transform, form in forms]
     index: dict[tuple, list[_Variant]] = {}
     for variant in variants:
@@ -186,14 +191,55 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
                 raise AssertionError(f"weight map: {file}:{name} does not recompute to its stored bytes")
             covered.update(key for part in parts for key in part["keys"])
             entries.append(record)
+    uncovered = [name for name in keys if name not in covered]
     return {
         "version": MAP_VERSION,
         "rebind_key": key,
         "degenerate": [name for name in degenerate if name in keys],
-        "uncovered": [name for name in keys if name not in covered],
+        "uncovered": uncovered,
+        "uncovered_sha256": {name: _digest(tensors[name]) for name in uncovered if name in tensors},
         "unmapped": sorted(unmapped)[:1000],
         "tensors": entries,
     }
+
+
+def converted_to_float16(manifest: dict) -> bool:
+    """Whether the export's float16 tensors were made by onnxruntime's float16 converter (a recipe target's
+    `"dtype": "float16"`, `hfexport.onnx_float16`): an ONNX export whose manifest says float16."""
+    components = (manifest.get("components") or {}).values()
+    return manifest.get("export_format") == "onnx" and bool(components) and all(
+        str((entry.get("metadata") or {}).get("export_dtype")) == "float16" for entry in components)
+
+
+def clamped_float16(tensor):
+    """A float32 tensor as onnxruntime's float16 converter stores it (`convert_np_to_float16` with
+    `convert_float_to_float16`'s defaults): a value strictly between 0 and 5.96e-08 (float16's smallest subnormal)
+    becomes 5.96e-08, one beyond 65504 (its largest finite value) becomes 65504, signs kept, then rounded to float16;
+    a plain cast would flush the first to 0 and the second to inf."""
+    import torch
+
+    low, high = 5.96e-08, 65504.0
+    x = tensor.to(torch.float32)
+    x = torch.where((x > 0) & (x < low), low, x)
+    x = torch.where((x < 0) & (x > -low), -low, x)
+    x = torch.where((x > high) & (x < float("inf")), high, x)
+    x = torch.where((x < -high) & (x > float("-inf")), -high, x)
+    return x.to(torch.float16)
+
+
+def _digest(tensor) -> str:
+    return hashlib.sha256(_u8(tensor).numpy()).hexdigest()
+
+
+def _changed(weight_map: dict, model) -> list[str]:
+    """The uncovered state_dict keys whose value is not the one the previous export was made from (all of them when
+    the map recorded no values, or no model is given)."""
+    recorded = weight_map.get("uncovered_sha256") or {}
+    if model is None or not recorded:
+        return list(weight_map["uncovered"])
+    tensors, _, _ = sources(model)
+    return [name for name in weight_map["uncovered"]
+            if name not in tensors or recorded.get(name) != _digest(tensors[name])]
 
 
 def _constant(entry: Stored) -> bool:
@@ -270,13 +316,19 @@ def _compute(record: dict, tensors: dict):
             tensor = tensor.t()
         if "cast" in part["transform"] and dtype is not None:
             tensor = tensor.to(dtype)
+        if "cast_clamped" in part["transform"]:
+            tensor = clamped_float16(tensor)
         pieces.append(tensor)
     tensor = torch.cat(pieces, dim=record["concat_axis"]) if record["concat_axis"] is not None else pieces[0]
     return _u8(tensor)
 
 
-def refusal(weight_map: dict | None, key: str) -> str | None:
-    """Why this map cannot take new weights with rebind key `key` (None: it can)."""
+def refusal(weight_map: dict | None, key: str, model=None) -> str | None:
+    """Why this map cannot take `model`'s weights with rebind key `key` (None: it can). A state_dict key that no
+    stored tensor holds is let through only when its value is the one the previous export was made from (a parameter
+    the graphs never read, such as an untied encoder-decoder's unused `model.shared.weight`, which training leaves
+    as it is): wherever it went, the artifact then holds its new value already. Where a folded tensor made from it
+    is stored, that tensor matches no parameter and `unmapped` refuses the map."""
     if not weight_map:
         return "the previous export has no weight map"
     if weight_map.get("version") != MAP_VERSION:
@@ -287,8 +339,10 @@ def refusal(weight_map: dict | None, key: str) -> str | None:
         names = weight_map["degenerate"]
         return (f"the previous export came from a degenerate checkpoint: {len(names)} parameter(s) bit-identical to "
                 f"another or constant (e.g. {names[0]}), which the exporters may have merged or dropped")
-    if weight_map.get("uncovered"):
-        return f"state_dict key {weight_map['uncovered'][0]} maps to no stored tensor of the previous export"
+    changed = _changed(weight_map, model) if weight_map.get("uncovered") else []
+    if changed:
+        return f"state_dict key {changed[0]} maps to no stored tensor of the previous export" + (
+            ", and its value changed" if model is not None and weight_map.get("uncovered_sha256") else "")
     if weight_map.get("unmapped"):
         return f"stored tensor {weight_map['unmapped'][0]} of the previous export maps to no parameter"
     return None

@@ -25,6 +25,7 @@ class Target:
     components: dict = field(default_factory=dict)
     parity: dict = field(default_factory=dict)
     quantization: dict | None = None
+    dtype: str | None = None  # "float16": the ONNX graph converted when saved (hfexport.onnx_float16); None: the model's
     description: str | None = None
     runtime: dict = field(default_factory=dict)
     path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
@@ -76,6 +77,7 @@ class Target:
             components=copy.deepcopy(data.get("components", {})),
             parity=copy.deepcopy(data.get("parity", {})),
             quantization=copy.deepcopy(data.get("quantization")),
+            dtype=data.get("dtype"),
             description=data.get("description"),
             runtime=copy.deepcopy(data.get("runtime", {})),
             path=data.get("path"),
@@ -87,7 +89,7 @@ class Target:
         """The target as the recipe would write it (empty sections left out)."""
         data: dict[str, Any] = {"export_format": self.export_format, "mode": self.mode}
         for key in ("description", "options", "generation", "dynamic_shapes", "components", "parity", "quantization",
-                    "runtime", "path", "file_name"):
+                    "dtype", "runtime", "path", "file_name"):
             value = getattr(self, key)
             if value not in (None, {}, []):
                 data[key] = copy.deepcopy(value)

@@ -6,6 +6,7 @@ from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.report.model import JobReport
 from hfexport.runtime import summary_line
+from hfexport.samples import describe
 from hfexport.verify.thresholds import EXACT_TOKEN_AGREEMENT
 
 STATUS_ICONS = {"ok": "✅ ok", "failed": "❌ failed", "error": "⚠️ error", "unchanged": "➖ unchanged"}
@@ -57,6 +58,8 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"Exported in full, not rebound: {target.rebind['fallback']}", ""]
         if target.quantization:
             lines += [quantization_markdown(target.quantization), ""]
+        if target.sample_files:
+            lines += [sample_files_markdown(target.sample_files, target.mode), ""]
         if target.prepared_inputs:
             lines += [prepared_inputs_markdown(target.prepared_inputs), ""]
         section = target_verification_markdown(target)
@@ -69,6 +72,15 @@ def report_markdown(report: JobReport) -> str:
             lines += [f"| `{entry['path']}` | {human_bytes(entry['bytes'])} |" for entry in target.files]
             lines += ["", "</details>"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def sample_files_markdown(records: list[dict], mode: str = "forward") -> str:
+    """One line: the sample files the job was given, which the export was traced and verified on."""
+    kinds = " and ".join(f"{record['kind']} {describe(record)}" for record in records)
+    places = " and ".join("images" if record["kind"] == "image" else "audio clips" for record in records)
+    checks = "every parity probe and the generation check were" if mode == "generation" else "every parity probe was"
+    return (f"**Sample input:** the given {kinds}, in place of the recipe's synthesized {places}: the export was "
+            f"traced on it, and {checks} built from it.")
 
 
 def prepared_inputs_markdown(prepared: dict) -> str:

@@ -51,6 +51,9 @@ class TargetReport:
     plan: dict | None = None
     # per component, what transformers' export input preparers computed from the sample inputs (Plan.prepared_inputs)
     prepared_inputs: dict | None = None
+    # the person's own sample files the job was given (hfexport.samples: name, size, pixels or seconds; never a path),
+    # which stood in the recipe's synthesized images or clips for tracing and every check; None: all synthesized
+    sample_files: list[dict] | None = None
     files: list[dict] = field(default_factory=list)
     total_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)

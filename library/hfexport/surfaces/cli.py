@@ -410,6 +410,12 @@ def print_summary(report, console=None) -> None:
         console.print(escape(note), soft_wrap=False, markup=True, highlight=False)
 
 
+def _sample_files(args) -> dict[str, str] | None:
+    """`--sample-image` / `--sample-audio` as run_job's `sample_files`."""
+    files = {kind: path for kind, path in (("image", args.sample_image), ("audio", args.sample_audio)) if path}
+    return files or None
+
+
 @command("export")
 def cmd_export(args) -> int:
 
@@ -425,7 +431,7 @@ def cmd_export(args) -> int:
                 token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=on_step,
                 force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
                 verify=not args.no_verify, workers=args.workers, rebind=not args.no_rebind,
-                latency=not args.no_latency,
+                latency=not args.no_latency, sample_files=_sample_files(args),
             )
     finally:
         if progress:
@@ -652,6 +658,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip timing each verified target against eager torch (information, not a check)")
     p.add_argument("--no-rebind", action="store_true",
                    help="always export: never rebind a checkpoint's new weights into the previous export's graphs")
+    p.add_argument("--sample-image", metavar="FILE",
+                   help="your own image (PNG, JPEG, WebP, ...) in place of the recipe's synthesized sample images: the "
+                        "export is traced and verified on it (no cache hit, no rebind; the report names the file)")
+    p.add_argument("--sample-audio", metavar="FILE.wav",
+                   help="your own clip (WAV, PCM 8-32 bits; resampled to the model's rate) in place of the recipe's "
+                        "synthesized sample audio, as --sample-image")
     workers_arg(p)
     p.add_argument("--push", action="store_true", help="publish the exports to the Hub (a PR by default)")
     p.add_argument("--repo", help="with --push: the repo to publish to (default: the model's repo)")

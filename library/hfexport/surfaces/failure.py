@@ -18,6 +18,7 @@ from hfexport.errors import (
     redact,
 )
 from hfexport.job.preflight import PreflightError
+from hfexport.samples import SampleError
 
 
 class SpaceError(HfExportError):
@@ -68,6 +69,8 @@ def describe_failure(error: BaseException, command: str | None = None) -> Failur
                        [Problem(p.path, redact(p.message)) for p in error.problems])
     if isinstance(error, RecipeNotFoundError):
         return Failure("No recipe", first_line(str(error)), command)
+    if isinstance(error, SampleError):
+        return Failure("Unusable sample file", first_line(str(error)), command)
     if isinstance(error, PublishRefusedError):  # its message advises the CLI's --allow-failed: not on a page
         return Failure("Publishing refused", "a target failed the parity check, so it is not published: tick only "
                        "the targets that passed under Targets to convert, then Convert again", command)

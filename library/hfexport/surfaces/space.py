@@ -21,6 +21,9 @@ This module adds what a multi-user web page needs around those calls:
   recipe as targets of their own, so they are converted, gated and published like any other.
 - `propose_recipe`: a pull request that adds `export_config.json` to the model repo, updated in place (one open
   proposal per repo) and left alone when it already holds the same recipe.
+- `sample_kinds` / `check_sample`: the visitor's own sample image or WAV clip (`hfexport.samples`), offered when the
+  model's processor takes that kind, checked on upload, and given to the job (`JobRequest.sample_files`) in place
+  of the recipe's synthesized ones.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, mode
 from hfexport.recipe.model import Recipe, recipe_from_document
 from hfexport.recipe.validation import canonical_json, config_problems, json_path, parse_recipe_text
 from hfexport.report.model import JobReport
+from hfexport.samples import KINDS, SampleFile, display_name, processor_kinds, read_sample
 from hfexport.surfaces.failure import Failure, SpaceError, md_escape, report_failure
 from hfexport.surfaces.worker import JobWorker, settings_from
 
@@ -185,8 +189,9 @@ def validate_command(model: str, revision: str | None = None) -> str:
 
 
 def export_command(model: str, revision: str | None = None, targets: Sequence[str] = (), *,
-                   edited_recipe: bool = False, push: bool = False) -> str:
-    """The `hfexport export` line that runs the same job locally (`--recipe` when the editor's recipe was used)."""
+                   edited_recipe: bool = False, push: bool = False, samples: dict[str, str] | None = None) -> str:
+    """The `hfexport export` line that runs the same job locally (`--recipe` when the editor's recipe was used,
+    `--sample-image NAME` / `--sample-audio NAME` with the name of the visitor's sample file)."""
     parts = ["hfexport", "export", model]
     if revision:
         parts += ["--revision", revision]
@@ -194,6 +199,8 @@ def export_command(model: str, revision: str | None = None, targets: Sequence[st
         parts += ["--target", target]
     if edited_recipe:
         parts += ["--recipe", RECIPE_FILE]
+    for kind, name in (samples or {}).items():
+        parts += [f"--sample-{kind}", name]
     parts += ["-o", "out"]
     if push:
         parts += ["--push", "--pr"]
@@ -431,6 +438,61 @@ def recipe_for_job(text: str | None, repo_recipe: str | None) -> tuple[dict | No
     return check.document, True
 
 
+# ── The visitor's sample file ────────────────────────────────────────────────
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+SAMPLE_LABELS = {"image": "Sample image", "audio": "Sample audio (WAV)"}
+# The upload areas take any file (no Gradio `file_types`): Gradio refuses a type it was told to before any handler
+# runs, with a toast, leaving the refused file shown beside the previous sample still kept for Convert. Every file
+# reaches `check_sample`, which judges its content (not its name) and names it in one line.
+
+
+def sample_kinds(model: str, revision: str | None, token: str | None) -> list[str]:
+    """The sample kinds ("image", "audio") the model's processor takes, read from its saved processor files on the
+    Hub (`hfexport.samples.processor_kinds`; nothing is loaded): the page offers an upload for each. [] when the
+    files cannot be read (the upload is then not offered; the job itself still runs)."""
+    documents = []
+    for name in PROCESSOR_FILES:
+        try:
+            raw = hub_file(model, name, revision, token or False)
+            documents.append(json.loads(raw) if raw else None)
+        except (HfExportError, ValueError):
+            continue
+    return processor_kinds(documents)
+
+
+def check_sample(path: str | Path | None, kind: str) -> SampleFile | None:
+    """The visitor's upload of `kind`, checked and decoded (`hfexport.samples.read_sample`: its type, size and that
+    it decodes); None for no file. Raises SampleError naming the file by its name (never the server's path)."""
+    if not path:
+        return None
+    return read_sample(path, kind)
+
+
+def sample_markdown(samples: dict[str, dict]) -> str:
+    """The line under the upload areas: which sample files Convert will use."""
+    if not samples:
+        return ""
+    described = "; ".join(f"{SAMPLE_LABELS[kind].split(' (')[0].lower()} {entry['describe']}"
+                          for kind, entry in samples.items())
+    return f"✓ Convert traces and verifies the export on your {described}."
+
+
+def stage_samples(samples: dict[str, dict], folder: Path) -> dict[str, str]:
+    """The visitor's sample files checked again and copied into the job's folder (`<job>/samples/<name>`, so the
+    job reads its own copy, removed with the job's folder): {kind: path} for `JobRequest.sample_files`."""
+    staged = {}
+    for kind, entry in samples.items():
+        if kind not in KINDS:
+            continue
+        check_sample(entry["path"], kind)
+        destination = folder / "samples" / display_name(entry["path"])
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(entry["path"], destination)
+        staged[kind] = str(destination)
+    return staged
+
+
 # ── Quantized variants ───────────────────────────────────────────────────────
 
 
@@ -626,10 +688,12 @@ class JobRequest:
     token: str | None = None
     recipe: dict | None = None  # None: the repo's own recipe; else the editor's (validated) document
     recipe_origin: str | None = None  # the editor's recipe: "proposed" (as hfexport drafted it) or "edited"
+    sample_files: dict[str, str] = field(default_factory=dict)  # kind -> the visitor's sample, copied for this job
 
     @property
     def command(self) -> str:
-        return export_command(self.model, self.revision, self.targets, edited_recipe=self.recipe is not None)
+        return export_command(self.model, self.revision, self.targets, edited_recipe=self.recipe is not None,
+                              samples={kind: display_name(path) for kind, path in self.sample_files.items()})
 
 
 @dataclass
@@ -674,7 +738,7 @@ class JobRunner:
             "revision": request.revision, "token": request.token, "recipe": request.recipe,
             "recipe_origin": request.recipe_origin if request.recipe is not None else None,
             "verify": self.settings.verify, "command": request.command, "keep_downloads": self.settings.keep_downloads,
-            "env": settings_from(),
+            "env": settings_from(), "sample_files": dict(request.sample_files) or None,
         }
         finished = Finished()
         with self._lock:
@@ -1028,6 +1092,8 @@ def jobs_blocker(state: dict | None, token: str | None, settings: SpaceSettings,
         return "A Job exports with the repo's own recipe: propose this recipe first (or Convert here)."
     if (recipe_text or "").strip() != (state.get("loaded_text") or "").strip():
         return "A Job exports with the repo's own recipe, not the editor's changes: Convert here to try them."
+    if state.get("samples"):
+        return "A Job exports with the recipe's own sample inputs, not your sample file: Convert here to use it."
     return None
 
 

@@ -48,6 +48,9 @@ class TinyModel:
     modes: tuple[str, ...]
     build: Callable[[Path], None]
     note: str = ""  # what the recipe had to say differently from the defaults, and why (shown in the docs)
+    # A package the model's processor needs that hfexport's environment may lack ("torchvision"): where it is missing,
+    # loading the model's processor is refused with transformers' message, and so is every job on it.
+    processor_needs: str = ""
 
     def targets(self) -> list[str]:
         return [target_name(export_format, mode) for mode in self.modes for export_format in FORMATS]
@@ -132,6 +135,19 @@ def bpe_tokenizer(vocab_size: int = 320, extra_special: tuple[str, ...] = ()):
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left",
         extra_special_tokens=list(extra_special) or None,
+    )
+
+
+def named_special_tokenizer(tokens: dict[str, str]):
+    """`bpe_tokenizer` with `tokens` as named special tokens (`{"image_token": "<|IMAGE_PLACEHOLDER|>"}`): processors
+    read them as attributes of the tokenizer (`tokenizer.image_token`, `.image_token_id`; saved in
+    tokenizer_config.json)."""
+    from transformers import PreTrainedTokenizerFast
+
+    trained = bpe_tokenizer(extra_special=tuple(tokens.values()))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=tokens,
     )
 
 
@@ -592,7 +608,6 @@ def build_qwen3_asr(folder: Path) -> None:
     transformers 5.23's Qwen3-ASR export input preparer (`cu_seqlens`, `max_seqlen` computed before tracing)."""
     from transformers import (
         GenerationConfig,
-        PreTrainedTokenizerFast,
         Qwen3ASRConfig,
         Qwen3ASRFeatureExtractor,
         Qwen3ASRForConditionalGeneration,
@@ -601,12 +616,7 @@ def build_qwen3_asr(folder: Path) -> None:
 
     audio_tokens = {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
                     "audio_eos_token": "<|audio_end|>"}
-    trained = bpe_tokenizer(extra_special=tuple(audio_tokens.values()))
-    # The processor reads the audio tokens as named attributes of the tokenizer (saved in tokenizer_config.json).
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        padding_side="left", extra_special_tokens=audio_tokens,
-    )
+    tokenizer = named_special_tokenizer(audio_tokens)
     ids = _special_ids(tokenizer)
     _seeded()
     config = Qwen3ASRConfig(
@@ -634,6 +644,233 @@ def build_qwen3_asr(folder: Path) -> None:
          "audio": {"count": 2, "seconds": 1.5}},
         dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
         description="Tiny random Qwen3-ASR (chunked conv + windowed-attention audio encoder, Qwen3 text model).",
+    ))
+
+
+# PaddleOCR-VL, the grid_thw family here: the Qwen2-VL-class processors (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V)
+# all carry a video processor, which transformers 5.23 builds only with torchvision, and PyPI's one torchvision for
+# torch 2.13.0 (0.28.0) is a CUDA build that cannot load beside the CPU torch (docs/generation.md). PaddleOCR-VL's
+# processor is image processor + tokenizer (PIL backend), its vision tower is the same `grid_thw` packed-patch NaViT
+# encoder and its text model the same 3-axis (mrope) rope index that transformers' preparers compute.
+PADDLEOCR_VL_TOKENS = {"image_token": "<|IMAGE_PLACEHOLDER|>", "vision_start_token": "<|IMAGE_START|>",
+                       "vision_end_token": "<|IMAGE_END|>"}
+PADDLEOCR_VL_PROMPT = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+# The image contract: one size, 32 x 64 pixels = a 4 x 8 grid of 8 x 8 patches (`image_grid_thw` [1, 4, 8]), merged
+# 2 x 2 into 8 image tokens; the pixel budget (min = max = 32 * 64) keeps any image at that grid.
+PADDLEOCR_VL_IMAGE = {"count": 2, "height": IMAGE_SIZE, "width": 2 * IMAGE_SIZE}
+
+
+def build_paddleocr_vl(folder: Path) -> None:
+    """Tiny PaddleOCR-VL: a NaViT-style vision tower over packed patches (`pixel_values` [patches, 3, 8, 8] with
+    `image_grid_thw`), a 2 x 2 patch-merging projector and an Ernie-4.5-style text model with 3-axis rope. Its
+    vision tower takes `grid_thw`, the marker of transformers 5.23's `grid_thw` export input preparer (`cu_seqlens`,
+    `max_seqlen`, position ids, bilinear position-embedding indices); its outer model has `get_rope_index`, which the
+    engine runs before tracing for the text's rope positions."""
+    from transformers import (
+        GenerationConfig,
+        PaddleOCRVLConfig,
+        PaddleOCRVLForConditionalGeneration,
+        PaddleOCRVLImageProcessorPil,
+        PaddleOCRVLProcessor,
+    )
+
+    tokenizer = named_special_tokenizer(PADDLEOCR_VL_TOKENS)
+    ids = _special_ids(tokenizer)
+    token_id = tokenizer.convert_tokens_to_ids
+    _seeded()
+    config = PaddleOCRVLConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "spatial_merge_size": 2},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                     "max_position_embeddings": 512, "tie_word_embeddings": False, **ids,
+                     # rope over 16 / 2 = 8 frequency pairs, split over (t, h, w) as the real 128-dim [16, 24, 24]
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        image_token_id=token_id(PADDLEOCR_VL_TOKENS["image_token"]), video_token_id=tokenizer.pad_token_id,
+        vision_start_token_id=token_id(PADDLEOCR_VL_TOKENS["vision_start_token"]),
+        vision_end_token_id=token_id(PADDLEOCR_VL_TOKENS["vision_end_token"]),
+        tie_word_embeddings=False, architectures=["PaddleOCRVLForConditionalGeneration"], **ids,
+    )
+    pixels = PADDLEOCR_VL_IMAGE["height"] * PADDLEOCR_VL_IMAGE["width"]
+    image_processor = PaddleOCRVLImageProcessorPil(patch_size=PATCH_SIZE, temporal_patch_size=1, merge_size=2,
+                                                   min_pixels=pixels, max_pixels=pixels)
+    processor = PaddleOCRVLProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    model = PaddleOCRVLForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, LLAVA_FORWARD_SHAPES,
+        {"text": [f"{PADDLEOCR_VL_PROMPT} Describe the picture", f"{PADDLEOCR_VL_PROMPT} The capital of France is"],
+         "images": PADDLEOCR_VL_IMAGE},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random PaddleOCR-VL (NaViT-style vision tower over grid_thw patches, Ernie-4.5-style "
+                    "text model with 3-axis rope; 32 x 64 images, 8 tokens each).",
+    ))
+
+
+# MiniCPM-V 4.6: a NaViT-style packed vision encoder (the `target_sizes` family). The image processor resizes an image
+# to about `scale_resolution`² pixels in whole 4 x 4 patch blocks and packs its patches into one row; `target_sizes`
+# is each image's patch grid, from which transformers 5.23's `target_sizes` export input preparer computes the
+# nearest position ids, the window-attention merger's window index and the packed sequence length.
+MINICPM_V_PATCH = 4
+MINICPM_V_RESOLUTION = 32
+MINICPM_V_IMAGE = {"count": 1, "height": 32, "width": 48}  # one fixed size, resized to 32 x 32: 8 x 8 patches, 4 tokens
+MINICPM_V_TOKENS = {"image_token": "<image>", "video_token": "<video>", "image_start_token": "<im_start>",
+                    "image_end_token": "<im_end>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+                    "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"}
+
+
+def build_minicpm_v(folder: Path) -> None:
+    """Tiny MiniCPM-V 4.6 (`MiniCPMV4_6ForConditionalGeneration`): SigLIP-style vision tower over packed patches, a
+    window-attention merger after its first layer, an MLP merger, a Qwen3 text model. Its forward and
+    `get_image_features` take `target_sizes`, the marker of transformers 5.23's NaViT export input preparer.
+
+    Its processor (`MiniCPMV4_6Processor`: the image processor, a video processor, the tokenizer) cannot be built
+    without torchvision: transformers' processor checks its video processor against `BaseVideoProcessor`, which needs
+    torchvision. The folder holds each part as a real checkpoint does (the PIL image processor, the video processor's
+    config, the tokenizer, `processor_config.json`), so loading it fails here exactly as loading the real repo does."""
+    from transformers import (
+        GenerationConfig,
+        MiniCPMV4_6Config,
+        MiniCPMV4_6ForConditionalGeneration,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
+    from transformers.models.minicpmv4_6.video_processing_minicpmv4_6 import MiniCPMV4_6VideoProcessor
+
+    trained = bpe_tokenizer(extra_special=tuple(MINICPM_V_TOKENS.values()))
+    # The processor reads its placeholder tokens as named attributes of the tokenizer (saved in tokenizer_config.json).
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=MINICPM_V_TOKENS,
+    )
+    ids = _special_ids(tokenizer)
+    _seeded()
+    config = MiniCPMV4_6Config(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 2 * MINICPM_V_RESOLUTION, "patch_size": MINICPM_V_PATCH,
+                       "window_kernel_size": [2, 2]},
+        text_config={"model_type": "qwen3", "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                     "max_position_embeddings": 512, "tie_word_embeddings": False, **ids},
+        insert_layer_id=0, image_token_id=tokenizer.convert_tokens_to_ids(MINICPM_V_TOKENS["image_token"]),
+        video_token_id=tokenizer.convert_tokens_to_ids(MINICPM_V_TOKENS["video_token"]),
+        architectures=["MiniCPMV4_6ForConditionalGeneration"], **ids,
+    )
+    model = MiniCPMV4_6ForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    parts = {"scale_resolution": MINICPM_V_RESOLUTION, "patch_size": MINICPM_V_PATCH, "slice_mode": False}
+    MiniCPMV4_6ImageProcessorPil(**parts, use_image_id=False).save_pretrained(folder)
+    MiniCPMV4_6VideoProcessor(**parts).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "MiniCPMV4_6Processor"}, indent=2)
+                                                  + "\n", encoding="utf-8")
+    # The edge contract: batch 1, the text dynamic up to `seq.max`, the image one fixed size (so its packed patches
+    # and `target_sizes` are fixed too). Generation is probed at batch 1 only: the processor packs every image of a
+    # batch into one row of `pixel_values`, which a batch axis cannot tile (`dims.batch` goes to 2 only because a dim
+    # needs min < max; nothing is probed or traced at 2).
+    recipe = matrix_recipe(
+        "image-text-to-text", DECODER_MODES,
+        {"input_ids": {"0": "static", "1": "seq"}, "attention_mask": {"0": "static", "1": "seq"},
+         "pixel_values": {"0": "static", "3": "static"}, "target_sizes": {"0": "static"}},
+        {"text": ["<image> Describe the picture"], "images": MINICPM_V_IMAGE},
+        dims={"batch": {"min": 1, "max": 2}, "seq": {"min": 2, "max": 128}},
+        description="Tiny random MiniCPM-V 4.6 (NaViT-style packed vision encoder with target_sizes, window-attention "
+                    "merger, Qwen3 text model); one 32 x 48 image, batch 1.",
+    )
+    for target in recipe["targets"].values():
+        if target["mode"] == "generation":
+            target["parity"]["probe"] = {"batch": [1]}
+    _write_recipe(folder, recipe)
+
+
+def minicpm_v_inputs(folder: str | Path, texts: list[str], images: list) -> dict:
+    """tiny-minicpm-v's model inputs for prompts with one image each, made as `MiniCPMV4_6Processor` makes them
+    (which cannot be built here: `build_minicpm_v`): the PIL image processor's packed `pixel_values` and
+    `target_sizes`, each prompt's `<image>` expanded to `<im_start>` + one `<image>` per 16 patches + `<im_end>`
+    (its `replace_image_token` with slices and image ids off), the texts through the tokenizer, left-padded. Batch 1
+    only: the processor packs every image of a batch into one row."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    if len(texts) != 1 or len(images) != 1:
+        raise ValueError("tiny-minicpm-v's inputs are one prompt with one image (the edge contract: batch 1)")
+    tokenizer, image_processor = AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
+    pixels = image_processor(images=images, return_tensors="pt")
+    tokens = int(pixels["target_sizes"].prod(-1)[0]) // 16
+    placeholder = MINICPM_V_TOKENS["image_start_token"] + MINICPM_V_TOKENS["image_token"] * tokens \
+        + MINICPM_V_TOKENS["image_end_token"]
+    text = tokenizer([texts[0].replace(MINICPM_V_TOKENS["image_token"], placeholder, 1)], return_tensors="pt")
+    return {"input_ids": text["input_ids"], "attention_mask": text["attention_mask"],
+            "pixel_values": pixels["pixel_values"], "target_sizes": pixels["target_sizes"]}
+
+
+QWEN2_5_OMNI_TOKENS = {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>",
+                       "image_token": "<|IMAGE|>", "video_token": "<|VIDEO|>", "vision_bos_token": "<|vision_bos|>",
+                       "vision_eos_token": "<|vision_eos|>"}
+
+
+def build_qwen2_5_omni(folder: Path) -> None:
+    """Tiny Qwen2.5-Omni thinker (`Qwen2_5OmniThinkerForConditionalGeneration`): a chunked audio encoder whose forward
+    takes `input_features` + `feature_lens`, the markers of transformers 5.23's omni-audio export input preparer, a
+    Qwen2.5-VL-style vision encoder and a Qwen2 text model with M-RoPE. Its processor (`Qwen2_5OmniProcessor`: image
+    processor, `Qwen2VLVideoProcessor`, Whisper feature extractor, tokenizer) needs torchvision, so the folder holds its
+    parts as a real checkpoint does (one `preprocessor_config.json` with the image processor's and the feature
+    extractor's keys, `processor_config.json`, the tokenizer) and loading it fails here as loading the real repo does."""
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen2_5OmniThinkerConfig,
+        Qwen2_5OmniThinkerForConditionalGeneration,
+        WhisperFeatureExtractor,
+    )
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    trained = bpe_tokenizer(extra_special=tuple(QWEN2_5_OMNI_TOKENS.values()))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        padding_side="left", extra_special_tokens=QWEN2_5_OMNI_TOKENS,
+    )
+    ids = _special_ids(tokenizer)
+    token = {name: tokenizer.convert_tokens_to_ids(text) for name, text in QWEN2_5_OMNI_TOKENS.items()}
+    _seeded()
+    config = Qwen2_5OmniThinkerConfig(
+        audio_config={"num_mel_bins": ASR_MEL_BINS, "encoder_layers": 1, "encoder_attention_heads": 4,
+                      "encoder_ffn_dim": 64, "d_model": 32, "n_window": ASR_N_WINDOW, "output_dim": 64,
+                      "max_source_positions": 200},
+        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "patch_size": PATCH_SIZE,
+                       "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 32, "out_hidden_size": 64,
+                       "fullatt_block_indexes": [0]},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                     **ids},
+        audio_token_index=token["audio_token"], image_token_index=token["image_token"],
+        video_token_index=token["video_token"], audio_start_token_id=token["audio_bos_token"],
+        audio_end_token_id=token["audio_eos_token"], vision_start_token_id=token["vision_bos_token"],
+        vision_end_token_id=token["vision_eos_token"], architectures=["Qwen2_5OmniThinkerForConditionalGeneration"],
+        **ids,
+    )
+    model = Qwen2_5OmniThinkerForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    extractor = WhisperFeatureExtractor(feature_size=ASR_MEL_BINS).to_dict()
+    extractor.pop("mel_filters", None)  # recomputed from the sizes when loaded
+    preprocessor = {**Qwen2VLImageProcessorPil().to_dict(), **extractor}
+    for name, document in (("preprocessor_config.json", preprocessor),
+                           ("processor_config.json", {"processor_class": "Qwen2_5OmniProcessor"})):
+        (folder / name).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    placeholder = QWEN2_5_OMNI_TOKENS["audio_bos_token"] + QWEN2_5_OMNI_TOKENS["audio_token"] \
+        + QWEN2_5_OMNI_TOKENS["audio_eos_token"]
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, {"input_ids": {"0": "static", "1": "static"}},
+        {"text": [f"{placeholder} Transcribe the audio", f"{placeholder} The capital of France is"],
+         "audio": {"count": 2, "seconds": 1.0}},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random Qwen2.5-Omni thinker (chunked audio encoder with feature_lens, Qwen2.5-VL-style "
+                    "vision encoder, Qwen2 text model with M-RoPE).",
     ))
 
 
@@ -728,6 +965,42 @@ MODELS: dict[str, TinyModel] = {
                   "processor's `image_sizes` tensor into Python ints before tracing (recorded in the report's "
                   "`prepared_inputs`), so the anyres tiling is static. Images one fixed size (32 x 64: 3 tiles, "
                   "64 tokens each); forward shapes static as LLaVA's."),
+        TinyModel("tiny-paddleocr-vl", "PaddleOCR-VL", "PaddleOCRVLForConditionalGeneration", "image-text-to-text",
+                  DECODER_MODES, build_paddleocr_vl,
+                  "The `grid_thw` family (Qwen2-VL-class vision; Qwen2-VL's processor needs torchvision, which "
+                  "cannot load beside the CPU torch: docs/generation.md). Images one fixed size (32 x 64: "
+                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's. Forward: the "
+                  "engine runs the text's rope index (`get_rope_index`) only on a module that has it, and "
+                  "PaddleOCR-VL keeps it on its base model, so the trace stopped in its `tolist()`; hfexport runs "
+                  "the same preparer on the base model (`workarounds.transformers_models.base_rope_index`), the "
+                  "graph takes `position_ids` [3, batch, seq], recorded in the report's `prepared_inputs`. "
+                  "Generation: the decode takes 3-axis rope positions (`position_ids` [4, batch, 1]), which "
+                  "hfexport's generate (1-axis positions) cannot compute, so the plan refuses it (docs/generation.md)."),
+        TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",
+                  DECODER_MODES, build_minicpm_v,
+                  "The `target_sizes` family (NaViT-style packed vision encoders; transformers 5.23's preparer computes "
+                  "the nearest position ids, window index and packed lengths from `target_sizes`). Every cell stops "
+                  "at loading the processor: `MiniCPMV4_6Processor` needs its video processor, and transformers' "
+                  "video processors need torchvision, which this environment does not have (PyPI's torchvision "
+                  "0.28.0 wheel links the CUDA build of torch, `libtorch_cuda.so`, so it cannot load beside torch "
+                  "2.13.0+cpu). Every class this preparer serves (MiniCPM-V 4.6, MiniCPM-V 4.7, MiniCPM-OCR) has "
+                  "the same processor. The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
+                  "fixed 32 x 48 image. Given the processor's inputs made its way (`minicpm_v_inputs`), generation "
+                  "passes on torch.export, ONNX and OpenVINO, token for token on new images from the saved files "
+                  "(the export's `input_preparers.json`; docs/generation.md); ExecuTorch's export stops "
+                  "(GuardOnDataDependentSymNode), and forward is not traceable with the preparer.",
+                  processor_needs="torchvision"),
+        TinyModel("tiny-qwen2.5-omni", "Qwen2.5-Omni", "Qwen2_5OmniThinkerForConditionalGeneration",
+                  "image-text-to-text", DECODER_MODES, build_qwen2_5_omni,
+                  "The `input_features` + `feature_lens` family (omni audio encoders: transformers 5.23's preparer "
+                  "computes the audio encoder's padded chunks, chunk lengths, `cu_seqlens`, valid and pooling indices "
+                  "with helpers from its modeling module; it serves Qwen2.5-Omni's and Qwen3-Omni-MoE's audio "
+                  "encoders, and fires on a module called with `feature_lens`: the thinker's forward takes "
+                  "`feature_attention_mask`). Every cell stops at loading the processor: `Qwen2_5OmniProcessor` "
+                  "takes `Qwen2VLVideoProcessor`, which needs torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor "
+                  "takes the same video processor). The task is init's (the thinker is in transformers' "
+                  "image-text-to-text table); the recipe's samples are audio clips with prompts.",
+                  processor_needs="torchvision"),
     )
 }
 

@@ -128,8 +128,14 @@ def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: d
             continue
         with torch.no_grad():
             eager = submodel(**copy.deepcopy(subinputs))
+        fed = copy.deepcopy(subinputs)
+        planned = plan.components.get(component)
+        if planned is not None and planned.prepared_inputs:
+            # the engine's input preparers computed some of this component's inputs at export (the report's
+            # `prepared_inputs`: a NaViT encoder's window index from `target_sizes`): computed again from the probe's
+            fed = traced_inputs(submodel, fed)
         try:
-            got = runner(**as_traced(runner, _traced(runner, copy.deepcopy(subinputs))))
+            got = runner(**as_traced(runner, _traced(runner, fed)))
         except Exception as error:  # noqa: BLE001 - recorded with the backend's message
             entry.update(error=_backend_message(error), outputs={})
             results.append(entry)
@@ -359,7 +365,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
     try:
         graph_read = read_back(exported)
-        graph_precision = graph_read["precision"] if has_precision else "f32"
+        graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model)
         graph = _run_checks(exported, model, plan, processor, probes, refs, resolve(target, dtype, graph_precision),
                             representative=representative,
                             on_probe=_probe_steps(progress, target.name, f"at {graph_precision}: " if has_precision
@@ -401,6 +407,15 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     if runtime_check is not None:
         result["runtime_check"] = runtime_check
     return result
+
+
+def _graph_precision(dtype: str, model) -> str:
+    """The precision a graph without a runtime precision is judged at: "f16" for a float16 graph of a wider model
+    (a target converted to float16, `hfexport.onnx_float16`: it computes in float16 against the float32 model, so it is
+    judged as OpenVINO at f16 is, by direction, decisions and the f16 token agreement floor); else "f32" (a float16
+    checkpoint's graph is compared with the float16 model itself)."""
+    model_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
+    return "f16" if dtype == "float16" and model_dtype != "float16" else "f32"
 
 
 def _why(pinned: str) -> str:

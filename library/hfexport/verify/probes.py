@@ -234,6 +234,10 @@ def keep_image_tokens(resized: dict, inputs: dict, image_token: int | None) -> d
     if image_token is None or ids is None or before is None or ids.shape[1] <= before.shape[1]:
         return resized
     ids = ids.clone()
+    # Qwen2-VL-class processors also mark each token's modality (`mm_token_type_ids`: 1 at image tokens), from which
+    # the rope index groups the image grids: a placeholder turned into text is text there too.
+    types = resized.get("mm_token_type_ids")
+    types = types.clone() if types is not None and types.shape == ids.shape else None
     for row in range(ids.shape[0]):
         original = before[row % before.shape[0]]
         wanted = int((original == image_token).sum())
@@ -241,7 +245,9 @@ def keep_image_tokens(resized: dict, inputs: dict, image_token: int | None) -> d
         text = original[original != image_token]
         if len(positions) > wanted and len(text):
             ids[row, positions[wanted:]] = text[-1]
-    return {**resized, "input_ids": ids}
+            if types is not None:
+                types[row, positions[wanted:]] = 0
+    return {**resized, "input_ids": ids, **({"mm_token_type_ids": types} if types is not None else {})}
 
 
 def shapes_of(inputs: dict) -> dict:

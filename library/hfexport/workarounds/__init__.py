@@ -66,6 +66,16 @@ WORKAROUNDS = (
                 "reads prefill_by_decode where it cannot apply",
         canary="tests/test_modeling_fixes.py::test_without_the_fix_the_export_specializes_the_sequence"),
     Workaround(
+        name="transformers-rope-index-on-base-model",
+        upstream="transformers 5.23.0 (exporters.utils.precompute_export_inputs)",
+        works_around="the engine runs the LLM rope index (`get_rope_index`) only when the traced module has it; a "
+                     "Qwen2-VL-class *ForConditionalGeneration keeps it on its base model, so a whole-model forward "
+                     "traced without positions stops in the rope index's tolist()",
+        module="workarounds.transformers_models",
+        applied="plan.tracing._prepared (the plan's shapes, probes, the report's prepared_inputs) and export.run_plan "
+                "(the forward export's inputs)",
+        canary="tests/test_preparer_families.py::test_the_engine_alone_computes_no_rope_index_for_the_outer_model"),
+    Workaround(
         name="transformers-sliding-window-trace",
         upstream="transformers 5.23.0 (exporters; huggingface/transformers#49542)",
         works_around="the dynamo exporter traces sliding-window cache layers as full DynamicLayers while eager cuts "

@@ -98,3 +98,27 @@ def modeling_fixes(model, export_format: str) -> Iterator[None]:
         modeling_mamba.mamba_selective_scan = original
         for parameter in trainable:
             parameter.requires_grad_(True)
+
+
+def base_rope_index(model, prepared: dict) -> dict:
+    """`prepared` (the engine's `prepare_for_export` output for `model`) with the text's rope positions the engine's
+    preparers compute on the base model, where they missed them on `model`.
+
+    transformers 5.23's `precompute_export_inputs` runs the LLM rope index (`get_rope_index`: the 3-axis positions
+    of a Qwen2-VL-class prompt, image tokens placed on their grid) only when the traced module itself has
+    `get_rope_index`; in the `*ForConditionalGeneration` classes (Qwen2-VL, PaddleOCR-VL, ...) it lives on the base
+    model (`model.model`), so a whole-model forward is traced without positions and stops in the rope index's
+    `tolist()` (GuardOnDataDependentSymNode). This runs the same preparer, through `prepare_for_export`, on the base
+    model and keeps its `position_ids`: the graph takes them as an input, as transformers.js feeds Qwen2-VL's."""
+    import copy
+
+    base = getattr(model, "base_model", None)
+    if prepared.get("position_ids") is not None or base is None or base is model \
+            or hasattr(model, "get_rope_index") or not hasattr(base, "get_rope_index"):
+        return prepared
+    from transformers.exporters.utils import prepare_for_export
+
+    _, on_base, _ = prepare_for_export(base, copy.copy(dict(prepared)))
+    if on_base.get("position_ids") is None:
+        return prepared
+    return {**prepared, "position_ids": on_base["position_ids"]}

@@ -1,0 +1,102 @@
+"""The engine's export input preparers at run time: what a component traced on prepared inputs needs to run again.
+
+transformers 5.23's `register_export_input_preparer` functions compute data-dependent inputs outside the traced graph
+(a NaViT encoder's nearest position ids, window index and window lengths from `target_sizes`, ...), from the sample
+inputs and a few attributes of the module being exported (`num_patches_per_side`, `window_kernel_size`, its attention
+implementation). The exported component then takes those inputs, so whoever runs it on new images computes them
+again. hfexport records the attributes beside the export (`input_preparers.json`, per component) and, at run time,
+runs the engine's own `prepare_for_export` on a stand-in module that carries them: generating from the export needs
+no torch model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hfexport.errors import CorruptExportError
+
+FILE = "input_preparers.json"
+# The module attributes transformers 5.23's preparers read (`transformers/exporters/utils.py`): `grid_thw`:
+# spatial_merge_size, window_size, patch_size, num_grid_per_side; `target_sizes`: num_patches_per_side,
+# window_kernel_size; the audio encoders: n_window, n_window_infer.
+ATTRIBUTES = ("num_patches_per_side", "window_kernel_size", "spatial_merge_size", "window_size", "patch_size",
+              "num_grid_per_side", "n_window", "n_window_infer")
+
+# The attention implementations a recorded component may name (what the preparers read it for: whether flash
+# attention wants `max_seqlen`).
+ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", None)
+
+
+def _attribute(module, name: str):
+    """The first value of `name` on `module` or a submodule (where the engine's preparers look for it)."""
+    return next((value for part in module.modules() if (value := getattr(part, name, None)) is not None), None)
+
+
+def _plain(value) -> bool:
+    return isinstance(value, (int, float, str, bool)) or (
+        isinstance(value, (list, tuple)) and all(isinstance(item, int) for item in value))
+
+
+def context(module, added: list[str]) -> dict:
+    """What running the engine's preparers again needs for a component exported from `module`, whose inputs they
+    added to (`added`: those inputs' names)."""
+    attributes = {}
+    for name in ATTRIBUTES:
+        value = _attribute(module, name)
+        if value is not None and _plain(value):
+            attributes[name] = list(value) if isinstance(value, tuple) else value
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    return {"added": list(added), "attributes": attributes,
+            "attn_implementation": implementation if implementation in ATTENTION else None}
+
+
+def prepare(recorded: dict, inputs: dict) -> dict:
+    """`inputs` with what the engine's preparers compute from them, on a stand-in of the exported module."""
+    import torch
+    from transformers import PretrainedConfig
+    from transformers.exporters.utils import prepare_for_export
+
+    standin = torch.nn.Module()
+    for name, value in recorded["attributes"].items():
+        setattr(standin, name, tuple(value) if isinstance(value, list) else value)
+    config = PretrainedConfig()
+    config._attn_implementation = recorded.get("attn_implementation") or "eager"
+    standin.config = config
+    _, prepared, _ = prepare_for_export(standin, dict(inputs))
+    return prepared
+
+
+def write(folder: str | Path, contexts: dict[str, dict]) -> None:
+    """`input_preparers.json` in the export folder (nothing when no component's inputs were prepared)."""
+    import json
+
+    if contexts:
+        (Path(folder) / FILE).write_text(json.dumps(contexts, indent=2) + "\n", encoding="utf-8")
+
+
+def check(data: Any, label: str) -> dict[str, dict]:
+    """The content of an export's `input_preparers.json` (parsed), checked (`label`: the file as the user named it)."""
+
+    def refuse(where: str, expectation: str):
+        raise CorruptExportError(f"{label}: {where}: {expectation}")
+
+    if not isinstance(data, dict):
+        refuse("$", "expected an object of component names")
+    for component, entry in data.items():
+        where = f"$.{component}"
+        if not isinstance(entry, dict) or set(entry) != {"added", "attributes", "attn_implementation"}:
+            refuse(where, "expected an object with added, attributes and attn_implementation")
+        if not isinstance(entry["added"], list) or not all(isinstance(name, str) for name in entry["added"]):
+            refuse(f"{where}.added", "expected a list of input names")
+        attributes: Any = entry["attributes"]
+        if not isinstance(attributes, dict):
+            refuse(f"{where}.attributes", "expected an object")
+        for name, value in attributes.items():
+            if name not in ATTRIBUTES or not _plain(value):
+                refuse(f"{where}.attributes.{name}", f"expected one of {', '.join(ATTRIBUTES)} with a number, string "
+                                                     "or list of integers")
+        if entry["attn_implementation"] not in ATTENTION:  # a name only: never a kernel repo to fetch
+            refuse(f"{where}.attn_implementation", "expected one of " + ", ".join(
+                name or "null" for name in ATTENTION))
+    return data
