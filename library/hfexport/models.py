@@ -115,6 +115,16 @@ def sequence_limit(config) -> int | None:
     return None
 
 
+def multi_axis_rope(config) -> bool:
+    """Whether the text model's rope takes several position axes (Qwen2-VL-class M-RoPE: `mrope_section`), whose
+    positions come from the model's `get_rope_index` over the image grids, not from the attention mask."""
+    for holder in (config, getattr(config, "text_config", None)):
+        rope = getattr(holder, "rope_parameters", None) if holder is not None else None
+        if isinstance(rope, dict) and rope.get("mrope_section"):
+            return True
+    return False
+
+
 def model_class_for(config, task: str | None = None, model_class: str | None = None):
     """The class to load: task's Auto class, else the recipe's class name, else the config's architecture."""
     if task:
