@@ -9,9 +9,10 @@ batch), chat-template prompts that ask for long answers, as text (their first to
 `num_bos=0`), at most NEW_TOKENS new tokens, one warm-up each, then ROUNDS rounds of every prompt on every folder, the
 order reversed each round. Each program's cache size (`get_max_seq_len`) is read and recorded: all are 2048.
 
-Same work on every side: the runner has no option to ignore EOS, and optimum-executorch's `.pte` does not stop at
-SmolLM2's `<|im_end|>` (its `get_eos_ids` is not the generation config's), so the decode rate is measured over the
-same tokens: per prompt and round, the first `n` new tokens every side produced (n = the shortest side's count),
+Same work on every side: the runner has no option to ignore EOS (`GenerationConfig` 1.5.1), and optimum-executorch's
+`.pte` does not stop at SmolLM2's `<|im_end|>` (id 2) in the runner: it answers `get_eos_id` = 2 but has no
+`get_eos_ids`, the method the runner reads, so the runner falls back to the tokenizer's EOS. So the decode rate is
+measured over the same tokens: per prompt and round, the first `n` new tokens every side produced (n = the shortest side's count),
 from the times the runner hands each token to the callback: `(n - 1) / (t[n-1] - t[0])`. Time to first token is the
 runner's own stats (`first_token_ms - inference_start_ms`: the prompt's encoding and prefill). Medians over the
 calls; a ratio is hfexport's over the other's, per call pair (tokens/s: > 1 is faster; TTFT: < 1 is faster).
