@@ -113,16 +113,21 @@ def alternate(variants: Sequence[str], rounds: int, run: Callable[[str, int], di
 
 
 def alternate_workers(commands: dict[str, list[str]], prompts: Sequence, rounds: int, reference: str,
-                      keys: Sequence[str] = ("tokens_per_s", "ttft_ms"), **popen) -> tuple[dict, dict]:
-    """One long-lived worker process per variant (`commands[name]`: it prints `{"ready": true}`, then answers each
-    JSON prompt line on stdin with one JSON line), warmed up on the first prompt, then every prompt to every worker,
-    `rounds` times, the order reversed each round. Returns the answers by variant and, per key, the ratios of each
-    other variant's answer over `reference`'s (only where the reference's value is not 0)."""
+                      keys: Sequence[str] = ("tokens_per_s", "ttft_ms"), ready: dict | None = None,
+                      **popen) -> tuple[dict, dict]:
+    """One long-lived worker process per variant (`commands[name]`: it prints `{"ready": true, ...}`, then answers
+    each JSON prompt line on stdin with one JSON line), warmed up on the first prompt, then every prompt to every
+    worker, `rounds` times, the order reversed each round. Returns the answers by variant and, per key, the ratios of
+    each other variant's answer over `reference`'s (only where the reference's value is not 0); `ready`, when given,
+    receives each worker's ready line (what it says of itself)."""
     workers = {name: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
                for name, command in commands.items()}
     try:
-        for worker in workers.values():
-            assert json.loads(worker.stdout.readline())["ready"]
+        for name, worker in workers.items():
+            greeting = json.loads(worker.stdout.readline())
+            assert greeting.pop("ready")
+            if ready is not None:
+                ready[name] = greeting
 
         def call(name: str, prompt) -> dict:
             workers[name].stdin.write(json.dumps(prompt) + "\n")

@@ -69,6 +69,19 @@ def test_the_default_executorch_generation_target_is_the_runners_program(pte_lla
     assert "model.ptd" in runtimes["optimum-executorch"]["reason"]
 
 
+def test_the_program_attends_through_executorchs_llm_kernels(pte_llama):
+    """Attention and the cache write are ExecuTorch's LLM kernels (issue 27's speed: the portable ops read, copy and
+    mask all max_len cache slots every step; the kernels write in place and attend over the filled ones), recorded in
+    the export config, and the portable ops that handled the whole cache are gone."""
+    folder, report = pte_llama
+    program = (folder / "model.pte").read_bytes()  # the flatbuffer names each operator the program calls
+    assert b"llama::custom_sdpa" in program and b"llama::update_cache" in program
+    for portable in (b"aten::index_put", b"aten::expand_copy", b"aten::logical_not"):
+        assert portable not in program, portable
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["components"]["model"]["metadata"]["export_config"]["attention"] == "custom_sdpa"
+
+
 def test_hfexports_generate_runs_the_same_files(pte_llama, tiny_llama, llama_texts):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

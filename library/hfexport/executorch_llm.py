@@ -24,6 +24,20 @@ prefill/decode with the cache as inputs and outputs, non-strict; it calls `to_ed
 `constant_methods` and writes every constant into the `.pte`; none of that is an option. So this module calls
 torch.export and executorch directly for this one contract; every other ExecuTorch export stays the engine's.
 
+Attention and cache update run as ExecuTorch's LLM kernels where the model allows it (`llama::update_cache`,
+`llama::custom_sdpa`, from `executorch.extension.llm.custom_ops`, the ops executorch's own Llama export and
+optimum-executorch's `--use_custom_sdpa --use_custom_kv_cache` use): the cache is held sequence-major
+(`[1, max_len, kv_heads, head_dim]`) and written in place at `cache_position[0]`, and attention reads only the
+`start + seq` filled positions, grouped-query heads without copies. The portable-op program (a static cache read
+whole, `index_put` of a copy of the cache, GQA heads expanded by copy, a mask over every slot) spends most of each
+decode step on the 2048 slots, filled or not (profiled with ETDump on SmolLM2: `expand_copy`, the batched matmuls,
+the transposes and the mask ops over the full cache). A model whose layers are not all plain full attention (sliding
+windows, a KV-sharing layer) or whose eager run with the kernels differs from its own attention keeps the portable
+program (`attention` in the export config says which). The kernels are registered in a process by importing
+`executorch.extension.llm.custom_ops.custom_ops` (`register_custom_ops`): TextLLMRunner's C++ apps link them, a
+Python process imports that module before loading the program (the README's snippet does; `load_program` does it
+for hfexport).
+
 The result is an ordinary `ExportedModel` with one component, `model` (`model.pte`), whose metadata records
 `llm_runner` (and the cache size) in its export config: the engine's ExecuTorch runner runs it (`forward` on the
 traced kwargs `input_ids`, `cache_position`), `ExportedModel.save_pretrained` writes `model.ptd` beside it (`hfexport.executorch_data.write_data`), the loader
@@ -43,6 +57,10 @@ DATA_FILE = "model.ptd"
 COMPONENT = "model"
 DATA_TAG = "model"  # executorch names the data file after the tag: model.ptd
 MARKER = "llm_runner"  # in the component's export_config: this program holds its cache (the runner's contract)
+ATTENTION = "attention"  # in the component's export_config: CUSTOM_SDPA (the LLM kernels) or "sdpa" (portable ops)
+CUSTOM_SDPA = "custom_sdpa"
+_ATTENTION_NAME = "hfexport_executorch_custom_sdpa"  # the name the kernels' attention is registered under
+_LAYER_ATTRIBUTE = "_hfexport_cache_layer"  # on each attention module while exporting: its cache layer
 #: The cache size when the recipe names none (`generation.max_cache_len`): the model's context, at most this many.
 DEFAULT_MAX_CONTEXT = 2048
 
@@ -51,6 +69,18 @@ def is_llm_program(metadata) -> bool:
     """Whether a component's metadata (an `ExportMetadata` or its dict) is this contract's program."""
     config = metadata.get("export_config") if isinstance(metadata, dict) else getattr(metadata, "export_config", None)
     return bool((config or {}).get(MARKER))
+
+
+def uses_custom_ops(metadata) -> bool:
+    """Whether a component's program calls ExecuTorch's LLM kernels (`register_custom_ops` before loading it)."""
+    config = metadata.get("export_config") if isinstance(metadata, dict) else getattr(metadata, "export_config", None)
+    return (config or {}).get(ATTENTION) == CUSTOM_SDPA
+
+
+def register_custom_ops() -> None:
+    """Register ExecuTorch's LLM kernels (`llama::custom_sdpa`, `llama::update_cache`) in this process, for export
+    (the torch ops) and for the runtime (the ExecuTorch kernels): importing executorch's module loads its library."""
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - registers on import
 
 
 def manifest_is_llm(manifest: dict) -> bool:
@@ -86,7 +116,7 @@ def constant_methods(model, max_len: int) -> dict:
         "get_max_context_len": max_len,
         "use_kv_cache": True,
         "enable_dynamic_shape": True,
-        "use_sdpa_with_kv_cache": False,
+        "use_sdpa_with_kv_cache": False,  # the runner's flag for the older fused op (sdpa_with_kv_cache), not ours
         "get_vocab_size": int(config.vocab_size),
         "get_max_batch_size": 1,
         "get_n_layers": int(config.num_hidden_layers),
@@ -121,22 +151,26 @@ def export(model, engine_config, generation: dict):
 
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from transformers.exporters import ExportedComponent, ExportedModel, ExportFormat, ExportMetadata
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
     max_len = max_context(model, generation)
-    with _static_generation_config(model):
-        module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len)
-    module.eval()
     prompt = min(4, max_len - 1)
     inputs = {"input_ids": torch.zeros((1, prompt), dtype=torch.long), "cache_position": torch.arange(prompt)}
     seq = torch.export.Dim("seq", min=1, max=max_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
-    with torch.no_grad():
-        program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
+    with _static_generation_config(model), _attention(model) as attention:
+        if attention == CUSTOM_SDPA:
+            module = _custom_ops_module(model, max_len).eval()
+        else:
+            module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len).eval()
+        with torch.no_grad():
+            program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
     _tag_weights(program)
+    # the LLM kernels are not core ATen: executorch's IR check would refuse them (as optimum-executorch's recipe)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
+                                          compile_config=EdgeCompileConfig(_check_ir_validity=attention == "sdpa"),
                                           constant_methods=constant_methods(model, max_len))
     manager = lowered.to_executorch(ExecutorchBackendConfig(external_constants=lambda node: DATA_TAG))
     scratch = tempfile.TemporaryDirectory(prefix="hfexport-pte-")
@@ -144,12 +178,12 @@ def export(model, engine_config, generation: dict):
     with open(folder / PROGRAM_FILE, "wb") as file:
         manager.write_to_file(file)
     manager.write_tensor_data_to_file(str(folder))
-    loaded = load_program(folder / PROGRAM_FILE, folder / DATA_FILE)
+    loaded = load_program(folder / PROGRAM_FILE, folder / DATA_FILE, custom_ops=attention == CUSTOM_SDPA)
     loaded.scratch = scratch  # the files live as long as the program
     engine = dataclasses.asdict(engine_config) if dataclasses.is_dataclass(engine_config) else {}
     export_config = {key: value for key, value in engine.items()
                      if isinstance(value, (str, int, float, bool)) or value is None}
-    export_config.update({MARKER: True, "max_seq_len": max_len, "strict": True})
+    export_config.update({MARKER: True, "max_seq_len": max_len, "strict": True, ATTENTION: attention})
     metadata = ExportMetadata(
         architecture=type(model).__name__,
         packages=_versions(),
@@ -164,6 +198,134 @@ def export(model, engine_config, generation: dict):
     generation_config = copy.deepcopy(getattr(model, "generation_config", None))
     return ExportedModel({COMPONENT: ExportedComponent(loaded, metadata)}, ExportFormat.EXECUTORCH,
                          config=model.config, generation_config=generation_config)
+
+
+def _plain_full_attention(model, max_len: int) -> bool:
+    """Every layer of the model's static cache is a plain full-attention layer (no sliding window, no KV sharing) and
+    the model takes its attention function from transformers' attention interface: what the kernels compute."""
+    from transformers.cache_utils import StaticCache, StaticLayer
+
+    if not getattr(model, "_supports_attention_backend", False):
+        return False
+    layers = StaticCache(max_cache_len=max_len, config=model.config.get_text_config()).layers
+    return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+
+
+@contextlib.contextmanager
+def _attention(model):
+    """Within the block, the model attends through ExecuTorch's LLM kernels where it can (yields CUSTOM_SDPA), else
+    as it does (yields "sdpa"); its attention implementation is restored after."""
+    max_len = 8
+    if not _plain_full_attention(model, max_len) or not _kernels_available():
+        yield "sdpa"
+        return
+    config = model.config.get_text_config()
+    original = config._attn_implementation
+    try:
+        config._attn_implementation = _ATTENTION_NAME
+        if _same_as_eager(model, original):
+            yield CUSTOM_SDPA
+            return
+    finally:
+        config._attn_implementation = original
+        for submodule in model.modules():
+            submodule.__dict__.pop(_LAYER_ATTRIBUTE, None)
+    yield "sdpa"
+
+
+def _kernels_available() -> bool:
+    try:
+        register_custom_ops()
+    except (ImportError, OSError, AssertionError):
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(_ATTENTION_NAME, _custom_sdpa)
+    AttentionMaskInterface.register(_ATTENTION_NAME, _no_mask)  # causal in the kernel: no mask is built
+    return True
+
+
+def _same_as_eager(model, original: str) -> bool:
+    """The kernels' module gives the model's own next-token logits on a short prompt and two decode steps (eager):
+    a family whose attention is not what the kernels compute keeps the portable program."""
+    import torch
+
+    config = model.config.get_text_config()
+    ids = torch.arange(3, 9).remainder(config.vocab_size).view(1, -1)
+    steps = [(ids[:, :4], torch.arange(4)), (ids[:, 4:5], torch.tensor([4])), (ids[:, 5:6], torch.tensor([5]))]
+    with torch.no_grad():
+        module = _custom_ops_module(model, 8).eval()
+        got = torch.cat([module(input_ids=step, cache_position=position)[0, -1:] for step, position in steps])
+        config._attn_implementation = original
+        want = model(ids, use_cache=False).logits[0, [3, 4, 5]]
+        config._attn_implementation = _ATTENTION_NAME
+    return bool(torch.allclose(got, want, rtol=1e-3, atol=1e-4))
+
+
+def _no_mask(*args, **kwargs):
+    return None
+
+
+def _custom_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention function over ExecuTorch's `llama::custom_sdpa`: causal from the layer's start
+    position, over the sequence-major cache `CustomOpsLayer` holds; returns `[batch, seq, heads, head_dim]` as
+    transformers' attention functions do."""
+    import torch
+
+    start = module.__dict__[_LAYER_ATTRIBUTE].start
+    output = torch.ops.llama.custom_sdpa(query.transpose(1, 2), key, value, start, None, 0.0, True, scaling)
+    return output, None
+
+
+def _custom_ops_classes():
+    """`CustomOpsLayer` and `CustomOpsModule`, made on first use (transformers is imported only when exporting)."""
+    import torch
+    from transformers.cache_utils import StaticLayer
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    class CustomOpsLayer(StaticLayer):
+        """A `StaticLayer` whose cache is sequence-major and written in place by `llama::update_cache` at the
+        program's start position."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.cumulative_length.add_(key_states.shape[-2])
+            torch.ops.llama.update_cache(key_states.transpose(1, 2), self.keys, self.start)
+            torch.ops.llama.update_cache(value_states.transpose(1, 2), self.values, self.start)
+            return self.keys, self.values
+
+    class CustomOpsModule(TorchExportableModuleWithStaticCache):
+        """transformers' exportable module with its cache layers made `CustomOpsLayer`s (buffers re-registered
+        sequence-major) and each attention module told its layer; `forward` sets the start position every layer
+        writes and attends from (`cache_position[0]`)."""
+
+        def __init__(self, model, max_len: int):
+            super().__init__(model, batch_size=1, max_cache_len=max_len)
+            for index, layer in enumerate(self.static_cache.layers):
+                layer.__class__ = CustomOpsLayer
+                layer.keys = layer.keys.transpose(1, 2).contiguous()
+                layer.values = layer.values.transpose(1, 2).contiguous()
+                self.register_buffer(f"key_cache_{index}", layer.keys, persistent=False)
+                self.register_buffer(f"value_cache_{index}", layer.values, persistent=False)
+            for submodule in model.modules():
+                index = getattr(submodule, "layer_idx", None)
+                if isinstance(index, int) and hasattr(submodule, "is_causal"):
+                    # not an attribute nn.Module registers: the layer is no module and holds the cache buffers
+                    submodule.__dict__[_LAYER_ATTRIBUTE] = self.static_cache.layers[index]
+
+        def forward(self, input_ids=None, inputs_embeds=None, cache_position=None):
+            start = cache_position[0].item()
+            torch._check(start >= 0)
+            torch._check(start + input_ids.shape[1] <= self.static_cache.layers[0].max_cache_len)
+            for layer in self.static_cache.layers:
+                layer.start = start
+            return super().forward(input_ids=input_ids, cache_position=cache_position)
+
+    return CustomOpsLayer, CustomOpsModule
+
+
+def _custom_ops_module(model, max_len: int):
+    return _custom_ops_classes()[1](model, max_len)
 
 
 def _tag_weights(program) -> None:
@@ -193,11 +355,14 @@ def _versions() -> dict:
     return found
 
 
-def load_program(path: Path, data: Path | None):
+def load_program(path: Path, data: Path | None, custom_ops: bool = False):
     """The `.pte` as an `executorch.runtime.Program` with its `.ptd`, remembering both files so that saving it again
-    copies them (as the engine's `ExecutorchExporter.load_program` remembers `path`)."""
+    copies them (as the engine's `ExecutorchExporter.load_program` remembers `path`); `custom_ops`: the program calls
+    ExecuTorch's LLM kernels (`uses_custom_ops`), registered first."""
     from executorch.runtime import Runtime
 
+    if custom_ops:
+        register_custom_ops()
     program = Runtime.get().load_program(Path(path), data_path=str(data) if data is not None else None)
     program.path, program.data_path = str(path), str(data) if data is not None else None
     return program

@@ -15,7 +15,7 @@ from transformers.exporters import ExportedModel as _EngineExportedModel
 
 from hfexport.engine import register_treespec_types, runner_class, set_runners
 from hfexport.executorch_llm import DATA_FILE as LLM_DATA_FILE
-from hfexport.executorch_llm import is_llm_program
+from hfexport.executorch_llm import is_llm_program, uses_custom_ops
 from hfexport.executorch_llm import load_program as load_executorch  # a .pte with its .ptd (any program)
 from hfexport.errors import (
     CorruptExportError,
@@ -482,7 +482,7 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
         from transformers.exporters import ExecutorchExporter
 
         if is_llm_program(entry["metadata"]):  # ExecuTorch's LLM runner contract: the weights in model.ptd beside it
-            return load_executorch(path, fetch(LLM_DATA_FILE, True))
+            return load_executorch(path, fetch(LLM_DATA_FILE, True), custom_ops=uses_custom_ops(entry["metadata"]))
         data = fetch(data_name(entry["file"]), False)  # checked with the program (safety.artifacts.program_files)
         return load_executorch(path, data) if data is not None else ExecutorchExporter.load_program(path)
     raise CorruptExportError(f"{path}: unknown export format {export_format!r}")
