@@ -22,6 +22,7 @@ from hfexport.workarounds.executorch import executorch_fixes
 from hfexport.exported import ExportedModel
 from hfexport.workarounds.transformers_models import modeling_fixes
 from hfexport.workarounds.onnxscript import onnx_fixes
+from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
 from hfexport.models import load_model, load_processor
 from hfexport.plan import _engine_config, build_plan
 from hfexport.recipe.loading import load_recipe
@@ -246,4 +247,9 @@ def run_plan(plan, model) -> ExportedModel:
             import copy
 
             exported.generation_config = copy.deepcopy(model.generation_config)
+    if str(plan.export_format) == "openvino":
+        # the CPU plugin's fused KV-cache attention matches the frontend's repeat of a grouped-query cache, which the
+        # engine rewrites (hfexport.workarounds.openvino)
+        for component in exported.components.values():
+            fuse_ready_cache_broadcasts(component.program)
     return ExportedModel.from_engine(exported)
