@@ -1,20 +1,34 @@
 """SmolLM2-135M-Instruct in OpenVINO GenAI: hfexport's OpenVINO generation export vs optimum-intel's (issue 27).
 
-Both folders are run by `openvino_genai.LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32")` in the runtime's
-own environment (`hfexport.testing.peers.openvino_genai_venv()`), one long-lived process per folder, so every call alternates
-with the other's in one run: greedy, batch 1, chat-template prompts (token ids), exactly NEW_TOKENS new tokens
-(`min_new_tokens`), one warm-up each, then ROUNDS rounds of every prompt on both, the order swapped each round.
+Both folders are run by `openvino_genai.LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32",
+ATTENTION_BACKEND=B)` in the runtime's own environment (`hfexport.testing.peers.openvino_genai_venv()`), one long-lived
+process per folder and backend, so every call alternates with the other export's in one run: greedy, chat-template
+prompts (token ids), exactly NEW_TOKENS new tokens (`min_new_tokens`), at batch 1 (each prompt alone) and batch 4 (the
+four prompts in one `generate` call, left-padded with their attention mask; LLMPipeline runs a batch as one request
+per row, continuously batched), one warm-up each, then ROUNDS rounds of every call on both exports, the order swapped
+each round. The backends (BACKENDS, default both):
+- `PA`, GenAI's default on x86/ARM CPUs: its `SDPAToPagedAttention` pass rewrites the stateful graph into
+  PagedAttention with GenAI's own block cache (continuous batching);
+- `SDPA`: the stateful graph as exported, its KV cache in the graph's ReadValue/Assign states (what GenAI runs where
+  PagedAttention is not available, and what optimum-intel's `OVModelForCausalLM` compiles).
 Figures are GenAI's own `perf_metrics` (time to first token, throughput of the decode), medians over the calls; a
-ratio is hfexport's over optimum-intel's. Each side's tokens are recorded; equal tokens show both run the same model.
+ratio is hfexport's over optimum-intel's, per call (the two sides' calls are neighbours in time), then the median
+(tokens/s: > 1 is faster; TTFT: < 1 is faster). Each side's tokens are recorded; equal tokens show both run the same
+model.
 
-- hfexport: `hfexport export SMOLLM2 --recipe R -o OUT` with R one plain OpenVINO generation target (no options but
-  `dynamic`), i.e. the stateful `openvino_model.xml` with its tokenizer models (HFEXPORT_DIR: a folder already made);
+- hfexport: `hfexport export SMOLLM2 --recipe R -o WORK/out --no-latency` with R one plain OpenVINO generation target
+  (no options but `dynamic`), i.e. the stateful `openvino_model.xml` with its tokenizer models, verified by the gate
+  (HFEXPORT_DIR: a folder already made);
 - optimum-intel: `optimum-cli export openvino --model SMOLLM2 --task text-generation-with-past --weight-format fp32`
-  in the peers' venv (OPTIMUM_DIR: a folder already made).
+  in the peers' venv (OPTIMUM_DIR: a folder already made). Both write their defaults in the graph's
+  `rt_info/runtime_options`, which the CPU plugin applies: optimum-intel KV_CACHE_PRECISION f16 (its unquantized
+  text-generation default), hfexport (the engine's) INFERENCE_PRECISION_HINT and KV_CACHE_PRECISION f32, the
+  checkpoint's precision; both run at the f32 hint passed here.
 
-Run: `python benchmarks/llm_runtimes.py` (ROUNDS, default 5; NEW_TOKENS, default 32) ->
-benchmarks/results/llm_runtimes.json (or OUT). The CPU (lscpu) and the load average before and after are recorded:
-the machine is shared.
+Run: `python benchmarks/llm_runtimes.py` (ROUNDS, default 5; NEW_TOKENS, default 32; BATCHES, default `1,4`;
+BACKENDS, default `PA,SDPA`; WORK, default /tmp/hfexport-llm-runtimes-bench, where the two exports are made once and
+reused) -> benchmarks/results/llm_runtimes.json (or OUT). The CPU (lscpu) and the load average before and after are
+recorded: the machine is shared.
 
 The ExecuTorch half of issue 27's benchmark (hfexport's `.pte` vs optimum-executorch's in TextLLMRunner) is
 `benchmarks/llm_runtimes_executorch.py`.
@@ -37,27 +51,36 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
+BATCHES = [int(size) for size in os.environ.get("BATCHES", "1,4").split(",")]
+BACKENDS = os.environ.get("BACKENDS", "PA,SDPA").split(",")
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 OUT = Path(os.environ.get("OUT", HERE / "results" / "llm_runtimes.json"))
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child in one sentence.",
         "Name three primary colors."]
 
-# One LLMPipeline per process; each stdin line is a prompt (token ids), answered with GenAI's metrics and tokens.
+# One LLMPipeline per process (folder, new tokens, pad id, attention backend); each stdin line is a batch of prompts (token ids; more than one: left-padded with
+# PAD, with their attention mask, as one `generate` call), answered with GenAI's metrics and the tokens of each row.
 WORKER = r"""
 import json, sys
 import numpy as np, openvino as ov, openvino_genai as g
-pipe = g.LLMPipeline(sys.argv[1], "CPU", INFERENCE_PRECISION_HINT="f32")
+pipe = g.LLMPipeline(sys.argv[1], "CPU", INFERENCE_PRECISION_HINT="f32", ATTENTION_BACKEND=sys.argv[4])
 config = pipe.get_generation_config()
 config.max_new_tokens = config.min_new_tokens = int(sys.argv[2])
 config.do_sample = False
+pad = int(sys.argv[3])
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
-    ids = np.array([json.loads(line)], dtype=np.int64)
-    result = pipe.generate(g.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config)
+    prompts = json.loads(line)
+    width = max(map(len, prompts))
+    ids = np.full((len(prompts), width), pad, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+    result = pipe.generate(g.TokenizedInputs(ov.Tensor(ids), ov.Tensor(mask)), config)
     metrics = result.perf_metrics
     print(json.dumps({"ttft_ms": metrics.get_ttft().mean, "tokens_per_s": metrics.get_throughput().mean,
                       "generate_ms": metrics.get_generate_duration().mean,
-                      "tokens": [int(t) for t in result.tokens[0]]}), flush=True)
+                      "tokens": [[int(t) for t in row] for row in result.tokens]}), flush=True)
 """
 
 
@@ -83,15 +106,16 @@ def _exports() -> tuple[Path, Path]:
 
     model = build_smollm2(Path(os.environ.get("SMOLLM2_DIR", "/tmp/hfexport-smollm2")))
     work = Path(os.environ.get("WORK", "/tmp/hfexport-llm-runtimes-bench"))
-    ours = Path(os.environ["HFEXPORT_DIR"]) if os.environ.get("HFEXPORT_DIR") else work / "hfexport"
+    ours = Path(os.environ["HFEXPORT_DIR"]) if os.environ.get("HFEXPORT_DIR") else work / "out" / "openvino-generation"
     if not (ours / "openvino_model.xml").is_file():
+        if os.environ.get("HFEXPORT_DIR"):
+            raise SystemExit(f"HFEXPORT_DIR={ours} has no openvino_model.xml")
         recipe = work / "recipe.json"
         recipe.parent.mkdir(parents=True, exist_ok=True)
         recipe.write_text(json.dumps({"recipe_version": 1, "task": "text-generation", "targets": {
             "openvino-generation": {"export_format": "openvino", "mode": "generation", "options": {"dynamic": True}}}}))
         subprocess.run([sys.executable, "-m", "hfexport", "export", str(model), "--recipe", str(recipe), "-o",
-                        str(work / "out"), "--quiet"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "library")})
-        ours = work / "out" / "openvino-generation"
+                        str(work / "out"), "--quiet", "--no-latency"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "library")})
     theirs = Path(os.environ["OPTIMUM_DIR"]) if os.environ.get("OPTIMUM_DIR") else work / "optimum-openvino"
     if not (theirs / "openvino_model.xml").is_file():
         cli = Path(peer_venv()).parent / "optimum-cli"
@@ -107,24 +131,44 @@ def main() -> int:
 
     ours, theirs = _exports()
     tokenizer = AutoTokenizer.from_pretrained(ours)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"] for text in CHAT]
+    chat = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"] for text in CHAT]
+    # batch 1: each prompt alone; a larger batch: all the prompts, rotated so that each call starts with another one
+    calls = [(size, [chat[i % len(chat)] for i in range(start, start + size)] if size > 1 else [chat[start]])
+             for size in BATCHES for start in range(len(chat))]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     python = str(genai_venv())
     load_before = load()
-    commands = {name: [python, "-c", WORKER, str(folder), str(NEW_TOKENS)]
-                for name, folder in (("hfexport", ours), ("optimum-intel", theirs))}
-    runs, ratios = alternate_workers(commands, prompts, ROUNDS, reference="optimum-intel")
+    sides = (("hfexport", ours), ("optimum-intel", theirs))
+    results = {}
+    for backend in BACKENDS:
+        commands = {name: [python, "-c", WORKER, str(folder), str(NEW_TOKENS), str(pad), backend]
+                    for name, folder in sides}
+        runs, _ = alternate_workers(commands, [batch for _, batch in calls], ROUNDS, reference="optimum-intel")
+        sizes = [size for _ in range(ROUNDS) for size, _ in calls]  # the batch size of each answer, in order
+        results[backend] = {}
+        for size in BATCHES:
+            ours_, theirs_ = ([run for run, of in zip(runs[name], sizes, strict=True) if of == size]
+                              for name, _ in sides)
+            results[backend][f"batch_{size}"] = {
+                "calls": len(ours_),
+                "median": {name: {key: round(statistics.median(run[key] for run in answers), 2)
+                                  for key in ("tokens_per_s", "ttft_ms", "generate_ms")}
+                           for name, answers in (("hfexport", ours_), ("optimum-intel", theirs_))},
+                "ratio_hfexport_over_optimum_intel": {
+                    key: round(statistics.median(a[key] / b[key] for a, b in zip(ours_, theirs_, strict=True)), 3)
+                    for key in ("tokens_per_s", "ttft_ms")},
+                "same_tokens": all(a["tokens"] == b["tokens"] for a, b in zip(ours_, theirs_, strict=True)),
+            }
+        print(json.dumps({backend: results[backend]}), file=sys.stderr, flush=True)
     document = {
-        "what": "SmolLM2-135M-Instruct, OpenVINO GenAI LLMPipeline (f32 hint), batch 1, greedy, "
-                f"{NEW_TOKENS} new tokens, {len(prompts)} chat prompts x {ROUNDS} rounds, alternated",
+        "what": "SmolLM2-135M-Instruct, OpenVINO GenAI LLMPipeline (f32 hint), greedy, "
+                f"{NEW_TOKENS} new tokens forced, {len(chat)} chat prompts as token ids, batch "
+                + " and ".join(map(str, BATCHES)) + f" ({len(chat)} calls each per round; a larger batch left-padded)"
+                f", {ROUNDS} rounds, alternated, attention backend " + " and ".join(BACKENDS),
         "cpu": machine(), "load_average_before": load_before, "load_average_after": load(),
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "median": {name: {key: round(statistics.median(run[key] for run in results), 2)
-                          for key in ("tokens_per_s", "ttft_ms", "generate_ms")} for name, results in runs.items()},
-        "ratio_hfexport_over_optimum_intel": {key: round(statistics.median(values), 3)
-                                              for key, values in ratios.items()},
-        "same_tokens": all(a["tokens"] == b["tokens"] for a, b in zip(runs["hfexport"], runs["optimum-intel"],
-                                                                     strict=True)),
+        "attention_backend": results,
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(document, indent=2) + "\n")

@@ -101,6 +101,51 @@ def test_openvino_generation_is_one_stateful_graph_under_optimum_intels_names(op
         assert llama_request.cut(out[0, len(prompt):].tolist()) == want
 
 
+def _runtime_layers(program) -> dict[str, int]:
+    """How many nodes of each kind the CPU plugin runs `program` as (compiled at an f32 hint: no CPU-dependent
+    precision)."""
+    import collections
+
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(program, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return collections.Counter(str(node.get_rt_info()["layerType"].astype(str))
+                               for node in compiled.get_runtime_model().get_ops())
+
+
+def test_openvino_generation_attention_compiles_to_the_fused_kv_cache_attention(openvino_llama):
+    """Each attention of the saved stateful decode is one CPU `ScaledDotProductAttention` holding the KV cache, as
+    optimum-intel's export compiles (hfexport.workarounds.openvino.fuse_ready_cache_broadcasts): tiny-llama's two
+    layers, grouped-query (4 heads, 2 KV heads), no unfused MatMul/Softmax left."""
+    import openvino as ov
+
+    from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
+
+    program = ov.Core().read_model(openvino_llama / "openvino_model.xml")
+    layers = _runtime_layers(program)
+    assert layers["ScaledDotProductAttention"] == 2 and layers["Softmax"] == 0 and layers["MatMul"] == 0, layers
+    assert fuse_ready_cache_broadcasts(program) == 0  # already in the fused form
+
+
+def test_the_engines_own_stateful_decode_compiles_to_unfused_attention(monkeypatch):
+    """Canary of hfexport.workarounds.openvino's `fuse_ready_cache_broadcasts`: transformers 5.23's own OpenVINO
+    export of tiny-llama's stateful decode compiles to unfused attention on the CPU (its numpy repeat_kv Broadcast
+    defeats the plugin's StatefulSDPAFusion). Once this fails, the engine's graph fuses and the fix can go. The fix
+    turns the same program into the fused one, keys and values of both layers."""
+    import hfexport.export
+    from hfexport.export import AutoHfExporter
+    from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
+
+    monkeypatch.setattr(hfexport.export, "fuse_ready_cache_broadcasts", lambda program: 0)
+    exporter = AutoHfExporter.from_pretrained(Path(__file__).resolve().parent.parent / "examples" / "tiny-llama",
+                                              target="openvino-generation")
+    program = exporter.export().components["decode"].program
+    layers = _runtime_layers(program)
+    assert layers["ScaledDotProductAttention"] == 0 and layers["Softmax"] == 2, layers
+    assert fuse_ready_cache_broadcasts(program) == 2 * 2
+    assert _runtime_layers(program)["ScaledDotProductAttention"] == 2
+
+
 def test_llm_pipeline_and_optimum_intel_generate_model_generates_tokens(openvino_llama, llama_request, runtimes):
     import openvino as ov
 

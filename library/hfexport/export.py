@@ -23,6 +23,7 @@ from hfexport.workarounds.executorch import executorch_fixes
 from hfexport.exported import ExportedModel
 from hfexport.workarounds.transformers_models import base_rope_index, modeling_fixes
 from hfexport.workarounds.onnxscript import onnx_fixes
+from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.plan.tracing import _engine_config
@@ -256,6 +257,11 @@ def run_plan(plan, model) -> ExportedModel:
             import copy
 
             exported.generation_config = copy.deepcopy(model.generation_config)
+    if str(plan.export_format) == "openvino":
+        # the CPU plugin's fused KV-cache attention matches the frontend's repeat of a grouped-query cache, which the
+        # engine rewrites (hfexport.workarounds.openvino)
+        for component in exported.components.values():
+            fuse_ready_cache_broadcasts(component.program)
     result = ExportedModel.from_engine(exported)
     result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.onnx_float16)
     # what running the engine's input preparers again needs, per component whose inputs they added to

@@ -57,6 +57,17 @@ WORKAROUNDS = (
                 "generate are all covered",
         canary="tests/test_generate_seq2seq.py::test_openvino_corrupts_the_heap_through_a_returned_shared_input"),
     Workaround(
+        name="openvino-fused-kv-cache-attention",
+        upstream="transformers 5.23.0 (exporters: _use_numpy_broadcasts) with openvino 2026.4.1 (CPU plugin: "
+                 "StatefulSDPAFusion)",
+        works_around="(cost) the engine makes repeat_kv's bidirectional Broadcast numpy, which the CPU plugin's fused "
+                     "KV-cache attention does not match: a grouped-query stateful decode ran every attention unfused "
+                     "(optimum-intel's runtime, GenAI's SDPA backend, hfexport's generate); put back between the "
+                     "cache and the SDPA only",
+        module="workarounds.openvino",
+        applied="export.run_plan, on every OpenVINO program the engine exports (fuse_ready_cache_broadcasts)",
+        canary="tests/test_deployment_llm.py::test_the_engines_own_stateful_decode_compiles_to_unfused_attention"),
+    Workaround(
         name="transformers-mamba-scan",
         upstream="transformers 5.23.0 (models/mamba)",
         works_around="without CUDA kernels Mamba's selective scan is a Python loop that torch.export unrolls, "

@@ -1,15 +1,29 @@
-"""A narrow fix of OpenVINO's CPU plugin writing through a freed input, applied to every OpenVINO runner hfexport's
-`ExportedModel` loads (`copy_returned_inputs`).
+"""Two narrow fixes for OpenVINO 2026.4.1's CPU plugin.
 
-OpenVINO 2026.4.1 (CPU plugin): when a compiled program's output is one of its inputs (an encoder-decoder's prefill
-and decode return `encoder_last_hidden_state`, a stateless decode its cross-attention cache, through a no-op
-`ConvertLike` the plugin removes, so that a `Result` follows a `Parameter`), an input shared with the infer request
-(`infer(..., share_inputs=True)`, the default of the engine's runner and of `ExportedModel.__call__`) stays bound to
-that output after `infer` returns. Once the caller frees the array, the next `infer` at another shape writes through
-the freed buffer: glibc aborts ("corrupted double-linked list") or the process gets SIGSEGV. Copies of the inputs
-(`share_inputs=False`) live as long as the request, so such runners are called with copies, whatever the caller
-passes; runners without a pass-through output keep the zero-copy default. tests/test_generate_seq2seq.py keeps a
-canary that fails once OpenVINO no longer corrupts the heap: then this module can go.
+`copy_returned_inputs`, applied to every OpenVINO runner hfexport's `ExportedModel` loads: when a compiled program's
+output is one of its inputs (an encoder-decoder's prefill and decode return `encoder_last_hidden_state`, a stateless
+decode its cross-attention cache, through a no-op `ConvertLike` the plugin removes, so that a `Result` follows a
+`Parameter`), an input shared with the infer request (`infer(..., share_inputs=True)`, the default of the engine's
+runner and of `ExportedModel.__call__`) stays bound to that output after `infer` returns. Once the caller frees the
+array, the next `infer` at another shape writes through the freed buffer: glibc aborts ("corrupted double-linked
+list") or the process gets SIGSEGV. Copies of the inputs (`share_inputs=False`) live as long as the request, so such
+runners are called with copies, whatever the caller passes; runners without a pass-through output keep the zero-copy
+default. tests/test_generate_seq2seq.py keeps a canary that fails once OpenVINO no longer corrupts the heap: then this
+part can go.
+
+`fuse_ready_cache_broadcasts`, applied by `export.run_plan` to every OpenVINO program the engine exports: transformers
+5.23's OpenVINO exporter (`_use_numpy_broadcasts`) turns the frontend's bidirectional `Broadcast` of `repeat_kv` (a
+grouped-query model's keys and values repeated to the query's heads) into a numpy `Broadcast` to a computed shape
+(ShapeOf, Equal, Select), because the CPU plugin runs a bidirectional one alone in float32 reference code. But the CPU
+plugin's `StatefulSDPAFusion`, which turns ReadValue -> Gather(beam_idx) -> Concat -> [repeat] -> SDPA -> Assign into
+one `ScaledDotProductAttention` that holds the KV cache, matches the repeat only as a bidirectional Broadcast (or a
+Multiply by ones): every attention of hfexport's stateful decode then ran unfused (MatMul, Softmax, the cache copied by
+a Concat each step), in optimum-intel's `OVModelForCausalLM`, in OpenVINO GenAI's SDPA backend and in hfexport's own
+`generate` (SmolLM2-135M decode 0.68x optimum-intel's export in LLMPipeline's SDPA backend, 0.97x with this fix:
+docs/generation.md). Where that Broadcast sits exactly between a stateful cache's Concat and an SDPA, the fusion
+consumes it, so it is put back as the frontend made it (optimum-intel's graph has the same); everywhere else the
+engine's numpy one stays. GenAI's default PagedAttention backend drops the repeat either way. The canary in
+tests/test_deployment_llm.py fails once the engine's own export compiles to the fused attention: then it can go.
 """
 
 from __future__ import annotations
@@ -55,3 +69,63 @@ def _input_copying_runner() -> type:
             return super().__call__(share_inputs=False, share_outputs=share_outputs, **kwargs)
 
     return InputCopyingOpenVINORunner
+
+
+def fuse_ready_cache_broadcasts(program) -> int:
+    """Put back, in place, the bidirectional `Broadcast` of each key/value repeat between a stateful cache (ReadValue,
+    an optional Convert, Gather, Concat, Unsqueeze) and a `ScaledDotProductAttention` that transformers 5.23's OpenVINO
+    exporter made numpy (see the module docstring); the number replaced. Not an `openvino.Model`, or no such
+    pattern: 0, the program unchanged."""
+    try:
+        import openvino
+        import openvino.opset13 as ops
+    except ImportError:  # pragma: no cover - no OpenVINO, no OpenVINO program
+        return 0
+    if not isinstance(program, openvino.Model):
+        return 0
+    replaced = 0
+    for attention in program.get_ordered_ops():
+        if attention.get_type_name() != "ScaledDotProductAttention":
+            continue
+        for index in (1, 2):  # keys, values
+            found = _numpy_cache_repeat(attention.input_value(index).get_node())
+            if found is None:
+                continue
+            broadcast, source, target = found
+            bidirectional = ops.broadcast(source, target, broadcast_spec="BIDIRECTIONAL")
+            bidirectional.set_friendly_name(broadcast.get_friendly_name())
+            broadcast.output(0).replace(bidirectional.output(0))
+            replaced += 1
+    if replaced:
+        program.validate_nodes_and_infer_types()
+    return replaced
+
+
+def _numpy_cache_repeat(reshape):
+    """(the numpy Broadcast, its source, the frontend's target shape) when `reshape` is the engine's repeat of a
+    stateful cache: Reshape <- Broadcast(numpy, Select(Equal(ShapeOf(source), 1), [Convert] target, ShapeOf(source)))
+    <- Unsqueeze <- Concat <- Gather <- [Convert] <- ReadValue; else None."""
+    def kind(node) -> str:
+        return node.get_type_name()
+
+    if kind(reshape) != "Reshape":
+        return None
+    broadcast = reshape.input_value(0).get_node()
+    if kind(broadcast) != "Broadcast" or broadcast.get_attributes().get("mode") != "numpy":
+        return None
+    source, shape = broadcast.input_value(0), broadcast.input_value(1).get_node()
+    if kind(shape) != "Select" or kind(source.get_node()) != "Unsqueeze":
+        return None
+    target = shape.input_value(1)
+    if kind(target.get_node()) == "Convert":
+        target = target.get_node().input_value(0)
+    concat = source.get_node().input_value(0).get_node()
+    if kind(concat) != "Concat":
+        return None
+    gather = concat.input_value(0).get_node()
+    if kind(gather) != "Gather":
+        return None
+    state = gather.input_value(0).get_node()
+    if kind(state) == "Convert":
+        state = state.input_value(0).get_node()
+    return (broadcast, source, target) if kind(state) == "ReadValue" else None
