@@ -90,9 +90,10 @@ MATRIX_MODELS = ["tiny-bert", "tiny-vit", "tiny-llama", "tiny-gpt2", "tiny-qwen2
                  "tiny-mistral", "tiny-mamba", "tiny-bart", "tiny-t5", "tiny-marian", "tiny-mbart", "tiny-whisper",
                  "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-paddleocr-vl",
                  "tiny-minicpm-v", "tiny-qwen2.5-omni"]
-# Multi-axis rope (positions from get_rope_index over the image grids): init proposes the static forward, since
-# hfexport's generate cannot compute those positions (the generation plan refuses it).
-FORWARD_BY_INIT = {"tiny-paddleocr-vl"}
+# Multi-axis rope (positions from get_rope_index over the image grids; PaddleOCR-VL's, and the Qwen2.5-Omni
+# thinker's M-RoPE): init proposes the static forward, since hfexport's generate cannot compute those positions (the
+# generation plan refuses it).
+FORWARD_BY_INIT = {"tiny-paddleocr-vl", "tiny-qwen2.5-omni"}
 
 
 def test_the_parametrized_list_is_the_whole_matrix():
