@@ -734,17 +734,11 @@ def build_minicpm_v(folder: Path) -> None:
         GenerationConfig,
         MiniCPMV4_6Config,
         MiniCPMV4_6ForConditionalGeneration,
-        PreTrainedTokenizerFast,
     )
     from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
     from transformers.models.minicpmv4_6.video_processing_minicpmv4_6 import MiniCPMV4_6VideoProcessor
 
-    trained = bpe_tokenizer(extra_special=tuple(MINICPM_V_TOKENS.values()))
-    # The processor reads its placeholder tokens as named attributes of the tokenizer (saved in tokenizer_config.json).
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        padding_side="left", extra_special_tokens=MINICPM_V_TOKENS,
-    )
+    tokenizer = named_special_tokenizer(MINICPM_V_TOKENS)
     ids = _special_ids(tokenizer)
     _seeded()
     config = MiniCPMV4_6Config(
@@ -820,18 +814,13 @@ def build_qwen2_5_omni(folder: Path) -> None:
     extractor's keys, `processor_config.json`, the tokenizer) and loading it fails here as loading the real repo does."""
     from transformers import (
         GenerationConfig,
-        PreTrainedTokenizerFast,
         Qwen2_5OmniThinkerConfig,
         Qwen2_5OmniThinkerForConditionalGeneration,
         WhisperFeatureExtractor,
     )
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    trained = bpe_tokenizer(extra_special=tuple(QWEN2_5_OMNI_TOKENS.values()))
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=trained.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        padding_side="left", extra_special_tokens=QWEN2_5_OMNI_TOKENS,
-    )
+    tokenizer = named_special_tokenizer(QWEN2_5_OMNI_TOKENS)
     ids = _special_ids(tokenizer)
     token = {name: tokenizer.convert_tokens_to_ids(text) for name, text in QWEN2_5_OMNI_TOKENS.items()}
     _seeded()
