@@ -763,9 +763,17 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _ReceiverServer(ThreadingHTTPServer):
+    """The standard library's threading server with a listen backlog for bursts: its default of 5 pending
+    connections is less than one push fanned out to 20 repos (tests/test_webhook_durable.py's burst), and a
+    delivery beyond it can fail to connect."""
+
+    request_queue_size = 128
+
+
 def make_server(receiver: WebhookReceiver, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """An HTTP server for `receiver` (POST / or /webhook; GET /, /status, /health); call `serve_forever()`."""
-    server = ThreadingHTTPServer((host, port), _Handler)
+    server = _ReceiverServer((host, port), _Handler)
     server.daemon_threads = True
     server.receiver = receiver  # type: ignore[attr-defined]
     return server
