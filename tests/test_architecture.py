@@ -24,8 +24,8 @@ LAYERS = [
     ("plan", ["quantization.calibration", "quantization.quantizer", "executorch_llm", "plan"]),
     # The generation loop every family shares (generate/options, generate/loop), below the family modules.
     ("generation loop", ["generate.options", "generate.loop"]),
-    ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxscript",
-                   "workarounds.openvino", "onnx_contract", "onnx_float16", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
+    ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxruntime",
+                   "workarounds.onnxscript", "workarounds.openvino", "onnx_contract", "onnx_float16", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
                    "exported", "export", "rebind"]),
     ("verify", ["verify", "latency", "deployment"]),
     ("report", ["report"]),

@@ -48,6 +48,16 @@ WORKAROUNDS = (
         module="workarounds.onnxscript", applied="export._format_fixes, around every ONNX export (onnx_fixes)",
         canary="tests/test_onnx_fixes.py::test_the_fix_keeps_the_optimized_graph_and_drops_the_per_node_scans"),
     Workaround(
+        name="onnxruntime-rms-norm-fusion",
+        upstream="onnxruntime 1.32.0 (SimplifiedLayerNormFusion) with torch 2.13 (onnxscript 0.7.2 torchlib: rsqrt "
+                 "is Reciprocal(Sqrt))",
+        works_around="(cost) the exporter writes an RMSNorm as x * Reciprocal(Sqrt(v)), onnxruntime's fusion into "
+                     "one SimplifiedLayerNormalization kernel matches x / Sqrt(v) only: every runtime built on it "
+                     "(optimum, onnxruntime-genai, transformers.js on Node) ran the norms unfused",
+        module="workarounds.onnxruntime",
+        applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_rms_norms)",
+        canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_leaves_the_rms_norm_unfused"),
+    Workaround(
         name="openvino-returned-shared-input",
         upstream="openvino 2026.4.1 (CPU plugin)",
         works_around="a program that returns one of its inputs keeps the caller's shared input buffer bound and "

@@ -1,0 +1,104 @@
+"""An exported RMSNorm must reach onnxruntime in the form its fusion matches (hfexport.workarounds.onnxruntime).
+
+torch's ONNX exporter writes `x * rsqrt(v)` as `Mul(x, Reciprocal(Sqrt(v)))`; onnxruntime 1.32 fuses an RMSNorm into
+one `SimplifiedLayerNormalization` only from `Div(x, Sqrt(v))`. The canary shows the exporter's form still runs
+unfused; the others that the rewrite fuses it, computes the same, and is in every ONNX program hfexport exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir
+import onnxruntime as ort
+import pytest
+import torch
+
+from hfexport.workarounds.onnxruntime import fuse_ready_rms_norms
+
+FUSED = "SimplifiedLayerNormalization"
+
+
+class _RMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm, the form Llama, Qwen, Mistral and SmolLM share."""
+
+    def __init__(self, size: int = 16):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, size))
+
+    def forward(self, x):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + 1e-6))
+
+
+@pytest.fixture(scope="module")
+def exported() -> onnx_ir.Model:
+    """The RMSNorm as the engine's exporter writes it (torch.onnx dynamo, onnxscript's optimizer)."""
+    program = torch.onnx.export(_RMSNorm(), (torch.randn(2, 3, 16),), dynamo=True, optimize=True, verbose=False)
+    return program.model
+
+
+def _optimized_ops(model: onnx_ir.Model | Path, folder: Path) -> list[str]:
+    """The op types of the graph onnxruntime runs (of `model`, or of the saved graph at that path), after its graph
+    optimizations (CPU); a norm fused with the residual add before it (`SkipSimplifiedLayerNormalization`) counts
+    as fused."""
+    source, optimized = folder / "model.onnx", folder / "optimized.onnx"
+    if isinstance(model, Path):
+        source = model
+    else:
+        onnx_ir.save(model, source)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    graph = onnx.load(str(optimized), load_external_data=False).graph
+    return [FUSED if node.op_type.endswith(FUSED) else node.op_type for node in graph.node]
+
+
+def _run(model: onnx_ir.Model, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(onnx_ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def test_without_the_fix_onnxruntime_leaves_the_rms_norm_unfused(exported, tmp_path):
+    ops = [node.op_type for node in exported.graph]
+    assert "Reciprocal" in ops, f"the exporter no longer writes rsqrt as Reciprocal(Sqrt): {ops}"
+    assert FUSED not in _optimized_ops(exported, tmp_path), "onnxruntime now fuses the exporter's form: drop the fix"
+
+
+def test_the_rewritten_norm_is_fused_and_computes_the_same(exported, tmp_path):
+    x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32)
+    before = _run(exported, x)
+    model = onnx_ir.from_proto(onnx_ir.to_proto(exported))
+    assert fuse_ready_rms_norms(model) == 1
+    assert [node.op_type for node in model.graph if node.op_type in ("Reciprocal", "Div")] == ["Div"]
+    assert _optimized_ops(model, tmp_path).count(FUSED) == 1
+    np.testing.assert_allclose(_run(model, x), before, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        np.testing.assert_allclose(_run(model, x), _RMSNorm()(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_reciprocal_with_another_use_is_left_alone():
+    """The rewrite replaces a reciprocal only where the product is its one use (else it would compute it twice)."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Sqrt", ["v"], ["s"]), onnx.helper.make_node("Reciprocal", ["s"], ["r"]),
+         onnx.helper.make_node("Mul", ["x", "r"], ["y"])],
+        "shared", [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [4]) for name in ("x", "v")],
+        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [4]) for name in ("y", "r")])
+    model = onnx_ir.from_proto(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]))
+    assert fuse_ready_rms_norms(model) == 0
+    assert [node.op_type for node in model.graph] == ["Sqrt", "Reciprocal", "Mul"]
+
+
+def test_every_norm_of_an_exported_decoder_is_fused(exported_llama, tmp_path):
+    """tiny-llama's ONNX generation export, as published: each layer's two norms and the final one fused."""
+    import json
+
+    output, report = exported_llama
+    folder = output / "onnx-generation"
+    assert report.targets["onnx-generation"].status == "ok"
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    model = onnx_ir.load(folder / "model.onnx")
+    assert not [node for node in model.graph if node.op_type == "Reciprocal"]
+    assert _optimized_ops(folder / "model.onnx", tmp_path).count(FUSED) == 2 * layers + 1
