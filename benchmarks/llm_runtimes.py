@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "library"))
 
 ROUNDS = int(os.environ.get("ROUNDS", "8"))
 SETTLE_S = float(os.environ.get("SETTLE_S", "0.2"))
-GENERATIONS = int(os.environ.get("GENERATIONS", "4"))
+GENERATIONS = min(int(os.environ.get("GENERATIONS", "4")), ROUNDS)  # each generation holds at least one round
 BATCHES = [int(size) for size in os.environ.get("BATCHES", "1,4").split(",")]
 BACKENDS = os.environ.get("BACKENDS", "PA,SDPA").split(",")
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))

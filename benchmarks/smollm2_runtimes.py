@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "library"))
 
 ROUNDS = int(os.environ.get("ROUNDS", "8"))
 SETTLE_S = float(os.environ.get("SETTLE_S", "0.2"))
-GENERATIONS = int(os.environ.get("GENERATIONS", "4"))
+GENERATIONS = min(int(os.environ.get("GENERATIONS", "4")), ROUNDS)  # each generation holds at least one round
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 RUNTIMES = [name for name in os.environ.get("RUNTIMES", "onnxruntime-genai,transformers.js,optimum").split(",") if name]
 WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-smollm2-runtimes"))
