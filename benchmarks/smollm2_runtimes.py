@@ -128,7 +128,6 @@ for await (const line of lines) console.log(JSON.stringify(await run(JSON.parse(
 """
 
 
-
 def peer_model(model: Path) -> Path:
     """SMOLLM2 as transformers 4.57 reads it (benchmarks/smollm2_vs_optimum.py's `peer_model`): links, and a
     config.json with `rope_theta` at the top level."""
@@ -199,7 +198,7 @@ def worker_command(runtime: str, folder: Path, stage: Path) -> list[str]:
 
 def bench_runtime(runtime: str, folders: dict[str, Path], prompts: list[list[int]]) -> dict:
     commands = {name: worker_command(runtime, folder, WORK / f"stage-{name}") for name, folder in folders.items()}
-    runs, _ = alternate_workers(commands, prompts, ROUNDS, reference="optimum", keys=("ttft",), settle_s=SETTLE_S,
+    runs, _ = alternate_workers(commands, prompts, ROUNDS, reference="optimum", keys=(), settle_s=SETTLE_S,
                                 generations=GENERATIONS, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     pairs = list(zip(runs["hfexport"], runs["optimum"]))
     tps = {name: [(NEW_TOKENS - 1) / run["decode_s"] for run in answers] for name, answers in runs.items()}
@@ -233,7 +232,8 @@ def main() -> dict:
     prompts = [tokenizer(text)["input_ids"] for text in texts]
     folders = exports(model, texts[:2])
     result = {"about": __doc__.split("\n\n")[0], "machine": machine(), "load_before": load(),
-              "new_tokens": NEW_TOKENS, "rounds": ROUNDS, "settle_s": SETTLE_S, "generations": GENERATIONS, "prompts": len(prompts), "runtimes": {}}
+              "new_tokens": NEW_TOKENS, "rounds": ROUNDS, "settle_s": SETTLE_S, "generations": GENERATIONS,
+              "prompts": len(prompts), "runtimes": {}}
     for runtime in RUNTIMES:
         started = time.perf_counter()
         result["runtimes"][runtime] = bench_runtime(runtime, folders, prompts)

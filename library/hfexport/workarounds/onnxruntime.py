@@ -26,18 +26,8 @@ def _sqrt_quotient(op, x, variance):
 def fuse_ready_rms_norms(model) -> int:
     """Rewrite every `Mul(x, Reciprocal(Sqrt(v)))` (either operand order) of the onnx_ir `model` into
     `Div(x, Sqrt(v))`, in place, where the reciprocal has no other use; returns how many were rewritten."""
-    from onnxscript.rewriter import RewritePass, pattern
+    from onnxscript.rewriter import pattern
 
     rules = pattern.RewriteRuleSet(
         [pattern.RewriteRule(_reciprocal_sqrt_product, _sqrt_quotient, name="SqrtQuotient")], commute=True)
-    before = _count(model, "Reciprocal")
-    RewritePass(rules)(model)
-    return before - _count(model, "Reciprocal")
-
-
-def _count(model, op_type: str) -> int:
-    import onnx_ir
-
-    graphs = [model.graph, *(function for function in model.functions.values())]
-    return sum(1 for graph in graphs for node in onnx_ir.traversal.RecursiveGraphIterator(graph)
-               if node.op_type == op_type and node.domain in ("", "ai.onnx"))
+    return rules.apply_to_model(model)
