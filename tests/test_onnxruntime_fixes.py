@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from hfexport.workarounds.onnxruntime import fuse_ready_rms_norms
+from hfexport.workarounds.onnxruntime import fuse_ready_key_transposes, fuse_ready_rms_norms
 
 FUSED = "SimplifiedLayerNormalization"
 
@@ -102,3 +102,83 @@ def test_every_norm_of_an_exported_decoder_is_fused(exported_llama, tmp_path):
     model = onnx_ir.load(folder / "model.onnx")
     assert not [node for node in model.graph if node.op_type == "Reciprocal"]
     assert _optimized_ops(folder / "model.onnx", tmp_path).count(FUSED) == 2 * layers + 1
+
+
+class _Attention(torch.nn.Module):
+    """Attention as transformers' sdpa layers call it (a mask, a grouped-query key and value broadcast to the heads)."""
+
+    def forward(self, query, key, value, mask):
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+
+
+def _attention_inputs(rng: np.random.Generator, batch: int = 2, length: int = 5) -> list[np.ndarray]:
+    query, key, value = (rng.standard_normal((batch, 4, length, 8)).astype(np.float32) for _ in range(3))
+    mask = np.tril(np.ones((length, length), dtype=bool))[None, None].repeat(batch, axis=0)
+    return [query, key, value, mask]
+
+
+@pytest.fixture(scope="module")
+def exported_attention() -> onnx_ir.Model:
+    """SDPA as the engine's exporter writes it, with a dynamic batch and length."""
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    inputs = tuple(torch.from_numpy(array) for array in _attention_inputs(np.random.default_rng(0)))
+    shapes = [{0: batch, 2: length}] * 3 + [{0: batch, 2: length, 3: length}]
+    program = torch.onnx.export(_Attention(), inputs, dynamo=True, optimize=True, verbose=False,
+                                dynamic_shapes=shapes)
+    return program.model
+
+
+def _run_all(model: onnx_ir.Model, inputs: list[np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(onnx_ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, dict(zip([i.name for i in session.get_inputs()], inputs)))[0]
+
+
+def test_without_the_fix_onnxruntime_copies_the_key_transposed(exported_attention, tmp_path):
+    assert "Transpose" in _optimized_ops(exported_attention, tmp_path), (
+        "onnxruntime now folds torchlib's key transpose into the matmul (or torchlib no longer writes it through a "
+        "3-d view): drop fuse_ready_key_transposes")
+
+
+def test_the_rewritten_key_transpose_is_folded_and_computes_the_same(exported_attention, tmp_path):
+    inputs = _attention_inputs(np.random.default_rng(1), batch=3, length=7)  # other sizes than the trace's
+    before = _run_all(exported_attention, inputs)
+    model = onnx_ir.from_proto(onnx_ir.to_proto(exported_attention))
+    assert fuse_ready_key_transposes(model) == 1
+    transposes = [node for node in model.graph if node.op_type == "Transpose"]
+    assert [list(node.attributes.get_ints("perm")) for node in transposes] == [[0, 1, 3, 2]]
+    assert "Transpose" not in _optimized_ops(model, tmp_path)
+    np.testing.assert_array_equal(_run_all(model, inputs), before)
+
+
+def test_a_reshape_that_is_not_the_key_swap_is_left_alone():
+    """Reshape -> Transpose([0, 2, 1]) -> Reshape to any other shape than the swapped one is not a transpose of the
+    last two axes, and stays."""
+    shape = onnx.helper.make_node("Shape", ["x"], ["shape"])
+    parts = [onnx.helper.make_node("Constant", [], [f"c{i}"], value_ints=values)
+             for i, values in enumerate(([-1], [-2], [-1], [2**63 - 1], [-(2**63)]))]
+    slices = [onnx.helper.make_node("Slice", ["shape", start, end], [name])
+              for name, start, end in (("last", "c2", "c3"), ("second", "c1", "c2"), ("first", "c4", "c1"))]
+    graph = onnx.helper.make_graph(
+        [shape, *parts, *slices,
+         onnx.helper.make_node("Concat", ["c0", "second", "last"], ["squeezed_shape"], axis=0),
+         onnx.helper.make_node("Reshape", ["x", "squeezed_shape"], ["squeezed"]),
+         onnx.helper.make_node("Transpose", ["squeezed"], ["transposed"], perm=[0, 2, 1]),
+         # back to x's own shape, not the swapped one: a different tensor than x transposed
+         onnx.helper.make_node("Concat", ["first", "second", "last"], ["same_shape"], axis=0),
+         onnx.helper.make_node("Reshape", ["transposed", "same_shape"], ["y"])],
+        "not_a_swap", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", 4, "n", 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = onnx_ir.from_proto(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]))
+    assert fuse_ready_key_transposes(model) == 0
+    assert [node.op_type for node in model.graph].count("Reshape") == 2
+
+
+def test_every_layer_of_an_exported_decoder_folds_its_key_transpose(exported_llama, tmp_path):
+    """tiny-llama's ONNX generation export, as published: no transpose of the key is left for onnxruntime to run
+    apart from the matmul (the ones left are the query/key/value head splits and the output's merge, 4 per layer)."""
+    import json
+
+    output, _ = exported_llama
+    folder = output / "onnx-generation"
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    assert _optimized_ops(folder / "model.onnx", tmp_path).count("Transpose") == 4 * layers

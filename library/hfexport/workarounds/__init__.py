@@ -58,6 +58,16 @@ WORKAROUNDS = (
         applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_rms_norms)",
         canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_leaves_the_rms_norm_unfused"),
     Workaround(
+        name="onnxruntime-key-transpose-fusion",
+        upstream="onnxruntime 1.32.0 (MatMulTransposeFusion) with torch 2.13 (onnxscript 0.7.2 torchlib: "
+                 "scaled_dot_product_attention swaps the key's axes through a 3-d view)",
+        works_around="(cost) torchlib transposes attention's key as Reshape, Transpose([0, 2, 1]), Reshape; "
+                     "onnxruntime folds a transpose into the Q @ K^T matmul only when it feeds the matmul directly, "
+                     "so every layer copied its key cache transposed on every step",
+        module="workarounds.onnxruntime",
+        applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_key_transposes)",
+        canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_copies_the_key_transposed"),
+    Workaround(
         name="openvino-returned-shared-input",
         upstream="openvino 2026.4.1 (CPU plugin)",
         works_around="a program that returns one of its inputs keeps the caller's shared input buffer bound and "
