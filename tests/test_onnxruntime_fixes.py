@@ -15,7 +15,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from hfexport.workarounds.onnxruntime import fuse_ready_key_transposes, fuse_ready_rms_norms
+from hfexport.workarounds.onnxruntime import (
+    broadcast_grouped_query_caches,
+    fuse_ready_key_transposes,
+    fuse_ready_rms_norms,
+)
 
 FUSED = "SimplifiedLayerNormalization"
 
@@ -174,11 +178,102 @@ def test_a_reshape_that_is_not_the_key_swap_is_left_alone():
 
 
 def test_every_layer_of_an_exported_decoder_folds_its_key_transpose(exported_llama, tmp_path):
-    """tiny-llama's ONNX generation export, as published: no transpose of the key is left for onnxruntime to run
-    apart from the matmul (the ones left are the query/key/value head splits and the output's merge, 4 per layer)."""
+    """tiny-llama's ONNX generation export, as published: in what onnxruntime runs, every layer's `Q @ K^T` is one
+    matmul that reads the key transposed (`transB`), and no Transpose feeds a matmul."""
     import json
 
     output, _ = exported_llama
     folder = output / "onnx-generation"
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
-    assert _optimized_ops(folder / "model.onnx", tmp_path).count("Transpose") == 4 * layers
+    _optimized_ops(folder / "model.onnx", tmp_path)
+    graph = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph
+    transposed = {name for node in graph.node if node.op_type == "Transpose" for name in node.output}
+    matmuls = [node for node in graph.node if node.op_type in ("MatMul", "FusedMatMul")]
+    assert not [node.name for node in matmuls if transposed & set(node.input)]
+    reads_transposed = [node for node in matmuls if node.op_type == "FusedMatMul"
+                        and {a.name: a.i for a in node.attribute}.get("transB") == 1]
+    assert len(reads_transposed) == layers
+
+
+class _GroupedQueryAttention(torch.nn.Module):
+    """transformers' grouped-query attention over a cache: `repeat_kv` (each of the 2 key/value heads repeated to
+    the 6 query heads), then SDPA with an additive mask."""
+
+    def forward(self, query, key, value, mask):
+        def repeat_kv(states):
+            batch, heads, length, size = states.shape
+            return states[:, :, None].expand(batch, heads, 3, length, size).reshape(batch, heads * 3, length, size)
+
+        return torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key), repeat_kv(value), attn_mask=mask)
+
+
+def _grouped_inputs(rng: np.random.Generator, batch: int, length: int, past: int) -> list[np.ndarray]:
+    query = rng.standard_normal((batch, 6, length, 8)).astype(np.float32)
+    key, value = (rng.standard_normal((batch, 2, past + length, 8)).astype(np.float32) for _ in range(2))
+    mask = np.where(rng.random((batch, 1, length, past + length)) < 0.8, 0.0, -1e9).astype(np.float32)
+    return [query, key, value, mask]
+
+
+@pytest.fixture(scope="module")
+def exported_grouped_attention() -> onnx_ir.Model:
+    batch, length, total = torch.export.Dim("batch"), torch.export.Dim("length"), torch.export.Dim("total")
+    inputs = tuple(torch.from_numpy(array) for array in _grouped_inputs(np.random.default_rng(0), 2, 3, 2))
+    shapes = [{0: batch, 2: length}, {0: batch, 2: total}, {0: batch, 2: total}, {0: batch, 2: length, 3: total}]
+    program = torch.onnx.export(_GroupedQueryAttention(), inputs, dynamo=True, optimize=True, verbose=False,
+                                dynamic_shapes=shapes)
+    return program.model
+
+
+def test_without_the_fix_onnxruntime_copies_the_repeated_cache(exported_grouped_attention, tmp_path):
+    assert _optimized_ops(exported_grouped_attention, tmp_path).count("Expand") == 2, (
+        "onnxruntime no longer runs transformers' repeat_kv as two Expands (or the exporter writes it otherwise): "
+        "look again at broadcast_grouped_query_caches")
+
+
+@pytest.mark.parametrize(("batch", "length", "past"), [(1, 1, 9), (3, 5, 0), (2, 4, 6)])
+def test_the_grouped_attention_computes_the_same_bit_for_bit(exported_grouped_attention, tmp_path, batch, length,
+                                                              past):
+    """A decode step, a prompt and a chunk, on other sizes than the trace's: the same tensor, to the bit, with the
+    cache never repeated and the scale still folded into one matmul."""
+    inputs = _grouped_inputs(np.random.default_rng(batch * 100 + length), batch, length, past)
+    before = _run_all(exported_grouped_attention, inputs)
+    model = onnx_ir.from_proto(onnx_ir.to_proto(exported_grouped_attention))
+    assert fuse_ready_key_transposes(model) == 1
+    assert broadcast_grouped_query_caches(model) == 2
+    assert not [node for node in model.graph if node.op_type == "Expand"]
+    ops = _optimized_ops(model, tmp_path)
+    assert "Expand" not in ops and ops.count("FusedMatMul") == 1 and "Mul" not in ops, ops
+    np.testing.assert_array_equal(_run_all(model, inputs), before)
+
+
+def test_a_repeat_with_another_use_is_left_alone():
+    """The repeated cache also read elsewhere (here: a graph output) still has to be made, so the rewrite leaves the
+    attention as it is rather than compute the repeat and the broadcast both."""
+    nodes = [onnx.helper.make_node("Constant", [], ["axes"], value_ints=[2]),
+             onnx.helper.make_node("Constant", [], ["wide"], value_ints=[1, 2, 3, 5, 8]),
+             onnx.helper.make_node("Constant", [], ["merged"], value_ints=[1, 6, 5, 8]),
+             onnx.helper.make_node("Unsqueeze", ["kv", "axes"], ["unsqueezed"]),
+             onnx.helper.make_node("Expand", ["unsqueezed", "wide"], ["expanded"]),
+             onnx.helper.make_node("Reshape", ["expanded", "merged"], ["repeated"]),
+             onnx.helper.make_node("MatMul", ["p", "repeated"], ["y"])]
+    graph = onnx.helper.make_graph(
+        nodes, "shared_repeat",
+        [onnx.helper.make_tensor_value_info("kv", onnx.TensorProto.FLOAT, [1, 2, 5, 8]),
+         onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [1, 6, 4, 5])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 6, 4, 8]),
+         onnx.helper.make_tensor_value_info("repeated", onnx.TensorProto.FLOAT, [1, 6, 5, 8])])
+    model = onnx_ir.from_proto(onnx.shape_inference.infer_shapes(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])))
+    assert broadcast_grouped_query_caches(model) == 0
+    assert [node.op_type for node in model.graph].count("Expand") == 1
+
+
+def test_an_exported_grouped_query_decoder_never_repeats_its_cache(exported_llama, tmp_path):
+    """tiny-llama (4 query heads over 2 key/value heads), its ONNX generation export as published: no Expand of the
+    cache left in what onnxruntime runs."""
+    output, _ = exported_llama
+    model = onnx_ir.load(output / "onnx-generation" / "model.onnx")
+    expanded = [node for node in model.graph if node.op_type == "Expand"
+                and node.inputs[0].producer() is not None and node.inputs[0].producer().op_type == "Unsqueeze"
+                and any(value.name.startswith("present.") for value in node.inputs[0].producer().inputs)]
+    assert not expanded

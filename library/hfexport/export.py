@@ -22,7 +22,11 @@ from hfexport.executorch_llm import export as export_llm_program
 from hfexport.workarounds.executorch import executorch_fixes
 from hfexport.exported import ExportedModel
 from hfexport.workarounds.transformers_models import base_rope_index, modeling_fixes
-from hfexport.workarounds.onnxruntime import fuse_ready_key_transposes, fuse_ready_rms_norms
+from hfexport.workarounds.onnxruntime import (
+    broadcast_grouped_query_caches,
+    fuse_ready_key_transposes,
+    fuse_ready_rms_norms,
+)
 from hfexport.workarounds.onnxscript import onnx_fixes
 from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
 from hfexport.models import load_model, load_processor
@@ -265,11 +269,12 @@ def run_plan(plan, model) -> ExportedModel:
             fuse_ready_cache_broadcasts(component.program)
     if str(plan.export_format) == "onnx":
         # onnxruntime's RMSNorm fusion matches x / sqrt(v), the exporter writes x * (1 / sqrt(v)); its matmul
-        # folds a key transpose the exporter writes through a 3-d view only as one Transpose
-        # (hfexport.workarounds.onnxruntime)
+        # folds a key transpose the exporter writes through a 3-d view only as one Transpose; nothing in it undoes
+        # repeat_kv's copies of a grouped-query cache (hfexport.workarounds.onnxruntime)
         for component in exported.components.values():
             fuse_ready_rms_norms(component.program)
             fuse_ready_key_transposes(component.program)
+            broadcast_grouped_query_caches(component.program)
     result = ExportedModel.from_engine(exported)
     result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.onnx_float16)
     # what running the engine's input preparers again needs, per component whose inputs they added to

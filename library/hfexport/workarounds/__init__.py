@@ -68,6 +68,15 @@ WORKAROUNDS = (
         applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_key_transposes)",
         canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_copies_the_key_transposed"),
     Workaround(
+        name="onnxruntime-grouped-query-cache-copies",
+        upstream="onnxruntime 1.32.0 (no graph optimization undoes a repeat) with transformers 5.23 (repeat_kv)",
+        works_around="(cost) transformers' repeat_kv exports as Unsqueeze, Expand, Reshape: every layer copied its "
+                     "whole key and value cache once per query head of a group, every step, before the two "
+                     "attention matmuls; rewritten as the same matmuls broadcast over the group",
+        module="workarounds.onnxruntime",
+        applied="export.run_plan, on every ONNX program the engine exports (broadcast_grouped_query_caches)",
+        canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_copies_the_repeated_cache"),
+    Workaround(
         name="openvino-returned-shared-input",
         upstream="openvino 2026.4.1 (CPU plugin)",
         works_around="a program that returns one of its inputs keeps the caller's shared input buffer bound and "

@@ -20,6 +20,14 @@ rank, so it swaps the key's last two axes through a 3-d view: `Reshape(Transpose
 export, from `matmul(q, k.transpose(2, 3))`, has the folded form). The rewrite is the same transpose as one
 `Transpose` of the last two axes. Measured on SmolLM2-135M (raw onnxruntime, AMD EPYC Zen 4, quiet): a 40-token
 prompt 79.5 -> 73.8 ms and a decode step 25.7 -> 23.9 ms at two threads, 123.8 -> 120.3 ms and 30.7 -> 29.9 ms at one.
+
+**Grouped-query caches** (`broadcast_grouped_query_caches`). transformers' `repeat_kv` exports as `Unsqueeze`,
+`Expand`, `Reshape`: every layer copied its whole key and value cache once per query head of a group, every step,
+and nothing in onnxruntime undoes it (optimum's export has the same copies). The rewrite runs the two attention matmuls
+on the cache as it is, broadcast over the group (the queries and the probabilities viewed as
+`[b, h_kv, n, s, .]`): the same products, bit for bit. SmolLM2-135M (9 query heads over 3), raw onnxruntime, two
+threads, AMD EPYC Zen 4, quiet: a decode step after a 1000-token prompt 35.0-37.9 -> 22.2-25.7 ms (optimum's export:
+45.0-47.1 ms); after 40 tokens 21.1-22.2 -> 20.7-21.1 ms.
 """
 
 from __future__ import annotations
@@ -103,4 +111,109 @@ def fuse_ready_key_transposes(model) -> int:
     from onnxscript.rewriter import pattern
 
     rule = pattern.RewriteRule(_key_swap_through_3d, _key_swap, _swaps_the_last_two_axes, name="KeySwap")
-    return pattern.RewriteRuleSet([rule]).apply_to_model(model)
+    return _rewritten(pattern.RewriteRuleSet([rule]), model)
+
+
+def _rewritten(rules, model) -> int:
+    """Apply `rules` to `model`, then drop what that left unused (the shape arithmetic of what was replaced, which
+    would otherwise keep a use of the replaced values and hide them from the next rewrite)."""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    count = rules.apply_to_model(model)
+    if count:
+        RemoveUnusedNodesPass()(model)
+    return count
+
+
+def _repeated(op, kv, axes, expand_shape, merged_shape):
+    """transformers' `repeat_kv`: `kv[:, :, None].expand(b, h_kv, n, t, d).reshape(b, h_kv * n, t, d)`."""
+    return op.Reshape(op.Expand(op.Unsqueeze(kv, axes), expand_shape, _outputs=["expanded"]), merged_shape,
+                      _outputs=["repeated"])
+
+
+def _scores_over_repeated_keys(op, query, query_scale, kv, axes, expand_shape, merged_shape, key_scale):
+    """torchlib's `Q K^T` with the scale split over both operands, over repeated keys."""
+    keys = _repeated(op, kv, axes, expand_shape, merged_shape)
+    return op.MatMul(op.Mul(query, query_scale), op.Mul(op.Transpose(keys, perm=[0, 1, 3, 2]), key_scale))
+
+
+def _output_over_repeated_values(op, probabilities, kv, axes, expand_shape, merged_shape):
+    return op.MatMul(probabilities, _repeated(op, kv, axes, expand_shape, merged_shape))
+
+
+def _dims(value) -> list | None:
+    return list(value.shape.dims) if value is not None and value.shape is not None else None
+
+
+def _is_scalar(value) -> bool:
+    import onnx_ir as ir
+
+    constant = ir.convenience.get_const_tensor(value)
+    return constant is not None and constant.numpy().size == 1
+
+
+def _is_a_head_repeat(context, kv, axes, expanded, repeated, query_scale=None, key_scale=None, **_) -> bool:
+    """`repeated` is `kv` [b, h_kv, t, d] with each head repeated n times in place (heads h_kv * n, head i of it
+    `kv`'s head i // n), read off the exporter's shapes: the unsqueeze at axis 2, the expand only along it (static
+    h_kv, n and d), the reshape merging those two; the scales, where there are, scalar constants."""
+    del context
+    import onnx_ir as ir
+
+    unsqueezed_at = ir.convenience.get_const_tensor(axes)
+    source, wide, merged = _dims(kv), _dims(expanded), _dims(repeated)
+    if unsqueezed_at is None or unsqueezed_at.numpy().reshape(-1).tolist() != [2]:
+        return False
+    if source is None or wide is None or merged is None or (len(source), len(wide), len(merged)) != (4, 5, 4):
+        return False
+    heads, repeats, size = wide[1], wide[2], source[3]
+    if not all(isinstance(dim, int) for dim in (heads, repeats, size)) or repeats < 2 or source[1] != heads:
+        return False
+    known = [str(dim) for dim in (source[0], source[2])]
+    if "None" in known or any(not str(dim) for dim in (source[0], source[2])):
+        return False
+    if [str(wide[0]), str(wide[3]), wide[4]] != [known[0], known[1], size]:
+        return False
+    if [str(merged[0]), merged[1], str(merged[2]), merged[3]] != [known[0], heads * repeats, known[1], size]:
+        return False
+    return all(_is_scalar(scale) for scale in (query_scale, key_scale) if scale is not None)
+
+
+def _head_groups(expanded) -> tuple[int, int]:
+    heads, repeats = _dims(expanded)[1:3]
+    return heads, repeats
+
+
+def _grouped_scores(op, query, query_scale, kv, axes, key_scale, expanded, **_):
+    """[b, h_kv * n, s, d] queries viewed as [b, h_kv, n, s, d] against the [b, h_kv, 1, d, t] keys, the scores
+    merged back to [b, h_kv * n, s, t]."""
+    heads, repeats = _head_groups(expanded)
+    size = _dims(kv)[3]
+    grouped = op.Reshape(query, op.Constant(value_ints=[0, heads, repeats, -1, size]))
+    keys = op.Transpose(op.Unsqueeze(kv, axes), perm=[0, 1, 2, 4, 3])
+    scores = op.MatMul(op.Mul(grouped, query_scale), op.Mul(keys, key_scale))
+    length = op.Shape(kv, start=2, end=3)
+    return op.Reshape(scores, op.Concat(op.Constant(value_ints=[0, heads * repeats, -1]), length, axis=0))
+
+
+def _grouped_output(op, probabilities, kv, axes, expanded, **_):
+    """[b, h_kv * n, s, t] probabilities viewed as [b, h_kv, n, s, t] over the [b, h_kv, 1, t, d] values, merged
+    back to [b, h_kv * n, s, d]."""
+    heads, repeats = _head_groups(expanded)
+    length = op.Shape(kv, start=2, end=3)
+    grouped = op.Reshape(probabilities, op.Concat(op.Constant(value_ints=[0, heads, repeats, -1]), length, axis=0))
+    output = op.MatMul(grouped, op.Unsqueeze(kv, axes))
+    return op.Reshape(output, op.Constant(value_ints=[0, heads * repeats, -1, _dims(kv)[3]]))
+
+
+def broadcast_grouped_query_caches(model) -> int:
+    """Rewrite attention over a grouped-query cache repeated to every head (transformers' `repeat_kv`: an `Expand`
+    that copies the whole key and value cache n times, every layer, every step) into the same matmuls over the cache
+    as it is, broadcast over the repeats (the query and the probabilities viewed as [b, h_kv, n, s, .]), in place, in
+    the onnx_ir `model`; returns how many matmuls were rewritten."""
+    from onnxscript.rewriter import pattern
+
+    rules = pattern.RewriteRuleSet([
+        pattern.RewriteRule(_scores_over_repeated_keys, _grouped_scores, _is_a_head_repeat, name="GroupedScores"),
+        pattern.RewriteRule(_output_over_repeated_values, _grouped_output, _is_a_head_repeat, name="GroupedOutput"),
+    ])
+    return _rewritten(rules, model)
