@@ -25,10 +25,12 @@ model.
   in the peers' venv (OPTIMUM_DIR: a folder already made). Both write their defaults in the graph's
   `rt_info/runtime_options`, which the CPU plugin applies: optimum-intel KV_CACHE_PRECISION f16 (its unquantized
   text-generation default), hfexport (the engine's) INFERENCE_PRECISION_HINT and KV_CACHE_PRECISION f32, the
-  checkpoint's precision; both run at the f32 hint passed here.
+  checkpoint's precision; both run at the f32 hint passed here, and at those KV caches unless KV_CACHE_PRECISION
+  (e.g. `f32`) sets one for both.
 
 Run: `python benchmarks/llm_runtimes.py` (ROUNDS, default 8; GENERATIONS, default 4; SETTLE_S, default 0.2;
-NEW_TOKENS, default 32; BATCHES, default `1,4`; BACKENDS, default `PA,SDPA`; WORK, default
+NEW_TOKENS, default 32; BATCHES, default `1,4`; BACKENDS, default `PA,SDPA`; KV_CACHE_PRECISION, default each
+export's own; WORK, default
 /tmp/hfexport-llm-runtimes-bench, where the two exports are made once and reused) -> benchmarks/results/
 llm_runtimes.json (or OUT). The CPU (lscpu) and the load average before and after are recorded: the machine is shared.
 
@@ -58,6 +60,7 @@ GENERATIONS = min(int(os.environ.get("GENERATIONS", "4")), ROUNDS)  # each gener
 BATCHES = [int(size) for size in os.environ.get("BATCHES", "1,4").split(",")]
 BACKENDS = os.environ.get("BACKENDS", "PA,SDPA").split(",")
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
+KV_CACHE_PRECISION = os.environ.get("KV_CACHE_PRECISION", "")
 OUT = Path(os.environ.get("OUT", HERE / "results" / "llm_runtimes.json"))
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child in one sentence.",
         "Name three primary colors."]
@@ -67,7 +70,8 @@ CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Expla
 WORKER = r"""
 import json, sys
 import numpy as np, openvino as ov, openvino_genai as g
-pipe = g.LLMPipeline(sys.argv[1], "CPU", INFERENCE_PRECISION_HINT="f32", ATTENTION_BACKEND=sys.argv[4])
+kv_cache = {"KV_CACHE_PRECISION": sys.argv[5]} if sys.argv[5] else {}  # else each export's own rt_info default
+pipe = g.LLMPipeline(sys.argv[1], "CPU", INFERENCE_PRECISION_HINT="f32", ATTENTION_BACKEND=sys.argv[4], **kv_cache)
 config = pipe.get_generation_config()
 config.max_new_tokens = config.min_new_tokens = int(sys.argv[2])
 config.do_sample = False
@@ -146,7 +150,7 @@ def main() -> int:
     sides = (("hfexport", ours), ("optimum-intel", theirs))
     results = {}
     for backend in BACKENDS:
-        commands = {name: [python, "-c", WORKER, str(folder), str(NEW_TOKENS), str(pad), backend]
+        commands = {name: [python, "-c", WORKER, str(folder), str(NEW_TOKENS), str(pad), backend, KV_CACHE_PRECISION]
                     for name, folder in sides}
         runs, _ = alternate_workers(commands, [batch for _, batch in calls], ROUNDS, reference="optimum-intel",
                                     settle_s=SETTLE_S, generations=GENERATIONS)
@@ -172,7 +176,8 @@ def main() -> int:
             }
         print(json.dumps({backend: results[backend]}), file=sys.stderr, flush=True)
     document = {
-        "what": "SmolLM2-135M-Instruct, OpenVINO GenAI LLMPipeline (f32 hint), greedy, "
+        "what": "SmolLM2-135M-Instruct, OpenVINO GenAI LLMPipeline (f32 hint, KV cache "
+                + (f"{KV_CACHE_PRECISION} on both" if KV_CACHE_PRECISION else "each export's own") + "), greedy, "
                 f"{NEW_TOKENS} new tokens forced, {len(chat)} chat prompts as token ids, batch "
                 + " and ".join(map(str, BATCHES)) + f" ({len(chat)} calls each per round; a larger batch left-padded)"
                 f", {ROUNDS} rounds over {GENERATIONS} fresh pairs of processes, alternated, {SETTLE_S} s between calls, "

