@@ -168,12 +168,12 @@ def _is_a_head_repeat(context, kv, axes, expanded, repeated, query_scale=None, k
     heads, repeats, size = wide[1], wide[2], source[3]
     if not all(isinstance(dim, int) for dim in (heads, repeats, size)) or repeats < 2 or source[1] != heads:
         return False
-    known = [str(dim) for dim in (source[0], source[2])]
-    if "None" in known or any(not str(dim) for dim in (source[0], source[2])):
+    batch, length = str(source[0]), str(source[2])  # a symbol's name or a size: compared as text
+    if any(name in ("", "None") for name in (batch, length)):
         return False
-    if [str(wide[0]), str(wide[3]), wide[4]] != [known[0], known[1], size]:
+    if [str(wide[0]), str(wide[3]), wide[4]] != [batch, length, size]:
         return False
-    if [str(merged[0]), merged[1], str(merged[2]), merged[3]] != [known[0], heads * repeats, known[1], size]:
+    if [str(merged[0]), merged[1], str(merged[2]), merged[3]] != [batch, heads * repeats, length, size]:
         return False
     return all(_is_scalar(scale) for scale in (query_scale, key_scale) if scale is not None)
 
@@ -209,7 +209,8 @@ def broadcast_grouped_query_caches(model) -> int:
     """Rewrite attention over a grouped-query cache repeated to every head (transformers' `repeat_kv`: an `Expand`
     that copies the whole key and value cache n times, every layer, every step) into the same matmuls over the cache
     as it is, broadcast over the repeats (the query and the probabilities viewed as [b, h_kv, n, s, .]), in place, in
-    the onnx_ir `model`; returns how many matmuls were rewritten."""
+    the onnx_ir `model`; returns how many matmuls were rewritten. Runs after `fuse_ready_key_transposes`, whose
+    single key Transpose its scores rule matches."""
     from onnxscript.rewriter import pattern
 
     rules = pattern.RewriteRuleSet([
