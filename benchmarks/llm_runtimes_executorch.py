@@ -2,12 +2,12 @@
 (issue 27, the ExecuTorch half of benchmarks/llm_runtimes.py).
 
 Every folder is run by `executorch.extension.llm.runner.TextLLMRunner` (executorch 1.5.1's Python bindings of the C++
-runner, from hfexport's venv), one long-lived process per folder, the same process setup for each (ExecuTorch's LLM
-kernels registered, `executorch.extension.llm.custom_ops.custom_ops`; XNNPACK's default thread pool, its size
-recorded), so every call alternates with the others' in one run: greedy (temperature 0), batch 1 (the runner has no
-batch), chat-template prompts that ask for long answers, as text (their first token is SmolLM2's BOS id, so
-`num_bos=0`), at most NEW_TOKENS new tokens, one warm-up each, then ROUNDS rounds of every prompt on every folder, the
-order reversed each round. Each program's cache size (`get_max_seq_len`) is read and recorded: all are 2048.
+runner, from hfexport's venv), one long-lived process per folder (in each of GENERATIONS fresh sets), the same process
+setup for each (ExecuTorch's LLM kernels registered, `executorch.extension.llm.custom_ops.custom_ops`; XNNPACK's default
+thread pool, its size recorded), so every call alternates with the others' in one run: greedy (temperature 0), batch 1
+(the runner has no batch), chat-template prompts that ask for long answers, as text (their first token is SmolLM2's BOS
+id, so `num_bos=0`), at most NEW_TOKENS new tokens, one warm-up each, then ROUNDS rounds of every prompt on every
+folder, the order reversed each round. Each program's cache size (`get_max_seq_len`) is read and recorded: all are 2048.
 
 Same work on every side: the runner has no option to ignore EOS (`GenerationConfig` 1.5.1), and optimum-executorch's
 `.pte` does not stop at SmolLM2's `<|im_end|>` (id 2) in the runner: it answers `get_eos_id` = 2 but has no
@@ -34,9 +34,11 @@ hfexport's ExecuTorch LLM export (`executorch_llm.py`, `executorch_data.py`, `wo
 change re-exports; optimum-executorch's by its options. HFEXPORT_DIR / OPTIMUM_DIR / OPTIMUM_CUSTOM_DIR name folders
 already made. Each SmolLM2 export (XNNPACK lowering) takes about 13 minutes on this 2-core machine when quiet.
 
-Run: `python benchmarks/llm_runtimes_executorch.py` (ROUNDS, default 3; NEW_TOKENS, default 32) ->
+Run: `python benchmarks/llm_runtimes_executorch.py` (ROUNDS, default 3; GENERATIONS, default 3: the rounds split over
+that many fresh sets of runner processes, as `_process.alternate_workers` does for the other runtime benchmarks, with
+the ratios per set recorded; SETTLE_S, default 0.2 s before each call; NEW_TOKENS, default 32) ->
 benchmarks/results/llm_runtimes_executorch.json (or OUT). With the exports cached, a run is 3 folders x 4 prompts x
-(ROUNDS + 1) calls. The CPU (lscpu) and the load average before and after are recorded: the machine is shared.
+(ROUNDS + GENERATIONS) calls. The CPU (lscpu) and the load average before and after are recorded: the machine is shared.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from _process import alternate_workers, load, machine  # noqa: E402 - the benchm
 from llm_runtimes import _peer_model  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+SETTLE_S = float(os.environ.get("SETTLE_S", "0.2"))
+GENERATIONS = min(int(os.environ.get("GENERATIONS", "3")), ROUNDS)  # each generation holds at least one round
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 OUT = Path(os.environ.get("OUT", HERE / "results" / "llm_runtimes_executorch.json"))
 WORK = Path(os.environ.get("WORK", "/tmp/hfexport-llm-runtimes-bench"))
@@ -188,6 +192,17 @@ def _same_work(runs: dict[str, list[dict]]) -> tuple[dict, dict, bool]:
     return rates, ratios, same
 
 
+def _ratios_of(runs: dict[str, list[dict]], other: str, generation: int) -> dict:
+    """hfexport's ratios over `other` (tokens/s, TTFT), the median over the calls of one set of processes."""
+    pairs = [(ours, theirs) for ours, theirs in zip(runs["hfexport"], runs[other], strict=True)
+             if ours["generation"] == generation]
+    tokens = [ours["tokens_per_s"] / theirs["tokens_per_s"] for ours, theirs in pairs
+              if ours["tokens_per_s"] and theirs["tokens_per_s"]]
+    ttft = [ours["ttft_ms"] / theirs["ttft_ms"] for ours, theirs in pairs if theirs["ttft_ms"]]
+    return {"tokens_per_s": round(statistics.median(tokens), 3) if tokens else None,
+            "ttft_ms": round(statistics.median(ttft), 3) if ttft else None}
+
+
 def main() -> int:
     from transformers import AutoTokenizer
 
@@ -203,12 +218,15 @@ def main() -> int:
                 for name, folder in sides.items()}
     ready: dict[str, dict] = {}
     runs, _ = alternate_workers(commands, prompts, ROUNDS, reference=REFERENCE, keys=("ttft_ms",), ready=ready,
-                                stderr=subprocess.DEVNULL)
+                                settle_s=SETTLE_S, generations=GENERATIONS, stderr=subprocess.DEVNULL)
     load_after = load()
     rates, ratios, same = _same_work(runs)
+    by_generation = {name: [_ratios_of(runs, name, generation) for generation in range(GENERATIONS)]
+                     for name in ratios}
     document = {
         "what": "SmolLM2-135M-Instruct, ExecuTorch 1.5.1 TextLLMRunner (XNNPACK, f32), batch 1, greedy, at most "
-                f"{NEW_TOKENS} new tokens, {len(prompts)} chat prompts x {ROUNDS} rounds, alternated; hfexport's "
+                f"{NEW_TOKENS} new tokens, {len(prompts)} chat prompts x {ROUNDS} rounds over {GENERATIONS} fresh "
+                f"sets of processes, alternated, {SETTLE_S} s before each call; hfexport's "
                 "model.pte + model.ptd vs optimum-executorch 1.1.0's model.pte (default, and with its custom-ops "
                 "options); decode tokens/s over the same first n tokens on every side",
         "cpu": machine(), "load_average_before": load_before, "load_average_after": load_after,
@@ -222,6 +240,7 @@ def main() -> int:
                    for name, results in runs.items()},
         "ratio_hfexport_over": {name: {key: round(statistics.median(values), 3) for key, values in by_key.items()
                                        if values} for name, by_key in ratios.items()},
+        "ratio_hfexport_over_by_generation": by_generation,
         "decode_tokens_compared": [run["decode_tokens"] for run in runs["hfexport"][: len(prompts)]],
         "same_tokens": same,
         "new_tokens": {name: [run["tokens"] for run in results[: len(prompts)]] for name, results in runs.items()},
