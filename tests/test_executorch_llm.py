@@ -176,3 +176,34 @@ def test_the_card_shows_the_runner_snippet_only_when_it_passed(pte_llama):
     assert 'TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json", f"{local}/model.ptd")' in text
     report.targets[TARGET].runtimes = [{"runtime": "executorch-llm-runner", "verdict": "failed", "reason": "differs"}]
     assert "TextLLMRunner" not in "\n".join(loading_snippets("me/llama", report, places))
+
+
+def test_inverse_transpose_pairs_are_dropped_from_the_traced_program():
+    """The sequence-major cache update transposes the model's `[batch, heads, seq, head_dim]` values back: the pair is
+    the identity, and kept it holds the value projection in an XNNPACK delegate of its own, ahead of the rotary
+    embedding (benchmarks/README.md, ExecuTorch: 2-4% of SmolLM2's decode on 2 threads). A pair that is not inverse,
+    or whose result is the program's output, stays."""
+    import torch
+
+    from hfexport.executorch_llm import _drop_inverse_transposes
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.values = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            values = self.values(x).view(1, 3, 2, 4).transpose(1, 2)  # the model's layout
+            cached = values.transpose(1, 2) * 2  # the cache's layout again: the pair is dropped
+            other = values.transpose(2, 3) + 1  # not the inverse: kept
+            return cached, other, values.transpose(1, 2)  # the inverse too, but the program's output: kept
+
+    module = Attention().eval()
+    x = torch.randn(1, 3, 8)
+    program = torch.export.export(module, (x,), strict=True)
+    transposes = [node for node in program.graph.nodes if node.target == torch.ops.aten.transpose.int]
+    assert len(transposes) == 4
+    assert _drop_inverse_transposes(program) == 1
+    assert len([node for node in program.graph.nodes if node.target == torch.ops.aten.transpose.int]) == 3
+    for got, want in zip(program.module()(x), module(x), strict=True):
+        assert torch.equal(got, want)

@@ -167,6 +167,7 @@ def export(model, engine_config, generation: dict):
             module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len).eval()
         with torch.no_grad():
             program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
+    _drop_inverse_transposes(program)
     _tag_weights(program)
     # the LLM kernels are not core ATen: executorch's IR check would refuse them (as optimum-executorch's recipe)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
@@ -335,6 +336,38 @@ def _custom_ops_classes():
 
 def _custom_ops_module(model, max_len: int):
     return _custom_ops_classes()[1](model, max_len)
+
+
+def _drop_inverse_transposes(program) -> int:
+    """Drop every `transpose(transpose(x, a, b), a, b)` of the traced program (the identity): the model transposes
+    each layer's values to `[batch, heads, seq, head_dim]` and the sequence-major cache update transposes them back
+    (executorch's own `CustomKVCache` says the same pair "shall be removed by subsequent post-export graph pass").
+
+    Why it matters: kept, the pair is two XNNPACK permutes that hold the value projection in a delegate of its own,
+    ahead of the rotary embedding, so the last delegate before `llama::custom_sdpa` is a few tiny elementwise ops and
+    the kernel starts on idle worker threads. Dropped, XNNPACK puts the value projection in the rotary embedding's
+    delegate right before the cache update, as in optimum-executorch's program, and on 2 threads the attention kernel
+    takes 20-30 us a layer instead of 55-65 (ETDump, SmolLM2 decode; at 1 thread both are 20: benchmarks/README.md).
+    Returns how many pairs were dropped."""
+    import torch
+
+    graph = program.graph_module.graph
+    transpose = torch.ops.aten.transpose.int
+    dropped = 0
+    for node in list(graph.nodes):
+        inner = node.args[0] if node.op == "call_function" and node.target == transpose else None
+        if inner is None or getattr(inner, "target", None) != transpose or \
+                sorted(inner.args[1:]) != sorted(node.args[1:]) or any(user.op == "output" for user in node.users):
+            continue
+        node.replace_all_uses_with(inner.args[0])
+        graph.erase_node(node)
+        if not inner.users:
+            graph.erase_node(inner)
+        dropped += 1
+    if dropped:
+        graph.lint()
+        program.graph_module.recompile()
+    return dropped
 
 
 def _tag_weights(program) -> None:
