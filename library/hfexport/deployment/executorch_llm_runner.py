@@ -66,8 +66,11 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
                             "HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER to a Python that has it)")
     if request.is_encoder_decoder or not _llm_program(folder) or not (folder / TOKENIZER_FILE).is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not in the LLM runner's contract (one model.pte that holds "
-                            "its KV cache, tokenizer.json beside it): the export keeps the engine's prefill/decode "
-                            "graphs (an encoder-decoder, a VLM, a state-space model, or a recipe that asks for them)")
+                            "its KV cache, tokenizer.json beside it): the export keeps the engine's graphs, with the cache "
+                            "as inputs and outputs (an encoder-decoder, a VLM, a state-space model, or a target that "
+                            "sets its own layout: generation.single_graph / multi_token_decode / "
+                            "cache_implementation, quantization, components, dynamic_shapes, a backend other than "
+                            "XNNPACK)")
     if not request.texts or len(request.texts) != len(request.prompts):
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="the recipe's sample inputs have no text prompts: "
                             "TextLLMRunner takes text")
