@@ -347,7 +347,7 @@ def _drop_inverse_transposes(program) -> int:
     ahead of the rotary embedding, so the last delegate before `llama::custom_sdpa` is a few tiny elementwise ops and
     the kernel starts on idle worker threads. Dropped, XNNPACK puts the value projection in the rotary embedding's
     delegate right before the cache update, as in optimum-executorch's program, and on 2 threads the attention kernel
-    takes 20-30 us a layer instead of 55-65 (ETDump, SmolLM2 decode; at 1 thread both are 20: benchmarks/README.md).
+    takes 20-30 us a layer instead of 55-65 (ETDump, SmolLM2 decode; at 1 thread both are 20-28: benchmarks/README.md).
     Not executorch's `RemoveRedundantTransposes` (extension/llm/export/export_passes.py, run by its LLM builder on the
     module before export): on an `ExportedProgram` it also rewires a pair that feeds the program's output, leaving the
     graph signature's output spec naming a deleted node; this pass leaves such a pair. Returns how many pairs were
