@@ -1,28 +1,35 @@
-"""ExecuTorch's LLM runner contract for decoder-only generation targets: one `.pte` program that holds its KV cache,
-its weights in a `.ptd` beside it, `tokenizer.json` beside both.
+"""ExecuTorch's LLM runner contract for decoder-only generation targets: one `.pte` program that holds its KV cache and
+its weights, `tokenizer.json` beside it.
 
-`executorch.extension.llm.runner.TextLLMRunner(model_path, tokenizer_path, data_path)` (executorch 1.5.1, the C++
-runner the Android and iOS apps embed; `llm_runner_helper.cpp`, `text_decoder_runner.cpp`) and optimum-executorch's
+`executorch.extension.llm.runner.TextLLMRunner(model_path, tokenizer_path, data_path=None)` (executorch 1.5.1, the
+C++ runner the Android and iOS apps embed; `llm_runner_helper.cpp`, `text_decoder_runner.cpp`) and optimum-executorch's
 `ExecuTorchModelForCausalLM` run a program whose method `forward(tokens [1, seq], input_pos [seq])` returns the
 logits, with the cache inside the program (mutable buffers), and read constant methods: `get_max_seq_len` (required),
 `get_max_context_len`, `use_kv_cache`, `enable_dynamic_shape`, `use_sdpa_with_kv_cache` (int64 each, defaults
 otherwise), `get_eos_ids` (the stop ids; else the tokenizer's EOS); `get_bos_id` and `get_vocab_size` are written for
-optimum-executorch, the runner takes both from the tokenizer.
+optimum-executorch, the runner takes both from the tokenizer. The logits are the last position's alone
+(`[1, 1, vocab]`, `_last_position_logits`), as executorch's own Llama export returns them: both runners read no other.
+
+The weights are inside the `.pte`. The runner would also take them in a `.ptd` (executorch's own LLM export can tag
+them out), but optimum-executorch 1.1.0 loads `model.pte` alone (`_load_for_executorch(path)`: a program whose weights
+are in a `.ptd` fails its first forward, `external_data_map is null`), and the two layouts run at the same speed
+(SmolLM2 in TextLLMRunner, benchmarks/README.md). Inside costs size where the embedding is tied: the embedding lookup
+(a portable op) and the XNNPACK head each keep a copy (SmolLM2: 652 MB, as optimum-executorch's own `.pte`, vs 538 MB
+in a `.ptd`). A weights-only push rewrites the `.pte`'s weight segments in place (`hfexport.rebind.pte`). Programs
+hfexport 0.1 published with a `model.ptd` beside them are still read (`DATA_FILE`).
 
 That program is what transformers' `TorchExportableModuleWithStaticCache` (transformers.integrations.executorch) is
 for: the model over a `StaticCache` registered as buffers, `forward(input_ids, cache_position)`. It is exported with
 `torch.export(strict=True)` as transformers' own `convert_and_export_with_cache` does (a non-strict trace lifts the
 cache tensors once more as constants beside the buffers, and torch 2.13's `run_decompositions` in `to_edge` then
-fails), lowered with executorch's `to_edge_transform_and_lower(..., partitioner=[XnnpackPartitioner()],
-constant_methods=...)`, and its weights tagged for a `.ptd` as executorch's own LLM export does
-(`delegate_constant_tag` for the XNNPACK-delegated weights, `ExecutorchBackendConfig(external_constants=...)` for the
-rest; `export_llama_lib.py`), under hfexport's ExecuTorch lowering fixes (`hfexport.workarounds.executorch`, applied by
+fails), and lowered with executorch's `to_edge_transform_and_lower(..., partitioner=[XnnpackPartitioner()],
+constant_methods=...)`, under hfexport's ExecuTorch lowering fixes (`hfexport.workarounds.executorch`, applied by
 `hfexport.export.run_plan`).
 
 Why not the engine (`transformers.exporters.ExecutorchExporter`): its `export_for_generation` traces the model's
 prefill/decode with the cache as inputs and outputs, non-strict; it calls `to_edge_transform_and_lower` without
-`constant_methods` and writes every constant into the `.pte`; none of that is an option. So this module calls
-torch.export and executorch directly for this one contract; every other ExecuTorch export stays the engine's.
+`constant_methods`; none of that is an option. So this module calls torch.export and executorch directly for this one
+contract; every other ExecuTorch export stays the engine's (with its weights in a `.ptd`: `hfexport.executorch_data`).
 
 Attention and cache update run as ExecuTorch's LLM kernels where the model allows it (`llama::update_cache`,
 `llama::custom_sdpa`, from `executorch.extension.llm.custom_ops`, the ops executorch's own Llama export and
@@ -40,8 +47,8 @@ for hfexport).
 
 The result is an ordinary `ExportedModel` with one component, `model` (`model.pte`), whose metadata records
 `llm_runner` (and the cache size) in its export config: the engine's ExecuTorch runner runs it (`forward` on the
-traced kwargs `input_ids`, `cache_position`), `ExportedModel.save_pretrained` writes `model.ptd` beside it (`hfexport.executorch_data.write_data`), the loader
-opens the program with that data file (`load_program`), and `hfexport.generate` runs it one row at a time
+traced kwargs `input_ids`, `cache_position`), `ExportedModel.save_pretrained` copies the `.pte`, the loader opens it
+(`load_program`, with an older publication's `model.ptd`), and `hfexport.generate` runs it one row at a time
 (`is_llm_program`).
 """
 
@@ -49,14 +56,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import tempfile
 from pathlib import Path
 
 PROGRAM_FILE = "model.pte"
-DATA_FILE = "model.ptd"
+DATA_FILE = "model.ptd"  # the weights of a program hfexport 0.1 published (read still; 0.2 keeps them inside)
 COMPONENT = "model"
-DATA_TAG = "model"  # executorch names the data file after the tag: model.ptd
 MARKER = "llm_runner"  # in the component's export_config: this program holds its cache (the runner's contract)
+LAST_LOGITS = "last_logits"  # in the component's export_config: the program returns the last position's logits
 ATTENTION = "attention"  # in the component's export_config: CUSTOM_SDPA (the LLM kernels) or "sdpa" (portable ops)
 CUSTOM_SDPA = "custom_sdpa"
 _ATTENTION_NAME = "hfexport_executorch_custom_sdpa"  # the name the kernels' attention is registered under
@@ -160,7 +168,7 @@ def export(model, engine_config, generation: dict):
     inputs = {"input_ids": torch.zeros((1, prompt), dtype=torch.long), "cache_position": torch.arange(prompt)}
     seq = torch.export.Dim("seq", min=1, max=max_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
-    with _static_generation_config(model), _attention(model) as attention:
+    with _static_generation_config(model), _attention(model) as attention, _last_position_logits(model):
         if attention == CUSTOM_SDPA:
             module = _custom_ops_module(model, max_len).eval()
         else:
@@ -168,23 +176,22 @@ def export(model, engine_config, generation: dict):
         with torch.no_grad():
             program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
     _drop_inverse_transposes(program)
-    _tag_weights(program)
     # the LLM kernels are not core ATen: executorch's IR check would refuse them (as optimum-executorch's recipe)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
                                           compile_config=EdgeCompileConfig(_check_ir_validity=attention == "sdpa"),
                                           constant_methods=constant_methods(model, max_len))
-    manager = lowered.to_executorch(ExecutorchBackendConfig(external_constants=lambda node: DATA_TAG))
+    manager = lowered.to_executorch(ExecutorchBackendConfig())  # the weights inside: optimum-executorch reads no .ptd
     scratch = tempfile.TemporaryDirectory(prefix="hfexport-pte-")
     folder = Path(scratch.name)
     with open(folder / PROGRAM_FILE, "wb") as file:
         manager.write_to_file(file)
-    manager.write_tensor_data_to_file(str(folder))
-    loaded = load_program(folder / PROGRAM_FILE, folder / DATA_FILE, custom_ops=attention == CUSTOM_SDPA)
+    loaded = load_program(folder / PROGRAM_FILE, None, custom_ops=attention == CUSTOM_SDPA)
     loaded.scratch = scratch  # the files live as long as the program
     engine = dataclasses.asdict(engine_config) if dataclasses.is_dataclass(engine_config) else {}
     export_config = {key: value for key, value in engine.items()
                      if isinstance(value, (str, int, float, bool)) or value is None}
-    export_config.update({MARKER: True, "max_seq_len": max_len, "strict": True, ATTENTION: attention})
+    export_config.update({MARKER: True, "max_seq_len": max_len, "strict": True, ATTENTION: attention,
+                          LAST_LOGITS: _keeps_last_logits(model)})
     metadata = ExportMetadata(
         architecture=type(model).__name__,
         packages=_versions(),
@@ -210,6 +217,35 @@ def _plain_full_attention(model, max_len: int) -> bool:
         return False
     layers = StaticCache(max_cache_len=max_len, config=model.config.get_text_config()).layers
     return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+
+
+def _keeps_last_logits(model) -> bool:
+    """The model's forward takes `logits_to_keep` (transformers' causal LMs do): the program computes the logits of
+    the last position only."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+@contextlib.contextmanager
+def _last_position_logits(model):
+    """Within the block, the model's forward computes the logits of the last position alone (`logits_to_keep=1`),
+    where it takes that argument: what executorch's own Llama export does (`generate_full_logits=False`). Both
+    runners read only the last position (TextLLMRunner's `logits_to_token` takes the last row of `[1, seq, vocab]`,
+    optimum-executorch's `generate` `logits[0, -1]`), and the language-model head over every prompt position is a
+    fifth of SmolLM2's prefill (49152 x 576 of its 135M weights, per token)."""
+    if not _keeps_last_logits(model):
+        yield
+        return
+    own = model.__dict__.get("forward")  # an instance's own forward (a hook's), put back after
+    model.forward = functools.partial(model.forward, logits_to_keep=1)
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
 
 
 @contextlib.contextmanager
@@ -371,21 +407,6 @@ def _drop_inverse_transposes(program) -> int:
         graph.lint()
         program.graph_module.recompile()
     return dropped
-
-
-def _tag_weights(program) -> None:
-    """Tag the program's constant inputs (weights, constant buffers; not the cache, which the program mutates) for
-    `model.ptd`: XNNPACK's node visitor puts a constant whose placeholder carries `custom.delegate_constant_tag` into
-    the named data under that tag, i.e. the data file. executorch's own LLM export sets the same tag with
-    `delegate_external_constants_pass_unlifted` on the unlifted module and traces it again; tagging the lifted
-    placeholders is the same mark without a second trace."""
-    signature = program.graph_signature
-    mutated = set(signature.buffers_to_mutate.values())
-    constants = set(signature.inputs_to_parameters) | set(signature.inputs_to_lifted_tensor_constants) | {
-        name for name, buffer in signature.inputs_to_buffers.items() if buffer not in mutated}
-    for node in program.graph.nodes:
-        if node.op == "placeholder" and node.name in constants:
-            node.meta.setdefault("custom", {})["delegate_constant_tag"] = DATA_TAG
 
 
 def _versions() -> dict:

@@ -131,7 +131,7 @@ class ExportedModel(_EngineExportedModel):
         if push_to_hub:
             return self._save_and_push(Path(save_directory), *args, tokenizer=tokenizer, **kwargs)
         export_format = str(getattr(self.export_format, "value", self.export_format))
-        if export_format == "executorch":  # each program's weights in its .ptd (an LLM runner program's model.ptd too)
+        if export_format == "executorch":  # each program's weights in its .ptd (an LLM runner program's inside)
             result = self._save_executorch(save_directory, *args, **kwargs)
         else:
             result = super().save_pretrained(save_directory, *args, **kwargs)
@@ -171,7 +171,9 @@ class ExportedModel(_EngineExportedModel):
             result = super().save_pretrained(save_directory, *args, **kwargs)
             entries = read_json(Path(save_directory) / MANIFEST_FILE, MANIFEST_FILE)["components"]
             for name, component in self.components.items():
-                write_data(component.program, Path(save_directory) / data_name(entries[name]["file"]))
+                data = Path(save_directory) / data_name(entries[name]["file"])
+                if not write_data(component.program, data):
+                    data.unlink(missing_ok=True)  # a program with its weights inside: no older .ptd left beside it
         finally:
             self.components = components
         return result
@@ -481,8 +483,8 @@ def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsa
     if export_format == "executorch":
         from transformers.exporters import ExecutorchExporter
 
-        if is_llm_program(entry["metadata"]):  # ExecuTorch's LLM runner contract: the weights in model.ptd beside it
-            return load_executorch(path, fetch(LLM_DATA_FILE, True), custom_ops=uses_custom_ops(entry["metadata"]))
+        if is_llm_program(entry["metadata"]):  # ExecuTorch's LLM runner contract: the weights inside (0.1: model.ptd)
+            return load_executorch(path, fetch(LLM_DATA_FILE, False), custom_ops=uses_custom_ops(entry["metadata"]))
         data = fetch(data_name(entry["file"]), False)  # checked with the program (safety.artifacts.program_files)
         return load_executorch(path, data) if data is not None else ExecutorchExporter.load_program(path)
     raise CorruptExportError(f"{path}: unknown export format {export_format!r}")
