@@ -22,7 +22,7 @@ its decoder (each piece a vocabulary string: hfexport.deployment.executorch_llm_
 - hfexport: `hfexport export SMOLLM2 --recipe R -o OUT` with R one plain ExecuTorch generation target (the LLM
   runner's contract: a static cache of 2048 positions, batch 1; `hfexport.executorch_llm`);
 - optimum-executorch: `optimum-cli export executorch --model SMOLLM2 --task text-generation --recipe xnnpack` in its
-  own venv (`hfexport.testing.peers.peer_venv(("optimum-executorch==1.1.0",))`: optimum-executorch 1.1.0 pins
+  own venv (`hfexport.testing.peers.optimum_executorch_venv()`: optimum-executorch 1.1.0 pins
   transformers 5.0.0rc1; the model's config without the GGUF `quantization_config`, `llm_runtimes._peer_model`), its
   default (plain SDPA over the static cache, batch 1, 2048 positions); and the same with `--use_custom_sdpa
   --use_custom_kv_cache` (ExecuTorch's LLM kernels, as hfexport's program uses them): "optimum-executorch-custom-ops".
@@ -65,7 +65,6 @@ GENERATIONS = min(int(os.environ.get("GENERATIONS", "3")), ROUNDS)  # each gener
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 OUT = Path(os.environ.get("OUT", HERE / "results" / "llm_runtimes_executorch.json"))
 WORK = Path(os.environ.get("WORK", "/tmp/hfexport-llm-runtimes-bench"))
-OPTIMUM_EXECUTORCH = ("optimum-executorch==1.1.0",)
 REFERENCE = "optimum-executorch"
 #: optimum-executorch's exports: the side's name -> (folder env var, cache folder, optimum-cli's extra options)
 OPTIMUM_SIDES = {
@@ -139,7 +138,7 @@ def _source_key(model: Path) -> str:
 
 
 def _exports(model: Path) -> dict[str, Path]:
-    from hfexport.testing.peers import peer_venv
+    from hfexport.testing.peers import optimum_executorch_venv
 
     folders = {}
     ours = Path(os.environ["HFEXPORT_DIR"]) if os.environ.get("HFEXPORT_DIR") else \
@@ -156,7 +155,7 @@ def _exports(model: Path) -> dict[str, Path]:
     for name, (variable, cached, options) in OPTIMUM_SIDES.items():
         theirs = Path(os.environ[variable]) if os.environ.get(variable) else WORK / cached
         if not (theirs / "model.pte").is_file():
-            cli = Path(peer_venv(OPTIMUM_EXECUTORCH)).parent / "optimum-cli"
+            cli = Path(optimum_executorch_venv()).parent / "optimum-cli"
             scratch = theirs.with_name(theirs.name + ".partial")
             subprocess.run([str(cli), "export", "executorch", "--model", str(_peer_model(model, WORK)), "--task",
                             "text-generation", "--recipe", "xnnpack", *options, "--output_dir", str(scratch)],

@@ -11,7 +11,7 @@ to stdout.
 `onnx`: the float32 ONNX generation target (transformers.js, optimum, onnxruntime-genai, token for token);
 `onnx-q8`: an 8-bit target (`ort_dynamic`) added to the model's recipe, published as transformers.js' q8 variant
 `onnx/model_quantized.onnx` and judged by hfexport's 8-bit token agreement floor; `openvino`: OpenVINO GenAI and
-optimum-intel; `executorch`: ExecuTorch's TextLLMRunner (and optimum-executorch) on the LLM runner
+optimum-intel; `executorch`: ExecuTorch's TextLLMRunner and optimum-executorch on the LLM runner
 program. The runtimes' environments come from `HFEXPORT_RUNTIME_*`, else `hfexport.testing.peers` builds them.
 """
 
@@ -91,6 +91,8 @@ def main() -> int:
         os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM", str(peers.peer_venv()))
         os.environ.setdefault("HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI", str(peers.genai_venv()))
         os.environ.setdefault("HFEXPORT_RUNTIME_TRANSFORMERS_JS", str(peers.node_modules()))
+    if "executorch" in formats:
+        os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(peers.optimum_executorch_venv()))
     workdir = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/hfexport-llm-runtimes")
     families = os.environ.get("MODELS", ",".join(FAMILIES)).split(",")
     models = ensure_models(workdir, families)

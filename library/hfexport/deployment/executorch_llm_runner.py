@@ -1,4 +1,4 @@
-"""ExecuTorch's `TextLLMRunner(model.pte, tokenizer.json, model.ptd)` on an ExecuTorch generation export, as its users
+"""ExecuTorch's `TextLLMRunner(model.pte, tokenizer.json)` on an ExecuTorch generation export, as its users
 run it (executorch's Python bindings of the C++ runner the Android and iOS apps embed).
 
 It runs in the environment named by `HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER` (a Python with `executorch`), else
@@ -37,7 +37,7 @@ CLIENT = "executorch_llm_runner_client.py"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def _llm_program(folder: Path) -> bool:
+def is_llm_program_folder(folder: Path) -> bool:
     """A folder whose export.json names one ExecuTorch LLM runner program (`hfexport.executorch_llm`)."""
     try:
         return manifest_is_llm(json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")))
@@ -64,7 +64,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if python is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="executorch is not installed (pip install executorch, or set "
                             "HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER to a Python that has it)")
-    if request.is_encoder_decoder or not _llm_program(folder) or not (folder / TOKENIZER_FILE).is_file():
+    if request.is_encoder_decoder or not is_llm_program_folder(folder) or not (folder / TOKENIZER_FILE).is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not in the LLM runner's contract (one model.pte that holds "
                             "its KV cache, tokenizer.json beside it): the export keeps the engine's graphs, with the cache "
                             "as inputs and outputs (an encoder-decoder, a VLM, a state-space model, or a target that "

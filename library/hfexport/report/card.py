@@ -308,12 +308,24 @@ def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) 
             lines += ["```python", *code, "```", ""]
         if "executorch-llm-runner" in passed:
             lines += ["```python", "from huggingface_hub import snapshot_download",
+                      "from executorch.extension.llm.custom_ops import custom_ops  # registers the LLM kernels",
                       "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner", "",
                       f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"]) + "/{folder}"',
-                      'runner = TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json", f"{local}/model.ptd")',
+                      'runner = TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json")',
                       "# greedy; num_bos=1 where the tokenizer starts a prompt with its BOS token",
                       'runner.generate("The capital of France is", GenerationConfig(echo=False, max_new_tokens=20, '
                       'temperature=0.0))', "```", ""]
+        if "optimum-executorch" in passed:
+            lines += ["```python", "from huggingface_hub import snapshot_download",
+                      "from executorch.extension.llm.custom_ops import custom_ops  # registers the LLM kernels",
+                      "from optimum.executorch import ExecuTorchModelForCausalLM",
+                      "from tokenizers import Tokenizer", "",
+                      f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"]) + "/{folder}"',
+                      'model = ExecuTorchModelForCausalLM.from_pretrained(local)',
+                      'tokenizer = Tokenizer.from_file(f"{local}/tokenizer.json")',
+                      'prompt = tokenizer.encode("The capital of France is").ids',
+                      "print(tokenizer.decode(model.generate(prompt, max_seq_len=len(prompt) + 20)))  # greedy",
+                      "```", ""]
     return lines
 
 

@@ -45,6 +45,8 @@ GENAI_REQUIREMENTS = ("onnxruntime-genai==0.18.0", "onnxruntime==1.32.0", "huggi
 #: OpenVINO GenAI as its users install it (LLMPipeline with its tokenizer plugin), at hfexport's OpenVINO version:
 #: openvino-genai and openvino-tokenizers must match openvino exactly. No torch, no transformers.
 OPENVINO_GENAI_REQUIREMENTS = ("openvino==2026.4.1", "openvino-tokenizers==2026.4.1.0", "openvino-genai==2026.4.1.0")
+#: optimum-executorch as its users install it: it pins transformers 5.0.0rc1 (and brings executorch 1.5.1, hfexport's).
+OPTIMUM_EXECUTORCH_REQUIREMENTS = ("optimum-executorch==1.1.0",)
 #: transformers.js from npm; onnxruntime-node bundles its CPU binary (its install script only fetches CUDA extras).
 NODE_PACKAGES = {"@huggingface/transformers": "4.3.2"}
 CLIENTS = Path(__file__).resolve().parent / "clients"
@@ -136,6 +138,12 @@ def genai_venv(requirements: tuple[str, ...] = GENAI_REQUIREMENTS) -> Path:
 def openvino_genai_venv() -> Path:
     """A venv with OpenVINO GenAI (`OPENVINO_GENAI_REQUIREMENTS`), built once; returns its python."""
     return peer_venv(OPENVINO_GENAI_REQUIREMENTS, torch=False)
+
+
+def optimum_executorch_venv() -> Path:
+    """A venv with optimum-executorch (`OPTIMUM_EXECUTORCH_REQUIREMENTS`, on CPU torch), built once; returns its
+    python."""
+    return peer_venv(OPTIMUM_EXECUTORCH_REQUIREMENTS)
 
 
 def node_modules(packages: dict[str, str] | None = None) -> Path:
