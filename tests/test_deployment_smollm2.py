@@ -1,8 +1,8 @@
 """A real checkpoint end to end in the LLM runtimes (issue 27): SmolLM2-135M-Instruct exported with a plain OpenVINO
 generation recipe, the gate running OpenVINO GenAI and optimum-intel on it, published as a pull request on the local
 Hub, downloaded from `refs/pr/N` and run through LLMPipeline (and optimum-intel) on chat prompts, token for token at
-f32 against `model.generate`; and the same for the plain ExecuTorch target in TextLLMRunner (the LLM runner's
-contract). Slow: a 135M-parameter checkpoint and a minute or more of export."""
+f32 against `model.generate`; and the same for the plain ExecuTorch target in TextLLMRunner and optimum-executorch
+(the LLM runner's contract). Slow: a 135M-parameter checkpoint and a minute or more of export."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def test_llm_pipeline_runs_the_pull_request_on_chat_prompts(published, smollm2, 
     assert "openvino_genai.LLMPipeline" in card and "OVModelForCausalLM.from_pretrained" in card
 
 
-# ExecuTorch's LLM runner: the plain ExecuTorch generation target (the runner's contract: model.pte holding its cache,
-# model.ptd, tokenizer.json), the recipe's sample prompts being the chat prompts as the chat template writes them
+# ExecuTorch's LLM runner: the plain ExecuTorch generation target (the runner's contract: model.pte holding its cache
+# and weights, tokenizer.json), the recipe's sample prompts being the chat prompts as the chat template writes them
 # (TextLLMRunner takes text and, SmolLM2's template starting with its BOS id, no extra BOS).
 PTE_TARGET = "pte-llm"
 
@@ -98,8 +98,14 @@ def chat_texts(model_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def published_pte(hub, smollm2, tmp_path_factory):
-    """The job with its ExecuTorch target (the gate running TextLLMRunner) and its PR: (report, repo, pr number)."""
+def optimum_executorch_env():
+    return {"HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH": str(peers.optimum_executorch_venv())}
+
+
+@pytest.fixture(scope="module")
+def published_pte(hub, smollm2, optimum_executorch_env, tmp_path_factory):
+    """The job with its ExecuTorch target (the gate running TextLLMRunner and optimum-executorch) and its PR:
+    (report, repo, pr number)."""
     import json
 
     from hfexport.job.run import run_job
@@ -114,7 +120,10 @@ def published_pte(hub, smollm2, tmp_path_factory):
         "targets": {PTE_TARGET: {"export_format": "executorch", "mode": "generation",
                                  "parity": {"generate": {"max_new_tokens": MAX_NEW}}}}}))
     output = tmp_path_factory.mktemp("smollm2-pte")
-    report = run_job(smollm2, output, recipe=recipe, latency=False)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in optimum_executorch_env.items():
+            patch.setenv(key, value)
+        report = run_job(smollm2, output, recipe=recipe, latency=False)
     result = publish(output, repo, mode="pr", token=hub.write_token)
     return report, repo, result.pr_num
 
@@ -122,23 +131,28 @@ def published_pte(hub, smollm2, tmp_path_factory):
 def test_the_gate_ran_textllmrunner_on_the_pte(published_pte):
     target = published_pte[0].targets[PTE_TARGET]
     assert target.status == "ok", target.error
-    check = {check["runtime"]: check for check in target.runtimes}["executorch-llm-runner"]
-    assert check["verdict"] == PASSED, check
+    checks = {check["runtime"]: check for check in target.runtimes}
+    assert checks["executorch-llm-runner"]["verdict"] == PASSED, checks
+    assert checks["optimum-executorch"]["verdict"] == PASSED, checks
 
 
-def test_textllmrunner_runs_the_pull_request_on_chat_prompts(published_pte, smollm2, hub, tmp_path):
+def test_textllmrunner_runs_the_pull_request_on_chat_prompts(published_pte, smollm2, hub, tmp_path,
+                                                             optimum_executorch_env, monkeypatch):
     from huggingface_hub import snapshot_download
 
     _, repo, num = published_pte
     files = set(hub.list_files(repo, f"refs/pr/{num}"))
-    assert {"executorch/model.pte", "executorch/model.ptd", "executorch/tokenizer.json", "executorch/config.json",
+    assert {"executorch/model.pte", "executorch/tokenizer.json", "executorch/config.json",
             "executorch/generation_config.json"} <= files
+    assert "executorch/model.ptd" not in files  # the weights are inside: optimum-executorch reads no .ptd
     local = Path(snapshot_download(repo, revision=f"refs/pr/{num}", allow_patterns=["executorch/*"],
                                    cache_dir=tmp_path / "hub-cache", token=hub.write_token))
     request = generation_request(smollm2, chat_texts(smollm2), MAX_NEW)
+    for key, value in optimum_executorch_env.items():
+        monkeypatch.setenv(key, value)
     checks = run_checks("executorch", local / "executorch", request)
-    runner = {check.runtime: check for check in checks}["executorch-llm-runner"]
-    assert runner.verdict == PASSED, runner.reason
+    for check in checks:  # TextLLMRunner and optimum-executorch, each on the downloaded files
+        assert check.verdict == PASSED, (check.runtime, check.reason)
     # hfexport's own generate reads the same files, token for token
     import torch
 

@@ -1,7 +1,8 @@
-"""ExecuTorch generation exports in the LLM runner's contract (issue 27): one `model.pte` that holds its KV cache and
-the runner's metadata methods, its weights in `model.ptd`, `tokenizer.json` beside them; ExecuTorch's own
-`TextLLMRunner` runs them as its users do, token for token against `model.generate`, in the gate and from the README's
-snippet; hfexport's `generate` runs the same files."""
+"""ExecuTorch generation exports in the LLM runner's contract (issue 27): one `model.pte` that holds its KV cache, its
+weights and the runner's metadata methods, `tokenizer.json` beside it; ExecuTorch's own `TextLLMRunner` and
+optimum-executorch run them as their users do, token for token against `model.generate`, in the gate and from the
+README's snippets; hfexport's `generate` runs the same files, and a program hfexport 0.1 published with its weights in
+`model.ptd` still loads."""
 
 from __future__ import annotations
 
@@ -19,9 +20,24 @@ TARGET = "pte-llm"
 
 
 @pytest.fixture(scope="session")
-def pte_llama(session_dir, tiny_llama):
+def optimum_executorch():
+    """optimum-executorch's own environment (hfexport.testing.peers), built once and cached."""
+    from hfexport.testing import peers
+
+    try:
+        return peers.optimum_executorch_venv()
+    except peers.PeerSetupError as error:
+        pytest.fail(f"optimum-executorch's environment could not be built: {error}")
+
+
+@pytest.fixture(scope="session")
+def pte_llama(session_dir, tiny_llama, optimum_executorch):
     """tiny-llama with a recipe whose ExecuTorch generation target says nothing of its layout (the default), exported
-    by a job with the gate's runtimes on, once per session."""
+    by a job with the gate's runtimes on (TextLLMRunner beside hfexport, optimum-executorch in its venv), once per
+    session."""
+    import os
+    from unittest import mock
+
     from hfexport.job.run import run_job
 
     model = session_dir / "pte-llama-model"
@@ -35,7 +51,8 @@ def pte_llama(session_dir, tiny_llama):
     recipe["default_target"] = TARGET
     (model / "export_config.json").write_text(json.dumps(recipe))
     output = session_dir / "pte-llama"
-    report = run_job(model, output, latency=False)
+    with mock.patch.dict(os.environ, {"HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH": str(optimum_executorch)}):
+        report = run_job(model, output, latency=False)
     return output / TARGET, report
 
 
@@ -50,11 +67,10 @@ def test_the_default_executorch_generation_target_is_the_runners_program(pte_lla
     folder, report = pte_llama
     target = report.targets[TARGET]
     assert target.status == "ok", target.error
-    assert {"model.pte", "model.ptd", "tokenizer.json", "config.json", "generation_config.json"} <= \
+    assert {"model.pte", "tokenizer.json", "config.json", "generation_config.json"} <= \
         {path.name for path in folder.iterdir()}
-    # the weights are in the .ptd: the program is a fraction of it
-    assert (folder / "model.pte").stat().st_size < (folder / "model.ptd").stat().st_size / 4
-    program = Runtime.get().load_program(folder / "model.pte", data_path=str(folder / "model.ptd"))
+    assert not (folder / "model.ptd").exists()  # the weights are inside: optimum-executorch reads no .ptd
+    program = Runtime.get().load_program(folder / "model.pte")
     methods = set(program.method_names)
     assert {"forward", "get_max_seq_len", "get_max_context_len", "use_kv_cache", "enable_dynamic_shape",
             "use_sdpa_with_kv_cache", "get_eos_ids", "get_bos_id", "get_vocab_size"} <= methods
@@ -64,9 +80,33 @@ def test_the_default_executorch_generation_target_is_the_runners_program(pte_lla
     check = runtimes["executorch-llm-runner"]
     assert check["verdict"] == PASSED, check
     assert check["version"] == "1.5.1" and check["batch_sizes"] == [1]
-    # optimum-executorch 1.1.0 loads model.pte alone (deployment/optimum_executorch.py): said, not failed
-    assert runtimes["optimum-executorch"]["verdict"] == NOT_CHECKED
-    assert "model.ptd" in runtimes["optimum-executorch"]["reason"]
+    check = runtimes["optimum-executorch"]
+    assert check["verdict"] == PASSED, check
+    assert check["version"] == "1.1.0" and check["batch_sizes"] == [1]
+
+
+def test_the_program_returns_the_last_positions_logits(pte_llama, tiny_llama):
+    """The runners read only the last position's logits (TextLLMRunner's `logits_to_token`, optimum-executorch's
+    `logits[0, -1]`), so the program computes no others, as executorch's own Llama export: the same values as the
+    model's last position."""
+    import torch
+    from executorch.runtime import Runtime
+    from transformers import AutoModelForCausalLM
+
+    from hfexport.executorch_llm import register_custom_ops
+
+    register_custom_ops()
+    folder, report = pte_llama
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["components"]["model"]["metadata"]["export_config"]["last_logits"] is True
+    method = Runtime.get().load_program(folder / "model.pte").load_method("forward")
+    ids = torch.tensor([[1, 15, 65, 30, 43]])
+    (logits,) = method.execute([ids, torch.arange(ids.shape[1])])
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(ids).logits[:, -1:]
+    assert logits.shape == want.shape == (1, 1, model.config.vocab_size)
+    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
 
 
 def test_the_program_attends_through_executorchs_llm_kernels(pte_llama):
@@ -148,6 +188,94 @@ def test_the_readme_snippet_runs_the_export_in_textllmrunner(pte_llama, tiny_lla
     assert first.strip() and first.encode() in done.stdout
 
 
+def test_the_readme_snippet_runs_the_export_in_optimum_executorch(pte_llama, tiny_llama, llama_texts, tmp_path,
+                                                                   optimum_executorch):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / TARGET).symlink_to(pte_llama[0])
+    script = tmp_path / "snippet.py"
+    script.write_text(readme_snippet("readme-llm-optimum-executorch"))
+    done = subprocess.run([str(optimum_executorch), str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    ids = tokenizer(llama_texts[0], return_tensors="pt").input_ids  # the README's prompt is the first sample
+    new = model.generate(ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)[0, ids.shape[1]:].tolist()
+    printed = done.stdout.strip().splitlines()[-1]
+    assert printed.startswith(str(new[:new.index(1) + 1] if 1 in new else new)), (printed, new)
+
+
+def test_optimum_executorch_that_differs_crashes_is_absent_or_meets_a_ptd(pte_llama, optimum_executorch, monkeypatch,
+                                                                          tmp_path):
+    """A wrong expectation fails at its first differing token; a crash fails with its message; no environment, or a
+    folder whose weights are in model.ptd (as hfexport 0.1 published them), is not checked, with the reason."""
+    from hfexport.deployment import optimum_executorch as runtime
+
+    folder = pte_llama[0]
+    wrong = GenerationRequest([[1, 15, 65]], [[5, 6, 7]], 3, [1])
+    monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(optimum_executorch))
+    check = runtime.check(folder, wrong)
+    assert check.verdict == FAILED and check.first_difference["position"] == 0, check
+    crash = tmp_path / "crash"
+    crash.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
+    crash.chmod(0o755)
+    monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(crash))
+    crashed = runtime.check(folder, wrong)
+    assert crashed.verdict == FAILED and "exited 139" in crashed.reason
+    monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(tmp_path / "no-python"))
+    absent = runtime.check(folder, wrong)
+    assert absent.verdict == NOT_CHECKED and "HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH" in absent.reason
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    for file in folder.iterdir():
+        (legacy / file.name).symlink_to(file)
+    (legacy / "model.ptd").write_bytes(b"")
+    assert "model.ptd" in runtime.check(legacy, wrong).reason
+    assert runtime.check(tmp_path, wrong).verdict == NOT_CHECKED  # not the runner's contract
+
+
+def test_a_program_published_with_its_weights_in_model_ptd_still_loads(tiny_llama, llama_texts, tmp_path,
+                                                                        monkeypatch):
+    """hfexport 0.1 published the LLM runner program with its weights in `model.ptd` beside it; such a folder still
+    loads (the loader hands ExecuTorch the data file) and generates token for token. Made here as 0.1 wrote it: the
+    program's constants tagged external, the data file written beside the `.pte`."""
+    import shutil
+
+    import executorch.exir
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hfexport import load
+    from hfexport.executorch_llm import export
+
+    real_config, real_write = executorch.exir.ExecutorchBackendConfig, executorch.exir.ExecutorchProgramManager.write_to_file
+
+    def write_with_data(manager, file):
+        real_write(manager, file)
+        manager.write_tensor_data_to_file(str(Path(file.name).parent))
+
+    monkeypatch.setattr(executorch.exir, "ExecutorchBackendConfig",
+                        lambda **options: real_config(external_constants=lambda node: "model", **options))
+    monkeypatch.setattr(executorch.exir.ExecutorchProgramManager, "write_to_file", write_with_data)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    exported = export(model, None, {"max_cache_len": 64})
+    monkeypatch.undo()
+    folder = tmp_path / "published-by-0.1"
+    exported.save_pretrained(folder, tokenizer=tokenizer)
+    shutil.copyfile(Path(exported.components["model"].program.path).with_suffix(".ptd"), folder / "model.ptd")
+    loaded = load(folder)
+    ids = tokenizer(llama_texts[:1], return_tensors="pt").input_ids
+    want = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(loaded.generate(ids, max_new_tokens=8), want)
+    (folder / "model.ptd").unlink()  # the program needs it: without it, no silent garbage
+    with pytest.raises(Exception, match="model.ptd|external|data"):
+        load(folder).generate(ids, max_new_tokens=8)
+
+
 def test_an_executorch_target_that_asks_for_the_engines_graphs_keeps_them():
     from hfexport.recipe.model import Target
 
@@ -173,9 +301,12 @@ def test_the_card_shows_the_runner_snippet_only_when_it_passed(pte_llama):
     report = copy.deepcopy(pte_llama[1])
     places = {TARGET: Place("executorch")}
     text = "\n".join(loading_snippets("me/llama", report, places))  # the gate passed it
-    assert 'TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json", f"{local}/model.ptd")' in text
-    report.targets[TARGET].runtimes = [{"runtime": "executorch-llm-runner", "verdict": "failed", "reason": "differs"}]
-    assert "TextLLMRunner" not in "\n".join(loading_snippets("me/llama", report, places))
+    assert 'TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json")' in text
+    assert "ExecuTorchModelForCausalLM.from_pretrained(local)" in text
+    report.targets[TARGET].runtimes = [{"runtime": "executorch-llm-runner", "verdict": "failed", "reason": "differs"},
+                                       {"runtime": "optimum-executorch", "verdict": "not_checked", "reason": "absent"}]
+    text = "\n".join(loading_snippets("me/llama", report, places))
+    assert "TextLLMRunner" not in text and "ExecuTorchModelForCausalLM" not in text
 
 
 def test_inverse_transpose_pairs_are_dropped_from_the_traced_program():

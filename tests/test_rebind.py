@@ -97,7 +97,10 @@ def test_a_push_of_new_weights_is_rebound_into_every_format_and_gated(model, pre
         assert changed - {"export_report.json"}, name
         assert not changed & {MANIFEST_FILE, "config.json", "export_config.json"}
         assert all(not file.endswith((".xml",)) for file in changed), changed
-        if name.startswith("pte"):  # the weights are in each program's .ptd: the .pte files are byte-identical
+        if name == LLM_TARGET:  # the LLM runner program keeps its weights inside: its .pte is rewritten in place
+            assert "model.pte" in changed and not list((output / name).glob("*.ptd")), changed
+            assert len(after["model.pte"]) == len(before[name]["model.pte"])
+        elif name.startswith("pte"):  # the weights are in each program's .ptd: the .pte files are byte-identical
             programs = [file for file in after if file.endswith(".pte")]
             assert programs and not changed & set(programs), changed
             assert {file for file in changed if file.endswith(".ptd")} == {p[:-4] + ".ptd" for p in programs}
@@ -206,10 +209,10 @@ def test_a_corrupted_weight_map_is_caught_by_the_gate(previous_exports, checkpoi
 
 def test_the_llm_programs_map_and_a_corrupted_one_caught_by_the_gate_and_textllmrunner(previous_exports, checkpoints,
                                                                                        tmp_path):
-    """The LLM runner program wraps the model in `TorchExportableModuleWithStaticCache`: its `.ptd` names the
-    constants with the wrapper's prefix (`model.model.norm.weight`) and XNNPACK's weights by hash, and its static KV
-    cache is a mutable buffer the program plans in memory, neither stored nor a weight. The map still covers every
-    state_dict key. Two same-shaped weights swapped in that map: the rebound program fails the gate
+    """The LLM runner program wraps the model in `TorchExportableModuleWithStaticCache` and keeps its weights inside:
+    the portable ops' constants in its constant segment, XNNPACK's weights as named data keyed by hash (the tied
+    embedding once in each), and its static KV cache is a mutable buffer the program plans in memory, neither stored
+    nor a weight. The map still covers every state_dict key. Two same-shaped weights swapped in that map: the rebound program fails the gate
     (`ExportedModel.generate` against `model.generate`) and ExecuTorch's TextLLMRunner both."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -224,8 +227,8 @@ def test_the_llm_programs_map_and_a_corrupted_one_caught_by_the_gate_and_textllm
     manifest = json.loads((source / MANIFEST_FILE).read_text())
     weight_map = manifest["weight_map"]
     by_key = {entry["parts"][0]["keys"][0]: entry for entry in weight_map["tensors"]}
-    assert by_key["model.norm.weight"]["name"] == "ptd:model.model.norm.weight"  # state_dict key -> .ptd key
-    assert by_key["lm_head.weight"]["file"] == "model.pte" and by_key["lm_head.weight"]["name"].startswith("ptd:")
+    assert all(entry["file"] == "model.pte" for entry in weight_map["tensors"])  # no .ptd
+    assert by_key["lm_head.weight"]["name"].startswith("named:")  # XNNPACK's head
     stored = [name for entries in stored_tensors(source, manifest).values() for name in entries]
     assert not [name for name in stored if "cache" in name.lower()], stored  # the KV cache is not stored
     assert not weight_map["uncovered"] and not weight_map["unmapped"] and not weight_map["degenerate"]
@@ -237,7 +240,7 @@ def test_the_llm_programs_map_and_a_corrupted_one_caught_by_the_gate_and_textllm
     tokenizer = AutoTokenizer.from_pretrained(new)
     folder = tmp_path / LLM_TARGET
     assert rebind_copy(source, folder, manifest, model) > 0
-    assert (folder / "model.pte").read_bytes() == (source / "model.pte").read_bytes()
+    assert (folder / "model.pte").stat().st_size == (source / "model.pte").stat().st_size
     plan = build_plan(load_recipe(json.loads((new / "export_config.json").read_text())), LLM_TARGET, model, None,
                       tokenizer, source=new)
     verification = verify_exported(folder, model, plan, tokenizer)
