@@ -151,9 +151,7 @@ def test_a_runner_that_differs_crashes_or_is_absent(pte_llama, monkeypatch, tmp_
     with monkeypatch.context() as patched:
         patched.setattr(executorch_llm_runner, "interpreter", lambda runtime, name: None)
         assert [check.verdict for check in run_checks("executorch", folder, wrong)] == [NOT_CHECKED, NOT_CHECKED]
-    crash = tmp_path / "crash"
-    crash.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
-    crash.chmod(0o755)
+    crash = crashing_interpreter(tmp_path)
     monkeypatch.setenv("HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER", str(crash))
     crashed = executorch_llm_runner.check(folder, wrong)
     assert crashed.verdict == FAILED and "exited 139" in crashed.reason
@@ -161,6 +159,14 @@ def test_a_runner_that_differs_crashes_or_is_absent(pte_llama, monkeypatch, tmp_
     not_text = executorch_llm_runner.check(folder, GenerationRequest(prompts, [[5]], 1, [1]))
     assert not_text.verdict == NOT_CHECKED and "text" in not_text.reason
     assert executorch_llm_runner.check(tmp_path, wrong).verdict == NOT_CHECKED  # not the runner's contract
+
+
+def crashing_interpreter(folder: Path) -> Path:
+    """A "python" that dies as a segfaulting runtime does: the gate must fail the check with its message."""
+    crash = folder / "crash"
+    crash.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
+    crash.chmod(0o755)
+    return crash
 
 
 def readme_snippet(marker: str) -> str:
@@ -219,9 +225,7 @@ def test_optimum_executorch_that_differs_crashes_is_absent_or_meets_a_ptd(pte_ll
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(optimum_executorch))
     check = runtime.check(folder, wrong)
     assert check.verdict == FAILED and check.first_difference["position"] == 0, check
-    crash = tmp_path / "crash"
-    crash.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
-    crash.chmod(0o755)
+    crash = crashing_interpreter(tmp_path)
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(crash))
     crashed = runtime.check(folder, wrong)
     assert crashed.verdict == FAILED and "exited 139" in crashed.reason
