@@ -28,11 +28,13 @@ def package_versions() -> dict[str, str]:
 
     versions = {}
     for name in PACKAGES:
+        if name == "hfexport":  # the source's own: an editable install's metadata keeps the version it was installed at
+            versions[name] = __version__
+            continue
         try:
             versions[name] = metadata.version(name.replace("_", "-"))
         except metadata.PackageNotFoundError:
-            if name == "hfexport":
-                versions[name] = __version__
+            pass
     return versions
 
 
