@@ -168,7 +168,9 @@ def export(model, engine_config, generation: dict):
     inputs = {"input_ids": torch.zeros((1, prompt), dtype=torch.long), "cache_position": torch.arange(prompt)}
     seq = torch.export.Dim("seq", min=1, max=max_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
-    with _static_generation_config(model), _attention(model) as attention, _last_position_logits(model):
+    # _attention checks the kernels against the model's full logits, so the last-position cut comes after it
+    with _static_generation_config(model), _attention(model) as attention, \
+            _last_position_logits(model) as last_logits:
         if attention == CUSTOM_SDPA:
             module = _custom_ops_module(model, max_len).eval()
         else:
@@ -191,7 +193,7 @@ def export(model, engine_config, generation: dict):
     export_config = {key: value for key, value in engine.items()
                      if isinstance(value, (str, int, float, bool)) or value is None}
     export_config.update({MARKER: True, "max_seq_len": max_len, "strict": True, ATTENTION: attention,
-                          LAST_LOGITS: _keeps_last_logits(model)})
+                          LAST_LOGITS: last_logits})
     metadata = ExportMetadata(
         architecture=type(model).__name__,
         packages=_versions(),
@@ -219,28 +221,23 @@ def _plain_full_attention(model, max_len: int) -> bool:
     return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
 
 
-def _keeps_last_logits(model) -> bool:
-    """The model's forward takes `logits_to_keep` (transformers' causal LMs do): the program computes the logits of
-    the last position only."""
-    import inspect
-
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
-
-
 @contextlib.contextmanager
 def _last_position_logits(model):
     """Within the block, the model's forward computes the logits of the last position alone (`logits_to_keep=1`),
-    where it takes that argument: what executorch's own Llama export does (`generate_full_logits=False`). Both
+    where it takes that argument (transformers' causal LMs do; yields whether it does): what executorch's own Llama
+    export does (`generate_full_logits=False`). Both
     runners read only the last position (TextLLMRunner's `logits_to_token` takes the last row of `[1, seq, vocab]`,
     optimum-executorch's `generate` `logits[0, -1]`), and the language-model head over every prompt position is a
     fifth of SmolLM2's prefill (49152 x 576 of its 135M weights, per token)."""
-    if not _keeps_last_logits(model):
-        yield
+    import inspect
+
+    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        yield False
         return
     own = model.__dict__.get("forward")  # an instance's own forward (a hook's), put back after
     model.forward = functools.partial(model.forward, logits_to_keep=1)
     try:
-        yield
+        yield True
     finally:
         if own is None:
             del model.forward
