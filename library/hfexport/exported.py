@@ -7,7 +7,6 @@ import contextlib
 import functools
 import inspect
 import os
-import re
 from pathlib import Path
 
 from transformers.exporters import ExportedComponent
@@ -28,7 +27,7 @@ from hfexport.errors import (
 from hfexport.executorch_data import DATA_PATH, data_name, separated, write_data
 from hfexport.files import RECIPE_COPY_FILE
 from hfexport.generate import DECODE, generate
-from hfexport.hub import hub_error
+from hfexport.hub import HubRepo, hub_error, snapshot_commit
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
 from hfexport import onnx_float16, onnx_seq2seq, preparers
@@ -540,42 +539,22 @@ def _hub_fetcher(repo_id: str, subfolder: str, revision: str, token, cache_dir, 
                  local_files_only: bool):
     """`fetch(name, required)`: download one file of the export folder at the pinned commit and return its checked
     path (inside that commit's snapshot folder, or the repo's blob store the snapshot links to); None for an
-    optional file the repo lacks."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
-
+    optional file the repo lacks (a 404; the Hub failing raises). An optional file already known absent at that
+    commit (`model.onnx.data` of a publication, which names it `model.onnx_data`; `generation_config.json` of a
+    forward export) is not asked for again (`HubRepo.known_absent`)."""
+    repo = HubRepo(repo_id, revision, token, cache_dir=cache_dir)
     source = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
 
     def fetch(name: str, required: bool) -> Path | None:
         check_file_name(name, source)
-        if not required and not force_download and _known_absent(repo_id, _join(subfolder, name), revision,
-                                                                   cache_dir):
-            return None
-        try:
-            file = Path(hf_hub_download(repo_id, name, subfolder=subfolder or None, revision=revision, token=token,
-                                        cache_dir=cache_dir, force_download=force_download,
-                                        local_files_only=local_files_only))
-        except EntryNotFoundError:
+        file = repo.download(_join(subfolder, name), force_download=force_download, local_files_only=local_files_only)
+        if file is None:
             if required:
-                raise CorruptExportError(f"{source}/{name}: missing (named by {MANIFEST_FILE})") from None
+                raise CorruptExportError(f"{source}/{name}: missing (named by {MANIFEST_FILE})")
             return None
-        except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-            raise hub_error(error, repo_id, f"downloading {_join(subfolder, name)}", revision=revision,
-                            token=token) from None
         return _checked_cached(file, name, subfolder, source)
 
     return fetch
-
-
-def _known_absent(repo_id: str, path: str, revision: str, cache_dir) -> bool:
-    """Whether the Hub cache records `path` as absent at commit `revision`: huggingface_hub notes each 404 it got for
-    a file at a commit (`.no_exist/<commit>/`), and a commit never changes, so an optional file (`model.onnx.data`
-    of a publication, which names it `model.onnx_data`; `generation_config.json` of a forward export) is not asked
-    for again on every load. Only at a full commit id: a branch may gain the file."""
-    from huggingface_hub import _CACHED_NO_EXIST, try_to_load_from_cache
-
-    return bool(re.fullmatch(r"[0-9a-f]{40}", revision)) and \
-        try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=revision) is _CACHED_NO_EXIST
 
 
 def _checked_cached(file: Path, name: str, subfolder: str, source: str) -> Path:
@@ -656,27 +635,19 @@ def _hub_target_folder(repo_id: str, subfolder: str, target: str, revision: str,
     """Where target `target` is published in `repo_id` at `revision`, as (folder, prefix of its hfexport files; see
     `_local_target_folder`): one `model_info` request gives the branch's commit and its file list, and the small
     recipe copy of each published place, read at that commit (from the cache, once downloaded: no request), names
-    it."""
-    from huggingface_hub import HfApi, hf_hub_download
-
-
+    it. The Hub failing raises (`SourceError`): an unreachable Hub is never "no such target"."""
     if local_files_only:  # no listing without the Hub: the folder a target of that name would have by default
         return _join(subfolder, legacy_folder(target)), ""
-    try:
-        info = HfApi().model_info(repo_id, revision=revision, token=token)
-    except Exception:  # noqa: BLE001 - the manifest download below says what is wrong, in its words
-        return _join(subfolder, legacy_folder(target)), ""
+    repo = HubRepo(repo_id, revision, token, cache_dir=cache_dir)
+    info = repo.info()
     commit = info.sha or revision
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
     paths = {sibling.rfilename[len(prefix):] for sibling in info.siblings or ()
              if sibling.rfilename.startswith(prefix)}
 
     def read(name: str) -> str | None:
-        try:
-            return Path(hf_hub_download(repo_id, prefix + name, revision=commit, token=token,
-                                        cache_dir=cache_dir)).read_text(encoding="utf-8")
-        except Exception:  # noqa: BLE001 - an unreadable copy names no target
-            return None
+        data = repo.read(prefix + name, revision=commit)
+        return None if data is None else data.decode("utf-8", errors="replace")  # an unreadable copy names no target
 
     found = target_places(paths, read)
     if target not in found:
@@ -703,48 +674,32 @@ def _targets_hint(targets: list[str]) -> str:
 def _checked_hub_manifest(repo_id: str, subfolder: str, revision: str, token, cache_dir, force_download: bool,
                           local_files_only: bool, prefix: str = "") -> tuple[str, dict]:
     """Download and check `<subfolder>/<prefix>export.json`: the commit it came from (which pins every later
-    download), and the checked manifest."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
-
+    download), and the checked manifest. Only the Hub's 404 means "not an exported model"."""
     where = f"{repo_id}@{revision}" + (f"/{subfolder}" if subfolder else "")
     manifest = prefix + MANIFEST_FILE
-    try:
-        file = hf_hub_download(repo_id, manifest, subfolder=subfolder or None, revision=revision, token=token,
-                               cache_dir=cache_dir, force_download=force_download, local_files_only=local_files_only)
-    except EntryNotFoundError as error:
-        if isinstance(error, LocalEntryNotFoundError):
-            raise SourceError(f"{where}: {manifest} is not in the local cache and the Hub cannot be reached") from None
+    file = HubRepo(repo_id, revision, token, cache_dir=cache_dir).download(
+        _join(subfolder, manifest), force_download=force_download, local_files_only=local_files_only)
+    if file is None and local_files_only:
+        raise SourceError(f"{where}: {manifest} is not in the local cache (local_files_only)")
+    if file is None:
         raise SourceError(f"no {manifest} at {where}: not an exported model"
-                          + _targets_hint(_hub_targets(repo_id, revision, token))) from None
-    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-        raise hub_error(error, repo_id, f"reading {manifest} from {where}", revision=revision, token=token) from None
-    commit = _snapshot_commit(Path(file)) or revision
+                          + _targets_hint(_hub_targets(repo_id, revision, token)))
+    commit = snapshot_commit(Path(file)) or revision
     label = f"{repo_id}@{commit}" + (f"/{subfolder}" if subfolder else "")
     checked = _checked_cached(Path(file), manifest, subfolder, label)
     return commit, check_manifest_file(checked, f"{where}/{manifest}")
 
 
-def _snapshot_commit(file: Path) -> str | None:
-    """The commit a cached file belongs to: huggingface_hub stores it under `snapshots/<commit>/`."""
-    for parent in file.parents:
-        if parent.parent.name == "snapshots":
-            return parent.name
-    return None
-
-
 def _hub_targets(repo_id: str, revision: str, token) -> list[str]:
-    """The names of the targets published in `repo_id` at `revision` (for an error's hint)."""
-    from huggingface_hub import HfApi, hf_hub_download
+    """The names of the targets published in `repo_id` at `revision` (for an error's hint; none when the Hub fails
+    now: the error it hints at is already raised)."""
+    repo = HubRepo(repo_id, revision, token)
 
     def read(path: str) -> str | None:
-        try:
-            return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(encoding="utf-8")
-        except Exception:  # noqa: BLE001 - an unreadable copy names no target
-            return None
+        data = repo.read(path)
+        return None if data is None else data.decode("utf-8", errors="replace")
 
     try:
-        files = set(HfApi().list_repo_files(repo_id, revision=revision, token=token))
-    except Exception:  # noqa: BLE001 - only a hint for an error message
+        return sorted(target_folders(set(repo.files()), read))
+    except HfExportError:  # only a hint for an error message
         return []
-    return sorted(target_folders(files, read))

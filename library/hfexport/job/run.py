@@ -31,7 +31,7 @@ from hfexport.files import (
     save_atomically,
     write_json_atomic,
 )
-from hfexport.hub import hub_error, looks_like_repo_id
+from hfexport.hub import HubRepo, looks_like_repo_id
 from hfexport.inputs import check_sample_places, sample_spec
 from hfexport.job.compare import compare_job_targets
 from hfexport.job.parallel import (
@@ -75,12 +75,7 @@ def resolve_source(model: str | Path, revision: str | None, token: str | None) -
         return {"model": str(model), "revision": None, "commit": None, "content_hash": local_content_hash(path)}
     if not looks_like_repo_id(str(model)):
         raise SourceError(f"{model}: no such folder, and not a Hub repo id")
-    from huggingface_hub import HfApi
-
-    try:
-        info = HfApi().model_info(str(model), revision=revision, token=token, files_metadata=True)
-    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-        raise hub_error(error, str(model), "reading the model's files", revision=revision, token=token) from None
+    info = HubRepo(str(model), revision, token).info(files_metadata=True, action="reading the model's files")
 
     # content_hash: the model files' sha256, so publishing exports into the same repo (a new commit) is no change,
     # and a folder with the same files has the same hash.

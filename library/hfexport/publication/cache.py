@@ -18,7 +18,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from hfexport.errors import HfExportError
 from hfexport.files import MANIFEST_FILE, REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.hub import HubRepo
 from hfexport.layout import export_folders, in_export_folder, published_name, target_places
 from hfexport.publication.publish import find_open_publication
 from hfexport.recipe.model import Target
@@ -74,9 +76,7 @@ def hub_content_hash(repo_id: str, commit: str, siblings, token: str | None = No
     """`local_content_hash` of a Hub revision, without downloading LFS files: the Hub gives their sha256; the
     others (small by the Hub's rules: configs, tiny weights) are downloaded into the cache and hashed once, the
     sha256 remembered by git blob id (which names the content) in `HF_HOME/hfexport/sha256-by-blob.json`."""
-    from huggingface_hub import hf_hub_download
-
-
+    repo = HubRepo(repo_id, commit, token)
     entries, known, learned = [], _blob_digests(), {}
     published = export_folders(sibling.rfilename for sibling in siblings or [])
     for sibling in siblings or []:
@@ -88,7 +88,7 @@ def hub_content_hash(repo_id: str, commit: str, siblings, token: str | None = No
         if not digest and blob in known:
             digest = known[blob]
         if not digest:
-            path = Path(hf_hub_download(repo_id, sibling.rfilename, revision=commit, token=token))
+            path = repo.download(sibling.rfilename, required=True)
             digest = file_sha256(path)
             if blob and git_blob_sha1(path) == blob:  # remember only what was verified to be that blob
                 learned[blob] = digest
@@ -168,22 +168,16 @@ def find_local(output: Path, name: str, key: str) -> CacheHit | None:
 
 def find_published(repo_id: str, name: str, key: str, revisions: list[str], token: str | None) -> CacheHit | None:
     """Target `name`'s `export_report.json` where a publication put it (hfexport.layout: `onnx/`, ..., or an older
-    publication's `exports/<name>/`; a variant's `<stem>.export_report.json`) at one of `revisions` of `repo_id`, with the same key and status ok."""
-    from huggingface_hub import HfApi, hf_hub_download
-
-
+    publication's `exports/<name>/`; a variant's `<stem>.export_report.json`) at one of `revisions` of `repo_id`, with
+    the same key and status ok. A Hub that cannot be read gives no hit (the target is exported), never a wrong one."""
     for revision in revisions:
+        repo = HubRepo(repo_id, revision, token)
         try:
-            files = set(HfApi().list_repo_files(repo_id, revision=revision, token=token))
-
-            def read(path: str) -> str:
-                return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(encoding="utf-8")
-
-            place = target_places(files, read).get(name)
+            place = target_places(set(repo.files()), repo.read_text).get(name)
             if place is None:
                 continue
-            path = hf_hub_download(repo_id, place.path(REPORT_FILE), revision=revision, token=token)
-            previous = JobReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8"))).targets.get(name)
+            previous = JobReport.from_dict(json.loads(repo.read_text(place.path(REPORT_FILE), required=True))
+                                           ).targets.get(name)
         except Exception:  # noqa: BLE001 - absent, private, unreachable or unreadable: not a hit
             continue
         if previous is not None and previous.cache_key == key and previous.status == "ok":
@@ -196,7 +190,7 @@ def published_revisions(repo_id: str, token: str | None, base: str = "main") -> 
     """Where a repo's published exports may be: the open hfexport PR's head, then `base`."""
     try:
         open_pr = find_open_publication(repo_id, base, token)
-    except Exception:  # noqa: BLE001 - no access to discussions: the branch alone
+    except HfExportError:  # no access to discussions: the branch alone
         open_pr = None
     return ([f"refs/pr/{open_pr.num}"] if open_pr else []) + [base]
 
@@ -223,25 +217,20 @@ def fetch_published_export(repos: list[str], name: str, key: str, destination: P
     """Download target `name`'s published export whose weight map has rebind key `key` (hfexport.rebind) from the
     first of `repos` that has one (its open hfexport PR's head, then its branch) into `destination`, under the names
     the job saves (`published_name` undone: `X.onnx_data` back to `X.onnx.data`, a variant's stem dropped), so it
-    reads as `OUTPUT/<name>/` would. Returns where it came from (`repo@revision`), or None."""
-    from huggingface_hub import HfApi, hf_hub_download
-
+    reads as `OUTPUT/<name>/` would. Returns where it came from (`repo@revision`), or None (also when the Hub cannot
+    be read: the target is then exported in full)."""
     for repo_id in dict.fromkeys(repos):
         for revision in published_revisions(repo_id, token):
+            repo = HubRepo(repo_id, revision, token)
             try:
-                files = set(HfApi().list_repo_files(repo_id, revision=revision, token=token))
-
-                def read(path: str, repo_id=repo_id, revision=revision) -> str:
-                    return Path(hf_hub_download(repo_id, path, revision=revision, token=token)).read_text(
-                        encoding="utf-8")
-
-                place = target_places(files, read).get(name)
+                files = set(repo.files())
+                place = target_places(files, repo.read_text).get(name)
                 if place is None or place.manifest not in files:
                     continue
-                manifest = json.loads(read(place.manifest))
+                manifest = json.loads(repo.read_text(place.manifest, required=True))
                 if (manifest.get("weight_map") or {}).get("rebind_key") != key:
                     continue
-                report_text = read(place.path(REPORT_FILE))
+                report_text = repo.read_text(place.path(REPORT_FILE), required=True)
                 previous = JobReport.from_dict(json.loads(report_text)).targets.get(name)
             except Exception:  # noqa: BLE001 - absent, private, unreachable or unreadable: not a source
                 continue
@@ -256,8 +245,7 @@ def fetch_published_export(repos: list[str], name: str, key: str, destination: P
 def _download_target(repo_id: str, revision: str, place, previous: TargetReport, destination: Path,
                      token: str | None) -> bool:
     """The files of a published target into `destination` under their local names; False if any is missing."""
-    from huggingface_hub import hf_hub_download
-
+    repo = HubRepo(repo_id, revision, token)
     export_format = previous.export_format
     names = {entry["path"]: published_name(place, entry["path"], export_format) for entry in previous.files}
     local_of = {published: local for local, published in names.items()}
@@ -265,10 +253,10 @@ def _download_target(repo_id: str, revision: str, place, previous: TargetReport,
     try:
         for local, published in names.items():
             path = f"{place.folder}/{published}" if place.folder else published
-            file = Path(hf_hub_download(repo_id, path, revision=revision, token=token))
+            file = repo.download(path, required=True)
             (destination / local).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(file, destination / local)
-    except Exception:  # noqa: BLE001 - a file that cannot be downloaded: not a source
+    except (HfExportError, OSError):  # a file that cannot be downloaded: not a source
         return False
     manifest = json.loads((destination / MANIFEST_FILE).read_text(encoding="utf-8"))
     for entry in manifest.get("components", {}).values():

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,9 @@ from hfexport.errors import (
     register_secret,
 )
 from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE, file_sha256, git_blob_sha1
-from hfexport.hub import hub_error, looks_like_repo_id
+from hfexport.hub import HubRepo, PullRequest, looks_like_repo_id
+from hfexport.hub import marker_line as hub_marker_line
+from hfexport.hub import parse_marker as hub_marker
 from hfexport.layout import (
     DEFAULT_NAMES,
     LayoutError,
@@ -54,8 +55,7 @@ from hfexport.report.model import JobReport, TargetReport
 README = "README.md"
 ROOT_CONFIG = "config.json"
 TITLE_PREFIX = "hfexport:"
-MARKER = "hfexport:publication"
-_MARKER_RE = re.compile(r"<!--\s*hfexport:publication\s+(\{.*?\})\s*-->", re.S)
+MARKER_KIND = "publication"  # the PR description's `<!-- hfexport:publication {...} -->` (hfexport.hub.marker_line)
 MODES = ("pr", "commit")
 
 
@@ -70,14 +70,7 @@ class PublishResult:
     left_out: dict[str, str] = field(default_factory=dict)  # target -> why it was not published
 
 
-@dataclass
-class OpenPublication:
-    """An open hfexport pull request: its number, URL, first comment (the description) and marker."""
-
-    num: int
-    url: str
-    description_id: str | None
-    marker: dict
+OpenPublication = PullRequest  # an open hfexport pull request: number, URL, description and marker fields
 
 
 @dataclass
@@ -121,20 +114,13 @@ def publication_key(repo_id: str, base: str) -> str:
 def marker_line(key: str, content: str, source: str | None = None) -> str:
     """The PR description's hidden marker: the publication's key, its content hash and the source commit it was built
     from (what the webhook receiver compares the branch head with when it reconciles)."""
-    fields = {"key": key, "content": content, **({"source": source} if source else {})}
-    return f"<!-- {MARKER} {json.dumps(fields, sort_keys=True)} -->"
+    return hub_marker_line(MARKER_KIND, {"key": key, "content": content, **({"source": source} if source else {})})
 
 
 def parse_marker(text: str | None) -> dict | None:
     """The publication marker of a PR description, or None."""
-    match = _MARKER_RE.search(text or "")
-    if not match:
-        return None
-    try:
-        value = json.loads(match.group(1))
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) and isinstance(value.get("key"), str) else None
+    value = hub_marker(text, MARKER_KIND)
+    return value if value is not None and isinstance(value.get("key"), str) else None
 
 
 def resolve_token(token: str | None) -> str | None:
@@ -147,22 +133,13 @@ def resolve_token(token: str | None) -> str | None:
     return token or None
 
 
-def find_open_publication(repo_id: str, base: str = "main", token: str | None = None, api=None) -> OpenPublication | None:
-    """The open hfexport PR of `repo_id` whose marker has this publication's key, or None."""
-    from huggingface_hub import HfApi
-
-    api = api or HfApi()
+def find_open_publication(repo_id: str, base: str = "main", token: str | None = None,
+                          repo: HubRepo | None = None) -> OpenPublication | None:
+    """The open hfexport PR of `repo_id` whose marker has this publication's key, or None (`repo`: the client to use;
+    the Hub failing raises its `error_class`, never None)."""
     key = publication_key(repo_id, base)
-    for discussion in api.get_repo_discussions(repo_id, discussion_type="pull_request", discussion_status="open",
-                                               token=token):
-        if not discussion.title.startswith(TITLE_PREFIX):
-            continue
-        details = api.get_discussion_details(repo_id, discussion.num, token=token)
-        first = next((event for event in details.events if event.type == "comment"), None)
-        marker = parse_marker(getattr(first, "content", None))
-        if marker and marker["key"] == key and (details.target_branch or f"refs/heads/{base}").endswith(base):
-            return OpenPublication(discussion.num, details.url, getattr(first, "id", None), marker)
-    return None
+    return (repo or HubRepo(repo_id, base, token)).find_pull_request(
+        MARKER_KIND, title_prefix=TITLE_PREFIX, base=base, matches=lambda marker: marker.get("key") == key)
 
 
 def publish(
@@ -213,12 +190,10 @@ def publish(
         raise PublishError("publishing needs a Hub token with write access: pass --token, set HF_TOKEN or run "
                            "`hf auth login`")
 
-    from huggingface_hub import HfApi
-
-    api = HfApi(token=token)
+    repo = HubRepo(repo_id, base, token, error_class=PublishError)
     emit(Step("publish", "start", detail=f"{repo_id} ({mode})"))
     try:
-        result = _publish(api, output, repo_id, chosen, mode=mode, base=base, token=token, allow_failed=allow_failed,
+        result = _publish(repo, output, repo_id, chosen, mode=mode, base=base, token=token, allow_failed=allow_failed,
                           left_out=left_out)
     except PublishError as error:
         emit(Step("publish", "error", detail=str(error)))
@@ -232,11 +207,11 @@ def publish(
 # ── the steps ────────────────────────────────────────────────────────────────
 
 
-def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: str, base: str, token: str,
+def _publish(repo: HubRepo, output: Path, repo_id: str, chosen: list[_Target], *, mode: str, base: str, token: str,
              allow_failed: bool, left_out: dict[str, str]) -> PublishResult:
+    api = repo.api
     _ensure_repo(api, repo_id, base, mode, token)
-    open_pr = _call(lambda: find_open_publication(repo_id, base, token, api), repo_id, "looking for an open hfexport PR") \
-        if mode == "pr" else None
+    open_pr = find_open_publication(repo_id, base, token, repo) if mode == "pr" else None
     if not chosen:  # every target was a cache hit against the Hub: nothing local to publish
         return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None,
                              None, repo_id, [])
@@ -338,23 +313,19 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
                                                commit_description=description, revision=base, parent_commit=head,
                                                token=token), repo_id, f"committing to {base}")
         return PublishResult("committed", None, None, info.oid, repo_id, files)
+    done = repo.open_or_update_pull_request(
+        operations, title=f"{TITLE_PREFIX} add exports ({names})", description=description, pull_request=open_pr,
+        update_message=f"{TITLE_PREFIX} update {names}",
+        update_description=marker_line(key, content, source) + "\n\n" + "\n".join(changes), parent_commit=head)
     if open_pr is None:
-        info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"{TITLE_PREFIX} add exports ({names})",
-                                               commit_description=description, revision=base, create_pr=True,
-                                               parent_commit=head, token=token), repo_id, "opening a pull request")
         if superseded is not None:
-            _close_superseded(api, repo_id, superseded, info.pr_num, token)
-        if info.pr_num:  # the number is known now: the description's snippet names this PR's revision
-            _fill_description(api, repo_id, info.pr_num, _description(key, content, card_report, card_places, failed,
-                                                                      changes, left_out, stale, source, info.pr_num),
-                              token)
-        return PublishResult("opened", info.pr_url, info.pr_num, info.oid, repo_id, files)
-    info = _call(lambda: api.create_commit(repo_id, operations, commit_message=f"{TITLE_PREFIX} update {names}",
-                                           commit_description=marker_line(key, content, source) + "\n\n" + "\n".join(changes),
-                                           revision=f"refs/pr/{open_pr.num}", parent_commit=head, token=token),
-                 repo_id, f"pushing to refs/pr/{open_pr.num}")
-    _after_update(api, repo_id, open_pr, info.oid, description, changes, failed, token)
-    return PublishResult("updated", open_pr.url, open_pr.num, info.oid, repo_id, files)
+            _close_superseded(repo, superseded, done.num)
+        if done.num:  # the number is known now: the description's snippet names this PR's revision
+            repo.set_description(done.num, _description(key, content, card_report, card_places, failed, changes,
+                                                        left_out, stale, source, done.num))
+        return PublishResult("opened", done.url, done.num, done.commit, repo_id, files)
+    _after_update(repo, open_pr, done.commit, description, changes, failed)
+    return PublishResult("updated", open_pr.url, open_pr.num, done.commit, repo_id, files)
 
 
 def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str, base_tree: dict, after: set[str],
@@ -462,41 +433,20 @@ def _owner_edited_readme(api, repo_id: str, num: int, base: str, base_tree: dict
     return (at_fork.get(README) or {}).get("oid") != (base_tree.get(README) or {}).get("oid")
 
 
-def _close_superseded(api, repo_id: str, old: OpenPublication, new_num: int | None, token: str) -> None:
+def _close_superseded(repo: HubRepo, old: OpenPublication, new_num: int | None) -> None:
     """Close the PR a fresh one replaced, saying which; the new PR is already open, so this only warns."""
-    try:
-        api.comment_discussion(repo_id, old.num, f"Superseded by #{new_num}: the README changed on the target branch "
-                               "since this pull request was opened, so hfexport opened a fresh one from the branch's "
-                               "current head (it merges cleanly) with every target this one held.", token=token)
-        api.change_discussion_status(repo_id, old.num, "closed", token=token)
-    except Exception:  # noqa: BLE001 - the publication itself succeeded
-        pass
+    repo.close_pull_request(old.num, f"Superseded by #{new_num}: the README changed on the target branch since this "
+                            "pull request was opened, so hfexport opened a fresh one from the branch's current head "
+                            "(it merges cleanly) with every target this one held.")
 
 
-def _fill_description(api, repo_id: str, num: int, description: str, token: str) -> None:
-    """A new PR's description, rewritten with its number; the PR is already open, so a failure only warns (the
-    description then has no "try it" snippet rather than a wrong one)."""
-    try:
-        details = api.get_discussion_details(repo_id, num, token=token)
-        first = next((event for event in details.events if event.type == "comment"), None)
-        if first is not None:
-            api.edit_discussion_comment(repo_id, num, first.id, description, token=token)
-    except Exception:  # noqa: BLE001 - the publication itself succeeded
-        pass
-
-
-def _after_update(api, repo_id: str, open_pr: OpenPublication, commit: str, description: str, changes: list[str],
-                  failed: list[str], token: str) -> None:
+def _after_update(repo: HubRepo, open_pr: OpenPublication, commit: str, description: str, changes: list[str],
+                  failed: list[str]) -> None:
     """Comment what changed on the PR and refresh its description; the commit is already in, so these only warn."""
     warning = _failed_banner(failed) + "\n\n" if failed else ""
-    comment = warning + f"hfexport pushed {commit[:12]}:\n\n" + "\n".join(f"- {line}" for line in changes)
-    for action in (lambda: api.comment_discussion(repo_id, open_pr.num, comment, token=token),
-                   lambda: open_pr.description_id and api.edit_discussion_comment(
-                       repo_id, open_pr.num, open_pr.description_id, description, token=token)):
-        try:
-            action()
-        except Exception:  # noqa: BLE001 - the publication itself succeeded; the comment is a courtesy
-            pass
+    repo.comment(open_pr.num, warning + f"hfexport pushed {commit[:12]}:\n\n" + "\n".join(f"- {line}" for line in changes))
+    if open_pr.description_id:
+        repo.set_description(open_pr.num, description, open_pr.description_id)
 
 
 # ── local side ───────────────────────────────────────────────────────────────
@@ -602,7 +552,7 @@ def _ensure_repo(api, repo_id: str, base: str, mode: str, token: str) -> None:
     except Exception as error:  # noqa: BLE001 - mapped to one readable line
         status = getattr(getattr(error, "response", None), "status_code", None)
         if not isinstance(error, RepositoryNotFoundError) or status == 401:
-            raise hub_error(error, repo_id, "reading the repo", error_class=PublishError) from None
+            raise HubRepo(repo_id, error_class=PublishError).error(error, "reading the repo", base) from None
     if mode != "commit":
         raise PublishError(f"repository {repo_id} not found, or the token cannot see it: a pull request needs an "
                            "existing repo (use --commit to create one)")
@@ -616,7 +566,7 @@ def _remote_tree(api, repo_id: str, revision: str, token: str, paths: list[str] 
             api.list_repo_tree(repo_id, recursive=True, revision=revision, token=token)
         entries = list(entries)
     except Exception as error:  # noqa: BLE001
-        raise hub_error(error, repo_id, f"listing the files of {revision[:12]}", error_class=PublishError) from None
+        raise HubRepo(repo_id, error_class=PublishError).error(error, f"listing the files of {revision[:12]}") from None
     return {
         entry.path: {"oid": entry.blob_id, "sha256": entry.lfs.sha256 if entry.lfs else None, "size": entry.size}
         for entry in entries if hasattr(entry, "blob_id")
@@ -640,21 +590,13 @@ def _same_remote(a: _RemoteTarget | None, b: _RemoteTarget | None) -> bool:
 
 
 def _download(repo_id: str, path: str, revision: str, token: str) -> Path:
-    from huggingface_hub import hf_hub_download
-
-    return Path(hf_hub_download(repo_id, path, revision=revision, token=token))
+    return HubRepo(repo_id, revision, token, error_class=PublishError).download(path, required=True)
 
 
 def _download_text(repo_id: str, path: str, revision: str, token: str) -> str | None:
-    """A text file at `revision`, decoded from its exact bytes (CRLF kept), or None when absent."""
-    from huggingface_hub.errors import EntryNotFoundError
-
-    try:
-        return _download(repo_id, path, revision, token).read_bytes().decode("utf-8")
-    except EntryNotFoundError:
-        return None
-    except Exception as error:  # noqa: BLE001
-        raise hub_error(error, repo_id, f"reading {path}", error_class=PublishError) from None
+    """A text file at `revision`, decoded from its exact bytes (CRLF kept), or None when absent (a 404: the Hub
+    failing or unreachable raises `PublishError`, so a README is never taken for missing and overwritten)."""
+    return HubRepo(repo_id, revision, token, error_class=PublishError).read_text(path)
 
 
 def _remote_report(repo_id: str, revision: str, place: Place, name: str, token: str) -> JobReport | None:
@@ -814,9 +756,5 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, P
 
 
 def _call(function, repo_id: str, action: str):
-    try:
-        return function()
-    except PublishError:
-        raise
-    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-        raise hub_error(error, repo_id, action, error_class=PublishError) from None
+    """`function()` (an `HfApi` call), its failure raised as one readable `PublishError` line."""
+    return HubRepo(repo_id, error_class=PublishError).call(function, action)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfexport.errors import SourceError
-from hfexport.hub import hub_error
+from hfexport.hub import HubRepo
 from hfexport.publication.publish import find_open_publication
 
 
@@ -35,23 +34,11 @@ def publication_record(repo_id: str, base: str = "main", token: str | None = Non
 
     Raises `SourceError` (one line, no token) when the Hub cannot be read; a missing branch gives `head=None`.
     """
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import RevisionNotFoundError
-
-    api = HfApi(token=token)
-    try:
-        head = api.repo_info(repo_id, revision=base, token=token).sha
-    except RevisionNotFoundError:
-        return PublicationRecord(repo_id, None)
-    except Exception as error:  # noqa: BLE001 - one readable line
-        raise hub_error(error, repo_id, f"reading {base}", revision=base, token=token) from None
-    if not with_pr:
+    repo = HubRepo(repo_id, base, token)
+    head = repo.head()  # None: no such branch; the Hub failing raises SourceError
+    if head is None or not with_pr:
         return PublicationRecord(repo_id, head)
-    try:
-        found = find_open_publication(repo_id, base, token, api)
-    except Exception as error:  # noqa: BLE001
-        raise hub_error(error, repo_id, "looking for an open hfexport PR", token=token,
-                        error_class=SourceError) from None
+    found = find_open_publication(repo_id, base, token, repo)
     if found is None:
         return PublicationRecord(repo_id, head)
     return PublicationRecord(repo_id, head, found.num, found.marker.get("source"))

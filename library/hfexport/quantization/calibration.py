@@ -5,8 +5,8 @@ Sources (a target's `quantization.calibration.source`):
 - `texts`: texts written inline in the recipe;
 - `repo_file`: a `.txt`/`.jsonl`/`.json`/`.csv` file in the model repo (a local folder, or a Hub repo through
   huggingface_hub at the revision being exported);
-- `dataset`: such a file in a Hub dataset repo (`repo`, `revision`, `path`, `field`), downloaded with
-  `hf_hub_download(repo_type="dataset")`.
+- `dataset`: such a file in a Hub dataset repo (`repo`, `revision`, `path`, `field`), downloaded through
+  `hfexport.hub.HubRepo` (a missing file is a recipe problem; an unreachable Hub is an error, never "no file").
 
 Files are parsed as data only (JSON, CSV, lines); nothing downloaded is executed. Texts are grouped in batches of the
 sample inputs' batch size and tokenized with the same function as sample inputs, so a calibration batch has the keys
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import PlanError, register_secret
-from hfexport.hub import hub_error
+from hfexport.hub import HubRepo
 from hfexport.inputs import _tokenizer_of, text_inputs
 from hfexport.quantization.spec import FILE_SUFFIXES, sample_texts
 
@@ -144,19 +144,11 @@ def _read_local(folder: Path, relative: str, where: str) -> bytes:
 
 
 def _download(repo_id: str, filename: str, repo_type: str, revision: str | None, token: str | None, where: str) -> bytes:
-    """One file of a Hub repo through huggingface_hub; errors are one line, tokens redacted."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
-
+    """One file of a Hub repo (hfexport.hub): absent is a recipe problem; the Hub failing is one readable line."""
     kind = "dataset repo" if repo_type == "dataset" else "repo"
-    try:
-        path = Path(hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision, token=token))
-    except EntryNotFoundError as error:
-        if isinstance(error, LocalEntryNotFoundError):
-            raise hub_error(error, repo_id, f"reading {filename}", revision=revision, token=token, where=where) from None
-        raise PlanError(f"{where}.path: no file {filename} in the {kind} {repo_id}") from None
-    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
-        raise hub_error(error, repo_id, f"reading {filename}", revision=revision, token=token, where=where) from None
+    path = HubRepo(repo_id, revision, token, repo_type=repo_type, where=where).download(filename)
+    if path is None:
+        raise PlanError(f"{where}.path: no file {filename} in the {kind} {repo_id}")
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise PlanError(f"{where}.path: {filename} is {size} bytes; calibration files are read up to {MAX_FILE_BYTES}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hfexport.errors import Problem, RecipeError, RecipeNotFoundError, SourceError
 from hfexport.files import RECIPE_FILE
-from hfexport.hub import hub_file, looks_like_repo_id
+from hfexport.hub import HubRepo, looks_like_repo_id
 from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
 from hfexport.recipe.validation import MAX_RECIPE_BYTES, config_problems, parse_recipe_text
 
@@ -52,10 +52,11 @@ def recipe_from_folder(folder: str | Path) -> Recipe:
 def recipe_from_hub(repo_id: str, revision: str | None = None, token: str | None = None) -> Recipe:
     """Read a repo's recipe: only `export_config.json` or `config.json` are downloaded, never weights."""
     at = f"{repo_id}@{revision}" if revision else repo_id
-    data = hub_file(repo_id, RECIPE_FILE, revision, token)
+    repo = HubRepo(repo_id, revision, token)
+    data = repo.read(RECIPE_FILE)
     if data is not None:
         return recipe_from_text(data, f"{at}/{RECIPE_FILE}")
-    config = hub_file(repo_id, CONFIG_FILE, revision, token)
+    config = repo.read(CONFIG_FILE)
     if config is not None:
         recipe = _recipe_from_config(config, f"{at}/{CONFIG_FILE}")
         if recipe is not None:
@@ -75,7 +76,7 @@ def model_config(source: str | Path, revision: str | None = None, token: str | N
         data = _read_file(config_path) if config_path.is_file() else None
         where = str(config_path)
     elif isinstance(source, str) and looks_like_repo_id(source) and not path.suffix == ".json":
-        data = hub_file(source, CONFIG_FILE, revision, token)
+        data = HubRepo(source, revision, token).read(CONFIG_FILE)
         where = f"{source}/{CONFIG_FILE}"
     else:
         return None

@@ -20,7 +20,7 @@ from typing import Any
 
 from hfexport.errors import RecipeError, SourceError
 from hfexport.files import RECIPE_FILE
-from hfexport.hub import hub_file
+from hfexport.hub import HubRepo
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE
 from hfexport.recipe.model import recipe_from_document, recipe_from_text
 from hfexport.recipe.validation import parse_recipe_text
@@ -180,10 +180,11 @@ def read_recipe_text(source: str | Path, revision: str | None = None, token: str
                               (CONFIG_FIELD,))
         raise SourceError(f"no recipe in {path}: expected {RECIPE_FILE} or an `{CONFIG_FIELD}` field in {CONFIG_FILE}")
     at = f"{source}@{revision}" if revision else str(source)
-    data = hub_file(str(source), RECIPE_FILE, revision, token)
+    repo = HubRepo(str(source), revision, token)
+    data = repo.read(RECIPE_FILE)
     if data is not None:
         return RecipeText(data.decode("utf-8", errors="replace"), f"{at}/{RECIPE_FILE}", RECIPE_FILE)
-    data = hub_file(str(source), CONFIG_FILE, revision, token)
+    data = repo.read(CONFIG_FILE)
     if data is not None:
         return RecipeText(data.decode("utf-8", errors="replace"), f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})", CONFIG_FILE,
                           (CONFIG_FIELD,))

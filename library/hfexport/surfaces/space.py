@@ -46,6 +46,7 @@ from typing import Any
 from hfexport.errors import (
     HfExportError,
     Problem,
+    PublishError,
     RecipeError,
     RecipeNotFoundError,
     first_line,
@@ -53,7 +54,7 @@ from hfexport.errors import (
     register_secret,
 )
 from hfexport.files import RECIPE_FILE, human_bytes
-from hfexport.hub import hub_file, looks_like_repo_id, search_models
+from hfexport.hub import HubRepo, looks_like_repo_id, marker_line, search_models
 from hfexport.job import init
 from hfexport.job.dispatch import TERMINAL, HfJobs, estimate_memory, job_result, job_steps
 from hfexport.job.preflight import available_memory
@@ -69,7 +70,8 @@ from hfexport.surfaces.worker import JobWorker, settings_from
 
 GRADIO_MOCK_OAUTH_TOKEN = "mock-oauth-token-for-local-dev"
 RECIPE_PR_TITLE = "Add an hfexport export recipe (export_config.json)"
-RECIPE_PR_MARKER = "<!-- hfexport:recipe-proposal -->"
+RECIPE_PR_KIND = "recipe-proposal"
+RECIPE_PR_MARKER = marker_line(RECIPE_PR_KIND)  # "<!-- hfexport:recipe-proposal -->"
 
 
 # ── Settings ─────────────────────────────────────────────────────────────────
@@ -379,16 +381,16 @@ def fetch_recipe(model: str, revision: str | None, token: str | None) -> Fetched
         recipe, invalid = None, error
     try:
         config = model_config(model, revision, read_token)
-    except HfExportError:  # an unreadable config.json: the recipe is still checked on its own
+    except RecipeError:  # an unreadable config.json: the recipe is still checked on its own (the Hub failing raises)
         config = None
     if recipe is not None:
         check = check_recipe_text(recipe_text(recipe), recipe.source or at, config)
         return FetchedRecipe(source=recipe.source or at, text=check.pretty or check.text, check=check, config=config)
-    raw = hub_file(model, RECIPE_FILE, revision, read_token)
+    raw = HubRepo(model, revision, read_token).read(RECIPE_FILE)
     source = f"{at}/{RECIPE_FILE}"
     if raw is None:  # the recipe is the `export_config` field of config.json
         source = f"{at}/{CONFIG_FILE} ({CONFIG_FIELD})"
-        document = json.loads(hub_file(model, CONFIG_FILE, revision, read_token) or b"{}")
+        document = json.loads(HubRepo(model, revision, read_token).read(CONFIG_FILE) or b"{}")
         raw = pretty_json(document.get(CONFIG_FIELD))[0].encode() if isinstance(document, dict) else b""
     text = raw.decode("utf-8", errors="replace")
     check = check_recipe_text(text, source)
@@ -454,7 +456,7 @@ def sample_kinds(model: str, revision: str | None, token: str | None) -> list[st
     documents = []
     for name in PROCESSOR_FILES:
         try:
-            raw = hub_file(model, name, revision, token or False)
+            raw = HubRepo(model, revision, token or False).read(name)
             documents.append(json.loads(raw) if raw else None)
         except (HfExportError, ValueError):
             continue
@@ -977,28 +979,14 @@ def propose_recipe(repo_id: str, document: dict, token: str, revision: str | Non
     One open proposal per repo: it is found by its marker, gets a new commit when the recipe differs, and is left
     alone when it already holds these exact bytes. The recipe is validated again here; an invalid one is refused.
     """
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import CommitOperationAdd
 
     recipe_from_document(document, "proposed recipe")  # raises RecipeError with every problem
-    register_secret(token)
-    api = HfApi(token=token)
+    repo = HubRepo(repo_id, None, token, error_class=PublishError)
     content = pretty_json(document)[0].encode("utf-8")
-    for discussion in api.get_repo_discussions(repo_id, discussion_type="pull_request", discussion_status="open"):
-        if discussion.title != RECIPE_PR_TITLE:
-            continue
-        details = api.get_discussion_details(repo_id, discussion.num)
-        first = next((event for event in details.events if getattr(event, "type", None) == "comment"), None)
-        if first is None or RECIPE_PR_MARKER not in (getattr(first, "content", "") or ""):
-            continue
-        ref = f"refs/pr/{discussion.num}"
-        current = _read_hub_file(api, repo_id, RECIPE_FILE, ref)
-        url = discussion.url
-        if current == content:
-            return Proposal("unchanged", repo_id, discussion.num, url)
-        api.create_commit(repo_id, [CommitOperationAdd(RECIPE_FILE, content)], commit_message="Update the export recipe",
-                          revision=ref)
-        api.comment_discussion(repo_id, discussion.num, "Updated the proposed export recipe.")
-        return Proposal("updated", repo_id, discussion.num, url)
+    open_pr = repo.find_pull_request(RECIPE_PR_KIND, title_prefix=RECIPE_PR_TITLE)
+    if open_pr is not None and repo.read(RECIPE_FILE, revision=f"refs/pr/{open_pr.num}") == content:
+        return Proposal("unchanged", repo_id, open_pr.num, open_pr.url)
     description = "\n".join([
         RECIPE_PR_MARKER,
         f"This pull request adds `{RECIPE_FILE}`, an export recipe for hfexport: which formats this model "
@@ -1006,9 +994,12 @@ def propose_recipe(repo_id: str, document: dict, token: str, revision: str | Non
         "",
         f"Check it locally with `{validate_command(repo_id, revision)}`.",
     ])
-    info = api.create_commit(repo_id, [CommitOperationAdd(RECIPE_FILE, content)], commit_message=RECIPE_PR_TITLE,
-                             commit_description=description, create_pr=True)
-    return Proposal("opened", repo_id, int(info.pr_num), info.pr_url)
+    done = repo.open_or_update_pull_request([CommitOperationAdd(RECIPE_FILE, content)], title=RECIPE_PR_TITLE,
+                                            description=description, pull_request=open_pr,
+                                            update_message="Update the export recipe")
+    if open_pr is not None:
+        repo.comment(open_pr.num, "Updated the proposed export recipe.")
+    return Proposal(done.action, repo_id, int(done.num), done.url)
 
 
 def verified_recipe(recipe_document: dict | None, report) -> dict | None:
@@ -1031,16 +1022,6 @@ def finalize_proposal(document: dict, verified: dict | None) -> tuple[dict, bool
         return document, False
     formats = [target.get("export_format") for target in targets.values()]
     return {**bare, "validated_with": init.validated_with(formats)}, True
-
-
-def _read_hub_file(api, repo_id: str, filename: str, revision: str) -> bytes | None:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
-
-    try:
-        return Path(hf_hub_download(repo_id, filename, revision=revision, token=api.token)).read_bytes()
-    except EntryNotFoundError:
-        return None
 
 
 # ── Run on my Hugging Face Jobs ──────────────────────────────────────────────
