@@ -426,6 +426,7 @@ class LocalHub:
             self.add_token(Token(GRADIO_MOCK_OAUTH_TOKEN, owner, "write"))
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status), most recent last
         self._faults: dict[str, list[str | int]] = {}
+        self._path_faults: list[list] = []  # [endpoint, path suffix, mode, times left]
         self._faults_lock = threading.Lock()
         self.timeout_s = 5.0  # how long a "timeout" fault holds the request before closing without an answer
         self.jobs = _Jobs(self)
@@ -515,8 +516,9 @@ class LocalHub:
 
     # -- fault injection ---------------------------------------------------------------------------------------------
 
-    def inject_fault(self, endpoint: str, mode: str | int = "drop", times: int = 1) -> None:
-        """Make the next `times` requests to `endpoint` fail.
+    def inject_fault(self, endpoint: str, mode: str | int = "drop", times: int = 1, path: str | None = None) -> None:
+        """Make the next `times` requests to `endpoint` fail (only those whose URL path ends with `/<path>` when
+        `path` is given, e.g. `inject_fault("resolve", 500, path="README.md")`: one file unreachable, the rest not).
 
         Endpoints: commit, preupload, resolve, repo_info, tree, paths_info, refs, commits, create_repo, delete_repo,
         discussions, discussion, discussion_change, merge, whoami, branch, tag, settings, list_repos, jobs_run,
@@ -530,11 +532,15 @@ class LocalHub:
         if mode not in FAULT_MODES and not isinstance(mode, int):
             raise ValueError(f"unknown fault mode {mode!r}; expected one of {FAULT_MODES} or an HTTP status")
         with self._faults_lock:
-            self._faults.setdefault(endpoint, []).extend([mode] * times)
+            if path is not None:
+                self._path_faults.append([endpoint, "/" + path.lstrip("/"), mode, times])
+            else:
+                self._faults.setdefault(endpoint, []).extend([mode] * times)
 
     def clear_faults(self) -> None:
         with self._faults_lock:
             self._faults.clear()
+            self._path_faults.clear()
 
     @property
     def fail_next_commit(self) -> str | int | None:
@@ -551,8 +557,14 @@ class LocalHub:
         else:
             self.inject_fault("commit", mode)
 
-    def _take_fault(self, endpoint: str) -> str | int | None:
+    def _take_fault(self, endpoint: str, path: str = "") -> str | int | None:
         with self._faults_lock:
+            for fault in self._path_faults:
+                if fault[0] == endpoint and unquote(path).endswith(fault[1]):
+                    fault[3] -= 1
+                    if fault[3] <= 0:
+                        self._path_faults.remove(fault)
+                    return fault[2]
             queue = self._faults.get(endpoint)
             return queue.pop(0) if queue else None
 
@@ -1642,7 +1654,7 @@ class _Handler(BaseHTTPRequestHandler):
             except HubError:
                 self._read_body()
                 raise
-            fault = hub._take_fault(endpoint)
+            fault = hub._take_fault(endpoint, split.path)
             if fault == "drop":
                 self._drop(read_half=True)
                 hub.requests.append((method, self.path, 0))
