@@ -251,9 +251,9 @@ def test_the_publication_record_and_the_webhook_never_take_a_failing_hub_for_no_
     assert publication_record(repo, token=faults.write_token).behind  # nothing published yet
     assert publication_record(repo, "no-branch", faults.write_token).head is None
     faults.inject_fault("repo_info", 500)
-    with pytest.raises(SourceError) as raised:
+    with pytest.raises(SourceError, match=r"the Hub failed \(500\)") as raised:
         publication_record(repo, token=faults.write_token)
-    assert exit_code(raised.value) == 2 and faults.write_token not in str(raised.value)
+    assert exit_code(raised.value) == 2 and raised.value.transient and faults.write_token not in str(raised.value)
     faults.inject_fault("discussions", "drop")
     with pytest.raises(SourceError) as raised:
         publication_record(repo, token=faults.write_token)
@@ -297,3 +297,19 @@ def test_the_space_reads_and_proposes_recipes_only_from_a_hub_it_reached(faults)
     updated = space.propose_recipe(repo, changed, faults.write_token)
     assert (updated.action, updated.pr_num) == ("updated", 1) and len(faults.discussions(repo)) == 1
     assert parse_marker(faults.discussions(repo)[0]["events"][0]["data"]["latest"]["raw"], "recipe-proposal") == {}
+
+
+# ── the memory preflight (hfexport.job.preflight) ────────────────────────────
+
+
+def test_the_preflight_reads_weights_only_from_a_hub_it_reached(faults, tiny_bert):
+    from hfexport.job.preflight import weights_metadata
+
+    repo = unique("preflight")
+    faults.seed_repo(repo, tiny_bert)
+    weights, counts = weights_metadata(repo, None, None)
+    assert weights > 0 and counts
+    faults.inject_fault("resolve", DOWN, path="model.safetensors")
+    with pytest.raises(SourceError) as raised:  # not "not a safetensors repo", then sized from the file list
+        weights_metadata(repo, None, None)
+    assert exit_code(raised.value) == 2 and f"the Hub failed ({DOWN})" in str(raised.value)

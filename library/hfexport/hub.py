@@ -80,6 +80,9 @@ def hub_error(error: BaseException, repo_id: str, action: str, *, revision: str 
     elif is_transport_error(error):
         message = (f"the connection to the Hub dropped while {action} on {repo_id}: {nothing_written} (a commit is "
                    "applied entirely or not at all); run the command again")
+    elif status is not None and status >= 500:
+        message = (f"the Hub failed ({status}) while {action} on {repo_id}"
+                   + (f": {nothing_written}" if writing else "") + "; try again later")
     elif isinstance(error, (OSError, ValueError)) and status is None:
         message = f"cannot reach the Hub for {repo_id} while {action}: {first_line(error)}"
     else:

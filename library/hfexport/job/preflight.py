@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hfexport.errors import HfExportError, redact
 from hfexport.files import human_bytes
+from hfexport.hub import HubRepo
 
 RUNTIME_MB = 1024
 MEMORY_FACTOR = {"dynamo": 3.0, "onnx": 4.0, "openvino": 4.0, "executorch": 4.0}
@@ -93,17 +94,18 @@ def _local_weights(folder: Path) -> tuple[int, dict]:
 
 
 def _hub_weights(repo_id: str, revision: str | None, token: str | None) -> tuple[int, dict]:
-    from huggingface_hub import HfApi
     from huggingface_hub.errors import NotASafetensorsRepoError
 
-    api = HfApi()
+    repo = HubRepo(repo_id, revision, token)
     try:
-        metadata = api.get_safetensors_metadata(repo_id, revision=revision, token=token)
+        metadata = repo.api.get_safetensors_metadata(repo_id, revision=revision)
         counts = dict(metadata.parameter_count)
         return sum(count * DTYPE_BYTES.get(dtype, 4) for dtype, count in counts.items()), counts
     except NotASafetensorsRepoError:
         pass
-    info = api.model_info(repo_id, revision=revision, token=token, files_metadata=True)
+    except Exception as error:  # noqa: BLE001 - every Hub failure becomes one readable line
+        raise repo.error(error, "reading the weights' safetensors headers") from None
+    info = repo.info(files_metadata=True, action="listing the weights")
     total = sum(sibling.size or 0 for sibling in info.siblings or []
                 if sibling.rfilename.endswith((".bin", ".pt", ".pth", ".safetensors")))
     return total, {}
