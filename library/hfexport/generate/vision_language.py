@@ -60,7 +60,7 @@ def image_input_names(exported) -> list[str]:
 
 def image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.Tensor:
     """A VLM prompt's `inputs_embeds`: the `image_encoder` on each prompt's images in turn (it is traced on one
-    prompt's images, see `hfexport.plan.vision_language._image_stages`), their features concatenated in order, then
+    prompt's images, see `hfexport.plan.vision_language.image_stages`), their features concatenated in order, then
     `embed`, which scatters them into the token embeddings at the image tokens. Both are exported graphs: no torch
     model runs."""
     names = image_input_names(exported)

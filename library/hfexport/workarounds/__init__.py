@@ -112,8 +112,8 @@ WORKAROUNDS = (
                      "Qwen2-VL-class *ForConditionalGeneration keeps it on its base model, so a whole-model forward "
                      "traced without positions stops in the rope index's tolist()",
         module="workarounds.transformers_models",
-        applied="plan.tracing._prepared (the plan's shapes, probes, the report's prepared_inputs) and export.run_plan "
-                "(the forward export's inputs)",
+        applied="plan.tracing.traced_inputs (the plan's shapes, probes, the report's prepared_inputs) and "
+                "export.run_plan (the forward export's inputs)",
         canary="tests/test_preparer_families.py::test_the_engine_alone_computes_no_rope_index_for_the_outer_model"),
     Workaround(
         name="transformers-sliding-window-trace",
