@@ -1,5 +1,6 @@
 """Rules of the package's code that an AST walk can check (issue 42): every exception class hfexport defines is an
-`HfExportError` (so that `hfexport.errors.exit_code` and the surfaces treat it as one readable line)."""
+`HfExportError` (so that `hfexport.errors.exit_code` and the surfaces treat it as one readable line), and no module
+uses another module's private names (a name used outside its module is that module's interface: a public name)."""
 
 import ast
 import builtins
@@ -92,3 +93,73 @@ def test_the_errors_keep_their_exit_codes_and_say_where():
     with pytest.raises(LayoutError) as raised:
         assign_places({name: {"export_format": "onnx", "path": "onnx"} for name in ("a", "b")}, {}, set())
     assert raised.value.target in ("a", "b")
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_cross_module_uses(package: Path) -> list[str]:
+    """`file:line: module._name` for each `from module import _name` and `module._name` that reaches into another of
+    the package's modules."""
+    modules = {_module_name(path, package) for path in package.rglob("*.py")}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        own = _module_name(path, package)
+        tree = ast.parse(path.read_text())
+        bound = {}  # a local name -> the package module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = own.split(".") if path.name == "__init__.py" else own.split(".")[:-1]
+                    source = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                if source.split(".")[0] != package.name:
+                    continue
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    if _private(alias.name) and source != own:
+                        found.append(f"{path.relative_to(package.parent)}:{node.lineno}: {source}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                bound.update({alias.asname or alias.name: alias.name for alias in node.names
+                              if alias.name.split(".")[0] == package.name})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                chain, value = [], node.value
+                while isinstance(value, ast.Attribute):
+                    chain.append(value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name) and value.id in bound:
+                    source = ".".join([bound[value.id], *reversed(chain)])
+                    if source in modules and source != own:
+                        found.append(f"{path.relative_to(package.parent)}:{node.lineno}: {source}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    offenders = private_cross_module_uses(PACKAGE)
+    assert not offenders, "private names used outside their module (make them public, or move the code):\n" + \
+        "\n".join(offenders)
+
+
+def test_the_private_name_check_sees_both_forms(tmp_path):
+    package = tmp_path / "hfexport"
+    (package / "plan").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "plan" / "__init__.py").write_text("")
+    (package / "plan" / "shapes.py").write_text("def _resolve():\n    pass\n\ndef resolve():\n    _resolve()\n")
+    (package / "plan" / "build.py").write_text("from hfexport.plan.shapes import _resolve, resolve\n"
+                                               "from . import shapes\nimport hfexport.plan.shapes as named\n"
+                                               "shapes._resolve()\nnamed._resolve()\nresolve()\n")
+    assert sorted(private_cross_module_uses(package)) == [
+        "hfexport/plan/build.py:1: hfexport.plan.shapes._resolve",
+        "hfexport/plan/build.py:4: hfexport.plan.shapes._resolve",
+        "hfexport/plan/build.py:5: hfexport.plan.shapes._resolve",
+    ]
