@@ -2,7 +2,7 @@
 
 A generation target with no `dynamic_shapes` used to export with the engine's `dynamic=True`: every axis of every
 cache tensor `Dim.AUTO`. hfexport now marks only a cache's batch and sequence axes
-(`plan.shapes._default_generation_shapes`).
+(`plan.shapes.default_generation_shapes`).
 This runs the same target both ways in fresh CLI processes, alternated: `default` is the model's recipe as is;
 `all-auto` is the same recipe with every axis of every component input spelled `"auto"`, which is exactly what the
 engine's `dynamic=True` passes to torch.export. Figures: the job report's export seconds (the engine call) and the

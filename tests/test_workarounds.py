@@ -53,3 +53,31 @@ def test_the_checker_sees_a_missing_canary(monkeypatch):
     else:
         raise AssertionError("a missing canary was not reported")
     assert registry.WORKAROUNDS[0].canary != broken.canary
+
+
+def test_every_module_that_registers_a_workaround_is_read_with_the_registry():
+    """`WORKAROUNDS` imports `DEFINING_MODULES` before it answers: a module that registers a workaround and is not
+    listed there would be missing whenever nothing else had imported it."""
+    from hfexport.workarounds import DEFINING_MODULES
+
+    registering = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("workaround", "register_workaround"):
+                parts = path.relative_to(PACKAGE).with_suffix("").parts
+                registering.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    registering.discard("workarounds")  # the registry's own `workaround` decorator calls `register_workaround`
+    assert registering == set(DEFINING_MODULES)
+    assert {entry.module for entry in WORKAROUNDS} == registering
+
+
+def test_the_docs_table_is_the_registry():
+    """docs/architecture.md's workarounds table is `markdown_table(WORKAROUNDS)`, row by row (write it with
+    `python scripts/workarounds_table.py`)."""
+    from hfexport.workarounds import markdown_table
+
+    lines = (ROOT / "docs" / "architecture.md").read_text().splitlines()
+    first = next(index for index, line in enumerate(lines) if line.startswith("| workaround |"))
+    end = next((index for index in range(first, len(lines)) if not lines[index].startswith("|")), len(lines))
+    assert lines[first:end] == markdown_table(WORKAROUNDS).splitlines()
+    assert len(lines[first:end]) == 2 + len(WORKAROUNDS)

@@ -16,6 +16,7 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
+from hfexport.workarounds import workaround
 from hfexport.workarounds.transformers_exporters import (
     CHECKED_WITH,  # noqa: F401 - the version INTERNALS were checked with, named beside them
     EXPORTED_MODEL_RUNNERS,
@@ -76,6 +77,13 @@ def capture_calibration_inputs(*args, **kwargs):
     return internal("capture_calibration_inputs")(*args, **kwargs)
 
 
+@workaround(
+    "transformers-sliding-window-trace",
+    upstream="transformers 5.23.0 (exporters; huggingface/transformers#49542)",
+    works_around="the dynamo exporter traces sliding-window cache layers as full DynamicLayers while eager cuts "
+                 "them to the window, so the engine's eager capture traced a decode the prefill cannot feed",
+    applied="engine.traced_cache_layout around the generation capture and the probes",
+    canary="tests/test_sliding_window.py::test_eager_cuts_the_sliding_layer_to_its_window")
 @contextlib.contextmanager
 def traced_cache_layout() -> Iterator[None]:
     """Within the block, sliding-window cache layers behave as the engine traces them: as a full `DynamicLayer`.

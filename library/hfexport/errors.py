@@ -67,9 +67,20 @@ def first_line(error: BaseException | str, limit: int | None = None) -> str:
 
 
 class HfExportError(Exception):
-    """An expected failure with a readable message: the CLI prints it on one line, no traceback."""
+    """An expected failure with a readable message: the CLI prints it on one line, no traceback.
+
+    Besides the message, what a caller may need to act on it, where the raiser knows it (None otherwise): the recipe
+    `target`, the `file` and the `json_path` (a dotted path in a recipe or manifest) concerned."""
 
     exit_code = EXIT_COULD_NOT_RUN
+    target: str | None = None
+    file: str | None = None
+    json_path: str | None = None
+
+    def __init__(self, *args: object, target: str | None = None, file: str | None = None,
+                 json_path: str | None = None):
+        super().__init__(*args)
+        self.target, self.file, self.json_path = target, file, json_path
 
     def __str__(self) -> str:
         return redact(super().__str__())
@@ -144,3 +155,42 @@ class PublishRefusedError(HfExportError):
     """A publication hfexport will not make: e.g. a target that failed parity, without `allow_failed`."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+class SaveError(HfExportError):
+    """An export that cannot be saved the way its format's runtimes read it (e.g. ONNX graphs whose cache shapes the
+    loaders' contract cannot state, a graph the float16 converter cannot take)."""
+
+
+class SampleError(HfExportError):
+    """A sample file that cannot be used: the message names the file (its name only) and what was expected."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+class PreflightError(HfExportError):
+    """A job that would not fit in memory or on disk: what it needs, what is available, what to do."""
+
+
+class SpaceError(HfExportError):
+    """A request the Space refuses before calling the job API (signed out, not a repo id, nothing to publish)."""
+
+    def __init__(self, category: str, message: str, command: str | None = None):
+        self.category, self.command = category, command
+        super().__init__(message)
+
+
+class DuplicateKeyError(HfExportError, ValueError):
+    """A JSON object names `key` twice (`hfexport.strict_json`; its callers turn it into their own error)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+class RebindRefused(HfExportError):
+    """Why a rebind cannot be made; the job exports instead and reports this sentence (`file`: the export's file)."""
+
+
+class RuntimeClientError(HfExportError, RuntimeError):
+    """A runtime's client crashed, hung, or answered nothing readable: the runtime's check fails with this message."""

@@ -31,7 +31,7 @@ from hfexport.workarounds.onnxscript import onnx_fixes
 from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
-from hfexport.plan.tracing import _engine_config
+from hfexport.plan.tracing import engine_config
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
 
@@ -162,7 +162,7 @@ class RecipeExporter:
     @property
     def config(self):
         """The engine config of the target's options (dims are resolved against inputs by `.plan()`)."""
-        return _engine_config(self.target, self.target.options, None if self.target.dynamic_shapes is None else {})
+        return engine_config(self.target, self.target.options, None if self.target.dynamic_shapes is None else {})
 
     def load_model(self):
         """The source model, loaded with the class the recipe's task or the config names."""

@@ -100,7 +100,7 @@ def _avoid_special_length(encoded: dict, tokenizer, batch: int) -> dict:
     return result
 
 
-def _tokenizer_of(processor):
+def tokenizer_of(processor):
     return getattr(processor, "tokenizer", processor)
 
 
@@ -110,7 +110,7 @@ def text_inputs(texts: list[str], processor, config, max_length: int | None = No
     pad = eos when the tokenizer has no pad token)."""
     import torch
 
-    tokenizer = _tokenizer_of(processor)
+    tokenizer = tokenizer_of(processor)
     if tokenizer is None or not callable(tokenizer):
         vocab = int(_config_value(config, "vocab_size", "sample_inputs.text"))
         generator = torch.Generator().manual_seed(SEED)

@@ -34,6 +34,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from hfexport.errors import HfExportError
 from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
 
 LEGACY_FOLDER = EXPORTS_DIR
@@ -72,8 +73,9 @@ _EIGHT_BIT_WEIGHTS = ("int8_sym", "int8_asym")
 _FOUR_BIT_WEIGHTS = ("int4_sym", "int4_asym")
 
 
-class LayoutError(ValueError):
-    """A target path or file name that is not a plain relative one, or two targets that would share one."""
+class LayoutError(HfExportError, ValueError):
+    """A target path or file name that is not a plain relative one (`json_path`: the recipe field), or two targets
+    that would share one (`target`: one of them)."""
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,16 @@ def check_path(path: object, where: str = "path") -> str:
     """`path` as a normalized relative folder: POSIX parts of letters, digits, `._-`, none starting with a dot (no
     `..`, no hidden folder), not absolute, not the repo root, not `exports/` (the legacy folder is hfexport's)."""
     if not isinstance(path, str) or not path.strip():
-        raise LayoutError(f"{where}: expected a relative folder such as 'onnx' or 'onnx/int8', got {path!r}")
+        raise LayoutError(f"{where}: expected a relative folder such as 'onnx' or 'onnx/int8', got {path!r}",
+                          json_path=where)
     text = path.strip().strip("/") if not path.startswith("/") else path
     parts = text.split("/")
     if path.startswith("/") or "\\" in path or any(not _PART.match(part) for part in parts):
         raise LayoutError(f"{where}: {path!r} is not a relative folder (parts of letters, digits, '._-', none "
-                          "starting with '.'; no '..', no leading '/')")
+                          "starting with '.'; no '..', no leading '/')", json_path=where)
     if parts[0] == LEGACY_FOLDER:
-        raise LayoutError(f"{where}: {path!r} is inside {LEGACY_FOLDER}/, the folder of older publications")
+        raise LayoutError(f"{where}: {path!r} is inside {LEGACY_FOLDER}/, the folder of older publications",
+                          json_path=where)
     return "/".join(parts)
 
 
@@ -127,11 +131,11 @@ def check_file_name(name: object, export_format: str, where: str = "file_name") 
     suffix = _SUFFIXES.get(export_format)
     if not isinstance(name, str) or suffix is None or not name.endswith(suffix):
         raise LayoutError(f"{where}: {name!r} is not a file name for {export_format} (expected '<name>{suffix}', "
-                          f"e.g. {DEFAULT_NAMES.get(export_format, 'model' + str(suffix))!r})")
+                          f"e.g. {DEFAULT_NAMES.get(export_format, 'model' + str(suffix))!r})", json_path=where)
     stem = name[: -len(suffix)]
     if name != DEFAULT_NAMES[export_format] and (not _STEM.match(stem) or stem in RESERVED_STEMS):
         raise LayoutError(f"{where}: {name!r}: the part before {suffix} must be letters, digits, '_' or '-' (no dot, "
-                          f"no folder) and none of {', '.join(sorted(RESERVED_STEMS))}")
+                          f"no folder) and none of {', '.join(sorted(RESERVED_STEMS))}", json_path=where)
     return name
 
 
@@ -272,7 +276,7 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
         clash = [other for other, where in held.items() if other != name and where == place]
         if clash:
             raise LayoutError(f"targets {name!r} and {clash[0]!r} would both be published to {place.label()}: give "
-                              "one of them another `path` or `file_name` in the recipe")
+                              "one of them another `path` or `file_name` in the recipe", target=name)
     return assigned
 
 

@@ -21,6 +21,7 @@ import json
 import re
 from pathlib import Path
 
+from hfexport.errors import SaveError
 from hfexport.files import MANIFEST_FILE
 
 MODEL_FILE = "model.onnx"
@@ -39,7 +40,7 @@ GENAI_LLM_TYPES = frozenset({
     "nemotron", "olmo", "phi", "phimoe", "phi3", "phi3small", "qwen2", "qwen3", "smollm3"})
 
 
-class ContractError(ValueError):
+class ContractError(SaveError, ValueError):
     """A graph that cannot be put in the loaders' contract (a dynamic head count or head size, an unknown input)."""
 
 

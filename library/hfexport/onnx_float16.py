@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hfexport.errors import HfExportError
+from hfexport.errors import SaveError
 from hfexport.files import MANIFEST_FILE
 from hfexport.onnx_contract import onnx_tensors
 
@@ -31,7 +31,7 @@ FLOAT16 = "float16"
 TARGET_DTYPES = (FLOAT16,)
 
 
-class Float16Error(HfExportError):
+class Float16Error(SaveError):
     """An export that cannot be converted to float16 (a bfloat16 graph: onnxruntime's converter takes float32)."""
 
 

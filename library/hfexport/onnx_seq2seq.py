@@ -34,6 +34,7 @@ import json
 import re
 from pathlib import Path
 
+from hfexport.errors import SaveError
 from hfexport.files import MANIFEST_FILE
 
 ENCODER_FILE = "encoder_model.onnx"
@@ -53,7 +54,7 @@ _LEAVES = {contract: engine for engine, contract in _INPUTS.items()}
 PASSED_THROUGH = "encoder_last_hidden_state"  # the engine's output that is its encoder_outputs input, unchanged
 
 
-class Seq2SeqContractError(ValueError):
+class Seq2SeqContractError(SaveError, ValueError):
     """An encoder-decoder export whose graphs do not fit the loaders' contract (a dynamic head count or size)."""
 
 

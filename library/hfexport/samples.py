@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import EXIT_CHECK_FAILED, HfExportError
+from hfexport.errors import SampleError
 from hfexport.files import human_bytes
 
 KINDS = ("image", "audio")
@@ -32,12 +32,6 @@ MAX_BYTES = {"image": 20_000_000, "audio": 25_000_000}
 MAX_IMAGE_PIXELS = 40_000_000  # checked from the header, before decoding (a decompression bomb is refused unread)
 MAX_AUDIO_SECONDS = 60.0
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
-
-
-class SampleError(HfExportError):
-    """A sample file that cannot be used: the message names the file (its name only) and what was expected."""
-
-    exit_code = EXIT_CHECK_FAILED
 
 
 def display_name(path: str | Path) -> str:

@@ -15,7 +15,7 @@ def load_schema(name: str = "export_config") -> dict:
 
 
 @lru_cache(maxsize=None)
-def _validator(name: str):
+def schema_validator(name: str):
     from jsonschema import Draft202012Validator
 
     # The shipped schemas are checked against the metaschema by tests/test_schemas.py, not here: that check costs

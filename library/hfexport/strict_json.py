@@ -8,13 +8,7 @@ import json
 import math
 from typing import Any
 
-
-class DuplicateKeyError(ValueError):
-    """A JSON object names `key` twice."""
-
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
+from hfexport.errors import DuplicateKeyError
 
 
 def reject_duplicates(pairs: list[tuple[str, Any]]) -> dict:

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hfexport.errors import redact
+from hfexport.errors import RuntimeClientError, redact
 
 PASSED, FAILED, NOT_CHECKED = "passed", "failed", "not_checked"
 
@@ -240,7 +240,3 @@ def runtime_environment(name: str) -> str | None:
     import re
 
     return os.environ.get("HFEXPORT_RUNTIME_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()) or None
-
-
-class RuntimeClientError(RuntimeError):
-    """A runtime's client crashed, hung, or answered nothing readable: the runtime's check fails with this message."""

@@ -18,19 +18,19 @@ import torch
 
 from hfexport.errors import GenerationError
 from hfexport.generate.decoder import (
-    _decoder_layout, _generate_decoder_only, _is_llm_program_export, _llm_program_layout,
+    decoder_layout, generate_decoder_only, is_llm_program_export, llm_program_layout,
 )
 from hfexport.generate.loop import (
-    CACHE, DECODE, PREFILL, TOKEN_CHOICE_THREADS, _Layout, as_traced, run_component, static_attention_mask,
+    CACHE, DECODE, PREFILL, TOKEN_CHOICE_THREADS, GenerationLayout, as_traced, run_component, static_attention_mask,
 )
 from hfexport.generate.options import (
     BEAM_SEARCH_MESSAGE, DEFAULT_NEW_TOKENS, GLOBAL_DEFAULTS, build_logits_processor, build_stopping_criteria,
     default_special_tokens, resolve_generation_config,
 )
-from hfexport.generate.seq2seq import ENCODER, _generate_seq2seq, _seq2seq_layout, decoder_prompt
+from hfexport.generate.seq2seq import ENCODER, generate_seq2seq, seq2seq_layout, decoder_prompt
 from hfexport.generate.state_space import STATE, zero_state, zero_state_rows
 from hfexport.generate.vision_language import (
-    EMBED, IMAGE_ENCODER, LANGUAGE_MODEL, LM_HEAD, _is_vision_language, image_input_names,
+    EMBED, IMAGE_ENCODER, LANGUAGE_MODEL, LM_HEAD, is_vision_language, image_input_names,
 )
 
 __all__ = [
@@ -70,25 +70,25 @@ def generate(
     config = resolve_generation_config(exported, generation_config, **kwargs)
     layout = _layout(exported)
     if layout.seq2seq:
-        return _generate_seq2seq(exported, layout, config, input_ids, attention_mask, input_features,
-                                 decoder_input_ids, nothing_new, logits_processor=logits_processor,
-                                 stopping_criteria=stopping_criteria, streamer=streamer, generator=generator,
-                                 seed=seed, tokenizer=tokenizer, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+        return generate_seq2seq(exported, layout, config, input_ids, attention_mask, input_features,
+                                decoder_input_ids, nothing_new, logits_processor=logits_processor,
+                                stopping_criteria=stopping_criteria, streamer=streamer, generator=generator,
+                                seed=seed, tokenizer=tokenizer, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if input_features is not None or decoder_input_ids is not None:
         raise GenerationError("input_features / decoder_input_ids are encoder-decoder inputs; this export is a "
                               "decoder-only prefill/decode")
-    return _generate_decoder_only(exported, layout, config, input_ids, attention_mask, images, nothing_new,
-                                  logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                                  streamer=streamer, generator=generator, seed=seed, tokenizer=tokenizer,
-                                  prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    return generate_decoder_only(exported, layout, config, input_ids, attention_mask, images, nothing_new,
+                                 logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                                 streamer=streamer, generator=generator, seed=seed, tokenizer=tokenizer,
+                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
 
 
-def _layout(exported) -> _Layout:
+def _layout(exported) -> GenerationLayout:
     """Which family an export is, and what its components expect (that family's reading of their traced kwargs)."""
     components = getattr(exported, "components", {})
-    if _is_llm_program_export(exported):
-        return _llm_program_layout(exported)
-    multimodal = _is_vision_language(components, DECODE)
+    if is_llm_program_export(exported):
+        return llm_program_layout(exported)
+    multimodal = is_vision_language(components, DECODE)
     missing = [] if multimodal else [name for name in (PREFILL, DECODE) if name not in components]
     by_decode = missing == [PREFILL] and STATE in exported.runners[DECODE].metadata.kwargs
     single_graph = missing == [PREFILL] and not by_decode and CACHE in exported.runners[DECODE].metadata.kwargs
@@ -100,8 +100,8 @@ def _layout(exported) -> _Layout:
     runners = exported.runners
     seq2seq = not multimodal and PREFILL in runners and "decoder_input_ids" in runners[PREFILL].metadata.kwargs
     if seq2seq:
-        return _seq2seq_layout(exported, runners)
-    return _decoder_layout(exported, runners, multimodal, by_decode, single_graph)
+        return seq2seq_layout(exported, runners)
+    return decoder_layout(exported, runners, multimodal, by_decode, single_graph)
 
 
 def verify_generation(exported, model, inputs: dict, max_new_tokens: int) -> dict:

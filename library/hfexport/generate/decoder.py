@@ -10,32 +10,33 @@ from hfexport.errors import GenerationError
 from hfexport.executorch_llm import COMPONENT as LLM_PROGRAM
 from hfexport.executorch_llm import is_llm_program
 from hfexport.generate.loop import (
-    CACHE, DECODE, PREFILL, _check_token_ids, _decode, _fed, _is_stateful, _Layout, _Session,
+    CACHE, DECODE, PREFILL, check_token_ids, sample_tokens, takes_tensor, is_stateful, GenerationLayout,
+    GenerationSession,
 )
-from hfexport.generate.options import _max_length, _pad_token
-from hfexport.generate.state_space import STATE, _StateSpaceSession
+from hfexport.generate.options import max_total_length, padding_token_id
+from hfexport.generate.state_space import STATE, StateSpaceSession
 from hfexport.generate.vision_language import (
-    LANGUAGE_MODEL, _LANGUAGE_MODEL_INPUTS, _image_text_embeds, _VisionLanguageSession,
+    LANGUAGE_MODEL, LANGUAGE_MODEL_INPUTS, image_text_embeds, VisionLanguageSession,
 )
 
 _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE, STATE}
 
 
-def _is_llm_program_export(exported) -> bool:
+def is_llm_program_export(exported) -> bool:
     """An export of ExecuTorch's LLM runner program (`hfexport.executorch_llm`): one `model` component."""
     components = getattr(exported, "components", {})
     return list(components) == [LLM_PROGRAM] and is_llm_program(exported.runners[LLM_PROGRAM].metadata)
 
 
-def _llm_program_layout(exported) -> _Layout:
+def llm_program_layout(exported) -> GenerationLayout:
     """ExecuTorch's LLM runner program: batch 1 (the chunks of `generate`), the prompt without its left padding at
     positions from 0, then one token per step; the cache stays in the program."""
     size = int(exported.runners[LLM_PROGRAM].metadata.export_config.get("max_seq_len") or 0) or None
-    return _Layout(takes_mask=True, mask_dtype=None, static_cache_len=size, stateful={LLM_PROGRAM: False},
-                   pinned_batch=1, llm_program=True, prefill=LLM_PROGRAM, session=_LLMProgramSession)
+    return GenerationLayout(takes_mask=True, mask_dtype=None, static_cache_len=size, stateful={LLM_PROGRAM: False},
+                            pinned_batch=1, llm_program=True, prefill=LLM_PROGRAM, session=_LLMProgramSession)
 
 
-class _LLMProgramSession(_Session):
+class _LLMProgramSession(GenerationSession):
     """ExecuTorch's LLM runner program, `model(input_ids, cache_position)`, as TextLLMRunner calls it: its cache
     is inside the program."""
 
@@ -62,11 +63,11 @@ class _LLMProgramSession(_Session):
         return logits.cpu() if logits.dim() == 3 else logits.cpu()[None]
 
 
-def _decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single_graph: bool) -> _Layout:
+def decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single_graph: bool) -> GenerationLayout:
     """A decoder-only export's layout (a VLM's and a state-space model's too), read from its traced kwargs."""
     prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode or single_graph else PREFILL
     for name in dict.fromkeys((prefill, DECODE)):
-        allowed = _LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
+        allowed = LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
         traced = runners[name].metadata.kwargs
         # a kwarg traced as None (MiniCPM-V's `downsample_mode`) is a constant of the graph, not an input to feed
         unknown = sorted(key for key in set(traced) - allowed if traced[key].get("container") != "NoneType")
@@ -80,10 +81,10 @@ def _decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single
     cache_kwarg = STATE if STATE in traced or STATE in runners[prefill].metadata.kwargs else CACHE
     if cache_kwarg == STATE and CACHE in traced:
         raise GenerationError(f"the decode component takes both {CACHE} and {STATE}")
-    mask = traced.get("attention_mask") if _fed(traced, "attention_mask") else None
+    mask = traced.get("attention_mask") if takes_tensor(traced, "attention_mask") else None
     # Padded prompts need a mask in the prefill or the decode (a state-space decode takes none: its prefill does,
-    # and without a prefill `_StateSpaceSession` zeroes a row's state while it is padding).
-    takes_mask = mask is not None or by_decode or _fed(runners[prefill].metadata.kwargs, "attention_mask")
+    # and without a prefill `StateSpaceSession` zeroes a row's state while it is padding).
+    takes_mask = mask is not None or by_decode or takes_tensor(runners[prefill].metadata.kwargs, "attention_mask")
     mask_dtype = getattr(torch, mask["dtype"]) if mask is not None and mask.get("rank") == 4 else None
     cache = traced.get(cache_kwarg, {})
     static_len = None
@@ -102,7 +103,7 @@ def _decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single
         raise GenerationError(f"this export has a decode and no prefill, and its decode takes {what}: generate runs "
                               "a prompt only on a multi-token decode over a DynamicCache (generation.single_graph); "
                               "export the prefill too")
-    stateful = {PREFILL: not by_decode and _is_stateful(runners[prefill]), DECODE: _is_stateful(runners[DECODE])}
+    stateful = {PREFILL: not by_decode and is_stateful(runners[prefill]), DECODE: is_stateful(runners[DECODE])}
     if static_len is not None and stateful[DECODE]:
         raise GenerationError(
             "this OpenVINO export keeps a static cache as internal state (stateful=True), which transformers 5.23 "
@@ -113,7 +114,7 @@ def _decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single
         # transformers 5.23: a StaticLayer's `batch_size` is part of the cache's pytree context, so the decode's
         # input spec accepts the traced batch size only (torch.export and ExecuTorch check the spec).
         pinned_batch = int(traced["input_ids"]["shape"][0])
-    return _Layout(
+    return GenerationLayout(
         takes_mask=takes_mask,
         mask_dtype=mask_dtype,
         static_cache_len=static_len,
@@ -124,18 +125,18 @@ def _decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single
         prefill_by_decode=by_decode,
         single_graph=single_graph,
         prefill=prefill,
-        session=_VisionLanguageSession if multimodal else _StateSpaceSession if by_decode else _Session,
+        session=VisionLanguageSession if multimodal else StateSpaceSession if by_decode else GenerationSession,
     )
 
 
-def _session_args(layout: _Layout, inputs_embeds) -> dict:
+def _session_args(layout: GenerationLayout, inputs_embeds) -> dict:
     """What a batch's session starts from: a VLM's prompt embeddings, nothing for the others."""
     return {"inputs_embeds": inputs_embeds} if layout.multimodal else {}
 
 
-def _generate_decoder_only(exported, layout: _Layout, config, input_ids, attention_mask, images: dict,
-                           nothing_new: bool, *, logits_processor, stopping_criteria, streamer, generator, seed,
-                           tokenizer, prefix_allowed_tokens_fn) -> torch.LongTensor:
+def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids, attention_mask, images: dict,
+                          nothing_new: bool, *, logits_processor, stopping_criteria, streamer, generator, seed,
+                          tokenizer, prefix_allowed_tokens_fn) -> torch.LongTensor:
     """`model.generate` for a decoder-only export (`generate`'s arguments): the prompt checked, repeated for
     `num_return_sequences`, and decoded in one batch, or in chunks of the one batch size the decode takes."""
     if input_ids is None:
@@ -144,8 +145,8 @@ def _generate_decoder_only(exported, layout: _Layout, config, input_ids, attenti
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     if not layout.multimodal:  # a vision-language prompt's image placeholder id may lie past the text vocabulary
-        _check_token_ids(exported, input_ids)
-    inputs_embeds = _image_text_embeds(exported, input_ids, images) if layout.multimodal else None
+        check_token_ids(exported, input_ids)
+    inputs_embeds = image_text_embeds(exported, input_ids, images) if layout.multimodal else None
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = torch.as_tensor(attention_mask, dtype=torch.long)
@@ -168,7 +169,7 @@ def _generate_decoder_only(exported, layout: _Layout, config, input_ids, attenti
         if inputs_embeds is not None:
             inputs_embeds = inputs_embeds.repeat_interleave(config.num_return_sequences, dim=0)
     batch, prompt_len = input_ids.shape
-    max_length = config.max_length = _max_length(config, prompt_len, exported)  # as model.generate sets it
+    max_length = config.max_length = max_total_length(config, prompt_len, exported)  # as model.generate sets it
     if layout.static_cache_len is not None and max_length - 1 > layout.static_cache_len:
         raise GenerationError(
             f"the static cache holds {layout.static_cache_len} tokens: a prompt of {prompt_len} plus "
@@ -189,8 +190,8 @@ def _generate_decoder_only(exported, layout: _Layout, config, input_ids, attenti
                stopping_criteria=stopping_criteria, streamer=streamer, generator=generator, tokenizer=tokenizer,
                prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if rows == batch:
-        sequences = _decode(exported, layout, input_ids, attention_mask, real=batch,
-                            session_args=_session_args(layout, inputs_embeds), **run)
+        sequences = sample_tokens(exported, layout, input_ids, attention_mask, real=batch,
+                                  session_args=_session_args(layout, inputs_embeds), **run)
     else:
         # A decode that only takes its traced batch: run chunks of that size, the last one filled up with copies of
         # its last row (rows are independent), and drop the copies.
@@ -204,10 +205,10 @@ def _generate_decoder_only(exported, layout: _Layout, config, input_ids, attenti
                 mask = torch.cat([mask, mask[-1:].expand(rows - real, -1)])
                 if embeds is not None:
                     embeds = torch.cat([embeds, embeds[-1:].expand(rows - real, -1, -1)])
-            outputs.append(_decode(exported, layout, ids, mask, real=real, session_args=_session_args(layout, embeds),
-                                   **run)[:real])
+            outputs.append(sample_tokens(exported, layout, ids, mask, real=real,
+                                         session_args=_session_args(layout, embeds), **run)[:real])
         width = max(chunk.shape[1] for chunk in outputs)
-        pad = _pad_token(config)
+        pad = padding_token_id(config)
         # A chunk whose rows all stopped early is shorter: its rows would have emitted pad tokens from there.
         sequences = torch.cat([torch.nn.functional.pad(chunk, (0, width - chunk.shape[1]), value=pad or 0)
                                for chunk in outputs])

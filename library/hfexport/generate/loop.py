@@ -12,7 +12,7 @@ import torch
 
 from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_request
 from hfexport.errors import GenerationError
-from hfexport.generate.options import _pad_token, build_logits_processor, build_stopping_criteria
+from hfexport.generate.options import padding_token_id, build_logits_processor, build_stopping_criteria
 from hfexport.models import empty_cache
 
 PREFILL, DECODE = "prefill", "decode"
@@ -20,7 +20,7 @@ CACHE = "past_key_values"
 
 
 @dataclass
-class _Layout:
+class GenerationLayout:
     """What the exported components expect, read from their traced kwargs."""
 
     takes_mask: bool
@@ -35,7 +35,7 @@ class _Layout:
     single_graph: bool = False  # a multi-token decode without a prefill: the prompt runs on an empty cache
     llm_program: bool = False  # ExecuTorch's LLM runner program: `model(input_ids, cache_position)`, its cache inside
     prefill: str = PREFILL  # the component that runs the prompt
-    session: Any = None  # the `_Session` class of this layout's family
+    session: Any = None  # the `GenerationSession` class of this layout's family
 
 
 # Torch threads for each step's token choice (logits processors, softmax/argmax, stopping criteria): vocabulary-sized
@@ -61,9 +61,9 @@ def _token_choice_threads():
             torch.set_num_threads(before)
 
 
-def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, config, max_length: int,
-            logits_processor, stopping_criteria, streamer, generator, tokenizer,
-            prefix_allowed_tokens_fn, session_args: dict | None = None) -> torch.LongTensor:
+def sample_tokens(exported, layout: GenerationLayout, input_ids, attention_mask, *, real: int, config, max_length: int,
+                  logits_processor, stopping_criteria, streamer, generator, tokenizer,
+                  prefix_allowed_tokens_fn, session_args: dict | None = None) -> torch.LongTensor:
     """transformers 5.23's `_sample` loop (greedy when `do_sample` is off) for one batch the components accept:
     the same processors, token choice, random draws (`torch.multinomial` on the softmax, one per step), padding of
     finished rows, stopping criteria and streamer calls. `real`: rows that are not chunk filler (streamed, and
@@ -73,7 +73,7 @@ def _decode(exported, layout: _Layout, input_ids, attention_mask, *, real: int, 
     criteria = build_stopping_criteria(config, max_length, stopping_criteria, tokenizer,
                                        getattr(exported.config, "max_position_embeddings", None))
     pads = any(hasattr(criterion, "eos_token_id") for criterion in criteria)
-    pad = _pad_token(config)
+    pad = padding_token_id(config)
     if pads and pad is None:
         raise GenerationError("an EOS stopping criterion needs a pad_token_id for the rows that finished")
     batch = input_ids.shape[0]
@@ -116,12 +116,12 @@ def _runs_in_torch(exported) -> bool:
     return str(exported.export_format) == "dynamo"
 
 
-class _Session:
+class GenerationSession:
     """One generation over a decoder-only export's prefill/decode: the cache between calls, and which OpenVINO request
     holds it as state. A family's session (seq2seq, vision-language, state-space, ExecuTorch's LLM program) changes
     what a call is fed, how the prompt runs or where its logits come from."""
 
-    def __init__(self, exported, layout: _Layout, batch: int):
+    def __init__(self, exported, layout: GenerationLayout, batch: int):
         self.exported, self.layout, self.batch = exported, layout, batch
         self.cache = self._new_cache()
         self.state_owner: str | None = None
@@ -133,7 +133,7 @@ class _Session:
         exported, layout = self.exported, self.layout
         if layout.single_graph:  # a stateful OpenVINO decode starts from its variables' zero-length init instead
             return None if layout.stateful[DECODE] else empty_cache(exported.config, self.batch,
-                                                                    _export_dtype(exported))
+                                                                    traced_dtype(exported))
         if layout.cache_kwarg not in exported.runners[layout.prefill].metadata.kwargs:
             return None
         if layout.static_cache_len is not None:
@@ -161,7 +161,7 @@ class _Session:
     def _feed(self, name: str, traced: dict, device, input_ids, attention_mask, positions) -> dict[str, Any]:
         """The kwargs of one call: the tokens, the padding mask (a static cache's 4D mask), positions, the cache."""
         kwargs = self._tokens(name, device, input_ids)
-        if _fed(traced, "attention_mask"):
+        if takes_tensor(traced, "attention_mask"):
             kwargs["attention_mask"] = attention_mask if self.layout.mask_dtype is None else static_attention_mask(
                 attention_mask, self.filled, input_ids.shape[1], self.layout.static_cache_len, self.layout.mask_dtype
             )
@@ -208,13 +208,13 @@ class _Session:
         self.state_owner = name
 
 
-def _fed(traced: dict, name: str) -> bool:
+def takes_tensor(traced: dict, name: str) -> bool:
     """Whether a component takes `name` as a tensor: a graph traced with `attention_mask=None` (Mamba's decode)
     lists it as a `NoneType` slot, and ExecuTorch rejects a tensor there (`set_inputs` error 0x12)."""
     return name in traced and traced[name].get("container") != "NoneType"
 
 
-def _export_dtype(exported) -> torch.dtype:
+def traced_dtype(exported) -> torch.dtype:
     """The dtype the decode was traced at (its float inputs, the cache among them)."""
     return getattr(torch, str(getattr(exported.runners[DECODE].metadata, "export_dtype", "float32")), torch.float32)
 
@@ -238,7 +238,7 @@ def static_attention_mask(attention_mask: torch.Tensor, filled: int, query_len: 
 def run_component(runner, kwargs: dict):
     """One call of an exported component, as generate makes it: a stateful OpenVINO decode (a single graph's prompt,
     from its reset state) returns its logits read by port (`_stateful_logits`), any other its runner's outputs."""
-    if _is_stateful(runner):
+    if is_stateful(runner):
         openvino_request(runner).reset_state()
         return _stateful_logits(runner, {key: value for key, value in kwargs.items() if key != CACHE})
     return runner(**kwargs)
@@ -264,14 +264,14 @@ def _state_leaf(variable_name: str) -> str:
     return head[:index] if index > 0 else head
 
 
-def _is_stateful(runner) -> bool:
+def is_stateful(runner) -> bool:
     """An OpenVINO program whose cache became internal state (`OpenVINOConfig.stateful`): its infer request holds
     variables. (A prefill traced on an empty cache has no cache inputs either, but no state.)"""
     request = getattr(runner, "request", None)
     return request is not None and hasattr(request, "query_state") and len(request.query_state()) > 0
 
 
-def _check_token_ids(exported, input_ids: torch.Tensor) -> None:
+def check_token_ids(exported, input_ids: torch.Tensor) -> None:
     """Refuse prompt ids outside the vocabulary before a graph runs: the runtimes' embedding lookups report them as
     their own index errors (ONNX Runtime: "indices element out of data bounds"), or not at all."""
     config = getattr(exported, "config", None)

@@ -32,7 +32,7 @@ _UNSUPPORTED = {
 
 # transformers 5.23's global defaults (`GenerationConfig._get_default_generation_params`, a private method) for the
 # fields read here: applied where neither the caller nor the export's generation config sets them, as
-# `model.generate` does. (`max_length` is handled in `_max_length`: 20 new tokens.)
+# `model.generate` does. (`max_length` is handled in `max_total_length`: 20 new tokens.)
 GLOBAL_DEFAULTS = {
     "min_length": 0, "do_sample": False, "num_beams": 1, "num_return_sequences": 1, "temperature": 1.0,
     "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
@@ -91,7 +91,7 @@ def build_logits_processor(generation_config, input_ids: torch.Tensor, attention
     import transformers as tf
 
     config, prompt_len = generation_config, input_ids.shape[1]
-    eos = torch.tensor(_token_ids(config.eos_token_id), dtype=torch.long) if config.eos_token_id is not None else None
+    eos = torch.tensor(as_token_ids(config.eos_token_id), dtype=torch.long) if config.eos_token_id is not None else None
     processors = tf.LogitsProcessorList()
     if config.sequence_bias is not None:
         processors.append(tf.SequenceBiasLogitsProcessor(sequence_bias=config.sequence_bias))
@@ -160,7 +160,7 @@ def build_stopping_criteria(generation_config, max_length: int, stopping_criteri
             raise GenerationError("stop_strings need the model's tokenizer: pass tokenizer=...")
         criteria.append(tf.StopStringCriteria(stop_strings=config.stop_strings, tokenizer=tokenizer))
     if config.eos_token_id is not None:
-        criteria.append(tf.EosTokenCriteria(eos_token_id=_token_ids(config.eos_token_id)))
+        criteria.append(tf.EosTokenCriteria(eos_token_id=as_token_ids(config.eos_token_id)))
     return _merged(criteria, stopping_criteria)
 
 
@@ -177,7 +177,7 @@ def _merged(built, custom):
 
 
 
-def _max_length(config, prompt_len: int, exported) -> int:
+def max_total_length(config, prompt_len: int, exported) -> int:
     """Prompt + new tokens, as `model.generate` reads it: `max_new_tokens`, else `max_length` (a total), else 20 new
     tokens capped at the model's `max_position_embeddings`."""
     if config.max_new_tokens is not None:
@@ -188,11 +188,11 @@ def _max_length(config, prompt_len: int, exported) -> int:
     return min(prompt_len + DEFAULT_NEW_TOKENS, limit) if limit else prompt_len + DEFAULT_NEW_TOKENS
 
 
-def _pad_token(config) -> int | None:
+def padding_token_id(config) -> int | None:
     """`pad_token_id`, else the first EOS token (`model.generate`'s fallback)."""
     if config.pad_token_id is not None:
         return int(config.pad_token_id)
-    eos = _token_ids(config.eos_token_id)
+    eos = as_token_ids(config.eos_token_id)
     return eos[0] if eos else None
 
 
@@ -207,7 +207,7 @@ def default_special_tokens(exported, model=None) -> tuple[Any, int | None]:
     return first("eos_token_id"), first("pad_token_id")
 
 
-def _token_ids(value) -> list[int]:
+def as_token_ids(value) -> list[int]:
     if value is None:
         return []
     if isinstance(value, int):

@@ -9,8 +9,10 @@ from typing import Any
 import torch
 
 from hfexport.errors import GenerationError
-from hfexport.generate.loop import CACHE, DECODE, PREFILL, _check_token_ids, _decode, _is_stateful, _Layout, _Session
-from hfexport.generate.options import _max_length, _token_ids
+from hfexport.generate.loop import (
+    CACHE, DECODE, PREFILL, check_token_ids, sample_tokens, is_stateful, GenerationLayout, GenerationSession,
+)
+from hfexport.generate.options import max_total_length, as_token_ids
 
 ENCODER = "encoder"
 # An encoder-decoder's prefill/decode (the engine's decompose_for_generation) take the decoder tokens and the
@@ -18,7 +20,7 @@ ENCODER = "encoder"
 _SEQ2SEQ_INPUTS = {"decoder_input_ids", "attention_mask", "encoder_outputs", CACHE}
 
 
-def _seq2seq_layout(exported, runners) -> _Layout:
+def seq2seq_layout(exported, runners) -> GenerationLayout:
     """An encoder-decoder's layout: an `encoder` component, and prefill/decode over the decoder tokens."""
     if ENCODER not in exported.components:
         raise GenerationError(
@@ -32,21 +34,21 @@ def _seq2seq_layout(exported, runners) -> _Layout:
     if cache.get("container") != "EncoderDecoderCache":
         raise GenerationError(f"the decode component takes a {cache.get('container')}; an encoder-decoder's generate "
                               "handles EncoderDecoderCache (of DynamicCache)")
-    stateful = {name: _is_stateful(runners[name]) for name in (PREFILL, DECODE)}
+    stateful = {name: is_stateful(runners[name]) for name in (PREFILL, DECODE)}
     if stateful[DECODE]:
         raise GenerationError(
             "this OpenVINO encoder-decoder export keeps its cache as internal state (stateful=True), which "
             "transformers 5.23 exports for the sample's encoder length only: the cross-attention state's length is "
             "pinned to it. Re-export it with options.stateful: false (hfexport's default for encoder-decoders)")
-    return _Layout(takes_mask=True, mask_dtype=None, static_cache_len=None, stateful=stateful, pinned_batch=None,
-                   seq2seq=True, session=_Seq2SeqSession)
+    return GenerationLayout(takes_mask=True, mask_dtype=None, static_cache_len=None, stateful=stateful,
+                            pinned_batch=None, seq2seq=True, session=_Seq2SeqSession)
 
 
 
-class _Seq2SeqSession(_Session):
+class _Seq2SeqSession(GenerationSession):
     """An encoder-decoder's generation: every call takes the decoder tokens, the encoder's output and its mask."""
 
-    def __init__(self, exported, layout: _Layout, batch: int, encoder):
+    def __init__(self, exported, layout: GenerationLayout, batch: int, encoder):
         self.encoder = encoder  # (encoder outputs, encoder padding mask)
         super().__init__(exported, layout, batch)
 
@@ -70,8 +72,8 @@ class _Seq2SeqSession(_Session):
         return kwargs
 
 
-def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_mask, input_features,
-                      decoder_input_ids, nothing_new: bool, *, seed, generator, streamer, **run) -> torch.LongTensor:
+def generate_seq2seq(exported, layout: GenerationLayout, config, input_ids, attention_mask, input_features,
+                     decoder_input_ids, nothing_new: bool, *, seed, generator, streamer, **run) -> torch.LongTensor:
     """`model.generate` for an encoder-decoder: the `encoder` component once on `input_ids`/`attention_mask` (or
     `input_features`), then the decoder loop from `decoder_input_ids` (default: `decoder_start_token_id`, plus the
     `forced_decoder_ids` of the generation config) over prefill/decode, each fed the encoder's output, its padding
@@ -86,7 +88,7 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
         input_ids = torch.as_tensor(input_ids, dtype=torch.long)
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
-        _check_token_ids(exported, input_ids)
+        check_token_ids(exported, input_ids)
         encoder_kwargs["input_ids"] = input_ids
         batch = input_ids.shape[0]
     if attention_mask is not None:
@@ -114,7 +116,7 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
         decoder_input_ids = torch.tensor([decoder_prompt(exported, config)] * batch, dtype=torch.long)
     decoder_input_ids = torch.as_tensor(decoder_input_ids, dtype=torch.long)
     prompt_len = decoder_input_ids.shape[1]
-    max_length = config.max_length = _max_length(config, prompt_len, exported)
+    max_length = config.max_length = max_total_length(config, prompt_len, exported)
     if streamer is not None:
         streamer.put(decoder_input_ids.cpu())
     if nothing_new or max_length <= prompt_len:
@@ -122,9 +124,9 @@ def _generate_seq2seq(exported, layout: _Layout, config, input_ids, attention_ma
             streamer.end()
         return decoder_input_ids.clone()
     decoder_mask = torch.ones_like(decoder_input_ids)
-    sequences = _decode(exported, layout, decoder_input_ids, decoder_mask, real=batch, config=config,
-                        max_length=max_length, streamer=streamer, generator=generator,
-                        session_args={"encoder": (encoder_outputs, attention_mask)}, **run)
+    sequences = sample_tokens(exported, layout, decoder_input_ids, decoder_mask, real=batch, config=config,
+                              max_length=max_length, streamer=streamer, generator=generator,
+                              session_args={"encoder": (encoder_outputs, attention_mask)}, **run)
     if streamer is not None:
         streamer.end()
     if getattr(exported.config, "model_type", None) == "whisper":
@@ -144,7 +146,7 @@ def decoder_prompt(exported, config) -> list[int]:
     if start is None:
         raise GenerationError("no decoder_start_token_id in the export's generation config or config: pass "
                               "decoder_input_ids")
-    tokens = [int(_token_ids(start)[0])]
+    tokens = [int(as_token_ids(start)[0])]
     forced = getattr(config, "forced_decoder_ids", None) or []
     for position, token in sorted(forced):
         if position == len(tokens) and token is not None:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import torch
 
 from hfexport.errors import GenerationError
-from hfexport.generate.loop import DECODE, _export_dtype, _Session
+from hfexport.generate.loop import DECODE, traced_dtype, GenerationSession
 
 # A state-space model's generate (Mamba, transformers 5.23) passes its recurrent state as `cache_params`: a
 # `DynamicCache` of `LinearAttentionLayer`s (a conv state and an SSM state per layer) instead of keys and values.
 STATE = "cache_params"
 
 
-class _StateSpaceSession(_Session):
+class StateSpaceSession(GenerationSession):
     """A state-space decode without a prefill: the prompt runs through the decode, from a zero state."""
 
     def _new_cache(self):
@@ -52,7 +52,7 @@ def zero_state(exported, batch: int):
     if getattr(config, "model_type", None) != "mamba":
         raise GenerationError(f"this export has a state-space decode and no prefill; generate knows the initial state "
                               f"of Mamba only, not of {getattr(config, 'model_type', None)!r}")
-    dtype = _export_dtype(exported)
+    dtype = traced_dtype(exported)
     cache = DynamicCache(config=config)
     for layer in range(config.num_hidden_layers):
         cache.update_conv_state(torch.zeros(batch, config.intermediate_size, config.conv_kernel, dtype=dtype), layer)

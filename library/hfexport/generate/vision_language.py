@@ -8,16 +8,16 @@ import torch
 
 from hfexport.errors import GenerationError
 from hfexport import preparers
-from hfexport.generate.loop import CACHE, PREFILL, _Session, as_traced
+from hfexport.generate.loop import CACHE, PREFILL, GenerationSession, as_traced
 
 # hfexport's `image_encoder` (a prompt's images -> image features) and `embed` (input_ids + image features ->
 # inputs_embeds), then the engine's `language_model` (inputs_embeds -> hidden states + cache) and `lm_head` for the
 # prefill, and its `decode`.
 IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD = "image_encoder", "embed", "language_model", "lm_head"
-_LANGUAGE_MODEL_INPUTS = {"inputs_embeds", "attention_mask", "position_ids", CACHE}
+LANGUAGE_MODEL_INPUTS = {"inputs_embeds", "attention_mask", "position_ids", CACHE}
 
 
-def _is_vision_language(components: dict, decode: str) -> bool:
+def is_vision_language(components: dict, decode: str) -> bool:
     """Whether an export is a VLM's (it has `embed` or `language_model`); refuses one that lacks a component."""
     if EMBED not in components and LANGUAGE_MODEL not in components:
         return False
@@ -30,7 +30,7 @@ def _is_vision_language(components: dict, decode: str) -> bool:
     return True
 
 
-class _VisionLanguageSession(_Session):
+class VisionLanguageSession(GenerationSession):
     """A VLM's generation: the prefill is `language_model` on the prompt's embeddings, then `lm_head`."""
 
     def __init__(self, exported, layout, batch: int, inputs_embeds: torch.Tensor):
@@ -58,9 +58,9 @@ def image_input_names(exported) -> list[str]:
     return [name for name in components[IMAGE_ENCODER].metadata.kwargs if name not in added]
 
 
-def _image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.Tensor:
+def image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.Tensor:
     """A VLM prompt's `inputs_embeds`: the `image_encoder` on each prompt's images in turn (it is traced on one
-    prompt's images, see `hfexport.plan.vision_language._image_stages`), their features concatenated in order, then
+    prompt's images, see `hfexport.plan.vision_language.image_stages`), their features concatenated in order, then
     `embed`, which scatters them into the token embeddings at the image tokens. Both are exported graphs: no torch
     model runs."""
     names = image_input_names(exported)

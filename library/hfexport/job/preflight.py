@@ -23,7 +23,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hfexport.errors import HfExportError, redact
+from hfexport.errors import HfExportError, PreflightError, redact
 from hfexport.files import human_bytes
 from hfexport.hub import HubRepo
 
@@ -37,10 +37,6 @@ DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16"
 
 
 MB = 1 << 20
-
-
-class PreflightError(HfExportError):
-    """A job that would not fit in memory or on disk: what it needs, what is available, what to do."""
 
 
 @dataclass

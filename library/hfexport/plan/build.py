@@ -6,10 +6,10 @@ from __future__ import annotations
 from hfexport.engine import register_cache_pytrees
 from hfexport.inputs import build_sample_inputs
 from hfexport.models import infer_task
-from hfexport.plan.generation import _plan_generation
+from hfexport.plan.generation import plan_generation
 from hfexport.plan.model import ComponentPlan, Plan
-from hfexport.plan.shapes import _AxisResolver, _describe_shape, _resolve_shapes, build_dims
-from hfexport.plan.tracing import _engine_config, _prepared, _preparer_context, preparer_record
+from hfexport.plan.shapes import AxisResolver, describe_shape, resolve_shapes, build_dims
+from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
 from hfexport.quantization.quantizer import attach
 from hfexport.recipe.model import Recipe
 
@@ -32,20 +32,21 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
     if target.mode == "forward":
         base = f"targets.{target.name}.dynamic_shapes"
         shapes = target.dynamic_shapes
-        prepared = _prepared(model, inputs)
-        resolver = _AxisResolver(recipe, dims, "model", generation=False)
+        prepared = traced_inputs(model, inputs)
+        resolver = AxisResolver(recipe, dims, "model", generation=False)
         dynamic_shapes, described = (
-            _resolve_shapes(resolver, shapes, {}, prepared, base, strict_keys=True) if shapes is not None else (None, None)
+            resolve_shapes(resolver, shapes, {}, prepared, base, strict_keys=True) if shapes is not None
+            else (None, None)
         )
-        config = _engine_config(target, target.options, dynamic_shapes)
+        config = engine_config(target, target.options, dynamic_shapes)
         record = preparer_record(inputs, prepared)
         components = {"model": ComponentPlan(
-            "model", config, {k: _describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
-            record, _preparer_context(model, record),
+            "model", config, {k: describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
+            record, preparer_context(model, record),
         )}
         plan = Plan(recipe, target, task, dict(inputs), components, None, multi_token_decode, dims)
     else:
-        plan = _plan_generation(recipe, target, task, model, inputs, dims, single_graph, multi_token_decode)
+        plan = plan_generation(recipe, target, task, model, inputs, dims, single_graph, multi_token_decode)
     if target.quantization:
         # `source` (the model's folder or repo id, at `revision`) is where a `repo_file` calibration file is read.
         plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,

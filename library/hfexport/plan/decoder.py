@@ -10,7 +10,7 @@ from hfexport.plan.model import ComponentPlan
 from hfexport.recipe.model import Target
 
 
-def _generation_config(model, target: Target):
+def static_cache_generation_config(model, target: Target):
     generation = target.generation
     if generation.get("cache_implementation") != "static":
         return None
@@ -22,7 +22,7 @@ def _generation_config(model, target: Target):
     return config
 
 
-def _check_single_graph(target_name: str, stages: dict) -> None:
+def check_single_graph(target_name: str, stages: dict) -> None:
     """`generation.single_graph` is for a decoder-only text model whose decode is attention over a `DynamicCache`: a
     VLM's prompt goes through its image merge, and a state-space decode (`cache_params`) takes one token per step."""
     where = f"targets.{target_name}.generation.single_graph"
@@ -36,20 +36,20 @@ def _check_single_graph(target_name: str, stages: dict) -> None:
                         "of attention layers")
 
 
-def _single_graph_fits(stages: dict) -> bool:
-    """Whether `_check_single_graph` accepts `stages` (a plain prefill/decode pair over a `DynamicCache`)."""
+def single_graph_fits(stages: dict) -> bool:
+    """Whether `check_single_graph` accepts `stages` (a plain prefill/decode pair over a `DynamicCache`)."""
     try:
-        _check_single_graph("", stages)
+        check_single_graph("", stages)
     except PlanError:
         return False
     return True
 
 
-def _llm_runner_plan(target: Target, model, stages: dict, components: dict, other_layout: bool):
+def llm_runner_plan(target: Target, model, stages: dict, components: dict, other_layout: bool):
     """The one component of ExecuTorch's LLM runner contract (`hfexport.executorch_llm`) for a decoder-only text
     model's default ExecuTorch generation target on XNNPACK, else None (the engine's prefill/decode pair)."""
     if not target.llm_runner_by_default or other_layout or target.components or target.dynamic_shapes is not None \
-            or set(stages) != {"prefill", "decode"} or not _single_graph_fits(stages):
+            or set(stages) != {"prefill", "decode"} or not single_graph_fits(stages):
         return None
     config = components["decode"].config
     if getattr(config, "backend", "xnnpack") != "xnnpack":

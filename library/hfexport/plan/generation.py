@@ -8,15 +8,15 @@ from typing import Any
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import PlanError
 from hfexport.executorch_llm import max_context
-from hfexport.plan.decoder import _check_single_graph, _generation_config, _llm_runner_plan, _single_graph_fits
+from hfexport.plan.decoder import check_single_graph, static_cache_generation_config, llm_runner_plan, single_graph_fits
 from hfexport.plan.model import ComponentPlan, Plan
-from hfexport.plan.seq2seq import _check_default_layout, _encoder_capture, _seq2seq_trace_inputs, _with_encoder
+from hfexport.plan.seq2seq import check_default_layout, encoder_capture, seq2seq_trace_inputs, with_encoder
 from hfexport.plan.shapes import (
-    _AxisResolver, _default_generation_shapes, _describe_shape, _resolve_shapes, _varying_sizes,
+    AxisResolver, default_generation_shapes, describe_shape, resolve_shapes, varying_sizes,
 )
-from hfexport.plan.state_space import _exports_decode_alone
-from hfexport.plan.tracing import _engine_config, _prepared, _preparer_context, preparer_record
-from hfexport.plan.vision_language import EMBED, IMAGE_ENCODER, _image_features_capture, _image_stages
+from hfexport.plan.state_space import exports_decode_alone
+from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
+from hfexport.plan.vision_language import EMBED, IMAGE_ENCODER, image_features_capture, image_stages
 from hfexport.recipe.model import Recipe, Target
 
 OWN_COMPONENTS = ("encoder", IMAGE_ENCODER, EMBED)  # exported by hfexport itself, not by export_for_generation
@@ -27,32 +27,32 @@ def generation_stages(model, inputs: dict, generation_config=None, multi_token_d
     first."""
     from transformers.exporters.utils import decompose_for_generation
 
-    with _image_features_capture(model) as image_calls:
+    with image_features_capture(model) as image_calls:
         stages = decompose_for_generation(model, inputs, generation_config=generation_config,
                                           multi_token_decode=multi_token_decode)
     if image_calls and IMAGE_ENCODER not in stages:
-        stages = {**_image_stages(model, inputs, image_calls[0], stages), **stages}
+        stages = {**image_stages(model, inputs, image_calls[0], stages), **stages}
     return stages
 
 
-def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: dict, dims: dict[str, Any],
-                     single_graph: bool, multi_token_decode: bool) -> Plan:
+def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: dict, dims: dict[str, Any],
+                    single_graph: bool, multi_token_decode: bool) -> Plan:
     """Target `target` (mode `generation`) resolved against `model`: its components, then the plan."""
     base = f"targets.{target.name}.dynamic_shapes"
     shapes = target.dynamic_shapes
     components: dict[str, ComponentPlan] = {}
-    generation_config = _generation_config(model, target)
+    generation_config = static_cache_generation_config(model, target)
     seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
     if seq2seq:
-        _check_default_layout(target, generation_config, multi_token_decode)
+        check_default_layout(target, generation_config, multi_token_decode)
     default_graph = single_graph and target.single_graph_by_default
     stages = None
     try:
         # The cache layout the export's capture and trace use (hfexport.engine.traced_cache_layout: a sliding
         # window layer holds every token), so the shapes planned here are those of the traced samples.
-        with _encoder_capture(model if seq2seq else None) as encoder_calls, traced_cache_layout():
+        with encoder_capture(model if seq2seq else None) as encoder_calls, traced_cache_layout():
             stages = generation_stages(
-                model, _seq2seq_trace_inputs(model, inputs) if seq2seq else dict(inputs),
+                model, seq2seq_trace_inputs(model, inputs) if seq2seq else dict(inputs),
                 generation_config=generation_config, multi_token_decode=multi_token_decode
             )
     except PlanError:
@@ -61,7 +61,7 @@ def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: d
         if not default_graph:
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
                             f"{error}") from None
-    if default_graph and (stages is None or not _single_graph_fits(stages)):
+    if default_graph and (stages is None or not single_graph_fits(stages)):
         # the ONNX/OpenVINO default (one graph) on a model without a plain prefill/decode over attention: its own layout
         single_graph = multi_token_decode = False
         try:
@@ -70,15 +70,15 @@ def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: d
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
                             f"{error}") from None
-    sizes = _varying_sizes(stages)
-    by_decode = _exports_decode_alone(model, str(target.export_format), stages)
+    sizes = varying_sizes(stages)
+    by_decode = exports_decode_alone(model, str(target.export_format), stages)
     if single_graph:
-        _check_single_graph(target.name, stages)
+        check_single_graph(target.name, stages)
         stages = {"decode": stages["decode"]}
     elif by_decode:
         stages = {"decode": stages["decode"]}  # a state-space decode alone (hfexport.plan.state_space)
     if seq2seq:
-        stages = _with_encoder(target, model, stages, encoder_calls)
+        stages = with_encoder(target, model, stages, encoder_calls)
     unknown_overrides = [name for name in target.components if name not in stages]
     if unknown_overrides:
         raise PlanError(
@@ -88,7 +88,7 @@ def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: d
     seen_keys: set[str] = set()
     for name, (submodel, subinputs) in stages.items():
         override = target.components.get(name, {})
-        prepared = _prepared(submodel, subinputs)
+        prepared = traced_inputs(submodel, subinputs)
         seen_keys.update(prepared)
         options = {**target.options, **override.get("options", {})}
         if str(target.export_format) == "openvino" and (generation_config is not None or seq2seq or by_decode):
@@ -105,24 +105,24 @@ def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: d
             options.setdefault("stateful", False)
         component_shapes = override.get("dynamic_shapes", {})
         if shapes is None and not component_shapes:
-            dynamic_shapes, described = _default_generation_shapes(prepared, sizes)
+            dynamic_shapes, described = default_generation_shapes(prepared, sizes)
         else:
-            resolver = _AxisResolver(recipe, dims, name, generation=True)
-            dynamic_shapes, described = _resolve_shapes(
+            resolver = AxisResolver(recipe, dims, name, generation=True)
+            dynamic_shapes, described = resolve_shapes(
                 resolver, {k: v for k, v in (shapes or {}).items() if k in prepared}, component_shapes,
                 prepared, f"targets.{target.name}.components.{name}.dynamic_shapes"
                 if component_shapes else base, strict_keys=bool(component_shapes),
             )
-        config = _engine_config(target, options, dynamic_shapes)
+        config = engine_config(target, options, dynamic_shapes)
         record = preparer_record(subinputs, prepared)
-        components[name] = ComponentPlan(name, config, {k: _describe_shape(v) for k, v in prepared.items()}, described,
-                                         record, _preparer_context(submodel, record))
+        components[name] = ComponentPlan(name, config, {k: describe_shape(v) for k, v in prepared.items()}, described,
+                                         record, preparer_context(submodel, record))
     unknown = [key for key in (shapes or {}) if key not in seen_keys]
     if unknown:
         raise PlanError(
             f"{base}: no component takes {', '.join(map(repr, unknown))}; inputs are: {', '.join(sorted(seen_keys))}"
         )
-    llm_runner = _llm_runner_plan(target, model, stages, components, seq2seq or by_decode)
+    llm_runner = llm_runner_plan(target, model, stages, components, seq2seq or by_decode)
     if llm_runner is not None:
         components = {"model": llm_runner}
     plan = Plan(recipe, target, task, dict(inputs), components, generation_config, multi_token_decode, dims)
@@ -133,5 +133,5 @@ def _plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: d
     own = (*OWN_COMPONENTS, "decode") if by_decode or single_graph else OWN_COMPONENTS
     plan.own_components = {name: stages[name] for name in own if name in stages}
     if "encoder" in stages:
-        plan.trace_inputs = _seq2seq_trace_inputs(model, inputs)
+        plan.trace_inputs = seq2seq_trace_inputs(model, inputs)
     return plan

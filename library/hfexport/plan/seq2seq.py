@@ -4,11 +4,11 @@ the `encoder` that `generate` ran, and traces with two decoder start tokens so b
 from __future__ import annotations
 
 from hfexport.errors import PlanError
-from hfexport.plan.tracing import _call_capture
+from hfexport.plan.tracing import call_capture
 from hfexport.recipe.model import Target
 
 
-def _check_default_layout(target: Target, generation_config, multi_token_decode: bool) -> None:
+def check_default_layout(target: Target, generation_config, multi_token_decode: bool) -> None:
     """An encoder-decoder exports with the default layout only."""
     if generation_config is not None or multi_token_decode:
         raise PlanError(f"targets.{target.name}.generation: an encoder-decoder exports with the default layout "
@@ -16,7 +16,7 @@ def _check_default_layout(target: Target, generation_config, multi_token_decode:
                         "graphs are for decoder-only models")
 
 
-def _with_encoder(target: Target, model, stages: dict, encoder_calls: list) -> dict:
+def with_encoder(target: Target, model, stages: dict, encoder_calls: list) -> dict:
     """`stages` with hfexport's `encoder` first, traced with the kwargs generate passed it."""
     import torch
 
@@ -26,15 +26,15 @@ def _with_encoder(target: Target, model, stages: dict, encoder_calls: list) -> d
     return {"encoder": (model.get_encoder(), encoder_inputs), **stages}
 
 
-def _encoder_capture(model):
+def encoder_capture(model):
     """The kwargs of every call to `model.get_encoder()` within the block (nothing when `model` is None).
 
     transformers 5.23's `decompose_for_generation` captures an encoder-decoder's prefill/decode only; `generate`
     runs the encoder before them, so hfexport exports it as a third component, traced with what generate passed."""
-    return _call_capture(model.get_encoder() if model is not None else None, "forward")
+    return call_capture(model.get_encoder() if model is not None else None, "forward")
 
 
-def _seq2seq_trace_inputs(model, inputs: dict) -> dict:
+def seq2seq_trace_inputs(model, inputs: dict) -> dict:
     """Generate kwargs that trace an encoder-decoder with two decoder prompt tokens.
 
     With the usual one-token decoder prompt, the decode step is captured with a one-token self-attention cache,

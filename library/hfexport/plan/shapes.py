@@ -22,7 +22,7 @@ def build_dims(recipe: Recipe) -> dict[str, Any]:
     return dims
 
 
-def _describe_shape(value) -> Any:
+def describe_shape(value) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -32,7 +32,7 @@ def _describe_shape(value) -> Any:
     return {"container": type(value).__name__}
 
 
-class _AxisResolver:
+class AxisResolver:
     """Turns recipe axis specs into torch.export dims for one component's prepared inputs."""
 
     def __init__(self, recipe: Recipe, dims: dict, component: str, generation: bool):
@@ -88,8 +88,8 @@ class _AxisResolver:
         return (spec or None), text
 
 
-def _resolve_shapes(resolver: _AxisResolver, shapes: dict, component_shapes: dict, inputs: dict, path: str,
-                    strict_keys: bool) -> tuple[dict, dict]:
+def resolve_shapes(resolver: AxisResolver, shapes: dict, component_shapes: dict, inputs: dict, path: str,
+                   strict_keys: bool) -> tuple[dict, dict]:
     """torch.export `dynamic_shapes` for `inputs` from recipe specs, and a description of every dynamic axis."""
     import torch
 
@@ -199,7 +199,7 @@ def _rebuild_template(template, specs):
     return template
 
 
-def _varying_sizes(stages: dict) -> tuple[set[int], set[int]]:
+def varying_sizes(stages: dict) -> tuple[set[int], set[int]]:
     """(batch sizes, sequence lengths) of the sample, read off the 2-D tensor inputs (input_ids, attention_mask,
     position_ids, decoder_input_ids): batch from axis 0 of every stage's, lengths from axis 1 of every stage's but
     the decode step's (its mask is one longer than its cache, which would make a head_dim of that size look like a
@@ -216,10 +216,10 @@ def _varying_sizes(stages: dict) -> tuple[set[int], set[int]]:
     return {size for size in batches if size > 1}, {size for size in lengths if size > 1}
 
 
-def _default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) -> tuple[dict, dict]:
+def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) -> tuple[dict, dict]:
     """A generation component's shapes when the recipe gives none: `Dim.AUTO` on every axis of a tensor input, and
     on a cache tensor only on axis 0 where the sample has a batch size and on later axes where it has a sequence
-    length (`sizes`, from `_varying_sizes`); a cache's other axes (heads, head_dim, a static cache's length, a
+    length (`sizes`, from `varying_sizes`); a cache's other axes (heads, head_dim, a static cache's length, a
     state-space model's state sizes) are static.
 
     The engine's `dynamic=True` marks every axis of every cache tensor `Dim.AUTO`: four symbols per tensor, two

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hfexport.workarounds.transformers_models import prefill_by_decode
 
 
-def _exports_decode_alone(model, export_format: str, stages: dict) -> bool:
+def exports_decode_alone(model, export_format: str, stages: dict) -> bool:
     """Whether this model's prefill on `export_format` would take the sample's length only
     (`hfexport.workarounds.transformers_models.prefill_by_decode`): on that format Mamba's scan stays the engine's
     loop unrolled at the sample's length (modeling_fixes). The decode is the same recurrence for one token: export it

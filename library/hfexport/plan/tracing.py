@@ -16,7 +16,7 @@ from hfexport.workarounds.transformers_models import base_rope_index
 from hfexport import preparers
 
 
-def _engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
+def engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
     """The engine's config object for the target's format, enums converted from their strings."""
     from transformers.exporters import ExportFormat
 
@@ -31,18 +31,14 @@ def _engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
         raise PlanError(f"targets.{target.name}.options: {error}") from None
 
 
-def _prepared(model, inputs: dict) -> dict:
-    """Inputs as the engine traces them: after `prepare_for_export` (flags popped, preparer keys added)."""
+def traced_inputs(model, inputs: dict) -> dict:
+    """Inputs as the engine traces them: after `prepare_for_export` (flags popped, preparer keys added); for a probe,
+    its forward kwargs as the graph takes them (an `image_sizes` tensor becomes the Python ints the graph was
+    specialized on)."""
     from transformers.exporters.utils import prepare_for_export
 
     _, prepared, _ = prepare_for_export(model, copy.copy(dict(inputs)))
     return base_rope_index(model, dict(prepared))
-
-
-def traced_inputs(model, inputs: dict) -> dict:
-    """A probe's forward kwargs as the graph takes them: what the engine's input preparers computed from them added
-    or replaced, as at export time (an `image_sizes` tensor becomes the Python ints the graph was specialized on)."""
-    return _prepared(model, inputs)
 
 
 _RECORDED_VALUES = 64  # a prepared input of at most this many values is recorded with its values
@@ -70,8 +66,8 @@ def _jsonable_value(value):
 
 
 def preparer_record(inputs: dict, prepared: dict) -> dict:
-    """What the engine's export input preparers did to `inputs` (`prepared` = `_prepared(model, inputs)`): each input
-    they added (`cu_seqlens`, `position_ids`, ...) and each they replaced (`image_sizes`: a tensor become Python
+    """What the engine's export input preparers did to `inputs` (`prepared` = `traced_inputs(model, inputs)`): each
+    input they added (`cu_seqlens`, `position_ids`, ...) and each they replaced (`image_sizes`: a tensor become Python
     ints), with shapes and small values. The engine's dtype cast and popped output flags are not preparers' work."""
     import torch
 
@@ -90,14 +86,14 @@ def preparer_record(inputs: dict, prepared: dict) -> dict:
     return record
 
 
-def _preparer_context(module, record: dict) -> dict:
+def preparer_context(module, record: dict) -> dict:
     """`hfexport.preparers.context` of a component whose inputs the engine's preparers added to ({} otherwise)."""
     added = [name for name, entry in record.items() if entry["kind"] == "added"]
     return preparers.context(module, added) if added else {}
 
 
 @contextlib.contextmanager
-def _call_capture(owner, name: str):
+def call_capture(owner, name: str):
     """The kwargs of every call to `owner.<name>` within the block, each call's arguments bound to its signature
     (`**kwargs` merged in); nothing is recorded when `owner` is None. The method is shadowed by an instance
     attribute that keeps its signature (generate filters kwargs by it) and removed afterwards."""

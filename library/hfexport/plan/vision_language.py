@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from hfexport.errors import PlanError
-from hfexport.plan.tracing import _call_capture
+from hfexport.plan.tracing import call_capture
 
 # transformers 5.23's `generate` encodes a VLM's images before the prefill (`_prepare_multimodal_encoder_kwargs_for_
 # generation` calls `base_model.get_image_features` and hands the prefill `mm_encoder_outputs` instead of
@@ -17,12 +17,12 @@ from hfexport.plan.tracing import _call_capture
 IMAGE_ENCODER, EMBED = "image_encoder", "embed"
 
 
-def _image_features_capture(model):
+def image_features_capture(model):
     """The kwargs of every call to `model.base_model.get_image_features` within the block (see above)."""
     base = getattr(model, "base_model", None)
     if getattr(base, "get_image_features", None) is None or "image" not in getattr(model, "input_modalities", ()):
         base = None
-    return _call_capture(base, "get_image_features")
+    return call_capture(base, "get_image_features")
 
 
 def image_token_id(config) -> int | None:
@@ -74,7 +74,7 @@ def _image_modules(model, fixed: dict):
     return ImageEncoder().eval(), Embed().eval()
 
 
-def _image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
+def image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
     """`{"image_encoder": ..., "embed": ...}` stages from the captured `get_image_features` call.
 
     The encoder is traced on the first prompt's images (the first slice of every image tensor): LLaVA's

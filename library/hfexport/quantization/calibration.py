@@ -26,7 +26,7 @@ from typing import Any
 
 from hfexport.errors import PlanError, register_secret
 from hfexport.hub import HubRepo
-from hfexport.inputs import _tokenizer_of, text_inputs
+from hfexport.inputs import text_inputs, tokenizer_of
 from hfexport.quantization.spec import FILE_SUFFIXES, sample_texts
 
 DEFAULT_NUM_SAMPLES = 128
@@ -222,7 +222,7 @@ def build_calibration(section: dict, plan, processor, model_config, source=None,
     if texts is None:  # sample inputs without texts (images, audio, explicit tensors): the one input batch
         return Calibration(section["source"], origin, 1, [dict(inputs)], batch_size=_batch_of(inputs), padding="sample")
 
-    tokenizer = _tokenizer_of(processor)
+    tokenizer = tokenizer_of(processor)
     if tokenizer is None or not callable(tokenizer):
         raise PlanError(f"{where}: calibration texts go through the model's tokenizer, and this model has none")
     text_keys = [key for key, value in inputs.items() if isinstance(value, torch.Tensor)]

@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from hfexport.errors import RebindRefused
 from hfexport.rebind import onnx as onnx_format
 from hfexport.rebind import openvino as openvino_format
 from hfexport.rebind import pt2 as pt2_format
@@ -32,10 +33,6 @@ MAP_VERSION = 1
 FORMATS = {"onnx": onnx_format, "openvino": openvino_format, "dynamo": pt2_format, "executorch": pte_format}
 #: A floating stored tensor at least this large that matches nothing is taken for a weight the map cannot explain.
 UNMAPPED_MIN_BYTES = 64
-
-
-class RebindRefused(Exception):
-    """Why a rebind cannot be made; the job exports instead and reports this sentence."""
 
 
 @dataclass
@@ -310,7 +307,7 @@ def _compute(record: dict, tensors: dict):
         for other, key in zip(values[1:], part["keys"][1:]):
             if other.shape != first.shape or not torch.equal(other, first):
                 raise RebindRefused(f"{record['file']}:{record['name']} serves {part['keys'][0]} and {key}, whose new "
-                                    "values differ (one stored tensor, several parameters)")
+                                    "values differ (one stored tensor, several parameters)", file=record["file"])
         tensor = first
         if "transpose" in part["transform"]:
             tensor = tensor.t()
@@ -362,15 +359,16 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
         if entry is None or entry.nbytes != record["nbytes"] or entry.dtype != record["dtype"] \
                 or entry.shape != record["shape"]:
             raise RebindRefused(f"{record['file']}:{record['name']} is not in the previous export as its weight map "
-                                "says")
+                                "says", file=record["file"])
         for part in record["parts"]:
             missing = [key for key in part["keys"] if key not in tensors]
             if missing:
-                raise RebindRefused(f"{record['file']}:{record['name']} maps to {missing[0]}, which the model lacks")
+                raise RebindRefused(f"{record['file']}:{record['name']} maps to {missing[0]}, which the model lacks",
+                                    file=record["file"])
         data = _compute(record, tensors)
         if len(data) != entry.nbytes:
             raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {len(data)} bytes, the "
-                                f"stored tensor has {entry.nbytes}")
+                                f"stored tensor has {entry.nbytes}", file=record["file"])
         if not torch.equal(data, _stored_u8(entry)):
             updates.setdefault(record["file"], {})[record["name"]] = data.numpy().tobytes()
     for file, changes in updates.items():

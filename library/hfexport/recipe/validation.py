@@ -20,7 +20,7 @@ from hfexport.errors import Problem, RecipeError
 from hfexport.layout import LayoutError, canonical_format, check_file_name
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
 from hfexport.runtime import PRECISION_FORMATS
-from hfexport.schema import _validator, load_schema
+from hfexport.schema import schema_validator, load_schema
 
 MAX_RECIPE_BYTES = 1 << 20
 MAX_DEPTH = 32  # the deepest legitimate path (a component's per-tensor axis) is 9 levels
@@ -200,7 +200,8 @@ def _short_message(message: str) -> str:
 
 def _schema_problems(document: Any, invalid_paths: list | None = None) -> list[Problem]:
     """The schema's problems; `invalid_paths` collects where each one is in the document (as a key list)."""
-    errors = sorted(_validator("export_config").iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(schema_validator("export_config").iter_errors(document),
+                    key=lambda e: list(map(str, e.absolute_path)))
     problems, seen = [], set()
     for error in errors:
         problem = _schema_problem(error)

@@ -38,9 +38,9 @@ from hfexport.safety.onnx_proto import EXTERNAL, ITEMSIZE, PACKED, model_proto
 from hfexport.safety.pt2 import check_pt2_archive
 from hfexport.safety.ptd import read_flat_tensor
 from hfexport.safety.treespec import (
-    _IDENTIFIER,
-    _SPEC_FIELDS,
-    _check_file_name,
+    PYTHON_IDENTIFIER,
+    TREESPEC_FIELDS,
+    check_file_name,
     check_treespec,
     loads_checked,
 )
@@ -76,7 +76,7 @@ def checked_file(folder: Path, name: str, *, source: str, roots: tuple[Path, ...
     Links are followed only to check where they lead: one that leaves the folder (the file, or any folder on the
     way) raises `UnsafeExportError`, as do device files, FIFOs, sockets and directories."""
     label = f"{source}/{name}"
-    _check_file_name(name, source, "file")
+    check_file_name(name, source)
     path = Path(folder) / name
     try:
         real = path.resolve(strict=True)
@@ -148,9 +148,9 @@ def check_manifest(manifest: Any, source: str = MANIFEST_FILE) -> None:
         raise CorruptExportError(f"{source}: {_schema_message(errors[0])}")
     for name, entry in manifest["components"].items():
         where = f"components.{name}"
-        _check_file_name(entry["file"], source, f"{where}.file")
+        check_file_name(entry["file"], source, f"{where}.file")
         metadata = entry["metadata"]
-        for field in _SPEC_FIELDS:
+        for field in TREESPEC_FIELDS:
             if metadata.get(field) is not None:
                 check_treespec(metadata[field], source, f"{where}.metadata.{field}")
 
@@ -373,7 +373,7 @@ def check_openvino_files(xml: Path, weights: Path, label: str) -> None:
     for layer in root.iter("layer"):
         where = f"layer {layer.get('id')!r} ({str(layer.get('name'))[:60]})"
         kind, version = layer.get("type") or "", layer.get("version") or ""
-        if version not in opsets or not _IDENTIFIER.match(kind):
+        if version not in opsets or not PYTHON_IDENTIFIER.match(kind):
             raise UnsafeExportError(f"{label}: {where}: operation {kind[:40]!r} of {version[:40]!r}: only standard "
                                     "OpenVINO opsets are accepted (a custom operation runs extension code)")
         if kind == "Const":

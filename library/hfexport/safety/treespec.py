@@ -38,8 +38,8 @@ CONTEXT_TAGS = {
 }
 
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
-_SPEC_FIELDS = ("in_spec", "out_spec")
+PYTHON_IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
+TREESPEC_FIELDS = ("in_spec", "out_spec")
 
 
 def pt2_unpickling_allowlist() -> list[type]:
@@ -84,14 +84,10 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def check_file_name(name: Any, source: str) -> None:
-    """Refuse a file name that is not a plain relative name inside an export folder (`UnsafeExportError`)."""
-    _check_file_name(name, source, "file")
-
-
-def _check_file_name(value: Any, source: str, where: str) -> None:
-    """A component file is a plain name inside the export's folder: no absolute path, no `..`, no backslash, and no
-    NUL or other control character (Python's path functions raise a bare `ValueError` on a NUL)."""
+def check_file_name(value: Any, source: str, where: str = "file") -> None:
+    """Refuse a file name (the field `where` of `source`) that is not a plain relative name inside the export's folder
+    (`UnsafeExportError`): no absolute path, no `..`, no backslash, and no NUL or other control character (Python's
+    path functions raise a bare `ValueError` on a NUL)."""
     if not isinstance(value, str) or not value or value.startswith("/") or "\\" in value or \
             any(ord(char) < 32 or ord(char) == 127 for char in value) or \
             any(part in ("", ".", "..") for part in value.split("/")):
@@ -163,7 +159,7 @@ def _check_torch_name(name: Any, tag: str, source: str, where: str) -> None:
     import torch
 
     kind = torch.dtype if tag == "dtype" else torch.layout
-    if not (isinstance(name, str) and _IDENTIFIER.match(name) and isinstance(getattr(torch, name, None), kind)):
+    if not (isinstance(name, str) and PYTHON_IDENTIFIER.match(name) and isinstance(getattr(torch, name, None), kind)):
         raise UnsafeExportError(f"{source}: {where}: {name!r} is not a torch {tag}")
 
 
@@ -180,7 +176,7 @@ def _check_class(name: str, source: str, where: str) -> None:
 def _resolve_transformers_class(name: str) -> type | None:
     """What the engine would resolve `name` to, importing only modules under `transformers.`; None otherwise."""
     parts = name.replace(":", ".").split(".")
-    if parts[0] != "transformers" or len(parts) < 2 or not all(_IDENTIFIER.match(part) for part in parts):
+    if parts[0] != "transformers" or len(parts) < 2 or not all(PYTHON_IDENTIFIER.match(part) for part in parts):
         return None
     if any(part.startswith("__") for part in parts):
         return None

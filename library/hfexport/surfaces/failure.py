@@ -9,24 +9,17 @@ from hfexport.errors import (
     PlanError,
     Problem,
     PublishError,
+    PreflightError,
     PublishRefusedError,
     RecipeError,
     RecipeNotFoundError,
+    SampleError,
     SourceError,
+    SpaceError,
     UnknownTargetError,
     first_line,
     redact,
 )
-from hfexport.job.preflight import PreflightError
-from hfexport.samples import SampleError
-
-
-class SpaceError(HfExportError):
-    """A request the Space refuses before calling the job API (signed out, not a repo id, nothing to publish)."""
-
-    def __init__(self, category: str, message: str, command: str | None = None):
-        self.category, self.command = category, command
-        super().__init__(message)
 
 
 # ── Errors for people ────────────────────────────────────────────────────────

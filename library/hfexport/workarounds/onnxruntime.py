@@ -32,6 +32,8 @@ threads, AMD EPYC Zen 4, quiet: a decode step after a 1000-token prompt 35.0-37.
 
 from __future__ import annotations
 
+from hfexport.workarounds import workaround
+
 
 def _reciprocal_sqrt_product(op, x, variance):
     return op.Mul(x, op.Reciprocal(op.Sqrt(variance)))
@@ -41,6 +43,15 @@ def _sqrt_quotient(op, x, variance):
     return op.Div(x, op.Sqrt(variance))
 
 
+@workaround(
+    "onnxruntime-rms-norm-fusion",
+    upstream="onnxruntime 1.32.0 (SimplifiedLayerNormFusion) with torch 2.13 (onnxscript 0.7.2 torchlib: rsqrt "
+             "is Reciprocal(Sqrt))",
+    works_around="(cost) the exporter writes an RMSNorm as x * Reciprocal(Sqrt(v)), onnxruntime's fusion into "
+                 "one SimplifiedLayerNormalization kernel matches x / Sqrt(v) only: every runtime built on it "
+                 "(optimum, onnxruntime-genai, transformers.js on Node) ran the norms unfused",
+    applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_rms_norms)",
+    canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_leaves_the_rms_norm_unfused")
 def fuse_ready_rms_norms(model) -> int:
     """Rewrite every `Mul(x, Reciprocal(Sqrt(v)))` (either operand order) of the onnx_ir `model` into
     `Div(x, Sqrt(v))`, in place, where the reciprocal has no other use; returns how many were rewritten."""
@@ -104,6 +115,15 @@ def _key_swap(op, x, squeezed_shape, swapped_shape):
     return op.Transpose(x, perm=[*range(rank - 2), rank - 1, rank - 2])
 
 
+@workaround(
+    "onnxruntime-key-transpose-fusion",
+    upstream="onnxruntime 1.32.0 (MatMulTransposeFusion) with torch 2.13 (onnxscript 0.7.2 torchlib: "
+             "scaled_dot_product_attention swaps the key's axes through a 3-d view)",
+    works_around="(cost) torchlib transposes attention's key as Reshape, Transpose([0, 2, 1]), Reshape; "
+                 "onnxruntime folds a transpose into the Q @ K^T matmul only when it feeds the matmul directly, "
+                 "so every layer copied its key cache transposed on every step",
+    applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_key_transposes)",
+    canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_copies_the_key_transposed")
 def fuse_ready_key_transposes(model) -> int:
     """Rewrite every torchlib key transpose through a 3-d view (`Reshape`, `Transpose([0, 2, 1])`, `Reshape` back
     with the last two axes swapped) of the onnx_ir `model` into one `Transpose` of the last two axes, in place;
@@ -205,6 +225,14 @@ def _grouped_output(op, probabilities, kv, axes, expanded, **_):
     return op.Reshape(output, op.Constant(value_ints=[0, heads * repeats, -1, _dims(kv)[3]]))
 
 
+@workaround(
+    "onnxruntime-grouped-query-cache-copies",
+    upstream="onnxruntime 1.32.0 (no graph optimization undoes a repeat) with transformers 5.23 (repeat_kv)",
+    works_around="(cost) transformers' repeat_kv exports as Unsqueeze, Expand, Reshape: every layer copied its "
+                 "whole key and value cache once per query head of a group, every step, before the two "
+                 "attention matmuls; rewritten as the same matmuls broadcast over the group",
+    applied="export.run_plan, on every ONNX program the engine exports (broadcast_grouped_query_caches)",
+    canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_copies_the_repeated_cache")
 def broadcast_grouped_query_caches(model) -> int:
     """Rewrite attention over a grouped-query cache repeated to every head (transformers' `repeat_kv`: an `Expand`
     that copies the whole key and value cache n times, every layer, every step) into the same matmuls over the cache

@@ -20,7 +20,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from hfexport.workarounds import workaround
 
+
+@workaround(
+    "onnxscript-multi-output-matcher",
+    upstream="onnxscript 0.7.2",
+    works_around="(cost) SimplePatternMatcher indexes the whole graph for every node before checking its op, "
+                 "so the optimizer's rewrite pass is quadratic in the graph's size",
+    applied="export._format_fixes, around every ONNX export (onnx_fixes)",
+    canary="tests/test_onnx_fixes.py::test_the_fix_keeps_the_optimized_graph_and_drops_the_per_node_scans")
 @contextlib.contextmanager
 def onnx_fixes() -> Iterator[None]:
     """Within the block, onnxscript's multi-output pattern matcher skips nodes its pattern cannot start from."""

@@ -31,8 +31,17 @@ from __future__ import annotations
 import functools
 
 from hfexport.engine import runner_class
+from hfexport.workarounds import workaround
 
 
+@workaround(
+    "openvino-returned-shared-input",
+    upstream="openvino 2026.4.1 (CPU plugin)",
+    works_around="a program that returns one of its inputs keeps the caller's shared input buffer bound and "
+                 "writes through it once freed (heap corruption, SIGSEGV); such runners always copy their inputs",
+    applied="exported.ExportedModel.to, where the runners are made: ExportedModel.__call__, runners[...] and "
+            "generate are all covered",
+    canary="tests/test_generate_seq2seq.py::test_openvino_corrupts_the_heap_through_a_returned_shared_input")
 def copy_returned_inputs(runners: dict) -> None:
     """Replace, in place, each OpenVINO runner whose program returns one of its inputs by one that always copies its
     inputs (over the same compiled program)."""
@@ -71,6 +80,16 @@ def _input_copying_runner() -> type:
     return InputCopyingOpenVINORunner
 
 
+@workaround(
+    "openvino-fused-kv-cache-attention",
+    upstream="transformers 5.23.0 (exporters: _use_numpy_broadcasts) with openvino 2026.4.1 (CPU plugin: "
+             "StatefulSDPAFusion)",
+    works_around="(cost) the engine makes repeat_kv's bidirectional Broadcast numpy, which the CPU plugin's fused "
+                 "KV-cache attention does not match: a grouped-query stateful decode ran every attention unfused "
+                 "(optimum-intel's runtime, GenAI's SDPA backend, hfexport's generate); put back between the "
+                 "cache and the SDPA only",
+    applied="export.run_plan, on every OpenVINO program the engine exports (fuse_ready_cache_broadcasts)",
+    canary="tests/test_deployment_llm.py::test_the_engines_own_stateful_decode_compiles_to_unfused_attention")
 def fuse_ready_cache_broadcasts(program) -> int:
     """Put back, in place, the bidirectional `Broadcast` of each key/value repeat between a stateful cache (ReadValue,
     an optional Convert, Gather, Concat, Unsqueeze) and a `ScaledDotProductAttention` that transformers 5.23's OpenVINO

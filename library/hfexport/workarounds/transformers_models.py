@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from hfexport.workarounds import workaround
+
 # Formats whose lowering takes torch's `scan` (measured: see the module docstring).
 SCAN_FORMATS = ("dynamo", "onnx")
 
@@ -76,6 +78,14 @@ def _selective_scan(original):
     return selective_scan
 
 
+@workaround(
+    "transformers-mamba-scan",
+    upstream="transformers 5.23.0 (models/mamba)",
+    works_around="without CUDA kernels Mamba's selective scan is a Python loop that torch.export unrolls, "
+                 "specializing the sequence length; run as torch's scan on dynamo and ONNX",
+    applied="export._format_fixes around torch.export and ONNX exports of Mamba (modeling_fixes); plan.state_space "
+            "reads prefill_by_decode where it cannot apply",
+    canary="tests/test_modeling_fixes.py::test_without_the_fix_the_export_specializes_the_sequence")
 @contextlib.contextmanager
 def modeling_fixes(model, export_format: str) -> Iterator[None]:
     """Within the block, the fixes that apply to `model` on `export_format` are installed (none: a no-op)."""
@@ -100,6 +110,15 @@ def modeling_fixes(model, export_format: str) -> Iterator[None]:
             parameter.requires_grad_(True)
 
 
+@workaround(
+    "transformers-rope-index-on-base-model",
+    upstream="transformers 5.23.0 (exporters.utils.precompute_export_inputs)",
+    works_around="the engine runs the LLM rope index (`get_rope_index`) only when the traced module has it; a "
+                 "Qwen2-VL-class *ForConditionalGeneration keeps it on its base model, so a whole-model forward "
+                 "traced without positions stops in the rope index's tolist()",
+    applied="plan.tracing.traced_inputs (the plan's shapes, probes, the report's prepared_inputs) and "
+            "export.run_plan (the forward export's inputs)",
+    canary="tests/test_preparer_families.py::test_the_engine_alone_computes_no_rope_index_for_the_outer_model")
 def base_rope_index(model, prepared: dict) -> dict:
     """`prepared` (the engine's `prepare_for_export` output for `model`) with the text's rope positions the engine's
     preparers compute on the base model, where they missed them on `model`.
