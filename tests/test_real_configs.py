@@ -15,10 +15,12 @@ smaller hidden with the published head_dim would be a shape no published Llama h
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from hfexport.deployment import PASSED
 from hfexport.testing.zoo import build
 
 #: Llama-3.2-1B's MLP width, cut (see the module docstring); hidden, heads, key-value heads, head_dim as published.
@@ -37,10 +39,20 @@ def test_the_checkpoint_is_llama_3_2_1b_shaped_and_its_prompt_as_long_as_its_key
 
     config = json.loads((llama_3_2 / "config.json").read_text())
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (32, 8, 64)
-    assert config["rope_parameters"]["rope_type"] == "llama3"
+    assert config["dtype"] == "bfloat16" and config["rope_parameters"]["rope_type"] == "llama3"
     tokenizer = AutoTokenizer.from_pretrained(llama_3_2)
     assert [len(tokenizer(text)["input_ids"]) for text in PROMPTS] == [8, 6]
 
+
+def test_a_half_precision_checkpoint_loads_at_float32(llama_3_2):
+    import torch
+
+    from hfexport.models import checkpoint_dtype, load_config, load_model
+    from hfexport.recipe.loading import load_recipe
+
+    model = load_model(llama_3_2, load_recipe(llama_3_2))
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+    assert checkpoint_dtype(load_config(llama_3_2)) == "bfloat16"
 
 
 def test_a_cache_keeps_its_heads_and_head_dim_static_when_a_prompt_is_as_long(llama_3_2):
@@ -57,6 +69,36 @@ def test_a_cache_keeps_its_heads_and_head_dim_static_when_a_prompt_is_as_long(ll
     cache = plan.components["decode"].config.dynamic_shapes["past_key_values"]
     assert len(cache) == 4 and all(spec == {0: Dim.AUTO, 2: Dim.AUTO} for spec in cache), cache
 
+
+def test_llama_3_2_1b_in_bfloat16_exports_to_onnx_and_openvino_and_every_runtime_generates(
+        session_dir, llama_3_2, runtime_env):
+    """The job on the published shape and dtype: both targets export at float32, verify against `model.generate`,
+    and the ONNX one is in the loaders' contract with a static `[batch_size, 8, past_sequence_length, 64]` past,
+    generated token for token by transformers.js, optimum and onnxruntime-genai. The report names the checkpoint's
+    dtype and each export's."""
+    from unittest import mock
+
+    import onnx
+
+    from hfexport.job.run import run_job
+    from hfexport.report.model import validate_report
+
+    output = session_dir / "zoo-llama-3.2-1b-out"
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(llama_3_2, output, ["onnx-generation", "openvino-generation"], latency=False)
+    for name, target in report.targets.items():
+        assert target.status == "ok", (name, target.error)
+        assert target.verification["passed"] and target.verification["export_dtype"] == "float32", name
+    assert report.source["checkpoint_dtype"] == "bfloat16"
+    validate_report(report.to_dict())
+    onnx_target = report.targets["onnx-generation"]
+    assert [(check["runtime"], check["verdict"]) for check in onnx_target.runtimes] == [
+        ("transformers.js", PASSED), ("optimum", PASSED), ("onnxruntime-genai", PASSED)], onnx_target.runtimes
+    graph = onnx.load(str(output / "onnx-generation" / "model.onnx"), load_external_data=False).graph
+    past = next(value for value in graph.input if value.name == "past_key_values.1.value")
+    assert [dim.dim_param or dim.dim_value for dim in past.type.tensor_type.shape.dim] == [
+        "batch_size", 8, "past_sequence_length", 64]
+    assert past.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
 
 
 def test_a_symbolic_head_count_is_refused_naming_the_input_the_axis_and_the_sizes():
@@ -78,3 +120,34 @@ def test_a_symbolic_head_count_is_refused_naming_the_input_the_axis_and_the_size
     assert "'input.past_key_values.layers.0.keys', axis 1 (key-value heads)" in message
     assert "expected the static size 8 (config.json `num_key_value_heads`)" in message
     assert "found the symbolic dim '8'" in message and "fixed to that size" in message
+
+
+def test_an_op_onnx_runtime_has_no_cpu_kernel_for_is_said_so_not_a_corrupt_file(tmp_path):
+    """A sound graph of one bfloat16 `Mul`: ONNX Runtime's CPU provider has no kernel for it, which the loader says
+    naming the op, its opset and the dtype."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hfexport.errors import MissingKernelError
+    from hfexport.exported import _OnnxFile
+    from hfexport.onnx_runner import OnnxFileRunner
+
+    tensor = [helper.make_tensor_value_info(name, TensorProto.BFLOAT16, [2]) for name in ("a", "b", "c")]
+    graph = helper.make_graph([helper.make_node("Mul", ["a", "b"], ["c"], name="the_mul")], "g", tensor[:2],
+                              tensor[2:])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
+    with pytest.raises(MissingKernelError) as raised:
+        OnnxFileRunner.from_program(_OnnxFile(path), None, device="cpu")
+    message = str(raised.value)
+    assert str(path) in message and "no CPU kernel for Mul (opset 14) at bfloat16 (node 'the_mul')" in message
+    assert "not corrupt" in message
+
+
+def test_the_preflight_counts_a_half_precision_checkpoint_at_float32(llama_3_2):
+    from hfexport.job.preflight import loaded_bytes, weights_metadata
+
+    stored, dtypes = weights_metadata(llama_3_2)
+    assert set(dtypes) == {"BF16"} and stored == 2 * dtypes["BF16"]
+    assert loaded_bytes(stored, dtypes) == 4 * dtypes["BF16"]
+    assert loaded_bytes(100, {}) == 100  # no safetensors: the files' sizes
