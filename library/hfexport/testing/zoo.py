@@ -54,6 +54,75 @@ ZOO = {model.name: model for model in (
             "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
         },
     ),
+    ZooModel(
+        "llama-3.1-8b", "meta-llama/Llama-3.1-8B",
+        "config.json of meta-llama/Llama-3.1-8B (as NX-AI's xlstm benchmarks copy it: llama_3_1_config)",
+        {
+            "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+            "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+            "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "transformers_version": "4.43.0.dev0", "use_cache": True, "vocab_size": 128256,
+        },
+    ),
+    ZooModel(
+        "ministral-8b", "mistralai/Ministral-8B-Instruct-2410",
+        "config.json of mistralai/Ministral-8B-Instruct-2410 (as NX-AI's xlstm benchmarks copy it: "
+        "ministral8b_config)",
+        {
+            "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+            "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+            "intermediate_size": 12288, "max_position_embeddings": 32768, "model_type": "mistral",
+            "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+            "rope_theta": 100000000.0, "sliding_window": 32768, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "transformers_version": "4.46.0.dev0", "use_cache": True,
+            "vocab_size": 131072,
+        },
+    ),
+    ZooModel(
+        "qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B",
+        "huggingface.co/Qwen/Qwen2.5-0.5B/raw/main/config.json, as a published model-config digest quotes it",
+        {
+            "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+            "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+            "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+            "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True, "use_mrope": False,
+            "use_sliding_window": False, "vocab_size": 151936,
+        },
+    ),
+    ZooModel(
+        "qwen3-0.6b", "Qwen/Qwen3-0.6B",
+        "huggingface.co/Qwen/Qwen3-0.6B/raw/main/config.json, as fetched with curl in a published guide",
+        {
+            "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+            "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+            "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+            "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+            "use_sliding_window": False, "vocab_size": 151936,
+        },
+    ),
+    ZooModel(
+        "smollm2-135m", "HuggingFaceTB/SmolLM2-135M",
+        "huggingface.co/HuggingFaceTB/SmolLM2-135M/raw/main/config.json, quoted verbatim in a published study",
+        {
+            "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576,
+            "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": True,
+            "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 9,
+            "num_hidden_layers": 30, "num_key_value_heads": 3, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+            "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True, "vocab_size": 49152,
+        },
+    ),
 )}
 
 
