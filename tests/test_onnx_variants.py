@@ -171,9 +171,9 @@ def test_the_readmes_transformers_js_snippets_open_the_pull_request_by_dtype_alo
 
 @pytest.mark.slow
 def test_a_float16_checkpoint_is_gated_as_the_fp16_variant(session_dir, tiny_llama, runtime_env):
-    """A checkpoint stored in float16 exports a float16 graph (the engine exports at the model's dtype): it is
-    published as `model_fp16.onnx` (transformers.js' `dtype: "fp16"`) and the gate opens it so in every runtime,
-    judged by hfexport's f16 token agreement floor."""
+    """A checkpoint stored in float16 is loaded at float32 like any other (`hfexport.models.EXPORT_DTYPE`); its
+    target's `"dtype": "float16"` makes the float16 graph, published as `model_fp16.onnx` (transformers.js' `dtype:
+    "fp16"`), and the gate opens it so in every runtime, judged by hfexport's f16 token agreement floor."""
     from unittest import mock
 
     import torch
@@ -184,6 +184,9 @@ def test_a_float16_checkpoint_is_gated_as_the_fp16_variant(session_dir, tiny_lla
     model = session_dir / "llama-float16"
     shutil.copytree(tiny_llama, model)
     AutoModelForCausalLM.from_pretrained(model, dtype=torch.float16).save_pretrained(model)
+    recipe = json.loads((model / "export_config.json").read_text())
+    recipe["targets"][TARGET]["dtype"] = "float16"
+    (model / "export_config.json").write_text(json.dumps(recipe))
     with mock.patch.dict(os.environ, runtime_env):
         report = run_job(model, session_dir / "llama-float16-out", [TARGET], latency=False)
     target = report.targets[TARGET]

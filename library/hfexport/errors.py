@@ -139,6 +139,11 @@ class CorruptExportError(SourceError):
     read a checked file): the message names the file and the field."""
 
 
+class MissingKernelError(HfExportError):
+    """A runtime that has no kernel for an op of a sound file at its dtype (ONNX Runtime's CPU provider has no
+    bfloat16 `Mul`): the message names the file, the op, the dtype and the runtime; the file is not corrupt."""
+
+
 class PublishError(HfExportError):
     """Publishing to the Hub failed (authentication, access, network): nothing was half-published."""
 

@@ -149,14 +149,32 @@ def load_config(name_or_path: str | Path, revision: str | None = None, token: st
         raise SourceError(f"cannot load the config of {name_or_path}: {first_line(error)}") from None
 
 
+#: The dtype a model is loaded at to be exported, whatever its checkpoint is stored in: the engine exports at the
+#: model's dtype, and the formats' runtimes compute at float32 on the CPU (ONNX Runtime's CPU provider has no
+#: bfloat16 `Mul`), as optimum exports a half-precision checkpoint by default. A target that wants a half-precision
+#: file says so (the ONNX `"dtype": "float16"`, `hfexport.onnx_float16`; OpenVINO's `runtime.precision`).
+EXPORT_DTYPE = "float32"
+
+
+def checkpoint_dtype(config) -> str | None:
+    """The dtype the checkpoint's weights are stored in, as its config says (`dtype`, the older `torch_dtype`), the
+    text model's for a composite config; None when unstated."""
+    for holder in (config, getattr(config, "text_config", None)):
+        dtype = getattr(holder, "dtype", None) if holder is not None else None
+        if dtype is not None and str(dtype) != "auto":
+            return str(dtype).removeprefix("torch.")
+    return None
+
+
 def load_model(name_or_path: str | Path, recipe=None, revision: str | None = None, token: str | None = None,
                trust_remote_code: bool = False, config=None) -> Any:
-    """Load the model a recipe describes, in eval mode, float32, on the CPU."""
+    """Load the model a recipe describes, in eval mode, at `EXPORT_DTYPE` (float32), on the CPU."""
     config = config or load_config(name_or_path, revision, token, trust_remote_code)
     cls = model_class_for(config, recipe.task if recipe else None, recipe.model_class if recipe else None)
     try:
         model = cls.from_pretrained(
-            str(name_or_path), revision=revision, token=token, trust_remote_code=trust_remote_code, config=config
+            str(name_or_path), revision=revision, token=token, trust_remote_code=trust_remote_code, config=config,
+            dtype=EXPORT_DTYPE,
         )
     except (OSError, ValueError) as error:
         raise SourceError(f"cannot load {name_or_path} with {cls.__name__}: {first_line(error)}") from None

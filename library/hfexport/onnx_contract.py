@@ -95,7 +95,7 @@ def to_contract(folder: Path) -> bool:
     _fold_sliding_windows(graph, config)
     if outside_contract(graph):
         return False
-    symbols = _symbol_names(graph)
+    symbols = _symbol_names(graph, config)
     for value in graph.inputs:
         value.name = contract_name(value.name, is_output=False)
     for value in graph.outputs:
@@ -246,9 +246,10 @@ def genai_config(shapes: dict, config: dict, generation: dict) -> dict:
     return {"model": model, "search": search}
 
 
-def _symbol_names(graph) -> dict[str, str]:
+def _symbol_names(graph, config: dict | None = None) -> dict[str, str]:
     """torch.export's symbols of the contract's dims -> the contract's names, read off input_ids (batch, sequence),
-    the first past key (past length; its heads and head size must be static) and attention_mask (total length)."""
+    the first past key (past length; every past's heads and head size must be static) and attention_mask (total
+    length)."""
     inputs = {value.name: value for value in graph.inputs}
     names: dict[str, str] = {}
 
@@ -262,9 +263,7 @@ def _symbol_names(graph) -> dict[str, str]:
                  if _ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name)), None)
     if past is None or past.shape is None or len(past.shape) != 4:
         raise ContractError("the decode graph has no [batch, heads, past, head_dim] cache input")
-    if not isinstance(past.shape[1], int) or not isinstance(past.shape[3], int):
-        raise ContractError(f"{past.name}: shape {past.shape}: the head count and head size must be static "
-                            "(transformers.js makes every symbolic dim of the empty past 0 but `batch_size`)")
+    _check_static_heads(graph, config or {})
     for value in graph.inputs:  # every input's batch, attention_mask's too (torch.export may give it its own symbol)
         name(value, 0, BATCH)
     name(inputs.get("input_ids"), 1, SEQUENCE)
@@ -273,6 +272,34 @@ def _symbol_names(graph) -> dict[str, str]:
             name(value, 2, PAST)
     name(inputs.get("attention_mask"), 1, TOTAL)
     return names
+
+
+def _check_static_heads(graph, config: dict) -> None:
+    """Raise `ContractError` naming the input, the axis, the size the config gives it and the dim the graph has, for
+    a past whose key-value heads (axis 1) or head size (axis 3) is symbolic: transformers.js makes every symbolic
+    dim of the empty past 0 but `batch_size`."""
+    nested = isinstance(config.get("text_config"), dict)
+    text, prefix = (config["text_config"], "text_config.") if nested else (config, "")
+    heads = next(((text[key], prefix + key) for key in ("num_key_value_heads", "num_attention_heads")
+                  if isinstance(text.get(key), int)), None)
+    head_dim = (text["head_dim"], prefix + "head_dim") if isinstance(text.get("head_dim"), int) else (
+        (text["hidden_size"] // text["num_attention_heads"], f"{prefix}hidden_size / {prefix}num_attention_heads")
+        if isinstance(text.get("hidden_size"), int) and isinstance(text.get("num_attention_heads"), int) else None)
+    for value in graph.inputs:
+        if not (_ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name)) or value.shape is None:
+            continue
+        for axis, what, size in ((1, "key-value heads", heads), (3, "head size", head_dim)):
+            dim = value.shape[axis] if len(value.shape) > axis else None
+            if dim is None or isinstance(dim, int):
+                continue
+            expected = f"the static size {size[0]} (config.json `{size[1]}`)" if size else "a static size"
+            found = f"the symbolic dim {str(dim.value)!r}" if dim.value is not None else "an unnamed symbolic dim"
+            if str(dim.value).isdigit():  # torch.export fixed an axis the export had marked dynamic (Dim.AUTO)
+                found += " (an axis marked dynamic at export that torch.export then fixed to that size)"
+            raise ContractError(
+                f"input {value.name!r}, axis {axis} ({what}): expected {expected}, found {found} in shape "
+                f"{value.shape}: transformers.js makes every symbolic dim of the empty past 0 but `batch_size`, so "
+                "the head count and head size must be static")
 
 
 def _rename_dim(dim, names: dict[str, str]):

@@ -1,7 +1,7 @@
 """A float32 ONNX export converted to float16 when it is saved: the recipe target's `"dtype": "float16"`.
 
-The engine exports at the model's own dtype, so a float32 checkpoint (the common case: SmolLM2 is stored in f32) gives
-a float32 graph; transformers.js' `dtype: "fp16"` file (`onnx/model_fp16.onnx`) is that graph in float16, weights,
+The engine exports at the model's own dtype, and hfexport loads every checkpoint at float32
+(`hfexport.models.EXPORT_DTYPE`), so a job's ONNX export is a float32 graph; transformers.js' `dtype: "fp16"` file (`onnx/model_fp16.onnx`) is that graph in float16, weights,
 inputs and outputs (logits and the KV cache) alike. The conversion is onnxruntime's own
 `onnxruntime.transformers.float16.convert_float_to_float16`, as onnxruntime and optimum ship it, with its defaults:
 `keep_io_types=False` (the graph's float inputs and outputs become float16, as transformers.js' fp16 models have them,
@@ -37,7 +37,7 @@ class Float16Error(SaveError):
 
 def convert(folder: Path, target: str | None = None) -> bool:
     """Convert every component graph of the ONNX export saved in `folder` to float16, in place; False when there was
-    nothing to convert (every component is float16 already: a checkpoint stored in float16).
+    nothing to convert (every component is float16 already: a float16 model object given to the API).
 
     Raises `Float16Error` for a graph exported at another dtype than float32 or float16."""
     import onnx_ir

@@ -12,12 +12,14 @@ int4), which gets the engine's runner over the session already opened.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 from transformers.exporters import ModelRunner
 
 from hfexport.engine import onnx_inputs, runner_class
+from hfexport.errors import MissingKernelError
 from hfexport import onnx_seq2seq
 from hfexport.onnx_contract import leaf_path
 
@@ -63,8 +65,11 @@ class OnnxFileRunner(ModelRunner):
                                               session_options=session_options)
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(program.meta["path"], session_options,
-                                               providers=["CPUExecutionProvider"])
+        try:
+            session = onnxruntime.InferenceSession(program.meta["path"], session_options,
+                                                   providers=["CPUExecutionProvider"])
+        except Exception as error:  # noqa: BLE001 - a missing kernel said as such; anything else as ONNX Runtime said it
+            raise missing_kernel(error, program.meta["path"]) or error
         specs = [*session.get_inputs(), *session.get_outputs()]
         if any(spec.type not in NUMPY_TYPES for spec in specs):
             return runner_class("onnx")(metadata, session)
@@ -113,6 +118,41 @@ class OnnxFileRunner(ModelRunner):
         wanted = onnx_seq2seq.engine_outputs(self.session.get_modelmeta().custom_metadata_map, use_cache)
         outputs = [found.get(name, feeds.get(name)) for name in map(onnx_seq2seq.contract_output, wanted)]
         return self.unflatten([torch.from_numpy(numpy.ascontiguousarray(output)) for output in outputs])
+
+
+_NO_KERNEL = re.compile(r"NOT_IMPLEMENTED\s*:\s*Could not find an implementation for (\w+)\((\d+)\) node with name "
+                        r"'([^']*)'")
+
+
+def missing_kernel(error: BaseException, path) -> MissingKernelError | None:
+    """ONNX Runtime's "NOT_IMPLEMENTED : Could not find an implementation for Mul(14) node with name '...'" when it
+    opens the file at `path`, as a `MissingKernelError` naming the op, its opset, the dtype the node computes at (read
+    off the graph) and ONNX Runtime's version; None for any other error."""
+    import onnx
+    import onnxruntime
+
+    match = _NO_KERNEL.search(str(error))
+    if match is None:
+        return None
+    op, version, node_name = match.groups()
+    dtype = "an unsupported dtype"
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - the op alone, without its dtype
+        graph = None
+    if graph is not None:
+        types = {value.name: value.type.tensor_type.elem_type for value in (*graph.input, *graph.value_info,
+                                                                             *graph.output)}
+        types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+        node = next((node for node in graph.node if node.name == node_name), None)
+        known = [types[name] for name in (node.input if node is not None else ()) if types.get(name)]
+        if known:
+            name = onnx.TensorProto.DataType.Name(known[0]).lower()
+            dtype = {"float": "float32", "double": "float64"}.get(name, name)
+    return MissingKernelError(
+        f"{path}: ONNX Runtime {onnxruntime.__version__} has no CPU kernel for {op} (opset {version}) at {dtype} "
+        f"(node {node_name!r}): the file is not corrupt, onnxruntime lacks that op for that dtype; export the target "
+        "at float32 (the default) or at a dtype ONNX Runtime runs on the CPU (`\"dtype\": \"float16\"`)")
 
 
 def _at(tensor, half: bool):

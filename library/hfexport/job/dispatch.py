@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hfexport.errors import HfExportError, first_line, redact
-from hfexport.job.preflight import memory_needed, weights_metadata
+from hfexport.job.preflight import loaded_bytes, memory_needed, weights_metadata
 from hfexport.job.run import select_targets
 from hfexport.progress import Step
 from hfexport.recipe.loading import load_recipe
@@ -57,8 +57,7 @@ def estimate_memory(repo_id: str, revision: str, targets: list[str] | None, toke
     process (reads the recipe and the weights' sizes from the Hub; loads nothing)."""
     recipe = load_recipe(repo_id, revision=revision, token=token)
     chosen = [recipe.target(name) for name in select_targets(recipe, targets, targets is None)]
-    weights, _ = weights_metadata(repo_id, revision, token)
-    return memory_needed(weights, [chosen])
+    return memory_needed(loaded_bytes(*weights_metadata(repo_id, revision, token)), [chosen])
 
 
 def job_result(lines: Iterable[str]) -> dict | None:

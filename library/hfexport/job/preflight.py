@@ -4,11 +4,11 @@ The weights' size comes from safetensors headers (a Hub repo's through `HfApi.ge
 only the headers with range requests; a local folder's through `safetensors.safe_open`), else from the file sizes
 of the tree. Needs are estimates with documented multipliers (docs/publishing.md, "Preflight"):
 
-- memory: `RUNTIME_MB` for the imported libraries, plus the weights (at their stored dtype: transformers loads
-  with `dtype="auto"`) times `MEMORY_FACTOR[format]` for the largest target (a process exports its targets one
+- memory: `RUNTIME_MB` for the imported libraries, plus the weights as loaded for export (`loaded_bytes`: a
+  half-precision checkpoint is loaded at float32, `hfexport.models.EXPORT_DTYPE`) times `MEMORY_FACTOR[format]` for the largest target (a process exports its targets one
   after another); generation targets trace several graphs (`GENERATION_FACTOR`). A job that exports in several
   processes at once (`hfexport.job.parallel`) needs that for each process, summed.
-- disk: per target, the weights times `DISK_FACTOR` per component graph (generation exports save one graph per
+- disk: per target, the weights as loaded times `DISK_FACTOR` per component graph (generation exports save one graph per
   stage, each with its weights: `graphs_saved`), plus the download of a Hub model that is not in the local cache yet.
 
 Available memory is `psutil`'s available memory (capped by a cgroup v2 limit when there is one); disk is
@@ -35,6 +35,10 @@ GENERATION_COMPONENTS = 2
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
 
+
+#: Bytes per parameter once loaded for export, where they differ from the stored ones: half-precision floats widened
+#: to float32 (`hfexport.models.EXPORT_DTYPE`).
+LOADED_BYTES = {"F16": 4, "BF16": 4}
 
 MB = 1 << 20
 
@@ -107,6 +111,13 @@ def _hub_weights(repo_id: str, revision: str | None, token: str | None) -> tuple
     return total, {}
 
 
+def loaded_bytes(weights: int, dtypes: dict) -> int:
+    """The weights' bytes once loaded for export (`LOADED_BYTES`), from `weights_metadata`'s answer; the stored bytes
+    when the per-dtype counts are unknown (no safetensors)."""
+    return weights + sum(count * (LOADED_BYTES[dtype] - DTYPE_BYTES[dtype]) for dtype, count in dtypes.items()
+                         if dtype in LOADED_BYTES)
+
+
 def memory_factor(target) -> float:
     """How many times its weights one target's export holds in memory at its peak."""
     return MEMORY_FACTOR.get(target.export_format, 4.0) * (GENERATION_FACTOR if target.mode == "generation" else 1.0)
@@ -134,15 +145,16 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     targets = list(targets)
     groups = [targets] if groups is None else groups
     weights, dtypes = weights or weights_metadata(model, revision, token)
+    loaded = loaded_bytes(weights, dtypes)
     factors = [memory_factor(t) for t in targets]
-    memory = memory_needed(weights, groups)
-    disk = sum(int(weights * DISK_FACTOR * graphs_saved(t)) for t in targets)
+    memory = memory_needed(loaded, groups)
+    disk = sum(int(loaded * DISK_FACTOR * graphs_saved(t)) for t in targets)
     output_dir = _existing_parent(Path(output))
     download = 0 if Path(str(model)).is_dir() or _cached(str(model), revision) else weights
     if download and _same_filesystem(output_dir, _hf_cache_dir()):
         disk += download
     result = Estimate(weights, dtypes, memory, disk, available_memory(), available_disk(output_dir))
-    what = f"weights {_human(weights)}"
+    what = f"weights {_human(loaded)}" + (" as loaded, at float32" if loaded != weights else "")
     if result.memory_available is not None and memory > result.memory_available:
         processes = f" in each of {len(groups)} export processes" if len(groups) > 1 else ""
         result.problems.append(

@@ -42,10 +42,10 @@ from hfexport.job.parallel import (
     share_cores,
     workers_number,
 )
-from hfexport.job.preflight import available_memory, check, weights_metadata
+from hfexport.job.preflight import available_memory, check, loaded_bytes, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
 from hfexport.logs import engine_output, import_engine
-from hfexport.models import load_model, load_processor
+from hfexport.models import checkpoint_dtype, load_config, load_model, load_processor
 from hfexport.onnx_contract import GENAI_CONFIG_FILE
 from hfexport.onnx_seq2seq import DECODER_FILE
 from hfexport.runtime_layout import save_tokenizer
@@ -271,7 +271,8 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
             targets = {name: recipe.target(name) for name in to_export}
             weights = _weights_or_none(model, revision_to_load, options.token)
             if in_processes:
-                groups = export_groups(targets, options.workers, weights and weights[0], available_memory())
+                groups = export_groups(targets, options.workers, weights and loaded_bytes(*weights),
+                                       available_memory())
             if options.preflight:
                 check(model, list(targets.values()), output, revision_to_load, options.token,
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
@@ -293,8 +294,11 @@ def _load(job: _Job, detail: str | None = None) -> None:
     options = job.options
     with StepTimer(job.progress, "load_model", detail=detail or str(job.model)) as timer, engine_output("load_model"):
         if job.model_object is None:
+            config = load_config(job.model, job.revision_to_load, options.token, options.trust_remote_code)
             job.model_object = load_model(job.model, job.recipe, job.revision_to_load, options.token,
-                                          options.trust_remote_code)
+                                          options.trust_remote_code, config=config)
+            if checkpoint_dtype(config):  # what the weights are stored in; each target's export_dtype is its own
+                job.report.source["checkpoint_dtype"] = checkpoint_dtype(config)
         if options.inputs is None:
             job.processor = load_processor(job.model, job.revision_to_load, options.token)
     job.report.timings["load_model_s"] = round(timer.seconds, 4)

@@ -3,6 +3,7 @@ the defaults a generation component gets when the recipe names none."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hfexport.engine import auto_dynamic_shapes
@@ -216,6 +217,20 @@ def varying_sizes(stages: dict) -> tuple[set[int], set[int]]:
     return {size for size in batches if size > 1}, {size for size in lengths if size > 1}
 
 
+#: The axes of an attention cache layer's `keys` / `values` that vary between calls: batch and length
+#: (transformers 5.23's layout, `[batch, key_value_heads, length, head_dim]`; `hfexport.models.empty_cache`).
+ATTENTION_CACHE_AXES = (0, 2)
+_ATTENTION_LEAF = re.compile(r"(?:^|\.)layers\.\d+\.(?:keys|values)$")
+
+
+def _may_vary(leaf_name: str, leaf, axis: int) -> bool:
+    """Whether axis `axis` of cache leaf `leaf_name` may be dynamic: any axis but an attention layer's heads and
+    head_dim (a state-space model's states, a leaf of another layout, are left to the sample sizes)."""
+    if leaf.dim() == 4 and _ATTENTION_LEAF.search(leaf_name):
+        return axis in ATTENTION_CACHE_AXES
+    return True
+
+
 def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) -> tuple[dict, dict]:
     """A generation component's shapes when the recipe gives none: `Dim.AUTO` on every axis of a tensor input, and
     on a cache tensor only on axis 0 where the sample has a batch size and on later axes where it has a sequence
@@ -226,7 +241,9 @@ def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) 
     tensors per layer, and torch.export's symbolic-shape work grows with them (transformers 5.23 warns that explicit
     shapes export "significantly faster"); a 30-layer decoder's decode step carries 240 (measured:
     benchmarks/results/generation_shapes.json). An axis whose sample size happens to equal a batch or sequence size
-    stays `Dim.AUTO` (torch.export then decides, as before), so nothing that varies is pinned."""
+    stays `Dim.AUTO` (torch.export then decides, as before), so nothing that varies is pinned, except in an attention
+    layer's keys and values (`ATTENTION_CACHE_AXES`): their heads and head_dim never vary, whatever the sample's
+    lengths (a prompt of 8 tokens beside Llama 3's 8 key-value heads made the heads axis symbolic)."""
     import torch
     from torch.export import Dim
     from transformers.exporters.utils import get_leaf_tensors
@@ -241,12 +258,13 @@ def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) 
         if not template or isinstance(template, dict):
             result[key] = template if template else (None if template is None else _static_like(template))
             continue
-        leaves = list(get_leaf_tensors(value).values())
+        leaves = get_leaf_tensors(value)
         if len(leaves) != len(_flatten_template(template)):
             result[key] = template  # a container hfexport cannot read leaf by leaf: the engine's default
             continue
         specs = iter([{axis: Dim.AUTO for axis, size in enumerate(leaf.shape)
-                       if size in (batches if axis == 0 else lengths)} or None for leaf in leaves])
+                       if size in (batches if axis == 0 else lengths) and _may_vary(name, leaf, axis)} or None
+                      for name, leaf in leaves.items()])
         result[key] = _rebuild_template(template, specs)
         cached = cached or bool(leaves)
     described = {"*": "auto"} if not cached else {
