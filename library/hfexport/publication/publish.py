@@ -805,7 +805,7 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, P
         "",
         *[f"- {line}" for line in changes],
         "",
-        report_markdown(report).rstrip("\n"),
+        report_markdown(report, publication=True).rstrip("\n"),
     ]
     return "\n".join(lines) + "\n"
 

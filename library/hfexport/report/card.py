@@ -103,7 +103,7 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str | Pla
     lines += [
         "<details><summary>Export report (parity, sizes, provenance)</summary>",
         "",
-        report_markdown(report).rstrip("\n"),
+        report_markdown(report, publication=True).rstrip("\n"),
         "",
         "</details>",
         END,
@@ -451,6 +451,7 @@ def _metadata(header: str) -> dict | None:
 
 
 def _latency_lines(report: JobReport) -> list[str]:
-    """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details."""
-    section = latency_markdown(report)
+    """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details;
+    never figures of an unreliable measurement."""
+    section = latency_markdown(report, publication=True)
     return ["", section] if section else []

@@ -16,8 +16,9 @@ def _seconds(value) -> str:
     return f"{value:.1f} s" if isinstance(value, (int, float)) else "—"
 
 
-def report_markdown(report: JobReport) -> str:
-    """A summary table of targets, then a section per target (files; verification when it ran)."""
+def report_markdown(report: JobReport, publication: bool = False) -> str:
+    """A summary table of targets, then a section per target (files; verification when it ran). `publication`: for
+    the Hub (the card, the PR): unreliable latency figures are left out (`latency_markdown`)."""
     source = report.source
     where = source["model"] + (f"@{source['revision']}" if source.get("revision") else "")
     commit = source.get("commit") or source.get("content_hash") or ""
@@ -40,7 +41,7 @@ def report_markdown(report: JobReport) -> str:
     verified_on = verified_on_line(report)
     if verified_on:
         lines += ["", verified_on]
-    lines += _latency_lines(report)
+    lines += _latency_lines(report, publication)
     for name, target in report.targets.items():
         lines += ["", f"### `{name}`", ""]
         timings = " · ".join(f"{key.removesuffix('_s')} {_seconds(value)}" for key, value in target.timings.items())
@@ -309,9 +310,9 @@ def _generation_markdown(generation: dict) -> str:
     return line
 
 
-def _latency_lines(report: JobReport) -> list[str]:
+def _latency_lines(report: JobReport, publication: bool = False) -> list[str]:
     """The latency table and chart (hfexport.latency) below the summary, when the job measured any."""
-    section = latency_markdown(report)
+    section = latency_markdown(report, publication=publication)
     return ["", section] if section else []
 
 
