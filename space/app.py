@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 from hfexport.files import RECIPE_FILE
 from hfexport.latency import chart_rows
-from hfexport.layout import FORMAT_LABELS
+from hfexport.layout import format_label
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.markdown import report_markdown
 from hfexport.surfaces import space as logic
@@ -28,10 +28,8 @@ INTRO = (
     "formats and settings; every artifact is reloaded and checked against the model before you get it. "
     "**Open PR** publishes the artifacts to the model repo as one pull request, updated in place on later runs."
 )
-# Each format under its one name (the recipe's `export_format`, as the report and the CLI say it), with what people
-# call it.
-FORMAT_CHOICES = [(f"{FORMAT_LABELS[name]} · {name}" if FORMAT_LABELS[name].lower() != name else FORMAT_LABELS[name],
-                   name) for name in ("onnx", "openvino", "executorch", "dynamo")]
+# Each format under its one name (`format_label`, as the report, the card and the CLI say it).
+FORMAT_CHOICES = [(format_label(name), name) for name in ("onnx", "openvino", "executorch", "dynamo")]
 IDLE = "Conversions run one at a time; while yours waits, its place in the queue shows here."
 CSS = ".problem-lines { font-family: var(--font-mono); white-space: pre; }"
 

@@ -325,7 +325,7 @@ def test_card_section_round_trips_through_the_hub_byte_for_byte(hub, bert_out, t
     card = ModelCard(card_text)
     assert card.data.license == "mit" and card.data.tags == ["bert", "hfexport", "onnx"]
     section = card_text[card_text.index(START):card_text.index(END)]
-    for expected in ("| `onnx` | [`onnx/`](onnx) | onnx | forward |", '"' + repo + '", target="onnx"',
+    for expected in ("| `onnx` | [`onnx/`](onnx) | ONNX | forward |", '"' + repo + '", target="onnx"',
                      f'"{repo}", subfolder="onnx"', "## hfexport report"):
         assert expected in section
 

@@ -293,7 +293,7 @@ def test_model_without_recipe_gets_a_proposal_to_edit_and_a_recipe_pr(space, hub
     page.locator("#recipe-status", has_text="Proposed recipe").wait_for()
     assert page.locator("#formats").get_by_label("ONNX").is_checked()
     page.locator("#targets").get_by_label("onnx").wait_for()
-    page.locator("#formats").get_by_label("torch.export (.pt2)").check()
+    page.locator("#formats").get_by_label("torch.export").check()
     page.locator("#targets").get_by_label("pt2").wait_for()
     assert '"export_format": "dynamo"' in page.locator("#editor .cm-content").inner_text()
     shot(page, "15-no-recipe-proposal")

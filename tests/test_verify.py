@@ -143,7 +143,7 @@ def test_no_verify_lets_the_trap_through_and_verify_catches_it_later(tmp_path, t
 
     # The OUTPUT folder, no --model: every target, against the model its report names (issue 30).
     again = cli("verify", str(output))
-    assert again.returncode == 1 and "### `pt2` (dynamo / forward) vs " + str(tiny_bert) in again.stdout, again.stderr
+    assert again.returncode == 1 and "### `pt2` (torch.export / forward) vs " + str(tiny_bert) in again.stdout, again.stderr
     missing = cli("verify", str(tmp_path / "no-such-output"))
     assert missing.returncode == 2 and "no-such-output: no such folder" in missing.stderr, missing.stderr
 

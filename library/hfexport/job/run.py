@@ -44,6 +44,7 @@ from hfexport.job.parallel import (
 )
 from hfexport.job.preflight import available_memory, check, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
+from hfexport.layout import format_label
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
 from hfexport.onnx_contract import GENAI_CONFIG_FILE
@@ -323,7 +324,7 @@ def _export_target(job: _Job, name: str) -> None:
     target = job.recipe.target(name)
     progress, output = job.progress, job.output
     target_report = job.report.targets[name]
-    progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
+    progress(Step("target", "start", name, f"{format_label(target.export_format)} / {target.mode}"))
     from hfexport.export import run_plan  # imports torch: not for a job whose targets are all cache hits
 
     try:
@@ -342,7 +343,7 @@ def _export_target(job: _Job, name: str) -> None:
         key = _rebind_key(job, name, plan)
         if key and job.options.rebind and not job.options.force and _rebind(job, name, key, plan):
             return
-        with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
+        with StepTimer(progress, "export", name, f"{format_label(target.export_format)} / {target.mode}") as timer, \
                 engine_output(f"export {name}"):
             exported = run_plan(plan, job.model_object)
         target_report.timings["export_s"] = round(timer.seconds, 4)

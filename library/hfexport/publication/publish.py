@@ -38,6 +38,7 @@ from hfexport.layout import (
     artifact_name,
     assign_places,
     export_folders,
+    format_label,
     place_files,
     published_name,
     target_places,
@@ -698,7 +699,7 @@ def _describe_change(item: _Target, old_job: JobReport | None) -> str:
     """One line saying why a target is published again: new, model files, recipe, packages, status or artifacts."""
     new = item.target
     if old_job is None:
-        return f"`{item.name}`: added ({new.export_format} / {new.mode})"
+        return f"`{item.name}`: added ({format_label(new.export_format)} / {new.mode})"
     old, reasons = old_job.targets[item.name], []
     before, after = _source_id(old_job), _source_id(item.report)
     if before and after and before != after:
@@ -795,7 +796,7 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, P
         "",
         "Targets in this pull request:",
         "",
-        *[f"- `{name}` → `{folders[name].label()}` ({target.export_format} / {target.mode})"
+        *[f"- `{name}` → `{folders[name].label()}` ({format_label(target.export_format)} / {target.mode})"
           for name, target in report.targets.items()],
         "",
         *(["Try it before merging (this PR's revision):", "", "```python", "import hfexport", "",

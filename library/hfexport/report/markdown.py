@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
+from hfexport.layout import format_label
 from hfexport.report.model import JobReport
 from hfexport.runtime import summary_line
 from hfexport.samples import describe
@@ -34,7 +35,7 @@ def report_markdown(report: JobReport, publication: bool = False) -> str:
     ]
     for name, target in report.targets.items():
         lines.append(
-            f"| `{name}` | {target.export_format} | {target.mode} | {STATUS_ICONS.get(target.status, target.status)} "
+            f"| `{name}` | {format_label(target.export_format)} | {target.mode} | {STATUS_ICONS.get(target.status, target.status)} "
             f"| {human_bytes(target.total_bytes) if target.files else '—'} | {_seconds(target.timings.get('export_s'))} "
             f"| {_seconds(target.timings.get('verify_s'))} |"
         )
