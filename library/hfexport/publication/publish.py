@@ -728,13 +728,26 @@ def _card_report(chosen: list[_Target], remote: dict[str, _RemoteTarget]
     folders, sources = {}, {}
     for name, target in remote.items():
         if target.report is not None:
-            report.targets[name], folders[name] = _with_run(target.report, name), target.place
+            held = {relative: int(entry.get("size") or 0) for relative, entry in target.files.items()}
+            report.targets[name] = _as_published(_with_run(target.report, name), held)
+            folders[name] = target.place
             sources[name] = target.report.source
     for item in chosen:
-        report.targets[item.name], folders[item.name] = item.target, item.place
+        published = {relative: _size(content) for relative, content in item.published.items()}
+        report.targets[item.name], folders[item.name] = _as_published(item.target, published), item.place
         sources.pop(item.name, None)
     report.targets = dict(sorted(report.targets.items()))
     return report, folders, sources
+
+
+def _as_published(target: TargetReport, files: dict[str, int]) -> TargetReport:
+    """`target` listing the files its folder holds in the publication (`files`: name -> bytes), as uploaded: the
+    loaders' names (`model.onnx_data`), its report and manifest included; the card and the description count and
+    list these, not the job's own file names."""
+    if not files:
+        return target
+    entries = [{"path": name, "bytes": size} for name, size in sorted(files.items())]
+    return TargetReport.from_dict({**target.to_dict(), "files": entries, "total_bytes": sum(files.values())})
 
 
 def _with_run(report: JobReport, name: str) -> TargetReport:
