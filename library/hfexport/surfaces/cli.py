@@ -461,6 +461,7 @@ def cmd_verify(args) -> int:
     names (`--model` overrides); exit 1 when parity fails."""
     from hfexport.job.reverify import reverify
     from hfexport.report.markdown import target_verification_markdown
+    from hfexport.report.text import verification_text
 
     folders = _target_folders(Path(args.folder))
     status = EXIT_OK
@@ -468,13 +469,15 @@ def cmd_verify(args) -> int:
         model, revision = _source_model(folder, args)
         with contextlib.redirect_stdout(sys.stderr), _console().status(f"verifying {folder} against {model}"):
             report, name = reverify(folder, model, revision=revision, token=_token(args),
-                                    trust_remote_code=args.trust_remote_code)
+                                    trust_remote_code=args.trust_remote_code, write_report=args.write_report)
         target = report.targets[name]
         if args.json:
             print(report.to_json(only=name), end="")
-        else:
-            print(f"### `{name}` ({target.export_format} / {target.mode}) vs {model}\n")
+        elif args.format == "markdown":
+            print(f"### `{name}` ({format_label(target.export_format)} / {target.mode}) vs {model}\n")
             print(target_verification_markdown(target))
+        else:
+            print(verification_text(name, target, str(model)) + "\n")
         if target.status != "ok":
             status = EXIT_CHECK_FAILED
     return status
@@ -677,7 +680,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", help="Hub revision of the model")
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
-    p.add_argument("--json", action="store_true", help="print the target's updated report as JSON")
+    p.add_argument("--json", action="store_true", help="print the target's report, with this verification, as JSON")
+    p.add_argument("--format", choices=("text", "markdown"), default="text",
+                   help="text for a terminal (default), or Markdown (a PR comment, a job summary)")
+    p.add_argument("--write-report", action="store_true",
+                   help="update the saved export_report.json files with this verification (default: leave them)")
 
     p = sub.add_parser("report", help="print an export report as Markdown")
     p.add_argument("path", help="an OUTPUT folder, an OUTPUT/<target> folder or an export_report.json")
