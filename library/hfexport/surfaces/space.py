@@ -57,6 +57,7 @@ from hfexport.hub import hub_file, looks_like_repo_id, search_models
 from hfexport.job import init
 from hfexport.job.dispatch import TERMINAL, HfJobs, estimate_memory, job_result, job_steps
 from hfexport.job.preflight import available_memory
+from hfexport.plan.dry import model_problems
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
@@ -316,7 +317,8 @@ class RecipeCheck:
 
 def check_recipe_text(text: str | None, source: str = "editor", config: tuple[dict, str] | None = None) -> RecipeCheck:
     """Parse and validate recipe text (strict JSON, schema, semantics; with the model's `config`, (config.json as a
-    dict, where it was read), its dims against what the model admits); never raises for bad input."""
+    dict, where it was read), its dims against what the model admits, and each target's mode and inputs against the
+    model itself, built from that config without weights: `plan.dry`); never raises for bad input."""
     text = text or ""
     check = RecipeCheck(text=text)
     try:
@@ -332,8 +334,8 @@ def check_recipe_text(text: str | None, source: str = "editor", config: tuple[di
     check.pretty, where = pretty_json(document)
     try:
         check.recipe = recipe_from_document(document, source)
-        if config is not None:
-            problems = config_problems(check.recipe.data, *config)
+        if config is not None:  # the model's own limits, and a dry plan against the model built from its config
+            problems = config_problems(check.recipe.data, *config) + model_problems(check.recipe, *config)
             if problems:
                 check.recipe = None
                 raise RecipeError(problems, source)
