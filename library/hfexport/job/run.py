@@ -248,6 +248,11 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
     started = time.perf_counter()
     recipe = load_recipe(options.recipe if options.recipe is not None else model, revision=options.revision,
                          token=options.token)
+    origin = options.recipe_origin if options.recipe is not None else None
+    if origin:  # "edited"/"proposed" only when it differs from the repo's own recipe, byte for byte (canonical JSON)
+        own = _own_recipe(model, options.revision, options.token)
+        if own is not None and own.sha256 == recipe.sha256:
+            recipe, origin = own, None
     names = select_targets(recipe, options.targets, options.all_targets)
     samples = read_samples(options.sample_files)  # a bad file is refused here: nothing loaded, nothing written
     if samples and (recipe.sample_inputs or recipe.task):  # else the task is the model's: checked once it is known
@@ -257,7 +262,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
         **resolve_source(model, options.revision, options.token),
         "recipe_source": recipe.source,
         "recipe_sha256": recipe.sha256,
-        **({"recipe_origin": options.recipe_origin} if options.recipe_origin and options.recipe is not None else {}),
+        **({"recipe_origin": origin} if origin else {}),
     }
     report = JobReport(source=source)
     revision_to_load = source["commit"] or options.revision
@@ -283,6 +288,14 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
                 groups=groups, model_object=options.model_object, repos=repos, samples=samples)
+
+
+def _own_recipe(model: str | Path, revision: str | None, token: str | None) -> Recipe | None:
+    """The model's own recipe (its repo's or folder's), or None when it has none or it cannot be read."""
+    try:
+        return load_recipe(model, revision=revision, token=token)
+    except HfExportError:
+        return None
 
 
 def _weights_or_none(model, revision: str | None, token: str | None) -> tuple[int, dict] | None:
