@@ -53,11 +53,24 @@ def test_latency_is_rendered_in_the_report_and_the_card(timed_job):
     rows = [line for line in markdown.splitlines() if line.startswith(("| `onnx` |", "| `pt2` |"))
             and line.count("|") == 7]
     assert len(rows) == 4, markdown  # two targets x two batch sizes
-    card = render_section("user/model", report)
+    sound = _as_if_sound(report)  # the rendering of figures a busy machine (this one, maybe) would not publish
+    card = render_section("user/model", sound)
     section_start = card.index("### Latency")
     assert section_start < card.index("<details>")  # seen without opening the report
-    rows = chart_rows(report)
+    rows = chart_rows(sound)
     assert {row["run"] for row in rows} >= {"onnx · batch 1", "pt2 · batch 8", "eager torch · batch 1"}
+
+
+def _as_if_sound(report: JobReport) -> JobReport:
+    """A copy of `report` whose latency measurements are taken as sound (`latency.soundness` found this machine
+    busy, or not): for tests of how figures are rendered, whatever the load of the machine that ran them."""
+    copy = JobReport.from_dict(json.loads(report.to_json()))
+    for target in copy.targets.values():
+        latency = target.latency or {}
+        if latency.pop("unreliable", None):
+            for point in latency.get("points", []):
+                point.pop("verdict", None)
+    return copy
 
 
 def test_the_text_chart_scales_bars_to_the_slowest_of_each_batch():
@@ -97,7 +110,7 @@ def test_generation_targets_are_timed_over_a_whole_greedy_generation(exported_ll
             assert point["eager_ms"] > 0 and point["shapes"]["input_ids"][0] == point["batch"]
     text = latency_markdown(report)
     assert "`onnx-generation` (generate, 8 tokens)" in text
-    assert any(row["run"].startswith("eager generate") for row in chart_rows(report))
+    assert any(row["run"].startswith("eager generate") for row in chart_rows(_as_if_sound(report)))
 
 
 class KnownCost:
