@@ -634,6 +634,7 @@ def launch(settings: logic.SpaceSettings | None = None, sign_in: bool | None = N
     demo = build_app(settings, sign_in=sign_in)
     settings = demo.hfexport_settings  # type: ignore[attr-defined]
     demo.hfexport_runner.start()  # type: ignore[attr-defined] # the job process imports the engine meanwhile
+    logic.warm_up_live_check()  # and this one what the live check's dry plan needs (torch, transformers)
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=8)
     allowed = [str(Path(settings.workdir).resolve()), *launch_kwargs.pop("allowed_paths", [])]
     demo.launch(allowed_paths=allowed, css=CSS, footer_links=["api"], **launch_kwargs)

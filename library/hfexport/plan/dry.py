@@ -41,6 +41,18 @@ def model_problems(recipe: Recipe, config: dict, config_source: str = "config.js
     return problems
 
 
+def warm_up() -> None:
+    """Import what a dry plan needs (torch, transformers' model classes) now, in a background thread of a server,
+    so that the first live check does not wait for the imports."""
+    import threading
+
+    def load() -> None:
+        import torch  # noqa: F401
+        from transformers import AutoConfig, AutoModel  # noqa: F401
+
+    threading.Thread(target=load, name="hfexport-dry-plan-warm-up", daemon=True).start()
+
+
 def _forward_inputs(model) -> list[str]:
     """The named inputs of the model's `forward` (not its `**kwargs`)."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

@@ -57,7 +57,7 @@ from hfexport.hub import hub_file, looks_like_repo_id, search_models
 from hfexport.job import init
 from hfexport.job.dispatch import TERMINAL, HfJobs, estimate_memory, job_result, job_steps
 from hfexport.job.preflight import available_memory
-from hfexport.plan.dry import model_problems
+from hfexport.plan.dry import model_problems, warm_up
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
@@ -344,6 +344,11 @@ def check_recipe_text(text: str | None, source: str = "editor", config: tuple[di
         for problem in check.problems:
             check.lines.setdefault(_locate(problem.path, where), []).append(problem)
     return check
+
+
+def warm_up_live_check() -> None:
+    """Import what `check_recipe_text`'s dry plan needs in the background (a server calls this at start)."""
+    warm_up()
 
 
 _SYNTAX_POSITION = re.compile(r"\(line (\d+), column (\d+)\)")
