@@ -229,6 +229,9 @@ def test_a_speed_claim_needs_a_quiet_machine_and_eager_timings_that_follow_the_w
     assert soundness(sound, runnable=[], cores=2) is None  # no counts (no /proc): judged by the timings alone
     busy = soundness(sound, runnable=[4, 5, 4], cores=2, threads=2)  # two hogs beside the job's threads
     assert busy and "busy" in busy and "on 2 cores" in busy, busy
+    loaded = soundness(sound, runnable=[1, 2], cores=2, threads=2, load_average=7.52)  # busy before and around it
+    assert loaded == "the machine was busy: load average 7.52 on 2 cores when timed", loaded
+    assert soundness(sound, runnable=[1, 2], cores=2, threads=2, load_average=1.5) is None
     # issue 44's OpenVINO figures: eager 21.02 ms at batch 1, 1.81 ms at batch 8
     contradicted = [point(1, 21.02, [20.0, 22.0]), point(8, 1.81, [1.7, 1.9])]
     said = soundness(contradicted, runnable=[1], cores=2)

@@ -152,18 +152,21 @@ def verdict(point: dict) -> str:
     return "within spread"
 
 
-def soundness(points: list[dict], runnable: list[int], cores: int | None, threads: int = 1) -> str | None:
+def soundness(points: list[dict], runnable: list[int], cores: int | None, threads: int = 1,
+              load_average: float | None = None) -> str | None:
     """Why a measurement cannot support a speed claim, or None when it can.
 
     Busy: while timed, more threads of the machine were ready to run than it has cores (the median of the counts
     taken after each round, less the timing side's own threads beyond one, which the count includes when they
-    spin). Inconsistent: eager torch measured faster per call at a larger batch than at a smaller one, with the two
+    spin), or its 1-minute load average was above its cores when the timing ended. Inconsistent: eager torch measured faster per call at a larger batch than at a smaller one, with the two
     spreads apart: the same model doing more work in less time means waits, not work, were timed."""
     if runnable and cores:
         others = statistics.median(runnable) - max(0, min(threads, cores) - 1)
         if others > cores:
             return (f"the machine was busy: {statistics.median(runnable):g} threads ready to run on {cores} cores "
                     "while timed")
+    if load_average is not None and cores and load_average > cores:
+        return f"the machine was busy: load average {load_average:.2f} on {cores} cores when timed"
     by_batch = sorted((point["batch"], point) for point in points if point.get("eager_spread"))
     for (small, lower), (large, higher) in zip(by_batch, by_batch[1:]):
         if large > small and higher["eager_spread"][1] < lower["eager_spread"][0]:
@@ -261,7 +264,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
                "load_average": round(os.getloadavg()[0], 2), "points": points}
     if runnable:
         latency["runnable"] = statistics.median(runnable)
-    unsound = soundness(points, runnable, cores, torch.get_num_threads())
+    unsound = soundness(points, runnable, cores, torch.get_num_threads(), latency["load_average"])
     if unsound:
         latency[UNRELIABLE] = unsound
         for point in points:
