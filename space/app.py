@@ -36,7 +36,7 @@ CSS = """
 /* Results and report tables keep their rows on one line and scroll sideways in their own box on a narrow screen
    (a phone), instead of wrapping one character per line or cutting the bar column off. */
 #outcome table, #results table, #pr-result table, #recipe-status table {
-  display: block; max-width: 100%; overflow-x: auto; -webkit-overflow-scrolling: touch; }
+  display: block; width: max-content; max-width: 100%; overflow-x: auto; -webkit-overflow-scrolling: touch; }
 #outcome th, #outcome td, #results th, #results td { white-space: nowrap; }
 #outcome, #results, #progress, #recipe-status, #pr-result { overflow-wrap: anywhere; min-width: 0; }
 """
