@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 from hfexport.files import RECIPE_FILE
 from hfexport.latency import chart_rows
-from hfexport.layout import FORMAT_LABELS
+from hfexport.layout import format_label
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.markdown import report_markdown
 from hfexport.surfaces import space as logic
@@ -28,12 +28,18 @@ INTRO = (
     "formats and settings; every artifact is reloaded and checked against the model before you get it. "
     "**Open PR** publishes the artifacts to the model repo as one pull request, updated in place on later runs."
 )
-# Each format under its one name (the recipe's `export_format`, as the report and the CLI say it), with what people
-# call it.
-FORMAT_CHOICES = [(f"{FORMAT_LABELS[name]} · {name}" if FORMAT_LABELS[name].lower() != name else FORMAT_LABELS[name],
-                   name) for name in ("onnx", "openvino", "executorch", "dynamo")]
+# Each format under its one name (`format_label`, as the report, the card and the CLI say it).
+FORMAT_CHOICES = [(format_label(name), name) for name in ("onnx", "openvino", "executorch", "dynamo")]
 IDLE = "Conversions run one at a time; while yours waits, its place in the queue shows here."
-CSS = ".problem-lines { font-family: var(--font-mono); white-space: pre; }"
+CSS = """
+.problem-lines { font-family: var(--font-mono); white-space: pre; }
+/* Results and report tables keep their rows on one line and scroll sideways in their own box on a narrow screen
+   (a phone), instead of wrapping one character per line or cutting the bar column off. */
+#outcome table, #results table, #pr-result table, #recipe-status table {
+  display: block; width: max-content; max-width: 100%; overflow-x: auto; -webkit-overflow-scrolling: touch; }
+#outcome th, #outcome td, #results th, #results td { white-space: nowrap; }
+#outcome, #results, #progress, #recipe-status, #pr-result { overflow-wrap: anywhere; min-width: 0; }
+"""
 
 
 SIGNED_OUT_MODE = ("**Signed out**: this local run has no Hugging Face login. Load and check recipes here; to "
@@ -53,7 +59,7 @@ def _new_state() -> dict:
 def _forget_results(state: dict) -> dict:
     """The state with the previous model's job dropped: its report, zip and what Open PR would publish."""
     return {**state, "output": None, "zip": None, "status": None, "verified": None, "targets": [], "left_out": [],
-            "latency": []}
+            "latency": [], "report": None, "failure": None, "pr_url": None}
 
 
 def _token(oauth_token: gr.OAuthToken | None, settings: logic.SpaceSettings) -> str | None:
@@ -70,6 +76,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
     settings = settings or logic.SpaceSettings.from_env()
     workspace = logic.Workspace(settings.workdir, settings.session_ttl_s)
     runner = logic.JobRunner(settings)
+    conversions = logic.Conversions()  # each session's running conversion: what Cancel stops, what Load waits for
 
     def release(state: Any) -> None:
         if isinstance(state, dict) and state.get("session"):
@@ -84,8 +91,20 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             return "Not signed in: you can read public recipes; **sign in** to convert and open pull requests."
         return f"Signed in as **{profile.username}**."
 
-    def load_model(model_id: str, revision: str, state: dict | None, oauth_token: gr.OAuthToken | None):
+    def guard_load(model_id: str, request: gr.Request):
+        """Loading another model while this session's conversion runs is refused, saying so: the model box goes
+        back to the model being converted (its results, zip and PR buttons belong to it)."""
+        conversion = conversions.running(_session(request))
+        refusal = logic.load_refusal(conversion, model_id)
+        if refusal is None:
+            return gr.update(), ""
+        return conversion.model, refusal
+
+    def load_model(model_id: str, revision: str, state: dict | None, oauth_token: gr.OAuthToken | None,
+                   request: gr.Request = None):
         """Fetch the repo's recipe and validate it; without one, draft a recipe for the chosen formats."""
+        if conversions.running(_session(request)) is not None:  # refused by `guard_load`: the page stays as it is
+            return (gr.skip(),) * 6
         state = dict(state or _new_state())
         try:
             model = logic.check_model_id(model_id)
@@ -176,9 +195,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
         targets_update = gr.update(choices=check.targets, value=value) if check.valid else _target_update(check)
         return note + check.markdown(), text, _problems(check), targets_update, gr.update(), state
 
-    def offer_variants(recipe_text: str):
-        """The quantized variants the editor's recipe can take (ticked: those it holds); hidden when none."""
-        check = logic.check_recipe_text(recipe_text)
+    def offer_variants(recipe_text: str, state: dict | None):
+        """The quantized variants the editor's recipe can take (ticked: those it holds); hidden when none, and while
+        the recipe does not validate against the loaded model."""
+        check = logic.check_recipe_text(recipe_text, config=(state or {}).get("model_config"))
         choices = logic.quantized_variant_choices(check.document) if check.valid else []
         return gr.update(choices=choices, value=logic.ticked_variants(check.document) if choices else [],
                          visible=bool(choices))
@@ -226,7 +246,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 gr.update(interactive=logic.can_publish(state), value=logic.pr_button_label(state)),
                 gr.update(interactive=logic.can_publish(state)),
                 gr.update(interactive=jobs_blocker is None, variant="primary" if too_large else "secondary"),
-                jobs_blocker or (fit.markdown() if fit else ""))
+                jobs_blocker or (fit.markdown() if fit else ""),
+                gr.update(interactive=logic.propose_blocker(state, token) is None))
 
     def run_jobs(model_id: str, revision: str, recipe_text: str, targets: list[str], state: dict | None,
                  oauth_token: gr.OAuthToken | None):
@@ -254,7 +275,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 oauth_token: gr.OAuthToken | None, request: gr.Request):
         """Run the job for the chosen targets with live progress; end with the report and a zip of the artifacts."""
         state = dict(state or _new_state())
-        state.update(output=None, zip=None, status=None, verified=None, latency=[])
+        state.update(output=None, zip=None, status=None, verified=None, latency=[], report=None, failure=None)
         try:
             model = logic.check_model_id(model_id)
             rev = logic.check_revision(revision)
@@ -266,17 +287,25 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                                                                                           "").strip()
             command = logic.export_command((model_id or "MODEL").strip(), (revision or "").strip() or None, targets,
                                            edited_recipe=edited)
-            yield _fail(error, command), "", None, gr.update(interactive=False), state
+            yield "", _fail(error, command), "", None, gr.update(interactive=False), state
             return
-        session = request.session_hash if request is not None and request.session_hash else "api"
+        session = _session(request) or "api"
         state["session"] = session
+        conversion = conversions.start(session, model)
+        try:
+            yield from _convert(model, rev, token, recipe, edited, recipe_text, targets, state, session, conversion)
+        finally:
+            conversions.end(session, conversion)
+
+    def _convert(model: str, rev: str | None, token: str, recipe: dict | None, edited: bool, recipe_text: str,
+                 targets: list[str], state: dict, session: str, conversion: logic.Conversion):
         folder = workspace.new_job(session)
         samples = (state.get("samples") or {}) if state.get("model") == model else {}
         try:
             staged = logic.stage_samples(samples, folder)
         except Exception as error:  # noqa: BLE001 - e.g. the upload expired from Gradio's cache: upload it again
             workspace.release(session)
-            yield _fail(error), "", None, gr.update(interactive=False), state
+            yield "", _fail(error), "", None, gr.update(interactive=False), state
             return
         proposed = state.get("recipe_source") == "proposed" and (recipe_text or "").strip() == (
             state.get("loaded_text") or "").strip()
@@ -285,16 +314,17 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                                sample_files=staged)
         log = logic.ProgressLog(f"Converting `{model}`" + (f" at `{rev}`" if rev else "") + "".join(
             f" on your sample {kind} {entry['describe']}" for kind, entry in samples.items()))
-        yield log.markdown(), "", None, gr.update(interactive=False), state
-        for event in runner.run(job):
+        yield log.markdown(), "", "", None, gr.update(interactive=False), state
+        for event in runner.run(job, cancel=conversion.cancel):
             if isinstance(event, logic.Finished):
                 break
             log.add(event)
-            yield log.markdown(), "", None, gr.update(interactive=False), state
-        log.note = f"Finished in {event.seconds:.1f} s."
+            yield log.markdown(), "", "", None, gr.update(interactive=False), state
+        cancelled = event.failure is not None and event.failure.category == "Cancelled"
+        log.note = f"{'Cancelled after' if cancelled else 'Finished in'} {event.seconds:.1f} s."
         if event.report is None:
             workspace.release(session)
-            yield log.collapsed(), event.failure.markdown(), None, gr.update(interactive=False), state
+            yield log.collapsed(), event.failure.markdown(), "", None, gr.update(interactive=False), state
             return
         report = event.report
         zip_path = None
@@ -303,7 +333,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 zip_path = logic.zip_artifacts(job.output, folder / f"{model.replace('/', '--')}-exports.zip")
             except OSError as error:  # e.g. the disk filled up: the report is still worth showing
                 workspace.release(session)
-                yield log.collapsed(), _fail(error, job.command) + "\n\n" + report_markdown(report), None, \
+                yield log.collapsed(), _fail(error, job.command), report_markdown(report), None, \
                     gr.update(interactive=False), state
                 return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
@@ -312,16 +342,10 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                      latency=chart_rows(report),
                      left_out=[name for name in report.targets if name not in publishable],
                      zip=str(zip_path) if zip_path else None, status=report.status,
-                     verified=logic.verified_recipe(used, report))
-        results = report_markdown(report)
-        if event.failure is not None:
-            results = event.failure.markdown() + "\n\n" + results
-            if publishable:
-                results = (f"**Open PR** publishes the targets that passed ({', '.join(publishable)}); the others "
-                           "stay out.\n\n" + results)
-        results = logic.outcome_markdown(report, pr_num=state.get("pr")) + "\n\n" + results
+                     verified=logic.verified_recipe(used, report), report=report,
+                     failure=event.failure.markdown() if event.failure is not None else None)
         # The zip's value only (the API returns it as a path); `idle` shows the area once there is one.
-        yield (log.collapsed(), results, str(zip_path) if zip_path else None,
+        yield (log.collapsed(), _outcome(state), report_markdown(report), str(zip_path) if zip_path else None,
                gr.update(interactive=logic.can_publish(state)), state)
 
     def open_pr(state: dict | None, oauth_token: gr.OAuthToken | None):
@@ -339,7 +363,8 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             return _fail(error, command), state
         left_out = state.get("left_out") or []
         note = f" Not published: {', '.join(f'`{name}`' for name in left_out)} (did not pass)." if left_out else ""
-        state = {**state, "pr": getattr(result, "pr_num", None) or state.get("pr")}
+        state = {**state, "pr": getattr(result, "pr_num", None) or state.get("pr"),
+                 "pr_url": getattr(result, "pr_url", None) or state.get("pr_url")}
         return logic.publish_message(result) + note, state
 
     def publish_new(state: dict | None, profile: gr.OAuthProfile | None, oauth_token: gr.OAuthToken | None):
@@ -374,25 +399,34 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             return message + " Every target passed parity here, so it records `validated_with`."
         return message + " Not every target was converted and verified here: no `validated_with` recorded."
 
-    def forget_results():
+    def cancel_conversion(request: gr.Request):
+        """Stop this session's running conversion (Convert's handler then ends it as "Cancelled")."""
+        conversions.cancel(_session(request))
+        return gr.update(interactive=False, value="Cancelling…")
+
+    def forget_results(request: gr.Request):
         """Another model (or none) is loading: the previous model's report, zip, Open PR and messages go, and
-        Convert waits for the new recipe."""
-        return (IDLE, "", gr.update(value=None, visible=False), gr.update(interactive=False, value="Open PR"), "",
+        Convert waits for the new recipe. Nothing goes while a conversion runs (`guard_load` refused the load)."""
+        if conversions.running(_session(request)) is not None:
+            return (gr.skip(),) * 11
+        return (IDLE, "", "", gr.update(value=None, visible=False), gr.update(interactive=False, value="Open PR"), "",
                 gr.update(value=None, visible=False), "", gr.update(interactive=False), gr.update(interactive=False),
                 "")
 
     def busy():
         """A conversion was asked for: Convert and Open PR stay disabled until it ends, and the previous
         conversion's results and zip go (its folder is replaced by the new job's)."""
-        return (gr.update(interactive=False), gr.update(interactive=False), "", "",
+        return (gr.update(interactive=False), gr.update(interactive=False), "", "", "",
                 gr.update(value=None, visible=False), "Waiting for its turn…", gr.update(value=None, visible=False),
-                gr.update(interactive=False))
+                gr.update(interactive=False), gr.update(interactive=False),
+                gr.update(visible=True, interactive=True, value="Cancel"))
 
     def idle(state: dict | None, recipe_text: str | None, oauth_token: gr.OAuthToken | None):
         state = state or {}
         rows = state.get("latency") or []
         chart = gr.update(value=_latency_frame(rows), visible=True) if rows else gr.update(value=None, visible=False)
-        return (*controls(state, recipe_text, oauth_token), gr.update(visible=bool(state.get("zip"))), chart)
+        return (*controls(state, recipe_text, oauth_token), gr.update(visible=bool(state.get("zip"))), chart,
+                gr.update(interactive=True), gr.update(visible=False), "")
 
     def remember(model_id: str, revision: str, recipe_text: str):
         return {"model": model_id or "", "revision": revision or "", "recipe": recipe_text or ""}
@@ -431,6 +465,7 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             model_box = gr.Textbox(label="Model repo", placeholder="org/model", scale=3, elem_id="model")
             revision_box = gr.Textbox("", label="Revision (optional)", placeholder="main", scale=1, elem_id="revision")
             load_button = gr.Button("Load recipe", scale=1, elem_id="load")
+        load_note = gr.Markdown(elem_id="load-note")
         recipe_status = gr.Markdown(label="Recipe status", elem_id="recipe-status")
         with gr.Group(visible=False) as format_group:
             formats = gr.CheckboxGroup(FORMAT_CHOICES, value=["onnx"], label="Formats for the proposed recipe",
@@ -454,59 +489,64 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
             targets = gr.CheckboxGroup([], label="Targets to convert (none: the recipe's default)", elem_id="targets",
                                        scale=3)
             convert_button = gr.Button("Convert", variant="primary", scale=1, elem_id="convert", interactive=False)
+            cancel_button = gr.Button("Cancel", variant="stop", scale=1, elem_id="cancel", visible=False)
             jobs_button = gr.Button("Run on my Hugging Face Jobs", scale=1, elem_id="run-jobs", interactive=False)
-            propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose")
+            propose_button = gr.Button("Propose recipe", scale=1, elem_id="propose", interactive=False)
         convert_hint = gr.Markdown("Load a model to convert it.", elem_id="convert-hint")
         jobs_hint = gr.Markdown(elem_id="jobs-hint")
         jobs_progress = gr.Markdown(elem_id="jobs-progress")
         propose_result = gr.Markdown(label="Recipe proposal", elem_id="propose-result")
-        progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
-        latency_chart = gr.BarPlot(None, x="run", y="ms", color="batch", sort="y", visible=False,
-                                   title="Latency on this Space's CPU (median ms, lower is faster)", y_title="ms",
-                                   x_title="", x_label_angle=-30, height=260, elem_id="latency-chart")
-        results = gr.Markdown(label="Results", elem_id="results")
+        # The results, outcome first: status, each target passed or failed, the pull request; then what to do with
+        # them (the zip, Open PR); then how it went (the step log, the latency) and the full report.
+        outcome = gr.Markdown(label="Outcome", elem_id="outcome")
         download = gr.File(label="Artifacts (zip)", interactive=False, height=90, elem_id="download", visible=False)
         with gr.Row():
             pr_button = gr.Button("Open PR", interactive=False, elem_id="open-pr")
             new_repo_button = gr.Button("Publish to my repo", interactive=False, elem_id="publish-new")
         pr_result = gr.Markdown(label="Pull request", elem_id="pr-result")
+        progress = gr.Markdown(IDLE, label="Progress", elem_id="progress", min_height=60)
+        latency_chart = gr.BarPlot(None, x="run", y="ms", color="batch", sort="y", visible=False,
+                                   title="Latency on this Space's CPU (median ms, lower is faster)", y_title="ms",
+                                   x_title="", x_label_angle=-30, height=260, elem_id="latency-chart")
+        results = gr.Markdown(label="Report", elem_id="results")
 
         def closed(request: gr.Request):  # the tab was closed: its artifacts go now, not when the state expires
             if request is not None and request.session_hash:
                 workspace.release(request.session_hash)
 
-        job_outputs = [progress, results, download, pr_button, pr_result, latency_chart, propose_result,
+        job_outputs = [progress, outcome, results, download, pr_button, pr_result, latency_chart, propose_result,
                        convert_button, new_repo_button, jobs_progress]
         loaded = [recipe_status, editor, problems, targets, format_group, state]
-        gated = [convert_button, convert_hint, pr_button, new_repo_button, jobs_button, jobs_hint]
+        gated = [convert_button, convert_hint, pr_button, new_repo_button, jobs_button, jobs_hint, propose_button]
         sample_areas = [sample_image, sample_audio, sample_note]
         demo.load(show_user, None, user, api_visibility="private")
         demo.load(restore, [saved, state], [model_box, revision_box, *loaded], api_visibility="private").then(
             offer_samples, state, sample_areas, api_visibility="private", queue=False).then(
             controls, [state, editor], gated, api_visibility="private", queue=False).then(
-            offer_variants, editor, variants, api_visibility="private", queue=False)
+            offer_variants, [editor, state], variants, api_visibility="private", queue=False)
         demo.unload(closed)
         search_box.submit(search, search_box, [found_models, search_note], api_name="search_models")
         found_models.input(lambda picked: picked or gr.update(), found_models, model_box, api_visibility="private",
                            queue=False)
         for trigger, api in ((load_button.click, {"api_name": "load_recipe"}),
                              (model_box.submit, {"api_visibility": "private"})):
-            trigger(forget_results, None, job_outputs, queue=False, api_visibility="private").then(
+            trigger(guard_load, model_box, [model_box, load_note], queue=False, api_visibility="private").then(
+                forget_results, None, job_outputs, queue=False, api_visibility="private").then(
                 load_model, [model_box, revision_box, state], loaded, **api,
             ).then(offer_samples, state, sample_areas, api_visibility="private", queue=False).then(
                 controls, [state, editor], gated, api_visibility="private", queue=False).then(
                 remember, [model_box, revision_box, editor], saved, api_visibility="private").then(
-                offer_variants, editor, variants, api_visibility="private", queue=False)
+                offer_variants, [editor, state], variants, api_visibility="private", queue=False)
         formats.input(draft, [model_box, revision_box, formats, state], [recipe_status, editor, problems, targets,
                                                                           state],
                       api_name="draft_recipe").then(controls, [state, editor], gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private").then(
-            offer_variants, editor, variants, api_visibility="private", queue=False)
+            offer_variants, [editor, state], variants, api_visibility="private", queue=False)
         editor.input(validate, [editor, state], [recipe_status, problems, targets, state], api_name="validate_recipe",
                      queue=False, trigger_mode="always_last", show_progress="hidden").then(
             controls, [state, editor], gated, api_visibility="private", queue=False).then(
             remember, [model_box, revision_box, editor], saved, api_visibility="private", queue=False).then(
-            offer_variants, editor, variants, api_visibility="private", queue=False)
+            offer_variants, [editor, state], variants, api_visibility="private", queue=False)
         variants.input(add_variants, [variants, editor, targets, state], [recipe_status, editor, problems, targets,
                                                                           variants, state],
                        api_name="add_quantized_variants", queue=False).then(
@@ -519,15 +559,20 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                        queue=False).then(controls, [state, editor], gated, api_visibility="private", queue=False)
         # preprocess=False: a script may name targets without loading the recipe first (the choices of the
         # checkbox group are per session); the job checks the names against the recipe itself.
-        convert_button.click(busy, None, [convert_button, pr_button, pr_result, results, download, progress,
-                                          latency_chart, new_repo_button],
+        convert_button.click(busy, None, [convert_button, pr_button, pr_result, outcome, results, download, progress,
+                                          latency_chart, new_repo_button, load_button, cancel_button],
                              queue=False, api_visibility="private").then(
-            convert, [model_box, revision_box, editor, targets, state], [progress, results, download, pr_button, state],
+            convert, [model_box, revision_box, editor, targets, state],
+            [progress, outcome, results, download, pr_button, state],
             api_name="convert", concurrency_limit=1, concurrency_id="export", show_progress_on=[progress],
             preprocess=False,
-        ).then(idle, [state, editor], [*gated, download, latency_chart], api_visibility="private", queue=False)
+        ).then(idle, [state, editor], [*gated, download, latency_chart, load_button, cancel_button, load_note],
+               api_visibility="private", queue=False)
+        cancel_button.click(cancel_conversion, None, cancel_button, queue=False, api_name="cancel")
         pr_button.click(open_pr, state, [pr_result, state], api_name="open_pr", concurrency_limit=2,
-                        concurrency_id="publish").then(controls, [state, editor], gated, api_visibility="private", queue=False)
+                        concurrency_id="publish").then(
+            _outcome, state, outcome, api_visibility="private", queue=False).then(
+            controls, [state, editor], gated, api_visibility="private", queue=False)
         new_repo_button.click(publish_new, state, pr_result, api_name="publish_to_my_repo", concurrency_limit=2,
                               concurrency_id="publish")
         jobs_button.click(lambda: (gr.update(interactive=False), ""), None, [jobs_button, jobs_progress], queue=False,
@@ -540,6 +585,19 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
     demo.hfexport_settings = settings  # type: ignore[attr-defined]
     demo.hfexport_runner = runner  # type: ignore[attr-defined]
     return demo
+
+
+def _outcome(state: dict) -> str:
+    """The outcome of the session's last conversion (`logic.outcome_markdown`), with its pull request once open."""
+    report = state.get("report")
+    if report is None:
+        return ""
+    return logic.outcome_markdown(report, pr_url=state.get("pr_url"), pr_num=state.get("pr"),
+                                  failure=state.get("failure"), model=state.get("model"))
+
+
+def _session(request: gr.Request | None) -> str | None:
+    return request.session_hash if request is not None and request.session_hash else None
 
 
 def _latency_frame(rows: list[dict]):
@@ -576,6 +634,7 @@ def launch(settings: logic.SpaceSettings | None = None, sign_in: bool | None = N
     demo = build_app(settings, sign_in=sign_in)
     settings = demo.hfexport_settings  # type: ignore[attr-defined]
     demo.hfexport_runner.start()  # type: ignore[attr-defined] # the job process imports the engine meanwhile
+    logic.warm_up_live_check()  # and this one what the live check's dry plan needs (torch, transformers)
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=8)
     allowed = [str(Path(settings.workdir).resolve()), *launch_kwargs.pop("allowed_paths", [])]
     demo.launch(allowed_paths=allowed, css=CSS, footer_links=["api"], **launch_kwargs)

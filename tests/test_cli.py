@@ -50,7 +50,7 @@ def assert_one_readable_error(code: int, out: str, err: str, *needles: str) -> N
 def test_show_prints_components_and_dims(run, tiny_bert):
     code, out, err = run("show", tiny_bert, "--target", "onnx")
     assert code == 0, err
-    assert "target onnx: onnx / forward" in out
+    assert "target onnx: ONNX / forward" in out
     assert "dims: batch [1, 8], seq [2, 64]" in out
     assert "component model" in out
     assert "input_ids" in out and "seq [2, 64]" in out and "opset_version" in out
@@ -65,11 +65,11 @@ def test_show_reads_only_the_recipe_and_never_imports_torch(tiny_bert, tiny_llam
             "main(['show', sys.argv[2], '--target', 'onnx-generation'])]; "
             "print('torch imported' if 'torch' in sys.modules else 'no torch', codes)")
     result = subprocess.run([sys.executable, "-c", code, str(tiny_bert), str(tiny_llama)], capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(Path(hfexport_cli.__file__).parents[1])})
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(hfexport_cli.__file__).parents[2])})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("no torch [0, 0]"), result.stdout
     assert "input_ids dynamic: {0: batch [1, 8], 1: seq [2, 64]}" in result.stdout
-    assert "target onnx-generation: onnx / generation" in result.stdout
+    assert "target onnx-generation: ONNX / generation" in result.stdout
     assert "--resolve lists them" in result.stdout  # generation components come from the model
 
 
@@ -280,7 +280,7 @@ def test_summary_fits_80_columns_and_long_messages_go_below():
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in text.splitlines()]
     assert max(map(len, lines)) <= 80, text
     rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("openvino-generation", "pte")}
-    assert rows["openvino-generation"].split()[1:4] == ["openvino", "failed", "FAIL"], text  # status, parity
+    assert rows["openvino-generation"].split()[1:4] == ["OpenVINO", "failed", "FAIL"], text  # status, parity
     assert "123.5 MB" in rows["openvino-generation"] and "123.4s" in rows["openvino-generation"]
     assert "parity" not in rows["openvino-generation"]  # the message is a note below the table, not a cell
     notes = "".join(lines[lines.index(next(line for line in lines if line.startswith("openvino-generation: "))):])
@@ -294,7 +294,7 @@ def test_summary_is_plain_text_when_not_a_terminal():
     lines = text.splitlines()
     assert lines[0] == "hfexport · examples/tiny-llama"
     assert lines[1].split() == ["target", "format", "status", "parity", "size", "export", "verify"]
-    assert lines[3].split() == ["openvino-generation", "openvino", "failed", "FAIL", "123.5", "MB", "123.4s",
+    assert lines[3].split() == ["openvino-generation", "OpenVINO", "failed", "FAIL", "123.5", "MB", "123.4s",
                                 "12.2s"]
     assert f"openvino-generation: {LONG_PARITY}" in lines  # one line, whole: logs are read with grep
 
@@ -305,7 +305,7 @@ def test_real_export_prints_a_plain_table_to_a_pipe(cli, tiny_bert, tmp_path):
     lines = result.stdout.splitlines()
     assert "\x1b[" not in result.stdout and "─" not in result.stdout
     assert lines[1].split()[:4] == ["target", "format", "status", "parity"]
-    assert lines[3].split()[:4] == ["pt2", "dynamo", "ok", "pass"]
+    assert lines[3].split()[:4] == ["pt2", "torch.export", "ok", "pass"]
 
 
 # ── Messages in the user's terms ─────────────────────────────────────────────

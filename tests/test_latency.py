@@ -53,11 +53,24 @@ def test_latency_is_rendered_in_the_report_and_the_card(timed_job):
     rows = [line for line in markdown.splitlines() if line.startswith(("| `onnx` |", "| `pt2` |"))
             and line.count("|") == 7]
     assert len(rows) == 4, markdown  # two targets x two batch sizes
-    card = render_section("user/model", report)
+    sound = _as_if_sound(report)  # the rendering of figures a busy machine (this one, maybe) would not publish
+    card = render_section("user/model", sound)
     section_start = card.index("### Latency")
     assert section_start < card.index("<details>")  # seen without opening the report
-    rows = chart_rows(report)
+    rows = chart_rows(sound)
     assert {row["run"] for row in rows} >= {"onnx · batch 1", "pt2 · batch 8", "eager torch · batch 1"}
+
+
+def _as_if_sound(report: JobReport) -> JobReport:
+    """A copy of `report` whose latency measurements are taken as sound (`latency.soundness` found this machine
+    busy, or not): for tests of how figures are rendered, whatever the load of the machine that ran them."""
+    copy = JobReport.from_dict(json.loads(report.to_json()))
+    for target in copy.targets.values():
+        latency = target.latency or {}
+        if latency.pop("unreliable", None):
+            for point in latency.get("points", []):
+                point.pop("verdict", None)
+    return copy
 
 
 def test_the_text_chart_scales_bars_to_the_slowest_of_each_batch():
@@ -97,7 +110,7 @@ def test_generation_targets_are_timed_over_a_whole_greedy_generation(exported_ll
             assert point["eager_ms"] > 0 and point["shapes"]["input_ids"][0] == point["batch"]
     text = latency_markdown(report)
     assert "`onnx-generation` (generate, 8 tokens)" in text
-    assert any(row["run"].startswith("eager generate") for row in chart_rows(report))
+    assert any(row["run"].startswith("eager generate") for row in chart_rows(_as_if_sound(report)))
 
 
 class KnownCost:
@@ -199,3 +212,50 @@ def test_the_card_and_the_description_say_where_the_recipe_came_from():
     assert origin(recipe_source="<dict>", recipe_origin="edited").startswith("a recipe edited in the hfexport Space")
     assert origin(recipe_source="<dict>").startswith("a recipe given to the exporter, not the repo's")
     assert origin(recipe_source="/tmp/mine.json").startswith("the recipe `/tmp/mine.json`, not the repo's")
+
+
+def test_a_speed_claim_needs_a_quiet_machine_and_eager_timings_that_follow_the_work():
+    """Issue 44: on a busy machine (more threads ready to run than cores), or when eager torch measured faster per
+    call at a larger batch (beyond the spreads: more work in less time), the measurement claims nothing, and the
+    published card and PR leave its figures out with one line saying why."""
+    from hfexport.latency import UNRELIABLE, soundness, verdict, versus
+
+    def point(batch, eager, spread):
+        return {"batch": batch, "artifact_ms": 1.0, "eager_ms": eager, "artifact_spread": [0.9, 1.1],
+                "eager_spread": spread, "speedup": round(eager / 1.0, 3)}
+
+    sound = [point(1, 4.0, [3.8, 4.2]), point(8, 9.0, [8.5, 9.5])]
+    assert soundness(sound, runnable=[1, 2, 1, 2], cores=2, threads=2) is None
+    assert soundness(sound, runnable=[], cores=2) is None  # no counts (no /proc): judged by the timings alone
+    busy = soundness(sound, runnable=[4, 5, 4], cores=2, threads=2)  # two hogs beside the job's threads
+    assert busy and "busy" in busy and "on 2 cores" in busy, busy
+    loaded = soundness(sound, runnable=[1, 2], cores=2, threads=2, load_average=7.52)  # busy before and around it
+    assert loaded == "the machine was busy: load average 7.52 on 2 cores when timed", loaded
+    assert soundness(sound, runnable=[1, 2], cores=2, threads=2, load_average=1.5) is None
+    # issue 44's OpenVINO figures: eager 21.02 ms at batch 1, 1.81 ms at batch 8
+    contradicted = [point(1, 21.02, [20.0, 22.0]), point(8, 1.81, [1.7, 1.9])]
+    said = soundness(contradicted, runnable=[1], cores=2)
+    assert said and "faster at batch 8" in said and "more work in less time" in said, said
+    # within the spreads, a larger batch measured a little faster is noise, not a contradiction
+    assert soundness([point(1, 4.0, [3.5, 4.5]), point(8, 3.9, [3.6, 4.4])], runnable=[1], cores=2) is None
+
+    claimed = point(1, 21.81, [20.5, 23.0])
+    assert versus(claimed) == "21.81x faster"
+    withheld = {**claimed, "verdict": UNRELIABLE}
+    assert verdict(withheld) == UNRELIABLE and versus(withheld) == "not measured reliably here"
+
+    report = JobReport(source={"model": "m", "recipe_sha256": "0" * 64})
+    latency = {"runs": 7, "cpu": "Test CPU", "threads": 2, "cores": 2, "load_average": 7.52,
+               "points": [{**p, "verdict": UNRELIABLE} for p in contradicted], UNRELIABLE: busy}
+    report.targets["onnx"] = TargetReport("onnx", "onnx", "forward", latency=latency)
+    page = latency_markdown(report)
+    assert "not measured reliably here" in page and "faster" not in page.replace("faster at", ""), page
+    assert f"Not measured reliably here ({busy})" in page
+    assert chart_rows(report) == []  # no bars to compare
+    for published in (latency_markdown(report, publication=True), report_markdown(report, publication=True),
+                      render_section("user/model", report)):
+        assert "21.02" not in published and "not measured reliably here" not in published, published
+        assert "Latency of `onnx` not published: not measured reliably" in published, published
+    from hfexport.report.model import validate_report
+
+    validate_report(report.to_dict())

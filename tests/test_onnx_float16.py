@@ -137,7 +137,7 @@ def test_the_float16_target_is_judged_at_f16_by_hfexport_and_the_three_runtimes(
     _, target = gated_fp16
     verification = target.verification
     assert verification["passed"] and verification["export_dtype"] == "float16", verification["failures"]
-    assert verification["thresholds"]["basis"] == "defaults for onnx float16 graph at f16 runtime precision"
+    assert verification["thresholds"]["basis"] == "defaults for ONNX float16 graph at f16 runtime precision"
     assert verification["runtime"]["precision"] == "f16"
     generation = verification["generation"]
     assert generation["min_token_agreement"] == 0.75, generation  # the f16 floor: never claimed token-exact

@@ -428,3 +428,23 @@ def test_a_processor_missing_a_package_is_named_not_replaced_by_the_tokenizer(ti
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", needs_torchvision)
     with pytest.raises(SourceError, match="cannot load the model.s processor: .*Torchvision"):
         load_processor(tiny_llama)
+
+
+def test_a_dry_plan_finds_what_the_model_cannot_do_from_its_config_alone(tiny_bert, tiny_llama):
+    """Issue 44: generation on BERT and an input BERT does not take are errors on their JSON paths before anything
+    but config.json is read (the model built on the meta device); the examples' own recipes have none."""
+    from hfexport.plan.dry import model_problems
+    from hfexport.recipe.model import recipe_from_document
+
+    for folder in (tiny_bert, tiny_llama):
+        recipe = json.loads((folder / "export_config.json").read_text())
+        assert model_problems(recipe_from_document(recipe), json.loads((folder / "config.json").read_text())) == []
+    recipe = json.loads((tiny_bert / "export_config.json").read_text())
+    recipe["targets"]["onnx"]["mode"] = "generation"
+    recipe["targets"]["pt2"]["dynamic_shapes"]["foo_ids"] = {"0": "batch"}
+    problems = model_problems(recipe_from_document(recipe), json.loads((tiny_bert / "config.json").read_text()),
+                              "user/bert/config.json")
+    assert [problem.path for problem in problems] == ["targets.onnx.mode", "targets.pt2.dynamic_shapes.foo_ids"]
+    assert "BertModel (task 'feature-extraction', from user/bert/config.json) does not" in problems[0].message
+    assert "no input named 'foo_ids'; its inputs: input_ids, attention_mask" in problems[1].message
+    assert model_problems(recipe_from_document(recipe), {"model_type": "no-such-architecture"}) == []

@@ -80,6 +80,13 @@ def test_publish_opens_one_pr_that_loads_back_through_refs_pr(hub, bert_out):
     assert "from this repo's export recipe (`export_config.json`, sha256 `" in description, description
     card = hub.read_file(repo, "README.md", "refs/pr/1").decode()
     assert "refs/pr/N" not in card and "from this repo's export recipe (`export_config.json`" in card
+    # Their file lists are the files uploaded (issue 44): the loaders' names, the target's report too, counted right.
+    onnx_files = sorted(path.split("/", 1)[1] for path in files if path.startswith("onnx/"))
+    assert {"model.onnx_data", "export_report.json"} <= set(onnx_files), onnx_files
+    for text in (description, card):
+        assert "model.onnx.data" not in text
+        assert all(f"| `{name}` |" in text for name in onnx_files), (onnx_files, text)
+    assert f"| `onnx` | [`onnx/`](onnx) | ONNX | forward | {len(onnx_files)} |" in card, card
 
     # The PR's files load back from the Hub at refs/pr/1 and compute what the local artifacts compute.
     for target, field in (("onnx", "last_hidden_state"), ("pt2", "last_hidden_state")):
@@ -325,7 +332,7 @@ def test_card_section_round_trips_through_the_hub_byte_for_byte(hub, bert_out, t
     card = ModelCard(card_text)
     assert card.data.license == "mit" and card.data.tags == ["bert", "hfexport", "onnx"]
     section = card_text[card_text.index(START):card_text.index(END)]
-    for expected in ("| `onnx` | [`onnx/`](onnx) | onnx | forward |", '"' + repo + '", target="onnx"',
+    for expected in ("| `onnx` | [`onnx/`](onnx) | ONNX | forward |", '"' + repo + '", target="onnx"',
                      f'"{repo}", subfolder="onnx"', "## hfexport report"):
         assert expected in section
 

@@ -357,8 +357,8 @@ def test_an_unknown_enum_value_gets_did_you_mean():
         validate_document({"export_format": "onxx"})
     assert "did you mean 'onnx'?" in str(raised.value)
     with pytest.raises(RecipeError) as raised:
-        validate_document({"export_format": "pt2"})  # the target name people use for torch.export
-    assert "did you mean 'dynamo'?" in str(raised.value)
+        validate_document({"export_format": "torch-exprt"})
+    assert "did you mean 'torch-export'?" in str(raised.value)
 
 
 def test_one_name_per_format_with_the_old_spellings_accepted_where_typed():
@@ -370,6 +370,25 @@ def test_one_name_per_format_with_the_old_spellings_accepted_where_typed():
     args = build_parser().parse_args(["init", "m", "--format", "pt2", "--format", "pte", "--format", "onnx"])
     assert args.format == ["dynamo", "executorch", "onnx"]
     assert set(FORMAT_LABELS) == {"onnx", "openvino", "executorch", "dynamo"}
+
+
+def test_a_recipe_may_name_a_format_by_any_of_its_spellings_and_the_engine_gets_its_own():
+    """Issue 44: `pt2`, `torch-export`, `torch.export` mean dynamo and `pte` executorch in a recipe's export_format
+    (the schema accepts them, the loader gives the engine its own name); people read one name per format."""
+    from hfexport.layout import format_label
+    from hfexport.recipe.model import recipe_from_document
+    from hfexport.recipe.validation import validate_document
+
+    for spelling, engine in (("pt2", "dynamo"), ("torch-export", "dynamo"), ("torch.export", "dynamo"),
+                             ("dynamo", "dynamo"), ("pte", "executorch"), ("executorch", "executorch")):
+        assert validate_document({"export_format": spelling})["targets"] == {engine: {"export_format": engine,
+                                                                                      "mode": "forward"}}
+        full = {"targets": {"t": {"export_format": spelling, "dynamic_shapes": {"input_ids": {"0": "batch"}}}},
+                "dims": {"batch": {"min": 1, "max": 4}}}
+        recipe = recipe_from_document(full)
+        assert recipe.target("t").export_format == engine and recipe.document == full  # published as written
+        assert format_label(spelling) == {"dynamo": "torch.export", "executorch": "ExecuTorch"}[engine]
+    assert [format_label(name) for name in ("onnx", "openvino")] == ["ONNX", "OpenVINO"]
 
 
 def test_config_problems_checks_sequence_and_image_dims():

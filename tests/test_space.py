@@ -140,7 +140,7 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     table = page.locator("#results table", has_text="max abs")
     assert "cosine" in table.text_content() and "last_hidden_state" in table.text_content()  # folded probe rows
     shot(page, "06-converted")
-    other.locator("#results", has_text=f"hfexport export {missing} --target onnx -o out").wait_for(
+    other.locator("#outcome", has_text=f"hfexport export {missing} --target onnx -o out").wait_for(
         timeout=JOB_TIMEOUT_MS)
 
     with page.expect_download() as download:
@@ -213,8 +213,9 @@ def test_signed_out_convert_asks_to_sign_in(space, hub, new_page):
     expect(page.locator("#convert")).to_be_disabled()  # signed out: Convert cannot succeed, and says why
     page.locator("#convert-hint", has_text="Sign in to convert").wait_for()
     shot(page, "10-signed-out-convert")
-    page.locator("#propose").click()
-    page.locator("#propose-result", has_text="Sign in required").wait_for()
+    # Propose recipe cannot succeed signed out either: disabled (issue 44; through the API it answers "Sign in
+    # required": test_space_client.py)
+    expect(page.locator("#propose")).to_be_disabled()
     assert hub.discussions(repo) == []
 
 
@@ -274,8 +275,8 @@ def test_model_over_the_preflight_limit_is_refused_with_numbers(space, hub, new_
     page.locator("#recipe-status", has_text="Valid recipe").wait_for()
     before = sorted(space.settings.workdir.rglob("*"))
     page.locator("#convert").click()
-    page.locator("#results", has_text="Model too large").wait_for(timeout=JOB_TIMEOUT_MS)
-    results = text_of(page, "#results")
+    page.locator("#outcome", has_text="Model too large").wait_for(timeout=JOB_TIMEOUT_MS)
+    results = text_of(page, "#outcome")
     assert re.search(r"\d+(\.\d+)? [KMG]?B needed", results) and re.search(r"\d+(\.\d+)? [KMG]?B available", results)
     assert f"hfexport export {repo}" in results
     shot(page, "14-preflight-refused")
@@ -293,7 +294,7 @@ def test_model_without_recipe_gets_a_proposal_to_edit_and_a_recipe_pr(space, hub
     page.locator("#recipe-status", has_text="Proposed recipe").wait_for()
     assert page.locator("#formats").get_by_label("ONNX").is_checked()
     page.locator("#targets").get_by_label("onnx").wait_for()
-    page.locator("#formats").get_by_label("torch.export (.pt2)").check()
+    page.locator("#formats").get_by_label("torch.export").check()
     page.locator("#targets").get_by_label("pt2").wait_for()
     assert '"export_format": "dynamo"' in page.locator("#editor .cm-content").inner_text()
     shot(page, "15-no-recipe-proposal")
@@ -377,24 +378,28 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     expect(page.locator("#convert")).to_be_disabled()
     page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
     expect(page.locator("#convert")).to_be_enabled()
-    results = text_of(page, "#results")
-    assert "Parity check failed" in results and "Open PR publishes the targets that passed (pt2)" in results, results
+    results, said = text_of(page, "#results"), text_of(page, "#outcome")
+    assert "Parity check failed" in said and "Open PR publishes the targets that passed (pt2)" in said, said
     # The outcome first: per target passed/failed and why, what the zip holds; the step log is folded.
-    assert results.lstrip().startswith("Outcome"), results[:300]
-    outcome = page.locator("#results table").first.inner_text()
+    assert said.lstrip().startswith("Outcome"), said[:300]
+    outcome = page.locator("#outcome table").first.inner_text()
     assert re.search(r"onnx\s+❌ failed\s+\S", outcome) and re.search(r"pt2\s+✅ passed\s+parity verified", outcome), outcome
-    assert "Download: the zip below holds pt2." in results
+    assert "Download: the zip below holds pt2." in said
     expect(page.locator("#progress details")).to_have_count(1)
     expect(page.locator("#progress li").first).to_be_hidden()
     assert "failed: " in results and "passed" in results  # words in the parity cells, not only marks
-    assert "--allow-failed" not in results and "allow_failed" not in results
+    assert "--allow-failed" not in results + said and "allow_failed" not in results + said
     expect(page.locator("#download")).to_be_visible()
     expect(page.locator("#open-pr")).to_be_enabled()
     # pt2's latency next to eager torch: a table with a text chart in the report, and a bar chart on the page
     assert "Latency on the verifying machine" in results and re.search(r"pt2\s+1\s+[\d.]+ \([\d.]+–[\d.]+\)\s+[\d.]+", results), results
     chart = page.locator("#latency-chart")
-    expect(chart).to_be_visible()
-    chart.locator("canvas, svg").first.wait_for()
+    if "Not measured reliably here" in results:  # a busy machine (issue 44): no bars compare the figures
+        expect(chart).to_be_hidden()
+        assert "not measured reliably here" in results and "x faster" not in results
+    else:
+        expect(chart).to_be_visible()
+        chart.locator("canvas, svg").first.wait_for()
     shot(page, "19-one-target-failed")
 
     page.locator("#open-pr").click()
@@ -417,19 +422,21 @@ def test_controls_follow_the_job_convert_open_pr_and_switching_models(space, hub
     page.locator("#convert").click()
     expect(page.locator("#open-pr")).to_be_disabled()
     assert "Finished in" not in text_of(page, "#progress") and text_of(page, "#results").strip() == ""
+    assert text_of(page, "#outcome").strip() == ""
     page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
     expect(page.locator("#convert")).to_be_enabled()
-    assert "Parity check failed" in text_of(page, "#results")
-    assert "Nothing to download: no target passed." in text_of(page, "#results")
+    assert "Parity check failed" in text_of(page, "#outcome")
+    assert "Nothing to download: no target passed." in text_of(page, "#outcome")
     expect(page.locator("#download")).to_be_hidden()  # a failed job offers nothing to download
     expect(page.locator("#open-pr")).to_be_disabled()
-    assert "Open PR publishes" not in text_of(page, "#results")
+    assert "Open PR publishes" not in text_of(page, "#outcome")
     shot(page, "20-nothing-publishable")
 
     # Another model, one that does not exist: the previous results, zip and Open PR go.
     load(page, f"user/missing-{uuid.uuid4().hex[:8]}")
     page.locator("#recipe-status", has_text="Repository not found").wait_for()
     assert text_of(page, "#results").strip() == "" and text_of(page, "#pr-result").strip() == ""
+    assert text_of(page, "#outcome").strip() == ""
     expect(page.locator("#download")).to_be_hidden()
     expect(page.locator("#open-pr")).to_be_disabled()
     expect(page.locator("#latency-chart")).to_be_hidden()
@@ -676,7 +683,7 @@ def test_a_ticked_quantized_variant_is_added_to_the_recipe_converted_gated_and_p
 
     page.locator("#convert").click()
     page.locator("#progress", has_text="Finished in").wait_for(timeout=JOB_TIMEOUT_MS)
-    outcome = page.locator("#results table").first.inner_text()
+    outcome = page.locator("#outcome table").first.inner_text()
     sizes = {name: size for name, size in re.findall(r"(onnx(?:-int8)?)\s+✅ passed\s+parity verified\s+(\S+ \S+)",
                                                      outcome)}
     assert set(sizes) == {"onnx", "onnx-int8"} and sizes["onnx-int8"] != sizes["onnx"], outcome

@@ -70,13 +70,14 @@ def test_load_convert_open_pr_then_up_to_date_with_a_queue(space, hub, client):
         time.sleep(0.1)
     assert ranks and ranks[0] == (0, 1), ranks  # first (and only) in line behind the running job
 
-    progress, results, archive = running.result(timeout=JOB_TIMEOUT_S)
+    progress, outcome, results, archive = running.result(timeout=JOB_TIMEOUT_S)
+    assert outcome.startswith("### Outcome") and "✅ passed" in outcome  # the outcome first, then the report
     assert "Finished in" in progress and "✓ export `pt2`" in progress and "verify parity `pt2`" in progress
     assert "hfexport report" in results and "Parity" in results and "max abs" in results
     names = zipfile.ZipFile(archive).namelist()
     assert "export_report.json" in names and any(name.startswith("pt2/") and name.endswith(".pt2") for name in names)
-    _, queued_results, queued_archive = waiting.result(timeout=JOB_TIMEOUT_S)
-    assert "Repository not found" in queued_results and queued_archive is None
+    _, queued_outcome, _, queued_archive = waiting.result(timeout=JOB_TIMEOUT_S)
+    assert "Repository not found" in queued_outcome and queued_archive is None
 
     message = api.predict(api_name="/open_pr")
     assert "Opened pull request [#1](" in message and f"/{repo}/discussions/1)" in message
@@ -92,8 +93,8 @@ def test_signed_out_calls_ask_to_sign_in(space, hub, client):
     anonymous = client(None)
     status, *_ = anonymous.predict(repo, "", api_name="/load_recipe")
     assert "Valid recipe" in status  # public recipes are readable signed out
-    progress, results, archive = anonymous.predict(repo, "", "", [], api_name="/convert")
-    assert "Sign in required" in progress and archive is None
+    progress, outcome, results, archive = anonymous.predict(repo, "", "", [], api_name="/convert")
+    assert "Sign in required" in outcome and archive is None
     assert "Sign in required" in anonymous.predict(api_name="/open_pr")
     recipe = (EXAMPLES / "tiny-bert" / "export_config.json").read_text()
     assert "Sign in required" in anonymous.predict(repo, recipe, api_name="/propose_recipe")
@@ -117,13 +118,13 @@ def test_error_paths_are_categories_with_commands(space, hub, client, monkeypatc
     labelled = [item for item in problems["value"] if item["class_or_confidence"]]
     assert [(item["token"].split(" │ ", 1)[1], item["class_or_confidence"]) for item in labelled] == \
         [('      "mode": "sideways",\n', "targets.pt2.mode")]
-    progress, results, archive = api.predict(repo, "", json.dumps(recipe), [], api_name="/convert")
-    assert "Invalid recipe" in progress and "targets.pt2.mode" in progress
-    assert f"hfexport export {repo} --recipe export_config.json -o out" in progress
+    progress, outcome, results, archive = api.predict(repo, "", json.dumps(recipe), [], api_name="/convert")
+    assert "Invalid recipe" in outcome and "targets.pt2.mode" in outcome
+    assert f"hfexport export {repo} --recipe export_config.json -o out" in outcome
 
     monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "64")
-    progress, results, archive = api.predict(repo, "", "", ["onnx"], api_name="/convert")
-    assert "Model too large for this Space" in results and "available" in results and archive is None
+    progress, outcome, results, archive = api.predict(repo, "", "", ["onnx"], api_name="/convert")
+    assert "Model too large for this Space" in outcome and "available" in outcome and archive is None
     assert "Nothing to publish" in api.predict(api_name="/open_pr")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 import zipfile
@@ -466,12 +467,25 @@ def test_a_recipe_from_the_editor_is_recorded_as_proposed_or_edited(tiny_bert, t
     from hfexport.report.model import validate_report
 
     recipe = json.loads((tiny_bert / "export_config.json").read_text())
-    job = _prepare(tiny_bert, tmp_path / "out", JobOptions(targets=["pt2"], recipe=recipe, recipe_origin="proposed"))
+    bare = tmp_path / "model"  # the model without a recipe of its own: hfexport proposed one
+    shutil.copytree(tiny_bert, bare, ignore=shutil.ignore_patterns("export_config.json"))
+    job = _prepare(bare, tmp_path / "out", JobOptions(targets=["pt2"], recipe=recipe, recipe_origin="proposed"))
     report = job.report
     assert report.source["recipe_origin"] == "proposed"
     validate_report(report.to_dict())
     card = render_section("user/model", report)
     assert "from a recipe hfexport proposed for this model" in card and "this repo's export recipe" not in card
+
+    # Issue 44: whether the recipe is the repo's is decided by its bytes (canonical JSON), not by what the page
+    # believed: the model's own recipe sent as "edited" is the repo's, an edited one is not.
+    same = _prepare(tiny_bert, tmp_path / "out-same", JobOptions(targets=["pt2"], recipe=json.loads(json.dumps(recipe)),
+                                                                 recipe_origin="edited")).report
+    assert "recipe_origin" not in same.source and same.source["recipe_source"].endswith("export_config.json")
+    assert "this repo's export recipe" in render_section("user/model", same)
+    changed = _prepare(tiny_bert, tmp_path / "out-edited", JobOptions(
+        targets=["pt2"], recipe={**recipe, "description": "edited"}, recipe_origin="edited")).report
+    assert changed.source["recipe_origin"] == "edited"
+    assert "a recipe edited in the hfexport Space" in render_section("user/model", changed)
 
 
 # ── quantized variants ───────────────────────────────────────────────────────
@@ -516,3 +530,26 @@ def test_quantized_variants_are_schema_valid_targets_with_names_that_do_not_coll
     assert named == ["o" * 59 + "-int8"]
     with pytest.raises(SpaceError, match="the page offers: onnx-int8, openvino-int8"):
         logic.with_quantized_variants(recipe, ["onnx-fp8"])
+
+
+def test_the_outcome_says_the_status_first_and_offers_a_pr_update_only_for_what_passed():
+    """Issue 44: the outcome's first line is the status; "Update PR #N publishes these targets" only when a target
+    passed (never beside a disabled button); the PR's link once it is open; a failure after the table."""
+    from hfexport.report.model import JobReport, TargetReport
+
+    report = JobReport(source={"model": "org/m"})
+    report.targets["onnx"] = TargetReport("onnx", "onnx", "forward", status="failed", error="parity check failed")
+    failed = logic.outcome_markdown(report, pr_num=1, failure="**Parity check failed**: onnx", model="org/m")
+    assert failed.startswith("### Outcome of `org/m`: ❌ the target failed"), failed
+    assert "Update PR" not in failed and "Nothing to download: no target passed." in failed
+    assert failed.index("| `onnx` | ❌ failed") < failed.index("**Parity check failed**")
+    assert "Open PR** publishes" not in failed
+
+    report.targets["pt2"] = TargetReport("pt2", "dynamo", "forward", verification={"passed": True})
+    some = logic.outcome_markdown(report, pr_num=1, failure="**Parity check failed**: onnx")
+    assert some.startswith("### Outcome: ⚠️ 1 of 2 targets passed, 1 failed"), some
+    assert "**Update PR #1** publishes these targets" in some and "**Open PR** publishes the targets that passed (pt2)" in some
+    opened = logic.outcome_markdown(report, pr_url="http://hub/org/m/discussions/1", pr_num=1)
+    assert "Pull request: [#1](http://hub/org/m/discussions/1)." in opened and "Update PR" not in opened
+    del report.targets["onnx"]
+    assert logic.outcome_markdown(report).startswith("### Outcome: ✅ 1 target passed")

@@ -132,10 +132,21 @@ def test_no_verify_lets_the_trap_through_and_verify_catches_it_later(tmp_path, t
     assert result.returncode == 0, result.stderr
     assert JobReport.read(output / "pt2").targets["pt2"].verification is None
 
+    saved = {path: (path / "export_report.json").read_bytes() for path in (output / "pt2", output)}
     checked = cli("verify", str(output / "pt2"), "--model", str(tiny_bert))
     assert checked.returncode == 1, checked.stderr
-    assert "❌ rejected" in checked.stdout
-    for path in (output / "pt2", output):  # the target's report and the job summary are both updated
+    # Terminal text (issue 44): words and aligned columns, no Markdown or HTML; the saved reports left as they were.
+    assert "pt2 (torch.export / forward) vs " + str(tiny_bert) in checked.stdout, checked.stdout
+    assert "parity: FAILED" in checked.stdout and "rejected: " in checked.stdout, checked.stdout
+    assert not any(mark in checked.stdout for mark in ("<details>", "**", "| ---", "|---", "###")), checked.stdout
+    assert {path: (path / "export_report.json").read_bytes() for path in saved} == saved
+    markdown = cli("verify", str(output / "pt2"), "--model", str(tiny_bert), "--format", "markdown")
+    assert markdown.returncode == 1 and "❌ rejected" in markdown.stdout and "<details>" in markdown.stdout
+    assert {path: (path / "export_report.json").read_bytes() for path in saved} == saved
+
+    checked = cli("verify", str(output / "pt2"), "--model", str(tiny_bert), "--write-report")
+    assert checked.returncode == 1, checked.stderr
+    for path in (output / "pt2", output):  # with --write-report, the target's report and the job summary both
         target = JobReport.read(path).targets["pt2"]
         assert target.status == "failed"
         assert _probe_batches(target.verification)[8] is False
@@ -143,7 +154,7 @@ def test_no_verify_lets_the_trap_through_and_verify_catches_it_later(tmp_path, t
 
     # The OUTPUT folder, no --model: every target, against the model its report names (issue 30).
     again = cli("verify", str(output))
-    assert again.returncode == 1 and "### `pt2` (dynamo / forward) vs " + str(tiny_bert) in again.stdout, again.stderr
+    assert again.returncode == 1 and "pt2 (torch.export / forward) vs " + str(tiny_bert) in again.stdout, again.stderr
     missing = cli("verify", str(tmp_path / "no-such-output"))
     assert missing.returncode == 2 and "no-such-output: no such folder" in missing.stderr, missing.stderr
 
@@ -198,10 +209,10 @@ def test_perturbed_onnx_initializer_fails_parity_and_verify_exits_1(tmp_path, ex
     shutil.copytree(output / "onnx", copy)
     passed = cli("verify", str(copy), "--model", str(tiny_bert))
     assert passed.returncode == 0, passed.stdout + passed.stderr
-    assert "**Parity: ✅ passed**" in passed.stdout
+    assert "parity: passed" in passed.stdout and "**" not in passed.stdout
 
     _perturb_onnx(copy)
-    failed = cli("verify", str(copy), "--model", str(tiny_bert), "--json")
+    failed = cli("verify", str(copy), "--model", str(tiny_bert), "--json", "--write-report")
     assert failed.returncode == 1, failed.stderr
     _assert_metric_failure(json.loads(failed.stdout)["targets"]["onnx"])
     assert JobReport.read(copy).targets["onnx"].status == "failed"  # rewritten beside the artifacts
@@ -214,7 +225,7 @@ def test_perturbed_openvino_bin_fails_parity(tmp_path, exported_bert, tiny_bert)
     copy = tmp_path / "openvino"
     shutil.copytree(output / "openvino", copy)
     _perturb_openvino_bin(copy)
-    report, name = reverify(copy, tiny_bert)
+    report, name = reverify(copy, tiny_bert, write_report=True)
     assert name == "openvino"
     _assert_metric_failure(report.to_dict()["targets"]["openvino"])
     assert JobReport.read(copy).targets["openvino"].status == "failed"

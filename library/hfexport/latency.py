@@ -20,6 +20,13 @@ alternately (load weighs on both alike) for at least `runs` calls each and `BUDG
 each point keeps the median and the spread (the 25th and 75th percentiles) of both sides and the machine's load
 average, and `verdict` says "faster"/"slower" only when the two spreads do not overlap ("within spread" otherwise).
 
+A measurement is also judged as a whole (`soundness`): while timing, the threads ready to run are counted after
+every round (`runnable_threads`, from /proc/loadavg); more of them than cores means other work took cores from
+both sides, and eager torch measured faster per call at a larger batch than at a smaller one (beyond the spreads)
+contradicts the work it did. Either makes the measurement "unreliable": its points claim nothing ("not measured
+reliably here"), and a report published to the Hub (the card, the PR) leaves its figures out
+(`latency_markdown(publication=True)`).
+
 The figures describe this machine (its CPU, thread count and load are recorded), so they say which artifact is
 fastest for the person who ran the job, not everywhere.
 """
@@ -86,10 +93,20 @@ def _warm_up(call) -> None:
         calls += 1
 
 
+def runnable_threads() -> int | None:
+    """The threads of the whole machine ready to run now (this one included), or None where the system does not
+    say (no /proc/loadavg)."""
+    try:
+        return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def time_alternately(calls: dict, runs: int = DEFAULT_RUNS, budget_s: float | None = None,
-                     max_runs: int = MAX_RUNS) -> dict[str, list[float]]:
+                     max_runs: int = MAX_RUNS, runnable: list[int] | None = None) -> dict[str, list[float]]:
     """Milliseconds per call of each of `calls` (name: a no-argument callable): each warmed up (`_warm_up`), then
-    all timed one after the other in rounds, for at least `runs` rounds and `budget_s` seconds, at most `max_runs`."""
+    all timed one after the other in rounds, for at least `runs` rounds and `budget_s` seconds, at most `max_runs`.
+    `runnable`: a list that gets the machine's runnable threads after every round (`runnable_threads`)."""
     if budget_s is None:
         budget_s = _seconds_setting("HFEXPORT_LATENCY_BUDGET_S", BUDGET_S)
     for call in calls.values():
@@ -99,6 +116,8 @@ def time_alternately(calls: dict, runs: int = DEFAULT_RUNS, budget_s: float | No
     while True:
         for name, call in calls.items():
             samples[name].append(_time_ms(call))
+        if runnable is not None and (count := runnable_threads()) is not None:
+            runnable.append(count)
         done = len(next(iter(samples.values())))
         if done >= max_runs or (done >= runs and time.perf_counter() - started >= budget_s):
             return samples
@@ -114,9 +133,15 @@ def summary(samples: list[float]) -> dict:
     return {"ms": round(statistics.median(ordered), 3), "spread": [round(low, 3), round(high, 3)]}
 
 
+UNRELIABLE = "unreliable"
+
+
 def verdict(point: dict) -> str:
     """"faster"/"slower" (the artifact against eager torch) when their spreads do not overlap, else "within spread".
-    A point without spreads (a report from before they were recorded) is "unknown"."""
+    A point without spreads (a report from before they were recorded) is "unknown"; a point of an unsound
+    measurement (`soundness`) is "unreliable"."""
+    if point.get("verdict") == UNRELIABLE:
+        return UNRELIABLE
     artifact, eager = point.get("artifact_spread"), point.get("eager_spread")
     if not artifact or not eager:
         return "unknown"
@@ -125,6 +150,29 @@ def verdict(point: dict) -> str:
     if artifact[0] > eager[1]:
         return "slower"
     return "within spread"
+
+
+def soundness(points: list[dict], runnable: list[int], cores: int | None, threads: int = 1,
+              load_average: float | None = None) -> str | None:
+    """Why a measurement cannot support a speed claim, or None when it can.
+
+    Busy: while timed, more threads of the machine were ready to run than it has cores (the median of the counts
+    taken after each round, less the timing side's own threads beyond one, which the count includes when they
+    spin), or its 1-minute load average was above its cores when the timing ended. Inconsistent: eager torch measured faster per call at a larger batch than at a smaller one, with the two
+    spreads apart: the same model doing more work in less time means waits, not work, were timed."""
+    if runnable and cores:
+        others = statistics.median(runnable) - max(0, min(threads, cores) - 1)
+        if others > cores:
+            return (f"the machine was busy: {statistics.median(runnable):g} threads ready to run on {cores} cores "
+                    "while timed")
+    if load_average is not None and cores and load_average > cores:
+        return f"the machine was busy: load average {load_average:.2f} on {cores} cores when timed"
+    by_batch = sorted((point["batch"], point) for point in points if point.get("eager_spread"))
+    for (small, lower), (large, higher) in zip(by_batch, by_batch[1:]):
+        if large > small and higher["eager_spread"][1] < lower["eager_spread"][0]:
+            return (f"eager torch measured faster at batch {large} ({higher['eager_ms']:.2f} ms) than at batch {small} "
+                    f"({lower['eager_ms']:.2f} ms): more work in less time")
+    return None
 
 
 class EagerTimings:
@@ -176,7 +224,7 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
     sizes, refs = batch_sizes(plan)
     # Every axis that follows the batch (attention_mask after input_ids) is resized with it; "batch" names the dim.
     refs = [AxisRef(ref.input, ref.axis, "batch", ref.scale, ref.offset) for ref in refs]
-    points = []
+    points, runnable = [], []
     was_training = model.training
     model.eval()
     try:
@@ -189,7 +237,8 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
                 calls = {"artifact": lambda: exported_call(inputs)}
                 if shared is None:
                     calls["eager"] = lambda: eager_call(eager_inputs)
-                samples = time_alternately(calls, runs)  # alternated: load on the machine weighs on both alike
+                # alternated: load on the machine weighs on both alike
+                samples = time_alternately(calls, runs, runnable=runnable)
                 if shared is None and eager_timings is not None:
                     eager_timings.put(key, samples["eager"], plan.target.name)
                 eager, eager_from = shared if shared is not None else (samples["eager"], plan.target.name)
@@ -210,8 +259,17 @@ def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
                 points.append(point)
     finally:
         model.train(was_training)
-    return {"runs": runs, "cpu": cpu_info()["model"], "threads": torch.get_num_threads(), "cores": os.cpu_count(),
-            "load_average": round(os.getloadavg()[0], 2), "points": points}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # usable here
+    latency = {"runs": runs, "cpu": cpu_info()["model"], "threads": torch.get_num_threads(), "cores": cores,
+               "load_average": round(os.getloadavg()[0], 2), "points": points}
+    if runnable:
+        latency["runnable"] = statistics.median(runnable)
+    unsound = soundness(points, runnable, cores, torch.get_num_threads(), latency["load_average"])
+    if unsound:
+        latency[UNRELIABLE] = unsound
+        for point in points:
+            point["verdict"] = UNRELIABLE
+    return latency
 
 
 def _generation_calls(exported, model, plan):
@@ -234,11 +292,14 @@ def _generation_calls(exported, model, plan):
 # ── rendering (Markdown for the report, the Space and the card) ──────────────
 
 
-def latency_rows(report) -> list[tuple[str, dict]]:
-    """(target, point) for every measured point of a job report, in target order."""
+def latency_rows(report, sound_only: bool = False) -> list[tuple[str, dict]]:
+    """(target, point) for every measured point of a job report, in target order (`sound_only`: only those of
+    measurements `soundness` did not find unreliable)."""
     rows = []
     for name, target in report.targets.items():
         latency = getattr(target, "latency", None) or {}
+        if sound_only and latency.get(UNRELIABLE):
+            continue
         for point in latency.get("points", []):
             rows.append((name, point))
     return rows
@@ -246,9 +307,10 @@ def latency_rows(report) -> list[tuple[str, dict]]:
 
 def chart_rows(report) -> list[dict]:
     """The latency as plot rows (the Space's bar chart): per batch size, eager torch (the median over the job's
-    measurements) and each artifact; `run` is the bar's label, `ms` its height."""
+    measurements) and each artifact; `run` is the bar's label, `ms` its height. Unreliable measurements are left
+    out: a bar chart says which is faster."""
     rows, eager = [], {}
-    for name, point in latency_rows(report):
+    for name, point in latency_rows(report, sound_only=True):
         rows.append({"run": f"{name} · batch {point['batch']}", "ms": point["artifact_ms"],
                      "batch": f"batch {point['batch']}"})
         eager.setdefault((point["batch"], bool(point.get("new_tokens"))), []).append(point["eager_ms"])
@@ -259,22 +321,27 @@ def chart_rows(report) -> list[dict]:
     return sorted(rows, key=lambda row: (int(row["batch"].split()[-1]), row["ms"]))
 
 
-def latency_markdown(report, bar_width: int = 24) -> str:
+def latency_markdown(report, bar_width: int = 24, publication: bool = False) -> str:
     """A table of each target's latency next to eager torch, per batch size, with a bar chart in text (one bar per
     artifact, scaled to the slowest figure of its batch size, so the shortest bar is the fastest format). Empty
-    when nothing was measured."""
-    rows = latency_rows(report)
+    when nothing was measured. An unreliable measurement (`soundness`) claims nothing ("not measured reliably
+    here"); with `publication` (the card, the PR) its figures are left out, and one line says why."""
+    unsound = {name: target.latency[UNRELIABLE] for name, target in report.targets.items()
+               if (getattr(target, "latency", None) or {}).get(UNRELIABLE) and target.latency.get("points")}
+    rows = latency_rows(report, sound_only=publication)
     if not rows:
+        if publication and unsound:
+            return _left_out(unsound)
         return ""
-    first = next(target.latency for target in report.targets.values() if getattr(target, "latency", None)
-                 and target.latency.get("points"))
+    first = next(target.latency for name, target in report.targets.items() if getattr(target, "latency", None)
+                 and target.latency.get("points") and not (publication and name in unsound))
     slowest: dict[tuple, float] = {}  # per batch size and kind: a whole generation is not scaled with forwards
     for _, point in rows:
         key = (point["batch"], bool(point.get("new_tokens")))
         slowest[key] = max(slowest.get(key, 0.0), point["artifact_ms"], point["eager_ms"])
     load = first.get("load_average")
     runs = {name: _run_label(target.latency) for name, target in report.targets.items()
-            if (getattr(target, "latency", None) or {}).get("points")}
+            if (getattr(target, "latency", None) or {}).get("points") and not (publication and name in unsound)}
     mixed = len(set(runs.values())) > 1  # rows of several jobs (a PR holding targets of earlier runs): each says which
     lines = [f"### Latency on the verifying machine ({first['cpu']}, {first['threads']} threads"
              + (f", load average {load:.2f}" if load is not None and not mixed else "")
@@ -282,7 +349,10 @@ def latency_markdown(report, bar_width: int = 24) -> str:
              + ("; rows of different runs, each with its own eager baseline" if mixed else "") + ")", "",
              *([f"The machine was busy while timed (load average {load:.2f} on {first['cores']} cores): times "
                 "include waits for cores; a difference within the spreads is not claimed.", ""]
-               if load is not None and first.get("cores") and load > first["cores"] and not mixed else []),
+               if load is not None and first.get("cores") and load > first["cores"] and not mixed
+               and not first.get(UNRELIABLE) else []),
+             *[line for reason in dict.fromkeys(unsound.values()) if not publication
+               for line in (f"Not measured reliably here ({reason}): no speed is claimed.", "")],
              "| target | batch | artifact ms | eager torch ms | vs eager | |" + (" run |" if mixed else ""),
              "|---|---:|---:|---:|---:|---|" + ("---|" if mixed else "")]
     for name, point in sorted(rows, key=lambda row: (row[1]["batch"], row[1]["artifact_ms"])):
@@ -291,7 +361,17 @@ def latency_markdown(report, bar_width: int = 24) -> str:
         lines.append(f"| {label} | {point['batch']} | {_ms(point['artifact_ms'], point.get('artifact_spread'))} "
                      f"| {_ms(point['eager_ms'], point.get('eager_spread'))} | {versus(point)} | `{bar}` |"
                      + (f" {runs[name]} |" if mixed else ""))
+    if publication and unsound:
+        lines += ["", _left_out(unsound)]
     return "\n".join(lines)
+
+
+def _left_out(unsound: dict[str, str]) -> str:
+    """The line a published report has in place of unreliable latency figures."""
+    names = ", ".join(f"`{name}`" for name in unsound)
+    reasons = "; ".join(dict.fromkeys(unsound.values()))
+    return (f"Latency of {names} not published: not measured reliably on the machine that ran the job ({reasons}). "
+            "An export on an idle machine measures it.")
 
 
 def _run_label(latency: dict) -> str:
@@ -309,6 +389,8 @@ def versus(point: dict) -> str:
     if speedup is None:
         return "—"
     said = verdict(point)
+    if said == UNRELIABLE:
+        return "not measured reliably here"
     if said == "within spread":
         return f"within spread ({speedup:.2f}x)"
     if said == "unknown":

@@ -39,19 +39,26 @@ from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_
 
 LEGACY_FOLDER = EXPORTS_DIR
 FORMAT_FOLDERS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
-#: One name per format, the recipe's `export_format` (the engine's), which the report, the CLI and the Space use;
-#: what people call it, shown beside that name; and the other spellings accepted where people type a format (the
-#: CLI's `--format`, a recipe's problem says "did you mean"), each meaning that one name.
-FORMAT_LABELS = {"onnx": "ONNX", "openvino": "OpenVINO", "executorch": "ExecuTorch (.pte)",
-                 "dynamo": "torch.export (.pt2)"}
+#: One user-facing name per format, wherever a person reads it (the Space, the CLI, the report, the card):
+#: `format_label`. The recipe's `export_format` holds the engine's name (`dynamo`, `executorch`); every other
+#: spelling people use is accepted where a format is typed (a recipe's `export_format`, the CLI's `--format`) and
+#: means that format: `canonical_format`. Published folders keep the loaders' conventions (`FORMAT_FOLDERS`).
+FORMAT_LABELS = {"onnx": "ONNX", "openvino": "OpenVINO", "executorch": "ExecuTorch", "dynamo": "torch.export"}
 FORMAT_ALIASES = {"pt2": "dynamo", "torch.export": "dynamo", "torch-export": "dynamo", "torch_export": "dynamo",
                   "pte": "executorch", "ov": "openvino", "openvino-ir": "openvino"}
 
 
 def canonical_format(name: str) -> str:
-    """`name` as the one format name (`pt2` -> `dynamo`); an unknown name is returned as it is."""
+    """`name` as the engine's format name (`pt2` -> `dynamo`); an unknown name is returned as it is."""
     text = str(name).strip().lower()
     return text if text in FORMAT_FOLDERS else FORMAT_ALIASES.get(text, str(name))
+
+
+def format_label(name: str) -> str:
+    """The one name people read for a format (`dynamo`, `pt2` -> `torch.export`); an unknown name as it is."""
+    return FORMAT_LABELS.get(canonical_format(name), str(name))
+
+
 #: The artifact file name each format's engine writes for a forward target, and its loaders' default name.
 DEFAULT_NAMES = {"onnx": "model.onnx", "openvino": "openvino_model.xml", "executorch": "model.pte",
                  "dynamo": "model.pt2"}

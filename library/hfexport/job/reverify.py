@@ -25,11 +25,12 @@ from hfexport.verify.check import summary, verify_exported
 
 
 def reverify(folder: str | Path, model: str | Path, revision: str | None = None, token: str | None = None,
-             trust_remote_code: bool = False):
+             trust_remote_code: bool = False, write_report: bool = False):
     """Verify an existing `OUTPUT/<target>/` folder against `model` again: its standalone recipe
-    (`export_config.json`, saved by the job) gives the target, sample inputs and thresholds. The target's
-    `export_report.json` (and the job summary one folder up, when it lists the target) is rewritten atomically
-    with the new verification. Returns `(JobReport, target name)`."""
+    (`export_config.json`, saved by the job) gives the target, sample inputs and thresholds. With `write_report`,
+    the target's `export_report.json` (and the job summary one folder up, when it lists the target) is rewritten
+    atomically with the new verification; else the saved reports stay as they are. Returns `(JobReport, target
+    name)`: the report with the new verification."""
     import datetime
     import json
 
@@ -73,6 +74,8 @@ def reverify(folder: str | Path, model: str | Path, revision: str | None = None,
         )
     target_report = report.targets[name]
     _apply(target_report, verification, seconds)
+    if not write_report:
+        return report, name
     write_json_atomic(report_file, report.to_json(only=name))
     summary_file = folder.parent / REPORT_FILE
     if summary_file.is_file():

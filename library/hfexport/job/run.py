@@ -44,6 +44,7 @@ from hfexport.job.parallel import (
 )
 from hfexport.job.preflight import available_memory, check, loaded_bytes, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
+from hfexport.layout import format_label
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import checkpoint_dtype, load_config, load_model, load_processor
 from hfexport.onnx_contract import GENAI_CONFIG_FILE
@@ -242,6 +243,11 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
     started = time.perf_counter()
     recipe = load_recipe(options.recipe if options.recipe is not None else model, revision=options.revision,
                          token=options.token)
+    origin = options.recipe_origin if options.recipe is not None else None
+    if origin:  # "edited"/"proposed" only when it differs from the repo's own recipe, byte for byte (canonical JSON)
+        own = _own_recipe(model, options.revision, options.token)
+        if own is not None and own.sha256 == recipe.sha256:
+            recipe, origin = own, None
     names = select_targets(recipe, options.targets, options.all_targets)
     samples = read_samples(options.sample_files)  # a bad file is refused here: nothing loaded, nothing written
     if samples and (recipe.sample_inputs or recipe.task):  # else the task is the model's: checked once it is known
@@ -251,7 +257,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
         **resolve_source(model, options.revision, options.token),
         "recipe_source": recipe.source,
         "recipe_sha256": recipe.sha256,
-        **({"recipe_origin": options.recipe_origin} if options.recipe_origin and options.recipe is not None else {}),
+        **({"recipe_origin": origin} if origin else {}),
     }
     report = JobReport(source=source)
     revision_to_load = source["commit"] or options.revision
@@ -278,6 +284,14 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
                 groups=groups, model_object=options.model_object, repos=repos, samples=samples)
+
+
+def _own_recipe(model: str | Path, revision: str | None, token: str | None) -> Recipe | None:
+    """The model's own recipe (its repo's or folder's), or None when it has none or it cannot be read."""
+    try:
+        return load_recipe(model, revision=revision, token=token)
+    except HfExportError:
+        return None
 
 
 def _weights_or_none(model, revision: str | None, token: str | None) -> tuple[int, dict] | None:
@@ -322,7 +336,7 @@ def _export_target(job: _Job, name: str) -> None:
     target = job.recipe.target(name)
     progress, output = job.progress, job.output
     target_report = job.report.targets[name]
-    progress(Step("target", "start", name, f"{target.export_format} / {target.mode}"))
+    progress(Step("target", "start", name, f"{format_label(target.export_format)} / {target.mode}"))
     from hfexport.export import run_plan  # imports torch: not for a job whose targets are all cache hits
 
     try:
@@ -341,7 +355,7 @@ def _export_target(job: _Job, name: str) -> None:
         key = _rebind_key(job, name, plan)
         if key and job.options.rebind and not job.options.force and _rebind(job, name, key, plan):
             return
-        with StepTimer(progress, "export", name, f"{target.export_format} / {target.mode}") as timer, \
+        with StepTimer(progress, "export", name, f"{format_label(target.export_format)} / {target.mode}") as timer, \
                 engine_output(f"export {name}"):
             exported = run_plan(plan, job.model_object)
         target_report.timings["export_s"] = round(timer.seconds, 4)

@@ -39,6 +39,7 @@ from hfexport.layout import (
     artifact_name,
     assign_places,
     export_folders,
+    format_label,
     place_files,
     published_name,
     target_places,
@@ -640,7 +641,7 @@ def _describe_change(item: _Target, old_job: JobReport | None) -> str:
     """One line saying why a target is published again: new, model files, recipe, packages, status or artifacts."""
     new = item.target
     if old_job is None:
-        return f"`{item.name}`: added ({new.export_format} / {new.mode})"
+        return f"`{item.name}`: added ({format_label(new.export_format)} / {new.mode})"
     old, reasons = old_job.targets[item.name], []
     before, after = _source_id(old_job), _source_id(item.report)
     if before and after and before != after:
@@ -669,13 +670,26 @@ def _card_report(chosen: list[_Target], remote: dict[str, _RemoteTarget]
     folders, sources = {}, {}
     for name, target in remote.items():
         if target.report is not None:
-            report.targets[name], folders[name] = _with_run(target.report, name), target.place
+            held = {relative: int(entry.get("size") or 0) for relative, entry in target.files.items()}
+            report.targets[name] = _as_published(_with_run(target.report, name), held)
+            folders[name] = target.place
             sources[name] = target.report.source
     for item in chosen:
-        report.targets[item.name], folders[item.name] = item.target, item.place
+        published = {relative: _size(content) for relative, content in item.published.items()}
+        report.targets[item.name], folders[item.name] = _as_published(item.target, published), item.place
         sources.pop(item.name, None)
     report.targets = dict(sorted(report.targets.items()))
     return report, folders, sources
+
+
+def _as_published(target: TargetReport, files: dict[str, int]) -> TargetReport:
+    """`target` listing the files its folder holds in the publication (`files`: name -> bytes), as uploaded: the
+    loaders' names (`model.onnx_data`), its report and manifest included; the card and the description count and
+    list these, not the job's own file names."""
+    if not files:
+        return target
+    entries = [{"path": name, "bytes": size} for name, size in sorted(files.items())]
+    return TargetReport.from_dict({**target.to_dict(), "files": entries, "total_bytes": sum(files.values())})
 
 
 def _with_run(report: JobReport, name: str) -> TargetReport:
@@ -737,7 +751,7 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, P
         "",
         "Targets in this pull request:",
         "",
-        *[f"- `{name}` → `{folders[name].label()}` ({target.export_format} / {target.mode})"
+        *[f"- `{name}` → `{folders[name].label()}` ({format_label(target.export_format)} / {target.mode})"
           for name, target in report.targets.items()],
         "",
         *(["Try it before merging (this PR's revision):", "", "```python", "import hfexport", "",
@@ -747,7 +761,7 @@ def _description(key: str, content: str, report: JobReport, folders: dict[str, P
         "",
         *[f"- {line}" for line in changes],
         "",
-        report_markdown(report).rstrip("\n"),
+        report_markdown(report, publication=True).rstrip("\n"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -392,11 +392,16 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
 
 
 def normalize(document: dict) -> dict:
-    """The full form of a recipe: a flat engine config becomes one forward target named after its format."""
+    """The full form of a recipe: a flat engine config becomes one forward target named after its format; every
+    `export_format` is the engine's name (`pt2` -> `dynamo`: `layout.canonical_format`)."""
     if "targets" in document:
-        return copy.deepcopy(document)
+        full = copy.deepcopy(document)
+        for target in full["targets"].values():
+            if isinstance(target, dict) and "export_format" in target:
+                target["export_format"] = canonical_format(target["export_format"])
+        return full
     flat = copy.deepcopy(document)
-    export_format = flat.pop("export_format")
+    export_format = canonical_format(flat.pop("export_format"))
     target: dict[str, Any] = {"export_format": export_format, "mode": "forward"}
     if "dynamic_shapes" in flat:
         target["dynamic_shapes"] = flat.pop("dynamic_shapes")

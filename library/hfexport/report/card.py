@@ -16,7 +16,7 @@ from pathlib import PurePath
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
 from hfexport.latency import latency_markdown
-from hfexport.layout import DEFAULT_NAMES, TRANSFORMERS_JS_SUFFIXES, Place
+from hfexport.layout import DEFAULT_NAMES, TRANSFORMERS_JS_SUFFIXES, Place, format_label
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
 
@@ -86,7 +86,7 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str | Pla
         where = artifact_path(place, target.export_format) if place.stem else place.folder
         shown = where if place.stem else f"{where}/"
         lines.append(
-            f"| `{name}` | [`{shown}`]({where}) | {target.export_format} | {target.mode} "
+            f"| `{name}` | [`{shown}`]({where}) | {format_label(target.export_format)} | {target.mode} "
             f"| {len(target.files)} | {human_bytes(size)} | {parity} |"
         )
     if stale:
@@ -103,7 +103,7 @@ def render_section(repo_id: str, report: JobReport, folders: dict[str, str | Pla
     lines += [
         "<details><summary>Export report (parity, sizes, provenance)</summary>",
         "",
-        report_markdown(report).rstrip("\n"),
+        report_markdown(report, publication=True).rstrip("\n"),
         "",
         "</details>",
         END,
@@ -451,6 +451,7 @@ def _metadata(header: str) -> dict | None:
 
 
 def _latency_lines(report: JobReport) -> list[str]:
-    """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details."""
-    section = latency_markdown(report)
+    """Which format is fastest where the job ran: the latency chart (hfexport.latency), shown outside the details;
+    never figures of an unreliable measurement."""
+    section = latency_markdown(report, publication=True)
     return ["", section] if section else []

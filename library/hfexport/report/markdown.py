@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
+from hfexport.layout import format_label
 from hfexport.report.model import JobReport
 from hfexport.runtime import summary_line
 from hfexport.samples import describe
@@ -16,8 +17,9 @@ def _seconds(value) -> str:
     return f"{value:.1f} s" if isinstance(value, (int, float)) else "—"
 
 
-def report_markdown(report: JobReport) -> str:
-    """A summary table of targets, then a section per target (files; verification when it ran)."""
+def report_markdown(report: JobReport, publication: bool = False) -> str:
+    """A summary table of targets, then a section per target (files; verification when it ran). `publication`: for
+    the Hub (the card, the PR): unreliable latency figures are left out (`latency_markdown`)."""
     source = report.source
     where = source["model"] + (f"@{source['revision']}" if source.get("revision") else "")
     commit = source.get("commit") or source.get("content_hash") or ""
@@ -33,14 +35,14 @@ def report_markdown(report: JobReport) -> str:
     ]
     for name, target in report.targets.items():
         lines.append(
-            f"| `{name}` | {target.export_format} | {target.mode} | {STATUS_ICONS.get(target.status, target.status)} "
+            f"| `{name}` | {format_label(target.export_format)} | {target.mode} | {STATUS_ICONS.get(target.status, target.status)} "
             f"| {human_bytes(target.total_bytes) if target.files else '—'} | {_seconds(target.timings.get('export_s'))} "
             f"| {_seconds(target.timings.get('verify_s'))} |"
         )
     verified_on = verified_on_line(report)
     if verified_on:
         lines += ["", verified_on]
-    lines += _latency_lines(report)
+    lines += _latency_lines(report, publication)
     for name, target in report.targets.items():
         lines += ["", f"### `{name}`", ""]
         timings = " · ".join(f"{key.removesuffix('_s')} {_seconds(value)}" for key, value in target.timings.items())
@@ -309,9 +311,9 @@ def _generation_markdown(generation: dict) -> str:
     return line
 
 
-def _latency_lines(report: JobReport) -> list[str]:
+def _latency_lines(report: JobReport, publication: bool = False) -> list[str]:
     """The latency table and chart (hfexport.latency) below the summary, when the job measured any."""
-    section = latency_markdown(report)
+    section = latency_markdown(report, publication=publication)
     return ["", section] if section else []
 
 

@@ -34,7 +34,7 @@ from hfexport.errors import (
 )
 from hfexport.files import MANIFEST_FILE, REPORT_FILE, human_bytes
 from hfexport.hub import looks_like_repo_id
-from hfexport.layout import canonical_format
+from hfexport.layout import canonical_format, format_label
 from hfexport.logs import original_stream, quiet_engine_logs
 from hfexport.progress import RUNNING, Heartbeat
 from hfexport.recipe.loading import check_against_model, load_recipe
@@ -103,7 +103,7 @@ def cmd_validate(args) -> int:
     if args.json:
         print(json.dumps({"valid": True, "source": recipe.source, "targets": recipe.target_names}, indent=2))
     else:
-        targets = ", ".join(f"{name} ({t.export_format}/{t.mode})" for name, t in recipe.targets.items())
+        targets = ", ".join(f"{name} ({format_label(t.export_format)}/{t.mode})" for name, t in recipe.targets.items())
         print(f"✓ valid recipe ({recipe.source}): {len(recipe.target_names)} target(s): {targets}")
     return EXIT_OK
 
@@ -131,7 +131,7 @@ def cmd_plan(args) -> int:
         print(json.dumps(include, separators=(",", ":")))  # one line: `echo "matrix=$(...)" >> $GITHUB_OUTPUT`
     else:
         for entry in include["include"]:
-            print(f"{entry['target']}: {entry['export_format']} / {entry['mode']}")
+            print(f"{entry['target']}: {format_label(entry['export_format'])} / {entry['mode']}")
     return EXIT_OK
 
 
@@ -149,7 +149,8 @@ def cmd_show(args) -> int:
     target = recipe.target(args.target)
     console = _console(stderr=False)
     task = recipe.task or "from the model's config"
-    console.print(f"target [bold]{escape(target.name)}[/bold]: {target.export_format} / {target.mode} (task {task})")
+    console.print(f"target [bold]{escape(target.name)}[/bold]: {format_label(target.export_format)} / {target.mode} "
+                  f"(task {task})")
     if recipe.dims:
         console.print(f"dims: {_dims_line(recipe.dims)}")
     if target.mode == "forward":
@@ -214,7 +215,7 @@ def _show_resolved(args) -> int:
         print(json.dumps(described, indent=2, default=str))
         return EXIT_OK
     console = _console(stderr=False)
-    console.print(f"target [bold]{described['target']}[/bold]: {described['export_format']} / {described['mode']}"
+    console.print(f"target [bold]{described['target']}[/bold]: {format_label(described['export_format'])} / {described['mode']}"
                   f" (task {described['task']})")
     if described["dims"]:
         console.print(f"dims: {_dims_line(described['dims'])}")
@@ -368,7 +369,7 @@ def _summary_rows(report) -> tuple[list[tuple[str, ...]], list[str]]:
             notes.append(f"{name}: {redact(message)}")
         size = target.total_bytes or sum(f["bytes"] for f in target.files)
         rows.append((
-            name, target.export_format, target.status, _parity_cell(target),
+            name, format_label(target.export_format), target.status, _parity_cell(target),
             human_bytes(size) if target.files else "-",
             f"{target.timings['export_s']:.1f}s" if "export_s" in target.timings else "-",
             f"{target.timings['verify_s']:.1f}s" if "verify_s" in target.timings else "-",
@@ -460,6 +461,7 @@ def cmd_verify(args) -> int:
     names (`--model` overrides); exit 1 when parity fails."""
     from hfexport.job.reverify import reverify
     from hfexport.report.markdown import target_verification_markdown
+    from hfexport.report.text import verification_text
 
     folders = _target_folders(Path(args.folder))
     status = EXIT_OK
@@ -467,13 +469,15 @@ def cmd_verify(args) -> int:
         model, revision = _source_model(folder, args)
         with contextlib.redirect_stdout(sys.stderr), _console().status(f"verifying {folder} against {model}"):
             report, name = reverify(folder, model, revision=revision, token=_token(args),
-                                    trust_remote_code=args.trust_remote_code)
+                                    trust_remote_code=args.trust_remote_code, write_report=args.write_report)
         target = report.targets[name]
         if args.json:
             print(report.to_json(only=name), end="")
-        else:
-            print(f"### `{name}` ({target.export_format} / {target.mode}) vs {model}\n")
+        elif args.format == "markdown":
+            print(f"### `{name}` ({format_label(target.export_format)} / {target.mode}) vs {model}\n")
             print(target_verification_markdown(target))
+        else:
+            print(verification_text(name, target, str(model)) + "\n")
         if target.status != "ok":
             status = EXIT_CHECK_FAILED
     return status
@@ -676,7 +680,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", help="Hub revision of the model")
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
-    p.add_argument("--json", action="store_true", help="print the target's updated report as JSON")
+    p.add_argument("--json", action="store_true", help="print the target's report, with this verification, as JSON")
+    p.add_argument("--format", choices=("text", "markdown"), default="text",
+                   help="text for a terminal (default), or Markdown (a PR comment, a job summary)")
+    p.add_argument("--write-report", action="store_true",
+                   help="update the saved export_report.json files with this verification (default: leave them)")
 
     p = sub.add_parser("report", help="print an export report as Markdown")
     p.add_argument("path", help="an OUTPUT folder, an OUTPUT/<target> folder or an export_report.json")

@@ -58,6 +58,7 @@ from hfexport.hub import HubRepo, looks_like_repo_id, marker_line, search_models
 from hfexport.job import init
 from hfexport.job.dispatch import TERMINAL, HfJobs, estimate_memory, job_result, job_steps
 from hfexport.job.preflight import available_memory
+from hfexport.plan.dry import model_problems, warm_up
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
@@ -318,7 +319,8 @@ class RecipeCheck:
 
 def check_recipe_text(text: str | None, source: str = "editor", config: tuple[dict, str] | None = None) -> RecipeCheck:
     """Parse and validate recipe text (strict JSON, schema, semantics; with the model's `config`, (config.json as a
-    dict, where it was read), its dims against what the model admits); never raises for bad input."""
+    dict, where it was read), its dims against what the model admits, and each target's mode and inputs against the
+    model itself, built from that config without weights: `plan.dry`); never raises for bad input."""
     text = text or ""
     check = RecipeCheck(text=text)
     try:
@@ -334,8 +336,8 @@ def check_recipe_text(text: str | None, source: str = "editor", config: tuple[di
     check.pretty, where = pretty_json(document)
     try:
         check.recipe = recipe_from_document(document, source)
-        if config is not None:
-            problems = config_problems(check.recipe.data, *config)
+        if config is not None:  # the model's own limits, and a dry plan against the model built from its config
+            problems = config_problems(check.recipe.data, *config) + model_problems(check.recipe, *config)
             if problems:
                 check.recipe = None
                 raise RecipeError(problems, source)
@@ -344,6 +346,11 @@ def check_recipe_text(text: str | None, source: str = "editor", config: tuple[di
         for problem in check.problems:
             check.lines.setdefault(_locate(problem.path, where), []).append(problem)
     return check
+
+
+def warm_up_live_check() -> None:
+    """Import what `check_recipe_text`'s dry plan needs in the background (a server calls this at start)."""
+    warm_up()
 
 
 _SYNTAX_POSITION = re.compile(r"\(line (\d+), column (\d+)\)")
@@ -733,7 +740,9 @@ class JobRunner:
     def close(self) -> None:
         self.worker.close()
 
-    def run(self, request: JobRequest) -> Iterator[Any]:
+    def run(self, request: JobRequest, cancel: threading.Event | None = None) -> Iterator[Any]:
+        """`request`'s progress events, then one `Finished`; setting `cancel` stops the job (its child is killed,
+        nothing of it is kept) and ends it as the failure "Cancelled"."""
         started = time.perf_counter()
         message = {
             "model": request.model, "output": str(request.output), "targets": request.targets or None,
@@ -745,7 +754,11 @@ class JobRunner:
         finished = Finished()
         with self._lock:
             finished.waited_s = time.perf_counter() - started
-            for event in self.worker.run(message, timeout_s=self.settings.job_timeout_s):
+            if cancel is not None and cancel.is_set():  # cancelled while it waited for its turn
+                events: Iterator[dict] = iter([{"type": "cancelled"}])
+            else:
+                events = self.worker.run(message, timeout_s=self.settings.job_timeout_s, cancel=cancel)
+            for event in events:
                 kind = event.get("type")
                 if kind == "step":
                     yield Step(**event["step"])
@@ -755,6 +768,9 @@ class JobRunner:
                     failure = event["failure"]
                     finished.failure = Failure(failure["category"], failure["message"], failure.get("command"),
                                                [Problem(p["path"], p["message"]) for p in failure.get("problems", [])])
+                elif kind == "cancelled":
+                    finished.failure = Failure("Cancelled", f"the conversion of {request.model} was stopped before it "
+                                               "finished; nothing of it was kept")
                 else:
                     finished.failure = Failure("Export crashed", redact(event.get("message", "")), request.command)
         finished.seconds = time.perf_counter() - started
@@ -763,6 +779,53 @@ class JobRunner:
         else:
             finished.failure = report_failure(finished.report, request.command)
         yield finished
+
+
+@dataclass
+class Conversion:
+    """A session's running conversion: the model it converts and the event that cancels it."""
+
+    model: str
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class Conversions:
+    """The conversion each session runs (one at most). A conversion belongs to the model it started with: while it
+    runs, the page refuses to load another model (`load_refusal`) and offers Cancel (`cancel`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running: dict[str, Conversion] = {}
+
+    def start(self, session: str, model: str) -> Conversion:
+        with self._lock:
+            conversion = self._running[session] = Conversion(model)
+            return conversion
+
+    def running(self, session: str | None) -> Conversion | None:
+        with self._lock:
+            return self._running.get(session) if session else None
+
+    def cancel(self, session: str | None) -> Conversion | None:
+        """Stop the session's running conversion (returned), if any."""
+        conversion = self.running(session)
+        if conversion is not None:
+            conversion.cancel.set()
+        return conversion
+
+    def end(self, session: str, conversion: Conversion) -> None:
+        with self._lock:
+            if self._running.get(session) is conversion:
+                del self._running[session]
+
+
+def load_refusal(conversion: Conversion | None, model: str | None) -> str | None:
+    """Why loading `model` is refused now (a conversion of another model runs in this session), or None."""
+    if conversion is None:
+        return None
+    asked = f"`{model.strip()}`" if (model or "").strip() else "another model"
+    return (f"Not loading {asked}: the conversion of `{conversion.model}` is still running, and its results belong "
+            f"to `{conversion.model}`. **Cancel** it, or wait until it ends, then load {asked}.")
 
 
 # ── Progress rendering ───────────────────────────────────────────────────────
@@ -883,6 +946,19 @@ def convert_blocker(state: dict | None, token: str | None) -> str | None:
     return None
 
 
+def propose_blocker(state: dict | None, token: str | None) -> str | None:
+    """Why "Propose recipe" cannot succeed now, or None: no model loaded, signed out, or a recipe in the editor that
+    does not validate (against the loaded model too)."""
+    state = state or {}
+    if not state.get("model"):
+        return "Load a model to propose a recipe for it."
+    if not token:
+        return "Sign in to propose a recipe."
+    if not state.get("recipe_valid"):
+        return "Fix the recipe's problems to propose it."
+    return None
+
+
 def open_pr_number(model: str, token: str | None) -> int | None:
     """The number of `model`'s open hfexport pull request, or None (none, or the Hub cannot say)."""
     try:
@@ -898,10 +974,21 @@ def pr_button_label(state: dict | None) -> str:
     return f"Update PR #{number}" if number else "Open PR"
 
 
-def outcome_markdown(report, pr_url: str | None = None, pr_num: int | None = None) -> str:
-    """The outcome of a job first: per target passed/failed and why, and its size; what the zip holds (only targets
-    that passed) and the pull request, when there is one."""
-    lines = ["### Outcome", "", "| target | result | why | size |", "|---|---|---|---|"]
+def outcome_markdown(report, pr_url: str | None = None, pr_num: int | None = None, failure: str | None = None,
+                     model: str | None = None) -> str:
+    """The outcome of a job, first on the page: a status line, per target passed/failed and why and its size, what
+    the zip holds (only targets that passed) and the pull request (its link once opened; "Update PR #N" offered
+    only when something passed); then the failure, when the job had one."""
+    passed = publishable_targets(report)
+    total = len(report.targets)
+    of = f" of `{model}`" if model else ""
+    if total and len(passed) == total:
+        status = f"### Outcome{of}: ✅ {'all ' if total > 1 else ''}{total} target{'s' if total > 1 else ''} passed"
+    elif passed:
+        status = f"### Outcome{of}: ⚠️ {len(passed)} of {total} targets passed, {total - len(passed)} failed"
+    else:
+        status = f"### Outcome{of}: ❌ {'no target passed' if total != 1 else 'the target failed'}"
+    lines = [status, "", "| target | result | why | size |", "|---|---|---|---|"]
     for name, target in report.targets.items():
         verification = target.verification or {}
         if target.status in ("ok", "unchanged"):
@@ -915,15 +1002,18 @@ def outcome_markdown(report, pr_url: str | None = None, pr_num: int | None = Non
         size = human_bytes(target.total_bytes) if target.files and target.total_bytes else "—"
         why = md_escape(first_line(str(why), 200)).replace("|", "\\|")  # a table cell: its pipes escaped
         lines.append(f"| `{name}` | {result} | {why} | {size} |")
-    passed = publishable_targets(report)
     lines += [""]
     lines.append(f"Download: the zip below holds {', '.join(f'`{name}`' for name in passed)}." if passed
                  else "Nothing to download: no target passed.")
     if pr_url:
         lines.append(f"Pull request: [#{pr_num}]({pr_url}).")
-    elif pr_num:
+    elif pr_num and passed:
         lines.append(f"This model's hfexport pull request is #{pr_num}: **Update PR #{pr_num}** publishes these "
                      "targets to it.")
+    if failure:
+        lines += ["", failure]
+        if passed:
+            lines += ["", f"**Open PR** publishes the targets that passed ({', '.join(passed)}); the others stay out."]
     return "\n".join(lines)
 
 

@@ -8,8 +8,8 @@ Protocol, one JSON object per line: the parent writes a request on the child's s
 never in argv or the environment); the child answers on its original stdout (the engine's own prints are sent to
 stderr) with `{"type": "step", ...}` events, then `{"type": "done", "report": {...}}` (the report's validated JSON)
 or `{"type": "failed", "failure": {...}}` (`space_logic.Failure`: category, one redacted line, command).
-A child that exits mid-job, or a job past its time limit (the child is killed), ends as a failure; the next job
-starts a fresh child.
+A child that exits mid-job, a job past its time limit, or a job its caller cancelled (the child is killed) ends as
+a failure (`crashed`, or `cancelled`); the next job starts a fresh child.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from hfexport.progress import Heartbeat, Step
 from hfexport.surfaces.failure import describe_failure
 
 READY = "ready"
-FINAL = ("done", "failed", "crashed")
+FINAL = ("done", "failed", "crashed", "cancelled")
 HEARTBEAT_S = 5.0  # how often a running step is re-sent to the page
+CANCEL_POLL_S = 0.25  # how often a waiting `run` looks at its cancel event
 
 
 ENV_PREFIX = "HFEXPORT_"
@@ -72,9 +73,11 @@ class JobWorker:
         self._process = process
         return process
 
-    def run(self, request: dict, timeout_s: float | None = None) -> Iterator[dict]:
+    def run(self, request: dict, timeout_s: float | None = None,
+            cancel: threading.Event | None = None) -> Iterator[dict]:
         """Send `request` (run_job's arguments as JSON, plus `command`, `env` and `keep_downloads`) and yield the
-        child's events until the last one (`done`, `failed`, or `crashed` when the child died or timed out)."""
+        child's events until the last one (`done`, `failed`, `crashed` when the child died or timed out, or
+        `cancelled` once `cancel` is set: the child is killed then, and the next job starts a fresh one)."""
         with self._lock:
             process = self._ensure()
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -86,22 +89,30 @@ class JobWorker:
                 return
             answered = False
             try:
-                for event in self._events(process, deadline, timeout_s):
+                for event in self._events(process, deadline, timeout_s, cancel):
                     answered = event.get("type") in FINAL
                     yield event
             finally:
                 if not answered:  # the caller stopped listening mid-job: its events must not reach the next job
                     self._kill()
 
-    def _events(self, process: subprocess.Popen, deadline: float | None, timeout_s: float | None) -> Iterator[dict]:
+    def _events(self, process: subprocess.Popen, deadline: float | None, timeout_s: float | None,
+                cancel: threading.Event | None = None) -> Iterator[dict]:
         while True:
-            remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
-            try:
-                line = process.lines.get(timeout=remaining)  # type: ignore[attr-defined]
-            except queue.Empty:
+            if cancel is not None and cancel.is_set():
                 self._kill()
-                yield self._crashed(f"the job ran past its {timeout_s:.0f} s limit and was stopped")
+                yield {"type": "cancelled"}
                 return
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+            wait = remaining if cancel is None else min(CANCEL_POLL_S, CANCEL_POLL_S if remaining is None else remaining)
+            try:
+                line = process.lines.get(timeout=wait)  # type: ignore[attr-defined]
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._kill()
+                    yield self._crashed(f"the job ran past its {timeout_s:.0f} s limit and was stopped")
+                    return
+                continue
             if not line:
                 code = process.wait()
                 self._process = None

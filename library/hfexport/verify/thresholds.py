@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hfexport.layout import format_label
+
 DEFAULT_MAX_NEW_TOKENS = 8  # greedy tokens generated per prompt by a generation target's check
 EXACT_TOKEN_AGREEMENT = 1.0  # a float32 generation target must agree with model.generate token for token
 
@@ -113,7 +115,7 @@ def _tolerances(target, dtype: str, precision: str) -> dict:
     outputs = {} if reduced else {name: {**default, **values} for name, values in (parity.get("outputs") or {}).items()}
     what = "quantized" if target.quantization else (f"{dtype} graph at {precision} runtime precision" if reduced
                                                     else dtype)
-    basis = f"defaults for {target.export_format} {what}"
+    basis = f"defaults for {format_label(target.export_format)} {what}"
     if overridden or outputs:
         basis += " with the recipe's parity"
     return {"default": default, "outputs": outputs, "basis": basis}
