@@ -127,15 +127,15 @@ def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _metric(value, digits: int = 2) -> str:
+def metric_text(value, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}e}" if value else "0"
 
 
-def _ratio(value) -> str:
+def ratio_text(value) -> str:
     return "—" if value is None else f"{value:.6f}"
 
 
-def _thresholds_text(thresholds: dict) -> str:
+def thresholds_text(thresholds: dict) -> str:
     default = thresholds.get("default", {})
     names = {"atol": "atol", "rtol": "rtol", "min_cosine": "min cosine", "min_top1": "min top-1"}
     parts = [f"{label} {default[key]:g}" for key, label in names.items() if default.get(key) is not None]
@@ -215,7 +215,7 @@ def target_verification_markdown(target) -> str:
     probes = verification.get("probes", [])
     header = f"**Parity: {verdict}** — artifacts reloaded from disk vs the eager model, {len(probes)} probe run(s)"
     if verification.get("thresholds"):
-        header += f" · thresholds: {_thresholds_text(verification['thresholds'])}"
+        header += f" · thresholds: {thresholds_text(verification['thresholds'])}"
     bound = verification.get("cost_bound") or {}
     if bound:
         header += f" · probe cost bound {bound['max_probe_elements']:,} input elements"
@@ -236,7 +236,7 @@ def target_verification_markdown(target) -> str:
     runtime_check = verification.get("runtime_check")
     if runtime_check:
         lines += ["", f"At **{runtime_check.get('precision')}** (what `hfexport.load` gives here) · thresholds: "
-                      f"{_thresholds_text(runtime_check.get('thresholds') or {})}"]
+                      f"{thresholds_text(runtime_check.get('thresholds') or {})}"]
         lines += _probe_rows(runtime_check.get("probes") or [])
         if runtime_check.get("generation"):
             lines += ["", _generation_markdown(runtime_check["generation"])]
@@ -286,8 +286,8 @@ def _probe_rows(probes: list[dict]) -> list[str]:
             # A word with each mark: where no emoji font exists the marks render as empty boxes.
             result = "✅ passed" if metrics.get("passed") else "❌ failed: " + _cell("; ".join(metrics.get("failures", [])))
             top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
-            lines.append(f"| {label} | {component} | {name} | {_metric(metrics.get('max_abs'))} "
-                         f"| {_metric(metrics.get('max_rel'))} | {_ratio(metrics.get('cosine'))} | {top1} | {result} |")
+            lines.append(f"| {label} | {component} | {name} | {metric_text(metrics.get('max_abs'))} "
+                         f"| {metric_text(metrics.get('max_rel'))} | {ratio_text(metrics.get('cosine'))} | {top1} | {result} |")
     if probes:
         lines += ["", "</details>"]
     return lines

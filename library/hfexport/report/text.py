@@ -4,7 +4,7 @@ verdicts, no Markdown or HTML. The Markdown of PRs, job summaries and the Space 
 from __future__ import annotations
 
 from hfexport.layout import format_label
-from hfexport.report.markdown import _metric, _ratio, _thresholds_text
+from hfexport.report.markdown import metric_text, ratio_text, thresholds_text
 
 
 def verification_text(name: str, target, against: str) -> str:
@@ -19,7 +19,7 @@ def verification_text(name: str, target, against: str) -> str:
     probes = verification.get("probes") or []
     verdict = "passed" if verification.get("passed") else "FAILED"
     lines.append(f"  parity: {verdict}: artifacts reloaded from disk vs the eager model, {len(probes)} probe(s)"
-                 + (f"; thresholds: {_thresholds_text(verification['thresholds'])}".replace("`", "")
+                 + (f"; thresholds: {thresholds_text(verification['thresholds'])}".replace("`", "")
                     if verification.get("thresholds") else ""))
     rows = _probe_rows(probes)
     check = verification.get("runtime_check") or {}
@@ -54,8 +54,8 @@ def _probe_rows(probes: list[dict], suffix: str = "") -> list[tuple[str, ...]]:
         for output, metrics in (probe.get("outputs") or {}).items():
             result = "passed" if metrics.get("passed") else "FAILED: " + "; ".join(metrics.get("failures", []))
             top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
-            rows.append((label, output, _metric(metrics.get("max_abs")), _metric(metrics.get("max_rel")),
-                         _ratio(metrics.get("cosine")), top1, result))
+            rows.append((label, output, metric_text(metrics.get("max_abs")), metric_text(metrics.get("max_rel")),
+                         ratio_text(metrics.get("cosine")), top1, result))
     return rows
 
 
