@@ -148,7 +148,7 @@ def peer_model(model: Path) -> Path:
 
 
 def exports(model: Path, prompts: list[str]) -> dict[str, Path]:
-    from hfexport.onnx_contract import GENAI_CONFIG_FILE, genai_config, graph_shapes
+    from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE, genai_config, graph_shapes
     from hfexport.testing import peers
 
     hfexport_out = WORK / "hfexport"

@@ -45,7 +45,7 @@ CAUSES = {
         "passes as onnxruntime-genai's generic `decoder` model type: its own `gpt2` type is a model of its own "
         "(src/models/model.cpp) that takes one combined `past_%d` cache tensor per layer, not the contract's "
         "`past_key_values.%d.key|value` pairs, so genai_config.json says `decoder` for GPT-2 "
-        "(hfexport.onnx_contract.GENAI_LLM_TYPES)."),
+        "(hfexport.formats.onnx.decoder_contract.GENAI_LLM_TYPES)."),
 }
 
 
@@ -127,7 +127,7 @@ def main() -> int:
 
 
 #: The encoder-decoder families, each exported to its ONNX generation target in the seq2seq layout
-#: (hfexport.onnx_seq2seq) and checked by the ONNX runtimes: `python scripts/llm_runtimes.py --seq2seq [WORKDIR]`
+#: (hfexport.formats.onnx.seq2seq_contract) and checked by the ONNX runtimes: `python scripts/llm_runtimes.py --seq2seq [WORKDIR]`
 #: writes docs/seq2seq_runtimes.json (beside the decoders' docs/llm_runtimes.json) and its table on stdout.
 SEQ2SEQ_FAMILIES = ["tiny-bart", "tiny-t5", "tiny-marian", "tiny-mbart", "tiny-whisper"]
 

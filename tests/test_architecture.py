@@ -12,22 +12,24 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "library" / "hfexport"
 
-# Bottom to top, as docs/architecture.md draws them. A module may import from its own layer or any below.
+# Bottom to top, as docs/architecture.md draws them. A module may import from its own layer or any below. A `*` stands
+# for one name (any format's package): the most specific entry names a module's layer.
 LAYERS = [
+    # formats: the registry and each format's backend (its names, what the layers ask of it): data, no engine.
     ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
-                    "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters"]),
+                    "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters", "formats"]),
     ("models", ["models", "samples", "inputs", "preparers"]),
     ("recipe", ["quantization.spec", "recipe"]),
     # What every plan family shares (the Plan data, dynamic shapes, what the engine traces), below the families.
     # workarounds.transformers_models sits here: plan.tracing runs its `base_rope_index` on every traced input.
     ("plan parts", ["plan.model", "plan.shapes", "plan.tracing", "workarounds.transformers_models"]),
-    ("plan", ["quantization.calibration", "quantization.quantizer", "executorch_llm", "plan"]),
+    ("plan", ["quantization.calibration", "quantization.quantizer", "formats.executorch.llm_program", "plan"]),
     # The generation loop every family shares (generate/options, generate/loop), below the family modules.
     ("generation loop", ["generate.options", "generate.loop"]),
-    ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxruntime",
-                   "workarounds.onnxscript", "workarounds.openvino", "onnx_contract", "onnx_float16", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
-                   "exported", "export", "rebind"]),
-    ("verify", ["verify", "latency", "deployment"]),
+    # formats.*.*: a format's programs (export hooks, save and load, weight writers, safety checks, workarounds).
+    ("artifacts", ["safety", "formats.*.*", "generate", "exported", "export", "rebind"]),
+    # formats.*.runtimes: a format's deployment runtimes.
+    ("verify", ["verify", "latency", "deployment", "formats.*.runtimes"]),
     ("report", ["report"]),
     ("publication", ["publication"]),
     ("job", ["job"]),
@@ -36,7 +38,7 @@ LAYERS = [
 ]
 # The modules that import torch (through the engine) when imported: lighter modules import them inside functions,
 # so that `import hfexport`, the CLI and the Space start without torch.
-DEFERRED = {"export", "exported", "generate", "onnx_runner"}
+DEFERRED = {"export", "exported", "generate", "formats.onnx.file_runner"}
 # The CLI imports what each command runs: the job stack inside the commands that run it, so that `validate` and
 # `show` (the recipe only) start without it (tests/test_cli_imports.py).
 DEFERRED_IN = {"surfaces.cli": ("job", "publication", "report", "surfaces.ci")}
@@ -57,12 +59,16 @@ def _modules() -> dict[str, Path]:
 
 
 def _layer(module: str) -> int:
+    """The layer of the most specific LAYERS entry that `module` is in (or under): the most names, then the fewest `*`."""
     best = None
+    names = module.split(".")
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                if best is None or len(prefix) > best[1]:
-                    best = (index, len(prefix))
+            parts = prefix.split(".")
+            if len(parts) <= len(names) and all(part in ("*", name) for part, name in zip(parts, names)):
+                rank = (len(parts), -parts.count("*"))
+                if best is None or rank > best[1]:
+                    best = (index, rank)
     assert best is not None, f"hfexport.{module} is in no layer: add it to LAYERS and docs/architecture.md"
     return best[0]
 

@@ -17,7 +17,7 @@ import pytest
 from hfexport.files import MANIFEST_FILE
 
 #: The default ExecuTorch generation target of a decoder (no layout named): one program in TextLLMRunner's contract
-#: (hfexport.executorch_llm), the model wrapped in transformers' `TorchExportableModuleWithStaticCache`.
+#: (hfexport.formats.executorch.llm_program), the model wrapped in transformers' `TorchExportableModuleWithStaticCache`.
 LLM_TARGET = "pte-llm"
 LLAMA_TARGETS = ["pt2", "onnx-generation", "openvino-generation", "pte-generation", LLM_TARGET]
 BERT_TARGETS = ["onnx", "openvino", "pt2", "pte"]

@@ -288,7 +288,7 @@ def test_hfexport_onnx_runner_takes_the_engines_options_and_hands_over_what_it_d
     import hfexport
     import onnx
     from hfexport.exported import _OnnxFile
-    from hfexport.onnx_runner import OnnxFileRunner
+    from hfexport.formats.onnx.file_runner import OnnxFileRunner
     from onnx import TensorProto, helper
     from transformers.exporters.runners.runner_onnx import OnnxModelRunner
 

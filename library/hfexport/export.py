@@ -18,17 +18,17 @@ from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
 from hfexport.errors import Problem, RecipeError
 from hfexport.engine import export_backends, exporter_class, traced_cache_layout
-from hfexport.executorch_llm import export as export_llm_program
-from hfexport.workarounds.executorch import executorch_fixes
+from hfexport.formats.executorch.llm_program import export as export_llm_program
+from hfexport.formats.executorch.workarounds import executorch_fixes
 from hfexport.exported import ExportedModel
 from hfexport.workarounds.transformers_models import base_rope_index, modeling_fixes
-from hfexport.workarounds.onnxruntime import (
+from hfexport.formats.onnx.onnxruntime_workarounds import (
     broadcast_grouped_query_caches,
     fuse_ready_key_transposes,
     fuse_ready_rms_norms,
 )
-from hfexport.workarounds.onnxscript import onnx_fixes
-from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
+from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes
+from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.plan.tracing import _engine_config
@@ -205,7 +205,7 @@ def _drop_model_output_samples(exported) -> None:
 
 @contextlib.contextmanager
 def _format_fixes(plan, model):
-    """hfexport's narrow fixes of a backend's lowering (hfexport.workarounds.executorch, .onnxscript) and of the
+    """hfexport's narrow fixes of a backend's lowering (hfexport.formats.executorch.workarounds, .onnxscript) and of the
     model's code under torch.export (hfexport.workarounds.transformers_models), for the plan's format."""
     with contextlib.ExitStack() as stack:
         if str(plan.export_format) == "executorch":
@@ -226,7 +226,7 @@ def run_plan(plan, model) -> ExportedModel:
                                   "have no float16 names in hfexport's layout yet"))
     if plan.llm_runner is not None:
         # ExecuTorch's LLM runner contract: hfexport's own export (the engine cannot add the runner's metadata methods
-        # nor hold the cache in the program; hfexport.executorch_llm says why), with the same lowering fixes
+        # nor hold the cache in the program; hfexport.formats.executorch.llm_program says why), with the same lowering fixes
         with _format_fixes(plan, model):
             return ExportedModel.from_engine(export_llm_program(model, plan.components["model"].config,
                                                                 plan.target.generation))
@@ -264,19 +264,19 @@ def run_plan(plan, model) -> ExportedModel:
             exported.generation_config = copy.deepcopy(model.generation_config)
     if str(plan.export_format) == "openvino":
         # the CPU plugin's fused KV-cache attention matches the frontend's repeat of a grouped-query cache, which the
-        # engine rewrites (hfexport.workarounds.openvino)
+        # engine rewrites (hfexport.formats.openvino.workarounds)
         for component in exported.components.values():
             fuse_ready_cache_broadcasts(component.program)
     if str(plan.export_format) == "onnx":
         # onnxruntime's RMSNorm fusion matches x / sqrt(v), the exporter writes x * (1 / sqrt(v)); its matmul
         # folds a key transpose the exporter writes through a 3-d view only as one Transpose; nothing in it undoes
-        # repeat_kv's copies of a grouped-query cache (hfexport.workarounds.onnxruntime)
+        # repeat_kv's copies of a grouped-query cache (hfexport.formats.onnx.onnxruntime_workarounds)
         for component in exported.components.values():
             fuse_ready_rms_norms(component.program)
             fuse_ready_key_transposes(component.program)
             broadcast_grouped_query_caches(component.program)
     result = ExportedModel.from_engine(exported)
-    result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.onnx_float16)
+    result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.formats.onnx.float16)
     # what running the engine's input preparers again needs, per component whose inputs they added to
     result.input_preparers = {name: component.preparer_context for name, component in plan.components.items()
                               if component.preparer_context and name in result.components}

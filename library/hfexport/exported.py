@@ -14,9 +14,9 @@ from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
 from hfexport.engine import register_treespec_types, runner_class, set_runners
-from hfexport.executorch_llm import DATA_FILE as LLM_DATA_FILE
-from hfexport.executorch_llm import is_llm_program, uses_custom_ops
-from hfexport.executorch_llm import load_program as load_executorch  # a .pte with its .ptd (any program)
+from hfexport.formats.executorch.llm_program import DATA_FILE as LLM_DATA_FILE
+from hfexport.formats.executorch.llm_program import is_llm_program, uses_custom_ops
+from hfexport.formats.executorch.llm_program import load_program as load_executorch  # a .pte with its .ptd (any program)
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
@@ -25,19 +25,21 @@ from hfexport.errors import (
     UnsafeExportError,
     first_line,
 )
-from hfexport.executorch_data import DATA_PATH, data_name, separated, write_data
+from hfexport.formats.executorch.data_file import DATA_PATH, data_name, separated, write_data
 from hfexport.files import RECIPE_COPY_FILE
 from hfexport.generate import DECODE, generate
 from hfexport.hub import hub_error
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
-from hfexport import onnx_float16, onnx_seq2seq, preparers
-from hfexport.onnx_contract import to_contract
-from hfexport.onnx_runner import OnnxFileRunner
-from hfexport.workarounds.openvino import copy_returned_inputs
+from hfexport import preparers
+from hfexport.formats.onnx import float16 as onnx_float16
+from hfexport.formats.onnx import seq2seq_contract as onnx_seq2seq
+from hfexport.formats.onnx.decoder_contract import to_contract
+from hfexport.formats.onnx.file_runner import OnnxFileRunner
+from hfexport.formats.openvino.workarounds import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
-from hfexport.runtime_layout import finish as finish_runtime_layout
-from hfexport.runtime_layout import save_tokenizer
+from hfexport.formats.openvino.genai_layout import finish as finish_runtime_layout
+from hfexport.formats.openvino.genai_layout import save_tokenizer
 from hfexport.runtime import (
     PRECISION_FORMATS,
     has_runtime_precision,
@@ -52,7 +54,7 @@ from hfexport.safety.artifacts import (
     checked_file,
     read_json,
 )
-from hfexport.safety.pt2 import weights_only_unpickling
+from hfexport.formats.torch_export.pt2_safety import weights_only_unpickling
 from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
 
 
@@ -60,7 +62,7 @@ class ExportedModel(_EngineExportedModel):
     """The engine's `ExportedModel`, returned by every hfexport export.
 
     `save_dtype`: the dtype its ONNX graphs are converted to when saved (the recipe target's `dtype`, "float16":
-    `hfexport.onnx_float16`); None keeps the exported dtype. The graphs in memory stay as exported; the saved files,
+    `hfexport.formats.onnx.float16`); None keeps the exported dtype. The graphs in memory stay as exported; the saved files,
     and what `load` reads back, are float16."""
 
     save_dtype: str | None = None
@@ -97,7 +99,7 @@ class ExportedModel(_EngineExportedModel):
         (`OnnxFileComponent`) run from their files on hfexport's `OnnxFileRunner` (the CPU, without importing
         onnx_ir), or reach the engine's runner as their file, which ONNX Runtime opens: no onnx_ir parse to run them.
         An OpenVINO program that returns one of its inputs gets a runner that always copies its inputs
-        (`hfexport.workarounds.openvino`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
+        (`hfexport.formats.openvino.workarounds`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
         2026.4.1 writing through a freed input."""
         unparsed = {name: component for name, component in self.components.items()
                     if isinstance(component, OnnxFileComponent) and not component.parsed}
@@ -119,10 +121,10 @@ class ExportedModel(_EngineExportedModel):
 
     def save_pretrained(self, save_directory, *args, tokenizer=None, push_to_hub=False, **kwargs):
         """The engine's `save_pretrained`; a decoder-only generation export is then put in its runtimes' contract:
-        ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.onnx_contract`)
+        ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.formats.onnx.decoder_contract`)
         for transformers.js, optimum and onnxruntime-genai; an ONNX encoder-decoder (encoder, prefill, decode) as
-        `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.onnx_seq2seq`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
-        `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
+        `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.formats.onnx.seq2seq_contract`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
+        `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.formats.openvino.genai_layout`)
         for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files.
 
         `push_to_hub=True` uploads once every file is written (`repo_id`, `commit_message`, `token`, `private` as the
@@ -163,7 +165,7 @@ class ExportedModel(_EngineExportedModel):
 
     def _save_executorch(self, save_directory, *args, **kwargs):
         """The engine's `save_pretrained` with each program's weights in its own `.ptd` beside the `.pte`
-        (`hfexport.executorch_data`): the engine writes the re-emitted `.pte`, then each component's data file."""
+        (`hfexport.formats.executorch.data_file`): the engine writes the re-emitted `.pte`, then each component's data file."""
         components = self.components
         self.components = {name: ExportedComponent(separated(component.program, name), component.metadata)
                            for name, component in components.items()}

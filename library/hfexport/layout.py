@@ -13,9 +13,9 @@ its artifact. The folder's default target keeps hfexport's own files under their
 `export_config.json`, `export_report.json`, `config.json`); a variant's files all start with its stem and a dot
 (`model_quantized.onnx`, `model_quantized.onnx_data`, `model_quantized.export.json`, ...), so each file of a folder
 belongs to exactly one target and no loader mistakes hfexport's files for its own. A decoder-only ONNX generation
-target saved in the loaders' contract (`hfexport.onnx_contract`: `model.onnx` + `genai_config.json`, which
+target saved in the loaders' contract (`hfexport.formats.onnx.decoder_contract`: `model.onnx` + `genai_config.json`, which
 transformers.js, optimum and onnxruntime-genai open) claims `onnx/` like a forward target, and so does a decoder-only OpenVINO generation target saved as
-optimum-intel's stateful `openvino_model.xml` (`hfexport.runtime_layout`), in `openvino/`. A quantized or float16 ONNX
+optimum-intel's stateful `openvino_model.xml` (`hfexport.formats.openvino.genai_layout`), in `openvino/`. A quantized or float16 ONNX
 generation target in that contract is a transformers.js dtype variant beside it (`onnx/model_quantized.onnx` +
 `model_quantized.onnx_data`, `model_q4.onnx`, `model_fp16.onnx`: `TRANSFORMERS_JS_SUFFIXES`), and the publication
 writes `transformers.js_config` into the repo's config.json (`transformers_js_config`) so `dtype` alone opens it.

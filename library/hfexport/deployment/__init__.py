@@ -180,9 +180,13 @@ class GenerationRequest:
 #: `RUNTIME: str` (the name reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck` (or a
 #: list of them: one runtime checked at several precisions).
 #: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
-RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": ("transformers_js", "optimum", "onnxruntime_genai"),
-                                        "openvino": ("openvino_genai", "optimum_intel"),
-                                        "executorch": ("executorch_llm_runner", "optimum_executorch"), "dynamo": ()}
+RUNTIMES: dict[str, tuple[str, ...]] = {
+    "onnx": ("hfexport.formats.onnx.runtimes.transformers_js", "hfexport.formats.onnx.runtimes.optimum",
+             "hfexport.formats.onnx.runtimes.onnxruntime_genai"),
+    "openvino": ("hfexport.formats.openvino.runtimes.openvino_genai",
+                 "hfexport.formats.openvino.runtimes.optimum_intel"),
+    "executorch": ("hfexport.formats.executorch.runtimes.executorch_llm_runner",
+                   "hfexport.formats.executorch.runtimes.optimum_executorch"), "dynamo": ()}
 
 
 def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
@@ -191,7 +195,7 @@ def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> 
 
     checks = []
     for name in RUNTIMES.get(export_format, ()):
-        module = importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(name)
         started = time.perf_counter()
         try:
             found = module.check(Path(folder), request)

@@ -13,12 +13,12 @@ from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, judge_t
 from hfexport.layout import transformers_js_dtype
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
-#: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.onnx_contract).
+#: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.formats.onnx.decoder_contract).
 NOT_IN_CONTRACT = ("not in the ONNX runtimes' layout (model.onnx with past_key_values.{i}.key inputs, "
                    "genai_config.json): the export keeps the engine's graphs (an encoder-decoder, a VLM, a state-space "
                    "decode, a prefill/decode pair, or a graph with inputs the runtimes do not feed)")
 
-#: Why a runtime does not check an encoder-decoder folder without `decoder_model_merged.onnx` (hfexport.onnx_seq2seq).
+#: Why a runtime does not check an encoder-decoder folder without `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract).
 NOT_IN_SEQ2SEQ_CONTRACT = ("not in the seq2seq runtimes' layout (encoder_model.onnx + decoder_model_merged.onnx): an "
                            "export saved before hfexport wrote it, or in another format's graphs")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from hfexport.errors import GenerationError
-from hfexport.executorch_llm import COMPONENT as LLM_PROGRAM
-from hfexport.executorch_llm import is_llm_program
+from hfexport.formats.executorch.llm_program import COMPONENT as LLM_PROGRAM
+from hfexport.formats.executorch.llm_program import is_llm_program
 from hfexport.generate.loop import (
     CACHE, DECODE, PREFILL, _check_token_ids, _decode, _fed, _is_stateful, _Layout, _Session,
 )
@@ -22,7 +22,7 @@ _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE, STATE}
 
 
 def _is_llm_program_export(exported) -> bool:
-    """An export of ExecuTorch's LLM runner program (`hfexport.executorch_llm`): one `model` component."""
+    """An export of ExecuTorch's LLM runner program (`hfexport.formats.executorch.llm_program`): one `model` component."""
     components = getattr(exported, "components", {})
     return list(components) == [LLM_PROGRAM] and is_llm_program(exported.runners[LLM_PROGRAM].metadata)
 

@@ -46,9 +46,9 @@ from hfexport.job.preflight import available_memory, check, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
-from hfexport.onnx_contract import GENAI_CONFIG_FILE
-from hfexport.onnx_seq2seq import DECODER_FILE
-from hfexport.runtime_layout import save_tokenizer
+from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE
+from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
+from hfexport.formats.openvino.genai_layout import save_tokenizer
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
 from hfexport.publication.cache import (

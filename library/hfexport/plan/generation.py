@@ -7,7 +7,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import PlanError
-from hfexport.executorch_llm import max_context
+from hfexport.formats.executorch.llm_program import max_context
 from hfexport.plan.decoder import _check_single_graph, _generation_config, _llm_runner_plan, _single_graph_fits
 from hfexport.plan.model import ComponentPlan, Plan
 from hfexport.plan.seq2seq import _check_default_layout, _encoder_capture, _seq2seq_trace_inputs, _with_encoder

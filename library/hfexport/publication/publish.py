@@ -43,8 +43,8 @@ from hfexport.layout import (
     target_places,
     transformers_js_config,
 )
-from hfexport.onnx_contract import GENAI_CONFIG_FILE, relocated
-from hfexport.onnx_seq2seq import DECODER_FILE
+from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE, relocated
+from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, recipe_origin, render_section, update_card
@@ -405,7 +405,7 @@ def _layout_spec(item: _Target) -> dict:
 
 def _deployable(item: _Target) -> bool:
     """A generation target saved in its runtimes' contract: one program under its format's loaders' name
-    (`hfexport.runtime_layout`: OpenVINO's stateful `openvino_model.xml`), published in the format's folder."""
+    (`hfexport.formats.openvino.genai_layout`: OpenVINO's stateful `openvino_model.xml`), published in the format's folder."""
     try:
         components = json.loads((item.folder / MANIFEST_FILE).read_text(encoding="utf-8"))["components"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -1,6 +1,6 @@
 """The weight map: which parameters each stored tensor of an export holds, and how; and the rebind key.
 
-Made at every full export by value, not by name: each stored tensor of the saved files (`hfexport.rebind.onnx`,
+Made at every full export by value, not by name: each stored tensor of the saved files (`hfexport.formats.onnx.weights`,
 `openvino`, `pt2`, `pte`) is compared byte for byte with the model's parameters and buffers, as they are, transposed,
 cast to the stored dtype (or, for an ONNX export converted to float16, clamped and cast as onnxruntime's converter
 does: `cast_clamped`), reshaped, or several of them concatenated along an axis. What matches is recorded as plain
@@ -22,10 +22,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfexport.rebind import onnx as onnx_format
-from hfexport.rebind import openvino as openvino_format
-from hfexport.rebind import pt2 as pt2_format
-from hfexport.rebind import pte as pte_format
+from hfexport.formats.executorch import weights as pte_format
+from hfexport.formats.onnx import weights as onnx_format
+from hfexport.formats.openvino import weights as openvino_format
+from hfexport.formats.torch_export import weights as pt2_format
 from hfexport.rebind.stored import FLOAT_DTYPES, Stored
 
 MAP_VERSION = 1
@@ -205,7 +205,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
 
 def converted_to_float16(manifest: dict) -> bool:
     """Whether the export's float16 tensors were made by onnxruntime's float16 converter (a recipe target's
-    `"dtype": "float16"`, `hfexport.onnx_float16`): an ONNX export whose manifest says float16."""
+    `"dtype": "float16"`, `hfexport.formats.onnx.float16`): an ONNX export whose manifest says float16."""
     components = (manifest.get("components") or {}).values()
     return manifest.get("export_format") == "onnx" and bool(components) and all(
         str((entry.get("metadata") or {}).get("export_dtype")) == "float16" for entry in components)

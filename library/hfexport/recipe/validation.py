@@ -373,7 +373,7 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
                     check_file_name(target["file_name"], export_format, json_path([*base, "file_name"]))
                 except LayoutError as error:
                     problems.append(Problem(json_path([*base, "file_name"]), str(error).split(": ", 1)[-1]))
-        if "dtype" in target:  # a float16 ONNX graph (hfexport.onnx_float16)
+        if "dtype" in target:  # a float16 ONNX graph (hfexport.formats.onnx.float16)
             if export_format != "onnx":
                 problems.append(Problem(json_path([*base, "dtype"]), f"dtype converts an ONNX graph; {export_format} "
                                         "takes none (OpenVINO: options.compress_to_fp16 or runtime.precision 'f16')"))

@@ -252,7 +252,7 @@ def _passed_runtimes(target: TargetReport) -> list[str]:
 
 
 #: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
-#: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.onnx_seq2seq); other tasks: a decoder-only LLM's.
+#: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract); other tasks: a decoder-only LLM's.
 SEQ2SEQ_LOADERS = {"text2text-generation": ("text2text-generation", "ORTModelForSeq2SeqLM"),
                    "translation": ("translation", "ORTModelForSeq2SeqLM"),
                    "summarization": ("summarization", "ORTModelForSeq2SeqLM"),

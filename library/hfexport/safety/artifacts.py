@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
-from hfexport.executorch_data import data_name
+from hfexport.formats.executorch.data_file import data_name
 from hfexport.files import MANIFEST_FILE
-from hfexport.safety.onnx_proto import EXTERNAL, ITEMSIZE, PACKED, model_proto
-from hfexport.safety.pt2 import check_pt2_archive
-from hfexport.safety.ptd import read_flat_tensor
+from hfexport.formats.onnx.proto import EXTERNAL, ITEMSIZE, PACKED, model_proto
+from hfexport.formats.torch_export.pt2_safety import check_pt2_archive
+from hfexport.formats.executorch.ptd import read_flat_tensor
 from hfexport.safety.treespec import (
     _IDENTIFIER,
     _SPEC_FIELDS,
@@ -204,7 +204,7 @@ def program_files(export_format: str, file: str) -> list[tuple[str, bool]]:
         return [(file, True), (f"{file}.data", False), (f"{file}_data", False)]
     if export_format == "openvino":
         return [(file, True), (f"{file.removesuffix('.xml')}.bin", True)]
-    if export_format == "executorch":  # its weights in `<stem>.ptd` (hfexport.executorch_data); older exports: none
+    if export_format == "executorch":  # its weights in `<stem>.ptd` (hfexport.formats.executorch.data_file); older exports: none
         return [(file, True), (data_name(file), False)]
     return [(file, True)]
 

@@ -411,7 +411,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
 
 def _graph_precision(dtype: str, model) -> str:
     """The precision a graph without a runtime precision is judged at: "f16" for a float16 graph of a wider model
-    (a target converted to float16, `hfexport.onnx_float16`: it computes in float16 against the float32 model, so it is
+    (a target converted to float16, `hfexport.formats.onnx.float16`: it computes in float16 against the float32 model, so it is
     judged as OpenVINO at f16 is, by direction, decisions and the f16 token agreement floor); else "f32" (a float16
     checkpoint's graph is compared with the float16 model itself)."""
     model_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")

@@ -2,8 +2,9 @@
 checked against, where it lives, and its canary (a test that fails when upstream fixes it, so the workaround can go).
 
 Someone upgrading transformers, onnxscript, OpenVINO or ExecuTorch reads `WORKAROUNDS`, runs each entry's canary
-and the tests beside it, and removes what upstream fixed. One module per upstream project holds the fixes
-(`workarounds.executorch`, `workarounds.onnxscript`, `workarounds.openvino`, `workarounds.transformers_models`); the
+and the tests beside it, and removes what upstream fixed. A format's fixes live in its package
+(`formats.executorch.workarounds`, `formats.onnx.onnxscript_workarounds`, `formats.onnx.onnxruntime_workarounds`,
+`formats.openvino.workarounds`), the model code's in `workarounds.transformers_models`; the
 engine internals hfexport reads (transformers.exporters names that are not its public API) are listed in
 `workarounds.transformers_exporters.INTERNALS` and reached through `hfexport.engine`. This module is data only: it
 imports none of them (tests/test_workarounds.py checks every entry's module and canary exist).
@@ -30,7 +31,7 @@ WORKAROUNDS = (
         upstream="executorch 1.5.1",
         works_around="to_edge's EdgeOpArgValidator iterates a Tensor[] return as its first tensor, so len() adds a "
                      "guard that specializes a split's dynamic batch (any other batch then fails at run time)",
-        module="workarounds.executorch", applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
+        module="formats.executorch.workarounds", applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
         canary="tests/test_executorch_fixes.py::test_without_the_fix_executorch_still_specializes_the_batch"),
     Workaround(
         name="executorch-xnnpack-retraces",
@@ -38,14 +39,14 @@ WORKAROUNDS = (
         works_around="(cost) XNNPACK's preprocess retraces each partition after passes that left it unchanged, "
                      "to_edge decomposes a second time with nothing left, pattern passes build patterns no partition "
                      "can match; the programs stay byte for byte the same",
-        module="workarounds.executorch", applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
+        module="formats.executorch.workarounds", applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
         canary="tests/test_executorch_fixes.py::test_the_cost_fixes_leave_the_program_byte_identical"),
     Workaround(
         name="onnxscript-multi-output-matcher",
         upstream="onnxscript 0.7.2",
         works_around="(cost) SimplePatternMatcher indexes the whole graph for every node before checking its op, "
                      "so the optimizer's rewrite pass is quadratic in the graph's size",
-        module="workarounds.onnxscript", applied="export._format_fixes, around every ONNX export (onnx_fixes)",
+        module="formats.onnx.onnxscript_workarounds", applied="export._format_fixes, around every ONNX export (onnx_fixes)",
         canary="tests/test_onnx_fixes.py::test_the_fix_keeps_the_optimized_graph_and_drops_the_per_node_scans"),
     Workaround(
         name="onnxruntime-rms-norm-fusion",
@@ -54,7 +55,7 @@ WORKAROUNDS = (
         works_around="(cost) the exporter writes an RMSNorm as x * Reciprocal(Sqrt(v)), onnxruntime's fusion into "
                      "one SimplifiedLayerNormalization kernel matches x / Sqrt(v) only: every runtime built on it "
                      "(optimum, onnxruntime-genai, transformers.js on Node) ran the norms unfused",
-        module="workarounds.onnxruntime",
+        module="formats.onnx.onnxruntime_workarounds",
         applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_rms_norms)",
         canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_leaves_the_rms_norm_unfused"),
     Workaround(
@@ -64,7 +65,7 @@ WORKAROUNDS = (
         works_around="(cost) torchlib transposes attention's key as Reshape, Transpose([0, 2, 1]), Reshape; "
                      "onnxruntime folds a transpose into the Q @ K^T matmul only when it feeds the matmul directly, "
                      "so every layer copied its key cache transposed on every step",
-        module="workarounds.onnxruntime",
+        module="formats.onnx.onnxruntime_workarounds",
         applied="export.run_plan, on every ONNX program the engine exports (fuse_ready_key_transposes)",
         canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_copies_the_key_transposed"),
     Workaround(
@@ -73,7 +74,7 @@ WORKAROUNDS = (
         works_around="(cost) transformers' repeat_kv exports as Unsqueeze, Expand, Reshape: every layer copied its "
                      "whole key and value cache once per query head of a group, every step, before the two "
                      "attention matmuls; rewritten as the same matmuls broadcast over the group",
-        module="workarounds.onnxruntime",
+        module="formats.onnx.onnxruntime_workarounds",
         applied="export.run_plan, on every ONNX program the engine exports (broadcast_grouped_query_caches)",
         canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_onnxruntime_copies_the_repeated_cache"),
     Workaround(
@@ -81,7 +82,7 @@ WORKAROUNDS = (
         upstream="openvino 2026.4.1 (CPU plugin)",
         works_around="a program that returns one of its inputs keeps the caller's shared input buffer bound and "
                      "writes through it once freed (heap corruption, SIGSEGV); such runners always copy their inputs",
-        module="workarounds.openvino",
+        module="formats.openvino.workarounds",
         applied="exported.ExportedModel.to, where the runners are made: ExportedModel.__call__, runners[...] and "
                 "generate are all covered",
         canary="tests/test_generate_seq2seq.py::test_openvino_corrupts_the_heap_through_a_returned_shared_input"),
@@ -93,7 +94,7 @@ WORKAROUNDS = (
                      "KV-cache attention does not match: a grouped-query stateful decode ran every attention unfused "
                      "(optimum-intel's runtime, GenAI's SDPA backend, hfexport's generate); put back between the "
                      "cache and the SDPA only",
-        module="workarounds.openvino",
+        module="formats.openvino.workarounds",
         applied="export.run_plan, on every OpenVINO program the engine exports (fuse_ready_cache_broadcasts)",
         canary="tests/test_deployment_llm.py::test_the_engines_own_stateful_decode_compiles_to_unfused_attention"),
     Workaround(

@@ -18,8 +18,8 @@ import torch
 from transformers.exporters import ModelRunner
 
 from hfexport.engine import onnx_inputs, runner_class
-from hfexport import onnx_seq2seq
-from hfexport.onnx_contract import leaf_path
+from hfexport.formats.onnx import seq2seq_contract as onnx_seq2seq
+from hfexport.formats.onnx.decoder_contract import leaf_path
 
 # ONNX Runtime's type names of the tensors a NumPy array holds (`NodeArg.type`); others go to the engine's runner.
 NUMPY_TYPES = frozenset(f"tensor({name})" for name in (
@@ -45,7 +45,7 @@ class OnnxFileRunner(ModelRunner):
         self.session = session
         self.input_names = [spec.name for spec in session.get_inputs()]
         self.output_names = [spec.name for spec in session.get_outputs()]
-        #: the float16 inputs of a float16 graph (`hfexport.onnx_float16`): fed at float16, as its runtimes feed them
+        #: the float16 inputs of a float16 graph (`hfexport.formats.onnx.float16`): fed at float16, as its runtimes feed them
         self.half_inputs = frozenset(spec.name for spec in session.get_inputs() if spec.type == "tensor(float16)")
         self.merged = onnx_seq2seq.is_merged(self.input_names)  # decoder_model_merged.onnx (both prefill and decode)
 
@@ -74,7 +74,7 @@ class OnnxFileRunner(ModelRunner):
         """Run on the traced forward's kwargs (inputs by ONNX name, as `onnx_inputs` maps them). The inputs are read in
         place (NumPy views of the tensors) and the outputs are ONNX Runtime's fresh arrays, so `share_inputs` and
         `share_outputs` change nothing. A graph in the loaders' contract (`past_key_values.{i}.key`,
-        `hfexport.onnx_contract`) is fed the same leaves as the engine's names (`leaf_path`)."""
+        `hfexport.formats.onnx.decoder_contract`) is fed the same leaves as the engine's names (`leaf_path`)."""
         if self.merged:
             return self._run_merged(kwargs)
         paths = [leaf_path(name) for name in self.input_names]
@@ -88,7 +88,7 @@ class OnnxFileRunner(ModelRunner):
         return self.unflatten([torch.from_numpy(output) for output in outputs])
 
     def _run_merged(self, kwargs) -> Any:
-        """A merged encoder-decoder decoder (`hfexport.onnx_seq2seq`) run as the engine's prefill or decode: the decode
+        """A merged encoder-decoder decoder (`hfexport.formats.onnx.seq2seq_contract`) run as the engine's prefill or decode: the decode
         when `kwargs` hold a cache (`use_cache_branch` true), else the prefill, fed an empty past of length 0 as the
         loaders feed it; its outputs returned in the engine's order (the passed-through encoder output included)."""
         import numpy
