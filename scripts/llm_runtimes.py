@@ -1,6 +1,6 @@
 """The deployment runtimes' column of the compatibility matrix for the decoder families: each tiny decoder
 (`hfexport.testing.models`: Llama, GPT-2, Qwen2, Gemma3, Phi-3, Mistral) exported by a job to its generation targets,
-the gate running every runtime of the format (`hfexport.deployment.RUNTIMES`) on the saved files. Each verdict, with
+the gate running every runtime of the format (its `runtimes`, `hfexport.formats`) on the saved files. Each verdict, with
 why where it is not a pass (and, for the failures and workarounds traced to a runtime's own source, the cause:
 `CAUSES`), is merged into docs/llm_runtimes.json by (model, format); scripts/compatibility_matrix.py renders that file
 into docs/compatibility.md's runtimes tables (`--render-only` needs no rerun of the matrix), and a Markdown table goes

@@ -15,9 +15,10 @@ PACKAGE = ROOT / "library" / "hfexport"
 # Bottom to top, as docs/architecture.md draws them. A module may import from its own layer or any below. A `*` stands
 # for one name (any format's package): the most specific entry names a module's layer.
 LAYERS = [
-    # formats: the registry and each format's backend (its names, what the layers ask of it): data, no engine.
+    # formats, formats.*.backend: the registry and each format's backend (its names, what the layers ask of it).
     ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
-                    "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters", "formats"]),
+                    "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters", "formats",
+                    "formats.*.backend"]),
     ("models", ["models", "samples", "inputs", "preparers"]),
     ("recipe", ["quantization.spec", "recipe"]),
     # What every plan family shares (the Plan data, dynamic shapes, what the engine traces), below the families.
@@ -26,8 +27,9 @@ LAYERS = [
     ("plan", ["quantization.calibration", "quantization.quantizer", "formats.executorch.llm_program", "plan"]),
     # The generation loop every family shares (generate/options, generate/loop), below the family modules.
     ("generation loop", ["generate.options", "generate.loop"]),
-    # formats.*.*: a format's programs (export hooks, save and load, weight writers, safety checks, workarounds).
-    ("artifacts", ["safety", "formats.*.*", "generate", "exported", "export", "rebind"]),
+    # formats.*.*: a format's programs (export hooks, save and load, weight writers, safety checks, workarounds);
+    # formats.programs: each format's `program` by its name.
+    ("artifacts", ["safety", "formats.*.*", "formats.programs", "generate", "exported", "export", "rebind"]),
     # formats.*.runtimes: a format's deployment runtimes.
     ("verify", ["verify", "latency", "deployment", "formats.*.runtimes"]),
     ("report", ["report"]),
@@ -38,7 +40,7 @@ LAYERS = [
 ]
 # The modules that import torch (through the engine) when imported: lighter modules import them inside functions,
 # so that `import hfexport`, the CLI and the Space start without torch.
-DEFERRED = {"export", "exported", "generate", "formats.onnx.file_runner"}
+DEFERRED = {"export", "exported", "generate", "formats.onnx.file_runner", "formats.onnx.file_component"}
 # The CLI imports what each command runs: the job stack inside the commands that run it, so that `validate` and
 # `show` (the recipe only) start without it (tests/test_cli_imports.py).
 DEFERRED_IN = {"surfaces.cli": ("job", "publication", "report", "surfaces.ci")}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, RUNTIMES, GenerationRequest, run_checks
+from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest, run_checks
+from hfexport.formats import format_backend
 from hfexport.layout import Place, assign_places
 from hfexport.testing import peers
 
@@ -169,7 +170,9 @@ def test_a_runtime_that_is_absent_is_not_checked_and_one_that_crashes_or_hangs_f
 def test_a_folder_outside_the_contract_is_not_checked(tmp_path, request_for_llama):
     checks = run_checks("onnx", tmp_path, request_for_llama)
     assert [check.verdict for check in checks] == [NOT_CHECKED] * 3
-    assert RUNTIMES["onnx"] == ("transformers_js", "optimum", "onnxruntime_genai")
+    assert format_backend("onnx").runtimes == ("hfexport.formats.onnx.runtimes.transformers_js",
+                                                "hfexport.formats.onnx.runtimes.optimum",
+                                                "hfexport.formats.onnx.runtimes.onnxruntime_genai")
 
 
 def test_a_contract_generation_target_is_published_to_onnx():

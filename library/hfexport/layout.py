@@ -35,14 +35,15 @@ import re
 from dataclasses import dataclass
 
 from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
+from hfexport.formats import find_format, formats
+from hfexport.formats.onnx.backend import ONNX_DATA_SUFFIX, onnx_data_name  # noqa: F401 - re-exported
 
 LEGACY_FOLDER = EXPORTS_DIR
-FORMAT_FOLDERS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
+FORMAT_FOLDERS = {backend.name: backend.folder for backend in formats()}
 #: One name per format, the recipe's `export_format` (the engine's), which the report, the CLI and the Space use;
-#: what people call it, shown beside that name; and the other spellings accepted where people type a format (the
-#: CLI's `--format`, a recipe's problem says "did you mean"), each meaning that one name.
-FORMAT_LABELS = {"onnx": "ONNX", "openvino": "OpenVINO", "executorch": "ExecuTorch (.pte)",
-                 "dynamo": "torch.export (.pt2)"}
+#: what people call it, shown beside that name (each format's `label`); and the other spellings accepted where people
+#: type a format (the CLI's `--format`, a recipe's problem says "did you mean"), each meaning that one name.
+FORMAT_LABELS = {backend.name: backend.label for backend in formats()}
 FORMAT_ALIASES = {"pt2": "dynamo", "torch.export": "dynamo", "torch-export": "dynamo", "torch_export": "dynamo",
                   "pte": "executorch", "ov": "openvino", "openvino-ir": "openvino"}
 
@@ -52,24 +53,18 @@ def canonical_format(name: str) -> str:
     text = str(name).strip().lower()
     return text if text in FORMAT_FOLDERS else FORMAT_ALIASES.get(text, str(name))
 #: The artifact file name each format's engine writes for a forward target, and its loaders' default name.
-DEFAULT_NAMES = {"onnx": "model.onnx", "openvino": "openvino_model.xml", "executorch": "model.pte",
-                 "dynamo": "model.pt2"}
-#: The external data file name the loaders download next to `model.onnx` (optimum, transformers.js: `<file>_data`).
-ONNX_DATA_SUFFIX = "_data"
+DEFAULT_NAMES = {backend.name: backend.default_file for backend in formats()}
 #: A variant's stem: no dot, so `<stem>.` names its files unambiguously; never one that would claim the default
 #: target's files (`export.json` starts with `export.`).
 _STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 RESERVED_STEMS = frozenset({"export", "export_config", "export_report", "config", "generation_config", "model",
                             "openvino_model", "README", "tokenizer", "tokenizer_config", "special_tokens_map"})
-_SUFFIXES = {"onnx": ".onnx", "openvino": ".xml", "executorch": ".pte", "dynamo": ".pt2"}
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: transformers.js' `dtype` -> the suffix of the ONNX file it opens (`onnx/model{suffix}.onnx`), as
 #: `DEFAULT_DTYPE_SUFFIX_MAPPING` in @huggingface/transformers 4.3.2's src/utils/dtypes.js (q8 is `_quantized`).
 TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "uint8": "_uint8", "q8": "_quantized",
                             "q4": "_q4", "q2": "_q2", "q1": "_q1", "q4f16": "_q4f16", "q2f16": "_q2f16",
                             "q1f16": "_q1f16", "bnb4": "_bnb4"}
-_EIGHT_BIT_WEIGHTS = ("int8_sym", "int8_asym")
-_FOUR_BIT_WEIGHTS = ("int4_sym", "int4_asym")
 
 
 class LayoutError(ValueError):
@@ -124,7 +119,8 @@ def check_path(path: object, where: str = "path") -> str:
 def check_file_name(name: object, export_format: str, where: str = "file_name") -> str:
     """A recipe's `file_name`: a plain name with its format's suffix (`.onnx`, `.xml`, `.pte`, `.pt2`) whose stem is
     letters, digits, `_-` (no dot, no folder), not one of hfexport's or the loaders' own names."""
-    suffix = _SUFFIXES.get(export_format)
+    backend = find_format(export_format)
+    suffix = backend.suffix if backend else None
     if not isinstance(name, str) or suffix is None or not name.endswith(suffix):
         raise LayoutError(f"{where}: {name!r} is not a file name for {export_format} (expected '<name>{suffix}', "
                           f"e.g. {DEFAULT_NAMES.get(export_format, 'model' + str(suffix))!r})")
@@ -154,31 +150,8 @@ def artifact_name(export_format: str, quantization: dict | None = None, dtype: s
     `openvino_model_qint8_quantized.xml`, sentence-transformers' name for its static int8 model. Everything else
     quantized (fp8 modes, OpenVINO weight-only compression, quantized ExecuTorch and torch.export programs) has no
     name the loaders look for: None."""
-    if export_format not in DEFAULT_NAMES:
-        return None
-    if not quantization:
-        if export_format == "onnx" and dtype in ("float16", "torch.float16"):
-            return "model_fp16.onnx"
-        return DEFAULT_NAMES[export_format]
-    method, params = quantization.get("method"), quantization.get("params") or {}
-    if export_format == "onnx":
-        if method == "ort_dynamic" or method == "ort_static" and params.get("weight_type", "int8") in ("int8", "uint8") \
-                and params.get("activation_type", "uint8") in ("int8", "uint8"):
-            return "model_quantized.onnx"
-        if method == "ort_static" and params.get("weight_type") in ("int4", "uint4"):
-            return "model_q4.onnx"
-        if method == "nncf_weights":
-            mode = params.get("mode", "int8_asym")
-            return "model_quantized.onnx" if mode in _EIGHT_BIT_WEIGHTS else \
-                "model_q4.onnx" if mode in _FOUR_BIT_WEIGHTS else None
-        if method == "nncf_quantize" and not params.get("mode") or \
-                method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static":
-            return "model_quantized.onnx"
-        return None
-    if export_format == "openvino" and (method == "nncf_quantize" and not params.get("mode") or
-                                        method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static"):
-        return "openvino_model_qint8_quantized.xml"
-    return None
+    backend = find_format(export_format)
+    return backend.artifact_name(quantization, dtype) if backend else None
 
 
 def transformers_js_dtype(file_name: str) -> str | None:
@@ -222,7 +195,7 @@ def place_for(folder: str, export_format: str, name: str | None) -> Place:
     """The place of a target named `name` (an artifact file name) in `folder`: a variant unless it is the default."""
     if not name or name == DEFAULT_NAMES.get(export_format):
         return Place(folder)
-    return Place(folder, name[: -len(_SUFFIXES[export_format])])
+    return Place(folder, name[: -len(find_format(export_format).suffix)])
 
 
 def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = None,
@@ -263,7 +236,7 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
         # under a variant's name (`model_quantized.onnx`, `model_fp16.onnx`: transformers.js opens it by `dtype`).
         artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" or \
             spec.get("loaders_contract") and (spec.get("artifact") == DEFAULT_NAMES.get(spec["export_format"])
-                                              or spec["export_format"] == "onnx") else None
+                                              or _generation_variants(spec["export_format"])) else None
         wanted = place_for(base, spec["export_format"], artifact)
         free = artifact is not None and not taken(wanted, name) and base not in foreign
         assigned[name] = wanted if free else Place(posixpath.join(base, name))
@@ -276,9 +249,9 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
     return assigned
 
 
-def onnx_data_name(model_file: str) -> str:
-    """`model.onnx` -> `model.onnx_data`: the external data name optimum and transformers.js download."""
-    return model_file + ONNX_DATA_SUFFIX
+def _generation_variants(export_format: str) -> bool:
+    backend = find_format(export_format)
+    return backend is not None and backend.generation_variants
 
 
 def published_name(place: Place, relative: str, export_format: str) -> str:
@@ -287,20 +260,17 @@ def published_name(place: Place, relative: str, export_format: str) -> str:
     The default target keeps its names, but ONNX external data `X.onnx.data` (what the engine writes) becomes
     `X.onnx_data`. A variant's artifact `model.onnx` becomes `<stem>.onnx` (`<stem>.onnx_data`; OpenVINO
     `<stem>.xml/.bin`; ExecuTorch `<stem>.pte/.ptd`, ...), and its other files `<stem>.<name>` (`<stem>.export.json`, `<stem>.config.json`, ...)."""
-    default = DEFAULT_NAMES.get(export_format, "")
+    backend = find_format(export_format)
+    default = backend.default_file if backend else ""
     stem_default, _, suffix = default.rpartition(".")
-    if export_format == "onnx" and relative.endswith(".onnx.data"):
-        relative = onnx_data_name(relative.removesuffix(".data"))
+    if backend is not None:
+        relative = backend.published_file(relative)
     if not place.stem:
         return relative
     if default and relative == default:
         return f"{place.stem}.{suffix}"
-    if export_format == "onnx" and relative == onnx_data_name(default):
-        return onnx_data_name(f"{place.stem}.onnx")
-    if export_format == "openvino" and relative == f"{stem_default}.bin":
-        return f"{place.stem}.bin"
-    if export_format == "executorch" and relative == f"{stem_default}.ptd":  # the loader reads `<stem>.pte`'s `.ptd`
-        return f"{place.stem}.ptd"
+    if backend is not None and relative in backend.companion_files:  # `model.onnx_data` -> `<stem>.onnx_data`
+        return place.stem + relative.removeprefix(stem_default)
     return place.prefix + relative
 
 

@@ -16,13 +16,11 @@ import os
 import platform
 from pathlib import Path
 
-# Precisions a recipe may pin; "auto" is the device's own default (bf16 on OpenVINO's CPU plugin where the CPU has it).
-PRECISIONS = ("auto", "f32", "bf16", "f16")
+from hfexport.formats import find_format, formats
 
-
-# Formats whose runtime precision can differ from the graph's: the others run the graph's own element types.
-PRECISION_FORMATS = {"openvino": PRECISIONS, "onnx": ("auto", "f32"), "executorch": ("auto", "f32"),
-                     "dynamo": ("auto", "f32")}
+# Precisions a recipe may pin (OpenVINO's: hfexport.formats.openvino.backend.PRECISIONS); "auto" is the device's own default (bf16 on OpenVINO's CPU
+# plugin where the CPU has it). Per format, its `runtime_precisions`: the others run the graph's own element types.
+PRECISION_FORMATS = {backend.name: backend.runtime_precisions for backend in formats()}
 
 
 # /proc/cpuinfo flag -> the name reports use. Only features that change what a kernel computes (or whether it can).
@@ -125,9 +123,8 @@ def load_options(export_format: str, precision: str | None) -> dict:
 
     OpenVINO: `INFERENCE_PRECISION_HINT` ("auto" leaves the device default). The other formats run the graph's own
     element types on CPU, so they take no option (the recipe schema allows them only "auto"/"f32")."""
-    if str(export_format) != "openvino" or precision in (None, "auto"):
-        return {}
-    return {"config": {"INFERENCE_PRECISION_HINT": precision}}
+    backend = find_format(export_format)
+    return backend.load_options(precision) if backend else {}
 
 
 def onnx_generation_session_options():
@@ -187,8 +184,8 @@ def read_back(exported) -> dict:
 
 def _backend_name(exported) -> str:
     export_format = getattr(exported.export_format, "value", exported.export_format)
-    return {"onnx": "onnxruntime", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch"}.get(
-        str(export_format), "unknown")
+    backend = find_format(export_format)
+    return backend.runtime_package if backend else "unknown"
 
 
 def _read_runner(runner, program) -> dict:

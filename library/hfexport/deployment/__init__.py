@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hfexport.errors import redact
+from hfexport.formats import format_traits
 
 PASSED, FAILED, NOT_CHECKED = "passed", "failed", "not_checked"
 
@@ -176,17 +177,6 @@ class GenerationRequest:
         return tokens
 
 
-#: The runtimes the gate runs per export format: module names in this package, each with
-#: `RUNTIME: str` (the name reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck` (or a
-#: list of them: one runtime checked at several precisions).
-#: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
-RUNTIMES: dict[str, tuple[str, ...]] = {
-    "onnx": ("hfexport.formats.onnx.runtimes.transformers_js", "hfexport.formats.onnx.runtimes.optimum",
-             "hfexport.formats.onnx.runtimes.onnxruntime_genai"),
-    "openvino": ("hfexport.formats.openvino.runtimes.openvino_genai",
-                 "hfexport.formats.openvino.runtimes.optimum_intel"),
-    "executorch": ("hfexport.formats.executorch.runtimes.executorch_llm_runner",
-                   "hfexport.formats.executorch.runtimes.optimum_executorch"), "dynamo": ()}
 
 
 def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
@@ -194,7 +184,10 @@ def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> 
     import importlib
 
     checks = []
-    for name in RUNTIMES.get(export_format, ()):
+    # Each format's `runtimes`: modules (hfexport.formats.<format>.runtimes.*), each with `RUNTIME: str` (the name
+    # reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck` (or a list of them: one
+    # runtime checked at several precisions).
+    for name in format_traits(export_format).runtimes:
         module = importlib.import_module(name)
         started = time.perf_counter()
         try:

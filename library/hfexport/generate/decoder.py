@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from hfexport.errors import GenerationError
+from hfexport.formats import format_traits
 from hfexport.formats.executorch.llm_program import COMPONENT as LLM_PROGRAM
 from hfexport.formats.executorch.llm_program import is_llm_program
 from hfexport.generate.loop import (
@@ -109,7 +110,7 @@ def _decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single
             "exports wrong: the cache's write position becomes a constant. Re-export it with options.stateful: false"
         )
     pinned_batch = None
-    if static_len is not None and str(exported.export_format) in ("dynamo", "executorch"):
+    if static_len is not None and format_traits(exported.export_format).checks_input_spec:
         # transformers 5.23: a StaticLayer's `batch_size` is part of the cache's pytree context, so the decode's
         # input spec accepts the traced batch size only (torch.export and ExecuTorch check the spec).
         pinned_batch = int(traced["input_ids"]["shape"][0])

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfexport.errors import UnknownTargetError
+from hfexport.formats import format_traits as _backend
 from hfexport.recipe.validation import parse_recipe_text, sha256_of, validate_document
 
 
@@ -50,7 +51,7 @@ class Target:
         one stateful decode graph (`hfexport.formats.openvino.genai_layout`), so a decoder-only model exports as one; the plan falls
         back to a prefill/decode pair where the model has none (encoder-decoders, VLMs, Mamba)."""
         generation = self.generation
-        return self.mode == "generation" and str(self.export_format) in ("onnx", "openvino") and \
+        return self.mode == "generation" and _backend(self.export_format).one_decoder_graph and \
             "single_graph" not in generation and "multi_token_decode" not in generation and \
             generation.get("cache_implementation", "dynamic") == "dynamic"
 
@@ -61,7 +62,7 @@ class Target:
         decoder-only text model; the plan falls back to the engine's prefill/decode pair where the model has none
         (encoder-decoders, VLMs, Mamba). `single_graph: false` keeps the pair too."""
         generation = self.generation
-        return self.mode == "generation" and str(self.export_format) == "executorch" and \
+        return self.mode == "generation" and _backend(self.export_format).llm_program and \
             "single_graph" not in generation and "multi_token_decode" not in generation and \
             "cache_implementation" not in generation and not self.quantization
 

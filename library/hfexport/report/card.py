@@ -15,6 +15,7 @@ from pathlib import PurePath
 
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
+from hfexport.formats import find_format, format_backend
 from hfexport.latency import latency_markdown
 from hfexport.layout import DEFAULT_NAMES, TRANSFORMERS_JS_SUFFIXES, Place
 from hfexport.report.markdown import report_markdown, verified_on_line
@@ -22,15 +23,15 @@ from hfexport.report.model import JobReport, TargetReport
 
 START = "<!-- hfexport:start -->"
 END = "<!-- hfexport:end -->"
-FORMAT_TAGS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
 PARITY = {True: "✅ passed", False: "❌ failed", None: "— not verified"}
+ONNX_FOLDER = format_backend("onnx").folder  # where transformers.js looks without a `subfolder`
 
 
 def format_tags(reports: dict[str, TargetReport]) -> list[str]:
     """`hfexport` plus one tag per exported format (`onnx`, `openvino`, `executorch`, `torch-export`)."""
     tags = ["hfexport"]
     for report in reports.values():
-        tag = FORMAT_TAGS.get(report.export_format, report.export_format)
+        tag = find_format(report.export_format).hub_tag if find_format(report.export_format) else report.export_format
         if tag not in tags:
             tags.append(tag)
     return tags
@@ -205,7 +206,7 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
             options += ['dtype: "fp32"', f'model_file_name: "{place.stem}"']
         if _external_data(report.targets[name]):
             options.append("use_external_data_format: true")
-        if place.folder != "onnx":
+        if place.folder != ONNX_FOLDER:
             options.append(f'subfolder: "{place.folder}"')
         variable = "extractor" if not js else "extractor_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
         js.append(f'const {variable} = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
@@ -275,7 +276,7 @@ def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) 
         if "transformers.js" in passed:
             # A decoder's external data is named by config.json's transformers.js_config (the publication writes it);
             # an encoder-decoder's two graphs are opened with use_external_data_format.
-            sub = "" if folder == "onnx" else f', subfolder: "{folder}"'
+            sub = "" if folder == ONNX_FOLDER else f', subfolder: "{folder}"'
             dtype = TRANSFORMERS_JS_DTYPES.get(stem, "fp32")
             lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
                       f'const generator = await pipeline("{pipeline_task}", "{repo_id}", '

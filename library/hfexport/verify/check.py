@@ -24,6 +24,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
+from hfexport.formats import format_traits
 from hfexport.models import on_empty_cache
 from hfexport.plan import generation_stages, image_token_id, traced_inputs
 from hfexport.progress import ProgressCallback, Step
@@ -270,7 +271,7 @@ def _load(folder: Path, export_format: str, precision: str | None):
     (AUTO does not expose it)."""
     from hfexport.exported import ExportedModel
 
-    options = {"device": "cpu"} if export_format == "openvino" else {}
+    options = dict(format_traits(export_format).verify_load_options)
     return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
 
 

@@ -1,0 +1,96 @@
+"""ONNX's programs: the engine's export with onnxscript's fix and onnxruntime's fusion-ready rewrites, saved in the
+runtimes' contracts (float16 conversion, the decoder and seq2seq layouts), loaded lazily on ONNX Runtime from the
+checked file, its files checked, its weights rewritten in place, its external data renamed when published."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hfexport.formats.backend import FormatProgram
+from hfexport.formats.onnx import decoder_contract, weights
+from hfexport.formats.onnx import float16 as onnx_float16
+from hfexport.formats.onnx import seq2seq_contract as onnx_seq2seq
+from hfexport.formats.onnx.onnxruntime_workarounds import (
+    broadcast_grouped_query_caches,
+    fuse_ready_key_transposes,
+    fuse_ready_rms_norms,
+)
+from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes
+from hfexport.runtime import onnx_generation_session_options
+from hfexport.safety.artifacts import check_onnx_file
+
+
+class OnnxProgram(FormatProgram):
+    name = "onnx"
+    weights = weights
+
+    def export_fixes(self, plan, model):
+        return onnx_fixes()
+
+    def after_export(self, exported) -> None:
+        # onnxruntime's RMSNorm fusion matches x / sqrt(v), the exporter writes x * (1 / sqrt(v)); its matmul
+        # folds a key transpose the exporter writes through a 3-d view only as one Transpose; nothing in it undoes
+        # repeat_kv's copies of a grouped-query cache (hfexport.formats.onnx.onnxruntime_workarounds)
+        for component in exported.components.values():
+            fuse_ready_rms_norms(component.program)
+            fuse_ready_key_transposes(component.program)
+            broadcast_grouped_query_caches(component.program)
+
+    def after_save(self, model, directory: Path) -> None:
+        if model.save_dtype == onnx_float16.FLOAT16:
+            onnx_float16.convert(Path(directory))
+        decoder_contract.to_contract(Path(directory))
+        onnx_seq2seq.to_contract(Path(directory))
+
+    def runner(self):
+        from hfexport.formats.onnx.file_runner import OnnxFileRunner
+
+        return OnnxFileRunner
+
+    def generation_runner_options(self) -> dict:
+        # many short runs with torch between them (see the function's docstring)
+        return {"session_options": onnx_generation_session_options()}
+
+    def component(self, path: Path, metadata, fetch, entry: dict, label: str):
+        # ONNX Runtime opens the checked file; the graph is parsed on demand
+        from hfexport.formats.onnx.file_component import OnnxFileComponent
+
+        return OnnxFileComponent(path, metadata, _data(fetch, entry), label)
+
+    def read(self, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
+        from hfexport.formats.onnx.file_component import read_onnx
+
+        return read_onnx(path, _data(fetch, entry))
+
+    def check_files(self, found: list, file: str, label: str, source: str, allow_unsafe_pt2: bool) -> None:
+        check_onnx_file(found[0], found[1], label, data_alt=found[2])
+
+    def published(self, files: dict[str, Path], names: dict[str, str]) -> dict[str, bytes]:
+        # the engine's `X.onnx.data`, or the contract's `model.onnx_data` of a variant: the graph names its data's
+        # published name
+        published = {}
+        for relative in [rel for rel in files if rel.endswith(".onnx")]:
+            data = next((rel for rel in (f"{relative}.data", f"{relative}_data") if rel in files), None)
+            if data is None or Path(names[data]).name == Path(data).name:
+                continue
+            published[names[relative]] = decoder_contract.relocated(files[relative], Path(data).name,
+                                                                    Path(names[data]).name)
+        return published
+
+    def localize(self, folder: Path, local_of: dict[str, str]) -> None:
+        """Point each graph's external-data locations back at the names the job saves (publication renamed them)."""
+        import onnx
+
+        for graph_file in folder.glob("*.onnx"):
+            graph = onnx.load(str(graph_file), load_external_data=False)
+            changed = False
+            for tensor in graph.graph.initializer:
+                for entry in tensor.external_data:
+                    if entry.key == "location" and entry.value in local_of and local_of[entry.value] != entry.value:
+                        entry.value, changed = local_of[entry.value], True
+            if changed:
+                graph_file.write_bytes(graph.SerializeToString())
+
+
+def _data(fetch, entry: dict) -> Path | None:
+    return fetch(f"{entry['file']}.data", False) or fetch(f"{entry['file']}_data", False)
