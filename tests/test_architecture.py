@@ -211,3 +211,41 @@ def test_parity_doc_table_matches_the_thresholds_module():
     for fmt in ("openvino", "executorch"):
         assert default_tolerance(fmt) == default_tolerance("onnx")
     assert rows == expected
+
+
+FORMAT_NAMES = {"onnx", "openvino", "executorch", "dynamo"}
+
+
+def _format_name_branches(path: Path) -> list[str]:
+    """Where a module compares a value with a format's name (`== "onnx"`, `in ("onnx", "openvino")`, a `case "onnx"`)
+    or keeps a table keyed by format names: what the format's backend should be asked instead."""
+    def names_a_format(node) -> bool:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(item, ast.Constant) and item.value in FORMAT_NAMES for item in items)
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and any(map(names_a_format, [node.left, *node.comparators])):
+            found.append(f"{node.lineno}: a comparison with a format's name")
+        elif isinstance(node, ast.Dict) and any(key is not None and names_a_format(key) for key in node.keys):
+            found.append(f"{node.lineno}: a table keyed by format names")
+        elif isinstance(node, ast.MatchValue) and names_a_format(node.value):
+            found.append(f"{node.lineno}: a case on a format's name")
+    return found
+
+
+def test_no_branch_on_a_format_name_outside_formats():
+    """Outside `hfexport/formats/` (and the test helpers), nothing branches on a format's name: the job, the gate, the
+    report, publication and verify ask the format's backend (`hfexport.formats`) instead."""
+    problems = [f"hfexport/{path.relative_to(PACKAGE)}:{line}"
+                for module, path in _modules().items() if not module.startswith(("formats", "testing"))
+                for line in _format_name_branches(path)]
+    assert not problems, "branches on a format's name outside hfexport.formats:\n" + "\n".join(problems)
+
+
+def test_the_format_name_check_sees_each_form(tmp_path):
+    """The check above fails on a comparison, a membership test, a table keyed by format names and a match case."""
+    source = tmp_path / "module.py"
+    source.write_text('if fmt == "onnx":\n    pass\nok = fmt in ("openvino", "x")\nT = {"dynamo": 1}\n'
+                      'match fmt:\n    case "executorch":\n        pass\nfine = fmt == "tflite" or {"a": "onnx"}\n')
+    assert sorted(int(line.split(":")[0]) for line in _format_name_branches(source)) == [1, 3, 4, 6]
