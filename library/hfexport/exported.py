@@ -13,7 +13,6 @@ from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
 from hfexport.engine import runner_class, set_runners
-from hfexport.formats.executorch.llm_program import is_llm_program
 from hfexport.errors import (
     CorruptExportError,
     PublishError,
@@ -33,8 +32,6 @@ from hfexport import preparers
 from hfexport.formats.onnx.file_runner import OnnxFileRunner
 from hfexport.formats.openvino.workarounds import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
-from hfexport.formats.openvino.genai_layout import finish as finish_runtime_layout
-from hfexport.formats.openvino.genai_layout import save_tokenizer
 from hfexport.runtime import (
     has_runtime_precision,
     load_options,
@@ -125,10 +122,9 @@ class ExportedModel(_EngineExportedModel):
             return self._save_and_push(Path(save_directory), *args, tokenizer=tokenizer, **kwargs)
         program = format_program(self.export_format)  # ExecuTorch: each program's weights in its .ptd
         result = program.save(self, save_directory, super().save_pretrained, *args, **kwargs)
-        program.after_save(self, Path(save_directory))  # ONNX: float16, the decoder and seq2seq contracts
-        if any(is_llm_program(component.metadata) for component in self.components.values()):
-            save_tokenizer(Path(save_directory), tokenizer)  # ExecuTorch's LLM runner reads tokenizer.json beside it
-        finish_runtime_layout(save_directory, tokenizer)
+        # the runtimes' contract: ONNX's float16, decoder and seq2seq layouts; OpenVINO's optimum-intel layout; the
+        # tokenizer ExecuTorch's LLM runner reads
+        program.after_save(self, Path(save_directory), tokenizer)
         preparers.write(save_directory, getattr(self, "input_preparers", {}))
         return result
 

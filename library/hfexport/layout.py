@@ -51,7 +51,7 @@ FORMAT_ALIASES = {"pt2": "dynamo", "torch.export": "dynamo", "torch-export": "dy
 def canonical_format(name: str) -> str:
     """`name` as the one format name (`pt2` -> `dynamo`); an unknown name is returned as it is."""
     text = str(name).strip().lower()
-    return text if text in FORMAT_FOLDERS else FORMAT_ALIASES.get(text, str(name))
+    return text if find_format(text) else FORMAT_ALIASES.get(text, str(name))
 #: The artifact file name each format's engine writes for a forward target, and its loaders' default name.
 DEFAULT_NAMES = {backend.name: backend.default_file for backend in formats()}
 #: A variant's stem: no dot, so `<stem>.` names its files unambiguously; never one that would claim the default
@@ -123,16 +123,17 @@ def check_file_name(name: object, export_format: str, where: str = "file_name") 
     suffix = backend.suffix if backend else None
     if not isinstance(name, str) or suffix is None or not name.endswith(suffix):
         raise LayoutError(f"{where}: {name!r} is not a file name for {export_format} (expected '<name>{suffix}', "
-                          f"e.g. {DEFAULT_NAMES.get(export_format, 'model' + str(suffix))!r})")
+                          f"e.g. {backend.default_file if backend else 'model' + str(suffix)!r})")
     stem = name[: -len(suffix)]
-    if name != DEFAULT_NAMES[export_format] and (not _STEM.match(stem) or stem in RESERVED_STEMS):
+    if name != backend.default_file and (not _STEM.match(stem) or stem in RESERVED_STEMS):
         raise LayoutError(f"{where}: {name!r}: the part before {suffix} must be letters, digits, '_' or '-' (no dot, "
                           f"no folder) and none of {', '.join(sorted(RESERVED_STEMS))}")
     return name
 
 
 def format_folder(export_format: str) -> str:
-    return FORMAT_FOLDERS.get(export_format, export_format)
+    backend = find_format(export_format)
+    return backend.folder if backend else export_format
 
 
 def legacy_folder(target: str) -> str:
@@ -193,7 +194,7 @@ def transformers_js_config(config: dict, onnx_files) -> dict:
 
 def place_for(folder: str, export_format: str, name: str | None) -> Place:
     """The place of a target named `name` (an artifact file name) in `folder`: a variant unless it is the default."""
-    if not name or name == DEFAULT_NAMES.get(export_format):
+    if not name or name == _default_name(export_format):
         return Place(folder)
     return Place(folder, name[: -len(find_format(export_format).suffix)])
 
@@ -235,7 +236,7 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
         # A generation target in its loaders' contract claims the folder like a forward target; an ONNX one also
         # under a variant's name (`model_quantized.onnx`, `model_fp16.onnx`: transformers.js opens it by `dtype`).
         artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" or \
-            spec.get("loaders_contract") and (spec.get("artifact") == DEFAULT_NAMES.get(spec["export_format"])
+            spec.get("loaders_contract") and (spec.get("artifact") == _default_name(spec["export_format"])
                                               or _generation_variants(spec["export_format"])) else None
         wanted = place_for(base, spec["export_format"], artifact)
         free = artifact is not None and not taken(wanted, name) and base not in foreign
@@ -247,6 +248,11 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
             raise LayoutError(f"targets {name!r} and {clash[0]!r} would both be published to {place.label()}: give "
                               "one of them another `path` or `file_name` in the recipe")
     return assigned
+
+
+def _default_name(export_format: str) -> str | None:
+    backend = find_format(export_format)
+    return backend.default_file if backend else None
 
 
 def _generation_variants(export_format: str) -> bool:

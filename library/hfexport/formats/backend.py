@@ -138,8 +138,8 @@ class FormatProgram:
         """Save `model` with the engine's `save` (its `save_pretrained`)."""
         return save(directory, *args, **kwargs)
 
-    def after_save(self, model, directory: Path) -> None:
-        """Lay the saved folder out in its runtimes' contract."""
+    def after_save(self, model, directory: Path, tokenizer=None) -> None:
+        """Lay the saved folder out in its runtimes' contract (`tokenizer`: the one `save_pretrained` was given)."""
 
     def runner(self):
         """The runner class a loaded export runs on, None for the engine's own."""

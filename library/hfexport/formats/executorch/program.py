@@ -15,6 +15,7 @@ from hfexport.formats.executorch.llm_program import DATA_FILE as LLM_DATA_FILE
 from hfexport.formats.executorch.llm_program import is_llm_program, uses_custom_ops
 from hfexport.formats.executorch.llm_program import load_program as load_executorch  # a .pte with its .ptd
 from hfexport.formats.executorch.workarounds import executorch_fixes
+from hfexport.formats.openvino.genai_layout import save_tokenizer
 from hfexport.safety.artifacts import check_ptd_file, check_pte_file, read_json
 
 
@@ -44,6 +45,10 @@ class ExecutorchProgram(FormatProgram):
         finally:
             model.components = components
         return result
+
+    def after_save(self, model, directory: Path, tokenizer=None) -> None:
+        if any(is_llm_program(component.metadata) for component in model.components.values()):
+            save_tokenizer(Path(directory), tokenizer)  # ExecuTorch's LLM runner reads tokenizer.json beside it
 
     def read(self, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
         from transformers.exporters import ExecutorchExporter

@@ -36,7 +36,7 @@ class OnnxProgram(FormatProgram):
             fuse_ready_key_transposes(component.program)
             broadcast_grouped_query_caches(component.program)
 
-    def after_save(self, model, directory: Path) -> None:
+    def after_save(self, model, directory: Path, tokenizer=None) -> None:
         if model.save_dtype == onnx_float16.FLOAT16:
             onnx_float16.convert(Path(directory))
         decoder_contract.to_contract(Path(directory))

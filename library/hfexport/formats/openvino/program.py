@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.openvino import weights
+from hfexport.formats.openvino.genai_layout import finish
 from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 from hfexport.safety.artifacts import check_openvino_files
 
@@ -21,6 +22,9 @@ class OpenvinoProgram(FormatProgram):
         # engine rewrites (hfexport.formats.openvino.workarounds)
         for component in exported.components.values():
             fuse_ready_cache_broadcasts(component.program)
+
+    def after_save(self, model, directory: Path, tokenizer=None) -> None:
+        finish(directory, tokenizer)  # a stateful decode as optimum-intel's openvino_model.xml, its tokenizer beside it
 
     def read(self, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
         from transformers.exporters import OpenVINOExporter
