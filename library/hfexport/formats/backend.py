@@ -141,6 +141,9 @@ class FormatProgram:
     def after_save(self, model, directory: Path, tokenizer=None) -> None:
         """Lay the saved folder out in its runtimes' contract (`tokenizer`: the one `save_pretrained` was given)."""
 
+    def save_processor(self, directory: Path, processor) -> None:
+        """Save the job's processor beside a saved target where its runtimes' contract reads it (the default: not)."""
+
     def runner(self):
         """The runner class a loaded export runs on, None for the engine's own."""
         return None

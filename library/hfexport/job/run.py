@@ -46,9 +46,7 @@ from hfexport.job.preflight import available_memory, check, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import load_model, load_processor
-from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE
-from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
-from hfexport.formats.openvino.genai_layout import save_tokenizer
+from hfexport.formats.programs import format_program
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
 from hfexport.publication.cache import (
@@ -350,10 +348,7 @@ def _export_target(job: _Job, name: str) -> None:
         def write(folder: Path) -> None:
             exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
-            in_contract = (folder / GENAI_CONFIG_FILE).is_file() or (folder / DECODER_FILE).is_file()
-            if in_contract and hasattr(job.processor, "save_pretrained"):
-                job.processor.save_pretrained(folder)  # the loaders' contract: the tokenizer beside the graph
-                save_tokenizer(folder, job.processor)  # its class as transformers 4.x (optimum's) reads it too
+            format_program(target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
             if key:
                 _record_weight_map(folder, job.model_object, key, target_report)
 

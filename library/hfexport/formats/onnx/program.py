@@ -16,6 +16,7 @@ from hfexport.formats.onnx.onnxruntime_workarounds import (
     fuse_ready_rms_norms,
 )
 from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes
+from hfexport.formats.openvino.genai_layout import save_tokenizer
 from hfexport.runtime import onnx_generation_session_options
 from hfexport.safety.artifacts import check_onnx_file
 
@@ -41,6 +42,13 @@ class OnnxProgram(FormatProgram):
             onnx_float16.convert(Path(directory))
         decoder_contract.to_contract(Path(directory))
         onnx_seq2seq.to_contract(Path(directory))
+
+    def save_processor(self, directory: Path, processor) -> None:
+        in_contract = (directory / decoder_contract.GENAI_CONFIG_FILE).is_file() or \
+            (directory / onnx_seq2seq.DECODER_FILE).is_file()
+        if in_contract and hasattr(processor, "save_pretrained"):
+            processor.save_pretrained(directory)  # the loaders' contract: the tokenizer beside the graph
+            save_tokenizer(directory, processor)  # its class as transformers 4.x (optimum's) reads it too
 
     def runner(self):
         from hfexport.formats.onnx.file_runner import OnnxFileRunner
