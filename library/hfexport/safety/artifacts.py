@@ -194,7 +194,7 @@ def check_onnx_file(model: Path, data: Path | None, label: str, data_alt: Path |
     the tensor's shape and type. The weights file may be no larger than what the graph declares."""
     from google.protobuf.message import DecodeError
 
-    proto = model_proto()()  # onnx's ModelProto for the fields read here, without importing onnx (safety.onnx_proto)
+    proto = model_proto()()  # onnx's ModelProto for the fields read here, without importing onnx (formats.onnx.proto)
     try:
         proto.ParseFromString(read_checked(model, label, MAX_ONNX_BYTES))
     except (DecodeError, ValueError, RuntimeError) as error:
@@ -356,7 +356,7 @@ def check_pte_file(path: Path, label: str) -> None:
 
 def check_ptd_file(path: Path, label: str) -> None:
     """An ExecuTorch data file (`.ptd`, beside its `.pte`): plain data, a FlatTensor whose index
-    (`safety.ptd.read_flat_tensor`) is well-formed and places every named entry inside the file. It names no other
+    (`formats.executorch.ptd.read_flat_tensor`) is well-formed and places every named entry inside the file. It names no other
     file: the loader passes it to the runtime as the program's data map, and nothing in it runs."""
     try:
         with open(Path(path).resolve(strict=True), "rb") as file:

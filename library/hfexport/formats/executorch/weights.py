@@ -3,7 +3,7 @@ read (XNNPACK's weights, one segment each, keyed by the bytes' sha256 when expor
 program's flatbuffer and extended header (executorch 1.5.1's `exir._serialize._program` readers: the layout the
 runtime reads); and, where the weights are kept apart (`hfexport.formats.executorch.data_file`), every named entry of the
 program's `.ptd` (`ptd:<key>`: the constants by their parameter name, the delegates' blobs by their key), located
-through its FlatTensor index (`safety.ptd`). A rebind overwrites those bytes in place: the program, its delegates'
+through its FlatTensor index (`formats.executorch.ptd`). A rebind overwrites those bytes in place: the program, its delegates'
 graphs and the keys stay as they are, so the runtime finds every weight where it did, and a `.pte` whose weights
 are all in its `.ptd` is not written at all. The delegates' keys then no longer hash their bytes; nothing checks
 that (the runtime looks data up by key)."""

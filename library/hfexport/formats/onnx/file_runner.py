@@ -3,7 +3,7 @@
 transformers 5.23's ONNX runner module imports onnx_ir (and, through it, onnx) when it is imported, and reads onnx_ir's
 dtype table on every call to bind its inputs: ~70 ms of CPU of a ~0.3 s load to first output
 (benchmarks/load_published.py) that a loaded export never needs to run. An export loaded from its checked files
-(`exported.OnnxFileComponent`, never parsed) on the CPU runs here instead: the session opens the checked file with the
+(`formats.onnx.file_component.OnnxFileComponent`, never parsed) on the CPU runs here instead: the session opens the checked file with the
 caller's session options, as the engine's runner opens a loaded program's file, and runs on NumPy arrays that share
 the tensors' memory. Anything else keeps the engine's runner (`engine.runner_class("onnx")`): a GPU or explicit
 providers (the engine picks and binds them), and a graph with an input or output NumPy cannot hold (bf16, float8,
@@ -56,7 +56,7 @@ class OnnxFileRunner(ModelRunner):
     @classmethod
     def from_program(cls, program, metadata, device=None, providers: list | None = None,
                      session_options=None) -> ModelRunner:
-        """A runner for the file `program.meta["path"]` names (`exported._OnnxFile`), with the engine's `from_program`
+        """A runner for the file `program.meta["path"]` names (`formats.onnx.file_component.OnnxFile`), with the engine's `from_program`
         options: on the CPU here, else (a GPU, explicit providers) the engine's runner."""
         if not runs_here(device, providers):  # the engine's runner module imports onnx_ir: only on these paths
             return runner_class("onnx").from_program(program, metadata, device, providers=providers,
