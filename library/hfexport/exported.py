@@ -238,7 +238,7 @@ class ExportedModel(_EngineExportedModel):
         `CorruptExportError` too.
 
         An ONNX generation export (a `decode` component) opens its sessions with ONNX Runtime's intra-op spinning off
-        unless `session_options=` is passed (`hfexport.runtime.onnx_generation_session_options`).
+        unless `session_options=` is passed (`hfexport.formats.onnx.program.generation_session_options`).
 
         `allow_unsafe_pt2=True` loads a `.pt2` that hfexport cannot prove safe (pickled objects, legacy or
         AOTInductor archives) as torch itself would, unpickling included: only for a source you trust.

@@ -17,7 +17,6 @@ from hfexport.formats.onnx.onnxruntime_workarounds import (
 )
 from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes
 from hfexport.formats.openvino.genai_layout import save_tokenizer
-from hfexport.runtime import onnx_generation_session_options
 from hfexport.safety.artifacts import check_onnx_file
 
 
@@ -57,7 +56,7 @@ class OnnxProgram(FormatProgram):
 
     def generation_runner_options(self) -> dict:
         # many short runs with torch between them (see the function's docstring)
-        return {"session_options": onnx_generation_session_options()}
+        return {"session_options": generation_session_options()}
 
     def component(self, path: Path, metadata, fetch, entry: dict, label: str):
         # ONNX Runtime opens the checked file; the graph is parsed on demand
@@ -98,6 +97,23 @@ class OnnxProgram(FormatProgram):
                         entry.value, changed = local_of[entry.value], True
             if changed:
                 graph_file.write_bytes(graph.SerializeToString())
+
+
+def generation_session_options():
+    """The ONNX Runtime session options hfexport opens a generation export's components with (when the caller passes
+    none): ONNX Runtime's defaults with the intra-op workers' spinning off (`session.intra_op.allow_spinning`).
+
+    Why: a spinning worker holds its core while it waits for work, within a run and after it. Generation is many short
+    runs (one decode step is ~50 ms for SmolLM2-135M at batch 4) with torch's token choice in between, and on a CPU
+    that other processes share, a spinning or preempted worker delays every parallel kernel of the step. On the
+    shared 2-core machine of benchmarks/smollm2_vs_optimum.py this made `generate` 1.7-1.9x faster at load 4-7 (the
+    same option made optimum's `ORTModelForCausalLM.generate` faster too). On an idle machine spinning saves the
+    wake-up of each parallel kernel; `session_options=onnxruntime.SessionOptions()` gets ONNX Runtime's defaults."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
 
 
 def _data(fetch, entry: dict) -> Path | None:
