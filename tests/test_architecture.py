@@ -12,32 +12,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "library" / "hfexport"
 
-# Bottom to top, as docs/architecture.md draws them. A module may import from its own layer or any below. A `*` stands
-# for one name (any format's package): the most specific entry names a module's layer.
-LAYERS = [
-    # formats, formats.*.backend: the registry and each format's backend (its names, what the layers ask of it).
-    ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
-                    "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters", "formats",
-                    "formats.*.backend"]),
-    ("models", ["models", "samples", "inputs", "preparers"]),
-    ("recipe", ["quantization.spec", "recipe"]),
-    # What every plan family shares (the Plan data, dynamic shapes, what the engine traces), below the families.
-    # workarounds.transformers_models sits here: plan.tracing runs its `base_rope_index` on every traced input.
-    ("plan parts", ["plan.model", "plan.shapes", "plan.tracing", "workarounds.transformers_models"]),
-    ("plan", ["quantization.calibration", "quantization.quantizer", "formats.executorch.llm_program", "plan"]),
-    # The generation loop every family shares (generate/options, generate/loop), below the family modules.
-    ("generation loop", ["generate.options", "generate.loop"]),
-    # formats.*.*: a format's programs (export hooks, save and load, weight writers, safety checks, workarounds);
-    # formats.programs: each format's `program` by its name.
-    ("artifacts", ["safety", "formats.*.*", "formats.programs", "generate", "exported", "export", "rebind"]),
-    # formats.*.runtimes: a format's deployment runtimes.
-    ("verify", ["verify", "latency", "deployment", "formats.*.runtimes"]),
-    ("report", ["report"]),
-    ("publication", ["publication"]),
-    ("job", ["job"]),
-    ("surfaces", ["surfaces"]),
-    ("entry points", ["__init__", "__main__", "testing"]),
-]
+
+def _layer_map() -> list[tuple[str, list[str]]]:
+    """docs/architecture.md's layer map (its ```layers block), bottom to top: [(layer, module paths)]. A line that
+    starts with spaces continues the layer above."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"^```layers\n(.*?)^```", text, re.S | re.M)
+    assert block, "docs/architecture.md has no ```layers block (the layer map this test enforces)"
+    layers: list[tuple[str, list[str]]] = []
+    for line in block.group(1).splitlines():
+        if line.startswith(" ") and layers:
+            layers[-1][1].extend(line.split())
+        elif line.strip():
+            name, _, paths = line.partition(":")
+            layers.append((name.strip(), paths.split()))
+    return layers[::-1]
+
+
+# Bottom to top, as docs/architecture.md's layer map draws them. A module may import from its own layer or any below;
+# a `*` stands for one name (any format's package), and the most specific entry names a module's layer.
+LAYERS = _layer_map()
 # The modules that import torch (through the engine) when imported: lighter modules import them inside functions,
 # so that `import hfexport`, the CLI and the Space start without torch.
 DEFERRED = {"export", "exported", "generate", "formats.onnx.file_runner", "formats.onnx.file_component"}
@@ -249,3 +243,10 @@ def test_the_format_name_check_sees_each_form(tmp_path):
     source.write_text('if fmt == "onnx":\n    pass\nok = fmt in ("openvino", "x")\nT = {"dynamo": 1}\n'
                       'match fmt:\n    case "executorch":\n        pass\nfine = fmt == "tflite" or {"a": "onnx"}\n')
     assert sorted(int(line.split(":")[0]) for line in _format_name_branches(source)) == [1, 3, 4, 6]
+
+
+def test_the_layer_table_names_the_layers_of_the_map():
+    """docs/architecture.md's layer table has one row per layer of the map this test enforces, in its order."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| layer | modules | what it holds |"):].split("\n\n", 1)[0].splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in table] == [name for name, _ in reversed(LAYERS)]
