@@ -366,10 +366,7 @@ def _export_target(job: _Job, name: str) -> None:
         target_report.status = "error"
         target_report.error = engine_error_message(error)
     if target_report.status == "ok" and job.options.verify:
-        _write_target_report(job.report, name, output / name)  # beside the artifacts even if verifying dies
-        _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
-        if target_report.status == "ok" and job.options.runtimes and target.mode == "generation":
-            _check_runtimes(target_report, output / name, job.model_object, plan, job.processor, progress)
+        _gate(job, name, output / name, plan)
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, output / name)
 
@@ -463,11 +460,7 @@ def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str)
     target_report.status, target_report.error, target_report.method = "ok", None, "rebind"
     target_report.rebind = {"from": where, "seconds": round(timer.seconds, 4), "fallback": None,
                             "bytes_written": written.get("bytes", 0)}
-    _write_target_report(job.report, name, final)
-    _verify_target(target_report, final, job.model_object, plan, job.processor, progress)
-    if target_report.status == "ok" and job.options.runtimes and plan.target.mode == "generation":
-        # the same gate as an export's: the deployment runtimes generate on the rebound files too
-        _check_runtimes(target_report, final, job.model_object, plan, job.processor, progress)
+    _gate(job, name, final, plan)  # the same gate as an export's: the deployment runtimes run on rebound files too
     if target_report.status == "ok":
         _write_target_report(job.report, name, final)
         return True
@@ -612,6 +605,16 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
     target_report.verification = previous.verification
     target_report.quantization = previous.quantization
     target_report.latency = previous.latency
+
+
+def _gate(job: _Job, name: str, folder: Path, plan) -> None:
+    """The gate of a saved target, exported or rebound: its report beside the artifacts (there even if verifying
+    dies), parity against the eager model, then (a generation target that passed) its format's deployment runtimes."""
+    target_report = job.report.targets[name]
+    _write_target_report(job.report, name, folder)
+    _verify_target(target_report, folder, job.model_object, plan, job.processor, job.progress)
+    if target_report.status == "ok" and job.options.runtimes and plan.target.mode == "generation":
+        _check_runtimes(target_report, folder, job.model_object, plan, job.processor, job.progress)
 
 
 def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,
