@@ -17,8 +17,9 @@ target saved in the loaders' contract (`hfexport.formats.onnx.decoder_contract`:
 transformers.js, optimum and onnxruntime-genai open) claims `onnx/` like a forward target, and so does a decoder-only OpenVINO generation target saved as
 optimum-intel's stateful `openvino_model.xml` (`hfexport.formats.openvino.genai_layout`), in `openvino/`. A quantized or float16 ONNX
 generation target in that contract is a transformers.js dtype variant beside it (`onnx/model_quantized.onnx` +
-`model_quantized.onnx_data`, `model_q4.onnx`, `model_fp16.onnx`: `TRANSFORMERS_JS_SUFFIXES`), and the publication
-writes `transformers.js_config` into the repo's config.json (`transformers_js_config`) so `dtype` alone opens it.
+`model_quantized.onnx_data`, `model_q4.onnx`, `model_fp16.onnx`: ONNX's `TRANSFORMERS_JS_SUFFIXES`), and the
+publication writes `transformers.js_config` into the repo's config.json (`hfexport.formats.onnx.backend.
+transformers_js_config`) so `dtype` alone opens it.
 A target whose name is
 taken, one without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every other generation
 target (the engine writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
@@ -60,12 +61,6 @@ _STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 RESERVED_STEMS = frozenset({"export", "export_config", "export_report", "config", "generation_config", "model",
                             "openvino_model", "README", "tokenizer", "tokenizer_config", "special_tokens_map"})
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-#: transformers.js' `dtype` -> the suffix of the ONNX file it opens (`onnx/model{suffix}.onnx`), as
-#: `DEFAULT_DTYPE_SUFFIX_MAPPING` in @huggingface/transformers 4.3.2's src/utils/dtypes.js (q8 is `_quantized`).
-TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "uint8": "_uint8", "q8": "_quantized",
-                            "q4": "_q4", "q2": "_q2", "q1": "_q1", "q4f16": "_q4f16", "q2f16": "_q2f16",
-                            "q1f16": "_q1f16", "bnb4": "_bnb4"}
-
 
 class LayoutError(ValueError):
     """A target path or file name that is not a plain relative one, or two targets that would share one."""
@@ -153,43 +148,6 @@ def artifact_name(export_format: str, quantization: dict | None = None, dtype: s
     name the loaders look for: None."""
     backend = find_format(export_format)
     return backend.artifact_name(quantization, dtype) if backend else None
-
-
-def transformers_js_dtype(file_name: str) -> str | None:
-    """The transformers.js `dtype` that opens `file_name` (`model_quantized.onnx` -> "q8", `model.onnx` -> "fp32"),
-    None for a name transformers.js never asks for."""
-    for dtype, suffix in TRANSFORMERS_JS_SUFFIXES.items():
-        if file_name == f"model{suffix}.onnx":
-            return dtype
-    return None
-
-
-def transformers_js_config(config: dict, onnx_files) -> dict:
-    """`config` (a repo's config.json) with the `transformers.js_config` that lets transformers.js open every graph
-    among `onnx_files` (names in `onnx/`) by `dtype` alone: `use_external_data_format` per file name, 1 (one chunk,
-    `<file>_data`) for each `X.onnx` whose `X.onnx_data` is there (transformers.js 4.3.2, src/utils/model-loader.js:
-    `resolveExternalDataFormat` looks the full file name up first); `kv_cache_dtype` "float16" for the fp16 dtypes
-    (transformers.js 3.x reads it to make an fp16 empty cache; 4.x reads the cache's type off the graph's inputs).
-    The owner's other keys, and entries for files not among `onnx_files`, are kept."""
-    names = set(onnx_files)
-    own = dict(config.get("transformers.js_config") or {}) if isinstance(config.get("transformers.js_config"),
-                                                                        dict) else {}
-    external = own.get("use_external_data_format")
-    external = dict(external) if isinstance(external, dict) else {}
-    half = dict(own.get("kv_cache_dtype")) if isinstance(own.get("kv_cache_dtype"), dict) else {}
-    for name in sorted(names):
-        dtype = transformers_js_dtype(name)
-        if dtype is None:
-            continue
-        if onnx_data_name(name) in names:
-            external[name] = 1
-        if dtype in ("fp16", "q4f16", "q2f16", "q1f16"):
-            half[dtype] = "float16"
-    if external:
-        own["use_external_data_format"] = dict(sorted(external.items()))
-    if half and not isinstance(own.get("kv_cache_dtype"), str):
-        own["kv_cache_dtype"] = dict(sorted(half.items()))
-    return {**config, "transformers.js_config": own} if own else dict(config)
 
 
 def place_for(folder: str, export_format: str, name: str | None) -> Place:

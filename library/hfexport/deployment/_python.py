@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, judge_tokens, run_client, runtime_environment
-from hfexport.layout import transformers_js_dtype
+from hfexport.formats.onnx.backend import transformers_js_dtype
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 #: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.formats.onnx.decoder_contract).
@@ -52,7 +52,7 @@ def request_payload(request: GenerationRequest, padded: bool) -> dict:
 
 def variant_dtype(request: GenerationRequest) -> str:
     """The precision a runtime's record names: transformers.js' dtype of the file the target is published under
-    (`fp32`, `q8`, `fp16`, ...; `hfexport.layout.transformers_js_dtype`), else the file name."""
+    (`fp32`, `q8`, `fp16`, ...; `hfexport.formats.onnx.backend.transformers_js_dtype`), else the file name."""
     return transformers_js_dtype(request.file_name) or request.file_name
 
 

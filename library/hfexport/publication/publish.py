@@ -41,9 +41,9 @@ from hfexport.layout import (
     place_files,
     published_name,
     target_places,
-    transformers_js_config,
 )
 from hfexport.formats import format_backend
+from hfexport.formats.onnx.backend import transformers_js_config
 from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 from hfexport.formats.programs import format_program
@@ -362,7 +362,7 @@ def _publish(api, output: Path, repo_id: str, chosen: list[_Target], *, mode: st
 def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str, base_tree: dict, after: set[str],
                  token: str) -> bytes | None:
     """The repo's root config.json with `transformers.js_config` naming the external data of every graph in `onnx/`
-    (`hfexport.layout.transformers_js_config`), so transformers.js opens `onnx/model.onnx` or a dtype variant
+    (`hfexport.formats.onnx.backend.transformers_js_config`), so transformers.js opens `onnx/model.onnx` or a dtype variant
     (`model_quantized.onnx`, `model_fp16.onnx`) with `dtype` alone; None when nothing changes, the repo has no
     config.json (a publication into another repo), or no ONNX generation target in the loaders' contract is published
     in `onnx/` (forward targets' cards pass `use_external_data_format` instead). The owner's keys are kept."""

@@ -17,7 +17,8 @@ from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
 from hfexport.formats import find_format, format_backend
 from hfexport.latency import latency_markdown
-from hfexport.layout import DEFAULT_NAMES, TRANSFORMERS_JS_SUFFIXES, Place
+from hfexport.formats.onnx.backend import TRANSFORMERS_JS_SUFFIXES
+from hfexport.layout import DEFAULT_NAMES, Place
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
 

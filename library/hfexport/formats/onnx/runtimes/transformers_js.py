@@ -27,7 +27,7 @@ from hfexport.deployment import (
     runtime_environment,
 )
 from hfexport.deployment._python import CLIENTS, NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, judge, request_payload
-from hfexport.layout import transformers_js_config, transformers_js_dtype
+from hfexport.formats.onnx.backend import transformers_js_config, transformers_js_dtype
 from hfexport.formats.onnx.decoder_contract import MODEL_FILE, stage_as
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
@@ -73,7 +73,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, repo / name)
         # config.json as the publication writes it: `transformers.js_config` names a decoder graph's external data, so
-        # the client asks for nothing but the dtype (hfexport.layout.transformers_js_config).
+        # the client asks for nothing but the dtype (hfexport.formats.onnx.backend.transformers_js_config).
         if not seq2seq and (repo / "config.json").is_file():
             config = json.loads((repo / "config.json").read_text(encoding="utf-8"))
             names = [path.name for path in (repo / "onnx").iterdir()]
