@@ -133,11 +133,11 @@ def test_the_engines_own_stateful_decode_compiles_to_unfused_attention(monkeypat
     export of tiny-llama's stateful decode compiles to unfused attention on the CPU (its numpy repeat_kv Broadcast
     defeats the plugin's StatefulSDPAFusion). Once this fails, the engine's graph fuses and the fix can go. The fix
     turns the same program into the fused one, keys and values of both layers."""
-    import hfexport.export
+    import hfexport.formats.openvino.program
     from hfexport.export import AutoHfExporter
     from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 
-    monkeypatch.setattr(hfexport.export, "fuse_ready_cache_broadcasts", lambda program: 0)
+    monkeypatch.setattr(hfexport.formats.openvino.program, "fuse_ready_cache_broadcasts", lambda program: 0)
     exporter = AutoHfExporter.from_pretrained(Path(__file__).resolve().parent.parent / "examples" / "tiny-llama",
                                               target="openvino-generation")
     program = exporter.export().components["decode"].program
