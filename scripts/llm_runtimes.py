@@ -1,6 +1,6 @@
 """The deployment runtimes' column of the compatibility matrix for the decoder families: each tiny decoder
 (`hfexport.testing.models`: Llama, GPT-2, Qwen2, Gemma3, Phi-3, Mistral) exported by a job to its generation targets,
-the gate running every runtime of the format (`hfexport.deployment.RUNTIMES`) on the saved files. Each verdict, with
+the gate running every runtime of the format (its `runtimes`, `hfexport.formats`) on the saved files. Each verdict, with
 why where it is not a pass (and, for the failures and workarounds traced to a runtime's own source, the cause:
 `CAUSES`), is merged into docs/llm_runtimes.json by (model, format); scripts/compatibility_matrix.py renders that file
 into docs/compatibility.md's runtimes tables (`--render-only` needs no rerun of the matrix), and a Markdown table goes
@@ -45,7 +45,7 @@ CAUSES = {
         "passes as onnxruntime-genai's generic `decoder` model type: its own `gpt2` type is a model of its own "
         "(src/models/model.cpp) that takes one combined `past_%d` cache tensor per layer, not the contract's "
         "`past_key_values.%d.key|value` pairs, so genai_config.json says `decoder` for GPT-2 "
-        "(hfexport.onnx_contract.GENAI_LLM_TYPES)."),
+        "(hfexport.formats.onnx.decoder_contract.GENAI_LLM_TYPES)."),
 }
 
 
@@ -127,7 +127,7 @@ def main() -> int:
 
 
 #: The encoder-decoder families, each exported to its ONNX generation target in the seq2seq layout
-#: (hfexport.onnx_seq2seq) and checked by the ONNX runtimes: `python scripts/llm_runtimes.py --seq2seq [WORKDIR]`
+#: (hfexport.formats.onnx.seq2seq_contract) and checked by the ONNX runtimes: `python scripts/llm_runtimes.py --seq2seq [WORKDIR]`
 #: writes docs/seq2seq_runtimes.json (beside the decoders' docs/llm_runtimes.json) and its table on stdout.
 SEQ2SEQ_FAMILIES = ["tiny-bart", "tiny-t5", "tiny-marian", "tiny-mbart", "tiny-whisper"]
 

@@ -12,31 +12,29 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "library" / "hfexport"
 
-# Bottom to top, as docs/architecture.md draws them. A module may import from its own layer or any below.
-LAYERS = [
-    ("foundation", ["version", "errors", "strict_json", "logs", "collector", "files", "progress", "runtime", "engine",
-                    "hub", "schema", "layout", "workarounds", "workarounds.transformers_exporters"]),
-    ("models", ["models", "samples", "inputs", "preparers"]),
-    ("recipe", ["quantization.spec", "recipe"]),
-    # What every plan family shares (the Plan data, dynamic shapes, what the engine traces), below the families.
-    # workarounds.transformers_models sits here: plan.tracing runs its `base_rope_index` on every traced input.
-    ("plan parts", ["plan.model", "plan.shapes", "plan.tracing", "workarounds.transformers_models"]),
-    ("plan", ["quantization.calibration", "quantization.quantizer", "executorch_llm", "plan"]),
-    # The generation loop every family shares (generate/options, generate/loop), below the family modules.
-    ("generation loop", ["generate.options", "generate.loop"]),
-    ("artifacts", ["safety", "executorch_data", "workarounds.executorch", "workarounds.onnxruntime",
-                   "workarounds.onnxscript", "workarounds.openvino", "onnx_contract", "onnx_float16", "onnx_seq2seq", "onnx_runner", "runtime_layout", "generate",
-                   "exported", "export", "rebind"]),
-    ("verify", ["verify", "latency", "deployment"]),
-    ("report", ["report"]),
-    ("publication", ["publication"]),
-    ("job", ["job"]),
-    ("surfaces", ["surfaces"]),
-    ("entry points", ["__init__", "__main__", "testing"]),
-]
+
+def _layer_map() -> list[tuple[str, list[str]]]:
+    """docs/architecture.md's layer map (its ```layers block), bottom to top: [(layer, module paths)]. A line that
+    starts with spaces continues the layer above."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"^```layers\n(.*?)^```", text, re.S | re.M)
+    assert block, "docs/architecture.md has no ```layers block (the layer map this test enforces)"
+    layers: list[tuple[str, list[str]]] = []
+    for line in block.group(1).splitlines():
+        if line.startswith(" ") and layers:
+            layers[-1][1].extend(line.split())
+        elif line.strip():
+            name, _, paths = line.partition(":")
+            layers.append((name.strip(), paths.split()))
+    return layers[::-1]
+
+
+# Bottom to top, as docs/architecture.md's layer map draws them. A module may import from its own layer or any below;
+# a `*` stands for one name (any format's package), and the most specific entry names a module's layer.
+LAYERS = _layer_map()
 # The modules that import torch (through the engine) when imported: lighter modules import them inside functions,
 # so that `import hfexport`, the CLI and the Space start without torch.
-DEFERRED = {"export", "exported", "generate", "onnx_runner"}
+DEFERRED = {"export", "exported", "generate", "formats.onnx.file_runner", "formats.onnx.file_component"}
 # The CLI imports what each command runs: the job stack inside the commands that run it, so that `validate` and
 # `show` (the recipe only) start without it (tests/test_cli_imports.py).
 DEFERRED_IN = {"surfaces.cli": ("job", "publication", "report", "surfaces.ci")}
@@ -57,12 +55,16 @@ def _modules() -> dict[str, Path]:
 
 
 def _layer(module: str) -> int:
+    """The layer of the most specific LAYERS entry that `module` is in (or under): the most names, then the fewest `*`."""
     best = None
+    names = module.split(".")
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                if best is None or len(prefix) > best[1]:
-                    best = (index, len(prefix))
+            parts = prefix.split(".")
+            if len(parts) <= len(names) and all(part in ("*", name) for part, name in zip(parts, names)):
+                rank = (len(parts), -parts.count("*"))
+                if best is None or rank > best[1]:
+                    best = (index, rank)
     assert best is not None, f"hfexport.{module} is in no layer: add it to LAYERS and docs/architecture.md"
     return best[0]
 
@@ -203,3 +205,48 @@ def test_parity_doc_table_matches_the_thresholds_module():
     for fmt in ("openvino", "executorch"):
         assert default_tolerance(fmt) == default_tolerance("onnx")
     assert rows == expected
+
+
+FORMAT_NAMES = {"onnx", "openvino", "executorch", "dynamo"}
+
+
+def _format_name_branches(path: Path) -> list[str]:
+    """Where a module compares a value with a format's name (`== "onnx"`, `in ("onnx", "openvino")`, a `case "onnx"`)
+    or keeps a table keyed by format names: what the format's backend should be asked instead."""
+    def names_a_format(node) -> bool:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(item, ast.Constant) and item.value in FORMAT_NAMES for item in items)
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and any(map(names_a_format, [node.left, *node.comparators])):
+            found.append(f"{node.lineno}: a comparison with a format's name")
+        elif isinstance(node, ast.Dict) and any(key is not None and names_a_format(key) for key in node.keys):
+            found.append(f"{node.lineno}: a table keyed by format names")
+        elif isinstance(node, ast.MatchValue) and names_a_format(node.value):
+            found.append(f"{node.lineno}: a case on a format's name")
+    return found
+
+
+def test_no_branch_on_a_format_name_outside_formats():
+    """Outside `hfexport/formats/` (and the test helpers), nothing branches on a format's name: the job, the gate, the
+    report, publication and verify ask the format's backend (`hfexport.formats`) instead."""
+    problems = [f"hfexport/{path.relative_to(PACKAGE)}:{line}"
+                for module, path in _modules().items() if not module.startswith(("formats", "testing"))
+                for line in _format_name_branches(path)]
+    assert not problems, "branches on a format's name outside hfexport.formats:\n" + "\n".join(problems)
+
+
+def test_the_format_name_check_sees_each_form(tmp_path):
+    """The check above fails on a comparison, a membership test, a table keyed by format names and a match case."""
+    source = tmp_path / "module.py"
+    source.write_text('if fmt == "onnx":\n    pass\nok = fmt in ("openvino", "x")\nT = {"dynamo": 1}\n'
+                      'match fmt:\n    case "executorch":\n        pass\nfine = fmt == "tflite" or {"a": "onnx"}\n')
+    assert sorted(int(line.split(":")[0]) for line in _format_name_branches(source)) == [1, 3, 4, 6]
+
+
+def test_the_layer_table_names_the_layers_of_the_map():
+    """docs/architecture.md's layer table has one row per layer of the map this test enforces, in its order."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| layer | modules | what it holds |"):].split("\n\n", 1)[0].splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in table] == [name for name, _ in reversed(LAYERS)]

@@ -77,7 +77,7 @@ def test_the_hierarchy_check_sees_an_exception_outside_it(tmp_path, source):
 def test_the_errors_keep_their_exit_codes_and_say_where():
     from hfexport import errors
     from hfexport.layout import LayoutError, assign_places, check_file_name
-    from hfexport.onnx_contract import ContractError
+    from hfexport.formats.onnx.decoder_contract import ContractError
 
     assert errors.exit_code(errors.SampleError("x.wav: not a WAV file")) == errors.EXIT_CHECK_FAILED
     for error in (errors.PreflightError("x"), errors.DuplicateKeyError("k"), errors.RebindRefused("x"),

@@ -9,6 +9,7 @@ import types
 import pytest
 
 from hfexport import deployment
+from hfexport.formats import format_backend
 from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, RuntimeCheck, compare_tokens, first_difference
 
 
@@ -71,7 +72,8 @@ def test_a_crashing_runtime_fails_its_check_and_the_others_still_run(llama_plan,
         module = types.ModuleType(f"hfexport.deployment.{name}")
         module.RUNTIME, module.check = f"{name}-runtime", check
         monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(deployment.RUNTIMES, "onnx", ("crashing", "absent"))
+    monkeypatch.setattr(format_backend("onnx"), "runtimes",
+                        ("hfexport.deployment.crashing", "hfexport.deployment.absent"))
     from hfexport.errors import register_secret
 
     register_secret("hf_secretsecretsecret")
@@ -125,10 +127,11 @@ def test_the_model_generates_only_when_a_runtime_reads_the_tokens(llama_plan, mo
         module = types.ModuleType(f"hfexport.deployment.{name}")
         module.RUNTIME, module.check = f"{name}-runtime", check
         monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(deployment.RUNTIMES, "onnx", ("absent",))
+    monkeypatch.setattr(format_backend("onnx"), "runtimes", ("hfexport.deployment.absent",))
     assert [c.verdict for c in check_runtimes(tmp_path, model, plan, processor)] == [NOT_CHECKED]
     assert not calls
-    monkeypatch.setitem(deployment.RUNTIMES, "onnx", ("absent", "reader", "reader"))
+    monkeypatch.setattr(format_backend("onnx"), "runtimes",
+                        ("hfexport.deployment.absent", "hfexport.deployment.reader", "hfexport.deployment.reader"))
     request = generation_request(model, plan, processor)
     assert not calls
     assert [c.verdict for c in deployment.run_checks("onnx", tmp_path, request)] == [NOT_CHECKED, PASSED, PASSED]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest, run_checks
-from hfexport.deployment import _python, openvino_genai, optimum_intel
+from hfexport.deployment import _python
+from hfexport.formats.openvino.runtimes import openvino_genai, optimum_intel
 from hfexport.testing import peers
 
 MAX_NEW_TOKENS = 8
@@ -115,11 +116,11 @@ def _runtime_layers(program) -> dict[str, int]:
 
 def test_openvino_generation_attention_compiles_to_the_fused_kv_cache_attention(openvino_llama):
     """Each attention of the saved stateful decode is one CPU `ScaledDotProductAttention` holding the KV cache, as
-    optimum-intel's export compiles (hfexport.workarounds.openvino.fuse_ready_cache_broadcasts): tiny-llama's two
+    optimum-intel's export compiles (hfexport.formats.openvino.workarounds.fuse_ready_cache_broadcasts): tiny-llama's two
     layers, grouped-query (4 heads, 2 KV heads), no unfused MatMul/Softmax left."""
     import openvino as ov
 
-    from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
+    from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 
     program = ov.Core().read_model(openvino_llama / "openvino_model.xml")
     layers = _runtime_layers(program)
@@ -128,15 +129,15 @@ def test_openvino_generation_attention_compiles_to_the_fused_kv_cache_attention(
 
 
 def test_the_engines_own_stateful_decode_compiles_to_unfused_attention(monkeypatch):
-    """Canary of hfexport.workarounds.openvino's `fuse_ready_cache_broadcasts`: transformers 5.23's own OpenVINO
+    """Canary of hfexport.formats.openvino.workarounds's `fuse_ready_cache_broadcasts`: transformers 5.23's own OpenVINO
     export of tiny-llama's stateful decode compiles to unfused attention on the CPU (its numpy repeat_kv Broadcast
     defeats the plugin's StatefulSDPAFusion). Once this fails, the engine's graph fuses and the fix can go. The fix
     turns the same program into the fused one, keys and values of both layers."""
-    import hfexport.export
+    import hfexport.formats.openvino.program
     from hfexport.export import AutoHfExporter
-    from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
+    from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 
-    monkeypatch.setattr(hfexport.export, "fuse_ready_cache_broadcasts", lambda program: 0)
+    monkeypatch.setattr(hfexport.formats.openvino.program, "fuse_ready_cache_broadcasts", lambda program: 0)
     exporter = AutoHfExporter.from_pretrained(Path(__file__).resolve().parent.parent / "examples" / "tiny-llama",
                                               target="openvino-generation")
     program = exporter.export().components["decode"].program

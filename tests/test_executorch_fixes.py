@@ -1,4 +1,4 @@
-"""ExecuTorch's dtype validator must not specialize a dynamic dim of a split's outputs (hfexport.workarounds.executorch).
+"""ExecuTorch's dtype validator must not specialize a dynamic dim of a split's outputs (hfexport.formats.executorch.workarounds).
 
 executorch 1.5.1's `to_edge` evaluated `len()` of the first output tensor of a `Tensor[]`-returning op, which
 guarded the batch to its traced size: GPT-2's `c_attn(...).split(...)` then made every ExecuTorch GPT-2 program
@@ -11,7 +11,7 @@ pytest.importorskip("executorch")
 
 from executorch.exir import to_edge  # noqa: E402
 
-from hfexport.workarounds.executorch import executorch_fixes  # noqa: E402
+from hfexport.formats.executorch.workarounds import executorch_fixes  # noqa: E402
 
 
 class _Split(torch.nn.Module):
@@ -34,7 +34,7 @@ def test_to_edge_keeps_a_split_input_batch_dynamic():
 
 
 def test_without_the_fix_executorch_still_specializes_the_batch():
-    # When this fails, ExecuTorch fixed its validator: drop hfexport.workarounds.executorch.
+    # When this fails, ExecuTorch fixed its validator: drop hfexport.formats.executorch.workarounds.
     assert _edge_batch() == 2
 
 
@@ -87,7 +87,7 @@ def _lowered_program() -> bytes:
 
 
 def test_the_cost_fixes_leave_the_program_byte_identical():
-    from hfexport.workarounds.executorch import (
+    from hfexport.formats.executorch.workarounds import (
         RetraceCounts,
         _needless_second_decompositions_skipped,
         _patternless_passes_skipped,
@@ -109,7 +109,7 @@ def test_the_cost_fixes_leave_the_program_byte_identical():
 def test_a_second_decomposition_with_work_left_still_runs():
     from executorch.exir.program._program import _default_decomposition_table
 
-    from hfexport.workarounds.executorch import RetraceCounts, _needless_second_decompositions_skipped
+    from hfexport.formats.executorch.workarounds import RetraceCounts, _needless_second_decompositions_skipped
 
     def flagged(module, sample):
         program = torch.export.export(module, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", max=8)},))
@@ -139,7 +139,7 @@ def test_every_pattern_of_a_skipped_pattern_pass_contains_its_anchor_op():
     from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
     from executorch.exir.graph_module import contains_any_call_fn_target_op
 
-    from hfexport.workarounds.executorch import _pattern_anchors
+    from hfexport.formats.executorch.workarounds import _pattern_anchors
 
     patterns = {"ConvertToUpsampleBilinear2d": bilinear_2d.get_graphs(), "ConvertToSDPAPass": sdpa.get_graphs()}
     anchors = {cls.__name__: anchor for cls, anchor in _pattern_anchors().items()}
@@ -155,7 +155,7 @@ def test_a_pass_that_rewrites_during_its_retrace_is_never_skipped():
     from executorch.exir.dialects._ops import ops as exir_ops
     from executorch.exir.pass_base import ExportPass
 
-    from hfexport.workarounds.executorch import _plain_retrace
+    from hfexport.formats.executorch.workarounds import _plain_retrace
 
     class ReluToSigmoid(ExportPass):
         def call_operator(self, op, args, kwargs, meta):

@@ -93,7 +93,7 @@ def test_the_program_returns_the_last_positions_logits(pte_llama, tiny_llama):
     from executorch.runtime import Runtime
     from transformers import AutoModelForCausalLM
 
-    from hfexport.executorch_llm import register_custom_ops
+    from hfexport.formats.executorch.llm_program import register_custom_ops
 
     register_custom_ops()
     folder, report = pte_llama
@@ -141,7 +141,7 @@ def test_hfexports_generate_runs_the_same_files(pte_llama, tiny_llama, llama_tex
 
 
 def test_a_runner_that_differs_crashes_or_is_absent(pte_llama, monkeypatch, tmp_path):
-    from hfexport.deployment import executorch_llm_runner
+    from hfexport.formats.executorch.runtimes import executorch_llm_runner
 
     folder = pte_llama[0]
     prompts, texts = [[0, 279]], ["The"]
@@ -218,7 +218,7 @@ def test_optimum_executorch_that_differs_crashes_is_absent_or_meets_a_ptd(pte_ll
                                                                           tmp_path):
     """A wrong expectation fails at its first differing token; a crash fails with its message; no environment, or a
     folder whose weights are in model.ptd (as hfexport 0.1 published them), is not checked, with the reason."""
-    from hfexport.deployment import optimum_executorch as runtime
+    from hfexport.formats.executorch.runtimes import optimum_executorch as runtime
 
     folder = pte_llama[0]
     wrong = GenerationRequest([[1, 15, 65]], [[5, 6, 7]], 3, [1])
@@ -253,7 +253,7 @@ def test_a_program_published_with_its_weights_in_model_ptd_still_loads(tiny_llam
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hfexport import load
-    from hfexport.executorch_llm import export
+    from hfexport.formats.executorch.llm_program import export
 
     real_config, real_write = executorch.exir.ExecutorchBackendConfig, executorch.exir.ExecutorchProgramManager.write_to_file
 
@@ -320,7 +320,7 @@ def test_inverse_transpose_pairs_are_dropped_from_the_traced_program():
     or whose result is the program's output, stays."""
     import torch
 
-    from hfexport.executorch_llm import _drop_inverse_transposes
+    from hfexport.formats.executorch.llm_program import _drop_inverse_transposes
 
     class Attention(torch.nn.Module):
         def __init__(self):

@@ -41,7 +41,7 @@ def _layout_recipe(tiny_llama, names: list[str], **extra_options) -> dict:
                   "options": {**OPTIONS[export_format], **extra_options}}
         if LAYOUTS[layout]:
             target["generation"] = LAYOUTS[layout]
-        elif export_format == "onnx":  # ONNX defaults to one graph (hfexport.onnx_contract): ask for the pair
+        elif export_format == "onnx":  # ONNX defaults to one graph (hfexport.formats.onnx.decoder_contract): ask for the pair
             target["generation"] = {"single_graph": False}
         targets[name] = target
     recipe["targets"], recipe["default_target"] = targets, names[0]

@@ -141,7 +141,7 @@ def exported_openvino(mbart_openvino_job):
 def test_openvino_job_verified_every_probe_and_generation(mbart_openvino_job):
     """The job's own check of the OpenVINO export: every prefill/decode probe ran (none skipped as internal state)
     and greedy generation on the padded sample prompts matched model.generate token for token. Before, the process
-    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see `hfexport.workarounds.openvino`)."""
+    died in the third probe (OpenVINO 2026.4.1 writing through a freed shared input, see `hfexport.formats.openvino.workarounds`)."""
     _, report = mbart_openvino_job
     verification = report["verification"]
     probes = verification["probes"]
@@ -203,7 +203,7 @@ def _run_pass_through(mode: str):
 
 
 def test_openvino_corrupts_the_heap_through_a_returned_shared_input():
-    """Why `hfexport.workarounds.openvino` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the caller's
+    """Why `hfexport.formats.openvino.workarounds` copies: OpenVINO 2026.4.1 keeps an output that is an input bound to the caller's
     shared buffer, and writes through it at the next shape once the caller freed it (glibc aborts or the process gets
     SIGSEGV; 15 of 15 runs here). With copies (`share_inputs=False`) every run survives. When the shared runs survive
     too, OpenVINO has fixed it: the module's copies can go."""
@@ -225,7 +225,7 @@ def test_only_openvino_programs_that_return_an_input_get_copying_runners(tmp_pat
     from transformers.exporters import ExportMetadata
 
     from hfexport.engine import runner_class
-    from hfexport.workarounds.openvino import copy_returned_inputs, returns_an_input
+    from hfexport.formats.openvino.workarounds import copy_returned_inputs, returns_an_input
 
     subprocess.run([sys.executable, "-c", PASS_THROUGH_PROGRAM, "build", str(tmp_path / "m.xml")], check=True,
                    timeout=300)

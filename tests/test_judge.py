@@ -3,7 +3,7 @@
 
 from hfexport.deployment import FAILED, PASSED, GenerationRequest
 from hfexport.deployment._python import judge
-from hfexport.deployment.openvino_genai import judge_f32
+from hfexport.formats.openvino.runtimes.openvino_genai import judge_f32
 
 
 def _request(padded=True):

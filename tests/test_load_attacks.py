@@ -187,7 +187,7 @@ def test_local_header_naming_another_member_is_refused(target, marker):
 def test_weights_only_unpickling_stops_a_payload_that_slipped_past(marker):
     """The second line: inside `weights_only_unpickling`, torch.load(weights_only=False) is still weights-only."""
     import torch
-    from hfexport.safety.pt2 import weights_only_unpickling
+    from hfexport.formats.torch_export.pt2_safety import weights_only_unpickling
 
     with weights_only_unpickling(), pytest.raises(pickle.UnpicklingError):
         torch.load(io.BytesIO(pickle.dumps(_Payload(marker))), weights_only=False)
@@ -323,7 +323,7 @@ def test_the_onnx_subset_reads_the_fields_onnx_declares():
     each field it reads with onnx's own number, type and cardinality, and sizes each element type as onnx does."""
     import onnx
     from google.protobuf.descriptor import FieldDescriptor
-    from hfexport.safety import onnx_proto
+    from hfexport.formats.onnx import proto as onnx_proto
 
     scalars = {"string": FieldDescriptor.TYPE_STRING, "int64": FieldDescriptor.TYPE_INT64,
                "int32": FieldDescriptor.TYPE_INT32, "TensorProto.DataLocation": FieldDescriptor.TYPE_ENUM}
@@ -357,7 +357,7 @@ def test_the_onnx_subset_finds_every_external_tensor_onnx_finds(target):
     offsets and lengths as onnx's own parse."""
     import onnx
     from hfexport.safety.artifacts import _onnx_tensors
-    from hfexport.safety.onnx_proto import model_proto
+    from hfexport.formats.onnx.proto import model_proto
     from onnx import TensorProto, helper
 
     folder = target("onnx")

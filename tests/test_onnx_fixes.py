@@ -1,4 +1,4 @@
-"""onnxscript's multi-output pattern matcher must not scan the whole graph for every node (hfexport.workarounds.onnxscript).
+"""onnxscript's multi-output pattern matcher must not scan the whole graph for every node (hfexport.formats.onnx.onnxscript_workarounds).
 
 onnxscript 0.7.2's `SlicesSplit` rule indexed every node of the graph by op type before looking at the node it was
 asked about, once per node: the optimizer's rewrite pass was quadratic in the graph's size (minutes on a 30-layer
@@ -12,7 +12,7 @@ pytest.importorskip("onnxscript")
 import onnx_ir as ir  # noqa: E402
 import onnxscript.optimizer  # noqa: E402
 
-from hfexport.workarounds.onnxscript import onnx_fixes  # noqa: E402
+from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes  # noqa: E402
 
 
 @pytest.fixture(scope="module")

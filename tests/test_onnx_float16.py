@@ -1,5 +1,5 @@
 """A float32 checkpoint's ONNX generation target published in float16 (the recipe target's `"dtype": "float16"`,
-hfexport.onnx_float16): converted by onnxruntime's own converter when saved, recorded as float16 in the manifest,
+hfexport.formats.onnx.float16): converted by onnxruntime's own converter when saved, recorded as float16 in the manifest,
 judged at f16 (direction, decisions and the f16 token agreement floor) by hfexport's verification and by the three
 runtimes opening it as transformers.js' `dtype: "fp16"` file (`model_fp16.onnx`), run by hfexport's own `generate`,
 published as that variant with `transformers.js_config`, and rebound through a weight map that records the cast.
@@ -53,7 +53,7 @@ def test_the_recipes_dtype_takes_float16_on_onnx_targets_only():
 def test_only_a_float32_graph_is_converted(tmp_path):
     """A bfloat16 checkpoint's graph is refused with the dtype named (onnxruntime's converter takes float32); a float16
     one is left as it is (nothing to convert)."""
-    from hfexport.onnx_float16 import Float16Error, convert
+    from hfexport.formats.onnx.float16 import Float16Error, convert
 
     manifest = {"export_format": "onnx", "components": {"decode": {"file": "model.onnx",
                                                                     "metadata": {"export_dtype": "bfloat16"}}}}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, RUNTIMES, GenerationRequest, run_checks
+from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest, run_checks
+from hfexport.formats import format_backend
 from hfexport.layout import Place, assign_places
 from hfexport.testing import peers
 
@@ -138,7 +139,7 @@ def test_the_gate_reports_every_onnx_runtime_passed(gated_llama):
     assert checks["transformers.js"]["version"] == peers.NODE_PACKAGES["@huggingface/transformers"]
     assert checks["onnxruntime-genai"]["version"] == "0.18.0" and checks["optimum"]["version"]
     # transformers.js and optimum batch (a left-padded batch of the recipe's two prompts); onnxruntime-genai gives
-    # left-padded rows other positions than model.generate (hfexport.deployment.onnxruntime_genai): batch 1 only.
+    # left-padded rows other positions than model.generate (hfexport.formats.onnx.runtimes.onnxruntime_genai): batch 1 only.
     assert checks["transformers.js"]["batch_sizes"] == [1, 2] and checks["optimum"]["batch_sizes"] == [1, 2]
     assert checks["onnxruntime-genai"]["batch_sizes"] == [1]
 
@@ -160,7 +161,7 @@ def test_a_runtime_that_is_absent_is_not_checked_and_one_that_crashes_or_hangs_f
     hanging.chmod(0o755)
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM", str(hanging))
     request = GenerationRequest(**{**request_for_llama.__dict__, "timeout_s": 1.0})
-    from hfexport.deployment import optimum
+    from hfexport.formats.onnx.runtimes import optimum
 
     check = optimum.check(contract_folder, request)
     assert check.verdict == FAILED and "time limit" in check.reason
@@ -169,7 +170,9 @@ def test_a_runtime_that_is_absent_is_not_checked_and_one_that_crashes_or_hangs_f
 def test_a_folder_outside_the_contract_is_not_checked(tmp_path, request_for_llama):
     checks = run_checks("onnx", tmp_path, request_for_llama)
     assert [check.verdict for check in checks] == [NOT_CHECKED] * 3
-    assert RUNTIMES["onnx"] == ("transformers_js", "optimum", "onnxruntime_genai")
+    assert format_backend("onnx").runtimes == ("hfexport.formats.onnx.runtimes.transformers_js",
+                                                "hfexport.formats.onnx.runtimes.optimum",
+                                                "hfexport.formats.onnx.runtimes.onnxruntime_genai")
 
 
 def test_a_contract_generation_target_is_published_to_onnx():
@@ -239,7 +242,7 @@ def test_an_export_in_the_engines_older_layout_still_loads_and_generates(contrac
 def test_genai_config_names_a_model_type_onnxruntime_genai_runs_as_a_plain_decoder(model_type, genai_type):
     """onnxruntime-genai gives GPT-2 a model of its own (one combined cache tensor per layer), so a GPT-2 graph in the
     contract runs as its generic "decoder"; an unknown model_type too."""
-    from hfexport.onnx_contract import genai_config
+    from hfexport.formats.onnx.decoder_contract import genai_config
 
     config = {"model_type": model_type, "vocab_size": 320, "num_attention_heads": 4, "hidden_size": 32,
               "max_position_embeddings": 64, "eos_token_id": 1}
@@ -255,7 +258,7 @@ def test_a_sliding_window_input_is_folded_and_any_other_unknown_input_keeps_the_
     import onnx_ir
     from onnx import TensorProto, helper
 
-    from hfexport.onnx_contract import _fold_sliding_windows, outside_contract
+    from hfexport.formats.onnx.decoder_contract import _fold_sliding_windows, outside_contract
 
     sliding = "input.past_key_values.layers.0._sliding_window_tensor"
     graph = helper.make_graph(

@@ -1,5 +1,5 @@
 """Encoder-decoder ONNX generation exports in the seq2seq loaders' layout (`encoder_model.onnx` +
-`decoder_model_merged.onnx`, hfexport.onnx_seq2seq): the files optimum (`ORTModelForSeq2SeqLM`,
+`decoder_model_merged.onnx`, hfexport.formats.onnx.seq2seq_contract): the files optimum (`ORTModelForSeq2SeqLM`,
 `ORTModelForSpeechSeq2Seq`) and transformers.js open as they are, checked by the gate token for token against
 `model.generate`, and run by hfexport's own `generate` (tests/test_generate_seq2seq.py runs it on the same mBART
 export). tiny mBART (text) and tiny Whisper (audio) are exported once per session by jobs whose gate runs the
@@ -230,7 +230,8 @@ def test_an_export_in_the_engines_older_seq2seq_layout_still_loads_and_generates
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from hfexport import ExportedModel, onnx_seq2seq
+    from hfexport import ExportedModel
+    from hfexport.formats.onnx import seq2seq_contract as onnx_seq2seq
     from hfexport.job.run import run_job
 
     monkeypatch.setattr(onnx_seq2seq, "to_contract", lambda folder: False)

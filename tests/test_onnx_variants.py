@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from hfexport.deployment import FAILED, PASSED, GenerationRequest, judge_tokens
-from hfexport.layout import Place, assign_places, transformers_js_config, transformers_js_dtype
+from hfexport.formats.onnx.backend import transformers_js_config, transformers_js_dtype
+from hfexport.layout import Place, assign_places
 
 from test_onnx_runtimes import README_PROMPT, README_REPO, README_REVISION, TARGET
 

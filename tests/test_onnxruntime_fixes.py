@@ -1,4 +1,4 @@
-"""An exported RMSNorm must reach onnxruntime in the form its fusion matches (hfexport.workarounds.onnxruntime).
+"""An exported RMSNorm must reach onnxruntime in the form its fusion matches (hfexport.formats.onnx.onnxruntime_workarounds).
 
 torch's ONNX exporter writes `x * rsqrt(v)` as `Mul(x, Reciprocal(Sqrt(v)))`; onnxruntime 1.32 fuses an RMSNorm into
 one `SimplifiedLayerNormalization` only from `Div(x, Sqrt(v))`. The canary shows the exporter's form still runs
@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from hfexport.workarounds.onnxruntime import (
+from hfexport.formats.onnx.onnxruntime_workarounds import (
     broadcast_grouped_query_caches,
     fuse_ready_key_transposes,
     fuse_ready_rms_norms,

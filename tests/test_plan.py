@@ -233,9 +233,9 @@ def test_generation_components_are_discovered(llama):
 
 
 def test_an_onnx_generation_target_is_one_graph_by_default(llama):
-    """The ONNX runtimes' contract is one decoder graph (hfexport.onnx_contract): a plain `mode: generation` ONNX target
+    """The ONNX runtimes' contract is one decoder graph (hfexport.formats.onnx.decoder_contract): a plain `mode: generation` ONNX target
     of a decoder-only model plans as a single graph, and so does OpenVINO's (optimum-intel's one stateful graph,
-    hfexport.runtime_layout); `generation.single_graph: false` keeps the prefill/decode pair."""
+    hfexport.formats.openvino.genai_layout); `generation.single_graph: false` keeps the prefill/decode pair."""
     recipe, model, processor = llama
     document = copy.deepcopy(recipe.document)
     document["targets"]["onnx-generation"].pop("generation", None)

@@ -8,9 +8,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hfexport.formats import format_backend
 from hfexport.job.preflight import (
     DISK_FACTOR,
-    MEMORY_FACTOR,
     RUNTIME_MB,
     PreflightError,
     estimate,
@@ -69,7 +69,7 @@ def test_estimates_follow_the_documented_multipliers(tmp_path):
     bert, llama = load_recipe(EXAMPLE), load_recipe(LLAMA)
     weights, _ = weights_metadata(EXAMPLE)
     onnx = estimate(EXAMPLE, [bert.target("onnx")], tmp_path)
-    assert onnx.memory_needed == RUNTIME_MB * MB + int(weights * MEMORY_FACTOR["onnx"])
+    assert onnx.memory_needed == RUNTIME_MB * MB + int(weights * format_backend("onnx").memory_factor)
     assert onnx.disk_needed == int(weights * DISK_FACTOR)
     both = estimate(EXAMPLE, [bert.target("onnx"), bert.target("pt2")], tmp_path)
     assert both.memory_needed == onnx.memory_needed  # targets run one after another: the largest one counts

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from hfexport.errors import UnsafeExportError
-from hfexport.safety.pt2 import check_pt2_program
+from hfexport.formats.torch_export.pt2_safety import check_pt2_program
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def test_pickled_weight_is_refused_before_it_runs(pt2_copy, tmp_path):
 
 def test_aotinductor_package_is_refused(pt2_copy):
     from hfexport.errors import UnsafeExportError
-    from hfexport.safety.pt2 import check_pt2_archive
+    from hfexport.formats.torch_export.pt2_safety import check_pt2_archive
 
     with zipfile.ZipFile(pt2_copy / "model.pt2", "a") as archive:
         root = archive.namelist()[0].split("/")[0]
@@ -117,7 +117,7 @@ def test_a_pt2_saved_without_example_inputs_passes_the_archive_check(tmp_path):
     then writes an empty `data/sample_inputs/model.pt`, which is no pickle to refuse."""
     import torch
 
-    from hfexport.safety.pt2 import check_pt2_archive
+    from hfexport.formats.torch_export.pt2_safety import check_pt2_archive
 
     class Double(torch.nn.Module):
         def forward(self, x):

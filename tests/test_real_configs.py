@@ -104,7 +104,7 @@ def test_llama_3_2_1b_in_bfloat16_exports_to_onnx_and_openvino_and_every_runtime
 def test_a_symbolic_head_count_is_refused_naming_the_input_the_axis_and_the_sizes():
     import onnx_ir
 
-    from hfexport.onnx_contract import ContractError, _symbol_names
+    from hfexport.formats.onnx.decoder_contract import ContractError, _symbol_names
 
     def value(name, dims):
         return onnx_ir.Value(name=name, shape=onnx_ir.Shape(dims), type=onnx_ir.TensorType(onnx_ir.DataType.FLOAT))
@@ -130,7 +130,7 @@ def test_an_op_onnx_runtime_has_no_cpu_kernel_for_is_said_so_not_a_corrupt_file(
 
     from hfexport.errors import MissingKernelError
     from hfexport.exported import _OnnxFile
-    from hfexport.onnx_runner import OnnxFileRunner
+    from hfexport.formats.onnx.file_runner import OnnxFileRunner
 
     tensor = [helper.make_tensor_value_info(name, TensorProto.BFLOAT16, [2]) for name in ("a", "b", "c")]
     graph = helper.make_graph([helper.make_node("Mul", ["a", "b"], ["c"], name="the_mul")], "g", tensor[:2],

@@ -17,7 +17,7 @@ import pytest
 from hfexport.files import MANIFEST_FILE
 
 #: The default ExecuTorch generation target of a decoder (no layout named): one program in TextLLMRunner's contract
-#: (hfexport.executorch_llm), the model wrapped in transformers' `TorchExportableModuleWithStaticCache`.
+#: (hfexport.formats.executorch.llm_program), the model wrapped in transformers' `TorchExportableModuleWithStaticCache`.
 LLM_TARGET = "pte-llm"
 LLAMA_TARGETS = ["pt2", "onnx-generation", "openvino-generation", "pte-generation", LLM_TARGET]
 BERT_TARGETS = ["onnx", "openvino", "pt2", "pte"]
@@ -112,13 +112,13 @@ def test_a_push_of_new_weights_is_rebound_into_every_format_and_gated(model, pre
 def test_an_older_pte_that_keeps_its_weights_inside_is_still_rebound(checkpoints, tmp_path, monkeypatch):
     """Before the .ptd, hfexport saved the engine's .pte as it is, weights inside: such a publication still rebinds
     (its constant segment and delegates' named data rewritten in place) and stays one file."""
-    import hfexport.exported
+    import hfexport.formats.executorch.program
     from hfexport.job.run import run_job
 
     old, new = checkpoints["bert"]
     output = tmp_path / "out"
     with monkeypatch.context() as patch:
-        patch.setattr(hfexport.exported, "separated", lambda program, tag: program)  # the save before the .ptd
+        patch.setattr(hfexport.formats.executorch.program, "separated", lambda program, tag: program)  # the save before the .ptd
         assert run_job(old, output, ["pte"], workers=1, latency=False).status == "ok"
     assert not list((output / "pte").glob("*.ptd"))
     weight_map = json.loads((output / "pte" / MANIFEST_FILE).read_text())["weight_map"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from hfexport.errors import CorruptExportError, UnsafeExportError
+from hfexport.formats.programs import check_export_folder
 from hfexport.safety.artifacts import (
-    check_export_folder,
     check_manifest,
     check_manifest_file,
 )
@@ -287,8 +287,8 @@ def test_hfexport_onnx_runner_takes_the_engines_options_and_hands_over_what_it_d
 
     import hfexport
     import onnx
-    from hfexport.exported import _OnnxFile
-    from hfexport.onnx_runner import OnnxFileRunner
+    from hfexport.formats.onnx.file_component import OnnxFile as _OnnxFile
+    from hfexport.formats.onnx.file_runner import OnnxFileRunner
     from onnx import TensorProto, helper
     from transformers.exporters.runners.runner_onnx import OnnxModelRunner
 

@@ -120,7 +120,7 @@ def test_batch_pinning_trap_fails_at_batch_8_with_the_backend_message(tmp_path, 
     assert "index: 0 Got: 8 Expected: 1" in rejected["error"]
     assert "batch=8" in target.error and "Expected: 1" in target.error
     markdown = cli("report", str(output))
-    # ONNX Runtime's error as it raised it (the session runs from the file: hfexport.onnx_runner)
+    # ONNX Runtime's error as it raised it (the session runs from the file: hfexport.formats.onnx.file_runner)
     assert "❌ rejected: InvalidArgument: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions" in markdown.stdout
 
 

@@ -36,6 +36,8 @@ def test_every_entry_names_its_upstream_version_module_and_an_existing_canary():
 def test_every_workaround_module_is_in_the_registry():
     listed = {entry.module for entry in WORKAROUNDS}
     modules = {f"workarounds.{path.stem}" for path in (PACKAGE / "workarounds").glob("*.py") if path.stem != "__init__"}
+    modules |= {".".join(path.relative_to(PACKAGE).with_suffix("").parts)  # a format's own, in its package
+                for path in (PACKAGE / "formats").glob("*/*workarounds.py")}
     assert modules <= listed, f"not in WORKAROUNDS: {sorted(modules - listed)}"
 
 

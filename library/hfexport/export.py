@@ -18,25 +18,16 @@ from transformers.exporters import AutoHfExporter as _EngineAutoHfExporter
 
 from hfexport.errors import Problem, RecipeError
 from hfexport.engine import export_backends, exporter_class, traced_cache_layout
-from hfexport.executorch_llm import export as export_llm_program
-from hfexport.workarounds.executorch import executorch_fixes
+from hfexport.formats.executorch.llm_program import export as export_llm_program
 from hfexport.exported import ExportedModel
+from hfexport.formats import find_format
+from hfexport.formats.programs import format_program
 from hfexport.workarounds.transformers_models import base_rope_index, modeling_fixes
-from hfexport.workarounds.onnxruntime import (
-    broadcast_grouped_query_caches,
-    fuse_ready_key_transposes,
-    fuse_ready_rms_norms,
-)
-from hfexport.workarounds.onnxscript import onnx_fixes
-from hfexport.workarounds.openvino import fuse_ready_cache_broadcasts
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.plan.tracing import engine_config
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.model import Recipe
-
-FORMAT_EXTRAS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": None}
-
 
 class AutoExportConfig(_EngineAutoExportConfig):
     """The engine's `AutoExportConfig`; `export_format` strings become `ExportFormat` members."""
@@ -70,7 +61,7 @@ class AutoHfExporter(_EngineAutoHfExporter):
                 stacklevel=2,
             )
             return False
-        extra = FORMAT_EXTRAS.get(str(export_format))
+        extra = find_format(export_format).extra if find_format(export_format) else None
         install = f"`pip install 'hfexport[{extra}]'`" if extra else "installing its packages"
         try:
             exporter = exporter_class(export_format)
@@ -205,13 +196,10 @@ def _drop_model_output_samples(exported) -> None:
 
 @contextlib.contextmanager
 def _format_fixes(plan, model):
-    """hfexport's narrow fixes of a backend's lowering (hfexport.workarounds.executorch, .onnxscript) and of the
-    model's code under torch.export (hfexport.workarounds.transformers_models), for the plan's format."""
+    """hfexport's narrow fixes of a backend's lowering (its format's `export_fixes`: ExecuTorch's, onnxscript's) and of
+    the model's code under torch.export (hfexport.workarounds.transformers_models), for the plan's format."""
     with contextlib.ExitStack() as stack:
-        if str(plan.export_format) == "executorch":
-            stack.enter_context(executorch_fixes())
-        if str(plan.export_format) == "onnx":
-            stack.enter_context(onnx_fixes())
+        stack.enter_context(format_program(plan.export_format).export_fixes(plan, model))
         stack.enter_context(modeling_fixes(model, str(plan.export_format)))
         yield
 
@@ -226,7 +214,7 @@ def run_plan(plan, model) -> ExportedModel:
                                   "have no float16 names in hfexport's layout yet"))
     if plan.llm_runner is not None:
         # ExecuTorch's LLM runner contract: hfexport's own export (the engine cannot add the runner's metadata methods
-        # nor hold the cache in the program; hfexport.executorch_llm says why), with the same lowering fixes
+        # nor hold the cache in the program; hfexport.formats.executorch.llm_program says why), with the same lowering fixes
         with _format_fixes(plan, model):
             return ExportedModel.from_engine(export_llm_program(model, plan.components["model"].config,
                                                                 plan.target.generation))
@@ -262,21 +250,11 @@ def run_plan(plan, model) -> ExportedModel:
             import copy
 
             exported.generation_config = copy.deepcopy(model.generation_config)
-    if str(plan.export_format) == "openvino":
-        # the CPU plugin's fused KV-cache attention matches the frontend's repeat of a grouped-query cache, which the
-        # engine rewrites (hfexport.workarounds.openvino)
-        for component in exported.components.values():
-            fuse_ready_cache_broadcasts(component.program)
-    if str(plan.export_format) == "onnx":
-        # onnxruntime's RMSNorm fusion matches x / sqrt(v), the exporter writes x * (1 / sqrt(v)); its matmul
-        # folds a key transpose the exporter writes through a 3-d view only as one Transpose; nothing in it undoes
-        # repeat_kv's copies of a grouped-query cache (hfexport.workarounds.onnxruntime)
-        for component in exported.components.values():
-            fuse_ready_rms_norms(component.program)
-            fuse_ready_key_transposes(component.program)
-            broadcast_grouped_query_caches(component.program)
+    # the format's rewrites of the engine's programs for its runtime's fusions (OpenVINO's fused KV-cache attention,
+    # onnxruntime's RMSNorm and attention fusions: hfexport.formats.*.workarounds)
+    format_program(plan.export_format).after_export(exported)
     result = ExportedModel.from_engine(exported)
-    result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.onnx_float16)
+    result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.formats.onnx.float16)
     # what running the engine's input preparers again needs, per component whose inputs they added to
     result.input_preparers = {name: component.preparer_context for name, component in plan.components.items()
                               if component.preparer_context and name in result.components}

@@ -3,7 +3,6 @@ generation over prefill/decode graphs). Everything the engine's class does works
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
@@ -12,54 +11,46 @@ from pathlib import Path
 from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
-from hfexport.engine import register_treespec_types, runner_class, set_runners
-from hfexport.executorch_llm import DATA_FILE as LLM_DATA_FILE
-from hfexport.executorch_llm import is_llm_program, uses_custom_ops
-from hfexport.executorch_llm import load_program as load_executorch  # a .pte with its .ptd (any program)
+from hfexport.engine import runner_class, set_runners
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
     PublishError,
     SourceError,
     UnsafeExportError,
-    first_line,
 )
-from hfexport.executorch_data import DATA_PATH, data_name, separated, write_data
 from hfexport.files import RECIPE_COPY_FILE
+from hfexport.formats import format_traits
+from hfexport.formats.backend import backend_errors
+from hfexport.formats.onnx.file_component import OnnxFile, OnnxFileComponent
+from hfexport.formats.programs import check_program_files, format_program
 from hfexport.generate import DECODE, generate
 from hfexport.hub import HubRepo, hub_error, snapshot_commit
 from hfexport.layout import LayoutError, legacy_folder, target_folders, target_places
 from hfexport.layout import check_file_name as check_artifact_name
-from hfexport import onnx_float16, onnx_seq2seq, preparers
-from hfexport.onnx_contract import to_contract
-from hfexport.onnx_runner import OnnxFileRunner
-from hfexport.workarounds.openvino import copy_returned_inputs
+from hfexport import preparers
+from hfexport.formats.onnx.file_runner import OnnxFileRunner
+from hfexport.formats.openvino.workarounds import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
-from hfexport.runtime_layout import finish as finish_runtime_layout
-from hfexport.runtime_layout import save_tokenizer
 from hfexport.runtime import (
-    PRECISION_FORMATS,
     has_runtime_precision,
     load_options,
-    onnx_generation_session_options,
     pinned_precision,
 )
 from hfexport.safety.artifacts import (
     MANIFEST_FILE,
     check_manifest_file,
-    check_program_files,
     checked_file,
     read_json,
 )
-from hfexport.safety.pt2 import weights_only_unpickling
-from hfexport.safety.treespec import check_file_name, pt2_unpickling_allowlist
+from hfexport.safety.treespec import check_file_name
 
 
 class ExportedModel(_EngineExportedModel):
     """The engine's `ExportedModel`, returned by every hfexport export.
 
     `save_dtype`: the dtype its ONNX graphs are converted to when saved (the recipe target's `dtype`, "float16":
-    `hfexport.onnx_float16`); None keeps the exported dtype. The graphs in memory stay as exported; the saved files,
+    `hfexport.formats.onnx.float16`); None keeps the exported dtype. The graphs in memory stay as exported; the saved files,
     and what `load` reads back, are float16."""
 
     save_dtype: str | None = None
@@ -96,18 +87,18 @@ class ExportedModel(_EngineExportedModel):
         (`OnnxFileComponent`) run from their files on hfexport's `OnnxFileRunner` (the CPU, without importing
         onnx_ir), or reach the engine's runner as their file, which ONNX Runtime opens: no onnx_ir parse to run them.
         An OpenVINO program that returns one of its inputs gets a runner that always copies its inputs
-        (`hfexport.workarounds.openvino`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
+        (`hfexport.formats.openvino.workarounds`), so `model(...)`, `runners[...]` and `generate` are all safe from OpenVINO
         2026.4.1 writing through a freed input."""
         unparsed = {name: component for name, component in self.components.items()
                     if isinstance(component, OnnxFileComponent) and not component.parsed}
         if unparsed and len(unparsed) == len(self.components):  # hfexport's runner: no onnx_ir import on the CPU
-            set_runners(self, {name: OnnxFileRunner.from_program(_OnnxFile(component.path), component.metadata,
+            set_runners(self, {name: OnnxFileRunner.from_program(OnnxFile(component.path), component.metadata,
                                                                  device, **runner_kwargs)
                                for name, component in unparsed.items()})
             return self
         components = self.components
         if unparsed:
-            self.components = {**components, **{name: ExportedComponent(_OnnxFile(component.path), component.metadata)
+            self.components = {**components, **{name: ExportedComponent(OnnxFile(component.path), component.metadata)
                                                 for name, component in unparsed.items()}}
         try:
             super().to(device, **runner_kwargs)
@@ -118,10 +109,10 @@ class ExportedModel(_EngineExportedModel):
 
     def save_pretrained(self, save_directory, *args, tokenizer=None, push_to_hub=False, **kwargs):
         """The engine's `save_pretrained`; a decoder-only generation export is then put in its runtimes' contract:
-        ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.onnx_contract`)
+        ONNX (one `decode` graph) as `model.onnx` + `model.onnx_data` and `genai_config.json` (`hfexport.formats.onnx.decoder_contract`)
         for transformers.js, optimum and onnxruntime-genai; an ONNX encoder-decoder (encoder, prefill, decode) as
-        `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.onnx_seq2seq`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
-        `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.runtime_layout`)
+        `encoder_model.onnx` + `decoder_model_merged.onnx` (`hfexport.formats.onnx.seq2seq_contract`) for optimum and transformers.js; OpenVINO (one stateful `decode` graph) as optimum-intel's
+        `openvino_model.xml` with `tokenizer`'s files and its OpenVINO tokenizer models (`hfexport.formats.openvino.genai_layout`)
         for OpenVINO GenAI and optimum-intel; `from_pretrained` here reads the same files.
 
         `push_to_hub=True` uploads once every file is written (`repo_id`, `commit_message`, `token`, `private` as the
@@ -129,19 +120,11 @@ class ExportedModel(_EngineExportedModel):
         layout) exist, so it would publish an export its loaders cannot open."""
         if push_to_hub:
             return self._save_and_push(Path(save_directory), *args, tokenizer=tokenizer, **kwargs)
-        export_format = str(getattr(self.export_format, "value", self.export_format))
-        if export_format == "executorch":  # each program's weights in its .ptd (an LLM runner program's inside)
-            result = self._save_executorch(save_directory, *args, **kwargs)
-        else:
-            result = super().save_pretrained(save_directory, *args, **kwargs)
-        if export_format == "onnx":
-            if self.save_dtype == onnx_float16.FLOAT16:
-                onnx_float16.convert(Path(save_directory))
-            to_contract(Path(save_directory))
-            onnx_seq2seq.to_contract(Path(save_directory))
-        if any(is_llm_program(component.metadata) for component in self.components.values()):
-            save_tokenizer(Path(save_directory), tokenizer)  # ExecuTorch's LLM runner reads tokenizer.json beside it
-        finish_runtime_layout(save_directory, tokenizer)
+        program = format_program(self.export_format)  # ExecuTorch: each program's weights in its .ptd
+        result = program.save(self, save_directory, super().save_pretrained, *args, **kwargs)
+        # the runtimes' contract: ONNX's float16, decoder and seq2seq layouts; OpenVINO's optimum-intel layout; the
+        # tokenizer ExecuTorch's LLM runner reads
+        program.after_save(self, Path(save_directory), tokenizer)
         preparers.write(save_directory, getattr(self, "input_preparers", {}))
         return result
 
@@ -159,23 +142,6 @@ class ExportedModel(_EngineExportedModel):
         except Exception as error:  # noqa: BLE001 - huggingface_hub's errors, as one readable message
             raise hub_error(error, repo_id or directory.name, "uploading the export", token=token,
                             error_class=PublishError) from None
-
-    def _save_executorch(self, save_directory, *args, **kwargs):
-        """The engine's `save_pretrained` with each program's weights in its own `.ptd` beside the `.pte`
-        (`hfexport.executorch_data`): the engine writes the re-emitted `.pte`, then each component's data file."""
-        components = self.components
-        self.components = {name: ExportedComponent(separated(component.program, name), component.metadata)
-                           for name, component in components.items()}
-        try:
-            result = super().save_pretrained(save_directory, *args, **kwargs)
-            entries = read_json(Path(save_directory) / MANIFEST_FILE, MANIFEST_FILE)["components"]
-            for name, component in self.components.items():
-                data = Path(save_directory) / data_name(entries[name]["file"])
-                if not write_data(component.program, data):
-                    data.unlink(missing_ok=True)  # a program with its weights inside: no older .ptd left beside it
-        finally:
-            self.components = components
-        return result
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, logits_processor=None,
                  stopping_criteria=None, streamer=None, generator=None, seed=None, tokenizer=None, **kwargs):
@@ -272,7 +238,7 @@ class ExportedModel(_EngineExportedModel):
         `CorruptExportError` too.
 
         An ONNX generation export (a `decode` component) opens its sessions with ONNX Runtime's intra-op spinning off
-        unless `session_options=` is passed (`hfexport.runtime.onnx_generation_session_options`).
+        unless `session_options=` is passed (`hfexport.formats.onnx.program.generation_session_options`).
 
         `allow_unsafe_pt2=True` loads a `.pt2` that hfexport cannot prove safe (pickled objects, legacy or
         AOTInductor archives) as torch itself would, unpickling included: only for a source you trust.
@@ -326,16 +292,16 @@ class ExportedModel(_EngineExportedModel):
         )
 
         export_format = manifest["export_format"]
-        runner = OnnxFileRunner if export_format == "onnx" else runner_class(export_format)  # the engine's options
+        program = format_program(export_format)
+        runner = program.runner() or runner_class(export_format)  # the engine's options
         options = [name for name in inspect.signature(runner.from_program).parameters
                    if name not in ("program", "metadata", "device")]
         unknown = [name for name in runner_kwargs if name not in options]
         if unknown:  # the caller's mistake, said before anything loads (as the engine's loader says it)
             raise TypeError(f"Unknown kwargs {unknown}: the {export_format} runner takes {options}.")
         paths = check_program_files(manifest, fetch, source, allow_unsafe_pt2=allow_unsafe_pt2)
-        if export_format == "onnx" and DECODE in manifest["components"] and "session_options" not in runner_kwargs:
-            # A generation export: many short runs with torch between them (see the function's docstring).
-            runner_kwargs["session_options"] = onnx_generation_session_options()
+        if DECODE in manifest["components"]:  # a generation export: the format's options for it, unless given
+            runner_kwargs = {**program.generation_runner_options(), **runner_kwargs}
         input_preparers = {}  # the engine's input preparers run again on new inputs (hfexport.preparers)
         preparers_file = fetch(prefix + preparers.FILE, False)
         if preparers_file is not None:  # checked before any program is read
@@ -345,19 +311,17 @@ class ExportedModel(_EngineExportedModel):
         for name, entry in manifest["components"].items():
             label = f"{source}/{entry['file']}"
             metadata = ExportMetadata.from_dict(entry["metadata"])
-            if export_format == "onnx":  # ONNX Runtime opens the checked file; the graph is parsed on demand
-                data = fetch(f"{entry['file']}.data", False) or fetch(f"{entry['file']}_data", False)
-                components[name] = OnnxFileComponent(paths[name], metadata, data, label)
-                continue
-            with _backend_errors(label, export_format):
-                program = _read_program(export_format, paths[name], fetch, entry, allow_unsafe_pt2)
-            components[name] = ExportedComponent(program, metadata)
+            component = program.component(paths[name], metadata, fetch, entry, label)  # ONNX: read on demand
+            if component is None:
+                with backend_errors(label, export_format):
+                    component = ExportedComponent(program.read(paths[name], fetch, entry, allow_unsafe_pt2), metadata)
+            components[name] = component
         generation_config = None
         config_name, generation_name = prefix + "config.json", prefix + "generation_config.json"
         config_file, generation_file = fetch(config_name, False), fetch(generation_name, False)
         if config_file is not None:  # strict JSON of bounded size now; the config object on first use (`config`)
             read_json(config_file, f"{source}/{config_name}")
-        with _backend_errors(f"{source}/{generation_name}", "transformers"):
+        with backend_errors(f"{source}/{generation_name}", "transformers"):
             if generation_file is not None:
                 read_json(generation_file, f"{source}/{generation_name}")
                 generation_config = GenerationConfig.from_pretrained(generation_file.parent,
@@ -368,130 +332,22 @@ class ExportedModel(_EngineExportedModel):
             model.__dict__["_pending_config"] = functools.partial(
                 _read_config, config_file.parent if not prefix else config_file, f"{source}/{config_name}",
                 trust_remote_code)
-        without = [entry["file"] for name, entry in manifest["components"].items()
-                   if export_format == "executorch" and not getattr(components[name].program, DATA_PATH, None)]
-        hint = f" (there is no {data_name(without[0])} beside it: a program whose weights are kept apart cannot " \
-               "load without its data file)" if without else ""
-        with _backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format, hint):
+        hint = program.load_hint(manifest, components)  # ExecuTorch: a program without the .ptd beside it
+        with backend_errors(f"{source}/{next(iter(manifest['components'].values()))['file']}", export_format, hint):
             return model.to(device, **runner_kwargs)
-
-
-class OnnxFileComponent(ExportedComponent):
-    """An ONNX component read back from its checked file. ONNX Runtime opens the file itself (the engine's runner opens
-    `program.meta["path"]` when a program has one); the graph is parsed into onnx_ir, the engine's program type, only
-    when `.program` is read (saving it again, inspecting the graph): a caller who only runs the export never pays
-    for the parse (benchmarks/load_published.py)."""
-
-    def __init__(self, path: Path, metadata, data: Path | None = None, label: str | None = None):
-        self.metadata, self.path, self.data, self.label = metadata, Path(path), data, label or str(path)
-        self._program = None
-
-    @property
-    def program(self):
-        if self._program is None:
-            with _backend_errors(self.label, "onnx"):
-                self._program = _read_onnx(self.path, self.data)
-        return self._program
-
-    @program.setter
-    def program(self, value) -> None:
-        self._program = value
-
-    @property
-    def parsed(self) -> bool:
-        """Whether the graph has been parsed into onnx_ir (`.program` read or set)."""
-        return self._program is not None
-
-    def __repr__(self) -> str:
-        return f"OnnxFileComponent(path={str(self.path)!r}, parsed={self.parsed})"
-
-
-class _OnnxFile:
-    """What the engine's ONNX runner reads of a loaded program to open its saved file (transformers 5.23:
-    `OnnxModelRunner.from_program` opens `program.meta["path"]` in ONNX Runtime and reads nothing else of it)."""
-
-    def __init__(self, path: Path):
-        self.meta = {"path": str(path)}
-
-
-def _read_onnx(path: Path, data: Path | None):
-    """The checked `.onnx` file as an onnx_ir model that remembers its path (ONNX Runtime reads the weights beside
-    it); weights in the Hub cache's blob store are pointed at there."""
-    import onnx_ir
-
-    program = onnx_ir.load(str(path))
-    program.meta["path"] = str(path)
-    if data is not None and data.is_symlink():
-        _read_weights_from_blob(program, data)
-    return program
-
-
-_BACKENDS = {"onnx": "ONNX Runtime", "openvino": "OpenVINO", "executorch": "ExecuTorch", "dynamo": "torch.export"}
-
-
-@contextlib.contextmanager
-def _backend_errors(label: str, export_format: str, hint: str = ""):
-    """A backend's failure on a file hfexport checked, as one `CorruptExportError` line naming the file (a weights-only
-    unpickling refusal as `UnsafeExportError`)."""
-    import pickle
-
-    try:
-        yield
-    except (HfExportError, KeyboardInterrupt):
-        raise
-    except pickle.UnpicklingError as error:
-        raise UnsafeExportError(f"{label}: refused by the weights-only unpickler "
-                                f"({first_line(error, 200)})") from None
-    except Exception as error:  # noqa: BLE001 - the file passed hfexport's checks: the backend's reason, one line
-        backend = _BACKENDS.get(export_format, export_format)
-        raise CorruptExportError(f"{label}: {backend} cannot load it: {type(error).__name__}: "
-                                 f"{first_line(error, 300)}{hint}") from None
 
 
 def _read_config(path: Path, label: str, trust_remote_code: bool):
     """A loaded export's config, read from its checked `config.json` (or a variant's `<stem>.config.json`)."""
     from transformers import AutoConfig
 
-    with _backend_errors(label, "transformers"):
+    with backend_errors(label, "transformers"):
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-
-
-def _read_program(export_format: str, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
-    """One checked program file, read by its backend through the engine's public exporter classes."""
-    if export_format == "onnx":
-        return _read_onnx(path, fetch(f"{entry['file']}.data", False) or fetch(f"{entry['file']}_data", False))
-    if export_format == "dynamo":
-        from transformers.exporters import DynamoExporter
-
-
-        # A program whose inputs hold a cache needs the (allowlisted) cache classes registered as pytree nodes first.
-        for field in ("in_spec", "out_spec"):
-            if entry["metadata"].get(field):
-                register_treespec_types(entry["metadata"][field])
-        if allow_unsafe_pt2:  # the caller trusts the source: torch's own load, its unpickling included
-            import torch
-
-            with torch.serialization.safe_globals(pt2_unpickling_allowlist()):
-                return DynamoExporter.load_program(path)
-        with weights_only_unpickling():
-            return DynamoExporter.load_program(path)
-    if export_format == "openvino":
-        from transformers.exporters import OpenVINOExporter
-
-        return OpenVINOExporter.load_program(path)
-    if export_format == "executorch":
-        from transformers.exporters import ExecutorchExporter
-
-        if is_llm_program(entry["metadata"]):  # ExecuTorch's LLM runner contract: the weights inside (0.1: model.ptd)
-            return load_executorch(path, fetch(LLM_DATA_FILE, False), custom_ops=uses_custom_ops(entry["metadata"]))
-        data = fetch(data_name(entry["file"]), False)  # checked with the program (safety.artifacts.program_files)
-        return load_executorch(path, data) if data is not None else ExecutorchExporter.load_program(path)
-    raise CorruptExportError(f"{path}: unknown export format {export_format!r}")
 
 
 def _apply_precision(export_format: str, precision: str | None, fetch, kwargs: dict, prefix: str = "") -> dict:
     """The runner arguments with the runtime precision applied: the caller's, else the owner's recipe pin."""
-    allowed = PRECISION_FORMATS.get(export_format, ("auto", "f32"))
+    allowed = format_traits(export_format).runtime_precisions
     if precision is not None and precision not in allowed:
         raise SourceError(f"precision={precision!r}: {export_format} exports run at "
                           f"{' or '.join(repr(p) for p in allowed)} ('bf16'/'f16' are OpenVINO runtime precisions)")
@@ -510,20 +366,6 @@ def owner_precision(fetch, prefix: str = "") -> str:
         return "auto"
     recipe = load_recipe(path)  # schema-checked: a malformed copy is a RecipeError naming the file and JSON path
     return pinned_precision(recipe.target(recipe.default_target).runtime)
-
-
-def _read_weights_from_blob(program, data: Path) -> None:
-    """The Hub cache links `model.onnx.data` to a blob outside the snapshot, which onnx_ir refuses to read: point the
-    graph's external tensors at the blob (what the engine's `OnnxExporter.load_program` does, transformers 5.23).
-    `safety.checked_file` has proven the link leads into the repo's blob store."""
-    import onnx_ir
-
-    for graph in program.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, onnx_ir.ExternalTensor) and Path(tensor.path) == data:
-                value.const_value = onnx_ir.ExternalTensor(data.resolve(), tensor.offset, tensor.length, tensor.dtype,
-                                                           shape=tensor.shape, name=tensor.name)
 
 
 def _local_fetcher(directory: Path):

@@ -13,12 +13,13 @@ its artifact. The folder's default target keeps hfexport's own files under their
 `export_config.json`, `export_report.json`, `config.json`); a variant's files all start with its stem and a dot
 (`model_quantized.onnx`, `model_quantized.onnx_data`, `model_quantized.export.json`, ...), so each file of a folder
 belongs to exactly one target and no loader mistakes hfexport's files for its own. A decoder-only ONNX generation
-target saved in the loaders' contract (`hfexport.onnx_contract`: `model.onnx` + `genai_config.json`, which
+target saved in the loaders' contract (`hfexport.formats.onnx.decoder_contract`: `model.onnx` + `genai_config.json`, which
 transformers.js, optimum and onnxruntime-genai open) claims `onnx/` like a forward target, and so does a decoder-only OpenVINO generation target saved as
-optimum-intel's stateful `openvino_model.xml` (`hfexport.runtime_layout`), in `openvino/`. A quantized or float16 ONNX
+optimum-intel's stateful `openvino_model.xml` (`hfexport.formats.openvino.genai_layout`), in `openvino/`. A quantized or float16 ONNX
 generation target in that contract is a transformers.js dtype variant beside it (`onnx/model_quantized.onnx` +
-`model_quantized.onnx_data`, `model_q4.onnx`, `model_fp16.onnx`: `TRANSFORMERS_JS_SUFFIXES`), and the publication
-writes `transformers.js_config` into the repo's config.json (`transformers_js_config`) so `dtype` alone opens it.
+`model_quantized.onnx_data`, `model_q4.onnx`, `model_fp16.onnx`: ONNX's `TRANSFORMERS_JS_SUFFIXES`), and the
+publication writes `transformers.js_config` into the repo's config.json (`hfexport.formats.onnx.backend.
+transformers_js_config`) so `dtype` alone opens it.
 A target whose name is
 taken, one without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every other generation
 target (the engine writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
@@ -36,22 +37,24 @@ from dataclasses import dataclass
 
 from hfexport.errors import HfExportError
 from hfexport.files import EXPORTS_DIR, MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
+from hfexport.formats import find_format, formats
+from hfexport.formats.onnx.backend import ONNX_DATA_SUFFIX, onnx_data_name  # noqa: F401 - re-exported
 
 LEGACY_FOLDER = EXPORTS_DIR
-FORMAT_FOLDERS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
+FORMAT_FOLDERS = {backend.name: backend.folder for backend in formats()}
 #: One user-facing name per format, wherever a person reads it (the Space, the CLI, the report, the card):
-#: `format_label`. The recipe's `export_format` holds the engine's name (`dynamo`, `executorch`); every other
-#: spelling people use is accepted where a format is typed (a recipe's `export_format`, the CLI's `--format`) and
-#: means that format: `canonical_format`. Published folders keep the loaders' conventions (`FORMAT_FOLDERS`).
-FORMAT_LABELS = {"onnx": "ONNX", "openvino": "OpenVINO", "executorch": "ExecuTorch", "dynamo": "torch.export"}
-FORMAT_ALIASES = {"pt2": "dynamo", "torch.export": "dynamo", "torch-export": "dynamo", "torch_export": "dynamo",
-                  "pte": "executorch", "ov": "openvino", "openvino-ir": "openvino"}
+#: `format_label`, each format's `label`. The recipe's `export_format` holds the engine's name (`dynamo`,
+#: `executorch`); every other spelling people use (each format's `aliases`) is accepted where a format is typed (a
+#: recipe's `export_format`, the CLI's `--format`) and means that format: `canonical_format`. Published folders keep
+#: the loaders' conventions (`FORMAT_FOLDERS`).
+FORMAT_LABELS = {backend.name: backend.label for backend in formats()}
+FORMAT_ALIASES = {alias: backend.name for backend in formats() for alias in backend.aliases}
 
 
 def canonical_format(name: str) -> str:
     """`name` as the engine's format name (`pt2` -> `dynamo`); an unknown name is returned as it is."""
     text = str(name).strip().lower()
-    return text if text in FORMAT_FOLDERS else FORMAT_ALIASES.get(text, str(name))
+    return text if find_format(text) else FORMAT_ALIASES.get(text, str(name))
 
 
 def format_label(name: str) -> str:
@@ -60,25 +63,13 @@ def format_label(name: str) -> str:
 
 
 #: The artifact file name each format's engine writes for a forward target, and its loaders' default name.
-DEFAULT_NAMES = {"onnx": "model.onnx", "openvino": "openvino_model.xml", "executorch": "model.pte",
-                 "dynamo": "model.pt2"}
-#: The external data file name the loaders download next to `model.onnx` (optimum, transformers.js: `<file>_data`).
-ONNX_DATA_SUFFIX = "_data"
+DEFAULT_NAMES = {backend.name: backend.default_file for backend in formats()}
 #: A variant's stem: no dot, so `<stem>.` names its files unambiguously; never one that would claim the default
 #: target's files (`export.json` starts with `export.`).
 _STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 RESERVED_STEMS = frozenset({"export", "export_config", "export_report", "config", "generation_config", "model",
                             "openvino_model", "README", "tokenizer", "tokenizer_config", "special_tokens_map"})
-_SUFFIXES = {"onnx": ".onnx", "openvino": ".xml", "executorch": ".pte", "dynamo": ".pt2"}
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-#: transformers.js' `dtype` -> the suffix of the ONNX file it opens (`onnx/model{suffix}.onnx`), as
-#: `DEFAULT_DTYPE_SUFFIX_MAPPING` in @huggingface/transformers 4.3.2's src/utils/dtypes.js (q8 is `_quantized`).
-TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "uint8": "_uint8", "q8": "_quantized",
-                            "q4": "_q4", "q2": "_q2", "q1": "_q1", "q4f16": "_q4f16", "q2f16": "_q2f16",
-                            "q1f16": "_q1f16", "bnb4": "_bnb4"}
-_EIGHT_BIT_WEIGHTS = ("int8_sym", "int8_asym")
-_FOUR_BIT_WEIGHTS = ("int4_sym", "int4_asym")
-
 
 class LayoutError(HfExportError, ValueError):
     """A target path or file name that is not a plain relative one (`json_path`: the recipe field), or two targets
@@ -135,19 +126,21 @@ def check_path(path: object, where: str = "path") -> str:
 def check_file_name(name: object, export_format: str, where: str = "file_name") -> str:
     """A recipe's `file_name`: a plain name with its format's suffix (`.onnx`, `.xml`, `.pte`, `.pt2`) whose stem is
     letters, digits, `_-` (no dot, no folder), not one of hfexport's or the loaders' own names."""
-    suffix = _SUFFIXES.get(export_format)
+    backend = find_format(export_format)
+    suffix = backend.suffix if backend else None
     if not isinstance(name, str) or suffix is None or not name.endswith(suffix):
         raise LayoutError(f"{where}: {name!r} is not a file name for {export_format} (expected '<name>{suffix}', "
-                          f"e.g. {DEFAULT_NAMES.get(export_format, 'model' + str(suffix))!r})", json_path=where)
+                          f"e.g. {backend.default_file if backend else 'model' + str(suffix)!r})", json_path=where)
     stem = name[: -len(suffix)]
-    if name != DEFAULT_NAMES[export_format] and (not _STEM.match(stem) or stem in RESERVED_STEMS):
+    if name != backend.default_file and (not _STEM.match(stem) or stem in RESERVED_STEMS):
         raise LayoutError(f"{where}: {name!r}: the part before {suffix} must be letters, digits, '_' or '-' (no dot, "
                           f"no folder) and none of {', '.join(sorted(RESERVED_STEMS))}", json_path=where)
     return name
 
 
 def format_folder(export_format: str) -> str:
-    return FORMAT_FOLDERS.get(export_format, export_format)
+    backend = find_format(export_format)
+    return backend.folder if backend else export_format
 
 
 def legacy_folder(target: str) -> str:
@@ -165,75 +158,15 @@ def artifact_name(export_format: str, quantization: dict | None = None, dtype: s
     `openvino_model_qint8_quantized.xml`, sentence-transformers' name for its static int8 model. Everything else
     quantized (fp8 modes, OpenVINO weight-only compression, quantized ExecuTorch and torch.export programs) has no
     name the loaders look for: None."""
-    if export_format not in DEFAULT_NAMES:
-        return None
-    if not quantization:
-        if export_format == "onnx" and dtype in ("float16", "torch.float16"):
-            return "model_fp16.onnx"
-        return DEFAULT_NAMES[export_format]
-    method, params = quantization.get("method"), quantization.get("params") or {}
-    if export_format == "onnx":
-        if method == "ort_dynamic" or method == "ort_static" and params.get("weight_type", "int8") in ("int8", "uint8") \
-                and params.get("activation_type", "uint8") in ("int8", "uint8"):
-            return "model_quantized.onnx"
-        if method == "ort_static" and params.get("weight_type") in ("int4", "uint4"):
-            return "model_q4.onnx"
-        if method == "nncf_weights":
-            mode = params.get("mode", "int8_asym")
-            return "model_quantized.onnx" if mode in _EIGHT_BIT_WEIGHTS else \
-                "model_q4.onnx" if mode in _FOUR_BIT_WEIGHTS else None
-        if method == "nncf_quantize" and not params.get("mode") or \
-                method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static":
-            return "model_quantized.onnx"
-        return None
-    if export_format == "openvino" and (method == "nncf_quantize" and not params.get("mode") or
-                                        method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static"):
-        return "openvino_model_qint8_quantized.xml"
-    return None
-
-
-def transformers_js_dtype(file_name: str) -> str | None:
-    """The transformers.js `dtype` that opens `file_name` (`model_quantized.onnx` -> "q8", `model.onnx` -> "fp32"),
-    None for a name transformers.js never asks for."""
-    for dtype, suffix in TRANSFORMERS_JS_SUFFIXES.items():
-        if file_name == f"model{suffix}.onnx":
-            return dtype
-    return None
-
-
-def transformers_js_config(config: dict, onnx_files) -> dict:
-    """`config` (a repo's config.json) with the `transformers.js_config` that lets transformers.js open every graph
-    among `onnx_files` (names in `onnx/`) by `dtype` alone: `use_external_data_format` per file name, 1 (one chunk,
-    `<file>_data`) for each `X.onnx` whose `X.onnx_data` is there (transformers.js 4.3.2, src/utils/model-loader.js:
-    `resolveExternalDataFormat` looks the full file name up first); `kv_cache_dtype` "float16" for the fp16 dtypes
-    (transformers.js 3.x reads it to make an fp16 empty cache; 4.x reads the cache's type off the graph's inputs).
-    The owner's other keys, and entries for files not among `onnx_files`, are kept."""
-    names = set(onnx_files)
-    own = dict(config.get("transformers.js_config") or {}) if isinstance(config.get("transformers.js_config"),
-                                                                        dict) else {}
-    external = own.get("use_external_data_format")
-    external = dict(external) if isinstance(external, dict) else {}
-    half = dict(own.get("kv_cache_dtype")) if isinstance(own.get("kv_cache_dtype"), dict) else {}
-    for name in sorted(names):
-        dtype = transformers_js_dtype(name)
-        if dtype is None:
-            continue
-        if onnx_data_name(name) in names:
-            external[name] = 1
-        if dtype in ("fp16", "q4f16", "q2f16", "q1f16"):
-            half[dtype] = "float16"
-    if external:
-        own["use_external_data_format"] = dict(sorted(external.items()))
-    if half and not isinstance(own.get("kv_cache_dtype"), str):
-        own["kv_cache_dtype"] = dict(sorted(half.items()))
-    return {**config, "transformers.js_config": own} if own else dict(config)
+    backend = find_format(export_format)
+    return backend.artifact_name(quantization, dtype) if backend else None
 
 
 def place_for(folder: str, export_format: str, name: str | None) -> Place:
     """The place of a target named `name` (an artifact file name) in `folder`: a variant unless it is the default."""
-    if not name or name == DEFAULT_NAMES.get(export_format):
+    if not name or name == _default_name(export_format):
         return Place(folder)
-    return Place(folder, name[: -len(_SUFFIXES[export_format])])
+    return Place(folder, name[: -len(find_format(export_format).suffix)])
 
 
 def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = None,
@@ -273,8 +206,8 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
         # A generation target in its loaders' contract claims the folder like a forward target; an ONNX one also
         # under a variant's name (`model_quantized.onnx`, `model_fp16.onnx`: transformers.js opens it by `dtype`).
         artifact = spec.get("artifact") if spec.get("mode", "forward") == "forward" or \
-            spec.get("loaders_contract") and (spec.get("artifact") == DEFAULT_NAMES.get(spec["export_format"])
-                                              or spec["export_format"] == "onnx") else None
+            spec.get("loaders_contract") and (spec.get("artifact") == _default_name(spec["export_format"])
+                                              or _generation_variants(spec["export_format"])) else None
         wanted = place_for(base, spec["export_format"], artifact)
         free = artifact is not None and not taken(wanted, name) and base not in foreign
         assigned[name] = wanted if free else Place(posixpath.join(base, name))
@@ -287,9 +220,14 @@ def assign_places(targets: dict[str, dict], existing: dict[str, Place] | None = 
     return assigned
 
 
-def onnx_data_name(model_file: str) -> str:
-    """`model.onnx` -> `model.onnx_data`: the external data name optimum and transformers.js download."""
-    return model_file + ONNX_DATA_SUFFIX
+def _default_name(export_format: str) -> str | None:
+    backend = find_format(export_format)
+    return backend.default_file if backend else None
+
+
+def _generation_variants(export_format: str) -> bool:
+    backend = find_format(export_format)
+    return backend is not None and backend.generation_variants
 
 
 def published_name(place: Place, relative: str, export_format: str) -> str:
@@ -298,20 +236,17 @@ def published_name(place: Place, relative: str, export_format: str) -> str:
     The default target keeps its names, but ONNX external data `X.onnx.data` (what the engine writes) becomes
     `X.onnx_data`. A variant's artifact `model.onnx` becomes `<stem>.onnx` (`<stem>.onnx_data`; OpenVINO
     `<stem>.xml/.bin`; ExecuTorch `<stem>.pte/.ptd`, ...), and its other files `<stem>.<name>` (`<stem>.export.json`, `<stem>.config.json`, ...)."""
-    default = DEFAULT_NAMES.get(export_format, "")
+    backend = find_format(export_format)
+    default = backend.default_file if backend else ""
     stem_default, _, suffix = default.rpartition(".")
-    if export_format == "onnx" and relative.endswith(".onnx.data"):
-        relative = onnx_data_name(relative.removesuffix(".data"))
+    if backend is not None:
+        relative = backend.published_file(relative)
     if not place.stem:
         return relative
     if default and relative == default:
         return f"{place.stem}.{suffix}"
-    if export_format == "onnx" and relative == onnx_data_name(default):
-        return onnx_data_name(f"{place.stem}.onnx")
-    if export_format == "openvino" and relative == f"{stem_default}.bin":
-        return f"{place.stem}.bin"
-    if export_format == "executorch" and relative == f"{stem_default}.ptd":  # the loader reads `<stem>.pte`'s `.ptd`
-        return f"{place.stem}.ptd"
+    if backend is not None and relative in backend.companion_files:  # `model.onnx_data` -> `<stem>.onnx_data`
+        return place.stem + relative.removeprefix(stem_default)
     return place.prefix + relative
 
 

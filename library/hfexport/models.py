@@ -152,7 +152,7 @@ def load_config(name_or_path: str | Path, revision: str | None = None, token: st
 #: The dtype a model is loaded at to be exported, whatever its checkpoint is stored in: the engine exports at the
 #: model's dtype, and the formats' runtimes compute at float32 on the CPU (ONNX Runtime's CPU provider has no
 #: bfloat16 `Mul`), as optimum exports a half-precision checkpoint by default. A target that wants a half-precision
-#: file says so (the ONNX `"dtype": "float16"`, `hfexport.onnx_float16`; OpenVINO's `runtime.precision`).
+#: file says so (the ONNX `"dtype": "float16"`, `hfexport.formats.onnx.float16`; OpenVINO's `runtime.precision`).
 EXPORT_DTYPE = "float32"
 
 

@@ -16,13 +16,11 @@ import os
 import platform
 from pathlib import Path
 
-# Precisions a recipe may pin; "auto" is the device's own default (bf16 on OpenVINO's CPU plugin where the CPU has it).
-PRECISIONS = ("auto", "f32", "bf16", "f16")
+from hfexport.formats import find_format, format_traits, formats
 
-
-# Formats whose runtime precision can differ from the graph's: the others run the graph's own element types.
-PRECISION_FORMATS = {"openvino": PRECISIONS, "onnx": ("auto", "f32"), "executorch": ("auto", "f32"),
-                     "dynamo": ("auto", "f32")}
+# Precisions a recipe may pin (OpenVINO's: hfexport.formats.openvino.backend.PRECISIONS); "auto" is the device's own default (bf16 on OpenVINO's CPU
+# plugin where the CPU has it). Per format, its `runtime_precisions`: the others run the graph's own element types.
+PRECISION_FORMATS = {backend.name: backend.runtime_precisions for backend in formats()}
 
 
 # /proc/cpuinfo flag -> the name reports use. Only features that change what a kernel computes (or whether it can).
@@ -112,7 +110,7 @@ def summary_line(cpu: dict | None = None) -> str:
 
 def has_runtime_precision(export_format: str) -> bool:
     """Whether the format's runtime can compute at another precision than the graph's (OpenVINO)."""
-    return len(PRECISION_FORMATS.get(str(export_format), ())) > 2
+    return len(format_traits(export_format).runtime_precisions) > 2
 
 
 def pinned_precision(runtime_section: dict | None) -> str:
@@ -125,26 +123,8 @@ def load_options(export_format: str, precision: str | None) -> dict:
 
     OpenVINO: `INFERENCE_PRECISION_HINT` ("auto" leaves the device default). The other formats run the graph's own
     element types on CPU, so they take no option (the recipe schema allows them only "auto"/"f32")."""
-    if str(export_format) != "openvino" or precision in (None, "auto"):
-        return {}
-    return {"config": {"INFERENCE_PRECISION_HINT": precision}}
-
-
-def onnx_generation_session_options():
-    """The ONNX Runtime session options hfexport opens a generation export's components with (when the caller passes
-    none): ONNX Runtime's defaults with the intra-op workers' spinning off (`session.intra_op.allow_spinning`).
-
-    Why: a spinning worker holds its core while it waits for work, within a run and after it. Generation is many short
-    runs (one decode step is ~50 ms for SmolLM2-135M at batch 4) with torch's token choice in between, and on a CPU
-    that other processes share, a spinning or preempted worker delays every parallel kernel of the step. On the
-    shared 2-core machine of benchmarks/smollm2_vs_optimum.py this made `generate` 1.7-1.9x faster at load 4-7 (the
-    same option made optimum's `ORTModelForCausalLM.generate` faster too). On an idle machine spinning saves the
-    wake-up of each parallel kernel; `session_options=onnxruntime.SessionOptions()` gets ONNX Runtime's defaults."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
+    backend = find_format(export_format)
+    return backend.load_options(precision) if backend else {}
 
 
 # ── Reading back what a loaded export runs at ────────────────────────────────
@@ -187,8 +167,8 @@ def read_back(exported) -> dict:
 
 def _backend_name(exported) -> str:
     export_format = getattr(exported.export_format, "value", exported.export_format)
-    return {"onnx": "onnxruntime", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch"}.get(
-        str(export_format), "unknown")
+    backend = find_format(export_format)
+    return backend.runtime_package if backend else "unknown"
 
 
 def _read_runner(runner, program) -> dict:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hfexport.errors import RuntimeClientError, redact
+from hfexport.formats import format_traits
 
 PASSED, FAILED, NOT_CHECKED = "passed", "failed", "not_checked"
 
@@ -176,13 +177,6 @@ class GenerationRequest:
         return tokens
 
 
-#: The runtimes the gate runs per export format: module names in this package, each with
-#: `RUNTIME: str` (the name reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck` (or a
-#: list of them: one runtime checked at several precisions).
-#: The ONNX ones come with issue #26, the OpenVINO and ExecuTorch ones with issue #27.
-RUNTIMES: dict[str, tuple[str, ...]] = {"onnx": ("transformers_js", "optimum", "onnxruntime_genai"),
-                                        "openvino": ("openvino_genai", "optimum_intel"),
-                                        "executorch": ("executorch_llm_runner", "optimum_executorch"), "dynamo": ()}
 
 
 def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
@@ -190,8 +184,11 @@ def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> 
     import importlib
 
     checks = []
-    for name in RUNTIMES.get(export_format, ()):
-        module = importlib.import_module(f"{__name__}.{name}")
+    # Each format's `runtimes`: modules (hfexport.formats.<format>.runtimes.*), each with `RUNTIME: str` (the name
+    # reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck` (or a list of them: one
+    # runtime checked at several precisions).
+    for name in format_traits(export_format).runtimes:
+        module = importlib.import_module(name)
         started = time.perf_counter()
         try:
             found = module.check(Path(folder), request)

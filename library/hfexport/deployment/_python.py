@@ -10,15 +10,15 @@ import tempfile
 from pathlib import Path
 
 from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, judge_tokens, run_client, runtime_environment
-from hfexport.layout import transformers_js_dtype
+from hfexport.formats.onnx.backend import transformers_js_dtype
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
-#: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.onnx_contract).
+#: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.formats.onnx.decoder_contract).
 NOT_IN_CONTRACT = ("not in the ONNX runtimes' layout (model.onnx with past_key_values.{i}.key inputs, "
                    "genai_config.json): the export keeps the engine's graphs (an encoder-decoder, a VLM, a state-space "
                    "decode, a prefill/decode pair, or a graph with inputs the runtimes do not feed)")
 
-#: Why a runtime does not check an encoder-decoder folder without `decoder_model_merged.onnx` (hfexport.onnx_seq2seq).
+#: Why a runtime does not check an encoder-decoder folder without `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract).
 NOT_IN_SEQ2SEQ_CONTRACT = ("not in the seq2seq runtimes' layout (encoder_model.onnx + decoder_model_merged.onnx): an "
                            "export saved before hfexport wrote it, or in another format's graphs")
 
@@ -52,7 +52,7 @@ def request_payload(request: GenerationRequest, padded: bool) -> dict:
 
 def variant_dtype(request: GenerationRequest) -> str:
     """The precision a runtime's record names: transformers.js' dtype of the file the target is published under
-    (`fp32`, `q8`, `fp16`, ...; `hfexport.layout.transformers_js_dtype`), else the file name."""
+    (`fp32`, `q8`, `fp16`, ...; `hfexport.formats.onnx.backend.transformers_js_dtype`), else the file name."""
     return transformers_js_dtype(request.file_name) or request.file_name
 
 

@@ -1,5 +1,5 @@
 """The gate's runtime step: ask `model.generate` what the recipe's sample prompts should give, then every deployment
-runtime of the target's format (`hfexport.deployment.RUNTIMES`) on the saved files.
+runtime of the target's format (its `runtimes`: `hfexport.formats`) on the saved files.
 
 The expected tokens are greedy, at the model's own (float32) precision, on each prompt alone (batch 1) and on all
 prompts in one left-padded batch, cut after the first EOS: the same answer every runtime is compared with, token
@@ -13,15 +13,16 @@ import copy
 import json
 from pathlib import Path
 
-from hfexport.deployment import PENDING, RUNTIMES, GenerationRequest, RuntimeCheck, run_checks
+from hfexport.deployment import PENDING, GenerationRequest, RuntimeCheck, run_checks
 from hfexport.files import MANIFEST_FILE
+from hfexport.formats import format_traits
 from hfexport.layout import artifact_name
 from hfexport.verify.thresholds import resolve
 
 
 def has_runtimes(export_format: str) -> bool:
     """Whether any deployment runtime is checked for `export_format` (so the expected tokens are worth computing)."""
-    return bool(RUNTIMES.get(str(export_format)))
+    return bool(format_traits(export_format).runtimes)
 
 
 def check_runtimes(folder: str | Path, model, plan, processor=None) -> list[RuntimeCheck]:
@@ -32,7 +33,7 @@ def check_runtimes(folder: str | Path, model, plan, processor=None) -> list[Runt
     request = generation_request(model, plan, processor)
     if request is None:
         return []
-    if export_format == "onnx":
+    if format_traits(export_format).generation_variants:  # the runtimes open the variant the target is published as
         request.file_name = published_file_name(Path(folder), plan.target)
         if request.file_name == "model_fp16.onnx":  # a float16 graph: judged by hfexport's f16 token agreement floor
             request.min_token_agreement = resolve(plan.target, "float16", precision="f16").min_token_agreement

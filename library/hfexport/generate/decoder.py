@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from hfexport.errors import GenerationError
-from hfexport.executorch_llm import COMPONENT as LLM_PROGRAM
-from hfexport.executorch_llm import is_llm_program
+from hfexport.formats import format_traits
+from hfexport.formats.executorch.llm_program import COMPONENT as LLM_PROGRAM
+from hfexport.formats.executorch.llm_program import is_llm_program
 from hfexport.generate.loop import (
     CACHE, DECODE, PREFILL, check_token_ids, sample_tokens, takes_tensor, is_stateful, GenerationLayout,
     GenerationSession,
@@ -23,7 +24,7 @@ _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE, STATE}
 
 
 def is_llm_program_export(exported) -> bool:
-    """An export of ExecuTorch's LLM runner program (`hfexport.executorch_llm`): one `model` component."""
+    """An export of ExecuTorch's LLM runner program (`hfexport.formats.executorch.llm_program`): one `model` component."""
     components = getattr(exported, "components", {})
     return list(components) == [LLM_PROGRAM] and is_llm_program(exported.runners[LLM_PROGRAM].metadata)
 
@@ -110,7 +111,7 @@ def decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single_
             "exports wrong: the cache's write position becomes a constant. Re-export it with options.stateful: false"
         )
     pinned_batch = None
-    if static_len is not None and str(exported.export_format) in ("dynamo", "executorch"):
+    if static_len is not None and format_traits(exported.export_format).checks_input_spec:
         # transformers 5.23: a StaticLayer's `batch_size` is part of the cache's pytree context, so the decode's
         # input spec accepts the traced batch size only (torch.export and ExecuTorch check the spec).
         pinned_batch = int(traced["input_ids"]["shape"][0])

@@ -12,6 +12,7 @@ import torch
 
 from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_request
 from hfexport.errors import GenerationError
+from hfexport.formats import format_traits
 from hfexport.generate.options import padding_token_id, build_logits_processor, build_stopping_criteria
 from hfexport.models import empty_cache
 
@@ -113,7 +114,7 @@ def sample_tokens(exported, layout: GenerationLayout, input_ids, attention_mask,
 
 def _runs_in_torch(exported) -> bool:
     """Whether the export's graphs run in torch (a dynamo `.pt2`) rather than in a runtime of their own."""
-    return str(exported.export_format) == "dynamo"
+    return format_traits(exported.export_format).runs_in_torch
 
 
 class GenerationSession:

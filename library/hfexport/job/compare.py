@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from hfexport.safety.artifacts import program_files
+from hfexport.formats import format_traits
 from hfexport.errors import first_line
 from hfexport.files import MANIFEST_FILE
 from hfexport.models import on_empty_cache
@@ -34,7 +34,7 @@ def program_bytes(folder: Path) -> int:
     """Bytes of an export's programs (the files its manifest names, external weights included)."""
     manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     files = {file for entry in manifest["components"].values()
-             for file, _ in program_files(manifest["export_format"], entry["file"])}
+             for file, _ in format_traits(manifest["export_format"]).program_files(entry["file"])}
     return sum((folder / file).stat().st_size for file in files if (folder / file).is_file())
 
 

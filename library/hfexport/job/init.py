@@ -21,6 +21,8 @@ from typing import Any
 
 from hfexport.errors import SourceError
 from hfexport.files import write_json_atomic
+from hfexport.formats import format_backend, format_traits
+from hfexport.formats import formats as all_formats
 from hfexport.hub import looks_like_repo_id
 from hfexport.inputs import DEFAULT_TEXTS, default_sample_spec
 from hfexport.job.run import run_job
@@ -29,18 +31,12 @@ from hfexport.recipe.loading import load_recipe
 from hfexport.report.model import package_versions
 from hfexport.verify.thresholds import DEFAULT_MAX_NEW_TOKENS
 
-TARGET_NAMES = {"onnx": "onnx", "openvino": "openvino", "dynamo": "pt2", "executorch": "pte"}
+TARGET_NAMES = {backend.name: backend.target_name for backend in all_formats()}
 DEFAULT_FORMATS = ("onnx",)
 SEQ_CAP = 2048
 BATCH = {"min": 1, "max": 8}
-FORMAT_PACKAGES = {"onnx": ("onnx", "onnxscript", "onnxruntime"), "openvino": ("openvino",),
-                   "executorch": ("executorch",), "dynamo": ()}
-
-
-# OpenVINO's CPU plugin runs bf16 by default where the CPU has AVX512-BF16 or AMX, f32 elsewhere, so an unpinned
-# OpenVINO target's verdict depends on the CPU init ran on (docs/parity.md). init pins f32: what it verified then
-# holds on every CPU (tiny T5's ±300 logits flipped a top-1 at bf16). An owner who wants bf16 drops the pin.
-RUNTIME = {"openvino": {"precision": "f32"}}
+# Each format's own: its options (`init_options`) and `runtime` section (`init_runtime`: OpenVINO pins f32, so that
+# what init verified holds on every CPU; docs/parity.md), the packages whose versions `validated_with` names.
 # Encoder-decoders (BART, T5, Marian, mBART) guard seq >= 3 under torch.export ("Suggested fixes: seq =
 # Dim('seq', min=3, ...)"), so their proposals start the sequence at 3.
 ENCODER_DECODER_SEQ_MIN = 3
@@ -86,8 +82,8 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
         sample = {**sample, "text": list(DEFAULT_TEXTS)}
     targets: dict[str, dict] = {}
     for fmt in formats:
-        options: dict[str, Any] = {"backend": "xnnpack"} if fmt == "executorch" else {}
-        runtime = dict(RUNTIME.get(fmt, {}))
+        options: dict[str, Any] = dict(format_backend(fmt).init_options)
+        runtime = dict(format_backend(fmt).init_runtime)
         if generative:
             targets[f"{TARGET_NAMES[fmt]}-generation"] = {
                 "export_format": fmt,
@@ -141,7 +137,7 @@ def check_model_source(model: str | Path) -> None:
 def validated_with(formats) -> dict[str, str]:
     """Versions of hfexport, transformers, torch and the packages of `formats`, as recipes record them."""
     versions = package_versions()
-    wanted = ["hfexport", "transformers", "torch"] + [name for fmt in formats for name in FORMAT_PACKAGES.get(fmt, ())]
+    wanted = ["hfexport", "transformers", "torch"] + [name for fmt in formats for name in format_traits(fmt).packages]
     return {name: versions[name] for name in dict.fromkeys(wanted) if name in versions}
 
 

@@ -30,13 +30,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from hfexport.formats import format_traits
 from hfexport.job.preflight import memory_needed
 from hfexport.logs import LOGGER
 from hfexport.progress import ProgressCallback, Step
 
-# Relative export time of one target by format (tiny Llama generation, benchmarks/results/demo_breakdown.json:
-# pte 50-63 s, ONNX 22-26 s, OpenVINO 16 s, pt2 3-4 s); a generation target traces two graphs or more.
-EXPORT_COST = {"executorch": 4.0, "onnx": 1.5, "openvino": 1.0, "dynamo": 0.25}
+# Relative export time of one target: its format's `export_cost` (tiny Llama generation,
+# benchmarks/results/demo_breakdown.json: pte 50-63 s, ONNX 22-26 s, OpenVINO 16 s, pt2 3-4 s); a generation target
+# traces two graphs or more.
 GENERATION_COST = 2.0  # a prefill and a decode
 SINGLE_GRAPH_COST = 1.2  # `generation.single_graph`: one multi-token decode (benchmarks/results/single_graph.json)
 
@@ -46,9 +47,9 @@ LIBRARY_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the hfe
 def export_cost(target) -> float:
     """The relative time one recipe target takes to export (the split needs only the order of magnitude)."""
     if target.mode != "generation":
-        return EXPORT_COST.get(str(target.export_format), 1.0)
+        return format_traits(target.export_format).export_cost
     graphs = SINGLE_GRAPH_COST if target.single_graph else GENERATION_COST
-    return EXPORT_COST.get(str(target.export_format), 1.0) * graphs
+    return format_traits(target.export_format).export_cost * graphs
 
 
 def usable_cpus() -> int:

@@ -5,7 +5,8 @@ only the headers with range requests; a local folder's through `safetensors.safe
 of the tree. Needs are estimates with documented multipliers (docs/publishing.md, "Preflight"):
 
 - memory: `RUNTIME_MB` for the imported libraries, plus the weights as loaded for export (`loaded_bytes`: a
-  half-precision checkpoint is loaded at float32, `hfexport.models.EXPORT_DTYPE`) times `MEMORY_FACTOR[format]` for the largest target (a process exports its targets one
+  half-precision checkpoint is loaded at float32, `hfexport.models.EXPORT_DTYPE`) times its format's `memory_factor`
+  for the largest target (a process exports its targets one
   after another); generation targets trace several graphs (`GENERATION_FACTOR`). A job that exports in several
   processes at once (`hfexport.job.parallel`) needs that for each process, summed.
 - disk: per target, the weights as loaded times `DISK_FACTOR` per component graph (generation exports save one graph per
@@ -25,10 +26,10 @@ from pathlib import Path
 
 from hfexport.errors import HfExportError, PreflightError, redact
 from hfexport.files import human_bytes
+from hfexport.formats import format_traits
 from hfexport.hub import HubRepo
 
 RUNTIME_MB = 1024
-MEMORY_FACTOR = {"dynamo": 3.0, "onnx": 4.0, "openvino": 4.0, "executorch": 4.0}
 GENERATION_FACTOR = 1.5
 DISK_FACTOR = 1.1
 GENERATION_COMPONENTS = 2
@@ -120,7 +121,7 @@ def loaded_bytes(weights: int, dtypes: dict) -> int:
 
 def memory_factor(target) -> float:
     """How many times its weights one target's export holds in memory at its peak."""
-    return MEMORY_FACTOR.get(target.export_format, 4.0) * (GENERATION_FACTOR if target.mode == "generation" else 1.0)
+    return format_traits(target.export_format).memory_factor * (GENERATION_FACTOR if target.mode == "generation" else 1.0)
 
 
 def graphs_saved(target) -> int:
@@ -187,7 +188,7 @@ def check(model: str | Path, targets, output: str | Path, revision: str | None =
 
 
 def _worst(targets) -> str:
-    worst = max(targets, key=lambda t: MEMORY_FACTOR.get(t.export_format, 4.0), default=None)
+    worst = max(targets, key=lambda t: format_traits(t.export_format).memory_factor, default=None)
     return f"{worst.export_format}/{worst.mode}" if worst else "the targets"
 
 

@@ -47,9 +47,7 @@ from hfexport.latency import EagerTimings, measure_latency
 from hfexport.layout import format_label
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import checkpoint_dtype, load_config, load_model, load_processor
-from hfexport.onnx_contract import GENAI_CONFIG_FILE
-from hfexport.onnx_seq2seq import DECODER_FILE
-from hfexport.runtime_layout import save_tokenizer
+from hfexport.formats.programs import format_program
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
 from hfexport.publication.cache import (
@@ -363,10 +361,7 @@ def _export_target(job: _Job, name: str) -> None:
         def write(folder: Path) -> None:
             exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
-            in_contract = (folder / GENAI_CONFIG_FILE).is_file() or (folder / DECODER_FILE).is_file()
-            if in_contract and hasattr(job.processor, "save_pretrained"):
-                job.processor.save_pretrained(folder)  # the loaders' contract: the tokenizer beside the graph
-                save_tokenizer(folder, job.processor)  # its class as transformers 4.x (optimum's) reads it too
+            format_program(target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
             if key:
                 _record_weight_map(folder, job.model_object, key, target_report)
 
@@ -384,10 +379,7 @@ def _export_target(job: _Job, name: str) -> None:
         target_report.status = "error"
         target_report.error = engine_error_message(error)
     if target_report.status == "ok" and job.options.verify:
-        _write_target_report(job.report, name, output / name)  # beside the artifacts even if verifying dies
-        _verify_target(target_report, output / name, job.model_object, plan, job.processor, progress)
-        if target_report.status == "ok" and job.options.runtimes and target.mode == "generation":
-            _check_runtimes(target_report, output / name, job.model_object, plan, job.processor, progress)
+        _gate(job, name, output / name, plan)
     if target_report.status in ("ok", "failed"):
         _write_target_report(job.report, name, output / name)
 
@@ -481,11 +473,7 @@ def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str)
     target_report.status, target_report.error, target_report.method = "ok", None, "rebind"
     target_report.rebind = {"from": where, "seconds": round(timer.seconds, 4), "fallback": None,
                             "bytes_written": written.get("bytes", 0)}
-    _write_target_report(job.report, name, final)
-    _verify_target(target_report, final, job.model_object, plan, job.processor, progress)
-    if target_report.status == "ok" and job.options.runtimes and plan.target.mode == "generation":
-        # the same gate as an export's: the deployment runtimes generate on the rebound files too
-        _check_runtimes(target_report, final, job.model_object, plan, job.processor, progress)
+    _gate(job, name, final, plan)  # the same gate as an export's: the deployment runtimes run on rebound files too
     if target_report.status == "ok":
         _write_target_report(job.report, name, final)
         return True
@@ -630,6 +618,16 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
     target_report.verification = previous.verification
     target_report.quantization = previous.quantization
     target_report.latency = previous.latency
+
+
+def _gate(job: _Job, name: str, folder: Path, plan) -> None:
+    """The gate of a saved target, exported or rebound: its report beside the artifacts (there even if verifying
+    dies), parity against the eager model, then (a generation target that passed) its format's deployment runtimes."""
+    target_report = job.report.targets[name]
+    _write_target_report(job.report, name, folder)
+    _verify_target(target_report, folder, job.model_object, plan, job.processor, job.progress)
+    if target_report.status == "ok" and job.options.runtimes and plan.target.mode == "generation":
+        _check_runtimes(target_report, folder, job.model_object, plan, job.processor, job.progress)
 
 
 def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,

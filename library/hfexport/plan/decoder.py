@@ -46,7 +46,7 @@ def single_graph_fits(stages: dict) -> bool:
 
 
 def llm_runner_plan(target: Target, model, stages: dict, components: dict, other_layout: bool):
-    """The one component of ExecuTorch's LLM runner contract (`hfexport.executorch_llm`) for a decoder-only text
+    """The one component of ExecuTorch's LLM runner contract (`hfexport.formats.executorch.llm_program`) for a decoder-only text
     model's default ExecuTorch generation target on XNNPACK, else None (the engine's prefill/decode pair)."""
     if not target.llm_runner_by_default or other_layout or target.components or target.dynamic_shapes is not None \
             or set(stages) != {"prefill", "decode"} or not single_graph_fits(stages):

@@ -7,7 +7,8 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import PlanError
-from hfexport.executorch_llm import max_context
+from hfexport.formats import format_traits
+from hfexport.formats.executorch.llm_program import max_context
 from hfexport.plan.decoder import check_single_graph, static_cache_generation_config, llm_runner_plan, single_graph_fits
 from hfexport.plan.model import ComponentPlan, Plan
 from hfexport.plan.seq2seq import check_default_layout, encoder_capture, seq2seq_trace_inputs, with_encoder
@@ -91,7 +92,8 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
         prepared = traced_inputs(submodel, subinputs)
         seen_keys.update(prepared)
         options = {**target.options, **override.get("options", {})}
-        if str(target.export_format) == "openvino" and (generation_config is not None or seq2seq or by_decode):
+        state_option = format_traits(target.export_format).cache_state_option  # OpenVINO's `stateful`
+        if state_option and (generation_config is not None or seq2seq or by_decode):
             # Keep the cache in the decode's inputs and outputs (OpenVINO `stateful=False`) unless the recipe asks
             # otherwise, for three reasons:
             # - a StaticCache (transformers 5.23): `stateful=True` folds its 0-d `cumulative_length` into a
@@ -102,7 +104,7 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
             #   length ("Can not clone with new dims ... {0 - ?, 4, 27, 8}");
             # - a state-space decode that runs the prompt (`by_decode`): left padding zeroes a row's state
             #   between the prompt's steps (hfexport.generate), which needs the state in the inputs and outputs.
-            options.setdefault("stateful", False)
+            options.setdefault(state_option, False)
         component_shapes = override.get("dynamic_shapes", {})
         if shapes is None and not component_shapes:
             dynamic_shapes, described = default_generation_shapes(prepared, sizes)

@@ -46,7 +46,7 @@ class Plan:
     prefill_by_decode: bool = False
     # `generation.single_graph`: the multi-token decode alone, which runs the prompt on an empty cache too (no prefill).
     single_graph: bool = False
-    # ExecuTorch's LLM runner contract (`hfexport.executorch_llm`): one program `model` that holds its cache, exported
+    # ExecuTorch's LLM runner contract (`hfexport.formats.executorch.llm_program`): one program `model` that holds its cache, exported
     # by hfexport itself; the cache size it holds.
     llm_runner: int | None = None
 

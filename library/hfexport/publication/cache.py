@@ -20,6 +20,8 @@ from pathlib import Path
 
 from hfexport.errors import HfExportError
 from hfexport.files import MANIFEST_FILE, REPORT_FILE, file_sha256, git_blob_sha1, write_json_atomic
+from hfexport.formats import format_traits
+from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo
 from hfexport.layout import export_folders, in_export_folder, published_name, target_places
 from hfexport.publication.publish import find_open_publication
@@ -29,12 +31,6 @@ from hfexport.report.model import JobReport, TargetReport
 
 KEY_VERSION = 1
 CORE_PACKAGES = ("hfexport", "transformers", "torch")
-FORMAT_PACKAGES = {
-    "dynamo": (),
-    "onnx": ("onnx", "onnxscript", "onnxruntime"),
-    "openvino": ("openvino",),
-    "executorch": ("executorch",),
-}
 
 
 QUANTIZATION_PACKAGES = {
@@ -121,7 +117,7 @@ def _remember_blob_digests(learned: dict[str, str]) -> None:
 
 
 def target_packages(target: Target) -> tuple[str, ...]:
-    names = [*CORE_PACKAGES, *FORMAT_PACKAGES.get(target.export_format, ())]
+    names = [*CORE_PACKAGES, *format_traits(target.export_format).packages]  # each format's `packages`
     method = (target.quantization or {}).get("method")
     names += QUANTIZATION_PACKAGES.get(method, ())
     return tuple(dict.fromkeys(names))
@@ -262,21 +258,5 @@ def _download_target(repo_id: str, revision: str, place, previous: TargetReport,
     for entry in manifest.get("components", {}).values():
         entry["file"] = local_of.get(entry["file"], entry["file"])
     write_json_atomic(destination / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
-    if export_format == "onnx":
-        _local_onnx_locations(destination, local_of)
+    format_program(export_format).localize(destination, local_of)  # ONNX: graphs name their data as the job saved it
     return True
-
-
-def _local_onnx_locations(folder: Path, local_of: dict[str, str]) -> None:
-    """Point each graph's external-data locations back at the names the job saves (publication renamed them)."""
-    import onnx
-
-    for graph_file in folder.glob("*.onnx"):
-        graph = onnx.load(str(graph_file), load_external_data=False)
-        changed = False
-        for tensor in graph.graph.initializer:
-            for entry in tensor.external_data:
-                if entry.key == "location" and entry.value in local_of and local_of[entry.value] != entry.value:
-                    entry.value, changed = local_of[entry.value], True
-        if changed:
-            graph_file.write_bytes(graph.SerializeToString())

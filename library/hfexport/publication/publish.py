@@ -43,10 +43,12 @@ from hfexport.layout import (
     place_files,
     published_name,
     target_places,
-    transformers_js_config,
 )
-from hfexport.onnx_contract import GENAI_CONFIG_FILE, relocated
-from hfexport.onnx_seq2seq import DECODER_FILE
+from hfexport.formats import format_backend
+from hfexport.formats.onnx.backend import transformers_js_config
+from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE
+from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
+from hfexport.formats.programs import format_program
 from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, recipe_origin, render_section, update_card
@@ -332,11 +334,12 @@ def _publish(repo: HubRepo, output: Path, repo_id: str, chosen: list[_Target], *
 def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str, base_tree: dict, after: set[str],
                  token: str) -> bytes | None:
     """The repo's root config.json with `transformers.js_config` naming the external data of every graph in `onnx/`
-    (`hfexport.layout.transformers_js_config`), so transformers.js opens `onnx/model.onnx` or a dtype variant
+    (`hfexport.formats.onnx.backend.transformers_js_config`), so transformers.js opens `onnx/model.onnx` or a dtype variant
     (`model_quantized.onnx`, `model_fp16.onnx`) with `dtype` alone; None when nothing changes, the repo has no
     config.json (a publication into another repo), or no ONNX generation target in the loaders' contract is published
     in `onnx/` (forward targets' cards pass `use_external_data_format` instead). The owner's keys are kept."""
-    if ROOT_CONFIG not in base_tree or not any(item.place.folder == "onnx" and (item.folder / GENAI_CONFIG_FILE).is_file()
+    onnx_folder = format_backend("onnx").folder  # transformers.js reads the root config for the graphs in `onnx/`
+    if ROOT_CONFIG not in base_tree or not any(item.place.folder == onnx_folder and (item.folder / GENAI_CONFIG_FILE).is_file()
                                                for item in chosen):
         return None
     text = _download_text(repo_id, ROOT_CONFIG, base_head, token)
@@ -346,7 +349,7 @@ def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str,
         return None
     if not isinstance(config, dict):
         return None
-    onnx_files = [path.split("/", 1)[1] for path in after if path.startswith("onnx/") and path.count("/") == 1]
+    onnx_files = [path.split("/", 1)[1] for path in after if path.startswith(f"{onnx_folder}/") and path.count("/") == 1]
     updated = transformers_js_config(config, onnx_files)
     current = _download_text(repo_id, ROOT_CONFIG, head, token) if head != base_head else text
     try:
@@ -377,7 +380,7 @@ def _layout_spec(item: _Target) -> dict:
 
 def _deployable(item: _Target) -> bool:
     """A generation target saved in its runtimes' contract: one program under its format's loaders' name
-    (`hfexport.runtime_layout`: OpenVINO's stateful `openvino_model.xml`), published in the format's folder."""
+    (`hfexport.formats.openvino.genai_layout`: OpenVINO's stateful `openvino_model.xml`), published in the format's folder."""
     try:
         components = json.loads((item.folder / MANIFEST_FILE).read_text(encoding="utf-8"))["components"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -405,12 +408,9 @@ def _published_files(item: _Target) -> dict[str, Path | bytes]:
     export_format, place = item.target.export_format, item.place
     names = {relative: published_name(place, relative, export_format) for relative in item.files}
     published: dict[str, Path | bytes] = {names[relative]: path for relative, path in item.files.items()}
-    if export_format == "onnx":  # the engine's `X.onnx.data`, or the contract's `model.onnx_data` of a variant
-        for relative in [rel for rel in item.files if rel.endswith(".onnx")]:
-            data = next((rel for rel in (f"{relative}.data", f"{relative}_data") if rel in item.files), None)
-            if data is None or Path(names[data]).name == Path(data).name:
-                continue
-            published[names[relative]] = relocated(item.files[relative], Path(data).name, Path(names[data]).name)
+    # ONNX: a graph names its external data's published name (the engine's `X.onnx.data`, or the contract's
+    # `model.onnx_data` of a variant)
+    published.update(format_program(export_format).published(item.files, names))
     if place.stem and MANIFEST_FILE in item.files:
         manifest = json.loads(item.files[MANIFEST_FILE].read_text(encoding="utf-8"))
         for entry in manifest.get("components", {}).values():

@@ -11,6 +11,7 @@ from typing import Any
 
 from hfexport.engine import capture_calibration_inputs
 from hfexport.errors import PlanError, RecipeError, first_line
+from hfexport.formats import format_traits
 from hfexport.models import load_processor, on_empty_cache
 from hfexport.quantization.calibration import build_calibration
 from hfexport.quantization.spec import (
@@ -107,7 +108,7 @@ def build_quantizer(target) -> Any:
         return exporters.OnnxRuntimeQuantizer(config_class(**kwargs))
     if method in ("nncf_weights", "nncf_quantize"):
         config_class = exporters.NNCFWeightCompressionConfig if method == "nncf_weights" else exporters.NNCFQuantizationConfig
-        quantizer_class = exporters.NNCFOpenVINOQuantizer if target.export_format == "openvino" else exporters.NNCFOnnxQuantizer
+        quantizer_class = getattr(exporters, format_traits(target.export_format).nncf_quantizer)
         return quantizer_class(config_class(**kwargs))
     try:
         quantizer = build_pt2e_preset(PT2E_PRESETS[section["preset"]])

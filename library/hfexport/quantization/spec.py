@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import Problem
+from hfexport.formats import format_traits
 from hfexport.inputs import default_sample_spec
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".csv")  # calibration files the recipe may name
@@ -39,9 +40,6 @@ METHOD_FORMATS = {
     "pt2e": ("dynamo", "onnx", "executorch", "openvino"),  # PT2EQuantizer on the FX graph; the preset narrows it
 }
 
-
-# ExecuTorch keeps only what its XNNPACK delegate lowers: the XNNPACK PT2E presets, on the xnnpack backend.
-EXECUTORCH_BACKENDS = ("xnnpack",)
 
 
 @dataclass(frozen=True)
@@ -352,9 +350,10 @@ def section_problems(section: dict, export_format: str, options: dict | None, ta
     elif preset_name is not None:
         problems.append(Problem(f"{base}.preset", f"preset names a PT2E set-up and applies to method pt2e only"
                                                   f"{'; NNCF presets go under params.preset' if method == 'nncf_quantize' else ''}"))
-    if export_format == "executorch":
+    lowerings = format_traits(export_format).quantized_lowerings  # ExecuTorch's: XNNPACK
+    if lowerings is not None:
         backend = (options or {}).get("backend", "xnnpack")
-        if backend not in EXECUTORCH_BACKENDS:
+        if backend not in lowerings:
             problems.append(Problem(
                 ".".join(map(str, [*target_path, "options", "backend"])),
                 f"a quantized ExecuTorch target lowers through XNNPACK only (the delegate that takes the quantized "
@@ -372,7 +371,7 @@ def section_problems(section: dict, export_format: str, options: dict | None, ta
         message = table[name].problem(value)
         if message:
             problems.append(Problem(path, message))
-    if method == "nncf_weights" and export_format == "onnx":
+    if method == "nncf_weights" and format_traits(export_format).nncf_onnx_limits:
         for name in ("gptq", "lora_correction"):
             if params.get(name):
                 problems.append(Problem(f"{base}.params.{name}", f"{name} runs on openvino only (NNCF's ONNX backend has none)"))

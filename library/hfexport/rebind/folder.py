@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE, REPORT_FILE, write_json_atomic
-from hfexport.rebind.weight_map import FORMATS, RebindRefused, apply, build, refusal
+from hfexport.rebind.weight_map import RebindRefused, apply, build, refusal, weight_writer
 from hfexport.safety.artifacts import check_manifest, check_manifest_file
 
 
@@ -30,7 +30,7 @@ def previous(folder: Path, key: str, model=None) -> tuple[dict | None, str | Non
         manifest = check_manifest_file(folder / MANIFEST_FILE)
     except Exception as error:  # noqa: BLE001 - an unreadable previous export: export
         return None, f"the previous export's {MANIFEST_FILE} is unreadable: {error}"
-    if manifest["export_format"] not in FORMATS:
+    if weight_writer(manifest["export_format"]) is None:
         return None, f"{manifest['export_format']} exports are not rebound"
     reason = refusal(manifest.get("weight_map"), key, model)
     return (None, reason) if reason else (manifest, None)

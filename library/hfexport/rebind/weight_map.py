@@ -1,6 +1,6 @@
 """The weight map: which parameters each stored tensor of an export holds, and how; and the rebind key.
 
-Made at every full export by value, not by name: each stored tensor of the saved files (`hfexport.rebind.onnx`,
+Made at every full export by value, not by name: each stored tensor of the saved files (`hfexport.formats.onnx.weights`,
 `openvino`, `pt2`, `pte`) is compared byte for byte with the model's parameters and buffers, as they are, transposed,
 cast to the stored dtype (or, for an ONNX export converted to float16, clamped and cast as onnxruntime's converter
 does: `cast_clamped`), reshaped, or several of them concatenated along an axis. What matches is recorded as plain
@@ -23,16 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfexport.errors import RebindRefused
-from hfexport.rebind import onnx as onnx_format
-from hfexport.rebind import openvino as openvino_format
-from hfexport.rebind import pt2 as pt2_format
-from hfexport.rebind import pte as pte_format
+from hfexport.formats import format_traits
+from hfexport.formats.programs import format_program
 from hfexport.rebind.stored import FLOAT_DTYPES, Stored
 
 MAP_VERSION = 1
-FORMATS = {"onnx": onnx_format, "openvino": openvino_format, "dynamo": pt2_format, "executorch": pte_format}
 #: A floating stored tensor at least this large that matches nothing is taken for a weight the map cannot explain.
 UNMAPPED_MIN_BYTES = 64
+
+
+def weight_writer(export_format):
+    """The module that reads and rewrites the stored tensors of `export_format`'s files (its program's `weights`),
+    None for a format without one."""
+    return format_program(export_format).weights
 
 
 @dataclass
@@ -75,7 +78,7 @@ def rebind_key(model, target_hash: str, packages: dict) -> str:
 
 def stored_tensors(folder: Path, manifest: dict) -> dict[str, dict[str, Stored]]:
     """Every stored tensor of the export in `folder`, by component program file, then by locator."""
-    module = FORMATS[manifest["export_format"]]
+    module = weight_writer(manifest["export_format"])
     files = dict.fromkeys(entry["file"] for entry in manifest["components"].values())
     return {file: {entry.name: entry for entry in module.read(folder, file)} for file in files}
 
@@ -202,9 +205,9 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
 
 def converted_to_float16(manifest: dict) -> bool:
     """Whether the export's float16 tensors were made by onnxruntime's float16 converter (a recipe target's
-    `"dtype": "float16"`, `hfexport.onnx_float16`): an ONNX export whose manifest says float16."""
+    `"dtype": "float16"`, `hfexport.formats.onnx.float16`): an ONNX export whose manifest says float16."""
     components = (manifest.get("components") or {}).values()
-    return manifest.get("export_format") == "onnx" and bool(components) and all(
+    return format_traits(manifest.get("export_format")).converts_to_float16 and bool(components) and all(
         str((entry.get("metadata") or {}).get("export_dtype")) == "float16" for entry in components)
 
 
@@ -352,7 +355,7 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
 
     tensors, _, _ = sources(model)
     stored = stored_tensors(folder, manifest)
-    module = FORMATS[manifest["export_format"]]
+    module = weight_writer(manifest["export_format"])
     updates: dict[str, dict[str, bytes]] = {}
     for record in weight_map["tensors"]:
         entry = stored.get(record["file"], {}).get(record["name"])

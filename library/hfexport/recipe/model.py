@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfexport.errors import UnknownTargetError
+from hfexport.formats import format_traits as _backend
 from hfexport.recipe.validation import parse_recipe_text, sha256_of, validate_document
 
 
@@ -25,7 +26,7 @@ class Target:
     components: dict = field(default_factory=dict)
     parity: dict = field(default_factory=dict)
     quantization: dict | None = None
-    dtype: str | None = None  # "float16": the ONNX graph converted when saved (hfexport.onnx_float16); None: the model's
+    dtype: str | None = None  # "float16": the ONNX graph converted when saved (hfexport.formats.onnx.float16); None: the model's
     description: str | None = None
     runtime: dict = field(default_factory=dict)
     path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
@@ -46,22 +47,22 @@ class Target:
     @property
     def single_graph_by_default(self) -> bool:
         """An ONNX or OpenVINO generation target without `single_graph`, `multi_token_decode` or a static cache: the
-        ONNX runtimes' contract is one decoder graph (`hfexport.onnx_contract`), OpenVINO GenAI's and optimum-intel's
-        one stateful decode graph (`hfexport.runtime_layout`), so a decoder-only model exports as one; the plan falls
+        ONNX runtimes' contract is one decoder graph (`hfexport.formats.onnx.decoder_contract`), OpenVINO GenAI's and optimum-intel's
+        one stateful decode graph (`hfexport.formats.openvino.genai_layout`), so a decoder-only model exports as one; the plan falls
         back to a prefill/decode pair where the model has none (encoder-decoders, VLMs, Mamba)."""
         generation = self.generation
-        return self.mode == "generation" and str(self.export_format) in ("onnx", "openvino") and \
+        return self.mode == "generation" and _backend(self.export_format).one_decoder_graph and \
             "single_graph" not in generation and "multi_token_decode" not in generation and \
             generation.get("cache_implementation", "dynamic") == "dynamic"
 
     @property
     def llm_runner_by_default(self) -> bool:
         """An ExecuTorch generation target without `single_graph`, `multi_token_decode` or `cache_implementation`:
-        ExecuTorch's LLM runner contract (one program that holds its cache, `hfexport.executorch_llm`) for a
+        ExecuTorch's LLM runner contract (one program that holds its cache, `hfexport.formats.executorch.llm_program`) for a
         decoder-only text model; the plan falls back to the engine's prefill/decode pair where the model has none
         (encoder-decoders, VLMs, Mamba). `single_graph: false` keeps the pair too."""
         generation = self.generation
-        return self.mode == "generation" and str(self.export_format) == "executorch" and \
+        return self.mode == "generation" and _backend(self.export_format).llm_program and \
             "single_graph" not in generation and "multi_token_decode" not in generation and \
             "cache_implementation" not in generation and not self.quantization
 

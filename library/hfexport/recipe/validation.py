@@ -17,6 +17,7 @@ from typing import Any
 
 from hfexport import strict_json
 from hfexport.errors import Problem, RecipeError
+from hfexport.formats import format_traits, formats
 from hfexport.layout import LayoutError, canonical_format, check_file_name
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
 from hfexport.runtime import PRECISION_FORMATS
@@ -30,15 +31,9 @@ AXIS_KEYWORDS = ("static", "auto", "dynamic")
 _LINEAR = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*(?:([+-])\s*(\d+)\s*)?$")
 
 
-# Engine config fields per format (transformers.exporters.configs), minus what the recipe sets elsewhere.
-# A test checks this table against the engine's dataclasses so a new engine field is noticed.
-_COMMON_OPTIONS = ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_guards")
-FORMAT_OPTIONS = {
-    "dynamo": _COMMON_OPTIONS,
-    "onnx": (*_COMMON_OPTIONS, "opset_version", "optimize", "ort_fusions"),
-    "executorch": (*_COMMON_OPTIONS, "backend", "alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"),
-    "openvino": (*_COMMON_OPTIONS, "compress_to_fp16", "stateful"),
-}
+# Engine config fields per format (transformers.exporters.configs: each format's `options`), minus what the recipe sets
+# elsewhere. A test checks this table against the engine's dataclasses so a new engine field is noticed.
+FORMAT_OPTIONS = {backend.name: backend.options for backend in formats()}
 
 
 # Which quantization method runs on which format (the engine's quantizers; see docs/quantization.md).
@@ -374,8 +369,8 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
                     check_file_name(target["file_name"], export_format, json_path([*base, "file_name"]))
                 except LayoutError as error:
                     problems.append(Problem(json_path([*base, "file_name"]), str(error).split(": ", 1)[-1]))
-        if "dtype" in target:  # a float16 ONNX graph (hfexport.onnx_float16)
-            if export_format != "onnx":
+        if "dtype" in target:  # a float16 ONNX graph (hfexport.formats.onnx.float16)
+            if not format_traits(export_format).converts_to_float16:
                 problems.append(Problem(json_path([*base, "dtype"]), f"dtype converts an ONNX graph; {export_format} "
                                         "takes none (OpenVINO: options.compress_to_fp16 or runtime.precision 'f16')"))
             elif target.get("quantization"):

@@ -15,22 +15,24 @@ from pathlib import PurePath
 
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
+from hfexport.formats import find_format, format_backend
 from hfexport.latency import latency_markdown
-from hfexport.layout import DEFAULT_NAMES, TRANSFORMERS_JS_SUFFIXES, Place, format_label
+from hfexport.formats.onnx.backend import TRANSFORMERS_JS_SUFFIXES
+from hfexport.layout import DEFAULT_NAMES, Place, format_label
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.model import JobReport, TargetReport
 
 START = "<!-- hfexport:start -->"
 END = "<!-- hfexport:end -->"
-FORMAT_TAGS = {"onnx": "onnx", "openvino": "openvino", "executorch": "executorch", "dynamo": "torch-export"}
 PARITY = {True: "✅ passed", False: "❌ failed", None: "— not verified"}
+ONNX_FOLDER = format_backend("onnx").folder  # where transformers.js looks without a `subfolder`
 
 
 def format_tags(reports: dict[str, TargetReport]) -> list[str]:
     """`hfexport` plus one tag per exported format (`onnx`, `openvino`, `executorch`, `torch-export`)."""
     tags = ["hfexport"]
     for report in reports.values():
-        tag = FORMAT_TAGS.get(report.export_format, report.export_format)
+        tag = find_format(report.export_format).hub_tag if find_format(report.export_format) else report.export_format
         if tag not in tags:
             tags.append(tag)
     return tags
@@ -205,7 +207,7 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
             options += ['dtype: "fp32"', f'model_file_name: "{place.stem}"']
         if _external_data(report.targets[name]):
             options.append("use_external_data_format: true")
-        if place.folder != "onnx":
+        if place.folder != ONNX_FOLDER:
             options.append(f'subfolder: "{place.folder}"')
         variable = "extractor" if not js else "extractor_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
         js.append(f'const {variable} = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
@@ -252,7 +254,7 @@ def _passed_runtimes(target: TargetReport) -> list[str]:
 
 
 #: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
-#: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.onnx_seq2seq); other tasks: a decoder-only LLM's.
+#: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract); other tasks: a decoder-only LLM's.
 SEQ2SEQ_LOADERS = {"text2text-generation": ("text2text-generation", "ORTModelForSeq2SeqLM"),
                    "translation": ("translation", "ORTModelForSeq2SeqLM"),
                    "summarization": ("summarization", "ORTModelForSeq2SeqLM"),
@@ -275,7 +277,7 @@ def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) 
         if "transformers.js" in passed:
             # A decoder's external data is named by config.json's transformers.js_config (the publication writes it);
             # an encoder-decoder's two graphs are opened with use_external_data_format.
-            sub = "" if folder == "onnx" else f', subfolder: "{folder}"'
+            sub = "" if folder == ONNX_FOLDER else f', subfolder: "{folder}"'
             dtype = TRANSFORMERS_JS_DTYPES.get(stem, "fp32")
             lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
                       f'const generator = await pipeline("{pipeline_task}", "{repo_id}", '

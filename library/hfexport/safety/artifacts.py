@@ -12,7 +12,8 @@ checked here, each before the engine or a backend sees the file:
   when it rebuilds outputs (transformers 5.23, `exporters.exporter_dynamo`): a crafted
   `{"_t": "seq", "p": "os:system", "v": ["..."]}` runs a shell command on the first call of a loaded export;
 - each program file is what its exporter writes (`check_onnx_file`, `check_openvino_files`, `check_pte_file` and
-  `check_ptd_file` for an ExecuTorch program's weights beside it, and `pt2_safety.check_pt2_archive` for `.pt2`).
+  `check_ptd_file` for an ExecuTorch program's weights beside it, and `pt2_safety.check_pt2_archive` for `.pt2`),
+  each called by its format's program (`hfexport.formats.programs.check_program_files`).
 
 What would run code or read outside the folder raises `UnsafeExportError`; what is merely broken raises
 `CorruptExportError`. Both name the file and the field. See docs/security.md.
@@ -32,11 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
-from hfexport.executorch_data import data_name
 from hfexport.files import MANIFEST_FILE
-from hfexport.safety.onnx_proto import EXTERNAL, ITEMSIZE, PACKED, model_proto
-from hfexport.safety.pt2 import check_pt2_archive
-from hfexport.safety.ptd import read_flat_tensor
+from hfexport.formats.onnx.proto import EXTERNAL, ITEMSIZE, PACKED, model_proto
+from hfexport.formats.executorch.ptd import read_flat_tensor
 from hfexport.safety.treespec import (
     PYTHON_IDENTIFIER,
     TREESPEC_FIELDS,
@@ -184,54 +183,6 @@ def check_manifest_file(path: str | Path, source: str | None = None) -> dict:
     return manifest
 
 
-def check_export_folder(folder: str | Path) -> dict:
-    """Check a local export folder without loading it: `export.json`, then every file it names and the files the
-    loader reads beside them. Returns the manifest."""
-    folder = Path(folder)
-    source = str(folder)
-    manifest = check_manifest_file(checked_file(folder, MANIFEST_FILE, source=source), f"{source}/{MANIFEST_FILE}")
-
-    def fetch(name: str, required: bool) -> Path | None:
-        return checked_file(folder, name, source=source, required=required)
-
-    check_program_files(manifest, fetch, source)
-    return manifest
-
-
-def program_files(export_format: str, file: str) -> list[tuple[str, bool]]:
-    """The files one component's loader opens, each with whether it must exist (what each exporter writes)."""
-    if export_format == "onnx":  # external data: `.data` as the engine writes it, `_data` as publications name it
-        return [(file, True), (f"{file}.data", False), (f"{file}_data", False)]
-    if export_format == "openvino":
-        return [(file, True), (f"{file.removesuffix('.xml')}.bin", True)]
-    if export_format == "executorch":  # its weights in `<stem>.ptd` (hfexport.executorch_data); older exports: none
-        return [(file, True), (data_name(file), False)]
-    return [(file, True)]
-
-
-def check_program_files(manifest: dict, fetch, source: str, allow_unsafe_pt2: bool = False) -> dict[str, Path]:
-    """Check every program file of a checked manifest (`fetch(name, required)` gives each one's checked path) the
-    way its format needs; the checked paths by component."""
-    export_format = manifest["export_format"]
-    paths = {}
-    for name, entry in manifest["components"].items():
-        file = entry["file"]
-        found = [fetch(member, required) for member, required in program_files(export_format, file)]
-        label = f"{source}/{file}"
-        if export_format == "onnx":
-            check_onnx_file(found[0], found[1], label, data_alt=found[2])
-        elif export_format == "openvino":
-            check_openvino_files(found[0], found[1], label)
-        elif export_format == "executorch":
-            check_pte_file(found[0], label)
-            if found[1] is not None:
-                check_ptd_file(found[1], f"{source}/{data_name(file)}")
-        elif export_format == "dynamo" and not allow_unsafe_pt2:
-            check_pt2_archive(found[0], label)
-        paths[name] = found[0]
-    return paths
-
-
 _ALIGNMENT_SLACK = 4096  # a writer may pad the weights file to a page
 
 
@@ -243,7 +194,7 @@ def check_onnx_file(model: Path, data: Path | None, label: str, data_alt: Path |
     the tensor's shape and type. The weights file may be no larger than what the graph declares."""
     from google.protobuf.message import DecodeError
 
-    proto = model_proto()()  # onnx's ModelProto for the fields read here, without importing onnx (safety.onnx_proto)
+    proto = model_proto()()  # onnx's ModelProto for the fields read here, without importing onnx (formats.onnx.proto)
     try:
         proto.ParseFromString(read_checked(model, label, MAX_ONNX_BYTES))
     except (DecodeError, ValueError, RuntimeError) as error:
@@ -405,7 +356,7 @@ def check_pte_file(path: Path, label: str) -> None:
 
 def check_ptd_file(path: Path, label: str) -> None:
     """An ExecuTorch data file (`.ptd`, beside its `.pte`): plain data, a FlatTensor whose index
-    (`safety.ptd.read_flat_tensor`) is well-formed and places every named entry inside the file. It names no other
+    (`formats.executorch.ptd.read_flat_tensor`) is well-formed and places every named entry inside the file. It names no other
     file: the loader passes it to the runtime as the program's data map, and nothing in it runs."""
     try:
         with open(Path(path).resolve(strict=True), "rb") as file:

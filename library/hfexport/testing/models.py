@@ -872,7 +872,7 @@ MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-gpt2", "GPT-2", "GPT2LMHeadModel", "text-generation", DECODER_MODES, build_gpt2,
                   "ExecuTorch: executorch 1.5.1's `to_edge` dtype validator guarded the batch of GPT-2's "
                   "`c_attn(...).split(...)` to the traced batch (error 0x12 at any other batch); "
-                  "`hfexport.workarounds.executorch` keeps it dynamic."),
+                  "`hfexport.formats.executorch.workarounds` keeps it dynamic."),
         TinyModel("tiny-qwen2", "Qwen2", "Qwen2ForCausalLM", "text-generation", DECODER_MODES, build_qwen2),
         TinyModel("tiny-gemma3", "Gemma3", "Gemma3ForCausalLM", "text-generation", DECODER_MODES, build_gemma3,
                   "Text-only; layer 0 slides (window 4, under the prompts' 15 and 27 tokens), layer 1 is full. "
@@ -909,7 +909,7 @@ MODELS: dict[str, TinyModel] = {
                   "cache), and OpenVINO 2026.4.1 keeps such an output bound to a shared input after `infer`: the "
                   "next call at another shape wrote through the freed buffer (heap corruption, exit -11), so "
                   "hfexport's loaded runners of those programs always copy their inputs "
-                  "(`hfexport.workarounds.openvino`); and the decode is exported stateless, since transformers 5.23's "
+                  "(`hfexport.formats.openvino.workarounds`); and the decode is exported stateless, since transformers 5.23's "
                   "stateful transformation pins the cross-attention state to the sample's encoder length."),
         TinyModel("tiny-t5", "T5", "T5ForConditionalGeneration", "text2text-generation", SEQ2SEQ_MODES, build_t5,
                   "`dims.seq.min` 3, as BART. Generation: `encoder` + prefill/decode (docs/generation.md). OpenVINO "

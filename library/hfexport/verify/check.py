@@ -24,6 +24,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
+from hfexport.formats import format_traits
 from hfexport.models import on_empty_cache
 from hfexport.plan import generation_stages, image_token_id, traced_inputs
 from hfexport.progress import ProgressCallback, Step
@@ -270,7 +271,7 @@ def _load(folder: Path, export_format: str, precision: str | None):
     (AUTO does not expose it)."""
     from hfexport.exported import ExportedModel
 
-    options = {"device": "cpu"} if export_format == "openvino" else {}
+    options = dict(format_traits(export_format).verify_load_options)
     return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
 
 
@@ -411,7 +412,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
 
 def _graph_precision(dtype: str, model) -> str:
     """The precision a graph without a runtime precision is judged at: "f16" for a float16 graph of a wider model
-    (a target converted to float16, `hfexport.onnx_float16`: it computes in float16 against the float32 model, so it is
+    (a target converted to float16, `hfexport.formats.onnx.float16`: it computes in float16 against the float32 model, so it is
     judged as OpenVINO at f16 is, by direction, decisions and the f16 token agreement floor); else "f32" (a float16
     checkpoint's graph is compared with the float16 model itself)."""
     model_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")

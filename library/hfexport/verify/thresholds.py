@@ -8,16 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hfexport.formats import format_traits
 from hfexport.layout import format_label
 
 DEFAULT_MAX_NEW_TOKENS = 8  # greedy tokens generated per prompt by a generation target's check
 EXACT_TOKEN_AGREEMENT = 1.0  # a float32 generation target must agree with model.generate token for token
 
 
-# Defaults per format and precision; the recipe's `parity` overrides them (globally, then per output).
-# None: that check does not apply (quantized artifacts are judged on direction and top-1, not on elements).
-_FP32 = {"dynamo": (1e-5, 1e-4, 0.99999, 0.99), "onnx": (1e-4, 1e-3, 0.9999, 0.99),
-         "openvino": (1e-4, 1e-3, 0.9999, 0.99), "executorch": (1e-4, 1e-3, 0.9999, 0.99)}
+# Defaults per format (float32: each format's `fp32_tolerance`) and precision; the recipe's `parity` overrides them
+# (globally, then per output). None: that check does not apply (quantized artifacts are judged on direction and top-1,
+# not on elements).
 
 
 _HALF = (1e-2, 1e-2, 0.999, 0.95)
@@ -54,10 +54,11 @@ def default_tolerance(export_format: str, dtype: str = "float32", quantized: boo
         values = _RUNTIME[precision]
     elif dtype in ("float16", "bfloat16"):
         values = _HALF
-    elif export_format == "openvino" and (options or {}).get("compress_to_fp16"):
+    elif format_traits(export_format).half_weights_option and \
+            (options or {}).get(format_traits(export_format).half_weights_option):
         values = _FP16_WEIGHTS
     else:
-        values = _FP32.get(str(export_format), _FP32["onnx"])
+        values = format_traits(export_format).fp32_tolerance
     return dict(zip(_TOLERANCE_KEYS, values))
 
 

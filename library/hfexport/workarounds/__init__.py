@@ -4,9 +4,9 @@ checked against, where it lives, and its canary (a test that fails when upstream
 Each workaround registers itself where it is defined (`@workaround(...)` on the function that applies it, or
 `register_workaround` beside the data it is), so its entry changes with its code. Someone upgrading transformers,
 onnxscript, OpenVINO or ExecuTorch reads `WORKAROUNDS` (or docs/architecture.md's table, generated from it), runs
-each entry's canary and the tests beside it, and removes what upstream fixed. One module per upstream project holds
-the fixes (`workarounds.executorch`, `workarounds.onnxruntime`, `workarounds.onnxscript`, `workarounds.openvino`,
-`workarounds.transformers_models`); the engine internals hfexport reads (transformers.exporters names that are not its
+each entry's canary and the tests beside it, and removes what upstream fixed. A format's fixes live in its package
+(`formats.executorch.workarounds`, `formats.onnx.onnxscript_workarounds`, `formats.onnx.onnxruntime_workarounds`,
+`formats.openvino.workarounds`), the model code's in `workarounds.transformers_models`; the engine internals hfexport reads (transformers.exporters names that are not its
 public API) are listed in `workarounds.transformers_exporters.INTERNALS` and reached through `hfexport.engine`. This
 module imports none of them when imported: reading `WORKAROUNDS` imports `DEFINING_MODULES`, so the registry is whole
 whatever was imported before (tests/test_workarounds.py checks that every module that registers one is listed there).
@@ -29,8 +29,9 @@ class Workaround:
 
 
 #: The modules that register workarounds (under hfexport), imported when `WORKAROUNDS` is read.
-DEFINING_MODULES = ("engine", "workarounds.executorch", "workarounds.onnxruntime", "workarounds.onnxscript",
-                    "workarounds.openvino", "workarounds.transformers_exporters", "workarounds.transformers_models")
+DEFINING_MODULES = ("engine", "formats.executorch.workarounds", "formats.onnx.onnxruntime_workarounds",
+                    "formats.onnx.onnxscript_workarounds", "formats.openvino.workarounds",
+                    "workarounds.transformers_exporters", "workarounds.transformers_models")
 _REGISTERED: dict[str, Workaround] = {}
 
 

@@ -35,7 +35,7 @@ register_workaround(Workaround(
 SLIDING_WINDOW_METHODS = ("update", "get_mask_sizes", "get_seq_length")
 
 # Attributes of engine objects hfexport reads (checked by the same test on a loaded OpenVINO runner).
-RUNNER_ATTRIBUTES = {"openvino": ("compiled_model", "request")}
+OPENVINO_RUNNER_ATTRIBUTES = ("compiled_model", "request")
 
 # The attribute `ExportedModel.to` fills with the runners, which `.runners` returns (set by `set_runners`).
 EXPORTED_MODEL_RUNNERS = "_runners"

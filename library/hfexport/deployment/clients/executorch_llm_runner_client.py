@@ -1,5 +1,5 @@
 """ExecuTorch's TextLLMRunner on a folder, greedy, from the prompts' texts: run by
-hfexport.deployment.executorch_llm_runner in the runtime's own environment (it never imports hfexport).
+hfexport.formats.executorch.runtimes.executorch_llm_runner in the runtime's own environment (it never imports hfexport).
 
     python executorch_llm_runner_client.py FOLDER REQUEST.json
 
@@ -11,7 +11,7 @@ REQUEST: {"texts": [str], "max_new_tokens", "num_bos": [int per prompt]}. Each p
 - with the folder's own `tokenizer.json`, as its users run it: the text, as bytes (None when a piece is not UTF-8 on
   its own: the bindings cannot hand it over).
 
-ExecuTorch's LLM kernels (`llama::custom_sdpa`, `llama::update_cache`: hfexport.executorch_llm) are registered first,
+ExecuTorch's LLM kernels (`llama::custom_sdpa`, `llama::update_cache`: hfexport.formats.executorch.llm_program) are registered first,
 as the runner's users do (importing `executorch.extension.llm.custom_ops.custom_ops`).
 
 Prints one JSON line: {"version", "tokens": [[ids]], "prompt_tokens": [n], "texts": [str or None], "text_errors"}.

@@ -1,4 +1,4 @@
-"""OpenVINO GenAI's LLMPipeline on a folder, greedy, from token ids: run by hfexport.deployment.openvino_genai in the
+"""OpenVINO GenAI's LLMPipeline on a folder, greedy, from token ids: run by hfexport.formats.openvino.runtimes.openvino_genai in the
 runtime's own environment (it never imports hfexport).
 
     python openvino_genai_client.py FOLDER REQUEST.json

@@ -1,5 +1,5 @@
 """optimum-executorch's ExecuTorchModelForCausalLM on a folder, greedy, from the prompts' token ids: run by
-hfexport.deployment.optimum_executorch in the runtime's own environment (it never imports hfexport).
+hfexport.formats.executorch.runtimes.optimum_executorch in the runtime's own environment (it never imports hfexport).
 
     python optimum_executorch_client.py FOLDER REQUEST.json
 

@@ -1,5 +1,5 @@
 """optimum-intel's `OVModelForCausalLM.from_pretrained(folder)` on an OpenVINO generation export, greedy, from token
-ids: run by hfexport.deployment.optimum_intel in the runtime's own environment (it never imports hfexport).
+ids: run by hfexport.formats.openvino.runtimes.optimum_intel in the runtime's own environment (it never imports hfexport).
 
     python optimum_intel_client.py FOLDER REQUEST.json
 

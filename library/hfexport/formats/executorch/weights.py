@@ -1,9 +1,9 @@
 """ExecuTorch `.pte`: the program's constant buffers (in its constant segment) and the named data its delegates
 read (XNNPACK's weights, one segment each, keyed by the bytes' sha256 when exported), located through the
 program's flatbuffer and extended header (executorch 1.5.1's `exir._serialize._program` readers: the layout the
-runtime reads); and, where the weights are kept apart (`hfexport.executorch_data`), every named entry of the
+runtime reads); and, where the weights are kept apart (`hfexport.formats.executorch.data_file`), every named entry of the
 program's `.ptd` (`ptd:<key>`: the constants by their parameter name, the delegates' blobs by their key), located
-through its FlatTensor index (`safety.ptd`). A rebind overwrites those bytes in place: the program, its delegates'
+through its FlatTensor index (`formats.executorch.ptd`). A rebind overwrites those bytes in place: the program, its delegates'
 graphs and the keys stay as they are, so the runtime finds every weight where it did, and a `.pte` whose weights
 are all in its `.ptd` is not written at all. The delegates' keys then no longer hash their bytes; nothing checks
 that (the runtime looks data up by key)."""
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.executorch_data import data_name
+from hfexport.formats.executorch.data_file import data_name
 from hfexport.rebind.stored import Stored, inside, mapped, write_at
-from hfexport.safety.ptd import read_flat_tensor
+from hfexport.formats.executorch.ptd import read_flat_tensor
 
 #: ExecuTorch's ScalarType numbers (exir/scalar_type.py) by torch dtype name.
 SCALAR_TYPES = {0: ("uint8", 1), 1: ("int8", 1), 2: ("int16", 2), 3: ("int32", 4), 4: ("int64", 8),

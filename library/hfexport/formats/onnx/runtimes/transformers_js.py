@@ -4,8 +4,8 @@ publication writes, the graph in `onnx/model{suffix}.onnx` + its `_data`, a quan
 suffix) with the `dtype` alone, then greedy `generate` on each prompt's token ids (batch 1) and on all prompts in one
 left-padded batch. A quantized target is judged by its token agreement floor, as the gate judges it. transformers.js
 builds the first step's empty past from the graph's input metadata (`batch_size` is the batch, every other symbol 0),
-which `hfexport.onnx_contract` writes. An encoder-decoder (`onnx/encoder_model.onnx` +
-`onnx/decoder_model_merged.onnx`, `hfexport.onnx_seq2seq`) runs in `AutoModelForSeq2SeqLM` on its encoder's token ids
+which `hfexport.formats.onnx.decoder_contract` writes. An encoder-decoder (`onnx/encoder_model.onnx` +
+`onnx/decoder_model_merged.onnx`, `hfexport.formats.onnx.seq2seq_contract`) runs in `AutoModelForSeq2SeqLM` on its encoder's token ids
 (batch 1 and one right-padded batch), Whisper in `AutoModelForSpeechSeq2Seq` on its `input_features`."""
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from hfexport.deployment import (
     runtime_environment,
 )
 from hfexport.deployment._python import CLIENTS, NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, judge, request_payload
-from hfexport.layout import transformers_js_config, transformers_js_dtype
-from hfexport.onnx_contract import MODEL_FILE, stage_as
-from hfexport.onnx_seq2seq import DECODER_FILE
+from hfexport.formats.onnx.backend import transformers_js_config, transformers_js_dtype
+from hfexport.formats.onnx.decoder_contract import MODEL_FILE, stage_as
+from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "transformers.js"
 CLIENT = "transformers_js_generate.mjs"
@@ -73,7 +73,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, repo / name)
         # config.json as the publication writes it: `transformers.js_config` names a decoder graph's external data, so
-        # the client asks for nothing but the dtype (hfexport.layout.transformers_js_config).
+        # the client asks for nothing but the dtype (hfexport.formats.onnx.backend.transformers_js_config).
         if not seq2seq and (repo / "config.json").is_file():
             config = json.loads((repo / "config.json").read_text(encoding="utf-8"))
             names = [path.name for path in (repo / "onnx").iterdir()]

@@ -13,7 +13,7 @@ it runs ONNX's shape inference from the file (`infer_shapes_path`, which takes m
 `convert(folder)` rewrites every component graph saved in `folder` in place (same file names, same external data
 name) and records `float16` as the manifest's `metadata.export_dtype` of each, which the layout
 (`hfexport.layout.artifact_name`: `model_fp16.onnx`), the loaders (`hfexport.generate`'s empty cache), verification
-and the gate read. Runs before `hfexport.onnx_contract.to_contract` renames the graph, and before the weight map is
+and the gate read. Runs before `hfexport.formats.onnx.decoder_contract.to_contract` renames the graph, and before the weight map is
 made, so the map records each weight as `cast` (`hfexport.rebind`).
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hfexport.errors import SaveError
 from hfexport.files import MANIFEST_FILE
-from hfexport.onnx_contract import onnx_tensors
+from hfexport.formats.onnx.decoder_contract import onnx_tensors
 
 FLOAT16 = "float16"
 #: The `dtype` values a recipe target may name (the schema's enum): what its ONNX graph is converted to.

@@ -71,7 +71,7 @@ def _input_copying_runner() -> type:
 
     class InputCopyingOpenVINORunner(runner_class("openvino")):
         """The engine's OpenVINO runner for a program that returns one of its inputs: its inputs are always copied
-        into the request's own tensors (hfexport.workarounds.openvino: OpenVINO 2026.4.1 writes through a freed shared
+        into the request's own tensors (hfexport.formats.openvino.workarounds: OpenVINO 2026.4.1 writes through a freed shared
         input)."""
 
         def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs):

@@ -28,7 +28,7 @@ from hfexport.deployment import (
     compare_tokens,
 )
 from hfexport.deployment._python import interpreter, run_python_client
-from hfexport.executorch_llm import manifest_is_llm
+from hfexport.formats.executorch.llm_program import manifest_is_llm
 from hfexport.files import MANIFEST_FILE
 
 RUNTIME = "executorch-llm-runner"
@@ -38,7 +38,7 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def is_llm_program_folder(folder: Path) -> bool:
-    """A folder whose export.json names one ExecuTorch LLM runner program (`hfexport.executorch_llm`)."""
+    """A folder whose export.json names one ExecuTorch LLM runner program (`hfexport.formats.executorch.llm_program`)."""
     try:
         return manifest_is_llm(json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError, AttributeError):

@@ -3,7 +3,7 @@
 quantized/fp16 variant's `model_quantized.onnx`, `model_fp16.onnx`, each with its `_data`), then greedy `generate` on
 each prompt's token ids (batch 1) and on all prompts in one left-padded batch; a quantized target is judged by its
 token agreement floor, as the gate judges it. An encoder-decoder (`encoder_model.onnx` + `decoder_model_merged.onnx`,
-`hfexport.onnx_seq2seq`) runs in `ORTModelForSeq2SeqLM` on its encoder's token ids (batch 1, and one right-padded
+`hfexport.formats.onnx.seq2seq_contract`) runs in `ORTModelForSeq2SeqLM` on its encoder's token ids (batch 1, and one right-padded
 batch), Whisper in `ORTModelForSpeechSeq2Seq` on its `input_features`."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from hfexport.deployment._python import (
     run_python_client,
     variant_dtype,
 )
-from hfexport.onnx_contract import stage_as
-from hfexport.onnx_seq2seq import DECODER_FILE
+from hfexport.formats.onnx.decoder_contract import stage_as
+from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "optimum"
 CLIENT = "optimum_generate.py"

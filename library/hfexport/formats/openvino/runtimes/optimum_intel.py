@@ -19,7 +19,7 @@ from hfexport.deployment import (
     RuntimeClientError,
 )
 from hfexport.deployment._python import interpreter, request_payload, run_python_client
-from hfexport.deployment.openvino_genai import MODEL_FILE, judge_f32
+from hfexport.formats.openvino.runtimes.openvino_genai import MODEL_FILE, judge_f32
 
 RUNTIME = "optimum-intel"
 MODULE = "optimum.intel"

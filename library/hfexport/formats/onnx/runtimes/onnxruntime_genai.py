@@ -1,5 +1,5 @@
 """onnxruntime-genai on an ONNX generation export: `og.Model(folder)` reads the `genai_config.json` hfexport writes
-beside `model.onnx` (`hfexport.onnx_contract`), then greedy `og.Generator` runs on each prompt's token ids. A quantized
+beside `model.onnx` (`hfexport.formats.onnx.decoder_contract`), then greedy `og.Generator` runs on each prompt's token ids. A quantized
 or fp16 variant (`model_quantized.onnx` beside `model.onnx` in `onnx/`, whose `genai_config.json` names `model.onnx`)
 is opened as its users select it: `og.Config(folder)` with `config.overlay('{"model": {"decoder": {"filename":
 "model_quantized.onnx"}}}')`, and judged by the target's token agreement floor.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, judge_tokens
 from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client, variant_dtype
-from hfexport.onnx_contract import stage_as
+from hfexport.formats.onnx.decoder_contract import stage_as
 
 RUNTIME = "onnxruntime-genai"
 #: Why an encoder-decoder is not checked (onnxruntime-genai 0.18's model types: src/models/model_type.h; its Whisper

@@ -15,7 +15,7 @@ them out), but optimum-executorch 1.1.0 loads `model.pte` alone (`_load_for_exec
 are in a `.ptd` fails its first forward, `external_data_map is null`), and the two layouts run at the same speed
 (SmolLM2 in TextLLMRunner, benchmarks/README.md). Inside costs size where the embedding is tied: the embedding lookup
 (a portable op) and the XNNPACK head each keep a copy (SmolLM2: 652 MB, as optimum-executorch's own `.pte`, vs 538 MB
-in a `.ptd`). A weights-only push rewrites the `.pte`'s weight segments in place (`hfexport.rebind.pte`). Programs
+in a `.ptd`). A weights-only push rewrites the `.pte`'s weight segments in place (`hfexport.formats.executorch.weights`). Programs
 hfexport 0.1 published with a `model.ptd` beside them are still read (`DATA_FILE`).
 
 That program is what transformers' `TorchExportableModuleWithStaticCache` (transformers.integrations.executorch) is
@@ -23,13 +23,13 @@ for: the model over a `StaticCache` registered as buffers, `forward(input_ids, c
 `torch.export(strict=True)` as transformers' own `convert_and_export_with_cache` does (a non-strict trace lifts the
 cache tensors once more as constants beside the buffers, and torch 2.13's `run_decompositions` in `to_edge` then
 fails), and lowered with executorch's `to_edge_transform_and_lower(..., partitioner=[XnnpackPartitioner()],
-constant_methods=...)`, under hfexport's ExecuTorch lowering fixes (`hfexport.workarounds.executorch`, applied by
+constant_methods=...)`, under hfexport's ExecuTorch lowering fixes (`hfexport.formats.executorch.workarounds`, applied by
 `hfexport.export.run_plan`).
 
 Why not the engine (`transformers.exporters.ExecutorchExporter`): its `export_for_generation` traces the model's
 prefill/decode with the cache as inputs and outputs, non-strict; it calls `to_edge_transform_and_lower` without
 `constant_methods`; none of that is an option. So this module calls torch.export and executorch directly for this one
-contract; every other ExecuTorch export stays the engine's (with its weights in a `.ptd`: `hfexport.executorch_data`).
+contract; every other ExecuTorch export stays the engine's (with its weights in a `.ptd`: `hfexport.formats.executorch.data_file`).
 
 Attention and cache update run as ExecuTorch's LLM kernels where the model allows it (`llama::update_cache`,
 `llama::custom_sdpa`, from `executorch.extension.llm.custom_ops`, the ops executorch's own Llama export and

@@ -1,5 +1,5 @@
 """optimum-executorch's `ExecuTorchModelForCausalLM` on an ExecuTorch generation export in the LLM runner's contract
-(`hfexport.executorch_llm`), as its users run it: `from_pretrained(folder)` loads `model.pte`, then greedy
+(`hfexport.formats.executorch.llm_program`), as its users run it: `from_pretrained(folder)` loads `model.pte`, then greedy
 `generate(prompt_ids, max_seq_len=...)` on each sample prompt's token ids (batch 1: the program has no batch).
 
 optimum-executorch 1.1.0 (PyPI) pins transformers 5.0.0rc1, so it runs in an environment of its own, named by
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, judge_tokens
 from hfexport.deployment._python import as_expected, interpreter, run_python_client
-from hfexport.deployment.executorch_llm_runner import is_llm_program_folder
-from hfexport.executorch_llm import DATA_FILE
+from hfexport.formats.executorch.runtimes.executorch_llm_runner import is_llm_program_folder
+from hfexport.formats.executorch.llm_program import DATA_FILE
 
 RUNTIME = "optimum-executorch"
 MODULE = "optimum.executorch"

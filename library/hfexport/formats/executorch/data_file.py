@@ -25,14 +25,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-PTE_SUFFIX, PTD_SUFFIX = ".pte", ".ptd"
+from hfexport.formats.executorch.backend import PTD_SUFFIX, PTE_SUFFIX, data_name  # noqa: F401 - re-exported
 #: The attribute a loaded program (`executorch.runtime.Program`) keeps its data file in, beside the engine's `path`.
 DATA_PATH = "data_path"
-
-
-def data_name(program_file: str) -> str:
-    """`model.pte` -> `model.ptd`: the data file of a component's program."""
-    return program_file.removesuffix(PTE_SUFFIX) + PTD_SUFFIX
 
 
 def separated(program, tag: str):

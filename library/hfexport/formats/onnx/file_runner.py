@@ -3,7 +3,7 @@
 transformers 5.23's ONNX runner module imports onnx_ir (and, through it, onnx) when it is imported, and reads onnx_ir's
 dtype table on every call to bind its inputs: ~70 ms of CPU of a ~0.3 s load to first output
 (benchmarks/load_published.py) that a loaded export never needs to run. An export loaded from its checked files
-(`exported.OnnxFileComponent`, never parsed) on the CPU runs here instead: the session opens the checked file with the
+(`formats.onnx.file_component.OnnxFileComponent`, never parsed) on the CPU runs here instead: the session opens the checked file with the
 caller's session options, as the engine's runner opens a loaded program's file, and runs on NumPy arrays that share
 the tensors' memory. Anything else keeps the engine's runner (`engine.runner_class("onnx")`): a GPU or explicit
 providers (the engine picks and binds them), and a graph with an input or output NumPy cannot hold (bf16, float8,
@@ -20,8 +20,8 @@ from transformers.exporters import ModelRunner
 
 from hfexport.engine import onnx_inputs, runner_class
 from hfexport.errors import MissingKernelError
-from hfexport import onnx_seq2seq
-from hfexport.onnx_contract import leaf_path
+from hfexport.formats.onnx import seq2seq_contract as onnx_seq2seq
+from hfexport.formats.onnx.decoder_contract import leaf_path
 
 # ONNX Runtime's type names of the tensors a NumPy array holds (`NodeArg.type`); others go to the engine's runner.
 NUMPY_TYPES = frozenset(f"tensor({name})" for name in (
@@ -47,7 +47,7 @@ class OnnxFileRunner(ModelRunner):
         self.session = session
         self.input_names = [spec.name for spec in session.get_inputs()]
         self.output_names = [spec.name for spec in session.get_outputs()]
-        #: the float16 inputs of a float16 graph (`hfexport.onnx_float16`): fed at float16, as its runtimes feed them
+        #: the float16 inputs of a float16 graph (`hfexport.formats.onnx.float16`): fed at float16, as its runtimes feed them
         self.half_inputs = frozenset(spec.name for spec in session.get_inputs() if spec.type == "tensor(float16)")
         self.merged = onnx_seq2seq.is_merged(self.input_names)  # decoder_model_merged.onnx (both prefill and decode)
 
@@ -58,7 +58,7 @@ class OnnxFileRunner(ModelRunner):
     @classmethod
     def from_program(cls, program, metadata, device=None, providers: list | None = None,
                      session_options=None) -> ModelRunner:
-        """A runner for the file `program.meta["path"]` names (`exported._OnnxFile`), with the engine's `from_program`
+        """A runner for the file `program.meta["path"]` names (`formats.onnx.file_component.OnnxFile`), with the engine's `from_program`
         options: on the CPU here, else (a GPU, explicit providers) the engine's runner."""
         if not runs_here(device, providers):  # the engine's runner module imports onnx_ir: only on these paths
             return runner_class("onnx").from_program(program, metadata, device, providers=providers,
@@ -79,7 +79,7 @@ class OnnxFileRunner(ModelRunner):
         """Run on the traced forward's kwargs (inputs by ONNX name, as `onnx_inputs` maps them). The inputs are read in
         place (NumPy views of the tensors) and the outputs are ONNX Runtime's fresh arrays, so `share_inputs` and
         `share_outputs` change nothing. A graph in the loaders' contract (`past_key_values.{i}.key`,
-        `hfexport.onnx_contract`) is fed the same leaves as the engine's names (`leaf_path`)."""
+        `hfexport.formats.onnx.decoder_contract`) is fed the same leaves as the engine's names (`leaf_path`)."""
         if self.merged:
             return self._run_merged(kwargs)
         paths = [leaf_path(name) for name in self.input_names]
@@ -93,7 +93,7 @@ class OnnxFileRunner(ModelRunner):
         return self.unflatten([torch.from_numpy(output) for output in outputs])
 
     def _run_merged(self, kwargs) -> Any:
-        """A merged encoder-decoder decoder (`hfexport.onnx_seq2seq`) run as the engine's prefill or decode: the decode
+        """A merged encoder-decoder decoder (`hfexport.formats.onnx.seq2seq_contract`) run as the engine's prefill or decode: the decode
         when `kwargs` hold a cache (`use_cache_branch` true), else the prefill, fed an empty past of length 0 as the
         loaders feed it; its outputs returned in the engine's order (the passed-through encoder output included)."""
         import numpy

@@ -1,0 +1,195 @@
+"""`FormatBackend`: what the layers ask of one export format, and the registry they ask it through.
+
+A format's backend is data and pure names (no engine, no torch): its published folder and file names, what it
+depends on, the recipe options and runtime precisions it takes, its default thresholds, its deployment runtimes
+(module paths, run by `hfexport.deployment`), and the flags where formats behave differently. What a format does to
+programs (export hooks, save, load, file checks, weight writers) is its `program` module (`hfexport.formats.programs`).
+Modelled on transformers' `exporters` (`EXPORT_BACKENDS`, `register_backend`): one object per format, registered
+by its name, the recipe's `export_format`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hfexport.errors import CorruptExportError, HfExportError, UnsafeExportError, first_line
+
+_REGISTRY: dict[str, FormatBackend] = {}
+#: The engine config fields every format takes (transformers.exporters.configs), minus what the recipe sets elsewhere.
+COMMON_OPTIONS = ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_guards")
+
+
+class FormatBackend:
+    """One export format as the layers see it; subclasses set the class attributes (docs/architecture.md, "How to add
+    a format")."""
+
+    name: ClassVar[str]  # the recipe's `export_format`, the engine's `ExportFormat` value
+    label: ClassVar[str]  # the one name people read for it (the Space, the CLI, the report, the card)
+    aliases: ClassVar[tuple[str, ...]] = ()  # other spellings people type for `export_format`, each meaning `name`
+    runtime_label: ClassVar[str]  # what reads its files, in a load error ("ONNX Runtime cannot load it")
+    runtime_package: ClassVar[str]  # the package a report names as the backend that ran it
+    folder: ClassVar[str]  # where a publication puts its targets
+    default_file: ClassVar[str]  # the file the engine writes for a forward target, and its loaders' default name
+    companion_files: ClassVar[tuple[str, ...]] = ()  # files named after `default_file` that a variant renames with it
+    hub_tag: ClassVar[str]  # the model card's tag
+    extra: ClassVar[str | None] = None  # the `pip install 'hfexport[extra]'` that brings its backend
+    packages: ClassVar[tuple[str, ...]] = ()  # the packages an export of it depends on (cache key, validated_with)
+    target_name: ClassVar[str]  # `hfexport init`'s target name
+    init_options: ClassVar[dict] = {}  # `hfexport init`'s options for a target of it
+    init_runtime: ClassVar[dict] = {}  # `hfexport init`'s `runtime` section for a target of it
+    options: ClassVar[tuple[str, ...]]  # the recipe options its engine config takes
+    runtime_precisions: ClassVar[tuple[str, ...]] = ("auto", "f32")  # precisions its runtime may be pinned to
+    # (atol, rtol, min_cosine, min_top1) at float32 (docs/parity.md): a runtime of its own; torch itself is tighter
+    fp32_tolerance: ClassVar[tuple[float, float, float, float]] = (1e-4, 1e-3, 0.9999, 0.99)
+    half_weights_option: ClassVar[str | None] = None  # an option that stores the weights as float16
+    memory_factor: ClassVar[float] = 4.0  # peak memory of an export, times the weights (hfexport.job.preflight)
+    export_cost: ClassVar[float] = 1.0  # an export's relative time, to share targets out (hfexport.job.parallel)
+    runtimes: ClassVar[tuple[str, ...]] = ()  # modules of its deployment runtimes (`RUNTIME`, `check(folder, request)`)
+    verify_load_options: ClassVar[dict] = {}  # `from_pretrained` options the verifier loads it with
+    runs_in_torch: ClassVar[bool] = False  # its graphs run in torch, not in a runtime of their own
+    checks_input_spec: ClassVar[bool] = False  # its program checks the input's pytree spec (a static cache's batch)
+    one_decoder_graph: ClassVar[bool] = False  # its runtimes' generation contract is one decoder graph
+    llm_program: ClassVar[bool] = False  # its generation contract is one program that holds its cache (an LLM runner)
+    converts_to_float16: ClassVar[bool] = False  # a target's `dtype: float16` converts its saved graph
+    generation_variants: ClassVar[bool] = False  # a generation target may be published under a variant's name
+    cache_state_option: ClassVar[str | None] = None  # the option that keeps the cache as internal state
+    quantized_lowerings: ClassVar[tuple[str, ...] | None] = None  # the `backend` options a quantized target may use
+    nncf_quantizer: ClassVar[str] = "NNCFOnnxQuantizer"  # the engine's NNCF quantizer class for it
+    nncf_onnx_limits: ClassVar[bool] = False  # NNCF quantizes it through its ONNX backend (fewer weight modes)
+
+    @property
+    def suffix(self) -> str:
+        """The suffix of its program files (`.onnx`)."""
+        return "." + self.default_file.rpartition(".")[2]
+
+    def program_files(self, file: str) -> list[tuple[str, bool]]:
+        """The files one component's loader opens, each with whether it must exist (what its exporter writes)."""
+        return [(file, True)]
+
+    def published_file(self, relative: str) -> str:
+        """A saved file's name as publications name it (the default: as saved)."""
+        return relative
+
+    def artifact_name(self, quantization: dict | None = None, dtype: str | None = None) -> str | None:
+        """The file name the loaders use for a forward target of this kind, None where they have none."""
+        return None if quantization else self.default_file
+
+    def load_options(self, precision: str | None) -> dict:
+        """Runner arguments that make it run at `precision` (none: it runs the graph's own element types)."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<format {self.name}>"
+
+
+def register_format(backend: type[FormatBackend] | FormatBackend):
+    """Register a format under its name (a class is instantiated); usable as a class decorator."""
+    instance = backend() if isinstance(backend, type) else backend
+    _REGISTRY[instance.name] = instance
+    return backend
+
+
+def unregister_format(name: str) -> None:
+    """Take a format out of the registry (a test's stub format)."""
+    _REGISTRY.pop(name, None)
+
+
+def find_format(export_format) -> FormatBackend | None:
+    """The registered format named `export_format` (a string or the engine's `ExportFormat`), or None."""
+    return _REGISTRY.get(str(getattr(export_format, "value", export_format)))
+
+
+def format_traits(export_format) -> FormatBackend:
+    """The registered format named `export_format`, else a bare `FormatBackend` (every flag off, no runtimes): what
+    a layer asks of a format it may not know (an engine format hfexport has no backend for)."""
+    return find_format(export_format) or FormatBackend()
+
+
+def format_backend(export_format) -> FormatBackend:
+    """The registered format named `export_format`; a `KeyError` naming the registered ones if there is none."""
+    backend = find_format(export_format)
+    if backend is None:
+        raise KeyError(f"no export format {export_format!r}; formats: {', '.join(_REGISTRY)}")
+    return backend
+
+
+def formats() -> tuple[FormatBackend, ...]:
+    """Every registered format, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+class FormatProgram:
+    """What a format does to programs (the artifacts layer): its hooks around the engine's export, save and load, the
+    checks of its files and its weight writer. Each format's `program` module subclasses it; the defaults are what a
+    format without such a step does. Registered in `hfexport.formats.programs`."""
+
+    name: ClassVar[str]  # its `FormatBackend`'s name
+    weights: ClassVar[Any] = None  # its weight writer (`read(folder, file)`, `write(...)`: hfexport.rebind)
+
+    def export_fixes(self, plan, model) -> contextlib.AbstractContextManager:
+        """hfexport's fixes of the backend's lowering, around the engine's export."""
+        return contextlib.nullcontext()
+
+    def after_export(self, exported) -> None:
+        """Rewrite the engine's programs in place after the export (fusion-ready patterns)."""
+
+    def save(self, model, directory, save, *args, **kwargs):
+        """Save `model` with the engine's `save` (its `save_pretrained`)."""
+        return save(directory, *args, **kwargs)
+
+    def after_save(self, model, directory: Path, tokenizer=None) -> None:
+        """Lay the saved folder out in its runtimes' contract (`tokenizer`: the one `save_pretrained` was given)."""
+
+    def save_processor(self, directory: Path, processor) -> None:
+        """Save the job's processor beside a saved target where its runtimes' contract reads it (the default: not)."""
+
+    def runner(self):
+        """The runner class a loaded export runs on, None for the engine's own."""
+        return None
+
+    def generation_runner_options(self) -> dict:
+        """Runner options a generation export is loaded with when the caller gives none."""
+        return {}
+
+    def component(self, path: Path, metadata, fetch, entry: dict, label: str):
+        """A component read lazily from its checked file, None to read its program now (`read`)."""
+        return None
+
+    def read(self, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
+        """One checked program file, read by its backend through the engine's public exporter classes."""
+        raise CorruptExportError(f"{path}: unknown export format {self.name!r}")
+
+    def load_hint(self, manifest: dict, components: dict) -> str:
+        """What to add to a load failure's message (a missing file beside the program)."""
+        return ""
+
+    def check_files(self, found: list, file: str, label: str, source: str, allow_unsafe_pt2: bool) -> None:
+        """Check one component's files (`found`: the checked paths of its `program_files`, None where absent)."""
+
+    def published(self, files: dict[str, Path], names: dict[str, str]) -> dict[str, bytes]:
+        """Files whose contents change when they are published under `names` (a graph naming its renamed data)."""
+        return {}
+
+    def localize(self, folder: Path, local_of: dict[str, str]) -> None:
+        """Undo `published`'s renames inside a downloaded export's files (names back as the job saves them)."""
+
+
+@contextlib.contextmanager
+def backend_errors(label: str, export_format: str, hint: str = ""):
+    """A backend's failure on a file hfexport checked, as one `CorruptExportError` line naming the file (a weights-only
+    unpickling refusal as `UnsafeExportError`)."""
+    import pickle
+
+    try:
+        yield
+    except (HfExportError, KeyboardInterrupt):
+        raise
+    except pickle.UnpicklingError as error:
+        raise UnsafeExportError(f"{label}: refused by the weights-only unpickler "
+                                f"({first_line(error, 200)})") from None
+    except Exception as error:  # noqa: BLE001 - the file passed hfexport's checks: the backend's reason, one line
+        backend = find_format(export_format)
+        raise CorruptExportError(f"{label}: {backend.runtime_label if backend else export_format} cannot load it: "
+                                 f"{type(error).__name__}: {first_line(error, 300)}{hint}") from None

@@ -1,0 +1,1 @@
+"""The deployment runtimes of ExecuTorch exports: ExecuTorch's TextLLMRunner, optimum-executorch."""

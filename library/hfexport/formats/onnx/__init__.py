@@ -1,0 +1,1 @@
+"""ONNX: the engine's ONNX export, saved in the layouts transformers.js, optimum and onnxruntime-genai read."""

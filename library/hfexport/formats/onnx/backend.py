@@ -1,0 +1,108 @@
+"""ONNX as the layers see it: `onnx/model.onnx` (+ `model.onnx_data`), run by ONNX Runtime, deployed by transformers.js,
+optimum and onnxruntime-genai; variants under transformers.js' dtype names (`model_quantized.onnx`, ...)."""
+
+from __future__ import annotations
+
+from hfexport.formats.backend import COMMON_OPTIONS, FormatBackend, register_format
+
+#: The external data file name the loaders download next to `model.onnx` (optimum, transformers.js: `<file>_data`).
+ONNX_DATA_SUFFIX = "_data"
+EIGHT_BIT_WEIGHTS = ("int8_sym", "int8_asym")
+FOUR_BIT_WEIGHTS = ("int4_sym", "int4_asym")
+#: transformers.js' `dtype` -> the suffix of the ONNX file it opens (`onnx/model{suffix}.onnx`), as
+#: `DEFAULT_DTYPE_SUFFIX_MAPPING` in @huggingface/transformers 4.3.2's src/utils/dtypes.js (q8 is `_quantized`).
+TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "uint8": "_uint8", "q8": "_quantized",
+                            "q4": "_q4", "q2": "_q2", "q1": "_q1", "q4f16": "_q4f16", "q2f16": "_q2f16",
+                            "q1f16": "_q1f16", "bnb4": "_bnb4"}
+
+
+def onnx_data_name(model_file: str) -> str:
+    """`model.onnx` -> `model.onnx_data`: the external data name optimum and transformers.js download."""
+    return model_file + ONNX_DATA_SUFFIX
+
+
+def transformers_js_dtype(file_name: str) -> str | None:
+    """The transformers.js `dtype` that opens `file_name` (`model_quantized.onnx` -> "q8", `model.onnx` -> "fp32"),
+    None for a name transformers.js never asks for."""
+    for dtype, suffix in TRANSFORMERS_JS_SUFFIXES.items():
+        if file_name == f"model{suffix}.onnx":
+            return dtype
+    return None
+
+
+def transformers_js_config(config: dict, onnx_files) -> dict:
+    """`config` (a repo's config.json) with the `transformers.js_config` that lets transformers.js open every graph
+    among `onnx_files` (names in `onnx/`) by `dtype` alone: `use_external_data_format` per file name, 1 (one chunk,
+    `<file>_data`) for each `X.onnx` whose `X.onnx_data` is there (transformers.js 4.3.2, src/utils/model-loader.js:
+    `resolveExternalDataFormat` looks the full file name up first); `kv_cache_dtype` "float16" for the fp16 dtypes
+    (transformers.js 3.x reads it to make an fp16 empty cache; 4.x reads the cache's type off the graph's inputs).
+    The owner's other keys, and entries for files not among `onnx_files`, are kept."""
+    names = set(onnx_files)
+    own = dict(config.get("transformers.js_config") or {}) if isinstance(config.get("transformers.js_config"),
+                                                                        dict) else {}
+    external = own.get("use_external_data_format")
+    external = dict(external) if isinstance(external, dict) else {}
+    half = dict(own.get("kv_cache_dtype")) if isinstance(own.get("kv_cache_dtype"), dict) else {}
+    for name in sorted(names):
+        dtype = transformers_js_dtype(name)
+        if dtype is None:
+            continue
+        if onnx_data_name(name) in names:
+            external[name] = 1
+        if dtype in ("fp16", "q4f16", "q2f16", "q1f16"):
+            half[dtype] = "float16"
+    if external:
+        own["use_external_data_format"] = dict(sorted(external.items()))
+    if half and not isinstance(own.get("kv_cache_dtype"), str):
+        own["kv_cache_dtype"] = dict(sorted(half.items()))
+    return {**config, "transformers.js_config": own} if own else dict(config)
+
+
+@register_format
+class OnnxFormat(FormatBackend):
+    name = "onnx"
+    label = "ONNX"
+    runtime_label = "ONNX Runtime"
+    runtime_package = "onnxruntime"
+    folder = "onnx"
+    default_file = "model.onnx"
+    companion_files = (onnx_data_name("model.onnx"),)
+    hub_tag = "onnx"
+    extra = "onnx"
+    packages = ("onnx", "onnxscript", "onnxruntime")
+    target_name = "onnx"
+    options = (*COMMON_OPTIONS, "opset_version", "optimize", "ort_fusions")
+    memory_factor = 4.0
+    export_cost = 1.5
+    runtimes = ("hfexport.formats.onnx.runtimes.transformers_js", "hfexport.formats.onnx.runtimes.optimum",
+                "hfexport.formats.onnx.runtimes.onnxruntime_genai")
+    one_decoder_graph = True
+    converts_to_float16 = True
+    generation_variants = True
+    nncf_onnx_limits = True
+
+    def program_files(self, file: str) -> list[tuple[str, bool]]:
+        # external data: `.data` as the engine writes it, `_data` as publications name it
+        return [(file, True), (f"{file}.data", False), (f"{file}_data", False)]
+
+    def published_file(self, relative: str) -> str:
+        # the engine's external data `X.onnx.data` is published as `X.onnx_data`
+        return onnx_data_name(relative.removesuffix(".data")) if relative.endswith(".onnx.data") else relative
+
+    def artifact_name(self, quantization: dict | None = None, dtype: str | None = None) -> str | None:
+        if not quantization:
+            return "model_fp16.onnx" if dtype in ("float16", "torch.float16") else self.default_file
+        method, params = quantization.get("method"), quantization.get("params") or {}
+        if method == "ort_dynamic" or method == "ort_static" and params.get("weight_type", "int8") in ("int8", "uint8") \
+                and params.get("activation_type", "uint8") in ("int8", "uint8"):
+            return "model_quantized.onnx"
+        if method == "ort_static" and params.get("weight_type") in ("int4", "uint4"):
+            return "model_q4.onnx"
+        if method == "nncf_weights":
+            mode = params.get("mode", "int8_asym")
+            return "model_quantized.onnx" if mode in EIGHT_BIT_WEIGHTS else \
+                "model_q4.onnx" if mode in FOUR_BIT_WEIGHTS else None
+        if method == "nncf_quantize" and not params.get("mode") or \
+                method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static":
+            return "model_quantized.onnx"
+        return None

@@ -1,0 +1,1 @@
+"""The deployment runtimes of ONNX exports: transformers.js, optimum, onnxruntime-genai."""

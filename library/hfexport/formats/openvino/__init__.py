@@ -1,0 +1,1 @@
+"""OpenVINO IR: the engine's OpenVINO export, saved as optimum-intel and OpenVINO GenAI read it."""

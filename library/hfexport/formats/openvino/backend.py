@@ -1,0 +1,55 @@
+"""OpenVINO IR as the layers see it: `openvino/openvino_model.xml` + `.bin`, deployed by OpenVINO GenAI and optimum-intel;
+the one format whose runtime precision differs from the graph's (bf16 by default on CPUs that have it)."""
+
+from __future__ import annotations
+
+from hfexport.formats.backend import COMMON_OPTIONS, FormatBackend, register_format
+
+PRECISIONS = ("auto", "f32", "bf16", "f16")
+
+
+@register_format
+class OpenvinoFormat(FormatBackend):
+    name = "openvino"
+    label = "OpenVINO"
+    aliases = ("ov", "openvino-ir")
+    runtime_label = "OpenVINO"
+    runtime_package = "openvino"
+    folder = "openvino"
+    default_file = "openvino_model.xml"
+    companion_files = ("openvino_model.bin",)
+    hub_tag = "openvino"
+    extra = "openvino"
+    packages = ("openvino",)
+    target_name = "openvino"
+    # OpenVINO's CPU plugin runs bf16 by default where the CPU has AVX512-BF16 or AMX, f32 elsewhere, so an unpinned
+    # OpenVINO target's verdict depends on the CPU init ran on (docs/parity.md). init pins f32: what it verified then
+    # holds on every CPU (tiny T5's ±300 logits flipped a top-1 at bf16). An owner who wants bf16 drops the pin.
+    init_runtime = {"precision": "f32"}
+    options = (*COMMON_OPTIONS, "compress_to_fp16", "stateful")
+    runtime_precisions = PRECISIONS
+    half_weights_option = "compress_to_fp16"
+    memory_factor = 4.0
+    export_cost = 1.0
+    runtimes = ("hfexport.formats.openvino.runtimes.openvino_genai", "hfexport.formats.openvino.runtimes.optimum_intel")
+    # compiled for the CPU explicitly, so the precision it picked can be read back (AUTO does not expose it)
+    verify_load_options = {"device": "cpu"}
+    one_decoder_graph = True
+    cache_state_option = "stateful"
+    nncf_quantizer = "NNCFOpenVINOQuantizer"
+
+    def program_files(self, file: str) -> list[tuple[str, bool]]:
+        return [(file, True), (f"{file.removesuffix('.xml')}.bin", True)]
+
+    def artifact_name(self, quantization: dict | None = None, dtype: str | None = None) -> str | None:
+        if not quantization:
+            return self.default_file
+        method, params = quantization.get("method"), quantization.get("params") or {}
+        if method == "nncf_quantize" and not params.get("mode") or \
+                method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static":
+            return "openvino_model_qint8_quantized.xml"
+        return None
+
+    def load_options(self, precision: str | None) -> dict:
+        """`INFERENCE_PRECISION_HINT` ("auto" leaves the device default)."""
+        return {} if precision in (None, "auto") else {"config": {"INFERENCE_PRECISION_HINT": precision}}

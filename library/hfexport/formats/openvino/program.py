@@ -1,0 +1,35 @@
+"""OpenVINO's programs: the engine's export with the cache broadcasts made ready for the CPU plugin's fused attention,
+a stateful decode saved as optimum-intel's `openvino_model.xml` with its tokenizer models, its files checked, its
+weights rewritten in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hfexport.formats.backend import FormatProgram
+from hfexport.formats.openvino import weights
+from hfexport.formats.openvino.genai_layout import finish
+from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
+from hfexport.safety.artifacts import check_openvino_files
+
+
+class OpenvinoProgram(FormatProgram):
+    name = "openvino"
+    weights = weights
+
+    def after_export(self, exported) -> None:
+        # the CPU plugin's fused KV-cache attention matches the frontend's repeat of a grouped-query cache, which the
+        # engine rewrites (hfexport.formats.openvino.workarounds)
+        for component in exported.components.values():
+            fuse_ready_cache_broadcasts(component.program)
+
+    def after_save(self, model, directory: Path, tokenizer=None) -> None:
+        finish(directory, tokenizer)  # a stateful decode as optimum-intel's openvino_model.xml, its tokenizer beside it
+
+    def read(self, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
+        from transformers.exporters import OpenVINOExporter
+
+        return OpenVINOExporter.load_program(path)
+
+    def check_files(self, found: list, file: str, label: str, source: str, allow_unsafe_pt2: bool) -> None:
+        check_openvino_files(found[0], found[1], label)

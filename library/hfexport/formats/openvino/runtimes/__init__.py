@@ -1,0 +1,1 @@
+"""The deployment runtimes of OpenVINO exports: OpenVINO GenAI, optimum-intel."""
