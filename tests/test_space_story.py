@@ -73,6 +73,12 @@ def test_a_conversion_belongs_to_its_model_load_is_refused_while_it_runs_and_can
     readable_on_a_phone(page)
     readme = hub.files(bert, "refs/pr/1")["README.md"].decode()
     assert "this repo's export recipe" in readme and "edited in the hfexport Space" not in readme, readme[:2000]
+    # The card lists the files the Space's PR uploaded: the loaders' names, the target's report too, counted right.
+    onnx_files = sorted(path.split("/", 1)[1] for path in hub.files(bert, "refs/pr/1") if path.startswith("onnx/"))
+    assert {"model.onnx_data", "export_report.json"} <= set(onnx_files), onnx_files
+    assert "model.onnx.data" not in readme and all(f"| `{name}` |" in readme for name in onnx_files), readme
+    counted = re.search(r"\| \[`onnx/`\]\(onnx\) \| ONNX \| forward \| (\d+) \|", readme)
+    assert counted and int(counted.group(1)) == len(onnx_files), (onnx_files, readme)
 
     # The other model now: its page has nothing of the first model's job, and no PR it does not have.
     load(page, llama)
