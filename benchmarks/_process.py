@@ -207,8 +207,8 @@ def lscpu() -> dict:
 
 
 def machine(note: str = "2 cores shared with other jobs while measured: see each run's load average") -> dict:
-    """This CPU (`hfexport.runtime.cpu_info`: model, features such as AVX512/VNNI/AMX/BF16), its cores, the load."""
-    from hfexport.runtime import cpu_info
+    """This CPU (`hfexport.machine.cpu_info`: model, features such as AVX512/VNNI/AMX/BF16), its cores, the load."""
+    from hfexport.machine import cpu_info
 
     return {"cpu": cpu_info(), "lscpu": lscpu(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform(), "load_avg": load(), "note": note}
@@ -226,7 +226,7 @@ def versions(packages: Sequence[str] = ENGINE_PACKAGES, python: str | None = Non
 
 
 def machine_and_versions(packages=ENGINE_PACKAGES) -> dict:
-    """What a result names besides its figures: this CPU (`hfexport.runtime.cpu_info`), and the packages' versions."""
+    """What a result names besides its figures: this CPU (`hfexport.machine.cpu_info`), and the packages' versions."""
     return {"machine": machine(), "versions": versions(packages)}
 
 

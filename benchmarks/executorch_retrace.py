@@ -100,7 +100,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from hfexport.runtime import cpu_info
+    from hfexport.machine import cpu_info
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="hfexport-et-retrace-") as tmp:

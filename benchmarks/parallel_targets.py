@@ -61,7 +61,7 @@ def main() -> dict:
     from hfexport.job.parallel import export_groups, usable_cpus
     from hfexport.job.preflight import available_memory, weights_metadata
     from hfexport.recipe.loading import load_recipe
-    from hfexport.runtime import cpu_info
+    from hfexport.machine import cpu_info
 
     recipe = load_recipe(MODEL)
     # the groups `--workers auto` makes, from the same inputs as the job's (hfexport.job.run._prepare)

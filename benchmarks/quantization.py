@@ -55,7 +55,7 @@ def main() -> dict:
     from hfexport.job.run import run_job
     from hfexport.models import load_model, load_processor
     from hfexport.recipe.loading import load_recipe
-    from hfexport.runtime import read_back
+    from hfexport.machine import read_back
 
     model_dir = minilm_dir()
     document = json.loads((HERE / "recipes" / "minilm.json").read_text())

@@ -114,7 +114,7 @@ def test_verify_the_gate_the_card_and_the_job_ask_the_stub_format(stub, tmp_path
     from hfexport.job.preflight import memory_factor
     from hfexport.rebind.weight_map import weight_writer
     from hfexport.report.card import format_tags
-    from hfexport.runtime import load_options
+    from hfexport.machine import load_options
     from hfexport.verify.thresholds import default_tolerance
 
     assert tuple(default_tolerance(STUB).values()) == StubFormat.fp32_tolerance

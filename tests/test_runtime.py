@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hfexport.errors import RecipeError, SourceError
 from hfexport.report.markdown import report_markdown
-from hfexport.runtime import _openvino_precision, cpu_info, int8_kernel_path, read_back, read_cpuinfo
+from hfexport.machine import _openvino_precision, cpu_info, int8_kernel_path, read_back, read_cpuinfo
 
 BF16_REASON = "this CPU has no AVX512-BF16/AMX-BF16: OpenVINO runs bf16 requests at f32 here"
 

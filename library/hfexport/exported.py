@@ -32,7 +32,7 @@ from hfexport import preparers
 from hfexport.formats.onnx.file_runner import OnnxFileRunner
 from hfexport.formats.openvino.workarounds import copy_returned_inputs
 from hfexport.recipe.loading import load_recipe
-from hfexport.runtime import (
+from hfexport.machine import (
     has_runtime_precision,
     load_options,
     pinned_precision,

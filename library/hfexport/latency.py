@@ -39,7 +39,7 @@ import statistics
 import time
 from pathlib import Path
 
-from hfexport.runtime import cpu_info
+from hfexport.machine import cpu_info
 from hfexport.verify.probes import (
     AxisRef,
     probe_axes,

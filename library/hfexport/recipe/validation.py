@@ -20,7 +20,7 @@ from hfexport.errors import Problem, RecipeError
 from hfexport.formats import format_traits, formats
 from hfexport.layout import LayoutError, canonical_format, check_file_name
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
-from hfexport.runtime import PRECISION_FORMATS
+from hfexport.machine import PRECISION_FORMATS
 from hfexport.schema import schema_validator, load_schema
 
 MAX_RECIPE_BYTES = 1 << 20

@@ -6,7 +6,7 @@ from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.layout import format_label
 from hfexport.report.model import JobReport
-from hfexport.runtime import summary_line
+from hfexport.machine import summary_line
 from hfexport.samples import describe
 from hfexport.verify.thresholds import EXACT_TOKEN_AGREEMENT
 

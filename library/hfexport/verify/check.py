@@ -28,7 +28,7 @@ from hfexport.formats import format_traits
 from hfexport.models import on_empty_cache
 from hfexport.plan import generation_stages, image_token_id, traced_inputs
 from hfexport.progress import ProgressCallback, Step
-from hfexport.runtime import (
+from hfexport.machine import (
     cpu_info,
     has_runtime_precision,
     pinned_precision,
