@@ -11,7 +11,7 @@ import threading
 import warnings
 from dataclasses import asdict
 
-from hfexport.collector import one_shot_collection
+from hfexport.gc_policy import one_shot_collection
 from hfexport.job.run import engine_error_message, export_in_worker, peak_rss_mb
 from hfexport.logs import configure
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hfexport.collector import one_shot_collection
+from hfexport.gc_policy import one_shot_collection
 from hfexport.errors import (
     EXIT_CHECK_FAILED,
     EXIT_COULD_NOT_RUN,
@@ -425,7 +425,7 @@ def cmd_export(args) -> int:
     console = _console()
     progress = _JobProgress(console, verbose=getattr(args, "verbose", False)) if not args.quiet else None
     try:
-        # engine prints stay off stdout (--json is parsed from it); one_shot_collection: see hfexport.collector
+        # engine prints stay off stdout (--json is parsed from it); one_shot_collection: see hfexport.gc_policy
         with contextlib.redirect_stdout(sys.stderr), _heartbeat(progress) as beat, one_shot_collection(beat) as on_step:
             report = run_job(
                 args.model, args.output, targets=args.target, all_targets=args.all_targets, revision=args.revision,

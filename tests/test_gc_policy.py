@@ -1,4 +1,4 @@
-"""The one-shot garbage-collector policy of `hfexport export`/`init` (hfexport.collector): the collector is off until
+"""The one-shot garbage-collector policy of `hfexport export`/`init` (hfexport.gc_policy): the collector is off until
 planning starts, skips what was alive then, is restored afterwards, and the artifact does not change."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from hfexport.collector import one_shot_collection
+from hfexport.gc_policy import one_shot_collection
 from hfexport.progress import Step
 
 
@@ -27,7 +27,7 @@ def collector_state():
 
 _OFF_UNTIL_PLAN = """
 import gc
-from hfexport.collector import one_shot_collection
+from hfexport.gc_policy import one_shot_collection
 from hfexport.job.run import Step
 
 gc.unfreeze()
