@@ -118,7 +118,7 @@ def render(results: list[dict], meta: dict) -> str:
               "axes, greedy parity over 8 new tokens), forward targets with `batch`/`seq` dims otherwise; "
               "`dims.seq.min` 3 for encoder-decoders; OpenVINO pinned to f32 (`runtime.precision`) so the verdict "
               "holds on CPUs with and without bf16; sample inputs from the task (texts, images with the processor's "
-              "image placeholder, audio). See `hfexport.job.init.propose_recipe`.", "",
+              "image placeholder, audio). See `hfexport.job.propose.propose_recipe`.", "",
               "Where the matrix proposals used to differ from the hand-made recipes (tests/test_init.py checks "
               "each model's proposal against its recipe without exporting): GPT-2 and Marian were proposed as "
               "feature-extraction forward targets (their class names end in no task suffix); encoder-decoders "

@@ -1,7 +1,7 @@
 """hfexport Space: convert a Hub model with its owner's recipe, check parity, download or open a pull request.
 
 A thin Gradio layout. Everything it does goes through hfexport's APIs: recipes (`hfexport.recipe.validation`), proposals for
-models without one (`hfexport.job.init`), jobs (`hfexport.job.run.run_job`), publishing (`hfexport.publication.publish`), and the
+models without one (`hfexport.job.propose`), jobs (`hfexport.job.run.run_job`), publishing (`hfexport.publication.publish`), and the
 Space's own non-UI logic (`hfexport.surfaces.space`: session folders, one job at a time, error categories and the
 reproducing `hfexport` command). Run it locally against any Hub endpoint: see README.md in this folder.
 """

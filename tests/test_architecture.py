@@ -86,7 +86,7 @@ def _imports(module: str, path: Path) -> list[tuple[str, bool, int]]:
             target = node.module.removeprefix("hfexport").removeprefix(".")
         else:
             continue
-        for alias in node.names:  # `from hfexport.job import init` imports the module hfexport.job.init
+        for alias in node.names:  # `from hfexport.job import propose` imports the module hfexport.job.propose
             name = f"{target}.{alias.name}" if target else alias.name
             found.append((name if name in modules else target or "__init__", id(node) not in top, node.lineno))
     return found

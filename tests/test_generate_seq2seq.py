@@ -104,7 +104,7 @@ def test_an_encoder_decoder_export_without_its_encoder_is_refused(mbart_job):
 def test_init_proposes_a_passing_generation_recipe_for_t5(session_dir):
     """`hfexport init` on a T5 (no recipe) writes a generation target that exported and generated token for token
     (it used to exit 1: the prefill took decoder_input_ids and encoder_outputs, which generate did not feed)."""
-    from hfexport.job.init import init_recipe
+    from hfexport.job.propose import init_recipe
 
     folder = make_model("tiny-t5", session_dir / "tiny-t5-init")
     (folder / "export_config.json").unlink()  # init is for models without a recipe

@@ -148,7 +148,7 @@ def test_init_proposes_an_image_text_generation_recipe_whose_samples_hold_images
     in ForConditionalGeneration, as T5's does), the samples carry images, and the default texts get the processor's
     image placeholder (without it the processor refuses the images)."""
     from hfexport.inputs import build_sample_inputs
-    from hfexport.job.init import propose_recipe
+    from hfexport.job.propose import propose_recipe
     from hfexport.models import load_config, load_processor
     from hfexport.recipe.loading import load_recipe
 
@@ -165,7 +165,7 @@ def test_init_proposes_an_image_text_generation_recipe_whose_samples_hold_images
 
 @pytest.mark.slow
 def test_init_proposes_a_passing_generation_recipe_for_llava(session_dir):
-    from hfexport.job.init import init_recipe
+    from hfexport.job.propose import init_recipe
 
     folder = make_model("tiny-llava", session_dir / "tiny-llava-init-job")
     (folder / "export_config.json").unlink()

@@ -19,7 +19,7 @@ def _without_recipe(example, tmp_path):
 
 
 def test_proposed_encoder_recipe_reads_the_config(tiny_bert):
-    from hfexport.job.init import propose_recipe
+    from hfexport.job.propose import propose_recipe
     from hfexport.recipe.loading import load_recipe
 
     recipe = propose_recipe(tiny_bert, ["onnx", "dynamo", "executorch", "openvino"])
@@ -35,7 +35,7 @@ def test_proposed_encoder_recipe_reads_the_config(tiny_bert):
 
 
 def test_proposed_decoder_recipe_uses_generation_mode(tiny_llama):
-    from hfexport.job.init import propose_recipe
+    from hfexport.job.propose import propose_recipe
 
     recipe = propose_recipe(tiny_llama, ["onnx", "openvino"])
     assert recipe["task"] == "text-generation"
@@ -47,7 +47,7 @@ def test_proposed_decoder_recipe_uses_generation_mode(tiny_llama):
 
 
 def test_sequence_dim_is_capped_and_unknown_formats_refused():
-    from hfexport.job.init import SEQ_CAP, propose_recipe
+    from hfexport.job.propose import SEQ_CAP, propose_recipe
     from transformers import BertConfig
 
     config = BertConfig(max_position_embeddings=1 << 20, architectures=["BertForMaskedLM"])
@@ -110,7 +110,7 @@ def test_init_proposes_what_the_matrix_recipe_needed(name, session_dir):
     (the verdict then holds with and without bf16: tiny T5 flips a top-1 at bf16), and sample inputs that build.
     docs/init_matrix.md is the end-to-end run of these proposals."""
     from hfexport.inputs import build_sample_inputs
-    from hfexport.job.init import propose_recipe
+    from hfexport.job.propose import propose_recipe
     from hfexport.models import load_config, load_processor
     from hfexport.recipe.loading import load_recipe
     from hfexport.testing.models import MODELS, make_model

@@ -531,7 +531,7 @@ def cmd_report(args) -> int:
 @command("init")
 def cmd_init(args) -> int:
     """Propose a recipe, export and verify each target, write the ones that passed."""
-    from hfexport.job.init import default_output, init_recipe
+    from hfexport.job.propose import default_output, init_recipe
 
     output = args.output or default_output(args.model)
     if os.path.exists(output) and not args.force:

@@ -1,7 +1,7 @@
 """What the Gradio Space does, without Gradio: so `space/app.py` stays a thin layout and this stays unit-testable.
 
 The Space holds no export logic. It reads a repo's recipe (`recipe.load_recipe`), proposes one when there is
-none (`init`), runs jobs (`job.run_job`), publishes them (`publish.publish`) and renders the report's Markdown.
+none (`job.propose`), runs jobs (`job.run_job`), publishes them (`publish.publish`) and renders the report's Markdown.
 This module adds what a multi-user web page needs around those calls:
 
 - `Workspace`: a per-session temp folder for each job, removed when the job fails, when the session starts another
@@ -55,7 +55,7 @@ from hfexport.errors import (
 )
 from hfexport.files import RECIPE_FILE, human_bytes
 from hfexport.hub import HubRepo, looks_like_repo_id, marker_line, search_models
-from hfexport.job import init
+from hfexport.job import propose
 from hfexport.job.dispatch import TERMINAL, HfJobs, estimate_memory, job_result, job_steps
 from hfexport.job.preflight import available_memory
 from hfexport.plan.dry import model_problems, warm_up
@@ -417,7 +417,7 @@ class Draft:
 
 def draft_recipe(model: str, revision: str | None, formats: Sequence[str], token: str | None) -> Draft:
     """The recipe `hfexport init` would start from for `formats`, ready for the editor (validated)."""
-    document = init.propose_recipe(model, formats=list(formats), revision=revision, token=token or False)
+    document = propose.propose_recipe(model, formats=list(formats), revision=revision, token=token or False)
     # init's description says every target was exported and verified, which `hfexport init` makes true; here the
     # draft is not exported yet (Convert does that, and `validated_with` records it: see `finalize_proposal`).
     document["description"] = f"Proposed by hfexport for {model}: the formats and settings its artifacts are made with."
@@ -1111,7 +1111,7 @@ def finalize_proposal(document: dict, verified: dict | None) -> tuple[dict, bool
     if not targets or not set(targets) <= set(verified.get("passed") or ()):
         return document, False
     formats = [target.get("export_format") for target in targets.values()]
-    return {**bare, "validated_with": init.validated_with(formats)}, True
+    return {**bare, "validated_with": propose.validated_with(formats)}, True
 
 
 # ── Run on my Hugging Face Jobs ──────────────────────────────────────────────
