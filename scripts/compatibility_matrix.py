@@ -80,7 +80,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def package_versions() -> dict:
-    from hfexport.report.model import package_versions as versions
+    from hfexport.report.data import package_versions as versions
 
     wanted = ("transformers", "torch", "onnx", "onnxruntime", "onnxscript", "openvino", "executorch")
     found = versions()

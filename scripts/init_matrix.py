@@ -130,7 +130,7 @@ def render(results: list[dict], meta: dict) -> str:
 
 
 def package_line() -> str:
-    from hfexport.report.model import package_versions
+    from hfexport.report.data import package_versions
 
     found = package_versions()
     wanted = ("transformers", "torch", "onnxruntime", "openvino", "executorch")

@@ -40,7 +40,7 @@ def out_with_onnx(exported_bert, tmp_path) -> Path:
 
 
 def _packages(**changes):
-    from hfexport.report.model import package_versions
+    from hfexport.report.data import package_versions
 
     return {**package_versions(), **changes}
 
@@ -123,7 +123,7 @@ def test_a_local_hit_skips_loading_and_says_why(out_with_onnx, exported_bert):
 
 def test_a_damaged_local_export_is_not_a_hit(out_with_onnx, recipe):
     source = resolve_source(EXAMPLE, None, None)
-    from hfexport.report.model import package_versions
+    from hfexport.report.data import package_versions
 
     keys = {"onnx": cache_key(source, recipe.target("onnx"), recipe.target_hash("onnx"), package_versions())}
     assert lookup(out_with_onnx, keys, [], None)

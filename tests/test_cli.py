@@ -248,7 +248,7 @@ LONG_PARITY = ("parity: logits max abs diff 0.31 > atol 0.0001 at probe batch=8 
 
 
 def _report_with_a_long_failure():
-    from hfexport.report.model import JobReport, TargetReport
+    from hfexport.report.data import JobReport, TargetReport
 
     report = JobReport(source={"model": "examples/tiny-llama"})
     report.targets["openvino-generation"] = TargetReport(

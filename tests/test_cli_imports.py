@@ -42,4 +42,4 @@ def test_the_check_sees_the_job_stack():
     """The test above can fail: `hfexport report` runs the report module, and it shows up."""
     code, modules = _imported("report", str(ROOT / "does-not-exist"))
     assert code != 0
-    assert "hfexport.report.model" in modules
+    assert "hfexport.report.data" in modules

@@ -93,7 +93,7 @@ def test_a_hanging_client_is_stopped_and_named():
 
 def test_the_report_renders_each_runtimes_verdict():
     from hfexport.report.markdown import runtimes_markdown
-    from hfexport.report.model import JobReport, TargetReport
+    from hfexport.report.data import JobReport, TargetReport
 
     checks = [RuntimeCheck("onnxruntime-genai", PASSED, version="0.9.0", batch_sizes=[1, 2]).to_dict(),
               RuntimeCheck("transformers.js", NOT_CHECKED, reason="Node.js is not installed").to_dict()]

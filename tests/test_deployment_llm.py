@@ -260,7 +260,7 @@ def test_a_runtime_whose_parent_package_is_missing_is_not_found(monkeypatch):
 
 
 def test_openvino_generation_is_one_graph_unless_the_recipe_says_otherwise():
-    from hfexport.recipe.model import Target
+    from hfexport.recipe.data import Target
 
     def target(fmt, generation=None):
         return Target.from_dict("t", {"export_format": fmt, "mode": "generation", "generation": generation or {}})

@@ -281,7 +281,7 @@ def test_a_program_published_with_its_weights_in_model_ptd_still_loads(tiny_llam
 
 
 def test_an_executorch_target_that_asks_for_the_engines_graphs_keeps_them():
-    from hfexport.recipe.model import Target
+    from hfexport.recipe.data import Target
 
     def target(generation=None, **extra):
         return Target.from_dict("t", {"export_format": "executorch", "mode": "generation",

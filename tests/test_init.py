@@ -8,7 +8,7 @@ import json
 import shutil
 
 import pytest
-from hfexport.report.model import JobReport
+from hfexport.report.data import JobReport
 
 
 def _without_recipe(example, tmp_path):

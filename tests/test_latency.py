@@ -10,7 +10,7 @@ import pytest
 from hfexport.latency import chart_rows, latency_markdown
 from hfexport.report.card import render_section
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import JobReport, TargetReport
+from hfexport.report.data import JobReport, TargetReport
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +256,6 @@ def test_a_speed_claim_needs_a_quiet_machine_and_eager_timings_that_follow_the_w
                       render_section("user/model", report)):
         assert "21.02" not in published and "not measured reliably here" not in published, published
         assert "Latency of `onnx` not published: not measured reliably" in published, published
-    from hfexport.report.model import validate_report
+    from hfexport.report.data import validate_report
 
     validate_report(report.to_dict())

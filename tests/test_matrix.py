@@ -150,7 +150,7 @@ def test_image_text_sample_inputs_go_through_the_processor(built_models):
 
 
 def _target(status="ok", error=None, verification=None):
-    from hfexport.report.model import TargetReport
+    from hfexport.report.data import TargetReport
 
     return TargetReport(target="onnx-forward", export_format="onnx", mode="forward", status=status, error=error,
                         verification=verification)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from hfexport.errors import RecipeError
-from hfexport.recipe.model import recipe_from_document
+from hfexport.recipe.data import recipe_from_document
 from hfexport.surfaces.annotations import check_recipe
 from hfexport.surfaces.space import check_recipe_text
 

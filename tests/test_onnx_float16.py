@@ -30,7 +30,7 @@ def _recipe(targets: dict) -> dict:
 
 
 def test_the_recipes_dtype_takes_float16_on_onnx_targets_only():
-    from hfexport.recipe.model import recipe_from_document
+    from hfexport.recipe.data import recipe_from_document
 
     recipe = recipe_from_document(_recipe({FP16: FP16_TARGET, "forward": {"export_format": "onnx",
                                                                          "dtype": "float16"}}))

@@ -161,7 +161,7 @@ def test_a_seq2seq_request_on_a_folder_outside_the_layout_is_not_checked(tmp_pat
 def test_the_card_names_the_seq2seq_pipeline_and_class_by_task():
     from hfexport.layout import Place
     from hfexport.report.card import runtime_snippets
-    from hfexport.report.model import JobReport, TargetReport
+    from hfexport.report.data import JobReport, TargetReport
 
     passed = [{"runtime": "transformers.js", "verdict": PASSED}, {"runtime": "optimum", "verdict": PASSED}]
     for task, pipeline, ort_class in (("text2text-generation", "text2text-generation", "ORTModelForSeq2SeqLM"),

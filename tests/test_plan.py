@@ -13,7 +13,7 @@ from hfexport.errors import PlanError
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_dims, build_plan
 from hfexport.recipe.loading import load_recipe
-from hfexport.recipe.model import recipe_from_document
+from hfexport.recipe.data import recipe_from_document
 from torch.export import Dim
 
 
@@ -434,7 +434,7 @@ def test_a_dry_plan_finds_what_the_model_cannot_do_from_its_config_alone(tiny_be
     """Issue 44: generation on BERT and an input BERT does not take are errors on their JSON paths before anything
     but config.json is read (the model built on the meta device); the examples' own recipes have none."""
     from hfexport.plan.dry import model_problems
-    from hfexport.recipe.model import recipe_from_document
+    from hfexport.recipe.data import recipe_from_document
 
     for folder in (tiny_bert, tiny_llama):
         recipe = json.loads((folder / "export_config.json").read_text())

@@ -19,7 +19,7 @@ from hfexport.job.preflight import (
 from hfexport.job.run import run_job
 from hfexport.progress import Step
 from hfexport.recipe.loading import load_recipe
-from hfexport.recipe.model import Recipe
+from hfexport.recipe.data import Recipe
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
 LLAMA = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"

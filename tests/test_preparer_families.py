@@ -87,7 +87,7 @@ def test_the_recipes_tile_and_text_range_reach_the_graph(edge_job):
 
 
 def test_the_report_records_what_the_preparer_computed(edge_job):
-    from hfexport.report.model import validate_report
+    from hfexport.report.data import validate_report
 
     output, report = edge_job
     prepared = report.targets["edge"].prepared_inputs

@@ -93,7 +93,7 @@ def test_a_target_from_older_model_files_is_marked_stale(hub, repo, exported_ber
 
 def test_a_recipe_path_places_the_target_and_a_bad_one_is_refused(hub, repo, exported_bert, tmp_path):
     from hfexport.errors import RecipeError
-    from hfexport.recipe.model import recipe_from_document
+    from hfexport.recipe.data import recipe_from_document
 
     output, _ = exported_bert
     moved = tmp_path / "moved"

@@ -554,7 +554,7 @@ def test_minilm_ort_dynamic_one_liner_passes_its_gate_on_real_text_and_reports_s
     """The documented one-liner `{"method": "ort_dynamic"}`: hfexport's defaults (per-channel, reduce_range: 7-bit
     weights, which do not saturate on CPUs without VNNI) pass the 8-bit gate, judged on the recipe's sample texts."""
     from hfexport.job.run import run_job
-    from hfexport.report.model import JobReport
+    from hfexport.report.data import JobReport
 
     recipe = _minilm_recipe("onnx", {"method": "ort_dynamic"})
     report = run_job(minilm, tmp_path / "out", recipe=recipe, all_targets=True)

@@ -81,7 +81,7 @@ def test_llama_3_2_1b_in_bfloat16_exports_to_onnx_and_openvino_and_every_runtime
     import onnx
 
     from hfexport.job.run import run_job
-    from hfexport.report.model import validate_report
+    from hfexport.report.data import validate_report
 
     output = session_dir / "zoo-llama-3.2-1b-out"
     with mock.patch.dict(os.environ, runtime_env):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hfexport.errors import RecipeError, RecipeNotFoundError, SourceError
 from hfexport.recipe.loading import MAX_RECIPE_BYTES, load_recipe, recipe_from_hub
-from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
+from hfexport.recipe.data import Recipe, recipe_from_document, recipe_from_text
 from hfexport.surfaces import cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -376,7 +376,7 @@ def test_a_recipe_may_name_a_format_by_any_of_its_spellings_and_the_engine_gets_
     """Issue 44: `pt2`, `torch-export`, `torch.export` mean dynamo and `pte` executorch in a recipe's export_format
     (the schema accepts them, the loader gives the engine its own name); people read one name per format."""
     from hfexport.layout import format_label
-    from hfexport.recipe.model import recipe_from_document
+    from hfexport.recipe.data import recipe_from_document
     from hfexport.recipe.validation import validate_document
 
     for spelling, engine in (("pt2", "dynamo"), ("torch-export", "dynamo"), ("torch.export", "dynamo"),

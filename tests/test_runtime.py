@@ -87,7 +87,7 @@ def test_the_runtime_section_is_kept_in_the_target_and_its_hash(tiny_bert):
 
 
 def test_reduced_precision_has_its_own_thresholds_and_ignores_float32_overrides():
-    from hfexport.recipe.model import Target
+    from hfexport.recipe.data import Target
     from hfexport.verify.thresholds import default_tolerance, thresholds_for
 
     strict = default_tolerance("openvino")
@@ -260,7 +260,7 @@ def test_onnx_generation_exports_load_without_spinning_and_the_callers_options_w
 
 
 def test_reports_name_the_cpu_and_the_precision_of_every_check(exported_bert):
-    from hfexport.report.model import validate_report
+    from hfexport.report.data import validate_report
 
     _, report = exported_bert
     validate_report(report.to_dict())

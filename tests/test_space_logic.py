@@ -362,7 +362,7 @@ def test_draft_recipe_for_a_model_without_one_is_init_s_proposal(hub):
 
 
 def test_validated_with_is_recorded_only_for_a_recipe_whose_every_target_passed_here():
-    from hfexport.report.model import JobReport, TargetReport
+    from hfexport.report.data import JobReport, TargetReport
 
     recipe = bert_recipe()
     report = JobReport(source={"model": "org/m"})
@@ -464,7 +464,7 @@ def test_a_recipe_from_the_editor_is_recorded_as_proposed_or_edited(tiny_bert, t
     it: not "this repo's export recipe" (issue 30). The job is prepared only (recipe, source, cache): no export."""
     from hfexport.job.run import JobOptions, _prepare
     from hfexport.report.card import render_section
-    from hfexport.report.model import validate_report
+    from hfexport.report.data import validate_report
 
     recipe = json.loads((tiny_bert / "export_config.json").read_text())
     bare = tmp_path / "model"  # the model without a recipe of its own: hfexport proposed one
@@ -535,7 +535,7 @@ def test_quantized_variants_are_schema_valid_targets_with_names_that_do_not_coll
 def test_the_outcome_says_the_status_first_and_offers_a_pr_update_only_for_what_passed():
     """Issue 44: the outcome's first line is the status; "Update PR #N publishes these targets" only when a target
     passed (never beside a disabled button); the PR's link once it is open; a failure after the table."""
-    from hfexport.report.model import JobReport, TargetReport
+    from hfexport.report.data import JobReport, TargetReport
 
     report = JobReport(source={"model": "org/m"})
     report.targets["onnx"] = TargetReport("onnx", "onnx", "forward", status="failed", error="parity check failed")

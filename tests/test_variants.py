@@ -129,7 +129,7 @@ def test_targets_are_found_in_every_layout():
     ("model_x.onnx", "generation", "mode 'forward' only"),
 ])
 def test_a_bad_file_name_is_refused_with_its_path(file_name, mode, message):
-    from hfexport.recipe.model import recipe_from_document
+    from hfexport.recipe.data import recipe_from_document
 
     recipe = {"recipe_version": 1, "targets": {"t": {"export_format": "onnx", "mode": mode, "file_name": file_name}}}
     with pytest.raises(RecipeError) as caught:
@@ -219,7 +219,7 @@ def test_hfexport_loads_the_variant_and_the_default_from_the_pull_request(varian
 def test_republishing_is_a_no_op_and_the_cache_finds_the_variant(hub, variant_out, variant_pr):
     from hfexport.publication.cache import find_published
     from hfexport.publication.publish import publish
-    from hfexport.report.model import JobReport
+    from hfexport.report.data import JobReport
 
     repo, num = variant_pr
     again = publish(variant_out, repo, mode="pr", token=hub.write_token)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import JobReport, validate_report
+from hfexport.report.data import JobReport, validate_report
 
 TRAP_RECIPE = {
     "recipe_version": 1,
@@ -354,7 +354,7 @@ def test_metrics_of_one_output():
 
 
 def test_padded_positions_are_not_compared():
-    from hfexport.recipe.model import Target
+    from hfexport.recipe.data import Target
     from hfexport.verify.parity import compare_outputs
     from hfexport.verify.thresholds import thresholds_for
 
@@ -368,7 +368,7 @@ def test_padded_positions_are_not_compared():
 
 
 def test_thresholds_defaults_and_recipe_overrides():
-    from hfexport.recipe.model import Target
+    from hfexport.recipe.data import Target
     from hfexport.verify.thresholds import default_tolerance, thresholds_for
 
     assert default_tolerance("dynamo")["atol"] < default_tolerance("onnx")["atol"]

@@ -22,8 +22,8 @@ _OWN = {
     "AutoExportConfig": "export",
     "RecipeExporter": "export",
     "ExportedModel": "exported",
-    "Recipe": "recipe.model",
-    "Target": "recipe.model",
+    "Recipe": "recipe.data",
+    "Target": "recipe.data",
     "load_recipe": "recipe.loading",
     "RecipeError": "errors",
     "HfExportError": "errors",
@@ -31,7 +31,7 @@ _OWN = {
     "build_plan": "plan",
     "run_job": "job.run",
     "JobOptions": "job.run",
-    "JobReport": "report.model",
+    "JobReport": "report.data",
     "publish": "publication.publish",
     "load": "exported",
 }
@@ -99,5 +99,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan, build_plan
     from .publication.publish import publish
     from .recipe.loading import load_recipe
-    from .recipe.model import Recipe, Target
-    from .report.model import JobReport
+    from .recipe.data import Recipe, Target
+    from .report.data import JobReport

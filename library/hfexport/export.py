@@ -27,7 +27,7 @@ from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.plan.tracing import engine_config
 from hfexport.recipe.loading import load_recipe
-from hfexport.recipe.model import Recipe
+from hfexport.recipe.data import Recipe
 
 class AutoExportConfig(_EngineAutoExportConfig):
     """The engine's `AutoExportConfig`; `export_format` strings become `ExportFormat` members."""

@@ -19,7 +19,7 @@ from hfexport.files import MANIFEST_FILE
 from hfexport.models import on_empty_cache
 from hfexport.plan import build_plan
 from hfexport.progress import Step
-from hfexport.recipe.model import Recipe
+from hfexport.recipe.data import Recipe
 from hfexport.recipe.validation import validate_document
 from hfexport.report.markdown import comparison_summary
 

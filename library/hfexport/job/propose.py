@@ -28,7 +28,7 @@ from hfexport.inputs import DEFAULT_TEXTS, default_sample_spec
 from hfexport.job.run import run_job
 from hfexport.models import GENERATIVE_TASKS, infer_task, load_config, multi_axis_rope, sequence_limit
 from hfexport.recipe.loading import load_recipe
-from hfexport.report.model import package_versions
+from hfexport.report.data import package_versions
 from hfexport.verify.thresholds import DEFAULT_MAX_NEW_TOKENS
 
 TARGET_NAMES = {backend.name: backend.target_name for backend in all_formats()}

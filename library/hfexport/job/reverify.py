@@ -17,7 +17,7 @@ from hfexport.job.run import resolve_source
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
 from hfexport.recipe.loading import load_recipe
-from hfexport.report.model import JobReport, TargetReport
+from hfexport.report.data import JobReport, TargetReport
 from hfexport.safety.artifacts import checked_file
 from hfexport.verify.check import summary, verify_exported
 

@@ -61,8 +61,8 @@ from hfexport.publication.cache import (
 from hfexport.rebind.folder import previous, rebind_copy, record
 from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.recipe.loading import load_recipe
-from hfexport.recipe.model import Recipe
-from hfexport.report.model import JobReport, TargetReport
+from hfexport.recipe.data import Recipe
+from hfexport.report.data import JobReport, TargetReport
 from hfexport.samples import read_samples
 from hfexport.verify.check import summary, verify_exported
 

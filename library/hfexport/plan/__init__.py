@@ -12,7 +12,7 @@ inputs), `build` (`build_plan`), `generation` (what every generation family shar
 
 from hfexport.plan.build import build_plan
 from hfexport.plan.generation import OWN_COMPONENTS, generation_stages
-from hfexport.plan.model import ComponentPlan, Plan
+from hfexport.plan.data import ComponentPlan, Plan
 from hfexport.plan.shapes import build_dims
 from hfexport.plan.tracing import preparer_record, traced_inputs
 from hfexport.plan.vision_language import EMBED, IMAGE_ENCODER, image_token_id

@@ -7,11 +7,11 @@ from hfexport.engine import register_cache_pytrees
 from hfexport.inputs import build_sample_inputs
 from hfexport.models import infer_task
 from hfexport.plan.generation import plan_generation
-from hfexport.plan.model import ComponentPlan, Plan
+from hfexport.plan.data import ComponentPlan, Plan
 from hfexport.plan.shapes import AxisResolver, describe_shape, resolve_shapes, build_dims
 from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
 from hfexport.quantization.quantizer import attach
-from hfexport.recipe.model import Recipe
+from hfexport.recipe.data import Recipe
 
 
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 
 from hfexport.errors import PlanError
-from hfexport.plan.model import ComponentPlan
-from hfexport.recipe.model import Target
+from hfexport.plan.data import ComponentPlan
+from hfexport.recipe.data import Target
 
 
 def static_cache_generation_config(model, target: Target):

@@ -12,7 +12,7 @@ import json
 
 from hfexport.errors import Problem
 from hfexport.models import TASK_AUTO_CLASSES, infer_task, model_class_for
-from hfexport.recipe.model import Recipe
+from hfexport.recipe.data import Recipe
 
 
 def model_problems(recipe: Recipe, config: dict, config_source: str = "config.json") -> list[Problem]:

@@ -10,7 +10,7 @@ from hfexport.errors import PlanError
 from hfexport.formats import format_traits
 from hfexport.formats.executorch.llm_program import max_context
 from hfexport.plan.decoder import check_single_graph, static_cache_generation_config, llm_runner_plan, single_graph_fits
-from hfexport.plan.model import ComponentPlan, Plan
+from hfexport.plan.data import ComponentPlan, Plan
 from hfexport.plan.seq2seq import check_default_layout, encoder_capture, seq2seq_trace_inputs, with_encoder
 from hfexport.plan.shapes import (
     AxisResolver, default_generation_shapes, describe_shape, resolve_shapes, varying_sizes,
@@ -18,7 +18,7 @@ from hfexport.plan.shapes import (
 from hfexport.plan.state_space import exports_decode_alone
 from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
 from hfexport.plan.vision_language import EMBED, IMAGE_ENCODER, image_features_capture, image_stages
-from hfexport.recipe.model import Recipe, Target
+from hfexport.recipe.data import Recipe, Target
 
 OWN_COMPONENTS = ("encoder", IMAGE_ENCODER, EMBED)  # exported by hfexport itself, not by export_for_generation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hfexport.errors import PlanError
 from hfexport.plan.tracing import call_capture
-from hfexport.recipe.model import Target
+from hfexport.recipe.data import Target
 
 
 def check_default_layout(target: Target, generation_config, multi_token_decode: bool) -> None:

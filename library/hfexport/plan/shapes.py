@@ -8,7 +8,7 @@ from typing import Any
 
 from hfexport.engine import auto_dynamic_shapes
 from hfexport.errors import PlanError
-from hfexport.recipe.model import Recipe
+from hfexport.recipe.data import Recipe
 from hfexport.recipe.validation import parse_axis
 
 

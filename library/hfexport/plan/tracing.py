@@ -11,7 +11,7 @@ from typing import Any
 
 from hfexport.engine import export_backends
 from hfexport.errors import PlanError
-from hfexport.recipe.model import Target
+from hfexport.recipe.data import Target
 from hfexport.workarounds.transformers_models import base_rope_index
 from hfexport import preparers
 

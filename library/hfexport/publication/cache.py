@@ -25,9 +25,9 @@ from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo
 from hfexport.layout import export_folders, in_export_folder, published_name, target_places
 from hfexport.publication.publish import find_open_publication
-from hfexport.recipe.model import Target
+from hfexport.recipe.data import Target
 from hfexport.recipe.validation import sha256_of
-from hfexport.report.model import JobReport, TargetReport
+from hfexport.report.data import JobReport, TargetReport
 
 KEY_VERSION = 1
 CORE_PACKAGES = ("hfexport", "transformers", "torch")

@@ -53,7 +53,7 @@ from hfexport.progress import Step
 from hfexport.recipe.validation import canonical_json
 from hfexport.report.card import format_tags, recipe_origin, render_section, update_card
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import JobReport, TargetReport
+from hfexport.report.data import JobReport, TargetReport
 
 README = "README.md"
 ROOT_CONFIG = "config.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 from hfexport.errors import Problem, RecipeError, RecipeNotFoundError, SourceError
 from hfexport.files import RECIPE_FILE
 from hfexport.hub import HubRepo, looks_like_repo_id
-from hfexport.recipe.model import Recipe, recipe_from_document, recipe_from_text
+from hfexport.recipe.data import Recipe, recipe_from_document, recipe_from_text
 from hfexport.recipe.validation import MAX_RECIPE_BYTES, config_problems, parse_recipe_text
 
 CONFIG_FILE = "config.json"

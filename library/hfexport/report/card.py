@@ -20,7 +20,7 @@ from hfexport.latency import latency_markdown
 from hfexport.formats.onnx.backend import TRANSFORMERS_JS_SUFFIXES
 from hfexport.layout import DEFAULT_NAMES, Place, format_label
 from hfexport.report.markdown import report_markdown, verified_on_line
-from hfexport.report.model import JobReport, TargetReport
+from hfexport.report.data import JobReport, TargetReport
 
 START = "<!-- hfexport:start -->"
 END = "<!-- hfexport:end -->"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.layout import format_label
-from hfexport.report.model import JobReport
+from hfexport.report.data import JobReport
 from hfexport.machine import summary_line
 from hfexport.samples import describe
 from hfexport.verify.thresholds import EXACT_TOKEN_AGREEMENT

@@ -22,7 +22,7 @@ from hfexport.errors import RecipeError, SourceError
 from hfexport.files import RECIPE_FILE
 from hfexport.hub import HubRepo
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE
-from hfexport.recipe.model import recipe_from_document, recipe_from_text
+from hfexport.recipe.data import recipe_from_document, recipe_from_text
 from hfexport.recipe.validation import parse_recipe_text
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")

@@ -45,7 +45,7 @@ from hfexport.logs import quiet_engine_logs
 from hfexport.publication.publish import publish
 from hfexport.recipe.loading import load_recipe
 from hfexport.report.markdown import report_markdown
-from hfexport.report.model import JobReport
+from hfexport.report.data import JobReport
 from hfexport.surfaces.annotations import Annotation, check_recipe
 
 MARKDOWN_FILE = "export_report.md"

@@ -485,7 +485,7 @@ def cmd_verify(args) -> int:
 
 def _target_folders(folder: Path) -> list[Path]:
     """OUTPUT/<target> itself, or each exported target of an OUTPUT folder (the targets its report lists)."""
-    from hfexport.report.model import JobReport
+    from hfexport.report.data import JobReport
 
     if not folder.is_dir():
         raise SourceError(f"{folder}: no such folder")
@@ -502,7 +502,7 @@ def _target_folders(folder: Path) -> list[Path]:
 def _source_model(folder: Path, args) -> tuple[str, str | None]:
     """(model, revision) to verify against: `--model`/`--revision`, else what the target's report records (the
     commit it was exported from)."""
-    from hfexport.report.model import JobReport
+    from hfexport.report.data import JobReport
 
     if args.model:
         return args.model, args.revision
@@ -521,7 +521,7 @@ def _source_model(folder: Path, args) -> tuple[str, str | None]:
 def cmd_report(args) -> int:
     """Print a job report (OUTPUT/, OUTPUT/<target>/ or the JSON file) as Markdown."""
     from hfexport.report.markdown import report_markdown
-    from hfexport.report.model import JobReport
+    from hfexport.report.data import JobReport
 
     report = JobReport.read(args.path)
     print(report.to_json() if args.json else report_markdown(report), end="")

@@ -62,9 +62,9 @@ from hfexport.plan.dry import model_problems, warm_up
 from hfexport.progress import Step
 from hfexport.publication.publish import find_open_publication, publish
 from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, model_config
-from hfexport.recipe.model import Recipe, recipe_from_document
+from hfexport.recipe.data import Recipe, recipe_from_document
 from hfexport.recipe.validation import canonical_json, config_problems, json_path, parse_recipe_text
-from hfexport.report.model import JobReport
+from hfexport.report.data import JobReport
 from hfexport.samples import KINDS, SampleFile, display_name, processor_kinds, read_sample
 from hfexport.surfaces.failure import Failure, SpaceError, md_escape, report_failure
 from hfexport.surfaces.worker import JobWorker, settings_from

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfexport.recipe.model import Recipe, Target
+from hfexport.recipe.data import Recipe, Target
 
 
 @dataclass
