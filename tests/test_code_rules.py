@@ -1,6 +1,7 @@
 """Rules of the package's code that an AST walk can check (issue 42): every exception class hfexport defines is an
 `HfExportError` (so that `hfexport.errors.exit_code` and the surfaces treat it as one readable line), and no module
-uses another module's private names (a name used outside its module is that module's interface: a public name)."""
+uses another module's private names (a name used outside its module is that module's interface: a public name),
+and no docstring is longer than a screen (longer reasoning lives in docs/)."""
 
 import ast
 import builtins
@@ -163,3 +164,46 @@ def test_the_private_name_check_sees_both_forms(tmp_path):
         "hfexport/plan/build.py:4: hfexport.plan.shapes._resolve",
         "hfexport/plan/build.py:5: hfexport.plan.shapes._resolve",
     ]
+
+
+# A docstring is a screen at most: 25 lines (of at most 120 characters, the line length ruff enforces). Longer
+# reasoning, measurements and argument references go to docs/, and the docstring points there.
+DOCSTRING_MAX_LINES = 25
+
+
+def long_docstrings(paths: list[Path]) -> list[str]:
+    """`file:line: name (N lines)` for each module, class or function docstring in `paths` over the bound."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                docstring = ast.get_docstring(node)  # cleaned: indentation and the closing line aside
+                if docstring and len(docstring.splitlines()) > DOCSTRING_MAX_LINES:
+                    name = getattr(node, "name", "(module)")
+                    found.append(f"{_label(path)}:{getattr(node, 'lineno', 1)}: {name} "
+                                 f"({len(docstring.splitlines())} lines)")
+    return found
+
+
+def test_no_docstring_is_longer_than_a_screen():
+    offenders = long_docstrings(sorted(PACKAGE.rglob("*.py")))  # the test harness (hfexport.testing) included
+    assert not offenders, (f"docstrings over {DOCSTRING_MAX_LINES} lines (move the reasoning to docs/):\n"
+                           + "\n".join(offenders))
+
+
+@pytest.mark.parametrize("where", ["module", "class", "function", "method"])
+def test_the_docstring_check_sees_a_long_one(tmp_path, where):
+    def source(lines: int) -> str:
+        doc = '"""' + "\n".join(f"line {i}" for i in range(lines)) + '\n"""'
+        indented = "\n".join("    " + line if line else line for line in doc.splitlines())
+        return {"module": doc + "\n",
+                "class": f"class C:\n{indented}\n",
+                "function": f"def f():\n{indented}\n",
+                "method": "class C:\n    def m(self):\n" + "\n".join("    " + line for line in indented.splitlines())
+                + "\n"}[where]
+    path = tmp_path / "module.py"
+    path.write_text(source(DOCSTRING_MAX_LINES + 1))
+    assert long_docstrings([path]) and f"({DOCSTRING_MAX_LINES + 1} lines)" in long_docstrings([path])[0]
+    path.write_text(source(DOCSTRING_MAX_LINES))
+    assert not long_docstrings([path])

@@ -151,47 +151,9 @@ class ExportedModel(_EngineExportedModel):
         (`hfexport.generate.generate`). A Mamba export on OpenVINO or ExecuTorch has a `decode` alone: the prompt
         runs through it one token at a time (docs/generation.md).
 
-        Args:
-            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
-                The prompts, left-padded when they differ in length (an encoder-decoder: the encoder's input).
-                A speech encoder-decoder (Whisper) takes `input_features=` instead; an encoder-decoder also takes
-                `decoder_input_ids=` (default: the generation config's decoder start and forced tokens); a
-                vision-language model takes its processor's image inputs too (`pixel_values=`, Idefics3's
-                `pixel_attention_mask=`), with the image tokens the processor put in `input_ids`.
-            attention_mask (`torch.LongTensor` of the same shape, *optional*):
-                1 for real tokens, 0 for padding. Without it every token is real.
-            generation_config (`transformers.GenerationConfig`, *optional*):
-                The base settings. Fields it leaves unset come from the export's `generation_config.json`
-                (`self.generation_config`), then its `config.json` (EOS and pad tokens), then transformers' defaults.
-            logits_processor (`transformers.LogitsProcessorList`, *optional*):
-                Processors added to the ones the settings build (one of the same type replaces the built one).
-            stopping_criteria (`transformers.StoppingCriteriaList`, *optional*):
-                Criteria added to `MaxLengthCriteria`/`EosTokenCriteria`/... (same merge as `logits_processor`).
-            streamer (`transformers.TextStreamer`, `TextIteratorStreamer` or anything with `put`/`end`, *optional*):
-                Gets the prompt (`put(input_ids)`), each step's new tokens (`put(tokens)`, shape `(batch_size,)`),
-                then `end()`, as from `model.generate`.
-            generator (`torch.Generator`, *optional*):
-                The random generator of the sampling draws (default: torch's global one, as `model.generate`).
-            seed (`int`, *optional*):
-                Shorthand for `generator=torch.Generator().manual_seed(seed)`: the same draws as
-                `torch.manual_seed(seed)` before `model.generate(do_sample=True, ...)`.
-            tokenizer (`PreTrainedTokenizerBase`, *optional*):
-                Needed by `stop_strings` only.
-            kwargs:
-                `GenerationConfig` fields, over `generation_config`: `max_new_tokens`, `min_new_tokens`,
-                `max_length`, `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`, `typical_p`,
-                `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `eos_token_id`, `pad_token_id`,
-                `stop_strings`, `max_time`, `num_return_sequences`, ...
-
-        Returns:
-            `torch.LongTensor` of shape `(batch_size * num_return_sequences, prompt + new tokens)`: the prompts and
-            their new tokens; rows that emitted an EOS token are padded with `pad_token_id` after it.
-
-        Raises:
-            `hfexport.errors.GenerationError`: the export has no `prefill`/`decode` components or takes inputs
-            generate does not feed; a kwarg that is not a generation option; an option not reproduced over exported
-            graphs (beam search, `num_beams > 1`, names the formats that could support it; guidance, contrastive
-            search, `return_dict_in_generate`, ...); a static cache too small for the requested length.
+        Arguments (`input_ids`, `attention_mask`, `generation_config`, `logits_processor`, `stopping_criteria`,
+        `streamer`, `generator`, `seed`, `tokenizer`, `GenerationConfig` fields as kwargs), result and errors:
+        docs/generation.md, "`ExportedModel.generate`: arguments, result, errors".
         """
         return generate(self, input_ids, attention_mask, generation_config=generation_config,
                         logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
@@ -216,39 +178,9 @@ class ExportedModel(_EngineExportedModel):
     ) -> ExportedModel:
         """Load an export after proving it safe to load (`hfexport.safety.artifacts`, docs/security.md).
 
-        `precision` is the precision the runtime computes at: `None` applies the owner's choice (the target's
-        `runtime.precision` in the `export_config.json` hfexport saves beside the export), `"auto"` the device's
-        default (OpenVINO's CPU plugin: bf16 on CPUs with AVX512-BF16/AMX), `"f32"`, `"bf16"` or `"f16"` pin it
-        (the last two for OpenVINO only). A `config={"INFERENCE_PRECISION_HINT": ...}` passed for OpenVINO wins.
-
-        `target` picks a published target wherever the publication put it (hfexport.layout: `onnx/`,
-        `onnx/model_quantized.onnx` and its `model_quantized.export.json`, `onnx/<target>/`, a recipe's `path`, or
-        `exports/<target>` of an older publication), of a Hub repo or a folder (an hfexport OUTPUT folder's `<target>`
-        works too). `file_name` picks a variant in `subfolder` by its artifact's name instead
-        (`subfolder="onnx", file_name="model_quantized.onnx"` reads `onnx/model_quantized.export.json`). From the Hub, the manifest is downloaded first, checked, and every later
-        download is pinned to the manifest's commit (a branch that moves meanwhile cannot swap the files).
-
-        Before any backend opens a file: `export.json` must be valid against its schema and name only transformers'
-        output/cache classes and builtin containers; every file must be a regular file inside the export folder (or,
-        from the Hub, that revision's snapshot and the repo's blob store), no larger than its kind allows; each
-        program must be what its exporter writes (ONNX external data only in the component's `.data`, OpenVINO IR in
-        standard opsets, a `.pt2` that is exactly one `torch.export.save` program, loaded with every unpickling
-        forced weights-only). `UnsafeExportError` (it would run code or read outside) or `CorruptExportError` (it is
-        broken) otherwise, naming the file and field; a backend's own failure on a checked file is a
-        `CorruptExportError` too.
-
-        An ONNX generation export (a `decode` component) opens its sessions with ONNX Runtime's intra-op spinning off
-        unless `session_options=` is passed (`hfexport.formats.onnx.program.generation_session_options`).
-
-        `allow_unsafe_pt2=True` loads a `.pt2` that hfexport cannot prove safe (pickled objects, legacy or
-        AOTInductor archives) as torch itself would, unpickling included: only for a source you trust.
-
-        The components are assembled here from the engine's public classes (`ExportMetadata`, `ExportedComponent`,
-        each exporter's `load_program`, the runner through `.to()`), from the checked files only. An ONNX graph is
-        opened by ONNX Runtime from its checked file and parsed into onnx_ir only when `.program` is read
-        (`OnnxFileComponent`), never through `OnnxExporter.load_program`: importing the ONNX *exporter* makes
-        onnxscript compile its torch_lib, ~5 s per process (transformers 5.23). `config.json` is checked at load and
-        read into `.config` on first use (see `config`).
+        `precision` (the runtime's: the owner's pin by default), `target` / `file_name` (a published target wherever the
+        publication put it), `allow_unsafe_pt2`, and what is checked before any backend opens a file: docs/publishing.md,
+        "`ExportedModel.from_pretrained`: precision, targets, what is checked".
         """
         revision = revision or "main"
         path = Path(str(pretrained_model_name_or_path))

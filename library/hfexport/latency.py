@@ -1,34 +1,7 @@
 """Latency of a saved target on the verifying machine, next to eager torch: which format is fastest here.
 
-For each batch size (1 and the largest the target declares: `dims.batch.max` when its batch axis is a named dim,
-8 when torch.export decides the axes, else the sample's), the target is reloaded from disk and it and the eager
-model run the sample inputs resized to that batch (the sample's sequence length). Generation targets are timed the
-same way over a whole greedy generation of `GENERATION_TOKENS` new tokens (one GenerationConfig for both,
-`min_new_tokens` holding EOS back, so both sides make every token): `hfexport.generate` over the exported graphs vs
-`model.generate`, and the point adds milliseconds per new token. Within one job, eager torch is timed once per
-input set (`EagerTimings`): later targets on the same inputs time only their artifact and say whose eager figure
-they compare with (`eager_measured_with`).
-
-How (`time_alternately`), and why: eager batch 1 used to measure slower than batch 8 (the Space's worker, and the
-CLI on a busy machine). A call's time there is its cost plus waits that have nothing to do with it: the first calls
-of a shape pay allocations and lazy set-up, and torch's intra-op pool spans every core, so on a shared machine each
-parallel kernel waits for a thread another process (or the artifact runtime's pool, run just before) holds; the same
-1 ms tiny-bert forward measured 1 to 275 ms on the 2-core machine of benchmarks/latency_vs_timeit.py. One warm-up
-call and the median of 5 such calls is noise, and the batch timed first (batch 1, right after the export) paid the
-most of it. So each side is warmed up for `WARMUP_CALLS` calls and `WARMUP_S` seconds, then both are timed
-alternately (load weighs on both alike) for at least `runs` calls each and `BUDGET_S` seconds (at most `MAX_RUNS`);
-each point keeps the median and the spread (the 25th and 75th percentiles) of both sides and the machine's load
-average, and `verdict` says "faster"/"slower" only when the two spreads do not overlap ("within spread" otherwise).
-
-A measurement is also judged as a whole (`soundness`): while timing, the threads ready to run are counted after
-every round (`runnable_threads`, from /proc/loadavg); more of them than cores means other work took cores from
-both sides, and eager torch measured faster per call at a larger batch than at a smaller one (beyond the spreads)
-contradicts the work it did. Either makes the measurement "unreliable": its points claim nothing ("not measured
-reliably here"), and a report published to the Hub (the card, the PR) leaves its figures out
-(`latency_markdown(publication=True)`).
-
-The figures describe this machine (its CPU, thread count and load are recorded), so they say which artifact is
-fastest for the person who ran the job, not everywhere.
+Batches, generation targets, how both sides are timed and why (`time_alternately`), and when a measurement is
+"unreliable" (`soundness`): docs/parity.md, "How latency is measured".
 """
 
 from __future__ import annotations

@@ -8,25 +8,8 @@ sentence-transformers and optimum's `ORTModel*` read `onnx/model.onnx` (+ `onnx/
 its format (`onnx/`, `openvino/`, `executorch/`, `torch-export/`) under the file name that says what it is
 (`artifact_name`): several targets of one format share the folder when their names differ.
 
-A target is a `Place`: a folder and, for a *variant* (an artifact named other than its format's default), the stem of
-its artifact. The folder's default target keeps hfexport's own files under their plain names (`export.json`,
-`export_config.json`, `export_report.json`, `config.json`); a variant's files all start with its stem and a dot
-(`model_quantized.onnx`, `model_quantized.onnx_data`, `model_quantized.export.json`, ...), so each file of a folder
-belongs to exactly one target and no loader mistakes hfexport's files for its own. A decoder-only ONNX generation
-target saved in the loaders' contract (`hfexport.formats.onnx.decoder_contract`: `model.onnx` + `genai_config.json`, which
-transformers.js, optimum and onnxruntime-genai open) claims `onnx/` like a forward target, and so does a decoder-only OpenVINO generation target saved as
-optimum-intel's stateful `openvino_model.xml` (`hfexport.formats.openvino.genai_layout`), in `openvino/`. A quantized or float16 ONNX
-generation target in that contract is a transformers.js dtype variant beside it (`onnx/model_quantized.onnx` +
-`model_quantized.onnx_data`, `model_q4.onnx`, `model_fp16.onnx`: ONNX's `TRANSFORMERS_JS_SUFFIXES`), and the
-publication writes `transformers.js_config` into the repo's config.json (`hfexport.formats.onnx.backend.
-transformers_js_config`) so `dtype` alone opens it.
-A target whose name is
-taken, one without a conventional name (an fp8 ONNX, a quantized ExecuTorch program) and every other generation
-target (the engine writes prefill/decode graphs, which no ONNX or OpenVINO loader of the ecosystem opens) goes into
-`<format folder>/<target>/`. A recipe may set a target's `path` (a relative folder, no `..`) and `file_name`.
-Publications made before this layout hold `exports/<target>/`, which stays readable.
-
-Pure names and rules: no Hub, no engine (the file names themselves are `hfexport.files`').
+Places, variants, the generation contracts' folders and a recipe's `path`: docs/publishing.md, "Where each target
+lives". Pure names and rules: no Hub, no engine (the file names themselves are `hfexport.files`').
 """
 
 from __future__ import annotations

@@ -114,37 +114,8 @@ def peak_rss_mb() -> float:
 class JobOptions:
     """How a job runs: everything `run_job` takes besides the model and the output folder.
 
-    Args:
-        targets: the recipe targets to run (default: the recipe's `default_target`).
-        all_targets: run every target of the recipe.
-        revision: the model's revision on the Hub (a branch, tag or commit).
-        token: a Hub token (never written to reports or logs).
-        recipe: a recipe overriding the model's own (a path, a folder, a repo id, a dict or a `Recipe`).
-        trust_remote_code: passed to transformers when loading the model.
-        progress: called with a `Step` for every phase of every target.
-        model_object: an already-loaded model (skips loading; disables the cache, which a key cannot describe).
-        inputs: sample inputs overriding the recipe's (disables the cache too).
-        force: export even when a target's cache key matches an earlier export (and never rebind).
-        preflight: refuse a job whose estimated memory or disk need exceeds what is available.
-        publish_repo: a repo whose published exports count as cache hits (besides the model's own).
-        verify: reload each saved target and check it against the eager model (`hfexport.verify.check`).
-        latency: time each target that passed against the eager model (`hfexport.latency`), when verifying.
-        runtimes: run each generation target that passed in the deployment runtimes of its format
-            (`hfexport.deployment`: transformers.js, optimum, onnxruntime-genai, OpenVINO GenAI, optimum-intel, where
-            installed), token for token against `model.generate`; one that fails fails the target.
-        recipe_origin: where a given `recipe` came from, for what the report, card and PR say: "proposed" (by
-            hfexport, the repo has none) or "edited" (the repo's, changed); None: as `recipe_source` says.
-        rebind: when a previous export of the target in OUTPUT has the same rebind key (everything in the cache key
-            but the weights: `hfexport.rebind`), write the new weights into its graphs instead of exporting; the gate
-            then runs as for an export, and anything the weight map cannot vouch for falls back to a full export.
-        workers: how many processes export at once (`hfexport.job.parallel`): 1 (this process only), a number, or
-            "auto" (one per core, as many as fit in memory). Only for a model loaded from its source: a job given
-            `model_object` or `inputs` exports in this process.
-        sample_files: a person's own sample files by kind, `{"image": path}` / `{"audio": path}` (`hfexport.samples`:
-            checked before anything loads): each stands in every synthesized image (clip) of the recipe's sample
-            inputs, so the export is traced, probed and generation-checked on it, through the model's processor. Each
-            target's report names it (file name, size, pixels or seconds; never its folder). Like `inputs`, it
-            disables the cache and rebinding: the job exports and verifies with the file.
+    What each option does (targets, revision, token, recipe, verify, latency, runtimes, rebind, workers,
+    sample_files, ...): docs/architecture.md, "A job's options".
     """
     targets: Sequence[str] | None = None
     all_targets: bool = False

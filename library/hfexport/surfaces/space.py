@@ -2,28 +2,10 @@
 
 The Space holds no export logic. It reads a repo's recipe (`recipe.load_recipe`), proposes one when there is
 none (`job.propose`), runs jobs (`job.run_job`), publishes them (`publish.publish`) and renders the report's Markdown.
-This module adds what a multi-user web page needs around those calls:
 
-- `Workspace`: a per-session temp folder for each job, removed when the job fails, when the session starts another
-  job, when it ends (closed tab / state expiry) or when it is older than a time-to-live.
-- `JobRunner`: one export at a time (Gradio's queue already serialises the Convert event with
-  `concurrency_limit=1`; this guards any other caller), run in a child process (`hfexport.surfaces.worker`) so the web
-  server stays responsive, progress events streamed back as they happen.
-- `describe_failure`: any error as a short category, one redacted line, and the exact `hfexport` command that
-  reproduces it locally. Never a traceback, never a token.
-- `check_recipe_text`: validation for the recipe editor, problems with their JSON paths located on the lines of
-  the pretty-printed recipe so the page can highlight them.
-- `jobs_fit` / `run_on_jobs`: "Run on my Hugging Face Jobs", the export as a Job under the signed-in user's
-  account (`job.dispatch`: the flavor from the preflight's memory estimate, the token a Job secret), followed
-  through its state and logs until it has published its pull request.
-- `with_quantized_variants`: the quantized variants the page offers for a recipe's ONNX and OpenVINO targets
-  (`onnx-int8`: ONNX Runtime dynamic int8; `openvino-int8`: NNCF int8 weight compression), added to the editor's
-  recipe as targets of their own, so they are converted, gated and published like any other.
-- `propose_recipe`: a pull request that adds `export_config.json` to the model repo, updated in place (one open
-  proposal per repo) and left alone when it already holds the same recipe.
-- `sample_kinds` / `check_sample`: the visitor's own sample image or WAV clip (`hfexport.samples`), offered when the
-  model's processor takes that kind, checked on upload, and given to the job (`JobRequest.sample_files`) in place
-  of the recipe's synthesized ones.
+What it adds around those calls for a multi-user web page (workspaces, the job runner, failures, the recipe
+editor's checks, Jobs, quantized variants, the recipe's pull request, the visitor's samples): docs/space.md, "The
+Space's logic, without Gradio".
 """
 
 from __future__ import annotations

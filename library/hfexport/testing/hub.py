@@ -10,24 +10,7 @@ Start it:
     conftest.py: `from hfexport.testing.hub import local_hub`(a function-scoped pytest fixture),
                  or `hub_session = make_fixture(scope="session")`.
 
-Storage under `root`: `blobs/<oid[:2]>/<oid>` (content addressed by git blob sha1) and, per repo,
-`repos/<models|datasets|spaces>/<ns>/<name>/state.json` (refs, pull requests, discussions) plus
-`commits/<sha>.json` (parents, message, author, date, and a path -> blob manifest). A commit becomes visible only
-when state.json is atomically replaced, so it is applied entirely or not at all.
-
-Tokens: each token belongs to a user and is `read` or `write`. With `strict=False` (default) any valid token may
-read private repos and any write token may write anywhere; with `strict=True` only the namespace owner and its
-orgs' members may, while others may still open and update their own pull requests on repos they can read.
-Gradio (>= 5) injects `GRADIO_MOCK_OAUTH_TOKEN` as the OAuth token of a locally mocked `gr.LoginButton` login;
-the server accepts it as a write token of the first write token's user (override with `mock_oauth_user=`,
-disable with `mock_oauth_user=False`).
-
-Hugging Face Jobs: `run_job`, `inspect_job`, `fetch_job_logs`, `cancel_job` and `list_jobs_hardware` are served, each
-Job run as a local subprocess (`_Jobs`).
-
-Fault injection: `hub.fail_next_commit = "drop"` closes the next commit request's connection mid-body and applies
-nothing; `hub.inject_fault(endpoint, mode, times)` generalises it (modes: "drop", "drop_after_apply", "error",
-"timeout" or an HTTP status code such as 500 or 429).
+Storage, tokens, Hugging Face Jobs and fault injection: docs/architecture.md, "The local Hub".
 """
 
 from __future__ import annotations

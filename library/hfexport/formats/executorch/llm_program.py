@@ -1,55 +1,8 @@
 """ExecuTorch's LLM runner contract for decoder-only generation targets: one `.pte` program that holds its KV cache and
 its weights, `tokenizer.json` beside it.
 
-`executorch.extension.llm.runner.TextLLMRunner(model_path, tokenizer_path, data_path=None)` (executorch 1.5.1, the
-C++ runner the Android and iOS apps embed; `llm_runner_helper.cpp`, `text_decoder_runner.cpp`) and optimum-executorch's
-`ExecuTorchModelForCausalLM` run a program whose method `forward(tokens [1, seq], input_pos [seq])` returns the
-logits, with the cache inside the program (mutable buffers), and read constant methods: `get_max_seq_len` (required),
-`get_max_context_len`, `use_kv_cache`, `enable_dynamic_shape`, `use_sdpa_with_kv_cache` (int64 each, defaults
-otherwise), `get_eos_ids` (the stop ids; else the tokenizer's EOS); `get_bos_id` and `get_vocab_size` are written for
-optimum-executorch, the runner takes both from the tokenizer. The logits are the last position's alone
-(`[1, 1, vocab]`, `_last_position_logits`), as executorch's own Llama export returns them: both runners read no other.
-
-The weights are inside the `.pte`. The runner would also take them in a `.ptd` (executorch's own LLM export can tag
-them out), but optimum-executorch 1.1.0 loads `model.pte` alone (`_load_for_executorch(path)`: a program whose weights
-are in a `.ptd` fails its first forward, `external_data_map is null`), and the two layouts run at the same speed
-(SmolLM2 in TextLLMRunner, benchmarks/README.md). Inside costs size where the embedding is tied: the embedding lookup
-(a portable op) and the XNNPACK head each keep a copy (SmolLM2: 652 MB, as optimum-executorch's own `.pte`, vs 538 MB
-in a `.ptd`). A weights-only push rewrites the `.pte`'s weight segments in place (`hfexport.formats.executorch.weights`). Programs
-hfexport 0.1 published with a `model.ptd` beside them are still read (`DATA_FILE`).
-
-That program is what transformers' `TorchExportableModuleWithStaticCache` (transformers.integrations.executorch) is
-for: the model over a `StaticCache` registered as buffers, `forward(input_ids, cache_position)`. It is exported with
-`torch.export(strict=True)` as transformers' own `convert_and_export_with_cache` does (a non-strict trace lifts the
-cache tensors once more as constants beside the buffers, and torch 2.13's `run_decompositions` in `to_edge` then
-fails), and lowered with executorch's `to_edge_transform_and_lower(..., partitioner=[XnnpackPartitioner()],
-constant_methods=...)`, under hfexport's ExecuTorch lowering fixes (`hfexport.formats.executorch.workarounds`, applied by
-`hfexport.export.run_plan`).
-
-Why not the engine (`transformers.exporters.ExecutorchExporter`): its `export_for_generation` traces the model's
-prefill/decode with the cache as inputs and outputs, non-strict; it calls `to_edge_transform_and_lower` without
-`constant_methods`; none of that is an option. So this module calls torch.export and executorch directly for this one
-contract; every other ExecuTorch export stays the engine's (with its weights in a `.ptd`: `hfexport.formats.executorch.data_file`).
-
-Attention and cache update run as ExecuTorch's LLM kernels where the model allows it (`llama::update_cache`,
-`llama::custom_sdpa`, from `executorch.extension.llm.custom_ops`, the ops executorch's own Llama export and
-optimum-executorch's `--use_custom_sdpa --use_custom_kv_cache` use): the cache is held sequence-major
-(`[1, max_len, kv_heads, head_dim]`) and written in place at `cache_position[0]`, and attention reads only the
-`start + seq` filled positions, grouped-query heads without copies. The portable-op program (a static cache read
-whole, `index_put` of a copy of the cache, GQA heads expanded by copy, a mask over every slot) spends most of each
-decode step on the 2048 slots, filled or not (profiled with ETDump on SmolLM2: `expand_copy`, the batched matmuls,
-the transposes and the mask ops over the full cache). A model whose layers are not all plain full attention (sliding
-windows, a KV-sharing layer) or whose eager run with the kernels differs from its own attention keeps the portable
-program (`attention` in the export config says which). The kernels are registered in a process by importing
-`executorch.extension.llm.custom_ops.custom_ops` (`register_custom_ops`): TextLLMRunner's C++ apps link them, a
-Python process imports that module before loading the program (the README's snippet does; `load_program` does it
-for hfexport).
-
-The result is an ordinary `ExportedModel` with one component, `model` (`model.pte`), whose metadata records
-`llm_runner` (and the cache size) in its export config: the engine's ExecuTorch runner runs it (`forward` on the
-traced kwargs `input_ids`, `cache_position`), `ExportedModel.save_pretrained` copies the `.pte`, the loader opens it
-(`load_program`, with an older publication's `model.ptd`), and `hfexport.generate` runs it one row at a time
-(`is_llm_program`).
+The contract in full, why this module exports it itself rather than through the engine, the LLM kernels it
+uses and the `ExportedModel` it returns: docs/generation.md, "ExecuTorch's LLM runner program".
 """
 
 from __future__ import annotations

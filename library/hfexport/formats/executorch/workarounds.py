@@ -1,42 +1,8 @@
 """Narrow fixes for ExecuTorch's lowering, applied around the engine's ExecuTorch export (`executorch_fixes()`).
 
-executorch 1.5.1 (with transformers 5.23's ExecuTorch exporter): `to_edge` checks every edge op's dtypes with
-`EdgeOpArgValidator`, which walks a node's returned values against its schema's returns. For an op with a single
-`Tensor[]` return (`aten.split_copy.Tensor`, `split_with_sizes_copy`, `unbind_copy`, ...) the node's value is the
-list itself, but the validator iterates it as if each tensor were one return, so the "list" it inspects is the first
-tensor and `len(tensor)` evaluates that tensor's first dim. When that dim is dynamic (the batch of GPT-2's
-`c_attn(...).split(...)`), evaluating it adds the guard `batch == <traced batch>`: the whole program specializes the
-batch, and ExecuTorch's memory plan gives an `arange(batch)` a static output, so any other batch fails at run time
-with `method->execute() failed with error 0x12` ("Attempted to resize a static tensor"). The fix hands the validator
-such a node's value as the one-element sequence of returns it expects, for the duration of that check only.
-
-The second fix is of cost, not of outcome. XNNPACK's preprocess runs its 17 graph passes on every delegated
-partition (a dynamic-shape decoder such as the bundled tiny Llama lowers to ~29 small partitions per program, because
-XNNPACK takes no view/slice/expand with more than one dynamic dim), and most of those passes end in a retrace of the
-whole partition through FakeTensor propagation (`ExportPass.call`) whether or not they changed anything: on tiny Llama
-no pass but the dim-order revert changes a graph, yet the retraces are a quarter of the `.pte` export's CPU time
-(benchmarks/executorch_retrace.py). A retrace only re-derives each node's value from the graph, and a graph the
-pass left node for node as it found it (same nodes, targets, arguments, value shapes and dtypes, and the same
-parameter shapes) already carries those values, so the fix skips exactly that retrace and keeps every other; it applies only to passes whose retrace is ExportPass's own (no
-`call_operator` or other hook overridden, so the retrace does no rewriting of its own), and only inside XNNPACK's
-pass manager.
-
-The third is of cost too. `to_edge` with XNNPACK's partitioner decomposes each program twice after functionalizing
-it: once keeping every op XNNPACK might take, then, once XNNPACK has said which nodes it takes (those are renamed
-out of the table's reach), again with the full table for the ones it refused. ExecuTorch itself skips a pass like
-that second one when no op of its table occurs in the graph, but only on its other path (partitioners without
-`check_op_support`), and its check counts size queries (`aten.sym_size.int`, in the table, in every dynamic-shape
-graph), so it never skips for a dynamic program. The fix skips the second decomposition when nothing but size
-queries of the table is left (a decomposition of a size query is the same size query), on the tiny Llama decode
-~4-7 s each.
-
-The fourth: two XNNPACK passes rewrite matches of fixed pattern graphs (bilinear upsampling, attention), which they
-build on first use by exporting and lowering small modules (~2-3 s each, once per process) and then match against
-every partition. A partition without an op that every one of those patterns contains (`upsample_bilinear2d`,
-`_softmax`) cannot match, so the pass is skipped there, and its patterns are never built when no partition has it.
-
-The cost fixes leave the programs byte for byte the same (tests/test_executorch_fixes.py,
-benchmarks/executorch_retrace.py).
+What each of the four fixes works around (one of outcome: a dynamic batch specialized by `to_edge`'s op
+validator; three of cost: XNNPACK's retraces, the second decomposition, the pattern passes), and the tests that
+show the programs unchanged: docs/workarounds.md, "ExecuTorch's lowering".
 """
 
 from __future__ import annotations

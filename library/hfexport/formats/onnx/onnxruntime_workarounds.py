@@ -1,33 +1,9 @@
 """Graphs in the forms onnxruntime's graph optimizations match, applied to every ONNX program the engine exports.
 
-**RMSNorm** (`fuse_ready_rms_norms`).
-
-torch 2.13's ONNX exporter (onnxscript's torchlib) lowers `torch.rsqrt` to `Reciprocal(Sqrt(v))`, so an RMSNorm
-(`x * rsqrt(mean(x**2) + eps) * weight`: Llama, Qwen, Mistral, Gemma, SmolLM...) is exported as
-`Mul(x, Reciprocal(Sqrt(...)))`. onnxruntime 1.32's `SimplifiedLayerNormFusion`, the graph optimization that folds
-an RMSNorm into one `SimplifiedLayerNormalization` kernel in every runtime built on it (optimum's ORTModel*,
-onnxruntime-genai, transformers.js on onnxruntime-node), matches `Div(x, Sqrt(...))` only: the exporter's form ran
-unfused, six kernels per norm (61 norms on SmolLM2-135M). The rewrite here is the same arithmetic (`x / s` for
-`x * (1 / s)`, one rounding instead of two) in the form the fusion matches, which optimum's and the model builder's
-exports have. Measured on SmolLM2-135M's prompt pass at one intra-op thread (onnxruntime-genai's default on a 2-core
-machine), AMD EPYC Zen 5, quiet: 82.8 ms unfused, 78.4 ms rewritten (benchmarks/smollm2_runtimes.py has the runtimes'
-figures).
-
-**Attention's key transpose** (`fuse_ready_key_transposes`). torchlib lowers `scaled_dot_product_attention` for any
-rank, so it swaps the key's last two axes through a 3-d view: `Reshape(Transpose(Reshape(k, [-1, L, E]), [0, 2, 1]),
-[*batch, E, L])`. onnxruntime's `MatMulTransposeFusion` folds a transpose into the `Q @ K^T` matmul only when the
-`Transpose` feeds the matmul directly, so every layer copied its whole key cache, transposed, on every step (optimum's
-export, from `matmul(q, k.transpose(2, 3))`, has the folded form). The rewrite is the same transpose as one
-`Transpose` of the last two axes. Measured on SmolLM2-135M (raw onnxruntime, AMD EPYC Zen 4, quiet): a 40-token
-prompt 79.5 -> 73.8 ms and a decode step 25.7 -> 23.9 ms at two threads, 123.8 -> 120.3 ms and 30.7 -> 29.9 ms at one.
-
-**Grouped-query caches** (`broadcast_grouped_query_caches`). transformers' `repeat_kv` exports as `Unsqueeze`,
-`Expand`, `Reshape`: every layer copied its whole key and value cache once per query head of a group, every step,
-and nothing in onnxruntime undoes it (optimum's export has the same copies). The rewrite runs the two attention matmuls
-on the cache as it is, broadcast over the group (the queries and the probabilities viewed as
-`[b, h_kv, n, s, .]`): the same products, bit for bit. SmolLM2-135M (9 query heads over 3), raw onnxruntime, two
-threads, AMD EPYC Zen 4, quiet: a decode step after a 1000-token prompt 35.0-37.9 -> 22.2-25.7 ms (optimum's export:
-45.0-47.1 ms); after 40 tokens 21.1-22.2 -> 20.7-21.1 ms.
+Three rewrites, each the same arithmetic in the form onnxruntime's fusions match: RMSNorm
+(`fuse_ready_rms_norms`), attention's key transpose (`fuse_ready_key_transposes`) and grouped-query caches
+(`broadcast_grouped_query_caches`). What each works around and what it saved: docs/workarounds.md, "ONNX graphs in
+onnxruntime's fusable forms".
 """
 
 from __future__ import annotations

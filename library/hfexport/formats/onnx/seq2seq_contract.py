@@ -1,31 +1,8 @@
 """An encoder-decoder ONNX generation export in the loaders' contract: `encoder_model.onnx` + `decoder_model_merged.onnx`,
 the files optimum's `ORTModelForSeq2SeqLM` / `ORTModelForSpeechSeq2Seq` and transformers.js open as they are.
 
-The engine (transformers 5.23) and hfexport's plan export an encoder-decoder's generation as three graphs: `encoder`
-(hfexport's, output `last_hidden_state`), `prefill` (the first decoder step: `decoder_input_ids`, `encoder_outputs`,
-`attention_mask` = the encoder's padding, an empty `EncoderDecoderCache`) and `decode` (one more token with the
-`EncoderDecoderCache` as inputs `input.past_key_values.{self,cross}_attention_cache.layers.{i}.keys|values`).
-
-The loaders read (optimum-onnx 0.1.0 `modeling_seq2seq.py` `ORTDecoderForSeq2Seq.forward`; transformers.js 4.3
-`seq2seq_forward`, `decoder_forward`, `addPastKeyValues`, `getKeyValueNames`):
-- `encoder_model.onnx`: the encoder's inputs fed by name (`input_ids`, `attention_mask`; Whisper `input_features`),
-  output `last_hidden_state`;
-- `decoder_model_merged.onnx`: inputs `input_ids` (the decoder tokens), `encoder_hidden_states`,
-  `encoder_attention_mask` (only where the graph declares it: transformers.js checks `inputNames`; Whisper has none),
-  `past_key_values.{i}.decoder.key|value`, `past_key_values.{i}.encoder.key|value` (optimum zips its per-layer
-  tuples with the inputs in graph order, so they go layer by layer: decoder key, value, encoder key, value) and
-  `use_cache_branch` (bool `[1]`: false on the first step, where both feed an empty past of length 0 for every past
-  input, the encoder ones too; transformers.js makes every symbolic dim but `batch_size` 0, so the past lengths must
-  be symbolic and heads/head_dim static); outputs `logits`, `present.{i}.decoder.key|value` and
-  `present.{i}.encoder.key|value`, read by name. After the first step both keep the encoder presents of the first
-  step and ignore the ones the graph returns.
-
-`to_contract` builds the merged decoder as optimum's `merge_decoders` does (an `If` on `use_cache_branch`: then the
-engine's `decode`, else its `prefill`), with onnx_ir: the two graphs' nodes become the branches, their inputs the
-merged graph's, and the weights they share (same name, same values) are stored once, in the outer graph. The engine's
-`encoder_last_hidden_state` output (the input passed through) is left out. hfexport's own runner runs the same file
-for both components (`leaf_path`, `engine_outputs`): the manifest names `decoder_model_merged.onnx` as `prefill` and
-`decode`, and the graph's metadata keeps each one's engine output names.
+The engine's three graphs, what the loaders read and how the merged decoder is built: docs/generation.md, "How
+`formats/onnx/seq2seq_contract` builds it".
 """
 
 from __future__ import annotations

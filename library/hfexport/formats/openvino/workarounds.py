@@ -1,29 +1,9 @@
 """Two narrow fixes for OpenVINO 2026.4.1's CPU plugin.
 
-`copy_returned_inputs`, applied to every OpenVINO runner hfexport's `ExportedModel` loads: when a compiled program's
-output is one of its inputs (an encoder-decoder's prefill and decode return `encoder_last_hidden_state`, a stateless
-decode its cross-attention cache, through a no-op `ConvertLike` the plugin removes, so that a `Result` follows a
-`Parameter`), an input shared with the infer request (`infer(..., share_inputs=True)`, the default of the engine's
-runner and of `ExportedModel.__call__`) stays bound to that output after `infer` returns. Once the caller frees the
-array, the next `infer` at another shape writes through the freed buffer: glibc aborts ("corrupted double-linked
-list") or the process gets SIGSEGV. Copies of the inputs (`share_inputs=False`) live as long as the request, so such
-runners are called with copies, whatever the caller passes; runners without a pass-through output keep the zero-copy
-default. tests/test_generate_seq2seq.py keeps a canary that fails once OpenVINO no longer corrupts the heap: then this
-part can go.
-
-`fuse_ready_cache_broadcasts`, applied by `export.run_plan` to every OpenVINO program the engine exports: transformers
-5.23's OpenVINO exporter (`_use_numpy_broadcasts`) turns the frontend's bidirectional `Broadcast` of `repeat_kv` (a
-grouped-query model's keys and values repeated to the query's heads) into a numpy `Broadcast` to a computed shape
-(ShapeOf, Equal, Select), because the CPU plugin runs a bidirectional one alone in float32 reference code. But the CPU
-plugin's `StatefulSDPAFusion`, which turns ReadValue -> Gather(beam_idx) -> Concat -> [repeat] -> SDPA -> Assign into
-one `ScaledDotProductAttention` that holds the KV cache, matches the repeat only as a bidirectional Broadcast (or a
-Multiply by ones): every attention of hfexport's stateful decode then ran unfused (MatMul, Softmax, the cache copied by
-a Concat each step), in optimum-intel's `OVModelForCausalLM`, in OpenVINO GenAI's SDPA backend and in hfexport's own
-`generate` (SmolLM2-135M decode 0.68x optimum-intel's export in LLMPipeline's SDPA backend, 0.97x with this fix:
-docs/generation.md). Where that Broadcast sits exactly between a stateful cache's Concat and an SDPA, the fusion
-consumes it, so it is put back as the frontend made it (optimum-intel's graph has the same); everywhere else the
-engine's numpy one stays. GenAI's default PagedAttention backend drops the repeat either way. The canary in
-tests/test_deployment_llm.py fails once the engine's own export compiles to the fused attention: then it can go.
+`copy_returned_inputs` (runners whose output is one of their inputs are called with copies: the plugin
+corrupts the heap otherwise) and `fuse_ready_cache_broadcasts` (a stateful cache's repeat put back in the form
+the plugin's fused KV-cache attention matches). Why, the figures and the canaries: docs/workarounds.md,
+"OpenVINO's CPU plugin".
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """Accepting a `.pt2` only when it is provably what `torch.export.save` writes for one program.
 
-torch 2.13's `torch.export.load` runs code from an archive in many ways: it unpickles with `weights_only=False`
-(sample inputs after a failed weights-only load, `use_pickle` weights and constants, a legacy `data/weights/model.pt`
-or `data/constants/model.pt`, opaque and custom objects), falls back to the pre-2.7 zip format (unpickling
-`serialized_state_dict.pt`) when the current loader fails, loads every file under `models/` as a program, loads an
-AOTInductor package's native code, and reads members through its own zip reader (the first of two entries with one
-name; Python's `zipfile` reads the last). `check_pt2_archive` therefore accepts an archive only when
-- its zip structure is exactly what torch's writer makes: every entry stored (not compressed), local headers and the
-  central directory agreeing on every name and size, entries tiling the file from byte 0 to the central directory
-  (nothing hidden between them), no duplicate name, no comment;
-- every member is accounted for by name and role, for the one program `model` that `torch.export.save` writes
-  (`ALLOWED_MEMBERS`, plus the `weight_<n>` / `tensor_<n>` payloads its configs name, each exactly once);
-- each pickle (sample inputs, a `use_pickle` tensor) loads with torch's weights-only unpickler, transformers' cache
-  classes allowed;
-- the serialized program (`models/model.json`) holds only what torch.export writes (`check_pt2_program`).
-`weights_only_unpickling()` then arranges the load so that any unpickling torch still does is weights-only.
-
-`check_pt2_program` checks the program, whose strings torch 2.13 turns into code when loading or calling it:
-- `guards_code`: Python source that `ExportedProgram.module()` compiles with `exec` into the guard function run on
-  every call (pasted into a string literal too, so a quote in it escapes);
-- symbolic expressions (`expr_str`, range-constraint names): parsed with `sympy.sympify`, which evaluates Python;
-- graph node targets: resolved by attribute lookups from `torch` (`torch.<path>`), then called;
-- the signature's pytree specs, whose cache contexts the engine turns into calls (`safety.check_treespec`).
-Each string must parse into the small grammar `torch.export` writes; anything else raises `UnsafeExportError`
-naming the archive member and JSON path.
+`check_pt2_archive` (the zip structure, every member by name and role, weights-only pickles) and
+`check_pt2_program` (every string torch turns into code parsed into the grammar torch.export writes); why each:
+docs/security.md, "What `formats/torch_export/pt2_safety` accepts".
 """
 
 from __future__ import annotations
