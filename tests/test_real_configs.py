@@ -129,7 +129,7 @@ def test_an_op_onnx_runtime_has_no_cpu_kernel_for_is_said_so_not_a_corrupt_file(
     from onnx import TensorProto, helper
 
     from hfexport.errors import MissingKernelError
-    from hfexport.exported import _OnnxFile
+    from hfexport.formats.onnx.file_component import OnnxFile
     from hfexport.formats.onnx.file_runner import OnnxFileRunner
 
     tensor = [helper.make_tensor_value_info(name, TensorProto.BFLOAT16, [2]) for name in ("a", "b", "c")]
@@ -138,7 +138,7 @@ def test_an_op_onnx_runtime_has_no_cpu_kernel_for_is_said_so_not_a_corrupt_file(
     path = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
     with pytest.raises(MissingKernelError) as raised:
-        OnnxFileRunner.from_program(_OnnxFile(path), None, device="cpu")
+        OnnxFileRunner.from_program(OnnxFile(path), None, device="cpu")
     message = str(raised.value)
     assert str(path) in message and "no CPU kernel for Mul (opset 14) at bfloat16 (node 'the_mul')" in message
     assert "not corrupt" in message
