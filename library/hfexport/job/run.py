@@ -280,8 +280,8 @@ def _load(job: _Job, detail: str | None = None) -> None:
             config = load_config(job.model, job.revision_to_load, options.token, options.trust_remote_code)
             job.model_object = load_model(job.model, job.recipe, job.revision_to_load, options.token,
                                           options.trust_remote_code, config=config)
-            if checkpoint_dtype(config):  # what the weights are stored in; each target's export_dtype is its own
-                job.report.source["checkpoint_dtype"] = checkpoint_dtype(config)
+            if stored := checkpoint_dtype(config):  # what the weights are stored in; each target's export_dtype is its own
+                job.report.source["checkpoint_dtype"] = stored
         if options.inputs is None:
             job.processor = load_processor(job.model, job.revision_to_load, options.token)
     job.report.timings["load_model_s"] = round(timer.seconds, 4)
