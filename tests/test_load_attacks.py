@@ -356,7 +356,7 @@ def test_the_onnx_subset_finds_every_external_tensor_onnx_finds(target):
     node attribute in a subgraph, a local function), the subset parse sees the same external tensors, locations,
     offsets and lengths as onnx's own parse."""
     import onnx
-    from hfexport.safety.artifacts import _onnx_tensors
+    from hfexport.formats.onnx.file_check import onnx_tensors
     from hfexport.formats.onnx.proto import model_proto
     from onnx import TensorProto, helper
 
@@ -383,7 +383,7 @@ def test_the_onnx_subset_finds_every_external_tensor_onnx_finds(target):
     def seen(proto) -> list:
         return sorted((where, tensor.name, tensor.data_type, list(tensor.dims),
                        sorted((entry.key, entry.value) for entry in tensor.external_data))
-                      for tensor, where in _onnx_tensors(proto) if tensor.data_location == 1)
+                      for tensor, where in onnx_tensors(proto) if tensor.data_location == 1)
 
     subset = model_proto()()
     subset.ParseFromString(data)

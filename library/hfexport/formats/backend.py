@@ -44,6 +44,7 @@ class FormatBackend:
     # (atol, rtol, min_cosine, min_top1) at float32 (docs/parity.md): a runtime of its own; torch itself is tighter
     fp32_tolerance: ClassVar[tuple[float, float, float, float]] = (1e-4, 1e-3, 0.9999, 0.99)
     half_weights_option: ClassVar[str | None] = None  # an option that stores the weights as float16
+    max_program_bytes: ClassVar[int | None] = None  # the largest program file (`suffix`) it opens (default: weights')
     memory_factor: ClassVar[float] = 4.0  # peak memory of an export, times the weights (hfexport.job.preflight)
     export_cost: ClassVar[float] = 1.0  # an export's relative time, to share targets out (hfexport.job.parallel)
     runtimes: ClassVar[tuple[str, ...]] = ()  # modules of its deployment runtimes (`RUNTIME`, `check(folder, request)`)

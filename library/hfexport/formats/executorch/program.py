@@ -11,12 +11,13 @@ from hfexport.formats.backend import FormatProgram
 from hfexport.formats.executorch import weights
 from hfexport.formats.executorch.backend import data_name
 from hfexport.formats.executorch.data_file import DATA_PATH, separated, write_data
+from hfexport.formats.executorch.file_check import check_ptd_file, check_pte_file
 from hfexport.formats.executorch.llm_program import DATA_FILE as LLM_DATA_FILE
 from hfexport.formats.executorch.llm_program import is_llm_program, uses_custom_ops
 from hfexport.formats.executorch.llm_program import load_program as load_executorch  # a .pte with its .ptd
 from hfexport.formats.executorch.workarounds import executorch_fixes
 from hfexport.formats.openvino.genai_layout import save_tokenizer
-from hfexport.safety.artifacts import check_ptd_file, check_pte_file, read_json
+from hfexport.safety.artifacts import read_json
 
 
 class ExecutorchProgram(FormatProgram):

@@ -6,7 +6,7 @@ entries (a key, a segment index, optionally the tensor's dtype and shape) that t
 constants look up by key (executorch 1.5.1, `extension/flat_tensor/flat_tensor.fbs` and `serialize.py`). This
 module reads that index with explicit bounds (no flatc, no generated code): every offset must lie inside the
 flatbuffer, every segment inside the file, every entry's segment must exist. `read_flat_tensor` is what the loader
-checks (`safety.artifacts.check_ptd_file`) and what the rebind reads (`formats.executorch.weights`).
+checks (`formats.executorch.file_check.check_ptd_file`) and what the rebind reads (`formats.executorch.weights`).
 """
 
 from __future__ import annotations

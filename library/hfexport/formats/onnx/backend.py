@@ -72,6 +72,7 @@ class OnnxFormat(FormatBackend):
     packages = ("onnx", "onnxscript", "onnxruntime")
     target_name = "onnx"
     options = (*COMMON_OPTIONS, "opset_version", "optimize", "ort_fusions")
+    max_program_bytes = 2 << 30  # protobuf's own limit for one message: larger models keep weights in `.data`
     memory_factor = 4.0
     export_cost = 1.5
     runtimes = ("hfexport.formats.onnx.runtimes.transformers_js", "hfexport.formats.onnx.runtimes.optimum",

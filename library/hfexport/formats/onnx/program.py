@@ -17,7 +17,7 @@ from hfexport.formats.onnx.onnxruntime_workarounds import (
 )
 from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes
 from hfexport.formats.openvino.genai_layout import save_tokenizer
-from hfexport.safety.artifacts import check_onnx_file
+from hfexport.formats.onnx.file_check import check_onnx_file
 
 
 class OnnxProgram(FormatProgram):

@@ -1,6 +1,6 @@
 """The part of ONNX's protobuf schema that the external-data check reads, parsed by protobuf without importing onnx.
 
-`artifacts.check_onnx_file` walks every tensor of a `.onnx` file (initializers, sparse initializers, node attributes,
+`file_check.check_onnx_file` walks every tensor of a `.onnx` file (initializers, sparse initializers, node attributes,
 subgraphs, local functions) and reads where its bytes are kept. Importing onnx to parse the file costs ~40 ms of CPU
 per process (its package imports its helpers, NumPy types and ml_dtypes), a seventh of loading a published target to
 its first output (benchmarks/load_published.py). These message classes are built here from the field numbers and

@@ -28,6 +28,7 @@ class OpenvinoFormat(FormatBackend):
     init_runtime = {"precision": "f32"}
     options = (*COMMON_OPTIONS, "compress_to_fp16", "stateful")
     runtime_precisions = PRECISIONS
+    max_program_bytes = 1 << 30  # the `.xml` graph; its weights are in the `.bin`
     half_weights_option = "compress_to_fp16"
     memory_factor = 4.0
     export_cost = 1.0

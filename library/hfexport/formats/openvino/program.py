@@ -10,7 +10,7 @@ from hfexport.formats.backend import FormatProgram
 from hfexport.formats.openvino import weights
 from hfexport.formats.openvino.genai_layout import finish
 from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
-from hfexport.safety.artifacts import check_openvino_files
+from hfexport.formats.openvino.file_check import check_openvino_files
 
 
 class OpenvinoProgram(FormatProgram):
