@@ -33,6 +33,7 @@ from hfexport.errors import (
     status_exit_code,
 )
 from hfexport.files import MANIFEST_FILE, REPORT_FILE, human_bytes
+from hfexport.formats import formats
 from hfexport.hub import looks_like_repo_id
 from hfexport.layout import canonical_format, format_label
 from hfexport.logs import original_stream, quiet_engine_logs
@@ -692,9 +693,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="propose a recipe for a model, export and verify it, write the targets that pass")
     source_args(p, "model", "a model folder or a Hub repo id")
-    p.add_argument("--format", action="append", type=canonical_format, choices=("onnx", "openvino", "dynamo", "executorch"),
-                   help="a format to propose a target for (repeatable; default: onnx; pt2 and pte are accepted for "
-                        "dynamo and executorch)")
+    # the registered formats; a target name that is not its format's (pt2, pte) is accepted as an alias, and the
+    # default is job.propose's DEFAULT_FORMATS (the job stack is not imported here)
+    renamed = [backend for backend in formats() if backend.target_name != backend.name]
+    p.add_argument("--format", action="append", type=canonical_format, choices=[b.name for b in formats()],
+                   help="a format to propose a target for (repeatable; default: onnx; "
+                        f"{' and '.join(b.target_name for b in renamed)} are accepted for "
+                        f"{' and '.join(b.name for b in renamed)})")
     p.add_argument("-o", "--output", help="where to write the recipe (default: MODEL/export_config.json for a "
                                           "folder, else ./export_config.json)")
     p.add_argument("--force", action="store_true", help="replace an existing recipe file")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hfexport.formats import format_backend
+
 SEED = 1234
 FORMATS = ("dynamo", "onnx", "executorch", "openvino")
 CORPUS = [
@@ -86,7 +88,7 @@ def matrix_recipe(task: str, modes: tuple[str, ...], forward_shapes: dict, sampl
             target: dict[str, Any] = {"export_format": export_format, "mode": mode}
             if export_format in (runtime or {}):
                 target["runtime"] = runtime[export_format]
-            options = {"backend": "xnnpack"} if export_format == "executorch" else {}
+            options = dict(format_backend(export_format).init_options)  # what init proposes (ExecuTorch: xnnpack)
             if mode == "forward":
                 target["dynamic_shapes"] = forward_shapes
             else:
