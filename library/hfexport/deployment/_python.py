@@ -1,5 +1,6 @@
-"""What the runtime modules share: finding a Python runtime's interpreter, running a client script on a
-request file. (Private to this package: each runtime module is the concept; this is their plumbing.)"""
+"""What the runtime modules share: finding a Python runtime's interpreter, running a client script (each runtime's
+own, in its format's `runtimes/clients/`) on a request file. (Private to this package: each runtime module is the
+concept; this is their plumbing.)"""
 
 from __future__ import annotations
 
@@ -10,17 +11,6 @@ import tempfile
 from pathlib import Path
 
 from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, judge_tokens, run_client, runtime_environment
-from hfexport.formats.onnx.backend import transformers_js_dtype
-
-CLIENTS = Path(__file__).resolve().parent / "clients"
-#: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.formats.onnx.decoder_contract).
-NOT_IN_CONTRACT = ("not in the ONNX runtimes' layout (model.onnx with past_key_values.{i}.key inputs, "
-                   "genai_config.json): the export keeps the engine's graphs (an encoder-decoder, a VLM, a state-space "
-                   "decode, a prefill/decode pair, or a graph with inputs the runtimes do not feed)")
-
-#: Why a runtime does not check an encoder-decoder folder without `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract).
-NOT_IN_SEQ2SEQ_CONTRACT = ("not in the seq2seq runtimes' layout (encoder_model.onnx + decoder_model_merged.onnx): an "
-                           "export saved before hfexport wrote it, or in another format's graphs")
 
 
 def interpreter(runtime: str, module: str) -> str | None:
@@ -50,18 +40,13 @@ def request_payload(request: GenerationRequest, padded: bool) -> dict:
     return payload
 
 
-def variant_dtype(request: GenerationRequest) -> str:
-    """The precision a runtime's record names: transformers.js' dtype of the file the target is published under
-    (`fp32`, `q8`, `fp16`, ...; `hfexport.formats.onnx.backend.transformers_js_dtype`), else the file name."""
-    return transformers_js_dtype(request.file_name) or request.file_name
-
-
-def run_python_client(python: str, script: str, folder: Path, payload: dict, timeout: float) -> dict:
-    """Run `clients/<script> FOLDER REQUEST` with `python`; its last stdout line (JSON) as a dict."""
+def run_python_client(python: str, client: Path, folder: Path, payload: dict, timeout: float) -> dict:
+    """Run the client script `client` (a runtime's own, in its format's `runtimes/clients/`) as
+    `python CLIENT FOLDER REQUEST`; its last stdout line (JSON) as a dict."""
     with tempfile.TemporaryDirectory(prefix="hfexport-runtime-") as scratch:
         request_file = Path(scratch) / "request.json"
         request_file.write_text(json.dumps(payload), encoding="utf-8")
-        return run_client([python, str(CLIENTS / script), str(folder), str(request_file)], timeout=timeout,
+        return run_client([python, str(client), str(folder), str(request_file)], timeout=timeout,
                           cwd=scratch)
 
 

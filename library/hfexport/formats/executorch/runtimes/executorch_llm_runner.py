@@ -33,7 +33,7 @@ from hfexport.files import MANIFEST_FILE
 
 RUNTIME = "executorch-llm-runner"
 MODULE = "executorch.extension.llm.runner"
-CLIENT = "executorch_llm_runner_client.py"
+CLIENT = Path(__file__).resolve().parent / "clients" / "executorch_llm_runner_client.py"
 TOKENIZER_FILE = "tokenizer.json"
 
 

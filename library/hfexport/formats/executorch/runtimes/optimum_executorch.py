@@ -22,7 +22,7 @@ from hfexport.formats.executorch.llm_program import DATA_FILE
 
 RUNTIME = "optimum-executorch"
 MODULE = "optimum.executorch"
-CLIENT = "optimum_executorch_client.py"
+CLIENT = Path(__file__).resolve().parent / "clients" / "optimum_executorch_client.py"
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:

@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 
 from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, judge_tokens
-from hfexport.deployment._python import NOT_IN_CONTRACT, interpreter, request_payload, run_python_client, variant_dtype
+from hfexport.deployment._python import interpreter, request_payload, run_python_client
 from hfexport.formats.onnx.decoder_contract import stage_as
+from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, variant_dtype
 
 RUNTIME = "onnxruntime-genai"
 #: Why an encoder-decoder is not checked (onnxruntime-genai 0.18's model types: src/models/model_type.h; its Whisper
@@ -30,7 +31,7 @@ SEQ2SEQ_REASON = {"whisper": (
     "transformers.js' layout) computes that cache in its first step")}
 SEQ2SEQ_OTHER = ("not a model type of onnxruntime-genai 0.18 (its encoder-decoders are whisper and marian-ssru, "
                  "each in its model builder's own layout)")
-CLIENT = "onnxruntime_genai_generate.py"
+CLIENT = Path(__file__).resolve().parent / "clients" / "onnxruntime_genai_generate.py"
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:

@@ -18,20 +18,13 @@ from hfexport.deployment import (
     RuntimeCheck,
     RuntimeClientError,
 )
-from hfexport.deployment._python import (
-    NOT_IN_CONTRACT,
-    NOT_IN_SEQ2SEQ_CONTRACT,
-    interpreter,
-    judge,
-    request_payload,
-    run_python_client,
-    variant_dtype,
-)
+from hfexport.deployment._python import interpreter, judge, request_payload, run_python_client
 from hfexport.formats.onnx.decoder_contract import stage_as
+from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, variant_dtype
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "optimum"
-CLIENT = "optimum_generate.py"
+CLIENT = Path(__file__).resolve().parent / "clients" / "optimum_generate.py"
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:

@@ -26,13 +26,14 @@ from hfexport.deployment import (
     run_client,
     runtime_environment,
 )
-from hfexport.deployment._python import CLIENTS, NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, judge, request_payload
+from hfexport.deployment._python import judge, request_payload
 from hfexport.formats.onnx.backend import transformers_js_config, transformers_js_dtype
 from hfexport.formats.onnx.decoder_contract import MODEL_FILE, stage_as
+from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "transformers.js"
-CLIENT = "transformers_js_generate.mjs"
+CLIENT = Path(__file__).resolve().parent / "clients" / "transformers_js_generate.mjs"
 PACKAGE = Path("node_modules") / "@huggingface" / "transformers"
 #: The files of an export transformers.js reads from the repo's root (the graph it reads from `onnx/`).
 ROOT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -79,10 +80,10 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
             names = [path.name for path in (repo / "onnx").iterdir()]
             (repo / "config.json").write_text(json.dumps(transformers_js_config(config, names)), encoding="utf-8")
         os.symlink(Path(modules).resolve() / "node_modules", stage / "node_modules", target_is_directory=True)
-        shutil.copyfile(CLIENTS / CLIENT, stage / CLIENT)  # ESM resolves packages beside the script
+        shutil.copyfile(CLIENT, stage / CLIENT.name)  # ESM resolves packages beside the script
         (stage / "request.json").write_text(json.dumps(payload), encoding="utf-8")
         try:
-            result = run_client([node, str(stage / CLIENT), str(stage / "models"), "model", str(stage / "request.json")],
+            result = run_client([node, str(stage / CLIENT.name), str(stage / "models"), "model", str(stage / "request.json")],
                                 timeout=request.timeout_s, cwd=stage)
         except RuntimeClientError as error:
             return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=dtype)

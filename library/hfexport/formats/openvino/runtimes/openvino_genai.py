@@ -29,7 +29,7 @@ from hfexport.verify.thresholds import RUNTIME_MIN_TOKEN_AGREEMENT
 
 RUNTIME = "openvino-genai"
 MODULE = "openvino_genai"
-CLIENT = "openvino_genai_client.py"
+CLIENT = Path(__file__).resolve().parent / "clients" / "openvino_genai_client.py"
 MODEL_FILE = "openvino_model.xml"
 
 

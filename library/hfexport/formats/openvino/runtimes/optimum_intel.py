@@ -23,7 +23,7 @@ from hfexport.formats.openvino.runtimes.openvino_genai import MODEL_FILE, judge_
 
 RUNTIME = "optimum-intel"
 MODULE = "optimum.intel"
-CLIENT = "optimum_intel_client.py"
+CLIENT = Path(__file__).resolve().parent / "clients" / "optimum_intel_client.py"
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
