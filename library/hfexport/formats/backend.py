@@ -11,6 +11,7 @@ by its name, the recipe's `export_format`.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,6 +20,24 @@ from hfexport.errors import CorruptExportError, HfExportError, UnsafeExportError
 _REGISTRY: dict[str, FormatBackend] = {}
 #: The engine config fields every format takes (transformers.exporters.configs), minus what the recipe sets elsewhere.
 COMMON_OPTIONS = ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_guards")
+
+
+#: The tasks whose forward targets the ecosystem's embedding loaders (sentence-transformers, a feature-extraction
+#: pipeline) and causal-LM loaders read: the model card shows them loading such targets.
+EMBEDDING_TASKS = ("feature-extraction", "sentence-similarity")
+CAUSAL_TASKS = ("text-generation",)
+
+
+@dataclass(frozen=True)
+class CardTarget:
+    """A published target as the model card's loading snippets see it (`hfexport.report.card`)."""
+
+    name: str
+    folder: str  # the repo folder it is published in
+    stem: str | None  # a variant's file name without its suffix (`model_quantized`); None: the folder's default name
+    path: str  # the repo path of its artifact (`onnx/model_quantized.onnx`)
+    task: str | None
+    files: tuple[str, ...]  # the paths of its files, as its report lists them
 
 
 class FormatBackend:
@@ -59,6 +78,9 @@ class FormatBackend:
     quantized_lowerings: ClassVar[tuple[str, ...] | None] = None  # the `backend` options a quantized target may use
     nncf_quantizer: ClassVar[str] = "NNCFOnnxQuantizer"  # the engine's NNCF quantizer class for it
     nncf_onnx_limits: ClassVar[bool] = False  # NNCF quantizes it through its ONNX backend (fewer weight modes)
+    contract_files: ClassVar[tuple[str, ...]] = ()  # a generation target with one is in its runtimes' contract
+    sentence_transformers: ClassVar[bool] = False  # sentence-transformers loads it (`backend=<name>`): the card says so
+    optimum_classes: ClassVar[tuple[str, str] | None] = None  # optimum's module and class prefix that load it
 
     @property
     def suffix(self) -> str:
@@ -81,8 +103,56 @@ class FormatBackend:
         """Runner arguments that make it run at `precision` (none: it runs the graph's own element types)."""
         return {}
 
+    def loading_snippets(self, loader: str, repo_id: str, targets: list[CardTarget]) -> list[str]:
+        """The code lines it adds to the model card's section of `loader` (`report.card.LOADER_SECTIONS`) for its
+        forward `targets` published in `repo_id` (default targets first); none where that loader does not read it.
+        The default: sentence-transformers' and optimum's lines where it sets `sentence_transformers` and
+        `optimum_classes`."""
+        if loader == "sentence-transformers" and self.sentence_transformers:
+            return _sentence_transformers_lines(self, repo_id, targets)
+        if loader == "optimum" and self.optimum_classes:
+            return _optimum_lines(repo_id, targets, *self.optimum_classes)
+        return []
+
+    def runtime_snippets(self, repo_id: str, target: CardTarget, passed: list[str]) -> list[str]:
+        """The model card's lines that load a generation `target` of it in each of its deployment runtimes that
+        `passed` (generated `model.generate`'s tokens in the gate)."""
+        return []
+
     def __repr__(self) -> str:
         return f"<format {self.name}>"
+
+
+def _sentence_transformers_lines(backend: FormatBackend, repo_id: str, targets: list[CardTarget]) -> list[str]:
+    """sentence-transformers' `SentenceTransformer(..., backend=<format>)` for each embedding target of `backend`
+    (a target outside its default file and folder named by `file_name`)."""
+    lines = []
+    for target in targets:
+        if target.task in EMBEDDING_TASKS:
+            extra = "" if target.folder == backend.folder and not target.stem else \
+                f', model_kwargs={{"file_name": "{target.path}"}}'
+            lines.append(f'model = SentenceTransformer("{repo_id}", backend="{backend.name}"{extra})  # {target.name}')
+    return lines
+
+
+def _optimum_lines(repo_id: str, targets: list[CardTarget], module: str, prefix: str) -> list[str]:
+    """optimum's `<prefix>ForFeatureExtraction` / `<prefix>ForCausalLM` (from `module`) for each embedding or causal
+    forward target; a variant only where its folder's default target is published too (optimum reads config.json
+    from the subfolder)."""
+    lines: list[str] = []
+    for tasks, suffix, kwargs in ((EMBEDDING_TASKS, "ForFeatureExtraction", ""),
+                                  (CAUSAL_TASKS, "ForCausalLM", ", use_cache=False")):
+        found = [target for target in targets if target.task in tasks]
+        defaults = {target.folder for target in found if not target.stem}
+        for target in found:
+            if target.stem and target.folder not in defaults:
+                continue
+            file_name = f', file_name="{target.path.rsplit("/", 1)[-1]}"' if target.stem else ""
+            imported = f"from {module} import {prefix}{suffix}"
+            lines += ([] if imported in lines else [imported]) + [
+                (f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{target.folder}"'
+                 f'{file_name}{kwargs})  # {target.name}')]
+    return lines
 
 
 def register_format(backend: type[FormatBackend] | FormatBackend):

@@ -15,9 +15,9 @@ from pathlib import PurePath
 
 from hfexport.errors import CardError
 from hfexport.files import EXPORTS_DIR, human_bytes
-from hfexport.formats import find_format, format_backend
+from hfexport.formats import find_format, format_traits, formats
+from hfexport.formats.backend import CardTarget
 from hfexport.latency import latency_markdown
-from hfexport.formats.onnx.backend import TRANSFORMERS_JS_SUFFIXES
 from hfexport.layout import DEFAULT_NAMES, Place, format_label
 from hfexport.report.markdown import report_markdown, verified_on_line
 from hfexport.report.data import JobReport, TargetReport
@@ -25,7 +25,17 @@ from hfexport.report.data import JobReport, TargetReport
 START = "<!-- hfexport:start -->"
 END = "<!-- hfexport:end -->"
 PARITY = {True: "✅ passed", False: "❌ failed", None: "— not verified"}
-ONNX_FOLDER = format_backend("onnx").folder  # where transformers.js looks without a `subfolder`
+#: The card's sections of the ecosystem's loaders, in order: the loader (`FormatBackend.loading_snippets`' key), the
+#: section's heading, its code block's language and opening lines, and the lines between two formats' code.
+LOADER_SECTIONS = (
+    ("sentence-transformers", "sentence-transformers:", "python",
+     ("from sentence_transformers import SentenceTransformer", ""), ()),
+    ("optimum", "optimum (optimum-onnx / optimum-intel):", "python", (), ()),
+    ("transformers.js", "transformers.js (`dtype` picks the file in `onnx/`: `q8` is `model_quantized.onnx`; weights in "
+     "`*.onnx_data`, hence `use_external_data_format`):", "js",
+     ('import { pipeline } from "@huggingface/transformers";', ""), ()),
+    ("plain", "Plain ONNX Runtime / OpenVINO:", "python", (), ("",)),
+)
 
 
 def format_tags(reports: dict[str, TargetReport]) -> list[str]:
@@ -117,23 +127,17 @@ def _task(target: TargetReport) -> str | None:
     return (target.plan or {}).get("task")
 
 
-def _forward(report: JobReport, places: dict[str, Place], export_format: str, tasks: tuple[str, ...] | None = None):
-    """The forward targets of `export_format` (and of one of `tasks`), with their places, default targets first."""
-    found = [(name, places[name]) for name, target in report.targets.items()
-             if target.export_format == export_format and target.mode == "forward"
-             and (tasks is None or _task(target) in tasks)]
-    return sorted(found, key=lambda item: (item[1].stem is not None, item[0]))
+def card_target(name: str, target: TargetReport, place: Place) -> CardTarget:
+    """A published target as its format's loading snippets see it."""
+    return CardTarget(name, place.folder, place.stem, artifact_path(place, target.export_format), _task(target),
+                      tuple(str(entry.get("path", "")) for entry in target.files))
 
 
-EMBEDDING_TASKS = ("feature-extraction", "sentence-similarity")
-CAUSAL_TASKS = ("text-generation",)
-#: transformers.js' `dtype` for each ONNX file name it knows (`onnx/model<suffix>.onnx`).
-TRANSFORMERS_JS_DTYPES = {None: "fp32", **{f"model{suffix}": dtype for dtype, suffix in TRANSFORMERS_JS_SUFFIXES.items()
-                                            if suffix}}
-
-
-def _external_data(target: TargetReport) -> bool:
-    return any(str(entry.get("path", "")).endswith((".onnx.data", ".onnx_data")) for entry in target.files)
+def _forward(report: JobReport, places: dict[str, Place], export_format: str) -> list[CardTarget]:
+    """The forward targets of `export_format`, with their places, default targets first."""
+    found = [card_target(name, target, places[name]) for name, target in report.targets.items()
+             if target.export_format == export_format and target.mode == "forward"]
+    return sorted(found, key=lambda target: (target.stem is not None, target.name))
 
 
 def recipe_origin(report: JobReport) -> str:
@@ -171,72 +175,19 @@ def loading_snippets(repo_id: str, report: JobReport, folders: dict[str, str | P
               f'model = hfexport.load("{repo_id}", target="{first}")', "```", ""]
     if len(names) > 1:
         lines += ["Other targets: " + ", ".join(f'`target="{name}"`' for name in names[1:]), ""]
-    st = []
-    for export_format, home in (("onnx", "onnx"), ("openvino", "openvino")):
-        for name, place in _forward(report, places, export_format, EMBEDDING_TASKS):
-            path = artifact_path(place, export_format)
-            extra = "" if place.folder == home and not place.stem else f', model_kwargs={{"file_name": "{path}"}}'
-            st.append(f'model = SentenceTransformer("{repo_id}", backend="{export_format}"{extra})  # {name}')
-    if st:
-        lines += ["sentence-transformers:", "", "```python", "from sentence_transformers import SentenceTransformer",
-                  "", *st, "```", ""]
-    optimum = []
-    for export_format, module, prefix in (("onnx", "optimum.onnxruntime", "ORTModel"),
-                                          ("openvino", "optimum.intel", "OVModel")):
-        for tasks, suffix, kwargs in ((EMBEDDING_TASKS, "ForFeatureExtraction", ""),
-                                      (CAUSAL_TASKS, "ForCausalLM", ", use_cache=False")):
-            found = _forward(report, places, export_format, tasks)
-            defaults = {place.folder for _, place in found if not place.stem}
-            for name, place in found:
-                if place.stem and place.folder not in defaults:
-                    continue  # optimum reads config.json from the subfolder: the folder's default target has it
-                file_name = f', file_name="{artifact_path(place, export_format).rsplit("/", 1)[-1]}"' \
-                    if place.stem else ""
-                imported = f"from {module} import {prefix}{suffix}"
-                optimum += ([] if imported in optimum else [imported]) + [
-                    (f'model = {prefix}{suffix}.from_pretrained("{repo_id}", subfolder="{place.folder}"'
-                    f'{file_name}{kwargs})  # {name}')]
-    if optimum:
-        lines += ["optimum (optimum-onnx / optimum-intel):", "", "```python", *optimum, "```", ""]
-    js = []
-    for name, place in _forward(report, places, "onnx", EMBEDDING_TASKS):
-        options = []
-        if place.stem in TRANSFORMERS_JS_DTYPES or not place.stem:
-            options.append(f'dtype: "{TRANSFORMERS_JS_DTYPES[place.stem]}"')
-        else:
-            options += ['dtype: "fp32"', f'model_file_name: "{place.stem}"']
-        if _external_data(report.targets[name]):
-            options.append("use_external_data_format: true")
-        if place.folder != ONNX_FOLDER:
-            options.append(f'subfolder: "{place.folder}"')
-        variable = "extractor" if not js else "extractor_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
-        js.append(f'const {variable} = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
-                  f"  // {name}")
-    if js:
-        lines += [("transformers.js (`dtype` picks the file in `onnx/`: `q8` is `model_quantized.onnx`; weights in "
-                  "`*.onnx_data`, hence `use_external_data_format`):"), "",
-                  "```js", 'import { pipeline } from "@huggingface/transformers";', "", *js, "```", ""]
-    plain = []
-    found = _forward(report, places, "onnx")
-    if found:
-        place = found[0][1]
-        path = artifact_path(place, "onnx")
-        plain += ["import onnxruntime as ort", "from huggingface_hub import snapshot_download", "",
-                  f'local = snapshot_download("{repo_id}", allow_patterns=["{path.rsplit(".", 1)[0]}.*"])',
-                  f'session = ort.InferenceSession(f"{{local}}/{path}")']
-    found = _forward(report, places, "openvino")
-    if found:
-        place = found[0][1]
-        plain += ([""] if plain else []) + [
-            "import openvino as ov", "from huggingface_hub import snapshot_download", "",
-            f'local = snapshot_download("{repo_id}", allow_patterns=["{artifact_path(place, "openvino")[:-4]}.*"])',
-            f'compiled = ov.Core().compile_model(f"{{local}}/{artifact_path(place, "openvino")}", "CPU")']
-    if plain:
-        lines += ["Plain ONNX Runtime / OpenVINO:", "", "```python", *plain, "```", ""]
+    forward = {backend.name: _forward(report, places, backend.name) for backend in formats()}
+    for loader, heading, language, opening, between in LOADER_SECTIONS:
+        code: list[str] = []
+        for backend in formats():
+            found = backend.loading_snippets(loader, repo_id, forward[backend.name])
+            if found:
+                code += (list(between) if code else []) + found
+        if code:
+            lines += [heading, "", f"```{language}", *opening, *code, "```", ""]
     lines += runtime_snippets(repo_id, report, places)
     generation = [name for name, target in report.targets.items()  # in the engine's layout, not the loaders'
                   if target.mode == "generation" and not _passed_runtimes(target)
-                  and not any(str(entry.get("path", "")).endswith(("genai_config.json", "decoder_model_merged.onnx"))
+                  and not any(str(entry.get("path", "")).endswith(format_traits(target.export_format).contract_files)
                               for entry in target.files)]
     if generation:
         lines += [", ".join(f"`{name}`" for name in generation) + " hold the engine's generation graphs (a prefill "
@@ -253,81 +204,18 @@ def _passed_runtimes(target: TargetReport) -> list[str]:
     return [check["runtime"] for check in (target.runtimes or []) if check.get("verdict") == "passed"]
 
 
-#: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
-#: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract); other tasks: a decoder-only LLM's.
-SEQ2SEQ_LOADERS = {"text2text-generation": ("text2text-generation", "ORTModelForSeq2SeqLM"),
-                   "translation": ("translation", "ORTModelForSeq2SeqLM"),
-                   "summarization": ("summarization", "ORTModelForSeq2SeqLM"),
-                   "automatic-speech-recognition": ("automatic-speech-recognition", "ORTModelForSpeechSeq2Seq")}
-
-
 def runtime_snippets(repo_id: str, report: JobReport, places: dict[str, Place]) -> list[str]:
     """For each generation target, loading snippets of the deployment runtimes that generated `model.generate`'s
-    tokens from its files in the gate (its report's `runtimes`), and of those only (README's section shows them)."""
+    tokens from its files in the gate (its report's `runtimes`), and of those only (README's section shows them);
+    each format writes its runtimes' (`FormatBackend.runtime_snippets`)."""
     lines: list[str] = []
     for name, target in report.targets.items():
         passed = _passed_runtimes(target)
         if target.mode != "generation" or not passed:
             continue
-        folder, stem = places[name].folder, places[name].stem
         lines += [f"`{name}` generated `model.generate`'s tokens in {', '.join(passed)} (hfexport's gate):", ""]
-        task = str((target.plan or {}).get("task") or "")
-        pipeline_task, ort_class = SEQ2SEQ_LOADERS.get(task, ("text-generation", "ORTModelForCausalLM"))
-        seq2seq = task in SEQ2SEQ_LOADERS
-        if "transformers.js" in passed:
-            # A decoder's external data is named by config.json's transformers.js_config (the publication writes it);
-            # an encoder-decoder's two graphs are opened with use_external_data_format.
-            sub = "" if folder == ONNX_FOLDER else f', subfolder: "{folder}"'
-            dtype = TRANSFORMERS_JS_DTYPES.get(stem, "fp32")
-            lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
-                      f'const generator = await pipeline("{pipeline_task}", "{repo_id}", '
-                      f'{{ dtype: "{dtype}"{", use_external_data_format: true" if seq2seq else ""}{sub} }});', "```",
-                      ""]
-        if "optimum" in passed:
-            file_name = f', file_name="{stem}.onnx"' if stem and not seq2seq else ""
-            lines += ["```python", f"from optimum.onnxruntime import {ort_class}", "",
-                      f'model = {ort_class}.from_pretrained("{repo_id}", subfolder="{folder}"{file_name})', "```", ""]
-        if "onnxruntime-genai" in passed:
-            code = ["import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
-                    f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
-            if stem:  # the folder's genai_config.json names model.onnx: the variant is picked by an overlay
-                code += [f'config = og.Config(f"{{folder}}/{folder}")',
-                         f'config.overlay(\'{{"model": {{"decoder": {{"filename": "{stem}.onnx"}}}}}}\')',
-                         "model = og.Model(config)"]
-            else:
-                code += [f'model = og.Model(f"{{folder}}/{folder}")']
-            lines += ["```python", *code, "```", ""]
-        if {"openvino-genai", "optimum-intel"} & set(passed):
-            code = ["from huggingface_hub import snapshot_download", "",
-                    f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
-            if "openvino-genai" in passed:
-                code += ["", "import openvino_genai", "",
-                         f'pipe = openvino_genai.LLMPipeline(f"{{local}}/{folder}", "CPU")',
-                         'print(pipe.generate("The capital of France is", max_new_tokens=20))']
-            if "optimum-intel" in passed:
-                code += ["", "from optimum.intel import OVModelForCausalLM", "",
-                         f'model = OVModelForCausalLM.from_pretrained(f"{{local}}/{folder}")']
-            lines += ["```python", *code, "```", ""]
-        if "executorch-llm-runner" in passed:
-            lines += ["```python", "from huggingface_hub import snapshot_download",
-                      "from executorch.extension.llm.custom_ops import custom_ops  # registers the LLM kernels",
-                      "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner", "",
-                      f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"]) + "/{folder}"',
-                      'runner = TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json")',
-                      "# greedy; num_bos=1 where the tokenizer starts a prompt with its BOS token",
-                      'runner.generate("The capital of France is", GenerationConfig(echo=False, max_new_tokens=20, '
-                      'temperature=0.0))', "```", ""]
-        if "optimum-executorch" in passed:
-            lines += ["```python", "from huggingface_hub import snapshot_download",
-                      "from executorch.extension.llm.custom_ops import custom_ops  # registers the LLM kernels",
-                      "from optimum.executorch import ExecuTorchModelForCausalLM",
-                      "from tokenizers import Tokenizer", "",
-                      f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"]) + "/{folder}"',
-                      'model = ExecuTorchModelForCausalLM.from_pretrained(local)',
-                      'tokenizer = Tokenizer.from_file(f"{local}/tokenizer.json")',
-                      'prompt = tokenizer.encode("The capital of France is").ids',
-                      "print(tokenizer.decode(model.generate(prompt, max_seq_len=len(prompt) + 20)))  # greedy",
-                      "```", ""]
+        lines += format_traits(target.export_format).runtime_snippets(repo_id, card_target(name, target, places[name]),
+                                                                      passed)
     return lines
 
 

@@ -3,7 +3,7 @@ LLM runner and optimum-executorch (one program that holds its cache)."""
 
 from __future__ import annotations
 
-from hfexport.formats.backend import COMMON_OPTIONS, FormatBackend, register_format
+from hfexport.formats.backend import COMMON_OPTIONS, CardTarget, FormatBackend, register_format
 
 PTE_SUFFIX, PTD_SUFFIX = ".pte", ".ptd"
 
@@ -41,3 +41,27 @@ class ExecutorchFormat(FormatBackend):
     def program_files(self, file: str) -> list[tuple[str, bool]]:
         # its weights in `<stem>.ptd` (hfexport.formats.executorch.data_file); older exports: none
         return [(file, True), (data_name(file), False)]
+
+    def runtime_snippets(self, repo_id: str, target: CardTarget, passed: list[str]) -> list[str]:
+        folder, lines = target.folder, []
+        if "executorch-llm-runner" in passed:
+            lines += ["```python", "from huggingface_hub import snapshot_download",
+                      "from executorch.extension.llm.custom_ops import custom_ops  # registers the LLM kernels",
+                      "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner", "",
+                      f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"]) + "/{folder}"',
+                      'runner = TextLLMRunner(f"{local}/model.pte", f"{local}/tokenizer.json")',
+                      "# greedy; num_bos=1 where the tokenizer starts a prompt with its BOS token",
+                      'runner.generate("The capital of France is", GenerationConfig(echo=False, max_new_tokens=20, '
+                      'temperature=0.0))', "```", ""]
+        if "optimum-executorch" in passed:
+            lines += ["```python", "from huggingface_hub import snapshot_download",
+                      "from executorch.extension.llm.custom_ops import custom_ops  # registers the LLM kernels",
+                      "from optimum.executorch import ExecuTorchModelForCausalLM",
+                      "from tokenizers import Tokenizer", "",
+                      f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"]) + "/{folder}"',
+                      'model = ExecuTorchModelForCausalLM.from_pretrained(local)',
+                      'tokenizer = Tokenizer.from_file(f"{local}/tokenizer.json")',
+                      'prompt = tokenizer.encode("The capital of France is").ids',
+                      "print(tokenizer.decode(model.generate(prompt, max_seq_len=len(prompt) + 20)))  # greedy",
+                      "```", ""]
+        return lines

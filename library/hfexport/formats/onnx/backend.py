@@ -3,7 +3,15 @@ optimum and onnxruntime-genai; variants under transformers.js' dtype names (`mod
 
 from __future__ import annotations
 
-from hfexport.formats.backend import COMMON_OPTIONS, FormatBackend, register_format
+import re
+
+from hfexport.formats.backend import (
+    COMMON_OPTIONS,
+    EMBEDDING_TASKS,
+    CardTarget,
+    FormatBackend,
+    register_format,
+)
 
 #: The external data file name the loaders download next to `model.onnx` (optimum, transformers.js: `<file>_data`).
 ONNX_DATA_SUFFIX = "_data"
@@ -14,6 +22,17 @@ FOUR_BIT_WEIGHTS = ("int4_sym", "int4_asym")
 TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "uint8": "_uint8", "q8": "_quantized",
                             "q4": "_q4", "q2": "_q2", "q1": "_q1", "q4f16": "_q4f16", "q2f16": "_q2f16",
                             "q1f16": "_q1f16", "bnb4": "_bnb4"}
+
+#: transformers.js' `dtype` for each ONNX file name it knows (`onnx/model<suffix>.onnx`), by the name's stem.
+TRANSFORMERS_JS_DTYPES = {None: "fp32", **{f"model{suffix}": dtype for dtype, suffix in TRANSFORMERS_JS_SUFFIXES.items()
+                                            if suffix}}
+#: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
+#: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract); other tasks: a
+#: decoder-only LLM's.
+SEQ2SEQ_LOADERS = {"text2text-generation": ("text2text-generation", "ORTModelForSeq2SeqLM"),
+                   "translation": ("translation", "ORTModelForSeq2SeqLM"),
+                   "summarization": ("summarization", "ORTModelForSeq2SeqLM"),
+                   "automatic-speech-recognition": ("automatic-speech-recognition", "ORTModelForSpeechSeq2Seq")}
 
 
 def onnx_data_name(model_file: str) -> str:
@@ -81,6 +100,10 @@ class OnnxFormat(FormatBackend):
     converts_to_float16 = True
     generation_variants = True
     nncf_onnx_limits = True
+    # the runtimes' contracts (hfexport.formats.onnx.decoder_contract, seq2seq_contract)
+    contract_files = ("genai_config.json", "decoder_model_merged.onnx")
+    sentence_transformers = True
+    optimum_classes = ("optimum.onnxruntime", "ORTModel")
 
     def program_files(self, file: str) -> list[tuple[str, bool]]:
         # external data: `.data` as the engine writes it, `_data` as publications name it
@@ -107,3 +130,60 @@ class OnnxFormat(FormatBackend):
                 method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static":
             return "model_quantized.onnx"
         return None
+
+    def loading_snippets(self, loader: str, repo_id: str, targets: list[CardTarget]) -> list[str]:
+        if loader == "transformers.js":
+            return self._transformers_js_lines(repo_id, [target for target in targets if target.task in EMBEDDING_TASKS])
+        if loader == "plain" and targets:
+            path = targets[0].path
+            return ["import onnxruntime as ort", "from huggingface_hub import snapshot_download", "",
+                    f'local = snapshot_download("{repo_id}", allow_patterns=["{path.rsplit(".", 1)[0]}.*"])',
+                    f'session = ort.InferenceSession(f"{{local}}/{path}")']
+        return super().loading_snippets(loader, repo_id, targets)
+
+    def _transformers_js_lines(self, repo_id: str, targets: list[CardTarget]) -> list[str]:
+        """A feature-extraction `pipeline` per embedding target: `dtype` picks its file (or `model_file_name`)."""
+        js: list[str] = []
+        for target in targets:
+            options = []
+            if target.stem in TRANSFORMERS_JS_DTYPES or not target.stem:
+                options.append(f'dtype: "{TRANSFORMERS_JS_DTYPES[target.stem]}"')
+            else:
+                options += ['dtype: "fp32"', f'model_file_name: "{target.stem}"']
+            if any(path.endswith((".onnx.data", ".onnx_data")) for path in target.files):
+                options.append("use_external_data_format: true")
+            if target.folder != self.folder:
+                options.append(f'subfolder: "{target.folder}"')
+            variable = "extractor" if not js else "extractor_" + re.sub(r"[^A-Za-z0-9_]", "_", target.name)
+            js.append(f'const {variable} = await pipeline("feature-extraction", "{repo_id}", {{ {", ".join(options)} }});'
+                      f"  // {target.name}")
+        return js
+
+    def runtime_snippets(self, repo_id: str, target: CardTarget, passed: list[str]) -> list[str]:
+        folder, stem, task, lines = target.folder, target.stem, str(target.task or ""), []
+        pipeline_task, ort_class = SEQ2SEQ_LOADERS.get(task, ("text-generation", "ORTModelForCausalLM"))
+        seq2seq = task in SEQ2SEQ_LOADERS
+        if "transformers.js" in passed:
+            # A decoder's external data is named by config.json's transformers.js_config (the publication writes it);
+            # an encoder-decoder's two graphs are opened with use_external_data_format.
+            sub = "" if folder == self.folder else f', subfolder: "{folder}"'
+            dtype = TRANSFORMERS_JS_DTYPES.get(stem, "fp32")
+            lines += ["```js", 'import { pipeline } from "@huggingface/transformers";', "",
+                      f'const generator = await pipeline("{pipeline_task}", "{repo_id}", '
+                      f'{{ dtype: "{dtype}"{", use_external_data_format: true" if seq2seq else ""}{sub} }});', "```",
+                      ""]
+        if "optimum" in passed:
+            file_name = f', file_name="{stem}.onnx"' if stem and not seq2seq else ""
+            lines += ["```python", f"from optimum.onnxruntime import {ort_class}", "",
+                      f'model = {ort_class}.from_pretrained("{repo_id}", subfolder="{folder}"{file_name})', "```", ""]
+        if "onnxruntime-genai" in passed:
+            code = ["import onnxruntime_genai as og", "from huggingface_hub import snapshot_download", "",
+                    f'folder = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
+            if stem:  # the folder's genai_config.json names model.onnx: the variant is picked by an overlay
+                code += [f'config = og.Config(f"{{folder}}/{folder}")',
+                         f'config.overlay(\'{{"model": {{"decoder": {{"filename": "{stem}.onnx"}}}}}}\')',
+                         "model = og.Model(config)"]
+            else:
+                code += [f'model = og.Model(f"{{folder}}/{folder}")']
+            lines += ["```python", *code, "```", ""]
+        return lines

@@ -3,7 +3,7 @@ the one format whose runtime precision differs from the graph's (bf16 by default
 
 from __future__ import annotations
 
-from hfexport.formats.backend import COMMON_OPTIONS, FormatBackend, register_format
+from hfexport.formats.backend import COMMON_OPTIONS, CardTarget, FormatBackend, register_format
 
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 
@@ -28,6 +28,8 @@ class OpenvinoFormat(FormatBackend):
     init_runtime = {"precision": "f32"}
     options = (*COMMON_OPTIONS, "compress_to_fp16", "stateful")
     runtime_precisions = PRECISIONS
+    sentence_transformers = True
+    optimum_classes = ("optimum.intel", "OVModel")
     max_program_bytes = 1 << 30  # the `.xml` graph; its weights are in the `.bin`
     half_weights_option = "compress_to_fp16"
     memory_factor = 4.0
@@ -54,3 +56,26 @@ class OpenvinoFormat(FormatBackend):
     def load_options(self, precision: str | None) -> dict:
         """`INFERENCE_PRECISION_HINT` ("auto" leaves the device default)."""
         return {} if precision in (None, "auto") else {"config": {"INFERENCE_PRECISION_HINT": precision}}
+
+    def loading_snippets(self, loader: str, repo_id: str, targets: list[CardTarget]) -> list[str]:
+        if loader == "plain" and targets:
+            path = targets[0].path
+            return ["import openvino as ov", "from huggingface_hub import snapshot_download", "",
+                    f'local = snapshot_download("{repo_id}", allow_patterns=["{path[:-4]}.*"])',
+                    f'compiled = ov.Core().compile_model(f"{{local}}/{path}", "CPU")']
+        return super().loading_snippets(loader, repo_id, targets)
+
+    def runtime_snippets(self, repo_id: str, target: CardTarget, passed: list[str]) -> list[str]:
+        if not {"openvino-genai", "optimum-intel"} & set(passed):
+            return []
+        folder = target.folder
+        code = ["from huggingface_hub import snapshot_download", "",
+                f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
+        if "openvino-genai" in passed:
+            code += ["", "import openvino_genai", "",
+                     f'pipe = openvino_genai.LLMPipeline(f"{{local}}/{folder}", "CPU")',
+                     'print(pipe.generate("The capital of France is", max_new_tokens=20))']
+        if "optimum-intel" in passed:
+            code += ["", "from optimum.intel import OVModelForCausalLM", "",
+                     f'model = OVModelForCausalLM.from_pretrained(f"{{local}}/{folder}")']
+        return ["```python", *code, "```", ""]
