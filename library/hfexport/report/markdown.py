@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import NamedTuple
+
 from hfexport.files import human_bytes
 from hfexport.latency import latency_markdown
 from hfexport.layout import format_label
@@ -262,6 +265,38 @@ def runtimes_markdown(runtimes: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class ProbeRow(NamedTuple):
+    """One row of a parity table, as the Markdown (`target_verification_markdown`) and the terminal
+    (`hfexport.report.text`) render it."""
+
+    probe: dict  # the probe's record (name, component, capped)
+    output: str | None  # None: a probe with no outputs (rejected or skipped)
+    metrics: dict  # the output's metrics (empty without an output)
+    cells: tuple[str, str, str, str]  # max abs, max rel, cosine, top-1 as text
+    outcome: str  # "passed", "failed", "rejected" (the artifact refused the probe) or "skipped"
+    detail: str  # the failures (joined by "; "), the rejection's error or why it was skipped
+
+
+NO_METRICS = ("—", "—", "—", "—")
+
+
+def probe_rows(probes: list[dict]) -> Iterator[ProbeRow]:
+    """A row per probe and output: its metrics as text and its outcome; a probe rejected or skipped is one row."""
+    for probe in probes:
+        if probe.get("error"):
+            yield ProbeRow(probe, None, {}, NO_METRICS, "rejected", str(probe["error"]))
+            continue
+        if probe.get("skipped"):
+            yield ProbeRow(probe, None, {}, NO_METRICS, "skipped", str(probe["skipped"]))
+            continue
+        for output, metrics in (probe.get("outputs") or {}).items():
+            top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
+            cells = (metric_text(metrics.get("max_abs")), metric_text(metrics.get("max_rel")),
+                     ratio_text(metrics.get("cosine")), top1)
+            yield ProbeRow(probe, output, metrics, cells, "passed" if metrics.get("passed") else "failed",
+                           "; ".join(metrics.get("failures", [])))
+
+
 def _probe_rows(probes: list[dict]) -> list[str]:
     """A table row per probe and output: max abs, max rel, cosine, top-1, pass/fail (rejections with the message)."""
     lines: list[str] = []
@@ -270,24 +305,18 @@ def _probe_rows(probes: list[dict]) -> list[str]:
                       "cosine, top-1 per output</summary>", "",
                   "| probe | component | output | max abs | max rel | cosine | top-1 | result |",
                   "|---|---|---|---|---|---|---|---|"]
-    for probe in probes:
-        label = _cell(probe.get("name", ""))
-        if probe.get("capped"):
-            label += " (capped: " + ", ".join(f"{d} {c['requested']}→{c['probed']}" for d, c in probe["capped"].items()) + ")"
-        component = probe.get("component") or "—"
-        if probe.get("error"):
-            lines.append(f"| {label} | {component} | — | — | — | — | — | ❌ rejected: {_cell(probe['error'])} |")
-            continue
-        if probe.get("skipped"):
-            lines.append(f"| {label} | {component} | — | — | — | — | — | ➖ {_cell(probe['skipped'])} |")
-            continue
-        for output, metrics in probe.get("outputs", {}).items():
-            name = f"`{output}`" + (f" ({metrics['leaves']} leaves)" if metrics.get("leaves") else "")
-            # A word with each mark: where no emoji font exists the marks render as empty boxes.
-            result = "✅ passed" if metrics.get("passed") else "❌ failed: " + _cell("; ".join(metrics.get("failures", [])))
-            top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
-            lines.append(f"| {label} | {component} | {name} | {metric_text(metrics.get('max_abs'))} "
-                         f"| {metric_text(metrics.get('max_rel'))} | {ratio_text(metrics.get('cosine'))} | {top1} | {result} |")
+    for row in probe_rows(probes):
+        label = _cell(row.probe.get("name", ""))
+        if row.probe.get("capped"):
+            label += " (capped: " + ", ".join(f"{d} {c['requested']}→{c['probed']}"
+                                              for d, c in row.probe["capped"].items()) + ")"
+        component = row.probe.get("component") or "—"
+        output = "—" if row.output is None else f"`{row.output}`" + (
+            f" ({row.metrics['leaves']} leaves)" if row.metrics.get("leaves") else "")
+        # A word with each mark: where no emoji font exists the marks render as empty boxes.
+        result = {"passed": "✅ passed", "failed": "❌ failed: ", "rejected": "❌ rejected: ", "skipped": "➖ "}[
+            row.outcome] + ("" if row.outcome == "passed" else _cell(row.detail))
+        lines.append(f"| {label} | {component} | {output} | {' | '.join(row.cells)} | {result} |")
     if probes:
         lines += ["", "</details>"]
     return lines

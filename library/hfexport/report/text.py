@@ -4,7 +4,7 @@ verdicts, no Markdown or HTML. The Markdown of PRs, job summaries and the Space 
 from __future__ import annotations
 
 from hfexport.layout import format_label
-from hfexport.report.markdown import metric_text, ratio_text, thresholds_text
+from hfexport.report.markdown import probe_rows, thresholds_text
 
 
 def verification_text(name: str, target, against: str) -> str:
@@ -41,21 +41,13 @@ def verification_text(name: str, target, against: str) -> str:
 
 def _probe_rows(probes: list[dict], suffix: str = "") -> list[tuple[str, ...]]:
     rows = []
-    for probe in probes:
-        label = str(probe.get("name", "")) + suffix
-        if probe.get("component"):
-            label += f" [{probe['component']}]"
-        if probe.get("error"):
-            rows.append((label, "—", "—", "—", "—", "—", "rejected: " + " ".join(str(probe["error"]).split())))
-            continue
-        if probe.get("skipped"):
-            rows.append((label, "—", "—", "—", "—", "—", f"skipped: {probe['skipped']}"))
-            continue
-        for output, metrics in (probe.get("outputs") or {}).items():
-            result = "passed" if metrics.get("passed") else "FAILED: " + "; ".join(metrics.get("failures", []))
-            top1 = "—" if metrics.get("top1") is None else f"{metrics['top1']:.4f}"
-            rows.append((label, output, metric_text(metrics.get("max_abs")), metric_text(metrics.get("max_rel")),
-                         ratio_text(metrics.get("cosine")), top1, result))
+    for row in probe_rows(probes):
+        label = str(row.probe.get("name", "")) + suffix
+        if row.probe.get("component"):
+            label += f" [{row.probe['component']}]"
+        result = {"passed": "passed", "failed": "FAILED: " + row.detail, "skipped": "skipped: " + row.detail,
+                  "rejected": "rejected: " + " ".join(row.detail.split())}[row.outcome]
+        rows.append((label, "—" if row.output is None else row.output, *row.cells, result))
     return rows
 
 
