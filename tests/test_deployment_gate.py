@@ -70,7 +70,7 @@ def test_a_crashing_runtime_fails_its_check_and_the_others_still_run(llama_plan,
 
     for name, check in (("crashing", crash), ("absent", absent)):
         module = types.ModuleType(f"hfexport.deployment.{name}")
-        module.RUNTIME, module.check = f"{name}-runtime", check
+        module.RUNTIME, module.check_generation = f"{name}-runtime", check
         monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(format_backend("onnx"), "runtimes",
                         ("hfexport.deployment.crashing", "hfexport.deployment.absent"))
@@ -125,7 +125,7 @@ def test_the_model_generates_only_when_a_runtime_reads_the_tokens(llama_plan, mo
 
     for name, check in (("absent", absent), ("reader", reader)):
         module = types.ModuleType(f"hfexport.deployment.{name}")
-        module.RUNTIME, module.check = f"{name}-runtime", check
+        module.RUNTIME, module.check_generation = f"{name}-runtime", check
         monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(format_backend("onnx"), "runtimes", ("hfexport.deployment.absent",))
     assert [c.verdict for c in check_runtimes(tmp_path, model, plan, processor)] == [NOT_CHECKED]

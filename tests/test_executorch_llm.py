@@ -146,19 +146,19 @@ def test_a_runner_that_differs_crashes_or_is_absent(pte_llama, monkeypatch, tmp_
     folder = pte_llama[0]
     prompts, texts = [[0, 279]], ["The"]
     wrong = GenerationRequest(prompts, [[5, 6, 7]], 3, [1], texts=texts)
-    check = executorch_llm_runner.check(folder, wrong)
+    check = executorch_llm_runner.check_generation(folder, wrong)
     assert check.verdict == FAILED and check.first_difference["position"] == 0
     with monkeypatch.context() as patched:
         patched.setattr(executorch_llm_runner, "interpreter", lambda runtime, name: None)
         assert [check.verdict for check in run_checks("executorch", folder, wrong)] == [NOT_CHECKED, NOT_CHECKED]
     crash = crashing_interpreter(tmp_path)
     monkeypatch.setenv("HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER", str(crash))
-    crashed = executorch_llm_runner.check(folder, wrong)
+    crashed = executorch_llm_runner.check_generation(folder, wrong)
     assert crashed.verdict == FAILED and "exited 139" in crashed.reason
     monkeypatch.delenv("HFEXPORT_RUNTIME_EXECUTORCH_LLM_RUNNER")
-    not_text = executorch_llm_runner.check(folder, GenerationRequest(prompts, [[5]], 1, [1]))
+    not_text = executorch_llm_runner.check_generation(folder, GenerationRequest(prompts, [[5]], 1, [1]))
     assert not_text.verdict == NOT_CHECKED and "text" in not_text.reason
-    assert executorch_llm_runner.check(tmp_path, wrong).verdict == NOT_CHECKED  # not the runner's contract
+    assert executorch_llm_runner.check_generation(tmp_path, wrong).verdict == NOT_CHECKED  # not the runner's contract
 
 
 def crashing_interpreter(folder: Path) -> Path:
@@ -223,22 +223,22 @@ def test_optimum_executorch_that_differs_crashes_is_absent_or_meets_a_ptd(pte_ll
     folder = pte_llama[0]
     wrong = GenerationRequest([[1, 15, 65]], [[5, 6, 7]], 3, [1])
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(optimum_executorch))
-    check = runtime.check(folder, wrong)
+    check = runtime.check_generation(folder, wrong)
     assert check.verdict == FAILED and check.first_difference["position"] == 0, check
     crash = crashing_interpreter(tmp_path)
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(crash))
-    crashed = runtime.check(folder, wrong)
+    crashed = runtime.check_generation(folder, wrong)
     assert crashed.verdict == FAILED and "exited 139" in crashed.reason
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(tmp_path / "no-python"))
-    absent = runtime.check(folder, wrong)
+    absent = runtime.check_generation(folder, wrong)
     assert absent.verdict == NOT_CHECKED and "HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH" in absent.reason
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     for file in folder.iterdir():
         (legacy / file.name).symlink_to(file)
     (legacy / "model.ptd").write_bytes(b"")
-    assert "model.ptd" in runtime.check(legacy, wrong).reason
-    assert runtime.check(tmp_path, wrong).verdict == NOT_CHECKED  # not the runner's contract
+    assert "model.ptd" in runtime.check_generation(legacy, wrong).reason
+    assert runtime.check_generation(tmp_path, wrong).verdict == NOT_CHECKED  # not the runner's contract
 
 
 def test_a_program_published_with_its_weights_in_model_ptd_still_loads(tiny_llama, llama_texts, tmp_path,

@@ -57,7 +57,7 @@ def stub(monkeypatch):
     register_program(StubProgram)
     runtime = types.ModuleType("hfexport_test_stub_runtime")
     runtime.RUNTIME = "stub-runtime"
-    runtime.check = lambda folder, request: SimpleNamespace(runtime="stub-runtime", verdict="passed", seconds=None)
+    runtime.check_generation = lambda folder, request: SimpleNamespace(runtime="stub-runtime", verdict="passed", seconds=None)
     monkeypatch.setitem(sys.modules, runtime.__name__, runtime)
     StubProgram.checked = []
     yield format_backend(STUB)

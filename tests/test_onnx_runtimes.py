@@ -163,7 +163,7 @@ def test_a_runtime_that_is_absent_is_not_checked_and_one_that_crashes_or_hangs_f
     request = GenerationRequest(**{**request_for_llama.__dict__, "timeout_s": 1.0})
     from hfexport.formats.onnx.runtimes import optimum
 
-    check = optimum.check(contract_folder, request)
+    check = optimum.check_generation(contract_folder, request)
     assert check.verdict == FAILED and "time limit" in check.reason
 
 

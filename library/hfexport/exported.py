@@ -238,7 +238,7 @@ class ExportedModel(_EngineExportedModel):
         preparers_file = fetch(prefix + preparers.FILE, False)
         if preparers_file is not None:  # checked before any program is read
             label = f"{source}/{prefix}{preparers.FILE}"
-            input_preparers = preparers.check(read_json(preparers_file, label), label)
+            input_preparers = preparers.check_input_preparers(read_json(preparers_file, label), label)
         components = {}
         for name, entry in manifest["components"].items():
             label = f"{source}/{entry['file']}"

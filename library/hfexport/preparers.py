@@ -75,7 +75,7 @@ def write(folder: str | Path, contexts: dict[str, dict]) -> None:
         (Path(folder) / FILE).write_text(json.dumps(contexts, indent=2) + "\n", encoding="utf-8")
 
 
-def check(data: Any, label: str) -> dict[str, dict]:
+def check_input_preparers(data: Any, label: str) -> dict[str, dict]:
     """The content of an export's `input_preparers.json` (parsed), checked (`label`: the file as the user named it)."""
 
     def refuse(where: str, expectation: str):

@@ -185,13 +185,13 @@ def run_checks(export_format: str, folder: Path, request: GenerationRequest) -> 
 
     checks = []
     # Each format's `runtimes`: modules (hfexport.formats.<format>.runtimes.*), each with `RUNTIME: str` (the name
-    # reports use) and `check(folder: Path, request: GenerationRequest) -> RuntimeCheck` (or a list of them: one
-    # runtime checked at several precisions).
+    # reports use) and `check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck`: its generated
+    # tokens against `model.generate`'s (or a list of them: one runtime checked at several precisions).
     for name in format_traits(export_format).runtimes:
         module = importlib.import_module(name)
         started = time.perf_counter()
         try:
-            found = module.check(Path(folder), request)
+            found = module.check_generation(Path(folder), request)
         except Exception as error:  # noqa: BLE001 - one runtime's crash is its verdict; the job goes on
             found = RuntimeCheck(module.RUNTIME, FAILED, reason=redact(f"{type(error).__name__}: {error}")[:500])
         # A module may answer one record, or several (one runtime at two precisions: OpenVINO GenAI at an f32 hint

@@ -66,7 +66,7 @@ class FormatBackend:
     max_program_bytes: ClassVar[int | None] = None  # the largest program file (`suffix`) it opens (default: weights')
     memory_factor: ClassVar[float] = 4.0  # peak memory of an export, times the weights (hfexport.job.preflight)
     export_cost: ClassVar[float] = 1.0  # an export's relative time, to share targets out (hfexport.job.parallel)
-    runtimes: ClassVar[tuple[str, ...]] = ()  # modules of its deployment runtimes (`RUNTIME`, `check(folder, request)`)
+    runtimes: ClassVar[tuple[str, ...]] = ()  # modules of its deployment runtimes (`RUNTIME`, `check_generation(folder, request)`)
     verify_load_options: ClassVar[dict] = {}  # `from_pretrained` options the verifier loads it with
     runs_in_torch: ClassVar[bool] = False  # its graphs run in torch, not in a runtime of their own
     checks_input_spec: ClassVar[bool] = False  # its program checks the input's pytree spec (a static cache's batch)

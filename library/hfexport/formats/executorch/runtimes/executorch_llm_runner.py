@@ -57,7 +57,7 @@ def _adds_bos(folder: Path, text: str) -> int:
     return 1 if with_special[1:] == plain and len(with_special) == len(plain) + 1 else 0
 
 
-def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     """TextLLMRunner on `folder`: token for token at batch 1, then the text it reports against the tokenizer's."""
     folder = Path(folder)
     python = interpreter(RUNTIME, MODULE)

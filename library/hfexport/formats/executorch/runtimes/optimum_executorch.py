@@ -25,7 +25,7 @@ MODULE = "optimum.executorch"
 CLIENT = Path(__file__).resolve().parent / "clients" / "optimum_executorch_client.py"
 
 
-def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     """`ExecuTorchModelForCausalLM` on `folder`: token for token at batch 1 against `model.generate`."""
     folder = Path(folder)
     if request.is_encoder_decoder or not is_llm_program_folder(folder):

@@ -34,7 +34,7 @@ SEQ2SEQ_OTHER = ("not a model type of onnxruntime-genai 0.18 (its encoder-decode
 CLIENT = Path(__file__).resolve().parent / "clients" / "onnxruntime_genai_generate.py"
 
 
-def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if request.is_encoder_decoder:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=SEQ2SEQ_REASON.get(request.model_type, SEQ2SEQ_OTHER))
     if not (Path(folder) / "genai_config.json").is_file():

@@ -27,7 +27,7 @@ RUNTIME = "optimum"
 CLIENT = Path(__file__).resolve().parent / "clients" / "optimum_generate.py"
 
 
-def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if request.is_encoder_decoder and not (Path(folder) / DECODER_FILE).is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_SEQ2SEQ_CONTRACT)
     if not request.is_encoder_decoder and not (Path(folder) / "model.onnx").is_file():

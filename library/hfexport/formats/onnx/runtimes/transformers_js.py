@@ -40,7 +40,7 @@ ROOT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeni
               "preprocessor_config.json")
 
 
-def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     folder = Path(folder).resolve()
     seq2seq = request.is_encoder_decoder
     graph = DECODER_FILE if seq2seq else MODEL_FILE

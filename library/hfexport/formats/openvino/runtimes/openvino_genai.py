@@ -53,7 +53,7 @@ def judge_at_precision(runtime: str, request: GenerationRequest, got: list[list[
                                f"below hfexport's floor of {floor} for {precision}", **fields)
 
 
-def check(folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
+def check_generation(folder: Path, request: GenerationRequest) -> list[RuntimeCheck]:
     """LLMPipeline on `folder` at an f32 hint (token-exact, batch 1 and left-padded), and at the device's default
     precision where that is not f32."""
     folder = Path(folder)

@@ -26,7 +26,7 @@ MODULE = "optimum.intel"
 CLIENT = Path(__file__).resolve().parent / "clients" / "optimum_intel_client.py"
 
 
-def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     """OVModelForCausalLM on `folder` at an f32 hint: token-exact at batch 1 and on the left-padded batch."""
     folder = Path(folder)
     python = interpreter(RUNTIME, MODULE)
