@@ -814,7 +814,7 @@ def llama_generation_pt2(session_dir, tiny_llama):
 def _cache_payload(archive: Path, marker: Path) -> None:
     """The sample inputs' DynamicCache (an allowlisted class) carrying a payload in its state."""
     import torch
-    from hfexport.safety.treespec import pt2_unpickling_allowlist
+    from hfexport.formats.torch_export.pt2_safety import pt2_unpickling_allowlist
 
     items = _members(archive)
     name = f"{_root(items)}/data/sample_inputs/model.pt"

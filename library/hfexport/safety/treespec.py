@@ -42,18 +42,6 @@ PYTHON_IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 TREESPEC_FIELDS = ("in_spec", "out_spec")
 
 
-def pt2_unpickling_allowlist() -> list[type]:
-    """The classes a `.pt2` of a transformers export pickles besides tensors: the cache classes its traced kwargs
-    hold (`transformers.cache_utils`), for `torch.serialization.safe_globals`."""
-    from transformers import cache_utils
-
-    # LinearAttentionLayer (a state-space model's conv and SSM states, Mamba's `cache_params`) subclasses neither
-    # Cache nor CacheLayerMixin.
-    bases = (cache_utils.Cache, cache_utils.CacheLayerMixin, cache_utils.LinearAttentionCacheLayerMixin)
-    return [cls for cls in vars(cache_utils).values()
-            if isinstance(cls, type) and issubclass(cls, bases) and cls.__module__ == cache_utils.__name__]
-
-
 # ── internals ────────────────────────────────────────────────────────────────
 
 

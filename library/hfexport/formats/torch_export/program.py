@@ -8,8 +8,11 @@ from pathlib import Path
 from hfexport.engine import register_treespec_types
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.torch_export import weights
-from hfexport.formats.torch_export.pt2_safety import check_pt2_archive, weights_only_unpickling
-from hfexport.safety.treespec import pt2_unpickling_allowlist
+from hfexport.formats.torch_export.pt2_safety import (
+    check_pt2_archive,
+    pt2_unpickling_allowlist,
+    weights_only_unpickling,
+)
 
 
 class TorchExportProgram(FormatProgram):

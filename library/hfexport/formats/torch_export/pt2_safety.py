@@ -18,11 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import CorruptExportError, UnsafeExportError, first_line
-from hfexport.safety.treespec import (
-    check_treespec,
-    loads_checked,
-    pt2_unpickling_allowlist,
-)
+from hfexport.safety.treespec import check_treespec, loads_checked
 
 # Every member `torch.export.save` writes for one program named `model` (torch 2.13, `pt2_archive/_package.py`),
 # relative to the archive's root folder: name -> required. The payloads `data/weights/weight_<n>` and
@@ -83,6 +79,18 @@ _NAMESPACE = re.compile(r"^[a-z][a-z0-9_]*$")
 _OP = re.compile(r"^(?!__)[A-Za-z_][A-Za-z0-9_]*$")
 _DUNDER_OPS = {f"__{name}__" for name in ("and", "or", "xor", "lshift", "rshift", "iand", "ior", "ixor", "ilshift",
                                            "irshift", "rand", "ror", "rxor", "rlshift", "rrshift")}
+
+
+def pt2_unpickling_allowlist() -> list[type]:
+    """The classes a `.pt2` of a transformers export pickles besides tensors: the cache classes its traced kwargs
+    hold (`transformers.cache_utils`), for `torch.serialization.safe_globals`."""
+    from transformers import cache_utils
+
+    # LinearAttentionLayer (a state-space model's conv and SSM states, Mamba's `cache_params`) subclasses neither
+    # Cache nor CacheLayerMixin.
+    bases = (cache_utils.Cache, cache_utils.CacheLayerMixin, cache_utils.LinearAttentionCacheLayerMixin)
+    return [cls for cls in vars(cache_utils).values()
+            if isinstance(cls, type) and issubclass(cls, bases) and cls.__module__ == cache_utils.__name__]
 
 
 def _walk(value: Any, path: str):
