@@ -131,11 +131,13 @@ def exported_llama(session_dir, tiny_llama):
     return output, run_job(tiny_llama, output, all_targets=True, workers=2)
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 900):
-    """Run `python -m hfexport ARGS` in a subprocess; return the CompletedProcess (text mode)."""
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 900,
+            python_args: tuple[str, ...] = ("-m", "hfexport")):
+    """Run `python -m hfexport ARGS` in a subprocess; return the CompletedProcess (text mode). `python_args`: what
+    runs it instead of `-m hfexport` (a `-c` that sets something up first, then runs the module as `__main__`)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "library"), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=full_env,
+        [sys.executable, *python_args, *args], capture_output=True, text=True, env=full_env,
         cwd=cwd or ROOT, timeout=timeout,
     )
 
