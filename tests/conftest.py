@@ -29,9 +29,12 @@ os.environ.pop("HF_TOKEN", None)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Latency is timed after every verified export; the suite's figures describe nothing, so it times briefly (the
-# defaults, 0.2 s warm-up and 1 s per batch size, are tested in tests/test_latency.py).
+# defaults, 3 warm-up calls and 0.2 s, then at least 7 calls and 1 s per batch size, are tested in
+# tests/test_latency.py).
 os.environ.setdefault("HFEXPORT_LATENCY_BUDGET_S", "0.05")
 os.environ.setdefault("HFEXPORT_LATENCY_WARMUP_S", "0")
+os.environ.setdefault("HFEXPORT_LATENCY_RUNS", "2")
+os.environ.setdefault("HFEXPORT_LATENCY_WARMUP_CALLS", "1")
 
 EXAMPLES = ROOT / "examples"
 
