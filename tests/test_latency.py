@@ -171,19 +171,20 @@ def test_a_larger_batch_is_not_measured_faster_than_a_smaller_one(timed_job, tin
         assert low <= point["eager_ms"] <= high
 
 
-def test_the_warm_up_calls_and_runs_can_be_set_per_process(monkeypatch):
-    """HFEXPORT_LATENCY_WARMUP_CALLS / HFEXPORT_LATENCY_RUNS (this suite's short timing); unset, 3 and 7."""
-    from hfexport.latency import DEFAULT_RUNS, WARMUP_CALLS, _warm_up, time_alternately
+def test_the_warm_up_calls_can_be_set_per_process(monkeypatch):
+    """HFEXPORT_LATENCY_WARMUP_CALLS (this suite's short timing; HFEXPORT_LATENCY_RUNS is `measure_latency`'s runs,
+    `timed_job` above runs with neither); unset, 3 warm-up calls, then at least 7 timed."""
+    from hfexport.latency import DEFAULT_RUNS, WARMUP_CALLS, time_alternately
 
     calls = []
     monkeypatch.setenv("HFEXPORT_LATENCY_WARMUP_S", "0")
     monkeypatch.setenv("HFEXPORT_LATENCY_WARMUP_CALLS", "1")
-    _warm_up(lambda: calls.append(1))
-    assert len(calls) == 1
+    assert len(time_alternately({"a": lambda: calls.append(1)}, runs=1, budget_s=0)["a"]) == 1
+    assert len(calls) == 1 + 1
     monkeypatch.delenv("HFEXPORT_LATENCY_WARMUP_CALLS")
-    _warm_up(lambda: calls.append(1))
-    assert len(calls) == 1 + WARMUP_CALLS == 4
-    assert DEFAULT_RUNS == 7 and len(time_alternately({"a": lambda: None}, budget_s=0)["a"]) == 7
+    calls.clear()
+    assert len(time_alternately({"a": lambda: calls.append(1)}, budget_s=0)["a"]) == DEFAULT_RUNS == 7
+    assert len(calls) == WARMUP_CALLS + DEFAULT_RUNS == 10
 
 
 def test_faster_or_slower_is_said_only_beyond_the_spread():
