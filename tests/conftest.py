@@ -29,9 +29,12 @@ os.environ.pop("HF_TOKEN", None)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Latency is timed after every verified export; the suite's figures describe nothing, so it times briefly (the
-# defaults, 0.2 s warm-up and 1 s per batch size, are tested in tests/test_latency.py).
+# defaults, 3 warm-up calls and 0.2 s, then at least 7 calls and 1 s per batch size, are tested in
+# tests/test_latency.py).
 os.environ.setdefault("HFEXPORT_LATENCY_BUDGET_S", "0.05")
 os.environ.setdefault("HFEXPORT_LATENCY_WARMUP_S", "0")
+os.environ.setdefault("HFEXPORT_LATENCY_RUNS", "2")
+os.environ.setdefault("HFEXPORT_LATENCY_WARMUP_CALLS", "1")
 
 EXAMPLES = ROOT / "examples"
 
@@ -131,11 +134,13 @@ def exported_llama(session_dir, tiny_llama):
     return output, run_job(tiny_llama, output, all_targets=True, workers=2)
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 900):
-    """Run `python -m hfexport ARGS` in a subprocess; return the CompletedProcess (text mode)."""
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 900,
+            python_args: tuple[str, ...] = ("-m", "hfexport")):
+    """Run `python -m hfexport ARGS` in a subprocess; return the CompletedProcess (text mode). `python_args`: what
+    runs it instead of `-m hfexport` (a `-c` that sets something up first, then runs the module as `__main__`)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "library"), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=full_env,
+        [sys.executable, *python_args, *args], capture_output=True, text=True, env=full_env,
         cwd=cwd or ROOT, timeout=timeout,
     )
 

@@ -318,10 +318,18 @@ def test_validate_a_missing_folder_says_so(run, tmp_path, monkeypatch):
     assert "no recipe" not in err
 
 
+# `python -m hfexport ARGS` with huggingface_hub's retries kept and their back-off waits (1 + 2 + 4 + 8 + 8 s per
+# request to a closed port) skipped.
+WITHOUT_BACKOFF_WAITS = ("import runpy, types, huggingface_hub.utils._http as http; "
+                         "http.time = types.SimpleNamespace(sleep=lambda seconds: None); "
+                         "runpy.run_module('hfexport', run_name='__main__', alter_sys=True)")
+
+
 def test_an_unreachable_hub_is_not_reported_as_no_recipe(cli, tmp_path):
     """huggingface_hub's LocalEntryNotFoundError (offline, nothing cached) subclasses EntryNotFoundError."""
     result = cli("validate", "user/some-model", env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "1",
-                                                     "HF_HOME": str(tmp_path / "hf")}, cwd=tmp_path)
+                                                     "HF_HOME": str(tmp_path / "hf")}, cwd=tmp_path,
+                 python_args=("-c", WITHOUT_BACKOFF_WAITS))
     assert result.returncode == 2, result.stderr
     assert "cannot reach the Hub for user/some-model" in result.stderr and "no recipe" not in result.stderr
     assert "Traceback" not in result.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import types
 import uuid
 from pathlib import Path
 
@@ -21,7 +22,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SECRET = "hf_" + "Unreachable" * 3
 # A Hub behind a CDN whose origin is down answers 52x ("origin is unreachable"). huggingface_hub retries downloads
 # that got 500-504 or a refused connection for about 23 s before it gives up; a 52x or a dropped connection fails at
-# once, which keeps these tests fast (one closed-port download shows the slow path).
+# once, which keeps these tests fast (one closed-port download shows the slow path, its waits skipped: `no_waits`).
 DOWN = 523
 
 
@@ -33,6 +34,17 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def no_waits(monkeypatch) -> list[float]:
+    """huggingface_hub's retries without their waits: every attempt is still made (a refused connection is retried 5
+    times), only the 1 + 2 + 4 + 8 + 8 s of back-off between them is skipped. Returns the waits it asked for."""
+    from huggingface_hub.utils import _http
+
+    waits: list[float] = []
+    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=waits.append))
+    return waits
 
 
 @pytest.fixture
@@ -70,10 +82,11 @@ def test_an_optional_file_is_none_only_when_the_hub_says_it_is_absent(hub):
     assert exit_code(raised.value) == 2
 
 
-def test_a_closed_port_is_an_error_never_absent(hub):
+def test_a_closed_port_is_an_error_never_absent(hub, no_waits):
     repo = HubRepo(unique("closed"), token=SECRET, endpoint=f"http://127.0.0.1:{closed_port()}")
     with pytest.raises(SourceError) as raised:
         repo.read("export_config.json")
+    assert no_waits, "huggingface_hub gave up on a refused connection without retrying"
     assert_unreachable(raised.value, repo.repo_id, "export_config.json")
     assert raised.value.transient  # worth trying again later
     for call in (repo.files, repo.head, repo.info):  # not "no files", not "no such branch"

@@ -5,6 +5,8 @@ its Markdown and the model card."""
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 
 import pytest
 from hfexport.latency import chart_rows, latency_markdown
@@ -15,11 +17,15 @@ from hfexport.report.data import JobReport, TargetReport
 
 @pytest.fixture(scope="module")
 def timed_job(tmp_path_factory, tiny_bert):
-    """tiny-bert onnx + pt2 (forward, batch dim declared 1..8), one job."""
+    """tiny-bert onnx + pt2 (forward, batch dim declared 1..8), one job, with the default warm-up calls and runs
+    (the suite's short timing keeps only its short budget)."""
     from hfexport.job.run import run_job
 
     root = tmp_path_factory.mktemp("latency")
-    bert = run_job(tiny_bert, root / "bert", targets=["onnx", "pt2"])
+    with mock.patch.dict(os.environ):
+        os.environ.pop("HFEXPORT_LATENCY_RUNS", None)
+        os.environ.pop("HFEXPORT_LATENCY_WARMUP_CALLS", None)
+        bert = run_job(tiny_bert, root / "bert", targets=["onnx", "pt2"])
     return root, bert
 
 
@@ -142,6 +148,8 @@ def test_a_larger_batch_is_not_measured_faster_than_a_smaller_one(timed_job, tin
     call and a median of 5, as before, put them into batch 1, which then read slower than batch 8)."""
     monkeypatch.delenv("HFEXPORT_LATENCY_BUDGET_S")  # the defaults, not the suite's short timing
     monkeypatch.delenv("HFEXPORT_LATENCY_WARMUP_S")
+    monkeypatch.delenv("HFEXPORT_LATENCY_RUNS")
+    monkeypatch.delenv("HFEXPORT_LATENCY_WARMUP_CALLS")
     from hfexport.latency import measure_latency
     from hfexport.models import load_model
     from hfexport.plan import build_plan
@@ -161,6 +169,22 @@ def test_a_larger_batch_is_not_measured_faster_than_a_smaller_one(timed_job, tin
         assert point["runs"] >= 7 and point["eager_runs"] >= 7
         low, high = point["eager_spread"]
         assert low <= point["eager_ms"] <= high
+
+
+def test_the_warm_up_calls_can_be_set_per_process(monkeypatch):
+    """HFEXPORT_LATENCY_WARMUP_CALLS (this suite's short timing; HFEXPORT_LATENCY_RUNS is `measure_latency`'s runs,
+    `timed_job` above runs with neither); unset, 3 warm-up calls, then at least 7 timed."""
+    from hfexport.latency import DEFAULT_RUNS, WARMUP_CALLS, time_alternately
+
+    calls = []
+    monkeypatch.setenv("HFEXPORT_LATENCY_WARMUP_S", "0")
+    monkeypatch.setenv("HFEXPORT_LATENCY_WARMUP_CALLS", "1")
+    assert len(time_alternately({"a": lambda: calls.append(1)}, runs=1, budget_s=0)["a"]) == 1
+    assert len(calls) == 1 + 1
+    monkeypatch.delenv("HFEXPORT_LATENCY_WARMUP_CALLS")
+    calls.clear()
+    assert len(time_alternately({"a": lambda: calls.append(1)}, budget_s=0)["a"]) == DEFAULT_RUNS == 7
+    assert len(calls) == WARMUP_CALLS + DEFAULT_RUNS == 10
 
 
 def test_faster_or_slower_is_said_only_beyond_the_spread():

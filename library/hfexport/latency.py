@@ -26,8 +26,9 @@ MAX_RUNS = 100
 BUDGET_S = 1.0  # timing goes on past DEFAULT_RUNS until both sides together ran this long
 WARMUP_CALLS = 3  # untimed calls per side and batch size, first calls of a shape pay allocations and set-up
 WARMUP_S = 0.2  # ... and at least this long, whichever is more
-# BUDGET_S and WARMUP_S can be set per process (HFEXPORT_LATENCY_BUDGET_S, HFEXPORT_LATENCY_WARMUP_S): the test suite
-# shortens them, since its jobs' figures describe nothing.
+# BUDGET_S, WARMUP_S, DEFAULT_RUNS and WARMUP_CALLS can be set per process (HFEXPORT_LATENCY_BUDGET_S,
+# HFEXPORT_LATENCY_WARMUP_S, HFEXPORT_LATENCY_RUNS, HFEXPORT_LATENCY_WARMUP_CALLS): the test suite shortens them,
+# since its jobs' figures describe nothing.
 
 
 def _seconds_setting(name: str, default: float) -> float:
@@ -35,6 +36,15 @@ def _seconds_setting(name: str, default: float) -> float:
         return max(0.0, float(os.environ.get(name, default)))
     except ValueError:
         return default
+
+
+def _count_setting(name: str, default: int, least: int) -> int:
+    try:
+        return max(least, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 GENERATION_TOKENS = 8
 AUTO_MAX_BATCH = 8  # the batch verification probes when torch.export decides the axes
 
@@ -61,7 +71,8 @@ def _time_ms(call) -> float:
 def _warm_up(call) -> None:
     """`call` run untimed `WARMUP_CALLS` times and for at least `WARMUP_S` seconds."""
     started, calls, warmup_s = time.perf_counter(), 0, _seconds_setting("HFEXPORT_LATENCY_WARMUP_S", WARMUP_S)
-    while calls < WARMUP_CALLS or time.perf_counter() - started < warmup_s:
+    warmup_calls = _count_setting("HFEXPORT_LATENCY_WARMUP_CALLS", WARMUP_CALLS, 0)
+    while calls < warmup_calls or time.perf_counter() - started < warmup_s:
         call()
         calls += 1
 
@@ -177,16 +188,18 @@ class EagerTimings:
         self._timings.setdefault(key, (timings, target))
 
 
-def measure_latency(folder: str | Path, model, plan, runs: int = DEFAULT_RUNS,
+def measure_latency(folder: str | Path, model, plan, runs: int | None = None,
                     eager_timings: EagerTimings | None = None) -> dict:
     """The target in `folder` and `model` on the plan's sample inputs at batch 1 and the largest declared batch:
     `{"runs", "cpu", "threads", "points": [{"batch", "shapes", "artifact_ms", "eager_ms", "speedup"}]}`.
-    `eager_timings` (a job's): eager figures already taken on the same inputs are reused, not re-measured."""
+    `eager_timings` (a job's): eager figures already taken on the same inputs are reused, not re-measured.
+    `runs`: the fewest timed calls per side and batch size (default `DEFAULT_RUNS`, or HFEXPORT_LATENCY_RUNS)."""
     import torch
 
     from hfexport.exported import ExportedModel
 
-
+    if runs is None:
+        runs = _count_setting("HFEXPORT_LATENCY_RUNS", DEFAULT_RUNS, 1)
     exported = ExportedModel.from_pretrained(Path(folder))
     generation = plan.target.mode == "generation"
     config = None
