@@ -138,8 +138,8 @@ class TargetPipeline:
             write_json_atomic((folder or self.folder) / REPORT_FILE, self.job.report.to_json(only=self.name))
 
     def complete(self) -> None:
-        """After every export of the job (the cores free): time the target when it passed, say it is done, write its
-        report again."""
+        """After the target's export (with workers: after every export of the job, the cores free): time the target
+        when it passed, say it is done, write its report again."""
         job, target_report = self.job, self.target_report
         if job.options.verify and job.options.latency and target_report.status == "ok":
             self._measure_latency()
