@@ -41,8 +41,8 @@ MODEL = os.environ.get("MODEL", str(ROOT / "examples" / "tiny-llama"))  # "smoll
 RECIPE = os.environ.get("RECIPE")  # default: the model's own recipe (smollm2: benchmarks/recipes/smollm2.json)
 
 EXTRA_PHASES = [
-    ("hfexport.job.run", "_measure_latency", "latency (artifact vs eager)"),
-    ("hfexport.job.run", "_verify_target", "verify (all probes + generation check)"),
+    ("hfexport.job.pipeline", "TargetPipeline._measure_latency", "latency (artifact vs eager)"),
+    ("hfexport.job.pipeline", "TargetPipeline._verify", "verify (all probes + generation check)"),
     ("transformers.exporters.utils", "decompose_for_generation", "decompose_for_generation (generate capture)"),
     ("transformers.exporters.base", "decompose_for_generation", "decompose_for_generation (generate capture)"),
     ("torch.export.exported_program", "ExportedProgram.run_decompositions", "run_decompositions (other)"),

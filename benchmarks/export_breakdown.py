@@ -47,15 +47,15 @@ ROUNDS = int(os.environ.get("ROUNDS", "3"))
 ARTIFACT_FILES = ("model.onnx", "model.onnx.data", "export.json")
 
 # (module, attribute path, phase). Order of the report's table; a phase may collect several functions. A function is
-# wrapped where its caller looks it up: hfexport.job.run imports what it calls at its top (hfexport.export, which
-# imports torch, only inside the function that exports).
+# wrapped where its caller looks it up: hfexport.job.run and hfexport.job.pipeline (a target's stages) import what
+# they call at their top (hfexport.export, which imports torch, only inside the stage that exports).
 PHASES = [
     ("hfexport.job.run", "resolve_source", "job: source hash"),
     ("hfexport.job.run", "_cache_hits", "job: cache lookup"),
     ("hfexport.job.run", "check", "job: preflight"),
     ("hfexport.job.run", "load_model", "model load"),
     ("hfexport.job.run", "load_processor", "tokenizer load"),
-    ("hfexport.job.run", "build_plan", "plan (incl. sample inputs)"),
+    ("hfexport.job.pipeline", "build_plan", "plan (incl. sample inputs)"),
     ("hfexport.export", "run_plan", "engine: other (patches, prepare, FX fixes, metadata)"),
     ("torch.export", "export", "torch.export trace"),
     ("torch.onnx._internal.exporter._core", "_prepare_exported_program_for_export", "decompositions"),
@@ -64,8 +64,8 @@ PHASES = [
     ("onnxscript._framework_apis.torch_2_11", "convert_version", "ONNX translation"),
     ("torch.onnx._internal.exporter._onnx_program", "ONNXProgram.optimize", "onnxscript optimizer"),
     ("transformers.exporters.onnxruntime_fusions", "fuse_for_onnxruntime", "ORT fusions"),
-    ("hfexport.job.run", "save_atomically", "save"),
-    ("hfexport.job.run", "verify_exported", "verify: probes (eager + artifact forwards, metrics)"),
+    ("hfexport.job.pipeline", "save_atomically", "save"),
+    ("hfexport.job.pipeline", "verify_exported", "verify: probes (eager + artifact forwards, metrics)"),
     ("hfexport.exported", "ExportedModel.from_pretrained", "verify: reload from disk"),
     ("transformers.exporters.runners.runner_onnx", "OnnxModelRunner.from_program", "verify: ORT session"),
 ]

@@ -36,6 +36,15 @@ def export_backends() -> dict:
     return internal("EXPORT_BACKENDS")
 
 
+def engine_format(name: str):
+    """The engine's value for a format name: its `ExportFormat` member, or the name itself for a format registered
+    with the engine under a name `ExportFormat` lacks (`register_backend` takes any string)."""
+    from transformers.exporters import ExportFormat
+
+    name = str(getattr(name, "value", name))
+    return ExportFormat(name) if name in {member.value for member in ExportFormat} else name
+
+
 def exporter_class(export_format: str):
     """The engine's exporter class for a format (its `program_files`, `load_program`, ...)."""
     return internal("get_exporter_class")(export_format)

@@ -11,7 +11,7 @@ from pathlib import Path
 from transformers.exporters import ExportedComponent
 from transformers.exporters import ExportedModel as _EngineExportedModel
 
-from hfexport.engine import runner_class, set_runners
+from hfexport.engine import engine_format, runner_class, set_runners
 from hfexport.errors import (
     CorruptExportError,
     HfExportError,
@@ -218,10 +218,7 @@ class ExportedModel(_EngineExportedModel):
         """An export from its checked manifest: every program file checked for its format, then read by its backend,
         with the configs beside it; a backend's failure on a checked file becomes a `CorruptExportError`."""
         from transformers import GenerationConfig
-        from transformers.exporters import (
-            ExportFormat,
-            ExportMetadata,
-        )
+        from transformers.exporters import ExportMetadata
 
         export_format = manifest["export_format"]
         program = format_program(export_format)
@@ -258,7 +255,7 @@ class ExportedModel(_EngineExportedModel):
                 read_json(generation_file, f"{source}/{generation_name}")
                 generation_config = GenerationConfig.from_pretrained(generation_file.parent,
                                                                      config_file_name=generation_file.name)
-        model = cls(components, ExportFormat(export_format), generation_config=generation_config)
+        model = cls(components, engine_format(export_format), generation_config=generation_config)
         model.input_preparers = input_preparers
         if config_file is not None:
             model.__dict__["_pending_config"] = functools.partial(

@@ -1,6 +1,7 @@
 """Jobs: one model revision, one or more recipe targets, the API every surface runs.
 
-- `run`: `run_job` (load once; plan, export, save, verify, report each target)
+- `run`: `run_job` (load once, then each target through its pipeline)
+- `pipeline`: `TargetPipeline`, one target's stages: plan, produce (export or rebind), save, gate, report
 - `compare`: quantized targets against their unquantized reference
 - `reverify`: verification of a saved export without exporting again
 - `preflight`: memory and disk estimates before anything loads

@@ -4,8 +4,8 @@ Why processes: most of an export is single-threaded Python holding the GIL (torc
 ExecuTorch's and the ONNX optimizer's passes), so a job of several targets on a machine with several cores exports
 fastest with one process per core. The job's own process keeps the lightest share of the targets; each worker
 process (`python -m hfexport.job.parallel_worker`) imports the engine, loads the model itself (its own copy of the weights:
-the preflight counts one per process) and runs the very same steps as the job's process (`job.run`: plan, export,
-save into the same OUTPUT, verify) for its share. Each target folder is written aside and renamed
+the preflight counts one per process) and runs the very same stages as the job's process (`job.pipeline.TargetPipeline`:
+plan, export, save into the same OUTPUT, verify) for its share. Each target folder is written aside and renamed
 (`files.save_atomically`); a worker that dies leaves its unfinished targets reported as errors and its half-written
 folders removed. Latency is timed afterwards in the job's process, once no export competes for the cores.
 

@@ -12,7 +12,8 @@ import warnings
 from dataclasses import asdict
 
 from hfexport.gc_policy import one_shot_collection
-from hfexport.job.run import engine_error_message, export_in_worker, peak_rss_mb
+from hfexport.job.pipeline import engine_error_message
+from hfexport.job.run import export_in_worker, peak_rss_mb
 from hfexport.logs import configure
 
 

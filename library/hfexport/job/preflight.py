@@ -187,9 +187,6 @@ def check_fits(model: str | Path, targets, output: str | Path, revision: str | N
     return result
 
 
-# The name job/run.py imports (its owner, the pipeline's rework, switches to `check_fits`); no other caller.
-check = check_fits
-
 
 def _worst(targets) -> str:
     worst = max(targets, key=lambda t: format_traits(t.export_format).memory_factor, default=None)

@@ -1,9 +1,10 @@
 """Jobs: one model revision, one or more recipe targets. The API every surface (Python, CLI, action, Space) runs.
 
-A job loads the recipe and the model once, then for each target: plans, exports through the engine, saves to
-`OUTPUT/<target>/` atomically (written aside in `OUTPUT/.<target>.partial-*`, then renamed; an exception or
-Ctrl-C leaves no partial target folder), writes the recipe target used (`export_config.json`) and the target's
-report next to the artifacts, and finally the job summary `OUTPUT/export_report.json`. With `workers` above one,
+A job loads the recipe and the model once, then runs each target through its `TargetPipeline`
+(`hfexport.job.pipeline`): plan, export through the engine (or rebind), save to `OUTPUT/<target>/` atomically
+(written aside in `OUTPUT/.<target>.partial-*`, then renamed; an exception or Ctrl-C leaves no partial target
+folder) with the recipe target used (`export_config.json`), gate, and the target's report next to the artifacts;
+finally the job summary `OUTPUT/export_report.json`. With `workers` above one,
 the targets are shared out to worker processes that export at the same time (`hfexport.job.parallel`), each running
 the same steps; the latency of every target is then timed in the job's process, once the cores are free.
 """
@@ -12,25 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import resource
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.deployment.gate import check_runtimes, has_runtimes
 from hfexport.engine import runner_class
-from hfexport.errors import HfExportError, SourceError, redact, register_secret
-from hfexport.files import (
-    RECIPE_COPY_FILE,
-    REPORT_FILE,
-    file_entries,
-    save_atomically,
-    write_json_atomic,
-)
+from hfexport.errors import HfExportError, SourceError, register_secret
+from hfexport.files import REPORT_FILE, write_json_atomic
 from hfexport.hub import HubRepo, looks_like_repo_id
 from hfexport.inputs import check_sample_places, sample_spec
 from hfexport.job.compare import compare_job_targets
@@ -42,29 +34,17 @@ from hfexport.job.parallel import (
     share_cores,
     workers_number,
 )
-from hfexport.job.preflight import available_memory, check, loaded_bytes, weights_metadata
-from hfexport.latency import EagerTimings, measure_latency
-from hfexport.layout import format_label
+from hfexport.job.pipeline import TargetPipeline, engine_error_message  # noqa: F401 - also run's, for its callers
+from hfexport.job.preflight import available_memory, check_fits, loaded_bytes, weights_metadata
+from hfexport.latency import EagerTimings
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import checkpoint_dtype, load_config, load_model, load_processor
-from hfexport.formats.programs import format_program
-from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
-from hfexport.publication.cache import (
-    cache_key,
-    hub_content_hash,
-    local_content_hash,
-    fetch_published_export,
-    lookup,
-    target_packages,
-)
-from hfexport.rebind.folder import previous, rebind_copy, record
-from hfexport.rebind.weight_map import RebindRefused, rebind_key
+from hfexport.publication.cache import cache_key, hub_content_hash, local_content_hash, lookup
 from hfexport.recipe.loading import load_recipe
 from hfexport.recipe.data import Recipe
 from hfexport.report.data import JobReport, TargetReport
 from hfexport.samples import read_samples
-from hfexport.verify.check import summary, verify_exported
 
 
 def resolve_source(model: str | Path, revision: str | None, token: str | None) -> dict:
@@ -200,8 +180,9 @@ def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None
     elif job.groups:
         _load(job)
         for name in job.groups[0]:
-            _export_target(job, name)
-            _complete_target(job, name)
+            pipeline = TargetPipeline(job, name)
+            pipeline.run()
+            pipeline.complete()
     return _finish(job)
 
 
@@ -249,7 +230,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                 groups = export_groups(targets, options.workers, weights and loaded_bytes(*weights),
                                        available_memory())
             if options.preflight:
-                check(model, list(targets.values()), output, revision_to_load, options.token,
+                check_fits(model, list(targets.values()), output, revision_to_load, options.token,
                       groups=[[targets[name] for name in group] for group in groups], weights=weights)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
                 groups=groups, model_object=options.model_object, repos=repos, samples=samples)
@@ -300,190 +281,6 @@ def _add_target(job: _Job, name: str) -> None:
         job.progress(Step("target", "done", name, f"unchanged: {job.hits[name].reason}"))
 
 
-def _export_target(job: _Job, name: str) -> None:
-    """Plan, export, save and verify one target; its outcome goes to `job.report.targets[name]`."""
-    target = job.recipe.target(name)
-    progress, output = job.progress, job.output
-    target_report = job.report.targets[name]
-    progress(Step("target", "start", name, f"{format_label(target.export_format)} / {target.mode}"))
-    from hfexport.export import run_plan  # imports torch: not for a job whose targets are all cache hits
-
-    try:
-        with StepTimer(progress, "plan", name) as timer, engine_output(f"plan {name}"):
-            plan = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor, source=job.model,
-                              revision=job.revision_to_load, token=job.options.token, samples=job.samples)
-        job.plans[name] = plan
-        if job.samples and job.options.inputs is None:
-            target_report.sample_files = [sample.record() for sample in job.samples.values()]
-        target_report.plan = _jsonable(plan.describe())
-        target_report.prepared_inputs = _jsonable(plan.prepared_inputs())
-        if plan.quantization:
-            job.quantized_plans[name] = plan
-            target_report.quantization = _jsonable(plan.quantization)
-        target_report.timings["plan_s"] = round(timer.seconds, 4)
-        key = _rebind_key(job, name, plan)
-        if key and job.options.rebind and not job.options.force and _rebind(job, name, key, plan):
-            return
-        with StepTimer(progress, "export", name, f"{format_label(target.export_format)} / {target.mode}") as timer, \
-                engine_output(f"export {name}"):
-            exported = run_plan(plan, job.model_object)
-        target_report.timings["export_s"] = round(timer.seconds, 4)
-
-        def write(folder: Path) -> None:
-            exported.save_pretrained(folder, tokenizer=job.processor)
-            write_json_atomic(folder / RECIPE_COPY_FILE, _pretty(job.recipe.standalone(name)))
-            format_program(target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
-            if key:
-                _record_weight_map(folder, job.model_object, key, target_report)
-
-        with StepTimer(progress, "save", name) as timer, engine_output(f"save {name}"):
-            final = save_atomically(output, name, write)
-        target_report.timings["save_s"] = round(timer.seconds, 4)
-        target_report.files = file_entries(final)
-        target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
-        target_report.status = "ok"
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except HfExportError as error:
-        target_report.status, target_report.error = "error", str(error)
-    except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
-        target_report.status = "error"
-        target_report.error = engine_error_message(error)
-    if target_report.status == "ok" and job.options.verify:
-        _gate(job, name, output / name, plan)
-    if target_report.status in ("ok", "failed"):
-        _write_target_report(job.report, name, output / name)
-
-
-def _rebind_key(job: _Job, name: str, plan) -> str | None:
-    """The target's rebind key (`hfexport.rebind.weight_map.rebind_key`); None for a quantized target (its weights
-    are computed, not copied), or a model the job did not load from its source."""
-    target = job.recipe.target(name)
-    if plan.quantization or target.quantization:
-        if job.options.rebind and (job.output / name / "export.json").is_file():
-            job.report.targets[name].rebind = {"from": None, "seconds": 0.0, "fallback": "the target is quantized: "
-                                               "its weights are computed by the quantizer, not copied"}
-        return None
-    if job.options.inputs is not None or job.samples:
-        return None
-    if not target.rebind:  # the recipe turned it off: no map, no rebind
-        return None
-    packages = {package: job.report.packages.get(package) for package in target_packages(target)}
-    try:
-        return rebind_key(job.model_object, job.recipe.target_hash(name), packages)
-    except Exception:  # noqa: BLE001 - a model whose state cannot be described is exported, never rebound
-        return None
-
-
-def _record_weight_map(folder: Path, model, key: str, target_report: TargetReport) -> None:
-    """The export's weight map into its export.json; a map that cannot be made leaves none (no rebind from it)."""
-    started = time.perf_counter()
-    try:
-        with engine_output("weight map"):
-            record(folder, model, key)
-    except Exception as error:  # noqa: BLE001 - the map only enables later rebinds; the export stands without it
-        target_report.rebind = {"from": None, "seconds": 0.0,
-                                "fallback": f"no weight map recorded: {engine_error_message(error)[:300]}"}
-    target_report.timings["weight_map_s"] = round(time.perf_counter() - started, 4)
-
-
-def _rebind(job: _Job, name: str, key: str, plan) -> bool:
-    """Rebind the new weights into the previous export of `name` (in OUTPUT, else published in the job's repos: the
-    open hfexport PR, then the branch) and gate it; True when that passed. Otherwise the reason goes to the report's
-    `rebind.fallback` and the caller exports."""
-    if not job.options.verify:
-        if (job.output / name / "export.json").is_file():
-            job.report.targets[name].rebind = {"from": None, "seconds": 0.0, "fallback": "verification is off: a "
-                                               "rebound artifact is only kept once the gate passed"}
-        return False
-    source = job.output / name
-    if not (source / "export.json").is_file() and job.repos:
-        downloaded = job.output / f".{name}.previous-{os.getpid()}"
-        try:
-            with StepTimer(job.progress, "rebind", name, "looking for a published export with the same rebind key"):
-                where = fetch_published_export(job.repos, name, key, downloaded, job.options.token)
-            if where:
-                return _rebind_from(job, name, key, plan, downloaded, where)
-        finally:
-            shutil.rmtree(downloaded, ignore_errors=True)
-    return _rebind_from(job, name, key, plan, source, str(source))
-
-
-def _rebind_from(job: _Job, name: str, key: str, plan, source: Path, where: str) -> bool:
-    """`_rebind` from the previous export in `source` (described as `where` in the report)."""
-    target_report, progress, output = job.report.targets[name], job.progress, job.output
-    started = time.perf_counter()
-
-    def fallback(reason: str | None) -> bool:
-        target_report.rebind = None if reason is None else {
-            "from": where, "seconds": round(time.perf_counter() - started, 4), "fallback": reason}
-        return False
-
-    manifest, reason = previous(source, key, job.model_object)
-    if manifest is None:
-        return fallback(reason)
-    try:
-        before = JobReport.read(source).targets.get(name)
-    except HfExportError:
-        before = None
-    if before is None or before.status != "ok":
-        return fallback("the previous export did not pass its gate")
-    written = {}
-    try:
-        with StepTimer(progress, "rebind", name, f"new weights into the graphs of {where}") as timer, \
-                engine_output(f"rebind {name}"):
-            def write(folder: Path) -> None:
-                written["bytes"] = rebind_copy(source, folder, manifest, job.model_object)
-
-            final = save_atomically(output, name, write)
-    except RebindRefused as error:
-        return fallback(str(error))
-    target_report.timings["rebind_s"] = round(timer.seconds, 4)
-    target_report.files = file_entries(final)
-    target_report.total_bytes = sum(entry["bytes"] for entry in target_report.files)
-    target_report.status, target_report.error, target_report.method = "ok", None, "rebind"
-    target_report.rebind = {"from": where, "seconds": round(timer.seconds, 4), "fallback": None,
-                            "bytes_written": written.get("bytes", 0)}
-    _gate(job, name, final, plan)  # the same gate as an export's: the deployment runtimes run on rebound files too
-    if target_report.status == "ok":
-        _write_target_report(job.report, name, final)
-        return True
-    reason = f"the rebound artifact failed the gate: {target_report.error}"
-    _write_target_report(job.report, name, final)  # "failed" beside the rebound files until the export replaces them
-    target_report.status, target_report.error, target_report.method = "ok", None, "export"
-    target_report.verification, target_report.files, target_report.total_bytes = None, [], 0
-    target_report.timings.pop("verify_s", None)
-    target_report.rebind = {"from": where, "seconds": round(time.perf_counter() - started, 4),
-                            "fallback": reason[:2000]}
-    progress(Step("rebind", "error", name, f"falling back to a full export: {reason}"))
-    return False
-
-
-def _complete_target(job: _Job, name: str) -> None:
-    """After its export: time the target (when it passed), say it is done, write its report."""
-    target_report = job.report.targets[name]
-    if job.options.verify and job.options.latency and target_report.status == "ok":
-        _measure_latency(target_report, job.output / name, job.model_object, _plan(job, name), job.progress,
-                         job.eager_timings)
-        if (target_report.latency or {}).get("points"):  # which run: a table of several runs' rows says so per row
-            source = job.report.source
-            target_report.latency.update(run=job.report.created_at,
-                                         run_source=str(source.get("commit") or source.get("content_hash") or "")[:12])
-    job.progress(Step("target", "done" if target_report.status == "ok" else "error", name, target_report.error))
-    if target_report.status in ("ok", "failed"):
-        _write_target_report(job.report, name, job.output / name)
-
-
-def _plan(job: _Job, name: str):
-    """The target's plan: the one it was exported with, or (a worker's target) made again here, as cheaply."""
-    if name not in job.plans:
-        with engine_output(f"plan {name}"):
-            job.plans[name] = build_plan(job.recipe, name, job.model_object, job.options.inputs, job.processor,
-                                         source=job.model, revision=job.revision_to_load, token=job.options.token,
-                                         samples=job.samples)
-    return job.plans[name]
-
-
 def _export_in_processes(job: _Job) -> None:
     """Export `job.groups[0]` here while each other group exports in a worker process (`hfexport.job.parallel`);
     then take the workers' reports, and time and complete every target here, in recipe order."""
@@ -494,7 +291,7 @@ def _export_in_processes(job: _Job) -> None:
         _load(job, f"{job.model}; {len(others)} more process{'es' if len(others) > 1 else ''} export {shares}")
         with share_cores(len(job.groups)):
             for name in own:
-                _export_target(job, name)
+                TargetPipeline(job, name).run()
         if job.options.verify and job.options.latency:
             _import_runtimes(job, [name for group in others for name in group])
         for worker in workers:
@@ -507,9 +304,10 @@ def _export_in_processes(job: _Job) -> None:
                     target_report = job.report.targets[name]
                     target_report.status, target_report.error = "error", worker.error
     for name in (name for name in job.names if name not in job.hits):
+        pipeline = TargetPipeline(job, name)
         if job.report.targets[name].quantization and name not in job.quantized_plans:
-            job.quantized_plans[name] = _plan(job, name)
-        _complete_target(job, name)
+            job.quantized_plans[name] = pipeline.known_plan()
+        pipeline.complete()
 
 
 def _import_runtimes(job: _Job, names: list[str]) -> None:
@@ -549,7 +347,7 @@ def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> No
     with share_cores(request["processes"]):
         for name in job.names:
             _add_target(job, name)
-            _export_target(job, name)
+            TargetPipeline(job, name).run()
             on_target(name, job.report.targets[name].to_dict())
 
 
@@ -559,7 +357,7 @@ def _finish(job: _Job) -> JobReport:
     if job.quantized_plans:
         for name in compare_job_targets(report, job.recipe, job.output, job.model_object, job.quantized_plans,
                                         job.processor, job.options.inputs, job.progress, job.samples):
-            _write_target_report(report, name, job.output / name)
+            TargetPipeline(job, name).report()
     verify_times = [t.timings["verify_s"] for t in report.targets.values() if "verify_s" in t.timings]
     if verify_times:
         report.timings["verify_s"] = round(sum(verify_times), 4)
@@ -589,149 +387,3 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
     target_report.verification = previous.verification
     target_report.quantization = previous.quantization
     target_report.latency = previous.latency
-
-
-def _gate(job: _Job, name: str, folder: Path, plan) -> None:
-    """The gate of a saved target, exported or rebound: its report beside the artifacts (there even if verifying
-    dies), parity against the eager model, then (a generation target that passed) its format's deployment runtimes."""
-    target_report = job.report.targets[name]
-    _write_target_report(job.report, name, folder)
-    _verify_target(target_report, folder, job.model_object, plan, job.processor, job.progress)
-    if target_report.status == "ok" and job.options.runtimes and plan.target.mode == "generation":
-        _check_runtimes(target_report, folder, job.model_object, plan, job.processor, job.progress)
-
-
-def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,
-                   progress: ProgressCallback) -> None:
-    """Parity of the saved artifacts (reloaded from `folder`) against the eager model; a failure marks the target."""
-    name = target_report.target
-    progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
-    started = time.perf_counter()
-    try:
-        with engine_output(f"verify {name}"):
-            verification = verify_exported(folder, model_object, plan, processor, progress=progress)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
-        message = f"verification could not run: {engine_error_message(error)}"
-        verification = {"passed": False, "error": message, "probes": [], "failures": [message]}
-    seconds = time.perf_counter() - started
-    target_report.timings["verify_s"] = round(seconds, 4)
-    target_report.verification = _jsonable(verification)
-    if not verification["passed"]:
-        target_report.status, target_report.error = "failed", summary(verification)
-    progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
-
-
-def _check_runtimes(target_report: TargetReport, folder: Path, model_object, plan, processor,
-                    progress: ProgressCallback) -> None:
-    """The deployment runtimes of the target's format on its saved files (`hfexport.deployment.gate`); a runtime that
-    generated other tokens than `model.generate` (or crashed) fails the target, one not installed is `not_checked`."""
-    if not has_runtimes(str(plan.target.export_format)):
-        return
-    name = target_report.target
-    with StepTimer(progress, "runtimes", name, "generating in the deployment runtimes") as timer, \
-            engine_output(f"runtimes {name}"):
-        try:
-            checks = check_runtimes(folder, model_object, plan, processor)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as error:  # noqa: BLE001 - the expected tokens could not be made: say so, do not pass
-            target_report.status = "failed"
-            target_report.error = f"runtime checks could not run: {engine_error_message(error)}"
-            return
-    target_report.timings["runtimes_s"] = round(timer.seconds, 4)
-    target_report.runtimes = [check.to_dict() for check in checks]
-    failed = [check for check in checks if check.verdict == "failed"]
-    if failed:
-        target_report.status = "failed"
-        target_report.error = "; ".join(f"{check.runtime}: {check.reason}" for check in failed)
-
-
-def _measure_latency(target_report: TargetReport, folder: Path, model_object, plan, progress: ProgressCallback,
-                     eager_timings: EagerTimings | None = None) -> None:
-    """The saved artifact's latency next to eager torch (`hfexport.latency`); a measurement that cannot run is
-    recorded as such and never changes the target's verdict."""
-    name = target_report.target
-    try:
-        with StepTimer(progress, "latency", name, "artifact vs eager torch, batch 1 and the largest declared") as timer, \
-                engine_output(f"latency {name}"):
-            target_report.latency = _jsonable(measure_latency(folder, model_object, plan, eager_timings=eager_timings))
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as error:  # noqa: BLE001 - latency is information, not a gate
-        target_report.latency = {"error": engine_error_message(error)[:500]}
-        return
-    target_report.timings["latency_s"] = round(timer.seconds, 4)
-
-
-def _write_target_report(report: JobReport, name: str, folder: Path) -> None:
-    """`OUTPUT/<target>/export_report.json` (not listed among the target's files: it cannot contain itself)."""
-    write_json_atomic(folder / REPORT_FILE, report.to_json(only=name))
-
-
-def engine_error_message(error: BaseException) -> str:
-    """One line naming the engine's failure, following the cause chain to the root message (a cause that repeats
-    the previous message is left out). torch.export's suggested fixes for a dim's range are kept: they say which
-    recipe bound to change (`Dim('seq', min=3, max=64)` -> `dims.seq.min` 3)."""
-    messages: list[str] = []
-    previous = None
-    current: BaseException | None = error
-    for _ in range(4):
-        if current is None:
-            break
-        lines = [line.strip() for line in str(current).strip().splitlines()]
-        first = lines[0] if lines else ""
-        if first != previous or not first:
-            fixes = _suggested_fixes(lines)
-            messages.append(f"{type(current).__name__}: {first}".strip() + (f" Suggested fixes: {fixes}" if fixes else ""))
-        previous = first
-        current = current.__cause__ or current.__context__
-    line = " <- ".join(messages)
-    return redact(_recipe_field_hint(line) + line)[:2000]
-
-
-_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
-_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'((?:, (?:min|max)=\d+)*)\)|(\d+))")
-
-
-def _recipe_field_hint(line: str) -> str:
-    """torch.export's shape-constraint error as the recipe fields that cause it: each violated dim is `dims.<name>`
-    (each recipe dim becomes one torch.export.Dim of that name), with its suggested bounds ('' for other errors)."""
-    violated = _VIOLATED.search(line)
-    if not violated:
-        return ""
-    names = [name.strip() for name in violated.group(1).split(",") if name.strip()]
-    fixes = []
-    for name, bounds, constant in _FIX.findall(line.partition("Suggested fixes:")[2]):
-        if constant:
-            fixes.append(f"`dims.{name}` can only be {constant} for this model (make that axis static)")
-        else:
-            fixes += [f"`dims.{name}.{key}` {value}" for key, value in re.findall(r"(min|max)=(\d+)", bounds)]
-    fields = ", ".join(f"`dims.{name}`" for name in names)
-    advice = f"; set {', '.join(fixes)}" if fixes else "; narrow its min/max to what the model supports"
-    return f"Recipe {fields}: the model cannot be traced over that range{advice}. "
-
-
-def _suggested_fixes(lines: list[str]) -> str:
-    """The `Suggested fixes:` block of a torch.export constraint violation, on one line ('' when absent)."""
-    if "Suggested fixes:" not in lines:
-        return ""
-    fixes = []
-    for line in lines[lines.index("Suggested fixes:") + 1:]:
-        if not line:
-            break
-        fixes.append(line)
-    return "; ".join(fixes)
-
-
-def _jsonable(value: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(value, default=str))
-
-
-def _pretty(value: Any) -> str:
-    import json
-
-    return json.dumps(value, indent=2) + "\n"

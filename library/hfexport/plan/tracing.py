@@ -9,7 +9,7 @@ import functools
 import inspect
 from typing import Any
 
-from hfexport.engine import export_backends
+from hfexport.engine import engine_format, export_backends
 from hfexport.errors import PlanError
 from hfexport.recipe.data import Target
 from hfexport.workarounds.transformers_models import base_rope_index
@@ -17,10 +17,12 @@ from hfexport import preparers
 
 
 def engine_config(target: Target, options: dict, dynamic_shapes: dict | None):
-    """The engine's config object for the target's format, enums converted from their strings."""
-    from transformers.exporters import ExportFormat
-
-    export_format = ExportFormat(target.export_format)
+    """The engine's config object for the target's format, enums converted from their strings (a format registered
+    with the engine under a name `ExportFormat` lacks, `register_backend`, keeps its string)."""
+    export_format = engine_format(target.export_format)
+    if export_format not in export_backends():
+        raise PlanError(f"targets.{target.name}.export_format: the engine has no backend for {export_format!r} "
+                        "(register one: hfexport.register_backend)")
     config_class = export_backends()[export_format].config
     options = dict(options)
     if dynamic_shapes is None:

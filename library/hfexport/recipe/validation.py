@@ -17,22 +17,21 @@ from typing import Any
 
 from hfexport import strict_json
 from hfexport.errors import Problem, RecipeError
-from hfexport.formats import format_traits, formats
+from hfexport.formats import find_format, format_traits, formats
 from hfexport.layout import LayoutError, canonical_format, check_file_name
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
-from hfexport.machine import PRECISION_FORMATS
 from hfexport.schema import schema_validator, load_schema
 
 MAX_RECIPE_BYTES = 1 << 20
 MAX_DEPTH = 32  # the deepest legitimate path (a component's per-tensor axis) is 9 levels
-FORMATS = ("dynamo", "onnx", "executorch", "openvino")
 MODES = ("forward", "generation")
 AXIS_KEYWORDS = ("static", "auto", "dynamic")
 _LINEAR = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*(?:([+-])\s*(\d+)\s*)?$")
 
 
-# Engine config fields per format (transformers.exporters.configs: each format's `options`), minus what the recipe sets
-# elsewhere. A test checks this table against the engine's dataclasses so a new engine field is noticed.
+# Engine config fields per built-in format (transformers.exporters.configs: each format's `options`), minus what the
+# recipe sets elsewhere. A test checks this table against the engine's dataclasses so a new engine field is noticed.
+# Validation asks the registry (`hfexport.formats`) itself, so a format registered later is checked the same way.
 FORMAT_OPTIONS = {backend.name: backend.options for backend in formats()}
 
 
@@ -296,10 +295,10 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
                     check_dim_ref([*tensor_path, axis], spec)
 
     def check_options(options: dict | None, export_format: str, path: list):
-        allowed = FORMAT_OPTIONS[export_format]
+        allowed = find_format(export_format).options
         for option in options or {}:
             if option not in allowed:
-                owners = [fmt for fmt, names in FORMAT_OPTIONS.items() if option in names]
+                owners = [backend.name for backend in formats() if option in backend.options]
                 hint = f" (an option of {', '.join(owners)})" if owners else ""
                 problems.append(
                     Problem(
@@ -327,7 +326,7 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
     for name, target in targets.items():
         base = ["targets", name]
         export_format = target.get("export_format")
-        if export_format not in FORMATS:
+        if find_format(export_format) is None:
             continue  # the schema already said so
         mode = target.get("mode", "forward")
         check_options(target.get("options"), export_format, [*base, "options"])
@@ -355,10 +354,11 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
                     Problem(json_path([*base, "parity", "probe", dim_name]), f"{dim_name!r} is not a dim; known dims: {known}")
                 )
         precision = target.get("runtime", {}).get("precision")
-        if precision is not None and precision not in PRECISION_FORMATS[export_format]:
+        precisions = format_traits(export_format).runtime_precisions
+        if precision is not None and precision not in precisions:
             problems.append(Problem(json_path([*base, "runtime", "precision"]),
                                     f"{export_format} runs the graph's own types: precision can be "
-                                    f"{' or '.join(repr(p) for p in PRECISION_FORMATS[export_format])} "
+                                    f"{' or '.join(repr(p) for p in precisions)} "
                                     f"('bf16'/'f16' are OpenVINO runtime precisions)"))
         if "file_name" in target:  # the suffix of its format, a stem that claims none of hfexport's own names
             if mode != "forward":

@@ -38,7 +38,7 @@ from hfexport.safety.treespec import (
     check_treespec,
     loads_checked,
 )
-from hfexport.schema import load_schema
+from hfexport.schema import schema_validator
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_JSON_BYTES = 64 << 20  # configs, tokenizer files, the recipe copy
@@ -124,12 +124,8 @@ def read_json(path: Path, label: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
 # ── export.json ──────────────────────────────────────────────────────────────
 
 
-@lru_cache(maxsize=1)
 def _manifest_validator():
-    from jsonschema import Draft202012Validator
-
-
-    return Draft202012Validator(load_schema("export_manifest"))
+    return schema_validator("export_manifest")  # the formats registered, a test's stub included
 
 
 def check_manifest(manifest: Any, source: str = MANIFEST_FILE) -> None:
