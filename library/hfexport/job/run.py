@@ -42,7 +42,7 @@ from hfexport.job.parallel import (
     share_cores,
     workers_number,
 )
-from hfexport.job.preflight import available_memory, check, loaded_bytes, weights_metadata
+from hfexport.job.preflight import available_memory, check, loaded_bytes, runtime_refusals, weights_metadata
 from hfexport.latency import EagerTimings, measure_latency
 from hfexport.layout import format_label
 from hfexport.logs import engine_output, import_engine
@@ -321,6 +321,8 @@ def _export_target(job: _Job, name: str) -> None:
             job.quantized_plans[name] = plan
             target_report.quantization = _jsonable(plan.quantization)
         target_report.timings["plan_s"] = round(timer.seconds, 4)
+        # a runtime that cannot run this config is said so now, before the export (the gate answers the same)
+        target_report.runtimes = runtime_refusals(target, job.model_object.config.to_dict()) or None
         key = _rebind_key(job, name, plan)
         if key and job.options.rebind and not job.options.force and _rebind(job, name, key, plan):
             return

@@ -32,6 +32,28 @@ from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "optimum"
 CLIENT = "optimum_generate.py"
+#: The decoders whose empty past optimum-onnx 0.1.0 makes `config.head_dim` wide (ORTModelForCausalLM.__init__,
+#: optimum/onnxruntime/modeling_decoder.py); every other decoder's past is `hidden_size // num_attention_heads` wide.
+READS_HEAD_DIM = ("gemma", "gemma3_text", "gpt_oss", "nemotron")
+DERIVED_HEAD_DIM = (
+    "optimum-onnx 0.1.0 makes the empty past's head size `self.config.hidden_size // self.config.num_attention_heads` "
+    "for every decoder but gemma, gemma3_text, gpt_oss and nemotron (ORTModelForCausalLM.__init__, "
+    "optimum/onnxruntime/modeling_decoder.py), so its first decode step would feed the graph a past of the wrong size")
+
+
+def limitation(config: dict) -> str | None:
+    """Why optimum cannot generate with a decoder of this `config.json`, known from the config alone before the
+    export starts (None: nothing known). A general rule, not a list of models: a head size that is not
+    hidden/heads, in a decoder whose head size optimum derives."""
+    if config.get("is_encoder_decoder") or config.get("model_type") in READS_HEAD_DIM:
+        return None
+    head_dim, hidden, heads = config.get("head_dim"), config.get("hidden_size"), config.get("num_attention_heads")
+    if not all(isinstance(value, int) and value > 0 for value in (head_dim, hidden, heads)):
+        return None
+    if hidden // heads == head_dim:
+        return None
+    return (f"refused before export: config.json's head_dim is {head_dim}, hidden_size / num_attention_heads is "
+            f"{hidden} / {heads} = {hidden // heads}, and {DERIVED_HEAD_DIM}")
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
@@ -39,6 +61,9 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_SEQ2SEQ_CONTRACT)
     if not request.is_encoder_decoder and not (Path(folder) / "model.onnx").is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
+    refused = limitation(_config(folder))
+    if refused:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=refused)
     python = interpreter(RUNTIME, "optimum.onnxruntime")
     if python is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install optimum-onnx[onnxruntime], or set "
@@ -55,3 +80,14 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         except RuntimeClientError as error:
             return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=precision)
     return judge(RUNTIME, request, result, batches, precision=precision)
+
+
+def _config(folder: Path) -> dict:
+    """The export's config.json (beside model.onnx), or {} where it cannot be read."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
