@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -37,46 +36,52 @@ def published_dtype(name: str) -> str:
     return config.get("torch_dtype") or config.get("dtype") or "float32"
 
 
+#: Cells run at the same time (each in its own process): the machine's two cores.
+JOBS = 2
+
+
 @pytest.fixture(scope="session")
-def zoo_jobs(session_dir, runtime_env):
-    """Each zoo model's fast build and the job on its ONNX target, run once per session when a test asks for it."""
+def zoo_cells(session_dir, runtime_env):
+    """Every zoo model built `fast`, then its ONNX cell (`hfexport.testing.matrix`: a job in its own process, the gate
+    and ONNX's runtimes included), `JOBS` at a time, once per session: {name: (model folder, CellResult, report)}."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
     from unittest import mock
 
-    from hfexport.job.run import run_job
+    from hfexport.testing.matrix import Cell, model_folder, run_cell_subprocess
 
-    done: dict[str, tuple[Path, object]] = {}
-
-    def job(name: str):
-        if name not in done:
-            folder = build(name, session_dir / "zoo-fast" / name, fast=True)
-            target = f"onnx-{ZOO[name].modes[0]}"
-            with mock.patch.dict(os.environ, runtime_env):
-                done[name] = folder, run_job(folder, session_dir / "zoo-fast" / f"{name}-out", [target],
-                                             latency=False)
-        return done[name]
-
-    return job
+    workdir = session_dir / "zoo-fast"
+    for name in ZOO:
+        build(name, model_folder(workdir, name), fast=True)
+    cells = [Cell(name, "onnx", ZOO[name].modes[0]) for name in ZOO]
+    started = time.perf_counter()
+    with mock.patch.dict(os.environ, runtime_env), ThreadPoolExecutor(JOBS) as pool:
+        results = list(pool.map(lambda cell: run_cell_subprocess(cell, workdir, timeout=900, latency=False), cells))
+    print(f"\nthe zoo's ONNX cells: {len(cells)} in {time.perf_counter() - started:.0f} s, {JOBS} at a time")
+    done = {}
+    for cell, result in zip(cells, results, strict=True):
+        report = workdir / "out" / cell.model / cell.target / "export_report.json"
+        done[cell.model] = (model_folder(workdir, cell.model), result,
+                            json.loads(report.read_text()) if report.is_file() else None)
+    return done
 
 
 @pytest.mark.parametrize("name", list(ZOO))
-def test_a_published_config_exports_to_onnx_passes_the_gate_and_runs_in_each_runtime(zoo_jobs, name):
+def test_a_published_config_exports_to_onnx_passes_the_gate_and_runs_in_each_runtime(zoo_cells, name):
     from hfexport.formats.onnx.runtimes.optimum import limitation
 
-    folder, report = zoo_jobs(name)
+    folder, result, report = zoo_cells[name]
+    assert result.outcome == "pass", (result.id, result.detail)
     config = json.loads((folder / "config.json").read_text())
-    assert config["dtype"] == published_dtype(name) and report.source["checkpoint_dtype"] == published_dtype(name)
-    (target_name, target), = report.targets.items()
-    assert target.status == "ok", (name, target.error)
-    assert target.verification["passed"], (name, target.verification.get("failures"))
+    assert config["dtype"] == published_dtype(name) and report["source"]["checkpoint_dtype"] == published_dtype(name)
     if ZOO[name].modes != ("generation",):
         return
-    verdicts = {check["runtime"]: check for check in target.runtimes}
+    verdicts = {check["runtime"]: check for check in result.runtimes}
     assert set(verdicts) == {"transformers.js", "optimum", "onnxruntime-genai"}, verdicts
     assert not [check for check in verdicts.values() if check["verdict"] == FAILED], verdicts
     refused = limitation(config)
     if refused:  # refused before the export, with the cause: never run
-        assert verdicts["optimum"] == {"runtime": "optimum", "verdict": "not_checked", "reason": refused,
-                                      "seconds": verdicts["optimum"]["seconds"]}
+        assert (verdicts["optimum"]["verdict"], verdicts["optimum"]["reason"]) == ("not_checked", refused)
     if not config.get("is_encoder_decoder"):  # a decoder: every runtime the config allows generated the same tokens
         assert all(check["verdict"] == PASSED for runtime, check in verdicts.items()
                    if not (runtime == "optimum" and refused)), verdicts

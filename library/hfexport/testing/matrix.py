@@ -185,8 +185,9 @@ def ensure_models(workdir: Path, names: Iterable[str], rebuild: bool = False) ->
     return folders
 
 
-def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult:
-    """Run one cell in this process: build the model if needed, run the job for the cell's target, classify."""
+def run_cell(cell: Cell, workdir: str | Path, verify: bool = True, latency: bool = True) -> CellResult:
+    """Run one cell in this process: build the model if needed, run the job for the cell's target (`latency`: with
+    its latency measured), classify."""
     from hfexport.errors import HfExportError
     from hfexport.job.run import engine_error_message, run_job
 
@@ -201,7 +202,7 @@ def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult
     try:
         folder = ensure_models(workdir, [cell.model])[cell.model]
         output = workdir / "out" / cell.model / cell.target
-        kwargs = {} if verify else {"verify": False}
+        kwargs = ({} if verify else {"verify": False}) | ({} if latency else {"latency": False})
         report = run_job(folder, output, targets=[cell.target], progress=progress, **kwargs)
     except HfExportError as error:
         return CellResult(*_key(cell), "error", one_line(str(error)), failed.get("stage", "job"),
@@ -231,7 +232,7 @@ def cell_environment(threads: int | None = None) -> dict[str, str]:
 
 
 def run_cell_subprocess(cell: Cell, workdir: str | Path, timeout: float = DEFAULT_TIMEOUT_S,
-                        threads: int | None = None, verify: bool = True) -> CellResult:
+                        threads: int | None = None, verify: bool = True, latency: bool = True) -> CellResult:
     """Run one cell in a child process; kill its whole process group after `timeout` seconds."""
     workdir = Path(workdir)
     results = workdir / "results"
@@ -245,6 +246,8 @@ def run_cell_subprocess(cell: Cell, workdir: str | Path, timeout: float = DEFAUL
         command += ["--threads", str(threads)]
     if not verify:
         command.append("--no-verify")
+    if not latency:
+        command.append("--no-latency")
     started = time.perf_counter()
     with log_file.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cell_environment(threads),
@@ -554,12 +557,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--result", required=True, type=Path, help="where to write the CellResult JSON")
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
     parser.add_argument("--no-verify", action="store_true", help="export and save only")
+    parser.add_argument("--no-latency", action="store_true", help="do not measure the artifact's latency")
     args = parser.parse_args(argv)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    result = run_cell(Cell(args.model, args.export_format, args.mode), args.workdir, verify=not args.no_verify)
+    result = run_cell(Cell(args.model, args.export_format, args.mode), args.workdir, verify=not args.no_verify,
+                      latency=not args.no_latency)
     args.result.parent.mkdir(parents=True, exist_ok=True)
     temporary = args.result.with_suffix(".tmp")
     temporary.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")

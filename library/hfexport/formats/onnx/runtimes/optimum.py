@@ -39,16 +39,32 @@ DERIVED_HEAD_DIM = (
     "optimum-onnx 0.1.0 makes the empty past's head size `self.config.hidden_size // self.config.num_attention_heads` "
     "for every decoder but gemma, gemma3_text, gpt_oss and nemotron (ORTModelForCausalLM.__init__, "
     "optimum/onnxruntime/modeling_decoder.py), so its first decode step would feed the graph a past of the wrong size")
+#: The decoders whose empty past optimum-onnx 0.1.0 gives `config.num_key_value_heads` heads (the same __init__; falcon
+#: and gpt_bigcode by their multi-query flags); every other decoder's past has `num_attention_heads`.
+READS_KV_HEADS = ("arcee", "deepseek_v3", "cohere", "gemma", "gemma3_text", "glm", "granite", "gpt_oss", "helium",
+                  "mistral", "llama", "nemotron", "qwen2", "qwen3", "qwen3_moe", "smollm3", "stablelm", "falcon",
+                  "gpt_bigcode")
+DERIVED_KV_HEADS = (
+    "optimum-onnx 0.1.0 gives the empty past `self.config.num_attention_heads` heads (`self.num_key_value_heads = "
+    "self.config.num_attention_heads`) for every decoder but {types} (ORTModelForCausalLM.__init__, "
+    "optimum/onnxruntime/modeling_decoder.py), so its first decode step would feed the graph a past of the wrong size")
 
 
 def limitation(config: dict) -> str | None:
     """Why optimum cannot generate with a decoder of this `config.json`, known from the config alone before the
-    export starts (None: nothing known). A general rule, not a list of models: a head size that is not
-    hidden/heads, in a decoder whose head size optimum derives."""
-    if config.get("is_encoder_decoder") or config.get("model_type") in READS_HEAD_DIM:
+    export starts (None: nothing known). General rules, not a list of models: fewer key-value heads than heads, or a
+    head size that is not hidden/heads, in a decoder whose count or size optimum derives (its own type lists)."""
+    model_type = config.get("model_type")
+    if config.get("is_encoder_decoder"):
         return None
     head_dim, hidden, heads = config.get("head_dim"), config.get("hidden_size"), config.get("num_attention_heads")
-    if not all(isinstance(value, int) and value > 0 for value in (head_dim, hidden, heads)):
+    kv_heads = config.get("num_key_value_heads")
+    if (model_type not in READS_KV_HEADS and isinstance(kv_heads, int) and isinstance(heads, int)
+            and kv_heads != heads):
+        return (f"refused before export: config.json has {kv_heads} key-value heads for {heads} attention heads, "
+                f"and {DERIVED_KV_HEADS.format(types=', '.join(READS_KV_HEADS))}")
+    if model_type in READS_HEAD_DIM or not all(isinstance(value, int) and value > 0
+                                                for value in (head_dim, hidden, heads)):
         return None
     if hidden // heads == head_dim:
         return None
