@@ -322,7 +322,8 @@ def _export_target(job: _Job, name: str) -> None:
             target_report.quantization = _jsonable(plan.quantization)
         target_report.timings["plan_s"] = round(timer.seconds, 4)
         # a runtime that cannot run this config is said so now, before the export (the gate answers the same)
-        target_report.runtimes = runtime_refusals(target, job.model_object.config.to_dict()) or None
+        if refused := runtime_refusals(target, job.model_object.config.to_dict()):
+            target_report.runtimes = refused
         key = _rebind_key(job, name, plan)
         if key and job.options.rebind and not job.options.force and _rebind(job, name, key, plan):
             return
