@@ -145,6 +145,9 @@ def main(argv=None) -> int:
     previous, previous_meta = read_results(args.json) if args.json.is_file() and not args.fresh else ([], {})
     merged = {result.id: result for result in previous}
     merged.update({result.id: result for result in results})
+    from hfexport.machine import summary_line
+
+    machine = f"{os.cpu_count()} CPU cores (shared), {summary_line()}"
     meta = {
         "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "regenerate": REGENERATE,
@@ -152,8 +155,15 @@ def main(argv=None) -> int:
         "wall_s": round(wall, 1) if whole else previous_meta.get("wall_s"),
         "jobs": args.jobs if whole else previous_meta.get("jobs", args.jobs),
         "timeout_s": args.timeout,
-        "machine": f"{os.cpu_count()} CPU cores (shared)",
+        "machine": machine if whole else previous_meta.get("machine", machine),
     }
+    zoo_cells = [cell for cell in cells if cell.model in ZOO]
+    if zoo_cells:  # the published configs' rows: when, where and how they ran
+        meta["zoo_run"] = {"generated_at": meta["generated_at"], "machine": machine, "packages": meta["packages"],
+                           "cells": len(zoo_cells), "wall_s": round(wall, 1), "jobs": args.jobs,
+                           "command": "python scripts/compatibility_matrix.py " + " ".join(argv or sys.argv[1:])}
+    elif previous_meta.get("zoo_run"):
+        meta["zoo_run"] = previous_meta["zoo_run"]
     ordered = sorted(merged.values(), key=lambda r: r.cell)
     meta["ci"] = ci_note(ordered, meta)
     write_text_atomic(args.json, json.dumps(results_document(ordered, meta), indent=2, ensure_ascii=False) + "\n")

@@ -430,8 +430,13 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
                   f"own config.json (the fields as published, from the source named here), 2 layers, the MLP cut to "
                   f"{ZOO_MLP} wide and a MoE block to its first experts, the vocabulary cut to the zoo tokenizer's, "
                   "random weights saved in the published dtype; the heads, key-value heads, head size, rope, windows "
-                  "and norms as published.", "", "| model | checkpoint | task | where the fields were read |",
-                  "|---|---|---|---|"]
+                  "and norms as published."]
+        run = meta.get("zoo_run")
+        if run:
+            lines.append(f"These rows ran on {run['generated_at']} with `{run['command']}` ({run['cells']} cells, "
+                         f"{run['jobs']} at a time, {run['wall_s'] / 60:.1f} min wall; {run['machine']}; "
+                         + ", ".join(f"{name} {version}" for name, version in run["packages"].items()) + ").")
+        lines += ["", "| model | checkpoint | task | where the fields were read |", "|---|---|---|---|"]
         lines += [f"| `{name}` | {ZOO[name].repo} | {ZOO[name].task} | {_escape(ZOO[name].source)} |"
                   for name in published]
         lines.append("")
