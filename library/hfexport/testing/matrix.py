@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .models import FORMATS, MODELS, make_model, target_name
-from .zoo import ZOO
+from .zoo import FAST_EXPERTS, ZOO
 from .zoo import build as build_zoo_model
 
 OUTCOMES = ("pass", "parity-fail", "error", "timeout", "exported")
@@ -389,7 +389,8 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
         "decode greedily over the exported graphs and must match `model.generate` token for token). "
         "Outcomes: **pass**; **parity-fail** with the first failing metric; **error** with the engine's message "
         "(one line); **timeout**. The time is the export step alone (plan, save and verification excluded). "
-        "Models are tiny random checkpoints built by `hfexport.testing.models` (no downloads).",
+        "Models are tiny random checkpoints built by `hfexport.testing.models` and, marked *published*, published "
+        "configs with random weights (`hfexport.testing.zoo`, \"Published configs\" below); no downloads.",
         "",
     ]
     models = list(dict.fromkeys(result.model for result in sorted(results, key=lambda r: r.cell)))
@@ -428,11 +429,12 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
     if published:
         lines += ["## Published configs", "", f"The rows marked *published* are `hfexport.testing.zoo`: a checkpoint's "
                   f"own config.json (the fields as published, from the source named here), 2 layers, the MLP cut to "
-                  f"{ZOO_MLP} wide and a MoE block to its first experts, the vocabulary cut to the zoo tokenizer's, "
+                  f"{ZOO_MLP} wide and a MoE block to {FAST_EXPERTS} experts (twice its top-k where that is more), the vocabulary cut to the zoo tokenizer's, "
                   "random weights saved in the published dtype; the heads, key-value heads, head size, rope, windows "
                   "and norms as published."]
         run = meta.get("zoo_run")
         if run:
+            lines.append("")
             lines.append(f"These rows ran on {run['generated_at']} with `{run['command']}` ({run['cells']} cells, "
                          f"{run['jobs']} at a time, {run['wall_s'] / 60:.1f} min wall; {run['machine']}; "
                          + ", ".join(f"{name} {version}" for name, version in run["packages"].items()) + ").")
