@@ -60,15 +60,13 @@ IMAGE_SIZE = 224
 
 @dataclass(frozen=True)
 class ZooModel:
-    """One published config: its repository, where the fields were read, and the fields as published; its task,
-    and `limit`: where the engine, transformers or a runtime cannot take it, the upstream reason (quoted)."""
+    """One published config: its repository, where the fields were read, the fields as published, and its task."""
 
     name: str
     repo: str
     source: str  # where the fields below were read (the model repository's config.json, or a copy of it)
     config: dict[str, Any] = field(repr=False)
     task: str = "text-generation"
-    limit: str = ""
 
     @property
     def modes(self) -> tuple[str, ...]:
