@@ -71,7 +71,9 @@ def zoo_cells(request, session_dir, runtime_env):
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_a_published_config_exports_to_onnx_passes_the_gate_and_runs_in_each_runtime(zoo_cells, name):
-    from hfexport.formats.onnx.runtimes.optimum import limitation
+    from types import SimpleNamespace
+
+    from hfexport.job.preflight import runtime_refusals
 
     folder, result, report = zoo_cells[name]
     assert result.outcome == "pass", (result.id, result.detail)
@@ -82,12 +84,12 @@ def test_a_published_config_exports_to_onnx_passes_the_gate_and_runs_in_each_run
     verdicts = {check["runtime"]: check for check in result.runtimes}
     assert set(verdicts) == {"transformers.js", "optimum", "onnxruntime-genai"}, verdicts
     assert not [check for check in verdicts.values() if check["verdict"] == FAILED], verdicts
-    refused = limitation(config)
-    if refused:  # refused before the export, with the cause: never run
-        assert (verdicts["optimum"]["verdict"], verdicts["optimum"]["reason"]) == ("not_checked", refused)
+    refused = {check["runtime"]: check["reason"] for check in runtime_refusals(
+        SimpleNamespace(mode="generation", export_format="onnx"), config)}
+    for runtime, reason in refused.items():  # refused before the export, with the cause: never run
+        assert (verdicts[runtime]["verdict"], verdicts[runtime]["reason"]) == ("not_checked", reason)
     if not config.get("is_encoder_decoder"):  # a decoder: every runtime the config allows generated the same tokens
-        assert all(check["verdict"] == PASSED for runtime, check in verdicts.items()
-                   if not (runtime == "optimum" and refused)), verdicts
+        assert all(check["verdict"] == PASSED for runtime, check in verdicts.items() if runtime not in refused), verdicts
 
 
 def test_optimum_is_refused_before_export_where_the_head_size_is_not_hidden_over_heads():
@@ -106,6 +108,20 @@ def test_optimum_is_refused_before_export_where_the_head_size_is_not_hidden_over
     assert limitation(ZOO["gemma-2-9b"].config) is not None  # 3584 / 16 = 224, head_dim 256, gemma2 derived
     outside = {"model_type": "llama", "hidden_size": 3072, "num_attention_heads": 16, "head_dim": 256}
     assert "3072 / 16 = 192" in limitation(outside)
+    assert "8 key-value heads for 32 attention heads" in limitation(ZOO["mixtral-8x7b"].config)  # mixtral: derived
+
+
+def test_transformers_js_is_refused_before_export_for_a_decoder_type_it_does_not_map():
+    """transformers.js 4.3.2 throws "Unsupported model type: mixtral" at load (found by the zoo's Mixtral): a model
+    type missing from its causal-LM mapping is refused from the config, quoting its message."""
+    from hfexport.formats.onnx.runtimes.transformers_js import limitation
+
+    assert limitation(ZOO["mixtral-8x7b"].config) == (
+        "refused before export: transformers.js 4.3.2's AutoModelForCausalLM throws \"Unsupported model type: "
+        "mixtral\" (src/models/auto/modeling_auto.js): 'mixtral' is not in its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES "
+        "(src/models/registry.js)")
+    assert all(limitation(model.config) is None for name, model in ZOO.items()
+               if model.task == "text-generation" and name != "mixtral-8x7b")
 
 
 def test_a_job_says_a_runtime_is_refused_before_it_exports(tmp_path):

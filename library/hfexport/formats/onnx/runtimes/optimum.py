@@ -28,6 +28,7 @@ from hfexport.deployment._python import (
     variant_dtype,
 )
 from hfexport.formats.onnx.decoder_contract import stage_as
+from hfexport.formats.onnx.runtimes import exported_config
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "optimum"
@@ -77,7 +78,7 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_SEQ2SEQ_CONTRACT)
     if not request.is_encoder_decoder and not (Path(folder) / "model.onnx").is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_CONTRACT)
-    refused = limitation(_config(folder))
+    refused = limitation(exported_config(folder))
     if refused:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=refused)
     python = interpreter(RUNTIME, "optimum.onnxruntime")
@@ -96,14 +97,3 @@ def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         except RuntimeClientError as error:
             return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=precision)
     return judge(RUNTIME, request, result, batches, precision=precision)
-
-
-def _config(folder: Path) -> dict:
-    """The export's config.json (beside model.onnx), or {} where it cannot be read."""
-    import json
-
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
