@@ -159,3 +159,16 @@ def test_the_full_zoo_on_every_format(tmp_path_factory, runtime_env, name, expor
         result = run_cell(Cell(name, export_format, mode), workdir)
     assert result.outcome == "pass", (result.id, result.detail)
     assert not [check for check in result.runtimes if check["verdict"] == FAILED], result.runtimes
+
+
+def test_a_multi_query_config_caches_one_key_value_head():
+    """Falcon-7B's published config says `multi_query` (one key-value head) beside `num_kv_heads` 71 and no
+    `num_key_value_heads`; the empty cache a single-graph decode runs a prompt on had 71 (then, narrowed, 2) heads
+    where the graph takes 1 ("Expected size 2 but got size 1"). Read as Falcon's modeling code reads it."""
+    from transformers import AutoConfig
+
+    from hfexport.models import empty_cache
+
+    fields = {key: value for key, value in ZOO["falcon-7b"].config.items() if key != "model_type"}
+    cache = empty_cache(AutoConfig.for_model("falcon", **fields), batch=2)
+    assert tuple(cache.layers[0].keys.shape) == (2, 1, 0, 64)

@@ -722,9 +722,10 @@ def fast_fields(model: ZooModel, fields: dict, mlp: int = FAST_MLP, heads: bool 
                      if isinstance(stored.get(key), int)})
     if model.task != "text-generation" or not heads:
         return narrowed
-    count = config.num_attention_heads
-    multi_query = getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False)
-    kv = 1 if multi_query else (getattr(config, "num_key_value_heads", None) or count)
+    from hfexport.models import key_value_heads
+
+    count, kv = config.num_attention_heads, key_value_heads(config)
+    multi_query = kv == 1 and getattr(config, "num_key_value_heads", None) is None
     new_heads = min(count, FAST_HEADS) if kv >= count else min(count, 2 * kv)
     hidden_key = next(key for key in ("hidden_size", "n_embd", "d_model") if key in stored)
     if new_heads == count or (stored[hidden_key] * new_heads) % count:
