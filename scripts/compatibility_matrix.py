@@ -158,8 +158,12 @@ def main(argv=None) -> int:
         "machine": machine if whole else previous_meta.get("machine", machine),
     }
     zoo_cells = [cell for cell in cells if cell.model in ZOO]
+    if zoo_cells and len(zoo_cells) == len(cells) and previous_meta:  # the tiny rows' run stays as it was described
+        meta.update({key: previous_meta[key] for key in ("generated_at", "timeout_s", "packages")
+                     if key in previous_meta})
     if zoo_cells:  # the published configs' rows: when, where and how they ran
-        meta["zoo_run"] = {"generated_at": meta["generated_at"], "machine": machine, "packages": meta["packages"],
+        meta["zoo_run"] = {"generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine,
+                           "packages": package_versions(), "timeout_s": args.timeout,
                            "cells": len(zoo_cells), "wall_s": round(wall, 1), "jobs": args.jobs,
                            "command": "python scripts/compatibility_matrix.py " + " ".join(argv or sys.argv[1:])}
     elif previous_meta.get("zoo_run"):
