@@ -112,16 +112,17 @@ def test_optimum_is_refused_before_export_where_the_head_size_is_not_hidden_over
 
 
 def test_transformers_js_is_refused_before_export_for_a_decoder_type_it_does_not_map():
-    """transformers.js 4.3.2 throws "Unsupported model type: mixtral" at load (found by the zoo's Mixtral): a model
-    type missing from its causal-LM mapping is refused from the config, quoting its message."""
+    """transformers.js 4.3.2 throws "Unsupported model type: mixtral" at load, and feeds a multi-query Falcon's past
+    as one fused tensor (found by the zoo): both are refused from the config, quoting its source."""
     from hfexport.formats.onnx.runtimes.transformers_js import limitation
 
     assert limitation(ZOO["mixtral-8x7b"].config) == (
         "refused before export: transformers.js 4.3.2's AutoModelForCausalLM throws \"Unsupported model type: "
         "mixtral\" (src/models/auto/modeling_auto.js): 'mixtral' is not in its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES "
         "(src/models/registry.js)")
-    assert all(limitation(model.config) is None for name, model in ZOO.items()
-               if model.task == "text-generation" and name != "mixtral-8x7b")
+    assert "one fused `past_key_values.{i}.key_value` tensor" in limitation(ZOO["falcon-7b"].config)  # multi_query
+    assert [name for name, model in ZOO.items() if model.task == "text-generation" and limitation(model.config)] == [
+        "mixtral-8x7b", "falcon-7b"]
 
 
 def test_a_job_says_a_runtime_is_refused_before_it_exports(tmp_path):

@@ -54,13 +54,21 @@ CAUSAL_LM_TYPES = (
 
 def limitation(config: dict) -> str | None:
     """Why transformers.js cannot generate with a decoder of this `config.json`, known before the export (None:
-    nothing known): a model type its AutoModelForCausalLM does not map, which it refuses by name."""
+    nothing known): a model type its AutoModelForCausalLM does not map, which it refuses by name, or a `multi_query`
+    config, whose past it feeds as one fused tensor per layer."""
     model_type = config.get("model_type")
-    if config.get("is_encoder_decoder") or not model_type or model_type in CAUSAL_LM_TYPES:
+    if config.get("is_encoder_decoder") or not model_type:
         return None
-    return (f"refused before export: transformers.js 4.3.2's AutoModelForCausalLM throws \"Unsupported model type: "
-            f"{model_type}\" (src/models/auto/modeling_auto.js): {model_type!r} is not in its "
-            "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (src/models/registry.js)")
+    if model_type not in CAUSAL_LM_TYPES:
+        return (f"refused before export: transformers.js 4.3.2's AutoModelForCausalLM throws \"Unsupported model "
+                f"type: {model_type}\" (src/models/auto/modeling_auto.js): {model_type!r} is not in its "
+                "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (src/models/registry.js)")
+    if config.get("multi_query"):
+        return ("refused before export: config.json says multi_query, and transformers.js 4.3.2 then feeds the past "
+                "as one fused `past_key_values.{i}.key_value` tensor per layer (gpt_bigcode's layout; getKeyValueNames, "
+                "src/configs.js), where the graph takes `past_key_values.{i}.key` and `.value` (\"Missing the "
+                "following inputs: past_key_values.0.key, ...\")")
+    return None
 
 
 def check(folder: Path, request: GenerationRequest) -> RuntimeCheck:
