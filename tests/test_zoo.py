@@ -40,8 +40,9 @@ def published_dtype(name: str) -> str:
 JOBS = 2
 #: The default suite's part of the slice, one model per kind of shape (a head size that is not hidden/heads with 8
 #: key-value heads, sliding and global layers with one key-value head, MoE, partial rotary with grouped heads, an
-#: encoder-decoder on audio, a text encoder, a vision tower): its cells took 7.8 min on this machine's two shared
-#: cores (estimated from the cells' own times under a load of 12-14), where all 36 take about an hour; the others
+#: encoder-decoder on audio, a text encoder, a vision tower): this file's default run took 6.3 min on this machine's
+#: two shared cores (AMD EPYC, a load of 11-15 from other jobs; its 7 cells 354 s), where all 36 cells take about an
+#: hour (60-240 s a cell, two at a time); the others
 #: run as `slow` tests (`pytest -m slow tests/test_zoo.py -k runs_in_each_runtime`). Llama-3.2-1B's shape runs in
 #: the default suite in tests/test_real_configs.py.
 DEFAULT_SLICE = ("qwen3-0.6b", "gemma-3-1b", "qwen3-30b-a3b", "phi-4-mini", "whisper-tiny", "bert-base-uncased",
