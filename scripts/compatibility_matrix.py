@@ -5,6 +5,7 @@ Every cell (tiny model × format × mode, `hfexport.testing.models`) runs in its
 
     python scripts/compatibility_matrix.py                      # the whole matrix, then docs/ is rewritten
     python scripts/compatibility_matrix.py --models tiny-gpt2   # some cells: merged into the existing results
+    python scripts/compatibility_matrix.py --zoo                # the published configs (hfexport.testing.zoo), merged
     python scripts/compatibility_matrix.py --update-expected    # also rewrite tests/data/compatibility_expected.json
     python scripts/compatibility_matrix.py --render-only        # docs/compatibility.md from docs/compatibility.json
                                                                 # and docs/llm_runtimes.json (scripts/llm_runtimes.py)
@@ -32,6 +33,7 @@ from hfexport.testing.matrix import (  # noqa: E402
     FORMATS,
     MODELS,
     MODES,
+    ZOO,
     CellResult,
     all_cells,
     compare,
@@ -94,7 +96,9 @@ def runtime_rows() -> dict | None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", choices=list(MODELS), help="default: all")
+    parser.add_argument("--models", nargs="*", choices=[*MODELS, *ZOO], help="default: all tiny models")
+    parser.add_argument("--zoo", action="store_true", help="the published configs' rows (hfexport.testing.zoo) "
+                        "instead of the tiny models' (with --models: those of them)")
     parser.add_argument("--formats", nargs="*", choices=list(FORMATS), help="default: all")
     parser.add_argument("--modes", nargs="*", choices=list(MODES), help="default: all")
     parser.add_argument("--jobs", type=int, default=1, help="cells run at the same time (default 1)")
@@ -117,7 +121,8 @@ def main(argv=None) -> int:
         print(f"wrote {args.json} and {args.markdown}")
         return 0
 
-    cells = all_cells(args.models, args.formats, args.modes)
+    models = args.models or (list(ZOO) if args.zoo else None)
+    cells = all_cells(models, args.formats, args.modes)
     whole = len(cells) == len(all_cells())
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hfexport-matrix-"))
     print(f"{len(cells)} cells, {args.jobs} at a time, {args.timeout:g} s each at most; work in {workdir}",
@@ -140,6 +145,9 @@ def main(argv=None) -> int:
     previous, previous_meta = read_results(args.json) if args.json.is_file() and not args.fresh else ([], {})
     merged = {result.id: result for result in previous}
     merged.update({result.id: result for result in results})
+    from hfexport.machine import summary_line
+
+    machine = f"{os.cpu_count()} CPU cores (shared), {summary_line()}"
     meta = {
         "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "regenerate": REGENERATE,
@@ -147,8 +155,19 @@ def main(argv=None) -> int:
         "wall_s": round(wall, 1) if whole else previous_meta.get("wall_s"),
         "jobs": args.jobs if whole else previous_meta.get("jobs", args.jobs),
         "timeout_s": args.timeout,
-        "machine": f"{os.cpu_count()} CPU cores (shared)",
+        "machine": machine if whole else previous_meta.get("machine", machine),
     }
+    zoo_cells = [cell for cell in cells if cell.model in ZOO]
+    if zoo_cells and len(zoo_cells) == len(cells) and previous_meta:  # the tiny rows' run stays as it was described
+        meta.update({key: previous_meta[key] for key in ("generated_at", "timeout_s", "packages")
+                     if key in previous_meta})
+    if zoo_cells:  # the published configs' rows: when, where and how they ran
+        meta["zoo_run"] = {"generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine,
+                           "packages": package_versions(), "timeout_s": args.timeout,
+                           "cells": len(zoo_cells), "wall_s": round(wall, 1), "jobs": args.jobs,
+                           "command": "python scripts/compatibility_matrix.py " + " ".join(argv or sys.argv[1:])}
+    elif previous_meta.get("zoo_run"):
+        meta["zoo_run"] = previous_meta["zoo_run"]
     ordered = sorted(merged.values(), key=lambda r: r.cell)
     meta["ci"] = ci_note(ordered, meta)
     write_text_atomic(args.json, json.dumps(results_document(ordered, meta), indent=2, ensure_ascii=False) + "\n")

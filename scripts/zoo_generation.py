@@ -1,11 +1,12 @@
-"""The config zoo (`hfexport.testing.zoo`: published configs, 2 layers, random weights, each in its published dtype)
-through the default generation targets: a job exports each model to `onnx-generation` and `openvino-generation`, and
+"""The config zoo's decoders (`hfexport.testing.zoo`: published configs, 2 layers, random weights, each in its published
+dtype) through the default generation targets: a job exports each model to `onnx-generation` and `openvino-generation`, and
 the gate runs every deployment runtime of the format. One JSON line per model, then a Markdown table, to stdout.
 
     [MODELS=llama-3.2-1b,...] [INTERMEDIATE=512] python scripts/zoo_generation.py [WORKDIR]
 
-`INTERMEDIATE` cuts every model's MLP width (default 512; `0` keeps the published one): no cache or attention shape
-depends on it, and it keeps the 4096-wide models' exports in minutes. The runtimes' environments come from
+`INTERMEDIATE` cuts every model's MLP width and a MoE block's experts (default 512; `0` keeps the published ones):
+no cache or attention shape depends on them, and it keeps the 4096-wide models' exports in minutes. Every format
+and task: `scripts/compatibility_matrix.py --zoo`. The runtimes' environments come from
 `HFEXPORT_RUNTIME_*`, else `hfexport.testing.peers` builds them (package registries only).
 """
 
@@ -38,7 +39,7 @@ def survey(name: str, workdir: Path, intermediate: int) -> dict:
     from hfexport.testing.zoo import build
 
     started = time.perf_counter()
-    folder = build(name, workdir / name, overrides={"intermediate_size": intermediate} if intermediate else None)
+    folder = build(name, workdir / name, mlp=intermediate or None)
     report = run_job(folder, workdir / f"{name}-out", list(TARGETS), latency=False)
     row = {"model": name, "checkpoint_dtype": report.source.get("checkpoint_dtype")}
     for target_name, target in report.targets.items():
@@ -70,7 +71,8 @@ def main() -> None:
     from hfexport.testing.zoo import ZOO
 
     workdir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="hfexport-zoo-"))
-    names = [name for name in os.environ.get("MODELS", "").split(",") if name] or list(ZOO)
+    names = [name for name in os.environ.get("MODELS", "").split(",") if name] or [
+        name for name, model in ZOO.items() if model.task == "text-generation"]
     intermediate = int(os.environ.get("INTERMEDIATE", "512"))
     for key, value in runtime_environments().items():
         os.environ.setdefault(key, value)

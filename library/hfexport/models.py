@@ -200,6 +200,16 @@ def load_processor(name_or_path: str | Path, revision: str | None = None, token:
     return None
 
 
+def key_value_heads(config) -> int:
+    """The key-value heads of one attention layer of a (text) config: `num_key_value_heads`, else 1 for a multi-query
+    config (`multi_query`, unless `new_decoder_architecture` says `num_kv_heads`: Falcon's and GPT-BigCode's fields,
+    read as their modeling code reads them), else `num_kv_heads`, else `num_attention_heads`."""
+    heads = getattr(config, "num_key_value_heads", None)
+    if heads is None and getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        return 1
+    return heads or getattr(config, "num_kv_heads", None) or config.num_attention_heads
+
+
 def empty_cache(config, batch: int, dtype=None):
     """The `DynamicCache` a single-graph decode runs the prompt on (`generation.single_graph`): per layer of `config`,
     keys and values of `batch` rows and no positions, `[batch, key_value_heads, 0, head_dim]` (transformers 5.23's
@@ -209,7 +219,7 @@ def empty_cache(config, batch: int, dtype=None):
 
     dtype = dtype or torch.float32
     config = config.get_text_config()
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    heads = key_value_heads(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache = DynamicCache(config=config)
     for layer in range(len(cache.layers)):

@@ -22,6 +22,7 @@ from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_entries, save_ato
 from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
+from hfexport.job.preflight import runtime_refusals
 from hfexport.logs import engine_output
 from hfexport.plan import build_plan
 from hfexport.progress import Step, StepTimer
@@ -85,6 +86,9 @@ class TargetPipeline:
             job.quantized_plans[self.name] = plan
             target_report.quantization = jsonable(plan.quantization)
         target_report.timings["plan_s"] = round(timer.seconds, 4)
+        # a runtime that cannot run this config is said so now, before the export (the gate answers the same)
+        if refused := runtime_refusals(self.target, job.model_object.config.to_dict()):
+            target_report.runtimes = refused
         return plan
 
     def export(self, plan, key: str | None) -> Callable[[Path], None]:

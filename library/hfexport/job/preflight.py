@@ -277,3 +277,20 @@ def _cached(repo_id: str, revision: str | None) -> bool:
         if isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str):
             return True
     return False
+
+
+def runtime_refusals(target, config: dict) -> list[dict]:
+    """The deployment runtimes of a generation target's format that cannot run a model of this `config.json`, each
+    `not_checked` with its upstream reason, known from the config before the export starts (each runtime module's
+    `limitation(config)`, where it has one). The gate answers the same for them, without running them."""
+    import importlib
+
+    if target.mode != "generation":
+        return []
+    refused = []
+    for name in format_traits(target.export_format).runtimes:
+        module = importlib.import_module(name)
+        reason = getattr(module, "limitation", None) and module.limitation(config)
+        if reason:
+            refused.append({"runtime": module.RUNTIME, "verdict": "not_checked", "reason": reason})
+    return refused

@@ -11,6 +11,8 @@ the artifacts from disk and verifies them against the eager model. Its outcome i
 
 `run_cell` runs one cell in this process; `run_cell_subprocess` runs it in a child process with a timeout (so
 a hang or a crash in a backend costs one cell, not the run); `run_matrix` runs many, optionally in parallel.
+The rows are the tiny models and, beside them, the
+published configs of `hfexport.testing.zoo` (2 layers, the MLP cut to `ZOO_MLP`, the published heads and head size).
 `render_markdown` writes `docs/compatibility.md` from results; `compare` checks results against the expectations
 file (a cell that passed must keep passing). `scripts/compatibility_matrix.py` and `tests/test_matrix.py` both
 run cells through this module. As a command (what `run_cell_subprocess` runs):
@@ -33,11 +35,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .models import FORMATS, MODELS, make_model, target_name
+from .zoo import FAST_EXPERTS, ZOO
+from .zoo import build as build_zoo_model
 
 OUTCOMES = ("pass", "parity-fail", "error", "timeout", "exported")
 MODES = ("forward", "generation")
 DETAIL_CHARS = 400
 DEFAULT_TIMEOUT_S = 300.0
+#: A zoo model's MLP width in the matrix (and its MoE experts cut): no cache or attention shape depends on it.
+ZOO_MLP = 512
+
+
+def model_modes(name: str) -> tuple[str, ...]:
+    """The modes a matrix row (a tiny model or a zoo model) has targets for."""
+    return MODELS[name].modes if name in MODELS else ZOO[name].modes
 
 
 @dataclass(frozen=True, order=True)
@@ -97,14 +108,14 @@ def all_cells(models: Iterable[str] | None = None, formats: Iterable[str] | None
               modes: Iterable[str] | None = None) -> list[Cell]:
     """Every cell that applies: each model × each format × each of the model's modes (filtered when given)."""
     models = list(models) if models else list(MODELS)
-    unknown = [name for name in models if name not in MODELS]
+    unknown = [name for name in models if name not in MODELS and name not in ZOO]
     if unknown:
-        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join([*MODELS, *ZOO])}")
     formats = list(formats) if formats else list(FORMATS)
     modes = list(modes) if modes else list(MODES)
     return [
         Cell(name, export_format, mode)
-        for name in models for mode in MODELS[name].modes if mode in modes
+        for name in models for mode in model_modes(name) if mode in modes
         for export_format in formats
     ]
 
@@ -166,13 +177,17 @@ def ensure_models(workdir: Path, names: Iterable[str], rebuild: bool = False) ->
     for name in dict.fromkeys(names):
         folder = model_folder(workdir, name)
         if rebuild or not (folder / "export_config.json").is_file():
-            make_model(name, folder)
+            if name in MODELS:
+                make_model(name, folder)
+            else:
+                build_zoo_model(name, folder, mlp=ZOO_MLP)
         folders[name] = folder
     return folders
 
 
-def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult:
-    """Run one cell in this process: build the model if needed, run the job for the cell's target, classify."""
+def run_cell(cell: Cell, workdir: str | Path, verify: bool = True, latency: bool = True) -> CellResult:
+    """Run one cell in this process: build the model if needed, run the job for the cell's target (`latency`: with
+    its latency measured), classify."""
     from hfexport.errors import HfExportError
     from hfexport.job.run import engine_error_message, run_job
 
@@ -187,7 +202,7 @@ def run_cell(cell: Cell, workdir: str | Path, verify: bool = True) -> CellResult
     try:
         folder = ensure_models(workdir, [cell.model])[cell.model]
         output = workdir / "out" / cell.model / cell.target
-        kwargs = {} if verify else {"verify": False}
+        kwargs = ({} if verify else {"verify": False}) | ({} if latency else {"latency": False})
         report = run_job(folder, output, targets=[cell.target], progress=progress, **kwargs)
     except HfExportError as error:
         return CellResult(*_key(cell), "error", one_line(str(error)), failed.get("stage", "job"),
@@ -217,7 +232,7 @@ def cell_environment(threads: int | None = None) -> dict[str, str]:
 
 
 def run_cell_subprocess(cell: Cell, workdir: str | Path, timeout: float = DEFAULT_TIMEOUT_S,
-                        threads: int | None = None, verify: bool = True) -> CellResult:
+                        threads: int | None = None, verify: bool = True, latency: bool = True) -> CellResult:
     """Run one cell in a child process; kill its whole process group after `timeout` seconds."""
     workdir = Path(workdir)
     results = workdir / "results"
@@ -231,6 +246,8 @@ def run_cell_subprocess(cell: Cell, workdir: str | Path, timeout: float = DEFAUL
         command += ["--threads", str(threads)]
     if not verify:
         command.append("--no-verify")
+    if not latency:
+        command.append("--no-latency")
     started = time.perf_counter()
     with log_file.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cell_environment(threads),
@@ -372,7 +389,8 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
         "decode greedily over the exported graphs and must match `model.generate` token for token). "
         "Outcomes: **pass**; **parity-fail** with the first failing metric; **error** with the engine's message "
         "(one line); **timeout**. The time is the export step alone (plan, save and verification excluded). "
-        "Models are tiny random checkpoints built by `hfexport.testing.models` (no downloads).",
+        "Models are tiny random checkpoints built by `hfexport.testing.models` and, marked *published*, published "
+        "configs with random weights (`hfexport.testing.zoo`, \"Published configs\" below); no downloads.",
         "",
     ]
     models = list(dict.fromkeys(result.model for result in sorted(results, key=lambda r: r.cell)))
@@ -385,7 +403,7 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
         lines += [f"## {mode.capitalize()}", "", "| model | " + " | ".join(formats) + " |",
                   "|---|" + "---|" * len(formats)]
         for name in rows:
-            family = f" ({MODELS[name].family})" if name in MODELS else ""
+            family = f" ({MODELS[name].family})" if name in MODELS else _published(name)
             cells = []
             for fmt in formats:
                 result = by_id.get(Cell(name, fmt, mode).id)
@@ -407,6 +425,23 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
     lines += [f"| `{name}` | `{MODELS[name].model_class}` | {MODELS[name].task} | {_escape(MODELS[name].note) or '—'} |"
               for name in ordered if name in MODELS]
     lines.append("")
+    published = [name for name in ordered if name in ZOO]
+    if published:
+        lines += ["## Published configs", "", f"The rows marked *published* are `hfexport.testing.zoo`: a checkpoint's "
+                  f"own config.json (the fields as published, from the source named here), 2 layers, the MLP cut to "
+                  f"{ZOO_MLP} wide and a MoE block to {FAST_EXPERTS} experts (twice its top-k where that is more), the vocabulary cut to the zoo tokenizer's, "
+                  "random weights saved in the published dtype; the heads, key-value heads, head size, rope, windows "
+                  "and norms as published."]
+        run = meta.get("zoo_run")
+        if run:
+            lines.append("")
+            lines.append(f"These rows ran on {run['generated_at']} with `{run['command']}` ({run['cells']} cells, "
+                         f"{run['jobs']} at a time, {run['wall_s'] / 60:.1f} min wall; {run['machine']}; "
+                         + ", ".join(f"{name} {version}" for name, version in run["packages"].items()) + ").")
+        lines += ["", "| model | checkpoint | task | where the fields were read |", "|---|---|---|---|"]
+        lines += [f"| `{name}` | {ZOO[name].repo} | {ZOO[name].task} | {_escape(ZOO[name].source)} |"
+                  for name in published]
+        lines.append("")
     counts = {outcome: sum(1 for r in results if r.outcome == outcome) for outcome in OUTCOMES}
     lines += ["Totals: " + ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
               + f" of {len(results)} cells.", ""]
@@ -502,10 +537,15 @@ def _runtime_lines(results: Sequence[CellResult], ordered: list[str], notes: dic
                     number = list(notes).index(detail) + 1
                     text += f" [{number}](#note-{number})"
                 row.append(text)
-            family = f" ({MODELS[name].family})" if name in MODELS else ""
+            family = f" ({MODELS[name].family})" if name in MODELS else _published(name)
             lines.append(f"| `{name}`{family} | " + " | ".join(row) + " |")
         lines.append("")
     return lines
+
+
+def _published(name: str) -> str:
+    """A zoo row's label: the checkpoint whose published config it is."""
+    return f" (*published*: {ZOO[name].repo})" if name in ZOO else ""
 
 
 def _escape(text: str) -> str:
@@ -517,19 +557,21 @@ def _escape(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hfexport.testing.matrix", description="Run one matrix cell.")
-    parser.add_argument("model", choices=list(MODELS))
+    parser.add_argument("model", choices=[*MODELS, *ZOO])
     parser.add_argument("export_format", choices=list(FORMATS))
     parser.add_argument("mode", choices=list(MODES))
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument("--result", required=True, type=Path, help="where to write the CellResult JSON")
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
     parser.add_argument("--no-verify", action="store_true", help="export and save only")
+    parser.add_argument("--no-latency", action="store_true", help="do not measure the artifact's latency")
     args = parser.parse_args(argv)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    result = run_cell(Cell(args.model, args.export_format, args.mode), args.workdir, verify=not args.no_verify)
+    result = run_cell(Cell(args.model, args.export_format, args.mode), args.workdir, verify=not args.no_verify,
+                      latency=not args.no_latency)
     args.result.parent.mkdir(parents=True, exist_ok=True)
     temporary = args.result.with_suffix(".tmp")
     temporary.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")

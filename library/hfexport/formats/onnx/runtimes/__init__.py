@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from hfexport.deployment import GenerationRequest
 from hfexport.formats.onnx.backend import transformers_js_dtype
 
@@ -19,3 +22,13 @@ def variant_dtype(request: GenerationRequest) -> str:
     """The precision a runtime's record names: transformers.js' dtype of the file the target is published under
     (`fp32`, `q8`, `fp16`, ...; `hfexport.formats.onnx.backend.transformers_js_dtype`), else the file name."""
     return transformers_js_dtype(request.file_name) or request.file_name
+
+
+def exported_config(folder: Path) -> dict:
+    """An export's config.json (beside its graph), which a runtime's `limitation(config)` reads at the gate as the
+    plan read the model's before the export; {} where it cannot be read."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}

@@ -29,7 +29,7 @@ from hfexport.deployment import (
 from hfexport.deployment._python import judge, request_payload
 from hfexport.formats.onnx.backend import transformers_js_config, transformers_js_dtype
 from hfexport.formats.onnx.decoder_contract import MODEL_FILE, stage_as
-from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT
+from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, exported_config
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "transformers.js"
@@ -40,12 +40,46 @@ ROOT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeni
               "preprocessor_config.json")
 
 
+#: transformers.js 4.3.2's decoders: the model types of its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (src/models/registry.js).
+CAUSAL_LM_TYPES = (
+    "bloom", "gpt2", "gpt_oss", "jais", "gptj", "gpt_bigcode", "gpt_neo", "gpt_neox", "codegen", "llama", "nanochat",
+    "apertus", "llama4_text", "arcee", "afmoe", "lfm2", "lfm2_moe", "lfm3", "smollm3", "exaone", "olmo", "olmo2",
+    "olmo3", "olmo_hybrid", "mobilellm", "granite", "granitemoehybrid", "cohere", "cohere2", "gemma", "gemma2",
+    "vaultgemma", "gemma3_text", "gemma3", "helium", "glm", "glm_moe_dsa", "openelm", "qwen2", "qwen2_moe", "qwen3",
+    "qwen3_moe", "qwen3_next", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_text",
+    "qwen3_5_moe", "gemma3n", "gemma4", "phi", "phi3", "mpt", "opt", "mbart", "mistral", "mistral4", "ministral",
+    "ministral3", "ernie4_5", "starcoder2", "deepseek_v3", "deepseek_v4", "falcon", "falcon_h1", "nemotron_h", "trocr",
+    "solar_open", "stablelm", "modernbert-decoder", "hunyuan_v1_dense", "youtu", "zaya", "hrm_text", "phi3_v")
+
+
+def limitation(config: dict) -> str | None:
+    """Why transformers.js cannot generate with a decoder of this `config.json`, known before the export (None:
+    nothing known): a model type its AutoModelForCausalLM does not map, which it refuses by name, or a `multi_query`
+    config, whose past it feeds as one fused tensor per layer."""
+    model_type = config.get("model_type")
+    if config.get("is_encoder_decoder") or not model_type:
+        return None
+    if model_type not in CAUSAL_LM_TYPES:
+        return (f"refused before export: transformers.js 4.3.2's AutoModelForCausalLM throws \"Unsupported model "
+                f"type: {model_type}\" (src/models/auto/modeling_auto.js): {model_type!r} is not in its "
+                "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (src/models/registry.js)")
+    if config.get("multi_query"):
+        return ("refused before export: config.json says multi_query, and transformers.js 4.3.2 then feeds the past "
+                "as one fused `past_key_values.{i}.key_value` tensor per layer (gpt_bigcode's layout; getKeyValueNames, "
+                "src/configs.js), where the graph takes `past_key_values.{i}.key` and `.value` (\"Missing the "
+                "following inputs: past_key_values.0.key, ...\")")
+    return None
+
+
 def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     folder = Path(folder).resolve()
     seq2seq = request.is_encoder_decoder
     graph = DECODER_FILE if seq2seq else MODEL_FILE
     if not (folder / graph).is_file():
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_SEQ2SEQ_CONTRACT if seq2seq else NOT_IN_CONTRACT)
+    refused = limitation(exported_config(folder))
+    if refused:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=refused)
     dtype = "fp32" if seq2seq else transformers_js_dtype(request.file_name)
     if dtype is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"published as {request.file_name}, a name transformers.js "
