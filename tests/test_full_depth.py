@@ -73,14 +73,17 @@ def test_full_depth_llama_3_2_1b_exports_and_every_runtime_generates_its_tokens(
         target, session_dir, llama_3_2_1b, every_runtime_env):
     """The job on one generation target: exported at float32, the gate passed, and every runtime of the format
     generated `model.generate`'s tokens at f32 (a reduced-precision record, OpenVINO's default on a bf16-capable
-    CPU, passed by its own agreement floor)."""
+    CPU, passed by its own agreement floor); and the preflight's memory estimate held the job's peak."""
     from unittest import mock
 
+    from hfexport.job.preflight import estimate
     from hfexport.job.run import run_job
+    from hfexport.recipe.loading import load_recipe
     from hfexport.report.data import validate_report
 
+    output = session_dir / f"llama-3.2-1b-full-{target}"
     with mock.patch.dict(os.environ, every_runtime_env):
-        report = run_job(llama_3_2_1b, session_dir / f"llama-3.2-1b-full-{target}", [target], latency=False)
+        report = run_job(llama_3_2_1b, output, [target], latency=False)
     validate_report(report.to_dict())
     result = report.targets[target]
     assert result.status == "ok", result.error
@@ -90,3 +93,7 @@ def test_full_depth_llama_3_2_1b_exports_and_every_runtime_generates_its_tokens(
                 for check in result.runtimes]
     assert {runtime for runtime, *_ in verdicts} == set(RUNTIMES[target]), verdicts
     assert all(verdict == PASSED for _, _, verdict, _ in verdicts), verdicts
+    # the preflight's estimate (made before loading) bounds what the job really held (this process's peak, the
+    # checkpoint's build included)
+    needed = estimate(llama_3_2_1b, [load_recipe(llama_3_2_1b).target(target)], output).memory_needed
+    assert report.peak_rss_mb * 2**20 <= needed, (report.peak_rss_mb, needed / 2**20)
