@@ -73,7 +73,16 @@ def test_the_checkpoint_is_llama_3_2_1b_at_full_depth_in_bfloat16(llama_3_2_1b):
     assert config["dtype"] == "bfloat16" and config["tie_word_embeddings"]
 
 
-@pytest.mark.parametrize("target", list(RUNTIMES))
+#: Why a target's run is expected to fail, as measured on this project's machine (2 cores, 24 GiB).
+NOT_YET = {
+    "pte-generation": "not run at full depth yet: the preflight refuses it on a 24 GiB machine (22.8 GiB estimated: "
+                      "the ExecuTorch factor 4.0 x 1.5 for a generation target, where the LLM runner's program is one "
+                      "graph); the export's real peak is unmeasured, so the factor is not changed without it",
+}
+
+
+@pytest.mark.parametrize("target", [pytest.param(name, marks=pytest.mark.xfail(reason=NOT_YET[name], strict=False))
+                                    if name in NOT_YET else name for name in RUNTIMES])
 def test_full_depth_llama_3_2_1b_exports_and_every_runtime_generates_its_tokens(
         target, session_dir, llama_3_2_1b, every_runtime_env):
     """The job on one generation target: exported at float32, the gate passed, and every runtime of the format
