@@ -11,6 +11,7 @@ import pytest
 from hfexport.formats import format_backend
 from hfexport.job.preflight import (
     DISK_FACTOR,
+    GENERATION_FACTOR,
     RUNTIME_MB,
     PreflightError,
     estimate,
@@ -81,6 +82,9 @@ def test_estimates_follow_the_documented_multipliers(tmp_path):
     data["targets"]["onnx-generation"]["generation"] = {"single_graph": False}
     pair = estimate(LLAMA, [Recipe(data, llama.source).target("onnx-generation")], tmp_path)
     assert pair.disk_needed == int(llama_weights * DISK_FACTOR * 2)  # prefill and decode graphs
+    factor = format_backend("onnx").memory_factor  # one generation graph holds what a forward export does; two, more
+    assert single.memory_needed == RUNTIME_MB * MB + int(llama_weights * factor)
+    assert pair.memory_needed == RUNTIME_MB * MB + int(llama_weights * factor * GENERATION_FACTOR)
     assert onnx.memory_available and onnx.disk_available and onnx.fits
 
 
