@@ -65,6 +65,7 @@ from hfexport.recipe.data import Recipe
 from hfexport.report.data import JobReport, TargetReport
 from hfexport.samples import read_samples
 from hfexport.verify.check import summary, verify_exported
+from hfexport.verify.variants import check_variants
 
 
 def resolve_source(model: str | Path, revision: str | None, token: str | None) -> dict:
@@ -599,6 +600,8 @@ def _gate(job: _Job, name: str, folder: Path, plan) -> None:
     _verify_target(target_report, folder, job.model_object, plan, job.processor, job.progress)
     if target_report.status == "ok" and job.options.runtimes and plan.target.mode == "generation":
         _check_runtimes(target_report, folder, job.model_object, plan, job.processor, job.progress)
+    if target_report.status == "ok" and plan.target.variants:  # made from the gated files, each gated
+        check_variants(target_report, folder, job.model_object, plan, job.processor, job.progress, job.options.runtimes)
 
 
 def _verify_target(target_report: TargetReport, folder: Path, model_object, plan, processor,

@@ -21,6 +21,7 @@ from hfexport.formats import format_traits, formats
 from hfexport.layout import LayoutError, canonical_format, check_file_name
 from hfexport.quantization.shapes import group_size_problems
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
+from hfexport.quantization.variants import variant_problems
 from hfexport.machine import PRECISION_FORMATS
 from hfexport.schema import schema_validator, load_schema
 
@@ -382,6 +383,8 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
             elif target.get("quantization"):
                 problems.append(Problem(json_path([*base, "dtype"]), "dtype float16 converts a float graph and "
                                         "cannot be combined with quantization; make it a target of its own"))
+        if target.get("variants"):  # names per format, settings per variant (hfexport.quantization.variants)
+            problems.extend(variant_problems(target, export_format, base))
         quantization = target.get("quantization")
         if quantization:  # method x format, preset, params, calibration (hfexport.quantization.spec)
             problems.extend(section_problems(quantization, export_format, target.get("options"), base,

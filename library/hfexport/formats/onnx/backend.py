@@ -80,6 +80,12 @@ class OnnxFormat(FormatBackend):
     converts_to_float16 = True
     generation_variants = True
     nncf_onnx_limits = True
+    variants = ("fp16", "q8", "q4", "q4f16")  # transformers.js' dtypes (hfexport.formats.onnx.variants)
+
+    def variant_file(self, name: str) -> str:
+        if name not in self.variants:
+            return super().variant_file(name)
+        return f"model{TRANSFORMERS_JS_SUFFIXES[name]}.onnx"
 
     def program_files(self, file: str) -> list[tuple[str, bool]]:
         # external data: `.data` as the engine writes it, `_data` as publications name it
