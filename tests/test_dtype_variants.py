@@ -79,6 +79,10 @@ def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(va
                                      for name in (entry["file"], entry["file"] + "_data")
                                      if (output / "onnx-generation" / name).is_file())
     assert report.read(output / "onnx-generation").targets["onnx-generation"].variants == target.variants
+    from hfexport.report.markdown import report_markdown
+
+    table = report_markdown(report)
+    assert "**Variants**" in table and "| q4 | `model_q4.onnx` |" in table and "✅ passed" in table
 
 
 def test_the_graphs_are_what_each_dtype_means(variants_job):
