@@ -29,7 +29,7 @@ SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT}
 LOW_BIT = ("q4", "q4f16")
 #: (max_nll_ratio, min_top1_agreement) per variant: the perplexity ratio to the float32 export on the sample texts
 #: and the share of their positions whose next token is the float32 export's (docs/quantization.md, "Variants")
-DEFAULT_BOUNDS = {"fp16": (1.01, 0.97), "q8": (1.10, 0.85), "q4": (1.35, 0.70), "q4f16": (1.35, 0.70)}
+DEFAULT_BOUNDS = {"fp16": (1.01, 0.97), "q8": (1.10, 0.85), "q4": (1.35, 0.60), "q4f16": (1.35, 0.60)}
 _BOUND_KEYS = ("max_nll_ratio", "min_top1_agreement")
 
 
