@@ -16,7 +16,8 @@ class Step:
     """One progress event of a job or a publication.
 
     `step` is one of `STEPS`: cache (the cache lookup), preflight, load_model, then per target plan, export, save,
-    verify, probe (one verification probe, sent as it ends), runtimes (generating in the deployment runtimes), latency
+    verify, probe (one verification probe, sent as it ends), runtimes (generating in the deployment runtimes), variants (making and gating the target's
+    variants), latency
     and target (the target as a whole), compare (a
     quantized target against its reference) and publish. `status` is start, done or error, or `RUNNING` (a
     `Heartbeat` re-sending a step still in progress, `seconds` so far); `detail` a short line (the error's first line
@@ -28,8 +29,8 @@ class Step:
     seconds: float | None = None
 
 
-STEPS = ("cache", "preflight", "load_model", "plan", "export", "save", "verify", "probe", "runtimes", "latency",
-         "target", "compare", "publish")
+STEPS = ("cache", "preflight", "load_model", "plan", "export", "save", "verify", "probe", "runtimes", "variants",
+         "latency", "target", "compare", "publish")
 ProgressCallback = Callable[[Step], None]
 
 

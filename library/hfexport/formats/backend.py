@@ -81,6 +81,7 @@ class FormatBackend:
     contract_files: ClassVar[tuple[str, ...]] = ()  # a generation target with one is in its runtimes' contract
     sentence_transformers: ClassVar[bool] = False  # sentence-transformers loads it (`backend=<name>`): the card says so
     optimum_classes: ClassVar[tuple[str, str] | None] = None  # optimum's module and class prefix that load it
+    variants: ClassVar[tuple[str, ...]] = ()  # the variants a target's `variants` may name (hfexport.quantization.variants)
 
     @property
     def suffix(self) -> str:
@@ -98,6 +99,10 @@ class FormatBackend:
     def artifact_name(self, quantization: dict | None = None, dtype: str | None = None) -> str | None:
         """The file name the loaders use for a forward target of this kind, None where they have none."""
         return None if quantization else self.default_file
+
+    def variant_file(self, name: str) -> str:
+        """The file a variant's graph is published as, beside the target's own (its runtimes open it by that name)."""
+        raise KeyError(f"{self.name} publishes no variant {name!r}")
 
     def load_options(self, precision: str | None) -> dict:
         """Runner arguments that make it run at `precision` (none: it runs the graph's own element types)."""
@@ -245,6 +250,20 @@ class FormatProgram:
 
     def localize(self, folder: Path, local_of: dict[str, str]) -> None:
         """Undo `published`'s renames inside a downloaded export's files (names back as the job saves them)."""
+
+    def write_variant(self, folder: Path, variant: dict, stage: Path) -> None:
+        """Make the variant `variant` (`hfexport.quantization.variants.settings`) of the export saved in `folder`, laid
+        out in `stage` as the export's own files with the variant's graph in place of its full-precision one."""
+        raise NotImplementedError(f"{self.name} makes no variants")
+
+    def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
+        """Move the variant's graph from `stage` into `folder` as `file_name` (its data renamed with it); its names."""
+        raise NotImplementedError(f"{self.name} makes no variants")
+
+    def next_token_scores(self, stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
+        """Per token row: the log-likelihood of each next token and the most likely next token at every position,
+        as the graph in `stage` computes them (the variants' quality gate)."""
+        raise NotImplementedError(f"{self.name} scores no variants")
 
 
 @contextlib.contextmanager

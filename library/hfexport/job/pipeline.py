@@ -31,6 +31,7 @@ from hfexport.rebind.folder import previous, rebind_copy, record
 from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.report.data import JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
+from hfexport.verify.variants import check_variants
 
 
 class TargetPipeline:
@@ -128,11 +129,14 @@ class TargetPipeline:
     def gate(self, folder: Path, plan) -> None:
         """The gate of a saved target, exported or rebound: its report beside the artifacts (there even if verifying
         dies), parity against the eager model, then (a generation target that passed) its format's deployment
-        runtimes."""
+        runtimes, then (a target with `variants`) each variant made from the gated files and gated itself."""
         self.report(folder)
         self._verify(folder, plan)
         if self.target_report.status == "ok" and self.job.options.runtimes and plan.target.mode == "generation":
             self._check_runtimes(folder, plan)
+        if self.target_report.status == "ok" and plan.target.variants:  # made from the gated files, each gated
+            check_variants(self.target_report, folder, self.job.model_object, plan, self.job.processor,
+                           self.job.progress, self.job.options.runtimes)
 
     def report(self, folder: Path | None = None) -> None:
         """The report stage: `OUTPUT/<target>/export_report.json` (`folder`: the target's folder by default), for a

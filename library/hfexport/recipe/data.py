@@ -32,6 +32,7 @@ class Target:
     path: str | None = None  # where the publication puts it (hfexport.layout); not part of what is exported
     file_name: str | None = None  # the artifact's name there (hfexport.layout); not part of what is exported either
     rebind: bool = True  # a weights-only update may be rebound into the previous export's graphs (hfexport.rebind)
+    variants: list = field(default_factory=list)  # published beside it, made from its files (hfexport.quantization.variants)
 
     @property
     def single_graph(self) -> bool:
@@ -84,13 +85,14 @@ class Target:
             path=data.get("path"),
             file_name=data.get("file_name"),
             rebind=data.get("rebind", True),
+            variants=copy.deepcopy(data.get("variants", [])),
         )
 
     def to_dict(self) -> dict:
         """The target as the recipe would write it (empty sections left out)."""
         data: dict[str, Any] = {"export_format": self.export_format, "mode": self.mode}
         for key in ("description", "options", "generation", "dynamic_shapes", "components", "parity", "quantization",
-                    "dtype", "runtime", "path", "file_name"):
+                    "dtype", "runtime", "path", "file_name", "variants"):
             value = getattr(self, key)
             if value not in (None, {}, []):
                 data[key] = copy.deepcopy(value)

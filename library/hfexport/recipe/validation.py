@@ -19,7 +19,9 @@ from hfexport import strict_json
 from hfexport.errors import Problem, RecipeError
 from hfexport.formats import find_format, format_traits, formats
 from hfexport.layout import LayoutError, canonical_format, check_file_name
+from hfexport.quantization.shapes import group_size_problems
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
+from hfexport.quantization.variants import variant_problems
 from hfexport.schema import schema_validator, load_schema
 
 MAX_RECIPE_BYTES = 1 << 20
@@ -164,8 +166,10 @@ def _dims_on(document: dict, axes: dict) -> set[str]:
 
 def config_problems(document: dict, config: dict, config_source: str = "config.json") -> list[Problem]:
     """The recipe's `dims` against what the model's config admits: a sequence dim past `max_position_embeddings`
-    (or its aliases), an image dim past `image_size`. The schema cannot know these; the export would fail with the
-    engine's "Constraints violated" (or run past the model's positions) instead."""
+    (or its aliases), an image dim past `image_size`; and each target's quantization against the model's layer
+    shapes (a group size that does not divide a layer's input: `hfexport.quantization.shapes`). The schema cannot
+    know these; the export would fail with the engine's "Constraints violated" (or run past the model's positions),
+    or NNCF's `InvalidGroupSizeError` after the export, instead."""
     problems: list[Problem] = []
     dims = document.get("dims") if isinstance(document.get("dims"), dict) else {}
     checks = [(_dims_on(document, _SEQUENCE_AXES) | ({"seq"} & set(dims)),
@@ -180,6 +184,9 @@ def config_problems(document: dict, config: dict, config_source: str = "config.j
             if isinstance(bound, int) and bound > value:
                 problems.append(Problem(f"dims.{name}.max", f"{bound} is more than the model's {key} ({value} "
                                         f"{what}, {config_source}); at most {value}"))
+    for name, target in (document.get("targets") or {}).items():
+        if isinstance(target, dict) and isinstance(target.get("quantization"), dict):
+            problems.extend(group_size_problems(target["quantization"], ["targets", name], config, config_source))
     return problems
 
 
@@ -376,6 +383,8 @@ def _semantic_problems(recipe: dict) -> list[Problem]:
             elif target.get("quantization"):
                 problems.append(Problem(json_path([*base, "dtype"]), "dtype float16 converts a float graph and "
                                         "cannot be combined with quantization; make it a target of its own"))
+        if target.get("variants"):  # names per format, settings per variant (hfexport.quantization.variants)
+            problems.extend(variant_problems(target, export_format, base))
         quantization = target.get("quantization")
         if quantization:  # method x format, preset, params, calibration (hfexport.quantization.spec)
             problems.extend(section_problems(quantization, export_format, target.get("options"), base,

@@ -63,6 +63,7 @@ class TargetReport:
     quantization: dict | None = None
     latency: dict | None = None  # hfexport.latency: artifact vs eager torch per batch size, on the verifying machine
     runtimes: list[dict] = field(default_factory=list)  # hfexport.deployment: RuntimeCheck.to_dict() per runtime
+    variants: list[dict] = field(default_factory=list)  # hfexport.verify.variants: each variant made and its gate
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -72,6 +72,8 @@ def report_markdown(report: JobReport, publication: bool = False) -> str:
             lines += [section, ""]
         if target.runtimes:
             lines += [runtimes_markdown(target.runtimes), ""]
+        if target.variants:
+            lines += [variants_markdown(target.variants), ""]
         if target.files:
             lines += ["<details><summary>files</summary>", "", "| file | size |", "|---|---|"]
             lines += [f"| `{entry['path']}` | {human_bytes(entry['bytes'])} |" for entry in target.files]
@@ -295,6 +297,27 @@ def probe_rows(probes: list[dict]) -> Iterator[ProbeRow]:
                      ratio_text(metrics.get("cosine")), top1)
             yield ProbeRow(probe, output, metrics, cells, "passed" if metrics.get("passed") else "failed",
                            "; ".join(metrics.get("failures", [])))
+
+
+def variants_markdown(variants: list[dict]) -> str:
+    """The target's variants (hfexport.verify.variants): a row per variant, its file, size, quality against the
+    float32 export and its runtimes' verdicts."""
+    lines = ["**Variants** — made from this export; perplexity ratio and next-token agreement with the float32 export "
+             "on the sample texts, and each runtime's greedy tokens within the variant's token agreement floor", "",
+             "| variant | file | size | perplexity ratio | next-token agreement | runtimes | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for entry in variants:
+        bounds = entry.get("settings") or {}
+        ratio = f"{entry['nll_ratio']:.4f} (≤ {bounds.get('max_nll_ratio', '—')})" if "nll_ratio" in entry else "—"
+        top1 = f"{entry['top1_agreement']:.3f} (≥ {bounds.get('min_top1_agreement', '—')})" \
+            if "top1_agreement" in entry else "—"
+        runtimes = ", ".join(f"{check['runtime']} {RUNTIME_VERDICTS.get(check['verdict'], check['verdict'])}"
+                             for check in entry.get("runtimes") or []) or "—"
+        verdict = "✅ passed" if entry["verdict"] == "passed" else f"❌ {_cell(entry.get('reason') or 'failed')}"
+        size = human_bytes(entry["bytes"]) if entry.get("bytes") else "—"
+        lines.append(f"| {entry['name']} | `{entry['file']}` | {size} | {ratio} | {top1} | {_cell(runtimes)} | "
+                     f"{verdict} |")
+    return "\n".join(lines)
 
 
 def _probe_rows(probes: list[dict]) -> list[str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 

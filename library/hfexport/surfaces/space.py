@@ -822,6 +822,7 @@ _STEP_TITLES = {
     "verify": "verify parity",
     "probe": "parity probe",
     "runtimes": "generate in the deployment runtimes",
+    "variants": "make and gate the variants",
     "latency": "time against eager torch",
     "unchanged": "already exported",
     "publish": "publish",

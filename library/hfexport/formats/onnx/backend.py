@@ -104,6 +104,12 @@ class OnnxFormat(FormatBackend):
     contract_files = ("genai_config.json", "decoder_model_merged.onnx")
     sentence_transformers = True
     optimum_classes = ("optimum.onnxruntime", "ORTModel")
+    variants = ("fp16", "q8", "q4", "q4f16")  # transformers.js' dtypes (hfexport.formats.onnx.variants)
+
+    def variant_file(self, name: str) -> str:
+        if name not in self.variants:
+            return super().variant_file(name)
+        return f"model{TRANSFORMERS_JS_SUFFIXES[name]}.onnx"
 
     def program_files(self, file: str) -> list[tuple[str, bool]]:
         # external data: `.data` as the engine writes it, `_data` as publications name it

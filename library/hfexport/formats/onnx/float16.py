@@ -41,7 +41,6 @@ def convert(folder: Path, target: str | None = None) -> bool:
 
     Raises `Float16Error` for a graph exported at another dtype than float32 or float16."""
     import onnx_ir
-    from onnxruntime.transformers.float16 import convert_float_to_float16
 
     folder = Path(folder)
     manifest_path = folder / MANIFEST_FILE
@@ -58,7 +57,7 @@ def convert(folder: Path, target: str | None = None) -> bool:
                                f"{dtype} (the checkpoint's dtype)")
         path = folder / entry["file"]
         data = _external_data_files(path)
-        model = convert_float_to_float16(str(path), keep_io_types=False)
+        model = float16_model(path)
         for old in data:  # ONNX appends to an existing data file: the float32 data goes first
             (folder / old).unlink(missing_ok=True)
         onnx_ir.save(onnx_ir.from_proto(model), str(path), external_data=data[0] if data else None)
@@ -67,6 +66,14 @@ def convert(folder: Path, target: str | None = None) -> bool:
     if changed:
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return changed
+
+
+def float16_model(path: Path):
+    """The float32 ONNX graph at `path` in float16 (a proto): onnxruntime's `convert_float_to_float16` with its
+    defaults and float16 inputs and outputs, given the path so that shape inference takes graphs over 2 GB."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(str(path), keep_io_types=False)
 
 
 def _external_data_files(path: Path) -> list[str]:

@@ -10,6 +10,7 @@ from hfexport.formats.backend import FormatProgram
 from hfexport.formats.onnx import decoder_contract, weights
 from hfexport.formats.onnx import float16 as onnx_float16
 from hfexport.formats.onnx import seq2seq_contract as onnx_seq2seq
+from hfexport.formats.onnx import variants as onnx_variants
 from hfexport.formats.onnx.onnxruntime_workarounds import (
     broadcast_grouped_query_caches,
     fuse_ready_key_transposes,
@@ -48,6 +49,15 @@ class OnnxProgram(FormatProgram):
         if in_contract and hasattr(processor, "save_pretrained"):
             processor.save_pretrained(directory)  # the loaders' contract: the tokenizer beside the graph
             save_tokenizer(directory, processor)  # its class as transformers 4.x (optimum's) reads it too
+
+    def write_variant(self, folder: Path, variant: dict, stage: Path) -> None:
+        onnx_variants.write(folder, variant, stage)
+
+    def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
+        return onnx_variants.keep(stage, folder, file_name)
+
+    def next_token_scores(self, stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
+        return onnx_variants.next_token_scores(stage, rows)
 
     def runner(self):
         from hfexport.formats.onnx.file_runner import OnnxFileRunner

@@ -1,0 +1,141 @@
+"""transformers.js' dtype variants of an ONNX generation export, made from its float32 `model.onnx` (no re-export).
+
+- `q4`: ONNX Runtime's `MatMulNBitsQuantizer` (every MatMul with a constant weight becomes a `MatMulNBits` of 4-bit
+  blocks; the embedding Gather and the ops it does not handle stay float32), blocks of 32, symmetric, as
+  transformers.js' scripts/quantize.py makes `model_q4.onnx`; `q4f16`: that graph converted to float16.
+- `q8`: `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly` and `EnableSubgraph`,
+  the weight type by transformers.js' rule (`uint8_ops`: uint8 where the graph has Conv, GroupQueryAttention or
+  MultiHeadAttention, whose int8 kernels the WebAssembly backend lacks; int8 otherwise).
+- `fp16` and the float16 half of `q4f16`: hfexport's float16 conversion (`hfexport.formats.onnx.float16`: float16
+  inputs and outputs, the KV cache included, where transformers.js' script keeps float32 ones; its
+  `transformers.js_config` then says `kv_cache_dtype` float16 for them).
+
+`write(folder, variant, stage)` lays the variant out in `stage` as the contract folder the runtimes open (the
+variant's graph as `model.onnx` + `model.onnx_data`, every other file linked); `keep` moves it into the target's
+folder under its published name; `next_token_scores` runs a graph of the contract on token rows with an empty cache.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, PAST, relocated
+from hfexport.formats.onnx.float16 import float16_model
+
+#: transformers.js' QUINT8_OPS (scripts/quantize.py): a graph with one of them gets uint8 weights at q8
+UINT8_OPS = ("Conv", "GroupQueryAttention", "MultiHeadAttention")
+
+
+def write(folder: Path, variant: dict, stage: Path) -> None:
+    """The variant `variant` (its full settings) of the contract graph in `folder`, laid out in `stage`."""
+    import onnx_ir
+
+    folder, stage = Path(folder), Path(stage)
+    stage.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if path.name not in (MODEL_FILE, DATA_FILE) and not path.name.startswith("."):
+            (stage / path.name).symlink_to(path.resolve())
+    name = variant["name"]
+    with tempfile.TemporaryDirectory(prefix=".variant-", dir=stage) as scratch:
+        source = folder / MODEL_FILE
+        if name in ("q4", "q4f16"):
+            source = _four_bit(source, Path(scratch) / "q4.onnx", variant)
+        elif name == "q8":
+            source = _eight_bit(source, Path(scratch) / "q8.onnx", variant)
+        if name in ("fp16", "q4f16"):
+            model = onnx_ir.from_proto(float16_model(source))
+        else:
+            model = onnx_ir.load(str(source))
+        onnx_ir.save(model, str(stage / MODEL_FILE), external_data=DATA_FILE)
+
+
+def _four_bit(source: Path, output: Path, variant: dict) -> Path:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(str(source), block_size=variant["block_size"], is_symmetric=variant["symmetric"],
+                                     accuracy_level=variant["accuracy_level"])
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(output), use_external_data_format=True)
+    return output
+
+
+def _eight_bit(source: Path, output: Path, variant: dict) -> Path:
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    graph = onnx.load(str(source), load_external_data=False)
+    weight_type = QuantType.QUInt8 if uint8_ops(graph) else QuantType.QInt8
+    quantize_dynamic(str(source), str(output), op_types_to_quantize=sorted(IntegerOpsRegistry),
+                     per_channel=variant["per_channel"], reduce_range=variant["reduce_range"], weight_type=weight_type,
+                     use_external_data_format=True, extra_options={"EnableSubgraph": True, "MatMulConstBOnly": True})
+    return output
+
+
+def uint8_ops(model) -> list[str]:
+    """The ops of `model` (an ONNX proto, subgraphs included) for which transformers.js quantizes q8 weights to uint8."""
+    found, graphs = set(), [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            found.add(node.op_type)
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)
+    return [op for op in UINT8_OPS if op in found]
+
+
+def keep(stage: Path, folder: Path, file_name: str) -> list[str]:
+    """Move the variant's graph in `stage` into `folder` as `file_name` + `file_name_data` (the graph naming it);
+    the names written. Each file is written aside and renamed, so `folder` never holds half of one."""
+    stage, folder = Path(stage), Path(folder)
+    data_name = file_name + "_data"
+    names = [file_name]
+    if (stage / DATA_FILE).is_file():
+        os.replace(stage / DATA_FILE, folder / data_name)
+        names.append(data_name)
+        graph = relocated(stage / MODEL_FILE, DATA_FILE, data_name)
+    else:
+        (folder / data_name).unlink(missing_ok=True)
+        graph = (stage / MODEL_FILE).read_bytes()
+    partial = folder / f".{file_name}.partial"
+    partial.write_bytes(graph)
+    os.replace(partial, folder / file_name)
+    return names
+
+
+def next_token_scores(stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
+    """Per token row (batch 1, an empty cache): the log-likelihood of each next token of the row (len - 1 values)
+    and the argmax next token at each position (len values), computed in float64 from the graph's logits."""
+    import numpy as np
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(Path(stage) / MODEL_FILE), providers=["CPUExecutionProvider"])
+    types = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+    results = []
+    for row in rows:
+        ids = np.asarray([row], dtype=np.int64)
+        feed = {}
+        for value in session.get_inputs():
+            if value.name == "input_ids":
+                feed[value.name] = ids
+            elif value.name == "attention_mask":
+                feed[value.name] = np.ones_like(ids)
+            elif value.name == "position_ids":
+                feed[value.name] = np.arange(ids.shape[1], dtype=np.int64)[None]
+            elif value.name.startswith("past_key_values."):
+                shape = [1 if axis == 0 else 0 if axis == 2 else value.shape[axis] for axis in range(len(value.shape))]
+                if any(not isinstance(size, int) for size in shape):
+                    raise ValueError(f"{value.name}: a cache axis other than {PAST} is not static: {value.shape}")
+                feed[value.name] = np.zeros(shape, dtype=types[value.type])
+            else:
+                raise ValueError(f"the graph takes {value.name!r}, which a decoder's contract does not feed")
+        logits = session.run(["logits"], feed)[0][0].astype(np.float64)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        chosen = [float(log_probs[position, token]) for position, token in enumerate(row[1:])]
+        results.append((chosen, [int(token) for token in logits.argmax(axis=-1)]))
+    return results

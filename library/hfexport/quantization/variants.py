@@ -1,0 +1,79 @@
+"""A target's `variants`: what it publishes beside its full-precision files, each made from the one export and gated.
+
+For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), published under its file suffixes
+(`model_fp16.onnx`, `model_quantized.onnx`, `model_q4.onnx`, `model_q4f16.onnx`) so that transformers.js opens each by
+`dtype` alone. A recipe item is a name or an object with its name and settings (`settings` fills in the defaults):
+
+- `q4`, `q4f16`: ONNX Runtime's `MatMulNBits` (`MatMulNBitsQuantizer`): `block_size` (default 32), `symmetric`
+  (default true) and `accuracy_level` (default unset), as transformers.js' scripts/quantize.py makes its q4; q4f16 is
+  that graph converted to float16.
+- `q8`: ONNX Runtime's dynamic quantization with transformers.js' rule for the weight type (uint8 where the graph has
+  an op whose int8 kernel the WebAssembly backend lacks, else int8), `per_channel` and `reduce_range` at hfexport's
+  `ort_dynamic` defaults.
+- every variant: `max_nll_ratio` and `min_top1_agreement`, its quality bounds against the float32 export on the
+  sample texts (`DEFAULT_BOUNDS`, measured on SmolLM2-135M-Instruct: docs/quantization.md, "Variants").
+
+`variant_problems` is the recipe's check (pure data: no backend imported). Docs: docs/quantization.md, "Variants".
+"""
+
+from __future__ import annotations
+
+from hfexport.errors import Problem
+from hfexport.formats import format_traits
+from hfexport.quantization.spec import DEFAULT_PARAMS
+
+#: the settings each variant takes, and their defaults
+FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": None}
+EIGHT_BIT = {key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}
+SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT}
+LOW_BIT = ("q4", "q4f16")
+#: (max_nll_ratio, min_top1_agreement) per variant: the perplexity ratio to the float32 export on the sample texts
+#: and the share of their positions whose next token is the float32 export's (docs/quantization.md, "Variants")
+DEFAULT_BOUNDS = {"fp16": (1.01, 0.97), "q8": (1.10, 0.85), "q4": (1.35, 0.60), "q4f16": (1.35, 0.60)}
+_BOUND_KEYS = ("max_nll_ratio", "min_top1_agreement")
+
+
+def settings(item) -> dict:
+    """A recipe item (a name or an object) as its full settings: `name`, the variant's settings with their defaults,
+    and its bounds."""
+    item = {"name": item} if isinstance(item, str) else dict(item)
+    name = item["name"]
+    bounds = dict(zip(_BOUND_KEYS, DEFAULT_BOUNDS[name]))
+    return {"name": name, **SETTINGS[name], **bounds, **item}
+
+
+def variant_problems(target: dict, export_format: str, base: list) -> list[Problem]:
+    """Every problem of a target's `variants` (the schema has passed): a format or mode that publishes none, a
+    quantized or float16 target (a variant is made from full-precision files), a name twice, a setting of another
+    variant, a block size that is not a power of two."""
+    path = ".".join(map(str, [*base, "variants"]))
+    offered = format_traits(export_format).variants
+    if not offered:
+        return [Problem(path, f"{export_format} publishes no variants; formats with variants: onnx")]
+    if target.get("mode", "forward") != "generation":
+        return [Problem(path, "variants are made for a generation target (their quality gate generates); set mode "
+                              "\"generation\"")]
+    if target.get("quantization") or target.get("dtype"):
+        what = "quantization" if target.get("quantization") else "dtype"
+        return [Problem(path, f"variants are made from the target's full-precision files; a target with {what} "
+                              "has none: make the variants on a target without it")]
+    problems, seen = [], set()
+    for index, item in enumerate(target["variants"]):
+        name = item if isinstance(item, str) else item["name"]
+        where = f"{path}.{index}"
+        if name not in offered:
+            problems.append(Problem(where, f"{name!r} is not a variant of {export_format}; it has: {', '.join(offered)}"))
+            continue
+        if name in seen:
+            problems.append(Problem(where, f"{name!r} is listed twice"))
+        seen.add(name)
+        if isinstance(item, dict):
+            for key in item:
+                if key not in ("name", *_BOUND_KEYS, *SETTINGS[name]):
+                    takes = ", ".join((*SETTINGS[name], *_BOUND_KEYS))
+                    problems.append(Problem(f"{where}.{key}", f"not a setting of {name}; it takes: {takes}"))
+            block = item.get("block_size")
+            if name in LOW_BIT and isinstance(block, int) and block & (block - 1):
+                problems.append(Problem(f"{where}.block_size", f"MatMulNBits takes a power of two from 16; got {block} "
+                                        f"(e.g. {1 << (block.bit_length() - 1)})"))
+    return problems

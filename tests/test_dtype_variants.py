@@ -1,0 +1,152 @@
+"""A target's `variants` (issue 46): transformers.js' dtypes made from the one ONNX export (no re-export), under the
+names transformers.js opens them by, each gated on its perplexity ratio and next-token agreement with the float32
+export (and its runtimes, where installed); a recipe asking for a variant its target cannot make is refused first.
+The tiny random Llama (2 layers) here; SmolLM2 real weights in tests/test_smollm2_dtype_variants.py (slow)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+from hfexport.errors import RecipeError
+from hfexport.recipe.loading import load_recipe
+
+#: A tiny random model's logits have small margins: its 4-bit variants keep fewer argmaxes than a trained model's
+#: (SmolLM2's measured bounds are the defaults); the bounds here say what this model is held to.
+TINY_FOUR_BIT = {"min_top1_agreement": 0.5}
+VARIANTS = ["fp16", "q8", {"name": "q4", "block_size": 16, **TINY_FOUR_BIT}, {"name": "q4f16", **TINY_FOUR_BIT}]
+
+
+def _recipe(tiny_llama, variants=VARIANTS, **target) -> dict:
+    recipe = json.loads((tiny_llama / "export_config.json").read_text())
+    onnx = {**recipe["targets"]["onnx-generation"], "variants": variants, **target}
+    return {**recipe, "default_target": "onnx-generation", "targets": {"onnx-generation": onnx}}
+
+
+def _problems(recipe) -> list[tuple[str, str]]:
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe)
+    return [(problem.path, problem.message) for problem in caught.value.problems]
+
+
+def test_a_variant_the_target_cannot_make_is_refused_before_anything_runs(tiny_llama):
+    base = "targets.onnx-generation.variants"
+    assert _problems(_recipe(tiny_llama, ["q4", "q4", {"name": "q8", "block_size": 32},
+                                          {"name": "q4f16", "block_size": 48}])) == [
+        (f"{base}.1", "'q4' is listed twice"),
+        (f"{base}.2.block_size", "not a setting of q8; it takes: per_channel, reduce_range, max_nll_ratio, "
+                                 "min_top1_agreement"),
+        (f"{base}.3.block_size", "MatMulNBits takes a power of two from 16; got 48 (e.g. 32)")]
+    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="openvino"))
+    assert path == base and "openvino publishes no variants" in message
+    forward = _recipe(tiny_llama, ["q8"])
+    forward["targets"]["onnx-generation"] = {"export_format": "onnx", "mode": "forward", "variants": ["q8"]}
+    [(path, message)] = _problems(forward)
+    assert path == base and "generation target" in message
+    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], dtype="float16"))
+    assert path == base and "full-precision" in message
+    [(path, message)] = _problems(_recipe(tiny_llama, ["bnb4"]))
+    assert path == f"{base}.0" and "'bnb4'" in message
+
+
+@pytest.fixture(scope="module")
+def variants_job(tiny_llama, tmp_path_factory):
+    from hfexport.job.run import run_job
+
+    output = tmp_path_factory.mktemp("variants")
+    return output, run_job(tiny_llama, output, recipe=_recipe(tiny_llama), latency=False, runtimes=False)
+
+
+def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(variants_job):
+    output, report = variants_job
+    target = report.targets["onnx-generation"]
+    assert target.status == "ok", target.error
+    assert "export_s" in target.timings and "variants_s" in target.timings  # one export, then the variants
+    files = {entry["path"] for entry in target.files}
+    assert {"model.onnx", "model_fp16.onnx", "model_quantized.onnx", "model_q4.onnx", "model_q4f16.onnx"} <= files
+    assert [(entry["name"], entry["file"], entry["verdict"]) for entry in target.variants] == [
+        ("fp16", "model_fp16.onnx", "passed"), ("q8", "model_quantized.onnx", "passed"),
+        ("q4", "model_q4.onnx", "passed"), ("q4f16", "model_q4f16.onnx", "passed")]
+    by_name = {entry["name"]: entry for entry in target.variants}
+    assert by_name["fp16"]["nll_ratio"] == pytest.approx(1.0, abs=1e-3) and by_name["fp16"]["top1_agreement"] > 0.95
+    assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": None,
+                                         "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
+    assert by_name["q8"]["settings"]["per_channel"] is True and by_name["q8"]["positions"] > 20
+    for entry in target.variants:  # its report entry, on disk too (schema-checked when read back)
+        assert entry["bytes"] == sum((output / "onnx-generation" / name).stat().st_size
+                                     for name in (entry["file"], entry["file"] + "_data")
+                                     if (output / "onnx-generation" / name).is_file())
+    assert report.read(output / "onnx-generation").targets["onnx-generation"].variants == target.variants
+    from hfexport.report.markdown import report_markdown
+
+    table = report_markdown(report)
+    assert "**Variants**" in table and "| q4 | `model_q4.onnx` |" in table and "✅ passed" in table
+
+
+def test_the_graphs_are_what_each_dtype_means(variants_job):
+    import onnx
+
+    folder = variants_job[0] / "onnx-generation"
+
+    def graph(name):
+        return onnx.load(str(folder / name), load_external_data=False)
+
+    def ops(name):
+        return {node.op_type for node in graph(name).graph.node}
+
+    def input_type(name):
+        return {value.name: value.type.tensor_type.elem_type for value in graph(name).graph.input}["past_key_values.0.key"]
+
+    assert "MatMulNBits" in ops("model_q4.onnx") and "MatMulNBits" in ops("model_q4f16.onnx")
+    assert "MatMulInteger" in ops("model_quantized.onnx") and "MatMulNBits" not in ops("model_quantized.onnx")
+    assert input_type("model_fp16.onnx") == input_type("model_q4f16.onnx") == onnx.TensorProto.FLOAT16
+    assert input_type("model_q4.onnx") == input_type("model.onnx") == onnx.TensorProto.FLOAT
+    block = {attribute.name: attribute.i for node in graph("model_q4.onnx").graph.node if node.op_type == "MatMulNBits"
+             for attribute in node.attribute}
+    assert block["block_size"] == 16 and block["bits"] == 4
+
+
+def test_a_variant_below_its_bound_fails_the_target_by_name(variants_job, tiny_llama, tmp_path):
+    from hfexport.plan import build_plan
+    from hfexport.progress import no_progress
+    from hfexport.report.data import TargetReport
+    from hfexport.verify.variants import check_variants
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path / "onnx-generation"
+    shutil.copytree(variants_job[0] / "onnx-generation", folder)
+    recipe = load_recipe(_recipe(tiny_llama, ["fp16", {"name": "q4", "min_top1_agreement": 1.0}]))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_llama).eval(), AutoTokenizer.from_pretrained(tiny_llama)
+    plan = build_plan(recipe, "onnx-generation", model, None, tokenizer)
+    report = TargetReport(target="onnx-generation", export_format="onnx", mode="generation")
+    check_variants(report, folder, model, plan, tokenizer, no_progress, runtimes=False)
+    assert report.status == "failed"
+    assert report.error.startswith("variant q4: next-token agreement") and "below 1" in report.error
+    assert "fp16" not in report.error
+    # the previous job's other variants are not left behind as if made now
+    assert not (folder / "model_quantized.onnx").exists() and (folder / "model_q4.onnx").is_file()
+
+
+def test_the_publication_names_every_variant_for_transformers_js(variants_job, tiny_llama, hub):
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/tiny-llama-variants"
+    hub.seed_repo(repo, tiny_llama)
+    result = publish(variants_job[0], repo, mode="pr", token=hub.write_token)
+    files = set(hub.list_files(repo, f"refs/pr/{result.pr_num}"))
+    assert {"onnx/model_q4.onnx", "onnx/model_q4f16.onnx", "onnx/model_fp16.onnx", "onnx/model_quantized.onnx"} <= files
+    config = json.loads(hub.read_file(repo, "config.json", f"refs/pr/{result.pr_num}"))
+    js = config["transformers.js_config"]
+    assert {"model_q4.onnx", "model_quantized.onnx"} <= set(js["use_external_data_format"])
+    assert js["kv_cache_dtype"] == {"fp16": "float16", "q4f16": "float16"}
+
+
+def test_variants_are_part_of_the_target_as_the_recipe_copy_keeps_it(tiny_llama):
+    recipe = load_recipe(_recipe(tiny_llama))
+    target = recipe.target("onnx-generation")
+    assert target.variants == VARIANTS and target.to_dict()["variants"] == VARIANTS
+    other = copy.deepcopy(recipe.data)
+    other["targets"]["onnx-generation"]["variants"] = ["q8"]
+    assert load_recipe(other).target_hash("onnx-generation") != recipe.target_hash("onnx-generation")
