@@ -8,8 +8,9 @@ export on torch.export per session (~30 s). Tiny PaddleOCR-VL (the `grid_thw` fa
 grids, 3-axis rope positions from the base model's `get_rope_index`), one edge forward export on torch.export
 (~40 s). Tiny MiniCPM-V 4.6 (the `target_sizes` preparer: a NaViT-style encoder's
 position ids and window index computed from `target_sizes`, and again at run time from `input_preparers.json`), one
-generation export on torch.export per session; its processor needs torchvision, which is not installed, so its
-inputs are made the processor's way by `hfexport.testing.models.minicpm_v_inputs`.
+generation export on torch.export per session; its inputs are made the processor's way by
+`hfexport.testing.models.minicpm_v_inputs` (which tests/test_processors.py checks against the processor, loaded here
+without its video processor).
 """
 
 from __future__ import annotations
@@ -352,22 +353,6 @@ def _minicpm_v_image(seed: int):
 
     shape = (MINICPM_V_IMAGE["height"], MINICPM_V_IMAGE["width"], 3)
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
-
-
-def test_a_processor_that_needs_a_missing_library_is_refused_with_transformers_message(tiny_minicpm_v):
-    """MiniCPM-V's processor needs its video processor, which needs torchvision: the job says so instead of falling
-    back to the tokenizer (which would turn the recipe's images into something else and fail later)."""
-    import importlib.util
-
-    from hfexport.errors import SourceError
-    from hfexport.models import load_processor
-
-    if importlib.util.find_spec("torchvision") is not None:
-        pytest.skip("torchvision is installed: the processor loads")
-    with pytest.raises(SourceError) as refused:
-        load_processor(tiny_minicpm_v)
-    assert str(refused.value) == ("cannot load the model's processor: MiniCPMV4_6VideoProcessor requires the "
-                                  "Torchvision library but it was not found in your environment")
 
 
 @pytest.fixture(scope="session")

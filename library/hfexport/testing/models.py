@@ -727,9 +727,9 @@ def build_minicpm_v(folder: Path) -> None:
     `get_image_features` take `target_sizes`, the marker of transformers 5.23's NaViT export input preparer.
 
     Its processor (`MiniCPMV4_6Processor`: the image processor, a video processor, the tokenizer) cannot be built
-    without torchvision: transformers' processor checks its video processor against `BaseVideoProcessor`, which needs
-    torchvision. The folder holds each part as a real checkpoint does (the PIL image processor, the video processor's
-    config, the tokenizer, `processor_config.json`), so loading it fails here exactly as loading the real repo does."""
+    whole without torchvision (transformers' video processors need it). The folder holds each part as a real
+    checkpoint does (the PIL image processor, the video processor's config, the tokenizer, `processor_config.json`),
+    so loading it goes the way loading the real repo does (`hfexport.processors`: assembled without the video part)."""
     from transformers import (
         GenerationConfig,
         MiniCPMV4_6Config,
@@ -782,7 +782,8 @@ def build_minicpm_v(folder: Path) -> None:
 
 def minicpm_v_inputs(folder: str | Path, texts: list[str], images: list) -> dict:
     """tiny-minicpm-v's model inputs for prompts with one image each, made as `MiniCPMV4_6Processor` makes them
-    (which cannot be built here: `build_minicpm_v`): the PIL image processor's packed `pixel_values` and
+    (written before it could be loaded without torchvision; tests/test_processors.py checks that both agree): the
+    PIL image processor's packed `pixel_values` and
     `target_sizes`, each prompt's `<image>` expanded to `<im_start>` + one `<image>` per 16 patches + `<im_end>`
     (its `replace_image_token` with slices and image ids off), the texts through the tokenizer, left-padded. Batch 1
     only: the processor packs every image of a batch into one row."""
@@ -809,9 +810,10 @@ def build_qwen2_5_omni(folder: Path) -> None:
     """Tiny Qwen2.5-Omni thinker (`Qwen2_5OmniThinkerForConditionalGeneration`): a chunked audio encoder whose forward
     takes `input_features` + `feature_lens`, the markers of transformers 5.23's omni-audio export input preparer, a
     Qwen2.5-VL-style vision encoder and a Qwen2 text model with M-RoPE. Its processor (`Qwen2_5OmniProcessor`: image
-    processor, `Qwen2VLVideoProcessor`, Whisper feature extractor, tokenizer) needs torchvision, so the folder holds its
-    parts as a real checkpoint does (one `preprocessor_config.json` with the image processor's and the feature
-    extractor's keys, `processor_config.json`, the tokenizer) and loading it fails here as loading the real repo does."""
+    processor, `Qwen2VLVideoProcessor`, Whisper feature extractor, tokenizer) needs torchvision for its video part, so
+    the folder holds its parts as a real checkpoint does (one `preprocessor_config.json` with the image processor's and
+    the feature extractor's keys, `processor_config.json`, the tokenizer), loaded as the real repo is
+    (`hfexport.processors`)."""
     from transformers import (
         GenerationConfig,
         Qwen2_5OmniThinkerConfig,
@@ -968,28 +970,27 @@ MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_minicpm_v,
                   "The `target_sizes` family (NaViT-style packed vision encoders; transformers 5.23's preparer computes "
-                  "the nearest position ids, window index and packed lengths from `target_sizes`). Every cell stops "
-                  "at loading the processor: `MiniCPMV4_6Processor` needs its video processor, and transformers' "
-                  "video processors need torchvision, which this environment does not have (PyPI's torchvision "
-                  "0.28.0 wheel links the CUDA build of torch, `libtorch_cuda.so`, so it cannot load beside torch "
-                  "2.13.0+cpu). Every class this preparer serves (MiniCPM-V 4.6, MiniCPM-V 4.7, MiniCPM-OCR) has "
-                  "the same processor. The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
+                  "the nearest position ids, window index and packed lengths from `target_sizes`). "
+                  "`MiniCPMV4_6Processor` takes a video processor, and transformers' video processors need "
+                  "torchvision, which this environment does not have (PyPI's torchvision 0.28.0 wheel links the CUDA "
+                  "build of torch, `libtorch_cuda.so`, so it cannot load beside torch 2.13.0+cpu): hfexport assembles "
+                  "the processor from its PIL image processor and tokenizer (`hfexport.processors`; every class this "
+                  "preparer serves, MiniCPM-V 4.6, 4.7 and MiniCPM-OCR, has the same processor). The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
                   "fixed 32 x 48 image. Given the processor's inputs made its way (`minicpm_v_inputs`), generation "
                   "passes on torch.export, ONNX and OpenVINO, token for token on new images from the saved files "
                   "(the export's `input_preparers.json`; docs/generation.md); ExecuTorch's export stops "
-                  "(GuardOnDataDependentSymNode), and forward is not traceable with the preparer.",
-                  processor_needs="torchvision"),
+                  "(GuardOnDataDependentSymNode), and forward is not traceable with the preparer."),
         TinyModel("tiny-qwen2.5-omni", "Qwen2.5-Omni", "Qwen2_5OmniThinkerForConditionalGeneration",
                   "image-text-to-text", DECODER_MODES, build_qwen2_5_omni,
                   "The `input_features` + `feature_lens` family (omni audio encoders: transformers 5.23's preparer "
                   "computes the audio encoder's padded chunks, chunk lengths, `cu_seqlens`, valid and pooling indices "
                   "with helpers from its modeling module; it serves Qwen2.5-Omni's and Qwen3-Omni-MoE's audio "
                   "encoders, and fires on a module called with `feature_lens`: the thinker's forward takes "
-                  "`feature_attention_mask`). Every cell stops at loading the processor: `Qwen2_5OmniProcessor` "
-                  "takes `Qwen2VLVideoProcessor`, which needs torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor "
-                  "takes the same video processor). The task is init's (the thinker is in transformers' "
-                  "image-text-to-text table); the recipe's samples are audio clips with prompts.",
-                  processor_needs="torchvision"),
+                  "`feature_attention_mask`). `Qwen2_5OmniProcessor` takes `Qwen2VLVideoProcessor`, which needs "
+                  "torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor takes the same video processor): hfexport "
+                  "assembles it from its PIL image processor, Whisper feature extractor and tokenizer "
+                  "(`hfexport.processors`). The task is init's (the thinker is in transformers' "
+                  "image-text-to-text table); the recipe's samples are audio clips with prompts."),
     )
 }
 
