@@ -12,6 +12,8 @@ from hfexport.plan.shapes import AxisResolver, describe_shape, resolve_shapes, b
 from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
 from hfexport.quantization.quantizer import attach
 from hfexport.recipe.data import Recipe
+from hfexport.errors import PlanError
+from hfexport.workarounds.transformers_models import unrolled_sequence
 
 
 def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | None = None, processor=None, *,
@@ -38,6 +40,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
             resolve_shapes(resolver, shapes, {}, prepared, base, strict_keys=True) if shapes is not None
             else (None, None)
         )
+        _refuse_unrolled_sequence(model, target, dynamic_shapes or {}, described or {}, base)
         config = engine_config(target, target.options, dynamic_shapes)
         record = preparer_record(inputs, prepared)
         components = {"model": ComponentPlan(
@@ -52,3 +55,15 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         plan.quantization = attach(plan, model, processor, source or getattr(model, "name_or_path", None) or None,
                                    revision, token)
     return plan
+
+
+def _refuse_unrolled_sequence(model, target, dynamic_shapes: dict, described: dict, base: str) -> None:
+    """A forward target whose text axis is dynamic on a format that unrolls the model's sequence loop is refused
+    before tracing, naming the recipe field and the upstream cause (`unrolled_sequence`), not after a failed export."""
+    axes = dynamic_shapes.get("input_ids")
+    axis = axes.get(1) if isinstance(axes, dict) else None
+    cause = unrolled_sequence(model, target.export_format) if axis is not None and not isinstance(axis, int) else None
+    if cause:
+        text = next((value for key, value in (described.get("input_ids") or {}).items() if str(key) == "1"), "")
+        raise PlanError(f"{base}.input_ids.1: a dynamic sequence ({text}) cannot be exported to "
+                        f"{target.export_format}: {cause}; pin the axis (\"static\") or export to dynamo or onnx")

@@ -865,6 +865,59 @@ def build_qwen2_5_omni(folder: Path) -> None:
     ))
 
 
+
+QWEN2_VL_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+                   "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
+QWEN2_VL_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def build_qwen2_vl(folder: Path) -> None:
+    """Tiny Qwen2-VL (`Qwen2VLForConditionalGeneration`): the `grid_thw` vision tower over packed 2 x 8 x 8 patches
+    (`pixel_values` [patches, 384] with `image_grid_thw`), a 2 x 2 patch merger and a Qwen2 text model with 3-axis
+    rope (`mrope_section`). Its processor (`Qwen2VLProcessor`: the PIL image processor, `Qwen2VLVideoProcessor`, the
+    tokenizer) is saved as a real checkpoint's, its video processor's settings included; without torchvision it loads
+    without the video part (`hfexport.processors`). Images as PaddleOCR-VL's: 32 x 64, grid [1, 4, 8], 8 tokens."""
+    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = named_special_tokenizer(QWEN2_VL_TOKENS)
+    ids = _special_ids(tokenizer)
+    token_id = tokenizer.convert_tokens_to_ids
+    _seeded()
+    config = Qwen2VLConfig(
+        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "mlp_ratio": 2, "num_heads": 4,
+                       "patch_size": PATCH_SIZE, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 512, "tie_word_embeddings": False, **ids,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        image_token_id=token_id(QWEN2_VL_TOKENS["image_token"]), video_token_id=token_id(QWEN2_VL_TOKENS["video_token"]),
+        vision_start_token_id=token_id(QWEN2_VL_TOKENS["vision_start_token"]),
+        vision_end_token_id=token_id(QWEN2_VL_TOKENS["vision_end_token"]),
+        tie_word_embeddings=False, architectures=["Qwen2VLForConditionalGeneration"], **ids,
+    )
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    pixels = PADDLEOCR_VL_IMAGE["height"] * PADDLEOCR_VL_IMAGE["width"]
+    image = Qwen2VLImageProcessorPil(patch_size=PATCH_SIZE, temporal_patch_size=2, merge_size=2, min_pixels=pixels,
+                                     max_pixels=pixels).to_dict()
+    # The video processor's settings as `Qwen2VLVideoProcessor` saves them (it cannot be built without torchvision).
+    video = {key: value for key, value in image.items() if key != "image_processor_type"}
+    video["video_processor_type"] = "Qwen2VLVideoProcessor"
+    for name, document in (("preprocessor_config.json", image), ("video_preprocessor_config.json", video),
+                           ("processor_config.json", {"processor_class": "Qwen2VLProcessor"})):
+        (folder / name).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, LLAVA_FORWARD_SHAPES,
+        {"text": [f"{QWEN2_VL_PROMPT} Describe the picture", f"{QWEN2_VL_PROMPT} The capital of France is"],
+         "images": PADDLEOCR_VL_IMAGE},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random Qwen2-VL (grid_thw vision tower over packed patches, Qwen2 text model with 3-axis "
+                    "rope; 32 x 64 images, 8 tokens each).",
+    ))
+
 MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -967,6 +1020,15 @@ MODELS: dict[str, TinyModel] = {
                   "graph takes `position_ids` [3, batch, seq], recorded in the report's `prepared_inputs`. "
                   "Generation: the decode takes 3-axis rope positions (`position_ids` [4, batch, 1]), which "
                   "hfexport's generate (1-axis positions) cannot compute, so the plan refuses it (docs/generation.md)."),
+        TinyModel("tiny-qwen2-vl", "Qwen2-VL", "Qwen2VLForConditionalGeneration", "image-text-to-text",
+                  DECODER_MODES, build_qwen2_vl,
+                  "The `grid_thw` family itself (PaddleOCR-VL's row stands beside it). `Qwen2VLProcessor` takes "
+                  "`Qwen2VLVideoProcessor`, which needs torchvision: hfexport assembles the processor from its PIL "
+                  "image processor and tokenizer (`hfexport.processors`). Images one fixed size (32 x 64: "
+                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's; the text's 3-axis "
+                  "rope positions from the base model's `get_rope_index` (`workarounds.transformers_models."
+                  "base_rope_index`), as PaddleOCR-VL's. Generation: refused at plan time, as PaddleOCR-VL's (the "
+                  "decode takes 3-axis rope positions, docs/generation.md)."),
         TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_minicpm_v,
                   "The `target_sizes` family (NaViT-style packed vision encoders; transformers 5.23's preparer computes "
