@@ -461,3 +461,32 @@ def test_an_uploaded_image_that_breaks_the_tile_contract_is_refused_naming_the_f
                    samples={"image": read_sample(tmp_path / "sq.png", "image")})
     assert str(refused.value).startswith("targets.edge.dynamic_shapes.pixel_values.1:")
     assert f"the recipe pins this axis to {TILES}, but the sample input has size 2" in str(refused.value)
+
+
+@pytest.mark.parametrize("name, unreached", [
+    ("tiny-minicpm-v", "window_index, cu_window_seqlens, merged_shape, max_seqlen"),
+    ("tiny-qwen3-asr", "cu_seqlens, max_seqlen"),
+])
+def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_at_plan_time(session_dir, name,
+                                                                                          unreached):
+    """The engine's preparers fire on the whole model's inputs, but MiniCPM-V's and Qwen3-ASR's forward take what
+    they computed as **kwargs only and call their encoder without it: torch.export then stopped at the encoder's own
+    data-dependent computation after the trace (the matrix's GuardOnDataDependentSymNode); the plan says so first.
+    Their generation plans, with the encoder as a component that takes the prepared inputs."""
+    from transformers import AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    folder = make_model(name, session_dir / "unreached" / name)
+    loader = AutoModelForSpeechSeq2Seq if name == "tiny-qwen3-asr" else AutoModelForImageTextToText
+    model, processor, recipe = loader.from_pretrained(folder).eval(), load_processor(folder), load_recipe(folder)
+    with pytest.raises(PlanError) as refused:
+        build_plan(recipe, "onnx-forward", model, processor=processor)
+    assert str(refused.value).startswith(f"{type(model).__name__}: the engine's input preparers computed {unreached} "
+                                         "for the whole model, but its forward takes them only as **kwargs")
+    assert "GuardOnDataDependentSymNode" in str(refused.value)
+    plan = build_plan(recipe, "onnx-generation", model, processor=processor)
+    encoder = "audio_encoder" if name == "tiny-qwen3-asr" else "image_encoder"
+    assert set(unreached.split(", ")) <= set(plan.components[encoder].prepared_inputs)

@@ -43,6 +43,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         _refuse_unrolled_sequence(model, target, dynamic_shapes or {}, described or {}, base)
         config = engine_config(target, target.options, dynamic_shapes)
         record = preparer_record(inputs, prepared)
+        _refuse_unreached_preparer_inputs(model, record)
         components = {"model": ComponentPlan(
             "model", config, {k: describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
             record, preparer_context(model, record),
@@ -67,3 +68,21 @@ def _refuse_unrolled_sequence(model, target, dynamic_shapes: dict, described: di
         text = next((value for key, value in (described.get("input_ids") or {}).items() if str(key) == "1"), "")
         raise PlanError(f"{base}.input_ids.1: a dynamic sequence ({text}) cannot be exported to "
                         f"{target.export_format}: {cause}; pin the axis (\"static\") or export to dynamo or onnx")
+
+
+def _refuse_unreached_preparer_inputs(model, record: dict) -> None:
+    """A whole-model forward whose engine-prepared inputs (`cu_seqlens`, `window_index`, ...) its `forward` takes only
+    as `**kwargs` is refused before tracing: the model does not hand them to the encoder they are for (Qwen3-ASR's
+    `get_audio_features`, MiniCPM-V's `get_image_features`, transformers 5.23), which then computes them from the data
+    itself, and torch.export stops there."""
+    import inspect
+
+    explicit = inspect.signature(model.forward).parameters
+    unreached = [name for name, entry in record.items() if entry["kind"] == "added" and name not in explicit]
+    if unreached:
+        raise PlanError(
+            f"{type(model).__name__}: the engine's input preparers computed {', '.join(unreached)} for the whole "
+            "model, but its forward takes them only as **kwargs and does not pass them to the encoder they are for, "
+            "which computes them from the data itself: torch.export stops there (\"GuardOnDataDependentSymNode: "
+            "Could not extract specialized integer from data-dependent expression\"); export mode `generation`, "
+            "whose encoder component takes them")
