@@ -94,3 +94,21 @@ def test_a_processor_saved_without_its_video_processor_keeps_the_video_settings(
     again = load_processor(tmp_path)
     assert missing_parts(again) == missing_parts(processor)
     assert again.image_processor.to_dict() == processor.image_processor.to_dict()
+
+
+def test_qwen2_vl_makes_the_grid_thw_inputs_from_its_pil_image_processor(session_dir):
+    """The Qwen2-VL-class processor (Qwen2.5-VL's, Qwen3-VL's... take the same video processor): packed patches, the
+    image grid, each image placeholder expanded to its merged patches, and the multimodal token types."""
+    from hfexport.models import load_processor
+    from hfexport.processors import missing_parts
+    from hfexport.testing.models import PADDLEOCR_VL_IMAGE, QWEN2_VL_PROMPT, QWEN2_VL_TOKENS
+
+    folder = make_model("tiny-qwen2-vl", session_dir / "processors" / "tiny-qwen2-vl")
+    processor = load_processor(folder)
+    assert type(processor).__name__ == "Qwen2VLProcessor" and set(missing_parts(processor)) == {"video_processor"}
+    image = _image(PADDLEOCR_VL_IMAGE["height"], PADDLEOCR_VL_IMAGE["width"])
+    made = processor(text=[f"{QWEN2_VL_PROMPT} Describe"], images=[image], return_tensors="pt")
+    assert made["image_grid_thw"].tolist() == [[1, 4, 8]] and list(made["pixel_values"].shape) == [32, 384]
+    image_id = processor.tokenizer.convert_tokens_to_ids(QWEN2_VL_TOKENS["image_token"])
+    assert int((made["input_ids"] == image_id).sum()) == 8  # 32 patches merged 2 x 2
+    assert int(made["mm_token_type_ids"].sum()) == 8
