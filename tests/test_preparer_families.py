@@ -472,7 +472,8 @@ def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_a
     """The engine's preparers fire on the whole model's inputs, but MiniCPM-V's and Qwen3-ASR's forward take what
     they computed as **kwargs only and call their encoder without it: torch.export then stopped at the encoder's own
     data-dependent computation after the trace (the matrix's GuardOnDataDependentSymNode); the plan says so first.
-    Their generation plans, with the encoder as a component that takes the prepared inputs."""
+    MiniCPM-V's generation plans, with the encoder as a component that takes the prepared inputs; Qwen3-ASR's is
+    refused before export too: hfexport's generate merges image features into a prompt, not audio features."""
     from transformers import AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
 
     from hfexport.models import load_processor
@@ -487,6 +488,26 @@ def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_a
     assert str(refused.value).startswith(f"{type(model).__name__}: the engine's input preparers computed {unreached} "
                                          "for the whole model, but its forward takes them only as **kwargs")
     assert "GuardOnDataDependentSymNode" in str(refused.value)
+    if name == "tiny-qwen3-asr":
+        with pytest.raises(PlanError, match=r"^targets.onnx-generation: Qwen3ASRForConditionalGeneration's generation "
+                                            r"splits into audio_encoder, .*not the features of audio_encoder"):
+            build_plan(recipe, "onnx-generation", model, processor=processor)
+        return
     plan = build_plan(recipe, "onnx-generation", model, processor=processor)
-    encoder = "audio_encoder" if name == "tiny-qwen3-asr" else "image_encoder"
-    assert set(unreached.split(", ")) <= set(plan.components[encoder].prepared_inputs)
+    assert set(unreached.split(", ")) <= set(plan.components["image_encoder"].prepared_inputs)
+
+
+def test_a_grid_thw_vision_tower_is_refused_for_executorch_at_plan_time(tiny_paddleocr_vl):
+    """ExecuTorch's to_edge refused the tower's `aten.repeat_interleave.Tensor` after minutes of export (PaddleOCR-VL's
+    and Qwen2-VL's matrix cells); the plan refuses it first, quoting that message."""
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    model, _ = _paddleocr_vl_inputs(tiny_paddleocr_vl)
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(tiny_paddleocr_vl), "executorch-forward", model,
+                   processor=load_processor(tiny_paddleocr_vl))
+    assert str(refused.value).startswith("targets.executorch-forward: PaddleOCRVLForConditionalGeneration: its vision "
+                                         "tower (PaddleOCRVisionModel, over packed patches with `grid_thw`)")
+    assert "aten.repeat_interleave.Tensor is not in Core ATen opset" in str(refused.value)

@@ -7,6 +7,7 @@ from hfexport.engine import register_cache_pytrees
 from hfexport.inputs import build_sample_inputs
 from hfexport.models import infer_task
 from hfexport.plan.generation import plan_generation
+from hfexport.plan.vision_language import grid_thw_refusal
 from hfexport.plan.data import ComponentPlan, Plan
 from hfexport.plan.shapes import AxisResolver, describe_shape, resolve_shapes, build_dims
 from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
@@ -31,6 +32,8 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         single_graph = False  # the default single graph is for decoder-only models
     multi_token_decode = single_graph or bool(target.generation.get("multi_token_decode", False))
 
+    if (refusal := grid_thw_refusal(model, target.export_format, inputs)) is not None:
+        raise PlanError(f"targets.{target.name}: {refusal}")
     if target.mode == "forward":
         base = f"targets.{target.name}.dynamic_shapes"
         shapes = target.dynamic_shapes
