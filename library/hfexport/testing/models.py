@@ -949,7 +949,8 @@ MODELS: dict[str, TinyModel] = {
                   "`hfexport.workarounds.transformers_models` runs it as torch's `scan` on dynamo and ONNX. With `scan`, OpenVINO 2026.4.1's "
                   "converter stops (OpConversionFailure: no conversion rule for `scan`) and the ExecuTorch 1.5.1 "
                   "program fails at run time (`method->execute()` error 0x1 at batch 1 × 2 tokens), so there the "
-                  "engine's fixed-length trace stays and forward stops at the dynamic seq. Generation there exports "
+                  "engine's fixed-length trace stays, so a forward with a dynamic seq is refused at plan time, quoting "
+                  "torch.export's \"Constraints violated (seq)!\". Generation there exports "
                   "the decode alone (stateless on OpenVINO) and runs the prompt through it token by token from a "
                   "zero state, a left-padded row's state kept zero while it is padding, as Mamba's masked prefill "
                   "leaves it (docs/generation.md). The ExecuTorch decode's `attention_mask` slot is traced as None: "
@@ -997,12 +998,11 @@ MODELS: dict[str, TinyModel] = {
                   "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames). "
                   "Forward: `Qwen3ASRModel.forward` calls `get_audio_features` without its kwargs, so the "
                   "`cu_seqlens` the preparer adds to the model's inputs never reach the encoder, which computes them "
-                  "itself and stops torch.export (the engine's GuardOnDataDependentSymNode). Generation: the engine "
-                  "exports `audio_encoder` (the preparer's `cu_seqlens` one more input), `multi_modal_projector`, "
-                  "`language_model`, `lm_head` and `decode`, but hfexport's probes and `generate` do not compute "
-                  "`cu_seqlens` for new clips (the preparer reads the model's `n_window`), so the audio encoder's "
-                  "probe is refused for the missing input (OpenVINO, fed without it, fails a reshape; "
-                  "docs/generation.md); on ExecuTorch the engine's export of the audio encoder stops first."),
+                  "itself and stops torch.export (GuardOnDataDependentSymNode): refused at plan time. Generation: "
+                  "the engine splits it into `audio_encoder` (the preparer's `cu_seqlens` one more input), "
+                  "`multi_modal_projector`, `language_model`, `lm_head` and `decode`, and hfexport's generate merges "
+                  "image features into a prompt, not audio features: refused at plan time (the `.pt2` audio encoder "
+                  "also failed its own runtime assertion `u1 >= 1` on the sample clips; docs/generation.md)."),
         TinyModel("tiny-llava-next", "LLaVA-NeXT", "LlavaNextForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_llava_next,
                   "The `image_sizes` family: transformers 5.23's `image_sizes` export input preparer turns the "
@@ -1011,10 +1011,10 @@ MODELS: dict[str, TinyModel] = {
                   "64 tokens each); forward shapes static as LLaVA's."),
         TinyModel("tiny-paddleocr-vl", "PaddleOCR-VL", "PaddleOCRVLForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_paddleocr_vl,
-                  "The `grid_thw` family (Qwen2-VL-class vision; Qwen2-VL's processor needs torchvision, which "
-                  "cannot load beside the CPU torch: docs/generation.md). Images one fixed size (32 x 64: "
-                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's. Forward: the "
-                  "engine runs the text's rope index (`get_rope_index`) only on a module that has it, and "
+                  "The `grid_thw` family (Qwen2-VL-class vision; `tiny-qwen2-vl` is Qwen2-VL's own row). Images "
+                  "one fixed size (32 x 64: `image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as "
+                  "LLaVA's. ExecuTorch: refused at plan time (to_edge refused the vision tower's "
+                  "`aten.repeat_interleave.Tensor`, not Core ATen). Forward: the engine runs the text's rope index (`get_rope_index`) only on a module that has it, and "
                   "PaddleOCR-VL keeps it on its base model, so the trace stopped in its `tolist()`; hfexport runs "
                   "the same preparer on the base model (`workarounds.transformers_models.base_rope_index`), the "
                   "graph takes `position_ids` [3, batch, seq], recorded in the report's `prepared_inputs`. "
@@ -1027,8 +1027,9 @@ MODELS: dict[str, TinyModel] = {
                   "image processor and tokenizer (`hfexport.processors`). Images one fixed size (32 x 64: "
                   "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's; the text's 3-axis "
                   "rope positions from the base model's `get_rope_index` (`workarounds.transformers_models."
-                  "base_rope_index`), as PaddleOCR-VL's. Generation: refused at plan time, as PaddleOCR-VL's (the "
-                  "decode takes 3-axis rope positions, docs/generation.md)."),
+                  "base_rope_index`), as PaddleOCR-VL's. ExecuTorch: refused at plan time, as PaddleOCR-VL's (to_edge "
+                  "refused the vision tower's `aten.repeat_interleave.Tensor`). Generation: refused at plan time, as "
+                  "PaddleOCR-VL's (the decode takes 3-axis rope positions, docs/generation.md)."),
         TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_minicpm_v,
                   "The `target_sizes` family (NaViT-style packed vision encoders; transformers 5.23's preparer computes "
@@ -1041,7 +1042,9 @@ MODELS: dict[str, TinyModel] = {
                   "fixed 32 x 48 image. Given the processor's inputs made its way (`minicpm_v_inputs`), generation "
                   "passes on torch.export, ONNX and OpenVINO, token for token on new images from the saved files "
                   "(the export's `input_preparers.json`; docs/generation.md); ExecuTorch's export stops "
-                  "(GuardOnDataDependentSymNode), and forward is not traceable with the preparer."),
+                  "(GuardOnDataDependentSymNode). Forward is not traceable with the preparer (the model's forward "
+                  "takes the prepared window index as **kwargs only and does not pass it to the encoder): refused "
+                  "at plan time."),
         TinyModel("tiny-qwen2.5-omni", "Qwen2.5-Omni", "Qwen2_5OmniThinkerForConditionalGeneration",
                   "image-text-to-text", DECODER_MODES, build_qwen2_5_omni,
                   "The `input_features` + `feature_lens` family (omni audio encoders: transformers 5.23's preparer "
@@ -1052,7 +1055,9 @@ MODELS: dict[str, TinyModel] = {
                   "torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor takes the same video processor): hfexport "
                   "assembles it from its PIL image processor, Whisper feature extractor and tokenizer "
                   "(`hfexport.processors`). The task is init's (the thinker is in transformers' "
-                  "image-text-to-text table); the recipe's samples are audio clips with prompts."),
+                  "image-text-to-text table); the recipe's samples are audio clips with prompts. Generation: the engine "
+                  "splits it into `audio_encoder`, `language_model`, `lm_head` and `decode`, and hfexport's generate "
+                  "merges image features into a prompt, not audio features: refused at plan time."),
     )
 }
 
