@@ -112,3 +112,20 @@ def test_qwen2_vl_makes_the_grid_thw_inputs_from_its_pil_image_processor(session
     image_id = processor.tokenizer.convert_tokens_to_ids(QWEN2_VL_TOKENS["image_token"])
     assert int((made["input_ids"] == image_id).sum()) == 8  # 32 patches merged 2 x 2
     assert int(made["mm_token_type_ids"].sum()) == 8
+
+
+def test_the_job_report_says_which_processor_part_was_not_loaded(session_dir, tmp_path):
+    """The report's source names the part and transformers' reason (here on a target the plan refuses: seconds)."""
+    from hfexport.job.run import run_job
+    from hfexport.report.data import validate_report
+
+    folder = make_model("tiny-qwen2-vl", session_dir / "processors" / "tiny-qwen2-vl-job")
+    report = run_job(folder, tmp_path / "out", targets=["dynamo-generation"])
+    assert report.targets["dynamo-generation"].status == "error"
+    assert "multi-axis rope positions" in report.targets["dynamo-generation"].error
+    assert report.source["processor_not_loaded"] == {
+        "video_processor": "Qwen2VLVideoProcessor requires the Torchvision library but it was not found in your "
+                           "environment"}
+    written = json.loads((tmp_path / "out" / "export_report.json").read_text(encoding="utf-8"))
+    validate_report(written)
+    assert written["source"]["processor_not_loaded"] == report.source["processor_not_loaded"]

@@ -47,6 +47,7 @@ from hfexport.latency import EagerTimings, measure_latency
 from hfexport.layout import format_label
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import checkpoint_dtype, load_config, load_model, load_processor
+from hfexport.processors import missing_parts
 from hfexport.formats.programs import format_program
 from hfexport.plan import build_plan
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
@@ -284,6 +285,8 @@ def _load(job: _Job, detail: str | None = None) -> None:
                 job.report.source["checkpoint_dtype"] = stored
         if options.inputs is None:
             job.processor = load_processor(job.model, job.revision_to_load, options.token)
+            if missing := missing_parts(job.processor):  # e.g. a video processor that needs torchvision
+                job.report.source["processor_not_loaded"] = missing
     job.report.timings["load_model_s"] = round(timer.seconds, 4)
 
 
