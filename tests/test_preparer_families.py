@@ -511,3 +511,23 @@ def test_a_grid_thw_vision_tower_is_refused_for_executorch_at_plan_time(tiny_pad
     assert str(refused.value).startswith("targets.executorch-forward: PaddleOCRVLForConditionalGeneration: its vision "
                                          "tower (PaddleOCRVisionModel, over packed patches with `grid_thw`)")
     assert "aten.repeat_interleave.Tensor is not in Core ATen opset" in str(refused.value)
+
+
+def test_an_omni_thinker_forward_and_generation_are_refused_at_plan_time(session_dir):
+    """Qwen2.5-Omni's thinker, its processor loaded without the video part: the forward computes the audio
+    encoder's `feature_lens` inside, so the engine's omni-audio preparer never fires (torch.export stopped at the
+    mask after the trace); its generation needs an audio merge that hfexport's generate lacks. Both said first."""
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    folder = make_model("tiny-qwen2.5-omni", session_dir / "omni-plan")
+    model, processor, recipe = (AutoModelForImageTextToText.from_pretrained(folder).eval(), load_processor(folder),
+                                load_recipe(folder))
+    with pytest.raises(PlanError, match=r"^Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder "
+                                        r"\(Qwen2_5OmniAudioEncoder\) takes `feature_lens`.*GuardOnDataDependentSymNode"):
+        build_plan(recipe, "openvino-forward", model, processor=processor)
+    with pytest.raises(PlanError, match=r"generation splits into audio_encoder, language_model, lm_head, decode"):
+        build_plan(recipe, "openvino-generation", model, processor=processor)

@@ -47,6 +47,7 @@ def build_plan(recipe: Recipe, target_name: str | None, model, inputs: dict | No
         config = engine_config(target, target.options, dynamic_shapes)
         record = preparer_record(inputs, prepared)
         _refuse_unreached_preparer_inputs(model, record)
+        _refuse_audio_lengths_computed_inside(model, prepared)
         components = {"model": ComponentPlan(
             "model", config, {k: describe_shape(v) for k, v in prepared.items()}, described or {"*": "auto"},
             record, preparer_context(model, record),
@@ -89,3 +90,22 @@ def _refuse_unreached_preparer_inputs(model, record: dict) -> None:
             "which computes them from the data itself: torch.export stops there (\"GuardOnDataDependentSymNode: "
             "Could not extract specialized integer from data-dependent expression\"); export mode `generation`, "
             "whose encoder component takes them")
+
+
+def _refuse_audio_lengths_computed_inside(model, prepared: dict) -> None:
+    """A whole-model forward over an omni audio encoder (a module that takes `feature_lens`, the marker of
+    transformers 5.23's omni-audio preparer) fed `feature_attention_mask` is refused before tracing: the model computes
+    `feature_lens` from the mask inside `get_audio_features`, so the preparer never fires and torch.export stops at
+    the mask's data-dependent selection (measured on tiny Qwen2.5-Omni)."""
+    import inspect
+
+    if "feature_attention_mask" not in prepared or "feature_lens" in prepared:
+        return
+    encoder = next((module for module in model.modules() if "feature_lens" in inspect.signature(
+        getattr(type(module), "forward", lambda self: None)).parameters), None)
+    if encoder is not None:
+        raise PlanError(
+            f"{type(model).__name__}: its audio encoder ({type(encoder).__name__}) takes `feature_lens`, which the "
+            "model computes from `feature_attention_mask` inside its forward, so the engine's omni-audio input "
+            "preparer never runs and torch.export stops at the mask (\"GuardOnDataDependentSymNode: Could not guard "
+            "on data-dependent expression Eq(u1, 0)\")")

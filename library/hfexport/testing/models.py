@@ -1055,7 +1055,10 @@ MODELS: dict[str, TinyModel] = {
                   "torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor takes the same video processor): hfexport "
                   "assembles it from its PIL image processor, Whisper feature extractor and tokenizer "
                   "(`hfexport.processors`). The task is init's (the thinker is in transformers' "
-                  "image-text-to-text table); the recipe's samples are audio clips with prompts. Generation: the engine "
+                  "image-text-to-text table); the recipe's samples are audio clips with prompts. Forward: the thinker "
+                  "computes `feature_lens` from the mask inside its forward, so the preparer never fires and "
+                  "torch.export stopped at the mask (GuardOnDataDependentSymNode): refused at plan time. "
+                  "Generation: the engine "
                   "splits it into `audio_encoder`, `language_model`, `lm_head` and `decode`, and hfexport's generate "
                   "merges image features into a prompt, not audio features: refused at plan time."),
     )
