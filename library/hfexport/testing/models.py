@@ -916,6 +916,7 @@ def build_qwen2_vl(folder: Path) -> None:
         dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
         description="Tiny random Qwen2-VL (grid_thw vision tower over packed patches, Qwen2 text model with 3-axis "
                     "rope; 32 x 64 images, 8 tokens each).",
+        runtime={"openvino": {"precision": "f32"}},
     ))
 
 MODELS: dict[str, TinyModel] = {
@@ -1029,7 +1030,9 @@ MODELS: dict[str, TinyModel] = {
                   "rope positions from the base model's `get_rope_index` (`workarounds.transformers_models."
                   "base_rope_index`), as PaddleOCR-VL's. ExecuTorch: refused at plan time, as PaddleOCR-VL's (to_edge "
                   "refused the vision tower's `aten.repeat_interleave.Tensor`). Generation: refused at plan time, as "
-                  "PaddleOCR-VL's (the decode takes 3-axis rope positions, docs/generation.md)."),
+                  "PaddleOCR-VL's (the decode takes 3-axis rope positions, docs/generation.md). OpenVINO pinned to "
+                  "f32 (`runtime.precision`): at the CPU's default bf16 the forward's logits held NaN (7360 "
+                  "elements, on one side only)."),
         TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_minicpm_v,
                   "The `target_sizes` family (NaViT-style packed vision encoders; transformers 5.23's preparer computes "
