@@ -156,3 +156,29 @@ def test_executorch_decode_generates_as_model_generate(session_dir, tiny_mamba, 
     inputs = dict(tokenizer(PROMPTS, return_tensors="pt", padding=True))
     _assert_equal(exported.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=MAX_NEW),
                   _reference(model, inputs))
+
+
+@pytest.mark.parametrize("export_format", ["executorch", "openvino"])
+def test_a_dynamic_sequence_forward_is_refused_before_tracing_where_the_scan_is_unrolled(tiny_mamba, mamba,
+                                                                                         export_format):
+    """The matrix's forward cells on these formats used to fail in torch.export after the trace ("Constraints
+    violated (seq)! ... Suggested fixes: seq = 27"); the plan now refuses them first, naming the field and the cause,
+    and a pinned sequence plans."""
+    from hfexport.errors import PlanError
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    import json
+
+    model, processor = mamba[0], load_processor(tiny_mamba)
+    document = json.loads((tiny_mamba / "export_config.json").read_text(encoding="utf-8"))
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(document), f"{export_format}-forward", model, processor=processor)
+    message = str(refused.value)
+    assert message.startswith(f"targets.{export_format}-forward.dynamic_shapes.input_ids.1: a dynamic sequence (seq")
+    assert "Constraints violated (seq)!" in message and "Python loop over the sequence" in message
+    assert build_plan(load_recipe(document), "dynamo-forward", model, processor=processor)  # takes the scan
+    document["targets"][f"{export_format}-forward"]["dynamic_shapes"]["input_ids"]["1"] = "static"
+    pinned = build_plan(load_recipe(document), f"{export_format}-forward", model, processor=processor)
+    assert pinned.components["model"].dynamic_axes["input_ids"]["1"] == "static"

@@ -88,12 +88,12 @@ def test_init_writes_a_recipe_that_exports_and_verifies(example, request, tmp_pa
 
 MATRIX_MODELS = ["tiny-bert", "tiny-vit", "tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-gemma3", "tiny-phi3",
                  "tiny-mistral", "tiny-mamba", "tiny-bart", "tiny-t5", "tiny-marian", "tiny-mbart", "tiny-whisper",
-                 "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-paddleocr-vl",
+                 "tiny-llava", "tiny-idefics3", "tiny-qwen3-asr", "tiny-llava-next", "tiny-paddleocr-vl", "tiny-qwen2-vl",
                  "tiny-minicpm-v", "tiny-qwen2.5-omni"]
 # Multi-axis rope (positions from get_rope_index over the image grids; PaddleOCR-VL's, and the Qwen2.5-Omni
 # thinker's M-RoPE): init proposes the static forward, since hfexport's generate cannot compute those positions (the
 # generation plan refuses it).
-FORWARD_BY_INIT = {"tiny-paddleocr-vl", "tiny-qwen2.5-omni"}
+FORWARD_BY_INIT = {"tiny-paddleocr-vl", "tiny-qwen2-vl", "tiny-qwen2.5-omni"}
 
 
 def test_the_parametrized_list_is_the_whole_matrix():

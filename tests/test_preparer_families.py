@@ -8,8 +8,9 @@ export on torch.export per session (~30 s). Tiny PaddleOCR-VL (the `grid_thw` fa
 grids, 3-axis rope positions from the base model's `get_rope_index`), one edge forward export on torch.export
 (~40 s). Tiny MiniCPM-V 4.6 (the `target_sizes` preparer: a NaViT-style encoder's
 position ids and window index computed from `target_sizes`, and again at run time from `input_preparers.json`), one
-generation export on torch.export per session; its processor needs torchvision, which is not installed, so its
-inputs are made the processor's way by `hfexport.testing.models.minicpm_v_inputs`.
+generation export on torch.export per session; its inputs are made the processor's way by
+`hfexport.testing.models.minicpm_v_inputs` (which tests/test_processors.py checks against the processor, loaded here
+without its video processor).
 """
 
 from __future__ import annotations
@@ -354,22 +355,6 @@ def _minicpm_v_image(seed: int):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
 
 
-def test_a_processor_that_needs_a_missing_library_is_refused_with_transformers_message(tiny_minicpm_v):
-    """MiniCPM-V's processor needs its video processor, which needs torchvision: the job says so instead of falling
-    back to the tokenizer (which would turn the recipe's images into something else and fail later)."""
-    import importlib.util
-
-    from hfexport.errors import SourceError
-    from hfexport.models import load_processor
-
-    if importlib.util.find_spec("torchvision") is not None:
-        pytest.skip("torchvision is installed: the processor loads")
-    with pytest.raises(SourceError) as refused:
-        load_processor(tiny_minicpm_v)
-    assert str(refused.value) == ("cannot load the model's processor: MiniCPMV4_6VideoProcessor requires the "
-                                  "Torchvision library but it was not found in your environment")
-
-
 @pytest.fixture(scope="session")
 def minicpm_v_generation(session_dir, tiny_minicpm_v):
     """tiny-minicpm-v's `dynamo-generation` target (batch 1, one fixed-size image), exported and verified by the job
@@ -476,3 +461,73 @@ def test_an_uploaded_image_that_breaks_the_tile_contract_is_refused_naming_the_f
                    samples={"image": read_sample(tmp_path / "sq.png", "image")})
     assert str(refused.value).startswith("targets.edge.dynamic_shapes.pixel_values.1:")
     assert f"the recipe pins this axis to {TILES}, but the sample input has size 2" in str(refused.value)
+
+
+@pytest.mark.parametrize("name, unreached", [
+    ("tiny-minicpm-v", "window_index, cu_window_seqlens, merged_shape, max_seqlen"),
+    ("tiny-qwen3-asr", "cu_seqlens, max_seqlen"),
+])
+def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_at_plan_time(session_dir, name,
+                                                                                          unreached):
+    """The engine's preparers fire on the whole model's inputs, but MiniCPM-V's and Qwen3-ASR's forward take what
+    they computed as **kwargs only and call their encoder without it: torch.export then stopped at the encoder's own
+    data-dependent computation after the trace (the matrix's GuardOnDataDependentSymNode); the plan says so first.
+    MiniCPM-V's generation plans, with the encoder as a component that takes the prepared inputs; Qwen3-ASR's is
+    refused before export too: hfexport's generate merges image features into a prompt, not audio features."""
+    from transformers import AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    folder = make_model(name, session_dir / "unreached" / name)
+    loader = AutoModelForSpeechSeq2Seq if name == "tiny-qwen3-asr" else AutoModelForImageTextToText
+    model, processor, recipe = loader.from_pretrained(folder).eval(), load_processor(folder), load_recipe(folder)
+    with pytest.raises(PlanError) as refused:
+        build_plan(recipe, "onnx-forward", model, processor=processor)
+    assert str(refused.value).startswith(f"{type(model).__name__}: the engine's input preparers computed {unreached} "
+                                         "for the whole model, but its forward takes them only as **kwargs")
+    assert "GuardOnDataDependentSymNode" in str(refused.value)
+    if name == "tiny-qwen3-asr":
+        with pytest.raises(PlanError, match=r"^targets.onnx-generation: Qwen3ASRForConditionalGeneration's generation "
+                                            r"splits into audio_encoder, .*not the features of audio_encoder"):
+            build_plan(recipe, "onnx-generation", model, processor=processor)
+        return
+    plan = build_plan(recipe, "onnx-generation", model, processor=processor)
+    assert set(unreached.split(", ")) <= set(plan.components["image_encoder"].prepared_inputs)
+
+
+def test_a_grid_thw_vision_tower_is_refused_for_executorch_at_plan_time(tiny_paddleocr_vl):
+    """ExecuTorch's to_edge refused the tower's `aten.repeat_interleave.Tensor` after minutes of export (PaddleOCR-VL's
+    and Qwen2-VL's matrix cells); the plan refuses it first, quoting that message."""
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    model, _ = _paddleocr_vl_inputs(tiny_paddleocr_vl)
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(tiny_paddleocr_vl), "executorch-forward", model,
+                   processor=load_processor(tiny_paddleocr_vl))
+    assert str(refused.value).startswith("targets.executorch-forward: PaddleOCRVLForConditionalGeneration: its vision "
+                                         "tower (PaddleOCRVisionModel, over packed patches with `grid_thw`)")
+    assert "aten.repeat_interleave.Tensor is not in Core ATen opset" in str(refused.value)
+
+
+def test_an_omni_thinker_forward_and_generation_are_refused_at_plan_time(session_dir):
+    """Qwen2.5-Omni's thinker, its processor loaded without the video part: the forward computes the audio
+    encoder's `feature_lens` inside, so the engine's omni-audio preparer never fires (torch.export stopped at the
+    mask after the trace); its generation needs an audio merge that hfexport's generate lacks. Both said first."""
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    folder = make_model("tiny-qwen2.5-omni", session_dir / "omni-plan")
+    model, processor, recipe = (AutoModelForImageTextToText.from_pretrained(folder).eval(), load_processor(folder),
+                                load_recipe(folder))
+    with pytest.raises(PlanError, match=r"^Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder "
+                                        r"\(Qwen2_5OmniAudioEncoder\) takes `feature_lens`.*GuardOnDataDependentSymNode"):
+        build_plan(recipe, "openvino-forward", model, processor=processor)
+    with pytest.raises(PlanError, match=r"generation splits into audio_encoder, language_model, lm_head, decode"):
+        build_plan(recipe, "openvino-generation", model, processor=processor)

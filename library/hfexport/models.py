@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.errors import Problem, RecipeError, SourceError, first_line
+from hfexport.processors import without_video
 
 # task -> transformers Auto class name
 TASK_AUTO_CLASSES = {
@@ -184,17 +185,22 @@ def load_model(name_or_path: str | Path, recipe=None, revision: str | None = Non
 def load_processor(name_or_path: str | Path, revision: str | None = None, token: str | None = None):
     """The repo's processor or tokenizer (None when it has neither): it turns sample texts/images into inputs.
 
-    A processor that needs a library this environment lacks is refused (SourceError with transformers' own message,
-    e.g. "MiniCPMV4_6VideoProcessor requires the Torchvision library"): falling back to the tokenizer would turn
-    the repo's images or audio into something other than its processor's inputs, and fail later for another reason."""
+    A processor whose video processor needs a library this environment lacks (transformers' video processors need
+    torchvision) is assembled from its other parts (`hfexport.processors.without_video`): images and audio are
+    processed as the full processor does. Any other part that needs a missing library is refused (SourceError with
+    transformers' own message): falling back to the tokenizer would turn the repo's images or audio into something
+    other than its processor's inputs, and fail later for another reason."""
     from transformers import AutoProcessor, AutoTokenizer
 
     for loader in (AutoProcessor, AutoTokenizer):
         try:
             return loader.from_pretrained(str(name_or_path), revision=revision, token=token)
         except ImportError as error:
-            sentence = " ".join(str(error).split()).split(". ")[0].rstrip(".") or type(error).__name__
-            raise SourceError(f"cannot load the model's processor: {first_line(sentence)}") from None
+            sentence = first_line(" ".join(str(error).split()).split(". ")[0].rstrip(".") or type(error).__name__)
+            assembled = without_video(str(name_or_path), error, sentence, revision, token)
+            if assembled is not None:
+                return assembled
+            raise SourceError(f"cannot load the model's processor: {sentence}") from None
         except Exception:  # noqa: BLE001 - a repo without a processor is normal; the next loader or None
             continue
     return None

@@ -39,6 +39,7 @@ from hfexport.job.preflight import available_memory, check_fits, loaded_bytes, w
 from hfexport.latency import EagerTimings
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import checkpoint_dtype, load_config, load_model, load_processor
+from hfexport.processors import missing_parts
 from hfexport.progress import ProgressCallback, Step, StepTimer, no_progress
 from hfexport.publication.cache import cache_key, hub_content_hash, local_content_hash, lookup
 from hfexport.recipe.loading import load_recipe
@@ -265,6 +266,8 @@ def _load(job: _Job, detail: str | None = None) -> None:
                 job.report.source["checkpoint_dtype"] = stored
         if options.inputs is None:
             job.processor = load_processor(job.model, job.revision_to_load, options.token)
+            if missing := missing_parts(job.processor):  # e.g. a video processor that needs torchvision
+                job.report.source["processor_not_loaded"] = missing
     job.report.timings["load_model_s"] = round(timer.seconds, 4)
 
 

@@ -71,6 +71,7 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
                             f"{error}") from None
+    _refuse_audio_prompts(model, target, stages, seq2seq)
     sizes = varying_sizes(stages)
     by_decode = exports_decode_alone(model, str(target.export_format), stages)
     if single_graph:
@@ -137,3 +138,15 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
     if "encoder" in stages:
         plan.trace_inputs = seq2seq_trace_inputs(model, inputs)
     return plan
+
+
+def _refuse_audio_prompts(model, target: Target, stages: dict, seq2seq: bool) -> None:
+    """A decoder-only model whose prompt the engine splits into an audio encoder and a language model that takes
+    `inputs_embeds` (Qwen3-ASR, the Qwen2.5-Omni thinker) is refused before export: `hfexport.generate` merges image
+    features into the prompt (`embed`), not audio features, so the export could not generate."""
+    audio = [name for name in stages if "audio" in name]
+    if audio and not seq2seq and IMAGE_ENCODER not in stages:
+        raise PlanError(f"targets.{target.name}: {type(model).__name__}'s generation splits into {', '.join(stages)}; "
+                        f"hfexport's generate merges image features into the prompt's embeddings (`image_encoder` + "
+                        f"`embed`), not the features of {', '.join(audio)}, so it cannot generate from this export "
+                        "(docs/generation.md)")

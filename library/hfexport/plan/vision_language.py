@@ -15,6 +15,27 @@ from hfexport.plan.tracing import call_capture
 # and `embed` (token embeddings with the image features scattered in at the image-token positions).
 
 IMAGE_ENCODER, EMBED = "image_encoder", "embed"
+# Formats whose lowering takes the Core ATen opset only: ExecuTorch 1.5.1's `to_edge` refuses a `grid_thw` vision
+# tower's `aten.repeat_interleave.Tensor` (measured on tiny PaddleOCR-VL and tiny Qwen2-VL, forward).
+CORE_ATEN_FORMATS = ("executorch",)
+
+
+def grid_thw_refusal(model, export_format: str, inputs: dict) -> str | None:
+    """Why `model` cannot be exported to `export_format` on `inputs` (the upstream message, quoted), or None: a vision
+    tower over packed patches with image grids (a module whose forward takes `grid_thw`: Qwen2-VL-class, PaddleOCR-VL),
+    fed images (`image_grid_thw`), on a format that takes Core ATen ops only."""
+    import inspect
+
+    if str(export_format) not in CORE_ATEN_FORMATS or not any(name.endswith("grid_thw") for name in inputs):
+        return None
+    for module in model.modules():
+        forward = getattr(type(module), "forward", None)
+        if forward is not None and "grid_thw" in inspect.signature(forward).parameters:
+            return (f"{type(model).__name__}: its vision tower ({type(module).__name__}, over packed patches with "
+                    f"`grid_thw`) cannot be lowered to {export_format}: ExecuTorch 1.5.1's to_edge stops at "
+                    "\"SpecViolationError: Operator torch._ops.aten.repeat_interleave.Tensor is not in Core ATen "
+                    "opset\"; export it to dynamo, onnx or openvino")
+    return None
 
 
 def image_features_capture(model):

@@ -729,9 +729,9 @@ def build_minicpm_v(folder: Path) -> None:
     `get_image_features` take `target_sizes`, the marker of transformers 5.23's NaViT export input preparer.
 
     Its processor (`MiniCPMV4_6Processor`: the image processor, a video processor, the tokenizer) cannot be built
-    without torchvision: transformers' processor checks its video processor against `BaseVideoProcessor`, which needs
-    torchvision. The folder holds each part as a real checkpoint does (the PIL image processor, the video processor's
-    config, the tokenizer, `processor_config.json`), so loading it fails here exactly as loading the real repo does."""
+    whole without torchvision (transformers' video processors need it). The folder holds each part as a real
+    checkpoint does (the PIL image processor, the video processor's config, the tokenizer, `processor_config.json`),
+    so loading it goes the way loading the real repo does (`hfexport.processors`: assembled without the video part)."""
     from transformers import (
         GenerationConfig,
         MiniCPMV4_6Config,
@@ -784,7 +784,8 @@ def build_minicpm_v(folder: Path) -> None:
 
 def minicpm_v_inputs(folder: str | Path, texts: list[str], images: list) -> dict:
     """tiny-minicpm-v's model inputs for prompts with one image each, made as `MiniCPMV4_6Processor` makes them
-    (which cannot be built here: `build_minicpm_v`): the PIL image processor's packed `pixel_values` and
+    (written before it could be loaded without torchvision; tests/test_processors.py checks that both agree): the
+    PIL image processor's packed `pixel_values` and
     `target_sizes`, each prompt's `<image>` expanded to `<im_start>` + one `<image>` per 16 patches + `<im_end>`
     (its `replace_image_token` with slices and image ids off), the texts through the tokenizer, left-padded. Batch 1
     only: the processor packs every image of a batch into one row."""
@@ -811,9 +812,10 @@ def build_qwen2_5_omni(folder: Path) -> None:
     """Tiny Qwen2.5-Omni thinker (`Qwen2_5OmniThinkerForConditionalGeneration`): a chunked audio encoder whose forward
     takes `input_features` + `feature_lens`, the markers of transformers 5.23's omni-audio export input preparer, a
     Qwen2.5-VL-style vision encoder and a Qwen2 text model with M-RoPE. Its processor (`Qwen2_5OmniProcessor`: image
-    processor, `Qwen2VLVideoProcessor`, Whisper feature extractor, tokenizer) needs torchvision, so the folder holds its
-    parts as a real checkpoint does (one `preprocessor_config.json` with the image processor's and the feature
-    extractor's keys, `processor_config.json`, the tokenizer) and loading it fails here as loading the real repo does."""
+    processor, `Qwen2VLVideoProcessor`, Whisper feature extractor, tokenizer) needs torchvision for its video part, so
+    the folder holds its parts as a real checkpoint does (one `preprocessor_config.json` with the image processor's and
+    the feature extractor's keys, `processor_config.json`, the tokenizer), loaded as the real repo is
+    (`hfexport.processors`)."""
     from transformers import (
         GenerationConfig,
         Qwen2_5OmniThinkerConfig,
@@ -865,6 +867,60 @@ def build_qwen2_5_omni(folder: Path) -> None:
     ))
 
 
+
+QWEN2_VL_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+                   "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
+QWEN2_VL_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def build_qwen2_vl(folder: Path) -> None:
+    """Tiny Qwen2-VL (`Qwen2VLForConditionalGeneration`): the `grid_thw` vision tower over packed 2 x 8 x 8 patches
+    (`pixel_values` [patches, 384] with `image_grid_thw`), a 2 x 2 patch merger and a Qwen2 text model with 3-axis
+    rope (`mrope_section`). Its processor (`Qwen2VLProcessor`: the PIL image processor, `Qwen2VLVideoProcessor`, the
+    tokenizer) is saved as a real checkpoint's, its video processor's settings included; without torchvision it loads
+    without the video part (`hfexport.processors`). Images as PaddleOCR-VL's: 32 x 64, grid [1, 4, 8], 8 tokens."""
+    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = named_special_tokenizer(QWEN2_VL_TOKENS)
+    ids = _special_ids(tokenizer)
+    token_id = tokenizer.convert_tokens_to_ids
+    _seeded()
+    config = Qwen2VLConfig(
+        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "mlp_ratio": 2, "num_heads": 4,
+                       "patch_size": PATCH_SIZE, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 512, "tie_word_embeddings": False, **ids,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        image_token_id=token_id(QWEN2_VL_TOKENS["image_token"]), video_token_id=token_id(QWEN2_VL_TOKENS["video_token"]),
+        vision_start_token_id=token_id(QWEN2_VL_TOKENS["vision_start_token"]),
+        vision_end_token_id=token_id(QWEN2_VL_TOKENS["vision_end_token"]),
+        tie_word_embeddings=False, architectures=["Qwen2VLForConditionalGeneration"], **ids,
+    )
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(**ids, do_sample=False)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    pixels = PADDLEOCR_VL_IMAGE["height"] * PADDLEOCR_VL_IMAGE["width"]
+    image = Qwen2VLImageProcessorPil(patch_size=PATCH_SIZE, temporal_patch_size=2, merge_size=2, min_pixels=pixels,
+                                     max_pixels=pixels).to_dict()
+    # The video processor's settings as `Qwen2VLVideoProcessor` saves them (it cannot be built without torchvision).
+    video = {key: value for key, value in image.items() if key != "image_processor_type"}
+    video["video_processor_type"] = "Qwen2VLVideoProcessor"
+    for name, document in (("preprocessor_config.json", image), ("video_preprocessor_config.json", video),
+                           ("processor_config.json", {"processor_class": "Qwen2VLProcessor"})):
+        (folder / name).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    _write_recipe(folder, matrix_recipe(
+        "image-text-to-text", DECODER_MODES, LLAVA_FORWARD_SHAPES,
+        {"text": [f"{QWEN2_VL_PROMPT} Describe the picture", f"{QWEN2_VL_PROMPT} The capital of France is"],
+         "images": PADDLEOCR_VL_IMAGE},
+        dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 256}},
+        description="Tiny random Qwen2-VL (grid_thw vision tower over packed patches, Qwen2 text model with 3-axis "
+                    "rope; 32 x 64 images, 8 tokens each).",
+        runtime={"openvino": {"precision": "f32"}},
+    ))
+
 MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -896,7 +952,8 @@ MODELS: dict[str, TinyModel] = {
                   "`hfexport.workarounds.transformers_models` runs it as torch's `scan` on dynamo and ONNX. With `scan`, OpenVINO 2026.4.1's "
                   "converter stops (OpConversionFailure: no conversion rule for `scan`) and the ExecuTorch 1.5.1 "
                   "program fails at run time (`method->execute()` error 0x1 at batch 1 × 2 tokens), so there the "
-                  "engine's fixed-length trace stays and forward stops at the dynamic seq. Generation there exports "
+                  "engine's fixed-length trace stays, so a forward with a dynamic seq is refused at plan time, quoting "
+                  "torch.export's \"Constraints violated (seq)!\". Generation there exports "
                   "the decode alone (stateless on OpenVINO) and runs the prompt through it token by token from a "
                   "zero state, a left-padded row's state kept zero while it is padding, as Mamba's masked prefill "
                   "leaves it (docs/generation.md). The ExecuTorch decode's `attention_mask` slot is traced as None: "
@@ -944,12 +1001,11 @@ MODELS: dict[str, TinyModel] = {
                   "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames). "
                   "Forward: `Qwen3ASRModel.forward` calls `get_audio_features` without its kwargs, so the "
                   "`cu_seqlens` the preparer adds to the model's inputs never reach the encoder, which computes them "
-                  "itself and stops torch.export (the engine's GuardOnDataDependentSymNode). Generation: the engine "
-                  "exports `audio_encoder` (the preparer's `cu_seqlens` one more input), `multi_modal_projector`, "
-                  "`language_model`, `lm_head` and `decode`, but hfexport's probes and `generate` do not compute "
-                  "`cu_seqlens` for new clips (the preparer reads the model's `n_window`), so the audio encoder's "
-                  "probe is refused for the missing input (OpenVINO, fed without it, fails a reshape; "
-                  "docs/generation.md); on ExecuTorch the engine's export of the audio encoder stops first."),
+                  "itself and stops torch.export (GuardOnDataDependentSymNode): refused at plan time. Generation: "
+                  "the engine splits it into `audio_encoder` (the preparer's `cu_seqlens` one more input), "
+                  "`multi_modal_projector`, `language_model`, `lm_head` and `decode`, and hfexport's generate merges "
+                  "image features into a prompt, not audio features: refused at plan time (the `.pt2` audio encoder "
+                  "also failed its own runtime assertion `u1 >= 1` on the sample clips; docs/generation.md)."),
         TinyModel("tiny-llava-next", "LLaVA-NeXT", "LlavaNextForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_llava_next,
                   "The `image_sizes` family: transformers 5.23's `image_sizes` export input preparer turns the "
@@ -958,40 +1014,58 @@ MODELS: dict[str, TinyModel] = {
                   "64 tokens each); forward shapes static as LLaVA's."),
         TinyModel("tiny-paddleocr-vl", "PaddleOCR-VL", "PaddleOCRVLForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_paddleocr_vl,
-                  "The `grid_thw` family (Qwen2-VL-class vision; Qwen2-VL's processor needs torchvision, which "
-                  "cannot load beside the CPU torch: docs/generation.md). Images one fixed size (32 x 64: "
-                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's. Forward: the "
-                  "engine runs the text's rope index (`get_rope_index`) only on a module that has it, and "
+                  "The `grid_thw` family (Qwen2-VL-class vision; `tiny-qwen2-vl` is Qwen2-VL's own row). Images "
+                  "one fixed size (32 x 64: `image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as "
+                  "LLaVA's. ExecuTorch: refused at plan time (to_edge refused the vision tower's "
+                  "`aten.repeat_interleave.Tensor`, not Core ATen). Forward: the engine runs the text's rope index (`get_rope_index`) only on a module that has it, and "
                   "PaddleOCR-VL keeps it on its base model, so the trace stopped in its `tolist()`; hfexport runs "
                   "the same preparer on the base model (`workarounds.transformers_models.base_rope_index`), the "
                   "graph takes `position_ids` [3, batch, seq], recorded in the report's `prepared_inputs`. "
                   "Generation: the decode takes 3-axis rope positions (`position_ids` [4, batch, 1]), which "
                   "hfexport's generate (1-axis positions) cannot compute, so the plan refuses it (docs/generation.md)."),
+        TinyModel("tiny-qwen2-vl", "Qwen2-VL", "Qwen2VLForConditionalGeneration", "image-text-to-text",
+                  DECODER_MODES, build_qwen2_vl,
+                  "The `grid_thw` family itself (PaddleOCR-VL's row stands beside it). `Qwen2VLProcessor` takes "
+                  "`Qwen2VLVideoProcessor`, which needs torchvision: hfexport assembles the processor from its PIL "
+                  "image processor and tokenizer (`hfexport.processors`). Images one fixed size (32 x 64: "
+                  "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's; the text's 3-axis "
+                  "rope positions from the base model's `get_rope_index` (`workarounds.transformers_models."
+                  "base_rope_index`), as PaddleOCR-VL's. ExecuTorch: refused at plan time, as PaddleOCR-VL's (to_edge "
+                  "refused the vision tower's `aten.repeat_interleave.Tensor`). Generation: refused at plan time, as "
+                  "PaddleOCR-VL's (the decode takes 3-axis rope positions, docs/generation.md). OpenVINO pinned to "
+                  "f32 (`runtime.precision`): at the CPU's default bf16 the forward's logits held NaN (7360 "
+                  "elements, on one side only)."),
         TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_minicpm_v,
                   "The `target_sizes` family (NaViT-style packed vision encoders; transformers 5.23's preparer computes "
-                  "the nearest position ids, window index and packed lengths from `target_sizes`). Every cell stops "
-                  "at loading the processor: `MiniCPMV4_6Processor` needs its video processor, and transformers' "
-                  "video processors need torchvision, which this environment does not have (PyPI's torchvision "
-                  "0.28.0 wheel links the CUDA build of torch, `libtorch_cuda.so`, so it cannot load beside torch "
-                  "2.13.0+cpu). Every class this preparer serves (MiniCPM-V 4.6, MiniCPM-V 4.7, MiniCPM-OCR) has "
-                  "the same processor. The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
+                  "the nearest position ids, window index and packed lengths from `target_sizes`). "
+                  "`MiniCPMV4_6Processor` takes a video processor, and transformers' video processors need "
+                  "torchvision, which this environment does not have (PyPI's torchvision 0.28.0 wheel links the CUDA "
+                  "build of torch, `libtorch_cuda.so`, so it cannot load beside torch 2.13.0+cpu): hfexport assembles "
+                  "the processor from its PIL image processor and tokenizer (`hfexport.processors`; every class this "
+                  "preparer serves, MiniCPM-V 4.6, 4.7 and MiniCPM-OCR, has the same processor). The recipe states the edge contract: batch 1, text dynamic to 128 tokens, one "
                   "fixed 32 x 48 image. Given the processor's inputs made its way (`minicpm_v_inputs`), generation "
                   "passes on torch.export, ONNX and OpenVINO, token for token on new images from the saved files "
                   "(the export's `input_preparers.json`; docs/generation.md); ExecuTorch's export stops "
-                  "(GuardOnDataDependentSymNode), and forward is not traceable with the preparer.",
-                  processor_needs="torchvision"),
+                  "(GuardOnDataDependentSymNode). Forward is not traceable with the preparer (the model's forward "
+                  "takes the prepared window index as **kwargs only and does not pass it to the encoder): refused "
+                  "at plan time."),
         TinyModel("tiny-qwen2.5-omni", "Qwen2.5-Omni", "Qwen2_5OmniThinkerForConditionalGeneration",
                   "image-text-to-text", DECODER_MODES, build_qwen2_5_omni,
                   "The `input_features` + `feature_lens` family (omni audio encoders: transformers 5.23's preparer "
                   "computes the audio encoder's padded chunks, chunk lengths, `cu_seqlens`, valid and pooling indices "
                   "with helpers from its modeling module; it serves Qwen2.5-Omni's and Qwen3-Omni-MoE's audio "
                   "encoders, and fires on a module called with `feature_lens`: the thinker's forward takes "
-                  "`feature_attention_mask`). Every cell stops at loading the processor: `Qwen2_5OmniProcessor` "
-                  "takes `Qwen2VLVideoProcessor`, which needs torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor "
-                  "takes the same video processor). The task is init's (the thinker is in transformers' "
-                  "image-text-to-text table); the recipe's samples are audio clips with prompts.",
-                  processor_needs="torchvision"),
+                  "`feature_attention_mask`). `Qwen2_5OmniProcessor` takes `Qwen2VLVideoProcessor`, which needs "
+                  "torchvision (as MiniCPM-V's; Qwen3-Omni-MoE's processor takes the same video processor): hfexport "
+                  "assembles it from its PIL image processor, Whisper feature extractor and tokenizer "
+                  "(`hfexport.processors`). The task is init's (the thinker is in transformers' "
+                  "image-text-to-text table); the recipe's samples are audio clips with prompts. Forward: the thinker "
+                  "computes `feature_lens` from the mask inside its forward, so the preparer never fires and "
+                  "torch.export stopped at the mask (GuardOnDataDependentSymNode): refused at plan time. "
+                  "Generation: the engine "
+                  "splits it into `audio_encoder`, `language_model`, `lm_head` and `decode`, and hfexport's generate "
+                  "merges image features into a prompt, not audio features: refused at plan time."),
     )
 }
 

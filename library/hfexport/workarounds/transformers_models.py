@@ -37,6 +37,18 @@ def prefill_by_decode(model, export_format: str) -> bool:
     return _is_mamba(model) and str(export_format) not in SCAN_FORMATS
 
 
+def unrolled_sequence(model, export_format: str) -> str | None:
+    """Why a forward export of `model` in `export_format` cannot keep its sequence axis dynamic (the upstream cause,
+    quoted), or None when it can: Mamba's recurrence unrolled to the sample's length where the format takes no
+    `scan` (see above)."""
+    if not prefill_by_decode(model, export_format):
+        return None
+    return (f"transformers 5.23 runs Mamba's selective scan as a Python loop over the sequence, which torch.export "
+            f"unrolls to the sample's length (\"Constraints violated (seq)! ... Suggested fixes: seq = <the sample's "
+            f"length>\"); hfexport runs it as torch's `scan` on {' and '.join(SCAN_FORMATS)} only, since "
+            "OpenVINO 2026.4.1 has no conversion rule for `scan` and ExecuTorch 1.5.1 fails to run it (error 0x1)")
+
+
 def _selective_scan(original):
     """`mamba_selective_scan` whose torch-only recurrence is a `scan` while exporting; eager calls are unchanged."""
     import torch
