@@ -24,12 +24,13 @@ def test_the_config_rule_covers_every_linear_layer_of_the_model(name):
     """The rule is general: every nn.Linear input size of the model built from a zoo config (meta device, no
     weights) is one of the sizes read from its config.json."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     document = dict(ZOO[name].config)
     config = AutoConfig.for_model(document.pop("model_type"), **{**document, "num_hidden_layers": 1})
+    auto = AutoModelForCausalLM if ZOO[name].task == "text-generation" else AutoModel  # the zoo's other tasks
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     inputs = {module.in_features for module in model.modules() if isinstance(module, torch.nn.Linear)}
     assert inputs and inputs <= set(layer_input_sizes(ZOO[name].config).values())
 

@@ -18,7 +18,7 @@ import math
 from hfexport.errors import Problem
 
 _HIDDEN = ("hidden_size", "d_model", "n_embd", "dim")
-_FEED_FORWARD = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "d_ff",
+_FEED_FORWARD = ("intermediate_size", "ffn_hidden_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "d_ff",
                  "moe_intermediate_size", "shared_expert_intermediate_size")
 _HEADS = ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
 _HEAD_SIZE = ("head_dim", "d_kv", "attention_head_dim")
@@ -55,6 +55,8 @@ def layer_input_sizes(config: dict) -> dict[str, int]:
                 sizes[prefix + key] = value
         if hidden and "n_inner" in holder and holder["n_inner"] is None:  # GPT-2: 4 x n_embd
             sizes[f"4 * {prefix}{hidden[0]}"] = 4 * hidden[1]
+        if hidden and isinstance(holder.get("mlp_ratio"), (int, float)) and holder["mlp_ratio"] > 0:  # DINOv2
+            sizes[f"{prefix}mlp_ratio * {prefix}{hidden[0]}"] = int(hidden[1] * holder["mlp_ratio"])
         heads, head_size = _first(holder, _HEADS), _first(holder, _HEAD_SIZE)
         if heads and head_size and (not hidden or heads[1] * head_size[1] != hidden[1]):
             sizes[f"{prefix}{heads[0]} * {prefix}{head_size[0]}"] = heads[1] * head_size[1]
