@@ -1,0 +1,100 @@
+"""Memory per stage (hfexport.job.memory): each stage's own peak RSS, measured by the kernel, in the report, the CLI
+and the Markdown beside the preflight's estimate; `--max-memory` refuses a job that cannot fit before any weight is
+read, naming the stage and the estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hfexport.job.memory import StageMemory, process_peak_mb
+from hfexport.job.run import run_job
+from hfexport.progress import Step
+from hfexport.report.data import JobReport, TargetReport
+from hfexport.report.markdown import memory_line, report_markdown
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
+MB = 1 << 20
+
+
+def _touch(size: int) -> bytearray:
+    block = bytearray(size)
+    for offset in range(0, size, 4096):  # resident: every page written
+        block[offset] = 1
+    return block
+
+
+def test_each_stage_gets_its_own_peak_not_the_process_peak_so_far():
+    report = JobReport(source={"model": "m"})
+    report.targets["t"] = TargetReport(target="t", export_format="onnx", mode="forward")
+    steps: list[Step] = []
+    tracker = StageMemory(steps.append, report)
+    assert tracker.per_stage  # Linux: /proc/self/clear_refs resets the high-water mark
+    tracker(Step("load_model", "start"))
+    tracker(Step("load_model", "done"))
+    tracker(Step("export", "start", "t"))
+    block = _touch(300 * MB)
+    del block
+    tracker(Step("export", "done", "t"))
+    tracker(Step("verify", "start", "t"))
+    tracker(Step("probe", "done", "t"))  # not a stage: forwarded, not measured
+    tracker(Step("verify", "done", "t"))
+    peaks = report.targets["t"].memory["peak_rss_mb"]
+    assert peaks["export"] - peaks["verify"] > 250, peaks
+    assert report.memory["peak_rss_mb"]["load_model"] < peaks["export"]
+    assert process_peak_mb() >= peaks["export"]  # the process's peak survives the resets
+    assert [step.step for step in steps] == ["load_model", "load_model", "export", "export", "verify", "probe",
+                                             "verify"]
+
+
+def test_stages_nest_an_outer_stage_keeps_an_inner_peak():
+    report = JobReport(source={"model": "m"})
+    report.targets["t"] = TargetReport(target="t", export_format="onnx", mode="forward")
+    tracker = StageMemory(lambda step: None, report)
+    tracker(Step("export", "start", "t"))
+    tracker(Step("save", "start", "t"))
+    block = _touch(200 * MB)
+    del block
+    tracker(Step("save", "done", "t"))
+    tracker(Step("export", "done", "t"))
+    peaks = report.targets["t"].memory["peak_rss_mb"]
+    assert peaks["export"] >= peaks["save"] > 200
+
+
+def test_a_job_reports_each_stage_and_the_estimate_beside_it(tmp_path):
+    report = run_job(EXAMPLE, tmp_path / "out", targets=["onnx"], latency=False)
+    assert report.targets["onnx"].status == "ok"
+    job = report.memory
+    assert set(job["estimate_mb"]) == {"load_model", "export"} and job["available_mb"] > 0
+    assert job["peak_rss_mb"]["load_model"] > 0 and job["per_stage"] is True
+    stages = report.targets["onnx"].memory["peak_rss_mb"]
+    assert {"plan", "export", "save", "verify"} <= set(stages)
+    assert max(stages.values()) <= report.peak_rss_mb
+    saved = json.loads((tmp_path / "out" / "export_report.json").read_text())  # schema-checked when written
+    assert saved["memory"]["estimate_mb"] == job["estimate_mb"]
+    assert saved["targets"]["onnx"]["memory"]["peak_rss_mb"] == stages
+    target_file = json.loads((tmp_path / "out" / "onnx" / "export_report.json").read_text())
+    assert target_file["targets"]["onnx"]["memory"]["peak_rss_mb"]["export"] == stages["export"]
+    line = memory_line(report)
+    assert line.startswith("Peak memory: load ") and "onnx: " in line and "gate " in line
+    assert "preflight estimate: load " in line and ", export " in line
+    assert line in report_markdown(report)
+
+
+def test_cli_shows_the_stages_and_max_memory_refuses_before_loading(cli, tmp_path):
+    run = cli("export", str(EXAMPLE), "--target", "onnx", "-o", str(tmp_path / "out"), "--no-latency",
+              "--max-memory", "64GB")
+    assert run.returncode == 0, run.stderr
+    assert "Peak memory: load " in run.stdout and "preflight estimate" in run.stdout and "budget 68.7 GB" in run.stdout
+
+    run = cli("export", str(EXAMPLE), "--target", "onnx", "-o", str(tmp_path / "small"), "--max-memory", "100MB",
+              "--no-preflight")  # the budget is kept even without the preflight's own check
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    refusal = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(refusal) == 1, run.stderr
+    assert "needed at the export stage" in refusal[0] and "onnx/forward" in refusal[0]
+    assert "the --max-memory budget is 104.9 MB" in refusal[0] and "raise --max-memory" in refusal[0]
+    assert "load_model" not in run.stderr and not (tmp_path / "small" / "onnx").exists()
+
+    run = cli("export", str(EXAMPLE), "-o", str(tmp_path / "x"), "--max-memory", "lots")
+    assert run.returncode == 2 and "not a memory size" in run.stderr and "Traceback" not in run.stderr
