@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hfexport.job.memory import StageMemory, process_peak_mb
 from hfexport.job.run import run_job
 from hfexport.progress import Step
@@ -98,3 +99,66 @@ def test_cli_shows_the_stages_and_max_memory_refuses_before_loading(cli, tmp_pat
 
     run = cli("export", str(EXAMPLE), "-o", str(tmp_path / "x"), "--max-memory", "lots")
     assert run.returncode == 2 and "not a memory size" in run.stderr and "Traceback" not in run.stderr
+
+
+def _headers_only_checkpoint(folder: Path, zoo_name: str) -> Path:
+    """A zoo model's published config at full size (depth and vocabulary) with a safetensors file whose header lists
+    every tensor and whose data is a hole (sparse: no disk, nothing to read): what the preflight reads, and only that."""
+    import struct
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hfexport.testing.zoo import ZOO, recipe
+
+    fields = {k: v for k, v in ZOO[zoo_name].config.items() if k != "transformers_version"}
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    folder.mkdir(parents=True)
+    config.save_pretrained(folder)
+    target = recipe()
+    target["targets"]["onnx-generation"]["dtype"] = "float16"
+    (folder / "export_config.json").write_text(json.dumps(target))
+    with torch.device("meta"):
+        state = AutoModelForCausalLM.from_config(config).state_dict()
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    header, offset = {}, 0
+    for key, tensor in state.items():
+        size = tensor.numel() * 2
+        header[key] = {"dtype": "BF16", "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    data = json.dumps(header).encode()
+    data += b" " * (-len(data) % 8)
+    with open(folder / "model.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(data)) + data)
+        handle.truncate(8 + len(data) + offset)
+    return folder
+
+
+@pytest.mark.slow  # ~80 s under load: the job hashes the 2.5 GB (sparse) checkpoint for its cache key, twice
+def test_llama_3_2_1b_above_the_budget_is_refused_before_a_weight_is_read(cli, tmp_path):
+    from hfexport.testing import cgroup
+
+    model = _headers_only_checkpoint(tmp_path / "llama", "llama-3.2-1b")
+    assert (model / "model.safetensors").stat().st_size > 2_400_000_000  # 1.24B parameters in bfloat16
+    run = cli("export", str(model), "-o", str(tmp_path / "out"), "--max-memory", "3GB")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    refusal = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(refusal) == 1, run.stderr
+    assert "not enough memory: about" in refusal[0] and "needed at the export stage" in refusal[0]
+    assert "weights 4.9 GB as loaded, at float32" in refusal[0] and "onnx/generation" in refusal[0]
+    assert "the --max-memory budget is 3.2 GB" in refusal[0]
+    assert "load_model" not in run.stderr and not (tmp_path / "out" / "onnx-generation").exists()
+
+    if not cgroup.available():
+        return
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    with cgroup.memory_cgroup(3 << 30) as group:  # the limit itself, read from cgroup v1, without --max-memory
+        run = subprocess.run([sys.executable, "-m", "hfexport", "export", str(model), "-o", str(tmp_path / "out")],
+                             capture_output=True, text=True, preexec_fn=group.enter, timeout=600,
+                             env={**__import__("os").environ, "PYTHONPATH": str(root / "library")})
+    assert run.returncode == 2 and "not enough memory" in run.stderr and "available" in run.stderr, run.stderr
+    assert "load_model" not in run.stderr and group.failcnt == 0 and 0 < group.max_usage < 3 << 30
