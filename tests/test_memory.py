@@ -43,7 +43,7 @@ def test_each_stage_gets_its_own_peak_not_the_process_peak_so_far():
     peaks = report.targets["t"].memory["peak_rss_mb"]
     assert peaks["export"] - peaks["verify"] > 250, peaks
     assert report.memory["peak_rss_mb"]["load_model"] < peaks["export"]
-    assert process_peak_mb() >= peaks["export"]  # the process's peak survives the resets
+    assert process_peak_mb() >= peaks["export"] - 0.05  # the process's peak survives the resets (peaks: 0.1 MB)
     assert [step.step for step in steps] == ["load_model", "load_model", "export", "export", "verify", "probe",
                                              "verify"]
 
@@ -79,7 +79,11 @@ def test_a_job_reports_each_stage_and_the_estimate_beside_it(tmp_path):
     line = memory_line(report)
     assert line.startswith("Peak memory: load ") and "onnx: " in line and "gate " in line
     assert "preflight estimate: load " in line and ", export " in line
-    assert line in report_markdown(report)
+    assert line in report_markdown(report)  # the PR text and the job summary
+
+    from hfexport.surfaces.space import outcome_markdown
+
+    assert line in outcome_markdown(report)  # the Space's outcome
 
 
 def test_cli_shows_the_stages_and_max_memory_refuses_before_loading(cli, tmp_path):
