@@ -5,10 +5,12 @@ read, naming the stage and the estimate."""
 from __future__ import annotations
 
 import json
+import resource
+import time
 from pathlib import Path
 
 import pytest
-from hfexport.job.memory import StageMemory, process_peak_mb
+from hfexport.job.memory import SAMPLE_S, StageMemory
 from hfexport.job.run import run_job
 from hfexport.progress import Step
 from hfexport.report.data import JobReport, TargetReport
@@ -22,15 +24,16 @@ def _touch(size: int) -> bytearray:
     block = bytearray(size)
     for offset in range(0, size, 4096):  # resident: every page written
         block[offset] = 1
+    time.sleep(10 * SAMPLE_S)  # held for a few sampling periods (a shorter-lived allocation can be missed)
     return block
 
 
-def test_each_stage_gets_its_own_peak_not_the_process_peak_so_far():
+def test_each_stage_gets_its_own_peak_and_the_process_peak_stays_the_kernels():
     report = JobReport(source={"model": "m"})
     report.targets["t"] = TargetReport(target="t", export_format="onnx", mode="forward")
     steps: list[Step] = []
     tracker = StageMemory(steps.append, report)
-    assert tracker.per_stage  # Linux: /proc/self/clear_refs resets the high-water mark
+    assert tracker.per_stage  # Linux: /proc/self/statm
     tracker(Step("load_model", "start"))
     tracker(Step("load_model", "done"))
     tracker(Step("export", "start", "t"))
@@ -43,7 +46,8 @@ def test_each_stage_gets_its_own_peak_not_the_process_peak_so_far():
     peaks = report.targets["t"].memory["peak_rss_mb"]
     assert peaks["export"] - peaks["verify"] > 250, peaks
     assert report.memory["peak_rss_mb"]["load_model"] < peaks["export"]
-    assert process_peak_mb() >= peaks["export"] - 0.05  # the process's peak survives the resets (peaks: 0.1 MB)
+    # the kernel's high-water mark is left alone: ru_maxrss (wait4, time -v, the report's peak_rss_mb) keeps the peak
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 >= peaks["export"] - 1  # statm vs hiwater
     assert [step.step for step in steps] == ["load_model", "load_model", "export", "export", "verify", "probe",
                                              "verify"]
 
@@ -70,7 +74,7 @@ def test_a_job_reports_each_stage_and_the_estimate_beside_it(tmp_path):
     assert job["peak_rss_mb"]["load_model"] > 0 and job["per_stage"] is True
     stages = report.targets["onnx"].memory["peak_rss_mb"]
     assert {"plan", "export", "save", "verify"} <= set(stages)
-    assert max(stages.values()) <= report.peak_rss_mb
+    assert max(stages.values()) <= report.peak_rss_mb + 1  # sampled (statm) vs the kernel's high-water mark
     saved = json.loads((tmp_path / "out" / "export_report.json").read_text())  # schema-checked when written
     assert saved["memory"]["estimate_mb"] == job["estimate_mb"]
     assert saved["targets"]["onnx"]["memory"]["peak_rss_mb"] == stages

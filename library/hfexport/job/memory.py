@@ -1,66 +1,38 @@
-"""Peak memory per stage of a job: the resident set's high-water mark of each step (load, plan, export, save, rebind,
-verify, runtimes, latency, compare), measured by the kernel, and the preflight's estimate beside it.
+"""Peak memory per stage of a job: the resident set's peak during each step (load, plan, export, save, rebind,
+verify, runtimes, latency, compare), and the preflight's estimate beside it.
 
-Linux keeps a process's peak RSS (`VmHWM` in /proc/self/status) and lets the process reset it (writing 5 to
-/proc/self/clear_refs, Linux 4.0+): at every stage's start and end the peak so far is read, folded into every open
-stage (stages nest: a probe inside verify), and reset; so each stage gets its own peak, and the job's peak is the
-largest of them. Where the reset is refused (another OS, a locked-down /proc) each figure is the process's peak
-up to the end of that stage (`per_stage` false). Child processes (the deployment runtimes' clients) have their own
-peak: `RUSAGE_CHILDREN`'s largest waited-for child, recorded for a stage where it rose. docs/publishing.md, "Memory".
+A sampler thread reads this process's RSS (/proc/self/statm) every `SAMPLE_S` while a stage is open, and at every
+stage's start and end; each open stage keeps the largest (stages nest: save inside an export's target). The
+kernel's own high-water mark is left alone: resetting it (/proc/self/clear_refs) would make `wait4`, `time -v` and
+the report's `peak_rss_mb` (ru_maxrss) show the last stage's peak instead of the process's. An allocation held for
+less than a sampling period can be missed; the GB-sized ones this is for take longer than that to fault in. Child
+processes (the deployment runtimes' clients) have their own peak: `RUSAGE_CHILDREN`'s largest waited-for child,
+recorded for a stage where it rose. docs/publishing.md, "Memory".
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import threading
-from pathlib import Path
 
 from hfexport.progress import ProgressCallback, Step
 
 #: The steps measured (hfexport.progress.STEPS); `target`, `probe`, `cache` and `preflight` are not: the first spans
 #: the others, a probe is a part of verify, the last two read metadata only.
 STAGES = ("load_model", "plan", "export", "save", "rebind", "verify", "runtimes", "latency", "compare")
+SAMPLE_S = 0.02
 MB = 1 << 20
-
-_lock = threading.Lock()
-_folded_peak = 0  # the largest high-water mark read before a reset: the process's peak survives the resets
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _high_water_mark() -> int | None:
-    """This process's peak RSS since its start or the last reset, in bytes (None where /proc does not say)."""
+def current_rss() -> int:
+    """This process's resident set size now, in bytes (0 where /proc does not say)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _reset_high_water_mark() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def _read_and_reset() -> int:
-    """The peak since the last call (bytes), then reset, and remember it in the process's peak."""
-    global _folded_peak
-    mark = _high_water_mark()
-    if mark is None:
-        mark = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    _folded_peak = max(_folded_peak, mark)
-    _reset_high_water_mark()
-    return mark
-
-
-def process_peak_mb() -> float:
-    """This process's peak RSS so far in MB, across the per-stage resets (what `ru_maxrss` says without them)."""
-    with _lock:
-        mark = _high_water_mark() or 0
-        return max(_folded_peak, mark, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / MB
+        return 0
 
 
 def _children_peak() -> int:
@@ -78,38 +50,52 @@ class StageMemory:
     def __init__(self, progress: ProgressCallback, report, foreign=()):
         self.progress, self.report = progress, report
         self.foreign = set(foreign)
-        with _lock:
-            _read_and_reset()
-            self.per_stage = _reset_high_water_mark()
+        self.per_stage = current_rss() > 0
+        self.lock = threading.Lock()
         self.open: dict[tuple[str, str | None], list[int]] = {}  # (step, target) -> [peak, children's peak at start]
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
 
     def __call__(self, step: Step) -> None:
-        if step.step in STAGES and step.status in ("start", "done", "error") and not (
+        if self.per_stage and step.step in STAGES and step.status in ("start", "done", "error") and not (
                 step.target in self.foreign and step.step != "latency"):
             self._measure(step)
         self.progress(step)
 
+    def _sample(self) -> None:
+        rss = current_rss()
+        with self.lock:
+            for entry in self.open.values():
+                entry[0] = max(entry[0], rss)
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if not self.open:
+                    self.thread = None
+                    return
+            self._sample()
+            self.wake.wait(SAMPLE_S)
+
     def _measure(self, step: Step) -> None:
         key = (step.step, step.target)
-        with _lock:
-            mark = _read_and_reset()
-            if not self.per_stage:
-                mark = max(mark, _folded_peak)
-            for entry in self.open.values():
-                entry[0] = max(entry[0], mark)
-            if step.status == "start":
-                self.open[key] = [0, _children_peak()]
-                return
-            entry = self.open.pop(key, None)
-        if entry is None:
+        self._sample()
+        if step.status == "start":
+            with self.lock:
+                self.open[key] = [current_rss(), _children_peak()]
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self._run, name="hfexport-memory", daemon=True)
+                    self.thread.start()
             return
+        with self.lock:
+            entry = self.open.pop(key, None)
         owner = self.report if step.target is None else self.report.targets.get(step.target)
-        if owner is None:
+        if entry is None or owner is None:
             return
         block = dict(owner.memory or {})
         peaks = dict(block.get("peak_rss_mb", {}))
         peaks[step.step] = round(max(peaks.get(step.step, 0.0), entry[0] / MB), 1)
-        block.update(peak_rss_mb=peaks, per_stage=self.per_stage)
+        block.update(peak_rss_mb=peaks, per_stage=True, sample_ms=round(SAMPLE_S * 1000))
         children = _children_peak()
         if children > entry[1]:  # a child that ran in this stage set a new largest child
             block["children_peak_rss_mb"] = {**block.get("children_peak_rss_mb", {}), step.step: round(children / MB, 1)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import shutil
 import time
 from collections.abc import Sequence
@@ -107,7 +108,7 @@ def check_output(output: Path) -> None:
 
 def peak_rss_mb() -> float:
     """This process's peak resident set size so far, in MB (Linux reports KiB)."""
-    return memory.process_peak_mb()  # ru_maxrss, kept across hfexport.job.memory's per-stage resets
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass
