@@ -13,7 +13,7 @@ of the tree. Needs are estimates with documented multipliers (docs/publishing.md
 - disk: per target, the weights as loaded times `DISK_FACTOR` per component graph (generation exports save one graph per
   stage, each with its weights: `graphs_saved`), plus the download of a Hub model that is not in the local cache yet.
 
-Available memory is `psutil`'s available memory (capped by a cgroup v2 limit when there is one); disk is
+Available memory is `psutil`'s available memory (capped by a cgroup v2 or v1 limit when there is one); disk is
 `shutil.disk_usage` of the output's filesystem. `HFEXPORT_MEMORY_LIMIT_MB` / `HFEXPORT_DISK_LIMIT_MB` override
 what is available (for tests and for sharing a machine).
 """
@@ -56,6 +56,9 @@ class Estimate:
     memory_available: int | None
     disk_available: int | None
     problems: list[str] = field(default_factory=list)
+    #: bytes of memory each stage needs at its peak: `load_model` (the libraries and the weights as loaded), `export`
+    #: (the largest target's export, `memory_needed`); what the report's measured peaks are set beside
+    memory_stages: dict[str, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -144,10 +147,12 @@ def memory_needed(weights: int, groups) -> int:
 
 
 def estimate(model: str | Path, targets, output: str | Path, revision: str | None = None,
-             token: str | None = None, groups=None, weights: tuple[int, dict] | None = None) -> Estimate:
+             token: str | None = None, groups=None, weights: tuple[int, dict] | None = None,
+             max_memory: int | None = None) -> Estimate:
     """Memory and disk a job exporting `targets` (recipe `Target`s) of `model` into `output` needs, and has.
     `groups`: the targets split over processes that export at the same time (default: one process for all);
-    `weights`: `weights_metadata`'s answer when the caller already has it."""
+    `weights`: `weights_metadata`'s answer when the caller already has it; `max_memory`: the job's memory budget in
+    bytes (`--max-memory`), which caps what is available."""
     targets = list(targets)
     groups = [targets] if groups is None else groups
     weights, dtypes = weights or weights_metadata(model, revision, token)
@@ -159,14 +164,20 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     download = 0 if Path(str(model)).is_dir() or _cached(str(model), revision) else weights
     if download and _same_filesystem(output_dir, _hf_cache_dir()):
         disk += download
-    result = Estimate(weights, dtypes, memory, disk, available_memory(), available_disk(output_dir))
+    available = available_memory()
+    budget = max_memory is not None and (available is None or max_memory < available)
+    result = Estimate(weights, dtypes, memory, disk, max_memory if budget else available, available_disk(output_dir),
+                      memory_stages={"load_model": RUNTIME_MB * MB * len(groups) + loaded * len(groups),
+                                     "export": memory})
     what = f"weights {_human(loaded)}" + (" as loaded, at float32" if loaded != weights else "")
     if result.memory_available is not None and memory > result.memory_available:
         processes = f" in each of {len(groups)} export processes" if len(groups) > 1 else ""
         result.problems.append(
-            f"not enough memory: about {_human(memory)} needed ({what} × {max(factors):g} for "
+            f"not enough memory: about {_human(memory)} needed at the export stage ({what} × {max(factors):g} for "
             f"{_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries{processes}), "
-            f"{_human(result.memory_available)} available" + (" (export in one process: --workers 1)" if processes else "")
+            + (f"the --max-memory budget is {_human(max_memory)}" if budget
+               else f"{_human(result.memory_available)} available")
+            + (" (export in one process: --workers 1)" if processes else "")
         )
     if result.disk_available is not None and disk > result.disk_available:
         result.problems.append(
@@ -178,17 +189,18 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
 
 
 def check_fits(model: str | Path, targets, output: str | Path, revision: str | None = None,
-               token: str | None = None, groups=None, weights: tuple[int, dict] | None = None) -> Estimate:
+               token: str | None = None, groups=None, weights: tuple[int, dict] | None = None,
+               max_memory: int | None = None) -> Estimate:
     """`estimate`, raising `PreflightError` when the job does not fit."""
     try:
-        result = estimate(model, targets, output, revision, token, groups, weights)
+        result = estimate(model, targets, output, revision, token, groups, weights, max_memory)
     except HfExportError:
         raise
     except Exception:  # noqa: BLE001 - an estimate we cannot make must not block the job
         return Estimate(0, {}, 0, 0, None, None, [])  # the loader reports real access problems itself
     if not result.fits:
-        raise PreflightError(f"{model}: " + "; ".join(result.problems)
-                             + " (pass --no-preflight to try anyway, or export fewer targets)")
+        advice = "raise --max-memory" if max_memory is not None else "pass --no-preflight to try anyway"
+        raise PreflightError(f"{model}: " + "; ".join(result.problems) + f" ({advice}, or export fewer targets)")
     return result
 
 
@@ -245,13 +257,23 @@ def _meminfo_available() -> int | None:
 
 
 def _cgroup_headroom() -> int | None:
-    """cgroup v2 memory.max minus memory.current, when the process runs under a limit."""
+    """The cgroup memory limit minus what the cgroup uses, when the process runs under one: cgroup v2's memory.max and
+    memory.current, or cgroup v1's memory.limit_in_bytes and memory.usage_in_bytes (of the process's own cgroup)."""
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        return None if limit == "max" else max(int(limit) - current, 0)
     except (OSError, ValueError):
+        pass
+    try:
+        own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.split(":", 2)[1] == "memory")
+        folder = Path("/sys/fs/cgroup/memory") / own.lstrip("/")
+        limit_v1 = int((folder / "memory.limit_in_bytes").read_text().strip())
+        usage = int((folder / "memory.usage_in_bytes").read_text().strip())
+    except (OSError, ValueError, IndexError, StopIteration):
         return None
-    return None if limit == "max" else max(int(limit) - current, 0)
+    return None if limit_v1 >= 1 << 60 else max(limit_v1 - usage, 0)  # v1 says "no limit" as a huge number
 
 
 def _existing_parent(path: Path) -> Path:

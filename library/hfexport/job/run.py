@@ -34,8 +34,9 @@ from hfexport.job.parallel import (
     share_cores,
     workers_number,
 )
+from hfexport.job import memory
 from hfexport.job.pipeline import TargetPipeline, engine_error_message  # noqa: F401 - also run's, for its callers
-from hfexport.job.preflight import available_memory, check_fits, loaded_bytes, weights_metadata
+from hfexport.job.preflight import MB, available_memory, check_fits, loaded_bytes, weights_metadata
 from hfexport.latency import EagerTimings
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import checkpoint_dtype, load_config, load_model, load_processor
@@ -117,6 +118,7 @@ class JobOptions:
     recipe_origin: str | None = None
     rebind: bool = True
     sample_files: dict[str, str | Path] | None = None
+    max_memory_mb: float | None = None  # refuse a job the preflight estimates above this (hfexport.job.memory)
 
 
 @dataclass
@@ -174,6 +176,7 @@ def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None
     elif targets is not None or settings:
         raise TypeError("run_job: pass either options= or its fields as keyword arguments, not both")
     job = _prepare(model, Path(output), options)
+    job.progress = memory.StageMemory(job.progress, job.report, foreign=[n for group in job.groups[1:] for n in group])
     for name in job.names:
         _add_target(job, name)
     if len(job.groups) > 1:
@@ -223,16 +226,19 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
     in_processes = options.model_object is None and options.inputs is None and options.workers != 1
     if options.workers != "auto":
         workers_number(options.workers)  # a wrong value is refused before anything runs
-    if to_export and options.model_object is None and (options.preflight or in_processes):
+    if to_export and options.model_object is None and (options.preflight or in_processes or options.max_memory_mb):
         with StepTimer(progress, "preflight", detail=str(model)):
             targets = {name: recipe.target(name) for name in to_export}
             weights = _weights_or_none(model, revision_to_load, options.token)
             if in_processes:
                 groups = export_groups(targets, options.workers, weights and loaded_bytes(*weights),
                                        available_memory())
-            if options.preflight:
-                check_fits(model, list(targets.values()), output, revision_to_load, options.token,
-                      groups=[[targets[name] for name in group] for group in groups], weights=weights)
+            if options.preflight or options.max_memory_mb:
+                budget = int(options.max_memory_mb * MB) if options.max_memory_mb else None
+                report.memory = memory.estimate_record(check_fits(
+                    model, list(targets.values()), output, revision_to_load, options.token,
+                    groups=[[targets[name] for name in group] for group in groups], weights=weights,
+                    max_memory=budget), options.max_memory_mb)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
                 groups=groups, model_object=options.model_object, repos=repos, samples=samples)
 
@@ -346,6 +352,7 @@ def export_in_worker(request: dict, progress: ProgressCallback, on_target) -> No
                JobReport(source=request["source"]), progress, request["revision"], {}, request["keys"],
                time.perf_counter(), repos=list(request.get("repos", [])),
                samples=read_samples(request.get("sample_files")))
+    job.progress = memory.StageMemory(progress, job.report)
     _load(job)
     with share_cores(request["processes"]):
         for name in job.names:

@@ -36,16 +36,17 @@ def previous(folder: Path, key: str, model=None) -> tuple[dict | None, str | Non
     return (None, reason) if reason else (manifest, None)
 
 
-def rebind_copy(source: Path, destination: Path, manifest: dict, model) -> int:
-    """Copy the export in `source` (all but its report) to `destination`, then write `model`'s weights into the copy
-    through the manifest's weight map. Returns the bytes of weights written; raises `RebindRefused`."""
+def rebind_copy(source: Path, destination: Path, manifest: dict, model=None, tensors=None) -> int:
+    """Copy the export in `source` (all but its report) to `destination`, then write `model`'s weights (or
+    `tensors`': a checkpoint streamed from its shards, `hfexport.rebind.checkpoint`) into the copy through the
+    manifest's weight map. Returns the bytes of weights written; raises `RebindRefused`."""
     for file in sorted(source.rglob("*")):
         relative = file.relative_to(source)
         if file.is_file() and relative.as_posix() != REPORT_FILE:
             (destination / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(file, destination / relative)
     try:
-        return apply(destination, manifest, manifest["weight_map"], model)
+        return apply(destination, manifest, manifest["weight_map"], model, tensors)
     except RebindRefused:
         raise
     except Exception as error:  # noqa: BLE001 - a file that does not read as the map says: no rebind

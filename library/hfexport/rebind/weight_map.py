@@ -348,14 +348,23 @@ def refusal(weight_map: dict | None, key: str, model=None) -> str | None:
     return None
 
 
-def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
+def apply(folder: Path, manifest: dict, weight_map: dict, model=None, tensors=None) -> int:
     """Write `model`'s weights into the export in `folder` through `weight_map` (checked with `refusal` first).
-    Each entry must still be where the map says, with its size, dtype and shape. Returns the bytes written."""
+    Each entry must still be where the map says, with its size, dtype and shape. Returns the bytes written.
+
+    `tensors` instead of `model`: the tensors by state_dict key, read as each entry needs them (a checkpoint's
+    shards, `hfexport.rebind.checkpoint.CheckpointTensors`: one entry's tensors in memory at a time, each entry
+    written as it is made). Its `derived(keys)`, where it has one, names the keys that no checkpoint holds (buffers
+    the config derives, which the rebind key pins): an entry made of those alone keeps its stored bytes."""
     import torch
 
-    tensors, _, _ = sources(model)
+    if tensors is None:
+        tensors, _, _ = sources(model)
     stored = stored_tensors(folder, manifest)
     module = weight_writer(manifest["export_format"])
+    streamed = model is None
+    derived = getattr(tensors, "derived", lambda keys: False)
+    written = 0
     updates: dict[str, dict[str, bytes]] = {}
     for record in weight_map["tensors"]:
         entry = stored.get(record["file"], {}).get(record["name"])
@@ -363,6 +372,8 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
                 or entry.shape != record["shape"]:
             raise RebindRefused(f"{record['file']}:{record['name']} is not in the previous export as its weight map "
                                 "says", file=record["file"])
+        if derived([key for part in record["parts"] for key in part["keys"]]):
+            continue
         for part in record["parts"]:
             missing = [key for key in part["keys"] if key not in tensors]
             if missing:
@@ -373,7 +384,11 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model) -> int:
             raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {len(data)} bytes, the "
                                 f"stored tensor has {entry.nbytes}", file=record["file"])
         if not torch.equal(data, _stored_u8(entry)):
-            updates.setdefault(record["file"], {})[record["name"]] = data.numpy().tobytes()
+            if streamed and entry.offset is not None:  # written now: nothing but this entry's bytes held
+                module.write(folder, record["file"], stored[record["file"]], {record["name"]: data.numpy().tobytes()})
+                written += len(data)
+            else:
+                updates.setdefault(record["file"], {})[record["name"]] = data.numpy().tobytes()
     for file, changes in updates.items():
         module.write(folder, file, stored[file], changes)
-    return sum(len(data) for changes in updates.values() for data in changes.values())
+    return written + sum(len(data) for changes in updates.values() for data in changes.values())

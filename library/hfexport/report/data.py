@@ -64,6 +64,7 @@ class TargetReport:
     latency: dict | None = None  # hfexport.latency: artifact vs eager torch per batch size, on the verifying machine
     runtimes: list[dict] = field(default_factory=list)  # hfexport.deployment: RuntimeCheck.to_dict() per runtime
     variants: list[dict] = field(default_factory=list)  # hfexport.verify.variants: each variant made and its gate
+    memory: dict | None = None  # hfexport.job.memory: peak RSS per stage of this target (MB), where it was measured
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -85,6 +86,8 @@ class JobReport:
     created_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     peak_rss_mb: float | None = None
     hfexport_version: str = __version__
+    # hfexport.job.memory: the job's own stages' peak RSS (loading), the preflight's estimate per stage, the budget
+    memory: dict | None = None
 
     @property
     def status(self) -> str:
@@ -115,6 +118,8 @@ class JobReport:
             "peak_rss_mb": self.peak_rss_mb,
             "targets": targets,
         }
+        if self.memory is not None:
+            data["memory"] = self.memory
         validate_report(data)
         return data
 
@@ -132,6 +137,7 @@ class JobReport:
             created_at=data["created_at"],
             peak_rss_mb=data.get("peak_rss_mb"),
             hfexport_version=data["hfexport_version"],
+            memory=data.get("memory"),
         )
 
     @classmethod

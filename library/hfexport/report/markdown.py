@@ -45,6 +45,9 @@ def report_markdown(report: JobReport, publication: bool = False) -> str:
     verified_on = verified_on_line(report)
     if verified_on:
         lines += ["", verified_on]
+    memory = memory_line(report)
+    if memory:
+        lines += ["", memory]
     lines += _latency_lines(report, publication)
     for name, target in report.targets.items():
         lines += ["", f"### `{name}`", ""]
@@ -79,6 +82,41 @@ def report_markdown(report: JobReport, publication: bool = False) -> str:
             lines += [f"| `{entry['path']}` | {human_bytes(entry['bytes'])} |" for entry in target.files]
             lines += ["", "</details>"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+STAGE_NAMES = {"load_model": "load", "export": "export", "save": "save", "rebind": "rebind", "verify": "gate",
+               "runtimes": "runtimes", "latency": "latency", "compare": "compare", "plan": "plan"}
+
+
+def _mb(value: float) -> str:
+    return human_bytes(int(value * (1 << 20)))
+
+
+def _stages(peaks: dict) -> str:
+    return ", ".join(f"{STAGE_NAMES.get(stage, stage)} {_mb(mb)}" for stage, mb in peaks.items() if stage != "plan")
+
+
+def memory_line(report: JobReport) -> str | None:
+    """One line: the peak memory (RSS) of each stage, per target, the runtimes' own processes apart, and the
+    preflight's estimate beside them (`hfexport.job.memory`); None when nothing was measured."""
+    job = report.memory or {}
+    parts = []
+    if job.get("peak_rss_mb"):
+        parts.append(_stages(job["peak_rss_mb"]))
+    for name, target in report.targets.items():
+        block = target.memory or {}
+        if block.get("peak_rss_mb"):
+            children = block.get("children_peak_rss_mb") or {}
+            parts.append(f"{name}: {_stages(block['peak_rss_mb'])}"
+                         + (f" (runtime processes up to {_mb(max(children.values()))})" if children else ""))
+    if not parts:
+        return None
+    line = "Peak memory: " + " · ".join(parts)
+    if job.get("estimate_mb"):
+        line += f" · preflight estimate: {_stages(job['estimate_mb'])}"
+        if job.get("max_memory_mb"):
+            line += f" (budget {_mb(job['max_memory_mb'])})"
+    return line
 
 
 def sample_files_markdown(records: list[dict], mode: str = "forward") -> str:

@@ -332,6 +332,22 @@ def _workers(value: str) -> int | str:
         raise argparse.ArgumentTypeError(str(error).replace("workers=", "")) from None
 
 
+_MEMORY_UNITS = {"": 1, "mb": 1, "m": 1, "gb": 1024, "g": 1024}
+
+
+def _max_memory(value: str) -> float:
+    """`--max-memory`: a memory budget in MB, written `3000`, `3000MB` or `3GB` (GB here is 1024 MB, as MiB/GiB)."""
+    number = value.strip().lower().rstrip("ib")
+    unit = next((u for u in ("mb", "gb", "m", "g") if number.endswith(u)), "")
+    try:
+        megabytes = float(number.removesuffix(unit)) * _MEMORY_UNITS[unit]
+    except ValueError:
+        megabytes = 0.0
+    if not megabytes > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a memory size (e.g. 3000, 3000MB or 3GB)")
+    return megabytes
+
+
 def workers_arg(parser) -> None:
     parser.add_argument("--workers", type=_workers, default="auto", metavar="N|auto",
                         help="processes exporting targets at once (default auto: one per core, as many as fit in "
@@ -392,8 +408,11 @@ def print_summary(report, console=None) -> None:
     from rich import box
     from rich.table import Table
 
+    from hfexport.report.markdown import memory_line
+
     console = console or _console(stderr=False)
     rows, notes = _summary_rows(report)
+    notes += [line for line in (memory_line(report),) if line]  # per stage, the preflight's estimate beside
     title = f"hfexport · {report.source['model']}"
     if not console.is_terminal:
         console.file.write(f"{title}\n{plain_table(SUMMARY_COLUMNS, rows)}\n" + "".join(f"{n}\n" for n in notes))
@@ -433,7 +452,7 @@ def cmd_export(args) -> int:
                 token=_token(args), recipe=args.recipe, trust_remote_code=args.trust_remote_code, progress=on_step,
                 force=args.force, preflight=not args.no_preflight, publish_repo=_push_repo(args) if args.push else None,
                 verify=not args.no_verify, workers=args.workers, rebind=not args.no_rebind,
-                latency=not args.no_latency, sample_files=_sample_files(args),
+                latency=not args.no_latency, sample_files=_sample_files(args), max_memory_mb=args.max_memory,
             )
     finally:
         if progress:
@@ -658,6 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the repo (off by default)")
     p.add_argument("--force", action="store_true", help="export even targets whose cache key matches an existing export (and never rebind)")
     p.add_argument("--no-preflight", action="store_true", help="skip the memory/disk estimate before loading weights")
+    p.add_argument("--max-memory", type=_max_memory, metavar="SIZE",
+                   help="refuse the job before any weight is read when the preflight estimates a stage above SIZE "
+                        "(3000, 3000MB, 3GB)")
     p.add_argument("--no-verify", action="store_true", help="skip parity verification (on by default; exit 1 on failure)")
     p.add_argument("--no-latency", action="store_true",
                    help="skip timing each verified target against eager torch (information, not a check)")

@@ -47,6 +47,7 @@ from hfexport.recipe.loading import CONFIG_FIELD, CONFIG_FILE, load_recipe, mode
 from hfexport.recipe.data import Recipe, recipe_from_document
 from hfexport.recipe.validation import canonical_json, config_problems, json_path, parse_recipe_text
 from hfexport.report.data import JobReport
+from hfexport.report.markdown import memory_line
 from hfexport.samples import KINDS, SampleFile, display_name, processor_kinds, read_sample
 from hfexport.surfaces.failure import Failure, SpaceError, md_escape, report_failure
 from hfexport.surfaces.worker import JobWorker, settings_from
@@ -985,7 +986,8 @@ def outcome_markdown(report, pr_url: str | None = None, pr_num: int | None = Non
         size = human_bytes(target.total_bytes) if target.files and target.total_bytes else "—"
         why = md_escape(first_line(str(why), 200)).replace("|", "\\|")  # a table cell: its pipes escaped
         lines.append(f"| `{name}` | {result} | {why} | {size} |")
-    lines += [""]
+    memory = memory_line(report)  # each stage's peak beside the preflight's estimate (hfexport.job.memory)
+    lines += ["", memory, ""] if memory else [""]
     lines.append(f"Download: the zip below holds {', '.join(f'`{name}`' for name in passed)}." if passed
                  else "Nothing to download: no target passed.")
     if pr_url:

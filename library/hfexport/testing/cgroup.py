@@ -1,0 +1,54 @@
+"""A memory limit for a child process: a cgroup v1 memory cgroup (the tests' "inside N GB" runs; root only).
+
+    with memory_cgroup(3 << 30) as group:
+        subprocess.run(command, preexec_fn=group.enter)
+    group.max_usage, group.failcnt  # its peak in bytes (RSS and page cache), how often it hit the limit
+
+`available()` says whether this machine lets the tests make one (cgroup v1's memory controller, writable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup/memory")
+
+
+def available() -> bool:
+    return (ROOT / "cgroup.procs").is_file() and os.access(ROOT, os.W_OK)
+
+
+@dataclass
+class MemoryCgroup:
+    folder: Path
+    max_usage: int = 0
+    failcnt: int = 0  # how many times its processes hit the limit (memory.failcnt)
+
+    def enter(self) -> None:
+        """Move the calling process into the cgroup (a `preexec_fn`: the child, before it runs the command)."""
+        (self.folder / "cgroup.procs").write_text(str(os.getpid()))
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[MemoryCgroup]:
+    """A fresh memory cgroup limited to `limit` bytes (no swap beyond it where the kernel lets that be set), removed
+    on exit once its processes ended; `max_usage` and `failcnt` are read then."""
+    folder = ROOT / f"hfexport-test-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    group = MemoryCgroup(folder)
+    try:
+        (folder / "memory.limit_in_bytes").write_text(str(limit))
+        with contextlib.suppress(OSError):
+            (folder / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        yield group
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            group.max_usage = int((folder / "memory.max_usage_in_bytes").read_text())
+            group.failcnt = int((folder / "memory.failcnt").read_text())
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -1,0 +1,172 @@
+"""Memory per stage (hfexport.job.memory): each stage's own peak RSS, measured by the kernel, in the report, the CLI
+and the Markdown beside the preflight's estimate; `--max-memory` refuses a job that cannot fit before any weight is
+read, naming the stage and the estimate."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+
+import pytest
+from hfexport.job.memory import SAMPLE_S, StageMemory
+from hfexport.job.run import run_job
+from hfexport.progress import Step
+from hfexport.report.data import JobReport, TargetReport
+from hfexport.report.markdown import memory_line, report_markdown
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-bert"
+MB = 1 << 20
+
+
+def _touch(size: int) -> bytearray:
+    block = bytearray(size)
+    for offset in range(0, size, 4096):  # resident: every page written
+        block[offset] = 1
+    time.sleep(10 * SAMPLE_S)  # held for a few sampling periods (a shorter-lived allocation can be missed)
+    return block
+
+
+def test_each_stage_gets_its_own_peak_and_the_process_peak_stays_the_kernels():
+    report = JobReport(source={"model": "m"})
+    report.targets["t"] = TargetReport(target="t", export_format="onnx", mode="forward")
+    steps: list[Step] = []
+    tracker = StageMemory(steps.append, report)
+    assert tracker.per_stage  # Linux: /proc/self/statm
+    tracker(Step("load_model", "start"))
+    tracker(Step("load_model", "done"))
+    tracker(Step("export", "start", "t"))
+    block = _touch(300 * MB)
+    del block
+    tracker(Step("export", "done", "t"))
+    tracker(Step("verify", "start", "t"))
+    tracker(Step("probe", "done", "t"))  # not a stage: forwarded, not measured
+    tracker(Step("verify", "done", "t"))
+    peaks = report.targets["t"].memory["peak_rss_mb"]
+    assert peaks["export"] - peaks["verify"] > 250, peaks
+    assert report.memory["peak_rss_mb"]["load_model"] < peaks["export"]
+    # the kernel's high-water mark is left alone: ru_maxrss (wait4, time -v, the report's peak_rss_mb) keeps the peak
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 >= peaks["export"] - 1  # statm vs hiwater
+    assert [step.step for step in steps] == ["load_model", "load_model", "export", "export", "verify", "probe",
+                                             "verify"]
+
+
+def test_stages_nest_an_outer_stage_keeps_an_inner_peak():
+    report = JobReport(source={"model": "m"})
+    report.targets["t"] = TargetReport(target="t", export_format="onnx", mode="forward")
+    tracker = StageMemory(lambda step: None, report)
+    tracker(Step("export", "start", "t"))
+    tracker(Step("save", "start", "t"))
+    block = _touch(200 * MB)
+    del block
+    tracker(Step("save", "done", "t"))
+    tracker(Step("export", "done", "t"))
+    peaks = report.targets["t"].memory["peak_rss_mb"]
+    assert peaks["export"] >= peaks["save"] > 200
+
+
+def test_a_job_reports_each_stage_and_the_estimate_beside_it(tmp_path):
+    report = run_job(EXAMPLE, tmp_path / "out", targets=["onnx"], latency=False)
+    assert report.targets["onnx"].status == "ok"
+    job = report.memory
+    assert set(job["estimate_mb"]) == {"load_model", "export"} and job["available_mb"] > 0
+    assert job["peak_rss_mb"]["load_model"] > 0 and job["per_stage"] is True
+    stages = report.targets["onnx"].memory["peak_rss_mb"]
+    assert {"plan", "export", "save", "verify"} <= set(stages)
+    assert max(stages.values()) <= report.peak_rss_mb + 1  # sampled (statm) vs the kernel's high-water mark
+    saved = json.loads((tmp_path / "out" / "export_report.json").read_text())  # schema-checked when written
+    assert saved["memory"]["estimate_mb"] == job["estimate_mb"]
+    assert saved["targets"]["onnx"]["memory"]["peak_rss_mb"] == stages
+    target_file = json.loads((tmp_path / "out" / "onnx" / "export_report.json").read_text())
+    assert target_file["targets"]["onnx"]["memory"]["peak_rss_mb"]["export"] == stages["export"]
+    line = memory_line(report)
+    assert line.startswith("Peak memory: load ") and "onnx: " in line and "gate " in line
+    assert "preflight estimate: load " in line and ", export " in line
+    assert line in report_markdown(report)  # the PR text and the job summary
+
+    from hfexport.surfaces.space import outcome_markdown
+
+    assert line in outcome_markdown(report)  # the Space's outcome
+
+
+def test_cli_shows_the_stages_and_max_memory_refuses_before_loading(cli, tmp_path):
+    run = cli("export", str(EXAMPLE), "--target", "onnx", "-o", str(tmp_path / "out"), "--no-latency",
+              "--max-memory", "64GB")
+    assert run.returncode == 0, run.stderr
+    assert "Peak memory: load " in run.stdout and "preflight estimate" in run.stdout and "budget 68.7 GB" in run.stdout
+
+    run = cli("export", str(EXAMPLE), "--target", "onnx", "-o", str(tmp_path / "small"), "--max-memory", "100MB",
+              "--no-preflight")  # the budget is kept even without the preflight's own check
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    refusal = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(refusal) == 1, run.stderr
+    assert "needed at the export stage" in refusal[0] and "onnx/forward" in refusal[0]
+    assert "the --max-memory budget is 104.9 MB" in refusal[0] and "raise --max-memory" in refusal[0]
+    assert "load_model" not in run.stderr and not (tmp_path / "small" / "onnx").exists()
+
+    run = cli("export", str(EXAMPLE), "-o", str(tmp_path / "x"), "--max-memory", "lots")
+    assert run.returncode == 2 and "not a memory size" in run.stderr and "Traceback" not in run.stderr
+
+
+def _headers_only_checkpoint(folder: Path, zoo_name: str) -> Path:
+    """A zoo model's published config at full size (depth and vocabulary) with a safetensors file whose header lists
+    every tensor and whose data is a hole (sparse: no disk, nothing to read): what the preflight reads, and only that."""
+    import struct
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hfexport.testing.zoo import ZOO, recipe
+
+    fields = {k: v for k, v in ZOO[zoo_name].config.items() if k != "transformers_version"}
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    folder.mkdir(parents=True)
+    config.save_pretrained(folder)
+    target = recipe()
+    target["targets"]["onnx-generation"]["dtype"] = "float16"
+    (folder / "export_config.json").write_text(json.dumps(target))
+    with torch.device("meta"):
+        state = AutoModelForCausalLM.from_config(config).state_dict()
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    header, offset = {}, 0
+    for key, tensor in state.items():
+        size = tensor.numel() * 2
+        header[key] = {"dtype": "BF16", "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    data = json.dumps(header).encode()
+    data += b" " * (-len(data) % 8)
+    with open(folder / "model.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(data)) + data)
+        handle.truncate(8 + len(data) + offset)
+    return folder
+
+
+@pytest.mark.slow  # ~80 s under load: the job hashes the 2.5 GB (sparse) checkpoint for its cache key, twice
+def test_llama_3_2_1b_above_the_budget_is_refused_before_a_weight_is_read(cli, tmp_path):
+    from hfexport.testing import cgroup
+
+    model = _headers_only_checkpoint(tmp_path / "llama", "llama-3.2-1b")
+    assert (model / "model.safetensors").stat().st_size > 2_400_000_000  # 1.24B parameters in bfloat16
+    run = cli("export", str(model), "-o", str(tmp_path / "out"), "--max-memory", "3GB")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    refusal = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(refusal) == 1, run.stderr
+    assert "not enough memory: about" in refusal[0] and "needed at the export stage" in refusal[0]
+    assert "weights 4.9 GB as loaded, at float32" in refusal[0] and "onnx/generation" in refusal[0]
+    assert "the --max-memory budget is 3.2 GB" in refusal[0]
+    assert "load_model" not in run.stderr and not (tmp_path / "out" / "onnx-generation").exists()
+
+    if not cgroup.available():
+        return
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    with cgroup.memory_cgroup(3 << 30) as group:  # the limit itself, read from cgroup v1, without --max-memory
+        run = subprocess.run([sys.executable, "-m", "hfexport", "export", str(model), "-o", str(tmp_path / "out")],
+                             capture_output=True, text=True, preexec_fn=group.enter, timeout=600,
+                             env={**__import__("os").environ, "PYTHONPATH": str(root / "library")})
+    assert run.returncode == 2 and "not enough memory" in run.stderr and "available" in run.stderr, run.stderr
+    assert "load_model" not in run.stderr and group.failcnt == 0 and 0 < group.max_usage < 3 << 30
