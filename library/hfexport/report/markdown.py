@@ -383,8 +383,13 @@ def _probe_rows(probes: list[dict]) -> list[str]:
     return lines
 
 
+def generation_settings(generation: dict) -> str:
+    """How a verification generated, as the terminal and the Markdown both say it."""
+    return f"greedy, {generation.get('max_new_tokens')} new tokens, {generation.get('prompts', '?')} prompt(s)"
+
+
 def _generation_markdown(generation: dict) -> str:
-    settings = f"greedy, {generation.get('max_new_tokens')} new tokens, {generation.get('prompts', '?')} prompt(s)"
+    settings = generation_settings(generation)
     if generation.get("error"):
         return f"Generation ({settings}): ❌ failed: {_cell(generation['error'])}"
     agreement = generation.get("token_agreement", 0.0)

@@ -4,7 +4,7 @@ verdicts, no Markdown or HTML. The Markdown of PRs, job summaries and the Space 
 from __future__ import annotations
 
 from hfexport.layout import format_label
-from hfexport.report.markdown import probe_rows, thresholds_text
+from hfexport.report.markdown import generation_settings, probe_rows, thresholds_text
 
 
 def verification_text(name: str, target, against: str) -> str:
@@ -52,7 +52,7 @@ def _probe_rows(probes: list[dict], suffix: str = "") -> list[tuple[str, ...]]:
 
 
 def _generation_line(generation: dict) -> str:
-    settings = f"greedy, {generation.get('max_new_tokens')} new tokens, {generation.get('prompts', '?')} prompt(s)"
+    settings = generation_settings(generation)
     if generation.get("error"):
         return f"generation ({settings}): FAILED: {generation['error']}"
     agreement = generation.get("token_agreement", 0.0)
