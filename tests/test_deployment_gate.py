@@ -91,6 +91,18 @@ def test_a_hanging_client_is_stopped_and_named():
     assert deployment.run_client([sys.executable, "-c", "print('log'); print('{\"a\": 1}')"], timeout=30) == {"a": 1}
 
 
+def test_a_runtimes_time_limit_grows_with_the_model():
+    """300 s for a tiny model, 300 s more per billion parameters (a 1.2B model's runtime took 297 s on loaded cores)."""
+    import torch
+
+    from hfexport.deployment.gate import runtime_time_limit
+
+    with torch.device("meta"):
+        tiny, billion = torch.nn.Linear(10, 10), torch.nn.Linear(50_000, 20_000, bias=False)
+    assert runtime_time_limit(tiny) == pytest.approx(300.0, abs=0.1)
+    assert runtime_time_limit(billion) == pytest.approx(600.0)
+
+
 def test_the_report_renders_each_runtimes_verdict():
     from hfexport.report.markdown import runtimes_markdown
     from hfexport.report.data import JobReport, TargetReport

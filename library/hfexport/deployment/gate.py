@@ -20,6 +20,13 @@ from hfexport.layout import artifact_name
 from hfexport.verify.thresholds import resolve
 
 
+def runtime_time_limit(model) -> float:
+    """Seconds one deployment runtime may take on this model: 300, plus 300 per billion parameters (a runtime loads,
+    prefills and decodes every weight; Llama-3.2-1B's 1.2B took 297 s in transformers.js on 2 loaded cores)."""
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    return 300.0 + 300.0 * parameters / 1e9
+
+
 def has_runtimes(export_format: str) -> bool:
     """Whether any deployment runtime is checked for `export_format` (so the expected tokens are worth computing)."""
     return bool(format_traits(export_format).runtimes)
@@ -91,7 +98,7 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
         model_type=getattr(model.config, "model_type", None), is_encoder_decoder=is_encoder_decoder,
         decoder_start_token_id=_decoder_start(config, model) if is_encoder_decoder else None,
         padding_side="right" if is_encoder_decoder else "left",  # set now: a runtime may read it before `expected`
-        min_token_agreement=thresholds.min_token_agreement,
+        min_token_agreement=thresholds.min_token_agreement, timeout_s=runtime_time_limit(model),
         extra={key: value.detach().cpu().numpy() for key, value in extra.items() if torch.is_tensor(value)})
 
     def answer() -> tuple[list[list[int]], list[list[int]] | None]:
