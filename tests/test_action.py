@@ -377,6 +377,20 @@ def _trap_workspace(tmp_path: Path, name: str) -> Path:
     return workspace
 
 
+def test_a_job_above_the_max_memory_input_is_refused_before_any_weight_is_read(hub, tiny_bert, tmp_path):
+    repo = unique("budget")
+    head = hub.seed_repo(repo, tiny_bert)
+    result = _run({"model": repo, "targets": "onnx", "publish": "pr", "hf-token": hub.write_token,
+                   "max-memory": "100MB"}, tmp_path, "budget")
+    run = result.step("run")
+    assert run.returncode == 2, result.log
+    [annotation] = result.annotations
+    assert "needed at the export stage" in annotation["message"] and "budget is 104.9 MB" in annotation["message"]
+    assert "load_model" not in result.log and "Traceback" not in result.log
+    assert result.step("publish").outcome == "skipped"
+    assert hub.discussions(repo) == [] and hub.refs(repo) == {"branches": {"main": head}, "tags": {}, "pulls": {}}
+
+
 def test_parity_failure_fails_the_run_and_publishes_nothing(hub, tiny_bert, tmp_path):
     repo = unique("parity")
     head = hub.seed_repo(repo, tiny_bert)
@@ -419,5 +433,8 @@ def test_bad_inputs_fail_with_one_annotation_and_no_traceback(tmp_path):
     assert annotation["message"] == "input publish: expected one of none, pr, commit, got 'sometimes'"
     assert "Traceback" not in result.log
     assert "## hfexport export could not run" in result.summary
+    budget = _run({"model": "org/model", "max-memory": "lots"}, tmp_path, "budget")
+    assert budget.step("run").returncode == 2
+    assert budget.annotations[0]["message"] == "input max-memory: 'lots' is not a memory size (e.g. 3000, 3000MB or 3GB)"
     local = _run({"model": ".", "publish": "pr"}, tmp_path, "local")  # a folder without a recipe
     assert local.step("run").returncode == 2 and "no recipe" in local.annotations[0]["message"]

@@ -442,6 +442,23 @@ def test_jobs_never_fall_back_to_the_spaces_own_token(hub, tmp_path, monkeypatch
     assert events[-1].failure.category == "Repository not found", events[-1].failure
 
 
+def test_a_job_above_the_spaces_memory_is_refused_before_any_weight_is_read(hub, tmp_path, monkeypatch):
+    """The Space's budget is its container's memory (the cgroup's headroom, or HFEXPORT_MEMORY_LIMIT_MB)."""
+    repo = unique("budget")
+    hub.seed_repo(repo, EXAMPLES / "tiny-bert")
+    monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "100")  # the worker process inherits it
+    runner = logic.JobRunner(logic.SpaceSettings(workdir=tmp_path))
+    output = tmp_path / "out"
+    try:
+        events = list(runner.run(logic.JobRequest(repo, output, ["onnx"], token=hub.read_token)))
+    finally:
+        runner.close()
+    finished = events[-1]
+    assert finished.report is None and "needed at the export stage" in finished.failure.message
+    assert "104.9 MB" in finished.failure.message
+    assert not any(step.step == "load_model" for step in events[:-1])
+
+
 def test_worker_streams_a_job_then_a_burst_of_cache_hit_events(hub, tmp_path):
     """The second job is a cache hit: its events arrive in one burst, which must all reach the caller."""
     repo = unique("burst")

@@ -26,6 +26,23 @@ MB = 1 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+_MEMORY_UNITS = {"": 1, "mb": 1, "m": 1, "gb": 1024, "g": 1024}
+
+
+def parse_memory_size(value: str) -> float:
+    """A memory budget in MB from `3000`, `3000MB` or `3GB` (GB here is 1024 MB, as MiB/GiB): the CLI's `--max-memory`,
+    the action's `max-memory` input and the Space's `HFEXPORT_SPACE_MAX_MEMORY`. ValueError names what was expected."""
+    number = str(value).strip().lower().rstrip("ib")
+    unit = next((u for u in ("mb", "gb", "m", "g") if number.endswith(u)), "")
+    try:
+        megabytes = float(number.removesuffix(unit)) * _MEMORY_UNITS[unit]
+    except ValueError:
+        megabytes = 0.0
+    if not megabytes > 0:
+        raise ValueError(f"{value!r} is not a memory size (e.g. 3000, 3000MB or 3GB)")
+    return megabytes
+
+
 def current_rss() -> int:
     """This process's resident set size now, in bytes (0 where /proc does not say)."""
     try:

@@ -40,6 +40,7 @@ from hfexport.errors import (
 )
 from hfexport.files import REPORT_FILE, write_json_atomic
 from hfexport.hub import looks_like_repo_id
+from hfexport.job.memory import parse_memory_size
 from hfexport.job.run import run_job, select_targets
 from hfexport.logs import quiet_engine_logs
 from hfexport.publication.publish import publish
@@ -125,6 +126,7 @@ class Inputs:
     workspace: Path
     gather_from: Path | None = None
     rebind: bool = True
+    max_memory_mb: float | None = None  # a job that would need more is refused before any weight is read
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Inputs:
@@ -148,12 +150,18 @@ class Inputs:
             raise HfExportError("input model is required: a Hub repo id or a folder of this repository")
         temp = environ.get("RUNNER_TEMP") or "/tmp"
         gather_from = get("gather-from")
+        max_memory = get("max-memory")
+        try:
+            max_memory_mb = parse_memory_size(max_memory) if max_memory else None
+        except ValueError as error:
+            raise HfExportError(f"input max-memory: {error}") from None
         return cls(
             model=model, revision=get("revision") or None, recipe=get("recipe") or None, targets=get("targets", "all"),
             publish=publish, repo=get("repo") or None, token=get("hf-token") or environ.get("HF_TOKEN") or None,
             fail_on_parity=flag("fail-on-parity", True), force=flag("force", False),
             output_dir=Path(get("output-dir") or os.path.join(temp, "hfexport-output")), workspace=workspace,
             gather_from=workspace / gather_from if gather_from else None, rebind=flag("rebind", True),
+            max_memory_mb=max_memory_mb,
         )
 
     def model_source(self) -> str:
@@ -231,7 +239,8 @@ def step_export(inputs: Inputs) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # engine prints stay out of the command stream
         report = run_job(model, output, targets=names, all_targets=all_targets, revision=inputs.revision,
                          token=inputs.token, recipe=recipe, progress=progress, force=inputs.force,
-                         publish_repo=inputs.repo, workers="auto", rebind=inputs.rebind)
+                         publish_repo=inputs.repo, workers="auto", rebind=inputs.rebind,
+                         max_memory_mb=inputs.max_memory_mb)
     return _finish(report, output, inputs.fail_on_parity)
 
 

@@ -332,20 +332,14 @@ def _workers(value: str) -> int | str:
         raise argparse.ArgumentTypeError(str(error).replace("workers=", "")) from None
 
 
-_MEMORY_UNITS = {"": 1, "mb": 1, "m": 1, "gb": 1024, "g": 1024}
-
-
 def _max_memory(value: str) -> float:
-    """`--max-memory`: a memory budget in MB, written `3000`, `3000MB` or `3GB` (GB here is 1024 MB, as MiB/GiB)."""
-    number = value.strip().lower().rstrip("ib")
-    unit = next((u for u in ("mb", "gb", "m", "g") if number.endswith(u)), "")
+    """`--max-memory`: a memory budget in MB (`hfexport.job.memory.parse_memory_size`)."""
+    from hfexport.job.memory import parse_memory_size
+
     try:
-        megabytes = float(number.removesuffix(unit)) * _MEMORY_UNITS[unit]
-    except ValueError:
-        megabytes = 0.0
-    if not megabytes > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a memory size (e.g. 3000, 3000MB or 3GB)")
-    return megabytes
+        return parse_memory_size(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def workers_arg(parser) -> None:
