@@ -43,6 +43,8 @@ TARGETS = ("onnx-generation", "openvino-generation")
 _TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 #: Token-id fields that name one of the three special tokens by its published id (mapped to the tokenizer's).
 _ROLE_FIELDS = ("decoder_start_token_id", "forced_eos_token_id", "forced_bos_token_id", "sep_token_id", "cls_token_id")
+#: Token-id fields that are generation settings the zoo's greedy generation does not use.
+_FORCED_FIELDS = ("forced_bos_token_id", "forced_eos_token_id")
 #: The modes each task's targets have.
 MODES = {"text-generation": ("generation",), "text2text-generation": ("generation",),
          "automatic-speech-recognition": ("generation",), "feature-extraction": ("forward",),
@@ -745,6 +747,10 @@ def build(name: str, folder: str | Path, *, layers: int = 2, overrides: dict | N
                 # a start token of its own (Whisper's <|startoftranscript|>): the tokenizer's <s>
                 fields[key] = special[role or "bos_token_id"] if role or key == "decoder_start_token_id" else None
         fields.update({key: special[key] for key in _TOKEN_FIELDS}, vocab_size=len(tokenizer))
+        # the zoo's generation forces no token (its generation config, greedy, has none), and transformers.js starts
+        # its generation config from config.json (4.3.2, src/models/modeling_utils.js `_prepare_generation_config`):
+        # a forced token left there would be forced on its last new token alone (opus-mt-en-de's forced_eos_token_id)
+        fields.update({key: None for key in _FORCED_FIELDS if key in fields})
         if "decoder_vocab_size" in fields:
             fields["decoder_vocab_size"] = len(tokenizer)
     fields.update(depth_fields(model, fields, layers))
