@@ -131,21 +131,15 @@ def export(model, engine_config, generation: dict):
         with torch.no_grad():
             program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
     _drop_inverse_transposes(program)
-    specs = {name: torch.utils._pytree.treespec_dumps(getattr(program.call_spec, name))
-             for name in ("in_spec", "out_spec")}
     # the LLM kernels are not core ATen: executorch's IR check would refuse them (as optimum-executorch's recipe)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
                                           compile_config=EdgeCompileConfig(_check_ir_validity=attention == "sdpa"),
                                           constant_methods=constant_methods(model, max_len))
-    del program  # each stage's program is let go as soon as the next exists (`_release`)
     manager = lowered.to_executorch(ExecutorchBackendConfig())  # the weights inside: optimum-executorch reads no .ptd
-    del lowered
     scratch = tempfile.TemporaryDirectory(prefix="hfexport-pte-")
     folder = Path(scratch.name)
     with open(folder / PROGRAM_FILE, "wb") as file:
         manager.write_to_file(file)
-    del manager
-    _release()
     loaded = load_program(folder / PROGRAM_FILE, None, custom_ops=attention == CUSTOM_SDPA)
     loaded.scratch = scratch  # the files live as long as the program
     engine = dataclasses.asdict(engine_config) if dataclasses.is_dataclass(engine_config) else {}
@@ -161,23 +155,12 @@ def export(model, engine_config, generation: dict):
         export_device="cpu",
         kwargs={name: {"rank": value.dim(), "shape": list(value.shape), "dtype": str(value.dtype).removeprefix(
             "torch.")} for name, value in inputs.items()},
-        **specs,
+        in_spec=torch.utils._pytree.treespec_dumps(program.call_spec.in_spec),
+        out_spec=torch.utils._pytree.treespec_dumps(program.call_spec.out_spec),
     )
     generation_config = copy.deepcopy(getattr(model, "generation_config", None))
     return ExportedModel({COMPONENT: ExportedComponent(loaded, metadata)}, ExportFormat.EXECUTORCH,
                          config=model.config, generation_config=generation_config)
-
-
-def _release() -> None:
-    """Free the traced, edge and emitted programs of an export now that the `.pte` is written. Their graph modules
-    refer to their graphs and back, so dropping the last name leaves them to the cycle collector, and with them the
-    XNNPACK delegates' copy of the weights (the named data) and the serialized program, which then outlived the export
-    into the save, the gate and the runtimes' stages. Llama-3.2-1B's config at full depth (3.9 GB of float32 weights),
-    collected here: verify peaked at 13.6 GB instead of 15.5, the runtimes' stage at 9.6 instead of 11.5, the save at
-    15.4 instead of 16.3 (benchmarks/README.md, "Full depth")."""
-    import gc
-
-    gc.collect()
 
 
 def _plain_full_attention(model, max_len: int) -> bool:
