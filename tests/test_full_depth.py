@@ -74,11 +74,7 @@ def test_the_checkpoint_is_llama_3_2_1b_at_full_depth_in_bfloat16(llama_3_2_1b):
 
 
 #: Why a target's run is expected to fail, as measured on this project's machine (2 cores, 24 GiB).
-NOT_YET = {
-    "pte-generation": "not run at full depth yet: the preflight refuses it on a 24 GiB machine (22.8 GiB estimated: "
-                      "the ExecuTorch factor 4.0 x 1.5 for a generation target, where the LLM runner's program is one "
-                      "graph); the export's real peak is unmeasured, so the factor is not changed without it",
-}
+NOT_YET: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("target", [pytest.param(name, marks=pytest.mark.xfail(reason=NOT_YET[name], strict=False))

@@ -88,6 +88,25 @@ def test_estimates_follow_the_documented_multipliers(tmp_path):
     assert onnx.memory_available and onnx.disk_available and onnx.fits
 
 
+def test_the_llm_runner_program_is_estimated_as_one_graph(tmp_path):
+    """An ExecuTorch generation target that says nothing of its layout is ExecuTorch's LLM runner program: one
+    program that holds its cache, saved once, so it holds the weights as a forward export does (Llama-3.2-1B's config
+    at full depth was refused on a 24 GiB machine at 1.5 times that: tests/test_full_depth.py). `single_graph: false`
+    keeps the engine's prefill and decode pair: two."""
+    llama = load_recipe(LLAMA)
+    weights, _ = weights_metadata(LLAMA)
+    factor = format_backend("executorch").memory_factor
+    data = copy.deepcopy(llama.data)
+    data["targets"]["pte-generation"].pop("generation")
+    runner = estimate(LLAMA, [Recipe(data, llama.source).target("pte-generation")], tmp_path)
+    assert runner.memory_needed == RUNTIME_MB * MB + int(weights * factor)
+    assert runner.disk_needed == int(weights * DISK_FACTOR)
+    data["targets"]["pte-generation"]["generation"] = {"single_graph": False}
+    pair = estimate(LLAMA, [Recipe(data, llama.source).target("pte-generation")], tmp_path)
+    assert pair.memory_needed == RUNTIME_MB * MB + int(weights * factor * GENERATION_FACTOR)
+    assert pair.disk_needed == int(weights * DISK_FACTOR * 2)
+
+
 def test_not_enough_memory_is_refused_before_loading(monkeypatch, tmp_path):
     monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "1")
     steps: list[Step] = []

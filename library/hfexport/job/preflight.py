@@ -8,7 +8,7 @@ of the tree. Needs are estimates with documented multipliers (docs/publishing.md
   half-precision checkpoint is loaded at float32, `hfexport.models.EXPORT_DTYPE`) times its format's `memory_factor`
   for the largest target (a process exports its targets one
   after another); generation targets that trace several graphs (a prefill and a decode) hold more
-  (`GENERATION_FACTOR`), a single-graph one as much as a forward export. A job that exports in several
+  (`GENERATION_FACTOR`), a single-graph one (and ExecuTorch's LLM runner program) as much as a forward export. A job that exports in several
   processes at once (`hfexport.job.parallel`) needs that for each process, summed.
 - disk: per target, the weights as loaded times `DISK_FACTOR` per component graph (generation exports save one graph per
   stage, each with its weights: `graphs_saved`), plus the download of a Hub model that is not in the local cache yet.
@@ -126,16 +126,19 @@ def loaded_bytes(weights: int, dtypes: dict) -> int:
 def memory_factor(target) -> float:
     """How many times its weights one target's export holds in memory at its peak: the format's factor, times
     `GENERATION_FACTOR` where the target traces several graphs (`graphs_saved`). Measured: Llama-3.2-1B's config at
-    full depth, one ONNX or OpenVINO generation graph, peaked at 1 GiB + 2.9 x its float32 weights
-    (tests/test_full_depth.py)."""
+    full depth, one ONNX or OpenVINO generation graph, peaked at 1 GiB + 2.9 x its float32 weights; ExecuTorch's LLM
+    runner program at 1 GiB + 3.1 x while lowering and 3.9-4.1 x while saving in two runs (its weight map reads the
+    written .pte beside the model): ExecuTorch's factor is 4.5 (tests/test_full_depth.py)."""
     several = target.mode == "generation" and graphs_saved(target) > 1
     return format_traits(target.export_format).memory_factor * (GENERATION_FACTOR if several else 1.0)
 
 
 def graphs_saved(target) -> int:
     """How many graphs, each holding the weights, the target saves: a generation target's prefill and decode, or the
-    decode alone (`generation.single_graph`)."""
-    if target.mode != "generation" or target.single_graph:
+    decode alone (`generation.single_graph`), or ExecuTorch's LLM runner program (`llm_runner_by_default`: one program
+    that holds its cache; the plan falls back to the pair for a model that is not a decoder-only text model, which
+    the estimate, made before the config is read, does not know)."""
+    if target.mode != "generation" or target.single_graph or target.llm_runner_by_default:
         return 1
     return GENERATION_COMPONENTS
 

@@ -43,6 +43,8 @@ TARGETS = ("onnx-generation", "openvino-generation")
 _TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 #: Token-id fields that name one of the three special tokens by its published id (mapped to the tokenizer's).
 _ROLE_FIELDS = ("decoder_start_token_id", "forced_eos_token_id", "forced_bos_token_id", "sep_token_id", "cls_token_id")
+#: Token-id fields that are generation settings the zoo's greedy generation does not use.
+_FORCED_FIELDS = ("forced_bos_token_id", "forced_eos_token_id")
 #: The modes each task's targets have.
 MODES = {"text-generation": ("generation",), "text2text-generation": ("generation",),
          "automatic-speech-recognition": ("generation",), "feature-extraction": ("forward",),
@@ -592,6 +594,93 @@ ZOO = {model.name: model for model in (
         },
         task="image-feature-extraction",
     ),
+    # ── Appended for issue 43's list: Phi-3.5-mini (longrope), Whisper large-v3-turbo, Marian ─────────────────────
+    ZooModel(
+        "phi-3.5-mini", "microsoft/Phi-3.5-mini-instruct",
+        "config.json of microsoft/Phi-3.5-mini-instruct (as sdpython/experimental-experiment "
+        "experimental_experiment/torch_models/llm_model_helper.py `get_phi_35_mini_instruct` copies it, linking the "
+        "repository's config.json; its `_name_or_path` and `auto_map` to the repository's own modeling code left out: "
+        "transformers' Phi3 runs it)",
+        {
+            "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+            "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+            "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+            "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+            "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {
+                "long_factor": [
+                1.0800000429153442, 1.1100000143051147, 1.1399999856948853, 1.340000033378601, 1.5899999141693115,
+                1.600000023841858, 1.6200000047683716, 2.620000123977661, 3.2300000190734863, 3.2300000190734863,
+                4.789999961853027, 7.400000095367432, 7.700000286102295, 9.09000015258789, 12.199999809265137,
+                17.670000076293945, 24.46000099182129, 28.57000160217285, 30.420001983642578, 30.840002059936523,
+                32.590003967285156, 32.93000411987305, 42.320003509521484, 44.96000289916992, 50.340003967285156,
+                50.45000457763672, 57.55000305175781, 57.93000411987305, 58.21000289916992, 60.1400032043457,
+                62.61000442504883, 62.62000274658203, 62.71000289916992, 63.1400032043457, 63.1400032043457,
+                63.77000427246094, 63.93000411987305, 63.96000289916992, 63.970001220703125, 64.02999877929688,
+                64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938, 64.4800033569336,
+                64.51000213623047, 64.52999877929688, 64.83999633789062,
+                ],
+                "short_factor": [
+                1.0, 1.0199999809265137, 1.0299999713897705, 1.0299999713897705, 1.0499999523162842,
+                1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0699999332427979,
+                1.0999999046325684, 1.1099998950958252, 1.1599998474121094, 1.1599998474121094, 1.1699998378753662,
+                1.2899998426437378, 1.339999794960022, 1.679999828338623, 1.7899998426437378, 1.8199998140335083,
+                1.8499997854232788, 1.8799997568130493, 1.9099997282028198, 1.9399996995925903, 1.9899996519088745,
+                2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346,
+                2.0199997425079346, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+                2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+                2.0799996852874756, 2.0899996757507324, 2.189999580383301, 2.2199995517730713, 2.5899994373321533,
+                2.729999542236328, 2.749999523162842, 2.8399994373321533,
+                ],
+                "type": "longrope",
+            },
+            "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "use_cache": True, "vocab_size": 32064,
+        },
+    ),
+    ZooModel(
+        "whisper-large-v3-turbo", "openai/whisper-large-v3-turbo",
+        "config.json of openai/whisper-large-v3-turbo as oznav2/live_transcribe whisper-large-v3-turbo/config.json "
+        "vendors it, re-saved by transformers 4.51.1 (its `torch_dtype` float32 and `use_cache` false are that copy's)",
+        {
+            "activation_dropout": 0.0, "activation_function": "gelu", "apply_spec_augment": False,
+            "architectures": ["WhisperForConditionalGeneration"], "attention_dropout": 0.0,
+            "begin_suppress_tokens": [220, 50256], "bos_token_id": 50257, "classifier_proj_size": 256,
+            "d_model": 1280, "decoder_attention_heads": 20, "decoder_ffn_dim": 5120, "decoder_layerdrop": 0.0,
+            "decoder_layers": 4, "decoder_start_token_id": 50258, "dropout": 0.0, "encoder_attention_heads": 20,
+            "encoder_ffn_dim": 5120, "encoder_layerdrop": 0.0, "encoder_layers": 32, "eos_token_id": 50257,
+            "forced_decoder_ids": None, "init_std": 0.02, "is_encoder_decoder": True, "mask_feature_length": 10,
+            "mask_feature_min_masks": 0, "mask_feature_prob": 0.0, "mask_time_length": 10, "mask_time_min_masks": 2,
+            "mask_time_prob": 0.05, "max_source_positions": 1500, "max_target_positions": 448,
+            "median_filter_width": 7, "model_type": "whisper", "num_hidden_layers": 32, "num_mel_bins": 128,
+            "pad_token_id": 50257, "scale_embedding": False, "torch_dtype": "float32",
+            "transformers_version": "4.51.1", "use_cache": False, "use_weighted_layer_sum": False,
+            "vocab_size": 51866,
+        },
+        task="automatic-speech-recognition",
+    ),
+    ZooModel(
+        "opus-mt-en-de", "Helsinki-NLP/opus-mt-en-de",
+        "config of Helsinki-NLP/opus-mt-en-de as a public model-registry test dumps it (`_name_or_path` "
+        "Helsinki-NLP/opus-mt-en-de, transformers 4.9.0.dev0; the code index's excerpt, which names no repository): "
+        "its Marian fields, without the attributes every config's `to_dict` adds (`return_dict`, `output_*`, "
+        "`torchscript`, ...) and its classifier labels",
+        {
+            "activation_dropout": 0.0, "activation_function": "swish", "add_bias_logits": False,
+            "add_final_layer_norm": False, "architectures": ["MarianMTModel"], "attention_dropout": 0.0,
+            "bad_words_ids": [[58100]], "bos_token_id": 0, "classif_dropout": 0.0, "classifier_dropout": 0.0,
+            "d_model": 512, "decoder_attention_heads": 8, "decoder_ffn_dim": 2048, "decoder_layerdrop": 0.0,
+            "decoder_layers": 6, "decoder_start_token_id": 58100, "dropout": 0.1, "encoder_attention_heads": 8,
+            "encoder_ffn_dim": 2048, "encoder_layerdrop": 0.0, "encoder_layers": 6, "eos_token_id": 0,
+            "forced_eos_token_id": 0, "init_std": 0.02, "is_encoder_decoder": True, "max_length": 512,
+            "max_position_embeddings": 512, "model_type": "marian", "normalize_before": False,
+            "normalize_embedding": False, "num_beams": 4, "num_hidden_layers": 6, "pad_token_id": 58100,
+            "scale_embedding": True, "static_position_embeddings": True, "tie_word_embeddings": True,
+            "transformers_version": "4.9.0.dev0", "use_cache": True, "vocab_size": 58101,
+        },
+        task="text2text-generation",
+    ),
 )}
 
 
@@ -658,6 +747,10 @@ def build(name: str, folder: str | Path, *, layers: int = 2, overrides: dict | N
                 # a start token of its own (Whisper's <|startoftranscript|>): the tokenizer's <s>
                 fields[key] = special[role or "bos_token_id"] if role or key == "decoder_start_token_id" else None
         fields.update({key: special[key] for key in _TOKEN_FIELDS}, vocab_size=len(tokenizer))
+        # the zoo's generation forces no token (its generation config, greedy, has none), and transformers.js starts
+        # its generation config from config.json (4.3.2, src/models/modeling_utils.js `_prepare_generation_config`):
+        # a forced token left there would be forced on its last new token alone (opus-mt-en-de's forced_eos_token_id)
+        fields.update({key: None for key in _FORCED_FIELDS if key in fields})
         if "decoder_vocab_size" in fields:
             fields["decoder_vocab_size"] = len(tokenizer)
     fields.update(depth_fields(model, fields, layers))
@@ -699,7 +792,9 @@ def depth_fields(model: ZooModel, fields: dict, layers: int) -> dict:
 
     full = AutoConfig.for_model(fields["model_type"], **{k: v for k, v in fields.items() if k != "model_type"})
     published = full.to_dict()
-    cut = {key: layers for key in _DEPTH if isinstance(published.get(key), int)}
+    # a depth the config also takes under an alias (Whisper's `num_hidden_layers`, its `encoder_layers`) is cut under
+    # both names: kept, the alias would set the published depth back
+    cut = {key: layers for key in _DEPTH if isinstance(published.get(key), int) or isinstance(fields.get(key), int)}
     for key in _PER_LAYER:
         values = published.get(key)
         if isinstance(values, list) and values:
