@@ -100,3 +100,31 @@ def test_qwen2_vl_generates_from_images_as_model_generate(session_dir, qwen2_vl,
         expected = model.generate(**inputs, do_sample=True, top_k=20, num_return_sequences=2, max_new_tokens=MAX_NEW)
     got = exported.generate(**inputs, do_sample=True, top_k=20, num_return_sequences=2, max_new_tokens=MAX_NEW, seed=7)
     _assert_equal(got, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export_format", ["onnx", "openvino"])
+def test_paddleocr_vl_generates_from_images_as_model_generate(session_dir, export_format):
+    """PaddleOCR-VL shares the mechanism (its `_prepare_position_ids_for_generation` and `get_rope_index` are
+    Qwen2-VL's): nothing in hfexport names either model."""
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport import ExportedModel
+    from hfexport.job.run import run_job
+    from hfexport.models import load_processor
+    from hfexport.testing.models import PADDLEOCR_VL_PROMPT
+
+    folder = make_model("tiny-paddleocr-vl", session_dir / "tiny-paddleocr-vl-mrope")
+    target = f"{export_format}-generation"
+    output = session_dir / f"exported-paddleocr-vl-{export_format}"
+    report = run_job(folder, output, targets=[target], latency=False)
+    assert report.targets[target].status == "ok", report.targets[target].error
+    assert report.targets[target].verification["generation"]["passed"]
+    model, processor = AutoModelForImageTextToText.from_pretrained(folder).eval(), load_processor(folder)
+    exported = ExportedModel.from_pretrained(output / target, precision="f32")
+    prompts = [prompt.replace(QWEN2_VL_PROMPT, PADDLEOCR_VL_PROMPT) for prompt in PROMPTS]
+    inputs = _inputs(processor, prompts, DISCRIMINATING_SEED)
+    assert (inputs["attention_mask"] == 0).any()
+    with torch.no_grad():
+        expected = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    _assert_equal(exported.generate(**inputs, max_new_tokens=MAX_NEW), expected)
