@@ -18,9 +18,10 @@ from hfexport.models import empty_cache
 
 PREFILL, DECODE = "prefill", "decode"
 CACHE = "past_key_values"
-# The token types generate extends by zeros (text) for each new token (`_update_model_kwargs_for_generation`), which
-# a decode traced with them takes (Qwen2-VL's `mm_token_type_ids`).
-DECODE_TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
+# The token types generate extends by zeros (text) for each new token (transformers 5.23's
+# `_update_model_kwargs_for_generation`; it repeats the last `token_type_ids` instead, which hfexport does not feed),
+# which a decode traced with them takes (Qwen2-VL's `mm_token_type_ids`).
+DECODE_TOKEN_TYPES = ("mm_token_type_ids",)
 
 
 @dataclass
