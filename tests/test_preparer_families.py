@@ -234,16 +234,23 @@ def test_the_engine_alone_computes_no_rope_index_for_the_outer_model(tiny_paddle
     assert positions.shape == (3, *inputs["input_ids"].shape) and (positions == expected).all()
 
 
-def test_a_grid_thw_generation_is_refused_with_the_reason(tiny_paddleocr_vl):
-    """hfexport's generate feeds 1-axis positions; this decode takes the text + (t, h, w) rope positions."""
+def test_a_grid_thw_generation_plans_an_image_encoder_per_image_and_3_axis_positions(tiny_paddleocr_vl):
+    """The plan of a grid_thw (M-RoPE) generation: hfexport's image encoder on one image's packed patches (the
+    grid's first row: the sample's two images are split by their grids), and the engine's language model and decode
+    on the text + (t, h, w) rope positions that hfexport's generate computes (tests/test_generate_mrope.py)."""
     from hfexport.models import load_processor
     from hfexport.plan import build_plan
     from hfexport.recipe.loading import load_recipe
 
     model, _ = _paddleocr_vl_inputs(tiny_paddleocr_vl)
-    with pytest.raises(PlanError, match=r"multi-axis rope positions \(position_ids \[4, 2, 1\]"):
-        build_plan(load_recipe(tiny_paddleocr_vl), "dynamo-generation", model,
-                   processor=load_processor(tiny_paddleocr_vl))
+    plan = build_plan(load_recipe(tiny_paddleocr_vl), "dynamo-generation", model,
+                      processor=load_processor(tiny_paddleocr_vl))
+    assert list(plan.components) == ["image_encoder", "embed", "language_model", "lm_head", "decode"]
+    shapes = {name: component.input_shapes for name, component in plan.components.items()}
+    assert shapes["image_encoder"]["pixel_values"]["shape"] == [PADDLE_PATCHES, 3, 8, 8]
+    assert shapes["image_encoder"]["image_grid_thw"]["shape"] == [1, 3]
+    assert shapes["language_model"]["position_ids"]["shape"][:2] == [4, 2]
+    assert shapes["decode"]["position_ids"]["shape"] == [4, 2, 1]
 
 
 PADDLE_PATCHES = 32  # a 32 x 64 image in 8 x 8 patches: image_grid_thw [1, 4, 8]

@@ -120,9 +120,9 @@ def test_the_job_report_says_which_processor_part_was_not_loaded(session_dir, tm
     from hfexport.report.data import validate_report
 
     folder = make_model("tiny-qwen2-vl", session_dir / "processors" / "tiny-qwen2-vl-job")
-    report = run_job(folder, tmp_path / "out", targets=["dynamo-generation"])
-    assert report.targets["dynamo-generation"].status == "error"
-    assert "multi-axis rope positions" in report.targets["dynamo-generation"].error
+    report = run_job(folder, tmp_path / "out", targets=["executorch-generation"])
+    assert report.targets["executorch-generation"].status == "error"
+    assert "not in Core ATen opset" in report.targets["executorch-generation"].error
     assert report.source["processor_not_loaded"] == {
         "video_processor": "Qwen2VLVideoProcessor requires the Torchvision library but it was not found in your "
                            "environment"}

@@ -100,3 +100,52 @@ def check_input_preparers(data: Any, label: str) -> dict[str, dict]:
             refuse(f"{where}.attn_implementation", "expected one of " + ", ".join(
                 name or "null" for name in ATTENTION))
     return data
+
+
+def _patches_per_image(images: dict) -> list[int] | None:
+    """Each image's patch rows where the images come packed (a `grid_thw` input, `[images, 3]`, beside `pixel_values`
+    `[patches, ...]` holding every image's t * h * w patches one after another: Qwen2-VL-class), else None."""
+    grids = [value for name, value in images.items() if name.endswith("grid_thw")]
+    if len(grids) != 1 or grids[0].dim() != 2:
+        return None
+    return [int(rows) for rows in grids[0].prod(-1)]
+
+
+def image_count(images: dict) -> int | None:
+    """How many images `images` (a VLM's image inputs, tensors) hold: their common first axis, or the grid's rows
+    where the patches come packed; None where they do not agree."""
+    counts = {int(value.shape[0]) for value in images.values()}
+    if len(counts) == 1:
+        return counts.pop()
+    patches = _patches_per_image(images)
+    if patches is not None and counts <= {len(patches), sum(patches)}:
+        return len(patches)
+    return None
+
+
+def image_slice(images: dict, first: int, stop: int) -> dict:
+    """Images `first` to `stop` of `images` (see `image_count`): rows of a per-image input, the patch rows of those
+    images of a packed one."""
+    patches = _patches_per_image(images)
+    if patches is None or len(patches) == sum(patches):
+        return {name: value[first:stop] for name, value in images.items()}
+    offsets = [sum(patches[:index]) for index in range(len(patches) + 1)]
+    return {name: value[offsets[first] : offsets[stop]] if value.shape[0] == offsets[-1] else value[first:stop]
+            for name, value in images.items()}
+
+
+def repack_images(before: dict, after: dict) -> dict:
+    """`after` (inputs whose per-image rows a probe tiled or cropped from `before`: image `i` is `before`'s image
+    `i % count`) with packed patches that follow their grid: the chosen images' patch rows, in order."""
+    import torch
+
+    grids = [name for name in before if name.endswith("grid_thw")]
+    patches = _patches_per_image({name: before[name] for name in grids})
+    if patches is None or after[grids[0]].shape[0] == len(patches) or len(patches) == sum(patches):
+        return after
+    packed = {name: value for name, value in before.items()
+              if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == sum(patches)}
+    images = {**packed, grids[0]: before[grids[0]]}
+    picked = [image_slice(images, index % len(patches), index % len(patches) + 1)
+              for index in range(after[grids[0]].shape[0])]
+    return {**after, **{name: torch.cat([chunk[name] for chunk in picked]) for name in packed}}

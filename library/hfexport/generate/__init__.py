@@ -30,14 +30,14 @@ from hfexport.generate.options import (
 from hfexport.generate.seq2seq import ENCODER, generate_seq2seq, seq2seq_layout, decoder_prompt
 from hfexport.generate.state_space import STATE, zero_state, zero_state_rows
 from hfexport.generate.vision_language import (
-    EMBED, IMAGE_ENCODER, LANGUAGE_MODEL, LM_HEAD, is_vision_language, image_input_names,
+    EMBED, IMAGE_ENCODER, LANGUAGE_MODEL, LM_HEAD, is_vision_language, image_input_names, rope_input_names,
 )
 
 __all__ = [
     "BEAM_SEARCH_MESSAGE", "CACHE", "DECODE", "DEFAULT_NEW_TOKENS", "EMBED", "ENCODER", "GLOBAL_DEFAULTS",
     "IMAGE_ENCODER", "LANGUAGE_MODEL", "LM_HEAD", "PREFILL", "STATE", "TOKEN_CHOICE_THREADS", "GenerationError",
     "as_traced", "build_logits_processor", "build_stopping_criteria", "decoder_prompt", "default_special_tokens",
-    "generate", "image_input_names", "resolve_generation_config", "run_component", "static_attention_mask",
+    "generate", "image_input_names", "prompt_input_names", "resolve_generation_config", "run_component", "static_attention_mask",
     "verify_generation", "zero_state", "zero_state_rows",
 ]
 
@@ -63,7 +63,8 @@ def generate(
     """
     input_features = kwargs.pop("input_features", None)
     decoder_input_ids = kwargs.pop("decoder_input_ids", None)
-    images = {name: kwargs.pop(name) for name in image_input_names(exported) if name in kwargs}
+    # a VLM's images, and what its multi-axis rope positions are computed from (Qwen2-VL's `mm_token_type_ids`)
+    prompt_inputs = {name: kwargs.pop(name) for name in prompt_input_names(exported) if name in kwargs}
     nothing_new = kwargs.get("max_new_tokens") is not None and kwargs["max_new_tokens"] < 1
     if nothing_new:  # transformers refuses max_new_tokens=0; here it returns the prompt
         kwargs.pop("max_new_tokens")
@@ -77,10 +78,16 @@ def generate(
     if input_features is not None or decoder_input_ids is not None:
         raise GenerationError("input_features / decoder_input_ids are encoder-decoder inputs; this export is a "
                               "decoder-only prefill/decode")
-    return generate_decoder_only(exported, layout, config, input_ids, attention_mask, images, nothing_new,
+    return generate_decoder_only(exported, layout, config, input_ids, attention_mask, prompt_inputs, nothing_new,
                                  logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                                  streamer=streamer, generator=generator, seed=seed, tokenizer=tokenizer,
                                  prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+
+def prompt_input_names(exported) -> list[str]:
+    """The inputs besides `input_ids` and `attention_mask` that a prompt of this export takes from the processor: a
+    VLM's images, and what its multi-axis rope positions come from (Qwen2-VL's `mm_token_type_ids`); none for text."""
+    return list(dict.fromkeys([*image_input_names(exported), *rope_input_names(exported)]))
 
 
 def _layout(exported) -> GenerationLayout:

@@ -11,13 +11,14 @@ from hfexport.formats import format_traits
 from hfexport.formats.executorch.llm_program import COMPONENT as LLM_PROGRAM
 from hfexport.formats.executorch.llm_program import is_llm_program
 from hfexport.generate.loop import (
-    CACHE, DECODE, PREFILL, check_token_ids, sample_tokens, takes_tensor, is_stateful, GenerationLayout,
+    CACHE, DECODE, DECODE_TOKEN_TYPES, PREFILL, check_token_ids, sample_tokens, takes_tensor, is_stateful, GenerationLayout,
     GenerationSession,
 )
 from hfexport.generate.options import max_total_length, padding_token_id
 from hfexport.generate.state_space import STATE, StateSpaceSession
 from hfexport.generate.vision_language import (
-    LANGUAGE_MODEL, LANGUAGE_MODEL_INPUTS, image_text_embeds, VisionLanguageSession,
+    LANGUAGE_MODEL, LANGUAGE_MODEL_INPUTS, image_text_embeds, rope_positions, takes_rope_positions,
+    VisionLanguageSession,
 )
 
 _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", CACHE, STATE}
@@ -68,7 +69,8 @@ def decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single_
     """A decoder-only export's layout (a VLM's and a state-space model's too), read from its traced kwargs."""
     prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode or single_graph else PREFILL
     for name in dict.fromkeys((prefill, DECODE)):
-        allowed = LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS
+        allowed = LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS | (
+            set(DECODE_TOKEN_TYPES) if name == DECODE else set())
         traced = runners[name].metadata.kwargs
         # a kwarg traced as None (MiniCPM-V's `downsample_mode`) is a constant of the graph, not an input to feed
         unknown = sorted(key for key in set(traced) - allowed if traced[key].get("container") != "NoneType")
@@ -130,12 +132,13 @@ def decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single_
     )
 
 
-def _session_args(layout: GenerationLayout, inputs_embeds) -> dict:
-    """What a batch's session starts from: a VLM's prompt embeddings, nothing for the others."""
-    return {"inputs_embeds": inputs_embeds} if layout.multimodal else {}
+def _session_args(layout: GenerationLayout, inputs_embeds, positions) -> dict:
+    """What a batch's session starts from: a VLM's prompt embeddings (and multi-axis rope positions), nothing for
+    the others."""
+    return {"inputs_embeds": inputs_embeds, "positions": positions} if layout.multimodal else {}
 
 
-def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids, attention_mask, images: dict,
+def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids, attention_mask, prompt_inputs: dict,
                           nothing_new: bool, *, logits_processor, stopping_criteria, streamer, generator, seed,
                           tokenizer, prefix_allowed_tokens_fn) -> torch.LongTensor:
     """`model.generate` for a decoder-only export (`generate`'s arguments): the prompt checked, repeated for
@@ -147,7 +150,7 @@ def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids,
         input_ids = input_ids.unsqueeze(0)
     if not layout.multimodal:  # a vision-language prompt's image placeholder id may lie past the text vocabulary
         check_token_ids(exported, input_ids)
-    inputs_embeds = image_text_embeds(exported, input_ids, images) if layout.multimodal else None
+    inputs_embeds = image_text_embeds(exported, input_ids, prompt_inputs) if layout.multimodal else None
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = torch.as_tensor(attention_mask, dtype=torch.long)
@@ -155,6 +158,9 @@ def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids,
         raise GenerationError(
             f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}"
         )
+    # a multi-axis rope's prompt positions (Qwen2-VL-class), from the prompt before it is repeated, as generate does
+    positions = rope_positions(exported, input_ids, attention_mask, prompt_inputs) \
+        if layout.multimodal and takes_rope_positions(exported) else None
     if not layout.takes_mask and not bool(attention_mask.all()):
         raise GenerationError(
             "this export was traced without an attention_mask, so it cannot run padded prompts: export it from a "
@@ -169,6 +175,8 @@ def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids,
         attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
         if inputs_embeds is not None:
             inputs_embeds = inputs_embeds.repeat_interleave(config.num_return_sequences, dim=0)
+        if positions is not None:  # [axes, batch, seq]
+            positions = positions.repeat_interleave(config.num_return_sequences, dim=1)
     batch, prompt_len = input_ids.shape
     max_length = config.max_length = max_total_length(config, prompt_len, exported)  # as model.generate sets it
     if layout.static_cache_len is not None and max_length - 1 > layout.static_cache_len:
@@ -192,7 +200,7 @@ def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids,
                prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if rows == batch:
         sequences = sample_tokens(exported, layout, input_ids, attention_mask, real=batch,
-                                  session_args=_session_args(layout, inputs_embeds), **run)
+                                  session_args=_session_args(layout, inputs_embeds, positions), **run)
     else:
         # A decode that only takes its traced batch: run chunks of that size, the last one filled up with copies of
         # its last row (rows are independent), and drop the copies.
@@ -200,14 +208,17 @@ def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids,
         for first in chunks:
             ids, mask = input_ids[first : first + rows], attention_mask[first : first + rows]
             embeds = inputs_embeds[first : first + rows] if inputs_embeds is not None else None
+            rope = positions[:, first : first + rows] if positions is not None else None
             real = ids.shape[0]
             if real < rows:
                 ids = torch.cat([ids, ids[-1:].expand(rows - real, -1)])
                 mask = torch.cat([mask, mask[-1:].expand(rows - real, -1)])
                 if embeds is not None:
                     embeds = torch.cat([embeds, embeds[-1:].expand(rows - real, -1, -1)])
+                if rope is not None:
+                    rope = torch.cat([rope, rope[:, -1:].expand(-1, rows - real, -1)], dim=1)
             outputs.append(sample_tokens(exported, layout, ids, mask, real=real,
-                                         session_args=_session_args(layout, embeds), **run)[:real])
+                                         session_args=_session_args(layout, embeds, rope), **run)[:real])
         width = max(chunk.shape[1] for chunk in outputs)
         pad = padding_token_id(config)
         # A chunk whose rows all stopped early is shorter: its rows would have emitted pad tokens from there.

@@ -18,6 +18,10 @@ from hfexport.models import empty_cache
 
 PREFILL, DECODE = "prefill", "decode"
 CACHE = "past_key_values"
+# The token types generate extends by zeros (text) for each new token (transformers 5.23's
+# `_update_model_kwargs_for_generation`; it repeats the last `token_type_ids` instead, which hfexport does not feed),
+# which a decode traced with them takes (Qwen2-VL's `mm_token_type_ids`).
+DECODE_TOKEN_TYPES = ("mm_token_type_ids",)
 
 
 @dataclass
@@ -79,7 +83,7 @@ def sample_tokens(exported, layout: GenerationLayout, input_ids, attention_mask,
         raise GenerationError("an EOS stopping criterion needs a pad_token_id for the rows that finished")
     batch = input_ids.shape[0]
     session = layout.session(exported, layout, batch, **(session_args or {}))
-    positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    positions = session.prompt_positions(attention_mask)
     logits = session.prefill(input_ids, attention_mask, positions)
 
     sequences = input_ids
@@ -107,7 +111,7 @@ def sample_tokens(exported, layout: GenerationLayout, input_ids, attention_mask,
             if not bool(unfinished[:real].any()):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
-            positions = positions[:, -1:] + 1
+            positions = positions[..., -1:] + 1  # as generate continues them ([batch, seq] or [axes, batch, seq])
             logits = session.step(DECODE, next_tokens[:, None], attention_mask, positions)
     return sequences
 
@@ -141,6 +145,10 @@ class GenerationSession:
             return StaticCache(config=exported.config, max_cache_len=layout.static_cache_len)
         return DynamicCache(config=exported.config)
 
+    def prompt_positions(self, attention_mask) -> torch.Tensor:
+        """The prompt's positions, as generate computes them from the padding mask (a multi-axis rope's differ)."""
+        return (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+
     def prefill(self, input_ids, attention_mask, positions) -> torch.Tensor:
         """The prompt's logits: the prefill component, or the decode on an empty cache (`single_graph`)."""
         if self.layout.single_graph:
@@ -168,6 +176,8 @@ class GenerationSession:
             )
         if "position_ids" in traced:
             kwargs["position_ids"] = positions
+        if name == DECODE:
+            kwargs.update({key: torch.zeros_like(input_ids) for key in DECODE_TOKEN_TYPES if takes_tensor(traced, key)})
         if self.layout.cache_kwarg in traced:
             kwargs[self.layout.cache_kwarg] = self.cache
         return kwargs

@@ -4,11 +4,15 @@ components `hfexport.plan.vision_language` exports)."""
 
 from __future__ import annotations
 
+import inspect
+import weakref
+
 import torch
 
 from hfexport.errors import GenerationError
 from hfexport import preparers
 from hfexport.generate.loop import CACHE, PREFILL, GenerationSession, as_traced
+from hfexport.models import model_class_for
 
 # hfexport's `image_encoder` (a prompt's images -> image features) and `embed` (input_ids + image features ->
 # inputs_embeds), then the engine's `language_model` (inputs_embeds -> hidden states + cache) and `lm_head` for the
@@ -33,9 +37,14 @@ def is_vision_language(components: dict, decode: str) -> bool:
 class VisionLanguageSession(GenerationSession):
     """A VLM's generation: the prefill is `language_model` on the prompt's embeddings, then `lm_head`."""
 
-    def __init__(self, exported, layout, batch: int, inputs_embeds: torch.Tensor):
+    def __init__(self, exported, layout, batch: int, inputs_embeds: torch.Tensor,
+                 positions: torch.Tensor | None = None):
         self.inputs_embeds = inputs_embeds  # the prompt's embeddings, image features merged in (the prefill's input)
+        self.positions = positions  # the prompt's multi-axis rope positions (`rope_positions`), or None
         super().__init__(exported, layout, batch)
+
+    def prompt_positions(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        return super().prompt_positions(attention_mask) if self.positions is None else self.positions
 
     def _tokens(self, name: str, device, input_ids) -> dict:
         if name == PREFILL:
@@ -69,18 +78,19 @@ def image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.
         raise GenerationError(f"this vision-language export generates from images: pass {missing} (the processor's "
                               f"outputs) with the prompts; it got {sorted(images) or 'none'}")
     images = {name: torch.as_tensor(images[name]) for name in names}
-    counts = {int(value.shape[0]) for value in images.values()}
-    if len(counts) != 1:
-        raise GenerationError(f"the image inputs {names} differ in their first axis: "
-                              f"{', '.join(f'{k}: {list(v.shape)}' for k, v in images.items())}")
+    count = preparers.image_count(images)
+    if count is None:
+        raise GenerationError(f"the image inputs {names} differ in their first axis and are not patches packed by "
+                              f"an image grid: {', '.join(f'{k}: {list(v.shape)}' for k, v in images.items())}")
     encoder = exported.runners[IMAGE_ENCODER]
-    traced = int(encoder.metadata.kwargs[names[0]]["shape"][0])
-    count = counts.pop()
+    # the images one call takes: the traced first axis (of the image grid, where the patches come packed)
+    counted = next((name for name in names if name.endswith("grid_thw")), names[0])
+    traced = int(encoder.metadata.kwargs[counted]["shape"][0])
     step = traced if traced > 1 and count % traced == 0 else 1
     recorded = getattr(exported, "input_preparers", {}).get(IMAGE_ENCODER)
     features = []
     for first in range(0, count, step):
-        chunk = {name: value[first : first + step] for name, value in images.items()}
+        chunk = preparers.image_slice(images, first, first + step)
         if recorded:  # what the engine's input preparers computed at export, computed from these images
             chunk = preparers.prepare(recorded, chunk)
         out = encoder(**as_traced(encoder, {name: value.to(encoder.device) if isinstance(value, torch.Tensor)
@@ -90,6 +100,68 @@ def image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.
     embed = exported.runners[EMBED]
     return _only_tensor(embed(input_ids=input_ids.to(embed.device),
                               image_features=features.to(embed.device))).cpu()
+
+
+def takes_rope_positions(exported) -> bool:
+    """Whether a VLM export's language model takes multi-axis rope positions (`position_ids` `[axes, batch, seq]`:
+    M-RoPE, Qwen2-VL-class), which `rope_positions` computes."""
+    components = getattr(exported, "components", {})
+    if LANGUAGE_MODEL not in components:
+        return False
+    traced = exported.runners[LANGUAGE_MODEL].metadata.kwargs.get("position_ids") or {}
+    return len(traced.get("shape") or ()) == 3
+
+
+_POSITION_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _position_model(exported):
+    """The export's model class on the meta device (no weights; a 7B Qwen2-VL builds in ~0.1 s), for its own
+    position methods; one per export."""
+    model = _POSITION_MODELS.get(exported)
+    if model is None:
+        config = exported.config
+        with torch.device("meta"):
+            model = model_class_for(config)._from_config(config)
+        _POSITION_MODELS[exported] = model
+    return model
+
+
+def rope_input_names(exported) -> list[str]:
+    """The prompt inputs a multi-axis rope's positions are computed from besides `input_ids`, `attention_mask` and
+    the images (the parameters of the model's `get_rope_index`: Qwen2-VL's `mm_token_type_ids`, `image_grid_thw`,
+    ...); none for other exports."""
+    if not takes_rope_positions(exported):
+        return []
+    model = _position_model(exported)
+    holder = model if hasattr(model, "get_rope_index") else getattr(model, "base_model", None)
+    if not hasattr(holder, "get_rope_index"):
+        return []
+    parameters = inspect.signature(holder.get_rope_index).parameters.values()
+    return [parameter.name for parameter in parameters if parameter.name not in ("input_ids", "attention_mask")
+            and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)]
+
+
+def rope_positions(exported, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_inputs: dict):
+    """A prompt's multi-axis rope positions, `[axes, batch, seq]`, as `model.generate` computes them: the model's own
+    `_prepare_position_ids_for_generation` (Qwen2-VL-class: the text positions and `get_rope_index` over the image
+    grids, `mm_token_type_ids`...), run on the model's class without weights. The decode continues them by one per
+    step (`hfexport.generate.loop`), as generate's `_update_model_kwargs_for_generation` does."""
+    model = _position_model(exported)
+    kwargs = {"attention_mask": attention_mask, **{name: torch.as_tensor(value) for name, value in
+                                                   prompt_inputs.items() if value is not None}}
+    try:
+        positions = model._prepare_position_ids_for_generation(input_ids, kwargs)
+    except Exception as error:  # noqa: BLE001 - the model's own message, one line
+        raise GenerationError(f"{type(model).__name__} could not compute the prompt's rope positions from "
+                              f"{sorted(kwargs)}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+                              ) from None
+    traced = exported.runners[LANGUAGE_MODEL].metadata.kwargs["position_ids"]["shape"]
+    if positions.dim() != 3 or positions.shape[0] != traced[0]:
+        raise GenerationError(f"{type(model).__name__} computed rope positions {list(positions.shape)}; its language "
+                              f"model takes position_ids of {traced[0]} axes: pass the processor's outputs "
+                              f"({', '.join(rope_input_names(exported))}) with the prompts")
+    return positions
 
 
 def _lm_head_logits(exported, hidden_states: torch.Tensor) -> torch.Tensor:

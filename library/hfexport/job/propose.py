@@ -62,9 +62,10 @@ def propose_recipe(model: str | Path | None = None, formats: list[str] | tuple[s
     if unknown:
         raise ValueError(f"unknown format(s) {unknown}; choose from {', '.join(TARGET_NAMES)}")
     task = infer_task(config)
-    # A multi-axis rope (Qwen2-VL-class: positions from `get_rope_index` over the image grids) is beyond hfexport's
-    # generate, whose plan refuses it (docs/generation.md): such a model gets the forward it can export, whole and
-    # static as a vision-language forward is (a prompt holds a fixed number of image tokens per image).
+    # A multi-axis rope (Qwen2-VL-class: positions from `get_rope_index` over the image grids) gets the forward, whole
+    # and static as a vision-language forward is (a prompt holds a fixed number of image tokens per image).
+    # hfexport's generate now runs such an export (docs/generation.md, from a recipe's generation target); init
+    # still proposes the forward, whose proposal tests/test_init.py checks.
     static_forward = task == "image-text-to-text" and multi_axis_rope(config)
     generative = task in GENERATIVE_TASKS and not static_forward
     limit = sequence_limit(config)

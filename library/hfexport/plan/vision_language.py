@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hfexport.errors import PlanError
 from hfexport.plan.tracing import call_capture
+from hfexport.preparers import image_count, image_slice
 
 # transformers 5.23's `generate` encodes a VLM's images before the prefill (`_prepare_multimodal_encoder_kwargs_for_
 # generation` calls `base_model.get_image_features` and hands the prefill `mm_encoder_outputs` instead of
@@ -106,32 +107,22 @@ def image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
 
     images = {key: value for key, value in call.items() if isinstance(value, torch.Tensor)}
     fixed = {key: value for key, value in call.items() if key not in images and key != "return_dict"}
-    positions = stages.get("decode", (None, {}))[1].get("position_ids")
-    if isinstance(positions, torch.Tensor) and positions.dim() == 3:
-        # Qwen2-VL-class rope (`get_rope_index`): text positions plus (t, h, w) positions laid out on each image's
-        # grid, continued in the decode by the prompt's rope deltas; computing them needs the image grids and the
-        # model's own index, which hfexport's generate (exported graphs only, 1-axis positions) does not have.
-        raise PlanError(f"{type(model).__name__}: its decode takes multi-axis rope positions (position_ids "
-                        f"{list(positions.shape)}: the text position and (t, h, w) positions from the model's "
-                        "get_rope_index over the image grids, shifted by the prompt's rope deltas); hfexport's "
-                        "generate feeds 1-axis positions, so it cannot run this model's generation export")
     if "input_ids" not in inputs or image_token_id(model.config) is None:
         raise PlanError(f"{type(model).__name__}: a vision-language model needs input_ids and an image token id "
                         "(config.image_token_id) to generate from images")
-    counts = {int(value.shape[0]) for value in images.values()}
-    if len(counts) != 1:
+    count = image_count(images)
+    if count is None:
         raise PlanError(f"{type(model).__name__}: the image inputs {sorted(images)} do not share a batch axis "
-                        f"({', '.join(f'{k}: {list(v.shape)}' for k, v in images.items())}); hfexport's image "
-                        "encoder runs one prompt's images at a time")
+                        f"({', '.join(f'{k}: {list(v.shape)}' for k, v in images.items())}) and are not patches "
+                        "packed by an image grid; hfexport's image encoder runs one prompt's images at a time")
     encoder, embed = _image_modules(model, fixed)
     with torch.no_grad():
-        features = torch.cat([encoder(**{key: value[row : row + 1] for key, value in images.items()})
-                              for row in range(counts.pop())])
+        features = torch.cat([encoder(**image_slice(images, row, row + 1)) for row in range(count)])
         merged = embed(inputs["input_ids"], features)
     expected = stages.get("language_model", (None, {}))[1].get("inputs_embeds")
     if expected is None or expected.shape != merged.shape or not torch.allclose(expected, merged, atol=1e-5):
         raise PlanError(f"{type(model).__name__}: the language model's inputs_embeds are not the token embeddings "
                         "with the image features at the image tokens; hfexport cannot export this model's image "
                         "merge")
-    first = {key: value[:1].clone() for key, value in images.items()}
+    first = {key: value.clone() for key, value in image_slice(images, 0, 1).items()}
     return {IMAGE_ENCODER: (encoder, first), EMBED: (embed, {"input_ids": inputs["input_ids"], "image_features": features})}

@@ -1021,8 +1021,8 @@ MODELS: dict[str, TinyModel] = {
                   "PaddleOCR-VL keeps it on its base model, so the trace stopped in its `tolist()`; hfexport runs "
                   "the same preparer on the base model (`workarounds.transformers_models.base_rope_index`), the "
                   "graph takes `position_ids` [3, batch, seq], recorded in the report's `prepared_inputs`. "
-                  "Generation: the decode takes 3-axis rope positions (`position_ids` [4, batch, 1]), which "
-                  "hfexport's generate (1-axis positions) cannot compute, so the plan refuses it (docs/generation.md)."),
+                  "Generation: the language model and decode take 3-axis rope positions (`position_ids` [4, batch, "
+                  "seq]), computed by hfexport's generate as Qwen2-VL's (docs/generation.md)."),
         TinyModel("tiny-qwen2-vl", "Qwen2-VL", "Qwen2VLForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_qwen2_vl,
                   "The `grid_thw` family itself (PaddleOCR-VL's row stands beside it). `Qwen2VLProcessor` takes "
@@ -1031,8 +1031,11 @@ MODELS: dict[str, TinyModel] = {
                   "`image_grid_thw` [1, 4, 8], 8 tokens each); forward shapes static as LLaVA's; the text's 3-axis "
                   "rope positions from the base model's `get_rope_index` (`workarounds.transformers_models."
                   "base_rope_index`), as PaddleOCR-VL's. ExecuTorch: refused at plan time, as PaddleOCR-VL's (to_edge "
-                  "refused the vision tower's `aten.repeat_interleave.Tensor`). Generation: refused at plan time, as "
-                  "PaddleOCR-VL's (the decode takes 3-axis rope positions, docs/generation.md). OpenVINO pinned to "
+                  "refused the vision tower's `aten.repeat_interleave.Tensor`). Generation: the language model and decode "
+                  "take `position_ids` [4, batch, seq] (text + t, h, w); hfexport's generate computes the prompt's "
+                  "with the model's own `_prepare_position_ids_for_generation` on its class without weights and "
+                  "continues them by one per step, as generate does; the packed patches go to the image encoder one "
+                  "image at a time (docs/generation.md). OpenVINO pinned to "
                   "f32 (`runtime.precision`): at the CPU's default bf16 the forward's logits held NaN (7360 "
                   "elements, on one side only)."),
         TinyModel("tiny-minicpm-v", "MiniCPM-V 4.6", "MiniCPMV4_6ForConditionalGeneration", "image-text-to-text",

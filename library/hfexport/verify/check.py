@@ -183,7 +183,7 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
     """Greedy decoding over the exported graphs vs `model.generate(do_sample=False)` on the sample prompts."""
     import torch
 
-    from hfexport.generate import generate, image_input_names
+    from hfexport.generate import generate, prompt_input_names
 
     inputs = plan.inputs
     result: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_token_agreement": min_token_agreement}
@@ -205,8 +205,8 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
         given = {key: value for key, value in (("input_ids", input_ids), ("attention_mask", attention_mask))
                  if value is not None}  # Whisper's generate takes input_features alone
         eager = model.generate(**given, generation_config=generation_config, **extra)
-    model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids", *image_input_names(exported))
-                    if key in extra}  # a VLM's images (pixel_values, ...) go to its image_encoder
+    model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids", *prompt_input_names(exported))
+                    if key in extra}  # a VLM's images (pixel_values, ...) and rope inputs (mm_token_type_ids, ...)
     try:
         got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                        **model_inputs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hfexport.models import sequence_limit
+from hfexport.preparers import repack_images
 from hfexport.recipe.validation import parse_axis
 
 DEFAULT_MAX_PROBE_ELEMENTS = 1 << 16
@@ -223,7 +224,7 @@ def resize_inputs(inputs: dict, refs: list[AxisRef], assignment: dict) -> dict:
                 value = value.clone()
                 value[empty] = 1
         result[name] = value.contiguous()
-    return result
+    return repack_images(inputs, result)  # packed patches (Qwen2-VL-class) follow their image grid's rows
 
 
 def keep_image_tokens(resized: dict, inputs: dict, image_token: int | None) -> dict:
