@@ -148,3 +148,21 @@ def test_the_graphs_hold_the_weights_each_name_means(variants_job):
     assert {"u4", "u8"} <= constant_types(folder / "int4")  # int4 groups, the embedding and last layer int8
     assert "u8" in constant_types(folder / "int8") and "u4" not in constant_types(folder / "int8")
     assert not {"u4", "u8"} & constant_types(folder)
+
+
+def test_the_publication_holds_each_variant_folder_and_republishing_is_a_no_op(variants_job, tiny_llama, hub):
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/tiny-llama-ov-variants"
+    hub.seed_repo(repo, tiny_llama)
+    # the tiny model's int4 failed its runtimes (above): published flagged, as a failed target's files are
+    result = publish(variants_job[0], repo, mode="pr", token=hub.write_token, allow_failed=True)
+    files = set(hub.list_files(repo, f"refs/pr/{result.pr_num}"))
+    for variant in ("int8", "int4"):
+        assert {f"openvino/{variant}/{name}" for name in (
+            "openvino_model.xml", "openvino_model.bin", "openvino_config.json", "openvino_tokenizer.xml",
+            "config.json", "generation_config.json")} <= files
+    assert "openvino/openvino_model.xml" in files and "openvino/export.json" in files
+    assert not any(path.startswith("openvino/int4/export") for path in files)
+    again = publish(variants_job[0], repo, mode="pr", token=hub.write_token, allow_failed=True)
+    assert (again.action, again.pr_num) == ("unchanged", result.pr_num)
