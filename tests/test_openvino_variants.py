@@ -166,3 +166,16 @@ def test_the_publication_holds_each_variant_folder_and_republishing_is_a_no_op(v
     assert not any(path.startswith("openvino/int4/export") for path in files)
     again = publish(variants_job[0], repo, mode="pr", token=hub.write_token, allow_failed=True)
     assert (again.action, again.pr_num) == ("unchanged", result.pr_num)
+
+
+def test_a_variant_at_the_devices_reduced_precision_is_held_to_the_lower_floor():
+    """LLMPipeline's second run at the CPU's default (bf16 where the CPU has it) judges a variant by the lower of its
+    own floor and that precision's, never a higher one than the variant's."""
+    from hfexport.deployment import FAILED, PASSED, GenerationRequest
+    from hfexport.formats.openvino.runtimes.openvino_genai import judge_at_precision
+
+    request = GenerationRequest([[1, 2]], [[5, 6, 7, 8]], 4, [9], min_token_agreement=0.5)  # 4-bit
+    assert judge_at_precision("r", request, [[5, 6, 0, 0]], "f16").verdict == PASSED  # f16's own floor is 0.75
+    assert judge_at_precision("r", request, [[5, 0, 0, 0]], "f16").verdict == FAILED
+    eight_bit = GenerationRequest([[1, 2]], [[5, 6, 7, 8]], 4, [9], min_token_agreement=0.75)
+    assert judge_at_precision("r", eight_bit, [[5, 6, 0, 0]], "bf16").verdict == PASSED  # bf16's 0.5
