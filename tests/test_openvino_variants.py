@@ -104,8 +104,8 @@ def test_each_variant_is_a_folder_both_runtimes_open_and_gate_by_name(variants_j
     # The tiny random model's int4 keeps its next tokens on the texts (its quality gate passes) but its greedy
     # generation leaves float32's within the first tokens (0.38 of 8 tokens agree, below the 4-bit floor of 0.5): the
     # gate fails it in each runtime, by name, and the target with it (SmolLM2's int4 passes: the slow test).
-    assert int4["settings"] == {"group_size": 64, "ratio": 1.0, "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
-    assert int4["nll_ratio"] <= 1.35 and int4["top1_agreement"] >= 0.5
+    assert int4["settings"] == {"group_size": 64, "ratio": 1.0, "max_nll_ratio": 1.5, "min_top1_agreement": 0.5}
+    assert int4["nll_ratio"] <= 1.5 and int4["top1_agreement"] >= 0.5
     assert int4["verdict"] == "failed" and {check["runtime"] for check in int4["runtimes"]
                                             if check["verdict"] == "failed"} == {"openvino-genai", "optimum-intel"}
     assert target.status == "failed" and target.error.startswith("variant int4: openvino-genai: ")

@@ -36,7 +36,7 @@ LOW_BIT = ("q4", "q4f16", "int4")
 #: (max_nll_ratio, min_top1_agreement) per variant: the perplexity ratio to the float32 export on the sample texts
 #: and the share of their positions whose next token is the float32 export's (docs/quantization.md, "Variants")
 DEFAULT_BOUNDS = {"fp16": (1.01, 0.97), "q8": (1.10, 0.85), "q4": (1.35, 0.60), "q4f16": (1.35, 0.60),
-                  "int8": (1.10, 0.85), "int4": (1.35, 0.60)}
+                  "int8": (1.10, 0.85), "int4": (1.50, 0.60)}
 _BOUND_KEYS = ("max_nll_ratio", "min_top1_agreement")
 
 
