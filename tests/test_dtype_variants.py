@@ -39,8 +39,11 @@ def test_a_variant_the_target_cannot_make_is_refused_before_anything_runs(tiny_l
         (f"{base}.2.block_size", "not a setting of q8; it takes: per_channel, reduce_range, max_nll_ratio, "
                                  "min_top1_agreement"),
         (f"{base}.3.block_size", "MatMulNBits takes a power of two from 16; got 48 (e.g. 32)")]
-    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="openvino"))
-    assert path == base and "openvino publishes no variants" in message
+    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="executorch"))
+    assert path == base and "executorch publishes no variants" in message
+    assert message.endswith("formats with variants: onnx, openvino")
+    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="openvino"))  # its names are its own
+    assert path == f"{base}.0" and message == "'q4' is not a variant of openvino; it has: int8, int4"
     forward = _recipe(tiny_llama, ["q8"])
     forward["targets"]["onnx-generation"] = {"export_format": "onnx", "mode": "forward", "variants": ["q8"]}
     [(path, message)] = _problems(forward)

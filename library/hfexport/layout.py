@@ -259,16 +259,30 @@ def export_folders(paths) -> set[str]:
 
 
 def in_export_folder(path: str, folders: set[str]) -> bool:
-    """Whether `path` is one of a published target's own files (directly in its folder) or under `exports/`."""
+    """Whether `path` is one of a published target's own files (directly in its folder or in one of its variants'
+    folders, `openvino/int4/`) or under `exports/`."""
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    if "/" in parent and parent.rsplit("/", 1)[1] in variant_folders() and parent.rsplit("/", 1)[0] in folders:
+        return True
     return path.startswith(LEGACY_FOLDER + "/") or parent in folders
+
+
+def variant_folders() -> set[str]:
+    """The folders a target's `variants` are made in inside its own (OpenVINO's `int8/`, `int4/`): each format's
+    `variant_file` that names a folder."""
+    return {name.split("/")[0] for backend in formats() for name in map(backend.variant_file, backend.variants)
+            if "/" in name}
 
 
 def place_files(place: Place, paths) -> list[str]:
     """The names (in `place.folder`) of the files among repo `paths` that belong to the target at `place`: a variant's
-    start with its stem and a dot; the default target's are the folder's others, less every variant's."""
+    start with its stem and a dot; the default target's are the folder's others, less every variant's, and the files
+    of its `variants`' folders (`int4/openvino_model.xml`)."""
+    nested = variant_folders()
     names = [path[len(place.folder) + 1:] for path in paths
-             if "/" in path and path.rsplit("/", 1)[0] == place.folder]
+             if "/" in path and (path.rsplit("/", 1)[0] == place.folder or
+                                 not place.stem and path.rsplit("/", 2)[0] == place.folder and
+                                 path.count("/") >= 2 and path.rsplit("/", 2)[1] in nested)]
     if place.stem:
         return sorted(name for name in names if name.startswith(place.prefix))
     variants = tuple(other.prefix for other in export_places(paths) if other.folder == place.folder and other.stem)

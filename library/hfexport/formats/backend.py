@@ -251,10 +251,16 @@ class FormatProgram:
     def localize(self, folder: Path, local_of: dict[str, str]) -> None:
         """Undo `published`'s renames inside a downloaded export's files (names back as the job saves them)."""
 
-    def write_variant(self, folder: Path, variant: dict, stage: Path) -> None:
+    def write_variant(self, folder: Path, variant: dict, stage: Path) -> dict | None:
         """Make the variant `variant` (`hfexport.quantization.variants.settings`) of the export saved in `folder`, laid
-        out in `stage` as the export's own files with the variant's graph in place of its full-precision one."""
+        out in `stage` as the export's own files with the variant's graph in place of its full-precision one; the
+        settings it resolved from the model (an OpenVINO int4 group size), if any."""
         raise NotImplementedError(f"{self.name} makes no variants")
+
+    def remove_variant(self, folder: Path, file_name: str) -> None:
+        """Remove a previous export's variant published as `file_name` from `folder` (the graph and its data)."""
+        for stale in (file_name, file_name + "_data"):
+            (Path(folder) / stale).unlink(missing_ok=True)
 
     def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
         """Move the variant's graph from `stage` into `folder` as `file_name` (its data renamed with it); its names."""

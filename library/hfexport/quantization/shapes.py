@@ -7,8 +7,9 @@ transformer's linear layers follow from its config by one rule, whatever the arc
 the hidden size (query/key/value and gate/up projections), the attention heads times the head size (the output
 projection) and the feed-forward sizes (the down projection), per sub-config (`text_config`, `vision_config`, ...).
 
-`layer_input_sizes(config)` reads them; `group_size_problems` names the recipe field, what does not divide, and the
-largest group size that divides every layer. Pure data: no torch, so `hfexport validate` stays cheap.
+`layer_input_sizes(config)` reads them; `group_size_problems` (a target's `quantization`) and
+`variant_group_size_problems` (its OpenVINO `int4` variant's stated `group_size`) name the recipe field, what does not
+divide, and the largest group size that divides every layer. Pure data: no torch, so `hfexport validate` stays cheap.
 """
 
 from __future__ import annotations
@@ -106,3 +107,27 @@ def group_size_problems(section: dict, target_path: list, config: dict, config_s
         fix = "use group_size -1 (one scale per output channel)"
     return [Problem(path, f"{what} does not divide the input size of the model's layers ({layers}, {config_source}):"
                           f" NNCF would refuse it after the export; {fix}")]
+
+
+def variant_group_size_problems(target: dict, target_path: list, config: dict, config_source: str = "config.json",
+                                ) -> list[Problem]:
+    """A target's variants (`hfexport.quantization.variants`) whose stated `group_size` does not divide a layer's
+    input size: one problem on it, with the layers and a group size that works. An unstated one is resolved from the
+    same sizes when the variant is made (`hfexport.formats.openvino.variants.group_size`)."""
+    problems = []
+    for index, item in enumerate(target.get("variants") or []):
+        group = item.get("group_size") if isinstance(item, dict) else None
+        if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
+            continue
+        sizes = layer_input_sizes(config)
+        bad = {key: value for key, value in sizes.items() if value % group}
+        if not bad:
+            continue
+        layers = ", ".join(f"{key} = {value}" for key, value in bad.items())
+        works = dividing_group_size(sizes.values(), group)
+        fix = f"use group_size {works}, which divides every layer's input" if works else \
+            "use group_size -1 (one scale per output channel)"
+        path = ".".join(map(str, [*target_path, "variants", index, "group_size"]))
+        problems.append(Problem(path, f"group_size {group} does not divide the input size of the model's layers "
+                                      f"({layers}, {config_source}): NNCF would refuse it after the export; {fix}"))
+    return problems

@@ -10,6 +10,11 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
 - `q8`: ONNX Runtime's dynamic quantization with transformers.js' rule for the weight type (uint8 where the graph has
   an op whose int8 kernel the WebAssembly backend lacks, else int8), `per_channel` and `reduce_range` at hfexport's
   `ort_dynamic` defaults.
+- OpenVINO `int8`, `int4` (optimum-intel's weight formats, NNCF's `compress_weights` on the converted model, each in
+  a folder of its own, `openvino/int4/`): int8 weight-only asymmetric per channel; int4 asymmetric in groups of
+  `group_size` (default: 128 where it divides every linear layer's input, else the largest power of two that does;
+  a stated one that does not divide is refused: `hfexport.quantization.shapes`) with `ratio` of the layers at 4 bits
+  (default 1.0, the rest int8).
 - every variant: `max_nll_ratio` and `min_top1_agreement`, its quality bounds against the float32 export on the
   sample texts (`DEFAULT_BOUNDS`, measured on SmolLM2-135M-Instruct: docs/quantization.md, "Variants").
 
@@ -19,17 +24,19 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
 from __future__ import annotations
 
 from hfexport.errors import Problem
-from hfexport.formats import format_traits
+from hfexport.formats import format_traits, formats
 from hfexport.quantization.spec import DEFAULT_PARAMS
 
 #: the settings each variant takes, and their defaults
 FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": None}
 EIGHT_BIT = {key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}
-SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT}
-LOW_BIT = ("q4", "q4f16")
+GROUPED_FOUR_BIT = {"group_size": None, "ratio": 1.0}  # group_size None: resolved from the model's layer sizes
+SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT, "int8": {}, "int4": GROUPED_FOUR_BIT}
+LOW_BIT = ("q4", "q4f16", "int4")
 #: (max_nll_ratio, min_top1_agreement) per variant: the perplexity ratio to the float32 export on the sample texts
 #: and the share of their positions whose next token is the float32 export's (docs/quantization.md, "Variants")
-DEFAULT_BOUNDS = {"fp16": (1.01, 0.97), "q8": (1.10, 0.85), "q4": (1.35, 0.60), "q4f16": (1.35, 0.60)}
+DEFAULT_BOUNDS = {"fp16": (1.01, 0.97), "q8": (1.10, 0.85), "q4": (1.35, 0.60), "q4f16": (1.35, 0.60),
+                  "int8": (1.10, 0.85), "int4": (1.50, 0.60)}
 _BOUND_KEYS = ("max_nll_ratio", "min_top1_agreement")
 
 
@@ -49,7 +56,8 @@ def variant_problems(target: dict, export_format: str, base: list) -> list[Probl
     path = ".".join(map(str, [*base, "variants"]))
     offered = format_traits(export_format).variants
     if not offered:
-        return [Problem(path, f"{export_format} publishes no variants; formats with variants: onnx")]
+        return [Problem(path, f"{export_format} publishes no variants; formats with variants: "
+                              f"{', '.join(variant_formats())}")]
     if target.get("mode", "forward") != "generation":
         return [Problem(path, "variants are made for a generation target (their quality gate generates); set mode "
                               "\"generation\"")]
@@ -77,3 +85,8 @@ def variant_problems(target: dict, export_format: str, base: list) -> list[Probl
                 problems.append(Problem(f"{where}.block_size", f"MatMulNBits takes a power of two from 16; got {block} "
                                         f"(e.g. {1 << (block.bit_length() - 1)})"))
     return problems
+
+
+def variant_formats() -> list[str]:
+    """The formats whose targets publish variants."""
+    return [backend.name for backend in formats() if backend.variants]

@@ -19,7 +19,7 @@ from hfexport import strict_json
 from hfexport.errors import Problem, RecipeError
 from hfexport.formats import find_format, format_traits, formats
 from hfexport.layout import LayoutError, canonical_format, check_file_name
-from hfexport.quantization.shapes import group_size_problems
+from hfexport.quantization.shapes import group_size_problems, variant_group_size_problems
 from hfexport.quantization.spec import METHOD_FORMATS, section_problems
 from hfexport.quantization.variants import variant_problems
 from hfexport.schema import schema_validator, load_schema
@@ -166,8 +166,8 @@ def _dims_on(document: dict, axes: dict) -> set[str]:
 
 def config_problems(document: dict, config: dict, config_source: str = "config.json") -> list[Problem]:
     """The recipe's `dims` against what the model's config admits: a sequence dim past `max_position_embeddings`
-    (or its aliases), an image dim past `image_size`; and each target's quantization against the model's layer
-    shapes (a group size that does not divide a layer's input: `hfexport.quantization.shapes`). The schema cannot
+    (or its aliases), an image dim past `image_size`; and each target's quantization and variants against the model's
+    layer shapes (a group size that does not divide a layer's input: `hfexport.quantization.shapes`). The schema cannot
     know these; the export would fail with the engine's "Constraints violated" (or run past the model's positions),
     or NNCF's `InvalidGroupSizeError` after the export, instead."""
     problems: list[Problem] = []
@@ -187,6 +187,8 @@ def config_problems(document: dict, config: dict, config_source: str = "config.j
     for name, target in (document.get("targets") or {}).items():
         if isinstance(target, dict) and isinstance(target.get("quantization"), dict):
             problems.extend(group_size_problems(target["quantization"], ["targets", name], config, config_source))
+        if isinstance(target, dict) and isinstance(target.get("variants"), list):
+            problems.extend(variant_group_size_problems(target, ["targets", name], config, config_source))
     return problems
 
 

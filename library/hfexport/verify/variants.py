@@ -7,11 +7,13 @@ target's folder), then judged against the float32 export on the recipe's sample 
   of the texts, at most `max_nll_ratio`; and the share of positions whose most likely next token is the float32
   export's (each prefix a prompt's first generated token), at least `min_top1_agreement` (`DEFAULT_BOUNDS`);
 - its runtimes: each deployment runtime of the format opens the variant by its published name (transformers.js by
-  `dtype`) and generates greedily on the sample prompts, judged by hfexport's token agreement floor for its kind
-  (4-bit 0.5, 8-bit 0.75, float16 0.75: `hfexport.verify.thresholds`); a runtime not installed is not_checked.
+  `dtype`, LLMPipeline and optimum-intel by the variant's folder) and generates greedily on the sample prompts,
+  judged by hfexport's token agreement floor for its kind (4-bit 0.5, 8-bit 0.75, float16 0.75:
+  `hfexport.verify.thresholds`); a runtime not installed is not_checked.
 
-A variant that passes is kept in the target's folder under its published name (`onnx/model_q4.onnx`); one that fails
-is kept too (as a target that fails parity keeps its files) and fails the target, by name.
+A variant that passes is kept in the target's folder under its published name (`onnx/model_q4.onnx`,
+`openvino/int4/`); one that fails is kept too (as a target that fails parity keeps its files) and fails the target,
+by name.
 """
 
 from __future__ import annotations
@@ -72,8 +74,7 @@ def gate_variants(folder: Path, plan, model, processor=None, runtimes: bool = Tr
     export_format = str(target.export_format)
     program, backend = format_program(export_format), format_backend(export_format)
     for name in backend.variants:  # a previous export's (rebound: copied with it) are made again or go
-        for stale in (backend.variant_file(name), backend.variant_file(name) + "_data"):
-            (folder / stale).unlink(missing_ok=True)
+        program.remove_variant(folder, backend.variant_file(name))
     rows = [row for row in token_rows(plan) if len(row) > 1]
     reference = program.next_token_scores(folder, rows)
     request = generation_request(model, plan, processor) if runtimes else None
@@ -87,7 +88,7 @@ def gate_variants(folder: Path, plan, model, processor=None, runtimes: bool = Tr
         entry = {"name": name, "file": file_name,
                  "settings": {key: value for key, value in variant.items() if key != "name"}}
         try:
-            program.write_variant(folder, variant, stage)
+            entry["settings"].update(program.write_variant(folder, variant, stage) or {})  # resolved from the model
             entry.update(quality(reference, program.next_token_scores(stage, rows)))
             failures = []
             if entry["nll_ratio"] > variant["max_nll_ratio"]:

@@ -40,6 +40,13 @@ class OpenvinoFormat(FormatBackend):
     one_decoder_graph = True
     cache_state_option = "stateful"
     nncf_quantizer = "NNCFOpenVINOQuantizer"
+    variants = ("int8", "int4")  # optimum-intel's weight formats (hfexport.formats.openvino.variants)
+
+    def variant_file(self, name: str) -> str:
+        # a folder per variant: LLMPipeline opens `openvino_model.xml` by that name only
+        if name not in self.variants:
+            return super().variant_file(name)
+        return f"{name}/{self.default_file}"
 
     def program_files(self, file: str) -> list[tuple[str, bool]]:
         return [(file, True), (f"{file.removesuffix('.xml')}.bin", True)]

@@ -1,12 +1,13 @@
 """OpenVINO's programs: the engine's export with the cache broadcasts made ready for the CPU plugin's fused attention,
 a stateful decode saved as optimum-intel's `openvino_model.xml` with its tokenizer models, its files checked, its
-weights rewritten in place."""
+weights rewritten in place; its weight-compressed variants (int8, int4) made from the saved graph."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from hfexport.formats.backend import FormatProgram
+from hfexport.formats.openvino import variants as openvino_variants
 from hfexport.formats.openvino import weights
 from hfexport.formats.openvino.genai_layout import finish
 from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
@@ -25,6 +26,18 @@ class OpenvinoProgram(FormatProgram):
 
     def after_save(self, model, directory: Path, tokenizer=None) -> None:
         finish(directory, tokenizer)  # a stateful decode as optimum-intel's openvino_model.xml, its tokenizer beside it
+
+    def write_variant(self, folder: Path, variant: dict, stage: Path) -> dict:
+        return openvino_variants.write(folder, variant, stage)
+
+    def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
+        return openvino_variants.keep(stage, folder, file_name)
+
+    def remove_variant(self, folder: Path, file_name: str) -> None:
+        openvino_variants.remove(folder, file_name)
+
+    def next_token_scores(self, stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
+        return openvino_variants.next_token_scores(stage, rows)
 
     def read(self, path: Path, fetch, entry: dict, allow_unsafe_pt2: bool):
         from transformers.exporters import OpenVINOExporter

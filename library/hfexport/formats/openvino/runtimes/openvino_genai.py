@@ -41,10 +41,12 @@ def stop_token_kept(request: GenerationRequest, got: list[list[int]]) -> list[li
 def judge_at_precision(runtime: str, request: GenerationRequest, got: list[list[int]], precision: str,
                        **fields) -> RuntimeCheck:
     """f32: token for token. A reduced precision (bf16, f16): passed when the token agreement reaches hfexport's
-    floor for it (`RUNTIME_MIN_TOKEN_AGREEMENT`), else failed naming the agreement and the first difference."""
+    floor for it (`RUNTIME_MIN_TOKEN_AGREEMENT`; a quantized variant's own floor where that is lower), else failed
+    naming the agreement and the first difference."""
     if precision == "f32" or precision not in RUNTIME_MIN_TOKEN_AGREEMENT:
         return compare_tokens(runtime, request.expected, got, precision=precision, **fields)
-    agreement, floor = token_agreement(request.expected, got), RUNTIME_MIN_TOKEN_AGREEMENT[precision]
+    agreement = token_agreement(request.expected, got)
+    floor = min(RUNTIME_MIN_TOKEN_AGREEMENT[precision], request.min_token_agreement)
     difference = first_difference(request.expected, got)
     if agreement >= floor:
         return RuntimeCheck(runtime, PASSED, precision=precision, first_difference=difference, **fields)
