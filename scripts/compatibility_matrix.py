@@ -104,6 +104,10 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="cells run at the same time (default 1)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per cell")
     parser.add_argument("--threads", type=int, help="torch threads per cell (default: torch's)")
+    parser.add_argument("--fast", action="store_true", help="the zoo models narrowed as the default suite's slice "
+                        "(hfexport.testing.zoo.build(fast=True): query heads and hidden size in proportion, MLP 256)")
+    parser.add_argument("--per-process", type=int, default=1, help="cells run one after another in one process "
+                        "(a model's cells stay together; default 1: each cell in its own)")
     parser.add_argument("--workdir", type=Path, help="models and artifacts (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=DOCS_JSON)
     parser.add_argument("--markdown", type=Path, default=DOCS_MD)
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
         print(line[:300], flush=True)
 
     results = run_matrix(cells, workdir, jobs=args.jobs, timeout=args.timeout, threads=args.threads,
-                         on_result=report)
+                         on_result=report, per_process=args.per_process, fast=args.fast)
     wall = time.perf_counter() - started
 
     previous, previous_meta = read_results(args.json) if args.json.is_file() and not args.fresh else ([], {})
@@ -164,8 +168,13 @@ def main(argv=None) -> int:
     if zoo_cells:  # the published configs' rows: when, where and how they ran
         meta["zoo_run"] = {"generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine,
                            "packages": package_versions(), "timeout_s": args.timeout,
-                           "cells": len(zoo_cells), "wall_s": round(wall, 1), "jobs": args.jobs,
+                           "cells": len(zoo_cells), "wall_s": round(wall, 1), "jobs": args.jobs, "fast": args.fast,
                            "command": "python scripts/compatibility_matrix.py " + " ".join(argv or sys.argv[1:])}
+        earlier = previous_meta.get("zoo_run")
+        if earlier and bool(earlier.get("fast")) == args.fast:  # the rows of earlier zoo runs of the same widths stay
+            meta["zoo_run"].update(
+                cells=sum(1 for result in merged.values() if result.model in ZOO),
+                wall_s=round(earlier["wall_s"] + wall, 1), command=f"{earlier['command']}; {meta['zoo_run']['command']}")
     elif previous_meta.get("zoo_run"):
         meta["zoo_run"] = previous_meta["zoo_run"]
     ordered = sorted(merged.values(), key=lambda r: r.cell)
