@@ -488,7 +488,11 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
                       "that is more), the vocabulary cut to the zoo tokenizer's, random weights saved in the published "
                       "dtype; the heads, key-value heads, head size, rope, windows and norms as published.")
         lines += ["## Published configs", "", "The rows marked *published* are `hfexport.testing.zoo`: a checkpoint's "
-                  "own config.json (the fields as published, from the source named here), 2 layers, " + widths]
+                  "own config.json (the fields as published, from the source named here), 2 layers, " + widths,
+                  "", "The default test suite runs every zoo model's ONNX cell at the `fast` widths "
+                  "(`tests/test_zoo.py`): export, the gate and, for generation, every ONNX deployment runtime "
+                  "(onnxruntime-genai, optimum, transformers.js), a runtime refused by the config before the export "
+                  "excepted; `pytest -m slow tests/test_zoo.py` runs every format."]
         if run:
             lines.append("")
             lines.append(f"These rows ran on {run['generated_at']} with `{run['command']}` ({run['cells']} cells, "
