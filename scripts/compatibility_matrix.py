@@ -7,6 +7,7 @@ Every cell (tiny model × format × mode, `hfexport.testing.models`) runs in its
     python scripts/compatibility_matrix.py --models tiny-gpt2   # some cells: merged into the existing results
     python scripts/compatibility_matrix.py --zoo                # the published configs (hfexport.testing.zoo), merged
     python scripts/compatibility_matrix.py --update-expected    # also rewrite tests/data/compatibility_expected.json
+    python scripts/compatibility_matrix.py --zoo --fast --collect DIR   # the cells a stopped run finished, merged
     python scripts/compatibility_matrix.py --render-only        # docs/compatibility.md from docs/compatibility.json
                                                                 # and docs/llm_runtimes.json (scripts/llm_runtimes.py)
 
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--update-expected", action="store_true", help="rewrite the expectations file")
     parser.add_argument("--fresh", action="store_true", help="replace the results instead of merging into them")
     parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown from the JSON")
+    parser.add_argument("--collect", type=Path, metavar="WORKDIR", help="instead of running cells, merge the results "
+                        "a run stopped part way left in WORKDIR/results (the cells that finished)")
     args = parser.parse_args(argv)
 
     if args.render_only:  # the run's data as it is; the prose (CI paragraph, command) as this script says now
@@ -142,9 +145,17 @@ def main(argv=None) -> int:
         line += f": {result.detail}" if result.detail else ""
         print(line[:300], flush=True)
 
-    results = run_matrix(cells, workdir, jobs=args.jobs, timeout=args.timeout, threads=args.threads,
-                         on_result=report, per_process=args.per_process, fast=args.fast)
-    wall = time.perf_counter() - started
+    if args.collect:
+        results = [CellResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+                   for path in sorted((args.collect / "results").glob("*.json"))]
+        results = [result for result in results if result.cell in set(cells)]
+        cells = [result.cell for result in results]
+        wall = sum(result.timings.get("wall_s", 0.0) for result in results) / max(1, args.jobs)
+        print(f"collected {len(results)} finished cells from {args.collect}")
+    else:
+        results = run_matrix(cells, workdir, jobs=args.jobs, timeout=args.timeout, threads=args.threads,
+                             on_result=report, per_process=args.per_process, fast=args.fast)
+        wall = time.perf_counter() - started
 
     previous, previous_meta = read_results(args.json) if args.json.is_file() and not args.fresh else ([], {})
     merged = {result.id: result for result in previous}
