@@ -145,18 +145,27 @@ SLOW_CELLS = [(name, export_format, mode) for name, model in ZOO.items() for mod
               for export_format in ("dynamo", "onnx", "openvino", "executorch")]
 
 
+@pytest.fixture(scope="session")
+def every_runtime_env(runtime_env):
+    """ONNX's runtimes and OpenVINO's (openvino-genai, optimum-intel), each in its cached environment."""
+    from hfexport.testing import peers
+
+    return {**runtime_env, "HFEXPORT_RUNTIME_OPENVINO_GENAI": str(peers.openvino_genai_venv()),
+            "HFEXPORT_RUNTIME_OPTIMUM_INTEL": str(peers.peer_venv())}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, export_format, mode", SLOW_CELLS)
-def test_the_full_zoo_on_every_format(tmp_path_factory, runtime_env, name, export_format, mode):
+def test_the_full_zoo_on_every_format(tmp_path_factory, every_runtime_env, name, export_format, mode):
     """A matrix cell of the zoo (`hfexport.testing.matrix`: published widths, the MLP cut to `ZOO_MLP`), as
     `scripts/compatibility_matrix.py --zoo` runs it: exported, verified and, for generation, generated in every
-    runtime of the format that is installed."""
+    runtime of the format (ONNX's, OpenVINO's, and ExecuTorch's LLM runner beside hfexport where installed)."""
     from unittest import mock
 
     from hfexport.testing.matrix import Cell, run_cell
 
     workdir = tmp_path_factory.getbasetemp() / "zoo-matrix"
-    with mock.patch.dict(os.environ, runtime_env):
+    with mock.patch.dict(os.environ, every_runtime_env):
         result = run_cell(Cell(name, export_format, mode), workdir)
     assert result.outcome == "pass", (result.id, result.detail)
     assert not [check for check in result.runtimes if check["verdict"] == FAILED], result.runtimes
