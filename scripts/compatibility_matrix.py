@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads per cell (default: torch's)")
     parser.add_argument("--fast", action="store_true", help="the zoo models narrowed as the default suite's slice "
                         "(hfexport.testing.zoo.build(fast=True): query heads and hidden size in proportion, MLP 256)")
+    parser.add_argument("--no-latency", action="store_true", help="do not measure each artifact's latency (the "
+                        "tables show the export time only; a generation cell's latency run can be a third of it)")
     parser.add_argument("--per-process", type=int, default=1, help="cells run one after another in one process "
                         "(a model's cells stay together; default 1: each cell in its own)")
     parser.add_argument("--workdir", type=Path, help="models and artifacts (default: a temporary folder)")
@@ -154,7 +156,8 @@ def main(argv=None) -> int:
         print(f"collected {len(results)} finished cells from {args.collect}")
     else:
         results = run_matrix(cells, workdir, jobs=args.jobs, timeout=args.timeout, threads=args.threads,
-                             on_result=report, per_process=args.per_process, fast=args.fast)
+                             on_result=report, per_process=args.per_process, fast=args.fast,
+                             latency=not args.no_latency)
         wall = time.perf_counter() - started
 
     previous, previous_meta = read_results(args.json) if args.json.is_file() and not args.fresh else ([], {})
