@@ -7,6 +7,7 @@ Every cell (tiny model × format × mode, `hfexport.testing.models`) runs in its
     python scripts/compatibility_matrix.py --models tiny-gpt2   # some cells: merged into the existing results
     python scripts/compatibility_matrix.py --zoo                # the published configs (hfexport.testing.zoo), merged
     python scripts/compatibility_matrix.py --update-expected    # also rewrite tests/data/compatibility_expected.json
+    python scripts/compatibility_matrix.py --zoo --fast --collect DIR   # the cells a stopped run finished, merged
     python scripts/compatibility_matrix.py --render-only        # docs/compatibility.md from docs/compatibility.json
                                                                 # and docs/llm_runtimes.json (scripts/llm_runtimes.py)
 
@@ -104,6 +105,12 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="cells run at the same time (default 1)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per cell")
     parser.add_argument("--threads", type=int, help="torch threads per cell (default: torch's)")
+    parser.add_argument("--fast", action="store_true", help="the zoo models narrowed as the default suite's slice "
+                        "(hfexport.testing.zoo.build(fast=True): query heads and hidden size in proportion, MLP 256)")
+    parser.add_argument("--no-latency", action="store_true", help="do not measure each artifact's latency (the "
+                        "tables show the export time only; a generation cell's latency run can be a third of it)")
+    parser.add_argument("--per-process", type=int, default=1, help="cells run one after another in one process "
+                        "(a model's cells stay together; default 1: each cell in its own)")
     parser.add_argument("--workdir", type=Path, help="models and artifacts (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=DOCS_JSON)
     parser.add_argument("--markdown", type=Path, default=DOCS_MD)
@@ -111,6 +118,8 @@ def main(argv=None) -> int:
     parser.add_argument("--update-expected", action="store_true", help="rewrite the expectations file")
     parser.add_argument("--fresh", action="store_true", help="replace the results instead of merging into them")
     parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown from the JSON")
+    parser.add_argument("--collect", type=Path, metavar="WORKDIR", help="instead of running cells, merge the results "
+                        "a run stopped part way left in WORKDIR/results (the cells that finished)")
     args = parser.parse_args(argv)
 
     if args.render_only:  # the run's data as it is; the prose (CI paragraph, command) as this script says now
@@ -138,9 +147,18 @@ def main(argv=None) -> int:
         line += f": {result.detail}" if result.detail else ""
         print(line[:300], flush=True)
 
-    results = run_matrix(cells, workdir, jobs=args.jobs, timeout=args.timeout, threads=args.threads,
-                         on_result=report)
-    wall = time.perf_counter() - started
+    if args.collect:
+        results = [CellResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+                   for path in sorted((args.collect / "results").glob("*.json"))]
+        results = [result for result in results if result.cell in set(cells)]
+        cells = [result.cell for result in results]
+        wall = sum(result.timings.get("wall_s", 0.0) for result in results) / max(1, args.jobs)
+        print(f"collected {len(results)} finished cells from {args.collect}")
+    else:
+        results = run_matrix(cells, workdir, jobs=args.jobs, timeout=args.timeout, threads=args.threads,
+                             on_result=report, per_process=args.per_process, fast=args.fast,
+                             latency=not args.no_latency)
+        wall = time.perf_counter() - started
 
     previous, previous_meta = read_results(args.json) if args.json.is_file() and not args.fresh else ([], {})
     merged = {result.id: result for result in previous}
@@ -164,8 +182,13 @@ def main(argv=None) -> int:
     if zoo_cells:  # the published configs' rows: when, where and how they ran
         meta["zoo_run"] = {"generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine,
                            "packages": package_versions(), "timeout_s": args.timeout,
-                           "cells": len(zoo_cells), "wall_s": round(wall, 1), "jobs": args.jobs,
+                           "cells": len(zoo_cells), "wall_s": round(wall, 1), "jobs": args.jobs, "fast": args.fast,
                            "command": "python scripts/compatibility_matrix.py " + " ".join(argv or sys.argv[1:])}
+        earlier = previous_meta.get("zoo_run")
+        if earlier and bool(earlier.get("fast")) == args.fast:  # the rows of earlier zoo runs of the same widths stay
+            meta["zoo_run"].update(
+                cells=sum(1 for result in merged.values() if result.model in ZOO),
+                wall_s=round(earlier["wall_s"] + wall, 1), command=f"{earlier['command']}; {meta['zoo_run']['command']}")
     elif previous_meta.get("zoo_run"):
         meta["zoo_run"] = previous_meta["zoo_run"]
     ordered = sorted(merged.values(), key=lambda r: r.cell)

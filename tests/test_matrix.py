@@ -29,6 +29,7 @@ from hfexport.testing.matrix import (
     render_markdown,
     result_from_report,
     run_cell_subprocess,
+    run_cells_subprocess,
 )
 from hfexport.testing.models import FORMATS, MODELS, make_model, target_name
 from hfexport.testing.zoo import ZOO
@@ -229,6 +230,14 @@ def test_a_hanging_cell_times_out_and_its_process_is_gone(tmp_path):
     assert result.outcome == "timeout" and result.detail == "timeout after 1 s"
     assert result.timings["wall_s"] < 30
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("export.json"))
+
+
+def test_cells_in_one_process_each_have_their_timeout_and_the_rest_go_on_in_a_fresh_one(tmp_path):
+    cells = [Cell("tiny-bert", "onnx", "forward"), Cell("tiny-bert", "dynamo", "forward")]
+    results = run_cells_subprocess(cells, tmp_path, timeout=1, fast=True, rebuild=True)
+    assert [(result.id, result.outcome, result.detail) for result in results] == [
+        (cell.id, "timeout", "timeout after 1 s") for cell in cells]
+    assert all(result.timings["wall_s"] < 30 for result in results)
 
 
 # ── Generated docs and expectations ──────────────────────────────────────────

@@ -9,15 +9,17 @@ the artifacts from disk and verifies them against the eager model. Its outcome i
 - `timeout`: the cell's subprocess ran past its limit and was killed;
 - `exported`: exported and saved, not verified (a job run with `verify=False`).
 
-`run_cell` runs one cell in this process; `run_cell_subprocess` runs it in a child process with a timeout (so
-a hang or a crash in a backend costs one cell, not the run); `run_matrix` runs many, optionally in parallel.
+`run_cell` runs one cell in this process; `run_cells_subprocess` runs cells one after another in a child process
+with a timeout per cell (so a hang or a crash in a backend costs one cell, not the run: the cells after it go on in a
+fresh process), `run_cell_subprocess` one cell so; `run_matrix` runs many, optionally in parallel, optionally several
+cells to a process (one interpreter start and one import of torch and the engine for all of them).
 The rows are the tiny models and, beside them, the
 published configs of `hfexport.testing.zoo` (2 layers, the MLP cut to `ZOO_MLP`, the published heads and head size).
 `render_markdown` writes `docs/compatibility.md` from results; `compare` checks results against the expectations
 file (a cell that passed must keep passing). `scripts/compatibility_matrix.py` and `tests/test_matrix.py` both
 run cells through this module. As a command (what `run_cell_subprocess` runs):
 
-    python -m hfexport.testing.matrix MODEL FORMAT MODE --workdir DIR --result FILE.json
+    python -m hfexport.testing.matrix MODEL/FORMAT/MODE [MODEL/FORMAT/MODE ...] --workdir DIR --results DIR
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .models import FORMATS, MODELS, make_model, target_name
-from .zoo import FAST_EXPERTS, ZOO
+from .zoo import FAST_EXPERTS, FAST_HEADS, FAST_MLP, ZOO
 from .zoo import build as build_zoo_model
 
 OUTCOMES = ("pass", "parity-fail", "error", "timeout", "exported")
@@ -171,23 +173,28 @@ def model_folder(workdir: Path, name: str) -> Path:
     return Path(workdir) / "models" / name
 
 
-def ensure_models(workdir: Path, names: Iterable[str], rebuild: bool = False) -> dict[str, Path]:
-    """Build each tiny model under `workdir/models/`: always with `rebuild`, else only when it is missing."""
+def ensure_models(workdir: Path, names: Iterable[str], rebuild: bool = False, fast: bool = False) -> dict[str, Path]:
+    """Build each model under `workdir/models/`: always with `rebuild`, else only when it is missing. A zoo model is
+    built with its MLP cut to `ZOO_MLP`, or (`fast`) narrowed as the default suite's slice has it
+    (`hfexport.testing.zoo.build(fast=True)`)."""
     folders = {}
     for name in dict.fromkeys(names):
         folder = model_folder(workdir, name)
         if rebuild or not (folder / "export_config.json").is_file():
             if name in MODELS:
                 make_model(name, folder)
+            elif fast:
+                build_zoo_model(name, folder, fast=True)
             else:
                 build_zoo_model(name, folder, mlp=ZOO_MLP)
         folders[name] = folder
     return folders
 
 
-def run_cell(cell: Cell, workdir: str | Path, verify: bool = True, latency: bool = True) -> CellResult:
-    """Run one cell in this process: build the model if needed, run the job for the cell's target (`latency`: with
-    its latency measured), classify."""
+def run_cell(cell: Cell, workdir: str | Path, verify: bool = True, latency: bool = True,
+             fast: bool = False) -> CellResult:
+    """Run one cell in this process: build the model if needed (`fast`: see `ensure_models`), run the job for the
+    cell's target (`latency`: with its latency measured), classify."""
     from hfexport.errors import HfExportError
     from hfexport.job.run import engine_error_message, run_job
 
@@ -200,7 +207,7 @@ def run_cell(cell: Cell, workdir: str | Path, verify: bool = True, latency: bool
             failed.setdefault("stage", step.step)
 
     try:
-        folder = ensure_models(workdir, [cell.model])[cell.model]
+        folder = ensure_models(workdir, [cell.model], fast=fast)[cell.model]
         output = workdir / "out" / cell.model / cell.target
         kwargs = ({} if verify else {"verify": False}) | ({} if latency else {"latency": False})
         report = run_job(folder, output, targets=[cell.target], progress=progress, **kwargs)
@@ -231,48 +238,77 @@ def cell_environment(threads: int | None = None) -> dict[str, str]:
     return env
 
 
+def result_path(workdir: Path, cell: Cell, suffix: str = "json") -> Path:
+    """Where a cell's subprocess writes its `CellResult` (`json`) and its output (`log`)."""
+    return Path(workdir) / "results" / f"{cell.model}.{cell.export_format}.{cell.mode}.{suffix}"
+
+
 def run_cell_subprocess(cell: Cell, workdir: str | Path, timeout: float = DEFAULT_TIMEOUT_S,
-                        threads: int | None = None, verify: bool = True, latency: bool = True) -> CellResult:
+                        threads: int | None = None, verify: bool = True, latency: bool = True,
+                        fast: bool = False) -> CellResult:
     """Run one cell in a child process; kill its whole process group after `timeout` seconds."""
+    return run_cells_subprocess([cell], workdir, timeout, threads, verify, latency, fast)[0]
+
+
+def run_cells_subprocess(cells: Sequence[Cell], workdir: str | Path, timeout: float = DEFAULT_TIMEOUT_S,
+                         threads: int | None = None, verify: bool = True, latency: bool = True,
+                         fast: bool = False, rebuild: bool = False) -> list[CellResult]:
+    """Run `cells` one after another in one child process (`rebuild`: each model built afresh there first, `fast`
+    as `ensure_models` says). `timeout` is each cell's: a cell that runs past it has its process group killed and is
+    a `timeout`, one whose process dies an `error`; the cells after it run on in a fresh process. A cell's `wall_s`
+    counts from the end of the one before (the first: from the process start, imports included), its `cpu_s` is the
+    child's own and its runtimes' over the same span."""
     workdir = Path(workdir)
-    results = workdir / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    result_file = results / f"{cell.model}.{cell.export_format}.{cell.mode}.json"
-    result_file.unlink(missing_ok=True)
-    log_file = results / f"{cell.model}.{cell.export_format}.{cell.mode}.log"
-    command = [sys.executable, "-m", "hfexport.testing.matrix", cell.model, cell.export_format, cell.mode,
-               "--workdir", str(workdir), "--result", str(result_file)]
-    if threads:
-        command += ["--threads", str(threads)]
-    if not verify:
-        command.append("--no-verify")
-    if not latency:
-        command.append("--no-latency")
-    started = time.perf_counter()
+    cells = list(cells)
+    (workdir / "results").mkdir(parents=True, exist_ok=True)
+    for cell in cells:
+        result_path(workdir, cell).unlink(missing_ok=True)
+    log_file = result_path(workdir, cells[0], "log")
+    command = [sys.executable, "-m", "hfexport.testing.matrix", *(cell.id for cell in cells),
+               "--workdir", str(workdir), "--results", str(workdir / "results")]
+    command += ["--threads", str(threads)] if threads else []
+    command += [flag for flag, wanted in (("--no-verify", not verify), ("--no-latency", not latency),
+                                          ("--fast", fast), ("--rebuild", rebuild)) if wanted]
+    results: list[CellResult] = []
     with log_file.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cell_environment(threads),
                                    start_new_session=True)
-        code, cpu = _wait(process, timeout)
-    wall = round(time.perf_counter() - started, 2)
-    if code is None:
-        return CellResult(*_key(cell), "timeout", f"timeout after {timeout:g} s", None, {"wall_s": wall})
-    if result_file.is_file():
-        result = CellResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
-        result.timings.update(wall_s=wall, cpu_s=round(cpu, 2))
-        return result
-    return CellResult(*_key(cell), "error", one_line(f"the cell's process died (exit {code}): {_last_line(log_file)}"),
-                      "process", {"wall_s": wall, "cpu_s": round(cpu, 2)})
+        started = time.perf_counter()
+        for cell in cells:
+            code, cpu = _wait(process, timeout, result_path(workdir, cell))
+            wall = round(time.perf_counter() - started, 2)
+            started = time.perf_counter()
+            if result_path(workdir, cell).is_file():
+                result = CellResult.from_dict(json.loads(result_path(workdir, cell).read_text(encoding="utf-8")))
+                result.timings["wall_s"] = wall
+                results.append(result)
+                continue
+            if code is None:
+                results.append(CellResult(*_key(cell), "timeout", f"timeout after {timeout:g} s", None,
+                                          {"wall_s": wall}))
+            else:
+                results.append(CellResult(*_key(cell), "error", one_line(
+                    f"the cell's process died (exit {code}): {_last_line(log_file)}"), "process",
+                    {"wall_s": wall, "cpu_s": round(cpu, 2)}))
+            rest = cells[len(results):]
+            return results + (run_cells_subprocess(rest, workdir, timeout, threads, verify, latency, fast, rebuild)
+                              if rest else [])
+        _wait(process, timeout, None)
+    return results
 
 
-def _wait(process: subprocess.Popen, timeout: float) -> tuple[int | None, float]:
-    """`(exit code, CPU seconds)` of the child (its own rusage: other cells running meanwhile do not count);
-    `(None, 0)` after killing its process group at `timeout`."""
+def _wait(process: subprocess.Popen, timeout: float, result_file: Path | None) -> tuple[int | None, float]:
+    """Wait until `result_file` appears or the child exits: `(its exit code, None while it runs; the CPU seconds of
+    the exited child)`. At `timeout` with neither, kill its process group: `(None, 0)`."""
     deadline = time.monotonic() + timeout
     while True:
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if pid:
-            process.returncode = os.waitstatus_to_exitcode(status)
-            return process.returncode, usage.ru_utime + usage.ru_stime
+        if process.returncode is None:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                process.returncode = os.waitstatus_to_exitcode(status)
+                process.cpu_s = usage.ru_utime + usage.ru_stime
+        if process.returncode is not None or (result_file is not None and result_file.is_file()):
+            return process.returncode, getattr(process, "cpu_s", 0.0)
         if time.monotonic() >= deadline:
             try:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -290,18 +326,30 @@ def _last_line(log_file: Path) -> str:
 
 def run_matrix(cells: Sequence[Cell], workdir: str | Path, jobs: int = 1, timeout: float = DEFAULT_TIMEOUT_S,
                threads: int | None = None, verify: bool = True,
-               on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
-    """Run `cells`, each in its own subprocess, `jobs` at a time; results in the order of `cells`."""
+               on_result: Callable[[CellResult], None] | None = None, per_process: int = 1, fast: bool = False,
+               latency: bool = True) -> list[CellResult]:
+    """Run `cells` in subprocesses, `jobs` at a time; results in the order of `cells`. `per_process` 1: each cell in
+    its own process, the models built here first; more: a model's cells and the next models' until there are that
+    many run in one process (`run_cells_subprocess`), which builds its models itself (no two processes share one)."""
     workdir = Path(workdir)
-    ensure_models(workdir, [cell.model for cell in cells], rebuild=True)  # before the cells race for the folders
+    if per_process <= 1:
+        ensure_models(workdir, [cell.model for cell in cells], rebuild=True, fast=fast)  # before the cells race
+        groups = [[cell] for cell in cells]
+    else:
+        groups = []
+        for model in dict.fromkeys(cell.model for cell in cells):
+            if not groups or len(groups[-1]) >= per_process:
+                groups.append([])
+            groups[-1].extend(cell for cell in cells if cell.model == model)
     results: dict[Cell, CellResult] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_cell_subprocess, cell, workdir, timeout, threads, verify): cell for cell in cells}
+        futures = {pool.submit(run_cells_subprocess, group, workdir, timeout, threads, verify, latency, fast,
+                               per_process > 1): group for group in groups}
         for future in as_completed(futures):
-            result = future.result()
-            results[futures[future]] = result
-            if on_result:
-                on_result(result)
+            for result in future.result():
+                results[result.cell] = result
+                if on_result:
+                    on_result(result)
     return [results[cell] for cell in cells]
 
 
@@ -427,12 +475,24 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
     lines.append("")
     published = [name for name in ordered if name in ZOO]
     if published:
-        lines += ["## Published configs", "", f"The rows marked *published* are `hfexport.testing.zoo`: a checkpoint's "
-                  f"own config.json (the fields as published, from the source named here), 2 layers, the MLP cut to "
-                  f"{ZOO_MLP} wide and a MoE block to {FAST_EXPERTS} experts (twice its top-k where that is more), the vocabulary cut to the zoo tokenizer's, "
-                  "random weights saved in the published dtype; the heads, key-value heads, head size, rope, windows "
-                  "and norms as published."]
         run = meta.get("zoo_run")
+        if run and run.get("fast"):
+            widths = (f"the `fast` widths of the default suite's slice (`build(fast=True)`: the MLP cut to {FAST_MLP} "
+                      f"wide, a MoE block to {FAST_EXPERTS} experts (twice its top-k where that is more), a decoder's "
+                      f"query heads to twice its key-value heads or at most {FAST_HEADS} with the hidden size in "
+                      "proportion: what two shared cores run in the time), the vocabulary cut to the zoo tokenizer's, "
+                      "random weights saved in the published dtype; the key-value heads, the head size and its ratio to "
+                      "hidden/heads, rope, windows and norms as published.")
+        else:
+            widths = (f"the MLP cut to {ZOO_MLP} wide and a MoE block to {FAST_EXPERTS} experts (twice its top-k where "
+                      "that is more), the vocabulary cut to the zoo tokenizer's, random weights saved in the published "
+                      "dtype; the heads, key-value heads, head size, rope, windows and norms as published.")
+        lines += ["## Published configs", "", "The rows marked *published* are `hfexport.testing.zoo`: a checkpoint's "
+                  "own config.json (the fields as published, from the source named here), 2 layers, " + widths,
+                  "", "The default test suite runs every zoo model's ONNX cell at the `fast` widths "
+                  "(`tests/test_zoo.py`): export, the gate and, for generation, every ONNX deployment runtime "
+                  "(onnxruntime-genai, optimum, transformers.js), a runtime refused by the config before the export "
+                  "excepted; `pytest -m slow tests/test_zoo.py` runs every format."]
         if run:
             lines.append("")
             lines.append(f"These rows ran on {run['generated_at']} with `{run['command']}` ({run['cells']} cells, "
@@ -555,28 +615,47 @@ def _escape(text: str) -> str:
 # ── Command line (one cell, in a subprocess) ─────────────────────────────────
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have exited (the runtimes' clients)."""
+    import resource
+
+    return sum(usage.ru_utime + usage.ru_stime for usage in (resource.getrusage(resource.RUSAGE_SELF),
+                                                             resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hfexport.testing.matrix", description="Run one matrix cell.")
-    parser.add_argument("model", choices=[*MODELS, *ZOO])
-    parser.add_argument("export_format", choices=list(FORMATS))
-    parser.add_argument("mode", choices=list(MODES))
+    parser = argparse.ArgumentParser(prog="python -m hfexport.testing.matrix",
+                                     description="Run matrix cells, one after another.")
+    parser.add_argument("cells", nargs="+", type=Cell.parse, metavar="MODEL/FORMAT/MODE")
     parser.add_argument("--workdir", required=True, type=Path)
-    parser.add_argument("--result", required=True, type=Path, help="where to write the CellResult JSON")
+    parser.add_argument("--results", required=True, type=Path, help="the folder each cell's result JSON goes to")
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
     parser.add_argument("--no-verify", action="store_true", help="export and save only")
     parser.add_argument("--no-latency", action="store_true", help="do not measure the artifact's latency")
+    parser.add_argument("--fast", action="store_true", help="zoo models narrowed as the default suite's slice")
+    parser.add_argument("--rebuild", action="store_true", help="build each model afresh before its first cell")
     args = parser.parse_args(argv)
+    for cell in args.cells:
+        if cell.model not in MODELS and cell.model not in ZOO:
+            parser.error(f"unknown model {cell.model!r}")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    result = run_cell(Cell(args.model, args.export_format, args.mode), args.workdir, verify=not args.no_verify,
-                      latency=not args.no_latency)
-    args.result.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.result.with_suffix(".tmp")
-    temporary.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, args.result)
-    print(f"{result.id}: {result.outcome}" + (f": {result.detail}" if result.detail else ""))
+    cpu, built = 0.0, set()
+    for cell in args.cells:
+        if args.rebuild and cell.model not in built:
+            ensure_models(args.workdir, [cell.model], rebuild=True, fast=args.fast)
+            built.add(cell.model)
+        result = run_cell(cell, args.workdir, verify=not args.no_verify, latency=not args.no_latency, fast=args.fast)
+        spent, cpu = _cpu_seconds() - cpu, _cpu_seconds()
+        result.timings["cpu_s"] = round(spent, 2)
+        target = args.results / f"{cell.model}.{cell.export_format}.{cell.mode}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_suffix(".tmp")
+        temporary.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        os.replace(temporary, target)
+        print(f"{result.id}: {result.outcome}" + (f": {result.detail}" if result.detail else ""), flush=True)
     return 0
 
 
