@@ -40,9 +40,23 @@ def weight_writer(export_format):
 
 @dataclass
 class _Variant:
+    """One form a parameter may be stored in, made when compared (a cast is a copy): the variants of a whole model
+    are never held at once, so making the map takes one parameter's forms in memory, not the model's."""
+
     keys: list[str]
     transform: list[str]
-    tensor: object  # torch.Tensor, contiguous
+    source: object  # torch.Tensor: the parameter (a view of it for "transpose")
+    dtype: object  # torch.dtype the form has
+
+    @property
+    def tensor(self):
+        if "cast_clamped" in self.transform:
+            return clamped_float16(self.source)
+        return self.source.to(self.dtype) if "cast" in self.transform else self.source
+
+    @property
+    def shape(self):
+        return self.source.shape
 
 
 def sources(model) -> tuple[dict, list[str], list[list[str]]]:
@@ -165,17 +179,18 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
         if tensor.dim() == 2:
             forms.append((["transpose"], tensor.t()))
         for transform, form in list(forms):
+            variants.append(_Variant(names, transform or [], form, tensor.dtype))
             for dtype in dtypes:
                 if tensor.is_floating_point() and str(tensor.dtype).removeprefix("torch.") != dtype:
                     if clamped and dtype == "float16" and tensor.dtype == torch.float32:
-                        forms.append(([*transform, "cast_clamped"], clamped_float16(form)))
+                        variants.append(_Variant(names, [*transform, "cast_clamped"], form, torch.float16))
                     else:
-                        forms.append(([*transform, "cast"], form.to(_torch_dtype(dtype))))
-        variants += [_Variant(names, transform, form.contiguous()) for transform, form in forms]
+                        variants.append(_Variant(names, [*transform, "cast"], form, _torch_dtype(dtype)))
     index: dict[tuple, list[_Variant]] = {}
     for variant in variants:
         data = _u8(variant.tensor)
         index.setdefault((len(data), _sample(data)), []).append(variant)
+        del data
 
     entries, unmapped, covered = [], [], set()
     for file, by_name in stored.items():
@@ -258,7 +273,7 @@ def _match(entry: Stored, index: dict, variants: list[_Variant]) -> tuple[list[d
     for variant in index.get((len(data), _sample(data)), []):
         if entry.dtype is None and "cast" in variant.transform:
             continue  # an untyped storage (.pt2, .pte named data) holds the parameter's own dtype
-        if torch.equal(_u8(variant.tensor), data) and (entry.dtype is None or str(variant.tensor.dtype).endswith(entry.dtype)):
+        if (entry.dtype is None or str(variant.dtype).endswith(entry.dtype)) and torch.equal(_u8(variant.tensor), data):
             return [_part(variant, entry.shape)], None
     stored = _as_tensor(entry)
     if stored is None or stored.dim() not in (1, 2):
@@ -272,7 +287,7 @@ def _match(entry: Stored, index: dict, variants: list[_Variant]) -> tuple[list[d
 
 def _part(variant: _Variant, shape: list[int] | None) -> dict:
     transform = list(variant.transform)
-    if shape is not None and list(variant.tensor.shape) != list(shape):
+    if shape is not None and list(variant.shape) != list(shape):
         transform.append("reshape")
     return {"keys": list(variant.keys), "transform": transform or ["identity"]}
 
@@ -282,11 +297,11 @@ def _concat(stored, axis: int, variants: list[_Variant]) -> list[dict] | None:
 
     size, position, parts = stored.shape[axis], 0, []
     others = [d for i, d in enumerate(stored.shape) if i != axis]
-    candidates = [v for v in variants if v.tensor.dtype == stored.dtype and v.tensor.dim() == stored.dim()
-                  and [d for i, d in enumerate(v.tensor.shape) if i != axis] == others]
+    candidates = [v for v in variants if v.dtype == stored.dtype and len(v.shape) == stored.dim()
+                  and [d for i, d in enumerate(v.shape) if i != axis] == others]
     while position < size:
         for variant in candidates:
-            length = variant.tensor.shape[axis]
+            length = variant.shape[axis]
             if length <= size - position and length < size and torch.equal(stored.narrow(axis, position, length),
                                                                           variant.tensor):
                 parts.append({"keys": list(variant.keys), "transform": list(variant.transform) or ["identity"],
