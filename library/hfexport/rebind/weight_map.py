@@ -46,7 +46,11 @@ class _Variant:
     keys: list[str]
     transform: list[str]
     source: object  # torch.Tensor: the parameter (a view of it for "transpose")
-    dtype: object  # torch.dtype the form has
+    dtype: object = None  # torch.dtype the form has (None: the source's, a form made already)
+
+    def __post_init__(self):
+        if self.dtype is None:
+            self.dtype = self.source.dtype
 
     @property
     def tensor(self):
