@@ -89,24 +89,21 @@ def group_size_problems(section: dict, target_path: list, config: dict, config_s
     group = params.get("group_size", GROUPED_NNCF_MODES[mode])
     if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
         return []  # -1 (per channel) divides everything; a wrong type is the section check's
-    sizes = layer_input_sizes(config)
-    bad = {key: value for key, value in sizes.items() if value % group}
-    if not bad:
+    undivided = _undivided_layers(config, group)
+    if undivided is None:
         return []
+    layers, works = undivided
     base = ".".join(map(str, [*target_path, "quantization", "params"]))
     stated = "group_size" in params
     path = f"{base}.group_size" if stated else f"{base}.mode"
     what = f"group_size {group}" if stated else f"{mode} groups {group} weights by default (NNCF) and"
-    layers = ", ".join(f"{key} = {value}" for key, value in bad.items())
-    works = dividing_group_size(sizes.values(), group)
     if mode == "mxfp4":
         fix = "mxfp4 groups 32 weights always: use another mode (int4_asym with a group size that divides them)"
     elif works:
         fix = f"{'use' if stated else 'add'} group_size {works}, which divides every layer's input"
     else:
         fix = "use group_size -1 (one scale per output channel)"
-    return [Problem(path, f"{what} does not divide the input size of the model's layers ({layers}, {config_source}):"
-                          f" NNCF would refuse it after the export; {fix}")]
+    return [_problem(path, what, layers, config_source, fix)]
 
 
 def variant_group_size_problems(target: dict, target_path: list, config: dict, config_source: str = "config.json",
@@ -119,15 +116,27 @@ def variant_group_size_problems(target: dict, target_path: list, config: dict, c
         group = item.get("group_size") if isinstance(item, dict) else None
         if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
             continue
-        sizes = layer_input_sizes(config)
-        bad = {key: value for key, value in sizes.items() if value % group}
-        if not bad:
+        undivided = _undivided_layers(config, group)
+        if undivided is None:
             continue
-        layers = ", ".join(f"{key} = {value}" for key, value in bad.items())
-        works = dividing_group_size(sizes.values(), group)
+        layers, works = undivided
         fix = f"use group_size {works}, which divides every layer's input" if works else \
             "use group_size -1 (one scale per output channel)"
         path = ".".join(map(str, [*target_path, "variants", index, "group_size"]))
-        problems.append(Problem(path, f"group_size {group} does not divide the input size of the model's layers "
-                                      f"({layers}, {config_source}): NNCF would refuse it after the export; {fix}"))
+        problems.append(_problem(path, f"group_size {group}", layers, config_source, fix))
     return problems
+
+
+def _undivided_layers(config: dict, group: int) -> tuple[str, int | None] | None:
+    """The layers whose input size `group` does not divide (as `name = size, ...`) and the largest group size that
+    divides them all (None: no power of two does); None when `group` divides every layer."""
+    sizes = layer_input_sizes(config)
+    bad = {key: value for key, value in sizes.items() if value % group}
+    if not bad:
+        return None
+    return ", ".join(f"{key} = {value}" for key, value in bad.items()), dividing_group_size(sizes.values(), group)
+
+
+def _problem(path: str, what: str, layers: str, config_source: str, fix: str) -> Problem:
+    return Problem(path, f"{what} does not divide the input size of the model's layers ({layers}, {config_source}):"
+                         f" NNCF would refuse it after the export; {fix}")
