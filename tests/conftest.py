@@ -209,8 +209,9 @@ def _mbart_job(session_dir, tiny_mbart, runtime_env):
 
 
 @pytest.fixture(scope="session")
-def _llava_job(session_dir, tiny_llava):
-    return _generation_job(session_dir, tiny_llava, "exported-llava")
+def _llava_job(session_dir, tiny_llava, runtime_env):
+    """Its gate runs the ONNX runtimes (transformers.js opens its image-text-to-text layout: tests/test_generate_vlm.py)."""
+    return _generation_job(session_dir, tiny_llava, "exported-llava", runtime_env)
 
 
 @pytest.fixture(scope="module")

@@ -218,6 +218,10 @@ class FormatProgram:
     def after_save(self, model, directory: Path, tokenizer=None) -> None:
         """Lay the saved folder out in its runtimes' contract (`tokenizer`: the one `save_pretrained` was given)."""
 
+    def after_rebind(self, directory: Path) -> None:
+        """Rewrite the files of the runtimes' contract derived from the components, once new weights were written into
+        the components (`hfexport.rebind.folder.rebind_copy`; the default: none are derived)."""
+
     def save_processor(self, directory: Path, processor) -> None:
         """Save the job's processor beside a saved target where its runtimes' contract reads it (the default: not)."""
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE, REPORT_FILE, write_json_atomic
+from hfexport.formats.programs import format_program
 from hfexport.rebind.weight_map import RebindRefused, apply, build, refusal, weight_writer
 from hfexport.safety.artifacts import check_manifest, check_manifest_file
 
@@ -46,7 +47,9 @@ def rebind_copy(source: Path, destination: Path, manifest: dict, model=None, ten
             (destination / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(file, destination / relative)
     try:
-        return apply(destination, manifest, manifest["weight_map"], model, tensors)
+        written = apply(destination, manifest, manifest["weight_map"], model, tensors)
+        format_program(manifest["export_format"]).after_rebind(destination)  # files derived from the components
+        return written
     except RebindRefused:
         raise
     except Exception as error:  # noqa: BLE001 - a file that does not read as the map says: no rebind

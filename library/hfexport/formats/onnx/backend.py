@@ -26,6 +26,9 @@ TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "uint8
 #: transformers.js' `dtype` for each ONNX file name it knows (`onnx/model<suffix>.onnx`), by the name's stem.
 TRANSFORMERS_JS_DTYPES = {None: "fp32", **{f"model{suffix}": dtype for dtype, suffix in TRANSFORMERS_JS_SUFFIXES.items()
                                             if suffix}}
+#: The graphs transformers.js opens for an image-text-to-text model at dtype fp32 (its `MODEL_TYPES.ImageTextToText`
+#: sessions, src/models/session_config.js; hfexport.formats.onnx.image_text_contract writes them).
+IMAGE_TEXT_FILES = ("vision_encoder.onnx", "embed_tokens.onnx", "decoder_model_merged.onnx")
 #: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
 #: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract); other tasks: a
 #: decoder-only LLM's.
@@ -53,7 +56,8 @@ def transformers_js_config(config: dict, onnx_files) -> dict:
     """`config` (a repo's config.json) with the `transformers.js_config` that lets transformers.js open every graph
     among `onnx_files` (names in `onnx/`) by `dtype` alone: `use_external_data_format` per file name, 1 (one chunk,
     `<file>_data`) for each `X.onnx` whose `X.onnx_data` is there (transformers.js 4.3.2, src/utils/model-loader.js:
-    `resolveExternalDataFormat` looks the full file name up first); `kv_cache_dtype` "float16" for the fp16 dtypes
+    `resolveExternalDataFormat` looks the full file name up first), the image-text-to-text graphs' (`IMAGE_TEXT_FILES`)
+    too; `kv_cache_dtype` "float16" for the fp16 dtypes
     (transformers.js 3.x reads it to make an fp16 empty cache; 4.x reads the cache's type off the graph's inputs).
     The owner's other keys, and entries for files not among `onnx_files`, are kept."""
     names = set(onnx_files)
@@ -63,7 +67,7 @@ def transformers_js_config(config: dict, onnx_files) -> dict:
     external = dict(external) if isinstance(external, dict) else {}
     half = dict(own.get("kv_cache_dtype")) if isinstance(own.get("kv_cache_dtype"), dict) else {}
     for name in sorted(names):
-        dtype = transformers_js_dtype(name)
+        dtype = transformers_js_dtype(name) or ("fp32" if name in IMAGE_TEXT_FILES else None)
         if dtype is None:
             continue
         if onnx_data_name(name) in names:

@@ -1,5 +1,5 @@
 """ONNX's programs: the engine's export with onnxscript's fix and onnxruntime's fusion-ready rewrites, saved in the
-runtimes' contracts (float16 conversion, the decoder and seq2seq layouts), loaded lazily on ONNX Runtime from the
+runtimes' contracts (float16 conversion, the decoder, seq2seq and image-text-to-text layouts), loaded lazily on ONNX Runtime from the
 checked file, its files checked, its weights rewritten in place, its external data renamed when published."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.onnx import decoder_contract, weights
 from hfexport.formats.onnx import float16 as onnx_float16
+from hfexport.formats.onnx import image_text_contract
 from hfexport.formats.onnx import seq2seq_contract as onnx_seq2seq
 from hfexport.formats.onnx import variants as onnx_variants
 from hfexport.formats.onnx.onnxruntime_workarounds import (
@@ -42,6 +43,11 @@ class OnnxProgram(FormatProgram):
             onnx_float16.convert(Path(directory))
         decoder_contract.to_contract(Path(directory))
         onnx_seq2seq.to_contract(Path(directory))
+        image_text_contract.to_contract(Path(directory))
+
+    def after_rebind(self, directory: Path) -> None:
+        # transformers.js' image-text-to-text graphs are copies of the VLM components' weights: written again
+        image_text_contract.to_contract(Path(directory))
 
     def save_processor(self, directory: Path, processor) -> None:
         in_contract = (directory / decoder_contract.GENAI_CONFIG_FILE).is_file() or \
@@ -49,6 +55,7 @@ class OnnxProgram(FormatProgram):
         if in_contract and hasattr(processor, "save_pretrained"):
             processor.save_pretrained(directory)  # the loaders' contract: the tokenizer beside the graph
             save_tokenizer(directory, processor)  # its class as transformers 4.x (optimum's) reads it too
+            image_text_contract.save_processor_files(directory, processor)  # transformers.js' flat files
 
     def write_variant(self, folder: Path, variant: dict, stage: Path) -> None:
         onnx_variants.write(folder, variant, stage)

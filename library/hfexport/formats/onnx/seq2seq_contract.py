@@ -163,7 +163,7 @@ def merge_decoder(prefill, decode):
     template = {value.name: value for value in prefill.graph.outputs}
     metadata = {OUTPUTS_KEY[False]: json.dumps([value.name for value in prefill.graph.outputs]),
                 OUTPUTS_KEY[True]: json.dumps([value.name for value in decode.graph.outputs])}
-    branches = {use_cache: _branch(model, outer, initializers, output_names, "decode" if use_cache else "prefill")
+    branches = {use_cache: branch(model, outer, initializers, output_names, "decode" if use_cache else "prefill")
                 for use_cache, model in ((True, decode), (False, prefill))}
     node = onnx_ir.Node("", "If", [outer[USE_CACHE_BRANCH]],
                         attributes=[onnx_ir.AttrGraph("then_branch", branches[True]),
@@ -211,18 +211,25 @@ def _output_dims(name: str, source, outer: dict) -> list:
     return ["batch_size", past.shape[1], length, past.shape[3]]
 
 
-def _branch(model, outer: dict, initializers: dict, output_names: list[str], prefix: str):
-    """`model`'s graph as an `If` branch: no inputs (its inputs replaced by the merged graph's), its weights moved
-    to the outer graph (`initializers`, shared by name where equal), its values renamed apart, its outputs in the
-    merged decoder's order (an output that is not computed inside the branch goes through an Identity)."""
+def _outer_input(engine_name: str) -> str | None:
+    """The merged decoder's input that feeds one of the engine's decoder inputs (None: none does)."""
+    name = engine_name.removeprefix("input.")
+    match = _ENGINE_CACHE.match(name)
+    return f"past_key_values.{match[2]}.{_KIND[match[1]]}.{match[3][:-1]}" if match else _INPUTS.get(name)
+
+
+def branch(model, outer: dict, initializers: dict, output_names: list[str], prefix: str, *,
+           outer_input=_outer_input, output_name=contract_output):
+    """`model`'s graph as an `If` branch: no inputs (each replaced by the merged graph's `outer_input(name)`), its
+    weights moved to the outer graph (`initializers`, shared by name where equal), its values renamed apart, its
+    outputs (named `output_name(name)`) in the merged decoder's order `output_names` (an output that is not computed
+    inside the branch goes through an Identity)."""
     import onnx_ir
 
     graph = model.graph
-    by_contract = {contract_output(value.name): value for value in graph.outputs}
+    by_contract = {output_name(value.name): value for value in graph.outputs}
     for value in list(graph.inputs):
-        name = value.name.removeprefix("input.")
-        match = _ENGINE_CACHE.match(name)
-        target = (f"past_key_values.{match[2]}.{_KIND[match[1]]}.{match[3][:-1]}" if match else _INPUTS.get(name))
+        target = outer_input(value.name)
         if target not in outer:
             raise Seq2SeqContractError(f"the {prefix} graph takes {value.name}, which the loaders do not feed")
         value.replace_all_uses_with(outer[target])

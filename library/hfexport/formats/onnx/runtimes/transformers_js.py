@@ -6,7 +6,10 @@ left-padded batch. A quantized target is judged by its token agreement floor, as
 builds the first step's empty past from the graph's input metadata (`batch_size` is the batch, every other symbol 0),
 which `hfexport.formats.onnx.decoder_contract` writes. An encoder-decoder (`onnx/encoder_model.onnx` +
 `onnx/decoder_model_merged.onnx`, `hfexport.formats.onnx.seq2seq_contract`) runs in `AutoModelForSeq2SeqLM` on its encoder's token ids
-(batch 1 and one right-padded batch), Whisper in `AutoModelForSpeechSeq2Seq` on its `input_features`."""
+(batch 1 and one right-padded batch), Whisper in `AutoModelForSpeechSeq2Seq` on its `input_features`. A LLaVA-class
+vision-language export (`onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` + `onnx/decoder_model_merged.onnx`,
+`hfexport.formats.onnx.image_text_contract`) runs in `AutoModelForImageTextToText` on each prompt's token ids and
+`pixel_values` (batch 1: the image encoder is traced on one prompt's images)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from hfexport.deployment._python import judge, request_payload
 from hfexport.formats.onnx.backend import transformers_js_config, transformers_js_dtype
 from hfexport.formats.onnx.decoder_contract import MODEL_FILE, stage_as
 from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, exported_config
+from hfexport.formats.onnx.image_text_contract import FILES as IMAGE_TEXT_FILES
+from hfexport.formats.onnx.image_text_contract import IMAGE_INPUTS
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "transformers.js"
@@ -50,6 +55,17 @@ CAUSAL_LM_TYPES = (
     "qwen3_5_moe", "gemma3n", "gemma4", "phi", "phi3", "mpt", "opt", "mbart", "mistral", "mistral4", "ministral",
     "ministral3", "ernie4_5", "starcoder2", "deepseek_v3", "deepseek_v4", "falcon", "falcon_h1", "nemotron_h", "trocr",
     "solar_open", "stablelm", "modernbert-decoder", "hunyuan_v1_dense", "youtu", "zaya", "hrm_text", "phi3_v")
+#: transformers.js 4.3.2's vision-language models: the model types of its MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+#: (src/models/registry.js), opened by `AutoModelForImageTextToText`.
+IMAGE_TEXT_TO_TEXT_TYPES = (
+    "llava", "llava_onevision", "moondream1", "florence2", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+    "qwen3_5", "qwen3_5_moe", "lfm2_vl", "lfm3_vl", "idefics3", "smolvlm", "paligemma", "llava_qwen2", "gemma3",
+    "gemma3n", "gemma4", "mistral3", "lighton_ocr", "glm_ocr")
+#: Why transformers.js does not check a VLM export without the image-text-to-text layout.
+NOT_IN_IMAGE_TEXT_CONTRACT = (
+    "not in transformers.js' image-text-to-text layout (vision_encoder.onnx + embed_tokens.onnx + "
+    "decoder_model_merged.onnx): hfexport writes it for an image encoder on pixel_values alone and one position per "
+    "token (LLaVA-class; hfexport.formats.onnx.image_text_contract), not for image grids or multi-axis rope positions")
 
 
 def limitation(config: dict) -> str | None:
@@ -57,8 +73,8 @@ def limitation(config: dict) -> str | None:
     nothing known): a model type its AutoModelForCausalLM does not map, which it refuses by name, or a `multi_query`
     config, whose past it feeds as one fused tensor per layer."""
     model_type = config.get("model_type")
-    if config.get("is_encoder_decoder") or not model_type:
-        return None
+    if config.get("is_encoder_decoder") or not model_type or model_type in IMAGE_TEXT_TO_TEXT_TYPES:
+        return None  # an image-text-to-text model: its layout is known at the gate (`NOT_IN_IMAGE_TEXT_CONTRACT`)
     if model_type not in CAUSAL_LM_TYPES:
         return (f"refused before export: transformers.js 4.3.2's AutoModelForCausalLM throws \"Unsupported model "
                 f"type: {model_type}\" (src/models/auto/modeling_auto.js): {model_type!r} is not in its "
@@ -73,6 +89,8 @@ def limitation(config: dict) -> str | None:
 
 def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     folder = Path(folder).resolve()
+    if IMAGE_INPUTS & set(request.extra):
+        return _check_image_text(folder, request)
     seq2seq = request.is_encoder_decoder
     graph = DECODER_FILE if seq2seq else MODEL_FILE
     if not (folder / graph).is_file():
@@ -84,11 +102,9 @@ def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     if dtype is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"published as {request.file_name}, a name transformers.js "
                             "opens by no dtype (it opens onnx/model{suffix}.onnx: _fp16, _quantized, _q4, ...)")
-    modules = runtime_environment(RUNTIME)
-    node = shutil.which("node")
-    if not modules or not (Path(modules) / PACKAGE / "package.json").is_file() or node is None:
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (Node.js and `npm install "
-                            "@huggingface/transformers` in a folder named by HFEXPORT_RUNTIME_TRANSFORMERS_JS)")
+    node, modules = _installed()
+    if node is None:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_INSTALLED)
     # Whisper at batch 1 only: transformers.js 4.3's Whisper generate starts one decoder row (a batch of features:
     # "The encoder outputs have a different batch size (2) than the decoder inputs (1)"), and refuses decoder_input_ids
     # of more rows ("Unable to decode tensor with `batch size !== 1`").
@@ -113,15 +129,69 @@ def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
             config = json.loads((repo / "config.json").read_text(encoding="utf-8"))
             names = [path.name for path in (repo / "onnx").iterdir()]
             (repo / "config.json").write_text(json.dumps(transformers_js_config(config, names)), encoding="utf-8")
-        os.symlink(Path(modules).resolve() / "node_modules", stage / "node_modules", target_is_directory=True)
-        shutil.copyfile(CLIENT, stage / CLIENT.name)  # ESM resolves packages beside the script
-        (stage / "request.json").write_text(json.dumps(payload), encoding="utf-8")
         try:
-            result = run_client([node, str(stage / CLIENT.name), str(stage / "models"), "model", str(stage / "request.json")],
-                                timeout=request.timeout_s, cwd=stage)
+            result = _run(node, modules, stage, payload, request)
         except RuntimeClientError as error:
             return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=batches, precision=dtype)
     if not batched:
         return judge_tokens(RUNTIME, request, request.expected, [request.cut(tokens) for tokens in result["batch1"]],
                             version=result.get("version"), batch_sizes=batches, precision=dtype)
     return judge(RUNTIME, request, result, batches, precision=dtype)
+
+
+NOT_INSTALLED = ("not installed (Node.js and `npm install @huggingface/transformers` in a folder named by "
+                 "HFEXPORT_RUNTIME_TRANSFORMERS_JS)")
+
+
+def _installed() -> tuple[str | None, str | None]:
+    """(node, the folder holding node_modules/@huggingface/transformers), or (None, None) where either is missing."""
+    modules = runtime_environment(RUNTIME)
+    node = shutil.which("node")
+    if not modules or not (Path(modules) / PACKAGE / "package.json").is_file() or node is None:
+        return None, None
+    return node, modules
+
+
+def _run(node: str, modules: str, stage: Path, payload: dict, request: GenerationRequest) -> dict:
+    """The client on `stage/models/model` (laid out as a Hub repo), with `payload` as its request."""
+    os.symlink(Path(modules).resolve() / "node_modules", stage / "node_modules", target_is_directory=True)
+    shutil.copyfile(CLIENT, stage / CLIENT.name)  # ESM resolves packages beside the script
+    (stage / "request.json").write_text(json.dumps(payload), encoding="utf-8")
+    return run_client([node, str(stage / CLIENT.name), str(stage / "models"), "model", str(stage / "request.json")],
+                      timeout=request.timeout_s, cwd=stage)
+
+
+def _check_image_text(folder: Path, request: GenerationRequest) -> RuntimeCheck:
+    """A vision-language export in `AutoModelForImageTextToText` (fp32), each prompt with its own images (batch 1)."""
+    if not all((folder / name).is_file() for name in IMAGE_TEXT_FILES):
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_IMAGE_TEXT_CONTRACT)
+    config = exported_config(folder)
+    if config.get("model_type") not in IMAGE_TEXT_TO_TEXT_TYPES:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=(
+            f"transformers.js 4.3.2's AutoModelForImageTextToText throws \"Unsupported model type: "
+            f"{config.get('model_type')}\": it is not in its MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES "
+            "(src/models/registry.js)"))
+    node, modules = _installed()
+    if node is None:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_INSTALLED)
+    images = {name: request.extra[name] for name in sorted(IMAGE_INPUTS & set(request.extra))}
+    payload = {**request_payload(request, padded=False), "dtype": "fp32", "image_text": True,
+               "images": [{name: {"dims": [1, *value.shape[1:]], "data": value[row].astype("float32").ravel().tolist()}
+                           for name, value in images.items()} for row in range(len(request.prompts))]}
+    with tempfile.TemporaryDirectory(prefix="hfexport-transformers-js-") as scratch:
+        stage = Path(scratch)
+        repo = stage / "models" / "model"
+        repo.mkdir(parents=True)
+        os.symlink(folder, repo / "onnx", target_is_directory=True)
+        for name in ROOT_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, repo / name)
+        # config.json as the publication writes it: `transformers.js_config` names each graph's external data
+        (repo / "config.json").write_text(json.dumps(transformers_js_config(
+            config, [path.name for path in folder.iterdir()])), encoding="utf-8")
+        try:
+            result = _run(node, modules, stage, payload, request)
+        except RuntimeClientError as error:
+            return RuntimeCheck(RUNTIME, FAILED, reason=str(error), batch_sizes=[1], precision="fp32")
+    return judge_tokens(RUNTIME, request, request.expected, [request.cut(tokens) for tokens in result["batch1"]],
+                        version=result.get("version"), batch_sizes=[1], precision="fp32")

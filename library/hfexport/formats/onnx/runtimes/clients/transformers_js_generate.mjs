@@ -8,9 +8,12 @@
 // "input_features" ([batch, mel bins, frames]): then AutoModelForSeq2SeqLM (or AutoModelForSpeechSeq2Seq) opens
 // onnx/encoder_model.onnx + onnx/decoder_model_merged.onnx. Prints one JSON line:
 // {"version", "batch1": [[new ids]], "padded": [[new ids]] or null} (an encoder-decoder's: after the decoder start).
+// With "image_text" and "images" (per prompt, {input name: {"dims", "data"}}: the processor's pixel_values),
+// AutoModelForImageTextToText opens onnx/vision_encoder.onnx + onnx/embed_tokens.onnx + onnx/decoder_model_merged.onnx
+// and generates each prompt with its images (batch 1).
 import fs from "node:fs";
 import {
-  AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, Tensor, env,
+  AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, Tensor, env,
 } from "@huggingface/transformers";
 
 const [modelsDir, modelName, requestFile] = process.argv.slice(2);
@@ -21,7 +24,9 @@ const options = { dtype: request.dtype || "fp32", device: "cpu" };
 if (request.external_data) options.use_external_data_format = true;
 const seq2seq = Boolean(request.is_encoder_decoder);
 const speech = seq2seq && Array.isArray(request.input_features);
-const Auto = speech ? AutoModelForSpeechSeq2Seq : seq2seq ? AutoModelForSeq2SeqLM : AutoModelForCausalLM;
+const imageText = Boolean(request.image_text);
+const Auto = imageText ? AutoModelForImageTextToText
+  : speech ? AutoModelForSpeechSeq2Seq : seq2seq ? AutoModelForSeq2SeqLM : AutoModelForCausalLM;
 const model = await Auto.from_pretrained(modelName, options);
 const settings = {
   max_new_tokens: request.max_new_tokens, do_sample: false,
@@ -46,7 +51,23 @@ async function generateSeq2seq(rows, masks) {
   return output.tolist().map((row) => row.map(Number)).map((row) => (start == null || row[0] === start ? row.slice(1) : row));
 }
 
-if (seq2seq) {
+if (imageText) {
+  const batch1 = [];
+  for (const [index, prompt] of request.prompts.entries()) {
+    const shape = [1, prompt.length];
+    const images = Object.fromEntries(Object.entries(request.images[index]).map(
+      ([name, { dims, data }]) => [name, new Tensor("float32", Float32Array.from(data), dims)]));
+    const output = await model.generate({
+      input_ids: new Tensor("int64", BigInt64Array.from(prompt.map(BigInt)), shape),
+      attention_mask: new Tensor("int64", BigInt64Array.from(prompt.map(() => 1n)), shape),
+      ...images, ...settings,
+    });
+    batch1.push(output.tolist()[0].slice(prompt.length).map(Number));
+  }
+  const pkg = JSON.parse(fs.readFileSync(new URL("./node_modules/@huggingface/transformers/package.json",
+                                                 import.meta.url), "utf8"));
+  console.log(JSON.stringify({ version: pkg.version, batch1, padded: null }));
+} else if (seq2seq) {
   const batch1 = [];
   const inputs = speech ? request.input_features : request.prompts;
   for (const row of inputs) batch1.push((await generateSeq2seq([row], speech ? null : [row.map(() => 1)]))[0]);

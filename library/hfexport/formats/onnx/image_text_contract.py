@@ -1,0 +1,266 @@
+"""A vision-language ONNX generation export in transformers.js' image-text-to-text layout: `vision_encoder.onnx`,
+`embed_tokens.onnx` and `decoder_model_merged.onnx` (each + `_data`), written beside hfexport's own components.
+
+transformers.js 4.3.2 opens an image-text-to-text model (`MODEL_TYPES.ImageTextToText`, src/models/session_config.js)
+as three sessions and runs them as `generic_text_to_text_forward` does (src/models/modeling_utils.js):
+
+- `vision_encoder`: the processor's `pixel_values` (inputs picked by the session's input names) -> `image_features`,
+  which LLaVA's `_merge_input_ids_with_image_features` views as `[-1, hidden]` and writes, row by row, over the token
+  embeddings at the `config.image_token_index` positions (`default_merge_input_ids_with_features`);
+- `embed_tokens`: `input_ids` -> `inputs_embeds`, the token embeddings alone (on the prompt, and on every new token);
+- `decoder_model_merged`: `inputs_embeds`, `attention_mask`, `position_ids` (the mask's cumulative sum, made by
+  transformers.js), `past_key_values.{i}.key|value` (an empty past at the prompt, built from the graph's input
+  metadata: `batch_size` is the batch, every other symbol 0) and `use_cache_branch` -> `logits`, `present.{i}.key|value`.
+
+hfexport's VLM export (`hfexport.plan.vision_language`) has the image encoder (`image_encoder`: the same features,
+`[tokens, hidden]`), the embedding merge (`embed`, which scatters the features itself), the engine's prompt graph
+(`language_model` on `inputs_embeds`, then `lm_head`) and its `decode` (on `input_ids`). `to_contract` writes the
+image encoder under transformers.js' names, cuts the token embeddings (the `Gather` of the embedding table on
+`input_ids`) out of `embed`, and merges the prompt graphs (else) and the decode (then, its own `Gather` replaced by
+the `inputs_embeds` input) into one `If(use_cache_branch)` graph, as `hfexport.formats.onnx.seq2seq_contract` merges
+an encoder-decoder's (weights the two branches share stored once). hfexport's runner keeps reading its own components
+(the manifest is unchanged); the three files are the transformers.js users' copy of the same weights.
+
+Written for the models whose image encoder takes `pixel_values` alone and whose language model takes one position
+per token (LLaVA-class); not for Qwen2-VL-class exports (`image_grid_thw`, three-axis rope positions, which
+transformers.js computes with a `get_rope_index` of its own).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hfexport.files import MANIFEST_FILE
+from hfexport.formats.onnx import decoder_contract
+from hfexport.formats.onnx.backend import IMAGE_TEXT_FILES
+from hfexport.formats.onnx.seq2seq_contract import USE_CACHE_BRANCH, Seq2SeqContractError, branch
+
+FILES = IMAGE_TEXT_FILES
+VISION_ENCODER_FILE, EMBED_TOKENS_FILE, DECODER_FILE = FILES
+#: hfexport's VLM components (`hfexport.generate.vision_language`).
+COMPONENTS = ("image_encoder", "embed", "language_model", "lm_head", "decode")
+IMAGE_INPUTS = {"pixel_values"}
+BATCH, SEQUENCE, PAST, TOTAL = (decoder_contract.BATCH, decoder_contract.SEQUENCE, decoder_contract.PAST,
+                                decoder_contract.TOTAL)
+
+
+def applies(manifest: dict) -> bool:
+    """Whether a saved export is an ONNX LLaVA-class VLM generation (`COMPONENTS`, an image encoder on `pixel_values`
+    alone, a language model on one position per token, a decode on `input_ids` and a `DynamicCache`)."""
+    components = manifest.get("components") or {}
+    if manifest.get("export_format") != "onnx" or set(components) != set(COMPONENTS):
+        return False
+
+    def kwargs(name):
+        return (components[name].get("metadata") or {}).get("kwargs") or {}
+
+    positions = (kwargs("language_model").get("position_ids") or {}).get("shape") or []
+    cache = kwargs("decode").get("past_key_values") or {}
+    return set(kwargs("image_encoder")) == IMAGE_INPUTS and len(positions) == 2 and "input_ids" in kwargs("decode") \
+        and cache.get("container") == "DynamicCache"
+
+
+def to_contract(folder: Path) -> bool:
+    """Write `FILES` (+ `_data`) into `folder` from its VLM components; False (nothing written) when the export is not
+    one it applies to, or its graphs do not have the token-embedding lookup it cuts (`embedding_lookup`). Raises
+    `Seq2SeqContractError` when the cache's heads or head size are dynamic."""
+    import onnx_ir
+
+    folder = Path(folder)
+    manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    if not applies(manifest):
+        return False
+    files = {name: folder / manifest["components"][name]["file"] for name in COMPONENTS}
+    embed, decode = onnx_ir.load(str(files["embed"])), onnx_ir.load(str(files["decode"]))
+    if embedding_lookup(embed.graph) is None or embedding_lookup(decode.graph) is None:
+        return False
+    encoder = onnx_ir.load(str(files["image_encoder"]))
+    (features,) = encoder.graph.outputs
+    features.name = "image_features"
+    for value in [*encoder.graph.inputs, features]:  # the engine writes some static dims as symbols ("3", "32")
+        if value.shape is not None:
+            value.shape = onnx_ir.Shape([_int(dim) for dim in value.shape])
+    embed_tokens = token_embeddings(embed)
+    merged = merge_decoder(onnx_ir.load(str(files["language_model"])), onnx_ir.load(str(files["lm_head"])), decode)
+    for model, name in ((encoder, VISION_ENCODER_FILE), (embed_tokens, EMBED_TOKENS_FILE), (merged, DECODER_FILE)):
+        onnx_ir.save(model, str(folder / name), external_data=name + "_data")
+    return True
+
+
+def embedding_lookup(graph):
+    """The graph's `Gather` of a constant table on its `input_ids` input (the token embeddings), or None."""
+    ids = next((value for value in graph.inputs if value.name == "input_ids"), None)
+    for node, index in ids.uses() if ids is not None else ():
+        if node.op_type == "Gather" and index == 1 and node.inputs[0] is not None and \
+                node.inputs[0].const_value is not None and len(node.inputs[0].shape or ()) == 2:
+            return node
+    return None
+
+
+def token_embeddings(embed):
+    """`embed` (token embeddings with the image features scattered in) cut to its token embeddings: `input_ids` ->
+    `inputs_embeds`, `[batch_size, sequence_length, hidden]`."""
+    import onnx_ir
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    graph = embed.graph
+    lookup = embedding_lookup(graph)
+    output = lookup.outputs[0]
+    graph.outputs.clear()
+    graph.outputs.append(output)
+    RemoveUnusedNodesPass()(embed)
+    for value in [value for value in graph.inputs if value.name != "input_ids"]:
+        graph.inputs.remove(value)
+    (ids,) = graph.inputs
+    ids.shape = onnx_ir.Shape([BATCH, SEQUENCE])
+    output.name = "inputs_embeds"
+    output.shape = onnx_ir.Shape([BATCH, SEQUENCE, lookup.inputs[0].shape[1]])
+    graph.name = "embed_tokens"
+    return embed
+
+
+def merge_decoder(language_model, lm_head, decode):
+    """One graph `If(use_cache_branch, then=decode, else=language_model then lm_head)` on `inputs_embeds`, in
+    transformers.js' names (module docstring)."""
+    import onnx_ir
+
+    prompt = _prompt_graph(language_model, lm_head)
+    step = _decode_on_embeddings(decode)
+    pasts = [value for value in step.graph.inputs if decoder_contract._ENGINE_CACHE.match(value.name)]
+    if not pasts:
+        raise Seq2SeqContractError("the decode graph takes no past_key_values.layers.{i} input")
+    embeds = next(value for value in step.graph.inputs if value.name == "inputs_embeds")
+    outer: dict[str, onnx_ir.Value] = {}
+
+    def add(name, dtype, dims):
+        outer[name] = onnx_ir.Value(name=name, type=onnx_ir.TensorType(dtype), shape=onnx_ir.Shape(dims))
+
+    add("inputs_embeds", embeds.dtype, [BATCH, SEQUENCE, _static(embeds, 2)])
+    add("attention_mask", onnx_ir.DataType.INT64, [BATCH, TOTAL])
+    add("position_ids", onnx_ir.DataType.INT64, [BATCH, SEQUENCE])
+    layers = sorted({int(decoder_contract._ENGINE_CACHE.match(value.name)[1]) for value in pasts})
+    by_name = {decoder_contract.contract_name(value.name, is_output=False): value for value in pasts}
+    for layer in layers:
+        for part in ("key", "value"):
+            source = by_name[f"past_key_values.{layer}.{part}"]
+            add(f"past_key_values.{layer}.{part}", source.dtype,
+                [BATCH, _static(source, 1), PAST, _static(source, 3)])
+    add(USE_CACHE_BRANCH, onnx_ir.DataType.BOOL, [1])
+    output_names = ["logits", *(f"present.{layer}.{part}" for layer in layers for part in ("key", "value"))]
+    template = {_output_name(value.name): value for value in step.graph.outputs}
+    vocabulary = _static(template["logits"], 2)
+
+    def outer_input(name: str) -> str:
+        return decoder_contract.contract_name(name.removeprefix("input."), is_output=False)
+
+    initializers: dict = {}
+    branches = {use_cache: branch(model, outer, initializers, output_names, "decode" if use_cache else "prefill",
+                                  outer_input=outer_input, output_name=_output_name)
+                for use_cache, model in ((True, step), (False, prompt))}
+    node = onnx_ir.Node("", "If", [outer[USE_CACHE_BRANCH]],
+                        attributes=[onnx_ir.AttrGraph("then_branch", branches[True]),
+                                    onnx_ir.AttrGraph("else_branch", branches[False])],
+                        num_outputs=len(output_names), name="use_cache_branch_if")
+    for value, name in zip(node.outputs, output_names, strict=True):
+        value.name, value.type = name, template[name].type
+        value.shape = onnx_ir.Shape([BATCH, SEQUENCE, vocabulary] if name == "logits" else
+                                    [BATCH, outer["past_key_values." + name.removeprefix("present.")].shape[1],
+                                     "total_sequence_length", outer["past_key_values." + name.removeprefix(
+                                         "present.")].shape[3]])
+    graph = onnx_ir.Graph(list(outer.values()), list(node.outputs), nodes=[node],
+                          initializers=list(initializers.values()), opset_imports=dict(decode.graph.opset_imports),
+                          name="decoder_model_merged")
+    return onnx_ir.Model(graph, ir_version=decode.ir_version, producer_name="hfexport")
+
+
+def _output_name(engine_name: str) -> str:
+    return decoder_contract.contract_name(engine_name, is_output=True)
+
+
+def _prompt_graph(language_model, lm_head):
+    """The engine's `language_model` (inputs_embeds -> last_hidden_state, cache) with `lm_head` after it: `logits`
+    and the cache, as the decode's outputs."""
+    graph, head = language_model.graph, lm_head.graph
+    hidden = next(value for value in graph.outputs if value.name == "last_hidden_state")
+    (head_input,), (logits,) = head.inputs, head.outputs
+    head.outputs.clear()
+    head_input.replace_all_uses_with(hidden)
+    for name, value in list(head.initializers.items()):
+        head.initializers.pop(name)
+        value.name = f"lm_head/{name}"
+        graph.register_initializer(value)
+    nodes = list(head)
+    head.remove(nodes, safe=False)
+    for node in nodes:
+        node.name = f"lm_head/{node.name}"
+        for value in node.outputs:
+            value.name = f"lm_head/{value.name}"
+    graph.extend(nodes)
+    logits.name = "logits"
+    outputs = [logits, *(value for value in graph.outputs if value is not hidden)]
+    graph.outputs.clear()
+    graph.outputs.extend(outputs)
+    return language_model
+
+
+def _decode_on_embeddings(decode):
+    """The engine's `decode` taking `inputs_embeds` where it looked its `input_ids` up in the embedding table."""
+    import onnx_ir
+
+    graph = decode.graph
+    lookup = embedding_lookup(graph)
+    ids, table = lookup.inputs[1], lookup.inputs[0]
+    embeddings = lookup.outputs[0]
+    embeds = onnx_ir.Value(name="inputs_embeds", type=embeddings.type,
+                           shape=onnx_ir.Shape([ids.shape[0], ids.shape[1], table.shape[1]]))
+    embeddings.replace_all_uses_with(embeds)
+    graph.remove(lookup, safe=True)
+    if not ids.uses():
+        graph.inputs.remove(ids)
+    if not table.uses() and table.name in graph.initializers:
+        graph.initializers.pop(table.name)
+    graph.inputs.append(embeds)
+    return decode
+
+
+def _int(dim):
+    """A dim as an int where it is static (the engine writes some specialized dims as symbols named by their value)."""
+    return int(dim.value) if not isinstance(dim, int) and str(dim.value).isdigit() else dim
+
+
+def _static(value, axis: int) -> int:
+    dim = _int(value.shape[axis])
+    if not isinstance(dim, int):
+        raise Seq2SeqContractError(f"{value.name}: shape {value.shape}: axis {axis} must be static (transformers.js "
+                                   "makes every symbolic dim of the empty past 0 but `batch_size`)")
+    return dim
+
+
+def save_processor_files(folder: Path, processor) -> None:
+    """Beside an image-text-to-text layout (`FILES` in `folder`), after `processor.save_pretrained`: the image
+    processor's settings flat in `preprocessor_config.json` (transformers.js' `AutoImageProcessor` reads that file;
+    transformers 5 nests them in `processor_config.json`), and the processor's chat template in
+    `tokenizer_config.json` (transformers.js' tokenizer reads `chat_template` there; transformers 5 writes
+    `chat_template.jinja`). Owner files already there are kept."""
+    folder = Path(folder)
+    if not all((folder / name).is_file() for name in FILES):
+        return
+    nested = _read_json(folder / "processor_config.json").get("image_processor")
+    flat = folder / "preprocessor_config.json"
+    if isinstance(nested, dict) and not flat.is_file():
+        flat.write_text(json.dumps(nested, indent=2) + "\n", encoding="utf-8")
+    template = getattr(processor, "chat_template", None)
+    tokenizer_config = folder / "tokenizer_config.json"
+    settings = _read_json(tokenizer_config)
+    if isinstance(template, str) and settings and "chat_template" not in settings:
+        tokenizer_config.write_text(json.dumps({**settings, "chat_template": template}, indent=2) + "\n",
+                                    encoding="utf-8")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,109 @@
+"""A vision-language ONNX generation export in transformers.js' image-text-to-text layout: `vision_encoder.onnx`,
+`embed_tokens.onnx` and `decoder_model_merged.onnx` beside hfexport's own components
+(`hfexport.formats.onnx.image_text_contract`), opened by transformers.js' `AutoModelForImageTextToText` in the gate.
+
+The tiny LLaVA export is the session's (`llava_job`: its gate ran the ONNX runtimes); the names and shapes checked here
+are those transformers.js 4.3.2 reads (src/models/session_config.js, src/models/modeling_utils.js).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+TARGET = "onnx-generation"
+PROMPTS = ["<image> Describe the picture", "<image> The capital of France is"]
+
+
+def _io(path) -> tuple[list, list]:
+    """A graph's inputs and outputs as (name, dims) pairs, dims as the file names them."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+
+    def dims(value):
+        return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+
+    return [(value.name, dims(value)) for value in graph.input], [(value.name, dims(value)) for value in graph.output]
+
+
+def test_the_export_is_in_transformers_js_image_text_to_text_layout(llava_job):
+    """The three sessions transformers.js opens for an image-text-to-text model, with the names it feeds and reads,
+    the past's heads and head size static (it builds the first step's empty past from the metadata), the image
+    processor flat in preprocessor_config.json; hfexport's own components stay what its runner reads."""
+    folder = llava_job[0] / TARGET
+    assert _io(folder / "vision_encoder.onnx") == ([("pixel_values", [1, 3, 32, 32])], [("image_features", [16, 64])])
+    assert _io(folder / "embed_tokens.onnx") == ([("input_ids", ["batch_size", "sequence_length"])],
+                                                 [("inputs_embeds", ["batch_size", "sequence_length", 64])])
+    inputs, outputs = _io(folder / "decoder_model_merged.onnx")
+    past = [(f"past_key_values.{layer}.{part}", ["batch_size", 2, "past_sequence_length", 16])
+            for layer in (0, 1) for part in ("key", "value")]
+    assert inputs == [("inputs_embeds", ["batch_size", "sequence_length", 64]),
+                      ("attention_mask", ["batch_size", "total_sequence_length"]),
+                      ("position_ids", ["batch_size", "sequence_length"]), *past, ("use_cache_branch", [1])]
+    assert outputs == [("logits", ["batch_size", "sequence_length", 320]),
+                       *[(name.replace("past_key_values", "present"), [batch, heads, "total_sequence_length", size])
+                         for name, (batch, heads, _, size) in past]]
+    for name in ("vision_encoder.onnx", "embed_tokens.onnx", "decoder_model_merged.onnx"):
+        assert (folder / (name + "_data")).is_file()  # the external data name transformers.js downloads
+    flat = json.loads((folder / "preprocessor_config.json").read_text())
+    assert flat["image_processor_type"] == "CLIPImageProcessor" and flat["crop_size"] == {"height": 32, "width": 32}
+    manifest = json.loads((folder / "export.json").read_text())
+    assert [entry["file"] for entry in manifest["components"].values()] == [
+        "image_encoder.onnx", "embed.onnx", "language_model.onnx", "lm_head.onnx", "decode.onnx"]
+
+
+def test_the_gate_ran_transformers_js_on_the_image_prompts_token_for_token(llava_job):
+    """The job's gate: transformers.js generated `model.generate`'s tokens for each image prompt (batch 1: the image
+    encoder is traced on one prompt's images); optimum and onnxruntime-genai have no VLM layout here."""
+    runtimes = {check["runtime"]: check for check in llava_job[1].targets[TARGET].runtimes}
+    js = runtimes["transformers.js"]
+    assert (js["verdict"], js["batch_sizes"], js["precision"], js["version"]) == ("passed", [1], "fp32", "4.3.2"), js
+    assert {runtimes[name]["verdict"] for name in ("optimum", "onnxruntime-genai")} == {"not_checked"}
+
+
+def test_transformers_js_reads_the_images(llava_job, llava):
+    """Not a check that passes whatever the image: the same prompts with other pixels are judged against the tokens
+    of the images the model saw, and transformers.js, fed the other pixels, generates other tokens."""
+    import numpy as np
+    import torch
+
+    from hfexport.deployment import GenerationRequest
+    from hfexport.formats.onnx.runtimes import transformers_js
+    from hfexport.testing import peers
+
+    model, processor = llava
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (48, 40, 3), dtype=np.uint8) for _ in PROMPTS]
+    inputs = processor(text=PROMPTS, images=images, return_tensors="pt", padding=True)
+    prompts, expected = [], []
+    for row, mask in enumerate(inputs["attention_mask"].bool()):
+        ids = inputs["input_ids"][row][mask]
+        with torch.no_grad():
+            out = model.generate(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None], do_sample=False,
+                                 pixel_values=inputs["pixel_values"][row: row + 1], max_new_tokens=8)
+        prompts.append(ids.tolist())
+        expected.append(out[0, len(ids):].tolist())
+    request = GenerationRequest(prompts=prompts, expected=expected, max_new_tokens=8, eos_token_id=[1],
+                                pad_token_id=2, padded_expected=None, model_type="llava",
+                                extra={"pixel_values": (1.0 - inputs["pixel_values"]).numpy()})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HFEXPORT_RUNTIME_TRANSFORMERS_JS", str(peers.node_modules()))
+        check = transformers_js.check_generation(llava_job[0] / TARGET, request)
+    assert check.verdict == "failed" and check.first_difference is not None, check
+
+
+def test_a_vlm_without_the_layout_is_not_checked_with_why(tmp_path):
+    """A VLM folder without the three graphs (an image grid, multi-axis rope positions, an export saved before): not
+    checked, saying which layout it lacks; transformers.js is not refused before the export for a LLaVA config."""
+    import numpy as np
+
+    from hfexport.deployment import GenerationRequest
+    from hfexport.formats.onnx.runtimes import transformers_js
+
+    request = GenerationRequest(prompts=[[5, 3, 6]], expected=[[7]], max_new_tokens=1, eos_token_id=[1],
+                                extra={"pixel_values": np.zeros((1, 3, 4, 4), dtype=np.float32)})
+    check = transformers_js.check_generation(tmp_path, request)
+    assert (check.verdict, check.reason) == ("not_checked", transformers_js.NOT_IN_IMAGE_TEXT_CONTRACT)
+    assert transformers_js.limitation({"model_type": "llava", "vision_config": {}, "text_config": {}}) is None
