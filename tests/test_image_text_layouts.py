@@ -49,6 +49,7 @@ def test_the_export_is_in_transformers_js_image_text_to_text_layout(llava_job):
         assert (folder / (name + "_data")).is_file()  # the external data name transformers.js downloads
     flat = json.loads((folder / "preprocessor_config.json").read_text())
     assert flat["image_processor_type"] == "CLIPImageProcessor" and flat["crop_size"] == {"height": 32, "width": 32}
+    assert flat["processor_class"] == "LlavaProcessor"  # transformers.js' AutoProcessor picks the processor by it
     manifest = json.loads((folder / "export.json").read_text())
     assert [entry["file"] for entry in manifest["components"].values()] == [
         "image_encoder.onnx", "embed.onnx", "language_model.onnx", "lm_head.onnx", "decode.onnx"]
@@ -107,3 +108,39 @@ def test_a_vlm_without_the_layout_is_not_checked_with_why(tmp_path):
     check = transformers_js.check_generation(tmp_path, request)
     assert (check.verdict, check.reason) == ("not_checked", transformers_js.NOT_IN_IMAGE_TEXT_CONTRACT)
     assert transformers_js.limitation({"model_type": "llava", "vision_config": {}, "text_config": {}}) is None
+
+
+def test_the_card_opens_a_vlm_with_auto_model_for_image_text_to_text():
+    from hfexport.layout import Place
+    from hfexport.report.card import runtime_snippets
+    from hfexport.report.data import JobReport, TargetReport
+
+    runtimes = [{"runtime": "transformers.js", "verdict": "passed"},
+                {"runtime": "optimum", "verdict": "not_checked", "reason": "not in the layout"}]
+    target = TargetReport(TARGET, "onnx", "generation", plan={"task": "image-text-to-text"}, runtimes=runtimes)
+    text = "\n".join(runtime_snippets("org/m", JobReport(source={}, targets={TARGET: target}), {TARGET: Place("onnx")}))
+    assert 'AutoModelForImageTextToText.from_pretrained("org/m", { dtype: "fp32", use_external_data_format: true })' \
+        in text
+    assert "pipeline(" not in text and "ORTModel" not in text
+
+
+def test_the_chat_template_goes_where_transformers_js_reads_it(tmp_path):
+    """transformers 5 saves a processor's chat template as chat_template.jinja; transformers.js' tokenizer reads
+    `chat_template` from tokenizer_config.json. Beside the layout it is written there (an owner's own is kept)."""
+    from types import SimpleNamespace
+
+    from hfexport.formats.onnx.image_text_contract import FILES, save_processor_files
+
+    for name in FILES:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "processor_config.json").write_text(json.dumps(
+        {"image_processor": {"image_processor_type": "SiglipImageProcessor"}, "processor_class": "Idefics3Processor"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    save_processor_files(tmp_path, SimpleNamespace(chat_template="{{ messages }}"))
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"eos_token": "</s>",
+                                                                           "chat_template": "{{ messages }}"}
+    assert json.loads((tmp_path / "preprocessor_config.json").read_text()) == {
+        "image_processor_type": "SiglipImageProcessor", "processor_class": "Idefics3Processor"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "owner's"}))
+    save_processor_files(tmp_path, SimpleNamespace(chat_template="{{ messages }}"))
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"chat_template": "owner's"}

@@ -29,6 +29,9 @@ TRANSFORMERS_JS_DTYPES = {None: "fp32", **{f"model{suffix}": dtype for dtype, su
 #: The graphs transformers.js opens for an image-text-to-text model at dtype fp32 (its `MODEL_TYPES.ImageTextToText`
 #: sessions, src/models/session_config.js; hfexport.formats.onnx.image_text_contract writes them).
 IMAGE_TEXT_FILES = ("vision_encoder.onnx", "embed_tokens.onnx", "decoder_model_merged.onnx")
+#: A vision-language generation target's task: transformers.js opens its `IMAGE_TEXT_FILES` with
+#: `AutoModelForImageTextToText`.
+IMAGE_TEXT_TASK = "image-text-to-text"
 #: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
 #: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract); other tasks: a
 #: decoder-only LLM's.
@@ -171,6 +174,13 @@ class OnnxFormat(FormatBackend):
 
     def runtime_snippets(self, repo_id: str, target: CardTarget, passed: list[str]) -> list[str]:
         folder, stem, task, lines = target.folder, target.stem, str(target.task or ""), []
+        if task == IMAGE_TEXT_TASK:  # transformers.js' image-text-to-text layout (IMAGE_TEXT_FILES), its sessions' data
+            sub = "" if folder == self.folder else f', subfolder: "{folder}"'
+            return ["```js", 'import { AutoModelForImageTextToText } from "@huggingface/transformers";', "",
+                    f'const model = await AutoModelForImageTextToText.from_pretrained("{repo_id}", '
+                    f'{{ dtype: "fp32", use_external_data_format: true{sub} }});',
+                    "// model.generate({ input_ids, attention_mask, pixel_values, max_new_tokens }): the processor's "
+                    "outputs", "```", ""] if "transformers.js" in passed else []
         pipeline_task, ort_class = SEQ2SEQ_LOADERS.get(task, ("text-generation", "ORTModelForCausalLM"))
         seq2seq = task in SEQ2SEQ_LOADERS
         if "transformers.js" in passed:

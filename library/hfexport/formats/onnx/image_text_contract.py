@@ -246,15 +246,19 @@ def save_processor_files(folder: Path, processor) -> None:
     folder = Path(folder)
     if not all((folder / name).is_file() for name in FILES):
         return
-    nested = _read_json(folder / "processor_config.json").get("image_processor")
-    flat = folder / "preprocessor_config.json"
+    settings = _read_json(folder / "processor_config.json")
+    nested, flat = settings.get("image_processor"), folder / "preprocessor_config.json"
     if isinstance(nested, dict) and not flat.is_file():
-        flat.write_text(json.dumps(nested, indent=2) + "\n", encoding="utf-8")
+        # `processor_class` too, as transformers 4.x wrote it: transformers.js' AutoProcessor picks the processor by it
+        # (src/models/auto/processing_auto.js), else it makes a bare image processor and the prompt is not tokenized
+        named = {"processor_class": settings["processor_class"]} if isinstance(settings.get("processor_class"),
+                                                                              str) else {}
+        flat.write_text(json.dumps({**nested, **named}, indent=2) + "\n", encoding="utf-8")
     template = getattr(processor, "chat_template", None)
     tokenizer_config = folder / "tokenizer_config.json"
-    settings = _read_json(tokenizer_config)
-    if isinstance(template, str) and settings and "chat_template" not in settings:
-        tokenizer_config.write_text(json.dumps({**settings, "chat_template": template}, indent=2) + "\n",
+    tokenizer_settings = _read_json(tokenizer_config)
+    if isinstance(template, str) and tokenizer_settings and "chat_template" not in tokenizer_settings:
+        tokenizer_config.write_text(json.dumps({**tokenizer_settings, "chat_template": template}, indent=2) + "\n",
                                     encoding="utf-8")
 
 
