@@ -108,6 +108,14 @@ def test_a_vlm_without_the_layout_is_not_checked_with_why(tmp_path):
     check = transformers_js.check_generation(tmp_path, request)
     assert (check.verdict, check.reason) == ("not_checked", transformers_js.NOT_IN_IMAGE_TEXT_CONTRACT)
     assert transformers_js.limitation({"model_type": "llava", "vision_config": {}, "text_config": {}}) is None
+    llava_next = {"model_type": "llava_next", "vision_config": {}, "text_config": {}}
+    assert transformers_js.limitation(llava_next) == (
+        "refused before export: transformers.js 4.3.2's AutoModelForImageTextToText throws \"Unsupported model type: "
+        "llava_next\" (src/models/auto/modeling_auto.js): 'llava_next' is not in its "
+        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES (src/models/registry.js)")
+    (tmp_path / "config.json").write_text(json.dumps(llava_next))
+    check = transformers_js.check_generation(tmp_path, request)  # the gate says what the plan said
+    assert (check.verdict, check.reason) == ("not_checked", transformers_js.limitation(llava_next))
 
 
 def test_the_card_opens_a_vlm_with_auto_model_for_image_text_to_text():

@@ -75,6 +75,8 @@ def limitation(config: dict) -> str | None:
     model_type = config.get("model_type")
     if config.get("is_encoder_decoder") or not model_type or model_type in IMAGE_TEXT_TO_TEXT_TYPES:
         return None  # an image-text-to-text model: its layout is known at the gate (`NOT_IN_IMAGE_TEXT_CONTRACT`)
+    if isinstance(config.get("vision_config"), dict):
+        return "refused before export: " + unsupported_image_text(model_type)
     if model_type not in CAUSAL_LM_TYPES:
         return (f"refused before export: transformers.js 4.3.2's AutoModelForCausalLM throws \"Unsupported model "
                 f"type: {model_type}\" (src/models/auto/modeling_auto.js): {model_type!r} is not in its "
@@ -161,16 +163,21 @@ def _run(node: str, modules: str, stage: Path, payload: dict, request: Generatio
                       timeout=request.timeout_s, cwd=stage)
 
 
+def unsupported_image_text(model_type: str) -> str:
+    """transformers.js' own refusal of a vision-language model type it does not map."""
+    return (f"transformers.js 4.3.2's AutoModelForImageTextToText throws \"Unsupported model type: {model_type}\" "
+            f"(src/models/auto/modeling_auto.js): {model_type!r} is not in its MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES "
+            "(src/models/registry.js)")
+
+
 def _check_image_text(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     """A vision-language export in `AutoModelForImageTextToText` (fp32), each prompt with its own images (batch 1)."""
+    config = exported_config(folder)
+    refused = limitation(config)  # a vision-language type it does not map: as the plan said before the export
+    if refused:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=refused)
     if not all((folder / name).is_file() for name in IMAGE_TEXT_FILES):
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_IN_IMAGE_TEXT_CONTRACT)
-    config = exported_config(folder)
-    if config.get("model_type") not in IMAGE_TEXT_TO_TEXT_TYPES:
-        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=(
-            f"transformers.js 4.3.2's AutoModelForImageTextToText throws \"Unsupported model type: "
-            f"{config.get('model_type')}\": it is not in its MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES "
-            "(src/models/registry.js)"))
     node, modules = _installed()
     if node is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_INSTALLED)
