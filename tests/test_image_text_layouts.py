@@ -152,3 +152,21 @@ def test_the_chat_template_goes_where_transformers_js_reads_it(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "owner's"}))
     save_processor_files(tmp_path, SimpleNamespace(chat_template="{{ messages }}"))
     assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"chat_template": "owner's"}
+
+
+def test_a_rebind_writes_the_layout_again_from_the_rebound_components(llava_job, llava, tmp_path):
+    """The three graphs copy the components' weights: after new weights are written into the components
+    (`hfexport.rebind.folder.rebind_copy`), they are made again from them, not left holding the old weights."""
+    import shutil
+
+    from hfexport.rebind.folder import rebind_copy
+
+    source = tmp_path / "previous"
+    shutil.copytree(llava_job[0] / TARGET, source)
+    for name in ("vision_encoder.onnx", "embed_tokens.onnx", "decoder_model_merged.onnx"):
+        (source / (name + "_data")).write_bytes(b"stale")
+    manifest = json.loads((source / "export.json").read_text())
+    rebind_copy(source, tmp_path / "rebound", manifest, llava[0])
+    for name in ("vision_encoder.onnx", "embed_tokens.onnx", "decoder_model_merged.onnx"):
+        assert (tmp_path / "rebound" / (name + "_data")).read_bytes() == (llava_job[0] / TARGET / (name + "_data")
+                                                                          ).read_bytes()
