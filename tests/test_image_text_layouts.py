@@ -9,6 +9,7 @@ are those transformers.js 4.3.2 reads (src/models/session_config.js, src/models/
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -76,8 +77,8 @@ def test_transformers_js_reads_the_images(llava_job, llava):
 
     model, processor = llava
     rng = np.random.default_rng(3)
-    images = [rng.integers(0, 256, (48, 40, 3), dtype=np.uint8) for _ in PROMPTS]
-    inputs = processor(text=PROMPTS, images=images, return_tensors="pt", padding=True)
+    images = [rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)]  # one prompt: the runtime's start is the cost
+    inputs = processor(text=PROMPTS[:1], images=images, return_tensors="pt", padding=True)
     prompts, expected = [], []
     for row, mask in enumerate(inputs["attention_mask"].bool()):
         ids = inputs["input_ids"][row][mask]
@@ -170,3 +171,25 @@ def test_a_rebind_writes_the_layout_again_from_the_rebound_components(llava_job,
     for name in ("vision_encoder.onnx", "embed_tokens.onnx", "decoder_model_merged.onnx"):
         assert (tmp_path / "rebound" / (name + "_data")).read_bytes() == (llava_job[0] / TARGET / (name + "_data")
                                                                           ).read_bytes()
+
+
+@pytest.mark.slow
+def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, runtime_env):
+    """The SmolVLM architecture: its vision encoder takes `pixel_attention_mask` beside the pixels (int64, fed as the
+    processor made it), and transformers.js merges its features as LLaVA's (Idefics3ForConditionalGeneration extends
+    LlavaForConditionalGeneration there)."""
+    from unittest import mock
+
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import make_model
+
+    model = make_model("tiny-idefics3", session_dir / "tiny-idefics3-js")
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(model, session_dir / "idefics3-js", [TARGET], latency=False)
+    target = report.targets[TARGET]
+    assert target.status == "ok", target.error
+    js = {check["runtime"]: check for check in target.runtimes}["transformers.js"]
+    assert (js["verdict"], js["batch_sizes"]) == ("passed", [1]), js
+    inputs, outputs = _io(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx")
+    assert [name for name, _ in inputs] == ["pixel_values", "pixel_attention_mask"]
+    assert [name for name, _ in outputs] == ["image_features"]

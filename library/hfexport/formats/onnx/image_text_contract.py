@@ -21,8 +21,8 @@ the `inputs_embeds` input) into one `If(use_cache_branch)` graph, as `hfexport.f
 an encoder-decoder's (weights the two branches share stored once). hfexport's runner keeps reading its own components
 (the manifest is unchanged); the three files are the transformers.js users' copy of the same weights.
 
-Written for the models whose image encoder takes `pixel_values` alone and whose language model takes one position
-per token (LLaVA-class); not for Qwen2-VL-class exports (`image_grid_thw`, three-axis rope positions, which
+Written for the models whose image encoder takes `pixel_values` (Idefics3/SmolVLM: and `pixel_attention_mask`) and
+whose language model takes one position per token (LLaVA-class); not for LLaVA-NeXT (`image_sizes`), nor Qwen2-VL-class exports (`image_grid_thw`, three-axis rope positions, which
 transformers.js computes with a `get_rope_index` of its own).
 """
 
@@ -40,14 +40,16 @@ FILES = IMAGE_TEXT_FILES
 VISION_ENCODER_FILE, EMBED_TOKENS_FILE, DECODER_FILE = FILES
 #: hfexport's VLM components (`hfexport.generate.vision_language`).
 COMPONENTS = ("image_encoder", "embed", "language_model", "lm_head", "decode")
-IMAGE_INPUTS = {"pixel_values"}
+#: The image inputs transformers.js feeds its vision encoder (picked from the processor's outputs by the session's
+#: input names): LLaVA's `pixel_values`, Idefics3/SmolVLM's `pixel_attention_mask` beside them.
+IMAGE_INPUTS = {"pixel_values", "pixel_attention_mask"}
 BATCH, SEQUENCE, PAST, TOTAL = (decoder_contract.BATCH, decoder_contract.SEQUENCE, decoder_contract.PAST,
                                 decoder_contract.TOTAL)
 
 
 def applies(manifest: dict) -> bool:
     """Whether a saved export is an ONNX LLaVA-class VLM generation (`COMPONENTS`, an image encoder on `pixel_values`
-    alone, a language model on one position per token, a decode on `input_ids` and a `DynamicCache`)."""
+    (and Idefics3's `pixel_attention_mask`), a language model on one position per token, a decode on `input_ids` and a `DynamicCache`)."""
     components = manifest.get("components") or {}
     if manifest.get("export_format") != "onnx" or set(components) != set(COMPONENTS):
         return False
@@ -57,7 +59,8 @@ def applies(manifest: dict) -> bool:
 
     positions = (kwargs("language_model").get("position_ids") or {}).get("shape") or []
     cache = kwargs("decode").get("past_key_values") or {}
-    return set(kwargs("image_encoder")) == IMAGE_INPUTS and len(positions) == 2 and "input_ids" in kwargs("decode") \
+    return "pixel_values" in kwargs("image_encoder") and set(kwargs("image_encoder")) <= IMAGE_INPUTS \
+        and len(positions) == 2 and "input_ids" in kwargs("decode") \
         and cache.get("container") == "DynamicCache"
 
 

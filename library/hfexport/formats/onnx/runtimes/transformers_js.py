@@ -64,8 +64,9 @@ IMAGE_TEXT_TO_TEXT_TYPES = (
 #: Why transformers.js does not check a VLM export without the image-text-to-text layout.
 NOT_IN_IMAGE_TEXT_CONTRACT = (
     "not in transformers.js' image-text-to-text layout (vision_encoder.onnx + embed_tokens.onnx + "
-    "decoder_model_merged.onnx): hfexport writes it for an image encoder on pixel_values alone and one position per "
-    "token (LLaVA-class; hfexport.formats.onnx.image_text_contract), not for image grids or multi-axis rope positions")
+    "decoder_model_merged.onnx): hfexport writes it for an image encoder on pixel_values (and pixel_attention_mask) "
+    "and one position per token (LLaVA, Idefics3/SmolVLM; hfexport.formats.onnx.image_text_contract), not for image "
+    "sizes, image grids or multi-axis rope positions")
 
 
 def limitation(config: dict) -> str | None:
@@ -163,6 +164,12 @@ def _run(node: str, modules: str, stage: Path, payload: dict, request: Generatio
                       timeout=request.timeout_s, cwd=stage)
 
 
+def _tensor_type(array) -> str:
+    """transformers.js' `Tensor` type of a processor output (float32 pixels, Idefics3's int64 or bool mask)."""
+    kind = array.dtype.kind
+    return "bool" if kind == "b" else "int64" if kind in "iu" else "float32"
+
+
 def unsupported_image_text(model_type: str) -> str:
     """transformers.js' own refusal of a vision-language model type it does not map."""
     return (f"transformers.js 4.3.2's AutoModelForImageTextToText throws \"Unsupported model type: {model_type}\" "
@@ -183,7 +190,8 @@ def _check_image_text(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_INSTALLED)
     images = {name: request.extra[name] for name in sorted(IMAGE_INPUTS & set(request.extra))}
     payload = {**request_payload(request, padded=False), "dtype": "fp32", "image_text": True,
-               "images": [{name: {"dims": [1, *value.shape[1:]], "data": value[row].astype("float32").ravel().tolist()}
+               "images": [{name: {"dims": [1, *value.shape[1:]], "dtype": _tensor_type(value),
+                                  "data": value[row].ravel().tolist()}
                            for name, value in images.items()} for row in range(len(request.prompts))]}
     with tempfile.TemporaryDirectory(prefix="hfexport-transformers-js-") as scratch:
         stage = Path(scratch)

@@ -8,7 +8,8 @@
 // "input_features" ([batch, mel bins, frames]): then AutoModelForSeq2SeqLM (or AutoModelForSpeechSeq2Seq) opens
 // onnx/encoder_model.onnx + onnx/decoder_model_merged.onnx. Prints one JSON line:
 // {"version", "batch1": [[new ids]], "padded": [[new ids]] or null} (an encoder-decoder's: after the decoder start).
-// With "image_text" and "images" (per prompt, {input name: {"dims", "data"}}: the processor's pixel_values),
+// With "image_text" and "images" (per prompt, {input name: {"dims", "dtype", "data"}}: the processor's pixel_values,
+// Idefics3's pixel_attention_mask),
 // AutoModelForImageTextToText opens onnx/vision_encoder.onnx + onnx/embed_tokens.onnx + onnx/decoder_model_merged.onnx
 // and generates each prompt with its images (batch 1).
 import fs from "node:fs";
@@ -56,7 +57,8 @@ if (imageText) {
   for (const [index, prompt] of request.prompts.entries()) {
     const shape = [1, prompt.length];
     const images = Object.fromEntries(Object.entries(request.images[index]).map(
-      ([name, { dims, data }]) => [name, new Tensor("float32", Float32Array.from(data), dims)]));
+      ([name, { dims, dtype, data }]) => [name, new Tensor(dtype, dtype === "int64" ? BigInt64Array.from(data.map(BigInt))
+        : dtype === "bool" ? Uint8Array.from(data.map(Number)) : Float32Array.from(data), dims)]));
     const output = await model.generate({
       input_ids: new Tensor("int64", BigInt64Array.from(prompt.map(BigInt)), shape),
       attention_mask: new Tensor("int64", BigInt64Array.from(prompt.map(() => 1n)), shape),
