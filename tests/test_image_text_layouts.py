@@ -193,3 +193,22 @@ def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, ru
     inputs, outputs = _io(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx")
     assert [name for name, _ in inputs] == ["pixel_values", "pixel_attention_mask"]
     assert [name for name, _ in outputs] == ["image_features"]
+
+
+def test_only_a_float32_llava_class_export_gets_the_layout(llava_job):
+    """transformers.js opens `vision_encoder.onnx` & co. at `dtype: "fp32"`: a float16 export does not get them under
+    those names, nor an image encoder on other inputs (LLaVA-NeXT's `image_sizes`) or multi-axis rope positions."""
+    import copy
+
+    from hfexport.formats.onnx.image_text_contract import applies
+
+    manifest = json.loads((llava_job[0] / TARGET / "export.json").read_text())
+    assert applies(manifest)
+    half = copy.deepcopy(manifest)
+    for entry in half["components"].values():
+        entry["metadata"]["export_dtype"] = "float16"
+    sizes = copy.deepcopy(manifest)
+    sizes["components"]["image_encoder"]["metadata"]["kwargs"]["image_sizes"] = {"shape": [1, 2], "dtype": "int64"}
+    rope = copy.deepcopy(manifest)
+    rope["components"]["language_model"]["metadata"]["kwargs"]["position_ids"]["shape"] = [3, 1, 21]
+    assert not any(applies(other) for other in (half, sizes, rope))

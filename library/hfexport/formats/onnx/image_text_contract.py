@@ -22,7 +22,8 @@ an encoder-decoder's (weights the two branches share stored once). hfexport's ru
 (the manifest is unchanged); the three files are the transformers.js users' copy of the same weights.
 
 Written for the models whose image encoder takes `pixel_values` (Idefics3/SmolVLM: and `pixel_attention_mask`) and
-whose language model takes one position per token (LLaVA-class); not for LLaVA-NeXT (`image_sizes`), nor Qwen2-VL-class exports (`image_grid_thw`, three-axis rope positions, which
+whose language model takes one position per token (LLaVA-class), at float32 (transformers.js' `dtype: "fp32"` names);
+not for LLaVA-NeXT (`image_sizes`), nor Qwen2-VL-class exports (`image_grid_thw`, three-axis rope positions, which
 transformers.js computes with a `get_rope_index` of its own).
 """
 
@@ -49,9 +50,12 @@ BATCH, SEQUENCE, PAST, TOTAL = (decoder_contract.BATCH, decoder_contract.SEQUENC
 
 def applies(manifest: dict) -> bool:
     """Whether a saved export is an ONNX LLaVA-class VLM generation (`COMPONENTS`, an image encoder on `pixel_values`
-    (and Idefics3's `pixel_attention_mask`), a language model on one position per token, a decode on `input_ids` and a `DynamicCache`)."""
+    (and Idefics3's `pixel_attention_mask`), a language model on one position per token, a decode on `input_ids` and
+    a `DynamicCache`) at float32: the files are transformers.js' fp32 names (a float16 export's are not)."""
     components = manifest.get("components") or {}
     if manifest.get("export_format") != "onnx" or set(components) != set(COMPONENTS):
+        return False
+    if any("float16" in str((entry.get("metadata") or {}).get("export_dtype")) for entry in components.values()):
         return False
 
     def kwargs(name):
