@@ -71,8 +71,9 @@ NOT_IN_IMAGE_TEXT_CONTRACT = (
 
 def limitation(config: dict) -> str | None:
     """Why transformers.js cannot generate with a decoder of this `config.json`, known before the export (None:
-    nothing known): a model type its AutoModelForCausalLM does not map, which it refuses by name, or a `multi_query`
-    config, whose past it feeds as one fused tensor per layer."""
+    nothing known): a model type its AutoModelForCausalLM does not map, which it refuses by name (a vision-language
+    config, one with a `vision_config`: its AutoModelForImageTextToText), or a `multi_query` config, whose past it feeds
+    as one fused tensor per layer."""
     model_type = config.get("model_type")
     if config.get("is_encoder_decoder") or not model_type or model_type in IMAGE_TEXT_TO_TEXT_TYPES:
         return None  # an image-text-to-text model: its layout is known at the gate (`NOT_IN_IMAGE_TEXT_CONTRACT`)
