@@ -116,13 +116,15 @@ def export(model, engine_config, generation: dict):
     from transformers.exporters import ExportedComponent, ExportedModel, ExportFormat, ExportMetadata
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
+    from hfexport.formats.executorch.experts import every_expert
+
     max_len = max_context(model, generation)
     prompt = min(4, max_len - 1)
     inputs = {"input_ids": torch.zeros((1, prompt), dtype=torch.long), "cache_position": torch.arange(prompt)}
     seq = torch.export.Dim("seq", min=1, max=max_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
     # _attention checks the kernels against the model's full logits, so the last-position cut comes after it
-    with _static_generation_config(model), _attention(model) as attention, \
+    with _static_generation_config(model), every_expert(model), _attention(model) as attention, \
             _last_position_logits(model) as last_logits:
         if attention == CUSTOM_SDPA:
             module = _custom_ops_module(model, max_len).eval()
