@@ -1,5 +1,5 @@
 """The zoo's ExecuTorch cells that failed after their export started (issue 43), each fixed generally or refused at
-plan time with its upstream cause: a mixture-of-experts model's experts, ..."""
+plan time with its upstream cause: a mixture-of-experts model's experts, a multi-query Falcon's cache, ..."""
 
 from __future__ import annotations
 
@@ -89,3 +89,30 @@ def test_the_experts_lower_to_executorch_with_a_plan_of_activations_only(tiny_mo
     planned = sum(executorch_program.execution_plan[0].non_const_buffer_sizes)
     gathered = 63 * 2 * (2 * 16) * 32 * 4  # batched_mm's gathered gate_up weights alone at seq 63, in bytes
     assert planned < gathered / 4, planned
+
+
+def test_the_static_cache_holds_the_key_value_heads_a_multi_query_falcon_writes():
+    """Falcon-7B's config says `multi_query: true` (one key-value head) beside `num_kv_heads` 71 and no
+    `num_key_value_heads`; transformers' `get_head_shapes` sizes the static cache for 71 heads (the attention heads),
+    and torch.export stopped at "index_copy_(): Source/destination tensor must have same slice shapes". The cache is
+    sized from what the attention writes."""
+    import torch
+    from transformers import FalconConfig, FalconForCausalLM
+    from transformers.configuration_utils import get_head_shapes
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    from hfexport.formats.executorch.llm_program import cache_shapes_as_written, written_cache_shapes
+
+    torch.manual_seed(0)
+    model = FalconForCausalLM(FalconConfig(vocab_size=64, hidden_size=32, num_attention_heads=4, num_kv_heads=4,
+                                           num_hidden_layers=1, multi_query=True, new_decoder_architecture=False,
+                                           max_position_embeddings=32)).eval()
+    assert written_cache_shapes(model) == (1, 8)
+    assert get_head_shapes(model.config) == (4, 8)  # the engine's reading, which the fix overrides
+    model.generation_config.cache_implementation = "static"
+    with cache_shapes_as_written(model):
+        module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=16)
+    assert get_head_shapes(model.config) == (4, 8) and "num_key_value_heads" not in model.config.__dict__
+    assert tuple(module.key_cache_0.shape) == (1, 1, 16, 8)
+    with torch.no_grad():
+        module(input_ids=torch.tensor([[3, 4]]), cache_position=torch.arange(2))  # writes without a shape error

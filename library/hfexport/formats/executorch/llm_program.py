@@ -129,7 +129,8 @@ def export(model, engine_config, generation: dict):
         if attention == CUSTOM_SDPA:
             module = _custom_ops_module(model, max_len).eval()
         else:
-            module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len).eval()
+            with cache_shapes_as_written(model):
+                module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len).eval()
         with torch.no_grad():
             program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
     _drop_inverse_transposes(program)
@@ -323,7 +324,55 @@ def _custom_ops_classes():
 
 
 def _custom_ops_module(model, max_len: int):
-    return _custom_ops_classes()[1](model, max_len)
+    with cache_shapes_as_written(model):
+        return _custom_ops_classes()[1](model, max_len)
+
+
+def written_cache_shapes(model) -> tuple[int, int] | None:
+    """`(key-value heads, head size)` of the cache the model writes (an eager one-token step), when every layer
+    writes the same; None otherwise."""
+    import torch
+
+    with torch.no_grad():
+        cache = model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True).past_key_values
+    shapes = {(layer.keys.shape[1], layer.keys.shape[-1]) if getattr(layer, "keys", None) is not None else None
+              for layer in getattr(cache, "layers", None) or [None]}
+    return shapes.pop() if len(shapes) == 1 else None
+
+
+@contextlib.contextmanager
+def cache_shapes_as_written(model):
+    """Within the block, the text config says the key-value heads and head size the model's attention writes
+    (`written_cache_shapes`), where the config's fields say otherwise, so that the static cache built in it
+    (transformers' `TorchExportableModuleWithStaticCache` sizes it from `get_head_shapes(config)`) holds what the
+    attention writes; the config is restored after.
+
+    transformers 5.23's `get_head_shapes` reads `num_key_value_heads`, else `num_attention_heads`: a config that
+    names its key-value heads otherwise, or whose attention ignores that field, gets a cache of the wrong shape.
+    Falcon-7B's (`multi_query: true`: one key-value head, whatever `num_kv_heads` says; no `num_key_value_heads`)
+    got a cache of 71 heads for the one its attention writes, and torch.export stopped at "index_copy_(): Source/
+    destination tensor must have same slice shapes"."""
+    from transformers.configuration_utils import get_head_shapes
+
+    config = model.config.get_text_config()
+    written = written_cache_shapes(model)
+    if written is None or get_head_shapes(config) == written:
+        yield
+        return
+    fields = {name: value for name, value, configured in zip(("num_key_value_heads", "head_dim"), written,
+                                                              get_head_shapes(config), strict=True)
+              if value != configured}
+    saved = {name: config.__dict__[name] for name in fields if name in config.__dict__}
+    try:
+        for name, value in fields.items():
+            setattr(config, name, value)
+        yield
+    finally:
+        for name in fields:
+            if name in saved:
+                setattr(config, name, saved[name])
+            elif name in config.__dict__:
+                delattr(config, name)
 
 
 def _drop_inverse_transposes(program) -> int:
