@@ -1,5 +1,5 @@
 """The zoo's ExecuTorch cells that failed after their export started (issue 43), each fixed generally or refused at
-plan time with its upstream cause: a mixture-of-experts model's experts, a multi-query Falcon's cache, ..."""
+plan time with its upstream cause: a mixture-of-experts model's experts, a multi-query Falcon's cache, XNNPACK's tanh GELU."""
 
 from __future__ import annotations
 
@@ -116,3 +116,41 @@ def test_the_static_cache_holds_the_key_value_heads_a_multi_query_falcon_writes(
     assert tuple(module.key_cache_0.shape) == (1, 1, 16, 8)
     with torch.no_grad():
         module(input_ids=torch.tensor([[3, 4]]), cache_position=torch.arange(2))  # writes without a shape error
+
+
+def _tanh_gelu_through_xnnpack(inputs):
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    class TanhGelu(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.gelu(x, approximate="tanh")
+
+    program = to_edge_transform_and_lower(torch.export.export(TanhGelu(), (inputs,)),
+                                          partitioner=[XnnpackPartitioner()]).to_executorch()
+    return Runtime.get().load_program(program.buffer).load_method("forward").execute([inputs])[0]
+
+
+def test_without_the_fix_xnnpack_computes_the_erf_gelu_for_a_tanh_one():
+    """ExecuTorch 1.5.1's XNNPACK partitioner delegates `gelu(approximate='tanh')` and serializes XNNPACK's gelu, the
+    erf one (SigLIP's `gelu_pytorch_tanh`: last_hidden_state 8.8e-4 off on 4.9% of its elements). The canary: it still
+    does (when this fails, ExecuTorch fixed it and the workaround can go)."""
+    import torch
+
+    inputs = torch.linspace(-4, 4, 801)
+    got = _tanh_gelu_through_xnnpack(inputs)
+    torch.testing.assert_close(got, torch.nn.functional.gelu(inputs), rtol=0, atol=1e-6)
+    assert (got - torch.nn.functional.gelu(inputs, approximate="tanh")).abs().max() > 4e-4
+
+
+def test_a_tanh_gelu_exported_to_executorch_computes_the_tanh_form():
+    import torch
+
+    from hfexport.formats.executorch.workarounds import executorch_fixes
+
+    inputs = torch.linspace(-4, 4, 801)
+    with executorch_fixes():
+        got = _tanh_gelu_through_xnnpack(inputs)
+    torch.testing.assert_close(got, torch.nn.functional.gelu(inputs, approximate="tanh"), rtol=0, atol=1e-6)

@@ -333,8 +333,14 @@ def written_cache_shapes(model) -> tuple[int, int] | None:
     writes the same; None otherwise."""
     import torch
 
-    with torch.no_grad():
-        cache = model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True).past_key_values
+    config = model.config.get_text_config()
+    attention = config._attn_implementation
+    config._attn_implementation = "sdpa" if attention == _ATTENTION_NAME else attention  # the kernels need a layer
+    try:
+        with torch.no_grad():
+            cache = model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True).past_key_values
+    finally:
+        config._attn_implementation = attention
     shapes = {(layer.keys.shape[1], layer.keys.shape[-1]) if getattr(layer, "keys", None) is not None else None
               for layer in getattr(cache, "layers", None) or [None]}
     return shapes.pop() if len(shapes) == 1 else None
