@@ -95,22 +95,21 @@ def test_the_static_cache_holds_the_key_value_heads_a_multi_query_falcon_writes(
     """Falcon-7B's config says `multi_query: true` (one key-value head) beside `num_kv_heads` 71 and no
     `num_key_value_heads`; transformers' `get_head_shapes` sizes the static cache for 71 heads (the attention heads),
     and torch.export stopped at "index_copy_(): Source/destination tensor must have same slice shapes". The cache is
-    sized from what the attention writes."""
+    sized from the heads the attention writes (`hfexport.models.key_value_heads`)."""
     import torch
     from transformers import FalconConfig, FalconForCausalLM
     from transformers.configuration_utils import get_head_shapes
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
-    from hfexport.formats.executorch.llm_program import cache_shapes_as_written, written_cache_shapes
+    from hfexport.formats.executorch.llm_program import cache_heads_as_written
 
     torch.manual_seed(0)
     model = FalconForCausalLM(FalconConfig(vocab_size=64, hidden_size=32, num_attention_heads=4, num_kv_heads=4,
                                            num_hidden_layers=1, multi_query=True, new_decoder_architecture=False,
                                            max_position_embeddings=32)).eval()
-    assert written_cache_shapes(model) == (1, 8)
     assert get_head_shapes(model.config) == (4, 8)  # the engine's reading, which the fix overrides
     model.generation_config.cache_implementation = "static"
-    with cache_shapes_as_written(model):
+    with cache_heads_as_written(model):
         module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=16)
     assert get_head_shapes(model.config) == (4, 8) and "num_key_value_heads" not in model.config.__dict__
     assert tuple(module.key_cache_0.shape) == (1, 1, 16, 8)

@@ -13,6 +13,9 @@ import functools
 import tempfile
 from pathlib import Path
 
+from hfexport.formats.executorch.experts import every_expert
+from hfexport.models import key_value_heads
+
 PROGRAM_FILE = "model.pte"
 DATA_FILE = "model.ptd"  # the weights of a program hfexport 0.1 published (read still; 0.2 keeps them inside)
 COMPONENT = "model"
@@ -116,8 +119,6 @@ def export(model, engine_config, generation: dict):
     from transformers.exporters import ExportedComponent, ExportedModel, ExportFormat, ExportMetadata
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
-    from hfexport.formats.executorch.experts import every_expert
-
     max_len = max_context(model, generation)
     prompt = min(4, max_len - 1)
     inputs = {"input_ids": torch.zeros((1, prompt), dtype=torch.long), "cache_position": torch.arange(prompt)}
@@ -129,7 +130,7 @@ def export(model, engine_config, generation: dict):
         if attention == CUSTOM_SDPA:
             module = _custom_ops_module(model, max_len).eval()
         else:
-            with cache_shapes_as_written(model):
+            with cache_heads_as_written(model):
                 module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len).eval()
         with torch.no_grad():
             program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
@@ -324,61 +325,37 @@ def _custom_ops_classes():
 
 
 def _custom_ops_module(model, max_len: int):
-    with cache_shapes_as_written(model):
+    with cache_heads_as_written(model):
         return _custom_ops_classes()[1](model, max_len)
 
 
-def written_cache_shapes(model) -> tuple[int, int] | None:
-    """`(key-value heads, head size)` of the cache the model writes (an eager one-token step), when every layer
-    writes the same; None otherwise."""
-    import torch
-
-    config = model.config.get_text_config()
-    attention = config._attn_implementation
-    config._attn_implementation = "sdpa" if attention == _ATTENTION_NAME else attention  # the kernels need a layer
-    try:
-        with torch.no_grad():
-            cache = model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True).past_key_values
-    finally:
-        config._attn_implementation = attention
-    shapes = {(layer.keys.shape[1], layer.keys.shape[-1]) if getattr(layer, "keys", None) is not None else None
-              for layer in getattr(cache, "layers", None) or [None]}
-    return shapes.pop() if len(shapes) == 1 else None
-
-
 @contextlib.contextmanager
-def cache_shapes_as_written(model):
-    """Within the block, the text config says the key-value heads and head size the model's attention writes
-    (`written_cache_shapes`), where the config's fields say otherwise, so that the static cache built in it
-    (transformers' `TorchExportableModuleWithStaticCache` sizes it from `get_head_shapes(config)`) holds what the
-    attention writes; the config is restored after.
+def cache_heads_as_written(model):
+    """Within the block, the text config's `num_key_value_heads` is the key-value heads the model's attention writes
+    (`hfexport.models.key_value_heads`, read as the modeling code reads them), where transformers would size the
+    static cache otherwise; the config is restored after.
 
-    transformers 5.23's `get_head_shapes` reads `num_key_value_heads`, else `num_attention_heads`: a config that
-    names its key-value heads otherwise, or whose attention ignores that field, gets a cache of the wrong shape.
-    Falcon-7B's (`multi_query: true`: one key-value head, whatever `num_kv_heads` says; no `num_key_value_heads`)
-    got a cache of 71 heads for the one its attention writes, and torch.export stopped at "index_copy_(): Source/
-    destination tensor must have same slice shapes"."""
+    transformers 5.23's `TorchExportableModuleWithStaticCache` sizes the cache from `get_head_shapes(config)`, which
+    reads `num_key_value_heads`, else `num_attention_heads`: Falcon-7B's config (`multi_query: true`, one key-value
+    head whatever `num_kv_heads` says; no `num_key_value_heads`) got a cache of its 71 attention heads for the one
+    its attention writes, and torch.export stopped at "index_copy_(): Source/destination tensor must have same slice
+    shapes"."""
     from transformers.configuration_utils import get_head_shapes
 
     config = model.config.get_text_config()
-    written = written_cache_shapes(model)
-    if written is None or get_head_shapes(config) == written:
+    heads, engine_heads = key_value_heads(config), get_head_shapes(config)[0]
+    if not isinstance(engine_heads, int) or engine_heads == heads:  # per-layer head counts: left as they are
         yield
         return
-    fields = {name: value for name, value, configured in zip(("num_key_value_heads", "head_dim"), written,
-                                                              get_head_shapes(config), strict=True)
-              if value != configured}
-    saved = {name: config.__dict__[name] for name in fields if name in config.__dict__}
+    saved = config.__dict__.get("num_key_value_heads")
+    config.num_key_value_heads = heads
     try:
-        for name, value in fields.items():
-            setattr(config, name, value)
         yield
     finally:
-        for name in fields:
-            if name in saved:
-                setattr(config, name, saved[name])
-            elif name in config.__dict__:
-                delattr(config, name)
+        if saved is None:
+            del config.num_key_value_heads
+        else:
+            config.num_key_value_heads = saved
 
 
 def _drop_inverse_transposes(program) -> int:
