@@ -13,6 +13,9 @@ import functools
 import tempfile
 from pathlib import Path
 
+from hfexport.formats.executorch.experts import every_expert
+from hfexport.models import key_value_heads
+
 PROGRAM_FILE = "model.pte"
 DATA_FILE = "model.ptd"  # the weights of a program hfexport 0.1 published (read still; 0.2 keeps them inside)
 COMPONENT = "model"
@@ -122,12 +125,13 @@ def export(model, engine_config, generation: dict):
     seq = torch.export.Dim("seq", min=1, max=max_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
     # _attention checks the kernels against the model's full logits, so the last-position cut comes after it
-    with _static_generation_config(model), _attention(model) as attention, \
+    with _static_generation_config(model), every_expert(model), _attention(model) as attention, \
             _last_position_logits(model) as last_logits:
         if attention == CUSTOM_SDPA:
             module = _custom_ops_module(model, max_len).eval()
         else:
-            module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len).eval()
+            with cache_heads_as_written(model):
+                module = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_len).eval()
         with torch.no_grad():
             program = torch.export.export(module, args=(), kwargs=inputs, dynamic_shapes=shapes, strict=True)
     _drop_inverse_transposes(program)
@@ -321,7 +325,37 @@ def _custom_ops_classes():
 
 
 def _custom_ops_module(model, max_len: int):
-    return _custom_ops_classes()[1](model, max_len)
+    with cache_heads_as_written(model):
+        return _custom_ops_classes()[1](model, max_len)
+
+
+@contextlib.contextmanager
+def cache_heads_as_written(model):
+    """Within the block, the text config's `num_key_value_heads` is the key-value heads the model's attention writes
+    (`hfexport.models.key_value_heads`, read as the modeling code reads them), where transformers would size the
+    static cache otherwise; the config is restored after.
+
+    transformers 5.23's `TorchExportableModuleWithStaticCache` sizes the cache from `get_head_shapes(config)`, which
+    reads `num_key_value_heads`, else `num_attention_heads`: Falcon-7B's config (`multi_query: true`, one key-value
+    head whatever `num_kv_heads` says; no `num_key_value_heads`) got a cache of its 71 attention heads for the one
+    its attention writes, and torch.export stopped at "index_copy_(): Source/destination tensor must have same slice
+    shapes"."""
+    from transformers.configuration_utils import get_head_shapes
+
+    config = model.config.get_text_config()
+    heads, engine_heads = key_value_heads(config), get_head_shapes(config)[0]
+    if not isinstance(engine_heads, int) or engine_heads == heads:  # per-layer head counts: left as they are
+        yield
+        return
+    saved = config.__dict__.get("num_key_value_heads")
+    config.num_key_value_heads = heads
+    try:
+        yield
+    finally:
+        if saved is None:
+            del config.num_key_value_heads
+        else:
+            config.num_key_value_heads = saved
 
 
 def _drop_inverse_transposes(program) -> int:
