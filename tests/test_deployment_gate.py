@@ -148,3 +148,57 @@ def test_the_model_generates_only_when_a_runtime_reads_the_tokens(llama_plan, mo
     assert not calls
     assert [c.verdict for c in deployment.run_checks("onnx", tmp_path, request)] == [NOT_CHECKED, PASSED, PASSED]
     assert (request.expected, request.padded_expected) == expected and len(calls) == 3  # 2 prompts + padded batch
+
+
+CLIENT = """import json, sys
+import warm_probe_module
+
+mode = json.load(open(sys.argv[2]))["mode"]
+if mode == "crash":
+    print("RuntimeError: the runtime crashed", file=sys.stderr)
+    sys.exit(3)
+if mode == "hang":
+    import time
+    time.sleep(30)
+print("a log line")
+print(json.dumps({"folder": sys.argv[1], "cwd": __import__("os").getcwd(), "stdin": sys.stdin.read(),
+                  "imports": open(warm_probe_module.COUNT).read(), "name": __name__}))
+"""
+
+
+def test_warm_clients_run_each_client_as_its_own_process_after_one_import(tmp_path, monkeypatch):
+    """Inside `warm_clients()` a Python runtime's client is forked from a server that ran its imports once: the same
+    answer, error line and time limit as a cold start (`run_client`), the imports counted once for three runs; an
+    interpreter that is no fork server (a wrapper script) is run cold, as before."""
+    from hfexport.deployment._python import run_python_client
+    from hfexport.deployment.warm import warm_clients
+
+    (tmp_path / "warm_probe_module.py").write_text(
+        f"COUNT = {str(tmp_path / 'count')!r}\nwith open(COUNT, 'a') as f:\n    f.write('i')\n")
+    client = tmp_path / "client.py"
+    client.write_text(CLIENT)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    def run(mode: str, timeout: float = 60, python: str = sys.executable):
+        return run_python_client(python, client, tmp_path / "model", {"mode": mode}, timeout)
+
+    cold = run("ok")
+    assert cold["imports"] == "i" and cold["stdin"] == "" and cold["name"] == "__main__"
+    with pytest.raises(deployment.RuntimeClientError) as cold_crash:
+        run("crash")
+    (tmp_path / "count").unlink()
+    with warm_clients():
+        warm = [run("ok") for _ in range(2)]
+        with pytest.raises(deployment.RuntimeClientError) as warm_crash:
+            run("crash")
+        with pytest.raises(deployment.RuntimeClientError, match="time limit of 1 s"):
+            run("hang", timeout=1)
+        warm.append(run("ok"))  # the server goes on after a client it stopped
+        wrapper = tmp_path / "python-wrapper"  # a launcher that runs client scripts only
+        wrapper.write_text(f"#!/bin/sh\ncase \"$1\" in *warm_server.py) echo 'clients only'; exit 2;; esac\n"
+                           f"exec {sys.executable} \"$@\"\n")
+        wrapper.chmod(0o755)
+        assert run("ok", python=str(wrapper))["imports"] == "ii"  # its own interpreter start: run cold
+    assert all(answer["imports"] == "i" for answer in warm[:3]), warm  # one import for the three forked runs
+    assert [{**answer, "imports": None, "cwd": None} for answer in warm] == [{**cold, "imports": None, "cwd": None}] * 3
+    assert str(warm_crash.value) == str(cold_crash.value) == "exited 3: RuntimeError: the runtime crashed"

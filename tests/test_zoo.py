@@ -37,11 +37,13 @@ def published_dtype(name: str) -> str:
 
 
 #: Cells run at the same time: the machine's two cores; each process runs up to `PER_PROCESS` cells one after another
-#: (one interpreter start and one import of torch and the engine for them; a hang or a crash still costs one cell).
-#: Every zoo model's cell runs in the default suite: its 36 cells took 972 CPU-seconds in all (21-50 a cell; the
-#: runtimes about a third of a decoder's, optimum's start most of that), about 8 min on two free cores; 32 min wall
-#: when measured, on two cores shared with a load of 7-19 from other jobs (AMD EPYC).
-JOBS, PER_PROCESS = 2, 4
+#: (one interpreter start and one import of torch and the engine for them, and one start of each Python runtime:
+#: `hfexport.deployment.warm`; a hang or a crash still costs one cell). Every zoo model's cell runs in the default
+#: suite: its 36 cells took 972 CPU-seconds in all (21-50 a cell; the runtimes about a third of a decoder's, optimum's
+#: start, about 6 CPU-seconds, most of that), about 8 min on two free cores; 32 min wall when measured, on two cores
+#: shared with a load of 7-19 from other jobs (AMD EPYC). Ten cells to a process (four processes) start optimum four
+#: times instead of 25.
+JOBS, PER_PROCESS = 2, 10
 
 
 @pytest.fixture(scope="session")

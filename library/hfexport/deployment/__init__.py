@@ -209,8 +209,6 @@ def run_client(command: list[str], *, timeout: float, env: dict[str, str] | None
 
     Raises `RuntimeClientError` with the client's own last lines when it exits non-zero, prints no JSON, or runs
     past `timeout` seconds (then it is killed)."""
-    import json
-    import re
     import subprocess
 
     try:
@@ -218,13 +216,22 @@ def run_client(command: list[str], *, timeout: float, env: dict[str, str] | None
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise RuntimeClientError(f"ran past its time limit of {timeout:.0f} s and was stopped") from None
-    lines = [line for line in done.stdout.strip().splitlines() if line.strip()]
-    if done.returncode != 0 or not lines:
-        lines = (done.stderr or done.stdout).strip().splitlines()
+    return client_result(done.returncode, done.stdout, done.stderr)
+
+
+def client_result(returncode: int, stdout: str, stderr: str) -> dict:
+    """A client's result from its exit code and output: its last stdout line as JSON, or `RuntimeClientError` with
+    its own error line (`run_client`; `hfexport.deployment.warm` reads a warm client's the same way)."""
+    import json
+    import re
+
+    lines = [line for line in stdout.strip().splitlines() if line.strip()]
+    if returncode != 0 or not lines:
+        lines = (stderr or stdout).strip().splitlines()
         # The client's own error line where there is one (Node prints its stack after it), else its last lines.
         errors = [line.strip() for line in lines if re.match(r"^\s*(\w+\.)*\w*(Error|Exception)\b", line)]
         tail = errors[-1] if errors else " | ".join(lines[-3:])
-        raise RuntimeClientError(redact(f"exited {done.returncode}: {tail}"[:600]))
+        raise RuntimeClientError(redact(f"exited {returncode}: {tail}"[:600]))
     try:
         return json.loads(lines[-1])
     except ValueError:

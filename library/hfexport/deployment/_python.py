@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from hfexport.deployment import PASSED, GenerationRequest, RuntimeCheck, judge_tokens, run_client, runtime_environment
+from hfexport.deployment.warm import run_warm
 
 
 def interpreter(runtime: str, module: str) -> str | None:
@@ -42,10 +43,14 @@ def request_payload(request: GenerationRequest, padded: bool) -> dict:
 
 def run_python_client(python: str, client: Path, folder: Path, payload: dict, timeout: float) -> dict:
     """Run the client script `client` (a runtime's own, in its format's `runtimes/clients/`) as
-    `python CLIENT FOLDER REQUEST`; its last stdout line (JSON) as a dict."""
+    `python CLIENT FOLDER REQUEST`; its last stdout line (JSON) as a dict. Inside `warm_clients()` it is forked
+    from a server that imported the client's modules once (`hfexport.deployment.warm`)."""
     with tempfile.TemporaryDirectory(prefix="hfexport-runtime-") as scratch:
         request_file = Path(scratch) / "request.json"
         request_file.write_text(json.dumps(payload), encoding="utf-8")
+        warm = run_warm(python, client, [str(folder), str(request_file)], scratch, timeout)
+        if warm is not None:
+            return warm
         return run_client([python, str(client), str(folder), str(request_file)], timeout=timeout,
                           cwd=scratch)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.deployment.gate import check_runtimes, has_runtimes
+from hfexport.deployment.warm import warm_clients
 from hfexport.errors import HfExportError, redact
 from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_entries, save_atomically, write_json_atomic
 from hfexport.formats.programs import format_program
@@ -129,14 +130,16 @@ class TargetPipeline:
     def gate(self, folder: Path, plan) -> None:
         """The gate of a saved target, exported or rebound: its report beside the artifacts (there even if verifying
         dies), parity against the eager model, then (a generation target that passed) its format's deployment
-        runtimes, then (a target with `variants`) each variant made from the gated files and gated itself."""
+        runtimes, then (a target with `variants`) each variant made from the gated files and gated itself; each Python
+        runtime started once for all of them (`warm_clients`)."""
         self.report(folder)
         self._verify(folder, plan)
-        if self.target_report.status == "ok" and self.job.options.runtimes and plan.target.mode == "generation":
-            self._check_runtimes(folder, plan)
-        if self.target_report.status == "ok" and plan.target.variants:  # made from the gated files, each gated
-            check_variants(self.target_report, folder, self.job.model_object, plan, self.job.processor,
-                           self.job.progress, self.job.options.runtimes)
+        with warm_clients():
+            if self.target_report.status == "ok" and self.job.options.runtimes and plan.target.mode == "generation":
+                self._check_runtimes(folder, plan)
+            if self.target_report.status == "ok" and plan.target.variants:  # made from the gated files, each gated
+                check_variants(self.target_report, folder, self.job.model_object, plan, self.job.processor,
+                               self.job.progress, self.job.options.runtimes)
 
     def report(self, folder: Path | None = None) -> None:
         """The report stage: `OUTPUT/<target>/export_report.json` (`folder`: the target's folder by default), for a
