@@ -50,7 +50,7 @@ class OnnxProgram(FormatProgram):
             processor.save_pretrained(directory)  # the loaders' contract: the tokenizer beside the graph
             save_tokenizer(directory, processor)  # its class as transformers 4.x (optimum's) reads it too
 
-    def write_variant(self, folder: Path, variant: dict, stage: Path) -> None:
+    def write_variant(self, folder: Path, variant: dict, stage: Path, model=None) -> None:
         onnx_variants.write(folder, variant, stage)
 
     def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
