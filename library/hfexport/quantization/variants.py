@@ -15,11 +15,9 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
   `group_size` (default: 128 where it divides every linear layer's input, else the largest power of two that does;
   a stated one that does not divide is refused: `hfexport.quantization.shapes`) with `ratio` of the layers at 4 bits
   (default 1.0, the rest int8).
-- ExecuTorch `8da4w` (optimum-executorch's `qlinear=8da4w`, `qembedding=8w`: torchao on the eager model, lowered to
-  XNNPACK with the LLM runner's kernels kept, in a folder of its own, `executorch/8da4w/model.pte`): 4-bit linear
-  weights in groups of `group_size` (default: 32 where it divides every linear layer's input, else the largest power
-  of two that does; a stated one that does not divide is refused), 8-bit dynamic activations, 8-bit embedding rows;
-  made for a target in ExecuTorch's LLM runner contract only (`hfexport.formats.executorch.variants`).
+- ExecuTorch `8da4w` (optimum-executorch's, `executorch/8da4w/model.pte`: `hfexport.formats.executorch.variants`):
+  4-bit linear weights in groups of `group_size` (default 32, resolved and checked as int4's), 8-bit embedding rows;
+  for a target in ExecuTorch's LLM runner contract only.
 - every variant: `max_nll_ratio` and `min_top1_agreement`, its quality bounds against the float32 export on the
   sample texts (`DEFAULT_BOUNDS`, measured on SmolLM2-135M-Instruct: docs/quantization.md, "Variants").
 

@@ -12,18 +12,13 @@
   `llama::custom_sdpa`/`llama::update_cache` where the float32 export chose them, not checked again), cache size,
   metadata methods and last-position logits (`hfexport.formats.executorch.llm_program.export`).
 
-What is reused and what is made again: the eager model the job already holds (no reload), a copy of it quantized by
-torchao (the job's model stays float32: the runtimes' reference tokens come from it), and the float32 export's
-choices above, read from its `export.json`; the quantized module is traced and lowered again (`torch.export` cannot
-quantize a traced program's weights in place, and XNNPACK picks its quantized kernels while lowering).
+Reused: the eager model the job holds (a copy is quantized; the job's stays float32) and the float32 export's choices,
+read from its `export.json`. Made again: the trace and the lowering (a traced program's weights cannot be quantized in
+place; XNNPACK picks its quantized kernels while lowering).
 
-Layout: `8da4w/model.pte` inside the target's folder, with `tokenizer.json`, `config.json` and
-`generation_config.json` beside it: a folder per variant because optimum-executorch's `ExecuTorchModelForCausalLM`
-needs its program named `model.pte` (the `.pte`'s stem becomes its `model` attribute) and loads every `.pte` of the
-folder it is given, so a named `model_8da4w.pte` beside `model.pte` could not be opened by name; the Hub's 8da4w
-programs made by optimum-executorch are `model.pte` in a repo of their own, which this folder is the same as
-(`from_pretrained(f"{local}/8da4w")`). TextLLMRunner opens it by path. Both need ExecuTorch's quantized kernels
-registered (`from executorch.kernels import quantized`), as optimum-executorch's modeling does on import.
+Layout: `8da4w/model.pte` inside the target's folder with the tokenizer and configs: optimum-executorch's
+`ExecuTorchModelForCausalLM` opens a program named `model.pte` only and loads every `.pte` of its folder, so the
+variant cannot be a `model_8da4w.pte` beside `model.pte` (docs/quantization.md, "Variants").
 """
 
 from __future__ import annotations
