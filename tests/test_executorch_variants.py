@@ -60,6 +60,17 @@ def test_the_variant_is_a_folder_of_its_own_whose_program_is_model_pte():
     assert runtime_floor("8da4w") == runtime_floor("q4") == 0.5  # 4-bit weights: hfexport's 4-bit greedy floor
 
 
+def test_a_folder_that_is_not_the_runners_program_gets_no_variant(tmp_path):
+    """The variant is made of the LLM runner's program: an ExecuTorch export that kept the engine's graphs (a model the
+    contract does not take) fails it with why, before anything is quantized."""
+    from hfexport.formats.executorch.variants import write
+
+    (tmp_path / "export.json").write_text(json.dumps({"export_format": "executorch", "components": {
+        "prefill": {"file": "prefill.pte", "metadata": {}}, "decode": {"file": "decode.pte", "metadata": {}}}}))
+    with pytest.raises(ValueError, match="not ExecuTorch's LLM runner program"):
+        write(tmp_path, {"name": "8da4w", "group_size": None}, tmp_path / "stage", model=object())
+
+
 @pytest.fixture(scope="module")
 def variants_job(tiny_llama, tmp_path_factory):
     """tiny-llama's ExecuTorch generation target (the LLM runner's program) with its 8da4w variant, gated in

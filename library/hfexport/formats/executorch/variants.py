@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
-from hfexport.formats.executorch.llm_program import ATTENTION, COMPONENT, PROGRAM_FILE, load_program
+from hfexport.formats.executorch.llm_program import ATTENTION, COMPONENT, PROGRAM_FILE, load_program, manifest_is_llm
 from hfexport.formats.executorch.llm_program import export as export_llm_program
 from hfexport.formats.executorch.workarounds import executorch_fixes
 from hfexport.formats.openvino.variants import keep as keep_folder
@@ -81,6 +81,9 @@ def write(folder: Path, variant: dict, stage: Path, model) -> dict:
     folder, stage = Path(folder), Path(stage)
     stage.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    if not manifest_is_llm(manifest):
+        raise ValueError("the export is not ExecuTorch's LLM runner program (one model.pte holding its cache), which "
+                         "8da4w is made of: the model's generation keeps the engine's graphs")
     export_config = manifest["components"][COMPONENT]["metadata"]["export_config"]
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     resolved = {"group_size": group_size(config, variant)}
@@ -89,7 +92,7 @@ def write(folder: Path, variant: dict, stage: Path, model) -> dict:
         quantize(quantized, resolved["group_size"])
     with executorch_fixes(), modeling_fixes(quantized, "executorch"):
         exported = export_llm_program(quantized, None, {"max_cache_len": export_config["max_seq_len"]},
-                                      attention=export_config[ATTENTION], quantized=True)
+                                      attention=export_config.get(ATTENTION), quantized=True)
     program = exported.components[COMPONENT].program
     shutil.copyfile(program.path, stage / PROGRAM_FILE)
     del exported, program, quantized
