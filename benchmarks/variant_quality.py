@@ -14,6 +14,12 @@ runtimes of hfexport.testing.peers; `transformers.js` (the default), transformer
 config.json: 64 for SmolLM2's 576), the runtimes (`all`, the default there) OpenVINO GenAI's LLMPipeline and
 optimum-intel opening each variant's folder -> results/variant_quality_openvino.json.
 
+`FORMAT=executorch`: the ExecuTorch generation target (the LLM runner's program) and its 8da4w variant (linear
+groups of 32, 8-bit embedding rows), the runtimes (`all`) TextLLMRunner beside hfexport and optimum-executorch in its
+venv opening `8da4w/model.pte`; beside it optimum-executorch's own 8da4w of the same checkpoint (`optimum-cli export
+executorch --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache --qlinear 8da4w --qembedding 8w`, in its venv),
+scored by the same measures against hfexport's float32 program -> results/variant_quality_executorch.json.
+
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/variant_quality.py` -> benchmarks/results/variant_quality.json
 (`SMOLLM2_DIR` names the built checkpoint's folder; `Q8_SWEEP=1` -> results/variant_quality_q8.json, q8's settings).
 """
@@ -51,7 +57,8 @@ TEXTS = [
 VARIANTS = ("fp16", "q8", "q4", "q4f16")
 #: per FORMAT: (target, its variants, the float32 export's files, the default RUNTIMES)
 FORMATS = {"onnx": ("onnx-generation", VARIANTS, "model.onnx*", "transformers.js"),
-           "openvino": ("openvino-generation", ("int8", "int4"), "openvino_model.*", "all")}
+           "openvino": ("openvino-generation", ("int8", "int4"), "openvino_model.*", "all"),
+           "executorch": ("executorch-generation", ("8da4w",), "model.pte", "all")}
 #: `Q8_SWEEP=1`: q8 alone at each of these settings (hfexport's ort_dynamic default, transformers.js' script's default,
 #: and the two in between), no runtimes -> results/variant_quality_q8.json
 Q8_SETTINGS = ({"per_channel": True, "reduce_range": True}, {"per_channel": False, "reduce_range": False},
@@ -79,6 +86,8 @@ def main() -> dict:
     if export_format == "openvino" and runtimes == "all":
         os.environ.update({"HFEXPORT_RUNTIME_OPENVINO_GENAI": str(peers.openvino_genai_venv()),
                            "HFEXPORT_RUNTIME_OPTIMUM_INTEL": str(peers.peer_venv())})
+    elif export_format == "executorch" and runtimes == "all":
+        os.environ["HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH"] = str(peers.optimum_executorch_venv())
     elif runtimes in ("all", "transformers.js"):
         os.environ["HFEXPORT_RUNTIME_TRANSFORMERS_JS"] = str(peers.node_modules())
     if export_format == "onnx" and runtimes == "all":
@@ -111,6 +120,8 @@ def main() -> dict:
             entries = gate_variants(Path(output) / name, plan, model, tokenizer, runtimes=runtimes != "none")
         variants_seconds = time.perf_counter() - started
         f32_bytes = sum(path.stat().st_size for path in (Path(output) / name).glob(f32_files))
+        if export_format == "executorch":
+            entries.append(optimum_executorch_8da4w(folder, Path(output) / name, plan))
     rows = {}
     for entry in entries:
         rows[entry["name"]] = {
@@ -135,10 +146,36 @@ def main() -> dict:
             "peak_rss_mb": round(usage.ru_maxrss / 1024), "variants": rows, **machine_and_versions()}
 
 
+def optimum_executorch_8da4w(checkpoint: Path, f32_folder: Path, plan) -> dict:
+    """optimum-executorch's own 8da4w of `checkpoint` (its CLI, in its venv), scored against hfexport's float32 program
+    in `f32_folder` on the plan's texts as a variant is (no runtimes: its folder has no export.json)."""
+    import subprocess
+
+    from hfexport.formats.executorch.variants import next_token_scores
+    from hfexport.testing import peers
+    from hfexport.verify.variants import quality, token_rows
+
+    python = peers.optimum_executorch_venv()
+    rows = [row for row in token_rows(plan) if len(row) > 1]
+    with tempfile.TemporaryDirectory(prefix="optimum-executorch-8da4w-") as output:
+        started = time.perf_counter()
+        subprocess.run([str(Path(python).parent / "optimum-cli"), "export", "executorch", "--model", str(checkpoint),
+                        "--task", "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa",
+                        "--use_custom_kv_cache", "--qlinear", "8da4w", "--qembedding", "8w", "--max_seq_len", "2048",
+                        "--output_dir", output], check=True)
+        seconds = time.perf_counter() - started
+        entry = {"name": "optimum-executorch 8da4w (peer)", "verdict": "passed", "seconds": round(seconds, 1),
+                 "bytes": (Path(output) / "model.pte").stat().st_size,
+                 "settings": {"qlinear": "8da4w", "qlinear_group_size": 32, "qembedding": "8w"}}
+        entry.update(quality(next_token_scores(f32_folder, rows), next_token_scores(Path(output), rows)))
+    return entry
+
+
 if __name__ == "__main__":
     result = main()
     out = HERE / "results" / ("variant_quality_q8.json" if os.environ.get("Q8_SWEEP") == "1" else
                               "variant_quality_openvino.json" if result["format"] == "openvino" else
+                              "variant_quality_executorch.json" if result["format"] == "executorch" else
                               "variant_quality.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["variants"], indent=2))

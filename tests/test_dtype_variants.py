@@ -39,9 +39,17 @@ def test_a_variant_the_target_cannot_make_is_refused_before_anything_runs(tiny_l
         (f"{base}.2.block_size", "not a setting of q8; it takes: per_channel, reduce_range, max_nll_ratio, "
                                  "min_top1_agreement"),
         (f"{base}.3.block_size", "MatMulNBits takes a power of two from 16; got 48 (e.g. 32)")]
-    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="executorch"))
-    assert path == base and "executorch publishes no variants" in message
-    assert message.endswith("formats with variants: onnx, openvino")
+    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="dynamo"))
+    assert path == base and "dynamo publishes no variants" in message
+    assert message.endswith("formats with variants: onnx, openvino, executorch")
+    [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="executorch", options={},
+                                          generation={}))  # its names are its own
+    assert path == f"{base}.0" and message == "'q4' is not a variant of executorch; it has: 8da4w"
+    # its variants are made of the LLM runner's program, which this target's single graph is not
+    [(path, message)] = _problems(_recipe(tiny_llama, ["8da4w"], export_format="executorch",
+                                          options={"backend": "mlx"}))
+    assert path == base and "made of the LLM runner's program" in message
+    assert "generation.single_graph, options.backend 'mlx'" in message and message.endswith("leave them out")
     [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="openvino"))  # its names are its own
     assert path == f"{base}.0" and message == "'q4' is not a variant of openvino; it has: int8, int4"
     forward = _recipe(tiny_llama, ["q8"])

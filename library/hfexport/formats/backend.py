@@ -255,10 +255,11 @@ class FormatProgram:
     def localize(self, folder: Path, local_of: dict[str, str]) -> None:
         """Undo `published`'s renames inside a downloaded export's files (names back as the job saves them)."""
 
-    def write_variant(self, folder: Path, variant: dict, stage: Path) -> dict | None:
+    def write_variant(self, folder: Path, variant: dict, stage: Path, model=None) -> dict | None:
         """Make the variant `variant` (`hfexport.quantization.variants.settings`) of the export saved in `folder`, laid
         out in `stage` as the export's own files with the variant's graph in place of its full-precision one; the
-        settings it resolved from the model (an OpenVINO int4 group size), if any."""
+        settings it resolved from the model (an OpenVINO int4 group size), if any. `model`: the eager model the
+        export was made from (ExecuTorch's 8da4w quantizes a copy of it)."""
         raise NotImplementedError(f"{self.name} makes no variants")
 
     def remove_variant(self, folder: Path, file_name: str) -> None:

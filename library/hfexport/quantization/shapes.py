@@ -8,7 +8,8 @@ the hidden size (query/key/value and gate/up projections), the attention heads t
 projection) and the feed-forward sizes (the down projection), per sub-config (`text_config`, `vision_config`, ...).
 
 `layer_input_sizes(config)` reads them; `group_size_problems` (a target's `quantization`) and
-`variant_group_size_problems` (its OpenVINO `int4` variant's stated `group_size`) name the recipe field, what does not
+`variant_group_size_problems` (its OpenVINO `int4` or ExecuTorch `8da4w` variant's stated `group_size`: torchao's
+`PerGroup` cannot group a layer either) name the recipe field, what does not
 divide, and the largest group size that divides every layer. Pure data: no torch, so `hfexport validate` stays cheap.
 """
 
@@ -123,7 +124,8 @@ def variant_group_size_problems(target: dict, target_path: list, config: dict, c
         fix = f"use group_size {works}, which divides every layer's input" if works else \
             "use group_size -1 (one scale per output channel)"
         path = ".".join(map(str, [*target_path, "variants", index, "group_size"]))
-        problems.append(_problem(path, f"group_size {group}", layers, config_source, fix))
+        refused = _REFUSED_BY.get(item.get("name"), _REFUSED_BY["int4"])
+        problems.append(_problem(path, f"group_size {group}", layers, config_source, fix, refused))
     return problems
 
 
@@ -137,6 +139,12 @@ def _undivided_layers(config: dict, group: int) -> tuple[str, int | None] | None
     return ", ".join(f"{key} = {value}" for key, value in bad.items()), dividing_group_size(sizes.values(), group)
 
 
-def _problem(path: str, what: str, layers: str, config_source: str, fix: str) -> Problem:
+#: who refuses a group size that does not divide a layer, and when, per variant
+_REFUSED_BY = {"int4": "NNCF would refuse it after the export",
+               "8da4w": "torchao cannot group their weights (optimum-executorch leaves such layers in float32)"}
+
+
+def _problem(path: str, what: str, layers: str, config_source: str, fix: str,
+             refused: str = _REFUSED_BY["int4"]) -> Problem:
     return Problem(path, f"{what} does not divide the input size of the model's layers ({layers}, {config_source}):"
-                         f" NNCF would refuse it after the export; {fix}")
+                         f" {refused}; {fix}")

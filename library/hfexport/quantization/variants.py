@@ -15,6 +15,9 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
   `group_size` (default: 128 where it divides every linear layer's input, else the largest power of two that does;
   a stated one that does not divide is refused: `hfexport.quantization.shapes`) with `ratio` of the layers at 4 bits
   (default 1.0, the rest int8).
+- ExecuTorch `8da4w` (optimum-executorch's, `executorch/8da4w/model.pte`: `hfexport.formats.executorch.variants`):
+  4-bit linear weights in groups of `group_size` (default 32, resolved and checked as int4's), 8-bit embedding rows;
+  for a target in ExecuTorch's LLM runner contract only.
 - every variant: `max_nll_ratio` and `min_top1_agreement`, its quality bounds against the float32 export on the
   sample texts (`DEFAULT_BOUNDS`, measured on SmolLM2-135M-Instruct: docs/quantization.md, "Variants").
 
@@ -31,12 +34,17 @@ from hfexport.quantization.spec import DEFAULT_PARAMS
 FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": None}
 EIGHT_BIT = {key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}
 GROUPED_FOUR_BIT = {"group_size": None, "ratio": 1.0}  # group_size None: resolved from the model's layer sizes
-SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT, "int8": {}, "int4": GROUPED_FOUR_BIT}
-LOW_BIT = ("q4", "q4f16", "int4")
+SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT, "int8": {}, "int4": GROUPED_FOUR_BIT,
+            "8da4w": {"group_size": None}}  # None: resolved from the model's layer sizes
+LOW_BIT = ("q4", "q4f16", "int4", "8da4w")
+#: what puts an ExecuTorch generation target out of the LLM runner's contract, which its variants are made of
+#: (`hfexport.recipe.data.Target.llm_runner_by_default`, `hfexport.plan.decoder.llm_runner_plan`)
+_NOT_LLM_RUNNER = {"generation": ("single_graph", "multi_token_decode", "cache_implementation"),
+                   "": ("components", "dynamic_shapes")}
 #: (max_nll_ratio, min_top1_agreement) per variant: the perplexity ratio to the float32 export on the sample texts
 #: and the share of their positions whose next token is the float32 export's (docs/quantization.md, "Variants")
 DEFAULT_BOUNDS = {"fp16": (1.01, 0.97), "q8": (1.10, 0.85), "q4": (1.35, 0.60), "q4f16": (1.35, 0.60),
-                  "int8": (1.10, 0.85), "int4": (1.50, 0.60)}
+                  "int8": (1.10, 0.85), "int4": (1.50, 0.60), "8da4w": (1.50, 0.60)}
 _BOUND_KEYS = ("max_nll_ratio", "min_top1_agreement")
 
 
@@ -65,6 +73,10 @@ def variant_problems(target: dict, export_format: str, base: list) -> list[Probl
         what = "quantization" if target.get("quantization") else "dtype"
         return [Problem(path, f"variants are made from the target's full-precision files; a target with {what} "
                               "has none: make the variants on a target without it")]
+    if format_traits(export_format).llm_program:
+        problems = _llm_runner_problems(target, path)
+        if problems:
+            return problems
     problems, seen = [], set()
     for index, item in enumerate(target["variants"]):
         name = item if isinstance(item, str) else item["name"]
@@ -85,6 +97,21 @@ def variant_problems(target: dict, export_format: str, base: list) -> list[Probl
                 problems.append(Problem(f"{where}.block_size", f"MatMulNBits takes a power of two from 16; got {block} "
                                         f"(e.g. {1 << (block.bit_length() - 1)})"))
     return problems
+
+
+def _llm_runner_problems(target: dict, path: str) -> list[Problem]:
+    """An ExecuTorch target whose recipe keeps the engine's graphs rather than the LLM runner's one program (what
+    its variants are made of: `hfexport.formats.executorch.variants`)."""
+    found = [f"{section}.{key}".lstrip(".") for section, keys in _NOT_LLM_RUNNER.items() for key in keys
+             if key in ((target.get(section) or {}) if section else target)]
+    backend = (target.get("options") or {}).get("backend", "xnnpack")
+    if backend != "xnnpack":
+        found.append(f"options.backend {backend!r}")
+    if not found:
+        return []
+    return [Problem(path, f"ExecuTorch's variants are made of the LLM runner's program, which a target that sets "
+                          f"{', '.join(found)} does not export (it keeps the engine's graphs): leave "
+                          f"{'it' if len(found) == 1 else 'them'} out")]
 
 
 def variant_formats() -> list[str]:

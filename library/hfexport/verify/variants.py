@@ -88,7 +88,7 @@ def gate_variants(folder: Path, plan, model, processor=None, runtimes: bool = Tr
         entry = {"name": name, "file": file_name,
                  "settings": {key: value for key, value in variant.items() if key != "name"}}
         try:
-            entry["settings"].update(program.write_variant(folder, variant, stage) or {})  # resolved from the model
+            entry["settings"].update(program.write_variant(folder, variant, stage, model) or {})  # resolved from the model
             entry.update(quality(reference, program.next_token_scores(stage, rows)))
             failures = []
             if entry["nll_ratio"] > variant["max_nll_ratio"]:

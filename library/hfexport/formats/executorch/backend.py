@@ -39,6 +39,13 @@ class ExecutorchFormat(FormatBackend):
     llm_program = True
     # ExecuTorch keeps only what its XNNPACK delegate lowers: the XNNPACK PT2E presets, on the xnnpack backend.
     quantized_lowerings = ("xnnpack",)
+    variants = ("8da4w",)  # optimum-executorch's qlinear=8da4w, qembedding=8w (hfexport.formats.executorch.variants)
+
+    def variant_file(self, name: str) -> str:
+        # a folder per variant: optimum-executorch opens a program named model.pte only (its stem is the model)
+        if name not in self.variants:
+            return super().variant_file(name)
+        return f"{name}/{self.default_file}"
 
     def program_files(self, file: str) -> list[tuple[str, bool]]:
         # its weights in `<stem>.ptd` (hfexport.formats.executorch.data_file); older exports: none

@@ -47,6 +47,12 @@ def register_custom_ops() -> None:
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - registers on import
 
 
+def register_quantized_kernels() -> None:
+    """Register ExecuTorch's quantized kernels (`quantized_decomposed::embedding_byte`: an 8da4w variant's 8-bit
+    embedding, `hfexport.formats.executorch.variants`) for the runtime, as optimum-executorch's modeling does."""
+    from executorch.kernels import quantized  # noqa: F401 - registers on import
+
+
 def manifest_is_llm(manifest: dict) -> bool:
     """Whether an export.json describes one LLM runner program."""
     components = manifest.get("components") or {}
@@ -108,9 +114,12 @@ def _static_generation_config(model):
         model.generation_config = original
 
 
-def export(model, engine_config, generation: dict):
+def export(model, engine_config, generation: dict, attention: str | None = None, quantized: bool = False):
     """`model` as one LLM runner program (see the module docstring), as the engine's `ExportedModel` whose program
-    and data file live in a temporary folder until saved."""
+    and data file live in a temporary folder until saved. `attention`: the attention to use (CUSTOM_SDPA or "sdpa")
+    instead of choosing it (a variant keeps its float32 export's); `quantized`: the model's weights are torchao's
+    quantized tensors (`hfexport.formats.executorch.variants`), lowered as optimum-executorch lowers them (quantize
+    ops fused into their kernels, constants folded)."""
     import dataclasses
 
     import torch
@@ -125,7 +134,7 @@ def export(model, engine_config, generation: dict):
     seq = torch.export.Dim("seq", min=1, max=max_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
     # _attention checks the kernels against the model's full logits, so the last-position cut comes after it
-    with _static_generation_config(model), every_expert(model), _attention(model) as attention, \
+    with _static_generation_config(model), every_expert(model), _attention(model, attention) as attention, \
             _last_position_logits(model) as last_logits:
         if attention == CUSTOM_SDPA:
             module = _custom_ops_module(model, max_len).eval()
@@ -138,8 +147,10 @@ def export(model, engine_config, generation: dict):
     # the LLM kernels are not core ATen: executorch's IR check would refuse them (as optimum-executorch's recipe)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
                                           compile_config=EdgeCompileConfig(_check_ir_validity=attention == "sdpa"),
-                                          constant_methods=constant_methods(model, max_len))
-    manager = lowered.to_executorch(ExecutorchBackendConfig())  # the weights inside: optimum-executorch reads no .ptd
+                                          constant_methods=constant_methods(model, max_len),
+                                          transform_passes=[_drop_padding_index] if quantized else None)
+    # the weights inside: optimum-executorch reads no .ptd
+    manager = lowered.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=quantized))
     scratch = tempfile.TemporaryDirectory(prefix="hfexport-pte-")
     folder = Path(scratch.name)
     with open(folder / PROGRAM_FILE, "wb") as file:
@@ -203,18 +214,19 @@ def _last_position_logits(model):
 
 
 @contextlib.contextmanager
-def _attention(model):
+def _attention(model, chosen: str | None = None):
     """Within the block, the model attends through ExecuTorch's LLM kernels where it can (yields CUSTOM_SDPA), else
-    as it does (yields "sdpa"); its attention implementation is restored after."""
+    as it does (yields "sdpa"); its attention implementation is restored after. `chosen`: that one, unchecked (an
+    attention already checked on the float32 model)."""
     max_len = 8
-    if not _plain_full_attention(model, max_len) or not _kernels_available():
+    if chosen == "sdpa" or not _plain_full_attention(model, max_len) or not _kernels_available():
         yield "sdpa"
         return
     config = model.config.get_text_config()
     original = config._attn_implementation
     try:
         config._attn_implementation = _ATTENTION_NAME
-        if _same_as_eager(model, original):
+        if chosen == CUSTOM_SDPA or _same_as_eager(model, original):
             yield CUSTOM_SDPA
             return
     finally:
@@ -393,6 +405,22 @@ def _drop_inverse_transposes(program) -> int:
     return dropped
 
 
+def _drop_padding_index(graph_module):
+    """Drop `padding_idx` from every embedding (it only masks a gradient), so that the 8-bit embedding's
+    `dequantize_affine -> embedding` is the pattern executorch's quant fusion makes one `embedding_byte` kernel of, as
+    optimum-executorch's `RemovePaddingIdxEmbeddingPass` does."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    changed = False
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and node.target == exir_ops.edge.aten.embedding.default and len(node.args) > 2:
+            node.args, changed = node.args[:2], True
+    if changed:
+        graph_module.recompile()
+    return PassResult(graph_module, changed)
+
+
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -413,6 +441,7 @@ def load_program(path: Path, data: Path | None, custom_ops: bool = False):
 
     if custom_ops:
         register_custom_ops()
+        register_quantized_kernels()
     program = Runtime.get().load_program(Path(path), data_path=str(data) if data is not None else None)
     program.path, program.data_path = str(path), str(data) if data is not None else None
     return program

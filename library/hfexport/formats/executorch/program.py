@@ -1,6 +1,7 @@
 """ExecuTorch's programs: the engine's lowering with hfexport's fixes, each program saved with its weights in a `.ptd`
 beside the `.pte` (an LLM runner program's inside), loaded with its data file, its files checked, its weights
-(the `.ptd`'s named entries included) rewritten in place."""
+(the `.ptd`'s named entries included) rewritten in place; an LLM runner program's 8da4w variant made from the eager
+model (`hfexport.formats.executorch.variants`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats.backend import FormatProgram
+from hfexport.formats.executorch import variants as executorch_variants
 from hfexport.formats.executorch import weights
 from hfexport.formats.executorch.backend import data_name
 from hfexport.formats.executorch.data_file import DATA_PATH, separated, write_data
@@ -64,6 +66,18 @@ class ExecutorchProgram(FormatProgram):
                    if not getattr(components[name].program, DATA_PATH, None)]
         return f" (there is no {data_name(without[0])} beside it: a program whose weights are kept apart cannot " \
                "load without its data file)" if without else ""
+
+    def write_variant(self, folder: Path, variant: dict, stage: Path, model=None) -> dict:
+        return executorch_variants.write(folder, variant, stage, model)
+
+    def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
+        return executorch_variants.keep(stage, folder, file_name)
+
+    def remove_variant(self, folder: Path, file_name: str) -> None:
+        executorch_variants.remove(folder, file_name)
+
+    def next_token_scores(self, stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
+        return executorch_variants.next_token_scores(stage, rows)
 
     def check_files(self, found: list, file: str, label: str, source: str, allow_unsafe_pt2: bool) -> None:
         check_pte_file(found[0], label)

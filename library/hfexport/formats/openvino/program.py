@@ -27,7 +27,7 @@ class OpenvinoProgram(FormatProgram):
     def after_save(self, model, directory: Path, tokenizer=None) -> None:
         finish(directory, tokenizer)  # a stateful decode as optimum-intel's openvino_model.xml, its tokenizer beside it
 
-    def write_variant(self, folder: Path, variant: dict, stage: Path) -> dict:
+    def write_variant(self, folder: Path, variant: dict, stage: Path, model=None) -> dict:
         return openvino_variants.write(folder, variant, stage)
 
     def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:

@@ -7,7 +7,8 @@ is `not_checked`. The client (`clients/executorch_llm_runner_client.py`) gives t
 (the runner encodes it: `num_bos=1` where the model's tokenizer adds a BOS token of its own), greedy (temperature 0), one prompt
 at a time (the runner has no batch), and reads the new tokens back through a copy of `tokenizer.json` without its
 decoder, so each reported piece is a vocabulary string naming one token id: the check is token for token against
-`model.generate`, and the runner's prompt must be the same number of tokens. The text the runner reports with the
+`model.generate` (an 8da4w variant's: its share of agreeing tokens at least its floor, `hfexport.verify.variants`),
+and the runner's prompt must be the same number of tokens. The text the runner reports with the
 folder's own `tokenizer.json` must then be the tokenizer's decoding of those tokens; where a piece is not UTF-8 on its
 own (a byte-level piece of a longer character), the bindings cannot report it (`UnicodeDecodeError`) and the text is
 not compared (the tokens still are).
@@ -25,7 +26,7 @@ from hfexport.deployment import (
     GenerationRequest,
     RuntimeCheck,
     RuntimeClientError,
-    compare_tokens,
+    judge_tokens,
 )
 from hfexport.deployment._python import interpreter, run_python_client
 from hfexport.formats.executorch.llm_program import manifest_is_llm
@@ -85,23 +86,25 @@ def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         if counted != len(prompt):
             return RuntimeCheck(RUNTIME, FAILED, reason=f"prompt {index}: the runner encoded {counted} tokens, "
                                 f"the model's tokenizer {len(prompt)}", **fields)
-    verdict = compare_tokens(RUNTIME, request.expected, [request.cut(tokens) for tokens in answer["tokens"]],
-                             **fields)
+    got = [request.cut(tokens) for tokens in answer["tokens"]]
+    # token for token; a quantized variant's by its floor (`request.min_token_agreement`: hfexport.verify.variants)
+    verdict = judge_tokens(RUNTIME, request, request.expected, got, **fields)
     if verdict.verdict != PASSED:
         return verdict
-    return _judge_text(folder, request, answer, fields) or verdict
+    return _judge_text(folder, got, answer, fields) or verdict
 
 
-def _judge_text(folder: Path, request: GenerationRequest, answer: dict, fields: dict) -> RuntimeCheck | None:
+def _judge_text(folder: Path, got: list[list[int]], answer: dict, fields: dict) -> RuntimeCheck | None:
     """failed when the runner's text (with the folder's tokenizer.json) is not the tokenizer's decoding of the
-    expected tokens; None otherwise (same text, or not reportable by the bindings)."""
+    runner's own tokens (`model.generate`'s, where they are token for token); None otherwise (same text, or not
+    reportable by the bindings)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
-    for index, (expected, text) in enumerate(zip(request.expected, answer["texts"], strict=False)):
+    for index, (tokens, text) in enumerate(zip(got, answer["texts"], strict=False)):
         if text is None:
             continue
-        want = tokenizer.decode(expected, skip_special_tokens=False)
+        want = tokenizer.decode(tokens, skip_special_tokens=False)
         if text != want:
             return RuntimeCheck(RUNTIME, FAILED, reason=f"prompt {index}: the same tokens, but the runner's text "
                                 f"{text[:80]!r} is not the tokenizer's {want[:80]!r}", **fields)

@@ -11,8 +11,9 @@ REQUEST: {"texts": [str], "max_new_tokens", "num_bos": [int per prompt]}. Each p
 - with the folder's own `tokenizer.json`, as its users run it: the text, as bytes (None when a piece is not UTF-8 on
   its own: the bindings cannot hand it over).
 
-ExecuTorch's LLM kernels (`llama::custom_sdpa`, `llama::update_cache`: hfexport.formats.executorch.llm_program) are registered first,
-as the runner's users do (importing `executorch.extension.llm.custom_ops.custom_ops`).
+ExecuTorch's LLM kernels (`llama::custom_sdpa`, `llama::update_cache`: hfexport.formats.executorch.llm_program) and its
+quantized kernels (`quantized_decomposed::embedding_byte`, an 8da4w program's 8-bit embedding) are registered first,
+as the runner's users do (importing `executorch.extension.llm.custom_ops.custom_ops` and `executorch.kernels.quantized`).
 
 Prints one JSON line: {"version", "tokens": [[ids]], "prompt_tokens": [n], "texts": [str or None], "text_errors"}.
 The runner prints each piece on the C stdout itself: that goes to stderr here, so the last stdout line is the answer.
@@ -26,6 +27,7 @@ import tempfile
 from importlib.metadata import version
 
 from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - registers the LLM kernels the program calls
+from executorch.kernels import quantized  # noqa: F401 - registers the quantized kernels an 8da4w program calls
 from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
 PROGRAM, DATA, TOKENIZER = "model.pte", "model.ptd", "tokenizer.json"
