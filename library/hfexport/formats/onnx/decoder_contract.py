@@ -28,7 +28,7 @@ MODEL_FILE = "model.onnx"
 DATA_FILE = MODEL_FILE + "_data"
 GENAI_CONFIG_FILE = "genai_config.json"
 BATCH, SEQUENCE, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
-_ENGINE_CACHE = re.compile(r"^(?:input\.|output\.)?past_key_values\.layers\.(\d+)\.(keys|values)$")
+ENGINE_CACHE = re.compile(r"^(?:input\.|output\.)?past_key_values\.layers\.(\d+)\.(keys|values)$")
 _SLIDING = re.compile(r"^(?:input\.)?past_key_values\.layers\.\d+\._sliding_window_tensor$")
 _CONTRACT_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _SYMBOL = re.compile(r"\b[su]\d+\b")
@@ -55,7 +55,7 @@ def leaf_path(onnx_name: str) -> str:
 
 def contract_name(engine_name: str, is_output: bool) -> str:
     """The contract's name of one of the engine's graph inputs or outputs (others keep theirs)."""
-    match = _ENGINE_CACHE.match(engine_name)
+    match = ENGINE_CACHE.match(engine_name)
     if not match:
         return engine_name
     kind = match[2][:-1]
@@ -197,7 +197,7 @@ def outside_contract(graph) -> list[str]:
     runner reads."""
     known = {"input_ids", "attention_mask", "position_ids"}
     return [value.name for value in graph.inputs if value.name not in known
-            and not _ENGINE_CACHE.match(value.name) and not _CONTRACT_PAST.match(value.name)]
+            and not ENGINE_CACHE.match(value.name) and not _CONTRACT_PAST.match(value.name)]
 
 
 def graph_shapes(graph) -> dict:
@@ -260,7 +260,7 @@ def _symbol_names(graph, config: dict | None = None) -> dict[str, str]:
                 names.setdefault(str(dim.value), new)
 
     past = next((value for value in graph.inputs
-                 if _ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name)), None)
+                 if ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name)), None)
     if past is None or past.shape is None or len(past.shape) != 4:
         raise ContractError("the decode graph has no [batch, heads, past, head_dim] cache input")
     _check_static_heads(graph, config or {})
@@ -268,7 +268,7 @@ def _symbol_names(graph, config: dict | None = None) -> dict[str, str]:
         name(value, 0, BATCH)
     name(inputs.get("input_ids"), 1, SEQUENCE)
     for value in graph.inputs:  # every layer's past length (a sliding layer's has its own symbol)
-        if _ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name):
+        if ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name):
             name(value, 2, PAST)
     name(inputs.get("attention_mask"), 1, TOTAL)
     return names
@@ -286,7 +286,7 @@ def _check_static_heads(graph, config: dict) -> None:
         (text["hidden_size"] // text["num_attention_heads"], f"{prefix}hidden_size / {prefix}num_attention_heads")
         if isinstance(text.get("hidden_size"), int) and isinstance(text.get("num_attention_heads"), int) else None)
     for value in graph.inputs:
-        if not (_ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name)) or value.shape is None:
+        if not (ENGINE_CACHE.match(value.name) or _CONTRACT_PAST.match(value.name)) or value.shape is None:
             continue
         for axis, what, size in ((1, "key-value heads", heads), (3, "head size", head_dim)):
             dim = value.shape[axis] if len(value.shape) > axis else None

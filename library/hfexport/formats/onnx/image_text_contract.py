@@ -12,14 +12,9 @@ as three sessions and runs them as `generic_text_to_text_forward` does (src/mode
   transformers.js), `past_key_values.{i}.key|value` (an empty past at the prompt, built from the graph's input
   metadata: `batch_size` is the batch, every other symbol 0) and `use_cache_branch` -> `logits`, `present.{i}.key|value`.
 
-hfexport's VLM export (`hfexport.plan.vision_language`) has the image encoder (`image_encoder`: the same features,
-`[tokens, hidden]`), the embedding merge (`embed`, which scatters the features itself), the engine's prompt graph
-(`language_model` on `inputs_embeds`, then `lm_head`) and its `decode` (on `input_ids`). `to_contract` writes the
-image encoder under transformers.js' names, cuts the token embeddings (the `Gather` of the embedding table on
-`input_ids`) out of `embed`, and merges the prompt graphs (else) and the decode (then, its own `Gather` replaced by
-the `inputs_embeds` input) into one `If(use_cache_branch)` graph, as `hfexport.formats.onnx.seq2seq_contract` merges
-an encoder-decoder's (weights the two branches share stored once). hfexport's runner keeps reading its own components
-(the manifest is unchanged); the three files are the transformers.js users' copy of the same weights.
+`to_contract` writes hfexport's `image_encoder` under transformers.js' names, cuts the token embeddings out of
+`embed`, and merges the prompt graphs and the decode (fed `inputs_embeds`) into one `If(use_cache_branch)` graph as
+`seq2seq_contract` merges an encoder-decoder's; hfexport's own components stay (docs/generation.md).
 
 Written for the models whose image encoder takes `pixel_values` (Idefics3/SmolVLM: and `pixel_attention_mask`) and
 whose language model takes one position per token (LLaVA-class), at float32 (transformers.js' `dtype: "fp32"` names);
@@ -134,7 +129,7 @@ def merge_decoder(language_model, lm_head, decode):
 
     prompt = _prompt_graph(language_model, lm_head)
     step = _decode_on_embeddings(decode)
-    pasts = [value for value in step.graph.inputs if decoder_contract._ENGINE_CACHE.match(value.name)]
+    pasts = [value for value in step.graph.inputs if decoder_contract.ENGINE_CACHE.match(value.name)]
     if not pasts:
         raise Seq2SeqContractError("the decode graph takes no past_key_values.layers.{i} input")
     embeds = next(value for value in step.graph.inputs if value.name == "inputs_embeds")
@@ -146,7 +141,7 @@ def merge_decoder(language_model, lm_head, decode):
     add("inputs_embeds", embeds.dtype, [BATCH, SEQUENCE, _static(embeds, 2)])
     add("attention_mask", onnx_ir.DataType.INT64, [BATCH, TOTAL])
     add("position_ids", onnx_ir.DataType.INT64, [BATCH, SEQUENCE])
-    layers = sorted({int(decoder_contract._ENGINE_CACHE.match(value.name)[1]) for value in pasts})
+    layers = sorted({int(decoder_contract.ENGINE_CACHE.match(value.name)[1]) for value in pasts})
     by_name = {decoder_contract.contract_name(value.name, is_output=False): value for value in pasts}
     for layer in layers:
         for part in ("key", "value"):
