@@ -28,6 +28,7 @@ from hfexport.plan import build_plan
 from hfexport.progress import Step, StepTimer
 from hfexport.publication.cache import fetch_published_export, target_packages
 from hfexport.rebind.folder import previous, rebind_copy, record
+from hfexport.rebind.placeholders import StructureRefused, structure_for, write_weights
 from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.report.data import JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
@@ -59,7 +60,10 @@ class TargetPipeline:
             key = self.rebind_key(plan)
             if key and job.options.rebind and not job.options.force and self.rebind(key, plan):
                 return
-            self.save(self.export(plan, key), "save", None, "save_s")
+            try:
+                self.save(self.export(plan, key), "save", None, "save_s")
+            except StructureRefused:  # the export traced without weights cannot take them: made from the weights
+                self.save(self.export(plan, key, structure=False), "save", None, "save_s")
             target_report.status = "ok"
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -92,24 +96,28 @@ class TargetPipeline:
             target_report.runtimes = refused
         return plan
 
-    def export(self, plan, key: str | None) -> Callable[[Path], None]:
+    def export(self, plan, key: str | None, structure: bool = True) -> Callable[[Path], None]:
         """The produce stage of an export: the engine's export of the plan (`hfexport.export.run_plan`); returns what
         the save stage writes: the artifacts, the recipe target used, the processor where the format's runtimes read
-        it, and (with a rebind key) the weight map a later rebind needs."""
+        it, and (with a rebind key) the weight map a later rebind needs. Where the format traces without weights
+        (`structure_for`), the export is made from the model's structure and the weights written through the map."""
         from hfexport.export import run_plan  # imports torch: not for a job whose targets are all cache hits
 
         job, target_report = self.job, self.target_report
         with StepTimer(job.progress, "export", self.name,
                        f"{format_label(self.target.export_format)} / {self.target.mode}") as timer, \
                 engine_output(f"export {self.name}"):
-            exported = run_plan(plan, job.model_object)
+            twin = structure_for(plan, job.model_object) if key and structure else None
+            exported = run_plan(plan, twin if twin is not None else job.model_object)
         target_report.timings["export_s"] = round(timer.seconds, 4)
 
         def write(folder: Path) -> None:
             exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, pretty(job.recipe.standalone(self.name)))
             format_program(self.target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
-            if key:
+            if twin is not None:
+                write_weights(folder, twin, job.model_object, key)
+            elif key:
                 self._record_weight_map(folder, key)
 
         return write
