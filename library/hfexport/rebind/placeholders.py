@@ -21,7 +21,7 @@ from __future__ import annotations
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats.programs import format_program
 from hfexport.rebind.folder import record
-from hfexport.rebind.weight_map import apply, sources
+from hfexport.rebind.weight_map import apply, degenerate_keys, sources
 from hfexport.safety.artifacts import check_manifest_file
 
 #: Placeholder values (1 + k/1024) * 2**e for e in 0..14 stay below float16's largest finite value.
@@ -85,11 +85,16 @@ class StructureRefused(Exception):
 def structure_for(plan, model):
     """The placeholder twin of `model` that `plan`'s export is traced from, or None where the export needs the
     model's weights: a format without `traces_without_weights`, a forward or quantized target, components hfexport
-    captures itself (an encoder-decoder's, a vision-language model's) or an ExecuTorch LLM-runner program."""
+    captures itself (an encoder-decoder's, a vision-language model's), an ExecuTorch LLM-runner program, or a
+    degenerate checkpoint (so the files are always those the weights export writes)."""
     import copy
 
     if not format_program(plan.target.export_format).traces_without_weights or plan.mode != "generation" \
             or plan.quantization or plan.own_components or plan.llm_runner is not None:
+        return None
+    if degenerate_keys(model):
+        # bit-identical or constant parameters (a fresh init's all-ones norms): the weights export merges or drops
+        # them, the twin's would keep one tensor each; such a checkpoint keeps the export it always had
         return None
     try:
         twin = placeholder_model(copy.deepcopy(model.config), type(model), dtype=model.dtype)
