@@ -46,10 +46,22 @@ def _files(folder: Path) -> dict[str, bytes]:
             if path.is_file() and path.name not in REPORT_FILES}
 
 
+def _spy(function, calls: list):
+    def spy(*args):
+        calls.append(function(*args))
+        return calls[-1]
+    return spy
+
+
 def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpoint, tmp_path, monkeypatch):
+    from hfexport.job import pipeline
+
+    written = []
+    monkeypatch.setattr(pipeline, "write_weights", _spy(pipeline.write_weights, written))
     options = {"verify": False, "latency": False, "runtimes": False, "workers": 1}
     report = run_job(checkpoint, tmp_path / "structure", ["onnx-generation"], **options)
     assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    assert len(written) == 1 and written[0]["tensors"]  # traced from the twin, the weights written through the map
     monkeypatch.setattr(OnnxProgram, "traces_without_weights", False)
     report = run_job(checkpoint, tmp_path / "weights", ["onnx-generation"], **options)
     assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
@@ -64,13 +76,17 @@ def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpo
 def test_a_placeholder_export_that_cannot_take_the_weights_is_made_from_them(checkpoint, tmp_path, monkeypatch):
     from hfexport.rebind import placeholders
 
+    refused = []
+
     def unmapped(folder, structure, model, key):
+        refused.append(folder)
         raise placeholders.StructureRefused("the placeholder export's weight map has unmapped model.onnx:val_1")
 
     monkeypatch.setattr("hfexport.job.pipeline.write_weights", unmapped)
     report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
     target = report.targets["onnx-generation"]
     assert target.status == "ok", target.error
+    assert len(refused) == 1  # the twin's export was made, refused, and the target exported from the weights
     assert target.verification["passed"]  # the gate: the weights, not the placeholders
 
 

@@ -107,8 +107,8 @@ class TargetPipeline:
         with StepTimer(job.progress, "export", self.name,
                        f"{format_label(self.target.export_format)} / {self.target.mode}") as timer, \
                 engine_output(f"export {self.name}"):
-            twin = structure_for(plan, job.model_object) if key and structure else None
-            exported = run_plan(plan, twin if twin is not None else job.model_object)
+            traced, twin = structure_for(plan, job.model_object) if key and structure else (plan, None)
+            exported = run_plan(traced, twin if twin is not None else job.model_object)
         target_report.timings["export_s"] = round(timer.seconds, 4)
 
         def write(folder: Path) -> None:

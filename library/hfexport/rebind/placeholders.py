@@ -18,6 +18,8 @@ overwritten, entry by entry, from the shards (`weight_map.apply(..., tensors=Che
 
 from __future__ import annotations
 
+import copy
+
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats.programs import format_program
 from hfexport.rebind.folder import record
@@ -83,28 +85,33 @@ class StructureRefused(Exception):
 
 
 def structure_for(plan, model):
-    """The placeholder twin of `model` that `plan`'s export is traced from, or None where the export needs the
-    model's weights: a format without `traces_without_weights`, a forward or quantized target, components hfexport
-    captures itself (an encoder-decoder's, a vision-language model's), an ExecuTorch LLM-runner program, or a
-    degenerate checkpoint (so the files are always those the weights export writes)."""
-    import copy
-
+    """(the plan, the placeholder twin of `model`) that `plan`'s export is traced from: the plan's own components
+    (a single graph's decode, captured on the model) moved onto the twin. (plan, None) where the export needs the
+    model's weights: a format without `traces_without_weights`, a forward or quantized target, an own component that
+    is not the model (an encoder-decoder's encoder, a vision-language model's image encoder), an ExecuTorch
+    LLM-runner program, or a degenerate checkpoint (so the files are always those the weights export writes)."""
     if not format_program(plan.target.export_format).traces_without_weights or plan.mode != "generation" \
-            or plan.quantization or plan.own_components or plan.llm_runner is not None:
-        return None
-    if degenerate_keys(model):
-        # bit-identical or constant parameters (a fresh init's all-ones norms): the weights export merges or drops
-        # them, the twin's would keep one tensor each; such a checkpoint keeps the export it always had
-        return None
+            or plan.quantization or plan.llm_runner is not None:
+        return plan, None
+    if any(not _is_model(module, model) for module, _ in plan.own_components.values()) or degenerate_keys(model):
+        return plan, None
     try:
         twin = placeholder_model(copy.deepcopy(model.config), type(model), dtype=model.dtype)
     except ValueError:
-        return None
+        return plan, None
     if any(dict(twin.named_buffers()).keys() - dict(model.named_buffers()).keys()) \
             or dict(twin.named_parameters()).keys() != dict(model.named_parameters()).keys():
-        return None  # the config does not rebuild the model that was loaded
+        return plan, None  # the config does not rebuild the model that was loaded
     twin.generation_config = copy.deepcopy(model.generation_config)
-    return twin
+    twin_plan = copy.copy(plan)
+    twin_plan.own_components = {name: (twin, inputs) for name, (_, inputs) in plan.own_components.items()}
+    return twin_plan, twin
+
+
+def _is_model(module, model) -> bool:
+    """Whether `module` is `model` or a shallow copy of it (the engine's prefill/decode split returns copies)."""
+    return type(module) is type(model) and all(
+        mine is theirs for mine, theirs in zip(module.parameters(), model.parameters(), strict=True))
 
 
 def write_weights(folder, structure, model, key: str) -> dict:
