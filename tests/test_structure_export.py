@@ -1,7 +1,8 @@
 """An ONNX generation target traced from the model's structure with placeholder weights, its weights written
-afterwards through the weight map (hfexport.rebind.placeholders, issue 45): the same files, byte for byte, as the
-export traced from the weights, for a checkpoint whose parameters are all distinct (a trained model's); and a target
-whose placeholder export cannot take the weights is exported from the weights instead."""
+afterwards through the weight map (hfexport.rebind.placeholders, issue 45), the job planning and exporting on the
+structure before the model is loaded (hfexport.job.structure): the same files, byte for byte, as the export traced
+from the weights, for a checkpoint whose parameters are all distinct (a trained model's); and a target whose
+placeholder export cannot take the weights is exported from the weights instead."""
 
 from __future__ import annotations
 
@@ -56,12 +57,19 @@ def _spy(function, calls: list):
 def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpoint, tmp_path, monkeypatch):
     from hfexport.job import pipeline
 
-    written = []
+    from hfexport.job import run, structure
+
+    written, loaded = [], []
     monkeypatch.setattr(pipeline, "write_weights", _spy(pipeline.write_weights, written))
+    for module in (run, structure):  # the model loaded: no export from its structure needs it without a gate
+        monkeypatch.setattr(module, "load_model", lambda *args, load=module.load_model, **kwargs: loaded.append(args)
+                            or load(*args, **kwargs))
     options = {"verify": False, "latency": False, "runtimes": False, "workers": 1}
     report = run_job(checkpoint, tmp_path / "structure", ["onnx-generation"], **options)
     assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
     assert len(written) == 1 and written[0]["tensors"]  # traced from the twin, the weights written through the map
+    assert loaded == []  # planned and exported on the twin, the weights read from the shards: the model never loaded
+    assert report.source["checkpoint_dtype"] == "float32"
     monkeypatch.setattr(OnnxProgram, "traces_without_weights", False)
     report = run_job(checkpoint, tmp_path / "weights", ["onnx-generation"], **options)
     assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error

@@ -23,12 +23,13 @@ from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
 from hfexport.job.preflight import runtime_refusals
+from hfexport.job.structure import load_weights, structure_export
 from hfexport.logs import engine_output
 from hfexport.plan import build_plan
 from hfexport.progress import Step, StepTimer
 from hfexport.publication.cache import fetch_published_export, target_packages
 from hfexport.rebind.folder import previous, rebind_copy, record
-from hfexport.rebind.placeholders import StructureRefused, structure_for, write_weights
+from hfexport.rebind.placeholders import StructureRefused, write_weights
 from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.report.data import JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
@@ -107,7 +108,7 @@ class TargetPipeline:
         with StepTimer(job.progress, "export", self.name,
                        f"{format_label(self.target.export_format)} / {self.target.mode}") as timer, \
                 engine_output(f"export {self.name}"):
-            traced, twin = structure_for(plan, job.model_object) if key and structure else (plan, None)
+            traced, twin, weights = structure_export(self, plan, key, structure)  # the twin, where it can be
             exported = run_plan(traced, twin if twin is not None else job.model_object)
         target_report.timings["export_s"] = round(timer.seconds, 4)
 
@@ -116,7 +117,7 @@ class TargetPipeline:
             write_json_atomic(folder / RECIPE_COPY_FILE, pretty(job.recipe.standalone(self.name)))
             format_program(self.target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
             if twin is not None:
-                write_weights(folder, twin, job.model_object, key)
+                write_weights(folder, twin, weights, key)
             elif key:
                 self._record_weight_map(folder, key)
 
@@ -139,6 +140,7 @@ class TargetPipeline:
         dies), parity against the eager model, then (a generation target that passed) its format's deployment
         runtimes, then (a target with `variants`) each variant made from the gated files and gated itself."""
         self.report(folder)
+        load_weights(self.job)  # a job exported from its structure: the model now, for the eager reference
         self._verify(folder, plan)
         if self.target_report.status == "ok" and self.job.options.runtimes and plan.target.mode == "generation":
             self._check_runtimes(folder, plan)
@@ -222,6 +224,8 @@ class TargetPipeline:
         """`rebind` from the previous export in `source` (described as `where` in the report)."""
         job, target_report = self.job, self.target_report
         started = time.perf_counter()
+        if (source / "export.json").is_file():
+            load_weights(job)  # a job exported from its structure: the previous export takes the model's weights
 
         def fallback(reason: str | None) -> bool:
             target_report.rebind = None if reason is None else {

@@ -23,7 +23,7 @@ import copy
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats.programs import format_program
 from hfexport.rebind.folder import record
-from hfexport.rebind.weight_map import apply, degenerate_keys, sources
+from hfexport.rebind.weight_map import apply, degenerate_keys
 from hfexport.safety.artifacts import check_manifest_file
 
 #: Placeholder values (1 + k/1024) * 2**e for e in 0..14 stay below float16's largest finite value.
@@ -90,10 +90,7 @@ def structure_for(plan, model):
     model's weights: a format without `traces_without_weights`, a forward or quantized target, an own component that
     is not the model (an encoder-decoder's encoder, a vision-language model's image encoder), an ExecuTorch
     LLM-runner program, or a degenerate checkpoint (so the files are always those the weights export writes)."""
-    if not format_program(plan.target.export_format).traces_without_weights or plan.mode != "generation" \
-            or plan.quantization or plan.llm_runner is not None:
-        return plan, None
-    if any(not _is_model(module, model) for module, _ in plan.own_components.values()) or degenerate_keys(model):
+    if not traces_on(plan, model) or degenerate_keys(model):
         return plan, None
     try:
         twin = placeholder_model(copy.deepcopy(model.config), type(model), dtype=model.dtype)
@@ -108,20 +105,36 @@ def structure_for(plan, model):
     return twin_plan, twin
 
 
+def traces_on(plan, model) -> bool:
+    """Whether `plan`, made on `model`, can be exported from a placeholder twin of it (`structure_for`'s conditions
+    but the degenerate checkpoint's)."""
+    if not format_program(plan.target.export_format).traces_without_weights or plan.mode != "generation" \
+            or plan.quantization or plan.llm_runner is not None:
+        return False
+    return all(_is_model(module, model) for module, _ in plan.own_components.values())
+
+
 def _is_model(module, model) -> bool:
     """Whether `module` is `model` or a shallow copy of it (the engine's prefill/decode split returns copies)."""
     return type(module) is type(model) and all(
         mine is theirs for mine, theirs in zip(module.parameters(), model.parameters(), strict=True))
 
 
-def write_weights(folder, structure, model, key: str) -> dict:
+def write_weights(folder, structure, tensors, key: str) -> dict:
     """Make the weight map of the placeholder export saved in `folder` (traced from `structure`), then write
-    `model`'s weights through it, entry by entry (`weight_map.apply`: each stored tensor written as it is made).
+    `tensors` (the weights by state_dict key: a loaded model's, `weight_map.sources`, or a checkpoint's shards,
+    `CheckpointTensors`) through it, entry by entry (`weight_map.apply`: each stored tensor written as it is made).
     Returns the map. Raises StructureRefused where the map leaves a stored tensor or a parameter unexplained (an
     exporter that computed a new tensor from the weights: its placeholder values would stay)."""
     weight_map = record(folder, structure, key)
     for field in ("degenerate", "uncovered", "unmapped"):
         if weight_map[field]:
             raise StructureRefused(f"the placeholder export's weight map has {field} {weight_map[field][0]}")
-    apply(folder, check_manifest_file(folder / MANIFEST_FILE), weight_map, tensors=sources(model)[0])
+    if hasattr(tensors, "alias_parts"):  # a tied parameter the checkpoint saves once is read under its saved name
+        tensors = tensors.alias_parts(weight_map)
+    try:
+        apply(folder, check_manifest_file(folder / MANIFEST_FILE), weight_map, tensors=tensors)
+    finally:
+        if hasattr(tensors, "close"):
+            tensors.close()
     return weight_map

@@ -166,10 +166,12 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
     return groups, sorted(set(degenerate))
 
 
-def degenerate_keys(model) -> list[str]:
-    """The state_dict keys of `model` whose value is bit-identical to another's (not tied), constant or symmetric."""
-    tensors, keys, ties = sources(model)
-    return [name for name in _groups(tensors, ties)[1] if name in keys]
+def degenerate_keys(model, tensors=None) -> list[str]:
+    """The state_dict keys of `model` whose value is bit-identical to another's (not tied), constant or symmetric.
+    `tensors`: the values by key instead of the model's (a checkpoint's shards, `CheckpointTensors`: read one at a
+    time, so the model may be its structure alone)."""
+    own, keys, ties = sources(model)
+    return [name for name in _groups(own if tensors is None else tensors, ties)[1] if name in keys]
 
 
 def build(folder: Path, manifest: dict, model, key: str) -> dict:
