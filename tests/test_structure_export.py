@@ -117,3 +117,17 @@ def test_placeholders_are_distinct_exact_and_hold_one_row():
     assert sum(parameter.untyped_storage().nbytes() for parameter in model.parameters()) < 64 * 1024
     reference = LlamaForCausalLM(config)
     assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)  # buffers: real
+
+
+@pytest.mark.slow
+def test_a_job_exported_from_its_structure_loads_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch):
+    from hfexport.job import structure
+
+    loaded = []
+    monkeypatch.setattr(structure, "load_model", lambda *args, load=structure.load_model, **kwargs:
+                        loaded.append(args) or load(*args, **kwargs))
+    report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
+    target = report.targets["onnx-generation"]
+    assert target.status == "ok", target.error
+    assert len(loaded) == 1  # exported from the twin, then the model loaded once, for the gate
+    assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0

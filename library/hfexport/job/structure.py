@@ -76,12 +76,14 @@ def _twin(job, folder: Path) -> Structure | None:
     if any(name not in shards.where and not any(other in shards.where for other in tied.get(name, ()))
            for name, _ in twin.named_parameters(remove_duplicate=False)):
         return None  # a parameter the shards do not hold under its name (a renamed checkpoint): transformers' loader
-    if degenerate_keys(twin, tensors=CheckpointTensors(folder)):
-        return None
     try:
-        twin.generation_config = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        twin.generation_config = GenerationConfig.from_model_config(config)
+        if degenerate_keys(twin, tensors=CheckpointTensors(folder)):
+            return None
+        generation = folder / "generation_config.json"
+        twin.generation_config = GenerationConfig.from_pretrained(folder) if generation.is_file() else \
+            GenerationConfig.from_model_config(config)
+    except Exception:  # noqa: BLE001 - a shard or file that does not read: the model's loader says what is wrong
+        return None
     if stored := checkpoint_dtype(config):
         job.report.source["checkpoint_dtype"] = stored
     return Structure(twin, shards)
