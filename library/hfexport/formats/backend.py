@@ -203,6 +203,9 @@ class FormatProgram:
 
     name: ClassVar[str]  # its `FormatBackend`'s name
     weights: ClassVar[Any] = None  # its weight writer (`read(folder, file)`, `write(...)`: hfexport.rebind)
+    # its generation targets are traced from the model's structure with placeholder weights, the weights written
+    # afterwards through the weight map (hfexport.rebind.placeholders): the export never copies the model's weights
+    traces_without_weights: ClassVar[bool] = False
 
     def export_fixes(self, plan, model) -> contextlib.AbstractContextManager:
         """hfexport's fixes of the backend's lowering, around the engine's export."""

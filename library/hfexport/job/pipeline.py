@@ -24,11 +24,13 @@ from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
 from hfexport.job.preflight import runtime_refusals
+from hfexport.job.structure import load_weights, structure_export
 from hfexport.logs import engine_output
 from hfexport.plan import build_plan
 from hfexport.progress import Step, StepTimer
 from hfexport.publication.cache import fetch_published_export, target_packages
 from hfexport.rebind.folder import previous, rebind_copy, record
+from hfexport.rebind.placeholders import StructureRefused, write_weights
 from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.report.data import JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
@@ -60,7 +62,10 @@ class TargetPipeline:
             key = self.rebind_key(plan)
             if key and job.options.rebind and not job.options.force and self.rebind(key, plan):
                 return
-            self.save(self.export(plan, key), "save", None, "save_s")
+            try:
+                self.save(self.export(plan, key), "save", None, "save_s")
+            except StructureRefused:  # the export traced without weights cannot take them: made from the weights
+                self.save(self.export(plan, key, structure=False), "save", None, "save_s")
             target_report.status = "ok"
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -93,24 +98,28 @@ class TargetPipeline:
             target_report.runtimes = refused
         return plan
 
-    def export(self, plan, key: str | None) -> Callable[[Path], None]:
+    def export(self, plan, key: str | None, structure: bool = True) -> Callable[[Path], None]:
         """The produce stage of an export: the engine's export of the plan (`hfexport.export.run_plan`); returns what
         the save stage writes: the artifacts, the recipe target used, the processor where the format's runtimes read
-        it, and (with a rebind key) the weight map a later rebind needs."""
+        it, and (with a rebind key) the weight map a later rebind needs. Where the format traces without weights
+        (`structure_for`), the export is made from the model's structure and the weights written through the map."""
         from hfexport.export import run_plan  # imports torch: not for a job whose targets are all cache hits
 
         job, target_report = self.job, self.target_report
         with StepTimer(job.progress, "export", self.name,
                        f"{format_label(self.target.export_format)} / {self.target.mode}") as timer, \
                 engine_output(f"export {self.name}"):
-            exported = run_plan(plan, job.model_object)
+            traced, twin, weights = structure_export(self, plan, key, structure)  # the twin, where it can be
+            exported = run_plan(traced, twin if twin is not None else job.model_object)
         target_report.timings["export_s"] = round(timer.seconds, 4)
 
         def write(folder: Path) -> None:
             exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, pretty(job.recipe.standalone(self.name)))
             format_program(self.target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
-            if key:
+            if twin is not None:
+                write_weights(folder, twin, weights, key)
+            elif key:
                 self._record_weight_map(folder, key)
 
         return write
@@ -133,6 +142,7 @@ class TargetPipeline:
         runtimes, then (a target with `variants`) each variant made from the gated files and gated itself; each Python
         runtime started once for all of them (`warm_clients`)."""
         self.report(folder)
+        load_weights(self.job)  # a job exported from its structure: the model now, for the eager reference
         self._verify(folder, plan)
         with warm_clients():
             if self.target_report.status == "ok" and self.job.options.runtimes and plan.target.mode == "generation":
@@ -217,6 +227,8 @@ class TargetPipeline:
         """`rebind` from the previous export in `source` (described as `where` in the report)."""
         job, target_report = self.job, self.target_report
         started = time.perf_counter()
+        if (source / "export.json").is_file():
+            load_weights(job)  # a job exported from its structure: the previous export takes the model's weights
 
         def fallback(reason: str | None) -> bool:
             target_report.rebind = None if reason is None else {

@@ -36,6 +36,7 @@ from hfexport.job.parallel import (
 )
 from hfexport.job import memory
 from hfexport.job.pipeline import TargetPipeline, engine_error_message  # noqa: F401 - also run's, for its callers
+from hfexport.job.structure import load_structure
 from hfexport.job.preflight import MB, available_memory, check_fits, loaded_bytes, weights_metadata
 from hfexport.latency import EagerTimings
 from hfexport.logs import engine_output, import_engine
@@ -144,6 +145,7 @@ class _Job:
     workers_peak_rss_mb: float = 0.0  # the worker processes' peaks, added to this process's in the report
     repos: list[str] = field(default_factory=list)  # where published exports may be (cache hits, rebind sources)
     samples: dict = field(default_factory=dict)  # kind -> hfexport.samples.SampleFile (options.sample_files, read)
+    structure: Any = None  # hfexport.job.structure.Structure: the twin exported before the model is loaded
 
 
 def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None = None, *,
@@ -182,6 +184,7 @@ def run_job(model: str | Path, output: str | Path, targets: Sequence[str] | None
     if len(job.groups) > 1:
         _export_in_processes(job)
     elif job.groups:
+        load_structure(job)  # targets traced without weights: the model's structure now, its weights when needed
         _load(job)
         for name in job.groups[0]:
             pipeline = TargetPipeline(job, name)

@@ -80,6 +80,11 @@ class CheckpointTensors(Mapping):
             self.handles[path] = safe_open(str(path), framework="pt")
         return self.handles[path]
 
+    def close(self) -> None:
+        """Unmap the shards opened so far (their pages count in the resident set while mapped); a later read opens
+        them again."""
+        self.handles.clear()
+
     def __getitem__(self, key: str):
         name = self.aliases.get(key, key)
         if name not in self.where:

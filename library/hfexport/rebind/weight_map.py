@@ -166,6 +166,14 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
     return groups, sorted(set(degenerate))
 
 
+def degenerate_keys(model, tensors=None) -> list[str]:
+    """The state_dict keys of `model` whose value is bit-identical to another's (not tied), constant or symmetric.
+    `tensors`: the values by key instead of the model's (a checkpoint's shards, `CheckpointTensors`: read one at a
+    time, so the model may be its structure alone)."""
+    own, keys, ties = sources(model)
+    return [name for name in _groups(own if tensors is None else tensors, ties)[1] if name in keys]
+
+
 def build(folder: Path, manifest: dict, model, key: str) -> dict:
     """The weight map of the export saved in `folder` (its `manifest`) from `model`, the model it was exported from,
     every entry verified by recomputing it from the parameters and comparing bytes."""

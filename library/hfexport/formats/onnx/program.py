@@ -25,6 +25,7 @@ from hfexport.formats.onnx.file_check import check_onnx_file
 class OnnxProgram(FormatProgram):
     name = "onnx"
     weights = weights
+    traces_without_weights = True  # measured, docs/publishing.md "Memory"
 
     def export_fixes(self, plan, model):
         return onnx_fixes()

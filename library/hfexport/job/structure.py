@@ -1,0 +1,120 @@
+"""A job exported from the model's structure before its weights are loaded (issue 45): where every target its process
+exports is traced without weights (an ONNX generation target: `FormatProgram.traces_without_weights`), the job plans
+and exports on the placeholder twin built from config.json (`hfexport.rebind.placeholders`), writes the weights
+from the checkpoint's safetensors shards through the weight map, entry by entry (`CheckpointTensors`), and loads
+the model only when something needs its weights: the gate's eager reference, a rebind, a target that turns out to
+need the weights export. So planning and exporting hold one row per parameter and one map entry's tensors, never
+the model; a job that does not verify never loads it.
+
+The twin is used where the export from it is the one from the weights, byte for byte: a local folder of safetensors
+shards that hold every state_dict key (a tied one saved once), no parameter bit-identical to another, constant or
+symmetric (`weight_map.degenerate_keys`, read from the shards one tensor at a time), a recipe that leaves rebinding
+on, no samples or inputs of the caller's. Anything else loads the model first, as before. docs/rebind.md, "The
+structure traced without weights"; docs/publishing.md, "Memory".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hfexport.formats.programs import format_program
+from hfexport.logs import engine_output, import_engine
+from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
+from hfexport.progress import StepTimer
+from hfexport.rebind.checkpoint import CheckpointTensors
+from hfexport.rebind.placeholders import placeholder_model, structure_for, traces_on
+from hfexport.rebind.weight_map import degenerate_keys, sources
+
+
+@dataclass
+class Structure:
+    """The job's twin (the job's `model_object` until the model is loaded) and where its weights are read from."""
+    twin: object
+    tensors: CheckpointTensors
+
+
+def load_structure(job) -> None:
+    """Make `job.model_object` the model's placeholder twin and `job.structure` its shards, where every target of
+    the job's own process can be exported from them (the module's docstring); else leave the job as it is, for
+    `hfexport.job.run._load` to load the model."""
+    options, folder = job.options, Path(str(job.model))
+    targets = [job.recipe.target(name) for group in job.groups[:1] for name in group]
+    if job.model_object is not None or options.inputs is not None or job.samples or not folder.is_dir() or not \
+            targets or not all(_traced_without_weights(target) for target in targets):
+        return
+    import_engine()
+    with StepTimer(job.progress, "load_model", detail=f"{job.model}: its structure, no weights") as timer, \
+            engine_output("load_model"):
+        structure = _twin(job, folder)
+    job.report.timings["load_model_s"] = round(timer.seconds, 4)
+    if structure is not None:
+        job.model_object, job.structure = structure.twin, structure
+
+
+def _traced_without_weights(target) -> bool:
+    return format_program(target.export_format).traces_without_weights and target.mode == "generation" \
+        and not target.quantization and target.rebind
+
+
+def _twin(job, folder: Path) -> Structure | None:
+    """The twin of the model in `folder` and its shards; None where the export from it would not be the one from the
+    weights."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = load_config(folder, None, job.options.token, job.options.trust_remote_code)
+    cls = model_class_for(config, job.recipe.task, job.recipe.model_class)
+    try:
+        with torch.device("meta"):  # an Auto class names the model's class once built
+            model_class = type(cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config))
+        twin = placeholder_model(config, model_class, dtype=getattr(torch, EXPORT_DTYPE))
+        shards = CheckpointTensors(folder, getattr(torch, EXPORT_DTYPE), twin.state_dict().keys())
+    except Exception:  # noqa: BLE001 - a structure that cannot be built so (or no safetensors): load the model
+        return None
+    tied = {name: group for group in sources(twin)[2] for name in group}
+    if any(name not in shards.where and not any(other in shards.where for other in tied.get(name, ()))
+           for name, _ in twin.named_parameters(remove_duplicate=False)):
+        return None  # a parameter the shards do not hold under its name (a renamed checkpoint): transformers' loader
+    try:
+        if degenerate_keys(twin, tensors=CheckpointTensors(folder)):
+            return None
+        generation = folder / "generation_config.json"
+        twin.generation_config = GenerationConfig.from_pretrained(folder) if generation.is_file() else \
+            GenerationConfig.from_model_config(config)
+    except Exception:  # noqa: BLE001 - a shard or file that does not read: the model's loader says what is wrong
+        return None
+    if stored := checkpoint_dtype(config):
+        job.report.source["checkpoint_dtype"] = stored
+    return Structure(twin, shards)
+
+
+def load_weights(job) -> None:
+    """The job's model loaded in place of its twin (the gate's eager reference, a rebind, an export from the
+    weights), once; nothing for a job that loaded the model from the start."""
+    if job.structure is None or job.model_object is not job.structure.twin:
+        return
+    with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights, for the gate") as timer, \
+            engine_output("load_model"):
+        job.model_object = load_model(job.model, job.recipe, job.revision_to_load, job.options.token,
+                                      job.options.trust_remote_code)
+    job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
+
+
+def structure_export(pipeline, plan, key: str | None, structure: bool):
+    """(the plan to export, the twin it is traced from or None, the tensors the weights are written from) for a
+    target's export: the job's twin and its shards where the job has one and the plan runs on it (its own
+    components are the twin: `structure_for`'s conditions); else the model loaded (the plan made again on it when it
+    was made on the twin) and, where `structure` and a rebind key allow it, a twin of the loaded model."""
+    job = pipeline.job
+    twin = job.structure and job.structure.twin
+    if twin is not None and job.model_object is twin:
+        if key and structure and traces_on(plan, twin):
+            return plan, twin, job.structure.tensors
+        load_weights(job)
+        plan = job.plans[pipeline.name] = pipeline._build_plan()
+    if not (key and structure):
+        return plan, None, None
+    plan, twin = structure_for(plan, job.model_object)
+    return plan, twin, sources(job.model_object)[0] if twin is not None else None
+

@@ -1,0 +1,133 @@
+"""An ONNX generation target traced from the model's structure with placeholder weights, its weights written
+afterwards through the weight map (hfexport.rebind.placeholders, issue 45), the job planning and exporting on the
+structure before the model is loaded (hfexport.job.structure): the same files, byte for byte, as the export traced
+from the weights, for a checkpoint whose parameters are all distinct (a trained model's); and a target whose
+placeholder export cannot take the weights is exported from the weights instead."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hfexport.formats.onnx.program import OnnxProgram
+from hfexport.job.run import run_job
+from hfexport.rebind.placeholders import placeholder, placeholder_model, placeholder_value
+from hfexport.testing.zoo import build
+
+# Llama-3.2-1B's published config (tied embeddings, llama3 rope scaling), narrowed to run in seconds
+NARROW = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16}
+REPORT_FILES = {"export_report.json"}  # timings and memory differ from run to run
+
+
+def _distinct(folder: Path) -> Path:
+    """The zoo checkpoint with every parameter moved by seeded noise: none equal to another, none constant."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    for file in folder.glob("*.safetensors"):
+        file.unlink()
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return _distinct(build("llama-3.2-1b", tmp_path_factory.mktemp("structure") / "zoo", overrides=NARROW))
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file() and path.name not in REPORT_FILES}
+
+
+def _spy(function, calls: list):
+    def spy(*args):
+        calls.append(function(*args))
+        return calls[-1]
+    return spy
+
+
+def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpoint, tmp_path, monkeypatch):
+    from hfexport.job import pipeline
+
+    from hfexport.job import run, structure
+
+    written, loaded = [], []
+    monkeypatch.setattr(pipeline, "write_weights", _spy(pipeline.write_weights, written))
+    for module in (run, structure):  # the model loaded: no export from its structure needs it without a gate
+        monkeypatch.setattr(module, "load_model", lambda *args, load=module.load_model, **kwargs: loaded.append(args)
+                            or load(*args, **kwargs))
+    options = {"verify": False, "latency": False, "runtimes": False, "workers": 1}
+    report = run_job(checkpoint, tmp_path / "structure", ["onnx-generation"], **options)
+    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    assert len(written) == 1 and written[0]["tensors"]  # traced from the twin, the weights written through the map
+    assert loaded == []  # planned and exported on the twin, the weights read from the shards: the model never loaded
+    assert report.source["checkpoint_dtype"] == "float32"
+    monkeypatch.setattr(OnnxProgram, "traces_without_weights", False)
+    report = run_job(checkpoint, tmp_path / "weights", ["onnx-generation"], **options)
+    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+
+    structure, weights = _files(tmp_path / "structure" / "onnx-generation"), _files(tmp_path / "weights" / "onnx-generation")
+    assert structure.keys() == weights.keys()
+    assert [name for name in structure if structure[name] != weights[name]] == []
+    manifest = json.loads(structure["export.json"])
+    assert manifest["weight_map"]["tensors"] and not manifest["weight_map"]["unmapped"]
+
+
+def test_a_placeholder_export_that_cannot_take_the_weights_is_made_from_them(checkpoint, tmp_path, monkeypatch):
+    from hfexport.rebind import placeholders
+
+    refused = []
+
+    def unmapped(folder, structure, model, key):
+        refused.append(folder)
+        raise placeholders.StructureRefused("the placeholder export's weight map has unmapped model.onnx:val_1")
+
+    monkeypatch.setattr("hfexport.job.pipeline.write_weights", unmapped)
+    report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
+    target = report.targets["onnx-generation"]
+    assert target.status == "ok", target.error
+    assert len(refused) == 1  # the twin's export was made, refused, and the target exported from the weights
+    assert target.verification["passed"]  # the gate: the weights, not the placeholders
+
+
+def test_placeholders_are_distinct_exact_and_hold_one_row():
+    import torch
+    from transformers import AutoConfig
+
+    values = [placeholder_value(index) for index in range(0, 15 * 1024, 7)]
+    assert len(set(values)) == len(values) and max(values) < 65504
+    assert all(float(torch.tensor(value, dtype=torch.float16)) == value for value in values)
+    tensor = placeholder((3, 4), torch.float32, 2.0)
+    assert tensor.tolist() == [[2.0, -2.0, 2.0, -2.0]] * 3 and tensor.untyped_storage().nbytes() == 16
+    assert not torch.equal(tensor[:, :3], tensor[:, :3].t())  # a square block is not symmetric
+
+    from transformers import LlamaForCausalLM
+
+    config = AutoConfig.for_model("llama", **NARROW, num_hidden_layers=2, vocab_size=320, tie_word_embeddings=True)
+    model = placeholder_model(config, LlamaForCausalLM)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied: one placeholder
+    assert sum(parameter.untyped_storage().nbytes() for parameter in model.parameters()) < 64 * 1024
+    reference = LlamaForCausalLM(config)
+    assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)  # buffers: real
+
+
+@pytest.mark.slow
+def test_a_job_exported_from_its_structure_loads_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch):
+    from hfexport.job import structure
+
+    loaded = []
+    monkeypatch.setattr(structure, "load_model", lambda *args, load=structure.load_model, **kwargs:
+                        loaded.append(args) or load(*args, **kwargs))
+    report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
+    target = report.targets["onnx-generation"]
+    assert target.status == "ok", target.error
+    assert len(loaded) == 1  # exported from the twin, then the model loaded once, for the gate
+    assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0
