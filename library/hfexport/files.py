@@ -86,3 +86,28 @@ def save_atomically(output: Path, name: str, write: Callable[[Path], None]) -> P
         raise
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def keep_variant_folder(stage: Path, folder: Path, file_name: str) -> list[str]:
+    """Move the variant in `stage` into `folder` as the folder of `file_name` (`int4/openvino_model.xml`), every file
+    a real copy (no links); the names written, relative to `folder`. It is assembled aside and renamed into place,
+    so `folder` never holds half of one."""
+    stage, folder = Path(stage), Path(folder)
+    name = Path(file_name).parent.name
+    partial = folder / f".{name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    for path in sorted(stage.iterdir()):
+        if path.is_symlink():
+            shutil.copy2(path.resolve(), partial / path.name)
+        elif path.is_file():
+            os.replace(path, partial / path.name)
+    remove_variant_folder(folder, file_name)
+    os.replace(partial, folder / name)
+    return sorted(f"{name}/{path.name}" for path in (folder / name).iterdir())
+
+
+def remove_variant_folder(folder: Path, file_name: str) -> None:
+    """The variant folder of `file_name` removed from `folder` (a previous export's)."""
+    shutil.rmtree(Path(folder) / Path(file_name).parent.name, ignore_errors=True)
+

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.files import MANIFEST_FILE
+from hfexport.files import MANIFEST_FILE, remove_variant_folder
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.executorch import variants as executorch_variants
 from hfexport.formats.executorch import weights
@@ -74,7 +74,7 @@ class ExecutorchProgram(FormatProgram):
         return executorch_variants.keep(stage, folder, file_name)
 
     def remove_variant(self, folder: Path, file_name: str) -> None:
-        executorch_variants.remove(folder, file_name)
+        remove_variant_folder(folder, file_name)
 
     def next_token_scores(self, stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
         return executorch_variants.next_token_scores(stage, rows)

@@ -28,12 +28,10 @@ import json
 import shutil
 from pathlib import Path
 
-from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
+from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE, keep_variant_folder
 from hfexport.formats.executorch.llm_program import ATTENTION, COMPONENT, PROGRAM_FILE, load_program, manifest_is_llm
 from hfexport.formats.executorch.llm_program import export as export_llm_program
 from hfexport.formats.executorch.workarounds import executorch_fixes
-from hfexport.formats.openvino.variants import keep as keep_folder
-from hfexport.formats.openvino.variants import remove  # noqa: F401 - a variant folder goes as OpenVINO's does
 from hfexport.quantization.shapes import dividing_group_size, layer_input_sizes
 from hfexport.workarounds.transformers_models import modeling_fixes
 
@@ -108,7 +106,7 @@ def keep(stage: Path, folder: Path, file_name: str) -> list[str]:
     files left out; the names written, relative to `folder` (assembled aside and renamed into place)."""
     for name in _OWN_FILES:
         (Path(stage) / name).unlink(missing_ok=True)
-    return keep_folder(stage, folder, file_name)
+    return keep_variant_folder(stage, folder, file_name)
 
 
 def next_token_scores(stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:

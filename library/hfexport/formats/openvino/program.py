@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hfexport.files import keep_variant_folder, remove_variant_folder
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.openvino import variants as openvino_variants
 from hfexport.formats.openvino import weights
@@ -31,10 +32,10 @@ class OpenvinoProgram(FormatProgram):
         return openvino_variants.write(folder, variant, stage)
 
     def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
-        return openvino_variants.keep(stage, folder, file_name)
+        return keep_variant_folder(stage, folder, file_name)
 
     def remove_variant(self, folder: Path, file_name: str) -> None:
-        openvino_variants.remove(folder, file_name)
+        remove_variant_folder(folder, file_name)
 
     def next_token_scores(self, stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
         return openvino_variants.next_token_scores(stage, rows)

@@ -18,15 +18,13 @@ subfolder="openvino/int4")` reads the same folder), with the settings in `openvi
 report and recipe copy) stay in the target's folder: the variant is not a target of its own.
 
 `write(folder, variant, stage)` lays the variant out in `stage` and returns the settings it resolved (the group
-size); `keep` moves it into the target's folder; `next_token_scores` runs a stateful graph on token rows from an
-empty cache.
+size); `hfexport.files.keep_variant_folder` moves it into the target's folder; `next_token_scores` runs a stateful
+graph on token rows from an empty cache.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
@@ -94,30 +92,6 @@ def openvino_config(bits: int, group_size: int | None, ratio: float) -> dict:
                 "lora_correction": None, "num_samples": None, "processor": None, "quant_method": "default",
                 "ratio": ratio, "scale_estimation": None, "sensitivity_metric": None, "statistics_path": None,
                 "sym": False, "tokenizer": None}}
-
-
-def keep(stage: Path, folder: Path, file_name: str) -> list[str]:
-    """Move the variant in `stage` into `folder` as the folder of `file_name` (`int4/openvino_model.xml`), every file
-    a real copy (no links); the names written, relative to `folder`. It is assembled aside and renamed into place,
-    so `folder` never holds half of one."""
-    stage, folder = Path(stage), Path(folder)
-    name = Path(file_name).parent.name
-    partial = folder / f".{name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    for path in sorted(stage.iterdir()):
-        if path.is_symlink():
-            shutil.copy2(path.resolve(), partial / path.name)
-        elif path.is_file():
-            os.replace(path, partial / path.name)
-    remove(folder, file_name)
-    os.replace(partial, folder / name)
-    return sorted(f"{name}/{path.name}" for path in (folder / name).iterdir())
-
-
-def remove(folder: Path, file_name: str) -> None:
-    """The variant of `file_name` removed from `folder` (a previous export's)."""
-    shutil.rmtree(Path(folder) / Path(file_name).parent.name, ignore_errors=True)
 
 
 def next_token_scores(stage: Path, rows: list[list[int]]) -> list[tuple[list[float], list[int]]]:
