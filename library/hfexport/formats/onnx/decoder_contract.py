@@ -91,7 +91,7 @@ def to_contract(folder: Path) -> bool:
     source = folder / entry["file"]
     model = onnx_ir.load(str(source))
     graph = model.graph
-    config = _read_json(folder / "config.json")
+    config = read_json_object(folder / "config.json")
     _fold_sliding_windows(graph, config)
     if outside_contract(graph):
         return False
@@ -109,7 +109,7 @@ def to_contract(folder: Path) -> bool:
             old.unlink(missing_ok=True)
     entry["file"] = MODEL_FILE
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    generation = _read_json(folder / "generation_config.json")
+    generation = read_json_object(folder / "generation_config.json")
     (folder / GENAI_CONFIG_FILE).write_text(json.dumps(genai_config(graph_shapes(graph), config, generation),
                                                        indent=2) + "\n", encoding="utf-8")
     return True
@@ -318,7 +318,8 @@ def _values(graph):
     yield from graph.outputs
 
 
-def _read_json(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
+    """The JSON object in `path`, or {} where it is missing, unreadable or not an object (optional settings)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -30,7 +30,7 @@ from pathlib import Path
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats.onnx import decoder_contract
 from hfexport.formats.onnx.backend import IMAGE_TEXT_FILES
-from hfexport.formats.onnx.seq2seq_contract import USE_CACHE_BRANCH, Seq2SeqContractError, branch
+from hfexport.formats.onnx.seq2seq_contract import USE_CACHE_BRANCH, Seq2SeqContractError, branch, use_cache_if
 
 FILES = IMAGE_TEXT_FILES
 VISION_ENCODER_FILE, EMBED_TOKENS_FILE, DECODER_FILE = FILES
@@ -160,10 +160,7 @@ def merge_decoder(language_model, lm_head, decode):
     branches = {use_cache: branch(model, outer, initializers, output_names, "decode" if use_cache else "prefill",
                                   outer_input=outer_input, output_name=_output_name)
                 for use_cache, model in ((True, step), (False, prompt))}
-    node = onnx_ir.Node("", "If", [outer[USE_CACHE_BRANCH]],
-                        attributes=[onnx_ir.AttrGraph("then_branch", branches[True]),
-                                    onnx_ir.AttrGraph("else_branch", branches[False])],
-                        num_outputs=len(output_names), name="use_cache_branch_if")
+    node = use_cache_if(outer, branches, len(output_names))
     for value, name in zip(node.outputs, output_names, strict=True):
         value.name, value.type = name, template[name].type
         value.shape = onnx_ir.Shape([BATCH, SEQUENCE, vocabulary] if name == "logits" else
@@ -248,7 +245,7 @@ def save_processor_files(folder: Path, processor) -> None:
     folder = Path(folder)
     if not all((folder / name).is_file() for name in FILES):
         return
-    settings = _read_json(folder / "processor_config.json")
+    settings = decoder_contract.read_json_object(folder / "processor_config.json")
     nested, flat = settings.get("image_processor"), folder / "preprocessor_config.json"
     if isinstance(nested, dict) and not flat.is_file():
         # `processor_class` too, as transformers 4.x wrote it: transformers.js' AutoProcessor picks the processor by it
@@ -258,15 +255,7 @@ def save_processor_files(folder: Path, processor) -> None:
         flat.write_text(json.dumps({**nested, **named}, indent=2) + "\n", encoding="utf-8")
     template = getattr(processor, "chat_template", None)
     tokenizer_config = folder / "tokenizer_config.json"
-    tokenizer_settings = _read_json(tokenizer_config)
+    tokenizer_settings = decoder_contract.read_json_object(tokenizer_config)
     if isinstance(template, str) and tokenizer_settings and "chat_template" not in tokenizer_settings:
         tokenizer_config.write_text(json.dumps({**tokenizer_settings, "chat_template": template}, indent=2) + "\n",
                                     encoding="utf-8")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -165,10 +165,7 @@ def merge_decoder(prefill, decode):
                 OUTPUTS_KEY[True]: json.dumps([value.name for value in decode.graph.outputs])}
     branches = {use_cache: branch(model, outer, initializers, output_names, "decode" if use_cache else "prefill")
                 for use_cache, model in ((True, decode), (False, prefill))}
-    node = onnx_ir.Node("", "If", [outer[USE_CACHE_BRANCH]],
-                        attributes=[onnx_ir.AttrGraph("then_branch", branches[True]),
-                                    onnx_ir.AttrGraph("else_branch", branches[False])],
-                        num_outputs=len(output_names), name="use_cache_branch_if")
+    node = use_cache_if(outer, branches, len(output_names))
     for value, name in zip(node.outputs, output_names, strict=True):
         value.name = name
         value.type = template[_engine_name(name, template)].type
@@ -216,6 +213,16 @@ def _outer_input(engine_name: str) -> str | None:
     name = engine_name.removeprefix("input.")
     match = _ENGINE_CACHE.match(name)
     return f"past_key_values.{match[2]}.{_KIND[match[1]]}.{match[3][:-1]}" if match else _INPUTS.get(name)
+
+
+def use_cache_if(outer: dict, branches: dict, outputs: int):
+    """The merged decoder's one node: `If(use_cache_branch)`, then the decode branch, else the prompt's."""
+    import onnx_ir
+
+    return onnx_ir.Node("", "If", [outer[USE_CACHE_BRANCH]],
+                        attributes=[onnx_ir.AttrGraph("then_branch", branches[True]),
+                                    onnx_ir.AttrGraph("else_branch", branches[False])],
+                        num_outputs=outputs, name="use_cache_branch_if")
 
 
 def branch(model, outer: dict, initializers: dict, output_names: list[str], prefix: str, *,
