@@ -30,7 +30,9 @@ from pathlib import Path
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats.onnx import decoder_contract
 from hfexport.formats.onnx.backend import IMAGE_TEXT_FILES
-from hfexport.formats.onnx.seq2seq_contract import USE_CACHE_BRANCH, Seq2SeqContractError, branch, use_cache_if
+from hfexport.formats.onnx.seq2seq_contract import (
+    USE_CACHE_BRANCH, Seq2SeqContractError, branch, static_dim, static_int, use_cache_if,
+)
 
 FILES = IMAGE_TEXT_FILES
 VISION_ENCODER_FILE, EMBED_TOKENS_FILE, DECODER_FILE = FILES
@@ -82,7 +84,7 @@ def to_contract(folder: Path) -> bool:
     features.name = "image_features"
     for value in [*encoder.graph.inputs, features]:  # the engine writes some static dims as symbols ("3", "32")
         if value.shape is not None:
-            value.shape = onnx_ir.Shape([_int(dim) for dim in value.shape])
+            value.shape = onnx_ir.Shape([static_int(dim) for dim in value.shape])
     embed_tokens = token_embeddings(embed)
     merged = merge_decoder(onnx_ir.load(str(files["language_model"])), onnx_ir.load(str(files["lm_head"])), decode)
     for model, name in ((encoder, VISION_ENCODER_FILE), (embed_tokens, EMBED_TOKENS_FILE), (merged, DECODER_FILE)):
@@ -138,7 +140,7 @@ def merge_decoder(language_model, lm_head, decode):
     def add(name, dtype, dims):
         outer[name] = onnx_ir.Value(name=name, type=onnx_ir.TensorType(dtype), shape=onnx_ir.Shape(dims))
 
-    add("inputs_embeds", embeds.dtype, [BATCH, SEQUENCE, _static(embeds, 2)])
+    add("inputs_embeds", embeds.dtype, [BATCH, SEQUENCE, static_dim(embeds, 2)])
     add("attention_mask", onnx_ir.DataType.INT64, [BATCH, TOTAL])
     add("position_ids", onnx_ir.DataType.INT64, [BATCH, SEQUENCE])
     layers = sorted({int(decoder_contract.ENGINE_CACHE.match(value.name)[1]) for value in pasts})
@@ -147,11 +149,11 @@ def merge_decoder(language_model, lm_head, decode):
         for part in ("key", "value"):
             source = by_name[f"past_key_values.{layer}.{part}"]
             add(f"past_key_values.{layer}.{part}", source.dtype,
-                [BATCH, _static(source, 1), PAST, _static(source, 3)])
+                [BATCH, static_dim(source, 1), PAST, static_dim(source, 3)])
     add(USE_CACHE_BRANCH, onnx_ir.DataType.BOOL, [1])
     output_names = ["logits", *(f"present.{layer}.{part}" for layer in layers for part in ("key", "value"))]
     template = {_output_name(value.name): value for value in step.graph.outputs}
-    vocabulary = _static(template["logits"], 2)
+    vocabulary = static_dim(template["logits"], 2)
 
     def outer_input(name: str) -> str:
         return decoder_contract.contract_name(name.removeprefix("input."), is_output=False)
@@ -221,19 +223,6 @@ def _decode_on_embeddings(decode):
         graph.initializers.pop(table.name)
     graph.inputs.append(embeds)
     return decode
-
-
-def _int(dim):
-    """A dim as an int where it is static (the engine writes some specialized dims as symbols named by their value)."""
-    return int(dim.value) if not isinstance(dim, int) and str(dim.value).isdigit() else dim
-
-
-def _static(value, axis: int) -> int:
-    dim = _int(value.shape[axis])
-    if not isinstance(dim, int):
-        raise Seq2SeqContractError(f"{value.name}: shape {value.shape}: axis {axis} must be static (transformers.js "
-                                   "makes every symbolic dim of the empty past 0 but `batch_size`)")
-    return dim
 
 
 def save_processor_files(folder: Path, processor) -> None:

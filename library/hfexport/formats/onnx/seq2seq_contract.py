@@ -119,11 +119,11 @@ def _name_encoder_dims(graph) -> None:
                 names.setdefault(str(dim.value), new)
     for value in [*graph.inputs, *graph.outputs]:
         if value.shape is not None:
-            value.shape = onnx_ir.Shape([_int(dim) if isinstance(_int(dim), int) or dim.value is None
+            value.shape = onnx_ir.Shape([static_int(dim) if isinstance(static_int(dim), int) or dim.value is None
                                          else names.get(str(dim.value), dim.value) for dim in value.shape])
 
 
-def _int(dim):
+def static_int(dim):
     """A dim as an int where it is static: the engine writes some specialized dims as symbols named by their value
     (Whisper's `input_features` `[s6, "80", "200"]`), which transformers.js would read as symbols (0 in an empty past)."""
     if isinstance(dim, int):
@@ -148,14 +148,14 @@ def merge_decoder(prefill, decode):
     add("input_ids", onnx_ir.DataType.INT64, ["batch_size", "decoder_sequence_length"])
     if "attention_mask" in inputs or any(value.name == "attention_mask" for value in prefill.graph.inputs):
         add("encoder_attention_mask", onnx_ir.DataType.INT64, ["batch_size", "encoder_sequence_length"])
-    encoder_length = _int(hidden.shape[1]) if isinstance(_int(hidden.shape[1]), int) else "encoder_sequence_length"
-    add("encoder_hidden_states", hidden.dtype, ["batch_size", encoder_length, _static(hidden, 2)])
+    encoder_length = static_int(hidden.shape[1]) if isinstance(static_int(hidden.shape[1]), int) else "encoder_sequence_length"
+    add("encoder_hidden_states", hidden.dtype, ["batch_size", encoder_length, static_dim(hidden, 2)])
     for layer in layers:
         for kind, length in (("decoder", "past_decoder_sequence_length"), ("encoder", "encoder_sequence_length_out")):
             for part in ("key", "value"):
                 source = inputs[f"past_key_values.{_ENGINE_KIND[kind]}_attention_cache.layers.{layer}.{part}s"]
                 add(f"past_key_values.{layer}.{kind}.{part}", source.dtype,
-                    ["batch_size", _static(source, 1), length, _static(source, 3)])
+                    ["batch_size", static_dim(source, 1), length, static_dim(source, 3)])
     add(USE_CACHE_BRANCH, onnx_ir.DataType.BOOL, [1])
 
     initializers: dict = {}  # content key -> the outer graph's initializer
@@ -176,8 +176,9 @@ def merge_decoder(prefill, decode):
     return onnx_ir.Model(graph, ir_version=prefill.ir_version, producer_name="hfexport", metadata_props=metadata)
 
 
-def _static(value, axis: int) -> int:
-    dim = _int(value.shape[axis])
+def static_dim(value, axis: int) -> int:
+    """`value`'s dim `axis` as an int, refused where it is symbolic (transformers.js' empty past needs it)."""
+    dim = static_int(value.shape[axis])
     if not isinstance(dim, int):
         raise Seq2SeqContractError(f"{value.name}: shape {value.shape}: axis {axis} must be static (transformers.js "
                                    "makes every symbolic dim of the empty past 0 but `batch_size`)")
@@ -202,7 +203,7 @@ def _engine_name(contract: str, template: dict) -> str:
 def _output_dims(name: str, source, outer: dict) -> list:
     match = _CONTRACT_CACHE.match(name)
     if not match:  # logits
-        return ["batch_size", "decoder_sequence_length", _int(source.shape[2])]
+        return ["batch_size", "decoder_sequence_length", static_int(source.shape[2])]
     past = outer[f"past_key_values.{match[2]}.{match[3]}.{match[4]}"]
     length = "total_decoder_sequence_length" if match[3] == "decoder" else "encoder_sequence_length_out"
     return ["batch_size", past.shape[1], length, past.shape[3]]
