@@ -482,9 +482,11 @@ def build_llava(folder: Path) -> None:
     model.generation_config = GenerationConfig(**ids, do_sample=False)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
+    # LLaVA's prompt format (`USER: <image>\n...`): the image tag then a newline, as OpenVINO GenAI's VLMPipeline
+    # writes an image's tokens (hfexport.formats.openvino.runtimes.openvino_genai_vlm)
     _write_recipe(folder, matrix_recipe(
         "image-text-to-text", DECODER_MODES, LLAVA_FORWARD_SHAPES,
-        {"text": ["<image> Describe the picture", "<image> The capital of France is"], "images": {"count": 2}},
+        {"text": ["<image>\nDescribe the picture", "<image>\nThe capital of France is"], "images": {"count": 2}},
         dims={"batch": DIMS["batch"], "seq": {"min": 2, "max": 128}},
         description=f"Tiny random LLaVA (CLIP vision tower, Llama text model, {tokens_per_image} tokens per image).",
     ))

@@ -234,6 +234,19 @@ def save_processor_files(folder: Path, processor) -> None:
     folder = Path(folder)
     if not all((folder / name).is_file() for name in FILES):
         return
+    save_flat_preprocessor_config(folder)
+    template = getattr(processor, "chat_template", None)
+    tokenizer_config = folder / "tokenizer_config.json"
+    tokenizer_settings = decoder_contract.read_json_object(tokenizer_config)
+    if isinstance(template, str) and tokenizer_settings and "chat_template" not in tokenizer_settings:
+        tokenizer_config.write_text(json.dumps({**tokenizer_settings, "chat_template": template}, indent=2) + "\n",
+                                    encoding="utf-8")
+
+
+def save_flat_preprocessor_config(folder: Path) -> None:
+    """The image processor's settings flat in `preprocessor_config.json`, as transformers 4.x wrote them (transformers
+    5 nests them in `processor_config.json`): transformers.js' `AutoImageProcessor` and OpenVINO GenAI's
+    `ProcessorConfig` read that file. An owner's file already there is kept."""
     settings = decoder_contract.read_json_object(folder / "processor_config.json")
     nested, flat = settings.get("image_processor"), folder / "preprocessor_config.json"
     if isinstance(nested, dict) and not flat.is_file():
@@ -242,9 +255,3 @@ def save_processor_files(folder: Path, processor) -> None:
         named = {"processor_class": settings["processor_class"]} if isinstance(settings.get("processor_class"),
                                                                               str) else {}
         flat.write_text(json.dumps({**nested, **named}, indent=2) + "\n", encoding="utf-8")
-    template = getattr(processor, "chat_template", None)
-    tokenizer_config = folder / "tokenizer_config.json"
-    tokenizer_settings = decoder_contract.read_json_object(tokenizer_config)
-    if isinstance(template, str) and tokenizer_settings and "chat_template" not in tokenizer_settings:
-        tokenizer_config.write_text(json.dumps({**tokenizer_settings, "chat_template": template}, indent=2) + "\n",
-                                    encoding="utf-8")

@@ -1,6 +1,7 @@
 """OpenVINO's programs: the engine's export with the cache broadcasts made ready for the CPU plugin's fused attention,
-a stateful decode saved as optimum-intel's `openvino_model.xml` with its tokenizer models, its files checked, its
-weights rewritten in place; its weight-compressed variants (int8, int4) made from the saved graph."""
+a stateful decode saved as optimum-intel's `openvino_model.xml` with its tokenizer models (a VLM's components also in
+VLMPipeline's layout, `hfexport.formats.openvino.vlm_layout`), its files checked, its weights rewritten in place; its
+weight-compressed variants (int8, int4) made from the saved graph."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from hfexport.files import keep_variant_folder, remove_variant_folder
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.openvino import variants as openvino_variants
 from hfexport.formats.openvino import weights
-from hfexport.formats.openvino.genai_layout import finish
+from hfexport.formats.onnx.image_text_contract import save_flat_preprocessor_config
+from hfexport.formats.openvino import vlm_layout
+from hfexport.formats.openvino.genai_layout import finish, save_openvino_tokenizer, save_tokenizer
 from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 from hfexport.formats.openvino.file_check import check_openvino_files
 
@@ -27,6 +30,21 @@ class OpenvinoProgram(FormatProgram):
 
     def after_save(self, model, directory: Path, tokenizer=None) -> None:
         finish(directory, tokenizer)  # a stateful decode as optimum-intel's openvino_model.xml, its tokenizer beside it
+        if vlm_layout.to_layout(directory) and tokenizer is not None:  # a VLM in VLMPipeline's layout
+            save_tokenizer(Path(directory), tokenizer)
+            save_openvino_tokenizer(Path(directory), tokenizer)
+
+    def after_rebind(self, directory: Path) -> None:
+        # VLMPipeline's graphs are copies of the VLM components' weights: written again
+        vlm_layout.to_layout(directory)
+
+    def save_processor(self, directory: Path, processor) -> None:
+        directory = Path(directory)
+        if all((directory / name).is_file() for name in vlm_layout.FILES) and hasattr(processor, "save_pretrained"):
+            processor.save_pretrained(directory)  # VLMPipeline's contract: the tokenizer and image processor beside
+            save_tokenizer(directory, processor)
+            save_openvino_tokenizer(directory, processor)
+            save_flat_preprocessor_config(directory)  # the settings VLMPipeline's ProcessorConfig reads
 
     def write_variant(self, folder: Path, variant: dict, stage: Path, model=None) -> dict:
         return openvino_variants.write(folder, variant, stage)

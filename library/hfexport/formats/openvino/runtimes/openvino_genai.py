@@ -1,4 +1,5 @@
-"""OpenVINO GenAI's `LLMPipeline(folder, "CPU")` on an OpenVINO generation export, as its users run it.
+"""OpenVINO GenAI's `LLMPipeline(folder, "CPU")` on an OpenVINO generation export, as its users run it (a
+vision-language export's: `VLMPipeline`, `hfexport.formats.openvino.runtimes.openvino_genai_vlm`).
 
 It runs in the environment named by `HFEXPORT_RUNTIME_OPENVINO_GENAI` (a Python with `openvino-genai`), else beside
 hfexport where `openvino_genai` is importable, else the check is `not_checked`. The client
@@ -25,6 +26,7 @@ from hfexport.deployment import (
     token_agreement,
 )
 from hfexport.deployment._python import as_expected, interpreter, judge, request_payload, run_python_client
+from hfexport.formats.openvino.runtimes import openvino_genai_vlm
 from hfexport.verify.thresholds import RUNTIME_MIN_TOKEN_AGREEMENT
 
 RUNTIME = "openvino-genai"
@@ -63,6 +65,8 @@ def check_generation(folder: Path, request: GenerationRequest) -> list[RuntimeCh
     if python is None:
         return [RuntimeCheck(RUNTIME, NOT_CHECKED, reason="openvino-genai is not installed (pip install "
                              "openvino-genai, or set HFEXPORT_RUNTIME_OPENVINO_GENAI to a Python that has it)")]
+    if "pixel_values" in request.extra:  # a vision-language export: VLMPipeline, from text and images
+        return [openvino_genai_vlm.check_generation(folder, request, python)]
     if request.is_encoder_decoder or not (folder / MODEL_FILE).is_file():
         return [RuntimeCheck(RUNTIME, NOT_CHECKED, reason=f"no {MODEL_FILE} (one stateful decoder-only graph) in the "
                              "export: LLMPipeline runs decoder-only LLMs exported as one stateful graph")]
