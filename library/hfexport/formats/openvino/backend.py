@@ -4,6 +4,7 @@ the one format whose runtime precision differs from the graph's (bf16 by default
 from __future__ import annotations
 
 from hfexport.formats.backend import COMMON_OPTIONS, CardTarget, FormatBackend, register_format
+from hfexport.formats.onnx.backend import IMAGE_TEXT_TASK
 
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 
@@ -78,6 +79,13 @@ class OpenvinoFormat(FormatBackend):
         folder = target.folder
         code = ["from huggingface_hub import snapshot_download", "",
                 f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
+        if "openvino-genai" in passed and target.task == IMAGE_TEXT_TASK:  # VLMPipeline's layout (vlm_layout)
+            code += ["", "import numpy as np", "import openvino as ov", "import openvino_genai", "from PIL import Image", "",
+                     f'pipe = openvino_genai.VLMPipeline(f"{{local}}/{folder}", "CPU")',
+                     'pixels = np.asarray(Image.open("picture.png").convert("RGB"))  # height x width x 3, uint8',
+                     'print(pipe.generate("<image>\\nDescribe the picture", images=[ov.Tensor(pixels[None])], '
+                     'max_new_tokens=20))']
+            return ["```python", *code, "```", ""]
         if "openvino-genai" in passed:
             code += ["", "import openvino_genai", "",
                      f'pipe = openvino_genai.LLMPipeline(f"{{local}}/{folder}", "CPU")',

@@ -46,6 +46,12 @@ VLM_MODEL_TYPES = (
     "phi4mm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma3n", "gemma4",
     "gemma4_unified", "videochat_flash_qwen", "qwen3_omni", "qwen3_omni_moe", "muse_glimmer")
 
+_QWEN2_VL_SPLIT = ("qwen2vl/classes.cpp: openvino_vision_embeddings_model.xml on the patches' `hidden_states`, then "
+                   "openvino_vision_embeddings_merger_model.xml on `hidden_states`, `rotary_pos_emb` and `cu_seq_lens` "
+                   "or `attention_mask`, which VLMPipeline computes from the image grid itself")
+#: What VLMPipeline feeds the model types whose split hfexport's components are not.
+OWN_SPLITS = {"qwen2_vl": _QWEN2_VL_SPLIT, "qwen2_5_vl": _QWEN2_VL_SPLIT.replace("qwen2vl/", "qwen2_5_vl/")}
+
 
 def limitation(model_type: str | None) -> str | None:
     """Why VLMPipeline does not run this export's model type from hfexport's layout (None: it does), known before
@@ -55,9 +61,9 @@ def limitation(model_type: str | None) -> str | None:
     if model_type not in VLM_MODEL_TYPES:
         return (f"OpenVINO GenAI 2026.4.1's VLMPipeline throws \"Unsupported '{model_type}' VLM model type\" "
                 "(to_vlm_model_type, src/cpp/src/visual_language/vlm_config.cpp)")
-    return (f"VLMPipeline runs {model_type!r} with a vision split of its own (src/cpp/src/visual_language/), which "
-            "hfexport's image encoder is not: hfexport writes VLMPipeline's layout for LLaVA only "
-            "(hfexport.formats.openvino.vlm_layout)")
+    return (f"VLMPipeline runs {model_type!r} on a vision split of its own "
+            f"({OWN_SPLITS.get(model_type, 'src/cpp/src/visual_language/')}), which hfexport's one image-encoder "
+            "graph is not: hfexport writes VLMPipeline's layout for LLaVA only (hfexport.formats.openvino.vlm_layout)")
 
 
 def _manifest(folder: Path) -> dict | None:

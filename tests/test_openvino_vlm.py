@@ -1,0 +1,232 @@
+"""A vision-language OpenVINO generation export in optimum-intel's layout, the one OpenVINO GenAI's `VLMPipeline`
+opens (`openvino_language_model.xml`, `openvino_text_embeddings_model.xml`, `openvino_vision_embeddings_model.xml`,
+the tokenizer IRs, a flat `preprocessor_config.json`: `hfexport.formats.openvino.vlm_layout`), run by VLMPipeline in
+the gate on each sample's text and image, token for token against `model.generate`
+(`hfexport.formats.openvino.runtimes.openvino_genai_vlm`).
+
+The export tests are slow (no session fixture exports tiny-llava to OpenVINO: a job of about a minute and a half);
+the refusals and the hand-over of prompts and images are checked on files written here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest
+from hfexport.formats.openvino import vlm_layout
+from hfexport.formats.openvino.runtimes import openvino_genai, openvino_genai_vlm
+
+TARGET = "openvino-generation"
+PROMPTS = ["<image>\nDescribe the picture", "<image>\nThe capital of France is"]
+MAX_NEW = 8
+#: tiny-llava's image processor (CLIP's), as the flat preprocessor_config.json VLMPipeline reads holds it
+SETTINGS = {"crop_size": {"height": 32, "width": 32}, "size": {"shortest_edge": 32}, "do_normalize": True,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "rescale_factor": 1 / 255}
+
+
+def _normalized(images: np.ndarray) -> np.ndarray:
+    """`[n, height, width, 3]` uint8 images as a CLIP processor's float32 `pixel_values`."""
+    mean = np.asarray(SETTINGS["image_mean"], dtype=np.float32)[:, None, None]
+    std = np.asarray(SETTINGS["image_std"], dtype=np.float32)[:, None, None]
+    return ((images.transpose(0, 3, 1, 2).astype(np.float32) * np.float32(1 / 255)) - mean) / std
+
+
+def test_vlmpipeline_is_not_checked_with_its_own_reason_where_it_cannot_run_the_export(tmp_path):
+    """Decided before running: a model type VLMPipeline does not know (Idefics3/SmolVLM) is refused in its own words
+    (vlm_config.cpp); one it runs on a vision split of its own (Qwen2-VL) names that split; a LLaVA folder without
+    the layout names the layout."""
+    request = GenerationRequest(prompts=[[5, 3, 6]], expected=[[7]], max_new_tokens=1, eos_token_id=[1],
+                                texts=["<image>\nhi"], extra={"pixel_values": np.zeros((1, 3, 32, 32), np.float32)})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3"}))
+    check = openvino_genai_vlm.check_generation(tmp_path, request, "/no/python")
+    assert (check.verdict, check.reason) == (NOT_CHECKED, "OpenVINO GenAI 2026.4.1's VLMPipeline throws \"Unsupported "
+                                             "'idefics3' VLM model type\" (to_vlm_model_type, "
+                                             "src/cpp/src/visual_language/vlm_config.cpp)")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    check = openvino_genai_vlm.check_generation(tmp_path, request, "/no/python")
+    assert check.verdict == NOT_CHECKED and "openvino_vision_embeddings_merger_model.xml" in check.reason
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
+    check = openvino_genai_vlm.check_generation(tmp_path, request, "/no/python")
+    assert (check.verdict, check.reason) == (NOT_CHECKED, openvino_genai_vlm.NOT_IN_LAYOUT)
+
+
+def test_the_prompt_vlmpipeline_gets_is_the_processors(tmp_path):
+    """VLMPipeline writes an image's tokens then a newline for each `<image>` tag: `<image>\\n` in the sample text is
+    handed over as `<image>`; a text without that newline would make other ids than the processor's, and is not
+    handed over."""
+    image_token = 3
+    prompt = [0, *[image_token] * 16, 9, 10]
+    request = GenerationRequest(prompts=[prompt], expected=[[7]], max_new_tokens=1, eos_token_id=[1],
+                                texts=["<image>\nDescribe"])
+    given, expanded = openvino_genai_vlm.pipeline_prompts(request, {"image_token_index": image_token})
+    assert given == ["<image>Describe"] and expanded == ["<image>" * 16 + "\nDescribe"]
+    request.texts = ["<image> Describe"]
+    with pytest.raises(openvino_genai_vlm.NotHandable, match="normalize_prompt"):
+        openvino_genai_vlm.pipeline_prompts(request, {"image_token_index": image_token})
+
+
+def test_the_image_vlmpipeline_gets_is_the_one_the_pixel_values_were_made_from(tmp_path):
+    """The processor's normalization undone gives back the uint8 image exactly (VLMPipeline then normalizes it as the
+    processor did); pixel values of another size than the crop (VLMPipeline would resize them) are not handed over."""
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(SETTINGS))
+    images = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    assert np.array_equal(np.asarray(openvino_genai_vlm.source_images(tmp_path, _normalized(images))), images)
+    with pytest.raises(openvino_genai_vlm.NotHandable, match="crop-sized"):
+        openvino_genai_vlm.source_images(tmp_path, _normalized(images[:, :16]))
+    with pytest.raises(openvino_genai_vlm.NotHandable, match="whole pixel values"):
+        openvino_genai_vlm.source_images(tmp_path, _normalized(images) + 0.01)
+
+
+def test_a_vision_language_request_goes_to_vlmpipeline(tmp_path, monkeypatch):
+    """LLMPipeline's check hands a request with pixel values to VLMPipeline's (not "no openvino_model.xml")."""
+    monkeypatch.setattr(openvino_genai, "interpreter", lambda runtime, name: "/some/python")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3"}))
+    request = GenerationRequest(prompts=[[5]], expected=[[7]], max_new_tokens=1, eos_token_id=[1],
+                                extra={"pixel_values": np.zeros((1, 3, 32, 32), np.float32)})
+    (check,) = openvino_genai.check_generation(tmp_path, request)
+    assert check.verdict == NOT_CHECKED and "Unsupported 'idefics3' VLM model type" in check.reason
+    assert vlm_layout.limitation("llava") is None
+
+
+# The export: tiny-llava's OpenVINO generation target, its gate running VLMPipeline (slow).
+
+
+@pytest.fixture(scope="module")
+def genai_env():
+    from hfexport.testing import peers
+
+    return {"HFEXPORT_RUNTIME_OPENVINO_GENAI": str(peers.openvino_genai_venv())}
+
+
+@pytest.fixture(scope="module")
+def llava_openvino(session_dir, tiny_llava, genai_env):
+    """tiny-llava's `openvino-generation` target exported and verified by the job: (folder, target report)."""
+    from unittest import mock
+
+    from hfexport.job.run import run_job
+
+    output = session_dir / "llava-openvino-vlm"
+    with mock.patch.dict(os.environ, genai_env):
+        report = run_job(tiny_llava, output, [TARGET], latency=False)
+    return output / TARGET, report.targets[TARGET]
+
+
+def _request(model, processor, texts: list[str], images: list[np.ndarray]) -> GenerationRequest:
+    """`model.generate`'s greedy tokens on each text with its image (batch 1), as the gate asks the runtimes."""
+    import torch
+
+    prompts, expected, pixels = [], [], []
+    for text, image in zip(texts, images, strict=True):
+        inputs = processor(text=[text], images=[image], return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+        prompts.append(inputs["input_ids"][0].tolist())
+        expected.append(out[0, inputs["input_ids"].shape[1]:].tolist())
+        pixels.append(inputs["pixel_values"].numpy())
+    eos = model.generation_config.eos_token_id
+    return GenerationRequest(prompts=prompts, expected=expected, max_new_tokens=MAX_NEW,
+                             eos_token_id=eos if isinstance(eos, list) else [eos], padded_expected=None, texts=texts,
+                             model_type="llava", extra={"pixel_values": np.concatenate(pixels)})
+
+
+@pytest.mark.slow
+def test_the_export_is_in_vlmpipelines_layout(llava_openvino):
+    """The three models VLMPipeline opens, with the names it feeds and reads; the language model stateful (its cache
+    in states, `beam_idx`); hfexport's own prefill under its own name, as the manifest says."""
+    import openvino as ov
+
+    folder = llava_openvino[0]
+
+    def io(name):
+        model = ov.Core().read_model(str(folder / name))
+        return ([(port.get_any_name(), str(port.get_partial_shape())) for port in model.inputs],
+                [(port.get_any_name(), str(port.get_partial_shape())) for port in model.outputs], len(model.get_sinks()))
+
+    assert io(vlm_layout.VISION_EMBEDDINGS_FILE) == ([("pixel_values", "[?,3,?,?]")],
+                                                     [("last_hidden_state", "[1,16,64]")], 0)
+    assert io(vlm_layout.TEXT_EMBEDDINGS_FILE) == ([("input_ids", "[?,?]")], [("inputs_embeds", "[?,?,64]")], 0)
+    assert io(vlm_layout.LANGUAGE_MODEL_FILE) == ([("inputs_embeds", "[?,?,64]"), ("attention_mask", "[?,?]"),
+                                                   ("position_ids", "[?,?]"), ("beam_idx", "[?]")],
+                                                  [("logits", "[?,?,320]")], 4)
+    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml", "tokenizer.json", "config.json",
+                 "generation_config.json"):
+        assert (folder / name).is_file(), name
+    flat = json.loads((folder / "preprocessor_config.json").read_text())
+    assert (flat["crop_size"], flat["size"]) == ({"height": 32, "width": 32}, {"shortest_edge": 32})
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["components"]["language_model"]["file"] == vlm_layout.PREFILL_FILE
+
+
+@pytest.mark.slow
+def test_the_gate_ran_vlmpipeline_on_the_image_prompts_token_for_token(llava_openvino):
+    target = llava_openvino[1]
+    assert target.status == "ok", target.error
+    genai = {check["runtime"]: check for check in target.runtimes}["openvino-genai"]
+    assert (genai["verdict"], genai["batch_sizes"], genai["precision"]) == (PASSED, [1], "f32"), genai
+
+
+@pytest.mark.slow
+def test_vlmpipeline_reads_the_images(llava_openvino, llava, genai_env, monkeypatch):
+    """Not a check that passes whatever the image: judged against the tokens of the images the model saw, VLMPipeline
+    fed other pixels generates other tokens (and on the same pixels, the same)."""
+    model, processor = llava
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in PROMPTS]
+    request = _request(model, processor, PROMPTS, images)
+    monkeypatch.setenv("HFEXPORT_RUNTIME_OPENVINO_GENAI", genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"])
+    (same,) = openvino_genai.check_generation(llava_openvino[0], request)
+    assert same.verdict == PASSED, same.reason
+    request.extra = {"pixel_values": _normalized(255 - np.stack(images))}
+    (other,) = openvino_genai.check_generation(llava_openvino[0], request)
+    assert other.verdict == FAILED and other.first_difference is not None, other
+
+
+def readme_snippet(marker: str) -> str:
+    """The README's code block right after `<!-- marker -->`: the tests run exactly what users read."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split(f"<!-- {marker} -->", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_vlmpipeline_runs_the_pull_request_as_the_readme_says(llava_openvino, llava, tiny_llava, hub, genai_env,
+                                                             tmp_path):
+    """Published as a pull request on the local Hub, downloaded from `refs/pr/N`: the README's VLMPipeline snippet
+    generates `model.generate`'s tokens for its prompt and picture, and the model card shows VLMPipeline."""
+    import shutil
+
+    from huggingface_hub import snapshot_download
+
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/llava-vlmpipeline"
+    hub.seed_repo(repo, tiny_llava)
+    output = tmp_path / "out-job"
+    shutil.copytree(llava_openvino[0].parent, output)
+    num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
+    files = set(hub.list_files(repo, f"refs/pr/{num}"))
+    folder = next(path.rsplit("/", 1)[0] for path in files if path.endswith("/" + vlm_layout.LANGUAGE_MODEL_FILE))
+    local = Path(snapshot_download(repo, revision=f"refs/pr/{num}", allow_patterns=[f"{folder}/*"],
+                                   cache_dir=tmp_path / "hub-cache", token=hub.write_token))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / TARGET).symlink_to(local / folder)
+    image = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    np.save(tmp_path / "picture.npy", image)
+    script = tmp_path / "snippet.py"
+    script.write_text(readme_snippet("readme-vlm-openvino-genai"))
+    done = subprocess.run([genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"], str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model, processor = llava
+    request = _request(model, processor, [PROMPTS[0]], [image])
+    new = processor.tokenizer.decode(request.expected[0], skip_special_tokens=True)
+    assert new.strip() and new.strip() in done.stdout, (new, done.stdout)
+    card = hub.read_file(repo, "README.md", f"refs/pr/{num}").decode()
+    assert "openvino_genai.VLMPipeline" in card and "LLMPipeline" not in card
