@@ -84,7 +84,7 @@ class OpenvinoFormat(FormatBackend):
                      f'pipe = openvino_genai.VLMPipeline(f"{{local}}/{folder}", "CPU")',
                      'pixels = np.asarray(Image.open("picture.png").convert("RGB"))  # height x width x 3, uint8',
                      'print(pipe.generate("<image>\\nDescribe the picture", images=[ov.Tensor(pixels[None])], '
-                     'max_new_tokens=20))']
+                     'max_new_tokens=20,', '                    apply_chat_template=False))  # the prompt as written']
             return ["```python", *code, "```", ""]
         if "openvino-genai" in passed:
             code += ["", "import openvino_genai", "",
