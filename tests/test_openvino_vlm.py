@@ -230,3 +230,22 @@ def test_vlmpipeline_runs_the_pull_request_as_the_readme_says(llava_openvino, ll
     assert new.strip() and new.strip() in done.stdout, (new, done.stdout)
     card = hub.read_file(repo, "README.md", f"refs/pr/{num}").decode()
     assert "openvino_genai.VLMPipeline" in card and "LLMPipeline" not in card
+
+
+@pytest.mark.slow
+def test_a_rebind_writes_the_layout_again_from_the_rebound_components(llava_openvino, llava, tmp_path):
+    """VLMPipeline's three models copy the components' weights: after new weights are written into the components
+    (`hfexport.rebind.folder.rebind_copy`), they are made again from them, not left holding the old weights."""
+    import shutil
+
+    from hfexport.rebind.folder import rebind_copy
+
+    source = tmp_path / "previous"
+    shutil.copytree(llava_openvino[0], source)
+    for name in vlm_layout.FILES:
+        (source / name.replace(".xml", ".bin")).write_bytes(b"stale")
+    manifest = json.loads((source / "export.json").read_text())
+    rebind_copy(source, tmp_path / "rebound", manifest, llava[0])
+    for name in vlm_layout.FILES:
+        weights = name.replace(".xml", ".bin")
+        assert (tmp_path / "rebound" / weights).read_bytes() == (llava_openvino[0] / weights).read_bytes(), name

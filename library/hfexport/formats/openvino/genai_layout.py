@@ -29,7 +29,8 @@ DECODE = "decode"
 log = logging.getLogger(__name__)
 
 
-def _manifest(folder: Path) -> dict | None:
+def read_manifest(folder: Path) -> dict | None:
+    """A saved export's manifest (`export.json`), None where it is not one with components."""
     try:
         manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -52,21 +53,27 @@ def finish(folder: str | Path, tokenizer=None) -> list[str]:
     """Lay out a saved export in its runtimes' contract (see the module docstring); the names of the files written
     or renamed. A folder that is no decoder-only generation export is left as it is."""
     folder = Path(folder)
-    manifest = _manifest(folder)
+    manifest = read_manifest(folder)
     if manifest is None or not is_openvino_llm(manifest):
         return []
-    written = []
-    entry = manifest["components"][DECODE]
-    if entry.get("file") != OPENVINO_MODEL:
-        old = folder / entry["file"]
-        os.replace(old.with_suffix(".bin"), folder / Path(OPENVINO_MODEL).with_suffix(".bin"))
-        os.replace(old, folder / OPENVINO_MODEL)
-        entry["file"] = OPENVINO_MODEL
-        (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        written.append(OPENVINO_MODEL)
+    written = [OPENVINO_MODEL] if rename_component(folder, manifest, DECODE, OPENVINO_MODEL) else []
     written += save_tokenizer(folder, tokenizer)
     written += save_openvino_tokenizer(folder, tokenizer)
     return written
+
+
+def rename_component(folder: Path, manifest: dict, component: str, file: str) -> bool:
+    """Move `component`'s program (`.xml` + `.bin`) to `file` and record that in the manifest; False where it is
+    there already."""
+    entry = manifest["components"][component]
+    if entry.get("file") == file:
+        return False
+    old = folder / entry["file"]
+    os.replace(old.with_suffix(".bin"), (folder / file).with_suffix(".bin"))
+    os.replace(old, folder / file)
+    entry["file"] = file
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return True
 
 
 def text_tokenizer(processor):

@@ -24,12 +24,11 @@ VLMPipeline's own vision split (a merger model and three-axis rope positions), w
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
-from hfexport.files import MANIFEST_FILE
 from hfexport.formats.onnx.image_text_contract import COMPONENTS
+from hfexport.formats.onnx.runtimes import exported_config
+from hfexport.formats.openvino.genai_layout import read_manifest, rename_component
 
 LANGUAGE_MODEL_FILE = "openvino_language_model.xml"  # optimum-intel's, VLMPipeline's
 TEXT_EMBEDDINGS_FILE = "openvino_text_embeddings_model.xml"
@@ -66,21 +65,6 @@ def limitation(model_type: str | None) -> str | None:
             "graph is not: hfexport writes VLMPipeline's layout for LLaVA only (hfexport.formats.openvino.vlm_layout)")
 
 
-def _manifest(folder: Path) -> dict | None:
-    try:
-        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("components"), dict) else None
-
-
-def _model_type(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def applies(manifest: dict, model_type: str | None) -> bool:
     """Whether a saved export is an OpenVINO VLM generation (`COMPONENTS`) of a `WRITTEN_TYPES` model, its image
     encoder on `pixel_values` alone, its decode one stateful graph on `input_ids`."""
@@ -103,8 +87,8 @@ def to_layout(folder: str | Path) -> list[str]:
     import openvino as ov
 
     folder = Path(folder)
-    manifest = _manifest(folder)
-    if manifest is None or not applies(manifest, _model_type(folder)):
+    manifest = read_manifest(folder)
+    if manifest is None or not applies(manifest, exported_config(folder).get("model_type")):
         return []
     components = manifest["components"]
     core = ov.Core()
@@ -112,12 +96,7 @@ def to_layout(folder: str | Path) -> list[str]:
                                                                                         "decode")}
     if embedding_lookup(read["embed"]) is None or embedding_lookup(read["decode"]) is None:
         return []
-    if components["language_model"]["file"] == LANGUAGE_MODEL_FILE:
-        old = folder / LANGUAGE_MODEL_FILE
-        os.replace(old.with_suffix(".bin"), (folder / PREFILL_FILE).with_suffix(".bin"))
-        os.replace(old, folder / PREFILL_FILE)
-        components["language_model"]["file"] = PREFILL_FILE
-        (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    rename_component(folder, manifest, "language_model", PREFILL_FILE)
     models = {VISION_EMBEDDINGS_FILE: vision_embeddings(read["image_encoder"]),
               TEXT_EMBEDDINGS_FILE: text_embeddings(read["embed"]),
               LANGUAGE_MODEL_FILE: language_model(read["decode"])}
