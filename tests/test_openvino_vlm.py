@@ -249,3 +249,23 @@ def test_a_rebind_writes_the_layout_again_from_the_rebound_components(llava_open
     for name in vlm_layout.FILES:
         weights = name.replace(".xml", ".bin")
         assert (tmp_path / "rebound" / weights).read_bytes() == (llava_openvino[0] / weights).read_bytes(), name
+
+
+def test_the_card_opens_a_vlm_with_vlmpipeline_where_the_gate_ran_it():
+    """An image-text-to-text OpenVINO target: the card's OpenVINO GenAI snippet is VLMPipeline's, with an image (an
+    LLMPipeline cannot open that folder); none where VLMPipeline was not checked."""
+    from hfexport.layout import Place
+    from hfexport.report.card import runtime_snippets
+    from hfexport.report.data import JobReport, TargetReport
+
+    def card(verdict):
+        target = TargetReport(TARGET, "openvino", "generation", plan={"task": "image-text-to-text"},
+                              runtimes=[{"runtime": "openvino-genai", "verdict": verdict}])
+        places = {TARGET: Place(f"openvino/{TARGET}")}
+        return "\n".join(runtime_snippets("org/m", JobReport(source={}, targets={TARGET: target}), places))
+
+    text = card("passed")
+    assert f'openvino_genai.VLMPipeline(f"{{local}}/openvino/{TARGET}", "CPU")' in text
+    assert "images=[ov.Tensor(pixels[None])]" in text and "apply_chat_template=False" in text
+    assert "LLMPipeline" not in text
+    assert "VLMPipeline" not in card("not_checked")
