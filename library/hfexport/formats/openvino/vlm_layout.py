@@ -53,8 +53,8 @@ OWN_SPLITS = {"qwen2_vl": _QWEN2_VL_SPLIT, "qwen2_5_vl": _QWEN2_VL_SPLIT.replace
 
 
 def limitation(model_type: str | None) -> str | None:
-    """Why VLMPipeline does not run this export's model type from hfexport's layout (None: it does), known before
-    the export."""
+    """Why VLMPipeline does not run an export of this model type (config.json's) from hfexport's files (None: it
+    does), decided before VLMPipeline runs."""
     if model_type in WRITTEN_TYPES:
         return None
     if model_type not in VLM_MODEL_TYPES:
