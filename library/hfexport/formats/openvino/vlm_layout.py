@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hfexport.formats.onnx.image_text_contract import COMPONENTS
-from hfexport.formats.onnx.runtimes import exported_config
+from hfexport.formats.onnx.decoder_contract import read_json_object
 from hfexport.formats.openvino.genai_layout import read_manifest, rename_component
 
 LANGUAGE_MODEL_FILE = "openvino_language_model.xml"  # optimum-intel's, VLMPipeline's
@@ -88,7 +88,7 @@ def to_layout(folder: str | Path) -> list[str]:
 
     folder = Path(folder)
     manifest = read_manifest(folder)
-    if manifest is None or not applies(manifest, exported_config(folder).get("model_type")):
+    if manifest is None or not applies(manifest, read_json_object(folder / "config.json").get("model_type")):
         return []
     components = manifest["components"]
     core = ov.Core()
