@@ -26,6 +26,7 @@ from hfexport.deployment import (
     FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, judge_tokens,
 )
 from hfexport.deployment._python import as_expected, run_python_client
+from hfexport.errors import HfExportError
 from hfexport.formats.onnx.runtimes import exported_config
 from hfexport.formats.openvino import vlm_layout
 
@@ -38,7 +39,7 @@ NOT_IN_LAYOUT = ("no openvino_language_model.xml, openvino_text_embeddings_model
                  "(hfexport.formats.openvino.vlm_layout writes it for LLaVA)")
 
 
-class NotHandable(ValueError):
+class NotHandable(HfExportError, ValueError):
     """The sample cannot be handed to VLMPipeline as the processor's input (the message says why)."""
 
 
