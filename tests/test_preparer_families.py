@@ -479,8 +479,8 @@ def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_a
     """The engine's preparers fire on the whole model's inputs, but MiniCPM-V's and Qwen3-ASR's forward take what
     they computed as **kwargs only and call their encoder without it: torch.export then stopped at the encoder's own
     data-dependent computation after the trace (the matrix's GuardOnDataDependentSymNode); the plan says so first.
-    MiniCPM-V's generation plans, with the encoder as a component that takes the prepared inputs; Qwen3-ASR's is
-    refused before export too: hfexport's generate merges image features into a prompt, not audio features."""
+    Both generations plan, with the encoder as a component that takes the prepared inputs (Qwen3-ASR's audio encoder
+    traced on one clip, beside hfexport's `embed` of the audio features)."""
     from transformers import AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
 
     from hfexport.models import load_processor
@@ -495,13 +495,10 @@ def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_a
     assert str(refused.value).startswith(f"{type(model).__name__}: the engine's input preparers computed {unreached} "
                                          "for the whole model, but its forward takes them only as **kwargs")
     assert "GuardOnDataDependentSymNode" in str(refused.value)
-    if name == "tiny-qwen3-asr":
-        with pytest.raises(PlanError, match=r"^targets.onnx-generation: Qwen3ASRForConditionalGeneration's generation "
-                                            r"splits into audio_encoder, .*not the features of audio_encoder"):
-            build_plan(recipe, "onnx-generation", model, processor=processor)
-        return
     plan = build_plan(recipe, "onnx-generation", model, processor=processor)
-    assert set(unreached.split(", ")) <= set(plan.components["image_encoder"].prepared_inputs)
+    encoder = "audio_encoder" if name == "tiny-qwen3-asr" else "image_encoder"
+    assert set(unreached.split(", ")) <= set(plan.components[encoder].prepared_inputs)
+    assert "embed" in plan.components
 
 
 def test_a_grid_thw_vision_tower_is_refused_for_executorch_at_plan_time(tiny_paddleocr_vl):
@@ -520,10 +517,11 @@ def test_a_grid_thw_vision_tower_is_refused_for_executorch_at_plan_time(tiny_pad
     assert "aten.repeat_interleave.Tensor is not in Core ATen opset" in str(refused.value)
 
 
-def test_an_omni_thinker_forward_and_generation_are_refused_at_plan_time(session_dir):
+def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_merge(session_dir):
     """Qwen2.5-Omni's thinker, its processor loaded without the video part: the forward computes the audio
     encoder's `feature_lens` inside, so the engine's omni-audio preparer never fires (torch.export stopped at the
-    mask after the trace); its generation needs an audio merge that hfexport's generate lacks. Both said first."""
+    mask after the trace): refused first. Its generation plans the audio encoder on one clip, with the preparer's
+    inputs, and hfexport's `embed` of the audio features at the audio tokens."""
     from transformers import AutoModelForImageTextToText
 
     from hfexport.models import load_processor
@@ -536,5 +534,10 @@ def test_an_omni_thinker_forward_and_generation_are_refused_at_plan_time(session
     with pytest.raises(PlanError, match=r"^Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder "
                                         r"\(Qwen2_5OmniAudioEncoder\) takes `feature_lens`.*GuardOnDataDependentSymNode"):
         build_plan(recipe, "openvino-forward", model, processor=processor)
-    with pytest.raises(PlanError, match=r"generation splits into audio_encoder, language_model, lm_head, decode"):
-        build_plan(recipe, "openvino-generation", model, processor=processor)
+    plan = build_plan(recipe, "openvino-generation", model, processor=processor)
+    assert list(plan.components) == ["audio_encoder", "language_model", "lm_head", "decode", "embed"]
+    assert plan.retraced == ("audio_encoder",)
+    prepared = plan.components["audio_encoder"].prepared_inputs
+    assert {"padded_feature", "chunk_lengths", "cu_seqlens", "valid_indices", "pool_indices"} <= set(prepared)
+    assert prepared["cu_seqlens"]["value"] == [0, 50]  # one clip (1 s), one attention window
+    assert plan.components["embed"].input_shapes["audio_features"]["shape"] == [50, 64]  # 25 per clip

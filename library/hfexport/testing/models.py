@@ -602,6 +602,9 @@ def build_llava_next(folder: Path) -> None:
 
 ASR_MEL_BINS = 16
 ASR_N_WINDOW = 50  # mel frames per half chunk: the feature extractor pads to whole chunks of 100 frames (1 s)
+# mel frames per attention window, as the published Qwen3-ASR's (8 s): a clip of more than one window is split with
+# `.tolist()`, which the trace does not keep (hfexport.plan.vision_language refuses it), so clips fit one window
+ASR_N_WINDOW_INFER = 16 * ASR_N_WINDOW
 
 
 def build_qwen3_asr(folder: Path) -> None:
@@ -624,7 +627,7 @@ def build_qwen3_asr(folder: Path) -> None:
     config = Qwen3ASRConfig(
         audio_config={"model_type": "qwen3_asr_encoder", "num_mel_bins": ASR_MEL_BINS, "encoder_layers": 1,
                       "encoder_attention_heads": 4, "encoder_ffn_dim": 64, "d_model": 32, "n_window": ASR_N_WINDOW,
-                      "output_dim": 64, "n_window_infer": 2 * ASR_N_WINDOW, "downsample_hidden_size": 8},
+                      "output_dim": 64, "n_window_infer": ASR_N_WINDOW_INFER, "downsample_hidden_size": 8},
         text_config={"model_type": "qwen3", "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                      "max_position_embeddings": 512, "tie_word_embeddings": False, **ids},
