@@ -521,7 +521,8 @@ def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_me
     """Qwen2.5-Omni's thinker, its processor loaded without the video part: the forward computes the audio
     encoder's `feature_lens` inside, so the engine's omni-audio preparer never fires (torch.export stopped at the
     mask after the trace): refused first. Its generation plans the audio encoder on one clip, with the preparer's
-    inputs, and hfexport's `embed` of the audio features at the audio tokens."""
+    inputs, and hfexport's `embed` of the audio features at the audio tokens; clips of several attention windows
+    are refused."""
     from transformers import AutoModelForImageTextToText
 
     from hfexport.models import load_processor
@@ -541,3 +542,15 @@ def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_me
     assert {"padded_feature", "chunk_lengths", "cu_seqlens", "valid_indices", "pool_indices"} <= set(prepared)
     assert prepared["cu_seqlens"]["value"] == [0, 50]  # one clip (1 s), one attention window
     assert plan.components["embed"].input_shapes["audio_features"]["shape"] == [50, 64]  # 25 per clip
+    # the encoder's windowed attention splits a clip's frames with `.tolist()`, which the trace does not keep (the
+    # ONNX encoder attended across the windows): clips of two windows are refused before export
+    longer = session_dir / "omni-two-windows"
+    shutil.copytree(folder, longer, dirs_exist_ok=True)
+    document = json.loads((longer / "export_config.json").read_text(encoding="utf-8"))
+    document["sample_inputs"]["audio"]["seconds"] = 1.5  # 150 mel frames: chunks of 100 and 50
+    (longer / "export_config.json").write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(longer), "onnx-generation", model, processor=processor)
+    assert str(refused.value).startswith("Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder "
+                                         "(Qwen2_5OmniAudioEncoder) splits the recipe's first clip into 2 attention "
+                                         "windows (cu_seqlens [0, 50, 75])")

@@ -1001,14 +1001,15 @@ MODELS: dict[str, TinyModel] = {
                   DECODER_MODES, build_qwen3_asr,
                   "The `input_features` + `input_features_mask` family: transformers 5.23's Qwen3-ASR export input "
                   "preparer computes the encoder's windowed-attention `cu_seqlens` and `max_seqlen` from the mask "
-                  "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames). "
+                  "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames), each one "
+                  "attention window (8 s, as the published model's). "
                   "Forward: `Qwen3ASRModel.forward` calls `get_audio_features` without its kwargs, so the "
                   "`cu_seqlens` the preparer adds to the model's inputs never reach the encoder, which computes them "
                   "itself and stops torch.export (GuardOnDataDependentSymNode): refused at plan time. Generation: "
-                  "the engine splits it into `audio_encoder` (the preparer's `cu_seqlens` one more input), "
-                  "`multi_modal_projector`, `language_model`, `lm_head` and `decode`, and hfexport's generate merges "
-                  "image features into a prompt, not audio features: refused at plan time (the `.pt2` audio encoder "
-                  "also failed its own runtime assertion `u1 >= 1` on the sample clips; docs/generation.md)."),
+                  "the engine splits it into `audio_encoder`, `multi_modal_projector`, `language_model`, `lm_head` "
+                  "and `decode`; hfexport traces the audio encoder again on one clip (the preparer's `cu_seqlens` "
+                  "one more input) and merges the projected features at the audio tokens (`embed`), and its "
+                  "generate computes each clip's encoder inputs with the model's own code (docs/generation.md)."),
         TinyModel("tiny-llava-next", "LLaVA-NeXT", "LlavaNextForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_llava_next,
                   "The `image_sizes` family: transformers 5.23's `image_sizes` export input preparer turns the "
@@ -1069,9 +1070,11 @@ MODELS: dict[str, TinyModel] = {
                   "image-text-to-text table); the recipe's samples are audio clips with prompts. Forward: the thinker "
                   "computes `feature_lens` from the mask inside its forward, so the preparer never fires and "
                   "torch.export stopped at the mask (GuardOnDataDependentSymNode): refused at plan time. "
-                  "Generation: the engine "
-                  "splits it into `audio_encoder`, `language_model`, `lm_head` and `decode`, and hfexport's generate "
-                  "merges image features into a prompt, not audio features: refused at plan time."),
+                  "Generation: the engine splits it into `audio_encoder`, `language_model`, `lm_head` and `decode`; "
+                  "hfexport traces the audio encoder again on one 1 s clip (one attention window), the preparer's "
+                  "inputs computed from the `feature_lens` the model's `get_audio_features` gives it, and merges its "
+                  "features at the audio tokens (`embed`); the language model and decode take 4-axis rope positions "
+                  "(`get_rope_index` over the audio lengths), as Qwen2-VL's (docs/generation.md)."),
     )
 }
 
