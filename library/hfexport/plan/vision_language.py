@@ -234,6 +234,27 @@ def _refuse_split_windows(model, encoder, modality: str, call: dict) -> None:
                         "torch 2.13; give sample clips of one window each (docs/generation.md)")
 
 
+def batch_encoder_refusal(model, stage: tuple, export_format: str) -> str | None:
+    """Why the engine's own export of an encoder hfexport retraces cannot be made on `export_format` (the upstream
+    message, quoted), or None. The engine exports its capture on the whole batch too (`export_for_generation` takes
+    a config per component it finds); measured with ExecuTorch 1.5.1 on Qwen3-ASR's encoder, which selects its valid
+    frames with `nonzero` itself (the preparer does not compute `valid_indices` for it): over several attention
+    windows that export stops. Qwen2.5-Omni's, whose valid frames the preparer computes, exports."""
+    from hfexport.plan.tracing import traced_inputs
+
+    if str(export_format) != "executorch":
+        return None
+    encoder, captured = stage
+    prepared = traced_inputs(encoder, dict(captured))
+    windows = prepared.get("cu_seqlens")
+    if windows is None or windows.dim() != 1 or windows.shape[0] <= 2 or "valid_indices" in prepared:
+        return None
+    return (f"{type(model).__name__}: the engine exports its own {type(encoder).__name__} on the whole batch's "
+            f"clips ({windows.shape[0] - 1} attention windows) beside hfexport's one-clip encoder, and ExecuTorch "
+            "1.5.1 stops there (\"RuntimeError: Cannot evaluate a finite upper bound for symbolic expression\", the "
+            "encoder's own `nonzero` over the windows); export it to dynamo, onnx or openvino")
+
+
 def retraced_encoders(model, stages: dict) -> list[str]:
     """The components hfexport traces again beside the engine's twin of the same name (`encoder_embed_stages`): a
     modality encoder of the model's own whose features hfexport's `embed` merges."""
