@@ -6,7 +6,7 @@ features."""
 from __future__ import annotations
 
 from hfexport.errors import PlanError
-from hfexport.plan.tracing import call_capture
+from hfexport.plan.tracing import call_capture, traced_inputs
 from hfexport.preparers import encoder_call, encoder_input_names, image_count, image_slice
 
 # transformers 5.23's `generate` encodes a VLM's images before the prefill (`_prepare_multimodal_encoder_kwargs_for_
@@ -157,6 +157,9 @@ def image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
 # encoder's output, and a language model taking `inputs_embeds`. hfexport adds the merge, `embed`, as for images.
 MODALITIES = ("image", "audio")
 PROJECTOR = "multi_modal_projector"
+# Formats whose export of the engine's batch capture of such an encoder stops (`batch_encoder_refusal`): ExecuTorch
+# 1.5.1 on an encoder that selects its valid frames with `nonzero` over several attention windows (Qwen3-ASR).
+BATCH_ENCODER_STOPS = ("executorch",)
 
 
 def first_output(outputs):
@@ -222,8 +225,6 @@ def encoder_embed_stages(model, inputs: dict, stages: dict, modality: str) -> di
 def _refuse_split_windows(model, encoder, modality: str, call: dict) -> None:
     """Refuse a clip that the encoder's windowed attention splits into several windows (`cu_seqlens`, from the
     engine's input preparers): it splits the frames with `.tolist()`, which the trace does not keep."""
-    from hfexport.plan.tracing import traced_inputs
-
     windows = traced_inputs(encoder, dict(call)).get("cu_seqlens")
     if windows is not None and windows.dim() == 1 and windows.shape[0] > 2:
         raise PlanError(f"{type(model).__name__}: its {modality} encoder ({type(encoder).__name__}) splits the "
@@ -240,9 +241,7 @@ def batch_encoder_refusal(model, stage: tuple, export_format: str) -> str | None
     a config per component it finds); measured with ExecuTorch 1.5.1 on Qwen3-ASR's encoder, which selects its valid
     frames with `nonzero` itself (the preparer does not compute `valid_indices` for it): over several attention
     windows that export stops. Qwen2.5-Omni's, whose valid frames the preparer computes, exports."""
-    from hfexport.plan.tracing import traced_inputs
-
-    if str(export_format) != "executorch":
+    if str(export_format) not in BATCH_ENCODER_STOPS:
         return None
     encoder, captured = stage
     prepared = traced_inputs(encoder, dict(captured))
