@@ -479,8 +479,8 @@ def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_a
     """The engine's preparers fire on the whole model's inputs, but MiniCPM-V's and Qwen3-ASR's forward take what
     they computed as **kwargs only and call their encoder without it: torch.export then stopped at the encoder's own
     data-dependent computation after the trace (the matrix's GuardOnDataDependentSymNode); the plan says so first.
-    MiniCPM-V's generation plans, with the encoder as a component that takes the prepared inputs; Qwen3-ASR's is
-    refused before export too: hfexport's generate merges image features into a prompt, not audio features."""
+    Both generations plan, with the encoder as a component that takes the prepared inputs (Qwen3-ASR's audio encoder
+    traced on one clip, beside hfexport's `embed` of the audio features)."""
     from transformers import AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
 
     from hfexport.models import load_processor
@@ -495,13 +495,15 @@ def test_a_forward_whose_prepared_inputs_cannot_reach_their_encoder_is_refused_a
     assert str(refused.value).startswith(f"{type(model).__name__}: the engine's input preparers computed {unreached} "
                                          "for the whole model, but its forward takes them only as **kwargs")
     assert "GuardOnDataDependentSymNode" in str(refused.value)
-    if name == "tiny-qwen3-asr":
-        with pytest.raises(PlanError, match=r"^targets.onnx-generation: Qwen3ASRForConditionalGeneration's generation "
-                                            r"splits into audio_encoder, .*not the features of audio_encoder"):
-            build_plan(recipe, "onnx-generation", model, processor=processor)
-        return
     plan = build_plan(recipe, "onnx-generation", model, processor=processor)
-    assert set(unreached.split(", ")) <= set(plan.components["image_encoder"].prepared_inputs)
+    encoder = "audio_encoder" if name == "tiny-qwen3-asr" else "image_encoder"
+    assert set(unreached.split(", ")) <= set(plan.components[encoder].prepared_inputs)
+    assert "embed" in plan.components
+    if name == "tiny-qwen3-asr":  # the engine's own batch export of its encoder stops on ExecuTorch: said first
+        with pytest.raises(PlanError, match=r"^Qwen3ASRForConditionalGeneration: the engine exports its own "
+                                            r"Qwen3ASREncoder on the whole batch's clips \(2 attention windows\).*"
+                                            r"Cannot evaluate a finite upper bound"):
+            build_plan(recipe, "executorch-generation", model, processor=processor)
 
 
 def test_a_grid_thw_vision_tower_is_refused_for_executorch_at_plan_time(tiny_paddleocr_vl):
@@ -520,10 +522,12 @@ def test_a_grid_thw_vision_tower_is_refused_for_executorch_at_plan_time(tiny_pad
     assert "aten.repeat_interleave.Tensor is not in Core ATen opset" in str(refused.value)
 
 
-def test_an_omni_thinker_forward_and_generation_are_refused_at_plan_time(session_dir):
+def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_merge(session_dir):
     """Qwen2.5-Omni's thinker, its processor loaded without the video part: the forward computes the audio
     encoder's `feature_lens` inside, so the engine's omni-audio preparer never fires (torch.export stopped at the
-    mask after the trace); its generation needs an audio merge that hfexport's generate lacks. Both said first."""
+    mask after the trace): refused first. Its generation plans the audio encoder on one clip, with the preparer's
+    inputs, and hfexport's `embed` of the audio features at the audio tokens; clips of several attention windows
+    are refused."""
     from transformers import AutoModelForImageTextToText
 
     from hfexport.models import load_processor
@@ -536,5 +540,22 @@ def test_an_omni_thinker_forward_and_generation_are_refused_at_plan_time(session
     with pytest.raises(PlanError, match=r"^Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder "
                                         r"\(Qwen2_5OmniAudioEncoder\) takes `feature_lens`.*GuardOnDataDependentSymNode"):
         build_plan(recipe, "openvino-forward", model, processor=processor)
-    with pytest.raises(PlanError, match=r"generation splits into audio_encoder, language_model, lm_head, decode"):
-        build_plan(recipe, "openvino-generation", model, processor=processor)
+    plan = build_plan(recipe, "openvino-generation", model, processor=processor)
+    assert list(plan.components) == ["audio_encoder", "language_model", "lm_head", "decode", "embed"]
+    assert plan.retraced == ("audio_encoder",)
+    prepared = plan.components["audio_encoder"].prepared_inputs
+    assert {"padded_feature", "chunk_lengths", "cu_seqlens", "valid_indices", "pool_indices"} <= set(prepared)
+    assert prepared["cu_seqlens"]["value"] == [0, 50]  # one clip (1 s), one attention window
+    assert plan.components["embed"].input_shapes["audio_features"]["shape"] == [50, 64]  # 25 per clip
+    # the encoder's windowed attention splits a clip's frames with `.tolist()`, which the trace does not keep (the
+    # ONNX encoder attended across the windows): clips of two windows are refused before export
+    longer = session_dir / "omni-two-windows"
+    shutil.copytree(folder, longer, dirs_exist_ok=True)
+    document = json.loads((longer / "export_config.json").read_text(encoding="utf-8"))
+    document["sample_inputs"]["audio"]["seconds"] = 1.5  # 150 mel frames: chunks of 100 and 50
+    (longer / "export_config.json").write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(PlanError) as refused:
+        build_plan(load_recipe(longer), "onnx-generation", model, processor=processor)
+    assert str(refused.value).startswith("Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder "
+                                         "(Qwen2_5OmniAudioEncoder) splits the recipe's first clip into 2 attention "
+                                         "windows (cu_seqlens [0, 50, 75])")

@@ -228,7 +228,9 @@ def run_plan(plan, model) -> ExportedModel:
             configs = plan.config
             # hfexport's own components (an encoder-decoder's encoder, a VLM's image encoder and embedding merge:
             # hfexport.plan), which transformers 5.23's export_for_generation does not capture; it exports the rest.
-            own = {name: exporter.export(module, dict(inputs), configs.pop(name)).components["model"]
+            # A retraced one (an audio encoder on one clip) keeps its config for the engine, whose split holds it too.
+            own = {name: exporter.export(module, dict(inputs), configs[name] if name in plan.retraced
+                                         else configs.pop(name)).components["model"]
                    for name, (module, inputs) in plan.own_components.items()}
             if configs:
                 with traced_cache_layout():  # the capture holds the cache layers as the trace does (sliding windows)
@@ -241,7 +243,7 @@ def run_plan(plan, model) -> ExportedModel:
                                          generation_config=plan.generation_config)
                 own = {}
             if own:
-                exported.components = {**own, **exported.components}
+                exported.components = {**own, **exported.components, **{name: own[name] for name in plan.retraced}}
                 _drop_model_output_samples(exported)
         if exported.generation_config is None and getattr(model, "generation_config", None) is not None:
             # transformers 5.23: `export_for_generation(generation_config=None)` traces with the model's generation

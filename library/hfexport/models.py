@@ -32,7 +32,7 @@ TASK_AUTO_CLASSES = {
 
 
 GENERATIVE_TASKS = ("text-generation", "text2text-generation", "automatic-speech-recognition", "image-text-to-text")
-_CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
+_CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]{0,127}$")  # Qwen2_5OmniThinker..., Qwen2_5_VL...
 
 
 def transformers_class(name: str, path: str = "model_class"):

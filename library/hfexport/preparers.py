@@ -51,13 +51,16 @@ def context(module, added: list[str]) -> dict:
             "attn_implementation": implementation if implementation in ATTENTION else None}
 
 
-def prepare(recorded: dict, inputs: dict) -> dict:
-    """`inputs` with what the engine's preparers compute from them, on a stand-in of the exported module."""
+def prepare(recorded: dict, inputs: dict, module: str | None = None) -> dict:
+    """`inputs` with what the engine's preparers compute from them, on a stand-in of the exported module. `module`:
+    the modeling module the exported module's class comes from (transformers 5.23's omni-audio preparer takes its
+    helpers, `chunk_and_pad_features`, ..., from `type(model).__module__`), named by the caller from the export's
+    own model class, never from the file."""
     import torch
     from transformers import PretrainedConfig
     from transformers.exporters.utils import prepare_for_export
 
-    standin = torch.nn.Module()
+    standin = type("ExportedModule", (torch.nn.Module,), {"__module__": module or __name__})()
     for name, value in recorded["attributes"].items():
         setattr(standin, name, tuple(value) if isinstance(value, list) else value)
     config = PretrainedConfig()
@@ -149,3 +152,48 @@ def repack_images(before: dict, after: dict) -> dict:
     picked = [image_slice(images, index % len(patches), index % len(patches) + 1)
               for index in range(after[grids[0]].shape[0])]
     return {**after, **{name: torch.cat([chunk[name] for chunk in picked]) for name in packed}}
+
+
+class _EncoderCalled(Exception):
+    """Raised by the hook on a model's encoder: the kwargs the model's own code called it with."""
+
+    def __init__(self, kwargs: dict):
+        super().__init__("encoder called")
+        self.kwargs = kwargs
+
+
+def encoder_call(model, modality: str, inputs: dict) -> dict:
+    """The kwargs `model.get_<modality>_features(**inputs)` gives its `<modality>` encoder (`model.get_encoder`), as
+    the model's own code computes them from the processor's inputs (Qwen2.5-Omni's: the mel frames packed by
+    `feature_attention_mask`, with `feature_lens`). The call stops when the encoder is reached, so `model` may be a
+    meta-device twin without weights. Raises the model's own error, or RuntimeError when no encoder was called."""
+    import inspect
+
+    encoder = model.get_encoder(modality=modality)
+    signature = inspect.signature(type(encoder).forward)
+
+    def stop(module, args, kwargs):
+        arguments = dict(signature.bind(module, *args, **kwargs).arguments)
+        arguments.pop("self", None)
+        variadic = [name for name, parameter in signature.parameters.items() if parameter.kind == parameter.VAR_KEYWORD]
+        for name in variadic:
+            arguments.update(arguments.pop(name, None) or {})
+        raise _EncoderCalled(arguments)
+
+    handle = encoder.register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        getattr(model, f"get_{modality}_features")(**inputs)
+    except _EncoderCalled as call:
+        return call.kwargs
+    finally:
+        handle.remove()
+    raise RuntimeError(f"{type(model).__name__}.get_{modality}_features did not call its {modality} encoder")
+
+
+def encoder_input_names(model, modality: str) -> list[str]:
+    """The processor's inputs `model.get_<modality>_features` takes (its named parameters)."""
+    import inspect
+
+    parameters = inspect.signature(getattr(model, f"get_{modality}_features")).parameters.values()
+    return [parameter.name for parameter in parameters
+            if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)]

@@ -61,10 +61,11 @@ def generate(
 
     Returns prompt + generated tokens, `[batch * num_return_sequences, prompt + n]`.
     """
+    # a multimodal prompt's images or audio (an audio-text model's `input_features` among them), and what its
+    # multi-axis rope positions are computed from (Qwen2-VL's `mm_token_type_ids`)
+    prompt_inputs = {name: kwargs.pop(name) for name in prompt_input_names(exported) if name in kwargs}
     input_features = kwargs.pop("input_features", None)
     decoder_input_ids = kwargs.pop("decoder_input_ids", None)
-    # a VLM's images, and what its multi-axis rope positions are computed from (Qwen2-VL's `mm_token_type_ids`)
-    prompt_inputs = {name: kwargs.pop(name) for name in prompt_input_names(exported) if name in kwargs}
     nothing_new = kwargs.get("max_new_tokens") is not None and kwargs["max_new_tokens"] < 1
     if nothing_new:  # transformers refuses max_new_tokens=0; here it returns the prompt
         kwargs.pop("max_new_tokens")
@@ -86,7 +87,8 @@ def generate(
 
 def prompt_input_names(exported) -> list[str]:
     """The inputs besides `input_ids` and `attention_mask` that a prompt of this export takes from the processor: a
-    VLM's images, and what its multi-axis rope positions come from (Qwen2-VL's `mm_token_type_ids`); none for text."""
+    multimodal model's images or audio, and what its multi-axis rope positions come from (Qwen2-VL's
+    `mm_token_type_ids`); none for text."""
     return list(dict.fromkeys([*image_input_names(exported), *rope_input_names(exported)]))
 
 

@@ -17,7 +17,8 @@ from hfexport.generate.loop import (
 from hfexport.generate.options import max_total_length, padding_token_id
 from hfexport.generate.state_space import STATE, StateSpaceSession
 from hfexport.generate.vision_language import (
-    LANGUAGE_MODEL, LANGUAGE_MODEL_INPUTS, image_text_embeds, rope_positions, takes_rope_positions,
+    LANGUAGE_MODEL, LANGUAGE_MODEL_INPUTS, image_input_names, image_text_embeds, rope_positions,
+    takes_rope_positions,
     VisionLanguageSession,
 )
 
@@ -69,8 +70,10 @@ def decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single_
     """A decoder-only export's layout (a VLM's and a state-space model's too), read from its traced kwargs."""
     prefill = LANGUAGE_MODEL if multimodal else DECODE if by_decode or single_graph else PREFILL
     for name in dict.fromkeys((prefill, DECODE)):
+        # a multimodal decode may take a prompt input generate carries unchanged into every step (Qwen2.5-Omni's
+        # `feature_attention_mask`): the session feeds the prompt's own (`VisionLanguageSession`)
         allowed = LANGUAGE_MODEL_INPUTS if name == LANGUAGE_MODEL else _KNOWN_INPUTS | (
-            set(DECODE_TOKEN_TYPES) if name == DECODE else set())
+            {*DECODE_TOKEN_TYPES, *(image_input_names(exported) if multimodal else ())} if name == DECODE else set())
         traced = runners[name].metadata.kwargs
         # a kwarg traced as None (MiniCPM-V's `downsample_mode`) is a constant of the graph, not an input to feed
         unknown = sorted(key for key in set(traced) - allowed if traced[key].get("container") != "NoneType")
@@ -132,10 +135,11 @@ def decoder_layout(exported, runners, multimodal: bool, by_decode: bool, single_
     )
 
 
-def _session_args(layout: GenerationLayout, inputs_embeds, positions) -> dict:
-    """What a batch's session starts from: a VLM's prompt embeddings (and multi-axis rope positions), nothing for
-    the others."""
-    return {"inputs_embeds": inputs_embeds, "positions": positions} if layout.multimodal else {}
+def _session_args(layout: GenerationLayout, inputs_embeds, positions, carried: dict | None = None) -> dict:
+    """What a batch's session starts from: a VLM's prompt embeddings (and multi-axis rope positions, the prompt inputs
+    its decode takes), nothing for the others."""
+    return {"inputs_embeds": inputs_embeds, "positions": positions, "carried": carried or {}} \
+        if layout.multimodal else {}
 
 
 def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids, attention_mask, prompt_inputs: dict,
@@ -200,7 +204,7 @@ def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids,
                prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if rows == batch:
         sequences = sample_tokens(exported, layout, input_ids, attention_mask, real=batch,
-                                  session_args=_session_args(layout, inputs_embeds, positions), **run)
+                                  session_args=_session_args(layout, inputs_embeds, positions, prompt_inputs), **run)
     else:
         # A decode that only takes its traced batch: run chunks of that size, the last one filled up with copies of
         # its last row (rows are independent), and drop the copies.
@@ -218,7 +222,7 @@ def generate_decoder_only(exported, layout: GenerationLayout, config, input_ids,
                 if rope is not None:
                     rope = torch.cat([rope, rope[:, -1:].expand(-1, rows - real, -1)], dim=1)
             outputs.append(sample_tokens(exported, layout, ids, mask, real=real,
-                                         session_args=_session_args(layout, embeds, rope), **run)[:real])
+                                         session_args=_session_args(layout, embeds, rope, prompt_inputs), **run)[:real])
         width = max(chunk.shape[1] for chunk in outputs)
         pad = padding_token_id(config)
         # A chunk whose rows all stopped early is shorter: its rows would have emitted pad tokens from there.

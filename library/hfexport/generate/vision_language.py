@@ -1,5 +1,6 @@
-"""Generation of a vision-language model: hfexport's `image_encoder` and `embed` turn the prompt's images and
-tokens into `inputs_embeds`, the engine's `language_model` and `lm_head` run the prompt, its `decode` the rest (the
+"""Generation of a multimodal model: hfexport's `image_encoder` and `embed` turn the prompt's images and tokens into
+`inputs_embeds` (or, for a model whose prefill encodes its audio itself, the engine's `audio_encoder` and projector
+with hfexport's `embed`), the engine's `language_model` and `lm_head` run the prompt, its `decode` the rest (the
 components `hfexport.plan.vision_language` exports)."""
 
 from __future__ import annotations
@@ -18,19 +19,29 @@ from hfexport.models import model_class_for
 # inputs_embeds), then the engine's `language_model` (inputs_embeds -> hidden states + cache) and `lm_head` for the
 # prefill, and its `decode`.
 IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD = "image_encoder", "embed", "language_model", "lm_head"
+# the modalities an export may merge into its prompt (`<modality>_encoder`: hfexport's image encoder, or the engine's
+# encoder of a modality the model's prefill encodes itself), and the engine's projector of such an encoder's output
+MODALITIES, PROJECTOR = ("image", "audio"), "multi_modal_projector"
 LANGUAGE_MODEL_INPUTS = {"inputs_embeds", "attention_mask", "position_ids", CACHE}
 
 
+def modality_of(components: dict) -> str:
+    """The modality a multimodal export merges into its prompt: the one whose `<modality>_encoder` it has."""
+    return next((modality for modality in MODALITIES if f"{modality}_encoder" in components), "image")
+
+
 def is_vision_language(components: dict, decode: str) -> bool:
-    """Whether an export is a VLM's (it has `embed` or `language_model`); refuses one that lacks a component."""
+    """Whether an export is a multimodal one (it has `embed` or `language_model`); refuses one that lacks a
+    component."""
     if EMBED not in components and LANGUAGE_MODEL not in components:
         return False
-    missing = [name for name in (IMAGE_ENCODER, EMBED, LANGUAGE_MODEL, LM_HEAD, decode) if name not in components]
+    encoder = f"{modality_of(components)}_encoder"
+    missing = [name for name in (encoder, EMBED, LANGUAGE_MODEL, LM_HEAD, decode) if name not in components]
     if missing:
         raise GenerationError(
-            f"a vision-language generation export needs `image_encoder`, `embed`, `language_model`, `lm_head` and "
+            f"a multimodal generation export needs `{encoder}`, `embed`, `language_model`, `lm_head` and "
             f"`decode`; this one lacks {missing} (has {list(components)}): re-export it with hfexport, whose "
-            "mode `generation` exports the image encoder and the embedding merge beside the engine's components")
+            "mode `generation` exports the encoder and the embedding merge beside the engine's components")
     return True
 
 
@@ -38,10 +49,19 @@ class VisionLanguageSession(GenerationSession):
     """A VLM's generation: the prefill is `language_model` on the prompt's embeddings, then `lm_head`."""
 
     def __init__(self, exported, layout, batch: int, inputs_embeds: torch.Tensor,
-                 positions: torch.Tensor | None = None):
+                 positions: torch.Tensor | None = None, carried: dict | None = None):
         self.inputs_embeds = inputs_embeds  # the prompt's embeddings, image features merged in (the prefill's input)
         self.positions = positions  # the prompt's multi-axis rope positions (`rope_positions`), or None
+        # the prompt's inputs, which `model.generate` carries unchanged into every decode step (its model kwargs)
+        self.carried = carried or {}
         super().__init__(exported, layout, batch)
+
+    def _feed(self, name: str, traced: dict, device, input_ids, attention_mask, positions) -> dict:
+        kwargs = super()._feed(name, traced, device, input_ids, attention_mask, positions)
+        if name != PREFILL:
+            kwargs.update({key: torch.as_tensor(value).to(device) for key, value in self.carried.items()
+                           if key in traced and value is not None and key not in kwargs})
+        return kwargs
 
     def prompt_positions(self, attention_mask: torch.Tensor) -> torch.Tensor:
         return super().prompt_positions(attention_mask) if self.positions is None else self.positions
@@ -58,11 +78,16 @@ class VisionLanguageSession(GenerationSession):
 
 
 def image_input_names(exported) -> list[str]:
-    """The inputs a VLM export's `image_encoder` takes from the caller (`pixel_values`, ...; not those the engine's
-    input preparers compute from them, `hfexport.preparers`); none for other exports."""
+    """The inputs a multimodal export's encoder takes from the caller: the processor's images (`pixel_values`, ...;
+    not those the engine's input preparers compute from them, `hfexport.preparers`) for hfexport's `image_encoder`,
+    the parameters of the model's `get_<modality>_features` for an encoder of the engine's (`encoder_features`);
+    none for other exports."""
     components = getattr(exported, "components", {})
     if IMAGE_ENCODER not in components:
-        return []
+        modality = modality_of(components)
+        if f"{modality}_encoder" not in components or EMBED not in components:
+            return []
+        return preparers.encoder_input_names(_meta_model(exported), modality)
     added = set(getattr(exported, "input_preparers", {}).get(IMAGE_ENCODER, {}).get("added", ()))
     return [name for name in components[IMAGE_ENCODER].metadata.kwargs if name not in added]
 
@@ -71,7 +96,13 @@ def image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.
     """A VLM prompt's `inputs_embeds`: the `image_encoder` on each prompt's images in turn (it is traced on one
     prompt's images, see `hfexport.plan.vision_language.image_stages`), their features concatenated in order, then
     `embed`, which scatters them into the token embeddings at the image tokens. Both are exported graphs: no torch
-    model runs."""
+    model runs. An export whose encoder is the engine's (audio) runs `encoder_features` instead."""
+    if IMAGE_ENCODER not in exported.components:
+        modality = modality_of(exported.components)
+        features = encoder_features(exported, modality, images)
+        embed = exported.runners[EMBED]
+        return _only_tensor(embed(input_ids=input_ids.to(embed.device),
+                                  **{f"{modality}_features": features.to(embed.device)})).cpu()
     names = image_input_names(exported)
     missing = [name for name in names if name not in images]
     if missing:
@@ -112,19 +143,81 @@ def takes_rope_positions(exported) -> bool:
     return len(traced.get("shape") or ()) == 3
 
 
-_POSITION_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_META_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _position_model(exported):
+def _meta_model(exported):
     """The export's model class on the meta device (no weights; a 7B Qwen2-VL builds in ~0.1 s), for its own
-    position methods; one per export."""
-    model = _POSITION_MODELS.get(exported)
+    position methods and the arithmetic before its encoders; one per export."""
+    model = _META_MODELS.get(exported)
     if model is None:
         config = exported.config
         with torch.device("meta"):
             model = model_class_for(config)._from_config(config)
-        _POSITION_MODELS[exported] = model
+        _META_MODELS[exported] = model
     return model
+
+
+def encoder_inputs(exported, modality: str, inputs: dict) -> dict:
+    """The kwargs the model's `get_<modality>_features` gives its encoder for `inputs` (the processor's), computed by
+    the model's own code on its meta twin (`hfexport.preparers.encoder_call`: no weights needed)."""
+    model = _meta_model(exported)
+    given = {name: torch.as_tensor(value) for name, value in inputs.items() if value is not None}
+    try:
+        return preparers.encoder_call(model, modality, given)
+    except Exception as error:  # noqa: BLE001 - the model's own message, one line
+        raise GenerationError(f"{type(model).__name__}.get_{modality}_features could not take {sorted(given)}: "
+                              f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+
+
+def encoder_features(exported, modality: str, inputs: dict) -> torch.Tensor:
+    """The prompt's `modality` features, `[tokens, hidden]`, from an export whose `<modality>_encoder` is the model's
+    own encoder (a model whose prefill encodes that modality itself: Qwen3-ASR, the Qwen2.5-Omni thinker), traced on
+    one clip (`hfexport.plan.vision_language.encoder_embed_stages`): per clip, the encoder's inputs as the model
+    computes them (`encoder_inputs`), what the engine's input preparers computed from them at export computed again
+    (`hfexport.preparers`), the encoder; then the engine's projector where it has one."""
+    name, names = f"{modality}_encoder", image_input_names(exported)
+    inputs = {key: torch.as_tensor(inputs[key]) for key in names if inputs.get(key) is not None}
+    missing = [parameter for parameter in names[:1] if parameter not in inputs]
+    if missing:
+        raise GenerationError(f"this export generates from {modality}: pass {missing} (the processor's outputs) "
+                              f"with the prompts; it got {sorted(inputs) or 'none'}")
+    counts = {int(value.shape[0]) for value in inputs.values()}
+    if len(counts) != 1:
+        raise GenerationError(f"the {modality} inputs differ in their first axis (one row per clip): "
+                              f"{', '.join(f'{k}: {list(v.shape)}' for k, v in inputs.items())}")
+    encoder = exported.runners[name]
+    recorded = getattr(exported, "input_preparers", {}).get(name)
+    module = type(_meta_model(exported).get_encoder(modality=modality)).__module__
+    traced = encoder.metadata.kwargs
+    features = []
+    for row in range(counts.pop()):
+        kwargs = encoder_inputs(exported, modality, {key: value[row : row + 1] for key, value in inputs.items()})
+        if recorded:  # what the engine's input preparers computed at export, computed from this clip
+            kwargs = preparers.prepare(recorded, kwargs, module=module)
+        _check_windows(name, traced, kwargs)
+        features.append(_first_tensor(encoder(**as_traced(encoder, {
+            key: value.to(encoder.device) if isinstance(value, torch.Tensor) else value
+            for key, value in kwargs.items() if key in traced}))).cpu())
+    features = torch.cat(features)
+    if PROJECTOR in exported.components:
+        projector = exported.runners[PROJECTOR]
+        (argument,) = projector.metadata.kwargs
+        features = _first_tensor(projector(**{argument: features.to(projector.device)})).cpu()
+    return features.reshape(-1, features.shape[-1])
+
+
+def _check_windows(component: str, traced: dict, kwargs: dict) -> None:
+    """Refuse a clip whose attention windows (`cu_seqlens`, from the engine's input preparers) are not as many as the
+    traced clip's: the windowed attention splits its frames with `.tolist()`, which the trace does not keep (traced on
+    a clip of two windows, the ONNX encoder attended across them: docs/generation.md), so the exported encoder
+    computes the traced number of windows only, and silently wrong for another."""
+    windows = kwargs.get("cu_seqlens")
+    shape = (traced.get("cu_seqlens") or {}).get("shape")
+    if isinstance(windows, torch.Tensor) and shape and windows.shape[0] != shape[0]:
+        raise GenerationError(f"this export's {component} was traced on a clip of {shape[0] - 1} attention "
+                              f"window(s) and computes that many only; this clip has {windows.shape[0] - 1} "
+                              f"(cu_seqlens {windows.tolist()}): pass clips the length of the recipe's samples")
 
 
 def rope_input_names(exported) -> list[str]:
@@ -133,7 +226,7 @@ def rope_input_names(exported) -> list[str]:
     ...); none for other exports."""
     if not takes_rope_positions(exported):
         return []
-    model = _position_model(exported)
+    model = _meta_model(exported)
     holder = model if hasattr(model, "get_rope_index") else getattr(model, "base_model", None)
     if not hasattr(holder, "get_rope_index"):
         return []
@@ -147,7 +240,7 @@ def rope_positions(exported, input_ids: torch.Tensor, attention_mask: torch.Tens
     `_prepare_position_ids_for_generation` (Qwen2-VL-class: the text positions and `get_rope_index` over the image
     grids, `mm_token_type_ids`...), run on the model's class without weights. The decode continues them by one per
     step (`hfexport.generate.loop`), as generate's `_update_model_kwargs_for_generation` does."""
-    model = _position_model(exported)
+    model = _meta_model(exported)
     kwargs = {"attention_mask": attention_mask, **{name: torch.as_tensor(value) for name, value in
                                                    prompt_inputs.items() if value is not None}}
     try:
@@ -169,6 +262,16 @@ def _lm_head_logits(exported, hidden_states: torch.Tensor) -> torch.Tensor:
     runner = exported.runners[LM_HEAD]
     (name,) = runner.metadata.kwargs
     return _only_tensor(runner(**{name: hidden_states.to(runner.device)}))
+
+
+def _first_tensor(outputs) -> torch.Tensor:
+    """A component's first output tensor (an encoder's `last_hidden_state`)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    values = list(outputs.values()) if hasattr(outputs, "values") else list(outputs)
+    if not values or not isinstance(values[0], torch.Tensor):
+        raise GenerationError(f"expected an output tensor, got {type(outputs).__name__}")
+    return values[0]
 
 
 def _only_tensor(outputs) -> torch.Tensor:

@@ -40,6 +40,9 @@ class Plan:
     # hfexport's own components, which the engine's decompose_for_generation misses (transformers 5.23):
     # {name: (module, the kwargs it is traced with)}, an encoder-decoder's `encoder` or a VLM's `image_encoder`, `embed`
     own_components: dict[str, tuple[Any, dict]] = field(default_factory=dict)
+    # those of hfexport's own components that the engine's split also holds, traced again on other kwargs (an audio
+    # encoder on one clip: `hfexport.plan.vision_language.encoder_embed_stages`); the engine still needs their config
+    retraced: tuple[str, ...] = ()
     trace_inputs: dict | None = None  # generate kwargs the engine traces with, when not `inputs` (seq2seq)
     # A state-space model whose prefill this format would trace at the sample's length only
     # (`hfexport.workarounds.transformers_models.prefill_by_decode`): no prefill is exported, generate runs the prompt through decode.

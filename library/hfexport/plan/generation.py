@@ -17,15 +17,20 @@ from hfexport.plan.shapes import (
 )
 from hfexport.plan.state_space import exports_decode_alone
 from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
-from hfexport.plan.vision_language import EMBED, IMAGE_ENCODER, image_features_capture, image_stages
+from hfexport.plan.vision_language import (
+    EMBED, IMAGE_ENCODER, batch_encoder_refusal, encoded_modality, encoder_embed_stages, image_features_capture,
+    image_stages, retraced_encoders,
+)
 from hfexport.recipe.data import Recipe, Target
 
 OWN_COMPONENTS = ("encoder", IMAGE_ENCODER, EMBED)  # exported by hfexport itself, not by export_for_generation
 
 
-def generation_stages(model, inputs: dict, generation_config=None, multi_token_decode: bool = False) -> dict:
+def generation_stages(model, inputs: dict, generation_config=None, multi_token_decode: bool = False,
+                      export_format: str | None = None) -> dict:
     """The engine's `decompose_for_generation`, plus a VLM's `image_encoder` and `embed` (plan.vision_language),
-    first."""
+    first, or the `embed` of a modality the engine's split encodes itself (audio: Qwen3-ASR, Qwen2.5-Omni).
+    `export_format`: the plan's, to refuse what that format's export of the engine's split cannot take."""
     from transformers.exporters.utils import decompose_for_generation
 
     with image_features_capture(model) as image_calls:
@@ -33,6 +38,13 @@ def generation_stages(model, inputs: dict, generation_config=None, multi_token_d
                                           multi_token_decode=multi_token_decode)
     if image_calls and IMAGE_ENCODER not in stages:
         stages = {**image_stages(model, inputs, image_calls[0], stages), **stages}
+    modality = encoded_modality(stages)
+    if modality is not None:
+        refusal = batch_encoder_refusal(model, stages[f"{modality}_encoder"], export_format) \
+            if export_format else None
+        if refusal:
+            raise PlanError(refusal)
+        stages = encoder_embed_stages(model, inputs, stages, modality)
     return stages
 
 
@@ -54,7 +66,8 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
         with encoder_capture(model if seq2seq else None) as encoder_calls, traced_cache_layout():
             stages = generation_stages(
                 model, seq2seq_trace_inputs(model, inputs) if seq2seq else dict(inputs),
-                generation_config=generation_config, multi_token_decode=multi_token_decode
+                generation_config=generation_config, multi_token_decode=multi_token_decode,
+                export_format=str(target.export_format),
             )
     except PlanError:
         raise
@@ -67,11 +80,11 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
         single_graph = multi_token_decode = False
         try:
             with traced_cache_layout():
-                stages = generation_stages(model, dict(inputs), generation_config=generation_config)
+                stages = generation_stages(model, dict(inputs), generation_config=generation_config,
+                                           export_format=str(target.export_format))
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
                             f"{error}") from None
-    _refuse_audio_prompts(model, target, stages, seq2seq)
     sizes = varying_sizes(stages)
     by_decode = exports_decode_alone(model, str(target.export_format), stages)
     if single_graph:
@@ -134,19 +147,9 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
     plan.prefill_by_decode, plan.single_graph = by_decode, single_graph
     # Without a prefill the decode is exported as hfexport's own (the engine's export_for_generation traces both).
     own = (*OWN_COMPONENTS, "decode") if by_decode or single_graph else OWN_COMPONENTS
-    plan.own_components = {name: stages[name] for name in own if name in stages}
+    plan.retraced = tuple(retraced_encoders(model, stages))
+    plan.own_components = {name: stages[name] for name in (*own, *plan.retraced) if name in stages}
     if "encoder" in stages:
         plan.trace_inputs = seq2seq_trace_inputs(model, inputs)
     return plan
 
-
-def _refuse_audio_prompts(model, target: Target, stages: dict, seq2seq: bool) -> None:
-    """A decoder-only model whose prompt the engine splits into an audio encoder and a language model that takes
-    `inputs_embeds` (Qwen3-ASR, the Qwen2.5-Omni thinker) is refused before export: `hfexport.generate` merges image
-    features into the prompt (`embed`), not audio features, so the export could not generate."""
-    audio = [name for name in stages if "audio" in name]
-    if audio and not seq2seq and IMAGE_ENCODER not in stages:
-        raise PlanError(f"targets.{target.name}: {type(model).__name__}'s generation splits into {', '.join(stages)}; "
-                        f"hfexport's generate merges image features into the prompt's embeddings (`image_encoder` + "
-                        f"`embed`), not the features of {', '.join(audio)}, so it cannot generate from this export "
-                        "(docs/generation.md)")

@@ -1,11 +1,13 @@
-"""Planning a vision-language model's generation: hfexport's `image_encoder` and `embed` beside the engine's
-`language_model`, `lm_head` and `decode` (the merge of image features the engine leaves to the caller)."""
+"""Planning a multimodal model's generation: hfexport's `image_encoder` and `embed` beside the engine's
+`language_model`, `lm_head` and `decode` (the merge of image features the engine leaves to the caller); for a model
+whose prefill encodes its audio itself, the engine's `audio_encoder` (and projector) and hfexport's `embed` of audio
+features."""
 
 from __future__ import annotations
 
 from hfexport.errors import PlanError
-from hfexport.plan.tracing import call_capture
-from hfexport.preparers import image_count, image_slice
+from hfexport.plan.tracing import call_capture, traced_inputs
+from hfexport.preparers import encoder_call, encoder_input_names, image_count, image_slice
 
 # transformers 5.23's `generate` encodes a VLM's images before the prefill (`_prepare_multimodal_encoder_kwargs_for_
 # generation` calls `base_model.get_image_features` and hands the prefill `mm_encoder_outputs` instead of
@@ -47,13 +49,48 @@ def image_features_capture(model):
     return call_capture(base, "get_image_features")
 
 
-def image_token_id(config) -> int | None:
-    """The placeholder token a VLM's processor repeats once per image feature."""
-    for name in ("image_token_id", "image_token_index"):
+def modality_token_id(config, modality: str) -> int | None:
+    """The placeholder token a multimodal processor repeats once per feature of `modality` ("image", "audio"): the
+    config's `<modality>_token_id` (or `_token_index`)."""
+    for name in (f"{modality}_token_id", f"{modality}_token_index"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
     return None
+
+
+def image_token_id(config) -> int | None:
+    """The placeholder token a VLM's processor repeats once per image feature."""
+    return modality_token_id(config, "image")
+
+
+def embed_module(model, modality: str):
+    """hfexport's `embed` component for `modality` ("image", "audio"): the token embeddings with that modality's
+    features scattered in at its placeholder tokens (the model's `masked_scatter`), `[batch, seq, hidden]`, the
+    `inputs_embeds` the language model's prefill takes. Its features input is named for the modality
+    (`image_features`, `audio_features`), as `hfexport.generate` feeds it."""
+    import torch
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = model.get_input_embeddings()
+            self.token_id = modality_token_id(model.config, modality)
+
+        def merge(self, input_ids, features):
+            embeds = self.embed_tokens(input_ids)
+            mask = (input_ids == self.token_id).unsqueeze(-1)
+            return embeds.masked_scatter(mask, features.to(embeds.dtype))
+
+    class ImageEmbed(Embed):
+        def forward(self, input_ids, image_features):
+            return self.merge(input_ids, image_features)
+
+    class AudioEmbed(Embed):
+        def forward(self, input_ids, audio_features):
+            return self.merge(input_ids, audio_features)
+
+    return {"image": ImageEmbed, "audio": AudioEmbed}[modality]().eval()
 
 
 def _image_modules(model, fixed: dict):
@@ -79,21 +116,7 @@ def _image_modules(model, fixed: dict):
                 features = torch.cat(list(features), dim=0)
             return features.reshape(-1, features.shape[-1])
 
-    class Embed(torch.nn.Module):
-        """Token embeddings with the image features scattered in at the image-token positions (the model's
-        `masked_scatter`), `[batch, seq, hidden]`: the `inputs_embeds` the language model's prefill takes."""
-
-        def __init__(self):
-            super().__init__()
-            self.embed_tokens = model.get_input_embeddings()
-            self.image_token_id = image_token_id(model.config)
-
-        def forward(self, input_ids, image_features):
-            embeds = self.embed_tokens(input_ids)
-            mask = (input_ids == self.image_token_id).unsqueeze(-1)
-            return embeds.masked_scatter(mask, image_features.to(embeds.dtype))
-
-    return ImageEncoder().eval(), Embed().eval()
+    return ImageEncoder().eval(), embed_module(model, "image")
 
 
 def image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
@@ -126,3 +149,115 @@ def image_stages(model, inputs: dict, call: dict, stages: dict) -> dict:
                         "merge")
     first = {key: value.clone() for key, value in image_slice(images, 0, 1).items()}
     return {IMAGE_ENCODER: (encoder, first), EMBED: (embed, {"input_ids": inputs["input_ids"], "image_features": features})}
+
+
+# A model whose prefill encodes a modality itself (transformers 5.23's `generate` encodes images before the prefill,
+# not audio: Qwen3-ASR, the Qwen2.5-Omni thinker) is split by the engine into `<modality>_encoder` (the encoder's
+# module on the kwargs the model's forward gave it), a `multi_modal_projector` where the forward runs one on the
+# encoder's output, and a language model taking `inputs_embeds`. hfexport adds the merge, `embed`, as for images.
+MODALITIES = ("image", "audio")
+PROJECTOR = "multi_modal_projector"
+# Formats whose export of the engine's batch capture of such an encoder stops (`batch_encoder_refusal`): ExecuTorch
+# 1.5.1 on an encoder that selects its valid frames with `nonzero` over several attention windows (Qwen3-ASR).
+BATCH_ENCODER_STOPS = ("executorch",)
+
+
+def first_output(outputs):
+    """A component's first output tensor (an encoder's `last_hidden_state`, or the tensor itself)."""
+    import torch
+
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    values = list(outputs.values()) if hasattr(outputs, "values") else list(outputs)
+    return values[0]
+
+
+def encoded_modality(stages: dict) -> str | None:
+    """The modality whose encoder the engine's split holds beside a language model, without hfexport's `embed`."""
+    if EMBED in stages or "language_model" not in stages:
+        return None
+    return next((modality for modality in MODALITIES if f"{modality}_encoder" in stages), None)
+
+
+def encoder_embed_stages(model, inputs: dict, stages: dict, modality: str) -> dict:
+    """`stages` with the `<modality>_encoder` traced on one clip and hfexport's `embed` of `modality`'s features.
+
+    The engine captured the encoder on the whole batch's clips, and its graph is specialized on their layout (an
+    audio encoder's attention splits its frames by `cu_seqlens` with `.tolist()`: the number of windows is a
+    constant of the graph), so hfexport traces it again on the first clip, with the kwargs the model's own
+    `get_<modality>_features` gives it for that clip (`hfexport.preparers.encoder_call`), and `generate` runs it once
+    per clip, as it runs an image encoder once per prompt. The merge is checked here against the `inputs_embeds` the
+    engine captured for the language model (every clip's features, through the engine's projector where it has one),
+    so a model that builds them differently is refused at plan time, not exported wrong."""
+    import torch
+
+    if "input_ids" not in inputs or modality_token_id(model.config, modality) is None:
+        raise PlanError(f"{type(model).__name__}: a model that merges {modality} features into its prompt needs "
+                        f"input_ids and a {modality} token id (config.{modality}_token_id) to generate")
+    media = {name: inputs[name] for name in encoder_input_names(model, modality)
+             if isinstance(inputs.get(name), torch.Tensor)}
+    counts = {int(value.shape[0]) for value in media.values()}
+    if len(counts) != 1:
+        raise PlanError(f"{type(model).__name__}: the {modality} inputs {sorted(media)} do not share a first axis "
+                        f"({', '.join(f'{k}: {list(v.shape)}' for k, v in media.items())}); hfexport's "
+                        f"{modality} encoder runs one clip at a time")
+    encoder = model.get_encoder(modality=modality)
+    with torch.no_grad():
+        calls = [encoder_call(model, modality, {name: value[row : row + 1] for name, value in media.items()})
+                 for row in range(counts.pop())]
+        features = torch.cat([first_output(encoder(**call)) for call in calls])
+        if PROJECTOR in stages:
+            features = first_output(stages[PROJECTOR][0](features))
+        features = features.reshape(-1, features.shape[-1])
+        embed = embed_module(model, modality)
+        merged = embed(inputs["input_ids"], features)
+    expected = stages["language_model"][1].get("inputs_embeds")
+    if expected is None or expected.shape != merged.shape or not torch.allclose(expected, merged, atol=1e-5):
+        raise PlanError(f"{type(model).__name__}: the language model's inputs_embeds are not the token embeddings "
+                        f"with the {modality} encoder's features"
+                        f"{' (through ' + PROJECTOR + ')' if PROJECTOR in stages else ''} at the {modality} tokens; "
+                        f"hfexport cannot export this model's {modality} merge")
+    _refuse_split_windows(model, encoder, modality, calls[0])
+    return {**stages, f"{modality}_encoder": (encoder, calls[0]),
+            EMBED: (embed, {"input_ids": inputs["input_ids"], f"{modality}_features": features})}
+
+
+def _refuse_split_windows(model, encoder, modality: str, call: dict) -> None:
+    """Refuse a clip that the encoder's windowed attention splits into several windows (`cu_seqlens`, from the
+    engine's input preparers): it splits the frames with `.tolist()`, which the trace does not keep."""
+    windows = traced_inputs(encoder, dict(call)).get("cu_seqlens")
+    if windows is not None and windows.dim() == 1 and windows.shape[0] > 2:
+        raise PlanError(f"{type(model).__name__}: its {modality} encoder ({type(encoder).__name__}) splits the "
+                        f"recipe's first clip into {windows.shape[0] - 1} attention windows (cu_seqlens "
+                        f"{windows.tolist()}) with `.tolist()`, which the trace does not keep: traced on such a clip, "
+                        "the ONNX encoder attended across the windows (max_abs 0.0176 vs eager) and the torch.export "
+                        "one failed its own runtime assertion (\"u1 >= 1\"), measured with transformers 5.23 and "
+                        "torch 2.13; give sample clips of one window each (docs/generation.md)")
+
+
+def batch_encoder_refusal(model, stage: tuple, export_format: str) -> str | None:
+    """Why the engine's own export of an encoder hfexport retraces cannot be made on `export_format` (the upstream
+    message, quoted), or None. The engine exports its capture on the whole batch too (`export_for_generation` takes
+    a config per component it finds); measured with ExecuTorch 1.5.1 on Qwen3-ASR's encoder, which selects its valid
+    frames with `nonzero` itself (the preparer does not compute `valid_indices` for it): over several attention
+    windows that export stops. Qwen2.5-Omni's, whose valid frames the preparer computes, exports."""
+    if str(export_format) not in BATCH_ENCODER_STOPS:
+        return None
+    encoder, captured = stage
+    prepared = traced_inputs(encoder, dict(captured))
+    windows = prepared.get("cu_seqlens")
+    if windows is None or windows.dim() != 1 or windows.shape[0] <= 2 or "valid_indices" in prepared:
+        return None
+    return (f"{type(model).__name__}: the engine exports its own {type(encoder).__name__} on the whole batch's "
+            f"clips ({windows.shape[0] - 1} attention windows) beside hfexport's one-clip encoder, and ExecuTorch "
+            "1.5.1 stops there (\"RuntimeError: Cannot evaluate a finite upper bound for symbolic expression\", the "
+            "encoder's own `nonzero` over the windows); export it to dynamo, onnx or openvino")
+
+
+def retraced_encoders(model, stages: dict) -> list[str]:
+    """The components hfexport traces again beside the engine's twin of the same name (`encoder_embed_stages`): a
+    modality encoder of the model's own whose features hfexport's `embed` merges."""
+    if EMBED not in stages:
+        return []
+    return [f"{modality}_encoder" for modality in MODALITIES if f"{modality}_encoder" in stages
+            and stages[f"{modality}_encoder"][0] is model.get_encoder(modality=modality)]

@@ -604,6 +604,9 @@ def build_llava_next(folder: Path) -> None:
 
 ASR_MEL_BINS = 16
 ASR_N_WINDOW = 50  # mel frames per half chunk: the feature extractor pads to whole chunks of 100 frames (1 s)
+# mel frames per attention window, as the published Qwen3-ASR's (8 s): a clip of more than one window is split with
+# `.tolist()`, which the trace does not keep (hfexport.plan.vision_language refuses it), so clips fit one window
+ASR_N_WINDOW_INFER = 16 * ASR_N_WINDOW
 
 
 def build_qwen3_asr(folder: Path) -> None:
@@ -626,7 +629,7 @@ def build_qwen3_asr(folder: Path) -> None:
     config = Qwen3ASRConfig(
         audio_config={"model_type": "qwen3_asr_encoder", "num_mel_bins": ASR_MEL_BINS, "encoder_layers": 1,
                       "encoder_attention_heads": 4, "encoder_ffn_dim": 64, "d_model": 32, "n_window": ASR_N_WINDOW,
-                      "output_dim": 64, "n_window_infer": 2 * ASR_N_WINDOW, "downsample_hidden_size": 8},
+                      "output_dim": 64, "n_window_infer": ASR_N_WINDOW_INFER, "downsample_hidden_size": 8},
         text_config={"model_type": "qwen3", "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                      "max_position_embeddings": 512, "tie_word_embeddings": False, **ids},
@@ -1000,14 +1003,15 @@ MODELS: dict[str, TinyModel] = {
                   DECODER_MODES, build_qwen3_asr,
                   "The `input_features` + `input_features_mask` family: transformers 5.23's Qwen3-ASR export input "
                   "preparer computes the encoder's windowed-attention `cu_seqlens` and `max_seqlen` from the mask "
-                  "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames). "
+                  "before tracing (the report's `prepared_inputs`). 1.5 s clips, padded to 2 s (200 mel frames), each one "
+                  "attention window (8 s, as the published model's). "
                   "Forward: `Qwen3ASRModel.forward` calls `get_audio_features` without its kwargs, so the "
                   "`cu_seqlens` the preparer adds to the model's inputs never reach the encoder, which computes them "
                   "itself and stops torch.export (GuardOnDataDependentSymNode): refused at plan time. Generation: "
-                  "the engine splits it into `audio_encoder` (the preparer's `cu_seqlens` one more input), "
-                  "`multi_modal_projector`, `language_model`, `lm_head` and `decode`, and hfexport's generate merges "
-                  "image features into a prompt, not audio features: refused at plan time (the `.pt2` audio encoder "
-                  "also failed its own runtime assertion `u1 >= 1` on the sample clips; docs/generation.md)."),
+                  "the engine splits it into `audio_encoder`, `multi_modal_projector`, `language_model`, `lm_head` "
+                  "and `decode`; hfexport traces the audio encoder again on one clip (the preparer's `cu_seqlens` "
+                  "one more input) and merges the projected features at the audio tokens (`embed`), and its "
+                  "generate computes each clip's encoder inputs with the model's own code (docs/generation.md)."),
         TinyModel("tiny-llava-next", "LLaVA-NeXT", "LlavaNextForConditionalGeneration", "image-text-to-text",
                   DECODER_MODES, build_llava_next,
                   "The `image_sizes` family: transformers 5.23's `image_sizes` export input preparer turns the "
@@ -1068,9 +1072,11 @@ MODELS: dict[str, TinyModel] = {
                   "image-text-to-text table); the recipe's samples are audio clips with prompts. Forward: the thinker "
                   "computes `feature_lens` from the mask inside its forward, so the preparer never fires and "
                   "torch.export stopped at the mask (GuardOnDataDependentSymNode): refused at plan time. "
-                  "Generation: the engine "
-                  "splits it into `audio_encoder`, `language_model`, `lm_head` and `decode`, and hfexport's generate "
-                  "merges image features into a prompt, not audio features: refused at plan time."),
+                  "Generation: the engine splits it into `audio_encoder`, `language_model`, `lm_head` and `decode`; "
+                  "hfexport traces the audio encoder again on one 1 s clip (one attention window), the preparer's "
+                  "inputs computed from the `feature_lens` the model's `get_audio_features` gives it, and merges its "
+                  "features at the audio tokens (`embed`); the language model and decode take 4-axis rope positions "
+                  "(`get_rope_index` over the audio lengths), as Qwen2-VL's (docs/generation.md)."),
     )
 }
 

@@ -152,6 +152,8 @@ def _with_full_mask(runner, inputs: dict) -> dict:
     import torch
 
     ids = inputs.get("input_ids")
+    if ids is None and inputs.get("inputs_embeds") is not None:  # a multimodal language model: its prompt's rows
+        ids = inputs["inputs_embeds"][..., 0]
     traced = runner.metadata.kwargs.get("attention_mask")
     if traced is None or traced.get("container") == "NoneType" or inputs.get("attention_mask") is not None or ids is None:
         return inputs  # (a graph traced with attention_mask=None, Mamba's decode, takes no mask)
