@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import CorruptExportError
+from hfexport.errors import CorruptExportError, HfExportError
 
 FILE = "input_preparers.json"
 # The module attributes transformers 5.23's preparers read (`transformers/exporters/utils.py`): `grid_thw`:
@@ -154,7 +154,7 @@ def repack_images(before: dict, after: dict) -> dict:
     return {**after, **{name: torch.cat([chunk[name] for chunk in picked]) for name in packed}}
 
 
-class _EncoderCalled(Exception):
+class _EncoderCalled(HfExportError):
     """Raised by the hook on a model's encoder: the kwargs the model's own code called it with."""
 
     def __init__(self, kwargs: dict):
