@@ -161,3 +161,35 @@ def test_variants_are_part_of_the_target_as_the_recipe_copy_keeps_it(tiny_llama)
     other = copy.deepcopy(recipe.data)
     other["targets"]["onnx-generation"]["variants"] = ["q8"]
     assert load_recipe(other).target_hash("onnx-generation") != recipe.target_hash("onnx-generation")
+
+
+def test_a_head_tied_to_the_embedding_is_4_bit_too(tmp_path):
+    """A tied head reaches its MatMul through a Transpose of the embedding's weight, which ONNX Runtime's quantizer
+    does not take for a constant: q4 gives it its own transposed copy, so it is a MatMulNBits (on SmolLM2 the float32
+    head was the largest weight a decode step read: benchmarks/variant_speed.py) and the embedding's Gather stays."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hfexport.formats.onnx.variants import write
+    from hfexport.quantization.variants import settings
+
+    embedding = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["embed.weight", "input_ids"], ["hidden"]),
+         helper.make_node("Transpose", ["embed.weight"], ["head"], perm=[1, 0]),
+         helper.make_node("MatMul", ["hidden", "head"], ["logits"])],
+        "tied", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence", 64])],
+        [numpy_helper.from_array(embedding, "embed.weight")])
+    folder = tmp_path / "f32"
+    folder.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
+    write(folder, settings("q4"), tmp_path / "q4")
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "q4" / "model.onnx")).graph.node]
+    assert ops == ["Gather", "MatMulNBits"]
+    ids = np.arange(64, dtype=np.int64)[None]
+    logits = {name: onnxruntime.InferenceSession(str(tmp_path / name / "model.onnx")).run(
+        None, {"input_ids": ids})[0] for name in ("f32", "q4")}
+    assert (logits["q4"].argmax(-1) == logits["f32"].argmax(-1)).mean() > 0.9  # the tied head's own diagonal

@@ -2,7 +2,9 @@
 
 - `q4`: ONNX Runtime's `MatMulNBitsQuantizer` (every MatMul with a constant weight becomes a `MatMulNBits` of 4-bit
   blocks; the embedding Gather and the ops it does not handle stay float32), blocks of 32, symmetric, as
-  transformers.js' scripts/quantize.py makes `model_q4.onnx`; `q4f16`: that graph converted to float16.
+  transformers.js' scripts/quantize.py makes `model_q4.onnx`; `q4f16`: that graph converted to float16. A head tied
+  to the embedding reaches its MatMul through a `Transpose` of the embedding's weight, which the quantizer does not
+  take for a constant: it is given its own transposed copy first (`untied_head`), so the head is 4-bit too.
 - `q8`: `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly` and `EnableSubgraph`,
   the weight type by transformers.js' rule (`uint8_ops`: uint8 where the graph has Conv, GroupQueryAttention or
   MultiHeadAttention, whose int8 kernels the WebAssembly backend lacks; int8 otherwise).
@@ -54,10 +56,45 @@ def write(folder: Path, variant: dict, stage: Path) -> None:
 def _four_bit(source: Path, output: Path, variant: dict) -> Path:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    source = untied_head(source, output.with_name("untied.onnx"))
     quantizer = MatMulNBitsQuantizer(str(source), block_size=variant["block_size"], is_symmetric=variant["symmetric"],
                                      accuracy_level=variant["accuracy_level"])
     quantizer.process()
     quantizer.model.save_model_to_file(str(output), use_external_data_format=True)
+    return output
+
+
+def untied_head(source: Path, output: Path) -> Path:
+    """`source` with each MatMul whose weight is a `Transpose` of an initializer (a head tied to the embedding) reading
+    its own transposed copy instead, saved as `output` (+ `.data`); `source` itself where there is none. Without it
+    the quantizer leaves that MatMul float32: on SmolLM2 the head is the largest weight a decode step reads (measured,
+    benchmarks/variant_speed.py)."""
+    import onnx_ir
+
+    model = onnx_ir.load(str(source))
+    untied = 0
+    for node in list(model.graph):
+        weight = node.inputs[1] if node.op_type == "MatMul" and len(node.inputs) == 2 else None
+        transpose = weight.producer() if weight is not None else None
+        if transpose is None or transpose.op_type != "Transpose":
+            continue
+        tied = transpose.inputs[0]
+        perm = transpose.attributes.get("perm")
+        if tied is None or tied.const_value is None or tied.shape is None or len(tied.shape) != 2 \
+                or (perm is not None and list(perm.as_ints()) != [1, 0]):
+            continue
+        copy = onnx_ir.Value(name=f"{tied.name}.transposed", type=tied.type,
+                             const_value=onnx_ir.tensor(tied.const_value.numpy().T.copy(),
+                                                        name=f"{tied.name}.transposed"))
+        copy.shape = onnx_ir.Shape(list(copy.const_value.shape))
+        model.graph.register_initializer(copy)
+        node.replace_input_with(1, copy)
+        if not transpose.outputs[0].uses():
+            model.graph.remove(transpose, safe=True)
+        untied += 1
+    if not untied:
+        return source
+    onnx_ir.save(model, str(output), external_data=output.name + ".data")
     return output
 
 

@@ -1,0 +1,374 @@
+"""SmolLM2-135M-Instruct (real weights): each hfexport variant beside the peer's own variant of the same bits, in the
+same runtime (issue 46's speed part): size on disk, perplexity ratio to float32, decode tokens/s and time to first
+token.
+
+Exports (`make`, once per FORMAT, cached under WORK/<format>/, a side made again only when its folder is missing):
+- hfexport: the format's plain generation target (`run_job`, no gate: the float32 export's parity is the runtime
+  benchmarks'), then each variant made from it by the format's own `write_variant` (what a job's variant gate does,
+  `hfexport.verify.variants`), each in a folder of its own that the runtimes open as the gate's runtimes do (the
+  variant's graph under the contract's name, every other file linked);
+- the peers, in their own venvs (`hfexport.testing.peers`): `openvino`: `optimum-cli export openvino --weight-format
+  int8|int4` (optimum-intel 1.27, its defaults but int4's `--group-size 64`: its default 128 fails on SmolLM2); `onnx`: onnxruntime-genai 0.18's model builder `-p int4 -e cpu`
+  (its own defaults; run from hfexport's venv, which has the torch, transformers and onnx_ir it imports, with the
+  genai venv's package on the path); `executorch`: `optimum-cli export executorch --recipe xnnpack --use_custom_sdpa
+  --use_custom_kv_cache --qlinear 8da4w --qembedding 8w` (optimum-executorch 1.1.0, as benchmarks/variant_quality.py).
+- quality: every side scored by `hfexport.verify.variants.quality` against hfexport's float32 export, on
+  benchmarks/variant_quality.py's TEXTS (the format's `next_token_scores` on each folder): the perplexity ratio to
+  float32 and the next-token agreement, the figures of the variant gate.
+
+Speed (`speed`): per format, the runtime that its peer's variant is made for, every side in a long-lived process of
+its own (`_process.alternate_workers`: the order reversed each round, ROUNDS rounds over GENERATIONS fresh sets of
+processes, SETTLE_S before each call), greedy, batch 1, chat prompts as token ids, exactly NEW_TOKENS new tokens
+where the runtime can force them, THREADS threads set explicitly on every side where the runtime takes a number:
+- `openvino`: OpenVINO GenAI's `LLMPipeline(folder, "CPU", INFERENCE_NUM_THREADS=THREADS)` (its default
+  PagedAttention backend and each export's own precision defaults: what a user gets); figures from GenAI's
+  `perf_metrics` (TTFT, decode throughput);
+- `onnx`: onnxruntime-genai (`og.Model` on a copy of each folder's `genai_config.json` with `intra_op_num_threads`
+  THREADS, the variant's graph named); TTFT = the prompt's pass and first token, tokens/s over the rest;
+- `executorch`: ExecuTorch's TextLLMRunner (benchmarks/llm_runtimes_executorch.py's worker: its thread pool is
+  XNNPACK's default, the cores, recorded); tokens/s over the tokens every side produced.
+A pair's ratio is hfexport's over the peer's per call (the calls neighbours in time), then the median; decode
+tokens/s > 1 and TTFT < 1 mean hfexport's variant is faster.
+
+Run: `flock /tmp/hfexport-heavy.lock env PYTHONPATH=library .venv/bin/python benchmarks/variant_speed.py` (FORMATS,
+default `openvino,onnx,executorch`; PHASES, default `make,speed`; ROUNDS 6; GENERATIONS 3; SETTLE_S 0.2;
+NEW_TOKENS 32; THREADS 2; WORK /tmp/hfexport-variant-speed; SMOLLM2_DIR) -> benchmarks/results/variant_speed.json (or
+OUT; formats measured earlier in that file are kept). The CPU and the load average before and after are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "library"))
+sys.path.insert(0, str(HERE))
+
+from _process import alternate_workers, load, machine  # noqa: E402 - the benchmarks' harness
+from llm_runtimes import _peer_model  # noqa: E402
+from variant_quality import TEXTS  # noqa: E402 - the quality measure's fixed texts
+
+FORMATS = [name for name in os.environ.get("FORMATS", "openvino,onnx,executorch").split(",") if name]
+PHASES = os.environ.get("PHASES", "make,speed").split(",")
+ROUNDS = int(os.environ.get("ROUNDS", "6"))
+GENERATIONS = min(int(os.environ.get("GENERATIONS", "3")), ROUNDS)
+SETTLE_S = float(os.environ.get("SETTLE_S", "0.2"))
+NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
+THREADS = int(os.environ.get("THREADS", "2"))
+WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-variant-speed"))
+SMOLLM2 = Path(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
+OUT = Path(os.environ.get("OUT", HERE / "results" / "variant_speed.json"))
+CHAT = ["Write a short story about a robot who learns to paint.", "Explain in detail how a bicycle works.",
+        "Describe the water cycle step by step.", "List ten fruits and describe each one."]
+
+#: per format: the float32 target, hfexport's sides (side name -> variant settings), the peers' sides (side name ->
+#: how to make it), the pairs compared (hfexport's side, the peer's side), the files that hold the program
+SIDES = {
+    "openvino": {"target": "openvino-generation",
+                 "hfexport": {"hfexport int8": {"name": "int8"}, "hfexport int4": {"name": "int4"}},
+                 "peers": {"optimum-intel int8": ("--weight-format", "int8"),
+                           # its default group size (128) fails on SmolLM2 (NNCF's InvalidGroupSizeError: 576 % 128);
+                           # 64 is what hfexport resolves for it, and what the error leaves a user to pick
+                           "optimum-intel int4": ("--weight-format", "int4", "--group-size", "64")},
+                 "pairs": [("hfexport int8", "optimum-intel int8"), ("hfexport int4", "optimum-intel int4")],
+                 "files": ("openvino_model.xml", "openvino_model.bin")},
+    "onnx": {"target": "onnx-generation",
+             "hfexport": {"hfexport q4": {"name": "q4"},
+                          "hfexport q4 accuracy_level 4": {"name": "q4", "accuracy_level": 4}},
+             "peers": {"onnxruntime-genai builder int4": ("-p", "int4", "-e", "cpu")},
+             "pairs": [("hfexport q4", "onnxruntime-genai builder int4"),
+                       ("hfexport q4 accuracy_level 4", "onnxruntime-genai builder int4")],
+             "files": ("model.onnx", "model.onnx_data", "model.onnx.data")},
+    "executorch": {"target": "executorch-generation",
+                   "hfexport": {"hfexport 8da4w": {"name": "8da4w"}},
+                   "peers": {"optimum-executorch 8da4w": ("--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear",
+                                                          "8da4w", "--qembedding", "8w")},
+                   "pairs": [("hfexport 8da4w", "optimum-executorch 8da4w")],
+                   "files": ("model.pte", "model.ptd")},
+}
+
+
+def slug(side: str) -> str:
+    return side.replace(" ", "-")
+
+
+def program_bytes(export_format: str, folder: Path) -> int:
+    """The bytes of the files that hold the program (graph and weights; links followed), tokenizers left out."""
+    return sum((folder / name).stat().st_size for name in SIDES[export_format]["files"] if (folder / name).exists())
+
+
+def make(export_format: str) -> dict:
+    """The float32 export, hfexport's variants and the peers' of `export_format` under WORK/<format>/ (each made
+    once), and each side's quality against the float32 export; the sides' folders, sizes and quality."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hfexport.formats.programs import format_program
+    from hfexport.job.run import run_job
+    from hfexport.plan import build_plan
+    from hfexport.quantization.variants import settings
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.testing.models import build_smollm2
+    from hfexport.verify.variants import quality, token_rows
+
+    spec, work = SIDES[export_format], WORK / export_format
+    checkpoint = build_smollm2(SMOLLM2)
+    name = spec["target"]
+    recipe = load_recipe({"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": TEXTS},
+                          "targets": {name: {"export_format": export_format, "mode": "generation"}}})
+    f32 = work / "f32" / name
+    timings = {}
+    if not (f32 / "export_report.json").is_file() and not (f32.parent / "export_report.json").is_file():
+        shutil.rmtree(f32.parent, ignore_errors=True)
+        started = time.perf_counter()
+        report = run_job(checkpoint, f32.parent, recipe=recipe, verify=False, latency=False)
+        assert report.targets[name].status == "ok", report.targets[name].error
+        timings["f32 export"] = round(time.perf_counter() - started, 1)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    rows = [row for row in token_rows(build_plan(recipe, name, model, None, tokenizer)) if len(row) > 1]
+    program = format_program(export_format)
+    reference = program.next_token_scores(f32, rows)
+    folders = {}
+    for side, item in spec["hfexport"].items():
+        folder = work / slug(side)
+        if not (folder / ".made").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            started = time.perf_counter()
+            resolved = program.write_variant(f32, settings(item), folder, model) or {}
+            (folder / ".made").write_text(json.dumps({**settings(item), **resolved}))
+            timings[side] = round(time.perf_counter() - started, 1)
+        folders[side] = folder
+    for side, options in spec["peers"].items():
+        folder = work / slug(side)
+        if not (folder / ".made").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            started = time.perf_counter()
+            make_peer(export_format, checkpoint, folder, options)
+            (folder / ".made").write_text(json.dumps(options))
+            timings[side] = round(time.perf_counter() - started, 1)
+        folders[side] = folder
+    f32_bytes = program_bytes(export_format, f32)
+    sides = {}
+    for side, folder in folders.items():
+        scores = quality(reference, program.next_token_scores(scoring_folder(export_format, folder, work), rows))
+        size = program_bytes(export_format, folder)
+        sides[side] = {"folder": str(folder), "bytes": size, "size_ratio_to_f32": round(size / f32_bytes, 4),
+                       "settings": json.loads((folder / ".made").read_text()), **scores}
+        print(side, json.dumps(sides[side]), file=sys.stderr, flush=True)
+    return {"f32": {"folder": str(f32), "bytes": f32_bytes}, "sides": sides, "make_seconds": timings,
+            "quality_texts": len(TEXTS)}
+
+
+def scoring_folder(export_format: str, folder: Path, work: Path) -> Path:
+    """`folder` as its format's `next_token_scores` takes it. The model builder's graph names its cache's head axis
+    (`kv_cache_dim`) where the contract's is a number: a copy of its graph with the genai_config's `head_size` there,
+    its weights hard-linked (the graph's computation untouched)."""
+    if export_format != "onnx" or not (folder / "model.onnx.data").is_file():
+        return folder
+    import onnx
+
+    copy = work / f".scoring-{folder.name}"
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir(parents=True)
+    os.link(folder / "model.onnx.data", copy / "model.onnx.data")  # ONNX Runtime refuses a link out of the folder
+    head_size = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    for value in graph.graph.input:
+        if value.name.startswith("past_key_values."):
+            value.type.tensor_type.shape.dim[3].dim_value = head_size
+    onnx.save(graph, str(copy / "model.onnx"))
+    return copy
+
+
+def make_peer(export_format: str, checkpoint: Path, folder: Path, options: tuple[str, ...]) -> None:
+    """The peer's own variant of `checkpoint` in `folder` (its tool, its venv, its defaults but `options`)."""
+    from hfexport.testing import peers
+
+    scratch = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    peer_model = _peer_model(checkpoint, WORK)
+    if export_format == "openvino":
+        command = [str(peers.peer_venv().parent / "optimum-cli"), "export", "openvino", "--model", str(peer_model),
+                   "--task", "text-generation-with-past", *options, str(scratch)]
+    elif export_format == "executorch":
+        command = [str(peers.optimum_executorch_venv().parent / "optimum-cli"), "export", "executorch", "--model",
+                   str(peer_model), "--task", "text-generation", "--recipe", "xnnpack", *options, "--max_seq_len",
+                   "2048", "--output_dir", str(scratch)]
+    else:  # onnxruntime-genai's model builder: its package from the genai venv, torch + transformers from hfexport's
+        site = next(Path(peers.genai_venv()).parent.parent.glob("lib/python*/site-packages"))
+        launcher = (f"import runpy, sys; sys.path.append({str(site)!r}); sys.argv[0] = 'builder'; "
+                    "runpy.run_module('onnxruntime_genai.models.builder', run_name='__main__')")
+        command = [sys.executable, "-c", launcher, "-m", "HuggingFaceTB/SmolLM2-135M-Instruct", "-i", str(checkpoint),
+                   "-o", str(scratch), *options, "-c", str(WORK / "genai-builder-cache")]
+    subprocess.run(command, check=True)
+    scratch.rename(folder)
+
+
+# OpenVINO GenAI: one LLMPipeline per process (folder, new tokens, threads); each stdin line a prompt (token ids)
+OPENVINO_WORKER = r"""
+import json, sys
+import numpy as np, openvino as ov, openvino_genai as g
+pipe = g.LLMPipeline(sys.argv[1], "CPU", INFERENCE_NUM_THREADS=int(sys.argv[3]))
+config = pipe.get_generation_config()
+config.max_new_tokens = config.min_new_tokens = int(sys.argv[2])
+config.do_sample = False
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    ids = np.asarray([json.loads(line)], dtype=np.int64)
+    result = pipe.generate(g.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config)
+    metrics = result.perf_metrics
+    print(json.dumps({"ttft_ms": metrics.get_ttft().mean, "tokens_per_s": metrics.get_throughput().mean,
+                      "tokens": [int(t) for t in result.tokens[0]]}), flush=True)
+"""
+# onnxruntime-genai: one og.Model per process (folder, new tokens); each stdin line a prompt (token ids)
+GENAI_WORKER = r"""
+import json, sys, time
+import numpy as np
+import onnxruntime_genai as og
+model, new = og.Model(sys.argv[1]), int(sys.argv[2])
+def run(prompt):
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + new, min_length=len(prompt) + new)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    generator.generate_next_token()
+    first = time.perf_counter()
+    while not generator.is_done():
+        generator.generate_next_token()
+    end = time.perf_counter()
+    tokens = [int(t) for t in generator.get_sequence(0)[len(prompt):]]
+    return {"ttft_ms": (first - start) * 1000, "tokens_per_s": (len(tokens) - 1) / (end - first), "tokens": tokens}
+run([1, 2, 3, 4])
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    print(json.dumps(run(json.loads(line))), flush=True)
+"""
+
+
+def genai_folder(folder: Path, stage: Path) -> Path:
+    """`folder` as onnxruntime-genai opens it with THREADS intra-op threads: its files linked, its genai_config.json
+    copied with `session_options.intra_op_num_threads` set."""
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    for item in folder.iterdir():
+        if item.name != "genai_config.json" and not item.name.startswith("."):
+            (stage / item.name).symlink_to(item.resolve())
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = THREADS
+    (stage / "genai_config.json").write_text(json.dumps(config, indent=2))
+    return stage
+
+
+def speed(export_format: str, made: dict) -> dict:
+    """Every side of `export_format` in its runtime, alternated; the medians and each pair's ratios."""
+    from transformers import AutoTokenizer
+
+    from hfexport.testing import peers
+
+    spec = SIDES[export_format]
+    folders = {side: Path(entry["folder"]) for side, entry in made["sides"].items()}
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=False) for text in CHAT]
+    ready: dict[str, dict] = {}
+    if export_format == "openvino":
+        python = str(peers.openvino_genai_venv())
+        commands = {side: [python, "-c", OPENVINO_WORKER, str(folder), str(NEW_TOKENS), str(THREADS)]
+                    for side, folder in folders.items()}
+        prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
+    elif export_format == "onnx":
+        python = str(peers.genai_venv())
+        commands = {side: [python, "-c", GENAI_WORKER, str(genai_folder(folder, WORK / "genai" / slug(side))),
+                           str(NEW_TOKENS)] for side, folder in folders.items()}
+        prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
+    else:
+        from llm_runtimes_executorch import WORKER
+
+        commands = {side: [sys.executable, "-c", WORKER, str(folder), str(SMOLLM2 / "tokenizer.json"),
+                           str(NEW_TOKENS)] for side, folder in folders.items()}
+        prompts, popen = texts, {"stderr": subprocess.DEVNULL}
+    load_before = load()
+    reference = spec["pairs"][0][1]
+    runs, _ = alternate_workers(commands, prompts, ROUNDS, reference=reference, keys=(), ready=ready,
+                                settle_s=SETTLE_S, generations=GENERATIONS,
+                                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}, **popen)
+    load_after = load()
+    if export_format == "executorch":  # tokens/s over the tokens every side produced (the runner may stop at EOS)
+        for calls in zip(*runs.values(), strict=True):
+            n = min(len(call["tokens"]) for call in calls)
+            for call in calls:
+                seconds = (call["token_ms"][n - 1] - call["token_ms"][0]) / 1000
+                call["tokens_per_s"], call["decode_tokens"] = (n - 1) / seconds if seconds > 0 else None, n - 1
+                del call["token_ms"]
+    pairs = {}
+    for ours, theirs in spec["pairs"]:
+        calls = list(zip(runs[ours], runs[theirs], strict=True))
+        ratios = {"tokens_per_s": [a["tokens_per_s"] / b["tokens_per_s"] for a, b in calls
+                                   if a["tokens_per_s"] and b["tokens_per_s"]],
+                  "ttft_ms": [a["ttft_ms"] / b["ttft_ms"] for a, b in calls if b["ttft_ms"]]}
+        by_generation = [{key: round(statistics.median(
+            value for value, (a, _) in zip(values, calls) if a["generation"] == generation), 3)
+            for key, values in ratios.items()} for generation in range(GENERATIONS)]
+        mine, peer = made["sides"][ours], made["sides"][theirs]
+        pairs[f"{ours} / {theirs}"] = {
+            "decode_tokens_per_s_ratio": round(statistics.median(ratios["tokens_per_s"]), 3),
+            "ttft_ratio": round(statistics.median(ratios["ttft_ms"]), 3),
+            "ratios_by_generation": by_generation,
+            "size_ratio": round(mine["bytes"] / peer["bytes"], 4),
+            "nll_ratio": [mine["nll_ratio"], peer["nll_ratio"]],
+            "top1_agreement": [mine["top1_agreement"], peer["top1_agreement"]],
+            "calls": len(calls),
+        }
+    return {
+        "runtime": {"openvino": "OpenVINO GenAI LLMPipeline (CPU, PagedAttention, INFERENCE_NUM_THREADS)",
+                    "onnx": "onnxruntime-genai og.Model (CPU, intra_op_num_threads)",
+                    "executorch": "ExecuTorch TextLLMRunner (XNNPACK, default thread pool)"}[export_format],
+        "threads": THREADS if export_format != "executorch" else {side: ready[side].get("threads") for side in ready},
+        "load_average_before": load_before, "load_average_after": load_after,
+        "median": {side: {"decode_tokens_per_s": round(statistics.median(call["tokens_per_s"] for call in calls
+                                                                          if call["tokens_per_s"]), 2),
+                          "ttft_ms": round(statistics.median(call["ttft_ms"] for call in calls), 2)}
+                   for side, calls in runs.items()},
+        "pairs": pairs,
+        "new_tokens": {side: calls[0]["tokens"] for side, calls in runs.items()},
+    }
+
+
+def main() -> dict:
+    result = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    result.update({"about": __doc__.split("\n\n")[0], "machine": machine(), "rounds": ROUNDS,
+                   "generations": GENERATIONS, "settle_s": SETTLE_S, "new_tokens": NEW_TOKENS, "prompts": len(CHAT)})
+    result.setdefault("formats", {})
+    for export_format in FORMATS:
+        made_file = WORK / export_format / "made.json"
+        if "make" in PHASES or not made_file.is_file():
+            made = make(export_format)
+            made_file.write_text(json.dumps(made, indent=2))
+        made = json.loads(made_file.read_text())
+        entry = {"sides": {side: {key: value for key, value in values.items() if key != "folder"}
+                           for side, values in made["sides"].items()},
+                 "f32_bytes": made["f32"]["bytes"], "make_seconds": made["make_seconds"]}
+        if "speed" in PHASES:
+            entry.update(speed(export_format, made))
+            entry["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        result["formats"][export_format] = {**result["formats"].get(export_format, {}), **entry}
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(result, indent=2) + "\n")
+        print(export_format, json.dumps(result["formats"][export_format].get("pairs"), indent=2), file=sys.stderr,
+              flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
