@@ -25,10 +25,12 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
+from hfexport.files import MANIFEST_FILE
 from hfexport.formats import format_traits
 from hfexport.models import on_empty_cache
 from hfexport.plan import generation_stages, image_token_id, traced_inputs
 from hfexport.progress import ProgressCallback, Step
+from hfexport.safety.artifacts import check_manifest_file
 from hfexport.machine import (
     cpu_info,
     has_runtime_precision,
@@ -93,9 +95,6 @@ class _Layout:
 
     def __init__(self, folder: Path):
         from transformers.exporters import ExportMetadata
-
-        from hfexport.files import MANIFEST_FILE
-        from hfexport.safety.artifacts import check_manifest_file
 
         manifest = check_manifest_file(folder / MANIFEST_FILE, f"{folder.name}/{MANIFEST_FILE}")
         self.runners = {name: SimpleNamespace(metadata=ExportMetadata.from_dict(entry["metadata"]))
