@@ -17,6 +17,11 @@ is a fresh process (`_process.run_measured`: its peak RSS from wait4):
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/stage_memory.py` (env ZOO default smollm2-135m, LAYERS default
 the config's, WORK; SKIP_EXPORT=1 redoes the writes only, on WORK's export) -> benchmarks/results/stage_memory_<ZOO>.json. Heavy: run it under
 `flock /tmp/hfexport-heavy.lock` on a shared machine.
+
+The job exported from its structure (issue 45: hfexport.job.structure, the gate releasing the model): DISTINCT=1
+moves every parameter by seeded noise (a trained model's checkpoint: a fresh init's constant norms send the job to
+the weights export), WRITES=0 leaves out the two weight writes, LIBRARY=<a tree's library/> exports with that tree
+(a before/after pair), LABEL names the result: `stage_memory_<ZOO>-<LAYERS>l-<LABEL>.json`.
 """
 
 from __future__ import annotations
@@ -90,9 +95,14 @@ def main() -> None:
     name = os.environ.get("ZOO", "smollm2-135m")
     layers = int(os.environ.get("LAYERS", ZOO[name].config["num_hidden_layers"]))
     work = Path(os.environ.get("WORK") or tempfile.mkdtemp(prefix="stage-memory-"))
-    out = ROOT / "benchmarks" / "results" / f"stage_memory_{name}.json"
+    label = os.environ.get("LABEL")
+    out = ROOT / "benchmarks" / "results" / (f"stage_memory_{name}-{layers}l-{label}.json" if label else
+                                             f"stage_memory_{name}.json")
     python = sys.executable
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "library")}
+    env = {**os.environ, "PYTHONPATH": os.environ.get("LIBRARY") or str(ROOT / "library")}
+    if os.environ.get("WRITES") == "0":
+        _export_only(name, layers, work, python, env, out)
+        return
     if os.environ.get("SKIP_EXPORT"):  # WORK's model and export, and the export's figures, from the last run
         shutil.rmtree(work / "pushed", ignore_errors=True)
         _perturbed(work / "model", work / "pushed")
@@ -117,6 +127,53 @@ def main() -> None:
         **machine_and_versions(),
     }
     _write(result, work, python, env, out)
+
+
+def _distinct(folder: Path) -> None:
+    """Every parameter of the checkpoint in `folder` moved by seeded noise, saved again in its own dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_((torch.randn(parameter.shape, generator=generator) * 0.05).to(parameter.dtype))
+    for file in folder.glob("*.safetensors"):
+        file.unlink()
+    model.save_pretrained(folder)
+
+
+def _export_only(name: str, layers: int, work: Path, python: str, env: dict, out: Path) -> None:
+    """The export (gate on, no latency, no rebind) of WORK's model (built, and made distinct with DISTINCT=1, when
+    WORK has none), measured; the result saved."""
+    from hfexport.job.preflight import weights_metadata
+    from hfexport.testing.zoo import build
+
+    model = work / "model"
+    if not (model / "config.json").is_file():
+        build(name, model, layers=layers)
+        if os.environ.get("DISTINCT") == "1":
+            _distinct(model)
+    weights, dtypes = weights_metadata(model)
+    shutil.rmtree(work / "out", ignore_errors=True)
+    export = run_measured([python, "-m", "hfexport", "export", str(model), "--target", "onnx-generation", "-o",
+                           str(work / "out"), "--json", "--no-latency", "--no-rebind", "--workers", "1"],
+                          work / "export.out", work / "export.err", env=env)
+    report = json.loads((work / "out" / "export_report.json").read_text())
+    target = report["targets"]["onnx-generation"]
+    result = {
+        "model": {"zoo": name, "layers": layers, "weights_bytes": weights, "dtypes": dtypes,
+                  "distinct": os.environ.get("DISTINCT") == "1", "library": env["PYTHONPATH"]},
+        "export": {**export, "status": target["status"], "error": target.get("error"),
+                   "job_memory": report.get("memory"), "target_memory": target.get("memory"),
+                   "peak_rss_mb_report": report.get("peak_rss_mb"), "timings": target.get("timings"),
+                   "job_timings": report.get("timings"), "runtimes": [
+                       {key: check.get(key) for key in ("runtime", "verdict")} for check in target.get("runtimes") or []]},
+        **machine_and_versions(),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["export"], indent=2))
 
 
 def _write(result: dict, work: Path, python: str, env: dict, out: Path) -> None:

@@ -104,3 +104,31 @@ def test_a_checkpoint_without_a_mapped_weight_is_refused(exported, tmp_path):
     with pytest.raises(RebindRefused, match="maps to model.layers.0.mlp.up_proj.weight, which the model lacks"):
         rebind_copy(source, tmp_path / "out", manifest, tensors=tensors.alias_parts(manifest["weight_map"]))
 
+
+
+def _rss_file_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_a_stored_tensor_read_through_its_mapping_is_handed_back(tmp_path):
+    """Issue 45: the weight map and the weight writes read an export's tensors one after another through one mapping
+    of its file; each is handed back once read (`stored.release`), so a 4 GB export's pages never all count at once.
+    The bytes read the same afterwards (from the file again)."""
+    import hashlib
+    import os
+
+    from hfexport.rebind.stored import Stored, mapped, release
+
+    size = 16 << 20
+    (tmp_path / "data.bin").write_bytes(os.urandom(size))
+    view = mapped(tmp_path / "data.bin")
+    entry = Stored("t", "data.bin", 4096, size - 8192, "float32", None, view[4096:size - 4096])
+    digest = hashlib.sha256(entry.data).hexdigest()  # every page touched
+    before = _rss_file_kb()
+    release(entry)
+    assert before - _rss_file_kb() >= (size - 3 * 8192) // 1024  # its pages left the resident set
+    assert hashlib.sha256(entry.data).hexdigest() == digest
+    release(Stored("inline", "model.onnx", None, 4, "float32", [1], b"abcd"))  # held in memory: nothing to hand back

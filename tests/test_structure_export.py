@@ -120,14 +120,26 @@ def test_placeholders_are_distinct_exact_and_hold_one_row():
 
 
 @pytest.mark.slow
-def test_a_job_exported_from_its_structure_loads_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch):
-    from hfexport.job import structure
+def test_a_job_exported_from_its_structure_loads_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch, caplog):
+    import weakref
 
-    loaded = []
-    monkeypatch.setattr(structure, "load_model", lambda *args, load=structure.load_model, **kwargs:
-                        loaded.append(args) or load(*args, **kwargs))
+    from hfexport.job import structure
+    from hfexport.verify import check
+
+    loaded, opened = [], []
+
+    def load_model(*args, load=structure.load_model, **kwargs):
+        model = load(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(structure, "load_model", load_model)
+    monkeypatch.setattr(check, "_load", lambda *args, load=check._load: opened.append(loaded[-1]() is None)
+                        or load(*args))
     report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
     target = report.targets["onnx-generation"]
     assert target.status == "ok", target.error
     assert len(loaded) == 1  # exported from the twin, then the model loaded once, for the gate
+    assert opened == [True]  # the gate let the model go (freed) before the artifact's runtime opened
+    assert "still referenced" not in caplog.text
     assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0

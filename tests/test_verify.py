@@ -413,3 +413,38 @@ def test_batch_pinning_trap_on_all_minilm_l6_v2(tmp_path, minilm):
     fixed = run_job(minilm, tmp_path / "fixed", recipe=explicit).targets["onnx"]
     assert fixed.status == "ok", fixed.error
     assert _probe_batches(fixed.verification) == {1: True, 5: True, 8: True}
+
+
+def test_the_gate_runs_the_eager_model_before_it_opens_the_artifact_and_can_release_it(exported_llama, tiny_llama,
+                                                                                        monkeypatch):
+    """Issue 45: the eager side of every check first, then `release`, then the artifact's runtime: the model (here,
+    with no other reference) is freed before the session opens, and the verdict is the job's own."""
+    import gc
+    import weakref
+
+    from hfexport.models import load_model, load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.verify import check
+
+    output, report = exported_llama
+    recipe, processor = load_recipe(tiny_llama), load_processor(tiny_llama)
+    plan = build_plan(recipe, "onnx-generation", load_model(tiny_llama, recipe), None, processor)  # its own model
+    holder = {"model": load_model(tiny_llama, recipe)}
+    model = weakref.ref(holder["model"])
+    events = []
+    monkeypatch.setattr(check, "_load", lambda *args, load=check._load: events.append(("load", model() is None))
+                        or load(*args))
+
+    def release():
+        events.append(("release", None))
+        holder.clear()
+        gc.collect()
+
+    verification = check.verify_exported(output / "onnx-generation", holder["model"], plan, processor,
+                                         release=release)
+    assert events == [("release", None), ("load", True)]  # released, and gone, before the artifact loaded
+    assert verification["passed"] and verification["generation"]["token_agreement"] == 1.0
+    job = report.targets["onnx-generation"].verification
+    assert [probe["name"] for probe in verification["probes"]] == [probe["name"] for probe in job["probes"]]
+    assert [probe["passed"] for probe in verification["probes"]] == [probe["passed"] for probe in job["probes"]]

@@ -32,12 +32,13 @@ def has_runtimes(export_format: str) -> bool:
     return bool(format_traits(export_format).runtimes)
 
 
-def check_runtimes(folder: str | Path, model, plan, processor=None) -> list[RuntimeCheck]:
-    """Every runtime of the plan's format on `folder` (a generation target's saved files), compared with the model."""
+def check_runtimes(folder: str | Path, model, plan, processor=None, request=None) -> list[RuntimeCheck]:
+    """Every runtime of the plan's format on `folder` (a generation target's saved files), compared with the model;
+    `request`: the model's answer made beforehand (`answered_request`), the model then not used."""
     export_format = str(plan.target.export_format)
     if not has_runtimes(export_format):
         return []
-    request = generation_request(model, plan, processor)
+    request = request or generation_request(model, plan, processor)
     if request is None:
         return []
     if format_traits(export_format).generation_variants:  # the runtimes open the variant the target is published as
@@ -45,6 +46,15 @@ def check_runtimes(folder: str | Path, model, plan, processor=None) -> list[Runt
         if request.file_name == "model_fp16.onnx":  # a float16 graph: judged by hfexport's f16 token agreement floor
             request.min_token_agreement = resolve(plan.target, "float16", precision="f16").min_token_agreement
     return run_checks(export_format, Path(folder), request)
+
+
+def answered_request(model, plan, processor=None) -> GenerationRequest | None:
+    """`generation_request` with `model.generate`'s tokens generated now, not when a runtime first reads them: for a
+    gate that releases the model before the runtimes run (`hfexport.job.structure.gate_releases`)."""
+    request = generation_request(model, plan, processor)
+    if request is not None:
+        _ = request.expected  # answers both `expected` and `padded_expected`
+    return request
 
 
 def published_file_name(folder: Path, target) -> str:

@@ -7,6 +7,7 @@ one recipe through `hfexport export`".
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hfexport.deployment.gate import check_runtimes, has_runtimes
+from hfexport.deployment.gate import answered_request, check_runtimes, has_runtimes
 from hfexport.deployment.warm import warm_clients
 from hfexport.errors import HfExportError, redact
 from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_entries, save_atomically, write_json_atomic
@@ -24,7 +25,7 @@ from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
 from hfexport.job.preflight import runtime_refusals
-from hfexport.job.structure import load_weights, structure_export
+from hfexport.job.structure import gate_releases, load_weights, release_weights, structure_export
 from hfexport.logs import engine_output
 from hfexport.plan import build_plan
 from hfexport.progress import Step, StepTimer
@@ -143,10 +144,13 @@ class TargetPipeline:
         runtime started once for all of them (`warm_clients`)."""
         self.report(folder)
         load_weights(self.job)  # a job exported from its structure: the model now, for the eager reference
-        self._verify(folder, plan)
+        release = gate_releases(self.job, plan)  # and let go before the artifact's runtime opens (job/structure)
+        runs = self.job.options.runtimes and plan.target.mode == "generation" and has_runtimes(str(plan.target.export_format))
+        request = answered_request(self.job.model_object, plan, self.job.processor) if release and runs else None
+        self._verify(folder, plan, functools.partial(release_weights, self.job) if release else None)
         with warm_clients():
-            if self.target_report.status == "ok" and self.job.options.runtimes and plan.target.mode == "generation":
-                self._check_runtimes(folder, plan)
+            if self.target_report.status == "ok" and runs:
+                self._check_runtimes(folder, plan, request)
             if self.target_report.status == "ok" and plan.target.variants:  # made from the gated files, each gated
                 check_variants(self.target_report, folder, self.job.model_object, plan, self.job.processor,
                                self.job.progress, self.job.options.runtimes)
@@ -287,15 +291,16 @@ class TargetPipeline:
                                          "fallback": f"no weight map recorded: {engine_error_message(error)[:300]}"}
         self.target_report.timings["weight_map_s"] = round(time.perf_counter() - started, 4)
 
-    def _verify(self, folder: Path, plan) -> None:
-        """Parity of the saved artifacts (reloaded from `folder`) against the eager model; a failure marks the
-        target."""
+    def _verify(self, folder: Path, plan, release=None) -> None:
+        """Parity of the saved artifacts (reloaded from `folder`) against the eager model (`release`: called once the
+        eager side is done, `verify_exported`); a failure marks the target."""
         job, name, target_report, progress = self.job, self.name, self.target_report, self.job.progress
         progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
         started = time.perf_counter()
         try:
             with engine_output(f"verify {name}"):
-                verification = verify_exported(folder, job.model_object, plan, job.processor, progress=progress)
+                verification = verify_exported(folder, job.model_object, plan, job.processor, progress=progress,
+                                               release=release)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass
@@ -308,7 +313,7 @@ class TargetPipeline:
             target_report.status, target_report.error = "failed", summary(verification)
         progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
 
-    def _check_runtimes(self, folder: Path, plan) -> None:
+    def _check_runtimes(self, folder: Path, plan, request=None) -> None:
         """The deployment runtimes of the target's format on its saved files (`hfexport.deployment.gate`); a runtime
         that generated other tokens than `model.generate` (or crashed) fails the target, one not installed is
         `not_checked`."""
@@ -318,7 +323,7 @@ class TargetPipeline:
         with StepTimer(job.progress, "runtimes", name, "generating in the deployment runtimes") as timer, \
                 engine_output(f"runtimes {name}"):
             try:
-                checks = check_runtimes(folder, job.model_object, plan, job.processor)
+                checks = check_runtimes(folder, job.model_object, plan, job.processor, request)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as error:  # noqa: BLE001 - the expected tokens could not be made: say so, do not pass
@@ -337,6 +342,7 @@ class TargetPipeline:
         recorded as such and never changes the target's verdict."""
         job, name, target_report = self.job, self.name, self.target_report
         plan = self.known_plan()
+        load_weights(job)  # the gate may have let the model go (job/structure)
         try:
             with StepTimer(job.progress, "latency", name, "artifact vs eager torch, batch 1 and the largest "
                            "declared") as timer, engine_output(f"latency {name}"):

@@ -15,6 +15,9 @@ structure traced without weights"; docs/publishing.md, "Memory".
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +102,42 @@ def load_weights(job) -> None:
         job.model_object = load_model(job.model, job.recipe, job.revision_to_load, job.options.token,
                                       job.options.trust_remote_code)
     job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
+
+
+def gate_releases(job, plan) -> bool:
+    """Whether the gate lets the model go once the eager side of its checks is done (parity's references,
+    `hfexport.verify.check.verify_exported`; the deployment runtimes' expected tokens), before the artifact's runtime
+    opens: a job exported from its structure (the model loaded for the gate, loaded again by `load_weights` when
+    the next target's gate needs it), for a target without variants (each variant's gate reads the model after the
+    runtimes), in a job that does not time latency (which runs the model beside the artifact anyway)."""
+    return job.structure is not None and job.model_object is not job.structure.twin and not plan.target.variants \
+        and not job.options.latency
+
+
+def release_weights(job) -> None:
+    """The job's model dropped for its twin, and its memory handed back: the float32 model and the artifact's runtime
+    are then never in memory together (issue 45). A model that stays reachable (a reference left somewhere) is said
+    in the job's log, not hidden."""
+    if job.structure is None or job.model_object is job.structure.twin:
+        return
+    model = weakref.ref(job.model_object)
+    job.model_object = job.structure.twin
+    gc.collect()
+    _trim_heap()
+    if model() is not None:
+        import logging
+
+        logging.getLogger(__name__).warning("the model is still referenced after the gate released it: its memory "
+                                            "stays beside the artifact's runtime")
+
+
+def _trim_heap() -> None:
+    """glibc's free memory at the top and inside the heap given back to the system (the model's smaller tensors live
+    there, below malloc's mmap threshold); nothing where the C library is not glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def structure_export(pipeline, plan, key: str | None, structure: bool):

@@ -73,23 +73,20 @@ class CheckpointTensors(Mapping):
         return self.state_dict_keys is not None and all(
             key not in self.where and key not in self.aliases and key not in self.state_dict_keys for key in keys)
 
-    def _handle(self, path: Path):
-        from safetensors import safe_open
-
-        if path not in self.handles:
-            self.handles[path] = safe_open(str(path), framework="pt")
-        return self.handles[path]
-
     def close(self) -> None:
-        """Unmap the shards opened so far (their pages count in the resident set while mapped); a later read opens
-        them again."""
+        """Nothing left to unmap: each read opens its shard and unmaps it again (below)."""
         self.handles.clear()
 
     def __getitem__(self, key: str):
+        from safetensors import safe_open
+
         name = self.aliases.get(key, key)
         if name not in self.where:
             raise KeyError(key)
-        tensor = self._handle(self.where[name]).get_tensor(name)
+        # The shard mapped for this read only: the pages a read touches count in the resident set while the shard is
+        # mapped, so a handle kept open would hold the whole checkpoint once every tensor has been read (issue 45).
+        with safe_open(str(self.where[name]), framework="pt") as handle:
+            tensor = handle.get_tensor(name)
         self.reads += 1
         if self.dtype is not None and tensor.is_floating_point() and tensor.dtype != self.dtype:
             tensor = tensor.to(self.dtype)

@@ -54,6 +54,23 @@ def mapped(path: Path) -> memoryview:
         return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
 
 
+def release(entry: Stored) -> None:
+    """Hand back the pages of a stored tensor that was read through `mapped` (MADV_DONTNEED: the pages leave this
+    process's resident set and are read again from the file, or the page cache, if touched again), so reading a whole
+    export's tensors one after another holds one tensor's pages, not the file's (issue 45: the weight map and the
+    weights written into a 4 GB export). Nothing for a tensor held in memory (bytes) or where mmap cannot advise."""
+    view = entry.data
+    mapping = getattr(view, "obj", None) if isinstance(view, memoryview) else None
+    if not isinstance(mapping, mmap.mmap) or entry.offset is None or not entry.nbytes or \
+            not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    page = mmap.PAGESIZE
+    start = entry.offset // page * page
+    end = min(len(mapping), -(-(entry.offset + entry.nbytes) // page) * page)
+    if start < end:
+        mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
 def write_at(path: Path, updates: list[tuple[int, bytes]]) -> None:
     """Overwrite byte ranges of a file in place (same lengths: nothing moves)."""
     with open(path, "r+b") as handle:

@@ -25,7 +25,7 @@ from pathlib import Path
 from hfexport.errors import RebindRefused
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
-from hfexport.rebind.stored import FLOAT_DTYPES, Stored
+from hfexport.rebind.stored import FLOAT_DTYPES, Stored, release
 
 MAP_VERSION = 1
 #: A floating stored tensor at least this large that matches nothing is taken for a weight the map cannot explain.
@@ -211,11 +211,13 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
             if parts is None:
                 if entry.floating and entry.nbytes >= UNMAPPED_MIN_BYTES and not _constant(entry):
                     unmapped.append(f"{file}:{name}")
+                release(entry)
                 continue
             record = {"file": file, "name": name, "nbytes": entry.nbytes, "dtype": entry.dtype, "shape": entry.shape,
                       "concat_axis": axis, "parts": parts}
             if not torch.equal(_compute(record, tensors), _stored_u8(entry)):  # the exact comparison every entry passes
                 raise AssertionError(f"weight map: {file}:{name} does not recompute to its stored bytes")
+            release(entry)  # one stored tensor's pages at a time, not the export's
             covered.update(key for part in parts for key in part["keys"])
             entries.append(record)
     uncovered = [name for name in keys if name not in covered]
@@ -416,6 +418,7 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model=None, tensors=No
                 written += len(data)
             else:
                 updates.setdefault(record["file"], {})[record["name"]] = data.numpy().tobytes()
+        release(entry)  # its pages read (and, streamed, written): handed back before the next entry's
     for file, changes in updates.items():
         module.write(folder, file, stored[file], changes)
     return written + sum(len(data) for changes in updates.values() for data in changes.values())

@@ -20,14 +20,17 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
+from hfexport.files import MANIFEST_FILE
 from hfexport.formats import format_traits
 from hfexport.models import on_empty_cache
 from hfexport.plan import generation_stages, image_token_id, traced_inputs
 from hfexport.progress import ProgressCallback, Step
+from hfexport.safety.artifacts import check_manifest_file
 from hfexport.machine import (
     cpu_info,
     has_runtime_precision,
@@ -72,6 +75,12 @@ def _backend_message(error: BaseException) -> str:
 
 
 # ── Running a target ─────────────────────────────────────────────────────────
+#
+# The gate runs in two passes so that the eager model and the artifact's runtime are never in memory together
+# (issue 45): `_references` runs the eager model on every probe (and `model.generate` on the sample prompts) and
+# keeps what the comparison needs, the model's outputs and the inputs the artifact is fed, reading the artifact's
+# layout (component names and traced kwargs) from its manifest only; then the caller may release the model, and
+# `_compare` loads nothing but the artifact and compares it with those references.
 
 
 def _traced(runner, inputs: dict) -> dict:
@@ -80,70 +89,82 @@ def _traced(runner, inputs: dict) -> dict:
     return {key: value for key, value in inputs.items() if key in traced}
 
 
-def _run_forward_probe(exported, model, inputs: dict, thresholds: dict, prepared: bool = False) -> dict:
-    """`prepared`: the engine's input preparers changed the traced inputs (the report's `prepared_inputs`), so the
-    artifact is fed the probe's inputs prepared the same way; the eager model takes them as they are."""
+class _Layout:
+    """An export's components and their traced metadata, read from its checked manifest without opening a runtime:
+    what the eager pass needs of the artifact (`components`, each runner's `metadata`)."""
+
+    def __init__(self, folder: Path):
+        from transformers.exporters import ExportMetadata
+
+        manifest = check_manifest_file(folder / MANIFEST_FILE, f"{folder.name}/{MANIFEST_FILE}")
+        self.runners = {name: SimpleNamespace(metadata=ExportMetadata.from_dict(entry["metadata"]))
+                        for name, entry in manifest["components"].items()}
+        self.components = dict.fromkeys(self.runners)
+
+    def export_dtype(self) -> str:
+        return next(iter(self.runners.values())).metadata.export_dtype or "float32"
+
+
+def _forward_reference(model, inputs: dict, prepared: bool = False) -> dict:
+    """The eager model's outputs on a forward probe, and what the artifact is fed. `prepared`: the engine's input
+    preparers changed the traced inputs (the report's `prepared_inputs`), so the artifact is fed the probe's inputs
+    prepared the same way; the eager model takes them as they are."""
     import torch
 
     with torch.no_grad():
         eager = model(**copy.deepcopy(inputs))
-    try:
-        got = exported(**(traced_inputs(model, inputs) if prepared else inputs))
-    except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure, not a crash
-        return {"error": _backend_message(error), "outputs": {}}
-    return {"outputs": compare_outputs(got, eager, thresholds, mask_of(inputs))}
+    return {"component": "model", "shapes": shapes_of(inputs), "eager": eager, "mask": mask_of(inputs),
+            "fed": traced_inputs(model, inputs) if prepared else inputs}
 
 
-def _run_generation_probe(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
-    """Decompose `generate` on the probe prompt (as the export did), then run every exported component on the
-    kwargs its eager twin received. Cache layers behave as the export traced them (`traced_cache_layout`: a
-    sliding-window layer holds every token), for the capture, the eager twin and the cache length alike."""
-    with traced_cache_layout():
-        return _generation_probe_entries(exported, model, plan, inputs, thresholds)
-
-
-def _generation_probe_entries(exported, model, plan, inputs: dict, thresholds: dict) -> list[dict]:
+def _generation_references(layout, model, plan, inputs: dict) -> list[dict]:
+    """Decompose `generate` on the probe prompt (as the export did), and run every component's eager twin on the
+    kwargs it received. Cache layers behave as the export traced them (`traced_cache_layout`: a sliding-window
+    layer holds every token), for the capture, the eager twin and the cache length alike."""
     import torch
 
-    from hfexport.generate import as_traced
-
-    with torch.no_grad():  # the engine's stages, and a VLM's image encoder and embedding merge (hfexport.plan)
+    with traced_cache_layout(), torch.no_grad():  # the engine's stages, and a VLM's image encoder and embedding merge
         stages = generation_stages(model, copy.deepcopy(inputs), generation_config=plan.generation_config,
                                    multi_token_decode=plan.multi_token_decode)
-    results = []
-    for name, (submodel, subinputs) in stages.items():
-        component = name
-        if name == "prefill" and plan.single_graph:
-            # The decode runs the prompt too, on an empty cache: compared with the eager prefill on the same prompt.
-            component, subinputs = "decode", on_empty_cache(subinputs, model)
-        if component not in exported.components:
-            continue
-        runner = exported.runners[component]
-        subinputs = _with_full_mask(runner, subinputs)
-        entry = {"component": component if component == name else f"{component} (the prompt, on an empty cache)",
-                 "shapes": shapes_of(subinputs)}
-        if _is_stateful(runner):
-            entry.update(skipped="its cache lives in the OpenVINO infer request: checked by greedy generation",
-                         outputs={})
-            results.append(entry)
-            continue
-        with torch.no_grad():
+        cases = []
+        for name, (submodel, subinputs) in stages.items():
+            component = name
+            if name == "prefill" and plan.single_graph:
+                # The decode runs the prompt too, on an empty cache: compared with the eager prefill on the same prompt.
+                component, subinputs = "decode", on_empty_cache(subinputs, model)
+            if component not in layout.components:
+                continue
+            subinputs = _with_full_mask(layout.runners[component], subinputs)
             eager = submodel(**copy.deepcopy(subinputs))
-        fed = copy.deepcopy(subinputs)
-        planned = plan.components.get(component)
-        if planned is not None and planned.prepared_inputs:
-            # the engine's input preparers computed some of this component's inputs at export (the report's
-            # `prepared_inputs`: a NaViT encoder's window index from `target_sizes`): computed again from the probe's
-            fed = traced_inputs(submodel, fed)
-        try:
-            got = runner(**as_traced(runner, _traced(runner, fed)))
-        except Exception as error:  # noqa: BLE001 - recorded with the backend's message
-            entry.update(error=_backend_message(error), outputs={})
-            results.append(entry)
-            continue
-        entry["outputs"] = compare_outputs(got, eager, thresholds, mask_of(subinputs))
-        results.append(entry)
-    return results
+            fed = copy.deepcopy(subinputs)
+            planned = plan.components.get(component)
+            if planned is not None and planned.prepared_inputs:
+                # the engine's input preparers computed some of this component's inputs at export (the report's
+                # `prepared_inputs`: a NaViT encoder's window index from `target_sizes`): computed again from the probe's
+                fed = traced_inputs(submodel, fed)
+            cases.append({"component": component, "name": component if component == name else
+                          f"{component} (the prompt, on an empty cache)", "shapes": shapes_of(subinputs),
+                          "eager": eager, "fed": fed, "mask": mask_of(subinputs)})
+    return cases
+
+
+def _compare_case(exported, case: dict, thresholds: dict) -> dict:
+    """One reference case run through the artifact: its entry (`outputs`, or the backend's `error`)."""
+    from hfexport.generate import as_traced
+
+    runner = exported.runners[case["component"]]
+    entry = {"component": case["name"], "shapes": case["shapes"]} if "name" in case else {}
+    if "name" in case and _is_stateful(runner):
+        return {**entry, "skipped": "its cache lives in the OpenVINO infer request: checked by greedy generation",
+                "outputs": {}}
+    try:
+        if "name" in case:  # a generation component
+            got = runner(**as_traced(runner, _traced(runner, copy.deepcopy(case["fed"]))))
+        else:
+            got = exported(**case["fed"])
+    except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure, not a crash
+        return {**entry, "error": _backend_message(error), "outputs": {}}
+    return {**entry, "outputs": compare_outputs(got, case["eager"], thresholds, case["mask"])}
 
 
 def _with_full_mask(runner, inputs: dict) -> dict:
@@ -183,39 +204,59 @@ def _finish(probe: dict) -> dict:
 def check_generation(exported, model, plan, processor=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                      min_token_agreement: float = EXACT_TOKEN_AGREEMENT) -> dict:
     """Greedy decoding over the exported graphs vs `model.generate(do_sample=False)` on the sample prompts."""
+    return _compare_generation(exported, _generation_reference(model, plan, max_new_tokens), processor,
+                               min_token_agreement)
+
+
+def _generation_reference(model, plan, max_new_tokens: int) -> dict:
+    """`model.generate(do_sample=False)`'s sequences on the sample prompts, and what the exported side is given."""
     import torch
 
-    from hfexport.generate import generate, prompt_input_names
-
     inputs = plan.inputs
-    result: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_token_agreement": min_token_agreement}
+    reference: dict[str, Any] = {"result": {"max_new_tokens": max_new_tokens}}
     input_ids = inputs.get("input_ids")
     input_features = inputs.get("input_features")  # speech encoder-decoders (Whisper) generate from audio
     if input_ids is None and input_features is None:
-        result.update(passed=False, error="the sample inputs have no input_ids (or input_features) to generate from")
-        return result
+        reference["error"] = "the sample inputs have no input_ids (or input_features) to generate from"
+        return reference
     attention_mask = inputs.get("attention_mask")
     generation_config = copy.deepcopy(plan.generation_config or model.generation_config)
     generation_config.do_sample, generation_config.num_beams = False, 1
     generation_config.max_new_tokens, generation_config.min_new_tokens = max_new_tokens, None
     eos = generation_config.eos_token_id
     prompts = input_ids if input_ids is not None else input_features
-    result["prompts"] = int(prompts.shape[0])
-    result["eos_token_id"] = eos
+    reference["result"].update(prompts=int(prompts.shape[0]), eos_token_id=eos)
     extra = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
     with torch.no_grad():
         given = {key: value for key, value in (("input_ids", input_ids), ("attention_mask", attention_mask))
                  if value is not None}  # Whisper's generate takes input_features alone
         eager = model.generate(**given, generation_config=generation_config, **extra)
-    model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids", *prompt_input_names(exported))
+    reference.update(eager=eager, input_ids=input_ids, attention_mask=attention_mask,
+                     generation_config=generation_config, extra=extra,
+                     is_encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)))
+    return reference
+
+
+def _compare_generation(exported, reference: dict, processor, min_token_agreement: float) -> dict:
+    """Greedy decoding over the exported graphs against `reference` (`_generation_reference`)."""
+    from hfexport.generate import generate, prompt_input_names
+
+    result: dict[str, Any] = {**reference["result"], "min_token_agreement": min_token_agreement}
+    if "error" in reference:
+        result.update(passed=False, error=reference["error"])
+        return result
+    extra, input_ids, generation_config = reference["extra"], reference["input_ids"], reference["generation_config"]
+    eos = generation_config.eos_token_id
+    model_inputs = {key: extra[key] for key in ("input_features", "decoder_input_ids",
+                                                *prompt_input_names(exported))
                     if key in extra}  # a VLM's images (pixel_values, ...) and rope inputs (mm_token_type_ids, ...)
     try:
-        got = generate(exported, input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                       **model_inputs)
+        got = generate(exported, input_ids, attention_mask=reference["attention_mask"],
+                       generation_config=generation_config, **model_inputs)
     except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
         result.update(passed=False, error=_backend_message(error))
         return result
-    if getattr(model.config, "is_encoder_decoder", False):
+    if reference["is_encoder_decoder"]:
         # An encoder-decoder returns decoder sequences: the generated tokens follow its decoder prompt.
         from hfexport.generate import decoder_prompt
 
@@ -223,7 +264,7 @@ def check_generation(exported, model, plan, processor=None, max_new_tokens: int 
         length = decoder_ids.shape[1] if decoder_ids is not None else len(decoder_prompt(exported, generation_config))
         input_ids = got[:, :length]
     prompt = input_ids.shape[1]
-    eager_new, got_new = _new_tokens(eager, input_ids), _new_tokens(got, input_ids)
+    eager_new, got_new = _new_tokens(reference["eager"], input_ids), _new_tokens(got, input_ids)
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     matched = total = 0
     first = None
@@ -277,53 +318,75 @@ def _load(folder: Path, export_format: str, precision: str | None):
     return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
 
 
-def _run_checks(exported, model, plan, processor, probes: list[dict], refs, resolved: Thresholds, *,
-                representative: dict | None, on_probe=None) -> dict:
-    """Every probe (and, for generation targets, greedy decoding) of one loaded artifact against the eager model.
+def _references(layout, model, plan, probes: list[dict], refs, representative: dict | None) -> dict:
+    """The eager pass: the model's outputs on every probe (and, for generation targets, `model.generate`'s tokens),
+    with what the artifact is to be fed; `layout`: the artifact's components and traced metadata (`_Layout`).
 
-    `representative`, for quantized targets, is the quality probe on real inputs judged by `thresholds`; the shape
-    probes are then judged by shapes and finite values only (`SHAPE_ONLY`)."""
+    `representative`, for quantized targets, is the quality probe on real inputs (role "quality"); the shape probes
+    (role "shape") are then judged by shapes and finite values only (`SHAPE_ONLY`, in `_compare`)."""
     generation = plan.target.mode == "generation"
-    thresholds = resolved.tolerances
-    shape_thresholds = SHAPE_ONLY if representative is not None else thresholds
-    runs = [(probe, shape_thresholds, "shape" if representative is not None else None) for probe in probes]
+    runs = [(probe, "shape" if representative is not None else None) for probe in probes]
     if representative is not None:
-        runs.append((representative, thresholds, "quality"))
-    results: list[dict] = []
-    for probe, probe_thresholds, role in runs:
-        probe_started = time.perf_counter()
+        runs.append((representative, "quality"))
+    cases = []
+    for probe, role in runs:
+        started = time.perf_counter()
         inputs = probe.get("inputs") or keep_image_tokens(resize_inputs(plan.inputs, refs, probe["dims"]),
                                                           plan.inputs, image_token_id(model.config))
         base = {"name": probe.get("name") or probe_label(probe["dims"]), "dims": probe["dims"],
                 **({"capped": probe["capped"]} if probe.get("capped") else {}), **({"role": role} if role else {})}
+        entries, error = [], None
         if generation:
             try:
-                entries = _run_generation_probe(exported, model, plan, inputs, probe_thresholds)
-            except Exception as error:  # noqa: BLE001 - the eager side could not build this probe
-                entries = [{"component": None, "error": f"could not capture the probe's stage inputs: "
-                                                        f"{_backend_message(error)}", "outputs": {}}]
-            seconds = (time.perf_counter() - probe_started) / max(len(entries), 1)
-            for entry in entries:
-                results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
-                if on_probe is not None:
-                    on_probe(results[-1])
+                entries = _generation_references(layout, model, plan, inputs)
+            except Exception as failure:  # noqa: BLE001 - the eager side could not build this probe
+                error = _backend_message(failure)
         else:
-            entry = _run_forward_probe(exported, model, inputs, probe_thresholds,
-                                       prepared=bool(plan.components["model"].prepared_inputs))
-            results.append(_finish({**base, "component": "model", "shapes": shapes_of(inputs), **entry,
-                                    "seconds": round(time.perf_counter() - probe_started, 4)}))
+            entries = [_forward_reference(model, inputs, prepared=bool(plan.components["model"].prepared_inputs))]
+        cases.append({"base": base, "entries": entries, "error": error, "seconds": time.perf_counter() - started})
+    generation_reference = None
+    if generation:
+        started = time.perf_counter()
+        generation_reference = _generation_reference(model, plan, resolve(plan.target).max_new_tokens)
+        generation_reference["seconds"] = time.perf_counter() - started
+    return {"cases": cases, "generation": generation_reference}
+
+
+def _compare(exported, plan, processor, references: dict, resolved: Thresholds, on_probe=None) -> dict:
+    """Every probe (and, for generation targets, greedy decoding) of one loaded artifact against the eager pass's
+    `references` (`_references`), judged by `resolved`."""
+    thresholds = resolved.tolerances
+    results: list[dict] = []
+    for case in references["cases"]:
+        started = time.perf_counter()
+        base, entries = case["base"], case["entries"]
+        probe_thresholds = SHAPE_ONLY if base.get("role") == "shape" else thresholds
+        error = case["error"]
+        if plan.target.mode == "generation" and error is None:
+            try:
+                with traced_cache_layout():
+                    entries = [_compare_case(exported, entry, probe_thresholds) for entry in entries]
+            except Exception as failure:  # noqa: BLE001 - as when the eager side could not build this probe
+                error = _backend_message(failure)
+        if error is not None:
+            entries = [{"component": None, "error": f"could not capture the probe's stage inputs: {error}",
+                        "outputs": {}}]
+        elif plan.target.mode != "generation":
+            entries = [{"component": "model", "shapes": entries[0]["shapes"],
+                        **_compare_case(exported, entries[0], probe_thresholds)}]
+        seconds = (case["seconds"] + time.perf_counter() - started) / max(len(entries), 1)
+        for entry in entries:
+            results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
             if on_probe is not None:
                 on_probe(results[-1])
     generation_result = None
-    if generation:
-        generation_started = time.perf_counter()
-        generation_result = check_generation(
-            exported, model, plan, processor,
-            max_new_tokens=resolved.max_new_tokens, min_token_agreement=resolved.min_token_agreement,
-        )
+    if references["generation"] is not None:
+        started = time.perf_counter()
+        generation_result = _compare_generation(exported, references["generation"], processor,
+                                                resolved.min_token_agreement)
         if on_probe is not None:
             on_probe({"name": "greedy generation", "passed": generation_result["passed"],
-                      "seconds": round(time.perf_counter() - generation_started, 4)})
+                      "seconds": round(references["generation"]["seconds"] + time.perf_counter() - started, 4)})
     failures = [_failure_line(probe) for probe in results if not probe["passed"]]
     if generation_result is not None and not generation_result["passed"]:
         failures.append(_generation_failure_line(generation_result))
@@ -331,8 +394,14 @@ def _run_checks(exported, model, plan, processor, probes: list[dict], refs, reso
             "failures": failures}
 
 
-def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None) -> dict:
+def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None,
+                    release=None) -> dict:
     """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict.
+
+    The eager model runs first, on every probe and the generation check (`_references`), reading the artifact's
+    layout from its manifest; then `release()` (where given) lets the caller drop its own reference to the model,
+    this function drops its own, and only then is the artifact loaded and compared: the model and the artifact's
+    runtime are never in memory together, where the caller releases the model (issue 45).
 
     Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
     thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
@@ -340,7 +409,6 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     precision; the target passes when both do. `verification["runtime"]` names the CPU, backend, device and
     precision of each check. `progress` gets a `probe` step as each probe (and the generation check) ends."""
     import torch
-
 
     started = time.perf_counter()
     target = plan.target
@@ -351,42 +419,56 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     export_format = str(target.export_format)
     pinned = pinned_precision(target.runtime)
     has_precision = has_runtime_precision(export_format)
+    exported = None
     try:
-        exported = _load(Path(folder), export_format, "f32" if has_precision else pinned)
-    except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
-        message = f"the artifact does not load back from {Path(folder).name}: {_backend_message(error)}"
-        return {"passed": False, "reloaded_from_disk": True, "error": message, "probes": [], "failures": [message],
-                "seconds": round(time.perf_counter() - started, 4)}
-    reload_s = time.perf_counter() - started
-    dtype = next(iter(exported.components.values())).metadata.export_dtype or "float32"
+        layout = _Layout(Path(folder))
+    except Exception:  # noqa: BLE001 - a manifest that does not read: the backend's load says why, as a user sees it
+        layout = None
+    if layout is None:
+        try:
+            layout = exported = _load(Path(folder), export_format, "f32" if has_precision else pinned)
+        except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
+            return _not_loaded(folder, error, started)
+    dtype = layout.export_dtype() if exported is None else \
+        next(iter(exported.components.values())).metadata.export_dtype or "float32"
     generation = target.mode == "generation"
-    probes, cost_bound = plan_probes(plan, model.config, reserve=4 if generation else 0)
+    config = model.config
+    probes, cost_bound = plan_probes(plan, config, reserve=4 if generation else 0)
     refs, _ = probe_axes(plan)
     representative = representative_probe(plan, processor) if target.quantization else None
+    model_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
     was_training = model.training
     model.eval()
-    runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
     try:
-        graph_read = read_back(exported)
-        graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model)
-        graph = _run_checks(exported, model, plan, processor, probes, refs, resolve(target, dtype, graph_precision),
-                            representative=representative,
-                            on_probe=_probe_steps(progress, target.name, f"at {graph_precision}: " if has_precision
-                                                  else ""))
-        runtime["backend"] = graph_read["backend"]
-        runtime["checks"].append({"name": "graph" if has_precision else "runtime", "requested": "f32" if
-                                  has_precision else pinned, "precision": graph_read["precision"] or "unknown",
-                                  "components": graph_read["components"], "passed": graph["passed"]})
-        del exported
-        runtime_check = None
-        if has_precision:
-            check, runtime_check = _runtime_precision_check(
-                folder, model, plan, processor, probes, refs, dtype, pinned, representative, progress)
-            runtime["checks"].append(check)
-        user = runtime["checks"][-1]
-        runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
+        references = _references(layout, model, plan, probes, refs, representative)
     finally:
         model.train(was_training)
+    del model, layout
+    if release is not None:
+        release()
+    load_started = time.perf_counter()
+    if exported is None:
+        try:
+            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned)
+        except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
+            return _not_loaded(folder, error, started)
+    reload_s = time.perf_counter() - load_started
+    runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
+    graph_read = read_back(exported)
+    graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model_dtype)
+    graph = _compare(exported, plan, processor, references, resolve(target, dtype, graph_precision),
+                     on_probe=_probe_steps(progress, target.name, f"at {graph_precision}: " if has_precision else ""))
+    runtime["backend"] = graph_read["backend"]
+    runtime["checks"].append({"name": "graph" if has_precision else "runtime", "requested": "f32" if
+                              has_precision else pinned, "precision": graph_read["precision"] or "unknown",
+                              "components": graph_read["components"], "passed": graph["passed"]})
+    del exported
+    runtime_check = None
+    if has_precision:
+        check, runtime_check = _runtime_precision_check(folder, plan, processor, references, dtype, pinned, progress)
+        runtime["checks"].append(check)
+    user = runtime["checks"][-1]
+    runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
     failures = list(graph["failures"])
     if runtime_check is not None:
         precision = runtime["precision"]
@@ -412,12 +494,18 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     return result
 
 
-def _graph_precision(dtype: str, model) -> str:
+def _not_loaded(folder, error: BaseException, started: float) -> dict:
+    """The verification of an artifact that does not load back: failed, with the backend's words."""
+    message = f"the artifact does not load back from {Path(folder).name}: {_backend_message(error)}"
+    return {"passed": False, "reloaded_from_disk": True, "error": message, "probes": [], "failures": [message],
+            "seconds": round(time.perf_counter() - started, 4)}
+
+
+def _graph_precision(dtype: str, model_dtype: str) -> str:
     """The precision a graph without a runtime precision is judged at: "f16" for a float16 graph of a wider model
-    (a target converted to float16, `hfexport.formats.onnx.float16`: it computes in float16 against the float32 model, so it is
-    judged as OpenVINO at f16 is, by direction, decisions and the f16 token agreement floor); else "f32" (a float16
-    checkpoint's graph is compared with the float16 model itself)."""
-    model_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
+    (a target converted to float16, `hfexport.formats.onnx.float16`: it computes in float16 against the float32 model,
+    so it is judged as OpenVINO at f16 is, by direction, decisions and the f16 token agreement floor); else "f32" (a
+    float16 checkpoint's graph is compared with the float16 model itself). `model_dtype`: the model's, "float32"."""
     return "f16" if dtype == "float16" and model_dtype != "float16" else "f32"
 
 
@@ -430,11 +518,11 @@ def _device_of(components: dict) -> str:
     return ",".join(devices) or "cpu"
 
 
-def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype: str, pinned: str,
-                             representative, progress: ProgressCallback | None = None) -> tuple[dict, dict | None]:
-    """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds:
-    (the check's entry in `runtime.checks`, the report's `runtime_check`). Identical to the graph check (and not run
-    again, `runtime_check` None) where the runtime computes at f32 anyway."""
+def _runtime_precision_check(folder, plan, processor, references: dict, dtype: str, pinned: str,
+                             progress: ProgressCallback | None = None) -> tuple[dict, dict | None]:
+    """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds
+    against the same eager references: (the check's entry in `runtime.checks`, the report's `runtime_check`).
+    Identical to the graph check (and not run again, `runtime_check` None) where the runtime computes at f32 anyway."""
     target = plan.target
     exported = _load(Path(folder), str(target.export_format), pinned)
     try:
@@ -444,9 +532,8 @@ def _runtime_precision_check(folder, model, plan, processor, probes, refs, dtype
         if precision == "f32":
             check.update(passed=True, same_as="graph")
             return check, None
-        result = _run_checks(exported, model, plan, processor, probes, refs, resolve(target, dtype, precision),
-                             representative=representative, on_probe=_probe_steps(progress, target.name,
-                                                                                   f"at {precision}: "))
+        result = _compare(exported, plan, processor, references, resolve(target, dtype, precision),
+                          on_probe=_probe_steps(progress, target.name, f"at {precision}: "))
     finally:
         del exported
     check["passed"] = result["passed"]
