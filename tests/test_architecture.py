@@ -250,3 +250,20 @@ def test_the_layer_table_names_the_layers_of_the_map():
     text = (ROOT / "docs" / "architecture.md").read_text()
     table = text[text.index("| layer | modules | what it holds |"):].split("\n\n", 1)[0].splitlines()[2:]
     assert [row.split("|")[1].strip() for row in table] == [name for name, _ in reversed(LAYERS)]
+
+
+def test_a_format_package_imports_no_other_format_package():
+    """One home per format: `formats/<format>/` imports its own package and what every format shares (`formats`,
+    `formats.backend`, layers below), never another format's package; what two formats share moves down a layer."""
+    formats = {path.parent.name for path in (PACKAGE / "formats").glob("*/backend.py")}
+    problems = []
+    for module, path in _modules().items():
+        parts = module.split(".")
+        if len(parts) < 2 or parts[0] != "formats" or parts[1] not in formats:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hfexport.formats."):
+                other = node.module.split(".")[2]
+                if other in formats and other != parts[1]:
+                    problems.append(f"hfexport.{module}:{node.lineno} imports {node.module}")
+    assert not problems, "a format's package imports another's:\n" + "\n".join(problems)

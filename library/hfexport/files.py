@@ -5,6 +5,7 @@ atomic target folders, file listings with sizes and hashes.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -111,3 +112,11 @@ def remove_variant_folder(folder: Path, file_name: str) -> None:
     """The variant folder of `file_name` removed from `folder` (a previous export's)."""
     shutil.rmtree(Path(folder) / Path(file_name).parent.name, ignore_errors=True)
 
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in `path`, or {} where it is missing, unreadable or not an object (optional settings)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,4 +1,5 @@
-"""A multimodal processor assembled without its video processor, where only that part needs a missing library.
+"""A processor's parts: loaded without its video processor where only that part needs a missing library, and
+saved beside a program as every format's loaders read them (`save_tokenizer`, `save_flat_preprocessor_config`).
 
 transformers 5.23 builds image processors on Pillow (`image_processing_pil_*.py`) and feature extractors on numpy, but
 every video processor on torchvision; a processor that takes a video processor beside its image processor or feature
@@ -13,7 +14,12 @@ audio: its own call path, tokens and placeholders.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from pathlib import Path
+
+from hfexport.files import read_json_object
 
 LOG = logging.getLogger(__name__)
 VIDEO = "video_processor"
@@ -119,3 +125,58 @@ def missing_parts(processor) -> dict[str, str]:
     """The parts of `processor` that were not loaded, with why (`{"video_processor": "needs torchvision"}`)."""
     video = getattr(processor, VIDEO, None) if processor is not None and hasattr(processor, "get_attributes") else None
     return {VIDEO: video.reason} if isinstance(video, VideoProcessorNotLoaded) else {}
+
+
+def text_tokenizer(processor):
+    """The text tokenizer of `processor` (a tokenizer, or a processor holding one), None if it has none."""
+    from transformers import PreTrainedTokenizerBase
+
+    if isinstance(processor, PreTrainedTokenizerBase):
+        return processor
+    inner = getattr(processor, "tokenizer", None)
+    return inner if isinstance(inner, PreTrainedTokenizerBase) else None
+
+
+def save_tokenizer(folder: Path, processor) -> list[str]:
+    """The tokenizer's own files (`tokenizer.json`, `tokenizer_config.json`, ...) beside the program, readable by
+    transformers 4.x too."""
+    tokenizer = text_tokenizer(processor)
+    if tokenizer is None:
+        return []
+    before = set(os.listdir(folder))
+    tokenizer.save_pretrained(folder)
+    config = folder / "tokenizer_config.json"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        return sorted(set(os.listdir(folder)) - before)
+    changed = False
+    if data.get("tokenizer_class") == "TokenizersBackend":
+        # transformers 5 names its generic tokenizer.json tokenizer `TokenizersBackend`, a class transformers 4.x
+        # (optimum-intel's) cannot load; `PreTrainedTokenizerFast` is the same tokenizer in both.
+        data["tokenizer_class"], changed = "PreTrainedTokenizerFast", True
+    if isinstance(data.get("extra_special_tokens"), list):
+        # transformers 5 writes the additional special tokens as a list `extra_special_tokens`; transformers 4.x
+        # (optimum's) reads that key as a dict of named tokens (`.keys()`), and the list as `additional_special_tokens`.
+        extra, changed = data.pop("extra_special_tokens"), True
+        if extra and "additional_special_tokens" not in data:
+            data["additional_special_tokens"] = extra
+    if changed:
+        config.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return sorted(set(os.listdir(folder)) - before)
+
+
+def save_flat_preprocessor_config(folder: Path) -> None:
+    """The image processor's settings flat in `preprocessor_config.json`, as transformers 4.x wrote them (transformers
+    5 nests them in `processor_config.json`): transformers.js' `AutoImageProcessor` and OpenVINO GenAI's
+    `ProcessorConfig` read that file. An owner's file already there is kept."""
+    settings = read_json_object(folder / "processor_config.json")
+    nested, flat = settings.get("image_processor"), folder / "preprocessor_config.json"
+    if isinstance(nested, dict) and not flat.is_file():
+        # `processor_class` too, as transformers 4.x wrote it: transformers.js' AutoProcessor picks the processor by it
+        # (src/models/auto/processing_auto.js), else it makes a bare image processor and the prompt is not tokenized
+        named = {"processor_class": settings["processor_class"]} if isinstance(settings.get("processor_class"),
+                                                                              str) else {}
+        flat.write_text(json.dumps({**nested, **named}, indent=2) + "\n", encoding="utf-8")

@@ -26,6 +26,10 @@ COMMON_OPTIONS = ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_gua
 #: pipeline) and causal-LM loaders read: the model card shows them loading such targets.
 EMBEDDING_TASKS = ("feature-extraction", "sentence-similarity")
 CAUSAL_TASKS = ("text-generation",)
+#: A vision-language generation target's task, and the components hfexport splits it into
+#: (`hfexport.generate.vision_language`), which each format's runtime layout is made from.
+IMAGE_TEXT_TASK = "image-text-to-text"
+IMAGE_TEXT_COMPONENTS = ("image_encoder", "embed", "language_model", "lm_head", "decode")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from hfexport.formats.executorch.llm_program import DATA_FILE as LLM_DATA_FILE
 from hfexport.formats.executorch.llm_program import is_llm_program, uses_custom_ops
 from hfexport.formats.executorch.llm_program import load_program as load_executorch  # a .pte with its .ptd
 from hfexport.formats.executorch.workarounds import executorch_fixes
-from hfexport.formats.openvino.genai_layout import save_tokenizer
+from hfexport.processors import save_tokenizer
 from hfexport.safety.artifacts import read_json
 
 

@@ -8,6 +8,7 @@ import re
 from hfexport.formats.backend import (
     COMMON_OPTIONS,
     EMBEDDING_TASKS,
+    IMAGE_TEXT_TASK,
     CardTarget,
     FormatBackend,
     register_format,
@@ -29,9 +30,6 @@ TRANSFORMERS_JS_DTYPES = {None: "fp32", **{f"model{suffix}": dtype for dtype, su
 #: The graphs transformers.js opens for an image-text-to-text model at dtype fp32 (its `MODEL_TYPES.ImageTextToText`
 #: sessions, src/models/session_config.js; hfexport.formats.onnx.image_text_contract writes them).
 IMAGE_TEXT_FILES = ("vision_encoder.onnx", "embed_tokens.onnx", "decoder_model_merged.onnx")
-#: A vision-language generation target's task: transformers.js opens its `IMAGE_TEXT_FILES` with
-#: `AutoModelForImageTextToText`.
-IMAGE_TEXT_TASK = "image-text-to-text"
 #: An encoder-decoder generation target's task -> transformers.js' pipeline and optimum's class that load its
 #: `encoder_model.onnx` + `decoder_model_merged.onnx` (hfexport.formats.onnx.seq2seq_contract); other tasks: a
 #: decoder-only LLM's.

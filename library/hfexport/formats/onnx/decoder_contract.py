@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from hfexport.errors import SaveError
-from hfexport.files import MANIFEST_FILE
+from hfexport.files import MANIFEST_FILE, read_json_object
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = MODEL_FILE + "_data"
@@ -318,10 +318,3 @@ def _values(graph):
     yield from graph.outputs
 
 
-def read_json_object(path: Path) -> dict:
-    """The JSON object in `path`, or {} where it is missing, unreadable or not an object (optional settings)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -27,17 +27,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hfexport.files import MANIFEST_FILE
+from hfexport.files import MANIFEST_FILE, read_json_object
 from hfexport.formats.onnx import decoder_contract
+from hfexport.formats.backend import IMAGE_TEXT_COMPONENTS
 from hfexport.formats.onnx.backend import IMAGE_TEXT_FILES
+from hfexport.processors import save_flat_preprocessor_config
 from hfexport.formats.onnx.seq2seq_contract import (
     USE_CACHE_BRANCH, Seq2SeqContractError, branch, static_dim, static_int, use_cache_if,
 )
 
 FILES = IMAGE_TEXT_FILES
 VISION_ENCODER_FILE, EMBED_TOKENS_FILE, DECODER_FILE = FILES
-#: hfexport's VLM components (`hfexport.generate.vision_language`).
-COMPONENTS = ("image_encoder", "embed", "language_model", "lm_head", "decode")
+COMPONENTS = IMAGE_TEXT_COMPONENTS
 #: The image inputs transformers.js feeds its vision encoder (picked from the processor's outputs by the session's
 #: input names): LLaVA's `pixel_values`, Idefics3/SmolVLM's `pixel_attention_mask` beside them.
 IMAGE_INPUTS = {"pixel_values", "pixel_attention_mask"}
@@ -237,21 +238,9 @@ def save_processor_files(folder: Path, processor) -> None:
     save_flat_preprocessor_config(folder)
     template = getattr(processor, "chat_template", None)
     tokenizer_config = folder / "tokenizer_config.json"
-    tokenizer_settings = decoder_contract.read_json_object(tokenizer_config)
+    tokenizer_settings = read_json_object(tokenizer_config)
     if isinstance(template, str) and tokenizer_settings and "chat_template" not in tokenizer_settings:
         tokenizer_config.write_text(json.dumps({**tokenizer_settings, "chat_template": template}, indent=2) + "\n",
                                     encoding="utf-8")
 
 
-def save_flat_preprocessor_config(folder: Path) -> None:
-    """The image processor's settings flat in `preprocessor_config.json`, as transformers 4.x wrote them (transformers
-    5 nests them in `processor_config.json`): transformers.js' `AutoImageProcessor` and OpenVINO GenAI's
-    `ProcessorConfig` read that file. An owner's file already there is kept."""
-    settings = decoder_contract.read_json_object(folder / "processor_config.json")
-    nested, flat = settings.get("image_processor"), folder / "preprocessor_config.json"
-    if isinstance(nested, dict) and not flat.is_file():
-        # `processor_class` too, as transformers 4.x wrote it: transformers.js' AutoProcessor picks the processor by it
-        # (src/models/auto/processing_auto.js), else it makes a bare image processor and the prompt is not tokenized
-        named = {"processor_class": settings["processor_class"]} if isinstance(settings.get("processor_class"),
-                                                                              str) else {}
-        flat.write_text(json.dumps({**nested, **named}, indent=2) + "\n", encoding="utf-8")

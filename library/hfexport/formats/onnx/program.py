@@ -18,7 +18,7 @@ from hfexport.formats.onnx.onnxruntime_workarounds import (
     fuse_ready_rms_norms,
 )
 from hfexport.formats.onnx.onnxscript_workarounds import onnx_fixes
-from hfexport.formats.openvino.genai_layout import save_tokenizer
+from hfexport.processors import save_tokenizer
 from hfexport.formats.onnx.file_check import check_onnx_file
 
 

@@ -3,8 +3,13 @@ the one format whose runtime precision differs from the graph's (bf16 by default
 
 from __future__ import annotations
 
-from hfexport.formats.backend import COMMON_OPTIONS, CardTarget, FormatBackend, register_format
-from hfexport.formats.onnx.backend import IMAGE_TEXT_TASK
+from hfexport.formats.backend import (
+    COMMON_OPTIONS,
+    IMAGE_TEXT_TASK,
+    CardTarget,
+    FormatBackend,
+    register_format,
+)
 
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 

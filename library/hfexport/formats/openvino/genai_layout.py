@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE
+from hfexport.processors import save_tokenizer, text_tokenizer
 
 OPENVINO_MODEL = "openvino_model.xml"  # optimum-intel's OV_XML_FILE_NAME, LLMPipeline's model file
 OPENVINO_TOKENIZER = "openvino_tokenizer.xml"  # optimum-intel's OV_TOKENIZER_NAME, LLMPipeline's tokenizer
@@ -74,47 +75,6 @@ def rename_component(folder: Path, manifest: dict, component: str, file: str) ->
     entry["file"] = file
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return True
-
-
-def text_tokenizer(processor):
-    """The text tokenizer of `processor` (a tokenizer, or a processor holding one), None if it has none."""
-    from transformers import PreTrainedTokenizerBase
-
-    if isinstance(processor, PreTrainedTokenizerBase):
-        return processor
-    inner = getattr(processor, "tokenizer", None)
-    return inner if isinstance(inner, PreTrainedTokenizerBase) else None
-
-
-def save_tokenizer(folder: Path, processor) -> list[str]:
-    """The tokenizer's own files (`tokenizer.json`, `tokenizer_config.json`, ...) beside the program, readable by
-    transformers 4.x too."""
-    tokenizer = text_tokenizer(processor)
-    if tokenizer is None:
-        return []
-    before = set(os.listdir(folder))
-    tokenizer.save_pretrained(folder)
-    config = folder / "tokenizer_config.json"
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = None
-    if not isinstance(data, dict):
-        return sorted(set(os.listdir(folder)) - before)
-    changed = False
-    if data.get("tokenizer_class") == "TokenizersBackend":
-        # transformers 5 names its generic tokenizer.json tokenizer `TokenizersBackend`, a class transformers 4.x
-        # (optimum-intel's) cannot load; `PreTrainedTokenizerFast` is the same tokenizer in both.
-        data["tokenizer_class"], changed = "PreTrainedTokenizerFast", True
-    if isinstance(data.get("extra_special_tokens"), list):
-        # transformers 5 writes the additional special tokens as a list `extra_special_tokens`; transformers 4.x
-        # (optimum's) reads that key as a dict of named tokens (`.keys()`), and the list as `additional_special_tokens`.
-        extra, changed = data.pop("extra_special_tokens"), True
-        if extra and "additional_special_tokens" not in data:
-            data["additional_special_tokens"] = extra
-    if changed:
-        config.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return sorted(set(os.listdir(folder)) - before)
 
 
 def save_openvino_tokenizer(folder: Path, processor) -> list[str]:

@@ -11,9 +11,9 @@ from hfexport.files import keep_variant_folder, remove_variant_folder
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.openvino import variants as openvino_variants
 from hfexport.formats.openvino import weights
-from hfexport.formats.onnx.image_text_contract import save_flat_preprocessor_config
+from hfexport.processors import save_flat_preprocessor_config, save_tokenizer
 from hfexport.formats.openvino import vlm_layout
-from hfexport.formats.openvino.genai_layout import finish, save_openvino_tokenizer, save_tokenizer
+from hfexport.formats.openvino.genai_layout import finish, save_openvino_tokenizer
 from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 from hfexport.formats.openvino.file_check import check_openvino_files
 

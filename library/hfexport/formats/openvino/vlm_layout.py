@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.formats.onnx.image_text_contract import COMPONENTS
-from hfexport.formats.onnx.decoder_contract import read_json_object
+from hfexport.files import read_json_object
+from hfexport.formats.backend import IMAGE_TEXT_COMPONENTS as COMPONENTS
 from hfexport.formats.openvino.genai_layout import read_manifest, rename_component
 
 LANGUAGE_MODEL_FILE = "openvino_language_model.xml"  # optimum-intel's, VLMPipeline's

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hfexport.deployment import GenerationRequest
+from hfexport.files import read_json_object
 from hfexport.formats.onnx.backend import transformers_js_dtype
 
 #: Why a runtime does not check a folder without `model.onnx` + `genai_config.json` (hfexport.formats.onnx.decoder_contract).
@@ -27,8 +27,4 @@ def variant_dtype(request: GenerationRequest) -> str:
 def exported_config(folder: Path) -> dict:
     """An export's config.json (beside its graph), which a runtime's `limitation(config)` reads at the gate as the
     plan read the model's before the export; {} where it cannot be read."""
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
+    return read_json_object(Path(folder) / "config.json")

@@ -27,7 +27,7 @@ from hfexport.deployment import (
 )
 from hfexport.deployment._python import as_expected, run_python_client
 from hfexport.errors import HfExportError
-from hfexport.formats.onnx.runtimes import exported_config
+from hfexport.files import read_json_object
 from hfexport.formats.openvino import vlm_layout
 
 RUNTIME = "openvino-genai"
@@ -46,7 +46,7 @@ class NotHandable(HfExportError, ValueError):
 def check_generation(folder: Path, request: GenerationRequest, python: str) -> RuntimeCheck:
     """VLMPipeline on `folder` with each sample prompt and its image (module docstring), `python` the runtime's."""
     folder = Path(folder)
-    config = exported_config(folder)
+    config = read_json_object(folder / "config.json")
     refused = vlm_layout.limitation(config.get("model_type"))
     if refused:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=refused)
