@@ -12,6 +12,7 @@ from hfexport.formats.executorch.llm_program import DEFAULT_MAX_CONTEXT, max_con
 from hfexport.models import sequence_limit
 from hfexport.plan.decoder import check_single_graph, static_cache_generation_config, llm_runner_plan, single_graph_fits
 from hfexport.plan.data import ComponentPlan, Plan
+from hfexport.plan.memory_plan import estimate_memory_plan
 from hfexport.plan.seq2seq import check_default_layout, encoder_capture, seq2seq_trace_inputs, with_encoder
 from hfexport.plan.shapes import (
     AUTO_PROBE_BATCH, AxisResolver, default_generation_shapes, describe_shape, resolve_shapes, varying_sizes,
@@ -135,6 +136,8 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
     if llm_runner is not None:
         plan.llm_runner = max_context(model, target.generation)
     plan.prefill_by_decode, plan.single_graph = by_decode, single_graph
+    if any("bounds" in (component.dynamic_axes or {}) for component in components.values()):
+        plan.memory_plan = estimate_memory_plan(model.config, bounds)
     # Without a prefill the decode is exported as hfexport's own (the engine's export_for_generation traces both).
     own = (*OWN_COMPONENTS, "decode") if by_decode or single_graph else OWN_COMPONENTS
     plan.own_components = {name: stages[name] for name in own if name in stages}
