@@ -168,7 +168,8 @@ def test_an_executorch_program_planned_beyond_the_memory_is_refused_before_its_e
         "targets.executorch-generation: ExecuTorch plans every tensor's memory for its dims' upper bounds (batch <= 8, "
         f"sequence <= 64) and allocates it when the program loads: its encoder self-attention scores [8, 4, {encoder}, "
         f"{encoder}] float32 alone are {human_bytes(largest)}, about {human_bytes(largest * PLAN_OVER_LARGEST)} in "
-        "all, and 1.0 MB are available; bound the dims in the recipe (`dims.batch.max`, `generation.max_cache_len`, "
-        "or `dynamic_shapes` with named dims)"), target.error
+        "all, and 1.0 MB are available; lower the bounds in the recipe: `generation.max_cache_len`, or "
+        "`dynamic_shapes` with named dims and their `dims` (the default batch bound is at least 8, the verifier's "
+        "probe)"), target.error
     assert not any(step.step == "export" for step in steps)
     assert not (tmp_path / "out" / "executorch-generation").exists()

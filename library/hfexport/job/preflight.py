@@ -341,5 +341,6 @@ def check_memory_plan(plan, name: str) -> None:
         f"targets.{name}: {label} plans every tensor's memory for its dims' upper bounds (batch <= {bounds['batch']}, "
         f"sequence <= {bounds['length']}) and allocates it when the program loads: its {largest['what']} scores "
         f"{largest['shape']} float32 alone are {_human(largest['bytes'])}, about {_human(estimate['bytes'])} in all, "
-        f"and {_human(available)} are available; bound the dims in the recipe (`dims.batch.max`, "
-        "`generation.max_cache_len`, or `dynamic_shapes` with named dims)")
+        f"and {_human(available)} are available; lower the bounds in the recipe: `generation.max_cache_len`, or "
+        "`dynamic_shapes` with named dims and their `dims` (the default batch bound is at least 8, the verifier's "
+        "probe)")
