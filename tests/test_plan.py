@@ -448,3 +448,54 @@ def test_a_dry_plan_finds_what_the_model_cannot_do_from_its_config_alone(tiny_be
     assert "BertModel (task 'feature-extraction', from user/bert/config.json) does not" in problems[0].message
     assert "no input named 'foo_ids'; its inputs: input_ids, attention_mask" in problems[1].message
     assert model_problems(recipe_from_document(recipe), {"model_type": "no-such-architecture"}) == []
+
+
+@pytest.fixture(scope="module")
+def whisper(session_dir):
+    from hfexport.testing.models import make_model
+
+    folder = session_dir / "tiny-whisper"  # the session's copy (test_onnx_seq2seq, test_generate_seq2seq)
+    if not (folder / "export_config.json").is_file():
+        make_model("tiny-whisper", folder)
+    recipe = load_recipe(folder)
+    return recipe, load_model(folder, recipe), load_processor(folder)
+
+
+def test_executorch_default_generation_shapes_are_bounded_by_the_batch_and_the_decoder_positions(whisper):
+    """ExecuTorch plans every tensor's memory for its dims' upper bounds, and transformers 5.23's exporter caps an
+    unbounded AUTO axis by a guess that ignores the tensor's width (Whisper large-v3-turbo's prefill: batch 256 x 256
+    positions, 35 GiB, `std::bad_alloc` on load). Its default shapes are bounded by the recipe's batch (at least the
+    verifier's probe) and the decoder's `max_target_positions`; the encoder's length stays the model's; other formats
+    keep the unbounded AUTO."""
+    recipe, model, processor = whisper
+    batch, length = 8, model.config.max_target_positions
+    plan = build_plan(recipe, "executorch-generation", model, processor=processor)
+    prefill, decode = plan.components["prefill"].config.dynamic_shapes, plan.components["decode"].config.dynamic_shapes
+    assert prefill["decoder_input_ids"] == {0: Dim.AUTO(max=batch), 1: Dim.AUTO(max=length)}
+    layers = model.config.decoder_layers
+    self_attention, cross_attention = decode["past_key_values"][:2 * layers], decode["past_key_values"][2 * layers:]
+    assert all(spec == {0: Dim.AUTO(max=batch), 2: Dim.AUTO(max=length)} for spec in self_attention), self_attention
+    assert all(spec == {0: Dim.AUTO(max=batch)} for spec in cross_attention), cross_attention  # the encoder's length
+    assert plan.components["decode"].dynamic_axes["bounds"] == f"batch <= {batch}, sequence <= {length}"
+    onnx = build_plan(recipe, "onnx-generation", model, processor=processor).components["prefill"]
+    assert onnx.config.dynamic_shapes["decoder_input_ids"] == {0: Dim.AUTO, 1: Dim.AUTO}
+    assert "bounds" not in onnx.dynamic_axes
+
+
+def test_generation_bounds_take_the_recipes_batch_and_the_configs_positions():
+    from hfexport.formats.executorch.llm_program import DEFAULT_MAX_CONTEXT
+    from hfexport.plan.generation import generation_bounds
+    from hfexport.plan.shapes import AUTO_PROBE_BATCH
+    from transformers import BartConfig, LlamaConfig, T5Config, WhisperConfig
+
+    def bounds(batch_max, config, **generation):
+        recipe = recipe_from_document({
+            "recipe_version": 1, "dims": {"batch": {"min": 1, "max": batch_max}},
+            "targets": {"t": {"export_format": "executorch", "mode": "generation", "generation": generation}}})
+        return generation_bounds(recipe, recipe.target("t"), config)
+
+    assert bounds(16, WhisperConfig(max_target_positions=448)) == (16, 448)  # the decoder's, not the encoder's 1500
+    assert bounds(2, BartConfig(max_position_embeddings=1024)) == (AUTO_PROBE_BATCH, 1024)
+    assert bounds(8, LlamaConfig(max_position_embeddings=131072)) == (8, DEFAULT_MAX_CONTEXT)
+    assert bounds(8, LlamaConfig(max_position_embeddings=131072), max_cache_len=4096) == (8, 4096)
+    assert bounds(4, T5Config()) == (AUTO_PROBE_BATCH, None)  # relative positions: no limit stated

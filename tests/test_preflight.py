@@ -141,3 +141,35 @@ def test_bad_override_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "lots")
     with pytest.raises(PreflightError, match="HFEXPORT_MEMORY_LIMIT_MB='lots' is not a number of megabytes"):
         run_job(EXAMPLE, tmp_path / "out", targets=["onnx"])
+
+
+def test_an_executorch_program_planned_beyond_the_memory_is_refused_before_its_export(session_dir, monkeypatch,
+                                                                                      tmp_path):
+    """ExecuTorch allocates its memory plan, sized for the dims' upper bounds, when a program loads: a generation
+    target whose bounded plan would not fit is refused after the plan, before the export, naming the bounds, the
+    largest planned tensor and what to change (tiny Whisper at batch 8 x 64 positions over a 1 MB limit)."""
+    from hfexport.files import human_bytes
+    from hfexport.models import load_model
+    from hfexport.plan.memory_plan import PLAN_OVER_LARGEST
+    from hfexport.testing.models import make_model
+
+    folder = session_dir / "tiny-whisper"  # the session's copy (test_onnx_seq2seq, test_plan)
+    if not (folder / "export_config.json").is_file():
+        make_model("tiny-whisper", folder)
+    model = load_model(folder, load_recipe(folder))  # loaded: the job's weight preflight is skipped, not the plan's
+    monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "1")
+    steps: list[Step] = []
+    report = run_job(folder, tmp_path / "out", targets=["executorch-generation"], model_object=model,
+                     progress=steps.append)
+    target = report.targets["executorch-generation"]
+    encoder = model.config.max_source_positions  # the encoder's length, as Whisper fixes it
+    largest = 8 * 4 * encoder * encoder * 4
+    assert target.status == "error" and target.error == (
+        "targets.executorch-generation: ExecuTorch plans every tensor's memory for its dims' upper bounds (batch <= 8, "
+        f"sequence <= 64) and allocates it when the program loads: its encoder self-attention scores [8, 4, {encoder}, "
+        f"{encoder}] float32 alone are {human_bytes(largest)}, about {human_bytes(largest * PLAN_OVER_LARGEST)} in "
+        "all, and 1.0 MB are available; lower the bounds in the recipe: `generation.max_cache_len`, or "
+        "`dynamic_shapes` with named dims and their `dims` (the default batch bound is at least 8, the verifier's "
+        "probe)"), target.error
+    assert not any(step.step == "export" for step in steps)
+    assert not (tmp_path / "out" / "executorch-generation").exists()

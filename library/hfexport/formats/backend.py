@@ -76,6 +76,8 @@ class FormatBackend:
     checks_input_spec: ClassVar[bool] = False  # its program checks the input's pytree spec (a static cache's batch)
     one_decoder_graph: ClassVar[bool] = False  # its runtimes' generation contract is one decoder graph
     llm_program: ClassVar[bool] = False  # its generation contract is one program that holds its cache (an LLM runner)
+    # its runtime allocates every planned tensor for the dynamic dims' upper bounds at load (ExecuTorch's memory plan)
+    plans_memory_for_upper_bounds: ClassVar[bool] = False
     converts_to_float16: ClassVar[bool] = False  # a target's `dtype: float16` converts its saved graph
     generation_variants: ClassVar[bool] = False  # a generation target may be published under a variant's name
     cache_state_option: ClassVar[str | None] = None  # the option that keeps the cache as internal state

@@ -24,7 +24,7 @@ from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_entries, save_ato
 from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
-from hfexport.job.preflight import runtime_refusals
+from hfexport.job.preflight import check_memory_plan, runtime_refusals
 from hfexport.job.structure import gate_releases, load_weights, release_weights, structure_export
 from hfexport.logs import engine_output
 from hfexport.plan import build_plan
@@ -94,6 +94,8 @@ class TargetPipeline:
             job.quantized_plans[self.name] = plan
             target_report.quantization = jsonable(plan.quantization)
         target_report.timings["plan_s"] = round(timer.seconds, 4)
+        if job.options.preflight:
+            check_memory_plan(plan, self.name)  # a program planned for its bounds that would not load here
         # a runtime that cannot run this config is said so now, before the export (the gate answers the same)
         if refused := runtime_refusals(self.target, job.model_object.config.to_dict()):
             target_report.runtimes = refused

@@ -324,3 +324,23 @@ def runtime_refusals(target, config: dict) -> list[dict]:
         if reason:
             refused.append({"runtime": module.RUNTIME, "verdict": "not_checked", "reason": reason})
     return refused
+
+
+def check_memory_plan(plan, name: str) -> None:
+    """Refuse a target, before its export, whose programs would allocate more at load than this machine has: a
+    format that plans its memory for the dims' upper bounds (ExecuTorch: `plans_memory_for_upper_bounds`) allocates
+    it all when the program loads, which the gate does here (`plan.memory_plan`,
+    `hfexport.plan.memory_plan.estimate_memory_plan`)."""
+    estimate = plan.memory_plan
+    available = available_memory() if estimate else None
+    if available is None or estimate["bytes"] <= available:
+        return
+    largest, bounds = estimate["largest"], estimate["bounds"]
+    label = format_traits(plan.target.export_format).label
+    raise PreflightError(
+        f"targets.{name}: {label} plans every tensor's memory for its dims' upper bounds (batch <= {bounds['batch']}, "
+        f"sequence <= {bounds['length']}) and allocates it when the program loads: its {largest['what']} scores "
+        f"{largest['shape']} float32 alone are {_human(largest['bytes'])}, about {_human(estimate['bytes'])} in all, "
+        f"and {_human(available)} are available; lower the bounds in the recipe: `generation.max_cache_len`, or "
+        "`dynamic_shapes` with named dims and their `dims` (the default batch bound is at least 8, the verifier's "
+        "probe)")

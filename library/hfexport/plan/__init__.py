@@ -6,7 +6,8 @@ statement of which axes are dynamic. Mode `forward` is one `"model"` component; 
 components the engine's `decompose_for_generation` finds for this model (`prefill`/`decode`, or encoders, ...).
 
 Modules: `model` (the `Plan` data), `shapes` (dims and dynamic shapes), `tracing` (the engine's config and traced
-inputs), `build` (`build_plan`), `generation` (what every generation family shares), and one module per family:
+inputs), `build` (`build_plan`), `generation` (what every generation family shares), `memory_plan` (what a program
+planned for its dims' upper bounds allocates at load), and one module per family:
 `decoder`, `seq2seq`, `vision_language`, `state_space`.
 """
 

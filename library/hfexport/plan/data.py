@@ -52,6 +52,9 @@ class Plan:
     # ExecuTorch's LLM runner contract (`hfexport.formats.executorch.llm_program`): one program `model` that holds its cache, exported
     # by hfexport itself; the cache size it holds.
     llm_runner: int | None = None
+    # The memory its programs allocate at load where the format plans it for the dims' upper bounds
+    # (`hfexport.plan.memory_plan.estimate_memory_plan`); None where it does not, or the bounds are the engine's.
+    memory_plan: dict | None = None
 
     @property
     def export_format(self):

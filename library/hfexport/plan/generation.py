@@ -8,12 +8,14 @@ from typing import Any
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import PlanError
 from hfexport.formats import format_traits
-from hfexport.formats.executorch.llm_program import max_context
+from hfexport.formats.executorch.llm_program import DEFAULT_MAX_CONTEXT, max_context
+from hfexport.models import sequence_limit
 from hfexport.plan.decoder import check_single_graph, static_cache_generation_config, llm_runner_plan, single_graph_fits
 from hfexport.plan.data import ComponentPlan, Plan
+from hfexport.plan.memory_plan import estimate_memory_plan
 from hfexport.plan.seq2seq import check_default_layout, encoder_capture, seq2seq_trace_inputs, with_encoder
 from hfexport.plan.shapes import (
-    AxisResolver, default_generation_shapes, describe_shape, resolve_shapes, varying_sizes,
+    AUTO_PROBE_BATCH, AxisResolver, default_generation_shapes, describe_shape, resolve_shapes, varying_sizes,
 )
 from hfexport.plan.state_space import exports_decode_alone
 from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
@@ -86,6 +88,8 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
                             f"{error}") from None
     sizes = varying_sizes(stages)
+    bounds = (generation_bounds(recipe, target, model.config)
+              if format_traits(target.export_format).plans_memory_for_upper_bounds else (None, None))
     by_decode = exports_decode_alone(model, str(target.export_format), stages)
     if single_graph:
         check_single_graph(target.name, stages)
@@ -121,7 +125,7 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
             options.setdefault(state_option, False)
         component_shapes = override.get("dynamic_shapes", {})
         if shapes is None and not component_shapes:
-            dynamic_shapes, described = default_generation_shapes(prepared, sizes)
+            dynamic_shapes, described = default_generation_shapes(prepared, sizes, bounds)
         else:
             resolver = AxisResolver(recipe, dims, name, generation=True)
             dynamic_shapes, described = resolve_shapes(
@@ -145,6 +149,8 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
     if llm_runner is not None:
         plan.llm_runner = max_context(model, target.generation)
     plan.prefill_by_decode, plan.single_graph = by_decode, single_graph
+    if any("bounds" in (component.dynamic_axes or {}) for component in components.values()):
+        plan.memory_plan = estimate_memory_plan(model.config, bounds)
     # Without a prefill the decode is exported as hfexport's own (the engine's export_for_generation traces both).
     own = (*OWN_COMPONENTS, "decode") if by_decode or single_graph else OWN_COMPONENTS
     plan.retraced = tuple(retraced_encoders(model, stages))
@@ -152,4 +158,26 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
     if "encoder" in stages:
         plan.trace_inputs = seq2seq_trace_inputs(model, inputs)
     return plan
+
+
+def generation_bounds(recipe: Recipe, target: Target, config) -> tuple[int, int | None]:
+    """(batch, length) upper bounds of a generation target's default shapes where the format's memory plan is sized
+    for the upper bounds (`plans_memory_for_upper_bounds`: ExecuTorch allocates every planned tensor at its bound when
+    the program loads). Batch: the recipe's `dims.batch.max`, at least the verifier's `AUTO_PROBE_BATCH`. Length: the
+    recipe's `generation.max_cache_len`, else the decoder's positions (`max_target_positions`, else
+    `max_position_embeddings` or its aliases) up to `DEFAULT_MAX_CONTEXT`, as ExecuTorch's LLM runner program's cache
+    (`max_context`); None where the config states no positions (T5's relative ones: the engine's own cap stays).
+
+    Without them every axis is `Dim.AUTO`, unbounded, and transformers 5.23's ExecuTorch exporter caps each one with a
+    heuristic that ignores the tensor's width (`_fix_range_constraints`: 4x the traced size, or a floor shared out
+    over the unbounded dims): Whisper large-v3-turbo's prefill was planned for batch 256 x 256 decoder positions, a
+    [256, 20, 256, 1500] float32 cross-attention score among its tensors, 35,351 MiB in all, and did not load
+    (`std::bad_alloc`)."""
+    batch = max(int(recipe.dims.get("batch", {}).get("max") or 0), AUTO_PROBE_BATCH)
+    if target.generation.get("max_cache_len"):
+        return batch, int(target.generation["max_cache_len"])
+    positions = getattr(config, "max_target_positions", None)
+    if not (isinstance(positions, int) and positions > 0):
+        positions = sequence_limit(config)
+    return batch, (min(positions, DEFAULT_MAX_CONTEXT) if positions else None)
 

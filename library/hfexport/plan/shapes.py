@@ -231,7 +231,19 @@ def _may_vary(leaf_name: str, leaf, axis: int) -> bool:
     return True
 
 
-def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) -> tuple[dict, dict]:
+#: The largest batch the verifier probes a target with default shapes at (`hfexport.verify.probes.AUTO_VALUES`).
+AUTO_PROBE_BATCH = 8
+
+
+def _auto(size: int, bound: int | None):
+    """`Dim.AUTO`, with `max=bound` where the bound holds the traced size (else unbounded: the sample decides)."""
+    from torch.export import Dim
+
+    return Dim.AUTO(max=bound) if bound is not None and size <= bound else Dim.AUTO
+
+
+def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]],
+                              bounds: tuple[int | None, int | None] = (None, None)) -> tuple[dict, dict]:
     """A generation component's shapes when the recipe gives none: `Dim.AUTO` on every axis of a tensor input, and
     on a cache tensor only on axis 0 where the sample has a batch size and on later axes where it has a sequence
     length (`sizes`, from `varying_sizes`); a cache's other axes (heads, head_dim, a static cache's length, a
@@ -243,16 +255,26 @@ def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) 
     benchmarks/results/generation_shapes.json). An axis whose sample size happens to equal a batch or sequence size
     stays `Dim.AUTO` (torch.export then decides, as before), so nothing that varies is pinned, except in an attention
     layer's keys and values (`ATTENTION_CACHE_AXES`): their heads and head_dim never vary, whatever the sample's
-    lengths (a prompt of 8 tokens beside Llama 3's 8 key-value heads made the heads axis symbolic)."""
+    lengths (a prompt of 8 tokens beside Llama 3's 8 key-value heads made the heads axis symbolic).
+
+    `bounds` (batch, length), from `plan.generation.generation_bounds` where the format needs them: an axis 0 of a batch size gets
+    `max=batch`, a later axis of a sequence length `max=length` (on every input, the caches' included), so the
+    program is planned for what the model can take, not for the exporter's guess."""
     import torch
-    from torch.export import Dim
     from transformers.exporters.utils import get_leaf_tensors
 
     batches, lengths = sizes
+    batch_bound, length_bound = bounds
+
+    def axis_dim(axis: int, size: int):
+        if axis == 0:
+            return _auto(size, batch_bound if size in batches else None)
+        return _auto(size, length_bound if size in lengths else None)
+
     result, cached = {}, False
     for key, value in prepared.items():
         if isinstance(value, torch.Tensor):
-            result[key] = {axis: Dim.AUTO for axis in range(value.dim())} or None
+            result[key] = {axis: axis_dim(axis, size) for axis, size in enumerate(value.shape)} or None
             continue
         template = auto_dynamic_shapes(value)
         if not template or isinstance(template, dict):
@@ -262,11 +284,14 @@ def default_generation_shapes(prepared: dict, sizes: tuple[set[int], set[int]]) 
         if len(leaves) != len(_flatten_template(template)):
             result[key] = template  # a container hfexport cannot read leaf by leaf: the engine's default
             continue
-        specs = iter([{axis: Dim.AUTO for axis, size in enumerate(leaf.shape)
+        specs = iter([{axis: axis_dim(axis, size) for axis, size in enumerate(leaf.shape)
                        if size in (batches if axis == 0 else lengths) and _may_vary(name, leaf, axis)} or None
                       for name, leaf in leaves.items()])
         result[key] = _rebuild_template(template, specs)
         cached = cached or bool(leaves)
     described = {"*": "auto"} if not cached else {
         "*": "auto", "cache": "auto on the batch and sequence axes, other axes static"}
+    if batch_bound is not None or length_bound is not None:
+        described["bounds"] = ", ".join(f"{name} <= {bound}" if bound is not None else f"{name} unbounded"
+                                        for name, bound in (("batch", batch_bound), ("sequence", length_bound)))
     return result, described

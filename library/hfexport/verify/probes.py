@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hfexport.models import sequence_limit
+from hfexport.plan.shapes import AUTO_PROBE_BATCH
 from hfexport.preparers import repack_images
 from hfexport.recipe.validation import parse_axis
 
 DEFAULT_MAX_PROBE_ELEMENTS = 1 << 16
-AUTO_VALUES = {"batch": [1, 8], "seq": [5, 37]}
+AUTO_VALUES = {"batch": [1, AUTO_PROBE_BATCH], "seq": [5, 37]}
 INSIDE_VALUE = 37
 
 

@@ -37,6 +37,7 @@ class ExecutorchFormat(FormatBackend):
                 "hfexport.formats.executorch.runtimes.optimum_executorch")
     checks_input_spec = True
     llm_program = True
+    plans_memory_for_upper_bounds = True
     # ExecuTorch keeps only what its XNNPACK delegate lowers: the XNNPACK PT2E presets, on the xnnpack backend.
     quantized_lowerings = ("xnnpack",)
     variants = ("8da4w",)  # optimum-executorch's qlinear=8da4w, qembedding=8w (hfexport.formats.executorch.variants)
