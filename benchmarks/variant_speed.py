@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE))
 
 from _process import alternate_workers, load, machine  # noqa: E402 - the benchmarks' harness
 from llm_runtimes import _peer_model  # noqa: E402
+from smollm2_runtimes import GENAI_WORKER  # noqa: E402 - onnxruntime-genai's timed worker
 from variant_quality import TEXTS  # noqa: E402 - the quality measure's fixed texts
 
 FORMATS = [name for name in os.environ.get("FORMATS", "openvino,onnx,executorch").split(",") if name]
@@ -230,30 +231,6 @@ for line in sys.stdin:
     print(json.dumps({"ttft_ms": metrics.get_ttft().mean, "tokens_per_s": metrics.get_throughput().mean,
                       "tokens": [int(t) for t in result.tokens[0]]}), flush=True)
 """
-# onnxruntime-genai: one og.Model per process (folder, new tokens); each stdin line a prompt (token ids)
-GENAI_WORKER = r"""
-import json, sys, time
-import numpy as np
-import onnxruntime_genai as og
-model, new = og.Model(sys.argv[1]), int(sys.argv[2])
-def run(prompt):
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(prompt) + new, min_length=len(prompt) + new)
-    generator = og.Generator(model, params)
-    start = time.perf_counter()
-    generator.append_tokens(np.array([prompt], dtype=np.int32))
-    generator.generate_next_token()
-    first = time.perf_counter()
-    while not generator.is_done():
-        generator.generate_next_token()
-    end = time.perf_counter()
-    tokens = [int(t) for t in generator.get_sequence(0)[len(prompt):]]
-    return {"ttft_ms": (first - start) * 1000, "tokens_per_s": (len(tokens) - 1) / (end - first), "tokens": tokens}
-run([1, 2, 3, 4])
-print(json.dumps({"ready": True}), flush=True)
-for line in sys.stdin:
-    print(json.dumps(run(json.loads(line))), flush=True)
-"""
 
 
 def genai_folder(folder: Path, stage: Path) -> Path:
@@ -304,6 +281,11 @@ def speed(export_format: str, made: dict) -> dict:
                                 settle_s=SETTLE_S, generations=GENERATIONS,
                                 env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}, **popen)
     load_after = load()
+    if export_format == "onnx":  # smollm2_runtimes' worker answers seconds: the same figures as the others'
+        for call in (call for calls in runs.values() for call in calls):
+            decode_s = call.pop("decode_s")
+            call["ttft_ms"] = call.pop("ttft") * 1000
+            call["tokens_per_s"] = (len(call["tokens"]) - 1) / decode_s
     if export_format == "executorch":  # tokens/s over the tokens every side produced (the runner may stop at EOS)
         for calls in zip(*runs.values(), strict=True):
             n = min(len(call["tokens"]) for call in calls)
