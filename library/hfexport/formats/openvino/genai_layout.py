@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from hfexport.files import MANIFEST_FILE
+from hfexport.files import MANIFEST_FILE, read_json_object
 from hfexport.processors import save_tokenizer, text_tokenizer
 
 OPENVINO_MODEL = "openvino_model.xml"  # optimum-intel's OV_XML_FILE_NAME, LLMPipeline's model file
@@ -32,11 +32,8 @@ log = logging.getLogger(__name__)
 
 def read_manifest(folder: Path) -> dict | None:
     """A saved export's manifest (`export.json`), None where it is not one with components."""
-    try:
-        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("components"), dict) else None
+    manifest = read_json_object(folder / MANIFEST_FILE)
+    return manifest if isinstance(manifest.get("components"), dict) else None
 
 
 def is_openvino_llm(manifest: dict) -> bool:
