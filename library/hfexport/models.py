@@ -106,14 +106,19 @@ def _task_from_auto_mappings(name: str) -> str | None:
     return None
 
 
-def sequence_limit(config) -> int | None:
-    """The longest sequence a model's config admits (`max_position_embeddings` or its aliases), None if unstated."""
+def config_int(config, names: tuple[str, ...]) -> int | None:
+    """The first positive int a config (then its `text_config`) holds under one of `names`, None if none does."""
     for holder in (config, getattr(config, "text_config", None)):
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        for name in names:
             value = getattr(holder, name, None) if holder is not None else None
             if isinstance(value, int) and value > 0:
                 return value
     return None
+
+
+def sequence_limit(config) -> int | None:
+    """The longest sequence a model's config admits (`max_position_embeddings` or its aliases), None if unstated."""
+    return config_int(config, ("max_position_embeddings", "n_positions", "max_sequence_length"))
 
 
 def multi_axis_rope(config) -> bool:

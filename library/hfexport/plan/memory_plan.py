@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from hfexport.models import config_int
+
 #: A program's memory plan over its largest attention score tensor, measured on Whisper large-v3-turbo's programs at
 #: the zoo's fast widths, batch 8 x 448 positions (ExecuTorch 1.5.1): encoder 4,296 MiB over 1,373 (3.1x), prefill
 #: 1,670 MiB over 410 (4.1x).
@@ -13,26 +15,17 @@ PLAN_OVER_LARGEST = 4
 FLOAT32_BYTES = 4
 
 
-def _first_int(config, names: tuple[str, ...]) -> int | None:
-    for holder in (config, getattr(config, "text_config", None)):
-        for name in names:
-            value = getattr(holder, name, None) if holder is not None else None
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
-
-
 def attention_scores(config, batch: int, length: int) -> list[tuple[str, list[int]]]:
     """The attention score tensors a generation export of this config computes at its bounds, `(what, shape)`: the
     encoder's self-attention over its length (an encoder-decoder: `max_source_positions` where the model fixes it,
     else `length`), the decoder's prompt over itself and over the encoder's output."""
-    decoder_heads = _first_int(config, ("decoder_attention_heads", "num_attention_heads", "num_heads", "n_head"))
+    decoder_heads = config_int(config, ("decoder_attention_heads", "num_attention_heads", "num_heads", "n_head"))
     if decoder_heads is None:
         return []
     scores = [("decoder self-attention", [batch, decoder_heads, length, length])]
     if getattr(config, "is_encoder_decoder", False):
-        encoder = _first_int(config, ("max_source_positions",)) or length
-        encoder_heads = _first_int(config, ("encoder_attention_heads",)) or decoder_heads
+        encoder = config_int(config, ("max_source_positions",)) or length
+        encoder_heads = config_int(config, ("encoder_attention_heads",)) or decoder_heads
         scores += [("encoder self-attention", [batch, encoder_heads, encoder, encoder]),
                    ("decoder cross-attention", [batch, decoder_heads, length, encoder])]
     return scores
