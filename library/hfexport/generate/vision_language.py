@@ -101,8 +101,8 @@ def image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.
         modality = modality_of(exported.components)
         features = encoder_features(exported, modality, images)
         embed = exported.runners[EMBED]
-        return _only_tensor(embed(input_ids=input_ids.to(embed.device),
-                                  **{f"{modality}_features": features.to(embed.device)})).cpu()
+        return _first_tensor(embed(input_ids=input_ids.to(embed.device),
+                                   **{f"{modality}_features": features.to(embed.device)}), only=True).cpu()
     names = image_input_names(exported)
     missing = [name for name in names if name not in images]
     if missing:
@@ -126,11 +126,11 @@ def image_text_embeds(exported, input_ids: torch.Tensor, images: dict) -> torch.
             chunk = preparers.prepare(recorded, chunk)
         out = encoder(**as_traced(encoder, {name: value.to(encoder.device) if isinstance(value, torch.Tensor)
                                             else value for name, value in chunk.items()}))
-        features.append(_only_tensor(out).cpu())
+        features.append(_first_tensor(out, only=True).cpu())
     features = torch.cat(features)
     embed = exported.runners[EMBED]
-    return _only_tensor(embed(input_ids=input_ids.to(embed.device),
-                              image_features=features.to(embed.device))).cpu()
+    return _first_tensor(embed(input_ids=input_ids.to(embed.device),
+                               image_features=features.to(embed.device)), only=True).cpu()
 
 
 def takes_rope_positions(exported) -> bool:
@@ -261,24 +261,15 @@ def _lm_head_logits(exported, hidden_states: torch.Tensor) -> torch.Tensor:
     """The `lm_head` component on the language model's hidden states (its one input is named as traced)."""
     runner = exported.runners[LM_HEAD]
     (name,) = runner.metadata.kwargs
-    return _only_tensor(runner(**{name: hidden_states.to(runner.device)}))
+    return _first_tensor(runner(**{name: hidden_states.to(runner.device)}), only=True)
 
 
-def _first_tensor(outputs) -> torch.Tensor:
-    """A component's first output tensor (an encoder's `last_hidden_state`)."""
+def _first_tensor(outputs, only: bool = False) -> torch.Tensor:
+    """A component's first output tensor (an encoder's `last_hidden_state`), or with `only` its one output tensor (a
+    runner returns it as traced: a tensor, or a tuple/output of one)."""
     if isinstance(outputs, torch.Tensor):
         return outputs
     values = list(outputs.values()) if hasattr(outputs, "values") else list(outputs)
-    if not values or not isinstance(values[0], torch.Tensor):
-        raise GenerationError(f"expected an output tensor, got {type(outputs).__name__}")
-    return values[0]
-
-
-def _only_tensor(outputs) -> torch.Tensor:
-    """A component's one output tensor (a runner returns it as traced: a tensor, or a tuple/output of one)."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    values = list(outputs.values()) if hasattr(outputs, "values") else list(outputs)
-    if len(values) != 1 or not isinstance(values[0], torch.Tensor):
-        raise GenerationError(f"expected one output tensor, got {type(outputs).__name__}")
+    if not values or (only and len(values) != 1) or not isinstance(values[0], torch.Tensor):
+        raise GenerationError(f"expected {'one' if only else 'an'} output tensor, got {type(outputs).__name__}")
     return values[0]
