@@ -162,6 +162,9 @@ def test_the_export_is_in_vlmpipelines_layout(llava_openvino):
     assert (flat["crop_size"], flat["size"]) == ({"height": 32, "width": 32}, {"shortest_edge": 32})
     manifest = json.loads((folder / "export.json").read_text())
     assert manifest["components"]["language_model"]["file"] == vlm_layout.PREFILL_FILE
+    for name in vlm_layout.FILES:  # the components' f32 precision hint, not the CPU's default precision
+        model = ov.Core().read_model(str(folder / name))
+        assert model.get_rt_info(["runtime_options", "INFERENCE_PRECISION_HINT"]).astype(str) == "f32", name
 
 
 @pytest.mark.slow

@@ -97,12 +97,26 @@ def to_layout(folder: str | Path) -> list[str]:
     if embedding_lookup(read["embed"]) is None or embedding_lookup(read["decode"]) is None:
         return []
     rename_component(folder, manifest, "language_model", PREFILL_FILE)
-    models = {VISION_EMBEDDINGS_FILE: vision_embeddings(read["image_encoder"]),
-              TEXT_EMBEDDINGS_FILE: text_embeddings(read["embed"]),
-              LANGUAGE_MODEL_FILE: language_model(read["decode"])}
-    for name, model in models.items():
+    models = {VISION_EMBEDDINGS_FILE: (vision_embeddings(read["image_encoder"]), read["image_encoder"]),
+              TEXT_EMBEDDINGS_FILE: (text_embeddings(read["embed"]), read["embed"]),
+              LANGUAGE_MODEL_FILE: (language_model(read["decode"]), read["decode"])}
+    for name, (model, source) in models.items():
+        keep_runtime_options(source, model)
         ov.save_model(model, str(folder / name), compress_to_fp16=False)
     return list(models)
+
+
+def keep_runtime_options(source, model) -> None:
+    """`source`'s `rt_info/runtime_options` (the engine writes `INFERENCE_PRECISION_HINT` and `KV_CACHE_PRECISION`
+    f32 into every component) onto `model`, made from it as a new `ov.Model`, which starts without rt_info: the
+    layout's files run at the precision the components were verified at, not at the CPU's default. Not
+    `KV_CACHE_PRECISION`: with it in the language model's file, VLMPipeline 2026.4.1 ends in a segmentation fault
+    (measured on tiny LLaVA; the precision hint alone runs)."""
+    if not source.has_rt_info("runtime_options"):
+        return
+    for option, value in source.get_rt_info("runtime_options").astype(dict).items():
+        if option != "KV_CACHE_PRECISION":
+            model.set_rt_info(value.astype(str), ["runtime_options", option])
 
 
 def embedding_lookup(model):
