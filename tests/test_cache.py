@@ -113,6 +113,9 @@ def test_a_local_hit_skips_loading_and_says_why(out_with_onnx, exported_bert):
     assert "same cache key" in target.unchanged_reason and str(out_with_onnx / "onnx") in target.unchanged_reason
     assert target.cache_key == exported_bert[1].targets["onnx"].cache_key
     assert target.files == exported_bert[1].targets["onnx"].files
+    # The runtimes' verdicts and the variants were measured on these same files: the hit carries them.
+    assert (target.runtimes, target.variants) == (exported_bert[1].targets["onnx"].runtimes,
+                                                  exported_bert[1].targets["onnx"].variants)
     assert not any(step.step in ("load_model", "preflight", "export") for step in steps)
     assert "load_model_s" not in report.timings
     summary = json.loads((out_with_onnx / "export_report.json").read_text())

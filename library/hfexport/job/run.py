@@ -391,7 +391,8 @@ def _cache_hits(recipe: Recipe, names: list[str], source: dict, packages: dict, 
 
 
 def _mark_unchanged(target_report: TargetReport, hit) -> None:
-    """A cache hit: nothing exported; the previous export's files and verification, and why."""
+    """A cache hit: nothing exported; the previous export's files, verification, runtimes' verdicts and variants
+    (all measured on these same files), and why."""
     previous = hit.report
     target_report.status = "unchanged"
     target_report.unchanged_reason = hit.reason
@@ -400,3 +401,5 @@ def _mark_unchanged(target_report: TargetReport, hit) -> None:
     target_report.verification = previous.verification
     target_report.quantization = previous.quantization
     target_report.latency = previous.latency
+    target_report.runtimes = list(previous.runtimes)
+    target_report.variants = list(previous.variants)
