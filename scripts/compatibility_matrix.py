@@ -5,7 +5,10 @@ Every cell (tiny model × format × mode, `hfexport.testing.models`) runs in its
 
     python scripts/compatibility_matrix.py                      # the whole matrix, then docs/ is rewritten
     python scripts/compatibility_matrix.py --models tiny-gpt2   # some cells: merged into the existing results
-    python scripts/compatibility_matrix.py --zoo                # the published configs (hfexport.testing.zoo), merged
+    python scripts/compatibility_matrix.py --zoo --fast         # the published configs (hfexport.testing.zoo) at the
+                                                                # default suite's widths, merged into docs/compatibility.*
+    python scripts/compatibility_matrix.py --zoo                # ... at their published widths: a document of their own,
+                                                                # docs/compatibility_published.{md,json}
     python scripts/compatibility_matrix.py --update-expected    # also rewrite tests/data/compatibility_expected.json
     python scripts/compatibility_matrix.py --zoo --fast --collect DIR   # the cells a stopped run finished, merged
     python scripts/compatibility_matrix.py --render-only        # docs/compatibility.md from docs/compatibility.json
@@ -34,6 +37,7 @@ from hfexport.testing.matrix import (  # noqa: E402
     FORMATS,
     MODELS,
     MODES,
+    PUBLISHED_DOCUMENT,
     ZOO,
     CellResult,
     all_cells,
@@ -47,8 +51,11 @@ from hfexport.testing.matrix import (  # noqa: E402
 
 DOCS_JSON = ROOT / "docs" / "compatibility.json"
 DOCS_MD = ROOT / "docs" / "compatibility.md"
+PUBLISHED_JSON = ROOT / "docs" / "compatibility_published.json"  # the zoo at published widths: never mixed with
+PUBLISHED_MD = ROOT / "docs" / "compatibility_published.md"      # the `--fast` rows, which have the same cell ids
 EXPECTED = ROOT / "tests" / "data" / "compatibility_expected.json"
 REGENERATE = "python scripts/compatibility_matrix.py --jobs 2 --timeout 480 --fresh --update-expected"
+REGENERATE_PUBLISHED = "python scripts/compatibility_matrix.py --zoo --jobs 2 --timeout 1500 --no-latency --fresh"
 CI_NOTE = (
     "The whole matrix took {cpu_min:.0f} CPU-minutes ({wall_min:.0f} min wall on a shared machine with {machine}, {jobs} "
     "cells at a time); ExecuTorch cells are {executorch_share:.0%} of the CPU time. That does not fit the CI budget "
@@ -112,8 +119,9 @@ def main(argv=None) -> int:
     parser.add_argument("--per-process", type=int, default=1, help="cells run one after another in one process "
                         "(a model's cells stay together; default 1: each cell in its own)")
     parser.add_argument("--workdir", type=Path, help="models and artifacts (default: a temporary folder)")
-    parser.add_argument("--json", type=Path, default=DOCS_JSON)
-    parser.add_argument("--markdown", type=Path, default=DOCS_MD)
+    parser.add_argument("--json", type=Path, help="default: docs/compatibility.json; with --zoo and without --fast, "
+                        "docs/compatibility_published.json")
+    parser.add_argument("--markdown", type=Path, help="default: beside --json's default, .md")
     parser.add_argument("--expected", type=Path, default=EXPECTED)
     parser.add_argument("--update-expected", action="store_true", help="rewrite the expectations file")
     parser.add_argument("--fresh", action="store_true", help="replace the results instead of merging into them")
@@ -121,18 +129,24 @@ def main(argv=None) -> int:
     parser.add_argument("--collect", type=Path, metavar="WORKDIR", help="instead of running cells, merge the results "
                         "a run stopped part way left in WORKDIR/results (the cells that finished)")
     args = parser.parse_args(argv)
+    published = args.zoo and not args.fast
+    args.json = args.json or (PUBLISHED_JSON if published else DOCS_JSON)
+    args.markdown = args.markdown or (PUBLISHED_MD if published else DOCS_MD)
 
     if args.render_only:  # the run's data as it is; the prose (CI paragraph, command) as this script says now
         results, meta = read_results(args.json)
-        meta.update(regenerate=REGENERATE, ci=ci_note(results, meta))
+        if meta.get("document") == PUBLISHED_DOCUMENT:
+            meta.update(regenerate=REGENERATE_PUBLISHED, json_name=args.json.name)
+        else:
+            meta.update(regenerate=REGENERATE, ci=ci_note(results, meta))
         write_text_atomic(args.json, json.dumps(results_document(results, meta), indent=2, ensure_ascii=False) + "\n")
-        write_text_atomic(args.markdown, render_markdown(results, meta, runtime_rows()))
+        write_text_atomic(args.markdown, render_markdown(results, meta, None if meta.get("document") else runtime_rows()))
         print(f"wrote {args.json} and {args.markdown}")
         return 0
 
     models = args.models or (list(ZOO) if args.zoo else None)
     cells = all_cells(models, args.formats, args.modes)
-    whole = len(cells) == len(all_cells())
+    whole = len(cells) == len(all_cells(list(ZOO) if published else None))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hfexport-matrix-"))
     print(f"{len(cells)} cells, {args.jobs} at a time, {args.timeout:g} s each at most; work in {workdir}",
           flush=True)
@@ -176,7 +190,7 @@ def main(argv=None) -> int:
         "machine": machine if whole else previous_meta.get("machine", machine),
     }
     zoo_cells = [cell for cell in cells if cell.model in ZOO]
-    if zoo_cells and len(zoo_cells) == len(cells) and previous_meta:  # the tiny rows' run stays as it was described
+    if zoo_cells and len(zoo_cells) == len(cells) and previous_meta and not published:  # the tiny rows' run stays as it was described
         meta.update({key: previous_meta[key] for key in ("generated_at", "timeout_s", "packages")
                      if key in previous_meta})
     if zoo_cells:  # the published configs' rows: when, where and how they ran
@@ -192,9 +206,12 @@ def main(argv=None) -> int:
     elif previous_meta.get("zoo_run"):
         meta["zoo_run"] = previous_meta["zoo_run"]
     ordered = sorted(merged.values(), key=lambda r: r.cell)
-    meta["ci"] = ci_note(ordered, meta)
+    if published:  # its own document: the run's command, no CI paragraph (CI runs the --fast rows)
+        meta.update(document=PUBLISHED_DOCUMENT, regenerate=REGENERATE_PUBLISHED, json_name=args.json.name)
+    else:
+        meta["ci"] = ci_note(ordered, meta)
     write_text_atomic(args.json, json.dumps(results_document(ordered, meta), indent=2, ensure_ascii=False) + "\n")
-    write_text_atomic(args.markdown, render_markdown(ordered, meta, runtime_rows()))
+    write_text_atomic(args.markdown, render_markdown(ordered, meta, None if published else runtime_rows()))
     print(f"{len(results)} cells in {wall / 60:.1f} min; wrote {args.json} and {args.markdown}")
 
     document = json.loads(args.expected.read_text(encoding="utf-8")) if args.expected.is_file() else {}
