@@ -120,26 +120,56 @@ def test_placeholders_are_distinct_exact_and_hold_one_row():
 
 
 @pytest.mark.slow
-def test_a_job_exported_from_its_structure_loads_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch, caplog):
+def test_a_job_exported_from_its_structure_streams_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch, caplog):
     import weakref
 
     from hfexport.job import structure
     from hfexport.verify import check
 
-    loaded, opened = [], []
+    loaded, streamed, opened = [], [], []
 
     def load_model(*args, load=structure.load_model, **kwargs):
-        model = load(*args, **kwargs)
-        loaded.append(weakref.ref(model))
+        loaded.append(load(*args, **kwargs))
+        return loaded[-1]
+
+    def streamed_model(*args, stream=structure.streamed_model):
+        model = stream(*args)
+        streamed.append(weakref.ref(model))
         return model
 
     monkeypatch.setattr(structure, "load_model", load_model)
-    monkeypatch.setattr(check, "_load", lambda *args, load=check._load: opened.append(loaded[-1]() is None)
+    monkeypatch.setattr(structure, "streamed_model", streamed_model)
+    monkeypatch.setattr(check, "_load", lambda *args, load=check._load: opened.append(streamed[-1]() is None)
                         or load(*args))
     report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
     target = report.targets["onnx-generation"]
     assert target.status == "ok", target.error
-    assert len(loaded) == 1  # exported from the twin, then the model loaded once, for the gate
-    assert opened == [True]  # the gate let the model go (freed) before the artifact's runtime opened
+    assert not loaded  # exported from the twin; the gate's reference streamed its weights, the model never loaded
+    assert len(streamed) == 1
+    assert opened == [True]  # the gate let the reference go (freed) before the artifact's runtime opened
     assert "still referenced" not in caplog.text
     assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0
+
+
+def test_the_streamed_reference_computes_what_the_loaded_model_computes(checkpoint, tmp_path):
+    """The gate's reference with its weights streamed from a bfloat16 checkpoint block by block
+    (hfexport.rebind.streaming): the float32 model's logits and greedy tokens, bit for bit, and no block's weights
+    left in place once it has run."""
+    import torch
+    from hfexport.rebind.checkpoint import CheckpointTensors
+    from hfexport.rebind.streaming import streamed_model
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
+    twin.generation_config = loaded.generation_config
+    tensors = CheckpointTensors(tmp_path, torch.float32, twin.state_dict().keys())
+    streamed = streamed_model(twin, tensors)
+    ids = torch.randint(0, loaded.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(streamed(input_ids=ids).logits, loaded(input_ids=ids).logits)
+        assert torch.equal(streamed.generate(ids, max_new_tokens=4, do_sample=False),
+                           loaded.generate(ids, max_new_tokens=4, do_sample=False))
+    assert tensors.reads > 0
+    assert all(0 in parameter.stride() or parameter.dim() < 2 for parameter in streamed.parameters())

@@ -27,6 +27,7 @@ from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_mo
 from hfexport.progress import StepTimer
 from hfexport.rebind.checkpoint import CheckpointTensors
 from hfexport.rebind.placeholders import placeholder_model, structure_for, traces_on
+from hfexport.rebind.streaming import streamed_model
 from hfexport.rebind.weight_map import degenerate_keys, sources
 
 
@@ -101,6 +102,25 @@ def load_weights(job) -> None:
             engine_output("load_model"):
         job.model_object = load_model(job.model, job.recipe, job.revision_to_load, job.options.token,
                                       job.options.trust_remote_code)
+    job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
+
+
+def load_reference(job, plan) -> None:
+    """The gate's eager reference as `job.model_object`: for a target whose gate releases the model
+    (`gate_releases`' conditions) in a job exported from its structure, the model with its weights streamed from the
+    shards block by block while it runs (`hfexport.rebind.streaming`: the float32 model never in memory, each
+    forward reading the checkpoint again); else the model loaded (`load_weights`)."""
+    structure = job.structure
+    if structure is None or job.model_object is not structure.twin or plan.target.variants or job.options.latency:
+        load_weights(job)
+        return
+    import torch
+
+    with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
+                   "gate") as timer:
+        tensors = CheckpointTensors(structure.tensors.folder, getattr(torch, EXPORT_DTYPE),
+                                    structure.tensors.state_dict_keys)
+        job.model_object = streamed_model(structure.twin, tensors)
     job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
 
 
