@@ -139,14 +139,15 @@ def test_a_job_exported_from_its_structure_streams_the_model_for_its_gate(checkp
 
     monkeypatch.setattr(structure, "load_model", load_model)
     monkeypatch.setattr(structure, "streamed_model", streamed_model)
-    monkeypatch.setattr(check, "_load", lambda *args, load=check._load: opened.append(streamed[-1]() is None)
-                        or load(*args))
+    monkeypatch.setattr(check, "_load", lambda *args, load=check._load, **kwargs: opened.append(
+        (streamed[-1]() is None, kwargs.get("lean"))) or load(*args, **kwargs))
     report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
     target = report.targets["onnx-generation"]
     assert target.status == "ok", target.error
     assert not loaded  # exported from the twin; the gate's reference streamed its weights, the model never loaded
     assert len(streamed) == 1
-    assert opened == [True]  # the gate let the reference go (freed) before the artifact's runtime opened
+    # the gate let the reference go (freed) before the artifact's runtime opened, its weights left memory-mapped
+    assert opened == [(True, True)]
     assert "still referenced" not in caplog.text
     assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0
 
@@ -173,3 +174,18 @@ def test_the_streamed_reference_computes_what_the_loaded_model_computes(checkpoi
                            loaded.generate(ids, max_new_tokens=4, do_sample=False))
     assert tensors.reads > 0
     assert all(0 in parameter.stride() or parameter.dim() < 2 for parameter in streamed.parameters())
+
+
+def test_a_lean_onnx_session_leaves_the_weights_memory_mapped():
+    """The gate that released the model opens ONNX Runtime without MLAS prepacking (which copies every MatMul
+    weight: the session would hold the weights twice); other loads keep ONNX Runtime's default."""
+    from hfexport.formats.programs import format_program
+
+    program = format_program("onnx")
+    lean = program.lean_load_options()["session_options"]
+    assert lean.get_session_config_entry("session.disable_prepacking") == "1"
+    assert lean.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    default = program.generation_runner_options()["session_options"]
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default
+        default.get_session_config_entry("session.disable_prepacking")
+    assert format_program("openvino").lean_load_options() == {}  # OpenVINO maps its .bin by default (ENABLE_MMAP)
