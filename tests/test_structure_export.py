@@ -189,3 +189,30 @@ def test_a_lean_onnx_session_leaves_the_weights_memory_mapped():
     with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default
         default.get_session_config_entry("session.disable_prepacking")
     assert format_program("openvino").lean_load_options() == {}  # OpenVINO maps its .bin by default (ENABLE_MMAP)
+
+
+def test_a_streamed_reference_left_in_place_is_replaced_by_the_model_where_weights_are_needed(checkpoint, monkeypatch):
+    """A gate that failed before releasing its streamed reference leaves it as the job's model: a rebind or another
+    export that then needs the weights gets the model loaded, never the streamed placeholders."""
+    from types import SimpleNamespace
+
+    import torch
+    from hfexport.job import structure
+    from hfexport.rebind.checkpoint import CheckpointTensors
+    from hfexport.rebind.streaming import is_streamed, streamed_model
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
+    twin.generation_config = loaded.generation_config
+    streamed = streamed_model(twin, CheckpointTensors(checkpoint, torch.float32, twin.state_dict().keys()))
+    assert is_streamed(streamed) and not is_streamed(twin) and not is_streamed(loaded)
+    calls = []
+    job = SimpleNamespace(structure=SimpleNamespace(twin=twin), model_object=streamed, progress=lambda step: None,
+                          model=checkpoint, recipe=None, revision_to_load=None, report=SimpleNamespace(timings={}),
+                          options=SimpleNamespace(token=None, trust_remote_code=False))
+    monkeypatch.setattr(structure, "load_model", lambda *args: calls.append(args) or loaded)
+    structure.load_weights(job)
+    assert job.model_object is loaded and len(calls) == 1
+    structure.load_weights(job)  # the model already loaded: not again
+    assert len(calls) == 1

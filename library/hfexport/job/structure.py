@@ -27,7 +27,7 @@ from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_mo
 from hfexport.progress import StepTimer
 from hfexport.rebind.checkpoint import CheckpointTensors
 from hfexport.rebind.placeholders import placeholder_model, structure_for, traces_on
-from hfexport.rebind.streaming import streamed_model
+from hfexport.rebind.streaming import is_streamed, streamed_model
 from hfexport.rebind.weight_map import degenerate_keys, sources
 
 
@@ -95,8 +95,9 @@ def _twin(job, folder: Path) -> Structure | None:
 
 def load_weights(job) -> None:
     """The job's model loaded in place of its twin (the gate's eager reference, a rebind, an export from the
-    weights), once; nothing for a job that loaded the model from the start."""
-    if job.structure is None or job.model_object is not job.structure.twin:
+    weights), once; nothing for a job that loaded the model from the start. A streamed reference left in place (a gate
+    that failed before releasing it) is replaced too: its parameters are placeholders outside its forward."""
+    if job.structure is None or job.model_object is not job.structure.twin and not is_streamed(job.model_object):
         return
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights, for the gate") as timer, \
             engine_output("load_model"):
@@ -111,7 +112,7 @@ def load_reference(job, plan) -> None:
     shards block by block while it runs (`hfexport.rebind.streaming`: the float32 model never in memory, each
     forward reading the checkpoint again); else the model loaded (`load_weights`)."""
     structure = job.structure
-    if structure is None or job.model_object is not structure.twin or plan.target.variants or job.options.latency:
+    if structure is None or job.model_object is not structure.twin or not _gate_alone(job, plan):
         load_weights(job)
         return
     import torch
@@ -127,11 +128,15 @@ def load_reference(job, plan) -> None:
 def gate_releases(job, plan) -> bool:
     """Whether the gate lets the model go once the eager side of its checks is done (parity's references,
     `hfexport.verify.check.verify_exported`; the deployment runtimes' expected tokens), before the artifact's runtime
-    opens: a job exported from its structure (the model loaded for the gate, loaded again by `load_weights` when
-    the next target's gate needs it), for a target without variants (each variant's gate reads the model after the
-    runtimes), in a job that does not time latency (which runs the model beside the artifact anyway)."""
-    return job.structure is not None and job.model_object is not job.structure.twin and not plan.target.variants \
-        and not job.options.latency
+    opens: a job exported from its structure whose model was streamed or loaded for this gate (`load_reference`;
+    made again when the next target's gate needs it), where only the gate needs it (`_gate_alone`)."""
+    return job.structure is not None and job.model_object is not job.structure.twin and _gate_alone(job, plan)
+
+
+def _gate_alone(job, plan) -> bool:
+    """Whether only the gate's eager side needs the model: not a target with variants (each variant's gate reads the
+    model after the runtimes), nor a job that times latency (which runs the model beside the artifact)."""
+    return not plan.target.variants and not job.options.latency
 
 
 def release_weights(job) -> None:

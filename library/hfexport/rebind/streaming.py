@@ -33,7 +33,13 @@ def streamed_model(twin, tensors):
         keys = {leaf: names[id(parameter)] for leaf, parameter in _parameters(block, own)}
         block.register_forward_pre_hook(_loader(keys, tensors))
         block.register_forward_hook(_unloader(keys), always_call=True)
+    model._streamed_from = tensors
     return model
+
+
+def is_streamed(model) -> bool:
+    """Whether `model` is a `streamed_model` (its parameters placeholders outside its forward)."""
+    return getattr(model, "_streamed_from", None) is not None
 
 
 def _parameter_names(model, tensors) -> dict[int, str]:
