@@ -216,3 +216,43 @@ def test_a_streamed_reference_left_in_place_is_replaced_by_the_model_where_weigh
     assert job.model_object is loaded and len(calls) == 1
     structure.load_weights(job)  # the model already loaded: not again
     assert len(calls) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("hfexport.testing.cgroup", fromlist=["available"]).available(),
+                    reason="needs a writable cgroup v1 memory controller (root)")
+def test_a_published_width_checkpoint_exports_and_passes_its_gate_in_less_than_its_float32_model_and_libraries(
+        tmp_path):
+    """Llama-3.2-1B's published width at 2 layers, bfloat16 on disk, every parameter distinct (122M parameters: 489 MB
+    at float32), exported to ONNX generation with its gate inside a 1000 MB memory cgroup: less than the libraries
+    (~550 MB) and the float32 model together, which the gate's model load held before its reference streamed (that
+    run is killed at the load, measured); the streamed reference and the memory-mapped session fit."""
+    import subprocess
+    import sys
+
+    import torch
+    from hfexport.testing.cgroup import memory_cgroup
+    from transformers import AutoModelForCausalLM
+
+    folder = build("llama-3.2-1b", tmp_path / "model", layers=2)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
+    assert model.dtype == torch.bfloat16
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_((torch.randn(parameter.shape, generator=generator) * 0.05).to(parameter.dtype))
+    for file in folder.glob("*.safetensors"):
+        file.unlink()
+    model.save_pretrained(folder)
+    del model
+    out = tmp_path / "out"
+    with memory_cgroup(1000 << 20) as group:
+        run = subprocess.run([sys.executable, "-m", "hfexport", "export", str(folder), "--target", "onnx-generation",
+                              "-o", str(out), "--no-latency", "--no-rebind", "--no-preflight", "--workers", "1"],
+                             preexec_fn=group.enter, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads((out / "export_report.json").read_text())
+    target = report["targets"]["onnx-generation"]
+    assert target["status"] == "ok" and target["verification"]["passed"]
+    assert target["verification"]["generation"]["token_agreement"] == 1.0
+    assert report["memory"]["peak_rss_mb"]["load_model"] < 1000
