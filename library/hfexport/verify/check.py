@@ -405,7 +405,9 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     The eager model runs first, on every probe and the generation check (`_references`), reading the artifact's
     layout from its manifest; then `release()` (where given) lets the caller drop its own reference to the model,
     this function drops its own, and only then is the artifact loaded and compared: the model and the artifact's
-    runtime are never in memory together, where the caller releases the model (issue 45).
+    runtime are never in memory together, where the caller releases the model (issue 45); the artifact is then opened
+    with its weights left memory-mapped where the runtime would copy them (`_load`'s `lean`: ONNX Runtime's
+    prepacking off).
 
     Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
     thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
