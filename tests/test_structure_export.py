@@ -165,15 +165,18 @@ def test_the_streamed_reference_computes_what_the_loaded_model_computes(checkpoi
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
     twin.generation_config = loaded.generation_config
-    tensors = CheckpointTensors(tmp_path, torch.float32, twin.state_dict().keys())
-    streamed = streamed_model(twin, tensors)
     ids = torch.randint(0, loaded.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.equal(streamed(input_ids=ids).logits, loaded(input_ids=ids).logits)
-        assert torch.equal(streamed.generate(ids, max_new_tokens=4, do_sample=False),
-                           loaded.generate(ids, max_new_tokens=4, do_sample=False))
-    assert tensors.reads > 0
-    assert all(0 in parameter.stride() or parameter.dim() < 2 for parameter in streamed.parameters())
+        logits, tokens = loaded(input_ids=ids).logits, loaded.generate(ids, max_new_tokens=4, do_sample=False)
+    for resident in (0, 1 << 40):  # every block read on every forward; every block kept once read
+        tensors = CheckpointTensors(tmp_path, torch.float32, twin.state_dict().keys())
+        streamed = streamed_model(twin, tensors, resident)
+        with torch.no_grad():
+            assert torch.equal(streamed(input_ids=ids).logits, logits)
+            once = tensors.reads
+            assert torch.equal(streamed.generate(ids, max_new_tokens=4, do_sample=False), tokens)
+        assert once > 0 and (tensors.reads > once if resident == 0 else tensors.reads == once)
+        assert all(0 in parameter.stride() or parameter.dim() < 2 for parameter in streamed.parameters())
 
 
 def test_a_lean_onnx_session_leaves_the_weights_memory_mapped():

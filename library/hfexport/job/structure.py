@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfexport.formats.programs import format_program
+from hfexport.job.memory import MB, current_rss
+from hfexport.job.preflight import available_memory
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
 from hfexport.progress import StepTimer
@@ -117,12 +119,29 @@ def load_reference(job, plan) -> None:
         return
     import torch
 
+    resident = _resident_bytes(job)
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
-                   "gate") as timer:
+                   f"gate (up to {resident >> 20} MB kept between forwards)") as timer:
         tensors = CheckpointTensors(structure.tensors.folder, getattr(torch, EXPORT_DTYPE),
                                     structure.tensors.state_dict_keys)
-        job.model_object = streamed_model(structure.twin, tensors)
+        job.model_object = streamed_model(structure.twin, tensors, resident)
     job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
+
+
+#: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
+#: the activations, the references it holds for the comparison.
+GATE_RESERVE = 1 << 30
+
+
+def _resident_bytes(job) -> int:
+    """How much of the converted weights the streamed reference may keep between forwards: the memory available now
+    (a cgroup's headroom included; within `--max-memory` beside what this process holds) less `GATE_RESERVE`. All
+    of it is dropped before the artifact's runtime opens (`release_weights`)."""
+    available = available_memory()
+    if job.options.max_memory_mb:
+        budget = int(job.options.max_memory_mb * MB) - current_rss()
+        available = budget if available is None else min(available, budget)
+    return max(0, (available or 0) - GATE_RESERVE)
 
 
 def gate_releases(job, plan) -> bool:

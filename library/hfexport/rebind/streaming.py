@@ -23,16 +23,19 @@ import copy
 from hfexport.rebind.placeholders import placeholder_model
 
 
-def streamed_model(twin, tensors):
+def streamed_model(twin, tensors, resident_bytes: int = 0):
     """A model of `twin`'s class and config, in eval mode, whose blocks read their weights from `tensors` (a mapping
-    from state_dict key to tensor) while they run. Tied parameters are read under the key the checkpoint holds."""
+    from state_dict key to tensor) while they run. Tied parameters are read under the key the checkpoint holds.
+    `resident_bytes`: how much of the converted weights the model may keep between forwards (the first blocks that
+    fit, once read), so that a machine with memory to spare does not convert them on every forward; 0 keeps none."""
     model = placeholder_model(twin.config, type(twin), dtype=twin.dtype)
     model.generation_config = copy.deepcopy(twin.generation_config)
     names = _parameter_names(model, tensors)
+    budget = [max(0, int(resident_bytes))]
     for block, own in _blocks(model):
-        keys = {leaf: names[id(parameter)] for leaf, parameter in _parameters(block, own)}
-        block.register_forward_pre_hook(_loader(keys, tensors))
-        block.register_forward_hook(_unloader(keys), always_call=True)
+        hooks = _Block({leaf: names[id(parameter)] for leaf, parameter in _parameters(block, own)}, tensors, budget)
+        block.register_forward_pre_hook(hooks.load)
+        block.register_forward_hook(hooks.unload, always_call=True)
     model._streamed_from = tensors
     return model
 
@@ -83,30 +86,37 @@ def _owner(block, leaf: str):
     return module, name
 
 
-def _loader(keys: dict[str, str], tensors):
-    import torch
+class _Block:
+    """One block's hooks: its parameters read from `tensors` before it runs (or taken from what it kept), its
+    placeholders put back after; the tensors kept for the next forward while `budget` (shared by all blocks: bytes
+    left) allows, else dropped."""
 
-    def load(block, _args):
-        for leaf, key in keys.items():
+    def __init__(self, keys: dict[str, str], tensors, budget: list[int]):
+        self.keys, self.tensors, self.budget = keys, tensors, budget
+        self.placeholders: dict[str, object] = {}
+        self.kept: dict[str, object] | None = None
+
+    def load(self, block, _args) -> None:
+        import torch
+
+        loaded = {}
+        for leaf, key in self.keys.items():
             module, name = _owner(block, leaf)
-            placeholder = module._parameters[name]
-            tensor = tensors[key]
+            placeholder = self.placeholders.setdefault(leaf, module._parameters[name])
+            if self.kept is not None:
+                module._parameters[name] = self.kept[leaf]
+                continue
+            tensor = self.tensors[key]
             if tuple(tensor.shape) != tuple(placeholder.shape):
                 raise ValueError(f"{key}: the checkpoint holds shape {tuple(tensor.shape)}, the model "
                                  f"{tuple(placeholder.shape)}")
-            block._streamed_placeholders = getattr(block, "_streamed_placeholders", {})
-            block._streamed_placeholders.setdefault(leaf, placeholder)
-            module._parameters[name] = torch.nn.Parameter(tensor.to(placeholder.dtype), requires_grad=False)
+            module._parameters[name] = loaded[leaf] = torch.nn.Parameter(tensor.to(placeholder.dtype),
+                                                                         requires_grad=False)
+        size = sum(parameter.nbytes for parameter in loaded.values())
+        if loaded and size <= self.budget[0]:
+            self.kept, self.budget[0] = loaded, self.budget[0] - size
 
-    return load
-
-
-def _unloader(keys: dict[str, str]):
-    def unload(block, _args, _output):
-        held = getattr(block, "_streamed_placeholders", {})
-        for leaf in keys:
-            if leaf in held:
-                module, name = _owner(block, leaf)
-                module._parameters[name] = held.pop(leaf)
-
-    return unload
+    def unload(self, block, _args, _output) -> None:
+        for leaf, placeholder in self.placeholders.items():
+            module, name = _owner(block, leaf)
+            module._parameters[name] = placeholder
