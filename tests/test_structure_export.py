@@ -120,26 +120,142 @@ def test_placeholders_are_distinct_exact_and_hold_one_row():
 
 
 @pytest.mark.slow
-def test_a_job_exported_from_its_structure_loads_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch, caplog):
+def test_a_job_exported_from_its_structure_streams_the_model_for_its_gate(checkpoint, tmp_path, monkeypatch, caplog):
     import weakref
 
     from hfexport.job import structure
     from hfexport.verify import check
 
-    loaded, opened = [], []
+    loaded, streamed, opened = [], [], []
 
     def load_model(*args, load=structure.load_model, **kwargs):
-        model = load(*args, **kwargs)
-        loaded.append(weakref.ref(model))
+        loaded.append(load(*args, **kwargs))
+        return loaded[-1]
+
+    def streamed_model(*args, stream=structure.streamed_model):
+        model = stream(*args)
+        streamed.append(weakref.ref(model))
         return model
 
     monkeypatch.setattr(structure, "load_model", load_model)
-    monkeypatch.setattr(check, "_load", lambda *args, load=check._load: opened.append(loaded[-1]() is None)
-                        or load(*args))
+    monkeypatch.setattr(structure, "streamed_model", streamed_model)
+    monkeypatch.setattr(check, "_load", lambda *args, load=check._load, **kwargs: opened.append(
+        (streamed[-1]() is None, kwargs.get("lean"))) or load(*args, **kwargs))
     report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
     target = report.targets["onnx-generation"]
     assert target.status == "ok", target.error
-    assert len(loaded) == 1  # exported from the twin, then the model loaded once, for the gate
-    assert opened == [True]  # the gate let the model go (freed) before the artifact's runtime opened
+    assert not loaded  # exported from the twin; the gate's reference streamed its weights, the model never loaded
+    assert len(streamed) == 1
+    # the gate let the reference go (freed) before the artifact's runtime opened, its weights left memory-mapped
+    assert opened == [(True, True)]
     assert "still referenced" not in caplog.text
     assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0
+
+
+def test_the_streamed_reference_computes_what_the_loaded_model_computes(checkpoint, tmp_path):
+    """The gate's reference with its weights streamed from a bfloat16 checkpoint block by block
+    (hfexport.rebind.streaming): the float32 model's logits and greedy tokens, bit for bit, and no block's weights
+    left in place once it has run."""
+    import torch
+    from hfexport.rebind.checkpoint import CheckpointTensors
+    from hfexport.rebind.streaming import streamed_model
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
+    twin.generation_config = loaded.generation_config
+    ids = torch.randint(0, loaded.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, tokens = loaded(input_ids=ids).logits, loaded.generate(ids, max_new_tokens=4, do_sample=False)
+    for resident in (0, 1 << 40):  # every block read on every forward; every block kept once read
+        tensors = CheckpointTensors(tmp_path, torch.float32, twin.state_dict().keys())
+        streamed = streamed_model(twin, tensors, resident)
+        with torch.no_grad():
+            assert torch.equal(streamed(input_ids=ids).logits, logits)
+            once = tensors.reads
+            assert torch.equal(streamed.generate(ids, max_new_tokens=4, do_sample=False), tokens)
+        assert once > 0 and (tensors.reads > once if resident == 0 else tensors.reads == once)
+        assert all(0 in parameter.stride() or parameter.dim() < 2 for parameter in streamed.parameters())
+
+
+def test_a_lean_onnx_session_leaves_the_weights_memory_mapped():
+    """The gate that released the model opens ONNX Runtime without MLAS prepacking (which copies every MatMul
+    weight: the session would hold the weights twice); other loads keep ONNX Runtime's default."""
+    from hfexport.formats.programs import format_program
+
+    program = format_program("onnx")
+    lean = program.lean_load_options()["session_options"]
+    assert lean.get_session_config_entry("session.disable_prepacking") == "1"
+    assert lean.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    default = program.generation_runner_options()["session_options"]
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default
+        default.get_session_config_entry("session.disable_prepacking")
+    assert format_program("openvino").lean_load_options() == {}  # OpenVINO maps its .bin by default (ENABLE_MMAP)
+
+
+def test_a_streamed_reference_left_in_place_is_replaced_by_the_model_where_weights_are_needed(checkpoint, monkeypatch):
+    """A gate that failed before releasing its streamed reference leaves it as the job's model: a rebind or another
+    export that then needs the weights gets the model loaded, never the streamed placeholders."""
+    from types import SimpleNamespace
+
+    import torch
+    from hfexport.job import structure
+    from hfexport.rebind.checkpoint import CheckpointTensors
+    from hfexport.rebind.streaming import is_streamed, streamed_model
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
+    twin.generation_config = loaded.generation_config
+    streamed = streamed_model(twin, CheckpointTensors(checkpoint, torch.float32, twin.state_dict().keys()))
+    assert is_streamed(streamed) and not is_streamed(twin) and not is_streamed(loaded)
+    calls = []
+    job = SimpleNamespace(structure=SimpleNamespace(twin=twin), model_object=streamed, progress=lambda step: None,
+                          model=checkpoint, recipe=None, revision_to_load=None, report=SimpleNamespace(timings={}),
+                          options=SimpleNamespace(token=None, trust_remote_code=False))
+    monkeypatch.setattr(structure, "load_model", lambda *args: calls.append(args) or loaded)
+    structure.load_weights(job)
+    assert job.model_object is loaded and len(calls) == 1
+    structure.load_weights(job)  # the model already loaded: not again
+    assert len(calls) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("hfexport.testing.cgroup", fromlist=["available"]).available(),
+                    reason="needs a writable cgroup v1 memory controller (root)")
+def test_a_published_width_checkpoint_exports_and_passes_its_gate_in_less_than_its_float32_model_and_libraries(
+        tmp_path):
+    """Llama-3.2-1B's published width at 2 layers, bfloat16 on disk, every parameter distinct (122M parameters: 489 MB
+    at float32), exported to ONNX generation with its gate inside a 1000 MB memory cgroup: less than the libraries
+    (~550 MB) and the float32 model together, which the gate's model load held before its reference streamed (that
+    run is killed at the load, measured); the streamed reference and the memory-mapped session fit."""
+    import subprocess
+    import sys
+
+    import torch
+    from hfexport.testing.cgroup import memory_cgroup
+    from transformers import AutoModelForCausalLM
+
+    folder = build("llama-3.2-1b", tmp_path / "model", layers=2)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
+    assert model.dtype == torch.bfloat16
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_((torch.randn(parameter.shape, generator=generator) * 0.05).to(parameter.dtype))
+    for file in folder.glob("*.safetensors"):
+        file.unlink()
+    model.save_pretrained(folder)
+    del model
+    out = tmp_path / "out"
+    with memory_cgroup(1000 << 20) as group:
+        run = subprocess.run([sys.executable, "-m", "hfexport", "export", str(folder), "--target", "onnx-generation",
+                              "-o", str(out), "--no-latency", "--no-rebind", "--no-preflight", "--workers", "1"],
+                             preexec_fn=group.enter, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads((out / "export_report.json").read_text())
+    target = report["targets"]["onnx-generation"]
+    assert target["status"] == "ok" and target["verification"]["passed"]
+    assert target["verification"]["generation"]["token_agreement"] == 1.0
+    assert report["memory"]["peak_rss_mb"]["load_model"] < 1000

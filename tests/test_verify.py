@@ -433,8 +433,8 @@ def test_the_gate_runs_the_eager_model_before_it_opens_the_artifact_and_can_rele
     holder = {"model": load_model(tiny_llama, recipe)}
     model = weakref.ref(holder["model"])
     events = []
-    monkeypatch.setattr(check, "_load", lambda *args, load=check._load: events.append(("load", model() is None))
-                        or load(*args))
+    monkeypatch.setattr(check, "_load", lambda *args, load=check._load, **kwargs: events.append(
+        ("load", model() is None, kwargs.get("lean"))) or load(*args, **kwargs))
 
     def release():
         events.append(("release", None))
@@ -443,7 +443,8 @@ def test_the_gate_runs_the_eager_model_before_it_opens_the_artifact_and_can_rele
 
     verification = check.verify_exported(output / "onnx-generation", holder["model"], plan, processor,
                                          release=release)
-    assert events == [("release", None), ("load", True)]  # released, and gone, before the artifact loaded
+    # released, and gone, before the artifact loaded, its weights left memory-mapped (lean)
+    assert events == [("release", None), ("load", True, True)]
     assert verification["passed"] and verification["generation"]["token_agreement"] == 1.0
     job = report.targets["onnx-generation"].verification
     assert [probe["name"] for probe in verification["probes"]] == [probe["name"] for probe in job["probes"]]

@@ -242,6 +242,12 @@ class FormatProgram:
         """Runner options a generation export is loaded with when the caller gives none."""
         return {}
 
+    def lean_load_options(self) -> dict:
+        """`from_pretrained` options that keep the runtime from copying the weights it can read memory-mapped, for a
+        gate that must not hold a second copy of the model (issue 45: the job exported from its structure); {} where
+        the runtime's defaults already map them (OpenVINO's `ENABLE_MMAP`)."""
+        return {}
+
     def component(self, path: Path, metadata, fetch, entry: dict, label: str):
         """A component read lazily from its checked file, None to read its program now (`read`)."""
         return None

@@ -25,7 +25,7 @@ from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
 from hfexport.job.preflight import check_memory_plan, runtime_refusals
-from hfexport.job.structure import gate_releases, load_weights, release_weights, structure_export
+from hfexport.job.structure import gate_releases, load_reference, load_weights, release_weights, structure_export
 from hfexport.logs import engine_output
 from hfexport.plan import build_plan
 from hfexport.progress import Step, StepTimer
@@ -145,7 +145,7 @@ class TargetPipeline:
         runtimes, then (a target with `variants`) each variant made from the gated files and gated itself; each Python
         runtime started once for all of them (`warm_clients`)."""
         self.report(folder)
-        load_weights(self.job)  # a job exported from its structure: the model now, for the eager reference
+        load_reference(self.job, plan)  # a job exported from its structure: the model now (or streamed), for the gate
         release = gate_releases(self.job, plan)  # and let go before the artifact's runtime opens (job/structure)
         runs = self.job.options.runtimes and plan.target.mode == "generation" and has_runtimes(str(plan.target.export_format))
         request = answered_request(self.job.model_object, plan, self.job.processor) if release and runs else None

@@ -22,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfexport.formats.programs import format_program
+from hfexport.job.memory import MB, current_rss
+from hfexport.job.preflight import available_memory
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
 from hfexport.progress import StepTimer
 from hfexport.rebind.checkpoint import CheckpointTensors
 from hfexport.rebind.placeholders import placeholder_model, structure_for, traces_on
+from hfexport.rebind.streaming import is_streamed, streamed_model
 from hfexport.rebind.weight_map import degenerate_keys, sources
 
 
@@ -94,8 +97,9 @@ def _twin(job, folder: Path) -> Structure | None:
 
 def load_weights(job) -> None:
     """The job's model loaded in place of its twin (the gate's eager reference, a rebind, an export from the
-    weights), once; nothing for a job that loaded the model from the start."""
-    if job.structure is None or job.model_object is not job.structure.twin:
+    weights), once; nothing for a job that loaded the model from the start. A streamed reference left in place (a gate
+    that failed before releasing it) is replaced too: its parameters are placeholders outside its forward."""
+    if job.structure is None or job.model_object is not job.structure.twin and not is_streamed(job.model_object):
         return
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights, for the gate") as timer, \
             engine_output("load_model"):
@@ -104,14 +108,54 @@ def load_weights(job) -> None:
     job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
 
 
+def load_reference(job, plan) -> None:
+    """The gate's eager reference as `job.model_object`: for a target whose gate releases the model
+    (`gate_releases`' conditions) in a job exported from its structure, the model with its weights streamed from the
+    shards block by block while it runs (`hfexport.rebind.streaming`: the float32 model never in memory, each
+    forward reading the checkpoint again); else the model loaded (`load_weights`)."""
+    structure = job.structure
+    if structure is None or job.model_object is not structure.twin or not _gate_alone(job, plan):
+        load_weights(job)
+        return
+    import torch
+
+    resident = _resident_bytes(job)
+    with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
+                   f"gate (up to {resident >> 20} MB kept between forwards)") as timer:
+        tensors = CheckpointTensors(structure.tensors.folder, getattr(torch, EXPORT_DTYPE),
+                                    structure.tensors.state_dict_keys)
+        job.model_object = streamed_model(structure.twin, tensors, resident)
+    job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
+
+
+#: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
+#: the activations, the references it holds for the comparison.
+GATE_RESERVE = 1 << 30
+
+
+def _resident_bytes(job) -> int:
+    """How much of the converted weights the streamed reference may keep between forwards: the memory available now
+    (a cgroup's headroom included; within `--max-memory` beside what this process holds) less `GATE_RESERVE`. All
+    of it is dropped before the artifact's runtime opens (`release_weights`)."""
+    available = available_memory()
+    if job.options.max_memory_mb:
+        budget = int(job.options.max_memory_mb * MB) - current_rss()
+        available = budget if available is None else min(available, budget)
+    return max(0, (available or 0) - GATE_RESERVE)
+
+
 def gate_releases(job, plan) -> bool:
     """Whether the gate lets the model go once the eager side of its checks is done (parity's references,
     `hfexport.verify.check.verify_exported`; the deployment runtimes' expected tokens), before the artifact's runtime
-    opens: a job exported from its structure (the model loaded for the gate, loaded again by `load_weights` when
-    the next target's gate needs it), for a target without variants (each variant's gate reads the model after the
-    runtimes), in a job that does not time latency (which runs the model beside the artifact anyway)."""
-    return job.structure is not None and job.model_object is not job.structure.twin and not plan.target.variants \
-        and not job.options.latency
+    opens: a job exported from its structure whose model was streamed or loaded for this gate (`load_reference`;
+    made again when the next target's gate needs it), where only the gate needs it (`_gate_alone`)."""
+    return job.structure is not None and job.model_object is not job.structure.twin and _gate_alone(job, plan)
+
+
+def _gate_alone(job, plan) -> bool:
+    """Whether only the gate's eager side needs the model: not a target with variants (each variant's gate reads the
+    model after the runtimes), nor a job that times latency (which runs the model beside the artifact)."""
+    return not plan.target.variants and not job.options.latency
 
 
 def release_weights(job) -> None:

@@ -27,6 +27,7 @@ from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats import format_traits
+from hfexport.formats.programs import format_program
 from hfexport.models import on_empty_cache
 from hfexport.plan import generation_stages, image_token_id, traced_inputs
 from hfexport.progress import ProgressCallback, Step
@@ -308,13 +309,16 @@ def _until_eos(tokens: list[int], eos_ids: set) -> list[int]:
     return tokens
 
 
-def _load(folder: Path, export_format: str, precision: str | None):
+def _load(folder: Path, export_format: str, precision: str | None, lean: bool = False):
     """The artifact reloaded from disk as a user gets it (`hfexport.load`), at `precision` where the format has a
     runtime precision. OpenVINO is compiled for the CPU explicitly, so the precision it picked can be read back
-    (AUTO does not expose it)."""
+    (AUTO does not expose it). `lean`: the weights left memory-mapped, not copied by the runtime (the format's
+    `lean_load_options`), for a gate that released the model to save memory."""
     from hfexport.exported import ExportedModel
 
     options = dict(format_traits(export_format).verify_load_options)
+    if lean:
+        options.update(format_program(export_format).lean_load_options())
     return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
 
 
@@ -401,7 +405,9 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     The eager model runs first, on every probe and the generation check (`_references`), reading the artifact's
     layout from its manifest; then `release()` (where given) lets the caller drop its own reference to the model,
     this function drops its own, and only then is the artifact loaded and compared: the model and the artifact's
-    runtime are never in memory together, where the caller releases the model (issue 45).
+    runtime are never in memory together, where the caller releases the model (issue 45); the artifact is then opened
+    with its weights left memory-mapped where the runtime would copy them (`_load`'s `lean`: ONNX Runtime's
+    prepacking off).
 
     Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
     thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
@@ -449,7 +455,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     load_started = time.perf_counter()
     if exported is None:
         try:
-            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned)
+            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned, lean=release is not None)
         except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
             return _not_loaded(folder, error, started)
     reload_s = time.perf_counter() - load_started

@@ -1,0 +1,122 @@
+"""A model run with its weights streamed from the checkpoint's shards, block by block, for the gate's eager reference
+of a job exported from its structure (issue 45): the float32 model is never in memory, only the block that runs.
+
+`streamed_model(twin, tensors)` builds a second placeholder model of the twin's class and config
+(`hfexport.rebind.placeholders`: real buffers, parameters that take no memory) and hooks its blocks: before a block
+runs, its parameters are read from `tensors` (`hfexport.rebind.checkpoint.CheckpointTensors`, at the export's dtype:
+a bfloat16 checkpoint's tensors widened to float32, as `from_pretrained(dtype=float32)` widens them) and put in
+place; once it has run (or failed), its placeholders are put back and the tensors dropped. A block is a module of
+one of the model's `_no_split_modules` classes (a decoder layer: transformers' own unit of offloading), and every
+other module that holds parameters of its own (embeddings, final norm, head). The computation is the loaded
+model's, with the same tensors, layer after layer; the memory is one block's weights, and each forward reads the
+checkpoint again (the page cache usually holds it). accelerate's offload hooks do the same, but accelerate is not
+among this project's dependencies.
+
+A model whose code reads a parameter outside the module that holds it (not through that module's forward) would
+read a placeholder there: its reference is then wrong, and the gate fails rather than passes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from hfexport.rebind.placeholders import placeholder_model
+
+
+def streamed_model(twin, tensors, resident_bytes: int = 0):
+    """A model of `twin`'s class and config, in eval mode, whose blocks read their weights from `tensors` (a mapping
+    from state_dict key to tensor) while they run. Tied parameters are read under the key the checkpoint holds.
+    `resident_bytes`: how much of the converted weights the model may keep between forwards (the first blocks that
+    fit, once read), so that a machine with memory to spare does not convert them on every forward; 0 keeps none."""
+    model = placeholder_model(twin.config, type(twin), dtype=twin.dtype)
+    model.generation_config = copy.deepcopy(twin.generation_config)
+    names = _parameter_names(model, tensors)
+    budget = [max(0, int(resident_bytes))]
+    for block, own in _blocks(model):
+        hooks = _Block({leaf: names[id(parameter)] for leaf, parameter in _parameters(block, own)}, tensors, budget)
+        block.register_forward_pre_hook(hooks.load)
+        block.register_forward_hook(hooks.unload, always_call=True)
+    model._streamed_from = tensors
+    return model
+
+
+def is_streamed(model) -> bool:
+    """Whether `model` is a `streamed_model` (its parameters placeholders outside its forward)."""
+    return getattr(model, "_streamed_from", None) is not None
+
+
+def _parameter_names(model, tensors) -> dict[int, str]:
+    """Each parameter's key in `tensors`; a tied one's is the first of its names that `tensors` holds (the
+    checkpoint saves a tie once), else the first that `model` lists."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return {ident: next((name for name in group if name in tensors), group[0]) for ident, group in names.items()}
+
+
+def _blocks(model):
+    """(module, own) for each block: a `_no_split_modules` module with all its parameters (own False), or another
+    module with parameters of its own (own True), outside any such block."""
+    whole = set(getattr(model, "_no_split_modules", None) or ())
+
+    def walk(module):
+        if type(module).__name__ in whole and module is not model:
+            yield module, False
+            return
+        if any(parameter is not None for parameter in module._parameters.values()):
+            yield module, True
+        for child in module.children():
+            yield from walk(child)
+
+    return list(walk(model))
+
+
+def _parameters(block, own: bool):
+    """(the dotted name inside `block`, the parameter) of the block's parameters, each tied one once per place."""
+    if own:
+        return [(name, parameter) for name, parameter in block._parameters.items() if parameter is not None]
+    return list(block.named_parameters(remove_duplicate=False))
+
+
+def _owner(block, leaf: str):
+    *path, name = leaf.split(".")
+    module = block
+    for part in path:
+        module = getattr(module, part)
+    return module, name
+
+
+class _Block:
+    """One block's hooks: its parameters read from `tensors` before it runs (or taken from what it kept), its
+    placeholders put back after; the tensors kept for the next forward while `budget` (shared by all blocks: bytes
+    left) allows, else dropped."""
+
+    def __init__(self, keys: dict[str, str], tensors, budget: list[int]):
+        self.keys, self.tensors, self.budget = keys, tensors, budget
+        self.placeholders: dict[str, object] = {}
+        self.kept: dict[str, object] | None = None
+
+    def load(self, block, _args) -> None:
+        import torch
+
+        loaded = {}
+        for leaf, key in self.keys.items():
+            module, name = _owner(block, leaf)
+            placeholder = self.placeholders.setdefault(leaf, module._parameters[name])
+            if self.kept is not None:
+                module._parameters[name] = self.kept[leaf]
+                continue
+            tensor = self.tensors[key]
+            if tuple(tensor.shape) != tuple(placeholder.shape):
+                raise ValueError(f"{key}: the checkpoint holds shape {tuple(tensor.shape)}, the model "
+                                 f"{tuple(placeholder.shape)}")
+            module._parameters[name] = loaded[leaf] = torch.nn.Parameter(tensor.to(placeholder.dtype),
+                                                                         requires_grad=False)
+        size = sum(parameter.nbytes for parameter in loaded.values())
+        if loaded and size <= self.budget[0]:
+            self.kept, self.budget[0] = loaded, self.budget[0] - size
+
+    def unload(self, block, _args, _output) -> None:
+        for leaf, placeholder in self.placeholders.items():
+            module, name = _owner(block, leaf)
+            module._parameters[name] = placeholder
