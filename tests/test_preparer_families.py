@@ -532,8 +532,10 @@ def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_me
     plans the encoder on one window, and an encoder whose windows are not independent (an odd `n_window`) is refused."""
     from transformers import AutoModelForImageTextToText
 
+    from hfexport.inputs import build_sample_inputs
     from hfexport.models import load_processor
     from hfexport.plan import build_plan
+    from hfexport.plan.vision_language import encoder_embed_stages
     from hfexport.recipe.loading import load_recipe
 
     folder = make_model("tiny-qwen2.5-omni", session_dir / "omni-plan")
@@ -561,12 +563,15 @@ def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_me
     assert plan.components["audio_encoder"].prepared_inputs["cu_seqlens"]["value"] == [0, 50]  # the first window
     assert plan.components["embed"].input_shapes["audio_features"]["shape"] == [74, 64]  # 25 + 12 per clip
     # an odd `n_window` (49 frames per window after the convolution) pairs frames across two windows in the encoder's
-    # stride-2 pooling: the windows are not independent, refused before export with what differs
+    # stride-2 pooling: the windows are not independent, refused before export with what differs (checked where the
+    # plan checks it, before the merge: the engine's split of generate is not needed for it)
     config = copy.deepcopy(model.config)
     config.audio_config.n_window = 49
     odd = type(model)(config).eval()
+    recipe = load_recipe(longer)
+    inputs = build_sample_inputs(recipe, processor, config, recipe.task, "generation")
     with pytest.raises(PlanError) as refused:
-        build_plan(load_recipe(longer), "onnx-generation", odd, processor=processor)
+        encoder_embed_stages(odd, inputs, {}, "audio")
     assert re.match(r"Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder \(Qwen2_5OmniAudioEncoder\) run "
                     r"once per attention window \(98 frames\) on the recipe's clip 0 \(2 windows\) gives max_abs "
                     r"0\.\d+ against the whole clip \(bound 1e-05\): its windows are not independent", str(refused.value))
