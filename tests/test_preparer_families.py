@@ -15,7 +15,9 @@ without its video processor).
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import shutil
 
 import pytest
@@ -526,12 +528,14 @@ def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_me
     """Qwen2.5-Omni's thinker, its processor loaded without the video part: the forward computes the audio
     encoder's `feature_lens` inside, so the engine's omni-audio preparer never fires (torch.export stopped at the
     mask after the trace): refused first. Its generation plans the audio encoder on one clip, with the preparer's
-    inputs, and hfexport's `embed` of the audio features at the audio tokens; clips of several attention windows
-    are refused."""
+    inputs, and hfexport's `embed` of the audio features at the audio tokens; a clip of several attention windows
+    plans the encoder on one window, and an encoder whose windows are not independent (an odd `n_window`) is refused."""
     from transformers import AutoModelForImageTextToText
 
+    from hfexport.inputs import build_sample_inputs
     from hfexport.models import load_processor
     from hfexport.plan import build_plan
+    from hfexport.plan.vision_language import encoder_embed_stages
     from hfexport.recipe.loading import load_recipe
 
     folder = make_model("tiny-qwen2.5-omni", session_dir / "omni-plan")
@@ -548,14 +552,26 @@ def test_an_omni_thinker_forward_is_refused_and_its_generation_plans_an_audio_me
     assert prepared["cu_seqlens"]["value"] == [0, 50]  # one clip (1 s), one attention window
     assert plan.components["embed"].input_shapes["audio_features"]["shape"] == [50, 64]  # 25 per clip
     # the encoder's windowed attention splits a clip's frames with `.tolist()`, which the trace does not keep (the
-    # ONNX encoder attended across the windows): clips of two windows are refused before export
+    # ONNX encoder attended across the windows): clips of two windows plan the encoder on one window, which
+    # `generate` runs once per window, the features concatenated (checked equal to the whole clip's at plan time)
     longer = session_dir / "omni-two-windows"
     shutil.copytree(folder, longer, dirs_exist_ok=True)
     document = json.loads((longer / "export_config.json").read_text(encoding="utf-8"))
     document["sample_inputs"]["audio"]["seconds"] = 1.5  # 150 mel frames: chunks of 100 and 50
     (longer / "export_config.json").write_text(json.dumps(document), encoding="utf-8")
+    plan = build_plan(load_recipe(longer), "onnx-generation", model, processor=processor)
+    assert plan.components["audio_encoder"].prepared_inputs["cu_seqlens"]["value"] == [0, 50]  # the first window
+    assert plan.components["embed"].input_shapes["audio_features"]["shape"] == [74, 64]  # 25 + 12 per clip
+    # an odd `n_window` (49 frames per window after the convolution) pairs frames across two windows in the encoder's
+    # stride-2 pooling: the windows are not independent, refused before export with what differs (checked where the
+    # plan checks it, before the merge: the engine's split of generate is not needed for it)
+    config = copy.deepcopy(model.config)
+    config.audio_config.n_window = 49
+    odd = type(model)(config).eval()
+    recipe = load_recipe(longer)
+    inputs = build_sample_inputs(recipe, processor, config, recipe.task, "generation")
     with pytest.raises(PlanError) as refused:
-        build_plan(load_recipe(longer), "onnx-generation", model, processor=processor)
-    assert str(refused.value).startswith("Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder "
-                                         "(Qwen2_5OmniAudioEncoder) splits the recipe's first clip into 2 attention "
-                                         "windows (cu_seqlens [0, 50, 75])")
+        encoder_embed_stages(odd, inputs, {}, "audio")
+    assert re.match(r"Qwen2_5OmniThinkerForConditionalGeneration: its audio encoder \(Qwen2_5OmniAudioEncoder\) run "
+                    r"once per attention window \(98 frames\) on the recipe's clip 0 \(2 windows\) gives max_abs "
+                    r"0\.\d+ against the whole clip \(bound 1e-05\): its windows are not independent", str(refused.value))

@@ -197,3 +197,56 @@ def encoder_input_names(model, modality: str) -> list[str]:
     parameters = inspect.signature(getattr(model, f"get_{modality}_features")).parameters.values()
     return [parameter.name for parameter in parameters
             if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)]
+
+
+def attention_window_frames(encoder) -> int | None:
+    """The input frames of one attention window of an audio encoder that attends within windows (`cu_seqlens`), as
+    the model's own `get_audio_cu_seqlens` lays them out from the attributes the engine's omni-audio and Qwen3-ASR
+    preparers read: chunks of `2 * n_window` mel frames, `n_window_infer // (2 * n_window)` chunks per window where
+    the encoder has `n_window_infer` (Qwen3-ASR: 800 frames, 8 s), one chunk per window otherwise (Qwen2.5-Omni: 100
+    frames, 1 s). None for an encoder without `n_window`."""
+    n_window = _attribute(encoder, "n_window")
+    if not isinstance(n_window, int) or n_window <= 0:
+        return None
+    chunk = 2 * n_window
+    infer = _attribute(encoder, "n_window_infer")
+    return chunk * max(infer // chunk, 1) if isinstance(infer, int) and infer > 0 else chunk
+
+
+def _frame_mask(clip: dict):
+    """A clip's mask of valid frames (the one integer or bool input of two axes: `feature_attention_mask`,
+    `input_features_mask`), or None."""
+    import torch
+
+    masks = [value for value in clip.values() if isinstance(value, torch.Tensor) and value.dim() == 2
+             and not value.is_floating_point()]
+    return masks[0] if len(masks) == 1 else None
+
+
+def clip_windows(clip: dict, frames: int | None) -> list[dict]:
+    """One clip's processor inputs (a first axis of one) cut into its attention windows of `frames` mel frames
+    (`attention_window_frames`), each as the processor's inputs of a clip of its own: every input whose last axis is
+    the frame axis (that of the frame mask, else of `input_features`) sliced on it, the last window up to the last
+    valid frame's window end. An encoder whose attention is block-diagonal over the windows, and per frame after it,
+    gives the whole clip's features concatenated from these (checked at plan time:
+    `hfexport.plan.vision_language.encoder_embed_stages`). `[clip]` where `frames` is None or the clip is one window.
+    Raises ValueError on a mask that is not right-padded (valid frames, then padding): the model chunks the frames
+    it keeps, so windows cut on the padded axis would not be its windows."""
+    import torch
+
+    mask = _frame_mask(clip)
+    features = clip.get("input_features")
+    if frames is None or (mask is None and not isinstance(features, torch.Tensor)):
+        return [clip]
+    length = int(mask.shape[-1]) if mask is not None else int(features.shape[-1])
+    valid = length
+    if mask is not None:
+        valid = int(mask.sum())
+        if bool((mask[..., :valid] == 0).any()):
+            raise ValueError("the clip's frame mask is not right-padded (its valid frames first): hfexport cuts a "
+                             "clip into its encoder's attention windows on the valid frames")
+    if valid <= frames:
+        return [clip]
+    return [{name: value[..., start : start + frames]
+             if isinstance(value, torch.Tensor) and value.dim() and value.shape[-1] == length else value
+             for name, value in clip.items()} for start in range(0, valid, frames)]

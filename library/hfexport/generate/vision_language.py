@@ -173,9 +173,11 @@ def encoder_inputs(exported, modality: str, inputs: dict) -> dict:
 def encoder_features(exported, modality: str, inputs: dict) -> torch.Tensor:
     """The prompt's `modality` features, `[tokens, hidden]`, from an export whose `<modality>_encoder` is the model's
     own encoder (a model whose prefill encodes that modality itself: Qwen3-ASR, the Qwen2.5-Omni thinker), traced on
-    one clip (`hfexport.plan.vision_language.encoder_embed_stages`): per clip, the encoder's inputs as the model
-    computes them (`encoder_inputs`), what the engine's input preparers computed from them at export computed again
-    (`hfexport.preparers`), the encoder; then the engine's projector where it has one."""
+    one attention window of one clip (`hfexport.plan.vision_language.encoder_embed_stages`): per clip, per attention
+    window of it (`hfexport.preparers.clip_windows`, windows laid out from the model's config as its code does), the
+    encoder's inputs as the model computes them (`encoder_inputs`), what the engine's input preparers computed from
+    them at export computed again (`hfexport.preparers`), the encoder; the windows' features concatenated (the plan
+    checked that this is the encoder on the whole clip), then the engine's projector where it has one."""
     name, names = f"{modality}_encoder", image_input_names(exported)
     inputs = {key: torch.as_tensor(inputs[key]) for key in names if inputs.get(key) is not None}
     missing = [parameter for parameter in names[:1] if parameter not in inputs]
@@ -188,17 +190,23 @@ def encoder_features(exported, modality: str, inputs: dict) -> torch.Tensor:
                               f"{', '.join(f'{k}: {list(v.shape)}' for k, v in inputs.items())}")
     encoder = exported.runners[name]
     recorded = getattr(exported, "input_preparers", {}).get(name)
-    module = type(_meta_model(exported).get_encoder(modality=modality)).__module__
+    model_encoder = _meta_model(exported).get_encoder(modality=modality)
+    module, frames = type(model_encoder).__module__, preparers.attention_window_frames(model_encoder)
     traced = encoder.metadata.kwargs
     features = []
     for row in range(counts.pop()):
-        kwargs = encoder_inputs(exported, modality, {key: value[row : row + 1] for key, value in inputs.items()})
-        if recorded:  # what the engine's input preparers computed at export, computed from this clip
-            kwargs = preparers.prepare(recorded, kwargs, module=module)
-        _check_windows(name, traced, kwargs)
-        features.append(_first_tensor(encoder(**as_traced(encoder, {
-            key: value.to(encoder.device) if isinstance(value, torch.Tensor) else value
-            for key, value in kwargs.items() if key in traced}))).cpu())
+        try:
+            windows = preparers.clip_windows({key: value[row : row + 1] for key, value in inputs.items()}, frames)
+        except ValueError as error:
+            raise GenerationError(f"{modality} clip {row}: {error}") from None
+        for window in windows:
+            kwargs = encoder_inputs(exported, modality, window)
+            if recorded:  # what the engine's input preparers computed at export, computed from this window
+                kwargs = preparers.prepare(recorded, kwargs, module=module)
+            _check_windows(name, traced, kwargs)
+            features.append(_first_tensor(encoder(**as_traced(encoder, {
+                key: value.to(encoder.device) if isinstance(value, torch.Tensor) else value
+                for key, value in kwargs.items() if key in traced}))).cpu())
     features = torch.cat(features)
     if PROJECTOR in exported.components:
         projector = exported.runners[PROJECTOR]
@@ -208,10 +216,11 @@ def encoder_features(exported, modality: str, inputs: dict) -> torch.Tensor:
 
 
 def _check_windows(component: str, traced: dict, kwargs: dict) -> None:
-    """Refuse a clip whose attention windows (`cu_seqlens`, from the engine's input preparers) are not as many as the
-    traced clip's: the windowed attention splits its frames with `.tolist()`, which the trace does not keep (traced on
-    a clip of two windows, the ONNX encoder attended across them: docs/generation.md), so the exported encoder
-    computes the traced number of windows only, and silently wrong for another."""
+    """Refuse a window whose attention windows (`cu_seqlens`, from the engine's input preparers) are not as many as
+    the traced window's: the windowed attention splits its frames with `.tolist()`, which the trace does not keep
+    (traced on a clip of two windows, the ONNX encoder attended across them: docs/generation.md), so the exported
+    encoder computes the traced number of windows only, and silently wrong for another. `encoder_features` cuts each
+    clip into single windows first; this catches an export whose encoder was traced otherwise."""
     windows = kwargs.get("cu_seqlens")
     shape = (traced.get("cu_seqlens") or {}).get("shape")
     if isinstance(windows, torch.Tensor) and shape and windows.shape[0] != shape[0]:

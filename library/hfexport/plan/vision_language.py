@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from hfexport.errors import PlanError
 from hfexport.plan.tracing import call_capture, traced_inputs
-from hfexport.preparers import encoder_call, encoder_input_names, image_count, image_slice
+from hfexport.preparers import (
+    attention_window_frames, clip_windows, encoder_call, encoder_input_names, image_count, image_slice,
+)
 
 # transformers 5.23's `generate` encodes a VLM's images before the prefill (`_prepare_multimodal_encoder_kwargs_for_
 # generation` calls `base_model.get_image_features` and hands the prefill `mm_encoder_outputs` instead of
@@ -180,15 +182,19 @@ def encoded_modality(stages: dict) -> str | None:
 
 
 def encoder_embed_stages(model, inputs: dict, stages: dict, modality: str) -> dict:
-    """`stages` with the `<modality>_encoder` traced on one clip and hfexport's `embed` of `modality`'s features.
+    """`stages` with the `<modality>_encoder` traced on one attention window of one clip and hfexport's `embed` of
+    `modality`'s features.
 
     The engine captured the encoder on the whole batch's clips, and its graph is specialized on their layout (an
     audio encoder's attention splits its frames by `cu_seqlens` with `.tolist()`: the number of windows is a
-    constant of the graph), so hfexport traces it again on the first clip, with the kwargs the model's own
-    `get_<modality>_features` gives it for that clip (`hfexport.preparers.encoder_call`), and `generate` runs it once
-    per clip, as it runs an image encoder once per prompt. The merge is checked here against the `inputs_embeds` the
-    engine captured for the language model (every clip's features, through the engine's projector where it has one),
-    so a model that builds them differently is refused at plan time, not exported wrong."""
+    constant of the graph), so hfexport traces it again on the first window of the first clip
+    (`hfexport.preparers.clip_windows`, windows of `attention_window_frames` as the model's code lays them out), with
+    the kwargs the model's own `get_<modality>_features` gives it for that window (`hfexport.preparers.
+    encoder_call`), and `generate` runs it once per window of every clip, the features concatenated. That equals the
+    encoder on the whole clip where its attention is block-diagonal over the windows and what follows is per frame:
+    checked here on every sample clip (`_check_windows_separate`). The merge is checked against the `inputs_embeds`
+    the engine captured for the language model (every clip's features, through the engine's projector where it has
+    one), so a model that builds them differently is refused at plan time, not exported wrong."""
     import torch
 
     if "input_ids" not in inputs or modality_token_id(model.config, modality) is None:
@@ -202,10 +208,17 @@ def encoder_embed_stages(model, inputs: dict, stages: dict, modality: str) -> di
                         f"({', '.join(f'{k}: {list(v.shape)}' for k, v in media.items())}); hfexport's "
                         f"{modality} encoder runs one clip at a time")
     encoder = model.get_encoder(modality=modality)
+    frames = attention_window_frames(encoder)
     with torch.no_grad():
-        calls = [encoder_call(model, modality, {name: value[row : row + 1] for name, value in media.items()})
-                 for row in range(counts.pop())]
-        features = torch.cat([first_output(encoder(**call)) for call in calls])
+        clips = [{name: value[row : row + 1] for name, value in media.items()} for row in range(counts.pop())]
+        try:
+            windows = [clip_windows(clip, frames) for clip in clips]
+        except ValueError as error:
+            raise PlanError(f"{type(model).__name__}: the recipe's {modality} samples: {error}") from None
+        calls = [[encoder_call(model, modality, window) for window in clip] for clip in windows]
+        outputs = [[first_output(encoder(**call)) for call in clip] for clip in calls]
+        _check_windows_separate(model, encoder, modality, clips, outputs, frames)
+        features = torch.cat([output for clip in outputs for output in clip])
         if PROJECTOR in stages:
             features = first_output(stages[PROJECTOR][0](features))
         features = features.reshape(-1, features.shape[-1])
@@ -217,22 +230,56 @@ def encoder_embed_stages(model, inputs: dict, stages: dict, modality: str) -> di
                         f"with the {modality} encoder's features"
                         f"{' (through ' + PROJECTOR + ')' if PROJECTOR in stages else ''} at the {modality} tokens; "
                         f"hfexport cannot export this model's {modality} merge")
-    _refuse_split_windows(model, encoder, modality, calls[0])
-    return {**stages, f"{modality}_encoder": (encoder, calls[0]),
+    _refuse_split_windows(model, encoder, modality, calls[0][0])
+    return {**stages, f"{modality}_encoder": (encoder, calls[0][0]),
             EMBED: (embed, {"input_ids": inputs["input_ids"], f"{modality}_features": features})}
 
 
+# The bound of `_check_windows_separate`: the encoder once per window against once per clip, float32 (measured on
+# the tiny Qwen2.5-Omni: 7.5e-8 over three windows; Qwen3-ASR's: 0).
+WINDOWS_ATOL = 1e-5
+
+
+def _check_windows_separate(model, encoder, modality: str, clips: list, outputs: list, frames: int | None) -> None:
+    """Refuse an encoder whose features over a clip's attention windows, one window at a time, are not its features
+    over the whole clip (as `generate` would run it): something after the windowed attention mixes windows, e.g.
+    Qwen2.5-Omni's stride-2 average pooling, which pairs frames across two windows when a window holds an odd number
+    of frames after its convolution (`n_window` odd: measured on the tiny one with n_window 49, 58 features for 59)."""
+    import torch
+
+    for row, (clip, parts) in enumerate(zip(clips, outputs)):
+        if len(parts) < 2:
+            continue
+        whole = first_output(encoder(**encoder_call(model, modality, clip)))
+        joined = torch.cat(parts)
+        if joined.shape != whole.shape:
+            difference = f"{joined.shape[0]} features where the whole clip gives {whole.shape[0]}"
+        else:
+            gap = float((joined - whole).abs().max())
+            if gap <= WINDOWS_ATOL:
+                continue
+            difference = f"max_abs {gap:.3g} against the whole clip (bound {WINDOWS_ATOL})"
+        raise PlanError(f"{type(model).__name__}: its {modality} encoder ({type(encoder).__name__}) run once per "
+                        f"attention window ({frames} frames) on the recipe's clip {row} ({len(parts)} windows) gives "
+                        f"{difference}: its windows are not independent (something after the windowed attention "
+                        "mixes them), so hfexport's one-window encoder cannot compute it; give sample clips of one "
+                        "window each (docs/generation.md)")
+
+
 def _refuse_split_windows(model, encoder, modality: str, call: dict) -> None:
-    """Refuse a clip that the encoder's windowed attention splits into several windows (`cu_seqlens`, from the
-    engine's input preparers): it splits the frames with `.tolist()`, which the trace does not keep."""
+    """Refuse a traced call that the encoder's windowed attention still splits into several windows (`cu_seqlens`,
+    from the engine's input preparers): an encoder whose windows `attention_window_frames` does not know (no
+    `n_window`); it splits the frames with `.tolist()`, which the trace does not keep."""
     windows = traced_inputs(encoder, dict(call)).get("cu_seqlens")
     if windows is not None and windows.dim() == 1 and windows.shape[0] > 2:
-        raise PlanError(f"{type(model).__name__}: its {modality} encoder ({type(encoder).__name__}) splits the "
-                        f"recipe's first clip into {windows.shape[0] - 1} attention windows (cu_seqlens "
+        raise PlanError(f"{type(model).__name__}: its {modality} encoder ({type(encoder).__name__}) splits one "
+                        f"window of the recipe's first clip into {windows.shape[0] - 1} attention windows (cu_seqlens "
                         f"{windows.tolist()}) with `.tolist()`, which the trace does not keep: traced on such a clip, "
                         "the ONNX encoder attended across the windows (max_abs 0.0176 vs eager) and the torch.export "
                         "one failed its own runtime assertion (\"u1 >= 1\"), measured with transformers 5.23 and "
-                        "torch 2.13; give sample clips of one window each (docs/generation.md)")
+                        "torch 2.13; hfexport cuts clips into windows of the encoder's `n_window` (and "
+                        "`n_window_infer`), which this encoder lacks: give sample clips of one window each "
+                        "(docs/generation.md)")
 
 
 def batch_encoder_refusal(model, stage: tuple, export_format: str) -> str | None:

@@ -604,8 +604,8 @@ def build_llava_next(folder: Path) -> None:
 
 ASR_MEL_BINS = 16
 ASR_N_WINDOW = 50  # mel frames per half chunk: the feature extractor pads to whole chunks of 100 frames (1 s)
-# mel frames per attention window, as the published Qwen3-ASR's (8 s): a clip of more than one window is split with
-# `.tolist()`, which the trace does not keep (hfexport.plan.vision_language refuses it), so clips fit one window
+# mel frames per attention window, as the published Qwen3-ASR's (8 s): the encoder is traced on one window, which
+# `generate` runs once per window of a longer clip (hfexport.preparers.clip_windows)
 ASR_N_WINDOW_INFER = 16 * ASR_N_WINDOW
 
 
