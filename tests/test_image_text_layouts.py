@@ -212,3 +212,73 @@ def test_only_a_float32_llava_class_export_gets_the_layout(llava_job):
     rope = copy.deepcopy(manifest)
     rope["components"]["language_model"]["metadata"]["kwargs"]["position_ids"]["shape"] = [3, 1, 21]
     assert not any(applies(other) for other in (half, sizes, rope))
+
+
+README_REPO, README_REVISION = "your-org/your-vlm", "refs/pr/1"
+
+
+def run_readme_snippet(hub, runtime_env, repo: str, num: int, picture, tmp_path, prompt: str | None = None) -> dict:
+    """The README's transformers.js VLM snippet on `repo`'s pull request `num` of the local Hub, on `picture` (a
+    uint8 `[height, width, 3]` array, saved as the snippet's picture.png), `prompt` in place of its own: what it
+    printed (`text`) and the new token ids it generated (`ids`, printed by a line the test adds after it)."""
+    import subprocess
+    from pathlib import Path
+
+    from PIL import Image
+
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = text.split("<!-- readme-vlm-transformers-js -->", 1)[1].split("```js\n", 1)[1].split("```", 1)[0]
+    for literal in (README_REPO, README_REVISION):
+        assert literal in code
+    code = code.replace(README_REPO, repo).replace(README_REVISION, f"refs/pr/{num}")
+    if prompt is not None:
+        code = code.replace('"<image> Describe the picture"', json.dumps(prompt))
+    folder = Path(runtime_env["HFEXPORT_RUNTIME_TRANSFORMERS_JS"])
+    work = tmp_path / "snippet"
+    work.mkdir()
+    Image.fromarray(picture).save(work / "picture.png")
+    (work / "node_modules").symlink_to(folder / "node_modules", target_is_directory=True)
+    script = work / "snippet.mjs"
+    script.write_text(  # where the local Hub is: the one line a user of the real Hub leaves out
+        'import { env } from "@huggingface/transformers";\n'
+        f'env.remoteHost = {json.dumps(hub.url.rstrip("/") + "/")};\n'
+        'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
+        f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(tmp_path / "tjs"))};\n' + code
+        + 'console.log(JSON.stringify(generated.tolist().map((row) => row.map(Number))));\n')
+    env = {**os.environ, **hub.env(token=False, hf_home=tmp_path / "hf-home")}
+    done = subprocess.run(["node", str(script)], capture_output=True, text=True, env=env, cwd=work, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    *printed, ids = done.stdout.strip().splitlines()
+    return {"text": "\n".join(printed), "ids": json.loads(ids)[0]}
+
+
+@pytest.mark.slow
+def test_the_readme_snippet_runs_llavas_pull_request_token_for_token(hub, llava_job, llava, tiny_llava, runtime_env,
+                                                                     tmp_path):
+    """Published as a pull request on the local Hub: the README's transformers.js snippet, with its own processor on
+    a picture file, generates `model.generate`'s new tokens for the processor's prompt and that picture."""
+    import shutil
+
+    import numpy as np
+    import torch
+
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/llava-transformers-js"
+    hub.seed_repo(repo, tiny_llava)
+    output = tmp_path / "out-job"
+    shutil.copytree(llava_job[0], output)
+    num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
+    files = set(hub.list_files(repo, f"refs/pr/{num}"))
+    assert {"onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx",
+            "preprocessor_config.json"} <= files, files  # the root's flat one, where AutoProcessor reads it
+    picture = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)  # the crop's size: no resize
+    printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path)
+    model, processor = llava
+    inputs = processor(text=["<image> Describe the picture"], images=[picture], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=8)
+    expected = out[0, inputs["input_ids"].shape[1]:].tolist()
+    assert printed["ids"] == expected, (printed, expected)
+    assert printed["text"] == processor.tokenizer.decode(expected, skip_special_tokens=True)

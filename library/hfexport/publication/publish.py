@@ -45,7 +45,7 @@ from hfexport.layout import (
     target_places,
 )
 from hfexport.formats import format_backend
-from hfexport.formats.onnx.backend import transformers_js_config
+from hfexport.formats.onnx.backend import IMAGE_TEXT_FILES, transformers_js_config
 from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 from hfexport.formats.programs import format_program
@@ -57,6 +57,7 @@ from hfexport.report.data import JobReport, TargetReport
 
 README = "README.md"
 ROOT_CONFIG = "config.json"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
 TITLE_PREFIX = "hfexport:"
 MARKER_KIND = "publication"  # the PR description's `<!-- hfexport:publication {...} -->` (hfexport.hub.marker_line)
 MODES = ("pr", "commit")
@@ -301,6 +302,10 @@ def _publish(repo: HubRepo, output: Path, repo_id: str, chosen: list[_Target], *
     if config is not None:
         operations.append(CommitOperationAdd(path_in_repo=ROOT_CONFIG, path_or_fileobj=config))
         files.append(ROOT_CONFIG)
+    preprocessor = _root_preprocessor_config(chosen, base_tree, (set(tree) - set(deletions)) | set(files))
+    if preprocessor is not None:
+        operations.append(CommitOperationAdd(path_in_repo=PREPROCESSOR_CONFIG, path_or_fileobj=preprocessor))
+        files.append(PREPROCESSOR_CONFIG)
     if not operations:
         return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None, head,
                              repo_id, [])
@@ -357,6 +362,23 @@ def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str,
     except ValueError:
         unchanged = False
     return None if unchanged else (json.dumps(updated, indent=2) + "\n").encode("utf-8")
+
+
+def _root_preprocessor_config(chosen: list[_Target], base_tree: dict, after: set[str]) -> bytes | None:
+    """The flat `preprocessor_config.json` of a VLM target published in transformers.js' image-text-to-text layout in
+    `onnx/`, for the repo's root, where transformers.js' AutoProcessor reads it; None where the root has one (the
+    owner's is kept) or no such target is published there. transformers 5 saves a processor's image settings inside
+    `processor_config.json`, which transformers.js does not read for them ("Could not locate file: .../
+    preprocessor_config.json", measured with 4.3.2 on tiny LLaVA's pull request)."""
+    onnx_folder = format_backend("onnx").folder
+    if PREPROCESSOR_CONFIG in base_tree or PREPROCESSOR_CONFIG in after:
+        return None
+    for item in chosen:
+        flat = item.folder / PREPROCESSOR_CONFIG
+        if item.place.folder == onnx_folder and flat.is_file() and all((item.folder / name).is_file()
+                                                                       for name in IMAGE_TEXT_FILES):
+            return flat.read_bytes()
+    return None
 
 
 def _layout_spec(item: _Target) -> dict:
