@@ -174,13 +174,20 @@ def test_a_rebind_writes_the_layout_again_from_the_rebound_components(llava_job,
 
 
 @pytest.mark.slow
-def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, runtime_env):
+def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, runtime_env, hub, tmp_path):
     """The SmolVLM architecture: its vision encoder takes `pixel_attention_mask` beside the pixels (int64, fed as the
     processor made it), and transformers.js merges its features as LLaVA's (Idefics3ForConditionalGeneration extends
-    LlavaForConditionalGeneration there)."""
+    LlavaForConditionalGeneration there). Published as a pull request on the local Hub, the README's snippet (its
+    processor called text first, as the README says Idefics3's is) generates `model.generate`'s new tokens."""
     from unittest import mock
 
+    import numpy as np
+    import onnx
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
     from hfexport.job.run import run_job
+    from hfexport.publication.publish import publish
     from hfexport.testing.models import make_model
 
     model = make_model("tiny-idefics3", session_dir / "tiny-idefics3-js")
@@ -193,6 +200,21 @@ def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, ru
     inputs, outputs = _io(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx")
     assert [name for name, _ in inputs] == ["pixel_values", "pixel_attention_mask"]
     assert [name for name, _ in outputs] == ["image_features"]
+    graph = onnx.load(str(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx"), load_external_data=False).graph
+    assert graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.BOOL  # as transformers.js' processor makes it
+
+    repo = f"{hub.user}/idefics3-transformers-js"
+    hub.seed_repo(repo, model)
+    num = publish(session_dir / "idefics3-js", repo, mode="pr", token=hub.write_token).pr_num
+    picture = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)  # the processor's size
+    printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path, text_first=True)
+    processor = AutoProcessor.from_pretrained(model)
+    eager = AutoModelForImageTextToText.from_pretrained(model).eval()
+    made = processor(text=["<image> Describe the picture"], images=[[picture]], return_tensors="pt")
+    with torch.no_grad():
+        out = eager.generate(**made, do_sample=False, max_new_tokens=8)
+    expected = out[0, made["input_ids"].shape[1]:].tolist()
+    assert printed["ids"] == expected, (printed, expected)
 
 
 def test_only_a_float32_llava_class_export_gets_the_layout(llava_job):
@@ -217,10 +239,11 @@ def test_only_a_float32_llava_class_export_gets_the_layout(llava_job):
 README_REPO, README_REVISION = "your-org/your-vlm", "refs/pr/1"
 
 
-def run_readme_snippet(hub, runtime_env, repo: str, num: int, picture, tmp_path, prompt: str | None = None) -> dict:
+def run_readme_snippet(hub, runtime_env, repo: str, num: int, picture, tmp_path, text_first: bool = False) -> dict:
     """The README's transformers.js VLM snippet on `repo`'s pull request `num` of the local Hub, on `picture` (a
-    uint8 `[height, width, 3]` array, saved as the snippet's picture.png), `prompt` in place of its own: what it
-    printed (`text`) and the new token ids it generated (`ids`, printed by a line the test adds after it)."""
+    uint8 `[height, width, 3]` array, saved as the snippet's picture.png), the processor called text first where
+    `text_first` (Idefics3/SmolVLM's, Qwen2-VL's): what it printed (`text`) and the new token ids it generated
+    (`ids`, printed by a line the test adds after it)."""
     import subprocess
     from pathlib import Path
 
@@ -232,8 +255,10 @@ def run_readme_snippet(hub, runtime_env, repo: str, num: int, picture, tmp_path,
     for literal in (README_REPO, README_REVISION):
         assert literal in code
     code = code.replace(README_REPO, repo).replace(README_REVISION, f"refs/pr/{num}")
-    if prompt is not None:
-        code = code.replace('"<image> Describe the picture"', json.dumps(prompt))
+    if text_first:
+        call = 'processor(image, "<image> Describe the picture")'
+        assert call in code
+        code = code.replace(call, 'processor("<image> Describe the picture", image)')
     folder = Path(runtime_env["HFEXPORT_RUNTIME_TRANSFORMERS_JS"])
     work = tmp_path / "snippet"
     work.mkdir()

@@ -42,6 +42,12 @@ COMPONENTS = IMAGE_TEXT_COMPONENTS
 #: The image inputs transformers.js feeds its vision encoder (picked from the processor's outputs by the session's
 #: input names): LLaVA's `pixel_values`, Idefics3/SmolVLM's `pixel_attention_mask` beside them.
 IMAGE_INPUTS = {"pixel_values", "pixel_attention_mask"}
+#: The image inputs transformers.js makes as bool tensors, whatever the Python processor made: Idefics3's image
+#: processor (src/models/idefics3/image_processing_idefics3.js) returns `pixel_attention_mask` as `Tensor('bool', ...)`,
+#: and onnxruntime refused the int64 input the export was traced on ("Unexpected input data type. Actual:
+#: (tensor(bool)) , expected: (tensor(int64))", the README's snippet on tiny Idefics3's pull request). The layout's
+#: encoder takes them as bool and casts them back inside.
+BOOL_INPUTS = {"pixel_attention_mask"}
 BATCH, SEQUENCE, PAST, TOTAL = (decoder_contract.BATCH, decoder_contract.SEQUENCE, decoder_contract.PAST,
                                 decoder_contract.TOTAL)
 
@@ -86,11 +92,28 @@ def to_contract(folder: Path) -> bool:
     for value in [*encoder.graph.inputs, features]:  # the engine writes some static dims as symbols ("3", "32")
         if value.shape is not None:
             value.shape = onnx_ir.Shape([static_int(dim) for dim in value.shape])
+    for value in [value for value in encoder.graph.inputs if value.name in BOOL_INPUTS]:
+        take_as_bool(encoder.graph, value)
     embed_tokens = token_embeddings(embed)
     merged = merge_decoder(onnx_ir.load(str(files["language_model"])), onnx_ir.load(str(files["lm_head"])), decode)
     for model, name in ((encoder, VISION_ENCODER_FILE), (embed_tokens, EMBED_TOKENS_FILE), (merged, DECODER_FILE)):
         onnx_ir.save(model, str(folder / name), external_data=name + "_data")
     return True
+
+
+def take_as_bool(graph, value) -> None:
+    """Make graph input `value` a bool tensor, cast inside the graph to the type its nodes took (see BOOL_INPUTS)."""
+    import onnx_ir
+
+    if value.dtype == onnx_ir.DataType.BOOL:
+        return
+    uses = list(value.uses())
+    cast = onnx_ir.node("Cast", [value], attributes={"to": value.dtype}, name=f"{value.name}/to_{value.dtype.name}")
+    cast.outputs[0].name = f"{value.name}_{value.dtype.name.lower()}"
+    for node, index in uses:
+        node.replace_input_with(index, cast.outputs[0])
+    graph.insert_before(graph.node(0), cast)
+    value.dtype = onnx_ir.DataType.BOOL
 
 
 def embedding_lookup(graph):

@@ -34,7 +34,7 @@ from hfexport.formats.onnx.backend import transformers_js_config, transformers_j
 from hfexport.formats.onnx.decoder_contract import MODEL_FILE, stage_as
 from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, exported_config
 from hfexport.formats.onnx.image_text_contract import FILES as IMAGE_TEXT_FILES
-from hfexport.formats.onnx.image_text_contract import IMAGE_INPUTS
+from hfexport.formats.onnx.image_text_contract import BOOL_INPUTS, IMAGE_INPUTS
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "transformers.js"
@@ -191,7 +191,8 @@ def _check_image_text(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_INSTALLED)
     images = {name: request.extra[name] for name in sorted(IMAGE_INPUTS & set(request.extra))}
     payload = {**request_payload(request, padded=False), "dtype": "fp32", "image_text": True,
-               "images": [{name: {"dims": [1, *value.shape[1:]], "dtype": _tensor_type(value),
+               "images": [{name: {"dims": [1, *value.shape[1:]],
+                                  "dtype": "bool" if name in BOOL_INPUTS else _tensor_type(value),
                                   "data": value[row].ravel().tolist()}
                            for name, value in images.items()} for row in range(len(request.prompts))]}
     with tempfile.TemporaryDirectory(prefix="hfexport-transformers-js-") as scratch:
