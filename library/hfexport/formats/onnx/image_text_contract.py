@@ -52,6 +52,10 @@ ENCODER_INPUT_NAMES = {"image_grid_thw": "grid_thw"}
 #: transformers.js computes with its own `get_rope_index` from `input_ids`, `image_grid_thw` and the mask, and on each
 #: new token as the past length plus the prompt's `rope_deltas` on all three axes.
 ROPE_AXES = 3
+#: The model types of image-grid exports the layout is written for: transformers.js 4.3.2 maps them to
+#: `Qwen2VLForConditionalGeneration` (its `get_rope_index`), checked on tiny Qwen2-VL; not PaddleOCR-VL (no
+#: transformers.js model type) nor Qwen2.5-VL (another vision encoder in transformers.js, not checked here).
+GRID_MODEL_TYPES = ("qwen2_vl",)
 #: The image inputs transformers.js makes as bool tensors, whatever the Python processor made: Idefics3's image
 #: processor (src/models/idefics3/image_processing_idefics3.js) returns `pixel_attention_mask` as `Tensor('bool', ...)`,
 #: and onnxruntime refused the int64 input the export was traced on ("Unexpected input data type. Actual:
@@ -92,6 +96,9 @@ def to_contract(folder: Path) -> bool:
     folder = Path(folder)
     manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     if not applies(manifest):
+        return False
+    gridded = "image_grid_thw" in ((manifest["components"]["image_encoder"].get("metadata") or {}).get("kwargs") or {})
+    if gridded and read_json_object(folder / "config.json").get("model_type") not in GRID_MODEL_TYPES:
         return False
     files = {name: folder / manifest["components"][name]["file"] for name in COMPONENTS}
     embed, decode = onnx_ir.load(str(files["embed"])), onnx_ir.load(str(files["decode"]))
