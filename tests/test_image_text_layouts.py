@@ -97,7 +97,7 @@ def test_transformers_js_reads_the_images(llava_job, llava):
 
 
 def test_a_vlm_without_the_layout_is_not_checked_with_why(tmp_path):
-    """A VLM folder without the three graphs (an image grid, multi-axis rope positions, an export saved before): not
+    """A VLM folder without the three graphs (image sizes: LLaVA-NeXT; an export saved before): not
     checked, saying which layout it lacks; transformers.js is not refused before the export for a LLaVA config."""
     import numpy as np
 
@@ -174,13 +174,20 @@ def test_a_rebind_writes_the_layout_again_from_the_rebound_components(llava_job,
 
 
 @pytest.mark.slow
-def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, runtime_env):
+def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, runtime_env, hub, tmp_path):
     """The SmolVLM architecture: its vision encoder takes `pixel_attention_mask` beside the pixels (int64, fed as the
     processor made it), and transformers.js merges its features as LLaVA's (Idefics3ForConditionalGeneration extends
-    LlavaForConditionalGeneration there)."""
+    LlavaForConditionalGeneration there). Published as a pull request on the local Hub, the README's snippet (its
+    processor called text first, as the README says Idefics3's is) generates `model.generate`'s new tokens."""
     from unittest import mock
 
+    import numpy as np
+    import onnx
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
     from hfexport.job.run import run_job
+    from hfexport.publication.publish import publish
     from hfexport.testing.models import make_model
 
     model = make_model("tiny-idefics3", session_dir / "tiny-idefics3-js")
@@ -193,11 +200,27 @@ def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, ru
     inputs, outputs = _io(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx")
     assert [name for name, _ in inputs] == ["pixel_values", "pixel_attention_mask"]
     assert [name for name, _ in outputs] == ["image_features"]
+    graph = onnx.load(str(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx"), load_external_data=False).graph
+    assert graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.BOOL  # as transformers.js' processor makes it
+
+    repo = f"{hub.user}/idefics3-transformers-js"
+    hub.seed_repo(repo, model)
+    num = publish(session_dir / "idefics3-js", repo, mode="pr", token=hub.write_token).pr_num
+    picture = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)  # the processor's size
+    printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path, text_first=True)
+    processor = AutoProcessor.from_pretrained(model)
+    eager = AutoModelForImageTextToText.from_pretrained(model).eval()
+    made = processor(text=["<image> Describe the picture"], images=[[picture]], return_tensors="pt")
+    with torch.no_grad():
+        out = eager.generate(**made, do_sample=False, max_new_tokens=8)
+    expected = out[0, made["input_ids"].shape[1]:].tolist()
+    assert printed["ids"] == expected, (printed, expected)
 
 
 def test_only_a_float32_llava_class_export_gets_the_layout(llava_job):
     """transformers.js opens `vision_encoder.onnx` & co. at `dtype: "fp32"`: a float16 export does not get them under
-    those names, nor an image encoder on other inputs (LLaVA-NeXT's `image_sizes`) or multi-axis rope positions."""
+    those names, nor an image encoder on other inputs (LLaVA-NeXT's `image_sizes`), nor multi-axis rope positions
+    beside an encoder without an image grid (Qwen2-VL-class exports, whose encoder takes `image_grid_thw`, get it)."""
     import copy
 
     from hfexport.formats.onnx.image_text_contract import applies
@@ -212,3 +235,154 @@ def test_only_a_float32_llava_class_export_gets_the_layout(llava_job):
     rope = copy.deepcopy(manifest)
     rope["components"]["language_model"]["metadata"]["kwargs"]["position_ids"]["shape"] = [3, 1, 21]
     assert not any(applies(other) for other in (half, sizes, rope))
+
+
+def test_a_qwen2_vl_config_gets_the_text_settings_transformers_js_reads_at_its_top_level():
+    """transformers.js 4.3.2 normalizes a `qwen2_vl` config as a flat decoder's (src/configs.js) where transformers 5
+    nests the settings in `text_config`: copied up beside the layout's graphs only; the owner's keys are kept."""
+    from hfexport.formats.onnx.backend import IMAGE_TEXT_FILES, transformers_js_config
+
+    text = {"num_hidden_layers": 2, "num_key_value_heads": 2, "num_attention_heads": 4, "hidden_size": 64}
+    config = {"model_type": "qwen2_vl", "text_config": text, "hidden_size": 99}
+    names = [*IMAGE_TEXT_FILES, *(name + "_data" for name in IMAGE_TEXT_FILES)]
+    written = transformers_js_config(config, names)
+    assert {key: written[key] for key in text} == {**text, "hidden_size": 99}
+    assert written["text_config"] == text and written["transformers.js_config"]["use_external_data_format"] == {
+        name: 1 for name in sorted(IMAGE_TEXT_FILES)}
+    assert "num_hidden_layers" not in transformers_js_config(config, ["model.onnx"])
+    assert "num_hidden_layers" not in transformers_js_config({**config, "model_type": "qwen2_5_vl"}, names)
+
+
+def test_packed_patches_are_handed_to_transformers_js_per_prompt_by_their_grids():
+    import numpy as np
+
+    from hfexport.formats.onnx.runtimes.transformers_js import prompt_images
+
+    pixels = np.arange(12 * 2).reshape(12, 2)
+    grids = np.array([[1, 2, 2], [1, 2, 4]])
+    first, second = prompt_images({"pixel_values": pixels, "image_grid_thw": grids}, 2)
+    assert first["pixel_values"].tolist() == pixels[:4].tolist() and first["image_grid_thw"].tolist() == [[1, 2, 2]]
+    assert second["pixel_values"].tolist() == pixels[4:].tolist() and second["image_grid_thw"].tolist() == [[1, 2, 4]]
+    assert prompt_images({"pixel_values": pixels, "image_grid_thw": grids}, 3) is None
+    rows = prompt_images({"pixel_values": np.zeros((2, 3, 4, 4))}, 2)
+    assert [row["pixel_values"].shape for row in rows] == [(1, 3, 4, 4)] * 2
+
+
+README_REPO, README_REVISION, README_PROMPT = "your-org/your-vlm", "refs/pr/1", "<image> Describe the picture"
+
+
+def run_readme_snippet(hub, runtime_env, repo: str, num: int, picture, tmp_path, text_first: bool = False,
+                       prompt: str = README_PROMPT) -> dict:
+    """The README's transformers.js VLM snippet on `repo`'s pull request `num` of the local Hub, on `picture` (a
+    uint8 `[height, width, 3]` array, saved as the snippet's picture.png), the processor called text first where
+    `text_first` (Idefics3/SmolVLM's, Qwen2-VL's), on `prompt` (the model's image placeholder in place of `<image>`):
+    what it printed (`text`) and the new token ids it generated (`ids`, printed by a line the test adds after it)."""
+    import subprocess
+    from pathlib import Path
+
+    from PIL import Image
+
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = text.split("<!-- readme-vlm-transformers-js -->", 1)[1].split("```js\n", 1)[1].split("```", 1)[0]
+    for literal in (README_REPO, README_REVISION):
+        assert literal in code
+    code = code.replace(README_REPO, repo).replace(README_REVISION, f"refs/pr/{num}")
+    call = f"processor(image, {json.dumps(README_PROMPT)})"
+    assert call in code
+    code = code.replace(call, f"processor({json.dumps(prompt)}, image)" if text_first else
+                        f"processor(image, {json.dumps(prompt)})")
+    folder = Path(runtime_env["HFEXPORT_RUNTIME_TRANSFORMERS_JS"])
+    work = tmp_path / "snippet"
+    work.mkdir()
+    Image.fromarray(picture).save(work / "picture.png")
+    (work / "node_modules").symlink_to(folder / "node_modules", target_is_directory=True)
+    script = work / "snippet.mjs"
+    script.write_text(  # where the local Hub is: the one line a user of the real Hub leaves out
+        'import { env } from "@huggingface/transformers";\n'
+        f'env.remoteHost = {json.dumps(hub.url.rstrip("/") + "/")};\n'
+        'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
+        f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(tmp_path / "tjs"))};\n' + code
+        + 'console.log(JSON.stringify(generated.tolist().map((row) => row.map(Number))));\n')
+    env = {**os.environ, **hub.env(token=False, hf_home=tmp_path / "hf-home")}
+    done = subprocess.run(["node", str(script)], capture_output=True, text=True, env=env, cwd=work, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    *printed, ids = done.stdout.strip().splitlines()
+    return {"text": "\n".join(printed), "ids": json.loads(ids)[0]}
+
+
+@pytest.mark.slow
+def test_the_readme_snippet_runs_llavas_pull_request_token_for_token(hub, llava_job, llava, tiny_llava, runtime_env,
+                                                                     tmp_path):
+    """Published as a pull request on the local Hub: the README's transformers.js snippet, with its own processor on
+    a picture file, generates `model.generate`'s new tokens for the processor's prompt and that picture."""
+    import shutil
+
+    import numpy as np
+    import torch
+
+    from hfexport.publication.publish import publish
+
+    repo = f"{hub.user}/llava-transformers-js"
+    hub.seed_repo(repo, tiny_llava)
+    output = tmp_path / "out-job"
+    shutil.copytree(llava_job[0], output)
+    num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
+    files = set(hub.list_files(repo, f"refs/pr/{num}"))
+    assert {"onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx",
+            "preprocessor_config.json"} <= files, files  # the root's flat one, where AutoProcessor reads it
+    picture = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)  # the crop's size: no resize
+    printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path)
+    model, processor = llava
+    inputs = processor(text=["<image> Describe the picture"], images=[picture], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=8)
+    expected = out[0, inputs["input_ids"].shape[1]:].tolist()
+    assert printed["ids"] == expected, (printed, expected)
+    assert printed["text"] == processor.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_qwen2_vl_generates_its_image_prompts_in_transformers_js(session_dir, runtime_env, hub, tmp_path):
+    """The Qwen2-VL class: transformers.js' `Qwen2VLForConditionalGeneration` (src/models/qwen2_vl/modeling_qwen2_vl.js)
+    feeds the vision encoder `pixel_values` (packed patches) and `grid_thw`, and the decoder `position_ids` `[3, batch,
+    sequence]` from its own `get_rope_index` (on each new token: past length + rope delta on all three axes); the
+    layout takes them so and makes the text-position row transformers 5.23's graphs take first. The gate generates
+    each sample prompt token for token; published as a pull request, the README's snippet (text first, Qwen2-VL's
+    image placeholder) generates `model.generate`'s new tokens from its own processor."""
+    from unittest import mock
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.job.run import run_job
+    from hfexport.models import load_processor
+    from hfexport.publication.publish import publish
+    from hfexport.testing.models import PADDLEOCR_VL_IMAGE, QWEN2_VL_PROMPT, make_model
+
+    model = make_model("tiny-qwen2-vl", session_dir / "tiny-qwen2-vl-js")
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(model, session_dir / "qwen2-vl-js", [TARGET], latency=False)
+    target = report.targets[TARGET]
+    assert target.status == "ok", target.error
+    js = {check["runtime"]: check for check in target.runtimes}["transformers.js"]
+    assert (js["verdict"], js["batch_sizes"]) == ("passed", [1]), js
+    folder = session_dir / "qwen2-vl-js" / TARGET
+    assert [name for name, _ in _io(folder / "vision_encoder.onnx")[0]] == ["pixel_values", "grid_thw"]
+    assert _io(folder / "decoder_model_merged.onnx")[0][2] == ("position_ids", [3, "batch_size", "sequence_length"])
+
+    repo = f"{hub.user}/qwen2-vl-transformers-js"
+    hub.seed_repo(repo, model)
+    num = publish(session_dir / "qwen2-vl-js", repo, mode="pr", token=hub.write_token).pr_num
+    shape = (PADDLEOCR_VL_IMAGE["height"], PADDLEOCR_VL_IMAGE["width"], 3)  # the processor's pixel budget: no resize
+    picture = np.random.default_rng(5).integers(0, 256, shape, dtype=np.uint8)
+    prompt = f"{QWEN2_VL_PROMPT} Describe the picture"
+    printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path, text_first=True, prompt=prompt)
+    processor = load_processor(model)
+    eager = AutoModelForImageTextToText.from_pretrained(model).eval()
+    made = processor(text=[prompt], images=[picture], return_tensors="pt")
+    with torch.no_grad():
+        out = eager.generate(**made, do_sample=False, max_new_tokens=8)
+    expected = out[0, made["input_ids"].shape[1]:].tolist()
+    assert printed["ids"] == expected, (printed, expected)

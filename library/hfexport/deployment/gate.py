@@ -17,6 +17,7 @@ from hfexport.deployment import PENDING, GenerationRequest, RuntimeCheck, run_ch
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats import format_traits
 from hfexport.layout import artifact_name
+from hfexport.preparers import image_count, image_slice
 from hfexport.verify.thresholds import resolve
 
 
@@ -46,6 +47,21 @@ def check_runtimes(folder: str | Path, model, plan, processor=None, request=None
         if request.file_name == "model_fp16.onnx":  # a float16 graph: judged by hfexport's f16 token agreement floor
             request.min_token_agreement = resolve(plan.target, "float16", precision="f16").min_token_agreement
     return run_checks(export_format, Path(folder), request)
+
+
+def _prompt_extra(extra: dict, index: int, count: int, input_ids, mask) -> dict:
+    """Prompt `index`'s own inputs beside its token ids: its row of each batch tensor, its images' patch rows where
+    they come packed by an image grid (Qwen2-VL-class: `hfexport.preparers.image_slice`, one image per prompt), and
+    per-token tensors (`mm_token_type_ids`) without the row's padding, as the prompt is handed over."""
+    import torch
+
+    tensors = {key: value for key, value in extra.items() if torch.is_tensor(value)}
+    tokens = {key: value[index][mask[index].bool()][None] for key, value in tensors.items()
+              if key.endswith("token_type_ids") and value.shape == input_ids.shape}
+    rest = {key: value for key, value in tensors.items() if key not in tokens}
+    packed = any(key.endswith("grid_thw") for key in rest) and image_count(rest) == count
+    rows = image_slice(rest, index, index + 1) if packed else {key: value[index : index + 1] for key, value in rest.items()}
+    return {**rows, **tokens}
 
 
 def answered_request(model, plan, processor=None) -> GenerationRequest | None:
@@ -120,8 +136,7 @@ def generation_request(model, plan, processor=None) -> GenerationRequest | None:
         try:
             with torch.no_grad():
                 for index, prompt in enumerate(prompts):
-                    row_extra = {key: value[index: index + 1] for key, value in extra.items()
-                                 if torch.is_tensor(value)}
+                    row_extra = _prompt_extra(extra, index, len(prompts), input_ids, mask)
                     ids = torch.tensor([prompt], dtype=input_ids.dtype)
                     prompt_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if prompt else {}
                     out = model.generate(**prompt_inputs, generation_config=config, **row_extra)

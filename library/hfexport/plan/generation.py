@@ -21,7 +21,7 @@ from hfexport.plan.state_space import exports_decode_alone
 from hfexport.plan.tracing import engine_config, traced_inputs, preparer_context, preparer_record
 from hfexport.plan.vision_language import (
     EMBED, IMAGE_ENCODER, batch_encoder_refusal, encoded_modality, encoder_embed_stages, image_features_capture,
-    image_stages, retraced_encoders,
+    image_stages, retraced_encoders, target_sizes_refusal,
 )
 from hfexport.recipe.data import Recipe, Target
 
@@ -39,6 +39,8 @@ def generation_stages(model, inputs: dict, generation_config=None, multi_token_d
         stages = decompose_for_generation(model, inputs, generation_config=generation_config,
                                           multi_token_decode=multi_token_decode)
     if image_calls and IMAGE_ENCODER not in stages:
+        if export_format and (refusal := target_sizes_refusal(model, export_format, image_calls[0])):
+            raise PlanError(refusal)
         stages = {**image_stages(model, inputs, image_calls[0], stages), **stages}
     modality = encoded_modality(stages)
     if modality is not None:

@@ -25,22 +25,53 @@ IMAGE_ENCODER, EMBED = "image_encoder", "embed"
 CORE_ATEN_FORMATS = ("executorch",)
 
 
+def _packed_tower(model, argument: str):
+    """The first module of `model` below its multimodal forward (no `input_ids`) whose forward takes `argument`: the
+    vision tower over packed patches whose layout that tensor's values give."""
+    import inspect
+
+    for module in model.modules():
+        forward = getattr(type(module), "forward", None)
+        parameters = inspect.signature(forward).parameters if forward is not None else {}
+        if argument in parameters and "input_ids" not in parameters:
+            return module
+    return None
+
+
 def grid_thw_refusal(model, export_format: str, inputs: dict) -> str | None:
     """Why `model` cannot be exported to `export_format` on `inputs` (the upstream message, quoted), or None: a vision
     tower over packed patches with image grids (a module whose forward takes `grid_thw`: Qwen2-VL-class, PaddleOCR-VL),
     fed images (`image_grid_thw`), on a format that takes Core ATen ops only."""
-    import inspect
-
     if str(export_format) not in CORE_ATEN_FORMATS or not any(name.endswith("grid_thw") for name in inputs):
         return None
-    for module in model.modules():
-        forward = getattr(type(module), "forward", None)
-        if forward is not None and "grid_thw" in inspect.signature(forward).parameters:
-            return (f"{type(model).__name__}: its vision tower ({type(module).__name__}, over packed patches with "
-                    f"`grid_thw`) cannot be lowered to {export_format}: ExecuTorch 1.5.1's to_edge stops at "
-                    "\"SpecViolationError: Operator torch._ops.aten.repeat_interleave.Tensor is not in Core ATen "
-                    "opset\"; export it to dynamo, onnx or openvino")
+    if (tower := _packed_tower(model, "grid_thw")) is not None:
+        return (f"{type(model).__name__}: its vision tower ({type(tower).__name__}, over packed patches with "
+                f"`grid_thw`) cannot be lowered to {export_format}: ExecuTorch 1.5.1's to_edge stops at "
+                "\"SpecViolationError: Operator torch._ops.aten.repeat_interleave.Tensor is not in Core ATen "
+                "opset\"; export it to dynamo, onnx or openvino")
     return None
+
+
+# Formats whose lowering re-runs torch's decompositions on the exported graph and guards there: ExecuTorch 1.5.1's
+# `to_edge` decomposes `aten.slice.Tensor` (torch 2.13's `slice_forward`), which asks whether the slice's end is
+# negative; a NaViT tower's merger slices its packed patches by sizes read from `target_sizes`' values (unbacked
+# symbols with no lower bound), so the lowering stops after torch.export succeeded (measured on tiny MiniCPM-V 4.6's
+# image encoder, generation).
+DATA_SIZED_SLICE_STOPS = ("executorch",)
+
+
+def target_sizes_refusal(model, export_format: str, image_inputs: dict) -> str | None:
+    """Why `model`'s image encoder, fed `image_inputs`, cannot be lowered to `export_format` (the upstream message,
+    quoted), or None: a tower over packed patches sized by `target_sizes` (MiniCPM-V), see above."""
+    if str(export_format) not in DATA_SIZED_SLICE_STOPS or "target_sizes" not in image_inputs:
+        return None
+    if (tower := _packed_tower(model, "target_sizes")) is None:
+        return None
+    return (f"{type(model).__name__}: its vision tower ({type(tower).__name__}, over packed patches sized by "
+            f"`target_sizes`' values) cannot be lowered to {export_format}: torch.export traces it, but ExecuTorch "
+            "1.5.1's to_edge stops at \"GuardOnDataDependentSymNode: Could not guard on data-dependent expression "
+            "u38 < 0\" (torch 2.13's decomposition of aten.slice.Tensor, `slice_forward`, on the merger's slice of "
+            "the packed patches by those sizes); export it to dynamo, onnx or openvino")
 
 
 def image_features_capture(model):

@@ -45,7 +45,7 @@ from hfexport.layout import (
     target_places,
 )
 from hfexport.formats import format_backend
-from hfexport.formats.onnx.backend import transformers_js_config
+from hfexport.formats.onnx.backend import IMAGE_TEXT_FILES, transformers_js_config
 from hfexport.formats.onnx.decoder_contract import GENAI_CONFIG_FILE
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 from hfexport.formats.programs import format_program
@@ -57,6 +57,7 @@ from hfexport.report.data import JobReport, TargetReport
 
 README = "README.md"
 ROOT_CONFIG = "config.json"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
 TITLE_PREFIX = "hfexport:"
 MARKER_KIND = "publication"  # the PR description's `<!-- hfexport:publication {...} -->` (hfexport.hub.marker_line)
 MODES = ("pr", "commit")
@@ -301,6 +302,11 @@ def _publish(repo: HubRepo, output: Path, repo_id: str, chosen: list[_Target], *
     if config is not None:
         operations.append(CommitOperationAdd(path_in_repo=ROOT_CONFIG, path_or_fileobj=config))
         files.append(ROOT_CONFIG)
+    preprocessor = _root_preprocessor_config(repo_id, chosen, base_head, head, base_tree,
+                                             (set(tree) - set(deletions)) | set(files), token)
+    if preprocessor is not None:
+        operations.append(CommitOperationAdd(path_in_repo=PREPROCESSOR_CONFIG, path_or_fileobj=preprocessor))
+        files.append(PREPROCESSOR_CONFIG)
     if not operations:
         return PublishResult("unchanged", open_pr.url if open_pr else None, open_pr.num if open_pr else None, head,
                              repo_id, [])
@@ -336,11 +342,14 @@ def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str,
     """The repo's root config.json with `transformers.js_config` naming the external data of every graph in `onnx/`
     (`hfexport.formats.onnx.backend.transformers_js_config`), so transformers.js opens `onnx/model.onnx` or a dtype variant
     (`model_quantized.onnx`, `model_fp16.onnx`) with `dtype` alone; None when nothing changes, the repo has no
-    config.json (a publication into another repo), or no ONNX generation target in the loaders' contract is published
-    in `onnx/` (forward targets' cards pass `use_external_data_format` instead). The owner's keys are kept."""
+    config.json (a publication into another repo), or no ONNX generation target in the loaders' contract (nor in
+    transformers.js' image-text-to-text layout, whose config may also need its text settings at the top level:
+    `with_flat_text_settings`) is published in `onnx/` (forward targets' cards pass `use_external_data_format`
+    instead). The owner's keys are kept."""
     onnx_folder = format_backend("onnx").folder  # transformers.js reads the root config for the graphs in `onnx/`
-    if ROOT_CONFIG not in base_tree or not any(item.place.folder == onnx_folder and (item.folder / GENAI_CONFIG_FILE).is_file()
-                                               for item in chosen):
+    if ROOT_CONFIG not in base_tree or not any(item.place.folder == onnx_folder and (
+            (item.folder / GENAI_CONFIG_FILE).is_file() or all((item.folder / name).is_file() for name in IMAGE_TEXT_FILES))
+            for item in chosen):
         return None
     text = _download_text(repo_id, ROOT_CONFIG, base_head, token)
     try:
@@ -354,6 +363,40 @@ def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str,
     current = _download_text(repo_id, ROOT_CONFIG, head, token) if head != base_head else text
     try:
         unchanged = json.loads(current or "") == updated
+    except ValueError:
+        unchanged = False
+    return None if unchanged else (json.dumps(updated, indent=2) + "\n").encode("utf-8")
+
+
+def _root_preprocessor_config(repo_id: str, chosen: list[_Target], base_head: str, head: str, base_tree: dict,
+                              after: set[str], token: str) -> bytes | None:
+    """The repo's root `preprocessor_config.json` as transformers.js' AutoProcessor reads it, for a VLM target
+    published in transformers.js' image-text-to-text layout in `onnx/`; None where nothing changes or no such target
+    is published there. AutoProcessor (src/models/auto/processing_auto.js, 4.3.2) reads that file alone, at the root:
+    the image settings, and `processor_class`, which picks the processor that expands the image placeholder (without
+    it a generic Processor hands the text to the image processor). A root without the file (transformers 5 keeps the
+    image settings inside `processor_config.json`: "Could not locate file: .../preprocessor_config.json", measured on
+    tiny LLaVA's pull request) gets the target's flat one; an owner's without `processor_class` gets the processor's
+    (tiny Qwen2-VL's); the owner's other keys are kept."""
+    onnx_folder = format_backend("onnx").folder
+    flat = next((item.folder / PREPROCESSOR_CONFIG for item in chosen if item.place.folder == onnx_folder
+                 and (item.folder / PREPROCESSOR_CONFIG).is_file()
+                 and all((item.folder / name).is_file() for name in IMAGE_TEXT_FILES)), None)
+    if flat is None:
+        return None
+    if PREPROCESSOR_CONFIG not in base_tree:
+        return None if PREPROCESSOR_CONFIG in after else flat.read_bytes()
+    try:
+        own = json.loads(_download_text(repo_id, PREPROCESSOR_CONFIG, base_head, token) or "")
+        processor_class = json.loads(flat.read_text(encoding="utf-8")).get("processor_class")
+    except ValueError:
+        return None
+    if not isinstance(own, dict) or own.get("processor_class") or not isinstance(processor_class, str):
+        return None
+    updated = {**own, "processor_class": processor_class}
+    current = _download_text(repo_id, PREPROCESSOR_CONFIG, head, token) if head != base_head else None
+    try:
+        unchanged = current is not None and json.loads(current) == updated
     except ValueError:
         unchanged = False
     return None if unchanged else (json.dumps(updated, indent=2) + "\n").encode("utf-8")

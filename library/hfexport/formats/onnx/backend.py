@@ -79,7 +79,27 @@ def transformers_js_config(config: dict, onnx_files) -> dict:
         own["use_external_data_format"] = dict(sorted(external.items()))
     if half and not isinstance(own.get("kv_cache_dtype"), str):
         own["kv_cache_dtype"] = dict(sorted(half.items()))
+    config = with_flat_text_settings(config, names)
     return {**config, "transformers.js_config": own} if own else dict(config)
+
+
+#: Model types whose text settings transformers.js 4.3.2 reads at the config's top level (getNormalizedConfig,
+#: src/configs.js: `qwen2_vl` is among the flat decoders, `qwen2_5_vl` among the sub-configs read from `text_config`),
+#: where transformers 5 saves them in `text_config` only: it then builds no empty past and the decoder stops at
+#: "Missing the following inputs: past_key_values.0.key, ..." (tiny Qwen2-VL's export). The keys it reads there.
+FLAT_TEXT_CONFIG_TYPES = ("qwen2_vl",)
+FLAT_TEXT_KEYS = ("num_key_value_heads", "num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim")
+
+
+def with_flat_text_settings(config: dict, onnx_files) -> dict:
+    """`config` with its `text_config`'s settings that transformers.js reads at the top level (FLAT_TEXT_KEYS) copied
+    there, for a FLAT_TEXT_CONFIG_TYPES model whose image-text-to-text graphs are among `onnx_files`; keys the config
+    has are kept (transformers 5 reads `text_config` and keeps the copies as plain attributes)."""
+    text = config.get("text_config")
+    if config.get("model_type") not in FLAT_TEXT_CONFIG_TYPES or not isinstance(text, dict) \
+            or not set(IMAGE_TEXT_FILES) <= set(onnx_files):
+        return dict(config)
+    return {**config, **{key: text[key] for key in FLAT_TEXT_KEYS if key in text and key not in config}}
 
 
 @register_format

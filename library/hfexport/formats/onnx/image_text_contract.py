@@ -17,9 +17,11 @@ as three sessions and runs them as `generic_text_to_text_forward` does (src/mode
 `seq2seq_contract` merges an encoder-decoder's; hfexport's own components stay (docs/generation.md).
 
 Written for the models whose image encoder takes `pixel_values` (Idefics3/SmolVLM: and `pixel_attention_mask`) and
-whose language model takes one position per token (LLaVA-class), at float32 (transformers.js' `dtype: "fp32"` names);
-not for LLaVA-NeXT (`image_sizes`), nor Qwen2-VL-class exports (`image_grid_thw`, three-axis rope positions, which
-transformers.js computes with a `get_rope_index` of its own).
+whose language model takes one position per token (LLaVA-class), or whose encoder takes packed patches with
+`image_grid_thw` and whose language model takes three-axis rope positions (Qwen2-VL-class: transformers.js feeds the
+encoder `grid_thw` and the decoder `position_ids` `[3, batch, sequence]` from its own `get_rope_index`; the merged
+graph adds the text-position row transformers 5.23's graphs take first), at float32 (transformers.js' `dtype: "fp32"`
+names); not for LLaVA-NeXT (`image_sizes`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,25 @@ VISION_ENCODER_FILE, EMBED_TOKENS_FILE, DECODER_FILE = FILES
 COMPONENTS = IMAGE_TEXT_COMPONENTS
 #: The image inputs transformers.js feeds its vision encoder (picked from the processor's outputs by the session's
 #: input names): LLaVA's `pixel_values`, Idefics3/SmolVLM's `pixel_attention_mask` beside them.
-IMAGE_INPUTS = {"pixel_values", "pixel_attention_mask"}
+IMAGE_INPUTS = {"pixel_values", "pixel_attention_mask", "image_grid_thw"}
+#: The image inputs transformers.js feeds its vision encoder under another name: Qwen2-VL-class models'
+#: `encode_image` feeds the processor's `image_grid_thw` as `grid_thw` (`image_grid_thw_name`,
+#: src/models/qwen2_vl/modeling_qwen2_vl.js).
+ENCODER_INPUT_NAMES = {"image_grid_thw": "grid_thw"}
+#: The rope positions of a Qwen2-VL-class language model: `[3, batch, sequence]` (temporal, height, width), which
+#: transformers.js computes with its own `get_rope_index` from `input_ids`, `image_grid_thw` and the mask, and on each
+#: new token as the past length plus the prompt's `rope_deltas` on all three axes.
+ROPE_AXES = 3
+#: The model types of image-grid exports the layout is written for: transformers.js 4.3.2 maps them to
+#: `Qwen2VLForConditionalGeneration` (its `get_rope_index`), checked on tiny Qwen2-VL; not PaddleOCR-VL (no
+#: transformers.js model type) nor Qwen2.5-VL (another vision encoder in transformers.js, not checked here).
+GRID_MODEL_TYPES = ("qwen2_vl",)
+#: The image inputs transformers.js makes as bool tensors, whatever the Python processor made: Idefics3's image
+#: processor (src/models/idefics3/image_processing_idefics3.js) returns `pixel_attention_mask` as `Tensor('bool', ...)`,
+#: and onnxruntime refused the int64 input the export was traced on ("Unexpected input data type. Actual:
+#: (tensor(bool)) , expected: (tensor(int64))", the README's snippet on tiny Idefics3's pull request). The layout's
+#: encoder takes them as bool and casts them back inside.
+BOOL_INPUTS = {"pixel_attention_mask"}
 BATCH, SEQUENCE, PAST, TOTAL = (decoder_contract.BATCH, decoder_contract.SEQUENCE, decoder_contract.PAST,
                                 decoder_contract.TOTAL)
 
@@ -61,9 +81,10 @@ def applies(manifest: dict) -> bool:
 
     positions = (kwargs("language_model").get("position_ids") or {}).get("shape") or []
     cache = kwargs("decode").get("past_key_values") or {}
+    gridded = "image_grid_thw" in kwargs("image_encoder")  # a Qwen2-VL-class encoder: three-axis rope positions
     return "pixel_values" in kwargs("image_encoder") and set(kwargs("image_encoder")) <= IMAGE_INPUTS \
-        and len(positions) == 2 and "input_ids" in kwargs("decode") \
-        and cache.get("container") == "DynamicCache"
+        and (len(positions) == 2 or (gridded and len(positions) == 3 and positions[0] in (ROPE_AXES, ROPE_AXES + 1))) \
+        and "input_ids" in kwargs("decode") and cache.get("container") == "DynamicCache"
 
 
 def to_contract(folder: Path) -> bool:
@@ -76,6 +97,9 @@ def to_contract(folder: Path) -> bool:
     manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     if not applies(manifest):
         return False
+    gridded = "image_grid_thw" in ((manifest["components"]["image_encoder"].get("metadata") or {}).get("kwargs") or {})
+    if gridded and read_json_object(folder / "config.json").get("model_type") not in GRID_MODEL_TYPES:
+        return False
     files = {name: folder / manifest["components"][name]["file"] for name in COMPONENTS}
     embed, decode = onnx_ir.load(str(files["embed"])), onnx_ir.load(str(files["decode"]))
     if embedding_lookup(embed.graph) is None or embedding_lookup(decode.graph) is None:
@@ -86,11 +110,30 @@ def to_contract(folder: Path) -> bool:
     for value in [*encoder.graph.inputs, features]:  # the engine writes some static dims as symbols ("3", "32")
         if value.shape is not None:
             value.shape = onnx_ir.Shape([static_int(dim) for dim in value.shape])
+    for value in [value for value in encoder.graph.inputs if value.name in BOOL_INPUTS]:
+        take_as_bool(encoder.graph, value)
+    for value in encoder.graph.inputs:
+        value.name = ENCODER_INPUT_NAMES.get(value.name, value.name)
     embed_tokens = token_embeddings(embed)
     merged = merge_decoder(onnx_ir.load(str(files["language_model"])), onnx_ir.load(str(files["lm_head"])), decode)
     for model, name in ((encoder, VISION_ENCODER_FILE), (embed_tokens, EMBED_TOKENS_FILE), (merged, DECODER_FILE)):
         onnx_ir.save(model, str(folder / name), external_data=name + "_data")
     return True
+
+
+def take_as_bool(graph, value) -> None:
+    """Make graph input `value` a bool tensor, cast inside the graph to the type its nodes took (see BOOL_INPUTS)."""
+    import onnx_ir
+
+    if value.dtype == onnx_ir.DataType.BOOL:
+        return
+    uses = list(value.uses())
+    cast = onnx_ir.node("Cast", [value], attributes={"to": value.dtype}, name=f"{value.name}/to_{value.dtype.name}")
+    cast.outputs[0].name = f"{value.name}_{value.dtype.name.lower()}"
+    for node, index in uses:
+        node.replace_input_with(index, cast.outputs[0])
+    graph.insert_before(graph.node(0), cast)
+    value.dtype = onnx_ir.DataType.BOOL
 
 
 def embedding_lookup(graph):
@@ -143,7 +186,9 @@ def merge_decoder(language_model, lm_head, decode):
 
     add("inputs_embeds", embeds.dtype, [BATCH, SEQUENCE, static_dim(embeds, 2)])
     add("attention_mask", onnx_ir.DataType.INT64, [BATCH, TOTAL])
-    add("position_ids", onnx_ir.DataType.INT64, [BATCH, SEQUENCE])
+    positions = next(value for value in prompt.graph.inputs if value.name == "position_ids")
+    add("position_ids", onnx_ir.DataType.INT64,
+        [BATCH, SEQUENCE] if len(positions.shape) == 2 else [ROPE_AXES, BATCH, SEQUENCE])
     layers = sorted({int(decoder_contract.ENGINE_CACHE.match(value.name)[1]) for value in pasts})
     by_name = {decoder_contract.contract_name(value.name, is_output=False): value for value in pasts}
     for layer in layers:
@@ -160,7 +205,9 @@ def merge_decoder(language_model, lm_head, decode):
         return decoder_contract.contract_name(name.removeprefix("input."), is_output=False)
 
     initializers: dict = {}
-    branches = {use_cache: branch(model, outer, initializers, output_names, "decode" if use_cache else "prefill",
+    derived_nodes, derived = _derived_inputs(outer, positions, step)
+    fed = {**outer, **derived}
+    branches = {use_cache: branch(model, fed, initializers, output_names, "decode" if use_cache else "prefill",
                                   outer_input=outer_input, output_name=_output_name)
                 for use_cache, model in ((True, step), (False, prompt))}
     node = use_cache_if(outer, branches, len(output_names))
@@ -170,10 +217,47 @@ def merge_decoder(language_model, lm_head, decode):
                                     [BATCH, outer["past_key_values." + name.removeprefix("present.")].shape[1],
                                      "total_sequence_length", outer["past_key_values." + name.removeprefix(
                                          "present.")].shape[3]])
-    graph = onnx_ir.Graph(list(outer.values()), list(node.outputs), nodes=[node],
+    graph = onnx_ir.Graph(list(outer.values()), list(node.outputs), nodes=[*derived_nodes, node],
                           initializers=list(initializers.values()), opset_imports=dict(decode.graph.opset_imports),
                           name="decoder_model_merged")
     return onnx_ir.Model(graph, ir_version=decode.ir_version, producer_name="hfexport")
+
+
+def _derived_inputs(outer: dict, positions, step) -> tuple[list, dict]:
+    """What the engine's graphs take beyond transformers.js' inputs, computed from them in the merged graph: (nodes,
+    {input name: value}). transformers 5.23's Qwen2-VL takes `position_ids` `[4, batch, sequence]`, its text
+    positions before the three rope axes transformers.js feeds: the row is the past length plus the token's index
+    (`model.generate`'s for a prompt without padding: transformers.js generates one prompt at a time here); its
+    decode takes the new tokens' `mm_token_type_ids`, 0 (text)."""
+    import numpy as np
+    import onnx_ir
+
+    nodes: list = []
+
+    def op(kind, *inputs, **attributes):
+        nodes.append(onnx_ir.node(kind, list(inputs), attributes=attributes))
+        return nodes[-1].outputs[0]
+
+    def constant(values):
+        return op("Constant", value=onnx_ir.tensor(np.asarray(values, dtype=np.int64)))
+
+    derived = {}
+    rope = outer["position_ids"]
+    if len(rope.shape) == 3 and static_int(positions.shape[0]) == ROPE_AXES + 1:
+        shape = op("Shape", rope)
+        batch, length = op("Gather", shape, constant([1])), op("Gather", shape, constant([2]))
+        total = op("Gather", op("Shape", outer["attention_mask"]), constant(1))
+        start = op("Sub", total, op("Squeeze", length, constant([0])))
+        text = op("Unsqueeze", op("Range", start, total, constant(1)), constant([0, 1]))
+        text = op("Expand", text, op("Concat", constant([1]), batch, length, axis=0))
+        derived["position_ids"] = op("Concat", text, rope, axis=0)
+        derived["position_ids"].name = "position_ids_with_text_row"
+    if any(value.name == "mm_token_type_ids" for value in step.graph.inputs):
+        shape = op("Slice", op("Shape", outer["inputs_embeds"]), constant([0]), constant([2]))
+        derived["mm_token_type_ids"] = op("ConstantOfShape", shape,
+                                          value=onnx_ir.tensor(np.zeros(1, dtype=np.int64)))
+        derived["mm_token_type_ids"].name = "mm_token_type_ids_text"
+    return nodes, derived
 
 
 def _output_name(engine_name: str) -> str:

@@ -34,7 +34,7 @@ from hfexport.formats.onnx.backend import transformers_js_config, transformers_j
 from hfexport.formats.onnx.decoder_contract import MODEL_FILE, stage_as
 from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, NOT_IN_SEQ2SEQ_CONTRACT, exported_config
 from hfexport.formats.onnx.image_text_contract import FILES as IMAGE_TEXT_FILES
-from hfexport.formats.onnx.image_text_contract import IMAGE_INPUTS
+from hfexport.formats.onnx.image_text_contract import BOOL_INPUTS, IMAGE_INPUTS
 from hfexport.formats.onnx.seq2seq_contract import DECODER_FILE
 
 RUNTIME = "transformers.js"
@@ -65,8 +65,8 @@ IMAGE_TEXT_TO_TEXT_TYPES = (
 NOT_IN_IMAGE_TEXT_CONTRACT = (
     "not in transformers.js' image-text-to-text layout (vision_encoder.onnx + embed_tokens.onnx + "
     "decoder_model_merged.onnx): hfexport writes it for an image encoder on pixel_values (and pixel_attention_mask) "
-    "and one position per token (LLaVA, Idefics3/SmolVLM; hfexport.formats.onnx.image_text_contract), not for image "
-    "sizes, image grids or multi-axis rope positions")
+    "and one position per token (LLaVA, Idefics3/SmolVLM), or on packed patches with image_grid_thw and three-axis "
+    "rope positions (Qwen2-VL; hfexport.formats.onnx.image_text_contract), not for image sizes")
 
 
 def limitation(config: dict) -> str | None:
@@ -178,6 +178,23 @@ def unsupported_image_text(model_type: str) -> str:
             "(src/models/registry.js)")
 
 
+def prompt_images(images: dict, prompts: int) -> list[dict] | None:
+    """Each prompt's image inputs, as its processor makes them for that prompt alone: a slice of the batch axis, or,
+    for packed patches with image grids (Qwen2-VL-class: `pixel_values` `[patches, features]`, `image_grid_thw`
+    `[images, 3]`), the prompt's grid and its patches (one image per prompt; None where the grids are not so)."""
+    import numpy as np
+
+    grids = images.get("image_grid_thw")
+    if grids is None:
+        return [{name: value[row : row + 1] for name, value in images.items()} for row in range(prompts)]
+    if len(grids) != prompts:
+        return None
+    ends = np.cumsum(np.prod(grids, axis=-1))
+    starts = np.concatenate([[0], ends[:-1]])
+    return [{"pixel_values": images["pixel_values"][start:end], "image_grid_thw": grids[row : row + 1]}
+            for row, (start, end) in enumerate(zip(starts, ends, strict=True))]
+
+
 def _check_image_text(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     """A vision-language export in `AutoModelForImageTextToText` (fp32), each prompt with its own images (batch 1)."""
     config = exported_config(folder)
@@ -189,11 +206,16 @@ def _check_image_text(folder: Path, request: GenerationRequest) -> RuntimeCheck:
     node, modules = _installed()
     if node is None:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason=NOT_INSTALLED)
-    images = {name: request.extra[name] for name in sorted(IMAGE_INPUTS & set(request.extra))}
+    rows = prompt_images({name: request.extra[name] for name in sorted(IMAGE_INPUTS & set(request.extra))},
+                         len(request.prompts))
+    if rows is None:
+        return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="the sample prompts do not hold one image grid each "
+                            "(`image_grid_thw` rows), so their packed patches cannot be handed over per prompt")
     payload = {**request_payload(request, padded=False), "dtype": "fp32", "image_text": True,
-               "images": [{name: {"dims": [1, *value.shape[1:]], "dtype": _tensor_type(value),
-                                  "data": value[row].ravel().tolist()}
-                           for name, value in images.items()} for row in range(len(request.prompts))]}
+               "images": [{name: {"dims": list(value.shape),
+                                  "dtype": "bool" if name in BOOL_INPUTS else _tensor_type(value),
+                                  "data": value.ravel().tolist()}
+                           for name, value in row.items()} for row in rows]}
     with tempfile.TemporaryDirectory(prefix="hfexport-transformers-js-") as scratch:
         stage = Path(scratch)
         repo = stage / "models" / "model"
