@@ -1,11 +1,20 @@
 """SmolLM2-135M-Instruct (real weights) with an OpenVINO int4 variant (issue 46): made from the one export at the group
 size its layers take (64: 128 does not divide its hidden size 576), passing its quality gate at the default bounds
-and in LLMPipeline and optimum-intel by name. Slow: a 135M-parameter checkpoint, a minute or more of export."""
+and in LLMPipeline and optimum-intel by name, then published as a pull request on the local Hub, from which the
+README's int4 snippets open it by its folder (`openvino/int4`). Slow: a 135M-parameter checkpoint, a minute or more of
+export.
+
+The seeded repo's tokenizer_config.json says `GPT2Tokenizer`, as in tests/test_smollm2_runtimes.py (optimum-intel's
+transformers 4.57 cannot read the class transformers 5 writes)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +25,9 @@ from hfexport.testing import peers
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[1]
 TARGET = "openvino-generation"
+README_REPO, README_REVISION = "your-org/your-llm", "refs/pr/1"
 #: benchmarks/variant_quality.py's 8 passages, on which its int4 was measured (docs/quantization.md, "Variants"): a
 #: 4-bit variant's greedy tokens leave float32's soon on some prompts (0.12 of them agreed on two shortened ones
 #: alone), so the runtimes' 4-bit floor is judged over all eight, as the benchmark judged it
@@ -59,3 +70,58 @@ def test_the_int4_variant_passes_its_gate_in_both_runtimes(gated):
     config = json.loads((output / TARGET / "int4" / "openvino_config.json").read_text())
     assert config["quantization_config"]["group_size"] == 64 and config["quantization_config"]["bits"] == 4
 
+
+
+@pytest.fixture(scope="module")
+def published(hub, smollm2, gated, tmp_path_factory):
+    """The gated target (its int4 variant inside) published as a pull request: (repo, pr number)."""
+    from hfexport.publication.publish import publish
+
+    output, report = gated
+    assert report.targets[TARGET].status == "ok", report.targets[TARGET].error
+    repo = f"{hub.user}/smollm2-openvino-variants"
+    seeded = tmp_path_factory.mktemp("smollm2-ov-repo")
+    shutil.copytree(smollm2, seeded, dirs_exist_ok=True)
+    tokenizer_config = json.loads((seeded / "tokenizer_config.json").read_text())
+    tokenizer_config["tokenizer_class"] = "GPT2Tokenizer"
+    (seeded / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (seeded / ".complete").unlink(missing_ok=True)
+    hub.seed_repo(repo, seeded)
+    return repo, publish(output, repo, mode="pr", token=hub.write_token).pr_num
+
+
+def readme_blocks(marker: str) -> dict[str, str]:
+    """The README's code blocks right after `<!-- marker -->`, by language (`bash`, `python`)."""
+    text = (ROOT / "README.md").read_text().split(f"<!-- {marker} -->\n", 1)[1]
+    blocks = {}
+    while text.startswith("```"):
+        language, rest = text[3:].split("\n", 1)
+        blocks[language], text = rest.split("```\n", 1)
+    return blocks
+
+
+@pytest.mark.parametrize("runtime", ["openvino-genai", "optimum-intel"])
+def test_the_readme_snippet_opens_the_int4_variant_from_the_pull_request(hub, published, runtime_env, runtime,
+                                                                         tmp_path):
+    repo, num = published
+    blocks = readme_blocks(f"readme-llm-{runtime}-int4")
+
+    assert README_REPO in "".join(blocks.values()) and README_REVISION in "".join(blocks.values()), blocks
+
+    def filled(code):
+        return code.replace(README_REPO, repo).replace(README_REVISION, f"refs/pr/{num}")
+
+    env = {**os.environ, **hub.env(token=False, hf_home=tmp_path / "hf-home")}
+    if "bash" in blocks:  # the download, with huggingface_hub's CLI (hfexport's environment has it)
+        done = subprocess.run(["bash", "-c", filled(blocks["bash"])], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=300, env={**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"})
+        assert done.returncode == 0, done.stderr[-3000:]
+    python = runtime_env["HFEXPORT_RUNTIME_OPENVINO_GENAI" if runtime == "openvino-genai" else
+                         "HFEXPORT_RUNTIME_OPTIMUM_INTEL"]
+    done = subprocess.run([python, "-c", filled(blocks["python"])], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip(), done.stderr[-2000:]
+    print(f"{runtime} int4: {done.stdout.strip()!r}")
+    fetched = {path.relative_to(path.parents[2]).as_posix() for path in tmp_path.rglob("openvino_model.bin")}
+    assert fetched == {"openvino/int4/openvino_model.bin"}, fetched  # the variant's weights, never float32's
