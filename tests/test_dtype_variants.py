@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 
 import pytest
@@ -215,3 +216,40 @@ def test_a_head_tied_to_the_embedding_is_4_bit_too_and_the_embedding_reads_its_b
     np.testing.assert_array_equal(rows, columns.T)
     step = np.abs(embedding).max(axis=1, keepdims=True) / 8  # one 4-bit step of each row (one block of 32)
     assert (np.abs(rows - embedding) <= step * 1.001).all()
+
+
+@pytest.mark.slow
+def test_a_tied_models_4_bit_variants_read_one_4_bit_table_in_every_runtime(tiny_llama, runtime_env, tmp_path):
+    """tiny-llama with its head tied to the embedding, its table above the exporter's constant folding (1M elements:
+    a smaller one is folded into a second, untied copy of the head): q4 and q4f16 store the table once, as the head's
+    4-bit blocks that the embedding's GatherBlockQuantized reads, and transformers.js, optimum and onnxruntime-genai
+    each pass the gate on them."""
+    from unittest import mock
+
+    import onnx
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hfexport.job.run import run_job
+
+    model = tmp_path / "tiny-llama-tied"
+    shutil.copytree(tiny_llama, model)
+    config = AutoConfig.from_pretrained(model)
+    config.tie_word_embeddings, config.vocab_size = True, 20480
+    torch.manual_seed(0)
+    (model / "model.safetensors").unlink()
+    AutoModelForCausalLM.from_config(config).save_pretrained(model)
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(model, tmp_path / "out", recipe=_recipe(tiny_llama, [{"name": "q4", **TINY_FOUR_BIT},
+                                                                                {"name": "q4f16", **TINY_FOUR_BIT}]),
+                         latency=False)
+    target = report.targets["onnx-generation"]
+    assert target.status == "ok", target.error
+    for variant in target.variants:
+        assert variant["verdict"] == "passed", variant
+        assert {check["runtime"]: check["verdict"] for check in variant["runtimes"]} == {
+            "transformers.js": "passed", "optimum": "passed", "onnxruntime-genai": "passed"}
+        graph = onnx.load(str(tmp_path / "out" / "onnx-generation" / variant["file"]), load_external_data=False)
+        ops = [node.op_type for node in graph.graph.node]
+        assert "GatherBlockQuantized" in ops and "Gather" not in ops, variant["name"]
+        assert "model.embed_tokens.weight" not in {tensor.name for tensor in graph.graph.initializer}
