@@ -84,7 +84,7 @@ def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(va
     by_name = {entry["name"]: entry for entry in target.variants}
     assert by_name["fp16"]["nll_ratio"] == pytest.approx(1.0, abs=1e-3) and by_name["fp16"]["top1_agreement"] > 0.95
     assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": None,
-                                         "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
+                                         "tied_embedding": False, "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
     assert by_name["q8"]["settings"]["per_channel"] is True and by_name["q8"]["positions"] > 20
     for entry in target.variants:  # its report entry, on disk too (schema-checked when read back)
         assert entry["bytes"] == sum((output / "onnx-generation" / name).stat().st_size
@@ -189,7 +189,7 @@ def test_a_head_tied_to_the_embedding_is_4_bit_too_and_the_embedding_reads_its_b
     folder = tmp_path / "f32"
     folder.mkdir()
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
-    write(folder, settings("q4"), tmp_path / "q4")
+    write(folder, settings({"name": "q4", "tied_embedding": True}), tmp_path / "q4")
     quantized = onnx.load(str(tmp_path / "q4" / "model.onnx"))
     assert [node.op_type for node in quantized.graph.node] == ["Reshape", "GatherBlockQuantized", "MatMulNBits"]
     gather, head = quantized.graph.node[1], quantized.graph.node[2]
@@ -240,8 +240,8 @@ def test_a_tied_models_4_bit_variants_read_one_4_bit_table_in_every_runtime(tiny
     (model / "model.safetensors").unlink()
     AutoModelForCausalLM.from_config(config).save_pretrained(model)
     with mock.patch.dict(os.environ, runtime_env):
-        report = run_job(model, tmp_path / "out", recipe=_recipe(tiny_llama, [{"name": "q4", **TINY_FOUR_BIT},
-                                                                                {"name": "q4f16", **TINY_FOUR_BIT}]),
+        report = run_job(model, tmp_path / "out", recipe=_recipe(tiny_llama, [
+        {"name": name, "tied_embedding": True, **TINY_FOUR_BIT} for name in ("q4", "q4f16")]),
                          latency=False)
     target = report.targets["onnx-generation"]
     assert target.status == "ok", target.error

@@ -4,9 +4,9 @@
   blocks; the embedding Gather and the ops it does not handle stay float32), blocks of 32, symmetric, as
   transformers.js' scripts/quantize.py makes `model_q4.onnx`; `q4f16`: that graph converted to float16. A head tied
   to the embedding reaches its MatMul through a `Transpose` of the embedding's weight, which the quantizer does not
-  take for a constant: it is given its own transposed copy first (`untied_head`), so the head is 4-bit too, and the
-  embedding then reads the head's 4-bit blocks (`tie_embedding`, a `GatherBlockQuantized`, as onnxruntime-genai's
-  model builder ties them), so the table is stored once, in 4 bits.
+  take for a constant: it is given its own transposed copy first (`untied_head`), so the head is 4-bit too; with
+  `tied_embedding` the embedding then reads the head's 4-bit blocks (`tie_embedding`, a `GatherBlockQuantized`, as
+  onnxruntime-genai's model builder ties them), so the table is stored once, in 4 bits.
 - `q8`: `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly` and `EnableSubgraph`,
   the weight type by transformers.js' rule (`uint8_ops`: uint8 where the graph has Conv, GroupQueryAttention or
   MultiHeadAttention, whose int8 kernels the WebAssembly backend lacks; int8 otherwise).
@@ -63,7 +63,7 @@ def _four_bit(source: Path, output: Path, variant: dict) -> Path:
                                      accuracy_level=variant["accuracy_level"])
     quantizer.process()
     quantizer.model.save_model_to_file(str(output), use_external_data_format=True)
-    if variant["symmetric"]:
+    if variant.get("tied_embedding") and variant["symmetric"]:
         return tie_embedding(output, output.with_name("tied.onnx"))
     return output
 
