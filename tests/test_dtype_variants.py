@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 
 import pytest
@@ -83,7 +84,7 @@ def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(va
     by_name = {entry["name"]: entry for entry in target.variants}
     assert by_name["fp16"]["nll_ratio"] == pytest.approx(1.0, abs=1e-3) and by_name["fp16"]["top1_agreement"] > 0.95
     assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": None,
-                                         "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
+                                         "tied_embedding": False, "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
     assert by_name["q8"]["settings"]["per_channel"] is True and by_name["q8"]["positions"] > 20
     for entry in target.variants:  # its report entry, on disk too (schema-checked when read back)
         assert entry["bytes"] == sum((output / "onnx-generation" / name).stat().st_size
@@ -163,10 +164,12 @@ def test_variants_are_part_of_the_target_as_the_recipe_copy_keeps_it(tiny_llama)
     assert load_recipe(other).target_hash("onnx-generation") != recipe.target_hash("onnx-generation")
 
 
-def test_a_head_tied_to_the_embedding_is_4_bit_too(tmp_path):
+def test_a_head_tied_to_the_embedding_is_4_bit_too_and_the_embedding_reads_its_blocks(tmp_path):
     """A tied head reaches its MatMul through a Transpose of the embedding's weight, which ONNX Runtime's quantizer
     does not take for a constant: q4 gives it its own transposed copy, so it is a MatMulNBits (on SmolLM2 the float32
-    head was the largest weight a decode step read: benchmarks/variant_speed.py) and the embedding's Gather stays."""
+    head was the largest weight a decode step read: benchmarks/variant_speed.py), and the embedding's Gather then
+    reads the head's 4-bit blocks (GatherBlockQuantized, as onnxruntime-genai's builder ties them): the table is
+    stored once, and each gathered row is exactly the head's dequantized column."""
     import numpy as np
     import onnx
     import onnxruntime
@@ -186,10 +189,67 @@ def test_a_head_tied_to_the_embedding_is_4_bit_too(tmp_path):
     folder = tmp_path / "f32"
     folder.mkdir()
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
-    write(folder, settings("q4"), tmp_path / "q4")
-    ops = [node.op_type for node in onnx.load(str(tmp_path / "q4" / "model.onnx")).graph.node]
-    assert ops == ["Gather", "MatMulNBits"]
+    write(folder, settings({"name": "q4", "tied_embedding": True}), tmp_path / "q4")
+    quantized = onnx.load(str(tmp_path / "q4" / "model.onnx"))
+    assert [node.op_type for node in quantized.graph.node] == ["Reshape", "GatherBlockQuantized", "MatMulNBits"]
+    gather, head = quantized.graph.node[1], quantized.graph.node[2]
+    assert gather.input[2] == head.input[2]  # one 4-bit table and its scales, read by both
+    assert "embed.weight" not in {tensor.name for tensor in quantized.graph.initializer}
     ids = np.arange(64, dtype=np.int64)[None]
     logits = {name: onnxruntime.InferenceSession(str(tmp_path / name / "model.onnx")).run(
         None, {"input_ids": ids})[0] for name in ("f32", "q4")}
     assert (logits["q4"].argmax(-1) == logits["f32"].argmax(-1)).mean() > 0.9  # the tied head's own diagonal
+    # the rows the embedding gathers are the head's own dequantized weights (a zero point of 8, as MatMulNBits')
+    probe = onnx.load(str(tmp_path / "q4" / "model.onnx"))
+    probe.graph.output.append(helper.make_tensor_value_info("hidden", TensorProto.FLOAT, None))
+    identity = np.eye(32, dtype=np.float32)[None]
+    rows = onnxruntime.InferenceSession(probe.SerializeToString()).run(["hidden"], {"input_ids": ids})[0][0]
+    columns = onnxruntime.InferenceSession(
+        helper.make_model(helper.make_graph(
+            [helper.make_node("MatMulNBits", ["x", *head.input[1:]], ["y"], domain="com.microsoft",
+                              **{a.name: helper.get_attribute_value(a) for a in head.attribute})],
+            "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 32])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 64])],
+            [tensor for tensor in probe.graph.initializer if tensor.name in head.input[1:]]),
+            opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+    ).run(None, {"x": identity})[0][0]
+    np.testing.assert_array_equal(rows, columns.T)
+    step = np.abs(embedding).max(axis=1, keepdims=True) / 8  # one 4-bit step of each row (one block of 32)
+    assert (np.abs(rows - embedding) <= step * 1.001).all()
+
+
+@pytest.mark.slow
+def test_a_tied_models_4_bit_variants_read_one_4_bit_table_in_every_runtime(tiny_llama, runtime_env, tmp_path):
+    """tiny-llama with its head tied to the embedding, its table above the exporter's constant folding (1M elements:
+    a smaller one is folded into a second, untied copy of the head): q4 and q4f16 store the table once, as the head's
+    4-bit blocks that the embedding's GatherBlockQuantized reads, and transformers.js, optimum and onnxruntime-genai
+    each pass the gate on them."""
+    from unittest import mock
+
+    import onnx
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hfexport.job.run import run_job
+
+    model = tmp_path / "tiny-llama-tied"
+    shutil.copytree(tiny_llama, model)
+    config = AutoConfig.from_pretrained(model)
+    config.tie_word_embeddings, config.vocab_size = True, 20480
+    torch.manual_seed(0)
+    (model / "model.safetensors").unlink()
+    AutoModelForCausalLM.from_config(config).save_pretrained(model)
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(model, tmp_path / "out", recipe=_recipe(tiny_llama, [
+        {"name": name, "tied_embedding": True, **TINY_FOUR_BIT} for name in ("q4", "q4f16")]),
+                         latency=False)
+    target = report.targets["onnx-generation"]
+    assert target.status == "ok", target.error
+    for variant in target.variants:
+        assert variant["verdict"] == "passed", variant
+        assert {check["runtime"]: check["verdict"] for check in variant["runtimes"]} == {
+            "transformers.js": "passed", "optimum": "passed", "onnxruntime-genai": "passed"}
+        graph = onnx.load(str(tmp_path / "out" / "onnx-generation" / variant["file"]), load_external_data=False)
+        ops = [node.op_type for node in graph.graph.node]
+        assert "GatherBlockQuantized" in ops and "Gather" not in ops, variant["name"]
+        assert "model.embed_tokens.weight" not in {tensor.name for tensor in graph.graph.initializer}

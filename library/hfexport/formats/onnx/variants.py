@@ -4,7 +4,9 @@
   blocks; the embedding Gather and the ops it does not handle stay float32), blocks of 32, symmetric, as
   transformers.js' scripts/quantize.py makes `model_q4.onnx`; `q4f16`: that graph converted to float16. A head tied
   to the embedding reaches its MatMul through a `Transpose` of the embedding's weight, which the quantizer does not
-  take for a constant: it is given its own transposed copy first (`untied_head`), so the head is 4-bit too.
+  take for a constant: it is given its own transposed copy first (`untied_head`), so the head is 4-bit too; with
+  `tied_embedding` the embedding then reads the head's 4-bit blocks (`tie_embedding`, a `GatherBlockQuantized`, as
+  onnxruntime-genai's model builder ties them), so the table is stored once, in 4 bits.
 - `q8`: `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly` and `EnableSubgraph`,
   the weight type by transformers.js' rule (`uint8_ops`: uint8 where the graph has Conv, GroupQueryAttention or
   MultiHeadAttention, whose int8 kernels the WebAssembly backend lacks; int8 otherwise).
@@ -61,6 +63,59 @@ def _four_bit(source: Path, output: Path, variant: dict) -> Path:
                                      accuracy_level=variant["accuracy_level"])
     quantizer.process()
     quantizer.model.save_model_to_file(str(output), use_external_data_format=True)
+    if variant.get("tied_embedding") and variant["symmetric"]:
+        return tie_embedding(output, output.with_name("tied.onnx"))
+    return output
+
+
+def tie_embedding(source: Path, output: Path) -> Path:
+    """The quantized graph `source` where each embedding `Gather` of a float table whose tied head
+    (`untied_head`'s transposed copy) became a `MatMulNBits` reads that head's 4-bit blocks instead, through a
+    `Reshape` and a `GatherBlockQuantized` (bits 4, the head's block size, symmetric: no zero points), as
+    onnxruntime-genai's model builder ties them, and the float table is dropped; saved as `output` (+ `.data`), or
+    `source` itself where none is tied. Without it the float32 table is most of a tied model's q4 file (SmolLM2-135M:
+    113 of 201 MB, benchmarks/variant_speed.py). A head whose rows are not whole blocks (K % block_size) is left as
+    it is (the builder slices padded rows off instead)."""
+    import numpy as np
+    import onnx_ir
+
+    model = onnx_ir.load(str(source))
+    heads = {node.inputs[1].name: node for node in model.graph
+             if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and len(node.inputs) == 3}
+    tied = 0
+    for node in list(model.graph):
+        table = node.inputs[0] if node.op_type == "Gather" and node.domain == "" else None
+        if table is None or table.const_value is None or table.shape is None or len(table.shape) != 2 \
+                or node.attributes.get_int("axis", 0) != 0:
+            continue
+        head = heads.get(f"{table.name}.transposed_Q4")
+        if head is None:
+            continue
+        rows, hidden = table.shape
+        block_size = head.attributes.get_int("block_size")
+        if head.attributes.get_int("bits") != 4 or head.attributes.get_int("N") != rows \
+                or head.attributes.get_int("K") != hidden or hidden % block_size:
+            continue
+        flat = onnx_ir.Value(name=f"{table.name}.tied_shape", const_value=onnx_ir.tensor(
+            np.asarray([rows, hidden // 2], dtype=np.int64), name=f"{table.name}.tied_shape"))
+        model.graph.register_initializer(flat)
+        reshape = onnx_ir.node("Reshape", [head.inputs[1], flat], name=f"{node.name}.tied_table")
+        gather = onnx_ir.node("GatherBlockQuantized", [reshape.outputs[0], node.inputs[1], head.inputs[2]],
+                              domain="com.microsoft", name=f"{node.name}_Q4",
+                              attributes={"bits": 4, "block_size": block_size, "gather_axis": 0, "quantize_axis": 1})
+        model.graph.insert_before(node, [reshape, gather])
+        original = node.outputs[0]
+        gather.outputs[0].type, gather.outputs[0].shape = original.type, original.shape
+        original.replace_all_uses_with(gather.outputs[0], replace_graph_outputs=True)
+        model.graph.remove(node, safe=True)
+        gather.outputs[0].name = original.name
+        if not table.uses():
+            model.graph.initializers.pop(table.name)
+        tied += 1
+    if not tied:
+        return source
+    model.opset_imports.setdefault("com.microsoft", 1)
+    onnx_ir.save(model, str(output), external_data=output.name + ".data")
     return output
 
 
