@@ -7,8 +7,7 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
 - `q4`, `q4f16`: ONNX Runtime's `MatMulNBits` (`MatMulNBitsQuantizer`): `block_size` (default 32), `symmetric`
   (default true) and `accuracy_level` (default unset), as transformers.js' scripts/quantize.py makes its q4; q4f16 is
   that graph converted to float16. `tied_embedding` (default false): a tied embedding reads the head's 4-bit blocks,
-  as onnxruntime-genai's builder stores it (SmolLM2: 87.8 MB instead of 201, perplexity ratio 1.365 instead of 1.331,
-  above q4's default bound: docs/quantization.md).
+  as onnxruntime-genai's builder stores it (the size and quality it costs: docs/quantization.md).
 - `q8`: ONNX Runtime's dynamic quantization with transformers.js' rule for the weight type (uint8 where the graph has
   an op whose int8 kernel the WebAssembly backend lacks, else int8), `per_channel` and `reduce_range` at hfexport's
   `ort_dynamic` defaults.
