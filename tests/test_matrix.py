@@ -19,6 +19,7 @@ import pytest
 from hfexport.testing.matrix import (
     committed_runtime_rows,
     OUTCOMES,
+    PUBLISHED_DOCUMENT,
     Cell,
     CellResult,
     all_cells,
@@ -38,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_FILE = ROOT / "tests" / "data" / "compatibility_expected.json"
 DOCS_JSON = ROOT / "docs" / "compatibility.json"
 DOCS_MD = ROOT / "docs" / "compatibility.md"
+PUBLISHED_JSON = ROOT / "docs" / "compatibility_published.json"
+PUBLISHED_MD = ROOT / "docs" / "compatibility_published.md"
 RUNTIMES_JSON = ROOT / "docs" / "llm_runtimes.json"  # scripts/llm_runtimes.py: the runtimes tables' rows
 CELL_TIMEOUT_S = float(os.environ.get("HFEXPORT_MATRIX_TIMEOUT", "480"))
 # The default run's subset: the bundled examples, exported once per session by tests/conftest.py.
@@ -259,6 +262,23 @@ def test_docs_are_generated_from_the_committed_results():
     assert all("export_s" in result.timings for result in results if result.outcome == "pass")
     expected = load_expected()["cells"]
     assert expected == expectations(results), "the expectations file comes from the same run as the docs"
+
+
+def test_the_published_widths_document_is_generated_and_meets_the_zoo_bar():
+    """docs/compatibility_published.* (`scripts/compatibility_matrix.py --zoo`): every zoo model through every format
+    at its published widths, rendered from its JSON; at least 95% of the cells pass with every runtime that ran
+    passing, and each other cell is an error decided before the export began (the plan or the preflight)."""
+    results, meta = read_results(PUBLISHED_JSON)
+    assert PUBLISHED_MD.read_text(encoding="utf-8") == render_markdown(results, meta, None), (
+        "docs/compatibility_published.md differs from its JSON: python scripts/compatibility_matrix.py --zoo "
+        "--render-only")
+    assert meta["document"] == PUBLISHED_DOCUMENT and not meta["zoo_run"]["fast"]
+    assert {result.id for result in results} == {cell.id for cell in all_cells(list(ZOO))}
+    passing = [result for result in results if result.outcome == "pass"]
+    assert len(passing) >= 0.95 * len(results)
+    assert not [(result.id, check) for result in passing for check in result.runtimes if check["verdict"] == "failed"]
+    assert all(result.outcome == "error" and result.stage in ("plan", "preflight")
+               for result in results if result.outcome != "pass")
 
 
 # ── The fast subset (default run) ────────────────────────────────────────────

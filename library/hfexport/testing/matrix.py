@@ -491,7 +491,8 @@ def render_markdown(results: Sequence[CellResult], meta: dict, runtimes: dict | 
                       f"query heads to twice its key-value heads or at most {FAST_HEADS} with the hidden size in "
                       "proportion: what two shared cores run in the time), the vocabulary cut to the zoo tokenizer's, "
                       "random weights saved in the published dtype; the key-value heads, the head size and its ratio to "
-                      "hidden/heads, rope, windows and norms as published.")
+                      "hidden/heads, rope, windows and norms as published. The same zoo at its published widths: "
+                      "[compatibility_published.md](compatibility_published.md).")
         else:
             widths = (f"the MLP cut to {ZOO_MLP} wide and a MoE block to {FAST_EXPERTS} experts (twice its top-k where "
                       "that is more), the vocabulary cut to the zoo tokenizer's, random weights saved in the published "
