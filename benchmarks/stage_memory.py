@@ -129,32 +129,17 @@ def main() -> None:
     _write(result, work, python, env, out)
 
 
-def _distinct(folder: Path) -> None:
-    """Every parameter of the checkpoint in `folder` moved by seeded noise, saved again in its own dtype."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_((torch.randn(parameter.shape, generator=generator) * 0.05).to(parameter.dtype))
-    for file in folder.glob("*.safetensors"):
-        file.unlink()
-    model.save_pretrained(folder)
-
-
 def _export_only(name: str, layers: int, work: Path, python: str, env: dict, out: Path) -> None:
     """The export (gate on, no latency, no rebind) of WORK's model (built, and made distinct with DISTINCT=1, when
     WORK has none), measured; the result saved."""
     from hfexport.job.preflight import weights_metadata
-    from hfexport.testing.zoo import build
+    from hfexport.testing.zoo import build, make_weights_distinct
 
     model = work / "model"
     if not (model / "config.json").is_file():
         build(name, model, layers=layers)
         if os.environ.get("DISTINCT") == "1":
-            _distinct(model)
+            make_weights_distinct(model)
     weights, dtypes = weights_metadata(model)
     shutil.rmtree(work / "out", ignore_errors=True)
     export = run_measured([python, "-m", "hfexport", "export", str(model), "--target", "onnx-generation", "-o",

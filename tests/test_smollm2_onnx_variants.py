@@ -27,7 +27,6 @@ from unittest import mock
 import pytest
 
 from hfexport.deployment import PASSED
-from hfexport.testing import peers
 
 from test_onnx_runtimes import README_PROMPT, README_REPO, README_REVISION
 
@@ -67,13 +66,6 @@ def test_the_readme_has_a_variant_snippet_per_runtime_naming_q4_alone():
             assert text in code, (runtime, text)
         assert "use_external_data_format" not in code and "model.onnx" not in code
         assert for_variant(code, "q8") != code, runtime  # it names q4 the way the test replaces
-
-
-@pytest.fixture(scope="module")
-def runtime_env():
-    return {"HFEXPORT_RUNTIME_OPTIMUM": str(peers.peer_venv()),
-            "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI": str(peers.genai_venv()),
-            "HFEXPORT_RUNTIME_TRANSFORMERS_JS": str(peers.node_modules())}
 
 
 @pytest.fixture(scope="module")

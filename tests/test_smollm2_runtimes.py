@@ -20,7 +20,6 @@ from unittest import mock
 
 import pytest
 
-from hfexport.testing import peers
 
 from test_onnx_runtimes import README_PROMPT, README_REPO, README_REVISION, readme_snippets
 
@@ -38,13 +37,6 @@ def prompts(smollm2) -> list[str]:
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     return [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                           add_generation_prompt=True) for text in CHAT]
-
-
-@pytest.fixture(scope="module")
-def runtime_env():
-    return {"HFEXPORT_RUNTIME_OPTIMUM": str(peers.peer_venv()),
-            "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI": str(peers.genai_venv()),
-            "HFEXPORT_RUNTIME_TRANSFORMERS_JS": str(peers.node_modules())}
 
 
 @pytest.fixture(scope="module")

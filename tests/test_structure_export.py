@@ -13,7 +13,7 @@ import pytest
 from hfexport.formats.onnx.program import OnnxProgram
 from hfexport.job.run import run_job
 from hfexport.rebind.placeholders import placeholder, placeholder_model, placeholder_value
-from hfexport.testing.zoo import build
+from hfexport.testing.zoo import build, make_weights_distinct
 
 # Llama-3.2-1B's published config (tied embeddings, llama3 rope scaling), narrowed to run in seconds
 NARROW = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -22,18 +22,9 @@ REPORT_FILES = {"export_report.json"}  # timings and memory differ from run to r
 
 
 def _distinct(folder: Path) -> Path:
-    """The zoo checkpoint with every parameter moved by seeded noise: none equal to another, none constant."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
-    for file in folder.glob("*.safetensors"):
-        file.unlink()
-    model.save_pretrained(folder)
+    """The zoo checkpoint with every parameter moved by seeded noise, saved at float32: none equal to another, none
+    constant."""
+    make_weights_distinct(folder, dtype="float32")
     return folder
 
 
@@ -233,21 +224,9 @@ def test_a_published_width_checkpoint_exports_and_passes_its_gate_in_less_than_i
     import subprocess
     import sys
 
-    import torch
     from hfexport.testing.cgroup import memory_cgroup
-    from transformers import AutoModelForCausalLM
-
     folder = build("llama-3.2-1b", tmp_path / "model", layers=2)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
-    assert model.dtype == torch.bfloat16
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_((torch.randn(parameter.shape, generator=generator) * 0.05).to(parameter.dtype))
-    for file in folder.glob("*.safetensors"):
-        file.unlink()
-    model.save_pretrained(folder)
-    del model
+    assert make_weights_distinct(folder) == "bfloat16"
     out = tmp_path / "out"
     with memory_cgroup(1000 << 20) as group:
         run = subprocess.run([sys.executable, "-m", "hfexport", "export", str(folder), "--target", "onnx-generation",

@@ -774,6 +774,26 @@ def build(name: str, folder: str | Path, *, layers: int = 2, overrides: dict | N
     return folder
 
 
+def make_weights_distinct(folder: str | Path, seed: int = 1, scale: float = 0.05, dtype: str = "auto") -> str:
+    """Move every parameter of the causal LM in `folder` by seeded noise and save it again in its own dtype (or
+    `dtype`), so no
+    parameter is constant, symmetric or equal to another (the structure path's condition,
+    `hfexport.rebind.weight_map.degenerate_keys`). Returns the dtype it was saved in."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_((torch.randn(parameter.shape, generator=generator) * scale).to(parameter.dtype))
+    for file in folder.glob("*.safetensors"):
+        file.unlink()
+    model.save_pretrained(folder)
+    return str(model.dtype).removeprefix("torch.")
+
+
 def published_fields(model: ZooModel) -> dict:
     """The published fields a config is built from: without `transformers_version` and the generation settings
     some older configs hold (`num_beams`, `no_repeat_ngram_size`, ...: transformers 5 keeps those in
