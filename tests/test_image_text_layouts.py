@@ -29,6 +29,34 @@ def _io(path) -> tuple[list, list]:
     return [(value.name, dims(value)) for value in graph.input], [(value.name, dims(value)) for value in graph.output]
 
 
+def _exported_through_transformers_js(name: str, session_dir, runtime_env):
+    """Tiny model `name` built and exported to TARGET by a job whose gate ran the ONNX runtimes, transformers.js
+    passing at batch 1: (the model's folder, the job's output folder)."""
+    from unittest import mock
+
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import make_model
+
+    model = make_model(name, session_dir / f"{name}-js")
+    output = session_dir / f"{name.removeprefix('tiny-')}-js"
+    with mock.patch.dict(os.environ, runtime_env):
+        report = run_job(model, output, [TARGET], latency=False)
+    target = report.targets[TARGET]
+    assert target.status == "ok", target.error
+    js = {check["runtime"]: check for check in target.runtimes}["transformers.js"]
+    assert (js["verdict"], js["batch_sizes"]) == ("passed", [1]), js
+    return model, output
+
+
+def _eager_new_tokens(model, inputs) -> list[int]:
+    """`model.generate`'s greedy new tokens (8) for the processor's `inputs` of one prompt."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=8)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
 def test_the_export_is_in_transformers_js_image_text_to_text_layout(llava_job):
     """The three sessions transformers.js opens for an image-text-to-text model, with the names it feeds and reads,
     the past's heads and head size static (it builds the first step's empty past from the metadata), the image
@@ -179,41 +207,28 @@ def test_idefics3_generates_its_image_prompts_in_transformers_js(session_dir, ru
     processor made it), and transformers.js merges its features as LLaVA's (Idefics3ForConditionalGeneration extends
     LlavaForConditionalGeneration there). Published as a pull request on the local Hub, the README's snippet (its
     processor called text first, as the README says Idefics3's is) generates `model.generate`'s new tokens."""
-    from unittest import mock
-
     import numpy as np
     import onnx
-    import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from hfexport.job.run import run_job
     from hfexport.publication.publish import publish
-    from hfexport.testing.models import make_model
 
-    model = make_model("tiny-idefics3", session_dir / "tiny-idefics3-js")
-    with mock.patch.dict(os.environ, runtime_env):
-        report = run_job(model, session_dir / "idefics3-js", [TARGET], latency=False)
-    target = report.targets[TARGET]
-    assert target.status == "ok", target.error
-    js = {check["runtime"]: check for check in target.runtimes}["transformers.js"]
-    assert (js["verdict"], js["batch_sizes"]) == ("passed", [1]), js
-    inputs, outputs = _io(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx")
+    model, output = _exported_through_transformers_js("tiny-idefics3", session_dir, runtime_env)
+    inputs, outputs = _io(output / TARGET / "vision_encoder.onnx")
     assert [name for name, _ in inputs] == ["pixel_values", "pixel_attention_mask"]
     assert [name for name, _ in outputs] == ["image_features"]
-    graph = onnx.load(str(session_dir / "idefics3-js" / TARGET / "vision_encoder.onnx"), load_external_data=False).graph
+    graph = onnx.load(str(output / TARGET / "vision_encoder.onnx"), load_external_data=False).graph
     assert graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.BOOL  # as transformers.js' processor makes it
 
     repo = f"{hub.user}/idefics3-transformers-js"
     hub.seed_repo(repo, model)
-    num = publish(session_dir / "idefics3-js", repo, mode="pr", token=hub.write_token).pr_num
+    num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
     picture = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)  # the processor's size
     printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path, text_first=True)
     processor = AutoProcessor.from_pretrained(model)
     eager = AutoModelForImageTextToText.from_pretrained(model).eval()
-    made = processor(text=["<image> Describe the picture"], images=[[picture]], return_tensors="pt")
-    with torch.no_grad():
-        out = eager.generate(**made, do_sample=False, max_new_tokens=8)
-    expected = out[0, made["input_ids"].shape[1]:].tolist()
+    expected = _eager_new_tokens(eager, processor(text=["<image> Describe the picture"], images=[[picture]],
+                                                  return_tensors="pt"))
     assert printed["ids"] == expected, (printed, expected)
 
 
@@ -282,7 +297,6 @@ def run_readme_snippet(hub, runtime_env, repo: str, num: int, picture, tmp_path,
 
     from PIL import Image
 
-
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = text.split("<!-- readme-vlm-transformers-js -->", 1)[1].split("```js\n", 1)[1].split("```", 1)[0]
     for literal in (README_REPO, README_REVISION):
@@ -299,10 +313,7 @@ def run_readme_snippet(hub, runtime_env, repo: str, num: int, picture, tmp_path,
     (work / "node_modules").symlink_to(folder / "node_modules", target_is_directory=True)
     script = work / "snippet.mjs"
     script.write_text(  # where the local Hub is: the one line a user of the real Hub leaves out
-        'import { env } from "@huggingface/transformers";\n'
-        f'env.remoteHost = {json.dumps(hub.url.rstrip("/") + "/")};\n'
-        'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
-        f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(tmp_path / "tjs"))};\n' + code
+        hub.transformers_js_env(tmp_path / "tjs") + code
         + 'console.log(JSON.stringify(generated.tolist().map((row) => row.map(Number))));\n')
     env = {**os.environ, **hub.env(token=False, hf_home=tmp_path / "hf-home")}
     done = subprocess.run(["node", str(script)], capture_output=True, text=True, env=env, cwd=work, timeout=300)
@@ -319,7 +330,6 @@ def test_the_readme_snippet_runs_llavas_pull_request_token_for_token(hub, llava_
     import shutil
 
     import numpy as np
-    import torch
 
     from hfexport.publication.publish import publish
 
@@ -334,10 +344,8 @@ def test_the_readme_snippet_runs_llavas_pull_request_token_for_token(hub, llava_
     picture = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)  # the crop's size: no resize
     printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path)
     model, processor = llava
-    inputs = processor(text=["<image> Describe the picture"], images=[picture], return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, do_sample=False, max_new_tokens=8)
-    expected = out[0, inputs["input_ids"].shape[1]:].tolist()
+    expected = _eager_new_tokens(model, processor(text=["<image> Describe the picture"], images=[picture],
+                                                  return_tensors="pt"))
     assert printed["ids"] == expected, (printed, expected)
     assert printed["text"] == processor.tokenizer.decode(expected, skip_special_tokens=True)
 
@@ -350,39 +358,26 @@ def test_qwen2_vl_generates_its_image_prompts_in_transformers_js(session_dir, ru
     layout takes them so and makes the text-position row transformers 5.23's graphs take first. The gate generates
     each sample prompt token for token; published as a pull request, the README's snippet (text first, Qwen2-VL's
     image placeholder) generates `model.generate`'s new tokens from its own processor."""
-    from unittest import mock
-
     import numpy as np
-    import torch
     from transformers import AutoModelForImageTextToText
 
-    from hfexport.job.run import run_job
     from hfexport.models import load_processor
     from hfexport.publication.publish import publish
-    from hfexport.testing.models import PADDLEOCR_VL_IMAGE, QWEN2_VL_PROMPT, make_model
+    from hfexport.testing.models import PADDLEOCR_VL_IMAGE, QWEN2_VL_PROMPT
 
-    model = make_model("tiny-qwen2-vl", session_dir / "tiny-qwen2-vl-js")
-    with mock.patch.dict(os.environ, runtime_env):
-        report = run_job(model, session_dir / "qwen2-vl-js", [TARGET], latency=False)
-    target = report.targets[TARGET]
-    assert target.status == "ok", target.error
-    js = {check["runtime"]: check for check in target.runtimes}["transformers.js"]
-    assert (js["verdict"], js["batch_sizes"]) == ("passed", [1]), js
-    folder = session_dir / "qwen2-vl-js" / TARGET
+    model, output = _exported_through_transformers_js("tiny-qwen2-vl", session_dir, runtime_env)
+    folder = output / TARGET
     assert [name for name, _ in _io(folder / "vision_encoder.onnx")[0]] == ["pixel_values", "grid_thw"]
     assert _io(folder / "decoder_model_merged.onnx")[0][2] == ("position_ids", [3, "batch_size", "sequence_length"])
 
     repo = f"{hub.user}/qwen2-vl-transformers-js"
     hub.seed_repo(repo, model)
-    num = publish(session_dir / "qwen2-vl-js", repo, mode="pr", token=hub.write_token).pr_num
+    num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
     shape = (PADDLEOCR_VL_IMAGE["height"], PADDLEOCR_VL_IMAGE["width"], 3)  # the processor's pixel budget: no resize
     picture = np.random.default_rng(5).integers(0, 256, shape, dtype=np.uint8)
     prompt = f"{QWEN2_VL_PROMPT} Describe the picture"
     printed = run_readme_snippet(hub, runtime_env, repo, num, picture, tmp_path, text_first=True, prompt=prompt)
     processor = load_processor(model)
     eager = AutoModelForImageTextToText.from_pretrained(model).eval()
-    made = processor(text=[prompt], images=[picture], return_tensors="pt")
-    with torch.no_grad():
-        out = eager.generate(**made, do_sample=False, max_new_tokens=8)
-    expected = out[0, made["input_ids"].shape[1]:].tolist()
+    expected = _eager_new_tokens(eager, processor(text=[prompt], images=[picture], return_tensors="pt"))
     assert printed["ids"] == expected, (printed, expected)

@@ -227,10 +227,7 @@ def test_the_pull_request_holds_model_fp16_and_transformers_js_opens_it_by_dtype
     folder = Path(runtime_env["HFEXPORT_RUNTIME_TRANSFORMERS_JS"])
     script = folder / "fp16_card_snippet.mjs"
     script.write_text(  # the card's snippet as it is, then one greedy generation; the local Hub's address first
-        'import { env } from "@huggingface/transformers";\n'
-        f'env.remoteHost = {json.dumps(hub.url.rstrip("/") + "/")};\n'
-        'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
-        f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(tmp_path / "tjs"))};\n'
+        hub.transformers_js_env(tmp_path / "tjs")
         + snippet[1].replace(f'"{repo}", {{', f'"{repo}", {{ revision: "{revision}", ')
         + 'const out = await generator("hello world", { max_new_tokens: 4, do_sample: false });\n'
           'console.log(JSON.stringify(out));\n')

@@ -156,10 +156,7 @@ def test_the_readmes_transformers_js_snippets_open_the_pull_request_by_dtype_alo
     folder = Path(runtime_env["HFEXPORT_RUNTIME_TRANSFORMERS_JS"])
     script = folder / f"variant_snippet_{snippet}.mjs"
     script.write_text(  # where the local Hub is: the one line a user of the real Hub leaves out
-        'import { env } from "@huggingface/transformers";\n'
-        f'env.remoteHost = {json.dumps(hub.url.rstrip("/") + "/")};\n'
-        'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
-        f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(tmp_path / "tjs"))};\n' + code)
+        hub.transformers_js_env(tmp_path / "tjs") + code)
     env = {**os.environ, **hub.env(token=False, hf_home=tmp_path / "hf-home")}
     done = subprocess.run(["node", str(script)], capture_output=True, text=True, env=env, cwd=folder, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from unittest import mock
@@ -27,6 +26,7 @@ from unittest import mock
 import pytest
 
 from hfexport.deployment import PASSED
+from hfexport.testing.models import smollm2_as_published
 
 from test_onnx_runtimes import README_PROMPT, README_REPO, README_REVISION
 
@@ -76,13 +76,7 @@ def published(hub, smollm2, runtime_env, tmp_path_factory):
     from hfexport.publication.publish import publish
 
     repo = f"{hub.user}/smollm2-onnx-variants"
-    seeded = tmp_path_factory.mktemp("smollm2-variants-repo")
-    shutil.copytree(smollm2, seeded, dirs_exist_ok=True)
-    tokenizer_config = json.loads((seeded / "tokenizer_config.json").read_text())
-    tokenizer_config["tokenizer_class"] = "GPT2Tokenizer"
-    (seeded / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    (seeded / "export_config.json").write_text(json.dumps(RECIPE, indent=2))
-    (seeded / ".complete").unlink(missing_ok=True)
+    seeded = smollm2_as_published(smollm2, tmp_path_factory.mktemp("smollm2-variants-repo"), RECIPE)
     hub.seed_repo(repo, seeded)
     output = tmp_path_factory.mktemp("smollm2-variants-out")
     with mock.patch.dict(os.environ, runtime_env):
@@ -155,10 +149,7 @@ def test_the_readme_snippet_opens_the_variant_from_the_pull_request_by_its_name(
         folder = Path(runtime_env["HFEXPORT_RUNTIME_TRANSFORMERS_JS"])
         script = folder / f"variant_snippet_smollm2_{dtype}.mjs"
         script.write_text(  # where the local Hub is: the one line a user of the real Hub leaves out
-            'import { env } from "@huggingface/transformers";\n'
-            f'env.remoteHost = {json.dumps(hub.url.rstrip("/") + "/")};\n'
-            'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
-            f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(tmp_path / "tjs"))};\n' + code)
+            hub.transformers_js_env(tmp_path / "tjs") + code)
         command, cwd, cache = ["node", str(script)], folder, tmp_path / "tjs"
     else:
         python = runtime_env["HFEXPORT_RUNTIME_OPTIMUM" if runtime == "optimum" else

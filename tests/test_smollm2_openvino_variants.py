@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from hfexport.deployment import PASSED
 from hfexport.testing import peers
+from hfexport.testing.models import smollm2_as_published
 
 
 pytestmark = pytest.mark.slow
@@ -80,13 +80,7 @@ def published(hub, smollm2, gated, tmp_path_factory):
     output, report = gated
     assert report.targets[TARGET].status == "ok", report.targets[TARGET].error
     repo = f"{hub.user}/smollm2-openvino-variants"
-    seeded = tmp_path_factory.mktemp("smollm2-ov-repo")
-    shutil.copytree(smollm2, seeded, dirs_exist_ok=True)
-    tokenizer_config = json.loads((seeded / "tokenizer_config.json").read_text())
-    tokenizer_config["tokenizer_class"] = "GPT2Tokenizer"
-    (seeded / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    (seeded / ".complete").unlink(missing_ok=True)
-    hub.seed_repo(repo, seeded)
+    hub.seed_repo(repo, smollm2_as_published(smollm2, tmp_path_factory.mktemp("smollm2-ov-repo")))
     return repo, publish(output, repo, mode="pr", token=hub.write_token).pr_num
 
 

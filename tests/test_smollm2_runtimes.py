@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
+from hfexport.testing.models import smollm2_as_published
 
 from test_onnx_runtimes import README_PROMPT, README_REPO, README_REVISION, readme_snippets
 
@@ -46,15 +46,9 @@ def published(hub, smollm2, prompts, runtime_env, tmp_path_factory):
     from hfexport.publication.publish import publish
 
     repo = f"{hub.user}/smollm2-runtimes"
-    seeded = tmp_path_factory.mktemp("smollm2-repo")
-    shutil.copytree(smollm2, seeded, dirs_exist_ok=True)
-    tokenizer_config = json.loads((seeded / "tokenizer_config.json").read_text())
-    tokenizer_config["tokenizer_class"] = "GPT2Tokenizer"
-    (seeded / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     recipe = {"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": prompts},
               "targets": {"onnx-generation": {"export_format": "onnx", "mode": "generation"}}}
-    (seeded / "export_config.json").write_text(json.dumps(recipe, indent=2))
-    (seeded / ".complete").unlink(missing_ok=True)
+    seeded = smollm2_as_published(smollm2, tmp_path_factory.mktemp("smollm2-repo"), recipe)
     hub.seed_repo(repo, seeded)
     output = tmp_path_factory.mktemp("smollm2-runtimes-out")
     with mock.patch.dict(os.environ, runtime_env):
@@ -111,10 +105,7 @@ def test_the_readme_snippet_generates_model_generates_text(hub, published, promp
             folder = Path(runtime_env["HFEXPORT_RUNTIME_TRANSFORMERS_JS"])
             script = folder / "readme_snippet.mjs"
             script.write_text(  # where the local Hub is: the one line a user of the real Hub leaves out
-                'import { env } from "@huggingface/transformers";\n'
-                f'env.remoteHost = {json.dumps(hub.url.rstrip("/") + "/")};\n'
-                'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
-                f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(tmp_path / "tjs"))};\n' + snippet)
+                hub.transformers_js_env(tmp_path / "tjs") + snippet)
             command, cwd = ["node", str(script)], folder
         else:
             python = runtime_env["HFEXPORT_RUNTIME_OPTIMUM" if runtime == "optimum" else

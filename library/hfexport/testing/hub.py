@@ -497,6 +497,14 @@ class LocalHub:
             env["HF_HOME"] = str(hf_home)
         return env
 
+    def transformers_js_env(self, cache_dir: str | os.PathLike[str]) -> str:
+        """The lines a transformers.js script starts with to read models from this server (`env()`'s twin for
+        JavaScript: the one part a user of the real Hub leaves out), its downloads cached in `cache_dir`."""
+        return ('import { env } from "@huggingface/transformers";\n'
+                f'env.remoteHost = {json.dumps(self.url.rstrip("/") + "/")};\n'
+                'env.remotePathTemplate = "{model}/resolve/{revision}/";\n'
+                f'env.allowLocalModels = false; env.cacheDir = {json.dumps(str(cache_dir))};\n')
+
     # -- fault injection ---------------------------------------------------------------------------------------------
 
     def inject_fault(self, endpoint: str, mode: str | int = "drop", times: int = 1, path: str | None = None) -> None:

