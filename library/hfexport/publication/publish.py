@@ -348,8 +348,7 @@ def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str,
     instead). The owner's keys are kept."""
     onnx_folder = format_backend("onnx").folder  # transformers.js reads the root config for the graphs in `onnx/`
     if ROOT_CONFIG not in base_tree or not any(item.place.folder == onnx_folder and (
-            (item.folder / GENAI_CONFIG_FILE).is_file() or all((item.folder / name).is_file() for name in IMAGE_TEXT_FILES))
-            for item in chosen):
+            (item.folder / GENAI_CONFIG_FILE).is_file() or _in_image_text_layout(item)) for item in chosen):
         return None
     text = _download_text(repo_id, ROOT_CONFIG, base_head, token)
     try:
@@ -359,8 +358,19 @@ def _root_config(repo_id: str, chosen: list[_Target], base_head: str, head: str,
     if not isinstance(config, dict):
         return None
     onnx_files = [path.split("/", 1)[1] for path in after if path.startswith(f"{onnx_folder}/") and path.count("/") == 1]
-    updated = transformers_js_config(config, onnx_files)
-    current = _download_text(repo_id, ROOT_CONFIG, head, token) if head != base_head else text
+    return _changed_json(repo_id, ROOT_CONFIG, base_head, head, text, transformers_js_config(config, onnx_files), token)
+
+
+def _in_image_text_layout(item: _Target) -> bool:
+    """Whether the target's folder holds transformers.js' image-text-to-text graphs (IMAGE_TEXT_FILES)."""
+    return all((item.folder / name).is_file() for name in IMAGE_TEXT_FILES)
+
+
+def _changed_json(repo_id: str, path: str, base_head: str, head: str, base_text: str | None, updated: dict,
+                  token: str) -> bytes | None:
+    """`updated` as the bytes of `path`, None where the publication's head already holds that JSON (the base's
+    `base_text` where the head is the base)."""
+    current = _download_text(repo_id, path, head, token) if head != base_head else base_text
     try:
         unchanged = json.loads(current or "") == updated
     except ValueError:
@@ -380,26 +390,21 @@ def _root_preprocessor_config(repo_id: str, chosen: list[_Target], base_head: st
     (tiny Qwen2-VL's); the owner's other keys are kept."""
     onnx_folder = format_backend("onnx").folder
     flat = next((item.folder / PREPROCESSOR_CONFIG for item in chosen if item.place.folder == onnx_folder
-                 and (item.folder / PREPROCESSOR_CONFIG).is_file()
-                 and all((item.folder / name).is_file() for name in IMAGE_TEXT_FILES)), None)
+                 and (item.folder / PREPROCESSOR_CONFIG).is_file() and _in_image_text_layout(item)), None)
     if flat is None:
         return None
     if PREPROCESSOR_CONFIG not in base_tree:
         return None if PREPROCESSOR_CONFIG in after else flat.read_bytes()
+    text = _download_text(repo_id, PREPROCESSOR_CONFIG, base_head, token)
     try:
-        own = json.loads(_download_text(repo_id, PREPROCESSOR_CONFIG, base_head, token) or "")
+        own = json.loads(text or "")
         processor_class = json.loads(flat.read_text(encoding="utf-8")).get("processor_class")
     except ValueError:
         return None
     if not isinstance(own, dict) or own.get("processor_class") or not isinstance(processor_class, str):
         return None
-    updated = {**own, "processor_class": processor_class}
-    current = _download_text(repo_id, PREPROCESSOR_CONFIG, head, token) if head != base_head else None
-    try:
-        unchanged = current is not None and json.loads(current) == updated
-    except ValueError:
-        unchanged = False
-    return None if unchanged else (json.dumps(updated, indent=2) + "\n").encode("utf-8")
+    return _changed_json(repo_id, PREPROCESSOR_CONFIG, base_head, head, text, {**own, "processor_class": processor_class},
+                         token)
 
 
 def _layout_spec(item: _Target) -> dict:
