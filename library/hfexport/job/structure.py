@@ -105,7 +105,7 @@ def load_weights(job) -> None:
             engine_output("load_model"):
         job.model_object = load_model(job.model, job.recipe, job.revision_to_load, job.options.token,
                                       job.options.trust_remote_code)
-    job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
+    _add_load_time(job, timer.seconds)
 
 
 def load_reference(job, plan) -> None:
@@ -125,7 +125,12 @@ def load_reference(job, plan) -> None:
         tensors = CheckpointTensors(structure.tensors.folder, getattr(torch, EXPORT_DTYPE),
                                     structure.tensors.state_dict_keys)
         job.model_object = streamed_model(structure.twin, tensors, resident)
-    job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + timer.seconds, 4)
+    _add_load_time(job, timer.seconds)
+
+
+def _add_load_time(job, seconds: float) -> None:
+    """A later load of the model (each gate's reference) added to the job's `load_model_s`."""
+    job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + seconds, 4)
 
 
 #: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
