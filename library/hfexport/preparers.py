@@ -203,8 +203,8 @@ def attention_window_frames(encoder) -> int | None:
     """The input frames of one attention window of an audio encoder that attends within windows (`cu_seqlens`), as
     the model's own `get_audio_cu_seqlens` lays them out from the attributes the engine's omni-audio and Qwen3-ASR
     preparers read: chunks of `2 * n_window` mel frames, `n_window_infer // (2 * n_window)` chunks per window where
-    the encoder has `n_window_infer` (Qwen3-ASR: 800 frames, 8 s), one chunk per window otherwise (Qwen2.5-Omni: 100
-    frames, 1 s). None for an encoder without `n_window`."""
+    the encoder has `n_window_infer` (Qwen3-ASR: 800 frames, 8 s), one chunk per window otherwise (Qwen2.5-Omni's
+    published `n_window` 100: 200 frames, 2 s). None for an encoder without `n_window`."""
     n_window = _attribute(encoder, "n_window")
     if not isinstance(n_window, int) or n_window <= 0:
         return None
