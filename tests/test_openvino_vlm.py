@@ -40,8 +40,9 @@ def _normalized(images: np.ndarray) -> np.ndarray:
 
 def test_vlmpipeline_is_not_checked_with_its_own_reason_where_it_cannot_run_the_export(tmp_path):
     """Decided before running: a model type VLMPipeline does not know (Idefics3/SmolVLM) is refused in its own words
-    (vlm_config.cpp); one it runs on a vision split of its own (Qwen2-VL) names that split; a LLaVA folder without
-    the layout names the layout."""
+    (vlm_config.cpp); one it runs on a vision split hfexport does not write (Qwen2.5-VL's, with window attention)
+    names that split; a LLaVA or Qwen2-VL folder without the layout names the layout, one whose decode takes one
+    token says so."""
     request = GenerationRequest(prompts=[[5, 3, 6]], expected=[[7]], max_new_tokens=1, eos_token_id=[1],
                                 texts=["<image>\nhi"], extra={"pixel_values": np.zeros((1, 3, 32, 32), np.float32)})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3"}))
@@ -49,12 +50,17 @@ def test_vlmpipeline_is_not_checked_with_its_own_reason_where_it_cannot_run_the_
     assert (check.verdict, check.reason) == (NOT_CHECKED, "OpenVINO GenAI 2026.4.1's VLMPipeline throws \"Unsupported "
                                              "'idefics3' VLM model type\" (to_vlm_model_type, "
                                              "src/cpp/src/visual_language/vlm_config.cpp)")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
     check = openvino_genai_vlm.check_generation(tmp_path, request, "/no/python")
-    assert check.verdict == NOT_CHECKED and "openvino_vision_embeddings_merger_model.xml" in check.reason
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
+    assert check.verdict == NOT_CHECKED and "window_attention_mask" in check.reason
+    for model_type in ("llava", "qwen2_vl"):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+        check = openvino_genai_vlm.check_generation(tmp_path, request, "/no/python")
+        assert (check.verdict, check.reason) == (NOT_CHECKED, openvino_genai_vlm.NOT_IN_LAYOUT)
+    decode = {"metadata": {"kwargs": {"input_ids": {"shape": [2, 1]}}}}
+    (tmp_path / "export.json").write_text(json.dumps({"export_format": "openvino", "components": {"decode": decode}}))
     check = openvino_genai_vlm.check_generation(tmp_path, request, "/no/python")
-    assert (check.verdict, check.reason) == (NOT_CHECKED, openvino_genai_vlm.NOT_IN_LAYOUT)
+    assert (check.verdict, check.reason) == (NOT_CHECKED, openvino_genai_vlm.ONE_TOKEN_DECODE)
 
 
 def test_the_prompt_vlmpipeline_gets_is_the_processors(tmp_path):
@@ -70,6 +76,45 @@ def test_the_prompt_vlmpipeline_gets_is_the_processors(tmp_path):
     request.texts = ["<image> Describe"]
     with pytest.raises(openvino_genai_vlm.NotHandable, match="normalize_prompt"):
         openvino_genai_vlm.pipeline_prompts(request, {"image_token_index": image_token})
+
+
+def test_qwen2_vl_prompts_keep_the_tag_vlmpipeline_expands(tmp_path):
+    """VLMPipeline writes a Qwen2-VL image's `<|image_pad|>` tokens between `<|vision_start|>` and `<|vision_end|>`
+    of its native tag: the sample text is handed over as it is; the ids are checked against that text expanded."""
+    from hfexport.testing.models import QWEN2_VL_PROMPT
+
+    pad = 7
+    request = GenerationRequest(prompts=[[5, *[pad] * 8, 6, 9]], expected=[[7]], max_new_tokens=1, eos_token_id=[1],
+                                texts=[f"{QWEN2_VL_PROMPT} Describe"])
+    given, expanded = openvino_genai_vlm.pipeline_prompts(request, {"model_type": "qwen2_vl", "image_token_id": pad})
+    assert given == [f"{QWEN2_VL_PROMPT} Describe"]
+    assert expanded == ["<|vision_start|>" + "<|image_pad|>" * 8 + "<|vision_end|> Describe"]
+    request.texts = ["<|image_pad|> Describe"]
+    with pytest.raises(openvino_genai_vlm.NotHandable, match="InputsEmbedderQwen2VL"):
+        openvino_genai_vlm.pipeline_prompts(request, {"model_type": "qwen2_vl", "image_token_id": pad})
+
+
+def test_qwen2_vl_patches_give_back_the_image_vlmpipeline_keeps_at_its_size(tmp_path):
+    """The PIL Qwen2-VL image processor's packed patches, put back in place and unnormalized, are the uint8 image
+    exactly, for an image `smart_resize` keeps (VLMPipeline's, qwen2vl/classes.cpp, equal to the processor's on these
+    sizes); an image it would resize is not handed over."""
+    from transformers.image_utils import ChannelDimension
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+
+    pixels = 32 * 64
+    processor = Qwen2VLImageProcessorPil(patch_size=8, temporal_patch_size=2, merge_size=2, min_pixels=pixels,
+                                         max_pixels=pixels)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor.to_dict()))
+    images = np.random.default_rng(0).integers(0, 256, (2, 32, 64, 3), dtype=np.uint8)
+    out = processor(images=list(images), return_tensors="np", input_data_format=ChannelDimension.LAST)
+    assert out["image_grid_thw"].tolist() == [[1, 4, 8]] * 2
+    got = openvino_genai_vlm.source_images(tmp_path, out["pixel_values"], out["image_grid_thw"])
+    assert np.array_equal(np.asarray(got), images)
+    for height, width in ((32, 64), (30, 70), (100, 20), (16, 16), (200, 300)):
+        assert openvino_genai_vlm.smart_resize(height, width, 16, 1024, 4096) == \
+            smart_resize(height, width, 16, 1024, 4096), (height, width)
+    with pytest.raises(openvino_genai_vlm.NotHandable, match="smart_resize"):
+        openvino_genai_vlm.source_images(tmp_path, out["pixel_values"][:16], np.array([[1, 2, 8]]))
 
 
 def test_the_image_vlmpipeline_gets_is_the_one_the_pixel_values_were_made_from(tmp_path):

@@ -257,6 +257,7 @@ def run_plan(plan, model) -> ExportedModel:
     format_program(plan.export_format).after_export(exported)
     result = ExportedModel.from_engine(exported)
     result.save_dtype = plan.target.dtype  # a float16 ONNX target: converted as it is saved (hfexport.formats.onnx.float16)
+    result.source_model = model  # what a runtime's layout makes graphs of its own from (OpenVINO: VLMPipeline's Qwen2-VL)
     # what running the engine's input preparers again needs, per component whose inputs they added to
     result.input_preparers = {name: component.preparer_context for name, component in plan.components.items()
                               if component.preparer_context and name in result.components}

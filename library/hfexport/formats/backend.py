@@ -89,6 +89,11 @@ class FormatBackend:
     optimum_classes: ClassVar[tuple[str, str] | None] = None  # optimum's module and class prefix that load it
     variants: ClassVar[tuple[str, ...]] = ()  # the variants a target's `variants` may name (hfexport.quantization.variants)
 
+    def decode_takes_the_prompt(self, config, task: str) -> bool:
+        """Whether its runtimes run a generation export's prompt through the decode, so that the decode is traced on
+        several new tokens (`generation.multi_token_decode`, unless the recipe sets it); the default: no."""
+        return False
+
     @property
     def suffix(self) -> str:
         """The suffix of its program files (`.onnx`)."""
@@ -227,9 +232,10 @@ class FormatProgram:
     def after_save(self, model, directory: Path, tokenizer=None) -> None:
         """Lay the saved folder out in its runtimes' contract (`tokenizer`: the one `save_pretrained` was given)."""
 
-    def after_rebind(self, directory: Path) -> None:
+    def after_rebind(self, directory: Path, model=None) -> None:
         """Rewrite the files of the runtimes' contract derived from the components, once new weights were written into
-        the components (`hfexport.rebind.folder.rebind_copy`; the default: none are derived)."""
+        the components (`hfexport.rebind.folder.rebind_copy`; the default: none are derived); `model`, where given,
+        the model whose weights they were."""
 
     def save_processor(self, directory: Path, processor) -> None:
         """Save the job's processor beside a saved target where its runtimes' contract reads it (the default: not)."""

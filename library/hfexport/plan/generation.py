@@ -80,11 +80,15 @@ def plan_generation(recipe: Recipe, target: Target, task: str, model, inputs: di
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "
                             f"{error}") from None
     if default_graph and (stages is None or not single_graph_fits(stages)):
-        # the ONNX/OpenVINO default (one graph) on a model without a plain prefill/decode over attention: its own layout
-        single_graph = multi_token_decode = False
+        # the ONNX/OpenVINO default (one graph) on a model without a plain prefill/decode over attention: its own
+        # layout, its decode on one new token unless the format's runtimes run the prompt through it (OpenVINO
+        # GenAI's VLMPipeline on Qwen2-VL: `decode_takes_the_prompt`)
+        single_graph = False
+        multi_token_decode = format_traits(target.export_format).decode_takes_the_prompt(model.config, task)
         try:
             with traced_cache_layout():
                 stages = generation_stages(model, dict(inputs), generation_config=generation_config,
+                                           multi_token_decode=multi_token_decode,
                                            export_format=str(target.export_format))
         except Exception as error:  # noqa: BLE001 - the engine's own message, one line
             raise PlanError(f"targets.{target.name}: the engine cannot split this model for generation: "

@@ -48,7 +48,7 @@ def rebind_copy(source: Path, destination: Path, manifest: dict, model=None, ten
             shutil.copyfile(file, destination / relative)
     try:
         written = apply(destination, manifest, manifest["weight_map"], model, tensors)
-        format_program(manifest["export_format"]).after_rebind(destination)  # files derived from the components
+        format_program(manifest["export_format"]).after_rebind(destination, model)  # files derived from the components
         return written
     except RebindRefused:
         raise

@@ -46,7 +46,7 @@ class OnnxProgram(FormatProgram):
         onnx_seq2seq.to_contract(Path(directory))
         image_text_contract.to_contract(Path(directory))
 
-    def after_rebind(self, directory: Path) -> None:
+    def after_rebind(self, directory: Path, model=None) -> None:
         # transformers.js' image-text-to-text graphs are copies of the VLM components' weights: written again
         image_text_contract.to_contract(Path(directory))
 

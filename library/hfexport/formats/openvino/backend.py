@@ -10,6 +10,7 @@ from hfexport.formats.backend import (
     FormatBackend,
     register_format,
 )
+from hfexport.formats.openvino.vision_split import SPLIT_TYPES as VLM_SPLIT_TYPES
 
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 
@@ -65,6 +66,12 @@ class OpenvinoFormat(FormatBackend):
                 method == "pt2e" and quantization.get("preset") == "x86_inductor_int8_static":
             return "openvino_model_qint8_quantized.xml"
         return None
+
+    def decode_takes_the_prompt(self, config, task: str) -> bool:
+        # VLMPipeline runs the prompt through the stateful language model, made from the decode; Qwen2-VL's decode
+        # traced on one token keeps that length (its 3-axis rope: the CPU plugin then reads a 2-token prompt as a
+        # batch of 2 and ends in a segmentation fault), LLaVA's does not
+        return task == IMAGE_TEXT_TASK and getattr(config, "model_type", None) in VLM_SPLIT_TYPES
 
     def load_options(self, precision: str | None) -> dict:
         """`INFERENCE_PRECISION_HINT` ("auto" leaves the device default)."""

@@ -30,13 +30,15 @@ class OpenvinoProgram(FormatProgram):
 
     def after_save(self, model, directory: Path, tokenizer=None) -> None:
         finish(directory, tokenizer)  # a stateful decode as optimum-intel's openvino_model.xml, its tokenizer beside it
-        if vlm_layout.to_layout(directory) and tokenizer is not None:  # a VLM in VLMPipeline's layout
+        # a VLM in VLMPipeline's layout (Qwen2-VL's vision split made from the model it was exported from)
+        if vlm_layout.to_layout(directory, getattr(model, "source_model", None)) and tokenizer is not None:
             save_tokenizer(Path(directory), tokenizer)
             save_openvino_tokenizer(Path(directory), tokenizer)
 
-    def after_rebind(self, directory: Path) -> None:
-        # VLMPipeline's graphs are copies of the VLM components' weights: written again
-        vlm_layout.to_layout(directory)
+    def after_rebind(self, directory: Path, model=None) -> None:
+        # VLMPipeline's graphs are copies of the VLM components' weights (Qwen2-VL's vision split: of `model`'s):
+        # written again
+        vlm_layout.to_layout(directory, model)
 
     def save_processor(self, directory: Path, processor) -> None:
         directory = Path(directory)

@@ -18,8 +18,16 @@ features given a batch axis, the token-embedding lookup cut out of `embed`, and 
 `inputs_embeds` where it looked its `input_ids` up. hfexport's own `language_model` (the prefill, not stateful) moves
 to `PREFILL_FILE`, as its manifest records; the other components keep their files.
 
-Written for LLaVA (`WRITTEN_TYPES`): Idefics3/SmolVLM is no VLMPipeline model type, and Qwen2-VL-class models need
-VLMPipeline's own vision split (a merger model and three-axis rope positions), which hfexport's components are not.
+Qwen2-VL (`qwen2_vl`) runs on VLMPipeline's own vision split instead of the image encoder:
+`openvino_vision_embeddings_model.xml` and `openvino_vision_embeddings_merger_model.xml`, made from the model's
+modules when the export is saved or rebound (`hfexport.formats.openvino.vision_split`); its language model takes the
+`position_ids` `[3, batch, sequence]` VLMPipeline computes (qwen2vl/classes.cpp `create_position_ids`, then
+`update_3d_position_ids` in lm_encoding.cpp: past length + rope delta on all three axes), the text-position row
+transformers 5.23's decode takes first made in the graph (past length + the token's index), and its
+`mm_token_type_ids` 0 (text: the images are in `inputs_embeds` already).
+
+Written for LLaVA and Qwen2-VL (`WRITTEN_TYPES`): Idefics3/SmolVLM is no VLMPipeline model type; Qwen2.5-VL's split
+adds window attention, not made here.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from pathlib import Path
 
 from hfexport.files import read_json_object
 from hfexport.formats.backend import IMAGE_TEXT_COMPONENTS as COMPONENTS
+from hfexport.formats.openvino import vision_split as split_graphs
 from hfexport.formats.openvino.genai_layout import read_manifest, rename_component
 
 LANGUAGE_MODEL_FILE = "openvino_language_model.xml"  # optimum-intel's, VLMPipeline's
@@ -37,19 +46,24 @@ FILES = (LANGUAGE_MODEL_FILE, TEXT_EMBEDDINGS_FILE, VISION_EMBEDDINGS_FILE)
 #: hfexport's `language_model` (inputs_embeds -> hidden states and a cache, no states) under a name of its own: the
 #: layout's `openvino_language_model.xml` is the stateful graph VLMPipeline runs.
 PREFILL_FILE = "openvino_prefill_language_model.xml"
-#: The model types whose layout hfexport writes: VLMPipeline's LLaVA (`VLMModelType::LLAVA`, vlm_config.cpp).
-WRITTEN_TYPES = ("llava",)
+#: The model types whose layout hfexport writes: VLMPipeline's LLaVA and Qwen2-VL (`VLMModelType::LLAVA`,
+#: `QWEN2_VL`, vlm_config.cpp), the latter on its own vision split (`SPLIT_TYPES`).
+SPLIT_TYPES = split_graphs.SPLIT_TYPES
+WRITTEN_TYPES = ("llava", *SPLIT_TYPES)
+SPLIT_FILES = (split_graphs.VISION_EMBEDDINGS_FILE, split_graphs.VISION_MERGER_FILE)
+#: The rope axes VLMPipeline feeds a `qwen2_vl` language model (`position_ids` `[3, batch, sequence]`).
+ROPE_AXES = 3
 #: OpenVINO GenAI 2026.4.1's VLM model types (`to_vlm_model_type`, src/cpp/src/visual_language/vlm_config.cpp).
 VLM_MODEL_TYPES = (
     "minicpmv", "minicpmo", "llava", "llava-qwen2", "llava_next", "llava_next_video", "internvl_chat", "phi3_v",
     "phi4mm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma3n", "gemma4",
     "gemma4_unified", "videochat_flash_qwen", "qwen3_omni", "qwen3_omni_moe", "muse_glimmer")
 
-_QWEN2_VL_SPLIT = ("qwen2vl/classes.cpp: openvino_vision_embeddings_model.xml on the patches' `hidden_states`, then "
-                   "openvino_vision_embeddings_merger_model.xml on `hidden_states`, `rotary_pos_emb` and `cu_seq_lens` "
-                   "or `attention_mask`, which VLMPipeline computes from the image grid itself")
-#: What VLMPipeline feeds the model types whose split hfexport's components are not.
-OWN_SPLITS = {"qwen2_vl": _QWEN2_VL_SPLIT, "qwen2_5_vl": _QWEN2_VL_SPLIT.replace("qwen2vl/", "qwen2_5_vl/")}
+#: What VLMPipeline feeds the model types whose split hfexport does not write.
+OWN_SPLITS = {"qwen2_5_vl": "qwen2_5_vl/classes.cpp: openvino_vision_embeddings_model.xml on the patches' "
+                            "`hidden_states`, then openvino_vision_embeddings_merger_model.xml on `hidden_states`, "
+                            "`attention_mask`, `window_attention_mask`, `window_index` and `rotary_pos_emb`, which "
+                            "VLMPipeline computes from the image grid itself"}
 
 
 def limitation(model_type: str | None) -> str | None:
@@ -62,12 +76,14 @@ def limitation(model_type: str | None) -> str | None:
                 "(to_vlm_model_type, src/cpp/src/visual_language/vlm_config.cpp)")
     return (f"VLMPipeline runs {model_type!r} on a vision split of its own "
             f"({OWN_SPLITS.get(model_type, 'src/cpp/src/visual_language/')}), which hfexport's one image-encoder "
-            "graph is not: hfexport writes VLMPipeline's layout for LLaVA only (hfexport.formats.openvino.vlm_layout)")
+            "graph is not: hfexport writes VLMPipeline's layout for LLaVA and Qwen2-VL only "
+            "(hfexport.formats.openvino.vlm_layout)")
 
 
 def applies(manifest: dict, model_type: str | None) -> bool:
     """Whether a saved export is an OpenVINO VLM generation (`COMPONENTS`) of a `WRITTEN_TYPES` model, its image
-    encoder on `pixel_values` alone, its decode one stateful graph on `input_ids`."""
+    encoder on `pixel_values` alone (on its image grid too: `SPLIT_TYPES`), its decode one stateful graph on
+    `input_ids`."""
     components = manifest.get("components") or {}
     if manifest.get("export_format") != "openvino" or set(components) != set(COMPONENTS) or \
             model_type not in WRITTEN_TYPES:
@@ -76,19 +92,41 @@ def applies(manifest: dict, model_type: str | None) -> bool:
     def metadata(name):
         return components[name].get("metadata") or {}
 
-    return set(metadata("image_encoder").get("kwargs") or {}) == {"pixel_values"} \
+    encoder_inputs = {"pixel_values", "image_grid_thw"} if model_type in SPLIT_TYPES else {"pixel_values"}
+    return set(metadata("image_encoder").get("kwargs") or {}) == encoder_inputs \
+        and (model_type not in SPLIT_TYPES or takes_the_prompt(manifest)) \
         and "input_ids" in (metadata("decode").get("kwargs") or {}) \
         and bool((metadata("decode").get("export_config") or {}).get("stateful"))
 
 
-def to_layout(folder: str | Path) -> list[str]:
-    """Write `FILES` (+ `.bin`) into `folder` from its VLM components (see the module docstring); the names written,
-    none when the export is not one it applies to or a graph lacks the token-embedding lookup it cuts."""
+def takes_the_prompt(manifest: dict) -> bool:
+    """Whether the export's decode was traced on several new tokens (`generation.multi_token_decode`, the default
+    for a `SPLIT_TYPES` model's OpenVINO target): VLMPipeline runs the prompt through it, and Qwen2-VL's decode traced
+    on one token keeps that length."""
+    decode = ((manifest.get("components") or {}).get("decode") or {}).get("metadata") or {}
+    shape = ((decode.get("kwargs") or {}).get("input_ids") or {}).get("shape") or []
+    return len(shape) == 2 and shape[1] > 1
+
+
+def to_layout(folder: str | Path, model=None) -> list[str]:
+    """Write `FILES` (+ `.bin`) into `folder` from its VLM components (see the module docstring), and for a
+    `SPLIT_TYPES` model the vision split made from `model` (the model the components were exported from or rebound
+    to); the names written, none when the export is not one it applies to, a graph lacks the token-embedding lookup
+    it cuts, or a split type's `model` is not given (a split left from before is removed: its weights would be
+    stale)."""
     import openvino as ov
 
     folder = Path(folder)
     manifest = read_manifest(folder)
-    if manifest is None or not applies(manifest, read_json_object(folder / "config.json").get("model_type")):
+    model_type = read_json_object(folder / "config.json").get("model_type")
+    if manifest is None or not applies(manifest, model_type):
+        return []
+    split = split_graphs.vision_split(model) if model_type in SPLIT_TYPES and model is not None else {}
+    if model_type in SPLIT_TYPES and not split:
+        moved = manifest["components"]["language_model"]["file"] == PREFILL_FILE  # else the name is the component's
+        for name in (*SPLIT_FILES, TEXT_EMBEDDINGS_FILE, *([LANGUAGE_MODEL_FILE] if moved else [])):
+            (folder / name).unlink(missing_ok=True)
+            (folder / name.replace(".xml", ".bin")).unlink(missing_ok=True)
         return []
     components = manifest["components"]
     core = ov.Core()
@@ -97,9 +135,13 @@ def to_layout(folder: str | Path) -> list[str]:
     if embedding_lookup(read["embed"]) is None or embedding_lookup(read["decode"]) is None:
         return []
     rename_component(folder, manifest, "language_model", PREFILL_FILE)
-    models = {VISION_EMBEDDINGS_FILE: (vision_embeddings(read["image_encoder"]), read["image_encoder"]),
+    positions = ((components["decode"].get("metadata") or {}).get("kwargs") or {}).get("position_ids") or {}
+    vision = {name: (graph, read["image_encoder"]) for name, graph in split.items()} if split else \
+        {VISION_EMBEDDINGS_FILE: (vision_embeddings(read["image_encoder"]), read["image_encoder"])}
+    models = {**vision,
               TEXT_EMBEDDINGS_FILE: (text_embeddings(read["embed"]), read["embed"]),
-              LANGUAGE_MODEL_FILE: (language_model(read["decode"]), read["decode"])}
+              LANGUAGE_MODEL_FILE: (language_model(read["decode"], (positions.get("shape") or [None])[0]),
+                                    read["decode"])}
     for name, (model, source) in models.items():
         keep_runtime_options(source, model)
         ov.save_model(model, str(folder / name), compress_to_fp16=False)
@@ -169,9 +211,12 @@ def text_embeddings(embed):
     return ov.Model([output], ids, "text_embeddings")
 
 
-def language_model(decode):
+def language_model(decode, rope_axes: int | None = None):
     """The stateful `decode` taking `inputs_embeds` where it looked its `input_ids` up (the lookup's output and the
-    ids' shape, read from the embeddings' first two dims, now come from that input)."""
+    ids' shape, read from the embeddings' first two dims, now come from that input); a decode traced on
+    `rope_axes` = `ROPE_AXES` + 1 position rows (transformers 5.23's Qwen2-VL: the text row, then three rope axes)
+    taking the `ROPE_AXES` VLMPipeline feeds, its text row made in the graph (`text_positions`); its
+    `mm_token_type_ids`, where it takes them, 0 (text)."""
     import openvino as ov
     from openvino import opset13 as ops
 
@@ -191,6 +236,41 @@ def language_model(decode):
             for user in list(node.output(0).get_target_inputs()):
                 user.replace_source_output(first_two.output(0))
     parameters = [parameter for parameter in decode.get_parameters() if parameter is not ids]
+    first_two = ops.gather(ops.shape_of(embeds, output_type="i64"), ops.constant([0, 1], dtype=ov.Type.i64),
+                           ops.constant(0, dtype=ov.Type.i64))
+    for index, parameter in enumerate(parameters):
+        names = parameter.output(0).get_names()
+        if "mm_token_type_ids" in names:  # the new tokens are text: their images are in inputs_embeds already
+            zeros = ops.broadcast(ops.constant(0, dtype=parameter.get_element_type()), first_two)
+            parameter.output(0).replace(zeros.output(0))
+            parameters[index] = None
+        elif "position_ids" in names and rope_axes == ROPE_AXES + 1:
+            mask = next(p for p in parameters if p is not None and "attention_mask" in p.output(0).get_names())
+            rope = ops.parameter(ov.PartialShape([ROPE_AXES, -1, -1]), parameter.get_element_type(),
+                                 name="position_ids")
+            rope.output(0).set_names({"position_ids"})
+            both = ops.concat([text_positions(mask, rope), rope], 0)
+            parameter.output(0).replace(both.output(0))
+            parameters[index] = rope
+    parameters = [parameter for parameter in parameters if parameter is not None]
     model = ov.Model(decode.get_results(), decode.get_sinks(), [embeds, *parameters], "language_model")
     model.validate_nodes_and_infer_types()
     return model
+
+
+def text_positions(attention_mask, rope):
+    """`[1, batch, sequence]`: the new tokens' text positions, the past length (the mask's length less theirs) plus
+    each one's index, `model.generate`'s for a prompt without padding (VLMPipeline runs one prompt at a time)."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    def axis(node, index):
+        return ops.gather(ops.shape_of(node, output_type="i64"), ops.constant([index], dtype=ov.Type.i64),
+                          ops.constant(0, dtype=ov.Type.i64))
+
+    total, length = axis(attention_mask, 1), axis(rope, 2)
+    start = ops.squeeze(ops.subtract(total, length), ops.constant([0], dtype=ov.Type.i64))
+    row = ops.range(start, ops.squeeze(total, ops.constant([0], dtype=ov.Type.i64)), ops.constant(1, dtype=ov.Type.i64),
+                    output_type=rope.get_element_type())
+    shape = ops.concat([ops.constant([1], dtype=ov.Type.i64), axis(rope, 1), length], 0)
+    return ops.broadcast(ops.unsqueeze(row, ops.constant([0, 1], dtype=ov.Type.i64)), shape)
