@@ -306,14 +306,183 @@ def test_the_card_opens_a_vlm_with_vlmpipeline_where_the_gate_ran_it():
     from hfexport.report.card import runtime_snippets
     from hfexport.report.data import JobReport, TargetReport
 
-    def card(verdict):
+    def card(verdict, files=()):
         target = TargetReport(TARGET, "openvino", "generation", plan={"task": "image-text-to-text"},
-                              runtimes=[{"runtime": "openvino-genai", "verdict": verdict}])
+                              runtimes=[{"runtime": "openvino-genai", "verdict": verdict}], files=list(files))
         places = {TARGET: Place(f"openvino/{TARGET}")}
         return "\n".join(runtime_snippets("org/m", JobReport(source={}, targets={TARGET: target}), places))
 
     text = card("passed")
     assert f'openvino_genai.VLMPipeline(f"{{local}}/openvino/{TARGET}", "CPU")' in text
     assert "images=[ov.Tensor(pixels[None])]" in text and "apply_chat_template=False" in text
-    assert "LLMPipeline" not in text
+    assert "LLMPipeline" not in text and '"<image>\\nDescribe the picture"' in text
     assert "VLMPipeline" not in card("not_checked")
+    # Qwen2-VL's layout (its vision split): its own image tag
+    text = card("passed", [{"path": f"openvino/{TARGET}/{vlm_layout.SPLIT_FILES[1]}"}])
+    assert '"<|vision_start|><|image_pad|><|vision_end|> Describe the picture"' in text
+
+
+# Qwen2-VL: tiny-qwen2-vl's OpenVINO generation target on VLMPipeline's own vision split (slow).
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl_openvino(session_dir, genai_env):
+    """tiny-qwen2-vl built and its `openvino-generation` target exported and verified by the job: (model folder,
+    target folder, target report)."""
+    from unittest import mock
+
+    from hfexport.job.run import run_job
+    from hfexport.testing.models import make_model
+
+    model = make_model("tiny-qwen2-vl", session_dir / "tiny-qwen2-vl-vlmpipeline")
+    output = session_dir / "qwen2-vl-openvino-vlm"
+    with mock.patch.dict(os.environ, genai_env):
+        report = run_job(model, output, [TARGET], latency=False)
+    return model, output / TARGET, report.targets[TARGET]
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(qwen2_vl_openvino):
+    from transformers import AutoModelForImageTextToText
+
+    from hfexport.models import load_processor
+
+    folder = qwen2_vl_openvino[0]
+    return AutoModelForImageTextToText.from_pretrained(folder).eval(), load_processor(folder)
+
+
+def _qwen2_vl_request(model, processor, texts: list[str], images: list[np.ndarray]) -> GenerationRequest:
+    """`model.generate`'s greedy tokens on each text with its image (batch 1), with the packed patches and grids."""
+    import torch
+
+    prompts, expected, pixels, grids = [], [], [], []
+    for text, image in zip(texts, images, strict=True):
+        inputs = processor(text=[text], images=[image], return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+        prompts.append(inputs["input_ids"][0].tolist())
+        expected.append(out[0, inputs["input_ids"].shape[1]:].tolist())
+        pixels.append(inputs["pixel_values"].numpy())
+        grids.append(inputs["image_grid_thw"].numpy())
+    eos = model.generation_config.eos_token_id
+    return GenerationRequest(prompts=prompts, expected=expected, max_new_tokens=MAX_NEW,
+                             eos_token_id=eos if isinstance(eos, list) else [eos], padded_expected=None, texts=texts,
+                             model_type="qwen2_vl", extra={"pixel_values": np.concatenate(pixels),
+                                                           "image_grid_thw": np.concatenate(grids)})
+
+
+@pytest.mark.slow
+def test_a_qwen2_vl_export_is_in_vlmpipelines_layout_and_the_gate_ran_it_token_for_token(qwen2_vl_openvino):
+    """VLMPipeline's Qwen2-VL split (qwen2vl/classes.cpp) with the names, shapes and types it feeds: the patch
+    embeddings on `hidden_states`; the blocks and merger on `hidden_states`, `attention_mask` `[1, patches, patches]`
+    and `rotary_pos_emb` of a static width (VLMPipeline reads it: head_dim / 2); the language model on
+    `position_ids` `[3, batch, sequence]`, no `mm_token_type_ids`; its decode traced on several tokens. The gate
+    passed VLMPipeline on both sample prompts."""
+    import openvino as ov
+
+    _, folder, target = qwen2_vl_openvino
+    assert target.status == "ok", target.error
+    genai = {check["runtime"]: check for check in target.runtimes}["openvino-genai"]
+    assert (genai["verdict"], genai["batch_sizes"], genai["precision"]) == (PASSED, [1], "f32"), genai
+
+    def io(name):
+        model = ov.Core().read_model(str(folder / name))
+        return ([(port.get_any_name(), str(port.get_partial_shape()), port.get_element_type().get_type_name())
+                 for port in model.inputs], [(port.get_any_name(), str(port.get_partial_shape()))
+                                             for port in model.outputs], len(model.get_sinks()))
+
+    assert io(vlm_layout.VISION_EMBEDDINGS_FILE) == ([("hidden_states", "[?,384]", "f32")],
+                                                     [("last_hidden_state", "[?,32]")], 0)
+    assert io(vlm_layout.SPLIT_FILES[1]) == ([("hidden_states", "[?,32]", "f32"), ("attention_mask", "[1,?,?]", "f32"),
+                                              ("rotary_pos_emb", "[?,4]", "f32")], [("last_hidden_state", "[?,64]")], 0)
+    assert io(vlm_layout.LANGUAGE_MODEL_FILE) == ([("inputs_embeds", "[?,?,64]", "f32"),
+                                                   ("attention_mask", "[?,?]", "i64"),
+                                                   ("position_ids", "[3,?,?]", "i64"), ("beam_idx", "[?]", "i32")],
+                                                  [("logits", "[?,?,320]")], 4)
+    manifest = json.loads((folder / "export.json").read_text())
+    assert vlm_layout.takes_the_prompt(manifest)
+    flat = json.loads((folder / "preprocessor_config.json").read_text())
+    assert (flat["patch_size"], flat["merge_size"], flat["temporal_patch_size"], flat["size"]) == \
+        (8, 2, 2, {"longest_edge": 2048, "shortest_edge": 2048})
+    for name in (*vlm_layout.FILES, *vlm_layout.SPLIT_FILES):  # the components' f32 precision hint
+        model = ov.Core().read_model(str(folder / name))
+        assert model.get_rt_info(["runtime_options", "INFERENCE_PRECISION_HINT"]).astype(str) == "f32", name
+
+
+@pytest.mark.slow
+def test_vlmpipeline_reads_qwen2_vl_images(qwen2_vl_openvino, qwen2_vl, genai_env, monkeypatch):
+    """Judged against the tokens of the images the model saw, VLMPipeline fed other pixels generates other tokens
+    (and on the same pixels, the same): the vision split is what runs, not a constant."""
+    from hfexport.testing.models import PADDLEOCR_VL_IMAGE, QWEN2_VL_PROMPT
+
+    model, processor = qwen2_vl
+    shape = (PADDLEOCR_VL_IMAGE["height"], PADDLEOCR_VL_IMAGE["width"], 3)  # the pixel budget: smart_resize keeps it
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(2)]
+    texts = [f"{QWEN2_VL_PROMPT} Describe the picture", f"{QWEN2_VL_PROMPT} The capital of France is"]
+    request = _qwen2_vl_request(model, processor, texts, images)
+    monkeypatch.setenv("HFEXPORT_RUNTIME_OPENVINO_GENAI", genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"])
+    (same,) = openvino_genai.check_generation(qwen2_vl_openvino[1], request)
+    assert same.verdict == PASSED, same.reason
+    other = _qwen2_vl_request(model, processor, texts, [255 - image for image in images])
+    request.extra = other.extra
+    (changed,) = openvino_genai.check_generation(qwen2_vl_openvino[1], request)
+    assert changed.verdict == FAILED and changed.first_difference is not None, changed
+
+
+@pytest.mark.slow
+def test_vlmpipeline_runs_a_qwen2_vl_pull_request_as_the_readme_says(qwen2_vl_openvino, qwen2_vl, hub, genai_env,
+                                                                      tmp_path):
+    """Published as a pull request on the local Hub, downloaded from `refs/pr/N` with the real client: the README's
+    Qwen2-VL VLMPipeline snippet generates `model.generate`'s new tokens for its prompt and picture."""
+    from huggingface_hub import snapshot_download
+
+    from hfexport.publication.publish import publish
+    from hfexport.testing.models import PADDLEOCR_VL_IMAGE, QWEN2_VL_PROMPT
+
+    folder, exported, _ = qwen2_vl_openvino
+    repo = f"{hub.user}/qwen2-vl-vlmpipeline"
+    hub.seed_repo(repo, folder)
+    num = publish(exported.parent, repo, mode="pr", token=hub.write_token).pr_num
+    files = set(hub.list_files(repo, f"refs/pr/{num}"))
+    subfolder = next(path.rsplit("/", 1)[0] for path in files if path.endswith("/" + vlm_layout.SPLIT_FILES[1]))
+    local = Path(snapshot_download(repo, revision=f"refs/pr/{num}", allow_patterns=[f"{subfolder}/*"],
+                                   cache_dir=tmp_path / "hub-cache", token=hub.write_token))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / TARGET).symlink_to(local / subfolder)
+    shape = (PADDLEOCR_VL_IMAGE["height"], PADDLEOCR_VL_IMAGE["width"], 3)
+    image = np.random.default_rng(5).integers(0, 256, shape, dtype=np.uint8)
+    np.save(tmp_path / "picture.npy", image)
+    script = tmp_path / "snippet.py"
+    script.write_text(readme_snippet("readme-vlm-openvino-genai-qwen2-vl"))
+    done = subprocess.run([genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"], str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model, processor = qwen2_vl
+    request = _qwen2_vl_request(model, processor, [f"{QWEN2_VL_PROMPT} Describe the picture"], [image])
+    new = processor.tokenizer.decode(request.expected[0], skip_special_tokens=True)
+    assert new.strip() and new.strip() in done.stdout, (new, done.stdout)
+
+
+@pytest.mark.slow
+def test_a_rebind_makes_the_qwen2_vl_split_again_from_the_model(qwen2_vl_openvino, qwen2_vl, tmp_path):
+    """The vision split holds the model's weights, not the components': a rebind to the model makes it again from
+    the model (the same bytes for the same weights, the stale ones replaced); a rebind without a model object (from
+    a checkpoint's tensors) removes it rather than keep weights that are not the new ones."""
+    import shutil
+
+    from hfexport.formats.openvino.program import OpenvinoProgram
+    from hfexport.rebind.folder import rebind_copy
+
+    exported = qwen2_vl_openvino[1]
+    source = tmp_path / "previous"
+    shutil.copytree(exported, source)
+    for name in (*vlm_layout.FILES, *vlm_layout.SPLIT_FILES):
+        (source / name.replace(".xml", ".bin")).write_bytes(b"stale")
+    manifest = json.loads((source / "export.json").read_text())
+    rebind_copy(source, tmp_path / "rebound", manifest, qwen2_vl[0])
+    for name in (*vlm_layout.FILES, *vlm_layout.SPLIT_FILES):
+        weights = name.replace(".xml", ".bin")
+        assert (tmp_path / "rebound" / weights).read_bytes() == (exported / weights).read_bytes(), name
+    OpenvinoProgram().after_rebind(tmp_path / "rebound")
+    assert not any((tmp_path / "rebound" / name).exists() for name in vlm_layout.SPLIT_FILES)

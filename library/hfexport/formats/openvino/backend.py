@@ -10,7 +10,9 @@ from hfexport.formats.backend import (
     FormatBackend,
     register_format,
 )
+from hfexport.formats.openvino.vision_split import IMAGE_TAG as VLM_IMAGE_TAG
 from hfexport.formats.openvino.vision_split import SPLIT_TYPES as VLM_SPLIT_TYPES
+from hfexport.formats.openvino.vision_split import VISION_MERGER_FILE
 
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 
@@ -92,11 +94,13 @@ class OpenvinoFormat(FormatBackend):
         code = ["from huggingface_hub import snapshot_download", "",
                 f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}/*"])']
         if "openvino-genai" in passed and target.task == IMAGE_TEXT_TASK:  # VLMPipeline's layout (vlm_layout)
+            split = any(file.endswith(VISION_MERGER_FILE) for file in target.files)  # Qwen2-VL's image tag, else LLaVA's
+            prompt = f"{VLM_IMAGE_TAG} Describe the picture" if split else "<image>\\nDescribe the picture"
             code += ["", "import numpy as np", "import openvino as ov", "import openvino_genai", "from PIL import Image", "",
                      f'pipe = openvino_genai.VLMPipeline(f"{{local}}/{folder}", "CPU")',
                      'pixels = np.asarray(Image.open("picture.png").convert("RGB"))  # height x width x 3, uint8',
-                     'print(pipe.generate("<image>\\nDescribe the picture", images=[ov.Tensor(pixels[None])], '
-                     'max_new_tokens=20,', '                    apply_chat_template=False))  # the prompt as written']
+                     f'print(pipe.generate("{prompt}", images=[ov.Tensor(pixels[None])], max_new_tokens=20,',
+                     '                    apply_chat_template=False))  # the prompt as written']
             return ["```python", *code, "```", ""]
         if "openvino-genai" in passed:
             code += ["", "import openvino_genai", "",

@@ -33,13 +33,13 @@ from hfexport.deployment import (
 from hfexport.deployment._python import as_expected, run_python_client
 from hfexport.errors import HfExportError
 from hfexport.files import read_json_object
-from hfexport.formats.openvino import vlm_layout
+from hfexport.formats.openvino import vision_split, vlm_layout
 
 RUNTIME = "openvino-genai"
 MODULE = "openvino_genai"
 CLIENT = Path(__file__).resolve().parent / "clients" / "openvino_genai_vlm_client.py"
 IMAGE_TAG = "<image>"  # VLMPipeline's LLaVA image tag (`VLMConfig::im_start`, vlm_config.hpp)
-QWEN2_VL_TAG = "<|vision_start|><|image_pad|><|vision_end|>"  # `InputsEmbedderQwen2VL::NATIVE_TAG`, qwen2vl/classes.hpp
+QWEN2_VL_TAG = vision_split.IMAGE_TAG  # `InputsEmbedderQwen2VL::NATIVE_TAG`, qwen2vl/classes.hpp
 #: Per model type: (the tag in the sample text, the tag VLMPipeline is given, what it writes for an image of N
 #: tokens, as a function of N and the image token).
 TAGS = {
