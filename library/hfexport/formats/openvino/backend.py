@@ -10,9 +10,15 @@ from hfexport.formats.backend import (
     FormatBackend,
     register_format,
 )
-from hfexport.formats.openvino.vision_split import IMAGE_TAG as VLM_IMAGE_TAG
-from hfexport.formats.openvino.vision_split import SPLIT_TYPES as VLM_SPLIT_TYPES
-from hfexport.formats.openvino.vision_split import VISION_MERGER_FILE
+
+#: The model types OpenVINO GenAI's VLMPipeline runs on a vision split hfexport writes (`VLMModelType::QWEN2_VL`,
+#: vlm_config.cpp): its files, made by `hfexport.formats.openvino.vision_split`, and the image tag VLMPipeline expands
+#: for them (`InputsEmbedderQwen2VL::NATIVE_TAG`, qwen2vl/classes.hpp). Qwen2.5-VL's adds window attention
+#: (`window_attention_mask`, `window_index`: qwen2_5_vl/classes.cpp), not made.
+VLM_SPLIT_TYPES = ("qwen2_vl",)
+VISION_EMBEDDINGS_FILE = "openvino_vision_embeddings_model.xml"
+VISION_MERGER_FILE = "openvino_vision_embeddings_merger_model.xml"
+VLM_IMAGE_TAG = "<|vision_start|><|image_pad|><|vision_end|>"
 
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 

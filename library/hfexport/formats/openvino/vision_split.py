@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import inspect
 
-VISION_EMBEDDINGS_FILE = "openvino_vision_embeddings_model.xml"
-VISION_MERGER_FILE = "openvino_vision_embeddings_merger_model.xml"
-#: The model types VLMPipeline runs on this split (`VLMModelType::QWEN2_VL`, vlm_config.cpp): Qwen2.5-VL's adds
-#: window attention (`window_attention_mask`, `window_index`: qwen2_5_vl/classes.cpp), not made here.
-SPLIT_TYPES = ("qwen2_vl",)
-#: The image tag VLMPipeline expands for a Qwen2-VL image (`InputsEmbedderQwen2VL::NATIVE_TAG`, qwen2vl/classes.hpp).
-IMAGE_TAG = "<|vision_start|><|image_pad|><|vision_end|>"
+from hfexport.formats.openvino.backend import VISION_EMBEDDINGS_FILE, VISION_MERGER_FILE
+from hfexport.formats.openvino.backend import VLM_IMAGE_TAG as IMAGE_TAG
+from hfexport.formats.openvino.backend import VLM_SPLIT_TYPES as SPLIT_TYPES
+
+__all__ = ["IMAGE_TAG", "SPLIT_TYPES", "VISION_EMBEDDINGS_FILE", "VISION_MERGER_FILE", "vision_split"]
 #: VLMPipeline's rotary base for the vision angles (`get_rotary_pos_emb`: `const float theta = 10000.0f`).
 VLMPIPELINE_VISION_THETA = 10000.0
 
