@@ -63,6 +63,22 @@ def test_vlmpipeline_is_not_checked_with_its_own_reason_where_it_cannot_run_the_
     assert (check.verdict, check.reason) == (NOT_CHECKED, openvino_genai_vlm.ONE_TOKEN_DECODE)
 
 
+def test_only_a_qwen2_vl_openvino_vlm_decode_is_traced_on_the_prompt():
+    """VLMPipeline prefills through the language model made from the decode, and a Qwen2-VL decode traced on one
+    token keeps that length: its OpenVINO image-text-to-text plan traces the decode on several tokens; LLaVA's, a
+    Qwen2-VL text task's and another format's are not asked to."""
+    from types import SimpleNamespace
+
+    from hfexport.formats import format_traits
+
+    openvino, onnx = format_traits("openvino"), format_traits("onnx")
+    qwen2_vl, llava = SimpleNamespace(model_type="qwen2_vl"), SimpleNamespace(model_type="llava")
+    assert openvino.decode_takes_the_prompt(qwen2_vl, "image-text-to-text")
+    assert not openvino.decode_takes_the_prompt(llava, "image-text-to-text")
+    assert not openvino.decode_takes_the_prompt(qwen2_vl, "text-generation")
+    assert not onnx.decode_takes_the_prompt(qwen2_vl, "image-text-to-text")
+
+
 def test_the_prompt_vlmpipeline_gets_is_the_processors(tmp_path):
     """VLMPipeline writes an image's tokens then a newline for each `<image>` tag: `<image>\\n` in the sample text is
     handed over as `<image>`; a text without that newline would make other ids than the processor's, and is not
