@@ -142,9 +142,9 @@ def to_layout(folder: str | Path, model=None) -> list[str]:
               TEXT_EMBEDDINGS_FILE: (text_embeddings(read["embed"]), read["embed"]),
               LANGUAGE_MODEL_FILE: (language_model(read["decode"], (positions.get("shape") or [None])[0]),
                                     read["decode"])}
-    for name, (model, source) in models.items():
-        keep_runtime_options(source, model)
-        ov.save_model(model, str(folder / name), compress_to_fp16=False)
+    for name, (graph, source) in models.items():
+        keep_runtime_options(source, graph)
+        ov.save_model(graph, str(folder / name), compress_to_fp16=False)
     return list(models)
 
 
