@@ -241,7 +241,8 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                 report.memory = memory.estimate_record(check_fits(
                     model, list(targets.values()), output, revision_to_load, options.token,
                     groups=[[targets[name] for name in group] for group in groups], weights=weights,
-                    max_memory=budget), options.max_memory_mb)
+                    max_memory=budget, structure=options.inputs is None and not samples,
+                    streamed_gate=not options.latency), options.max_memory_mb)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,
                 groups=groups, model_object=options.model_object, repos=repos, samples=samples)
 

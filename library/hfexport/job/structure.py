@@ -119,6 +119,8 @@ def load_reference(job, plan) -> None:
         return
     import torch
 
+    gc.collect()  # what the export and the save left on the heap handed back first: it counts against the budget
+    _trim_heap()
     resident = _resident_bytes(job)
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
                    f"gate (up to {resident >> 20} MB kept between forwards)") as timer:
