@@ -121,6 +121,8 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
         loaded_bytes,
     )
 
+    from hfexport.job.structure import _traced_without_weights as traced
+
     llama = load_recipe(LLAMA)
     weights = weights_metadata(LLAMA)
     loaded, largest, libraries = loaded_bytes(*weights), largest_tensor_bytes(LLAMA), LIBRARIES_MB * MB
@@ -128,7 +130,7 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     data["targets"]["fp16"] = {**data["targets"]["onnx-generation"], "dtype": "float16"}
     generation, fp16 = llama.target("onnx-generation"), Recipe(data, llama.source).target("fp16")
     budget = 64 << 30
-    result = estimate(LLAMA, [generation], tmp_path, max_memory=budget, structure=True, streamed_gate=True)
+    result = estimate(LLAMA, [generation], tmp_path, max_memory=budget, structure=traced, streamed_gate=True)
     export = libraries + int(STRUCTURE_EXPORT * loaded)
     assert result.memory_stages == {"load_model": libraries, "export": export,
                                     "save": export + STRUCTURE_SAVE_TENSORS * largest,
@@ -137,11 +139,11 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     assert largest == 4 * max(array.size for array in __import__("safetensors.numpy", fromlist=["load_file"])
                               .load_file(str(LLAMA / "model.safetensors")).values())
     tight = libraries + (1 << 30) + loaded // 4  # the reference keeps a quarter of the weights, the artifact maps half
-    half = estimate(LLAMA, [fp16], tmp_path, max_memory=tight, structure=True, streamed_gate=True).memory_stages
+    half = estimate(LLAMA, [fp16], tmp_path, max_memory=tight, structure=traced, streamed_gate=True).memory_stages
     assert half["verify"] == libraries + max(loaded // 4 + STRUCTURE_GATE_TENSORS * largest, loaded // 2)
-    loads = estimate(LLAMA, [generation], tmp_path, structure=True, streamed_gate=False).memory_stages
+    loads = estimate(LLAMA, [generation], tmp_path, structure=traced, streamed_gate=False).memory_stages
     assert loads["load_model"] == RUNTIME_MB * MB + loaded  # latency timed: the gate loads the model
-    mixed = estimate(LLAMA, [generation, llama.target("pt2")], tmp_path, structure=True, streamed_gate=True)
+    mixed = estimate(LLAMA, [generation, llama.target("pt2")], tmp_path, structure=traced, streamed_gate=True)
     assert set(mixed.memory_stages) == {"load_model", "export"}  # the .pt2 target loads the model: as before
     assert set(estimate(LLAMA, [generation], tmp_path).memory_stages) == {"load_model", "export"}
 

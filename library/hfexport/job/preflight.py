@@ -32,6 +32,7 @@ from pathlib import Path
 from hfexport.errors import HfExportError, PreflightError, redact
 from hfexport.files import human_bytes
 from hfexport.formats import format_traits
+from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo
 
 RUNTIME_MB = 1024
@@ -163,16 +164,12 @@ LIBRARIES_MB = 560
 STRUCTURE_EXPORT = 0.06
 STRUCTURE_SAVE_TENSORS = 5
 STRUCTURE_MAPPED = 1.0
-#: What the gate's eager side holds beside the converted blocks it keeps (`hfexport.job.structure.GATE_RESERVE`
-#: is what it leaves for them): a block in flight, activations, the references.
+#: What the gate's eager side holds beside the converted blocks it keeps (`GATE_RESERVE` is what it leaves for
+#: them): a block in flight, activations, the references.
 STRUCTURE_GATE_TENSORS = 2
-
-
-def traced_without_weights(target) -> bool:
-    """Whether `target` is exported from the model's structure where the job can (`hfexport.job.structure`)."""
-    from hfexport.job.structure import _traced_without_weights
-
-    return _traced_without_weights(target)
+#: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
+#: the activations, the references it holds for the comparison (`hfexport.job.structure._resident_bytes`).
+GATE_RESERVE = 1 << 30
 
 
 def largest_tensor_bytes(folder: Path) -> int:
@@ -199,9 +196,6 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     blocks the streamed reference keeps: the weights, or what `available` leaves beside `GATE_RESERVE`, plus
     `STRUCTURE_GATE_TENSORS` x the largest tensor; the model loaded where the gate does not stream: latency timed)
     and the artifact's runtime mapping its weights. `available`: the memory the job may use (its budget)."""
-    from hfexport.formats.programs import format_program
-    from hfexport.job.structure import GATE_RESERVE
-
     libraries = LIBRARIES_MB * MB
     if streamed_gate:
         budget = loaded if available is None else max(0, min(loaded, available - libraries - GATE_RESERVE))
@@ -218,14 +212,14 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
 
 def estimate(model: str | Path, targets, output: str | Path, revision: str | None = None,
              token: str | None = None, groups=None, weights: tuple[int, dict] | None = None,
-             max_memory: int | None = None, structure: bool = False, streamed_gate: bool = False) -> Estimate:
+             max_memory: int | None = None, structure=None, streamed_gate: bool = False) -> Estimate:
     """Memory and disk a job exporting `targets` (recipe `Target`s) of `model` into `output` needs, and has.
     `groups`: the targets split over processes that export at the same time (default: one process for all);
     `weights`: `weights_metadata`'s answer when the caller already has it; `max_memory`: the job's memory budget in
-    bytes (`--max-memory`), which caps what is available. `structure`: the job may export from the model's structure
-    (`hfexport.job.structure`: no inputs or samples of the caller's), and `streamed_gate`: its gate may stream the
-    eager reference (no latency timed); a process whose targets are all traced without weights then needs
-    `structure_stages`, not the weights times a factor."""
+    bytes (`--max-memory`), which caps what is available. `structure`: where the job may export from the model's
+    structure (`hfexport.job.structure`: no inputs or samples of the caller's), whether a target is traced without
+    weights there (a predicate), and `streamed_gate`: whether its gate may stream the eager reference (no latency
+    timed); a process whose targets all are then needs `structure_stages`, not the weights times a factor."""
     targets = list(targets)
     groups = [targets] if groups is None else groups
     weights, dtypes = weights or weights_metadata(model, revision, token)
@@ -233,10 +227,10 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     factors = [memory_factor(t) for t in targets]
     available = available_memory()
     budget = max_memory is not None and (available is None or max_memory < available)
-    largest = largest_tensor_bytes(model) if structure and dtypes and Path(str(model)).is_dir() else None
+    largest = largest_tensor_bytes(model) if structure is not None and dtypes and Path(str(model)).is_dir() else None
     stages_per_group = [
         structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate)
-        if largest is not None and all(traced_without_weights(t) for t in group) else
+        if largest is not None and all(map(structure, group)) else
         {"load_model": RUNTIME_MB * MB + loaded, "export": memory_needed(loaded, [group])} for group in groups]
     memory = sum(max(stages.values()) for stages in stages_per_group)
     memory_stages: dict[str, int] = {}
@@ -273,7 +267,7 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
 
 def check_fits(model: str | Path, targets, output: str | Path, revision: str | None = None,
                token: str | None = None, groups=None, weights: tuple[int, dict] | None = None,
-               max_memory: int | None = None, structure: bool = False, streamed_gate: bool = False) -> Estimate:
+               max_memory: int | None = None, structure=None, streamed_gate: bool = False) -> Estimate:
     """`estimate`, raising `PreflightError` when the job does not fit."""
     try:
         result = estimate(model, targets, output, revision, token, groups, weights, max_memory, structure,
