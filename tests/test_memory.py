@@ -153,7 +153,7 @@ def test_llama_3_2_1b_above_the_budget_is_refused_before_a_weight_is_read(cli, t
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     refusal = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(refusal) == 1, run.stderr
-    assert "not enough memory: about" in refusal[0] and "needed at the export stage" in refusal[0]
+    assert "not enough memory: about" in refusal[0] and "needed at the verify stage" in refusal[0]
     assert "weights 4.9 GB as loaded, at float32" in refusal[0] and "onnx/generation" in refusal[0]
     assert "the --max-memory budget is 3.2 GB" in refusal[0]
     assert "load_model" not in run.stderr and not (tmp_path / "out" / "onnx-generation").exists()

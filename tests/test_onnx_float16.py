@@ -82,6 +82,36 @@ def test_the_weight_maps_clamped_cast_is_onnxruntimes_float16_conversion():
     assert torch.from_numpy(values).to(torch.float16).numpy().tobytes() != expected.tobytes()  # a cast would not
 
 
+def test_the_conversion_streams_the_weights_into_the_file_onnxruntimes_converter_writes(gated_llama, tmp_path,
+                                                                                      monkeypatch):
+    """`convert` converts the graph without its weights, each large initializer (`STREAMED_BYTES`; here every one)
+    read from the float32 data and converted as it is written (issue 45: one tensor in memory, not the graph): the
+    files onnxruntime's converter writes from the whole graph, byte for byte."""
+    import onnx_ir
+
+    from hfexport.formats.onnx import float16
+
+    folder, target, _ = gated_llama
+    assert target.status == "ok", target.error
+    whole, streamed = tmp_path / "whole", tmp_path / "streamed"
+    for copy in (whole, streamed):
+        shutil.copytree(folder, copy)
+    graph = whole / "model.onnx"
+    model = float16.float16_model(graph)  # the converter as onnxruntime ships it, on the whole graph
+    (whole / "model.onnx_data").unlink()
+    onnx_ir.save(onnx_ir.from_proto(model), str(graph), external_data="model.onnx_data")
+    converted = []
+    monkeypatch.setattr(float16, "STREAMED_BYTES", 1)
+    monkeypatch.setattr(float16, "CHUNK", 1000)  # several chunks per tensor
+    monkeypatch.setattr(float16, "_converted", lambda *args, convert=float16._converted: converted.append(args[-1])
+                        or convert(*args))
+    assert float16.convert(streamed)
+    assert converted.count(True) > 10  # the weights were streamed, not read with the graph
+    assert sorted(path.name for path in streamed.iterdir()) == sorted(path.name for path in whole.iterdir())
+    for name in ("model.onnx", "model.onnx_data"):
+        assert (streamed / name).read_bytes() == (whole / name).read_bytes(), name
+
+
 @pytest.fixture(scope="session")
 def fp16_checkpoints(session_dir, tiny_llama):
     """(old, new): two trained-looking tiny-llama checkpoints whose recipe has the float16 target."""

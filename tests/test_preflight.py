@@ -107,6 +107,47 @@ def test_the_llm_runner_program_is_estimated_as_one_graph(tmp_path):
     assert pair.disk_needed == int(weights * DISK_FACTOR * 2)
 
 
+def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path):
+    """A process whose targets are all traced without weights, from a local safetensors checkpoint (issue 45): the
+    libraries and the twin at the load, the weightless graph at the export, the largest tensor at the save, and at
+    the gate the larger of the reference's kept blocks (within the budget) and the artifact's weights as its runtime
+    maps them (half for a float16 ONNX target); anything else, the weights times the format's factor."""
+    from hfexport.job.preflight import (
+        LIBRARIES_MB,
+        STRUCTURE_EXPORT,
+        STRUCTURE_GATE_TENSORS,
+        STRUCTURE_SAVE_TENSORS,
+        largest_tensor_bytes,
+        loaded_bytes,
+    )
+
+    from hfexport.job.structure import _traced_without_weights as traced
+
+    llama = load_recipe(LLAMA)
+    weights = weights_metadata(LLAMA)
+    loaded, largest, libraries = loaded_bytes(*weights), largest_tensor_bytes(LLAMA), LIBRARIES_MB * MB
+    data = copy.deepcopy(llama.data)
+    data["targets"]["fp16"] = {**data["targets"]["onnx-generation"], "dtype": "float16"}
+    generation, fp16 = llama.target("onnx-generation"), Recipe(data, llama.source).target("fp16")
+    budget = 64 << 30
+    result = estimate(LLAMA, [generation], tmp_path, max_memory=budget, structure=traced, streamed_gate=True)
+    export = libraries + int(STRUCTURE_EXPORT * loaded)
+    assert result.memory_stages == {"load_model": libraries, "export": export,
+                                    "save": export + STRUCTURE_SAVE_TENSORS * largest,
+                                    "verify": libraries + loaded + STRUCTURE_GATE_TENSORS * largest}
+    assert result.memory_needed == max(result.memory_stages.values())
+    assert largest == 4 * max(array.size for array in __import__("safetensors.numpy", fromlist=["load_file"])
+                              .load_file(str(LLAMA / "model.safetensors")).values())
+    tight = libraries + (1 << 30) + loaded // 4  # the reference keeps a quarter of the weights, the artifact maps half
+    half = estimate(LLAMA, [fp16], tmp_path, max_memory=tight, structure=traced, streamed_gate=True).memory_stages
+    assert half["verify"] == libraries + max(loaded // 4 + STRUCTURE_GATE_TENSORS * largest, loaded // 2)
+    loads = estimate(LLAMA, [generation], tmp_path, structure=traced, streamed_gate=False).memory_stages
+    assert loads["load_model"] == RUNTIME_MB * MB + loaded  # latency timed: the gate loads the model
+    mixed = estimate(LLAMA, [generation, llama.target("pt2")], tmp_path, structure=traced, streamed_gate=True)
+    assert set(mixed.memory_stages) == {"load_model", "export"}  # the .pt2 target loads the model: as before
+    assert set(estimate(LLAMA, [generation], tmp_path).memory_stages) == {"load_model", "export"}
+
+
 def test_not_enough_memory_is_refused_before_loading(monkeypatch, tmp_path):
     monkeypatch.setenv("HFEXPORT_MEMORY_LIMIT_MB", "1")
     steps: list[Step] = []

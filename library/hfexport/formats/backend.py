@@ -218,6 +218,12 @@ class FormatProgram:
     # afterwards through the weight map (hfexport.rebind.placeholders): the export never copies the model's weights
     traces_without_weights: ClassVar[bool] = False
 
+    def mapped_weight_bytes(self, target, loaded: int) -> int:
+        """The bytes of the weights a target's artifact holds, which its runtime maps when the gate opens it, from the
+        weights' bytes at float32 (`loaded`): the preflight's gate stage for a target traced without weights
+        (`hfexport.job.preflight.structure_stages`)."""
+        return loaded
+
     def export_fixes(self, plan, model) -> contextlib.AbstractContextManager:
         """hfexport's fixes of the backend's lowering, around the engine's export."""
         return contextlib.nullcontext()

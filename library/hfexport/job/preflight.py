@@ -10,6 +10,10 @@ of the tree. Needs are estimates with documented multipliers (docs/publishing.md
   after another); generation targets that trace several graphs (a prefill and a decode) hold more
   (`GENERATION_FACTOR`), a single-graph one (and ExecuTorch's LLM runner program) as much as a forward export. A job that exports in several
   processes at once (`hfexport.job.parallel`) needs that for each process, summed.
+- memory, a job exported from the model's structure (`hfexport.job.structure`: a local safetensors checkpoint, every
+  target of the process traced without weights): per stage, `structure_stages` (the libraries, the weightless graph,
+  the largest tensor, the gate's streamed reference and the artifact as its runtime maps it); the job's need is its
+  largest stage.
 - disk: per target, the weights as loaded times `DISK_FACTOR` per component graph (generation exports save one graph per
   stage, each with its weights: `graphs_saved`), plus the download of a Hub model that is not in the local cache yet.
 
@@ -28,6 +32,7 @@ from pathlib import Path
 from hfexport.errors import HfExportError, PreflightError, redact
 from hfexport.files import human_bytes
 from hfexport.formats import format_traits
+from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo
 
 RUNTIME_MB = 1024
@@ -57,7 +62,8 @@ class Estimate:
     disk_available: int | None
     problems: list[str] = field(default_factory=list)
     #: bytes of memory each stage needs at its peak: `load_model` (the libraries and the weights as loaded), `export`
-    #: (the largest target's export, `memory_needed`); what the report's measured peaks are set beside
+    #: (the largest target's export, `memory_needed`); for a job exported from its structure `structure_stages`
+    #: (`save`, `verify` too); what the report's measured peaks are set beside
     memory_stages: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -149,35 +155,103 @@ def memory_needed(weights: int, groups) -> int:
     return sum(RUNTIME_MB * MB + int(weights * max(map(memory_factor, group), default=1.0)) for group in groups)
 
 
+#: A job exported from the model's structure (issue 45, `hfexport.job.structure`), per stage, in bytes: the libraries a
+#: job's process holds once torch, transformers and the engine are imported (`LIBRARIES_MB`), plus factors of the
+#: float32 weights (`loaded`), of the largest tensor at float32 and of what the artifact's runtime maps
+#: (`FormatProgram.mapped_weight_bytes`). Measured on Llama-3.2-1B's width, bfloat16 on disk, a float16 ONNX
+#: generation target, at 2 and 16 layers (docs/publishing.md, "Preflight"; tests/test_structure_memory.py).
+LIBRARIES_MB = 560
+STRUCTURE_EXPORT = 0.06
+STRUCTURE_SAVE_TENSORS = 5
+STRUCTURE_MAPPED = 1.0
+#: What the gate's eager side holds beside the converted blocks it keeps (`GATE_RESERVE` is what it leaves for
+#: them): a block in flight, activations, the references.
+STRUCTURE_GATE_TENSORS = 2
+#: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
+#: the activations, the references it holds for the comparison (`hfexport.job.structure._resident_bytes`).
+GATE_RESERVE = 1 << 30
+
+
+def largest_tensor_bytes(folder: Path) -> int:
+    """The largest tensor of the safetensors checkpoint in `folder`, in bytes at float32 (from the headers)."""
+    from safetensors import safe_open
+
+    largest = 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="numpy") as handle:
+            for key in handle.keys():
+                size = 1
+                for dim in handle.get_slice(key).get_shape():
+                    size *= dim
+                largest = max(largest, size)
+    return largest * 4
+
+
+def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool) -> dict:
+    """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
+    local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin;
+    `export` the weightless graph (`STRUCTURE_EXPORT` x the weights: what the exporter keeps per parameter);
+    `save` the graph written, converted (float16) and its weights written from the shards one map entry at a time
+    (`STRUCTURE_SAVE_TENSORS` x the largest tensor); `verify` the larger of the gate's eager side (the converted
+    blocks the streamed reference keeps: the weights, or what `available` leaves beside `GATE_RESERVE`, plus
+    `STRUCTURE_GATE_TENSORS` x the largest tensor; the model loaded where the gate does not stream: latency timed)
+    and the artifact's runtime mapping its weights. `available`: the memory the job may use (its budget)."""
+    libraries = LIBRARIES_MB * MB
+    if streamed_gate:
+        budget = loaded if available is None else max(0, min(loaded, available - libraries - GATE_RESERVE))
+    else:
+        budget = loaded
+    mapped = max(format_program(t.export_format).mapped_weight_bytes(t, loaded) for t in targets)
+    return {
+        "load_model": RUNTIME_MB * MB + loaded if not streamed_gate else libraries,
+        "export": libraries + int(STRUCTURE_EXPORT * loaded),
+        "save": libraries + int(STRUCTURE_EXPORT * loaded) + STRUCTURE_SAVE_TENSORS * largest,
+        "verify": libraries + max(budget + STRUCTURE_GATE_TENSORS * largest, int(STRUCTURE_MAPPED * mapped)),
+    }
+
+
 def estimate(model: str | Path, targets, output: str | Path, revision: str | None = None,
              token: str | None = None, groups=None, weights: tuple[int, dict] | None = None,
-             max_memory: int | None = None) -> Estimate:
+             max_memory: int | None = None, structure=None, streamed_gate: bool = False) -> Estimate:
     """Memory and disk a job exporting `targets` (recipe `Target`s) of `model` into `output` needs, and has.
     `groups`: the targets split over processes that export at the same time (default: one process for all);
     `weights`: `weights_metadata`'s answer when the caller already has it; `max_memory`: the job's memory budget in
-    bytes (`--max-memory`), which caps what is available."""
+    bytes (`--max-memory`), which caps what is available. `structure`: where the job may export from the model's
+    structure (`hfexport.job.structure`: no inputs or samples of the caller's), whether a target is traced without
+    weights there (a predicate), and `streamed_gate`: whether its gate may stream the eager reference (no latency
+    timed); a process whose targets all are then needs `structure_stages`, not the weights times a factor."""
     targets = list(targets)
     groups = [targets] if groups is None else groups
     weights, dtypes = weights or weights_metadata(model, revision, token)
     loaded = loaded_bytes(weights, dtypes)
     factors = [memory_factor(t) for t in targets]
-    memory = memory_needed(loaded, groups)
+    available = available_memory()
+    budget = max_memory is not None and (available is None or max_memory < available)
+    largest = largest_tensor_bytes(model) if structure is not None and dtypes and Path(str(model)).is_dir() else None
+    stages_per_group = [
+        structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate)
+        if largest is not None and all(map(structure, group)) else
+        {"load_model": RUNTIME_MB * MB + loaded, "export": memory_needed(loaded, [group])} for group in groups]
+    memory = sum(max(stages.values()) for stages in stages_per_group)
+    memory_stages: dict[str, int] = {}
+    for stages in stages_per_group:
+        for stage, need in stages.items():
+            memory_stages[stage] = memory_stages.get(stage, 0) + need
     disk = sum(int(loaded * DISK_FACTOR * graphs_saved(t)) for t in targets)
     output_dir = _existing_parent(Path(output))
     download = 0 if Path(str(model)).is_dir() or _cached(str(model), revision) else weights
     if download and _same_filesystem(output_dir, _hf_cache_dir()):
         disk += download
-    available = available_memory()
-    budget = max_memory is not None and (available is None or max_memory < available)
     result = Estimate(weights, dtypes, memory, disk, max_memory if budget else available, available_disk(output_dir),
-                      memory_stages={"load_model": RUNTIME_MB * MB * len(groups) + loaded * len(groups),
-                                     "export": memory})
+                      memory_stages=memory_stages)
     what = f"weights {_human(loaded)}" + (" as loaded, at float32" if loaded != weights else "")
     if result.memory_available is not None and memory > result.memory_available:
         processes = f" in each of {len(groups)} export processes" if len(groups) > 1 else ""
+        stage = max(memory_stages, key=memory_stages.get)
+        how = (f"{what}, {_worst(targets)} exported from the model's structure" if "save" in memory_stages else
+               f"{what} × {max(factors):g} for {_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries")
         result.problems.append(
-            f"not enough memory: about {_human(memory)} needed at the export stage ({what} × {max(factors):g} for "
-            f"{_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries{processes}), "
+            f"not enough memory: about {_human(memory)} needed at the {stage} stage ({how}{processes}), "
             + (f"the --max-memory budget is {_human(max_memory)}" if budget
                else f"{_human(result.memory_available)} available")
             + (" (export in one process: --workers 1)" if processes else "")
@@ -193,10 +267,11 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
 
 def check_fits(model: str | Path, targets, output: str | Path, revision: str | None = None,
                token: str | None = None, groups=None, weights: tuple[int, dict] | None = None,
-               max_memory: int | None = None) -> Estimate:
+               max_memory: int | None = None, structure=None, streamed_gate: bool = False) -> Estimate:
     """`estimate`, raising `PreflightError` when the job does not fit."""
     try:
-        result = estimate(model, targets, output, revision, token, groups, weights, max_memory)
+        result = estimate(model, targets, output, revision, token, groups, weights, max_memory, structure,
+                          streamed_gate)
     except HfExportError:
         raise
     except Exception:  # noqa: BLE001 - an estimate we cannot make must not block the job

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hfexport.formats.programs import format_program
 from hfexport.job.memory import MB, current_rss
-from hfexport.job.preflight import available_memory
+from hfexport.job.preflight import GATE_RESERVE, available_memory
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
 from hfexport.progress import StepTimer
@@ -119,6 +119,8 @@ def load_reference(job, plan) -> None:
         return
     import torch
 
+    gc.collect()  # what the export and the save left on the heap handed back first: it counts against the budget
+    _trim_heap()
     resident = _resident_bytes(job)
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
                    f"gate (up to {resident >> 20} MB kept between forwards)") as timer:
@@ -131,11 +133,6 @@ def load_reference(job, plan) -> None:
 def _add_load_time(job, seconds: float) -> None:
     """A later load of the model (each gate's reference) added to the job's `load_model_s`."""
     job.report.timings["load_model_s"] = round(job.report.timings.get("load_model_s", 0) + seconds, 4)
-
-
-#: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
-#: the activations, the references it holds for the comparison.
-GATE_RESERVE = 1 << 30
 
 
 def _resident_bytes(job) -> int:

@@ -7,8 +7,14 @@ inputs and outputs (logits and the KV cache) alike. The conversion is onnxruntim
 `keep_io_types=False` (the graph's float inputs and outputs become float16, as transformers.js' fp16 models have them,
 so every runtime builds a float16 cache from the graph's input types), its `DEFAULT_OP_BLOCK_LIST` (ops such as
 `Range`, `CumSum`, `Max` kept in float32 behind Casts) and its value clamping (a float32 value below float16's smallest
-subnormal, or beyond its largest finite value, is clamped, not flushed to 0 or inf). It is given each graph's path, so
-it runs ONNX's shape inference from the file (`infer_shapes_path`, which takes models over 2 GB).
+subnormal, or beyond its largest finite value, is clamped, not flushed to 0 or inf). It runs ONNX's shape inference
+from each graph's file (`infer_shapes_path`, which takes models over 2 GB), as the converter does when given a path.
+
+The converter is given the graph without its large initializers' data (issue 45: the float32 graph is never read
+whole): it changes their types only, and each is read from the float32 data file, converted by the converter's own
+`convert_np_to_float16` and written one at a time when the graph is saved (`onnx_ir.LazyTensor`), so converting
+holds one tensor, not the weights; the files are byte for byte those of the converter run on the whole graph
+(`tests/test_onnx_float16.py`).
 
 `convert(folder)` rewrites every component graph saved in `folder` in place (same file names, same external data
 name) and records `float16` as the manifest's `metadata.export_dtype` of each, which the layout
@@ -27,6 +33,13 @@ from hfexport.files import MANIFEST_FILE
 from hfexport.formats.onnx.decoder_contract import onnx_tensors
 
 FLOAT16 = "float16"
+#: External initializers at least this large are converted while they are written, one at a time, read from the
+#: float32 data set aside under the data file's name + ASIDE_SUFFIX; smaller tensors are read with the graph, as
+#: `onnx.load` reads them.
+STREAMED_BYTES = 1 << 20
+ASIDE_SUFFIX = ".float32"
+#: Elements converted at once (`convert_np_to_float16` is elementwise; its temporaries are several times its input).
+CHUNK = 1 << 22
 #: The `dtype` values a recipe target may name (the schema's enum): what its ONNX graph is converted to.
 TARGET_DTYPES = (FLOAT16,)
 
@@ -57,10 +70,14 @@ def convert(folder: Path, target: str | None = None) -> bool:
                                f"{dtype} (the checkpoint's dtype)")
         path = folder / entry["file"]
         data = _external_data_files(path)
-        model = float16_model(path)
-        for old in data:  # ONNX appends to an existing data file: the float32 data goes first
-            (folder / old).unlink(missing_ok=True)
-        onnx_ir.save(onnx_ir.from_proto(model), str(path), external_data=data[0] if data else None)
+        aside = {name: folder / f"{name}{ASIDE_SUFFIX}" for name in data}
+        for name, moved in aside.items():  # read from there while the float16 data is written under the name
+            (folder / name).replace(moved)
+        try:
+            onnx_ir.save(_streamed_float16_model(path, aside), str(path), external_data=data[0] if data else None)
+        finally:
+            for moved in aside.values():
+                moved.unlink(missing_ok=True)
         metadata["export_dtype"] = FLOAT16
         changed = True
     if changed:
@@ -74,6 +91,82 @@ def float16_model(path: Path):
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     return convert_float_to_float16(str(path), keep_io_types=False)
+
+
+def _streamed_float16_model(path: Path, aside: dict[str, Path]):
+    """The float32 graph at `path` in float16, as `float16_model` makes it, as an `onnx_ir` model whose large
+    initializers (`STREAMED_BYTES`) are read and converted when they are written (`onnx_ir.LazyTensor`): the
+    converter runs on the graph without their data (only their types change), so converting holds one tensor, not
+    the weights. `aside`: the external data file's name as the graph says it -> where its float32 bytes are now."""
+    import os
+    import tempfile
+    from functools import partial
+    from unittest import mock
+
+    import onnx
+    import onnx_ir
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    from onnx.shape_inference import infer_shapes_path
+    from onnxruntime.transformers import float16 as converter
+
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as handle:  # as the converter does for a path
+        inferred = handle.name
+    try:
+        infer_shapes_path(str(path), inferred)
+        model = onnx.load(inferred, load_external_data=False)
+    finally:
+        os.remove(inferred)
+    streamed = {}
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor) and tensor.data_type == onnx.TensorProto.FLOAT:
+            info = ExternalDataInfo(tensor)
+            if info.length >= STREAMED_BYTES:
+                streamed[tensor.name] = (aside[info.location], info.offset, info.length)
+    main = len(model.graph.initializer)
+    for index, tensor in enumerate(onnx_tensors(model)):  # the graph's own initializers first
+        if not uses_external_data(tensor) or index < main and tensor.name in streamed:
+            continue
+        info = ExternalDataInfo(tensor)  # read with the graph, as `onnx.load_external_data_for_tensor` reads it
+        with aside[info.location].open("rb") as data:
+            data.seek(info.offset)
+            tensor.raw_data = data.read(info.length)
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+    # the converter reads an initializer's data only for its shape (numpy_helper.to_array): its dims say it
+    with mock.patch.object(converter, "make_value_info_from_tensor", _value_info):
+        model = converter.convert_float_to_float16(model, keep_io_types=False, disable_shape_infer=True)
+    ir_model = onnx_ir.from_proto(model)
+    for value in ir_model.graph.initializers.values():
+        if value.name in streamed:
+            tensor = value.const_value
+            read = partial(_converted, *streamed[value.name], tuple(tensor.shape.numpy()),
+                           tensor.dtype == onnx_ir.DataType.FLOAT16)
+            value.const_value = onnx_ir.LazyTensor(read, dtype=tensor.dtype, shape=tensor.shape, name=tensor.name,
+                                                   doc_string=tensor.doc_string, metadata_props=tensor.metadata_props)
+    return ir_model
+
+
+def _value_info(tensor):
+    """`make_value_info_from_tensor` of onnxruntime's converter, from the tensor's dims instead of its data."""
+    from onnx import helper
+
+    return helper.make_tensor_value_info(tensor.name, tensor.data_type, tuple(tensor.dims))
+
+
+def _converted(source: Path, offset: int, length: int, shape: tuple, float16: bool):
+    """One float32 initializer read from `source`, in float16 as the converter makes it where `float16`
+    (`convert_np_to_float16`, `CHUNK` elements at a time), else as it is."""
+    import numpy
+    import onnx_ir
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+
+    values = numpy.fromfile(source, dtype=numpy.float32, count=length // 4, offset=offset)
+    if float16:
+        half = numpy.empty(values.shape, dtype=numpy.float16)
+        for start in range(0, len(values), CHUNK):
+            half[start:start + CHUNK] = convert_np_to_float16(values[start:start + CHUNK])
+        values = half
+    return onnx_ir.tensor(values.reshape(shape))
 
 
 def _external_data_files(path: Path) -> list[str]:

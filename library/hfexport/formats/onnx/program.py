@@ -27,6 +27,9 @@ class OnnxProgram(FormatProgram):
     weights = weights
     traces_without_weights = True  # measured, docs/publishing.md "Memory"
 
+    def mapped_weight_bytes(self, target, loaded: int) -> int:
+        return loaded // 2 if target.dtype == onnx_float16.FLOAT16 else loaded
+
     def export_fixes(self, plan, model):
         return onnx_fixes()
 
