@@ -127,11 +127,19 @@ def test_a_full_depth_1b_checkpoint_exports_to_int8_openvino_and_passes_its_gate
     parameter distinct, its embedding scaled (`peaked`), exported to an int8-weight OpenVINO generation target and
     gated (the streamed eager reference, the OpenVINO runtime) inside a 3 GB memory cgroup. Heavy: run it under
     the machine's heavy-run lock (`flock /tmp/hfexport-heavy.lock pytest -m slow ...`)."""
+    import os
     import subprocess
     import sys
 
+    from hfexport.deployment import PASSED
+    from hfexport.testing import peers
     from hfexport.testing.cgroup import memory_cgroup
 
+    try:  # the gate's deployment runtimes of OpenVINO, each in its users' environment (a process in the cgroup too)
+        env = {**os.environ, "HFEXPORT_RUNTIME_OPENVINO_GENAI": str(peers.openvino_genai_venv()),
+               "HFEXPORT_RUNTIME_OPTIMUM_INTEL": str(peers.peer_venv())}
+    except peers.PeerSetupError as error:
+        pytest.fail(f"a runtime's environment could not be built: {error}")
     folder = build("llama-3.2-1b", tmp_path / "model", layers=16)
     assert make_weights_distinct(folder) == "bfloat16"
     peaked(folder)
@@ -140,11 +148,13 @@ def test_a_full_depth_1b_checkpoint_exports_to_int8_openvino_and_passes_its_gate
     with memory_cgroup(3 << 30) as group:
         run = subprocess.run([sys.executable, "-m", "hfexport", "export", str(folder), "--target", TARGET,
                               "-o", str(out), "--no-latency", "--no-rebind", "--no-preflight", "--workers", "1"],
-                             preexec_fn=group.enter, capture_output=True, text=True, timeout=3600)
+                             preexec_fn=group.enter, capture_output=True, text=True, timeout=3600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((out / "export_report.json").read_text())
     target = report["targets"][TARGET]
     assert target["status"] == "ok" and target["verification"]["passed"], target["verification"]["failures"]
+    assert {check["runtime"]: check["verdict"] for check in target["runtimes"]} == \
+        {"openvino-genai": PASSED, "optimum-intel": PASSED}, target["runtimes"]
     assert report["memory"]["peak_rss_mb"]["load_model"] < 1000  # the twin, no weights
     assert (out / TARGET / "openvino_model.bin").stat().st_size < 1.1e9  # int8: a quarter of the float32 weights
     assert group.max_usage <= 3 << 30
