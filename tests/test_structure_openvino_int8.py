@@ -21,7 +21,9 @@ TARGET = "openvino-int8"
 NARROW = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
           "head_dim": 16}
 #: The output embedding (tied to the input one) scaled by this much: a fresh init's logits are nearly flat, so the
-#: int8 rounding would flip greedy picks a trained model's peaked logits keep (issue 45).
+#: int8 rounding would flip greedy picks a trained model's peaked logits keep (issue 45). Simulated at Llama-3.2-1B's
+#: width, 2 layers: int8 keeps 20% of the greedy tokens unscaled, 78-98% at 24-48x, all at 64x; 16 layers add more to
+#: the residual than 2, hence 256x.
 PEAK = 256.0
 
 
