@@ -224,6 +224,21 @@ class FormatProgram:
         (`hfexport.job.preflight.structure_stages`)."""
         return loaded
 
+    def traced_without_weights(self, quantization) -> bool:
+        """Whether a generation target of this format with `quantization` (its recipe section, None for none) is
+        traced from the placeholder twin: a format that `traces_without_weights`, unquantized."""
+        return self.traces_without_weights and not quantization
+
+    def structure_conversion(self, scratch: Path) -> contextlib.AbstractContextManager:
+        """Around the export of a placeholder twin: the format's way of keeping the placeholders' copies out of
+        memory (`scratch`: a folder for scratch files)."""
+        return contextlib.nullcontext()
+
+    def quantize_written(self, folder: Path, quantizer) -> None:
+        """Quantize a placeholder export of a quantized target (`traced_without_weights`) once its weights are
+        written into `folder`, with the target's `quantizer` (the default: no format quantizes so)."""
+        raise NotImplementedError(f"{self.name} exports no quantized target from its structure")
+
     def export_fixes(self, plan, model) -> contextlib.AbstractContextManager:
         """hfexport's fixes of the backend's lowering, around the engine's export."""
         return contextlib.nullcontext()

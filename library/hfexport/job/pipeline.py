@@ -25,7 +25,8 @@ from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
 from hfexport.job.preflight import check_memory_plan, runtime_refusals
-from hfexport.job.structure import gate_releases, load_reference, load_weights, release_weights, structure_export
+from hfexport.job.structure import (QUANTIZED_KEY, export_structure, gate_releases, load_reference, load_weights,
+                                    quantize_written, release_weights, structure_export)
 from hfexport.logs import engine_output
 from hfexport.plan import build_plan
 from hfexport.progress import Step, StepTimer
@@ -113,7 +114,8 @@ class TargetPipeline:
                        f"{format_label(self.target.export_format)} / {self.target.mode}") as timer, \
                 engine_output(f"export {self.name}"):
             traced, twin, weights = structure_export(self, plan, key, structure)  # the twin, where it can be
-            exported = run_plan(traced, twin if twin is not None else job.model_object)
+            exported = export_structure(job, plan, traced, twin) if twin is not None else \
+                run_plan(traced, job.model_object)
         target_report.timings["export_s"] = round(timer.seconds, 4)
 
         def write(folder: Path) -> None:
@@ -121,7 +123,8 @@ class TargetPipeline:
             write_json_atomic(folder / RECIPE_COPY_FILE, pretty(job.recipe.standalone(self.name)))
             format_program(self.target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
             if twin is not None:
-                write_weights(folder, twin, weights, key)
+                write_weights(folder, twin, weights, key or QUANTIZED_KEY)
+                quantize_written(folder, plan)  # a quantized target: its own quantizer, on the written files
             elif key:
                 self._record_weight_map(folder, key)
 

@@ -1,5 +1,6 @@
 """A job exported from the model's structure before its weights are loaded (issue 45): where every target its process
-exports is traced without weights (an ONNX generation target: `FormatProgram.traces_without_weights`), the job plans
+exports is traced without weights (an ONNX generation target, an int8-weight OpenVINO one:
+`FormatProgram.traced_without_weights`), the job plans
 and exports on the placeholder twin built from config.json (`hfexport.rebind.placeholders`), writes the weights
 from the checkpoint's safetensors shards through the weight map, entry by entry (`CheckpointTensors`), and loads
 the model only when something needs its weights: the gate's eager reference, a rebind, a target that turns out to
@@ -28,7 +29,8 @@ from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
 from hfexport.progress import StepTimer
 from hfexport.rebind.checkpoint import CheckpointTensors
-from hfexport.rebind.placeholders import placeholder_model, structure_for, traces_on
+from hfexport.rebind.placeholders import (placeholder_model, plan_quantizer, structure_for, traces_on,
+                                          without_quantizer)
 from hfexport.rebind.streaming import is_streamed, streamed_model
 from hfexport.rebind.weight_map import degenerate_keys, sources
 
@@ -59,8 +61,8 @@ def load_structure(job) -> None:
 
 
 def _traced_without_weights(target) -> bool:
-    return format_program(target.export_format).traces_without_weights and target.mode == "generation" \
-        and not target.quantization and target.rebind
+    return format_program(target.export_format).traced_without_weights(target.quantization) \
+        and target.mode == "generation" and target.rebind
 
 
 def _twin(job, folder: Path) -> Structure | None:
@@ -194,8 +196,8 @@ def structure_export(pipeline, plan, key: str | None, structure: bool):
     job = pipeline.job
     twin = job.structure and job.structure.twin
     if twin is not None and job.model_object is twin:
-        if key and structure and traces_on(plan, twin):
-            return plan, twin, job.structure.tensors
+        if (key or plan.quantization) and structure and traces_on(plan, twin):
+            return without_quantizer(plan), twin, job.structure.tensors
         load_weights(job)
         plan = job.plans[pipeline.name] = pipeline._build_plan()
     if not (key and structure):
@@ -203,3 +205,24 @@ def structure_export(pipeline, plan, key: str | None, structure: bool):
     plan, twin = structure_for(plan, job.model_object)
     return plan, twin, sources(job.model_object)[0] if twin is not None else None
 
+
+
+#: The rebind key of a quantized target's transient weight map: the float32 IR's, dropped once it is quantized (a
+#: quantized export records no map and is never rebound).
+QUANTIZED_KEY = "0" * 64
+
+
+def export_structure(job, plan, traced, twin):
+    """The engine's export of `traced` (`plan` traced on the twin, `structure_export`) inside the format's
+    `structure_conversion` (OpenVINO: the placeholders' constants file-backed, scratch files beside the output)."""
+    from hfexport.export import run_plan
+
+    with format_program(plan.target.export_format).structure_conversion(Path(job.output)):
+        return run_plan(traced, twin)
+
+
+def quantize_written(folder: Path, plan) -> None:
+    """A quantized target's placeholder export, its weights written (`write_weights`), quantized by the target's own
+    quantizer (`FormatProgram.quantize_written`); nothing for an unquantized one."""
+    if plan.quantization:
+        format_program(plan.target.export_format).quantize_written(folder, plan_quantizer(plan))

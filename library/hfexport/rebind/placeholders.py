@@ -88,7 +88,8 @@ class StructureRefused(HfExportError):
 def structure_for(plan, model):
     """(the plan, the placeholder twin of `model`) that `plan`'s export is traced from: the plan's own components
     (a single graph's decode, captured on the model) moved onto the twin. (plan, None) where the export needs the
-    model's weights: a format without `traces_without_weights`, a forward or quantized target, an own component that
+    model's weights: a format without `traces_without_weights`, a forward target, a quantized one (but an OpenVINO
+    int8-weight target: `FormatProgram.traced_without_weights`), an own component that
     is not the model (an encoder-decoder's encoder, a vision-language model's image encoder), an ExecuTorch
     LLM-runner program, or a degenerate checkpoint (so the files are always those the weights export writes)."""
     if not traces_on(plan, model) or degenerate_keys(model):
@@ -103,14 +104,34 @@ def structure_for(plan, model):
     twin.generation_config = copy.deepcopy(model.generation_config)
     twin_plan = copy.copy(plan)
     twin_plan.own_components = {name: (twin, inputs) for name, (_, inputs) in plan.own_components.items()}
-    return twin_plan, twin
+    return without_quantizer(twin_plan), twin
+
+
+def without_quantizer(plan):
+    """`plan` with its components' engine configs copied without their quantizer: a quantized target traced from
+    the twin is quantized once its weights are written (`FormatProgram.quantize_written`), never the placeholders."""
+    if not plan.quantization:
+        return plan
+    plan = copy.copy(plan)
+    plan.components = {name: copy.copy(component) for name, component in plan.components.items()}
+    for component in plan.components.values():
+        component.config = copy.copy(component.config)
+        component.config.quantizer = None
+    return plan
+
+
+def plan_quantizer(plan):
+    """The quantizer the plan's components were given (one for all of them: `hfexport.quantization.quantizer.attach`),
+    None for an unquantized plan."""
+    return next((component.config.quantizer for component in plan.components.values()
+                 if getattr(component.config, "quantizer", None) is not None), None)
 
 
 def traces_on(plan, model) -> bool:
     """Whether `plan`, made on `model`, can be exported from a placeholder twin of it (`structure_for`'s conditions
     but the degenerate checkpoint's)."""
-    if not format_program(plan.target.export_format).traces_without_weights or plan.mode != "generation" \
-            or plan.quantization or plan.llm_runner is not None:
+    if not format_program(plan.target.export_format).traced_without_weights(plan.target.quantization) \
+            or plan.mode != "generation" or plan.llm_runner is not None:
         return False
     return all(_is_model(module, model) for module, _ in plan.own_components.values())
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from hfexport.files import keep_variant_folder, remove_variant_folder
 from hfexport.formats.backend import FormatProgram
 from hfexport.formats.openvino import variants as openvino_variants
-from hfexport.formats.openvino import weights
+from hfexport.formats.openvino import structure, weights
 from hfexport.processors import save_flat_preprocessor_config, save_tokenizer
 from hfexport.formats.openvino import vlm_layout
 from hfexport.formats.openvino.genai_layout import finish, save_openvino_tokenizer
@@ -21,6 +21,16 @@ from hfexport.formats.openvino.file_check import check_openvino_files
 class OpenvinoProgram(FormatProgram):
     name = "openvino"
     weights = weights
+
+    def traced_without_weights(self, quantization) -> bool:
+        # an int8-weight target only (measured, docs/rebind.md): compressed once its float32 weights are written
+        return structure.traced_without_weights(quantization)
+
+    def structure_conversion(self, scratch: Path):
+        return structure.file_backed_constants(scratch)
+
+    def quantize_written(self, folder: Path, quantizer) -> None:
+        structure.compress_written(folder, quantizer)
 
     def after_export(self, exported) -> None:
         # the CPU plugin's fused KV-cache attention matches the frontend's repeat of a grouped-query cache, which the

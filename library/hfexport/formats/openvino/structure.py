@@ -1,0 +1,117 @@
+"""An int8-weight OpenVINO generation target exported from the model's placeholder twin (issue 45,
+`hfexport.rebind.placeholders`), so the export never holds the float32 (or bfloat16) model:
+
+1. the twin is converted without the target's quantizer, each placeholder parameter's constant file-backed
+   (`file_backed_constants`): OpenVINO's PyTorch frontend makes every constant contiguous (`.contiguous()` in
+   `torch_tensor_to_ov_const`), which turns a one-row placeholder into the whole float32 tensor; here that copy is
+   written into an unlinked scratch file and mapped, so its pages are clean page cache the kernel (or a memory
+   cgroup) takes back, not anonymous memory the size of the model;
+2. the float32 IR is saved and the weights written into its `.bin` from the checkpoint's shards through the weight
+   map, entry by entry (`hfexport.rebind.placeholders.write_weights`, as for ONNX);
+3. the target's own quantizer (NNCF's data-free `compress_weights`, INT8_ASYM: the same call and settings as the
+   export from the weights) compresses the IR read back memory-mapped (`compress_written`): NNCF reads one constant
+   at a time and keeps the int8 weights, zero points and scales, a quarter of the float32 model; the float32 `.bin`
+   is then replaced by the compressed IR.
+
+docs/rebind.md, "The structure traced without weights".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+from hfexport.files import MANIFEST_FILE
+from hfexport.formats.openvino.genai_layout import OPENVINO_MODEL
+
+#: A placeholder constant smaller than this is made in memory as the frontend makes it (norms, biases).
+FILE_BACKED_MIN_BYTES = 1 << 20
+#: The target quantization compressed after the weights are written: data-free int8 weight compression, NNCF's
+#: defaults otherwise (a ratio, group size or ignored scope would be the same call, untested here).
+STRUCTURE_QUANTIZATION = {"method": "nncf_weights", "params": {"mode": "int8_asym"}}
+
+
+def traced_without_weights(quantization) -> bool:
+    """Whether an OpenVINO generation target with `quantization` (its recipe section) is exported from the twin."""
+    return bool(quantization) and {key: quantization.get(key) for key in ("method", "params")} == \
+        STRUCTURE_QUANTIZATION and not quantization.get("calibration") and not quantization.get("preset")
+
+
+@contextlib.contextmanager
+def file_backed_constants(scratch: Path):
+    """OpenVINO's PyTorch frontend, while converting, makes each large placeholder's constant (a tensor with a
+    stride of 0) in a mapped scratch file under `scratch` (unlinked at once: the mappings hold it) instead of
+    anonymous memory; its pages are written back and dropped from this process once filled."""
+    import numpy as np
+    from openvino import op
+    from openvino.frontend.pytorch import fx_decoder
+
+    convert = fx_decoder.torch_tensor_to_ov_const
+
+    def constant(tensor, shared_memory=True):
+        if tensor.dim() < 2 or 0 not in tensor.stride() or tensor.is_complex() or \
+                tensor.numel() * tensor.element_size() < FILE_BACKED_MIN_BYTES or not tensor.dtype.is_floating_point \
+                or tensor.dtype.itemsize != 4:
+            return convert(tensor, shared_memory=shared_memory)
+        array = _mapped(scratch, tuple(tensor.shape), np.dtype(np.float32))
+        array[...] = tensor.detach().numpy()  # one row broadcast, written page by page into the file
+        _written_back(array)
+        return op.Constant(array, shared_memory=True)
+
+    fx_decoder.torch_tensor_to_ov_const = constant
+    try:
+        yield
+    finally:
+        fx_decoder.torch_tensor_to_ov_const = convert
+
+
+def _mapped(scratch: Path, shape: tuple, dtype):
+    """A writable array of `shape` mapped from a new, already unlinked file in `scratch`."""
+    import numpy as np
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    size = max(1, int(np.prod(shape)) * dtype.itemsize)
+    descriptor, name = tempfile.mkstemp(dir=scratch, prefix=".placeholder-")
+    try:
+        os.unlink(name)
+        os.ftruncate(descriptor, size)
+        mapping = mmap.mmap(descriptor, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(descriptor)
+    return np.frombuffer(mapping, dtype=dtype).reshape(shape)
+
+
+def _written_back(array) -> None:
+    """The array's dirty pages written to its file and dropped from this process (re-read from the page cache or
+    the file when the constant is next read)."""
+    mapping = array.base
+    while mapping is not None and not isinstance(mapping, mmap.mmap):
+        mapping = getattr(mapping, "base", None) or getattr(mapping, "obj", None)
+    if isinstance(mapping, mmap.mmap):
+        mapping.flush()
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def compress_written(folder: Path, quantizer) -> None:
+    """The float32 IR saved in `folder` (its weights written) compressed by the target's `quantizer`, in place: the
+    `.xml` and `.bin` replaced by the compressed ones, the manifest's weight map (the float32 IR's) dropped, as a
+    quantized export records none."""
+    import openvino as ov
+    from transformers.exporters import ExportFormat
+
+    folder = Path(folder)
+    model = ov.Core().read_model(str(folder / OPENVINO_MODEL))  # the .bin memory-mapped (ENABLE_MMAP)
+    compressed = quantizer.quantize(model, {}, ExportFormat.OPENVINO)
+    staged = folder / f".compressed-{OPENVINO_MODEL}"
+    ov.save_model(compressed, str(staged), compress_to_fp16=False)
+    del model, compressed
+    binary = Path(OPENVINO_MODEL).with_suffix(".bin").name
+    os.replace(staged.with_suffix(".bin"), folder / binary)
+    os.replace(staged, folder / OPENVINO_MODEL)
+    manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    manifest.pop("weight_map", None)
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
