@@ -59,10 +59,12 @@ VARIANTS = ("fp16", "q8", "q4", "q4f16")
 FORMATS = {"onnx": ("onnx-generation", VARIANTS, "model.onnx*", "transformers.js"),
            "openvino": ("openvino-generation", ("int8", "int4"), "openvino_model.*", "all"),
            "executorch": ("executorch-generation", ("8da4w",), "model.pte", "all")}
-#: `Q8_SWEEP=1`: q8 alone at each of these settings (hfexport's ort_dynamic default, transformers.js' script's default,
-#: and the two in between), no runtimes -> results/variant_quality_q8.json
-Q8_SETTINGS = ({"per_channel": True, "reduce_range": True}, {"per_channel": False, "reduce_range": False},
-               {"per_channel": True, "reduce_range": False}, {"per_channel": False, "reduce_range": True})
+#: `Q8_SWEEP=1`: q8 alone at each of these settings (its dynamic int8 form, `weights_only` false: hfexport's
+#: ort_dynamic default, transformers.js' script's default, and the two in between; then the 8-bit weight blocks, the
+#: default), no runtimes -> results/variant_quality_q8.json
+Q8_SETTINGS = tuple({"weights_only": False, **setting} for setting in (
+    {"per_channel": True, "reduce_range": True}, {"per_channel": False, "reduce_range": False},
+    {"per_channel": True, "reduce_range": False}, {"per_channel": False, "reduce_range": True})) + ({},)
 
 
 def main() -> dict:

@@ -34,12 +34,14 @@ def _problems(recipe) -> list[tuple[str, str]]:
 
 def test_a_variant_the_target_cannot_make_is_refused_before_anything_runs(tiny_llama):
     base = "targets.onnx-generation.variants"
-    assert _problems(_recipe(tiny_llama, ["q4", "q4", {"name": "q8", "block_size": 32},
-                                          {"name": "q4f16", "block_size": 48}])) == [
+    assert _problems(_recipe(tiny_llama, ["q4", "q4", {"name": "q8", "symmetric": False},
+                                          {"name": "q4f16", "block_size": 48}, {"name": "q8", "block_size": 24}])) == [
         (f"{base}.1", "'q4' is listed twice"),
-        (f"{base}.2.block_size", "not a setting of q8; it takes: per_channel, reduce_range, max_nll_ratio, "
-                                 "min_top1_agreement"),
-        (f"{base}.3.block_size", "MatMulNBits takes a power of two from 16; got 48 (e.g. 32)")]
+        (f"{base}.2.symmetric", "not a setting of q8; it takes: weights_only, block_size, accuracy_level, "
+                                "tied_embedding, per_channel, reduce_range, max_nll_ratio, min_top1_agreement"),
+        (f"{base}.3.block_size", "MatMulNBits takes a power of two from 16; got 48 (e.g. 32)"),
+        (f"{base}.4", "'q8' is listed twice"),
+        (f"{base}.4.block_size", "MatMulNBits takes a power of two from 16; got 24 (e.g. 16)")]
     [(path, message)] = _problems(_recipe(tiny_llama, ["q4"], export_format="dynamo"))
     assert path == base and "dynamo publishes no variants" in message
     assert message.endswith("formats with variants: onnx, openvino, executorch")
@@ -83,9 +85,10 @@ def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(va
         ("q4", "model_q4.onnx", "passed"), ("q4f16", "model_q4f16.onnx", "passed")]
     by_name = {entry["name"]: entry for entry in target.variants}
     assert by_name["fp16"]["nll_ratio"] == pytest.approx(1.0, abs=1e-3) and by_name["fp16"]["top1_agreement"] > 0.95
-    assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": None,
-                                         "tied_embedding": False, "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
+    assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": None, "head_bits": 8,
+                                         "tied_embedding": True, "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
     assert by_name["q8"]["settings"]["per_channel"] is True and by_name["q8"]["positions"] > 20
+    assert by_name["q8"]["settings"]["weights_only"] is True and by_name["q8"]["settings"]["block_size"] == 32
     for entry in target.variants:  # its report entry, on disk too (schema-checked when read back)
         assert entry["bytes"] == sum((output / "onnx-generation" / name).stat().st_size
                                      for name in (entry["file"], entry["file"] + "_data")
@@ -97,8 +100,11 @@ def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(va
     assert "**Variants**" in table and "| q4 | `model_q4.onnx` |" in table and "✅ passed" in table
 
 
-def test_the_graphs_are_what_each_dtype_means(variants_job):
+def test_the_graphs_are_what_each_dtype_means(variants_job, tmp_path):
     import onnx
+
+    from hfexport.formats.onnx.variants import write
+    from hfexport.quantization.variants import settings
 
     folder = variants_job[0] / "onnx-generation"
 
@@ -112,12 +118,21 @@ def test_the_graphs_are_what_each_dtype_means(variants_job):
         return {value.name: value.type.tensor_type.elem_type for value in graph(name).graph.input}["past_key_values.0.key"]
 
     assert "MatMulNBits" in ops("model_q4.onnx") and "MatMulNBits" in ops("model_q4f16.onnx")
-    assert "MatMulInteger" in ops("model_quantized.onnx") and "MatMulNBits" not in ops("model_quantized.onnx")
+    assert "MatMulNBits" in ops("model_quantized.onnx") and "MatMulInteger" not in ops("model_quantized.onnx")
     assert input_type("model_fp16.onnx") == input_type("model_q4f16.onnx") == onnx.TensorProto.FLOAT16
     assert input_type("model_q4.onnx") == input_type("model.onnx") == onnx.TensorProto.FLOAT
-    block = {attribute.name: attribute.i for node in graph("model_q4.onnx").graph.node if node.op_type == "MatMulNBits"
-             for attribute in node.attribute}
-    assert block["block_size"] == 16 and block["bits"] == 4
+    def blocks(name):  # (bits, block_size) of each MatMulNBits, and whether it writes the logits
+        return {(node.output[0] == "logits", *(next(a.i for a in node.attribute if a.name == key)
+                                               for key in ("bits", "block_size")))
+                for node in graph(name).graph.node if node.op_type == "MatMulNBits"}
+
+    assert blocks("model_q4.onnx") == {(False, 4, 16), (True, 8, 16)}  # the head in 8-bit blocks (head_bits)
+    assert blocks("model_quantized.onnx") == {(False, 8, 32), (True, 8, 32)}  # q8: weights alone, 8-bit blocks
+    # q8 with weights_only false: transformers.js' dynamic int8 form (int8 activations)
+    write(folder, settings({"name": "q8", "weights_only": False}), tmp_path / "q8-dynamic")
+    dynamic = {node.op_type for node in onnx.load(str(tmp_path / "q8-dynamic" / "model.onnx"),
+                                                  load_external_data=False).graph.node}
+    assert "MatMulInteger" in dynamic and "DynamicQuantizeLinear" in dynamic and "MatMulNBits" not in dynamic
 
 
 def test_a_variant_below_its_bound_fails_the_target_by_name(variants_job, tiny_llama, tmp_path):
@@ -164,12 +179,13 @@ def test_variants_are_part_of_the_target_as_the_recipe_copy_keeps_it(tiny_llama)
     assert load_recipe(other).target_hash("onnx-generation") != recipe.target_hash("onnx-generation")
 
 
-def test_a_head_tied_to_the_embedding_is_4_bit_too_and_the_embedding_reads_its_blocks(tmp_path):
+@pytest.mark.parametrize("head_bits", [8, 4])
+def test_a_head_tied_to_the_embedding_is_quantized_too_and_the_embedding_reads_its_blocks(tmp_path, head_bits):
     """A tied head reaches its MatMul through a Transpose of the embedding's weight, which ONNX Runtime's quantizer
-    does not take for a constant: q4 gives it its own transposed copy, so it is a MatMulNBits (on SmolLM2 the float32
-    head was the largest weight a decode step read: benchmarks/variant_speed.py), and the embedding's Gather then
-    reads the head's 4-bit blocks (GatherBlockQuantized, as onnxruntime-genai's builder ties them): the table is
-    stored once, and each gathered row is exactly the head's dequantized column."""
+    does not take for a constant: q4 gives it its own transposed copy, so it is a MatMulNBits of `head_bits` (on
+    SmolLM2 the float32 head was the largest weight a decode step read: benchmarks/variant_speed.py), and the
+    embedding's Gather then reads the head's blocks (GatherBlockQuantized, as onnxruntime-genai's builder ties them):
+    the table is stored once, and each gathered row is exactly the head's dequantized column."""
     import numpy as np
     import onnx
     import onnxruntime
@@ -189,17 +205,18 @@ def test_a_head_tied_to_the_embedding_is_4_bit_too_and_the_embedding_reads_its_b
     folder = tmp_path / "f32"
     folder.mkdir()
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
-    write(folder, settings({"name": "q4", "tied_embedding": True}), tmp_path / "q4")
+    write(folder, settings({"name": "q4", "head_bits": head_bits}), tmp_path / "q4")  # tied_embedding by default
     quantized = onnx.load(str(tmp_path / "q4" / "model.onnx"))
     assert [node.op_type for node in quantized.graph.node] == ["Reshape", "GatherBlockQuantized", "MatMulNBits"]
     gather, head = quantized.graph.node[1], quantized.graph.node[2]
-    assert gather.input[2] == head.input[2]  # one 4-bit table and its scales, read by both
+    assert gather.input[2] == head.input[2]  # one table of head_bits blocks and its scales, read by both
+    assert {a.name: a.i for a in gather.attribute}["bits"] == {a.name: a.i for a in head.attribute}["bits"] == head_bits
     assert "embed.weight" not in {tensor.name for tensor in quantized.graph.initializer}
     ids = np.arange(64, dtype=np.int64)[None]
     logits = {name: onnxruntime.InferenceSession(str(tmp_path / name / "model.onnx")).run(
         None, {"input_ids": ids})[0] for name in ("f32", "q4")}
     assert (logits["q4"].argmax(-1) == logits["f32"].argmax(-1)).mean() > 0.9  # the tied head's own diagonal
-    # the rows the embedding gathers are the head's own dequantized weights (a zero point of 8, as MatMulNBits')
+    # the rows the embedding gathers are the head's own dequantized weights (MatMulNBits' zero point: 8, 128)
     probe = onnx.load(str(tmp_path / "q4" / "model.onnx"))
     probe.graph.output.append(helper.make_tensor_value_info("hidden", TensorProto.FLOAT, None))
     identity = np.eye(32, dtype=np.float32)[None]
@@ -214,7 +231,7 @@ def test_a_head_tied_to_the_embedding_is_4_bit_too_and_the_embedding_reads_its_b
             opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
     ).run(None, {"x": identity})[0][0]
     np.testing.assert_array_equal(rows, columns.T)
-    step = np.abs(embedding).max(axis=1, keepdims=True) / 8  # one 4-bit step of each row (one block of 32)
+    step = np.abs(embedding).max(axis=1, keepdims=True) / 2 ** (head_bits - 1)  # one step of each row (one block)
     assert (np.abs(rows - embedding) <= step * 1.001).all()
 
 

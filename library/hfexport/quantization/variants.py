@@ -6,11 +6,13 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
 
 - `q4`, `q4f16`: ONNX Runtime's `MatMulNBits` (`MatMulNBitsQuantizer`): `block_size` (default 32), `symmetric`
   (default true) and `accuracy_level` (default unset), as transformers.js' scripts/quantize.py makes its q4; q4f16 is
-  that graph converted to float16. `tied_embedding` (default false): a tied embedding reads the head's 4-bit blocks,
-  as onnxruntime-genai's builder stores it (the size and quality it costs: docs/quantization.md).
-- `q8`: ONNX Runtime's dynamic quantization with transformers.js' rule for the weight type (uint8 where the graph has
-  an op whose int8 kernel the WebAssembly backend lacks, else int8), `per_channel` and `reduce_range` at hfexport's
-  `ort_dynamic` defaults.
+  that graph converted to float16. `head_bits` (default 8): the head's blocks, 8-bit because a 4-bit head fails
+  SmolLM2's runtime gate; `tied_embedding` (default true): a tied embedding reads the head's blocks, stored once as
+  onnxruntime-genai's builder stores it (false: a float32 table, as transformers.js; figures: docs/quantization.md).
+- `q8`: `weights_only` (default true): 8-bit `MatMulNBits` blocks of `block_size` (32), the tied embedding reading
+  the head's (`tied_embedding`, true), float activations; false: ONNX Runtime's dynamic quantization as
+  transformers.js' script makes q8 (int8 activations; uint8 weights where the graph has an op whose int8 kernel the
+  WebAssembly backend lacks, else int8), `per_channel` and `reduce_range` at hfexport's `ort_dynamic` defaults.
 - OpenVINO `int8`, `int4` (optimum-intel's weight formats, NNCF's `compress_weights` on the converted model, each in
   a folder of its own, `openvino/int4/`): int8 weight-only asymmetric per channel; int4 asymmetric in groups of
   `group_size` (default: 128 where it divides every linear layer's input, else the largest power of two that does;
@@ -32,12 +34,14 @@ from hfexport.formats import format_traits, formats
 from hfexport.quantization.spec import DEFAULT_PARAMS
 
 #: the settings each variant takes, and their defaults
-FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": None, "tied_embedding": False}
-EIGHT_BIT = {key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}
+FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": None, "head_bits": 8, "tied_embedding": True}
+EIGHT_BIT = {"weights_only": True, "block_size": 32, "accuracy_level": None, "tied_embedding": True,
+             **{key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}}
 GROUPED_FOUR_BIT = {"group_size": None, "ratio": 1.0}  # group_size None: resolved from the model's layer sizes
 SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT, "int8": {}, "int4": GROUPED_FOUR_BIT,
             "8da4w": {"group_size": None}}  # None: resolved from the model's layer sizes
 LOW_BIT = ("q4", "q4f16", "int4", "8da4w")
+BLOCKED = ("q8", "q4", "q4f16")  # MatMulNBits' blocks: `block_size` a power of two
 #: what puts an ExecuTorch generation target out of the LLM runner's contract, which its variants are made of
 #: (`hfexport.recipe.data.Target.llm_runner_by_default`, `hfexport.plan.decoder.llm_runner_plan`)
 _NOT_LLM_RUNNER = {"generation": ("single_graph", "multi_token_decode", "cache_implementation"),
@@ -94,7 +98,7 @@ def variant_problems(target: dict, export_format: str, base: list) -> list[Probl
                     takes = ", ".join((*SETTINGS[name], *_BOUND_KEYS))
                     problems.append(Problem(f"{where}.{key}", f"not a setting of {name}; it takes: {takes}"))
             block = item.get("block_size")
-            if name in LOW_BIT and isinstance(block, int) and block & (block - 1):
+            if name in BLOCKED and isinstance(block, int) and block & (block - 1):
                 problems.append(Problem(f"{where}.block_size", f"MatMulNBits takes a power of two from 16; got {block} "
                                         f"(e.g. {1 << (block.bit_length() - 1)})"))
     return problems

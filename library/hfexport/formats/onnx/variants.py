@@ -1,15 +1,20 @@
 """transformers.js' dtype variants of an ONNX generation export, made from its float32 `model.onnx` (no re-export).
 
 - `q4`: ONNX Runtime's `MatMulNBitsQuantizer` (every MatMul with a constant weight becomes a `MatMulNBits` of 4-bit
-  blocks; the embedding Gather and the ops it does not handle stay float32), blocks of 32, symmetric, as
-  transformers.js' scripts/quantize.py makes `model_q4.onnx`; `q4f16`: that graph converted to float16. A head tied
-  to the embedding reaches its MatMul through a `Transpose` of the embedding's weight, which the quantizer does not
-  take for a constant: it is given its own transposed copy first (`untied_head`), so the head is 4-bit too; with
-  `tied_embedding` the embedding then reads the head's 4-bit blocks (`tie_embedding`, a `GatherBlockQuantized`, as
-  onnxruntime-genai's model builder ties them), so the table is stored once, in 4 bits.
-- `q8`: `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly` and `EnableSubgraph`,
-  the weight type by transformers.js' rule (`uint8_ops`: uint8 where the graph has Conv, GroupQueryAttention or
-  MultiHeadAttention, whose int8 kernels the WebAssembly backend lacks; int8 otherwise).
+  blocks; the ops it does not handle stay float32), blocks of 32, symmetric, as transformers.js' scripts/quantize.py
+  makes `model_q4.onnx`, but the head (`head_nodes`: the MatMul writing `logits`) in `head_bits` (8 by default: a
+  4-bit head fails SmolLM2's runtime gate, docs/quantization.md); `q4f16`: that graph converted to float16. A head
+  tied to the embedding reaches its MatMul through a `Transpose` of the embedding's weight, which the quantizer does
+  not take for a constant: it is given its own transposed copy first (`untied_head`); with `tied_embedding` (the
+  default) the embedding then reads the head's blocks (`tie_embedding`, a `GatherBlockQuantized`, as
+  onnxruntime-genai's model builder ties them), so the table is stored once, quantized.
+- `q8`: with `weights_only` (the default) the same `MatMulNBits` form at 8 bits, head and tied embedding included,
+  float activations; else `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly`
+  and `EnableSubgraph` as transformers.js' script makes q8 (int8 activations; its embedding `Gather` 8-bit per
+  tensor, which a tied head then reads dequantized), the weight type by transformers.js' rule (`uint8_ops`: uint8
+  where the graph has Conv, GroupQueryAttention or MultiHeadAttention, whose int8 kernels the WebAssembly backend
+  lacks; int8 otherwise). On SmolLM2 that dynamic form fails q8's gate (the down projections' activations, the
+  per-tensor 8-bit table: docs/quantization.md).
 - `fp16` and the float16 half of `q4f16`: hfexport's float16 conversion (`hfexport.formats.onnx.float16`: float16
   inputs and outputs, the KV cache included, where transformers.js' script keeps float32 ones; its
   `transformers.js_config` then says `kv_cache_dtype` float16 for them).
@@ -45,7 +50,9 @@ def write(folder: Path, variant: dict, stage: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=".variant-", dir=stage) as scratch:
         source = folder / MODEL_FILE
         if name in ("q4", "q4f16"):
-            source = _four_bit(source, Path(scratch) / "q4.onnx", variant)
+            source = _weight_only(source, Path(scratch) / "q4.onnx", variant, bits=4)
+        elif name == "q8" and variant["weights_only"]:
+            source = _weight_only(source, Path(scratch) / "q8.onnx", variant, bits=8)
         elif name == "q8":
             source = _eight_bit(source, Path(scratch) / "q8.onnx", variant)
         if name in ("fp16", "q4f16"):
@@ -55,32 +62,50 @@ def write(folder: Path, variant: dict, stage: Path) -> None:
         onnx_ir.save(model, str(stage / MODEL_FILE), external_data=DATA_FILE)
 
 
-def _four_bit(source: Path, output: Path, variant: dict) -> Path:
+def _weight_only(source: Path, output: Path, variant: dict, bits: int) -> Path:
+    """`source` with every MatMul of a constant weight a `MatMulNBits` of `bits`-bit blocks, the head's at
+    `variant["head_bits"]` (a second quantizer pass on it alone); the tied embedding reading the head's blocks with
+    `tied_embedding`."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     source = untied_head(source, output.with_name("untied.onnx"))
-    quantizer = MatMulNBitsQuantizer(str(source), block_size=variant["block_size"], is_symmetric=variant["symmetric"],
-                                     accuracy_level=variant["accuracy_level"])
+    head_bits = variant.get("head_bits") or bits
+    heads = head_nodes(source) if head_bits != bits else []
+    options = {"block_size": variant["block_size"], "is_symmetric": variant.get("symmetric", True),
+               "accuracy_level": variant["accuracy_level"]}
+    quantizer = MatMulNBitsQuantizer(str(source), bits=bits, nodes_to_exclude=heads, **options)
     quantizer.process()
+    if heads:
+        quantizer = MatMulNBitsQuantizer(quantizer.model.model, bits=head_bits, nodes_to_include=heads, **options)
+        quantizer.process()
     quantizer.model.save_model_to_file(str(output), use_external_data_format=True)
-    if variant.get("tied_embedding") and variant["symmetric"]:
+    if variant["tied_embedding"] and options["is_symmetric"]:
         return tie_embedding(output, output.with_name("tied.onnx"))
     return output
 
 
+def head_nodes(source: Path) -> list[str]:
+    """The names of the MatMul nodes of `source` that write a graph output (a decoder's head: `logits`)."""
+    import onnx
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    outputs = {value.name for value in graph.output}
+    return [node.name for node in graph.node if node.op_type == "MatMul" and node.output[0] in outputs]
+
+
 def tie_embedding(source: Path, output: Path) -> Path:
     """The quantized graph `source` where each embedding `Gather` of a float table whose tied head
-    (`untied_head`'s transposed copy) became a `MatMulNBits` reads that head's 4-bit blocks instead, through a
-    `Reshape` and a `GatherBlockQuantized` (bits 4, the head's block size, symmetric: no zero points), as
+    (`untied_head`'s transposed copy) became a `MatMulNBits` reads that head's blocks instead, through a `Reshape`
+    and a `GatherBlockQuantized` (the head's bits, 4 or 8, and block size, symmetric: no zero points), as
     onnxruntime-genai's model builder ties them, and the float table is dropped; saved as `output` (+ `.data`), or
     `source` itself where none is tied. Without it the float32 table is most of a tied model's q4 file (SmolLM2-135M:
-    113 of 201 MB, benchmarks/variant_speed.py). A head whose rows are not whole blocks (K % block_size) is left as
+    113 of 215 MB with the head 8-bit). A head whose rows are not whole blocks (K % block_size) is left as
     it is (the builder slices padded rows off instead)."""
     import numpy as np
     import onnx_ir
 
     model = onnx_ir.load(str(source))
-    heads = {node.inputs[1].name: node for node in model.graph
+    heads = {node.inputs[1].name.rsplit("_Q", 1)[0]: node for node in model.graph
              if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and len(node.inputs) == 3}
     tied = 0
     for node in list(model.graph):
@@ -88,21 +113,21 @@ def tie_embedding(source: Path, output: Path) -> Path:
         if table is None or table.const_value is None or table.shape is None or len(table.shape) != 2 \
                 or node.attributes.get_int("axis", 0) != 0:
             continue
-        head = heads.get(f"{table.name}.transposed_Q4")
+        head = heads.get(f"{table.name}.transposed")
         if head is None:
             continue
         rows, hidden = table.shape
-        block_size = head.attributes.get_int("block_size")
-        if head.attributes.get_int("bits") != 4 or head.attributes.get_int("N") != rows \
+        block_size, bits = head.attributes.get_int("block_size"), head.attributes.get_int("bits")
+        if bits not in (4, 8) or head.attributes.get_int("N") != rows \
                 or head.attributes.get_int("K") != hidden or hidden % block_size:
             continue
         flat = onnx_ir.Value(name=f"{table.name}.tied_shape", const_value=onnx_ir.tensor(
-            np.asarray([rows, hidden // 2], dtype=np.int64), name=f"{table.name}.tied_shape"))
+            np.asarray([rows, hidden * bits // 8], dtype=np.int64), name=f"{table.name}.tied_shape"))
         model.graph.register_initializer(flat)
         reshape = onnx_ir.node("Reshape", [head.inputs[1], flat], name=f"{node.name}.tied_table")
         gather = onnx_ir.node("GatherBlockQuantized", [reshape.outputs[0], node.inputs[1], head.inputs[2]],
-                              domain="com.microsoft", name=f"{node.name}_Q4",
-                              attributes={"bits": 4, "block_size": block_size, "gather_axis": 0, "quantize_axis": 1})
+                              domain="com.microsoft", name=f"{node.name}_Q{bits}",
+                              attributes={"bits": bits, "block_size": block_size, "gather_axis": 0, "quantize_axis": 1})
         model.graph.insert_before(node, [reshape, gather])
         original = node.outputs[0]
         gather.outputs[0].type, gather.outputs[0].shape = original.type, original.shape
