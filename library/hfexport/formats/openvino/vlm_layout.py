@@ -18,13 +18,10 @@ features given a batch axis, the token-embedding lookup cut out of `embed`, and 
 `inputs_embeds` where it looked its `input_ids` up. hfexport's own `language_model` (the prefill, not stateful) moves
 to `PREFILL_FILE`, as its manifest records; the other components keep their files.
 
-Qwen2-VL (`qwen2_vl`) runs on VLMPipeline's own vision split instead of the image encoder:
-`openvino_vision_embeddings_model.xml` and `openvino_vision_embeddings_merger_model.xml`, made from the model's
-modules when the export is saved or rebound (`hfexport.formats.openvino.vision_split`); its language model takes the
-`position_ids` `[3, batch, sequence]` VLMPipeline computes (qwen2vl/classes.cpp `create_position_ids`, then
-`update_3d_position_ids` in lm_encoding.cpp: past length + rope delta on all three axes), the text-position row
-transformers 5.23's decode takes first made in the graph (past length + the token's index), and its
-`mm_token_type_ids` 0 (text: the images are in `inputs_embeds` already).
+Qwen2-VL (`qwen2_vl`) runs on VLMPipeline's own vision split instead of the image encoder
+(`hfexport.formats.openvino.vision_split`, made when the export is saved or rebound), and its language model takes
+VLMPipeline's `position_ids` `[3, batch, sequence]`: docs/generation.md, "Vision-language models: OpenVINO GenAI's
+`VLMPipeline` layout".
 
 Written for LLaVA and Qwen2-VL (`WRITTEN_TYPES`): Idefics3/SmolVLM is no VLMPipeline model type; Qwen2.5-VL's split
 adds window attention, not made here.
