@@ -157,6 +157,5 @@ def test_a_full_depth_1b_checkpoint_exports_to_int8_openvino_and_passes_its_gate
     assert target["status"] == "ok" and target["verification"]["passed"], target["verification"]["failures"]
     assert {check["runtime"]: check["verdict"] for check in target["runtimes"]} == \
         {"openvino-genai": PASSED, "optimum-intel": PASSED}, target["runtimes"]
-    assert report["memory"]["peak_rss_mb"]["load_model"] < 1000  # the twin, no weights
     assert (out / TARGET / "openvino_model.bin").stat().st_size < 1.1e9  # int8: a quarter of the float32 weights
     assert group.max_usage <= 3 << 30
