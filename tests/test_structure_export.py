@@ -179,6 +179,10 @@ def test_a_lean_onnx_session_leaves_the_weights_memory_mapped():
     lean = program.lean_load_options()["session_options"]
     assert lean.get_session_config_entry("session.disable_prepacking") == "1"
     assert lean.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    import onnxruntime  # no float32 copy of a float16 graph's weights folded in, no arena keeping each run's casts
+
+    assert lean.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    assert not lean.enable_cpu_mem_arena and lean.execution_order == onnxruntime.ExecutionOrder.PRIORITY_BASED
     default = program.generation_runner_options()["session_options"]
     with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default
         default.get_session_config_entry("session.disable_prepacking")

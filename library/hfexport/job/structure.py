@@ -72,6 +72,7 @@ def _twin(job, folder: Path) -> Structure | None:
     from transformers import GenerationConfig
 
     config = load_config(folder, None, job.options.token, job.options.trust_remote_code)
+    stored = checkpoint_dtype(config)  # before the twin is built at float32, which sets the config's dtype
     cls = model_class_for(config, job.recipe.task, job.recipe.model_class)
     try:
         with torch.device("meta"):  # an Auto class names the model's class once built
@@ -92,7 +93,7 @@ def _twin(job, folder: Path) -> Structure | None:
             GenerationConfig.from_model_config(config)
     except Exception:  # noqa: BLE001 - a shard or file that does not read: the model's loader says what is wrong
         return None
-    if stored := checkpoint_dtype(config):
+    if stored:
         job.report.source["checkpoint_dtype"] = stored
     return Structure(twin, shards)
 
