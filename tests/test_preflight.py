@@ -121,7 +121,7 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
         loaded_bytes,
     )
 
-    from hfexport.job.structure import _traced_without_weights as traced
+    from hfexport.job.structure import traced_without_weights as traced
 
     llama = load_recipe(LLAMA)
     weights = weights_metadata(LLAMA)

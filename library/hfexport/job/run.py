@@ -36,7 +36,7 @@ from hfexport.job.parallel import (
 )
 from hfexport.job import memory
 from hfexport.job.pipeline import TargetPipeline, engine_error_message  # noqa: F401 - also run's, for its callers
-from hfexport.job.structure import _traced_without_weights, load_structure
+from hfexport.job.structure import traced_without_weights, load_structure
 from hfexport.job.preflight import MB, available_memory, check_fits, loaded_bytes, weights_metadata
 from hfexport.latency import EagerTimings
 from hfexport.logs import engine_output, import_engine
@@ -241,7 +241,7 @@ def _prepare(model: str | Path, output: Path, options: JobOptions) -> _Job:
                 report.memory = memory.estimate_record(check_fits(
                     model, list(targets.values()), output, revision_to_load, options.token,
                     groups=[[targets[name] for name in group] for group in groups], weights=weights,
-                    max_memory=budget, structure=_traced_without_weights if options.inputs is None and not samples
+                    max_memory=budget, structure=traced_without_weights if options.inputs is None and not samples
                     else None,
                     streamed_gate=not options.latency), options.max_memory_mb)
     return _Job(model, output, options, recipe, names, report, progress, revision_to_load, hits, keys, started,

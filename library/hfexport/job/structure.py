@@ -49,7 +49,7 @@ def load_structure(job) -> None:
     options, folder = job.options, Path(str(job.model))
     targets = [job.recipe.target(name) for group in job.groups[:1] for name in group]
     if job.model_object is not None or options.inputs is not None or job.samples or not folder.is_dir() or not \
-            targets or not all(_traced_without_weights(target) for target in targets):
+            targets or not all(traced_without_weights(target) for target in targets):
         return
     import_engine()
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its structure, no weights") as timer, \
@@ -60,7 +60,9 @@ def load_structure(job) -> None:
         job.model_object, job.structure = structure.twin, structure
 
 
-def _traced_without_weights(target) -> bool:
+def traced_without_weights(target) -> bool:
+    """Whether `target` is exported from the placeholder twin (its format's rule for its quantization, a generation
+    target that rebinds): the job's and the preflight's one test."""
     return format_program(target.export_format).traced_without_weights(target.quantization) \
         and target.mode == "generation" and target.rebind
 

@@ -135,24 +135,12 @@ def generation_session_options(prepacking: bool = True):
     same option made optimum's `ORTModelForCausalLM.generate` faster too). On an idle machine spinning saves the
     wake-up of each parallel kernel; `session_options=onnxruntime.SessionOptions()` gets ONNX Runtime's defaults.
 
-    `prepacking=False` (`session.disable_prepacking`, the gate of a job exported from its structure: `lean_load_options`):
-    ONNX Runtime memory-maps a CPU session's external data where each large tensor's offset is page-aligned (the
-    files hfexport saves are), but by default packs every MatMul weight into a copy of its own (MLAS prepacking), so
-    the session holds the weights twice: anonymous memory as large as the data file. Measured (a 2-layer
-    Llama-3.2-1B-width export, 489 MB of float32 data, AMD EPYC, shared 2 cores): 503 MB anonymous after the session
-    opened with prepacking, 39 MB (the data file's pages file-backed, reclaimable) without; logits within 7e-6 of
-    each other; a 16-token prefill 1.8x slower, a decode step the same.
-
-    The lean session also stops at ONNX Runtime's extended graph optimizations, runs without its CPU memory arena and
-    orders its nodes by priority. On a float16 graph the CPU provider has no float16 MatMul: at the default level
-    (`ORT_ENABLE_ALL`) ONNX Runtime makes a float32 copy of every weight when the session opens; below it the Cast it
-    puts before each MatMul runs in each run, the arena keeps what those casts allocated, and the default order runs
-    the casts (inputs: initializers only) long before their MatMuls. Measured (the same model's float16 export, 245 MB
-    of data, one 4-token run): 504 MB anonymous once the session opened at `ORT_ENABLE_ALL` (with or without the
-    arena, `disabled_optimizers=["ConstantFolding"]` alike); at `ORT_ENABLE_EXTENDED` 357 MB kept after the run with
-    the arena, 30 MB without it, the run's peak 552 MB RSS in the default order and 396 MB by priority (the casts
-    next to their MatMuls) — so the gate of a 1B model's float16 export need not hold its float32 weights (issue
-    45)."""
+    `prepacking=False` (the gate of a job exported from its structure: `lean_load_options`) keeps the weights out of
+    anonymous memory: `session.disable_prepacking` (ONNX Runtime maps the page-aligned external data hfexport saves;
+    MLAS prepacking would copy every MatMul weight), and for a float16 graph, which the CPU provider runs through a
+    Cast before each MatMul, `ORT_ENABLE_EXTENDED` (the default level makes a float32 copy of every weight), no CPU
+    memory arena and nodes ordered by priority (each Cast next to its MatMul). Measured: docs/publishing.md, "Memory"
+    (503 -> 39 MB anonymous for 489 MB of float32 data; 504 -> 30 MB kept for 245 MB of float16 data)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()

@@ -26,6 +26,11 @@ class OpenvinoProgram(FormatProgram):
         # an int8-weight target only (measured, docs/rebind.md): compressed once its float32 weights are written
         return structure.traced_without_weights(quantization)
 
+    def mapped_weight_bytes(self, target, loaded: int) -> int:
+        # the data-free int8 target's .bin holds a byte per weight (the CPU plugin keeps it so at compile: measured,
+        # docs/rebind.md)
+        return loaded // 4 if structure.traced_without_weights(target.quantization) else loaded
+
     def structure_conversion(self, scratch: Path):
         return structure.file_backed_constants(scratch)
 

@@ -18,13 +18,9 @@ features given a batch axis, the token-embedding lookup cut out of `embed`, and 
 `inputs_embeds` where it looked its `input_ids` up. hfexport's own `language_model` (the prefill, not stateful) moves
 to `PREFILL_FILE`, as its manifest records; the other components keep their files.
 
-Qwen2-VL (`qwen2_vl`) runs on VLMPipeline's own vision split instead of the image encoder
-(`hfexport.formats.openvino.vision_split`, made when the export is saved or rebound), and its language model takes
-VLMPipeline's `position_ids` `[3, batch, sequence]`: docs/generation.md, "Vision-language models: OpenVINO GenAI's
-`VLMPipeline` layout".
-
-Written for LLaVA and Qwen2-VL (`WRITTEN_TYPES`): Idefics3/SmolVLM is no VLMPipeline model type; Qwen2.5-VL's split
-adds window attention, not made here.
+Qwen2-VL runs on VLMPipeline's own vision split (`hfexport.formats.openvino.vision_split`) and `position_ids`
+`[3, batch, sequence]`. Written for LLaVA and Qwen2-VL (`WRITTEN_TYPES`); Idefics3/SmolVLM is no VLMPipeline model
+type; Qwen2.5-VL's split adds window attention, not made here. docs/generation.md, "VLMPipeline layout".
 """
 
 from __future__ import annotations
