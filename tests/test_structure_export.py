@@ -72,6 +72,42 @@ def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpo
     assert manifest["weight_map"]["tensors"] and not manifest["weight_map"]["unmapped"]
 
 
+@pytest.mark.slow
+def test_a_hub_id_is_exported_from_its_structure_as_its_folder_is(checkpoint, hub, tmp_path, monkeypatch):
+    """A model named by its Hub id takes the structure path too: the revision's config and safetensors shards
+    downloaded (huggingface_hub over HTTP from the local Hub), the model never loaded, the files those of the export
+    from the local folder, byte for byte."""
+    import uuid
+
+    from huggingface_hub import HfApi
+
+    from hfexport.job import run, structure
+
+    repo = f"{hub.user}/structure-{uuid.uuid4().hex[:8]}"
+    api = HfApi(endpoint=hub.url, token=hub.write_token)
+    api.create_repo(repo)
+    api.upload_folder(repo_id=repo, folder_path=checkpoint)
+    loaded = []
+    for module in (run, structure):
+        monkeypatch.setattr(module, "load_model", lambda *args, load=module.load_model, **kwargs: loaded.append(args)
+                            or load(*args, **kwargs))
+    options = {"verify": False, "latency": False, "runtimes": False, "workers": 1}
+    report = run_job(repo, tmp_path / "hub", ["onnx-generation"], **options)
+    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    assert loaded == []  # the snapshot's shards read in place of the model, as a local folder's are
+    assert report.source["checkpoint_dtype"] == "float32"
+    report = run_job(checkpoint, tmp_path / "folder", ["onnx-generation"], **options)
+    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    by_id, by_folder = _files(tmp_path / "hub" / "onnx-generation"), _files(tmp_path / "folder" / "onnx-generation")
+    assert by_id.keys() == by_folder.keys()
+    # transformers' tokenizer records where it was loaded from (`is_local`): the one difference, not the export's
+    tokenizer = [json.loads(files.pop("tokenizer_config.json")) for files in (by_id, by_folder)]
+    assert tokenizer[0].pop("is_local") is False and tokenizer[1].pop("is_local") is True
+    assert tokenizer[0] == tokenizer[1]
+    assert by_id.keys() == by_folder.keys() and "model.onnx" in by_id
+    assert [name for name in by_id if by_id[name] != by_folder[name]] == []
+
+
 def test_a_placeholder_export_that_cannot_take_the_weights_is_made_from_them(checkpoint, tmp_path, monkeypatch):
     from hfexport.rebind import placeholders
 

@@ -7,28 +7,31 @@ the model only when something needs its weights: the gate's eager reference, a r
 need the weights export. So planning and exporting hold one row per parameter and one map entry's tensors, never
 the model; a job that does not verify never loads it.
 
-The twin is used where the export from it is the one from the weights, byte for byte: a local folder of safetensors
-shards that hold every state_dict key (a tied one saved once), no parameter bit-identical to another, constant or
-symmetric (`weight_map.degenerate_keys`, read from the shards one tensor at a time), a recipe that leaves rebinding
-on, no samples or inputs of the caller's. Anything else loads the model first, as before. docs/rebind.md, "The
-structure traced without weights"; docs/publishing.md, "Memory".
+The twin is used where the export from it is the one from the weights, byte for byte: a local folder (or a Hub
+repo id's snapshot: `_checkpoint_folder`) of safetensors shards that hold every state_dict key (a tied one saved
+once), no parameter bit-identical to another, constant or symmetric (`weight_map.degenerate_keys`, read from the
+shards one tensor at a time), a recipe that leaves rebinding on, no samples or inputs of the caller's. Anything
+else loads the model first, as before. docs/rebind.md, "The structure traced without weights"; docs/publishing.md,
+"Memory".
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from hfexport.formats.programs import format_program
+from hfexport.hub import HubRepo, looks_like_repo_id
 from hfexport.job.memory import MB, current_rss
 from hfexport.job.preflight import GATE_RESERVE, available_memory
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
 from hfexport.progress import StepTimer
-from hfexport.rebind.checkpoint import CheckpointTensors
+from hfexport.rebind.checkpoint import INDEX_FILE, CheckpointTensors
 from hfexport.rebind.placeholders import (placeholder_model, plan_quantizer, structure_for, traces_on,
                                           without_quantizer)
 from hfexport.rebind.streaming import is_streamed, streamed_model
@@ -46,10 +49,13 @@ def load_structure(job) -> None:
     """Make `job.model_object` the model's placeholder twin and `job.structure` its shards, where every target of
     the job's own process can be exported from them (the module's docstring); else leave the job as it is, for
     `hfexport.job.run._load` to load the model."""
-    options, folder = job.options, Path(str(job.model))
+    options = job.options
     targets = [job.recipe.target(name) for group in job.groups[:1] for name in group]
-    if job.model_object is not None or options.inputs is not None or job.samples or not folder.is_dir() or not \
-            targets or not all(traced_without_weights(target) for target in targets):
+    if job.model_object is not None or options.inputs is not None or job.samples or \
+            not targets or not all(traced_without_weights(target) for target in targets):
+        return
+    folder = _checkpoint_folder(job)
+    if folder is None:
         return
     import_engine()
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its structure, no weights") as timer, \
@@ -65,6 +71,32 @@ def traced_without_weights(target) -> bool:
     target that rebinds): the job's and the preflight's one test."""
     return format_program(target.export_format).traced_without_weights(target.quantization) \
         and target.mode == "generation" and target.rebind
+
+
+def _checkpoint_folder(job) -> Path | None:
+    """The folder the twin and its shards are read from: the job's local folder, or, for a Hub repo id, its revision's
+    snapshot in the Hub cache with only what this path reads downloaded (config.json, generation_config.json, the
+    safetensors index and shards: where the model is loaded later, for the gate, transformers finds them there);
+    None where the Hub revision has no safetensors checkpoint (the model is loaded as before)."""
+    folder = Path(str(job.model))
+    if folder.is_dir():
+        return folder
+    if not looks_like_repo_id(str(job.model)):
+        return None
+    repo = HubRepo(str(job.model), job.revision_to_load, job.options.token)
+    config = repo.download("config.json")
+    index = repo.download(INDEX_FILE)
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index else \
+            ["model.safetensors"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # an index that does not read: transformers' loader says what is wrong with it
+    if config is None or any(not isinstance(name, str) or "/" in name or "\\" in name for name in shards):
+        return None
+    if not all(repo.download(name) for name in shards):
+        return None
+    repo.download("generation_config.json")
+    return config.parent
 
 
 def _twin(job, folder: Path) -> Structure | None:
