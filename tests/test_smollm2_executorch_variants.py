@@ -7,16 +7,23 @@ Slow: a 135M-parameter checkpoint exported twice (float32, then 8da4w), minutes 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hfexport.deployment import PASSED
 from hfexport.testing import peers
+from hfexport.testing.models import smollm2_as_published
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[1]
 TARGET = "executorch-generation"
+README_REPO, README_REVISION, README_PROMPT = "your-org/your-llm", "refs/pr/1", "The capital of France is"
 #: benchmarks/variant_quality.py's 8 passages, on which the 8da4w bounds were measured (docs/quantization.md,
 #: "Variants"): a 4-bit variant's greedy tokens leave float32's soon on some prompts, so the runtimes' 4-bit floor is
 #: judged over all eight, as the benchmark judged it
@@ -49,6 +56,7 @@ def test_the_8da4w_variant_passes_its_quality_gate_and_both_runtimes_run_it_by_n
     [variant] = target.variants
     assert (variant["name"], variant["file"]) == ("8da4w", "8da4w/model.pte")
     assert variant["settings"]["group_size"] == 32 and variant["settings"]["max_nll_ratio"] == 1.6
+    assert (variant["settings"]["head"], variant["settings"]["embedding"]) == ("8da8w", "4w")  # the defaults
     assert variant["nll_ratio"] <= 1.6 and variant["top1_agreement"] >= 0.55  # the default bounds (docs/quantization.md)
     runtimes = {check["runtime"]: check for check in variant["runtimes"]}
     assert set(runtimes) == {"executorch-llm-runner", "optimum-executorch"}
@@ -59,3 +67,75 @@ def test_the_8da4w_variant_passes_its_quality_gate_and_both_runtimes_run_it_by_n
     assert all(f"{name}: " in target.error for name in failed) if failed else target.status == "ok"
     program = output / TARGET / "8da4w" / "model.pte"
     assert program.stat().st_size < 0.2 * (output / TARGET / "model.pte").stat().st_size  # 0.16 measured
+
+
+@pytest.fixture(scope="module")
+def published(hub, smollm2, gated, tmp_path_factory):
+    """The gated target (its 8da4w folder inside) published as a pull request on the local Hub, whatever its verdict
+    (`allow_failed`: what is checked here is that each runtime opens the variant from the pull request): (repo, pr
+    number)."""
+    from hfexport.publication.publish import publish
+
+    output, _ = gated
+    repo = f"{hub.user}/smollm2-executorch-variants"
+    hub.seed_repo(repo, smollm2_as_published(smollm2, tmp_path_factory.mktemp("smollm2-pte-repo")))
+    return repo, publish(output, repo, mode="pr", token=hub.write_token, allow_failed=True).pr_num
+
+
+def readme_blocks(marker: str) -> dict[str, str]:
+    """The README's code blocks right after `<!-- marker -->`, by language (`bash`, `python`)."""
+    text = (ROOT / "README.md").read_text().split(f"<!-- {marker} -->\n", 1)[1]
+    blocks = {}
+    while text.startswith("```"):
+        language, rest = text[3:].split("\n", 1)
+        blocks[language], text = rest.split("```\n", 1)
+    return blocks
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2) -> tuple[list[int], str]:
+    """`model.generate`'s 8 greedy new tokens for the README's prompt (float32), and the first one's text."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    ids = tokenizer(README_PROMPT, return_tensors="pt").input_ids
+    new = model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:].tolist()
+    return new, tokenizer.decode(new[:1])
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "optimum-executorch"])
+def test_the_readme_snippet_opens_the_8da4w_variant_from_the_pull_request(hub, published, expected, runtime,
+                                                                          tmp_path):
+    """The README's 8da4w snippets, run as written against the pull request (the repo and revision replaced): the
+    variant's folder downloaded by huggingface_hub's CLI, then TextLLMRunner (hfexport's environment) and
+    optimum-executorch (its own venv) generate from it; what was downloaded is the variant's program, never the float32
+    one."""
+    repo, num = published
+    blocks = readme_blocks(f"readme-llm-{runtime}-8da4w")
+    assert set(blocks) == {"bash", "python"}, blocks
+    for text in (README_REPO, README_REVISION, README_PROMPT):
+        assert text in "".join(blocks.values()), (runtime, text)
+
+    def filled(code):
+        return code.replace(README_REPO, repo).replace(README_REVISION, f"refs/pr/{num}")
+
+    env = {**os.environ, **hub.env(token=False, hf_home=tmp_path / "hf-home"), "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(["bash", "-c", filled(blocks["bash"])], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300, env={**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    python = sys.executable if runtime == "executorch" else str(peers.optimum_executorch_venv())
+    done = subprocess.run([python, "-c", filled(blocks["python"])], capture_output=True, cwd=tmp_path, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fetched = {path.relative_to(tmp_path / "your-llm").as_posix() for path in tmp_path.rglob("*.pte")}
+    assert fetched == {"executorch/8da4w/model.pte"}, fetched  # the variant's program, never the float32 one
+    tokens, first = expected
+    printed = done.stdout.decode(errors="replace").strip()
+    print(f"{runtime} 8da4w: {printed!r} (float32's tokens: {tokens})")
+    if runtime == "optimum-executorch":  # the new token ids, then their text
+        new = json.loads(printed.splitlines()[-1].split("]", 1)[0] + "]")
+        assert new and new[0] == tokens[0], (new, tokens)  # greedy: its first token is float32's
+    else:  # the runner prints each piece's text on stdout as it goes: float32's first piece comes first
+        assert first.strip() and first.strip() in printed, (printed, first)
