@@ -14,8 +14,9 @@ runtimes of hfexport.testing.peers; `transformers.js` (the default), transformer
 config.json: 64 for SmolLM2's 576), the runtimes (`all`, the default there) OpenVINO GenAI's LLMPipeline and
 optimum-intel opening each variant's folder -> results/variant_quality_openvino.json.
 
-`FORMAT=executorch`: the ExecuTorch generation target (the LLM runner's program) and its 8da4w variant (linear
-groups of 32, 8-bit embedding rows), the runtimes (`all`) TextLLMRunner beside hfexport and optimum-executorch in its
+`FORMAT=executorch`: the ExecuTorch generation target (the LLM runner's program) and its 8da4w variant (its
+defaults: linear groups of 32, the head 8da8w, the embedding 4w; results/variant_quality_executorch.json was measured
+before them, with the head 8da4w and the embedding 8-bit rows), the runtimes (`all`) TextLLMRunner beside hfexport and optimum-executorch in its
 venv opening `8da4w/model.pte`; beside it optimum-executorch's own 8da4w of the same checkpoint (`optimum-cli export
 executorch --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache --qlinear 8da4w --qembedding 8w`, in its venv),
 scored by the same measures against hfexport's float32 program -> results/variant_quality_executorch.json.

@@ -18,6 +18,7 @@ from hfexport.quantization.shapes import variant_group_size_problems
 from hfexport.testing.zoo import ZOO
 
 TARGET = "pte-8da4w"
+HEAD, EMBEDDING = "8da8w", "4w"  # the defaults (docs/quantization.md, "Variants")
 SMOLLM2 = ZOO["smollm2-135m"].config
 
 
@@ -45,6 +46,29 @@ def test_an_unstated_group_size_is_32_where_it_divides_else_the_largest_that_doe
     assert group_size({"hidden_size": 584}, {"group_size": None}) == -1
 
 
+def test_the_head_and_the_embedding_take_the_form_the_settings_name():
+    """`head` 8da8w: the head's weights 8-bit per output channel (the other linear layers 4-bit in groups); `embedding`
+    4w: 4 bits in the linear layers' groups; a head tied to the embedding is quantized apart from it."""
+    import torch
+
+    from hfexport.formats.executorch.variants import quantize
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.proj = torch.nn.Embedding(64, 64), torch.nn.Linear(64, 64)
+            self.lm_head = torch.nn.Linear(64, 64, bias=False)
+            self.lm_head.weight = self.embed.weight
+
+    for head, embedding, forms in (("8da8w", "4w", {"embed": (torch.int4, 32), "lm_head": (torch.int8, 64)}),
+                                   ("8da4w", "8w", {"embed": (torch.int8, 64), "lm_head": (torch.int4, 32)})):
+        model = Tied()
+        quantize(model, 32, head, embedding)
+        for name, (dtype, group) in {**forms, "proj": (torch.int4, 32)}.items():
+            weight = getattr(model, name).weight
+            assert (weight.target_dtype, weight.block_size) == (dtype, (1, group)), (head, embedding, name)
+
+
 def test_the_variant_is_a_folder_of_its_own_whose_program_is_model_pte():
     """optimum-executorch's `ExecuTorchModelForCausalLM` takes the `.pte`'s stem as its `model`: the variant's program
     keeps that name, in a folder a publication keeps with its target (as OpenVINO's `int4/`)."""
@@ -55,8 +79,8 @@ def test_the_variant_is_a_folder_of_its_own_whose_program_is_model_pte():
 
     assert find_format("executorch").variant_file("8da4w") == "8da4w/model.pte"
     assert "8da4w" in variant_folders()
-    assert settings("8da4w") == {"name": "8da4w", "group_size": None, "max_nll_ratio": 1.6,
-                                 "min_top1_agreement": 0.55}
+    assert settings("8da4w") == {"name": "8da4w", "group_size": None, "head": HEAD, "embedding": EMBEDDING,
+                                 "max_nll_ratio": 1.6, "min_top1_agreement": 0.55}
     assert runtime_floor("8da4w") == runtime_floor("q4") == 0.5  # 4-bit weights: hfexport's 4-bit greedy floor
 
 
@@ -80,7 +104,10 @@ def variants_job(tiny_llama, tmp_path_factory):
 
     recipe = json.loads((tiny_llama / "export_config.json").read_text())
     recipe["default_target"] = TARGET
-    recipe["targets"] = {TARGET: {"export_format": "executorch", "mode": "generation", "variants": ["8da4w"],
+    # the embedding stated 8-bit: tiny-llama's random embedding at 4 bits (the default) leaves its greedy tokens agreeing
+    # 0.25 in both runtimes, below the 4-bit floor (measured; docs/quantization.md, "Variants")
+    recipe["targets"] = {TARGET: {"export_format": "executorch", "mode": "generation",
+                                  "variants": [{"name": "8da4w", "embedding": "8w"}],
                                   "parity": {"generate": {"max_new_tokens": 8}}}}
     output = tmp_path_factory.mktemp("pte-variants")
     with mock.patch.dict(os.environ, {"HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH": str(peers.optimum_executorch_venv())}):
@@ -97,6 +124,7 @@ def test_the_8da4w_program_is_gated_in_both_runtimes_by_its_folder(variants_job)
     [entry] = target.variants
     assert (entry["name"], entry["file"], entry["verdict"]) == ("8da4w", "8da4w/model.pte", "passed")
     assert entry["settings"]["group_size"] == 32  # tiny-llama's 64 and 128 take optimum-executorch's default
+    assert (entry["settings"]["head"], entry["settings"]["embedding"]) == ("8da8w", "8w")
     assert entry["positions"] > 10 and entry["nll_ratio"] <= 1.5
     assert {check["runtime"]: check["verdict"] for check in entry["runtimes"]} == {
         "executorch-llm-runner": "passed", "optimum-executorch": "passed"}
@@ -110,7 +138,8 @@ def test_the_8da4w_program_is_gated_in_both_runtimes_by_its_folder(variants_job)
         plan = deserialize_pte_binary((path / "model.pte").read_bytes()).program.execution_plan[0]
         return {operator.name for operator in plan.operators}
 
-    # the LLM runner's kernels kept, the embedding one 8-bit kernel, the linears in XNNPACK's delegates
+    # the LLM runner's kernels kept, the embedding one 8-bit kernel (`embedding` 8w), the linears (the head's 8-bit
+    # weights too: `head` 8da8w, the default) in XNNPACK's delegates
     assert {"llama::custom_sdpa", "llama::update_cache", "quantized_decomposed::embedding_byte"} <= operators(variant)
     assert "quantized_decomposed::embedding_byte" not in operators(folder)
     assert {"llama::custom_sdpa", "llama::update_cache"} <= operators(folder)

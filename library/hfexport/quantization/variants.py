@@ -19,8 +19,9 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
   a stated one that does not divide is refused: `hfexport.quantization.shapes`) with `ratio` of the layers at 4 bits
   (default 1.0, the rest int8).
 - ExecuTorch `8da4w` (optimum-executorch's, `executorch/8da4w/model.pte`: `hfexport.formats.executorch.variants`):
-  4-bit linear weights in groups of `group_size` (default 32, resolved and checked as int4's), 8-bit embedding rows;
-  for a target in ExecuTorch's LLM runner contract only.
+  4-bit linear weights in groups of `group_size` (default 32, resolved and checked as int4's), the head `head`
+  (default `8da8w`: 8-bit per channel; or `8da4w`), the embedding `embedding` (default `4w` in the same groups; or
+  `8w` per row); for a target in ExecuTorch's LLM runner contract only.
 - every variant: `max_nll_ratio` and `min_top1_agreement`, its quality bounds against the float32 export on the
   sample texts (`DEFAULT_BOUNDS`, measured on SmolLM2-135M-Instruct: docs/quantization.md, "Variants").
 
@@ -39,7 +40,7 @@ EIGHT_BIT = {"weights_only": True, "block_size": 32, "accuracy_level": None, "ti
              **{key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}}
 GROUPED_FOUR_BIT = {"group_size": None, "ratio": 1.0}  # group_size None: resolved from the model's layer sizes
 SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT, "int8": {}, "int4": GROUPED_FOUR_BIT,
-            "8da4w": {"group_size": None}}  # None: resolved from the model's layer sizes
+            "8da4w": {"group_size": None, "head": "8da8w", "embedding": "4w"}}  # group None: from the layer sizes
 LOW_BIT = ("q4", "q4f16", "int4", "8da4w")
 BLOCKED = ("q8", "q4", "q4f16")  # MatMulNBits' blocks: `block_size` a power of two
 #: what puts an ExecuTorch generation target out of the LLM runner's contract, which its variants are made of

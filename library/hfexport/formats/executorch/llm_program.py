@@ -48,8 +48,8 @@ def register_custom_ops() -> None:
 
 
 def register_quantized_kernels() -> None:
-    """Register ExecuTorch's quantized kernels (`quantized_decomposed::embedding_byte`: an 8da4w variant's 8-bit
-    embedding, `hfexport.formats.executorch.variants`) for the runtime, as optimum-executorch's modeling does."""
+    """Register ExecuTorch's quantized kernels (`quantized_decomposed::embedding_4bit`/`embedding_byte`: an 8da4w
+    variant's embedding, `hfexport.formats.executorch.variants`) for the runtime, as optimum-executorch's modeling does."""
     from executorch.kernels import quantized  # noqa: F401 - registers on import
 
 

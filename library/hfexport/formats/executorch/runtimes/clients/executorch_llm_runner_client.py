@@ -12,7 +12,7 @@ REQUEST: {"texts": [str], "max_new_tokens", "num_bos": [int per prompt]}. Each p
   its own: the bindings cannot hand it over).
 
 ExecuTorch's LLM kernels (`llama::custom_sdpa`, `llama::update_cache`: hfexport.formats.executorch.llm_program) and its
-quantized kernels (`quantized_decomposed::embedding_byte`, an 8da4w program's 8-bit embedding) are registered first,
+quantized kernels (`quantized_decomposed::embedding_4bit`/`embedding_byte`, an 8da4w program's embedding) are registered first,
 as the runner's users do (importing `executorch.extension.llm.custom_ops.custom_ops` and `executorch.kernels.quantized`).
 
 Prints one JSON line: {"version", "tokens": [[ids]], "prompt_tokens": [n], "texts": [str or None], "text_errors"}.
