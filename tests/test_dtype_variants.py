@@ -236,11 +236,11 @@ def test_a_head_tied_to_the_embedding_is_quantized_too_and_the_embedding_reads_i
 
 
 @pytest.mark.slow
-def test_a_tied_models_4_bit_variants_read_one_4_bit_table_in_every_runtime(tiny_llama, runtime_env, tmp_path):
+def test_a_tied_models_4_bit_variants_read_one_quantized_table_in_every_runtime(tiny_llama, runtime_env, tmp_path):
     """tiny-llama with its head tied to the embedding, its table above the exporter's constant folding (1M elements:
     a smaller one is folded into a second, untied copy of the head): q4 and q4f16 store the table once, as the head's
-    4-bit blocks that the embedding's GatherBlockQuantized reads, and transformers.js, optimum and onnxruntime-genai
-    each pass the gate on them."""
+    blocks (8-bit, `head_bits`' default) that the embedding's GatherBlockQuantized reads, and transformers.js, optimum
+    and onnxruntime-genai each pass the gate on them."""
     from unittest import mock
 
     import onnx
@@ -269,4 +269,6 @@ def test_a_tied_models_4_bit_variants_read_one_4_bit_table_in_every_runtime(tiny
         graph = onnx.load(str(tmp_path / "out" / "onnx-generation" / variant["file"]), load_external_data=False)
         ops = [node.op_type for node in graph.graph.node]
         assert "GatherBlockQuantized" in ops and "Gather" not in ops, variant["name"]
+        assert {attribute.i for node in graph.graph.node if node.op_type == "GatherBlockQuantized"
+                for attribute in node.attribute if attribute.name == "bits"} == {8}, variant["name"]
         assert "model.embed_tokens.weight" not in {tensor.name for tensor in graph.graph.initializer}
