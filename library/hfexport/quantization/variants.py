@@ -4,15 +4,13 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
 (`model_fp16.onnx`, `model_quantized.onnx`, `model_q4.onnx`, `model_q4f16.onnx`) so that transformers.js opens each by
 `dtype` alone. A recipe item is a name or an object with its name and settings (`settings` fills in the defaults):
 
-- `q4`, `q4f16`: ONNX Runtime's `MatMulNBits` (`MatMulNBitsQuantizer`): `block_size` (default 32), `symmetric`
-  (default true) and `accuracy_level` (default unset), as transformers.js' scripts/quantize.py makes its q4; q4f16 is
-  that graph converted to float16. `head_bits` (default 8): the head's blocks, 8-bit because a 4-bit head fails
-  SmolLM2's runtime gate; `tied_embedding` (default true): a tied embedding reads the head's blocks, stored once as
-  onnxruntime-genai's builder stores it (false: a float32 table, as transformers.js; figures: docs/quantization.md).
-- `q8`: `weights_only` (default true): 8-bit `MatMulNBits` blocks of `block_size` (32), the tied embedding reading
-  the head's (`tied_embedding`, true), float activations; false: ONNX Runtime's dynamic quantization as
-  transformers.js' script makes q8 (int8 activations; uint8 weights where the graph has an op whose int8 kernel the
-  WebAssembly backend lacks, else int8), `per_channel` and `reduce_range` at hfexport's `ort_dynamic` defaults.
+- `q4`, `q4f16`: ONNX Runtime's `MatMulNBits` (`MatMulNBitsQuantizer`): `block_size` (32), `symmetric` (true),
+  `accuracy_level` (unset), as transformers.js' scripts/quantize.py makes q4; q4f16 is that graph in float16.
+  `head_bits` (8: a 4-bit head fails SmolLM2's runtime gate); `tied_embedding` (true): a tied embedding reads the
+  head's blocks, as onnxruntime-genai's builder stores it (false: a float32 table, as transformers.js).
+- `q8`: `weights_only` (true): 8-bit `MatMulNBits` blocks of `block_size` (32), the tied embedding reading the
+  head's (`tied_embedding`); false: ONNX Runtime's dynamic quantization as transformers.js' script makes q8
+  (`per_channel`, `reduce_range`: hfexport's `ort_dynamic` defaults; uint8 weights where WebAssembly lacks int8).
 - OpenVINO `int8`, `int4` (optimum-intel's weight formats, NNCF's `compress_weights` on the converted model, each in
   a folder of its own, `openvino/int4/`): int8 weight-only asymmetric per channel; int4 asymmetric in groups of
   `group_size` (default: 128 where it divides every linear layer's input, else the largest power of two that does;

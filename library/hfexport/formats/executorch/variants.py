@@ -11,8 +11,7 @@ optimum-executorch's `optimum-cli export executorch --recipe xnnpack --qlinear 8
   with them). A tied head at 4 bits is where most of a small model's loss is (SmolLM2-135M: docs/quantization.md);
 - the embedding, `embedding`: `4w` (the default: `IntxWeightOnlyConfig` int4 in the linear layers' groups, ExecuTorch's
   `quantized_decomposed::embedding_4bit` kernel) or `8w` (8 bits per row, `embedding_byte`), fused by
-  `do_quant_fusion_and_const_prop` as optimum-executorch lowers. `4w` pays for the head's 8 bits: the defaults'
-  program is within 3% of optimum-executorch's `--qlinear 8da4w --qembedding 8w` in size;
+  `do_quant_fusion_and_const_prop` as optimum-executorch lowers (`4w` pays for the head's 8 bits: within 3% in size);
 - the rest of the program is the float32 export's: the same attention (ExecuTorch's LLM kernels
   `llama::custom_sdpa`/`llama::update_cache` where the float32 export chose them, not checked again), cache size,
   metadata methods and last-position logits (`hfexport.formats.executorch.llm_program.export`).
