@@ -22,8 +22,7 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
   `8w` per row); for a target in ExecuTorch's LLM runner contract only.
 - every variant: `max_nll_ratio` and `min_top1_agreement`, its quality bounds against the float32 export on the
   sample texts (`DEFAULT_BOUNDS`, measured on SmolLM2-135M-Instruct: docs/quantization.md, "Variants").
-
-`variant_problems` is the recipe's check (pure data: no backend imported). Docs: docs/quantization.md, "Variants".
+`variant_problems` is the recipe's check (pure data: no backend imported).
 """
 
 from __future__ import annotations
