@@ -14,6 +14,7 @@ from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest, 
 from hfexport.deployment import _python
 from hfexport.formats.openvino.runtimes import openvino_genai, optimum_intel
 from hfexport.testing import peers
+from hfexport.testing.readme import readme_snippet
 
 MAX_NEW_TOKENS = 8
 
@@ -207,13 +208,6 @@ def test_absent_crashed_and_hung_runtimes(openvino_llama, llama_request, monkeyp
     crashed, hung = run_checks("openvino", openvino_llama, quick)
     assert crashed.verdict == FAILED and "exited 139" in crashed.reason and "Segmentation fault" in crashed.reason
     assert hung.verdict == FAILED and "time limit" in hung.reason
-
-
-def readme_snippet(marker: str) -> str:
-    """The README's code block right after `<!-- marker -->`: the tests run exactly what users read."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = text.split(f"<!-- {marker} -->", 1)[1].split("```python\n", 1)[1]
-    return block.split("```", 1)[0]
 
 
 @pytest.mark.parametrize("marker, environment", [("readme-llm-openvino-genai", peers.openvino_genai_venv),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest, run_checks
+from hfexport.testing.readme import readme_snippet
 
 MAX_NEW_TOKENS = 8
 TARGET = "pte-llm"
@@ -167,13 +168,6 @@ def crashing_interpreter(folder: Path) -> Path:
     crash.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
     crash.chmod(0o755)
     return crash
-
-
-def readme_snippet(marker: str) -> str:
-    """The README's code block right after `<!-- marker -->`: the tests run exactly what users read."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = text.split(f"<!-- {marker} -->", 1)[1].split("```python\n", 1)[1]
-    return block.split("```", 1)[0]
 
 
 def test_the_readme_snippet_runs_the_export_in_textllmrunner(pte_llama, tiny_llama, llama_texts, tmp_path):

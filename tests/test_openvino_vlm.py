@@ -21,6 +21,7 @@ import pytest
 from hfexport.deployment import FAILED, NOT_CHECKED, PASSED, GenerationRequest
 from hfexport.formats.openvino import vlm_layout
 from hfexport.formats.openvino.runtimes import openvino_genai, openvino_genai_vlm
+from hfexport.testing.readme import readme_snippet
 
 TARGET = "openvino-generation"
 PROMPTS = ["<image>\nDescribe the picture", "<image>\nThe capital of France is"]
@@ -250,13 +251,6 @@ def test_vlmpipeline_reads_the_images(llava_openvino, llava, genai_env, monkeypa
     request.extra = {"pixel_values": _normalized(255 - np.stack(images))}
     (other,) = openvino_genai.check_generation(llava_openvino[0], request)
     assert other.verdict == FAILED and other.first_difference is not None, other
-
-
-def readme_snippet(marker: str) -> str:
-    """The README's code block right after `<!-- marker -->`: the tests run exactly what users read."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = text.split(f"<!-- {marker} -->", 1)[1].split("```python\n", 1)[1]
-    return block.split("```", 1)[0]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import pytest
 from hfexport.deployment import PASSED
 from hfexport.testing import peers
 from hfexport.testing.models import smollm2_as_published
+from hfexport.testing.readme import readme_blocks
 
 pytestmark = pytest.mark.slow
 
@@ -83,16 +84,6 @@ def published(hub, smollm2, gated, tmp_path_factory):
     repo = f"{hub.user}/smollm2-executorch-variants"
     hub.seed_repo(repo, smollm2_as_published(smollm2, tmp_path_factory.mktemp("smollm2-pte-repo")))
     return repo, publish(output, repo, mode="pr", token=hub.write_token, allow_failed=True).pr_num
-
-
-def readme_blocks(marker: str) -> dict[str, str]:
-    """The README's code blocks right after `<!-- marker -->`, by language (`bash`, `python`)."""
-    text = (ROOT / "README.md").read_text().split(f"<!-- {marker} -->\n", 1)[1]
-    blocks = {}
-    while text.startswith("```"):
-        language, rest = text[3:].split("\n", 1)
-        blocks[language], text = rest.split("```\n", 1)
-    return blocks
 
 
 @pytest.fixture(scope="module")

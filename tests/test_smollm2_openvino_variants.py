@@ -21,6 +21,7 @@ import pytest
 from hfexport.deployment import PASSED
 from hfexport.testing import peers
 from hfexport.testing.models import smollm2_as_published
+from hfexport.testing.readme import readme_blocks
 
 
 pytestmark = pytest.mark.slow
@@ -71,7 +72,6 @@ def test_the_int4_variant_passes_its_gate_in_both_runtimes(gated):
     assert config["quantization_config"]["group_size"] == 64 and config["quantization_config"]["bits"] == 4
 
 
-
 @pytest.fixture(scope="module")
 def published(hub, smollm2, gated, tmp_path_factory):
     """The gated target (its int4 variant inside) published as a pull request: (repo, pr number)."""
@@ -82,16 +82,6 @@ def published(hub, smollm2, gated, tmp_path_factory):
     repo = f"{hub.user}/smollm2-openvino-variants"
     hub.seed_repo(repo, smollm2_as_published(smollm2, tmp_path_factory.mktemp("smollm2-ov-repo")))
     return repo, publish(output, repo, mode="pr", token=hub.write_token).pr_num
-
-
-def readme_blocks(marker: str) -> dict[str, str]:
-    """The README's code blocks right after `<!-- marker -->`, by language (`bash`, `python`)."""
-    text = (ROOT / "README.md").read_text().split(f"<!-- {marker} -->\n", 1)[1]
-    blocks = {}
-    while text.startswith("```"):
-        language, rest = text[3:].split("\n", 1)
-        blocks[language], text = rest.split("```\n", 1)
-    return blocks
 
 
 @pytest.mark.parametrize("runtime", ["openvino-genai", "optimum-intel"])
