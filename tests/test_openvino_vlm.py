@@ -181,21 +181,25 @@ def llava_openvino(session_dir, tiny_llava, genai_env):
 
 
 def _request(model, processor, texts: list[str], images: list[np.ndarray]) -> GenerationRequest:
-    """`model.generate`'s greedy tokens on each text with its image (batch 1), as the gate asks the runtimes."""
+    """`model.generate`'s greedy tokens on each text with its image (batch 1), as the gate asks the runtimes; the
+    processor's image tensors (`pixel_values`, and Qwen2-VL's `image_grid_thw`) in `extra`."""
     import torch
 
-    prompts, expected, pixels = [], [], []
+    prompts, expected, extra = [], [], {}
     for text, image in zip(texts, images, strict=True):
         inputs = processor(text=[text], images=[image], return_tensors="pt")
         with torch.no_grad():
             out = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
         prompts.append(inputs["input_ids"][0].tolist())
         expected.append(out[0, inputs["input_ids"].shape[1]:].tolist())
-        pixels.append(inputs["pixel_values"].numpy())
+        for name in ("pixel_values", "image_grid_thw"):
+            if name in inputs:
+                extra.setdefault(name, []).append(inputs[name].numpy())
     eos = model.generation_config.eos_token_id
     return GenerationRequest(prompts=prompts, expected=expected, max_new_tokens=MAX_NEW,
                              eos_token_id=eos if isinstance(eos, list) else [eos], padded_expected=None, texts=texts,
-                             model_type="llava", extra={"pixel_values": np.concatenate(pixels)})
+                             model_type=model.config.model_type,
+                             extra={name: np.concatenate(arrays) for name, arrays in extra.items()})
 
 
 @pytest.mark.slow
@@ -361,26 +365,6 @@ def qwen2_vl(qwen2_vl_openvino):
     return AutoModelForImageTextToText.from_pretrained(folder).eval(), load_processor(folder)
 
 
-def _qwen2_vl_request(model, processor, texts: list[str], images: list[np.ndarray]) -> GenerationRequest:
-    """`model.generate`'s greedy tokens on each text with its image (batch 1), with the packed patches and grids."""
-    import torch
-
-    prompts, expected, pixels, grids = [], [], [], []
-    for text, image in zip(texts, images, strict=True):
-        inputs = processor(text=[text], images=[image], return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
-        prompts.append(inputs["input_ids"][0].tolist())
-        expected.append(out[0, inputs["input_ids"].shape[1]:].tolist())
-        pixels.append(inputs["pixel_values"].numpy())
-        grids.append(inputs["image_grid_thw"].numpy())
-    eos = model.generation_config.eos_token_id
-    return GenerationRequest(prompts=prompts, expected=expected, max_new_tokens=MAX_NEW,
-                             eos_token_id=eos if isinstance(eos, list) else [eos], padded_expected=None, texts=texts,
-                             model_type="qwen2_vl", extra={"pixel_values": np.concatenate(pixels),
-                                                           "image_grid_thw": np.concatenate(grids)})
-
-
 @pytest.mark.slow
 def test_a_qwen2_vl_export_is_in_vlmpipelines_layout_and_the_gate_ran_it_token_for_token(qwen2_vl_openvino):
     """VLMPipeline's Qwen2-VL split (qwen2vl/classes.cpp) with the names, shapes and types it feeds: the patch
@@ -430,11 +414,11 @@ def test_vlmpipeline_reads_qwen2_vl_images(qwen2_vl_openvino, qwen2_vl, genai_en
     rng = np.random.default_rng(3)
     images = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(2)]
     texts = [f"{QWEN2_VL_PROMPT} Describe the picture", f"{QWEN2_VL_PROMPT} The capital of France is"]
-    request = _qwen2_vl_request(model, processor, texts, images)
+    request = _request(model, processor, texts, images)
     monkeypatch.setenv("HFEXPORT_RUNTIME_OPENVINO_GENAI", genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"])
     (same,) = openvino_genai.check_generation(qwen2_vl_openvino[1], request)
     assert same.verdict == PASSED, same.reason
-    other = _qwen2_vl_request(model, processor, texts, [255 - image for image in images])
+    other = _request(model, processor, texts, [255 - image for image in images])
     request.extra = other.extra
     (changed,) = openvino_genai.check_generation(qwen2_vl_openvino[1], request)
     assert changed.verdict == FAILED and changed.first_difference is not None, changed
@@ -469,7 +453,7 @@ def test_vlmpipeline_runs_a_qwen2_vl_pull_request_as_the_readme_says(qwen2_vl_op
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     model, processor = qwen2_vl
-    request = _qwen2_vl_request(model, processor, [f"{QWEN2_VL_PROMPT} Describe the picture"], [image])
+    request = _request(model, processor, [f"{QWEN2_VL_PROMPT} Describe the picture"], [image])
     new = processor.tokenizer.decode(request.expected[0], skip_special_tokens=True)
     assert new.strip() and new.strip() in done.stdout, (new, done.stdout)
 
