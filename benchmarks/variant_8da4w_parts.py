@@ -53,6 +53,8 @@ def main(names: list[str]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from variant_quality import TEXTS
 
+    from hfexport.deployment import token_agreement
+
     torch.manual_seed(0)
     torch.set_num_threads(2)
     folder = os.environ.get("SMOLLM2_DIR", "/tmp/hfexport-smollm2")
@@ -77,15 +79,6 @@ def main(names: list[str]) -> None:
             log_probs = torch.log_softmax(model(torch.tensor([row])).logits[0].double(), -1)
             out.append(([float(log_probs[i, row[i + 1]]) for i in range(len(row) - 1)], log_probs.argmax(-1).tolist()))
         return out
-
-    def agreement(expected, got):
-        same = 0
-        for want, have in zip(expected, got, strict=True):
-            for a, b in zip(want, have, strict=False):
-                if a != b:
-                    break
-                same += 1
-        return same / sum(map(len, expected))
 
     def config(kind, group, alg):
         granularity = PerAxis(0) if group in (0, -1) else PerGroup(group)
@@ -159,7 +152,7 @@ def main(names: list[str]) -> None:
         nll = sum(-x for row, _ in scored for x in row) / sum(len(row) for row, _ in scored)
         top1 = [a == b for (_, want), (_, got) in zip(reference, scored, strict=True)
                 for a, b in zip(want[:-1], got[:-1], strict=True)]
-        print(json.dumps({"config": name, "greedy_agreement": round(agreement(reference_tokens, tokens), 3),
+        print(json.dumps({"config": name, "greedy_agreement": round(token_agreement(reference_tokens, tokens), 3),
                           "nll_ratio": round(math.exp(nll - reference_nll), 4),
                           "top1": round(sum(top1) / len(top1), 3), "s": round(time.time() - started)}), flush=True)
         for key in [key for key in cache if key != ("8da4w", 32, "hqq_scale_only", "lin")]:
