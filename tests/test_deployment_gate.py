@@ -91,6 +91,15 @@ def test_a_hanging_client_is_stopped_and_named():
     assert deployment.run_client([sys.executable, "-c", "print('log'); print('{\"a\": 1}')"], timeout=30) == {"a": 1}
 
 
+def test_a_client_killed_for_memory_is_named_so():
+    """A runtime the OOM killer or a cgroup limit ends (SIGKILL) says so, not only "exited -9" (a float16 1B model's
+    runtimes in 3 GB, issue 45)."""
+    script = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    with pytest.raises(deployment.RuntimeClientError) as killed:
+        deployment.run_client([sys.executable, "-c", script], timeout=30)
+    assert str(killed.value).startswith("exited -9 (killed by signal 9: out of memory?)")
+
+
 def test_a_runtimes_time_limit_grows_with_the_model():
     """300 s for a tiny model, 300 s more per billion parameters (a 1.2B model's runtime took 297 s on loaded cores)."""
     import torch

@@ -53,6 +53,14 @@ def status_exit_code(status: str) -> int:
     return {"ok": EXIT_OK, "unchanged": EXIT_OK, "failed": EXIT_CHECK_FAILED}.get(status, EXIT_COULD_NOT_RUN)
 
 
+def killed_by(returncode: int) -> str:
+    """What a child process's negative exit code says, for its error message: " (killed by signal 9: out of
+    memory?)" for SIGKILL, the kernel's OOM killer's and a cgroup limit's signal; "" for a normal exit."""
+    if returncode >= 0:
+        return ""
+    return f" (killed by signal {-returncode}{': out of memory?' if returncode == -9 else ''})"
+
+
 def first_line(error: BaseException | str, limit: int | None = None) -> str:
     """The first line of an error's message (its class name when the message is empty), redacted, optionally cut.
 

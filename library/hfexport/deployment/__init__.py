@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hfexport.errors import RuntimeClientError, redact
+from hfexport.errors import RuntimeClientError, killed_by, redact
 from hfexport.formats import format_traits
 
 PASSED, FAILED, NOT_CHECKED = "passed", "failed", "not_checked"
@@ -231,7 +231,7 @@ def client_result(returncode: int, stdout: str, stderr: str) -> dict:
         # The client's own error line where there is one (Node prints its stack after it), else its last lines.
         errors = [line.strip() for line in lines if re.match(r"^\s*(\w+\.)*\w*(Error|Exception)\b", line)]
         tail = errors[-1] if errors else " | ".join(lines[-3:])
-        raise RuntimeClientError(redact(f"exited {returncode}: {tail}"[:600]))
+        raise RuntimeClientError(redact(f"exited {returncode}{killed_by(returncode)}: {tail}"[:600]))
     try:
         return json.loads(lines[-1])
     except ValueError:

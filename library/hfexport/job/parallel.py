@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from hfexport.errors import killed_by
 from hfexport.formats import format_traits
 from hfexport.job.preflight import memory_needed
 from hfexport.logs import LOGGER
@@ -187,9 +188,9 @@ class TargetWorker:
         with contextlib.suppress(OSError):
             self.process.stdin.close()
         if not self.finished and self.error is None:
-            signal = f" (killed by signal {-code}{': out of memory?' if code == -9 else ''})" if code < 0 else ""
             self.error = ("the export worker was stopped" if stopped else
-                          f"the export worker process exited with code {code}{signal} before finishing its targets")
+                          f"the export worker process exited with code {code}{killed_by(code)} before finishing its "
+                          "targets")
 
     def stop(self) -> None:
         """Kill the worker if it still runs (its unfinished targets' folders are removed by `remove_unfinished`)."""
