@@ -277,3 +277,32 @@ def test_an_exported_grouped_query_decoder_never_repeats_its_cache(exported_llam
                 and node.inputs[0].producer() is not None and node.inputs[0].producer().op_type == "Unsqueeze"
                 and any(value.name.startswith("present.") for value in node.inputs[0].producer().inputs)]
     assert not expanded
+
+
+def _external_tensor():
+    """A float initializer whose data is in an external file that is not there (the graph loaded without it)."""
+    from onnx import TensorProto
+
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4], data_location=TensorProto.EXTERNAL)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "absent.bin"
+    return tensor
+
+
+def test_without_the_fix_the_float16_converter_reads_data_for_a_shape():
+    from onnxruntime.transformers import float16 as converter
+
+    with pytest.raises(Exception, match="absent.bin"):
+        converter.make_value_info_from_tensor(_external_tensor())
+
+
+def test_with_the_fix_the_float16_converter_takes_the_shape_from_the_dims():
+    from onnxruntime.transformers import float16 as converter
+
+    from hfexport.formats.onnx.onnxruntime_workarounds import value_info_from_dims
+
+    with value_info_from_dims(converter):
+        info = converter.make_value_info_from_tensor(_external_tensor())
+    assert [dim.dim_value for dim in info.type.tensor_type.shape.dim] == [4, 4]
+    with pytest.raises(Exception, match="absent.bin"):  # the converter's own again once out of it
+        converter.make_value_info_from_tensor(_external_tensor())

@@ -31,6 +31,7 @@ from pathlib import Path
 from hfexport.errors import SaveError
 from hfexport.files import MANIFEST_FILE
 from hfexport.formats.onnx.decoder_contract import onnx_tensors
+from hfexport.formats.onnx.onnxruntime_workarounds import value_info_from_dims
 
 FLOAT16 = "float16"
 #: External initializers at least this large are converted while they are written, one at a time, read from the
@@ -101,8 +102,6 @@ def _streamed_float16_model(path: Path, aside: dict[str, Path]):
     import os
     import tempfile
     from functools import partial
-    from unittest import mock
-
     import onnx
     import onnx_ir
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
@@ -132,8 +131,7 @@ def _streamed_float16_model(path: Path, aside: dict[str, Path]):
             tensor.raw_data = data.read(info.length)
         tensor.data_location = onnx.TensorProto.DEFAULT
         del tensor.external_data[:]
-    # the converter reads an initializer's data only for its shape (numpy_helper.to_array): its dims say it
-    with mock.patch.object(converter, "make_value_info_from_tensor", _value_info):
+    with value_info_from_dims(converter):  # the converter would read each initializer's data for its shape
         model = converter.convert_float_to_float16(model, keep_io_types=False, disable_shape_infer=True)
     ir_model = onnx_ir.from_proto(model)
     for value in ir_model.graph.initializers.values():
@@ -144,13 +142,6 @@ def _streamed_float16_model(path: Path, aside: dict[str, Path]):
             value.const_value = onnx_ir.LazyTensor(read, dtype=tensor.dtype, shape=tensor.shape, name=tensor.name,
                                                    doc_string=tensor.doc_string, metadata_props=tensor.metadata_props)
     return ir_model
-
-
-def _value_info(tensor):
-    """`make_value_info_from_tensor` of onnxruntime's converter, from the tensor's dims instead of its data."""
-    from onnx import helper
-
-    return helper.make_tensor_value_info(tensor.name, tensor.data_type, tuple(tensor.dims))
 
 
 def _converted(source: Path, offset: int, length: int, shape: tuple, float16: bool):

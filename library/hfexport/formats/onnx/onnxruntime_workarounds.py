@@ -3,10 +3,12 @@
 Three rewrites, each the same arithmetic in the form onnxruntime's fusions match: RMSNorm
 (`fuse_ready_rms_norms`), attention's key transpose (`fuse_ready_key_transposes`) and grouped-query caches
 (`broadcast_grouped_query_caches`). What each works around and what it saved: docs/workarounds.md, "ONNX graphs in
-onnxruntime's fusable forms".
+onnxruntime's fusable forms". And one around onnxruntime's float16 converter (`value_info_from_dims`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from hfexport.workarounds import workaround
 
@@ -222,3 +224,25 @@ def broadcast_grouped_query_caches(model) -> int:
         pattern.RewriteRule(_output_over_repeated_values, _grouped_output, _is_a_head_repeat, name="GroupedOutput"),
     ])
     return _rewritten(rules, model)
+
+
+@workaround(
+    "onnxruntime-float16-converter-reads-data-for-shapes",
+    upstream="onnxruntime 1.32.0 (onnxruntime.transformers.float16.make_value_info_from_tensor)",
+    works_around="(memory) the float16 converter reads an initializer's whole data (numpy_helper.to_array) only to "
+                 "take its shape; a graph converted without its weights' data (a 1B model's float16 target, issue "
+                 "45) has none to read",
+    applied="formats.onnx.float16, while the converter runs on a graph whose large initializers are streamed",
+    canary="tests/test_onnxruntime_fixes.py::test_without_the_fix_the_float16_converter_reads_data_for_a_shape")
+@contextlib.contextmanager
+def value_info_from_dims(converter):
+    """While in it, onnxruntime's float16 `converter` module makes an initializer's value info from its dims."""
+    from unittest import mock
+
+    from onnx import helper
+
+    def from_dims(tensor):
+        return helper.make_tensor_value_info(tensor.name, tensor.data_type, tuple(tensor.dims))
+
+    with mock.patch.object(converter, "make_value_info_from_tensor", from_dims):
+        yield
