@@ -264,7 +264,6 @@ def test_vlmpipeline_runs_the_pull_request_as_the_readme_says(llava_openvino, ll
     generates `model.generate`'s tokens for its prompt and picture, and the model card shows VLMPipeline."""
     import shutil
 
-    from huggingface_hub import snapshot_download
 
     from hfexport.publication.publish import publish
 
@@ -273,19 +272,9 @@ def test_vlmpipeline_runs_the_pull_request_as_the_readme_says(llava_openvino, ll
     output = tmp_path / "out-job"
     shutil.copytree(llava_openvino[0].parent, output)
     num = publish(output, repo, mode="pr", token=hub.write_token).pr_num
-    files = set(hub.list_files(repo, f"refs/pr/{num}"))
-    folder = next(path.rsplit("/", 1)[0] for path in files if path.endswith("/" + vlm_layout.LANGUAGE_MODEL_FILE))
-    local = Path(snapshot_download(repo, revision=f"refs/pr/{num}", allow_patterns=[f"{folder}/*"],
-                                   cache_dir=tmp_path / "hub-cache", token=hub.write_token))
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / TARGET).symlink_to(local / folder)
     image = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    np.save(tmp_path / "picture.npy", image)
-    script = tmp_path / "snippet.py"
-    script.write_text(readme_snippet("readme-vlm-openvino-genai"))
-    done = subprocess.run([genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"], str(script)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run_readme_snippet(hub, repo, num, vlm_layout.LANGUAGE_MODEL_FILE, "readme-vlm-openvino-genai", image,
+                               genai_env, tmp_path)
     model, processor = llava
     request = _request(model, processor, [PROMPTS[0]], [image])
     new = processor.tokenizer.decode(request.expected[0], skip_special_tokens=True)
@@ -429,7 +418,6 @@ def test_vlmpipeline_runs_a_qwen2_vl_pull_request_as_the_readme_says(qwen2_vl_op
                                                                       tmp_path):
     """Published as a pull request on the local Hub, downloaded from `refs/pr/N` with the real client: the README's
     Qwen2-VL VLMPipeline snippet generates `model.generate`'s new tokens for its prompt and picture."""
-    from huggingface_hub import snapshot_download
 
     from hfexport.publication.publish import publish
     from hfexport.testing.models import PADDLEOCR_VL_IMAGE, QWEN2_VL_PROMPT
@@ -438,20 +426,10 @@ def test_vlmpipeline_runs_a_qwen2_vl_pull_request_as_the_readme_says(qwen2_vl_op
     repo = f"{hub.user}/qwen2-vl-vlmpipeline"
     hub.seed_repo(repo, folder)
     num = publish(exported.parent, repo, mode="pr", token=hub.write_token).pr_num
-    files = set(hub.list_files(repo, f"refs/pr/{num}"))
-    subfolder = next(path.rsplit("/", 1)[0] for path in files if path.endswith("/" + vlm_layout.SPLIT_FILES[1]))
-    local = Path(snapshot_download(repo, revision=f"refs/pr/{num}", allow_patterns=[f"{subfolder}/*"],
-                                   cache_dir=tmp_path / "hub-cache", token=hub.write_token))
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / TARGET).symlink_to(local / subfolder)
     shape = (PADDLEOCR_VL_IMAGE["height"], PADDLEOCR_VL_IMAGE["width"], 3)
     image = np.random.default_rng(5).integers(0, 256, shape, dtype=np.uint8)
-    np.save(tmp_path / "picture.npy", image)
-    script = tmp_path / "snippet.py"
-    script.write_text(readme_snippet("readme-vlm-openvino-genai-qwen2-vl"))
-    done = subprocess.run([genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"], str(script)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run_readme_snippet(hub, repo, num, vlm_layout.SPLIT_FILES[1], "readme-vlm-openvino-genai-qwen2-vl", image,
+                               genai_env, tmp_path)
     model, processor = qwen2_vl
     request = _request(model, processor, [f"{QWEN2_VL_PROMPT} Describe the picture"], [image])
     new = processor.tokenizer.decode(request.expected[0], skip_special_tokens=True)
@@ -480,3 +458,24 @@ def test_a_rebind_makes_the_qwen2_vl_split_again_from_the_model(qwen2_vl_openvin
         assert (tmp_path / "rebound" / weights).read_bytes() == (exported / weights).read_bytes(), name
     OpenvinoProgram().after_rebind(tmp_path / "rebound")
     assert not any((tmp_path / "rebound" / name).exists() for name in vlm_layout.SPLIT_FILES)
+
+
+def _run_readme_snippet(hub, repo: str, num: int, layout_file: str, marker: str, image, genai_env, tmp_path):
+    """Download the folder of pull request `num` that holds `layout_file` with the real client, as `out/TARGET`
+    beside `picture.npy` (`image`), and run the README's snippet after `marker` in OpenVINO GenAI's environment;
+    the finished process (asserted to exit 0)."""
+    from huggingface_hub import snapshot_download
+
+    files = set(hub.list_files(repo, f"refs/pr/{num}"))
+    folder = next(path.rsplit("/", 1)[0] for path in files if path.endswith("/" + layout_file))
+    local = Path(snapshot_download(repo, revision=f"refs/pr/{num}", allow_patterns=[f"{folder}/*"],
+                                   cache_dir=tmp_path / "hub-cache", token=hub.write_token))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / TARGET).symlink_to(local / folder)
+    np.save(tmp_path / "picture.npy", image)
+    script = tmp_path / "snippet.py"
+    script.write_text(readme_snippet(marker))
+    done = subprocess.run([genai_env["HFEXPORT_RUNTIME_OPENVINO_GENAI"], str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
