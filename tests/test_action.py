@@ -274,6 +274,13 @@ def test_action_opens_a_pr_then_hits_the_cache_then_updates_the_same_pr(hub, tin
     assert hub.write_token not in first.log + first.summary
     [pr] = hub.discussions(repo)
     assert pr["isPullRequest"] and pr["status"] == "open"
+    # the job summary and the PR's description each carry the peak memory per stage beside the preflight's
+    # estimate (issue 45)
+    description = pr["events"][0]["data"]["latest"]["raw"]
+    for text in (first.summary, description):
+        memory = next(line for line in text.splitlines() if line.startswith("Peak memory: load "))
+        assert "pt2: " in memory and "trace+convert " in memory and "gate " in memory, memory
+        assert "· preflight estimate: load " in memory and "trace+convert " in memory.split("preflight")[1], memory
     assert "torch-export/model.pt2" in hub.list_files(repo, "refs/pr/1")
     assert first.annotations == []
 
@@ -358,6 +365,12 @@ def test_fan_out_plans_exports_each_target_alone_and_gathers_one_pr(hub, tiny_be
     files = hub.list_files(repo, f"refs/pr/{pr['num']}")
     assert "torch-export/model.pt2" in files and "torch-export/pt2-static/model.pt2" in files
     assert len(hub.commits(repo, f"refs/pr/{pr['num']}")) == len(hub.commits(repo)) + 1  # one commit
+    # the gathered report keeps the jobs' memory (each stage's largest peak and estimate): the summary and the PR
+    assert set(report["memory"]["estimate_mb"]) >= {"load_model", "export"} and report["memory"]["peak_rss_mb"]
+    description = pr["events"][0]["data"]["latest"]["raw"]
+    for text in (gather.summary, description):
+        memory = next(line for line in text.splitlines() if line.startswith("Peak memory: load "))
+        assert "pt2: " in memory and "pt2-static: " in memory and "preflight estimate: load " in memory, memory
 
 
 # A recipe whose pt2 export passes tracing but pins the batch to the sample's 1 (tests/test_verify.py's trap):
@@ -385,7 +398,8 @@ def test_a_job_above_the_max_memory_input_is_refused_before_any_weight_is_read(h
     run = result.step("run")
     assert run.returncode == 2, result.log
     [annotation] = result.annotations
-    assert "needed at the export stage" in annotation["message"] and "budget is 104.9 MB" in annotation["message"]
+    assert "needed at the trace+convert stage" in annotation["message"]
+    assert "budget is 104.9 MB" in annotation["message"]
     assert "load_model" not in result.log and "Traceback" not in result.log
     assert result.step("publish").outcome == "skipped"
     assert hub.discussions(repo) == [] and hub.refs(repo) == {"branches": {"main": head}, "tags": {}, "pulls": {}}

@@ -82,7 +82,8 @@ def test_a_job_reports_each_stage_and_the_estimate_beside_it(tmp_path):
     assert target_file["targets"]["onnx"]["memory"]["peak_rss_mb"]["export"] == stages["export"]
     line = memory_line(report)
     assert line.startswith("Peak memory: load ") and "onnx: " in line and "gate " in line
-    assert "preflight estimate: load " in line and ", export " in line
+    assert "preflight estimate: load " in line and ", trace+convert " in line
+    assert "write weights " in line.split("preflight")[0]
     assert line in report_markdown(report)  # the PR text and the job summary
 
     from hfexport.surfaces.space import outcome_markdown
@@ -101,7 +102,7 @@ def test_cli_shows_the_stages_and_max_memory_refuses_before_loading(cli, tmp_pat
     assert run.returncode == 2 and "Traceback" not in run.stderr
     refusal = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(refusal) == 1, run.stderr
-    assert "needed at the export stage" in refusal[0] and "onnx/forward" in refusal[0]
+    assert "needed at the trace+convert stage" in refusal[0] and "onnx/forward" in refusal[0]
     assert "the --max-memory budget is 104.9 MB" in refusal[0] and "raise --max-memory" in refusal[0]
     assert "load_model" not in run.stderr and not (tmp_path / "small" / "onnx").exists()
 
@@ -153,7 +154,7 @@ def test_llama_3_2_1b_above_the_budget_is_refused_before_a_weight_is_read(cli, t
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     refusal = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(refusal) == 1, run.stderr
-    assert "not enough memory: about" in refusal[0] and "needed at the verify stage" in refusal[0]
+    assert "not enough memory: about" in refusal[0] and "needed at the gate stage" in refusal[0]
     assert "weights 4.9 GB as loaded, at float32" in refusal[0] and "onnx/generation" in refusal[0]
     assert "the --max-memory budget is 3.2 GB" in refusal[0]
     assert "load_model" not in run.stderr and not (tmp_path / "out" / "onnx-generation").exists()
@@ -170,3 +171,71 @@ def test_llama_3_2_1b_above_the_budget_is_refused_before_a_weight_is_read(cli, t
                              env={**__import__("os").environ, "PYTHONPATH": str(root / "library")})
     assert run.returncode == 2 and "not enough memory" in run.stderr and "available" in run.stderr, run.stderr
     assert "load_model" not in run.stderr and group.failcnt == 0 and 0 < group.max_usage < 3 << 30
+
+
+# ── the stages as a reader sees them, and the estimate's stage list (cheap: no export) ──────────────────────────
+
+
+def test_memory_line_names_the_stages_as_a_user_reads_them_with_the_estimate_and_budget():
+    report = JobReport(source={"model": "m", "recipe_sha256": "0" * 64}, memory={
+        "peak_rss_mb": {"load_model": 900.0},
+        "estimate_mb": {"load_model": 1000.0, "export": 700.0, "save": 1200.0, "verify": 1300.0, "variants": 2000.0},
+        "max_memory_mb": 3072.0})
+    report.targets["t"] = TargetReport(target="t", export_format="onnx", mode="generation", memory={
+        "peak_rss_mb": {"plan": 800.0, "export": 750.0, "save": 1100.0, "verify": 1400.0, "runtimes": 1000.0,
+                        "variants": 1900.0}, "children_peak_rss_mb": {"runtimes": 600.0}})
+    line = memory_line(report)
+    assert line == ("Peak memory: load 943.7 MB · t: trace+convert 786.4 MB, write weights 1.2 GB, gate 1.5 GB, "
+                    "runtimes 1.0 GB, quantize 2.0 GB (runtime processes up to 629.1 MB) · preflight estimate: "
+                    "load 1.0 GB, trace+convert 734.0 MB, write weights 1.3 GB, gate 1.4 GB, quantize 2.1 GB "
+                    "(budget 3.2 GB)")
+    assert line in report_markdown(report) and line in report_markdown(report, publication=True)
+    assert memory_line(JobReport(source={"model": "m"})) is None  # nothing measured: no line
+
+
+def _targets(document: dict) -> list:
+    from hfexport.recipe.loading import load_recipe
+
+    recipe = load_recipe({"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": ["Hello."]},
+                          "targets": document})
+    return [recipe.target(name) for name in document]
+
+
+LLAMA = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"
+
+
+def test_the_estimate_has_a_quantize_stage_where_a_target_has_variants(tmp_path):
+    from hfexport.job import preflight
+    from hfexport.job.structure import traced_without_weights
+
+    weights = (100 * MB, {"F32": 25 * MB})
+    plain, = _targets({"ov": {"export_format": "openvino", "mode": "generation"}})
+    variants, = _targets({"ov": {"export_format": "openvino", "mode": "generation", "variants": ["int8", "int4"]}})
+    assert set(preflight.estimate(LLAMA, [plain], tmp_path, weights=weights).memory_stages) == {"load_model", "export"}
+    stages = preflight.estimate(LLAMA, [variants], tmp_path, weights=weights).memory_stages
+    assert set(stages) == {"load_model", "export", "variants"}  # the loaded path: NNCF on the written IR
+    factor = max(preflight.VARIANT_MEMORY[name] for name in ("int8", "int4"))
+    assert stages["variants"] == preflight.RUNTIME_MB * MB + 100 * MB + int(factor * 100 * MB)
+
+    # from the model's structure (ONNX): the gate of a target with variants loads the model (each variant's gate
+    # reads it), so its gate stage holds the weights whatever the budget, as the quantize stage does
+    onnx, = _targets({"onnx": {"export_format": "onnx", "mode": "generation", "variants": ["q8", "q4"]}})
+    stages = preflight.estimate(LLAMA, [onnx], tmp_path, weights=weights, structure=traced_without_weights,
+                                streamed_gate=True, max_memory=1 << 30).memory_stages
+    assert set(stages) == {"load_model", "export", "save", "verify", "variants"}
+    assert stages["verify"] >= preflight.LIBRARIES_MB * MB + 100 * MB
+    assert stages["variants"] == preflight.LIBRARIES_MB * MB + 100 * MB + int(
+        max(preflight.VARIANT_MEMORY[name] for name in ("q8", "q4")) * 100 * MB)
+
+
+def test_a_job_whose_variants_cannot_fit_is_refused_naming_the_quantize_stage(tmp_path, monkeypatch):
+    from hfexport.errors import PreflightError
+    from hfexport.job import preflight
+
+    monkeypatch.setitem(preflight.VARIANT_MEMORY, "8da4w", 10.0)  # a variant whose making needs the most
+    executorch, = _targets({"et": {"export_format": "executorch", "mode": "generation", "variants": ["8da4w"]}})
+    need = preflight.estimate(LLAMA, [executorch], tmp_path, weights=(2 << 30, {"F32": 1 << 29})).memory_stages
+    assert max(need, key=need.get) == "variants", need
+    with pytest.raises(PreflightError, match=r"needed at the quantize stage \(weights 2\.1 GB, the model beside the variants 8da4w made and "
+                       r"gated\), the --max-memory budget is 4\.3 GB"):
+        preflight.check_fits(LLAMA, [executorch], tmp_path, weights=(2 << 30, {"F32": 1 << 29}), max_memory=4 << 30)

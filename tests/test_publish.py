@@ -80,6 +80,14 @@ def test_publish_opens_one_pr_that_loads_back_through_refs_pr(hub, bert_out):
     assert "from this repo's export recipe (`export_config.json`, sha256 `" in description, description
     card = hub.read_file(repo, "README.md", "refs/pr/1").decode()
     assert "refs/pr/N" not in card and "from this repo's export recipe (`export_config.json`" in card
+    # The description carries each stage's peak memory beside the preflight's estimate (issue 45), as read back
+    # from the Hub: the load, each target's stages under their readers' names, the estimate per stage.
+    from huggingface_hub import HfApi
+
+    shown = HfApi(endpoint=hub.url, token=hub.write_token).get_discussion_details(repo, 1).events[0].content
+    memory = next(line for line in shown.splitlines() if line.startswith("Peak memory: load "))
+    assert "onnx: " in memory and "trace+convert " in memory and "write weights " in memory and "gate " in memory
+    assert "· preflight estimate: load " in memory, memory
     # Their file lists are the files uploaded (issue 44): the loaders' names, the target's report too, counted right.
     onnx_files = sorted(path.split("/", 1)[1] for path in files if path.startswith("onnx/"))
     assert {"model.onnx_data", "export_report.json"} <= set(onnx_files), onnx_files

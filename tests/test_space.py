@@ -139,6 +139,12 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
     assert "Parity" in results and "passed" in results, results  # the parity section of the report
     table = page.locator("#results table", has_text="max abs")
     assert "cosine" in table.text_content() and "last_hidden_state" in table.text_content()  # folded probe rows
+    # the peak memory of each stage beside the preflight's estimate (issue 45), in the outcome as rendered
+    memory = page.locator("#outcome p", has_text="Peak memory: load ").first
+    memory.wait_for()
+    shown = memory.inner_text()
+    assert "onnx: " in shown and "trace+convert " in shown and "write weights " in shown and "gate " in shown, shown
+    assert "preflight estimate: load " in shown, shown
     shot(page, "06-converted")
     other.locator("#outcome", has_text=f"hfexport export {missing} --target onnx -o out").wait_for(
         timeout=JOB_TIMEOUT_MS)
@@ -162,6 +168,11 @@ def test_convert_and_open_one_pr_end_to_end(space, hub, new_page):
 
     discussions = hub.discussions(repo)
     assert len(discussions) == 1 and discussions[0]["isPullRequest"]
+    from huggingface_hub import HfApi  # the PR's description as the Hub's client reads it: the same memory line
+
+    description = HfApi(endpoint=hub.url, token=hub.read_token).get_discussion_details(repo, 1).events[0].content
+    assert any(line.startswith("Peak memory: load ") and "preflight estimate: load " in line and "onnx: " in line
+               for line in description.splitlines()), description
     files = hub.files(repo, "refs/pr/1")
     assert any(path.startswith("onnx/") and path.endswith(".onnx") for path in files), sorted(files)
     report = json.loads(files["onnx/export_report.json"])

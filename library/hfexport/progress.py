@@ -31,6 +31,13 @@ class Step:
 
 STEPS = ("cache", "preflight", "load_model", "plan", "export", "save", "verify", "probe", "runtimes", "variants",
          "latency", "target", "compare", "publish")
+#: each step measured for memory (`hfexport.job.memory.STAGES`) as the report's readers know it (the CLI, the
+#: Markdown of PRs, job summaries and the Space, the preflight's refusal): the export traces the model and converts
+#: it to the format, the save writes the graph and its weights, the gate checks parity, the variants are quantized
+#: (each then gated)
+STAGE_LABELS = {"load_model": "load", "plan": "plan", "export": "trace+convert", "save": "write weights",
+                "rebind": "rebind", "verify": "gate", "runtimes": "runtimes", "variants": "quantize",
+                "latency": "latency", "compare": "compare"}
 ProgressCallback = Callable[[Step], None]
 
 

@@ -5,7 +5,7 @@ The receiver's `hf-jobs` executor dispatches each export as a Job through huggin
 with hfexport installed, reads its settings from `HFEXPORT_JOB` and the token from the `HF_TOKEN` secret (never an
 environment variable or an argument, so the Hub never shows it), exports and publishes itself. The flavor is the
 cheapest CPU machine the Hub lists (`list_jobs_hardware`) whose memory holds the preflight's estimate for the recipe's
-targets (`job.preflight.memory_needed`).
+targets (its largest stage: `job.preflight.loaded_stages`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hfexport.errors import HfExportError, first_line, redact
-from hfexport.job.preflight import loaded_bytes, memory_needed, weights_metadata
+from hfexport.job.preflight import loaded_bytes, loaded_stages, weights_metadata
 from hfexport.job.run import select_targets
 from hfexport.progress import Step
 from hfexport.recipe.loading import load_recipe
@@ -54,10 +54,11 @@ def _bytes(text: str | None) -> int | None:
 
 def estimate_memory(repo_id: str, revision: str, targets: list[str] | None, token: str | None) -> int:
     """The preflight's memory estimate for exporting `targets` (None: all) of `repo_id` at `revision` in one
-    process (reads the recipe and the weights' sizes from the Hub; loads nothing)."""
+    process, its largest stage's (`preflight.loaded_stages`: the load, the export, a target's variants made and gated;
+    reads the recipe and the weights' sizes from the Hub; loads nothing)."""
     recipe = load_recipe(repo_id, revision=revision, token=token)
     chosen = [recipe.target(name) for name in select_targets(recipe, targets, targets is None)]
-    return memory_needed(loaded_bytes(*weights_metadata(repo_id, revision, token)), [chosen])
+    return max(loaded_stages(chosen, loaded_bytes(*weights_metadata(repo_id, revision, token))).values())
 
 
 def job_result(lines: Iterable[str]) -> dict | None:

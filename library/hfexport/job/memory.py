@@ -1,5 +1,5 @@
 """Peak memory per stage of a job: the resident set's peak during each step (load, plan, export, save, rebind,
-verify, runtimes, latency, compare), and the preflight's estimate beside it.
+verify, runtimes, variants, latency, compare), and the preflight's estimate beside it.
 
 A sampler thread reads this process's RSS (/proc/self/statm) every `SAMPLE_S` while a stage is open, and at every
 stage's start and end; each open stage keeps the largest (stages nest: save inside an export's target). The
@@ -20,7 +20,7 @@ from hfexport.progress import ProgressCallback, Step
 
 #: The steps measured (hfexport.progress.STEPS); `target`, `probe`, `cache` and `preflight` are not: the first spans
 #: the others, a probe is a part of verify, the last two read metadata only.
-STAGES = ("load_model", "plan", "export", "save", "rebind", "verify", "runtimes", "latency", "compare")
+STAGES = ("load_model", "plan", "export", "save", "rebind", "verify", "runtimes", "variants", "latency", "compare")
 SAMPLE_S = 0.02
 MB = 1 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

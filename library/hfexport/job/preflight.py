@@ -34,6 +34,8 @@ from hfexport.files import human_bytes
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo
+from hfexport.progress import STAGE_LABELS
+from hfexport.quantization.variants import settings
 
 RUNTIME_MB = 1024
 GENERATION_FACTOR = 1.5
@@ -62,8 +64,9 @@ class Estimate:
     disk_available: int | None
     problems: list[str] = field(default_factory=list)
     #: bytes of memory each stage needs at its peak: `load_model` (the libraries and the weights as loaded), `export`
-    #: (the largest target's export, `memory_needed`); for a job exported from its structure `structure_stages`
-    #: (`save`, `verify` too); what the report's measured peaks are set beside
+    #: (the largest target's export, `memory_needed`), `variants` where a target has variants (`variants_stage`); for
+    #: a job exported from its structure `structure_stages` (`save`, `verify` too); what the report's measured peaks
+    #: are set beside
     memory_stages: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -172,6 +175,20 @@ STRUCTURE_GATE_TENSORS = 2
 GATE_RESERVE = 1 << 30
 
 
+#: The variants stage (`hfexport.verify.variants.gate_variants`, each variant made from the saved export and gated),
+#: per variant, what its making and gating hold beside the libraries and the eager model (the job's model, which each
+#: variant's gate reads), as a factor of the float32 weights (`loaded`); a target's stage needs its largest variant's.
+#: Measured on SmolLM2-135M-Instruct and a depth-cut Llama-3.2-1B config (benchmarks/stage_memory_variants.py).
+VARIANT_MEMORY = {"fp16": 1.0, "q8": 1.0, "q4": 1.0, "q4f16": 1.0, "int8": 1.0, "int4": 1.0, "8da4w": 3.0}
+
+
+def variants_stage(targets, loaded: int, libraries: int) -> int | None:
+    """The memory the variants stage of a process exporting `targets` needs at its peak: `libraries`, the eager
+    model (`loaded`) and the largest variant's `VARIANT_MEMORY`; None where no target has variants."""
+    factors = [VARIANT_MEMORY[settings(item)["name"]] for t in targets for item in (t.variants or [])]
+    return libraries + loaded + int(max(factors) * loaded) if factors else None
+
+
 def largest_tensor_bytes(folder: Path) -> int:
     """The largest tensor of the safetensors checkpoint in `folder`, in bytes at float32 (from the headers)."""
     from safetensors import safe_open
@@ -187,6 +204,15 @@ def largest_tensor_bytes(folder: Path) -> int:
     return largest * 4
 
 
+def loaded_stages(targets, loaded: int) -> dict:
+    """The memory each stage of a process exporting `targets` from the loaded model needs at its peak: `load_model`
+    the libraries and the weights as loaded, `export` the largest target's export (`memory_needed`: its save and
+    gate included), and `variants` where a target has them (`variants_stage`)."""
+    stages = {"load_model": RUNTIME_MB * MB + loaded, "export": memory_needed(loaded, [targets])}
+    variants = variants_stage(targets, loaded, RUNTIME_MB * MB)
+    return {**stages, "variants": variants} if variants is not None else stages
+
+
 def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool) -> dict:
     """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
     local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin;
@@ -197,17 +223,20 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     `STRUCTURE_GATE_TENSORS` x the largest tensor; the model loaded where the gate does not stream: latency timed)
     and the artifact's runtime mapping its weights. `available`: the memory the job may use (its budget)."""
     libraries = LIBRARIES_MB * MB
+    streamed_gate = streamed_gate and not any(t.variants for t in targets)  # a variant's gate reads the model
     if streamed_gate:
         budget = loaded if available is None else max(0, min(loaded, available - libraries - GATE_RESERVE))
     else:
         budget = loaded
     mapped = max(format_program(t.export_format).mapped_weight_bytes(t, loaded) for t in targets)
-    return {
+    stages = {
         "load_model": RUNTIME_MB * MB + loaded if not streamed_gate else libraries,
         "export": libraries + int(STRUCTURE_EXPORT * loaded),
         "save": libraries + int(STRUCTURE_EXPORT * loaded) + STRUCTURE_SAVE_TENSORS * largest,
         "verify": libraries + max(budget + STRUCTURE_GATE_TENSORS * largest, int(STRUCTURE_MAPPED * mapped)),
     }
+    variants = variants_stage(targets, loaded, libraries)
+    return {**stages, "variants": variants} if variants is not None else stages
 
 
 def estimate(model: str | Path, targets, output: str | Path, revision: str | None = None,
@@ -231,7 +260,7 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     stages_per_group = [
         structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate)
         if largest is not None and all(map(structure, group)) else
-        {"load_model": RUNTIME_MB * MB + loaded, "export": memory_needed(loaded, [group])} for group in groups]
+        loaded_stages(group, loaded) for group in groups]
     memory = sum(max(stages.values()) for stages in stages_per_group)
     memory_stages: dict[str, int] = {}
     for stages in stages_per_group:
@@ -248,10 +277,16 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     if result.memory_available is not None and memory > result.memory_available:
         processes = f" in each of {len(groups)} export processes" if len(groups) > 1 else ""
         stage = max(memory_stages, key=memory_stages.get)
-        how = (f"{what}, {_worst(targets)} exported from the model's structure" if "save" in memory_stages else
-               f"{what} × {max(factors):g} for {_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries")
+        if stage == "variants":
+            made = sorted({settings(item)["name"] for t in targets for item in (t.variants or [])})
+            how = f"{what}, the model beside the variants {', '.join(made)} made and gated"
+        elif "save" in memory_stages:
+            how = f"{what}, {_worst(targets)} exported from the model's structure"
+        else:
+            how = f"{what} × {max(factors):g} for {_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries"
         result.problems.append(
-            f"not enough memory: about {_human(memory)} needed at the {stage} stage ({how}{processes}), "
+            f"not enough memory: about {_human(memory)} needed at the {STAGE_LABELS.get(stage, stage)} stage "
+            f"({how}{processes}), "
             + (f"the --max-memory budget is {_human(max_memory)}" if budget
                else f"{_human(result.memory_available)} available")
             + (" (export in one process: --workers 1)" if processes else "")

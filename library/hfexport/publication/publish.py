@@ -713,8 +713,10 @@ def _card_report(chosen: list[_Target], remote: dict[str, _RemoteTarget]
     """One report for the card and the description: every target the publication holds (the published ones, and
     those already there and not republished), with each one's place."""
     first = chosen[0].report
+    # the job's own memory (its load's peak, the preflight's estimate per stage) beside the targets' stages: the
+    # description's and summary's memory line (hfexport.report.markdown.memory_line)
     report = JobReport(source=first.source, packages=first.packages, created_at=first.created_at,
-                       hfexport_version=first.hfexport_version)
+                       hfexport_version=first.hfexport_version, memory=first.memory)
     folders, sources = {}, {}
     for name, target in remote.items():
         if target.report is not None:

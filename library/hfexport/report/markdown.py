@@ -10,6 +10,7 @@ from hfexport.latency import latency_markdown
 from hfexport.layout import format_label
 from hfexport.report.data import JobReport
 from hfexport.machine import summary_line
+from hfexport.progress import STAGE_LABELS
 from hfexport.samples import describe
 from hfexport.verify.thresholds import EXACT_TOKEN_AGREEMENT
 
@@ -84,8 +85,6 @@ def report_markdown(report: JobReport, publication: bool = False) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-STAGE_NAMES = {"load_model": "load", "export": "export", "save": "save", "rebind": "rebind", "verify": "gate",
-               "runtimes": "runtimes", "latency": "latency", "compare": "compare", "plan": "plan"}
 
 
 def _mb(value: float) -> str:
@@ -93,7 +92,7 @@ def _mb(value: float) -> str:
 
 
 def _stages(peaks: dict) -> str:
-    return ", ".join(f"{STAGE_NAMES.get(stage, stage)} {_mb(mb)}" for stage, mb in peaks.items() if stage != "plan")
+    return ", ".join(f"{STAGE_LABELS.get(stage, stage)} {_mb(mb)}" for stage, mb in peaks.items() if stage != "plan")
 
 
 def memory_line(report: JobReport) -> str | None:

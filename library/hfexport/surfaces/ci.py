@@ -331,13 +331,32 @@ def gather_reports(into: str | Path, sources: Sequence[str | Path] = ()) -> JobR
         if origin(report) != origin(first):
             raise HfExportError(f"the reports to gather come from different sources: {origin(first)} and {origin(report)}")
     merged = JobReport(source=first.source, packages=first.packages, hfexport_version=first.hfexport_version,
-                       peak_rss_mb=max((part.peak_rss_mb or 0 for part in parts), default=None) or None)
+                       peak_rss_mb=max((part.peak_rss_mb or 0 for part in parts), default=None) or None,
+                       memory=_merged_memory(parts))
     for report in parts:
         merged.targets.update(report.targets)
         for key, value in report.timings.items():
             merged.timings[key] = round(merged.timings.get(key, 0.0) + value, 4)
     into.mkdir(parents=True, exist_ok=True)
     write_json_atomic(into / REPORT_FILE, merged.to_json())
+    return merged
+
+
+def _merged_memory(parts: Sequence[JobReport]) -> dict | None:
+    """The fan-out jobs' own memory blocks as one (hfexport.job.memory): each stage's largest peak and largest
+    estimate over the jobs (each ran on a machine of its own: the largest is what one machine needs), the budget
+    and what was available as the first job had them."""
+    blocks = [part.memory for part in parts if part.memory]
+    if not blocks:
+        return None
+    merged = dict(blocks[0])
+    for key in ("peak_rss_mb", "estimate_mb"):
+        stages: dict = {}
+        for block in blocks:
+            for stage, value in (block.get(key) or {}).items():
+                stages[stage] = max(stages.get(stage, 0.0), value)
+        if stages:
+            merged[key] = stages
     return merged
 
 
