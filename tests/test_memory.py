@@ -239,3 +239,35 @@ def test_a_job_whose_variants_cannot_fit_is_refused_naming_the_quantize_stage(tm
     with pytest.raises(PreflightError, match=r"needed at the quantize stage \(weights 2\.1 GB, the model beside the variants 8da4w made and "
                        r"gated\), the --max-memory budget is 4\.3 GB"):
         preflight.check_fits(LLAMA, [executorch], tmp_path, weights=(2 << 30, {"F32": 1 << 29}), max_memory=4 << 30)
+
+
+def _benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "stage_memory_variants", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_memory_variants.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # SmolLM2-135M-Instruct's real weights: an export, its gate and two variants (~3 min)
+@pytest.mark.parametrize("case", ["onnx", "openvino-int8"])
+def test_smollm2_each_stage_is_within_a_quarter_of_the_preflight_estimate(case, smollm2, cli, tmp_path):
+    """The job's report holds the preflight's estimate per stage and each stage's measured peak (a fresh process:
+    the CLI); each estimated stage is within ±25% of its peak (benchmarks/stage_memory_variants.py's comparison,
+    where the estimate of a job exported from the loaded model stands for its export, save and gate together)."""
+    benchmark = _benchmark()
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(benchmark._recipe(case)))
+    run = cli("export", str(smollm2), "--recipe", str(recipe), "-o", str(tmp_path / "out"), "--no-latency",
+              "--workers", "1")
+    assert "Traceback" not in run.stderr, run.stderr
+    report = json.loads((tmp_path / "out" / "export_report.json").read_text())
+    estimate = report["memory"]["estimate_mb"]
+    rows = benchmark.compare({"measured_mb": benchmark.measured(report, case)}, estimate)
+    assert set(rows) >= {"export", "save", "verify", "job"}, rows
+    assert ("variants" in rows) == bool(benchmark.CASES[case].get("variants")), rows
+    assert all(row["within"] for row in rows.values()), rows
+    line = next(line for line in run.stdout.splitlines() if line.startswith("Peak memory: load "))
+    assert "preflight estimate: load " in line and "write weights " in line, line

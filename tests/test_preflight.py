@@ -114,13 +114,13 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     maps them (half for a float16 ONNX target); anything else, the weights times the format's factor."""
     from hfexport.job.preflight import (
         LIBRARIES_MB,
-        STRUCTURE_EXPORT,
         STRUCTURE_GATE_TENSORS,
         STRUCTURE_SAVE_TENSORS,
         largest_tensor_bytes,
         loaded_bytes,
     )
 
+    from hfexport.formats.programs import format_program
     from hfexport.job.structure import traced_without_weights as traced
 
     llama = load_recipe(LLAMA)
@@ -131,7 +131,7 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     generation, fp16 = llama.target("onnx-generation"), Recipe(data, llama.source).target("fp16")
     budget = 64 << 30
     result = estimate(LLAMA, [generation], tmp_path, max_memory=budget, structure=traced, streamed_gate=True)
-    export = libraries + int(STRUCTURE_EXPORT * loaded)
+    export = libraries + int(format_program("onnx").structure_export_memory * loaded)
     assert result.memory_stages == {"load_model": libraries, "export": export,
                                     "save": export + STRUCTURE_SAVE_TENSORS * largest,
                                     "verify": libraries + loaded + STRUCTURE_GATE_TENSORS * largest}

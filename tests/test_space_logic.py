@@ -454,7 +454,7 @@ def test_a_job_above_the_spaces_memory_is_refused_before_any_weight_is_read(hub,
     finally:
         runner.close()
     finished = events[-1]
-    assert finished.report is None and "needed at the export stage" in finished.failure.message
+    assert finished.report is None and "needed at the trace+convert stage" in finished.failure.message
     assert "104.9 MB" in finished.failure.message
     assert not any(step.step == "load_model" for step in events[:-1])
 

@@ -217,6 +217,11 @@ class FormatProgram:
     # its generation targets are traced from the model's structure with placeholder weights, the weights written
     # afterwards through the weight map (hfexport.rebind.placeholders): the export never copies the model's weights
     traces_without_weights: ClassVar[bool] = False
+    # the preflight's factors of the float32 weights for a target traced without weights (hfexport.job.preflight.
+    # structure_stages): what converting the twin holds (ONNX's exporter: what it keeps per parameter), and what the
+    # save holds besides the weights written entry by entry (a quantizer run on the written files)
+    structure_export_memory: ClassVar[float] = 0.06
+    structure_save_memory: ClassVar[float] = 0.0
 
     def mapped_weight_bytes(self, target, loaded: int) -> int:
         """The bytes of the weights a target's artifact holds, which its runtime maps when the gate opens it, from the

@@ -160,11 +160,11 @@ def memory_needed(weights: int, groups) -> int:
 
 #: A job exported from the model's structure (issue 45, `hfexport.job.structure`), per stage, in bytes: the libraries a
 #: job's process holds once torch, transformers and the engine are imported (`LIBRARIES_MB`), plus factors of the
-#: float32 weights (`loaded`), of the largest tensor at float32 and of what the artifact's runtime maps
+#: float32 weights (`loaded`; the format's own for its export and save: `FormatProgram.structure_export_memory`,
+#: `structure_save_memory`), of the largest tensor at float32 and of what the artifact's runtime maps
 #: (`FormatProgram.mapped_weight_bytes`). Measured on Llama-3.2-1B's width, bfloat16 on disk, a float16 ONNX
 #: generation target, at 2 and 16 layers (docs/publishing.md, "Preflight"; tests/test_structure_memory.py).
 LIBRARIES_MB = 560
-STRUCTURE_EXPORT = 0.06
 STRUCTURE_SAVE_TENSORS = 5
 STRUCTURE_MAPPED = 1.0
 #: What the gate's eager side holds beside the converted blocks it keeps (`GATE_RESERVE` is what it leaves for
@@ -216,24 +216,29 @@ def loaded_stages(targets, loaded: int) -> dict:
 def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool) -> dict:
     """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
     local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin;
-    `export` the weightless graph (`STRUCTURE_EXPORT` x the weights: what the exporter keeps per parameter);
-    `save` the graph written, converted (float16) and its weights written from the shards one map entry at a time
-    (`STRUCTURE_SAVE_TENSORS` x the largest tensor); `verify` the larger of the gate's eager side (the converted
-    blocks the streamed reference keeps: the weights, or what `available` leaves beside `GATE_RESERVE`, plus
-    `STRUCTURE_GATE_TENSORS` x the largest tensor; the model loaded where the gate does not stream: latency timed)
-    and the artifact's runtime mapping its weights. `available`: the memory the job may use (its budget)."""
+    `export` the weightless graph (the format's `structure_export_memory` x the weights); `save` the graph written,
+    converted (float16) and its weights written from the shards one map entry at a time (`STRUCTURE_SAVE_TENSORS` x
+    the largest tensor), a quantizer run on them (`structure_save_memory` x the weights); `verify` the gate's eager
+    side (the converted blocks the streamed reference keeps: the weights, or what `available` leaves beside
+    `GATE_RESERVE`, plus `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
+    weights: the larger where the gate streams the model and lets it go first, the sum where it loads it (latency
+    timed, or variants: `variants_stage`). `available`: the memory the job may use (its budget)."""
     libraries = LIBRARIES_MB * MB
     streamed_gate = streamed_gate and not any(t.variants for t in targets)  # a variant's gate reads the model
     if streamed_gate:
         budget = loaded if available is None else max(0, min(loaded, available - libraries - GATE_RESERVE))
     else:
         budget = loaded
-    mapped = max(format_program(t.export_format).mapped_weight_bytes(t, loaded) for t in targets)
+    programs = [format_program(t.export_format) for t in targets]
+    mapped = int(STRUCTURE_MAPPED * max(p.mapped_weight_bytes(t, loaded) for p, t in zip(programs, targets)))
+    export = libraries + int(max(p.structure_export_memory for p in programs) * loaded)
+    reference = budget + STRUCTURE_GATE_TENSORS * largest
     stages = {
         "load_model": RUNTIME_MB * MB + loaded if not streamed_gate else libraries,
-        "export": libraries + int(STRUCTURE_EXPORT * loaded),
-        "save": libraries + int(STRUCTURE_EXPORT * loaded) + STRUCTURE_SAVE_TENSORS * largest,
-        "verify": libraries + max(budget + STRUCTURE_GATE_TENSORS * largest, int(STRUCTURE_MAPPED * mapped)),
+        "export": export,
+        "save": export + STRUCTURE_SAVE_TENSORS * largest + int(max(p.structure_save_memory for p in programs) * loaded),
+        # the model released before the artifact's runtime opens where the gate streams it, else both at once
+        "verify": libraries + (max(reference, mapped) if streamed_gate else reference + mapped),
     }
     variants = variants_stage(targets, loaded, libraries)
     return {**stages, "variants": variants} if variants is not None else stages
