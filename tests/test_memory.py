@@ -215,7 +215,8 @@ def test_the_estimate_has_a_quantize_stage_where_a_target_has_variants(tmp_path)
     stages = preflight.estimate(LLAMA, [variants], tmp_path, weights=weights).memory_stages
     assert set(stages) == {"load_model", "export", "variants"}  # the loaded path: NNCF on the written IR
     factor = max(preflight.VARIANT_MEMORY[name] for name in ("int8", "int4"))
-    assert stages["variants"] == preflight.RUNTIME_MB * MB + 100 * MB + int(factor * 100 * MB)
+    assert stages["variants"] == preflight.LIBRARIES_MB * MB + 100 * MB + int(factor * 100 * MB)
+    assert stages["load_model"] == preflight.LIBRARIES_MB * MB  # float32 on disk: mapped, read by the export
 
     # from the model's structure (ONNX): the gate of a target with variants loads the model (each variant's gate
     # reads it), so its gate stage holds the weights whatever the budget, as the quantize stage does
@@ -251,8 +252,8 @@ def _benchmark():
     return module
 
 
-@pytest.mark.slow  # SmolLM2-135M-Instruct's real weights: an export, its gate and two variants (~3 min)
-@pytest.mark.parametrize("case", ["onnx", "openvino-int8"])
+@pytest.mark.slow  # SmolLM2-135M-Instruct's real weights: an export, its gate and two variants (1-3 min each)
+@pytest.mark.parametrize("case", ["onnx", "openvino"])
 def test_smollm2_each_stage_is_within_a_quarter_of_the_preflight_estimate(case, smollm2, cli, tmp_path):
     """The job's report holds the preflight's estimate per stage and each stage's measured peak (a fresh process:
     the CLI); each estimated stage is within ±25% of its peak (benchmarks/stage_memory_variants.py's comparison,
@@ -266,8 +267,7 @@ def test_smollm2_each_stage_is_within_a_quarter_of_the_preflight_estimate(case, 
     report = json.loads((tmp_path / "out" / "export_report.json").read_text())
     estimate = report["memory"]["estimate_mb"]
     rows = benchmark.compare({"measured_mb": benchmark.measured(report, case)}, estimate)
-    assert set(rows) >= {"export", "save", "verify", "job"}, rows
-    assert ("variants" in rows) == bool(benchmark.CASES[case].get("variants")), rows
+    assert {"load_model", "export", "variants", "job"} <= set(rows), rows  # ONNX's from its structure: save, gate
     assert all(row["within"] for row in rows.values()), rows
     line = next(line for line in run.stdout.splitlines() if line.startswith("Peak memory: load "))
     assert "preflight estimate: load " in line and "write weights " in line, line

@@ -178,8 +178,14 @@ GATE_RESERVE = 1 << 30
 #: The variants stage (`hfexport.verify.variants.gate_variants`, each variant made from the saved export and gated),
 #: per variant, what its making and gating hold beside the libraries and the eager model (the job's model, which each
 #: variant's gate reads), as a factor of the float32 weights (`loaded`); a target's stage needs its largest variant's.
-#: Measured on SmolLM2-135M-Instruct and a depth-cut Llama-3.2-1B config (benchmarks/stage_memory_variants.py).
-VARIANT_MEMORY = {"fp16": 1.0, "q8": 1.0, "q4": 1.0, "q4f16": 1.0, "int8": 1.0, "int4": 1.0, "8da4w": 3.0}
+#: Measured, each pair together, on SmolLM2-135M-Instruct (float32 on disk) and a 2-layer Llama-3.2-1B config
+#: (bfloat16): q8+q4 2.84 and 1.68, int8+int4 2.49 and 2.16, 8da4w 4.42 and 2.93 (benchmarks/stage_memory_variants.py);
+#: fp16 and q4f16 are not measured apart: ONNX's figure.
+VARIANT_MEMORY = {"fp16": 2.25, "q8": 2.25, "q4": 2.25, "q4f16": 2.25, "int8": 2.3, "int4": 2.3, "8da4w": 3.6}
+#: A job exported from its structure whose gate loads the model (variants, latency timed): what the export and the
+#: save leave resident when it loads, as a factor of the float32 weights (measured 0.49 and 0.6: SmolLM2-135M-Instruct
+#: and a 2-layer Llama-3.2-1B config, with variants)
+STRUCTURE_RELOAD = 0.5
 
 
 def variants_stage(targets, loaded: int, libraries: int) -> int | None:
@@ -204,18 +210,21 @@ def largest_tensor_bytes(folder: Path) -> int:
     return largest * 4
 
 
-def loaded_stages(targets, loaded: int) -> dict:
+def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
     """The memory each stage of a process exporting `targets` from the loaded model needs at its peak: `load_model`
-    the libraries and the weights as loaded, `export` the largest target's export (`memory_needed`: its save and
-    gate included), and `variants` where a target has them (`variants_stage`)."""
-    stages = {"load_model": RUNTIME_MB * MB + loaded, "export": memory_needed(loaded, [targets])}
-    variants = variants_stage(targets, loaded, RUNTIME_MB * MB)
+    the libraries and, where the checkpoint is widened to float32 (`widened`), the weights as loaded (a float32
+    checkpoint is mapped, its pages read later), `export` the largest target's export (`memory_needed`: its save
+    and gate included), and `variants` where a target has them (`variants_stage`)."""
+    stages = {"load_model": LIBRARIES_MB * MB + (loaded if widened else 0), "export": memory_needed(loaded, [targets])}
+    variants = variants_stage(targets, loaded, LIBRARIES_MB * MB)
     return {**stages, "variants": variants} if variants is not None else stages
 
 
-def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool) -> dict:
+def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool,
+                     widened: bool = True) -> dict:
     """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
-    local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin;
+    local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin
+    (where the gate loads the model: what the export left, `STRUCTURE_RELOAD`, and the weights widened to float32);
     `export` the weightless graph (the format's `structure_export_memory` x the weights); `save` the graph written,
     converted (float16) and its weights written from the shards one map entry at a time (`STRUCTURE_SAVE_TENSORS` x
     the largest tensor), a quantizer run on them (`structure_save_memory` x the weights); `verify` the gate's eager
@@ -234,7 +243,8 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     export = libraries + int(max(p.structure_export_memory for p in programs) * loaded)
     reference = budget + STRUCTURE_GATE_TENSORS * largest
     stages = {
-        "load_model": RUNTIME_MB * MB + loaded if not streamed_gate else libraries,
+        "load_model": libraries if streamed_gate else
+        libraries + int(STRUCTURE_RELOAD * loaded) + (loaded if widened else 0),
         "export": export,
         "save": export + STRUCTURE_SAVE_TENSORS * largest + int(max(p.structure_save_memory for p in programs) * loaded),
         # the model released before the artifact's runtime opens where the gate streams it, else both at once
@@ -258,14 +268,15 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     groups = [targets] if groups is None else groups
     weights, dtypes = weights or weights_metadata(model, revision, token)
     loaded = loaded_bytes(weights, dtypes)
+    widened = loaded != weights or not dtypes  # no safetensors headers: a pickled checkpoint is read into memory
     factors = [memory_factor(t) for t in targets]
     available = available_memory()
     budget = max_memory is not None and (available is None or max_memory < available)
     largest = largest_tensor_bytes(model) if structure is not None and dtypes and Path(str(model)).is_dir() else None
     stages_per_group = [
-        structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate)
+        structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate, widened)
         if largest is not None and all(map(structure, group)) else
-        loaded_stages(group, loaded) for group in groups]
+        loaded_stages(group, loaded, widened) for group in groups]
     memory = sum(max(stages.values()) for stages in stages_per_group)
     memory_stages: dict[str, int] = {}
     for stages in stages_per_group:
