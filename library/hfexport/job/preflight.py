@@ -9,7 +9,9 @@ of the tree. Needs are estimates with documented multipliers (docs/publishing.md
   for the largest target (a process exports its targets one
   after another); generation targets that trace several graphs (a prefill and a decode) hold more
   (`GENERATION_FACTOR`), a single-graph one (and ExecuTorch's LLM runner program) as much as a forward export. A job that exports in several
-  processes at once (`hfexport.job.parallel`) needs that for each process, summed.
+  processes at once (`hfexport.job.parallel`) needs that for each process, summed. Its load: the libraries and the
+  weights widened to float32 (a float32 checkpoint is mapped, its pages read by the export); a target's variants
+  (the quantize stage): `variants_stage` (`loaded_stages`).
 - memory, a job exported from the model's structure (`hfexport.job.structure`: a local safetensors checkpoint, every
   target of the process traced without weights): per stage, `structure_stages` (the libraries, the weightless graph,
   the largest tensor, the gate's streamed reference and the artifact as its runtime maps it); the job's need is its
@@ -63,7 +65,7 @@ class Estimate:
     memory_available: int | None
     disk_available: int | None
     problems: list[str] = field(default_factory=list)
-    #: bytes of memory each stage needs at its peak: `load_model` (the libraries and the weights as loaded), `export`
+    #: bytes of memory each stage needs at its peak: `load_model` (the libraries and the weights widened), `export`
     #: (the largest target's export, `memory_needed`), `variants` where a target has variants (`variants_stage`); for
     #: a job exported from its structure `structure_stages` (`save`, `verify` too); what the report's measured peaks
     #: are set beside
@@ -137,7 +139,9 @@ def memory_factor(target) -> float:
     `GENERATION_FACTOR` where the target traces several graphs (`graphs_saved`). Measured: Llama-3.2-1B's config at
     full depth, one ONNX or OpenVINO generation graph, peaked at 1 GiB + 2.9 x its float32 weights; ExecuTorch's LLM
     runner program at 1 GiB + 3.1 x while lowering and 3.9-4.1 x while saving in two runs (its weight map reads the
-    written .pte beside the model): ExecuTorch's factor is 4.5 (tests/test_full_depth.py)."""
+    written .pte beside the model) (tests/test_full_depth.py); through the gate, on SmolLM2-135M-Instruct and a 2-layer
+    Llama-3.2-1B config, OpenVINO 2.8 and 2.1 x, ExecuTorch 4.5 and 2.9 x: OpenVINO's factor is 3.0, ExecuTorch's
+    4.0 (benchmarks/stage_memory_variants.py)."""
     several = target.mode == "generation" and graphs_saved(target) > 1
     return format_traits(target.export_format).memory_factor * (GENERATION_FACTOR if several else 1.0)
 
