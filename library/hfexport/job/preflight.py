@@ -140,8 +140,8 @@ def memory_factor(target) -> float:
     full depth, one ONNX or OpenVINO generation graph, peaked at 1 GiB + 2.9 x its float32 weights; ExecuTorch's LLM
     runner program at 1 GiB + 3.1 x while lowering and 3.9-4.1 x while saving in two runs (its weight map reads the
     written .pte beside the model) (tests/test_full_depth.py); through the gate, on SmolLM2-135M-Instruct and a 2-layer
-    Llama-3.2-1B config, OpenVINO 2.8 and 2.1 x, ExecuTorch 4.5 and 2.9 x: OpenVINO's factor is 3.0, ExecuTorch's
-    4.0 (benchmarks/stage_memory_variants.py)."""
+    Llama-3.2-1B config, OpenVINO 2.8 and 2.1 x, ExecuTorch 4.5 and 2.9 x: OpenVINO's factor is 3.1, ExecuTorch's
+    4.2 (benchmarks/stage_memory_variants.py)."""
     several = target.mode == "generation" and graphs_saved(target) > 1
     return format_traits(target.export_format).memory_factor * (GENERATION_FACTOR if several else 1.0)
 
