@@ -244,7 +244,11 @@ def test_a_job_whose_variants_cannot_fit_is_refused_naming_the_quantize_stage(tm
 
 def _benchmark():
     import importlib.util
+    import sys
 
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if benchmarks not in sys.path:  # the benchmark's own harness (`_process`)
+        sys.path.append(benchmarks)
     spec = importlib.util.spec_from_file_location(
         "stage_memory_variants", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_memory_variants.py")
     module = importlib.util.module_from_spec(spec)
