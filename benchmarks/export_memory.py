@@ -315,12 +315,13 @@ def headers_only_checkpoint(kind: str) -> Path:
 
 def paper_estimate(kind: str, recipe: Path, limit_gb: float) -> dict:
     """The preflight's per-stage estimate (MB) for each hfexport target of the structure path on zoo model `kind`'s
-    published config, as `hfexport export --max-memory {limit_gb}GB --no-latency --workers 1` would make it."""
+    published config (or on the checkpoint `kind` built in CACHE), as `hfexport export --max-memory {limit_gb}GB --no-latency --workers 1` would make it."""
     from hfexport.job.preflight import estimate
     from hfexport.job.structure import traced_without_weights
     from hfexport.recipe.loading import load_recipe
 
-    folder = headers_only_checkpoint(kind)
+    built = CACHE / kind
+    folder = built if (built / ".complete").is_file() else headers_only_checkpoint(kind)
     loaded = load_recipe(str(recipe))
     figures = {}
     for name in STRUCTURE_TARGETS:
@@ -329,7 +330,8 @@ def paper_estimate(kind: str, recipe: Path, limit_gb: float) -> dict:
         figures[name] = {"weights_mb": round(result.weights_bytes / 2**20), "fits": result.fits,
                          "stages_mb": {stage: round(need / 2**20) for stage, need in result.memory_stages.items()},
                          "problems": result.problems}
-    shutil.rmtree(folder, ignore_errors=True)
+    if folder != built:
+        shutil.rmtree(folder, ignore_errors=True)
     return figures
 
 
@@ -388,12 +390,13 @@ def table(result: dict) -> str:
 
 def big_table(result: dict) -> str:
     """The Markdown of a random-weight checkpoint's runs: one line a run, killed runs with their last stage."""
-    weights = result["f32_weights_mb"]
+    weights, cpu = result["f32_weights_mb"], result["machine"]["lscpu"]
     lines = [f"# Export + gate memory: {result['model']}", "",
-             f"Float32 weights {weights:.0f} MB. Measured on main at {result.get('commit')} (the gate's memory as it "
-             f"is there). Each run inside a {result.get('limit_gb')} GB memory cgroup (v1, no swap), holding "
+             f"Float32 weights {weights:.0f} MB. Library code measured: {result.get('library_at', result.get('commit'))} "
+             f"(the gate's memory as it is there). Each run inside a {result.get('limit_gb')} GB memory cgroup (v1, no swap), holding "
              "/tmp/hfexport-heavy.lock, under `nice -n 10` and `/usr/bin/time -v`.", "",
-             f"CPU: {result['machine']['lscpu'].get('model_name')}, {result['machine']['cpus']} cores; "
+             f"CPU: {cpu.get('model_name')} family {cpu.get('family')} model {cpu.get('model')} (Zen 5; "
+             f"{', '.join(cpu.get('flags_of_note', []))}), {result['machine']['cpus']} cores, 24 GiB; "
              f"`uptime` at the start: {result['uptime_start']}; at the end: {result.get('uptime_end', '')}.",
              "Wall times were taken under that load (other jobs sharing the 2 cores): compare peak RSS, not wall.", "",
              "| run | status | peak RSS MB (largest process) | cgroup peak MB (all processes, page cache included) "
@@ -436,7 +439,10 @@ def main() -> None:
         save(json.loads(OUT.read_text()))
         return
     if os.environ.get("PAPER"):  # PAPER=llama-3.1-8b: the preflight's estimate on a published config, into OUT
-        result = json.loads(OUT.read_text())
+        result = json.loads(OUT.read_text()) if OUT.is_file() else {
+            "model": CHECKPOINT, "checkpoint": CHECKPOINT, "f32_weights_mb": 0, "libraries_peak_rss_mb": {},
+            "runs": {}, "machine": {"lscpu": lscpu(), "cpus": os.cpu_count(), "load_avg_start": load()},
+            "uptime_start": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
         result.setdefault("paper", {})[os.environ["PAPER"]] = paper_estimate(os.environ["PAPER"], structure_recipe(),
                                                                              LIMIT_GB)
         save(result)
