@@ -486,6 +486,7 @@ def main() -> None:
                                           cwd=ROOT).stdout.strip()
         result["limit_gb"] = LIMIT_GB
     if previous:  # APPEND=1: the runs of an earlier invocation kept (a slow series run in parts)
+        result = {**previous, **result}  # its notes (`paper`, `library_at`) too
         result["runs"] = {**previous["runs"], **{name: previous["runs"].get(name, []) for name in RUNS}}
         result["uptime_start"] = previous["uptime_start"]
         result["libraries_peak_rss_mb"] = previous["libraries_peak_rss_mb"]
