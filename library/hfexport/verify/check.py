@@ -399,7 +399,7 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
 
 
 def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None,
-                    release=None) -> dict:
+                    release=None, lean: bool | None = None) -> dict:
     """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict.
 
     The eager model runs first, on every probe and the generation check (`_references`), reading the artifact's
@@ -407,7 +407,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     this function drops its own, and only then is the artifact loaded and compared: the model and the artifact's
     runtime are never in memory together, where the caller releases the model (issue 45); the artifact is then opened
     with its weights left memory-mapped where the runtime would copy them (`_load`'s `lean`: ONNX Runtime's
-    prepacking off).
+    prepacking off; `lean`: whether to, by default where `release` is given).
 
     Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
     thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
@@ -455,7 +455,8 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     load_started = time.perf_counter()
     if exported is None:
         try:
-            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned, lean=release is not None)
+            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned,
+                             lean=release is not None if lean is None else lean)
         except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
             return _not_loaded(folder, error, started)
     reload_s = time.perf_counter() - load_started
