@@ -70,6 +70,25 @@ def test_a_kept_models_mapped_weights_leave_the_resident_set_and_read_back_the_s
     assert model.weight[0] == -1.0 and torch.equal(model.weight[1:], values[1:])
 
 
+def test_an_artifacts_mapped_files_leave_the_resident_set_once_loaded(tmp_path):
+    """What the gate does once a runtime that copies the weights it mapped has loaded the artifact (OpenVINO's CPU
+    plugin repacks its `.bin`): the pages of every mapping of a file in the artifact's folder are handed back and
+    read again, the same bytes, where the runtime reads them again."""
+    import mmap
+
+    from hfexport.files import drop_mapped_folder
+
+    data = bytes(range(256)) * (1 << 16)  # 16 MB
+    (tmp_path / "model.bin").write_bytes(data)
+    with open(tmp_path / "model.bin", "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    assert mapped[:] == data  # every page read: resident
+    before = current_rss()
+    assert drop_mapped_folder(tmp_path) >= len(data) - 4096 and current_rss() < before - (8 << 20)
+    assert mapped[:] == data
+    mapped.close()
+
+
 def test_stages_nest_an_outer_stage_keeps_an_inner_peak():
     report = JobReport(source={"model": "m"})
     report.targets["t"] = TargetReport(target="t", export_format="onnx", mode="forward")

@@ -16,6 +16,7 @@ import os
 import resource
 import threading
 
+from hfexport.files import drop_file_pages
 from hfexport.progress import ProgressCallback, Step
 
 #: The steps measured (hfexport.progress.STEPS); `target`, `probe`, `cache` and `preflight` are not: the first spans
@@ -24,7 +25,6 @@ STAGES = ("load_model", "plan", "export", "save", "rebind", "verify", "runtimes"
 SAMPLE_S = 0.02
 MB = 1 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_MADV_DONTNEED = 4
 
 
 _MEMORY_UNITS = {"": 1, "mb": 1, "m": 1, "gb": 1024, "g": 1024}
@@ -55,42 +55,17 @@ def current_rss() -> int:
 
 def drop_mapped_weights(model) -> int:
     """Hand back the resident pages of `model`'s parameters and buffers that are still the checkpoint's file pages
-    (transformers maps a safetensors checkpoint; `/proc/self/pagemap` says which pages are present and file-backed,
-    not copied on write): MADV_DONTNEED on those pages only, so they leave this process's resident set and are read
-    again from the file if the model runs again, the same bytes. A page the process wrote (anonymous) stays. For a
-    gate that keeps the model while the artifact's runtime opens (a job that loaded the model, `hfexport.job.pipeline`),
-    once its eager side is done. Returns the bytes dropped; 0 where /proc or libc does not allow it."""
-    import ctypes
-    import struct
-
-    try:
-        madvise = ctypes.CDLL("libc.so.6", use_errno=True).madvise
-        pagemap = open("/proc/self/pagemap", "rb")  # noqa: SIM115 - closed below
-    except (OSError, AttributeError):
-        return 0
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    (transformers maps a safetensors checkpoint): `hfexport.files.drop_file_pages`, so they are read again from the
+    file if the model runs again, the same bytes; a page the process wrote stays. For a gate that keeps the model
+    while the artifact's runtime opens (a job that loaded the model, `hfexport.job.pipeline`), once its eager side is
+    done. Returns the bytes dropped."""
     dropped, seen = 0, set()
-    with pagemap:
-        for tensor in [*model.parameters(), *model.buffers()]:
-            storage = tensor.untyped_storage()
-            start, size = storage.data_ptr(), storage.nbytes()
-            if tensor.device.type != "cpu" or not start or not size or start in seen:
-                continue
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr()
+        if tensor.device.type == "cpu" and start and start not in seen:
             seen.add(start)
-            first, last = -(-start // _PAGE), (start + size) // _PAGE  # whole pages inside the storage only
-            if first >= last:
-                continue
-            pagemap.seek(first * 8)
-            entries = struct.unpack(f"{last - first}Q", pagemap.read((last - first) * 8))
-            run = None
-            for index, entry in enumerate([*entries, 0]):
-                file_page = entry >> 63 & 1 and entry >> 61 & 1  # present, and a file page (not copied on write)
-                if file_page and run is None:
-                    run = index
-                elif not file_page and run is not None:
-                    if madvise((first + run) * _PAGE, (index - run) * _PAGE, _MADV_DONTNEED) == 0:
-                        dropped += (index - run) * _PAGE
-                    run = None
+            dropped += drop_file_pages(start, start + storage.nbytes())
     return dropped
 
 

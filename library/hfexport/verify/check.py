@@ -25,7 +25,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
-from hfexport.files import MANIFEST_FILE
+from hfexport.files import MANIFEST_FILE, drop_mapped_folder
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
 from hfexport.models import on_empty_cache
@@ -313,13 +313,17 @@ def _load(folder: Path, export_format: str, precision: str | None, lean: bool = 
     """The artifact reloaded from disk as a user gets it (`hfexport.load`), at `precision` where the format has a
     runtime precision. OpenVINO is compiled for the CPU explicitly, so the precision it picked can be read back
     (AUTO does not expose it). `lean`: the weights left memory-mapped, not copied by the runtime (the format's
-    `lean_load_options`), for a gate that released the model to save memory."""
+    `lean_load_options`), for a gate that released the model to save memory; else the artifact's files' pages the
+    runtime mapped are handed back once it loaded (`drop_mapped_folder`: read again where it reads them again)."""
     from hfexport.exported import ExportedModel
 
     options = dict(format_traits(export_format).verify_load_options)
     if lean:
         options.update(format_program(export_format).lean_load_options())
-    return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+    exported = ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+    if not lean:  # the runtime made its own copy of the weights it mapped (OpenVINO's CPU plugin repacks them)
+        drop_mapped_folder(Path(folder))
+    return exported
 
 
 def _references(layout, model, plan, probes: list[dict], refs, representative: dict | None) -> dict:
