@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hfexport.job.memory import SAMPLE_S, StageMemory
+from hfexport.job.memory import SAMPLE_S, StageMemory, current_rss, drop_mapped_weights
 from hfexport.job.run import run_job
 from hfexport.progress import Step
 from hfexport.report.data import JobReport, TargetReport
@@ -50,6 +50,43 @@ def test_each_stage_gets_its_own_peak_and_the_process_peak_stays_the_kernels():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 >= peaks["export"] - 1  # statm vs hiwater
     assert [step.step for step in steps] == ["load_model", "load_model", "export", "export", "verify", "probe",
                                              "verify"]
+
+
+def test_a_kept_models_mapped_weights_leave_the_resident_set_and_read_back_the_same(tmp_path):
+    """The gate of a job that keeps its model drops the pages still the checkpoint's file pages (issue 45) once its
+    eager side is done: they leave RSS and read back the same bytes; a page the process wrote stays as written."""
+    import torch
+
+    path = tmp_path / "weights.bin"
+    values = torch.arange(1 << 22, dtype=torch.float32)  # 16 MB
+    values.numpy().tofile(path)
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(torch.from_file(str(path), shared=False, size=1 << 22), requires_grad=False)
+    model.weight[0] = -1.0  # written: a copy-on-write page, no longer the file's
+    assert torch.equal(model.weight[1:], values[1:])  # every page read: resident
+    before = current_rss()
+    dropped = drop_mapped_weights(model)
+    assert dropped >= (16 << 20) - 2 * 4096 - 4096 and current_rss() < before - (8 << 20)
+    assert model.weight[0] == -1.0 and torch.equal(model.weight[1:], values[1:])
+
+
+def test_an_artifacts_mapped_files_leave_the_resident_set_once_loaded(tmp_path):
+    """What the gate does once a runtime that copies the weights it mapped has loaded the artifact (OpenVINO's CPU
+    plugin repacks its `.bin`): the pages of every mapping of a file in the artifact's folder are handed back and
+    read again, the same bytes, where the runtime reads them again."""
+    import mmap
+
+    from hfexport.files import drop_mapped_folder
+
+    data = bytes(range(256)) * (1 << 16)  # 16 MB
+    (tmp_path / "model.bin").write_bytes(data)
+    with open(tmp_path / "model.bin", "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    assert mapped[:] == data  # every page read: resident
+    before = current_rss()
+    assert drop_mapped_folder(tmp_path) >= len(data) - 4096 and current_rss() < before - (8 << 20)
+    assert mapped[:] == data
+    mapped.close()
 
 
 def test_stages_nest_an_outer_stage_keeps_an_inner_peak():

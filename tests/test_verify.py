@@ -353,6 +353,23 @@ def test_metrics_of_one_output():
     assert not shape["passed"] and "shape" in shape["failures"][0]
 
 
+def test_metrics_by_blocks_are_the_whole_tensors(monkeypatch):
+    """compare_tensors walks a leaf in row blocks (issue 45: a logits leaf's temporaries once made the gate's peak):
+    one-row blocks give the figures of one block, NaNs, an inf and a flipped argmax included."""
+    import hfexport.verify.parity as parity
+    from hfexport.verify.thresholds import default_tolerance
+
+    tolerance = default_tolerance("onnx")
+    eager = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    got = eager + 1e-6
+    got[1, 2], got[2, 0], got[4, 4] = float("nan"), float("inf"), 10.0
+    eager[3, 1] = got[3, 1] = float("nan")
+    whole = parity.compare_tensors(got, eager, tolerance, logits=True)
+    monkeypatch.setattr(parity, "CHUNK_ELEMENTS", 5)
+    blocks = parity.compare_tensors(got, eager, tolerance, logits=True)
+    assert blocks == whole and whole["top1"] == 0.5 and whole["max_abs"] is None
+
+
 def test_padded_positions_are_not_compared():
     from hfexport.recipe.data import Target
     from hfexport.verify.parity import compare_outputs

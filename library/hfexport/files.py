@@ -120,3 +120,57 @@ def read_json_object(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MADV_DONTNEED = 4
+
+
+def drop_file_pages(start: int, end: int) -> int:
+    """Hand back this process's resident pages in [start, end) (addresses; whole pages inside only) that are still
+    file pages (`/proc/self/pagemap`: present and file-backed, never copied on write): MADV_DONTNEED on those runs
+    only, so they leave the resident set and are read again from the file (or the page cache), the same bytes, if
+    touched again; a page the process wrote stays. Returns the bytes dropped (0 where /proc or libc does not allow)."""
+    import ctypes
+    import struct
+
+    first, last = -(-start // _PAGE), end // _PAGE
+    if first >= last:
+        return 0
+    try:
+        madvise = ctypes.CDLL("libc.so.6", use_errno=True).madvise
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(first * 8)
+            entries = struct.unpack(f"{last - first}Q", pagemap.read((last - first) * 8))
+    except (OSError, AttributeError, struct.error):
+        return 0
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    dropped, run = 0, None
+    for index, entry in enumerate([*entries, 0]):
+        file_page = entry >> 63 & 1 and entry >> 61 & 1
+        if file_page and run is None:
+            run = index
+        elif not file_page and run is not None:
+            if madvise((first + run) * _PAGE, (index - run) * _PAGE, _MADV_DONTNEED) == 0:
+                dropped += (index - run) * _PAGE
+            run = None
+    return dropped
+
+
+def drop_mapped_folder(folder: Path) -> int:
+    """`drop_file_pages` on every mapping of a file inside `folder` (/proc/self/maps): a runtime that mapped an
+    artifact's weights and made its own copy when it compiled (OpenVINO's CPU plugin repacks them) keeps only what
+    it reads again. Returns the bytes dropped."""
+    root = os.path.realpath(folder) + os.sep
+    dropped = 0
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(root):
+            low, high = (int(value, 16) for value in fields[0].split("-"))
+            dropped += drop_file_pages(low, high)
+    return dropped

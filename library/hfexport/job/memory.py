@@ -16,6 +16,7 @@ import os
 import resource
 import threading
 
+from hfexport.files import drop_file_pages
 from hfexport.progress import ProgressCallback, Step
 
 #: The steps measured (hfexport.progress.STEPS); `target`, `probe`, `cache` and `preflight` are not: the first spans
@@ -50,6 +51,22 @@ def current_rss() -> int:
             return int(handle.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def drop_mapped_weights(model) -> int:
+    """Hand back the resident pages of `model`'s parameters and buffers that are still the checkpoint's file pages
+    (transformers maps a safetensors checkpoint): `hfexport.files.drop_file_pages`, so they are read again from the
+    file if the model runs again, the same bytes; a page the process wrote stays. For a gate that keeps the model
+    while the artifact's runtime opens (a job that loaded the model, `hfexport.job.pipeline`), once its eager side is
+    done. Returns the bytes dropped."""
+    dropped, seen = 0, set()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr()
+        if tensor.device.type == "cpu" and start and start not in seen:
+            seen.add(start)
+            dropped += drop_file_pages(start, start + storage.nbytes())
+    return dropped
 
 
 def _children_peak() -> int:

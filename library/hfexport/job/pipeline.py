@@ -24,6 +24,7 @@ from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_entries, save_ato
 from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
+from hfexport.job.memory import drop_mapped_weights
 from hfexport.job.preflight import check_memory_plan, runtime_refusals
 from hfexport.job.structure import (QUANTIZED_KEY, export_structure, gate_releases, load_reference, load_weights,
                                     quantize_written, release_weights, structure_export)
@@ -152,7 +153,10 @@ class TargetPipeline:
         release = gate_releases(self.job, plan)  # and let go before the artifact's runtime opens (job/structure)
         runs = self.job.options.runtimes and plan.target.mode == "generation" and has_runtimes(str(plan.target.export_format))
         request = answered_request(self.job.model_object, plan, self.job.processor) if release and runs else None
-        self._verify(folder, plan, functools.partial(release_weights, self.job) if release else None)
+        if release:
+            self._verify(folder, plan, functools.partial(release_weights, self.job))
+        else:  # the model stays (runtimes, variants, latency, the next target): its pages still the checkpoint's go
+            self._verify(folder, plan, functools.partial(drop_mapped_weights, self.job.model_object), lean=False)
         with warm_clients():
             if self.target_report.status == "ok" and runs:
                 self._check_runtimes(folder, plan, request)
@@ -296,16 +300,17 @@ class TargetPipeline:
                                          "fallback": f"no weight map recorded: {engine_error_message(error)[:300]}"}
         self.target_report.timings["weight_map_s"] = round(time.perf_counter() - started, 4)
 
-    def _verify(self, folder: Path, plan, release=None) -> None:
+    def _verify(self, folder: Path, plan, release=None, lean: bool | None = None) -> None:
         """Parity of the saved artifacts (reloaded from `folder`) against the eager model (`release`: called once the
-        eager side is done, `verify_exported`); a failure marks the target."""
+        eager side is done, `verify_exported`; `lean`: the artifact opened so, by default with `release`); a failure
+        marks the target."""
         job, name, target_report, progress = self.job, self.name, self.target_report, self.job.progress
         progress(Step("verify", "start", name, "reloading from disk, comparing with the eager model"))
         started = time.perf_counter()
         try:
             with engine_output(f"verify {name}"):
                 verification = verify_exported(folder, job.model_object, plan, job.processor, progress=progress,
-                                               release=release)
+                                               release=release, lean=lean)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as error:  # noqa: BLE001 - a verification that cannot run is not a pass

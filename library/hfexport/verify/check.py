@@ -25,7 +25,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
-from hfexport.files import MANIFEST_FILE
+from hfexport.files import MANIFEST_FILE, drop_mapped_folder
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
 from hfexport.models import on_empty_cache
@@ -313,13 +313,17 @@ def _load(folder: Path, export_format: str, precision: str | None, lean: bool = 
     """The artifact reloaded from disk as a user gets it (`hfexport.load`), at `precision` where the format has a
     runtime precision. OpenVINO is compiled for the CPU explicitly, so the precision it picked can be read back
     (AUTO does not expose it). `lean`: the weights left memory-mapped, not copied by the runtime (the format's
-    `lean_load_options`), for a gate that released the model to save memory."""
+    `lean_load_options`), for a gate that released the model to save memory; else the artifact's files' pages the
+    runtime mapped are handed back once it loaded (`drop_mapped_folder`: read again where it reads them again)."""
     from hfexport.exported import ExportedModel
 
     options = dict(format_traits(export_format).verify_load_options)
     if lean:
         options.update(format_program(export_format).lean_load_options())
-    return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+    exported = ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+    if not lean:  # the runtime made its own copy of the weights it mapped (OpenVINO's CPU plugin repacks them)
+        drop_mapped_folder(Path(folder))
+    return exported
 
 
 def _references(layout, model, plan, probes: list[dict], refs, representative: dict | None) -> dict:
@@ -399,7 +403,7 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
 
 
 def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None,
-                    release=None) -> dict:
+                    release=None, lean: bool | None = None) -> dict:
     """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict.
 
     The eager model runs first, on every probe and the generation check (`_references`), reading the artifact's
@@ -407,7 +411,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     this function drops its own, and only then is the artifact loaded and compared: the model and the artifact's
     runtime are never in memory together, where the caller releases the model (issue 45); the artifact is then opened
     with its weights left memory-mapped where the runtime would copy them (`_load`'s `lean`: ONNX Runtime's
-    prepacking off).
+    prepacking off; `lean`: whether to, by default where `release` is given).
 
     Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
     thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
@@ -455,7 +459,8 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     load_started = time.perf_counter()
     if exported is None:
         try:
-            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned, lean=release is not None)
+            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned,
+                             lean=release is not None if lean is None else lean)
         except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
             return _not_loaded(folder, error, started)
     reload_s = time.perf_counter() - load_started

@@ -12,58 +12,111 @@ CACHE_OUTPUTS = ("past_key_values", "present_key_values", "cache_params")
 # ── Comparing outputs ────────────────────────────────────────────────────────
 
 
-def compare_tensors(exported, eager, tolerance: dict, logits: bool = False) -> dict:
-    """Metrics of one output leaf and whether it meets `tolerance`; `failures` names each metric that did not."""
-    import torch
+#: Elements compared at a time: every metric is a max, a count or a sum, taken block by block, so comparing a
+#: [batch*seq, vocab] logits leaf holds a few 4 MB temporaries, not a dozen copies of it (issue 45: the float32 and
+#: float64 temporaries of one SmolLM2 logits leaf at batch 8 once made the gate's peak).
+CHUNK_ELEMENTS = 1 << 20
 
+
+def compare_tensors(exported, eager, tolerance: dict, logits: bool = False) -> dict:
+    """Metrics of one output leaf and whether it meets `tolerance`; `failures` names each metric that did not.
+    Computed in row blocks of about `CHUNK_ELEMENTS` (`_block_metrics`), the same figures as on the whole tensor."""
     result: dict[str, Any] = {"shape": list(eager.shape)}
     failures: list[str] = []
     if tuple(exported.shape) != tuple(eager.shape):
         result.update(exported_shape=list(exported.shape), passed=False,
                       failures=[f"shape {list(exported.shape)} != eager {list(eager.shape)}"])
         return result
-    got, want = exported.detach().float(), eager.detach().float()
-    both_nan = torch.isnan(got) & torch.isnan(want)
-    bad_nan = (torch.isnan(got) | torch.isnan(want)) & ~both_nan
-    if bool(bad_nan.any()):
-        failures.append(f"nan: {int(bad_nan.sum())} elements are NaN on one side only")
-    got, want = torch.where(both_nan, 0.0, got), torch.where(both_nan, 0.0, want)
-    diff = (got - want).abs()
-    if got.numel() == 0:
-        max_abs = max_rel = 0.0
-        cosine = 1.0
-    else:
-        max_abs = float(torch.nan_to_num(diff, nan=float("inf")).max())
-        scale = float(want.abs().max())
-        significant = want.abs() >= 1e-3 * scale if scale > 0 else torch.zeros_like(want, dtype=torch.bool)
-        max_rel = float((diff[significant] / want.abs()[significant]).max()) if bool(significant.any()) else 0.0
-        norms = float(torch.linalg.vector_norm(got, dtype=torch.float64)) * float(
-            torch.linalg.vector_norm(want, dtype=torch.float64))
-        dot = float((got.double() * want.double()).sum()) if got.numel() < (1 << 24) else float(
-            sum(float((a.double() * b.double()).sum()) for a, b in zip(got.flatten().split(1 << 22),
-                                                                       want.flatten().split(1 << 22))))
-        cosine = 1.0 if norms == 0 and max_abs == 0 else (dot / norms if norms else 0.0)
+    atol, rtol = tolerance.get("atol"), tolerance.get("rtol")
+    metrics = _block_metrics(exported.detach(), eager.detach(), atol, rtol,
+                             logits and eager.dim() >= 1 and eager.shape[-1] >= 2)
+    if metrics["bad_nan"]:
+        failures.append(f"nan: {metrics['bad_nan']} elements are NaN on one side only")
+    max_abs, max_rel, cosine = metrics["max_abs"], metrics["max_rel"], metrics["cosine"]
     result.update(max_abs=_finite(max_abs), max_rel=_finite(max_rel), cosine=_finite(cosine))
     if result["max_abs"] is None or result["cosine"] is None:
         failures.append("non-finite: the difference is inf or NaN")
-    atol, rtol = tolerance.get("atol"), tolerance.get("rtol")
-    if atol is not None or rtol is not None:
-        allowed = (atol or 0.0) + (rtol or 0.0) * want.abs()
-        outside = diff > allowed
-        if bool(outside.any()):
-            result["mismatched"] = float(outside.float().mean())
-            failures.append(f"max_abs {max_abs:.3g} exceeds atol {atol if atol is not None else 0:g} + rtol "
-                            f"{rtol if rtol is not None else 0:g}·|eager| on {result['mismatched']:.2%} of elements")
+    if (atol is not None or rtol is not None) and metrics["outside"]:
+        result["mismatched"] = _mean(metrics["outside"], metrics["numel"])
+        failures.append(f"max_abs {max_abs:.3g} exceeds atol {atol if atol is not None else 0:g} + rtol "
+                        f"{rtol if rtol is not None else 0:g}·|eager| on {result['mismatched']:.2%} of elements")
     if tolerance.get("min_cosine") is not None and result["cosine"] is not None and cosine < tolerance["min_cosine"]:
         failures.append(f"cosine {cosine:.6f} < min_cosine {tolerance['min_cosine']}")
-    if logits and want.dim() >= 1 and want.shape[-1] >= 2 and want.numel():
-        top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    if metrics["rows"]:
+        top1 = _mean(metrics["top1"], metrics["rows"])
         result["top1"] = top1
         if tolerance.get("min_top1") is not None and top1 < tolerance["min_top1"]:
             failures.append(f"top1 {top1:.4f} < min_top1 {tolerance['min_top1']}")
     result["passed"] = not failures
     result["failures"] = failures
     return result
+
+
+def _blocks(got, want):
+    """(got, want) as float32 row blocks of about `CHUNK_ELEMENTS` each (rows along the last axis: argmax stays whole)."""
+    width = want.shape[-1] if want.dim() >= 1 and want.shape[-1] else 1
+    got, want = got.reshape(-1, width), want.reshape(-1, width)
+    step = max(1, CHUNK_ELEMENTS // width)
+    for start in range(0, want.shape[0], step):
+        yield got[start : start + step].float(), want[start : start + step].float()
+
+
+def _block_max(values: list[float]) -> float:
+    """The max of per-block maxima as torch's max of the whole: NaN where any block's is."""
+    import math
+
+    return math.nan if any(math.isnan(value) for value in values) else max(values, default=0.0)
+
+
+def _mean(count: int, total: int) -> float:
+    """`count / total` as torch's float32 mean of a 0/1 tensor gives it (exact sum, one float32 division)."""
+    import torch
+
+    return float(torch.tensor(float(count), dtype=torch.float32) / total)
+
+
+def _block_metrics(got, want, atol, rtol, logits: bool) -> dict:
+    """max |got - want| (NaN on one side only: inf), max relative difference where |want| >= 1e-3 of its max,
+    cosine (float64 sums), the count outside `atol + rtol·|want|`, NaNs on one side only and (logits) rows whose
+    argmax agree; NaNs on both sides count as 0 on both. Two passes: the scale of |want| first."""
+    import torch
+
+    numel = want.numel()
+    metrics = {"numel": numel, "bad_nan": 0, "outside": 0, "top1": 0, "rows": 0, "max_abs": 0.0, "max_rel": 0.0,
+               "cosine": 1.0}
+    if numel == 0:
+        return metrics
+    scales, abs_maxima, rel_maxima, any_significant = [], [], [], False
+    got_sq = want_sq = dot = 0.0
+    for got_block, want_block in _blocks(got, want):
+        both_nan = torch.isnan(got_block) & torch.isnan(want_block)
+        scales.append(float(torch.where(both_nan, 0.0, want_block).abs().max()))
+    scale = _block_max(scales)
+    for got_block, want_block in _blocks(got, want):
+        if logits:
+            metrics["top1"] += int((got_block.argmax(-1) == want_block.argmax(-1)).sum())
+            metrics["rows"] += got_block.shape[0]
+        both_nan = torch.isnan(got_block) & torch.isnan(want_block)
+        metrics["bad_nan"] += int(((torch.isnan(got_block) | torch.isnan(want_block)) & ~both_nan).sum())
+        got_block, want_block = torch.where(both_nan, 0.0, got_block), torch.where(both_nan, 0.0, want_block)
+        diff = (got_block - want_block).abs()
+        abs_maxima.append(float(torch.nan_to_num(diff, nan=float("inf")).max()))
+        magnitude = want_block.abs()
+        if scale > 0:
+            significant = magnitude >= 1e-3 * scale
+            if bool(significant.any()):
+                any_significant = True
+                rel_maxima.append(float((diff[significant] / magnitude[significant]).max()))
+        got_sq += float(got_block.double().square().sum())
+        want_sq += float(want_block.double().square().sum())
+        dot += float((got_block.double() * want_block.double()).sum())
+        if atol is not None or rtol is not None:
+            metrics["outside"] += int((diff > (atol or 0.0) + (rtol or 0.0) * magnitude).sum())
+    max_abs = _block_max(abs_maxima)
+    norms = got_sq ** 0.5 * want_sq ** 0.5
+    metrics.update(max_abs=max_abs, max_rel=_block_max(rel_maxima) if any_significant else 0.0,
+                   cosine=1.0 if norms == 0 and max_abs == 0 else (dot / norms if norms else 0.0))
+    return metrics
 
 
 def _finite(value: float) -> float | None:
