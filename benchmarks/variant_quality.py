@@ -22,7 +22,8 @@ executorch --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache --qlinear 8d
 scored by the same measures against hfexport's float32 program -> results/variant_quality_executorch.json.
 
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/variant_quality.py` -> benchmarks/results/variant_quality.json
-(`SMOLLM2_DIR` names the built checkpoint's folder; `Q8_SWEEP=1` -> results/variant_quality_q8.json, q8's settings).
+(`SMOLLM2_DIR` names the built checkpoint's folder; `Q8_SWEEP=1` -> results/variant_quality_q8.json, q8's settings;
+`Q8_SWEEP=blocks` -> results/variant_quality_q8_blocks.json, q8's block sizes, each judged in RUNTIMES as well).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ FORMATS = {"onnx": ("onnx-generation", VARIANTS, "model.onnx*", "transformers.js
 Q8_SETTINGS = tuple({"weights_only": False, **setting} for setting in (
     {"per_channel": True, "reduce_range": True}, {"per_channel": False, "reduce_range": False},
     {"per_channel": True, "reduce_range": False}, {"per_channel": False, "reduce_range": True})) + ({},)
+#: `Q8_SWEEP=blocks`: q8's 8-bit weight blocks at each block size, judged in RUNTIMES too (the gate as a job runs it)
+#: -> results/variant_quality_q8_blocks.json
+Q8_BLOCKS = tuple({"block_size": size} for size in (32, 64, 128))
 
 
 def main() -> dict:
@@ -82,6 +86,7 @@ def main() -> dict:
     from hfexport.testing.models import build_smollm2
     from hfexport.verify.variants import gate_variants
 
+    load_before = [round(value, 2) for value in os.getloadavg()]
     folder = build_smollm2(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
     export_format = os.environ.get("FORMAT", "onnx")
     name, variants, f32_files, default_runtimes = FORMATS[export_format]
@@ -110,14 +115,16 @@ def main() -> dict:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         plan = build_plan(recipe, name, model, None, tokenizer)
         started = time.perf_counter()
-        if os.environ.get("Q8_SWEEP") == "1":
+        sweep = os.environ.get("Q8_SWEEP")
+        if sweep in ("1", "blocks"):
             entries = []
-            for setting in Q8_SETTINGS:
+            for setting in Q8_SETTINGS if sweep == "1" else Q8_BLOCKS:
                 swept = load_recipe({**recipe.data, "targets": {"onnx-generation": {
                     **recipe.data["targets"]["onnx-generation"],
                     "variants": [{"name": "q8", **setting, "max_nll_ratio": 100, "min_top1_agreement": 0}]}}})
                 entries += gate_variants(Path(output) / "onnx-generation", build_plan(swept, "onnx-generation", model,
-                                         None, tokenizer), model, tokenizer, runtimes=False)
+                                         None, tokenizer), model, tokenizer,
+                                         runtimes=sweep == "blocks" and runtimes != "none")
                 entries[-1]["name"] = "q8 " + json.dumps(setting)
         else:
             entries = gate_variants(Path(output) / name, plan, model, tokenizer, runtimes=runtimes != "none")
@@ -146,7 +153,8 @@ def main() -> dict:
             "format": export_format, "texts": len(TEXTS), "runtimes": runtimes, "f32_bytes": f32_bytes,
             "export_seconds": round(export_seconds, 1), "variants_seconds": round(variants_seconds, 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime, 1),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024), "variants": rows, **machine_and_versions()}
+            "peak_rss_mb": round(usage.ru_maxrss / 1024), "variants": rows, "load_average_before": load_before,
+            "load_average_after": [round(value, 2) for value in os.getloadavg()], **machine_and_versions()}
 
 
 def optimum_executorch_8da4w(checkpoint: Path, f32_folder: Path, plan) -> dict:
@@ -177,6 +185,7 @@ def optimum_executorch_8da4w(checkpoint: Path, f32_folder: Path, plan) -> dict:
 if __name__ == "__main__":
     result = main()
     out = HERE / "results" / ("variant_quality_q8.json" if os.environ.get("Q8_SWEEP") == "1" else
+                              "variant_quality_q8_blocks.json" if os.environ.get("Q8_SWEEP") == "blocks" else
                               "variant_quality_openvino.json" if result["format"] == "openvino" else
                               "variant_quality_executorch.json" if result["format"] == "executorch" else
                               "variant_quality.json")
