@@ -22,8 +22,7 @@ executorch --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache --qlinear 8d
 scored by the same measures against hfexport's float32 program -> results/variant_quality_executorch.json.
 
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/variant_quality.py` -> benchmarks/results/variant_quality.json
-(`SMOLLM2_DIR` names the built checkpoint's folder; `Q8_SWEEP=1` -> results/variant_quality_q8.json, q8's settings;
-`Q8_SWEEP=blocks` -> results/variant_quality_q8_blocks.json, q8's block sizes, each judged in RUNTIMES as well).
+(`SMOLLM2_DIR` names the built checkpoint's folder; `Q8_SWEEP=1` -> results/variant_quality_q8.json, q8's settings).
 """
 
 from __future__ import annotations
@@ -67,9 +66,6 @@ FORMATS = {"onnx": ("onnx-generation", VARIANTS, "model.onnx*", "transformers.js
 Q8_SETTINGS = tuple({"weights_only": False, **setting} for setting in (
     {"per_channel": True, "reduce_range": True}, {"per_channel": False, "reduce_range": False},
     {"per_channel": True, "reduce_range": False}, {"per_channel": False, "reduce_range": True})) + ({},)
-#: `Q8_SWEEP=blocks`: q8's 8-bit weight blocks at each block size, judged in RUNTIMES too (the gate as a job runs it)
-#: -> results/variant_quality_q8_blocks.json
-Q8_BLOCKS = tuple({"block_size": size} for size in (32, 64, 128))
 
 
 def main() -> dict:
@@ -115,16 +111,14 @@ def main() -> dict:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         plan = build_plan(recipe, name, model, None, tokenizer)
         started = time.perf_counter()
-        sweep = os.environ.get("Q8_SWEEP")
-        if sweep in ("1", "blocks"):
+        if os.environ.get("Q8_SWEEP") == "1":
             entries = []
-            for setting in Q8_SETTINGS if sweep == "1" else Q8_BLOCKS:
+            for setting in Q8_SETTINGS:
                 swept = load_recipe({**recipe.data, "targets": {"onnx-generation": {
                     **recipe.data["targets"]["onnx-generation"],
                     "variants": [{"name": "q8", **setting, "max_nll_ratio": 100, "min_top1_agreement": 0}]}}})
                 entries += gate_variants(Path(output) / "onnx-generation", build_plan(swept, "onnx-generation", model,
-                                         None, tokenizer), model, tokenizer,
-                                         runtimes=sweep == "blocks" and runtimes != "none")
+                                         None, tokenizer), model, tokenizer, runtimes=False)
                 entries[-1]["name"] = "q8 " + json.dumps(setting)
         else:
             entries = gate_variants(Path(output) / name, plan, model, tokenizer, runtimes=runtimes != "none")
@@ -185,7 +179,6 @@ def optimum_executorch_8da4w(checkpoint: Path, f32_folder: Path, plan) -> dict:
 if __name__ == "__main__":
     result = main()
     out = HERE / "results" / ("variant_quality_q8.json" if os.environ.get("Q8_SWEEP") == "1" else
-                              "variant_quality_q8_blocks.json" if os.environ.get("Q8_SWEEP") == "blocks" else
                               "variant_quality_openvino.json" if result["format"] == "openvino" else
                               "variant_quality_executorch.json" if result["format"] == "executorch" else
                               "variant_quality.json")

@@ -129,6 +129,10 @@ def test_the_graphs_are_what_each_dtype_means(variants_job, tmp_path):
 
     assert blocks("model_q4.onnx") == {(False, 4, 16), (True, 8, 16)}  # the head in 8-bit blocks (head_bits)
     assert blocks("model_quantized.onnx") == {(False, 8, 64), (True, 8, 64)}  # q8: weights alone, 8-bit blocks
+    # the exporter's per-node stack traces stay with the float32 graph (3.4 MB of SmolLM2's, no computation)
+    assert any(node.metadata_props for node in graph("model.onnx").graph.node)
+    assert not any(node.metadata_props for name in ("model_quantized.onnx", "model_q4.onnx", "model_fp16.onnx")
+                   for node in graph(name).graph.node)
     # q8 with weights_only false: transformers.js' dynamic int8 form (int8 activations)
     write(folder, settings({"name": "q8", "weights_only": False}), tmp_path / "q8-dynamic")
     dynamic = {node.op_type for node in onnx.load(str(tmp_path / "q8-dynamic" / "model.onnx"),

@@ -22,7 +22,8 @@
   `transformers.js_config` then says `kv_cache_dtype` float16 for them).
 
 `write(folder, variant, stage)` lays the variant out in `stage` as the contract folder the runtimes open (the
-variant's graph as `model.onnx` + `model.onnx_data`, every other file linked); `keep` moves it into the target's
+variant's graph as `model.onnx` + `model.onnx_data`, its nodes without the exporter's metadata (stack traces,
+module names: they never reach a runtime), every other file linked); `keep` moves it into the target's
 folder under its published name; `next_token_scores` runs a graph of the contract on token rows with an empty cache.
 """
 
@@ -65,6 +66,8 @@ def write(folder: Path, variant: dict, stage: Path) -> dict:
             model = onnx_ir.from_proto(float16_model(source))
         else:
             model = onnx_ir.load(str(source))
+        for node in onnx_ir.traversal.RecursiveGraphIterator(model.graph):
+            node.metadata_props.clear()  # the exporter's stack traces: 3.4 of SmolLM2's graph's 3.6 MB, no computation
         onnx_ir.save(model, str(stage / MODEL_FILE), external_data=DATA_FILE)
     return resolved
 
