@@ -9,9 +9,7 @@
   default) the embedding then reads the head's blocks (`tie_embedding`, a `GatherBlockQuantized`, as
   onnxruntime-genai's model builder ties them), so the table is stored once, quantized.
 - `q8`: with `weights_only` (the default) the same `MatMulNBits` form at 8 bits, head and tied embedding included,
-  float activations, in blocks of `block_size` (default `block_size_for`: the largest power of two up to 128 that
-  divides every quantized MatMul's input, so each block's one float32 scale costs at most 1/16 of its 8-bit bytes,
-  no block is padded and the tied embedding can read the head's blocks); else `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly`
+  float activations, in blocks of `block_size` (default: `block_size_for` the graph); else `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly`
   and `EnableSubgraph` as transformers.js' script makes q8 (int8 activations; its embedding `Gather` 8-bit per
   tensor, which a tied head then reads dequantized), the weight type by transformers.js' rule (`uint8_ops`: uint8
   where the graph has Conv, GroupQueryAttention or MultiHeadAttention, whose int8 kernels the WebAssembly backend
@@ -22,8 +20,7 @@
   `transformers.js_config` then says `kv_cache_dtype` float16 for them).
 
 `write(folder, variant, stage)` lays the variant out in `stage` as the contract folder the runtimes open (the
-variant's graph as `model.onnx` + `model.onnx_data`, its nodes without the exporter's metadata (stack traces,
-module names: they never reach a runtime), every other file linked); `keep` moves it into the target's
+variant's graph as `model.onnx` + `model.onnx_data`, without the exporter's node metadata, every other file linked); `keep` moves it into the target's
 folder under its published name; `next_token_scores` runs a graph of the contract on token rows with an empty cache.
 """
 
@@ -35,6 +32,7 @@ from pathlib import Path
 
 from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, PAST, relocated
 from hfexport.formats.onnx.float16 import float16_model
+from hfexport.quantization.shapes import dividing_group_size
 
 #: transformers.js' QUINT8_OPS (scripts/quantize.py): a graph with one of them gets uint8 weights at q8
 UINT8_OPS = ("Conv", "GroupQueryAttention", "MultiHeadAttention")
@@ -75,10 +73,9 @@ def write(folder: Path, variant: dict, stage: Path) -> dict:
 def block_size_for(source: Path, at_most: int = 128) -> int:
     """The largest power of two up to `at_most` (at least 16) that divides the input size of every MatMul of
     `source` with a constant weight (a tied head's through its `Transpose`: the embedding's width), or 32 where none
-    does (MatMulNBits pads the last block then). SmolLM2-135M (576 and 1536): 64."""
+    does (MatMulNBits pads the last block then). So a block's float32 scale costs at most 1/16 of its 8-bit bytes, no
+    row is padded to whole blocks and a tied embedding can read the head's. SmolLM2-135M (576 and 1536): 64."""
     import onnx
-
-    from hfexport.quantization.shapes import dividing_group_size
 
     graph = onnx.load(str(source), load_external_data=False).graph
     weights = {tensor.name: list(tensor.dims) for tensor in graph.initializer}
