@@ -12,7 +12,7 @@ Exports (`make`, once per FORMAT, cached under WORK/<format>/, a side made again
   (its own defaults; run from hfexport's venv, which has the torch, transformers and onnx_ir it imports, with the
   genai venv's package on the path); `executorch`: `optimum-cli export executorch --recipe xnnpack --use_custom_sdpa
   --use_custom_kv_cache --qlinear 8da4w --qembedding 8w` (optimum-executorch 1.1.0, as benchmarks/variant_quality.py).
-  `transformers.js` (the ONNX export's q4 and q8, and q8 in its former blocks of 32): transformers.js' own q4 and q8
+  `transformers.js` (the ONNX export's q4 and q8, each also at `accuracy_level` 4): transformers.js' own q4 and q8
   of the checkpoint, `optimum-cli export onnx --task text-generation-with-past` (optimum-onnx 0.1.0, the peers'
   venv) then transformers.js' scripts/quantize.py rules with its defaults (TJS_QUANTIZE: q8 `quantize_dynamic`'s
   quantizer over IntegerOpsRegistry's ops, per tensor, int8 weights; q4 `MatMulNBitsQuantizer` blocks of 32,
@@ -103,13 +103,18 @@ SIDES = {
     # transformers.js' own q4/q8 of the checkpoint: optimum's ONNX export with past, then transformers.js'
     # scripts/quantize.py rules (TJS_QUANTIZE); each side opened by its dtype (`dtype` below)
     "transformers.js": {"format": "onnx", "target": "onnx-generation",
+                        # accuracy_level 4: int8 activations inside MatMulNBits, the only 8-bit kernel ONNX Runtime
+                        # has on CPU (without it an 8-bit block graph dequantizes every weight on every call)
                         "hfexport": {"hfexport q4": {"name": "q4"}, "hfexport q8": {"name": "q8"},
-                                     "hfexport q8 block 32": {"name": "q8", "block_size": 32}},  # q8's former default
+                                     "hfexport q4 accuracy_level 4": {"name": "q4", "accuracy_level": 4},
+                                     "hfexport q8 accuracy_level 4": {"name": "q8", "accuracy_level": 4}},
                         "peers": {"transformers.js q4": ("q4",), "transformers.js q8": ("q8",)},
                         "pairs": [("hfexport q4", "transformers.js q4"), ("hfexport q8", "transformers.js q8"),
-                                  ("hfexport q8 block 32", "transformers.js q8")],
+                                  ("hfexport q4 accuracy_level 4", "transformers.js q4"),
+                                  ("hfexport q8 accuracy_level 4", "transformers.js q8")],
                         "dtype": {"hfexport q4": "q4", "transformers.js q4": "q4", "hfexport q8": "q8",
-                                  "hfexport q8 block 32": "q8", "transformers.js q8": "q8"},
+                                  "transformers.js q8": "q8", "hfexport q4 accuracy_level 4": "q4",
+                                  "hfexport q8 accuracy_level 4": "q8"},
                         "files": ("model.onnx", "model.onnx_data")},
     "executorch": {"target": "executorch-generation",
                    "hfexport": {"hfexport 8da4w": {"name": "8da4w"}},
