@@ -82,6 +82,7 @@ def main() -> dict:
     from hfexport.testing.models import build_smollm2
     from hfexport.verify.variants import gate_variants
 
+    load_before = [round(value, 2) for value in os.getloadavg()]
     folder = build_smollm2(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
     export_format = os.environ.get("FORMAT", "onnx")
     name, variants, f32_files, default_runtimes = FORMATS[export_format]
@@ -146,7 +147,8 @@ def main() -> dict:
             "format": export_format, "texts": len(TEXTS), "runtimes": runtimes, "f32_bytes": f32_bytes,
             "export_seconds": round(export_seconds, 1), "variants_seconds": round(variants_seconds, 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime, 1),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024), "variants": rows, **machine_and_versions()}
+            "peak_rss_mb": round(usage.ru_maxrss / 1024), "variants": rows, "load_average_before": load_before,
+            "load_average_after": [round(value, 2) for value in os.getloadavg()], **machine_and_versions()}
 
 
 def optimum_executorch_8da4w(checkpoint: Path, f32_folder: Path, plan) -> dict:

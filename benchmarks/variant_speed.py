@@ -12,6 +12,12 @@ Exports (`make`, once per FORMAT, cached under WORK/<format>/, a side made again
   (its own defaults; run from hfexport's venv, which has the torch, transformers and onnx_ir it imports, with the
   genai venv's package on the path); `executorch`: `optimum-cli export executorch --recipe xnnpack --use_custom_sdpa
   --use_custom_kv_cache --qlinear 8da4w --qembedding 8w` (optimum-executorch 1.1.0, as benchmarks/variant_quality.py).
+  `transformers.js` (the ONNX export's q4 and q8, each also at `accuracy_level` 4): transformers.js' own q4 and q8
+  of the checkpoint, `optimum-cli export onnx --task text-generation-with-past` (optimum-onnx 0.1.0, the peers'
+  venv) then transformers.js' scripts/quantize.py rules with its defaults (TJS_QUANTIZE: q8 `quantize_dynamic`'s
+  quantizer over IntegerOpsRegistry's ops, per tensor, int8 weights; q4 `MatMulNBitsQuantizer` blocks of 32,
+  symmetric), run with hfexport's venv's onnxruntime 1.32 (the peers' has the same version, not the onnx_ir it
+  imports).
 - quality: every side scored by `hfexport.verify.variants.quality` against hfexport's float32 export, on
   benchmarks/variant_quality.py's TEXTS (the format's `next_token_scores` on each folder): the perplexity ratio to
   float32 and the next-token agreement, the figures of the variant gate.
@@ -25,6 +31,9 @@ where the runtime can force them, THREADS threads set explicitly on every side w
   `perf_metrics` (TTFT, decode throughput);
 - `onnx`: onnxruntime-genai (`og.Model` on a copy of each folder's `genai_config.json` with `intra_op_num_threads`
   THREADS, the variant's graph named); TTFT = the prompt's pass and first token, tokens/s over the rest;
+- `transformers.js`: transformers.js 4.3.2 on Node (`hfexport.testing.peers.node_modules`), each side opened by its
+  `dtype` from a repo-like folder (the graph under the dtype's file name), onnxruntime-node's default threads;
+  TTFT = the call to the first new token, tokens/s over the rest;
 - `executorch`: ExecuTorch's TextLLMRunner (benchmarks/llm_runtimes_executorch.py's worker: its thread pool is
   XNNPACK's default, the cores, recorded); tokens/s over the tokens every side produced.
 A pair's ratio is hfexport's over the peer's per call (the calls neighbours in time), then the median; decode
@@ -33,7 +42,9 @@ tokens/s > 1 and TTFT < 1 mean hfexport's variant is faster.
 Run: `flock /tmp/hfexport-heavy.lock env PYTHONPATH=library .venv/bin/python benchmarks/variant_speed.py` (FORMATS,
 default `openvino,onnx,executorch`; PHASES, default `make,speed`; ROUNDS 6; GENERATIONS 3; SETTLE_S 0.2;
 NEW_TOKENS 32; THREADS 2; WORK /tmp/hfexport-variant-speed; SMOLLM2_DIR) -> benchmarks/results/variant_speed.json (or
-OUT; formats measured earlier in that file are kept). The CPU and the load average before and after are recorded.
+OUT; formats measured earlier in that file are kept; FORMATS may also name `transformers.js`). The CPU and the load
+average before and after are recorded. results/variant_speed_zen5.json: `FORMATS=transformers.js,executorch
+OUT=results/variant_speed_zen5.json`, on an AMD EPYC Zen 5 (family 26 model 2).
 """
 
 from __future__ import annotations
@@ -58,7 +69,7 @@ from llm_runtimes import _peer_model  # noqa: E402
 from smollm2_runtimes import GENAI_WORKER  # noqa: E402 - onnxruntime-genai's timed worker
 from variant_quality import TEXTS  # noqa: E402 - the quality measure's fixed texts
 
-FORMATS = [name for name in os.environ.get("FORMATS", "openvino,onnx,executorch").split(",") if name]
+FORMATS = [name for name in os.environ.get("FORMATS", "openvino,onnx,executorch").split(",") if name]  # or transformers.js
 PHASES = os.environ.get("PHASES", "make,speed").split(",")
 ROUNDS = int(os.environ.get("ROUNDS", "6"))
 GENERATIONS = min(int(os.environ.get("GENERATIONS", "3")), ROUNDS)
@@ -89,6 +100,22 @@ SIDES = {
              "pairs": [("hfexport q4", "onnxruntime-genai builder int4"),
                        ("hfexport q4 accuracy_level 4", "onnxruntime-genai builder int4")],
              "files": ("model.onnx", "model.onnx_data", "model.onnx.data")},
+    # transformers.js' own q4/q8 of the checkpoint: optimum's ONNX export with past, then transformers.js'
+    # scripts/quantize.py rules (TJS_QUANTIZE); each side opened by its dtype (`dtype` below)
+    "transformers.js": {"format": "onnx", "target": "onnx-generation",
+                        # accuracy_level 4: int8 activations inside MatMulNBits, the only 8-bit kernel ONNX Runtime
+                        # has on CPU (without it an 8-bit block graph dequantizes every weight on every call)
+                        "hfexport": {"hfexport q4": {"name": "q4"}, "hfexport q8": {"name": "q8"},
+                                     "hfexport q4 accuracy_level 4": {"name": "q4", "accuracy_level": 4},
+                                     "hfexport q8 accuracy_level 4": {"name": "q8", "accuracy_level": 4}},
+                        "peers": {"transformers.js q4": ("q4",), "transformers.js q8": ("q8",)},
+                        "pairs": [("hfexport q4", "transformers.js q4"), ("hfexport q8", "transformers.js q8"),
+                                  ("hfexport q4 accuracy_level 4", "transformers.js q4"),
+                                  ("hfexport q8 accuracy_level 4", "transformers.js q8")],
+                        "dtype": {"hfexport q4": "q4", "transformers.js q4": "q4", "hfexport q8": "q8",
+                                  "transformers.js q8": "q8", "hfexport q4 accuracy_level 4": "q4",
+                                  "hfexport q8 accuracy_level 4": "q8"},
+                        "files": ("model.onnx", "model.onnx_data")},
     "executorch": {"target": "executorch-generation",
                    "hfexport": {"hfexport 8da4w": {"name": "8da4w"}},
                    "peers": {"optimum-executorch 8da4w": ("--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear",
@@ -102,9 +129,14 @@ def slug(side: str) -> str:
     return side.replace(" ", "-")
 
 
-def program_bytes(export_format: str, folder: Path) -> int:
+def program_format(key: str) -> str:
+    """The export format of the sides of `key` (a format, or a runtime of one: `transformers.js`)."""
+    return SIDES[key].get("format", key)
+
+
+def program_bytes(key: str, folder: Path) -> int:
     """The bytes of the files that hold the program (graph and weights; links followed), tokenizers left out."""
-    return sum((folder / name).stat().st_size for name in SIDES[export_format]["files"] if (folder / name).exists())
+    return sum((folder / name).stat().st_size for name in SIDES[key]["files"] if (folder / name).exists())
 
 
 def make(export_format: str) -> dict:
@@ -121,12 +153,13 @@ def make(export_format: str) -> dict:
     from hfexport.testing.models import build_smollm2
     from hfexport.verify.variants import quality, token_rows
 
-    spec, work = SIDES[export_format], WORK / export_format
+    key, export_format = export_format, program_format(export_format)
+    spec, work = SIDES[key], WORK / key
     checkpoint = build_smollm2(SMOLLM2)
     name = spec["target"]
     recipe = load_recipe({"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": TEXTS},
                           "targets": {name: {"export_format": export_format, "mode": "generation"}}})
-    f32 = work / "f32" / name
+    f32 = WORK / export_format / "f32" / name  # one float32 export per format, whichever runtime's sides use it
     timings = {}
     if not (f32 / "export_report.json").is_file() and not (f32.parent / "export_report.json").is_file():
         shutil.rmtree(f32.parent, ignore_errors=True)
@@ -154,15 +187,15 @@ def make(export_format: str) -> dict:
         if not (folder / ".made").is_file():
             shutil.rmtree(folder, ignore_errors=True)
             started = time.perf_counter()
-            make_peer(export_format, checkpoint, folder, options)
+            make_peer(key, checkpoint, folder, options)
             (folder / ".made").write_text(json.dumps(options))
             timings[side] = round(time.perf_counter() - started, 1)
         folders[side] = folder
-    f32_bytes = program_bytes(export_format, f32)
+    f32_bytes = program_bytes(key, f32)
     sides = {}
     for side, folder in folders.items():
         scores = quality(reference, program.next_token_scores(scoring_folder(export_format, folder, work), rows))
-        size = program_bytes(export_format, folder)
+        size = program_bytes(key, folder)
         sides[side] = {"folder": str(folder), "bytes": size, "size_ratio_to_f32": round(size / f32_bytes, 4),
                        "settings": json.loads((folder / ".made").read_text()), **scores}
         print(side, json.dumps(sides[side]), file=sys.stderr, flush=True)
@@ -198,6 +231,14 @@ def make_peer(export_format: str, checkpoint: Path, folder: Path, options: tuple
     scratch = folder.with_name(folder.name + ".partial")
     shutil.rmtree(scratch, ignore_errors=True)
     peer_model = _peer_model(checkpoint, WORK)
+    if export_format == "transformers.js":  # its tokenizer_config patched: a view of its own
+        source = optimum_onnx(_peer_model(checkpoint, folder.parent), folder.parent / "optimum-onnx")
+        shutil.copytree(source, scratch, ignore=shutil.ignore_patterns("model.onnx", "model.onnx_data"))
+        # in hfexport's venv: the same onnxruntime (1.32) as the peers', whose venv lacks the onnx_ir it imports
+        subprocess.run([sys.executable, "-c", TJS_QUANTIZE, str(source / "model.onnx"),
+                        str(scratch / "model.onnx"), *options], check=True)
+        scratch.rename(folder)
+        return
     if export_format == "openvino":
         command = [str(peers.peer_venv().parent / "optimum-cli"), "export", "openvino", "--model", str(peer_model),
                    "--task", "text-generation-with-past", *options, str(scratch)]
@@ -213,6 +254,62 @@ def make_peer(export_format: str, checkpoint: Path, folder: Path, options: tuple
                    "-o", str(scratch), *options, "-c", str(WORK / "genai-builder-cache")]
     subprocess.run(command, check=True)
     scratch.rename(folder)
+
+
+def optimum_onnx(peer_model: Path, folder: Path) -> Path:
+    """optimum-cli's ONNX export of `peer_model` with past (optimum-onnx, the peers' venv) in `folder`, made once;
+    its tokenizer_config names GPT2Tokenizer (transformers 4.57 there has no TokenizersBackend:
+    benchmarks/smollm2_runtimes.py)."""
+    from hfexport.testing import peers
+
+    if (folder / "model.onnx").is_file():
+        return folder
+    tokenizer_config = peer_model / "tokenizer_config.json"
+    settings = json.loads(tokenizer_config.read_text())
+    settings["tokenizer_class"] = "GPT2Tokenizer"
+    tokenizer_config.unlink()
+    tokenizer_config.write_text(json.dumps(settings, indent=1))
+    scratch = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    subprocess.run([str(peers.peer_venv().parent / "optimum-cli"), "export", "onnx", "--model", str(peer_model),
+                    "--task", "text-generation-with-past", str(scratch)], check=True)
+    scratch.rename(folder)
+    return folder
+
+
+# transformers.js' scripts/quantize.py (its last version, before its removal from the repo: commit 4e1b4b6~1),
+# `quantize_q8` and `quantize_q4` with its defaults: argv SOURCE OUTPUT MODE; saved inline as its
+# `check_and_save_model` saves a graph under 2 GB
+TJS_QUANTIZE = r"""
+import sys
+import onnx
+from onnxruntime.quantization import QuantType, QuantizationMode
+from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+from onnxruntime.quantization.registry import IntegerOpsRegistry
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+source, output, mode = sys.argv[1:4]
+model = onnx.load_model(source)
+if mode == "q8":
+    ops = set()
+    def walk(graph):
+        for node in graph.node:
+            ops.add(node.op_type)
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    walk(attribute.g)
+    walk(model.graph)
+    weight_type = QuantType.QUInt8 if ops & {"Conv", "GroupQueryAttention", "MultiHeadAttention"} else QuantType.QInt8
+    quantizer = ONNXQuantizer(model, False, False, mode=QuantizationMode.IntegerOps, static=False,
+                              weight_qType=weight_type, activation_qType=QuantType.QUInt8, tensors_range=None,
+                              nodes_to_quantize=[], nodes_to_exclude=[],
+                              op_types_to_quantize=set(IntegerOpsRegistry.keys()),
+                              extra_options=dict(EnableSubgraph=True, MatMulConstBOnly=True))
+    quantizer.quantize_model()
+else:
+    quantizer = MatMulNBitsQuantizer(model=model, block_size=32, is_symmetric=True, accuracy_level=None)
+    quantizer.process()
+onnx.save(quantizer.model.model, output, convert_attribute=True)
+"""
 
 
 # OpenVINO GenAI: one LLMPipeline per process (folder, new tokens, threads); each stdin line a prompt (token ids)
@@ -247,8 +344,63 @@ def genai_folder(folder: Path, stage: Path) -> Path:
     return stage
 
 
+# transformers.js: one model per process (models folder, dtype, new tokens, external data 0/1); each stdin line a
+# prompt (token ids): TTFT = the call to the first new token, decode over the rest (smollm2_runtimes' JS worker)
+JS_WORKER = r"""
+import readline from "node:readline";
+import { AutoModelForCausalLM, Tensor, env } from "@huggingface/transformers";
+const [modelsDir, dtype, newTokens, externalData] = process.argv.slice(2);
+env.allowRemoteModels = false;
+env.localModelPath = modelsDir;
+const model = await AutoModelForCausalLM.from_pretrained("model", { dtype, device: "cpu",
+                                                                    use_external_data_format: externalData === "1" });
+const n = Number(newTokens);
+async function run(prompt) {
+  const ids = new Tensor("int64", BigInt64Array.from(prompt.map(BigInt)), [1, prompt.length]);
+  const mask = new Tensor("int64", BigInt64Array.from(prompt.map(() => 1n)), [1, prompt.length]);
+  const stamps = [];
+  const streamer = { put() { stamps.push(performance.now()); }, end() {} };
+  const start = performance.now();
+  const out = await model.generate({ input_ids: ids, attention_mask: mask, max_new_tokens: n, min_new_tokens: n,
+                                     do_sample: false, streamer });
+  const end = performance.now();
+  return { ttft: (stamps[1] - start) / 1000, decode_s: (end - stamps[1]) / 1000,
+           tokens: out.tolist()[0].slice(prompt.length).map(Number) };
+}
+await run([1, 2, 3, 4]);
+console.log(JSON.stringify({ ready: true }));
+const lines = readline.createInterface({ input: process.stdin });
+for await (const line of lines) console.log(JSON.stringify(await run(JSON.parse(line))));
+"""
+
+
+def js_stage(folder: Path, dtype: str, stage: Path) -> list[str]:
+    """`folder` laid out in `stage` as a repo that transformers.js opens by `dtype` (config.json at the root, the
+    graph under its dtype's name in onnx/, its external data renamed with it as the publication renames it); the
+    worker's command."""
+    from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, relocated
+    from hfexport.testing import peers
+
+    name = {"q4": "model_q4.onnx", "q8": "model_quantized.onnx"}[dtype]
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / "models" / "model" / "onnx").mkdir(parents=True)
+    shutil.copyfile(folder / "config.json", stage / "models" / "model" / "config.json")
+    external = (folder / DATA_FILE).is_file()
+    if external:
+        # hard-linked: onnxruntime-node refuses external data that resolves out of the graph's folder
+        os.link((folder / DATA_FILE).resolve(), stage / "models" / "model" / "onnx" / (name + "_data"))
+        (stage / "models" / "model" / "onnx" / name).write_bytes(relocated(folder / MODEL_FILE, DATA_FILE,
+                                                                           name + "_data"))
+    else:
+        (stage / "models" / "model" / "onnx" / name).symlink_to((folder / MODEL_FILE).resolve())
+    (stage / "node_modules").symlink_to(peers.node_modules() / "node_modules", target_is_directory=True)
+    (stage / "worker.mjs").write_text(JS_WORKER)
+    return ["node", str(stage / "worker.mjs"), str(stage / "models"), dtype, str(NEW_TOKENS), "1" if external else "0"]
+
+
 def speed(export_format: str, made: dict) -> dict:
-    """Every side of `export_format` in its runtime, alternated; the medians and each pair's ratios."""
+    """Every side of `export_format` (a format, or `transformers.js`) in its runtime, alternated; the medians and
+    each pair's ratios."""
     from transformers import AutoTokenizer
 
     from hfexport.testing import peers
@@ -269,6 +421,10 @@ def speed(export_format: str, made: dict) -> dict:
         commands = {side: [python, "-c", GENAI_WORKER, str(genai_folder(folder, WORK / "genai" / slug(side))),
                            str(NEW_TOKENS)] for side, folder in folders.items()}
         prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
+    elif export_format == "transformers.js":
+        commands = {side: js_stage(folder, spec["dtype"][side], WORK / "js" / slug(side))
+                    for side, folder in folders.items()}
+        prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
     else:
         from llm_runtimes_executorch import WORKER
 
@@ -281,7 +437,7 @@ def speed(export_format: str, made: dict) -> dict:
                                 settle_s=SETTLE_S, generations=GENERATIONS,
                                 env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}, **popen)
     load_after = load()
-    if export_format == "onnx":  # smollm2_runtimes' worker answers seconds: the same figures as the others'
+    if export_format in ("onnx", "transformers.js"):  # these workers answer seconds: the same figures as the others'
         for call in (call for calls in runs.values() for call in calls):
             decode_s = call.pop("decode_s")
             call["ttft_ms"] = call.pop("ttft") * 1000
@@ -315,8 +471,10 @@ def speed(export_format: str, made: dict) -> dict:
     return {
         "runtime": {"openvino": "OpenVINO GenAI LLMPipeline (CPU, PagedAttention, INFERENCE_NUM_THREADS)",
                     "onnx": "onnxruntime-genai og.Model (CPU, intra_op_num_threads)",
+                    "transformers.js": "transformers.js (Node, onnxruntime-node CPU, its default threads), by dtype",
                     "executorch": "ExecuTorch TextLLMRunner (XNNPACK, default thread pool)"}[export_format],
-        "threads": THREADS if export_format != "executorch" else {side: ready[side].get("threads") for side in ready},
+        "threads": {"executorch": {side: ready[side].get("threads") for side in ready},
+                    "transformers.js": "onnxruntime-node's default"}.get(export_format, THREADS),
         "load_average_before": load_before, "load_average_after": load_after,
         "median": {side: {"decode_tokens_per_s": round(statistics.median(call["tokens_per_s"] for call in calls
                                                                           if call["tokens_per_s"]), 2),

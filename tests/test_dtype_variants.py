@@ -88,7 +88,8 @@ def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(va
     assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": None, "head_bits": 8,
                                          "tied_embedding": True, "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
     assert by_name["q8"]["settings"]["per_channel"] is True and by_name["q8"]["positions"] > 20
-    assert by_name["q8"]["settings"]["weights_only"] is True and by_name["q8"]["settings"]["block_size"] == 32
+    # q8's blocks resolved from the graph (its inputs 64 and 128 wide): recorded as made
+    assert by_name["q8"]["settings"]["weights_only"] is True and by_name["q8"]["settings"]["block_size"] == 64
     for entry in target.variants:  # its report entry, on disk too (schema-checked when read back)
         assert entry["bytes"] == sum((output / "onnx-generation" / name).stat().st_size
                                      for name in (entry["file"], entry["file"] + "_data")
@@ -127,12 +128,40 @@ def test_the_graphs_are_what_each_dtype_means(variants_job, tmp_path):
                 for node in graph(name).graph.node if node.op_type == "MatMulNBits"}
 
     assert blocks("model_q4.onnx") == {(False, 4, 16), (True, 8, 16)}  # the head in 8-bit blocks (head_bits)
-    assert blocks("model_quantized.onnx") == {(False, 8, 32), (True, 8, 32)}  # q8: weights alone, 8-bit blocks
+    assert blocks("model_quantized.onnx") == {(False, 8, 64), (True, 8, 64)}  # q8: weights alone, 8-bit blocks
+    # the exporter's per-node stack traces stay with the float32 graph (3.4 MB of SmolLM2's, no computation)
+    assert any(node.metadata_props for node in graph("model.onnx").graph.node)
+    assert not any(node.metadata_props for name in ("model_quantized.onnx", "model_q4.onnx", "model_fp16.onnx")
+                   for node in graph(name).graph.node)
     # q8 with weights_only false: transformers.js' dynamic int8 form (int8 activations)
     write(folder, settings({"name": "q8", "weights_only": False}), tmp_path / "q8-dynamic")
     dynamic = {node.op_type for node in onnx.load(str(tmp_path / "q8-dynamic" / "model.onnx"),
                                                   load_external_data=False).graph.node}
     assert "MatMulInteger" in dynamic and "DynamicQuantizeLinear" in dynamic and "MatMulNBits" not in dynamic
+
+
+@pytest.mark.parametrize(("inputs", "expected"), [
+    ((576, 1536), 64),  # SmolLM2-135M: 576 = 9 x 64
+    ((2048, 8192), 128),  # capped: a scale per 128 weights is 1/32 of their 8-bit bytes
+    ((100, 300), 32),  # no power of two from 16 divides: MatMulNBits pads the last block
+])
+def test_q8_blocks_divide_every_matmul_input_a_tied_head_included(tmp_path, inputs, expected):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hfexport.formats.onnx.variants import block_size_for
+
+    hidden, wide = inputs
+    weights = [numpy_helper.from_array(np.zeros(shape, np.float32), name) for name, shape in (
+        ("up", (hidden, wide)), ("down", (wide, hidden)), ("embedding", (7, hidden)))]
+    nodes = [helper.make_node("MatMul", ["x", "up"], ["h"]), helper.make_node("MatMul", ["h", "down"], ["y"]),
+             helper.make_node("Transpose", ["embedding"], ["head"], perm=[1, 0]),  # a tied head reads K = hidden
+             helper.make_node("MatMul", ["y", "head"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, hidden])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 7])], weights)
+    onnx.save(helper.make_model(graph), str(tmp_path / "model.onnx"))
+    assert block_size_for(tmp_path / "model.onnx") == expected
 
 
 def test_a_variant_below_its_bound_fails_the_target_by_name(variants_job, tiny_llama, tmp_path):

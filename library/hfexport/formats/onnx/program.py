@@ -61,8 +61,8 @@ class OnnxProgram(FormatProgram):
             save_tokenizer(directory, processor)  # its class as transformers 4.x (optimum's) reads it too
             image_text_contract.save_processor_files(directory, processor)  # transformers.js' flat files
 
-    def write_variant(self, folder: Path, variant: dict, stage: Path, model=None) -> None:
-        onnx_variants.write(folder, variant, stage)
+    def write_variant(self, folder: Path, variant: dict, stage: Path, model=None) -> dict:
+        return onnx_variants.write(folder, variant, stage)
 
     def keep_variant(self, stage: Path, folder: Path, file_name: str) -> list[str]:
         return onnx_variants.keep(stage, folder, file_name)

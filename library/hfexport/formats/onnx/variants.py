@@ -9,7 +9,7 @@
   default) the embedding then reads the head's blocks (`tie_embedding`, a `GatherBlockQuantized`, as
   onnxruntime-genai's model builder ties them), so the table is stored once, quantized.
 - `q8`: with `weights_only` (the default) the same `MatMulNBits` form at 8 bits, head and tied embedding included,
-  float activations; else `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly`
+  float activations, in blocks of `block_size` (default: `block_size_for` the graph); else `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly`
   and `EnableSubgraph` as transformers.js' script makes q8 (int8 activations; its embedding `Gather` 8-bit per
   tensor, which a tied head then reads dequantized), the weight type by transformers.js' rule (`uint8_ops`: uint8
   where the graph has Conv, GroupQueryAttention or MultiHeadAttention, whose int8 kernels the WebAssembly backend
@@ -20,7 +20,7 @@
   `transformers.js_config` then says `kv_cache_dtype` float16 for them).
 
 `write(folder, variant, stage)` lays the variant out in `stage` as the contract folder the runtimes open (the
-variant's graph as `model.onnx` + `model.onnx_data`, every other file linked); `keep` moves it into the target's
+variant's graph as `model.onnx` + `model.onnx_data`, without the exporter's node metadata, every other file linked); `keep` moves it into the target's
 folder under its published name; `next_token_scores` runs a graph of the contract on token rows with an empty cache.
 """
 
@@ -32,13 +32,15 @@ from pathlib import Path
 
 from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, PAST, relocated
 from hfexport.formats.onnx.float16 import float16_model
+from hfexport.quantization.shapes import dividing_group_size
 
 #: transformers.js' QUINT8_OPS (scripts/quantize.py): a graph with one of them gets uint8 weights at q8
 UINT8_OPS = ("Conv", "GroupQueryAttention", "MultiHeadAttention")
 
 
-def write(folder: Path, variant: dict, stage: Path) -> None:
-    """The variant `variant` (its full settings) of the contract graph in `folder`, laid out in `stage`."""
+def write(folder: Path, variant: dict, stage: Path) -> dict:
+    """The variant `variant` (its full settings) of the contract graph in `folder`, laid out in `stage`; the
+    settings it resolved from the graph (q8's `block_size` when left unset)."""
     import onnx_ir
 
     folder, stage = Path(folder), Path(stage)
@@ -46,7 +48,10 @@ def write(folder: Path, variant: dict, stage: Path) -> None:
     for path in folder.iterdir():
         if path.name not in (MODEL_FILE, DATA_FILE) and not path.name.startswith("."):
             (stage / path.name).symlink_to(path.resolve())
-    name = variant["name"]
+    name, resolved = variant["name"], {}
+    if variant.get("block_size", 0) is None:
+        resolved["block_size"] = block_size_for(folder / MODEL_FILE)
+        variant = {**variant, **resolved}
     with tempfile.TemporaryDirectory(prefix=".variant-", dir=stage) as scratch:
         source = folder / MODEL_FILE
         if name in ("q4", "q4f16"):
@@ -59,7 +64,26 @@ def write(folder: Path, variant: dict, stage: Path) -> None:
             model = onnx_ir.from_proto(float16_model(source))
         else:
             model = onnx_ir.load(str(source))
+        for node in onnx_ir.traversal.RecursiveGraphIterator(model.graph):
+            node.metadata_props.clear()  # the exporter's stack traces: 3.4 of SmolLM2's graph's 3.6 MB, no computation
         onnx_ir.save(model, str(stage / MODEL_FILE), external_data=DATA_FILE)
+    return resolved
+
+
+def block_size_for(source: Path, at_most: int = 128) -> int:
+    """The largest power of two up to `at_most` (at least 16) that divides the input size of every MatMul of
+    `source` with a constant weight (a tied head's through its `Transpose`: the embedding's width), or 32 where none
+    does (MatMulNBits pads the last block then). So a block's float32 scale costs at most 1/16 of its 8-bit bytes, no
+    row is padded to whole blocks and a tied embedding can read the head's. SmolLM2-135M (576 and 1536): 64."""
+    import onnx
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    weights = {tensor.name: list(tensor.dims) for tensor in graph.initializer}
+    transposed = {node.output[0]: weights[node.input[0]][::-1] for node in graph.node
+                  if node.op_type == "Transpose" and node.input[0] in weights}
+    sizes = [shape[0] for node in graph.node if node.op_type == "MatMul" and len(node.input) == 2
+             for shape in [weights.get(node.input[1]) or transposed.get(node.input[1])] if shape and len(shape) == 2]
+    return dividing_group_size(sizes, at_most) or 32 if sizes else 32
 
 
 def _weight_only(source: Path, output: Path, variant: dict, bits: int) -> Path:
