@@ -215,6 +215,8 @@ def _match(model, index: str, present_key, present_value, inputs: dict) -> dict:
     output = _only_consumer(node.outputs[0], ("Reshape",)).outputs[0]
     heads, kv_heads = query_rotary.attributes.get_int("num_heads"), key_rotary.attributes.get_int("num_heads")
     head_size = query_rotary.inputs[0].shape[3]
+    if isinstance(head_size, int) and abs(scale * head_size**0.5 - 1) < 1e-6:  # two float32 roots' product
+        scale = head_size**-0.5
     if not all(isinstance(n, int) for n in (heads, kv_heads, head_size)) or heads % kv_heads or head_size % 2:
         raise _NoMatch("head counts")
     if output.shape is None or len(output.shape) != 3:
@@ -386,4 +388,10 @@ def _fuse_norms(model) -> tuple[int, int]:
     from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_rms_normalization
 
     norms = _quotient_rms_rules().apply_to_model(model)
-    return norms, fuse_skip_rms_normalization(model) if norms else 0
+    skips = fuse_skip_rms_normalization(model) if norms else 0
+    for node in model.graph:  # mean and inverse std (training outputs) left unwritten, as the builder leaves them
+        if node.op_type == "SkipSimplifiedLayerNormalization" and node.domain == "com.microsoft":
+            for value in node.outputs[1:3]:
+                if not value.uses() and not value.is_graph_output():
+                    value.name = ""
+    return norms, skips
