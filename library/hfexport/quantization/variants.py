@@ -4,10 +4,8 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
 (`model_fp16.onnx`, `model_quantized.onnx`, `model_q4.onnx`, `model_q4f16.onnx`) so that transformers.js opens each by
 `dtype` alone. A recipe item is a name or an object with its name and settings (`settings` fills in the defaults):
 
-- `q4`, `q4f16`: ONNX Runtime's `MatMulNBits` (`MatMulNBitsQuantizer`): `block_size` (32), `symmetric` (true),
-  as transformers.js' scripts/quantize.py makes q4, `accuracy_level` (4, as onnxruntime-genai's builder; 0: unset);
-  q4f16 is that graph in float16. `fused_attention` (true; also q8's): the layers' attention and norms in ONNX
-  Runtime's fused kernels (`hfexport.formats.onnx.attention_fusion`), as the builder writes them.
+- `q4`, `q4f16`: ONNX Runtime's `MatMulNBits`: `block_size` (32), `symmetric` (true), `accuracy_level` (4, as
+  onnxruntime-genai's builder; 0 unset), `fused_attention` (true; also q8's: `formats.onnx.attention_fusion`).
   `head_bits` (8: a 4-bit head fails SmolLM2's runtime gate); `tied_embedding` (true): a tied embedding reads the
   head's blocks, as onnxruntime-genai's builder stores it (false: a float32 table, as transformers.js).
 - `q8`: `weights_only` (true): 8-bit `MatMulNBits` blocks of `block_size` (32, `accuracy_level` 4), the tied

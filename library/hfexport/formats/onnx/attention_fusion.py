@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hfexport.errors import HfExportError
+
 ROTARY_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's rotary rule's intermediate op
 #: rotary types whose cos/sin depend on the position alone (a table indexed by position is exact)
 STATIC_ROPE = ("default", "linear", "llama3")
@@ -24,8 +26,8 @@ STATIC_ROPE = ("default", "linear", "llama3")
 FUSED_OPS = ("GroupQueryAttention",)
 
 
-class _NoMatch(Exception):  # noqa: N818 - internal control flow, never leaves this module
-    pass
+class _NoMatch(HfExportError):  # noqa: N818 - internal control flow, never leaves this module
+    """A layer's graph is not the form `fuse_attention` rewrites (caught there: the graph is kept as it is)."""
 
 
 def fusable(config: dict) -> bool:
