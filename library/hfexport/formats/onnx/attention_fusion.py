@@ -3,13 +3,15 @@
 The export writes each layer's attention as some 35 plain ops (q, k and v projected apart, rotary as slices and
 products, the cache concatenated, the scores, mask and softmax as matmuls): in a decode step on SmolLM2-135M that is
 1553 nodes run where onnxruntime-genai's model builder runs 309, and per-node overhead, not arithmetic, is most of
-the gap (measured, docs/quantization.md "Variants"). `fuse_attention` rewrites it as the builder writes it: per layer
-one MatMul over the q, k and v weights concatenated and one `com.microsoft::GroupQueryAttention` with the rotary
-inside (`do_rotary`, cos/sin tables evaluated from the export's own rotary subgraph), the cache in and out under the
-contract's names, `seqlens_k` and `total_sequence_length` computed from `attention_mask` in the graph as the builder
-computes them (`ReduceSum - 1`, its width). onnxscript's own rotary rule finds the rotary products
-(`fuse_rotary_embedding`); its SDPA and GQA rules do not match the export (docs/quantization.md), so the layer is
-assembled here. All or nothing: a graph where one layer does not match stays as it was.
+the gap (measured, docs/quantization.md "Variants"). `fuse_attention` rewrites each layer as: one MatMul over the q,
+k and v weights concatenated (as the builder packs them), a `Split`, a `com.microsoft::RotaryEmbedding` each for q
+and k at the graph's `position_ids` (cos/sin tables evaluated from the export's own rotary subgraph), and one
+`com.microsoft::GroupQueryAttention` over the cache under the contract's names, with the export's own 4-d mask as its
+`attention_bias` and every row's `seqlens_k` the mask's width - 1: so a left-padded batch (transformers.js, optimum)
+computes what the export computes, where the builder's form (rotary inside, `seqlens_k` = the mask's ones - 1) reads
+padding as right padding. The RMSNorms become `SkipSimplifiedLayerNormalization`. onnxscript's rotary rule finds the
+rotary products; its SDPA and GQA rules do not match the export (docs/quantization.md). All or nothing: a graph where
+one layer does not match stays as it was.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from hfexport.errors import HfExportError
 ROTARY_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's rotary rule's intermediate op
 #: rotary types whose cos/sin depend on the position alone (a table indexed by position is exact)
 STATIC_ROPE = ("default", "linear", "llama3")
-#: what a fused graph's attention ops are (tests, benchmarks)
-FUSED_OPS = ("GroupQueryAttention",)
 
 
 class _NoMatch(HfExportError):  # noqa: N818 - internal control flow, never leaves this module
@@ -71,13 +71,14 @@ def _positions(config: dict) -> int:
 def _fuse(model, positions: int) -> int:
     """Rewrite `model` in place; the number of layers fused. Raises `_NoMatch` before changing anything where a
     layer does not match."""
+    import numpy as np
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedFunctionsPass, RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
     from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
 
     inputs = {value.name: value for value in model.graph.inputs}
-    if "attention_mask" not in inputs:
-        raise _NoMatch("no attention_mask")
+    if "attention_mask" not in inputs or "position_ids" not in inputs:
+        raise _NoMatch("no attention_mask or position_ids")
     layers = []
     for value in model.graph.outputs:
         if value.name.startswith("present.") and value.name.endswith(".key"):
@@ -96,14 +97,27 @@ def _fuse(model, positions: int) -> int:
     cos_cache, sin_cache = (_initializer(model, f"attention.{name}_cache", table) for name, table in
                             (("cos", cos), ("sin", sin)))
     seqlens_k, total_length = _lengths(model, inputs["attention_mask"])
+    position_ids = inputs.get("position_ids")
+    if position_ids is None:
+        raise RuntimeError("checked by _match")
     for layer in matched:
         packed = _packed_projection(model, layer)
-        gqa = ir.node("GroupQueryAttention", [packed, None, None, layer["past_key"], layer["past_value"], seqlens_k,
-                                              total_length, cos_cache, sin_cache],
-                      attributes={"num_heads": layer["heads"], "kv_num_heads": layer["kv_heads"], "do_rotary": 1,
-                                  "rotary_interleaved": 0, "scale": layer["scale"]},
-                      domain="com.microsoft", num_outputs=3, name=f"layer.{layer['index']}.GroupQueryAttention")
-        model.graph.insert_after(packed.producer(), [gqa])
+        prefix, size = f"layer.{layer['index']}", layer["head_size"]
+        widths = _initializer(model, f"{prefix}.qkv_widths", np.asarray(
+            [layer["heads"] * size, layer["kv_heads"] * size, layer["kv_heads"] * size], dtype=np.int64))
+        split = ir.node("Split", [packed, widths], attributes={"axis": -1}, num_outputs=3, name=f"{prefix}.qkv_split")
+        rotated = [ir.node("RotaryEmbedding", [part, position_ids, cos_cache, sin_cache],
+                           attributes={"interleaved": 0, "num_heads": heads}, domain="com.microsoft",
+                           name=f"{prefix}.{which}_rotary")
+                   for part, heads, which in ((split.outputs[0], layer["heads"], "q"),
+                                              (split.outputs[1], layer["kv_heads"], "k"))]
+        gqa = ir.node("GroupQueryAttention", [rotated[0].outputs[0], rotated[1].outputs[0], split.outputs[2],
+                                              layer["past_key"], layer["past_value"], seqlens_k, total_length,
+                                              None, None, None, layer["mask"]],
+                      attributes={"num_heads": layer["heads"], "kv_num_heads": layer["kv_heads"], "do_rotary": 0,
+                                  "scale": layer["scale"]},
+                      domain="com.microsoft", num_outputs=3, name=f"{prefix}.GroupQueryAttention")
+        model.graph.insert_after(packed.producer(), [split, *rotated, gqa])
         for old, new in zip((layer["output"], layer["present_key"], layer["present_value"]), gqa.outputs,
                             strict=True):
             new.type, new.shape = old.type, old.shape
@@ -195,8 +209,9 @@ def _match(model, index: str, present_key, present_value, inputs: dict) -> dict:
     node = _only_consumer(scores.outputs[0], ("Reshape", "Add"))
     if node.op_type == "Reshape":
         node = _only_consumer(node.outputs[0], ("Add",))
-    if not _reads(node.inputs[1], inputs["attention_mask"]):
-        raise _NoMatch("the mask does not come from attention_mask")
+    mask = node.inputs[1]
+    if not _reads(mask, inputs["attention_mask"]) or mask.shape is None or len(mask.shape) != 4:
+        raise _NoMatch("the mask is not a 4-d one from attention_mask")
     node = _only_consumer(node.outputs[0], ("Softmax",))
     if node.attributes.get_int("axis", -1) not in (-1, 3):
         raise _NoMatch("softmax over another axis")
@@ -226,7 +241,7 @@ def _match(model, index: str, present_key, present_value, inputs: dict) -> dict:
     return {"index": index, "query": query, "key": key, "value": value, "past_key": key_concat.inputs[0],
             "past_value": value_concat.inputs[0], "present_key": present_key, "present_value": present_value,
             "output": output, "heads": heads, "kv_heads": kv_heads, "head_size": head_size, "scale": scale,
-            "cos": query_rotary.inputs[1], "sin": query_rotary.inputs[2]}
+            "cos": query_rotary.inputs[1], "sin": query_rotary.inputs[2], "mask": mask}
 
 
 def _only_consumer_of_cache(present):
@@ -260,7 +275,7 @@ def _reads(value, graph_input) -> bool:
 
 
 def _tables(model, cos, sin, positions: int, head_size: int):
-    """The [positions, head_size / 2] cos and sin tables GroupQueryAttention takes, evaluated by ONNX Runtime from
+    """The [positions, head_size / 2] cos and sin tables RotaryEmbedding takes, evaluated by ONNX Runtime from
     the export's own subgraph from `position_ids` to `cos` and `sin` ([B, 1, S, head_size], halves repeated)."""
     import numpy as np
     import onnx
@@ -312,28 +327,25 @@ def _initializer(model, name: str, array):
 
 
 def _lengths(model, attention_mask):
-    """`seqlens_k` (int32 [B]: each row's ones - 1) and `total_sequence_length` (int32 scalar: the mask's width)
-    from `attention_mask`, as onnxruntime-genai's builder computes them; inserted at the graph's start."""
+    """`seqlens_k` (int32 [B]: the mask's width - 1 on every row) and `total_sequence_length` (int32 scalar: the
+    mask's width) from `attention_mask`, inserted at the graph's start. Every row's cache is the mask's width: a
+    left-padded row's padding stays in its slots, masked by the export's own mask (`attention_bias`), as in the
+    export (the builder's `ReduceSum(mask) - 1` counts a padded row's tokens, which GroupQueryAttention reads as its
+    first slots: right padding)."""
     import numpy as np
     import onnx_ir as ir
 
-    axis = _initializer(model, "attention.mask_axis", np.asarray([1], dtype=np.int64))
     one = _initializer(model, "attention.one", np.asarray(1, dtype=np.int64))
-    mask = attention_mask
-    if attention_mask.dtype != ir.DataType.INT64:
-        cast = ir.node("Cast", [attention_mask], attributes={"to": ir.DataType.INT64}, name="attention.mask_int64")
-        mask, nodes = cast.outputs[0], [cast]
-    else:
-        nodes = []
-    total = ir.node("ReduceSum", [mask, axis], attributes={"keepdims": 0}, name="attention.mask_sum")
-    minus_one = ir.node("Sub", [total.outputs[0], one], name="attention.seqlens_k_int64")
-    seqlens = ir.node("Cast", [minus_one.outputs[0]], attributes={"to": ir.DataType.INT32},
-                      name="attention.seqlens_k")
+    batch = ir.node("Shape", [attention_mask], attributes={"start": 0, "end": 1}, name="attention.batch")
     shape = ir.node("Shape", [attention_mask], attributes={"start": 1, "end": 2}, name="attention.mask_width")
     width = ir.node("Squeeze", [shape.outputs[0]], name="attention.total_length_int64")
+    minus_one = ir.node("Sub", [width.outputs[0], one], name="attention.last_slot")
+    rows = ir.node("Expand", [minus_one.outputs[0], batch.outputs[0]], name="attention.seqlens_k_int64")
+    seqlens = ir.node("Cast", [rows.outputs[0]], attributes={"to": ir.DataType.INT32},
+                      name="attention.seqlens_k")
     length = ir.node("Cast", [width.outputs[0]], attributes={"to": ir.DataType.INT32},
                      name="attention.total_sequence_length")
-    nodes += [total, minus_one, seqlens, shape, width, length]
+    nodes = [batch, shape, width, minus_one, rows, seqlens, length]
     seqlens.outputs[0].name, length.outputs[0].name = "attention.seqlens_k", "attention.total_sequence_length"
     model.graph.insert_before(next(iter(model.graph)), nodes)
     return seqlens.outputs[0], length.outputs[0]
