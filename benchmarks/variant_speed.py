@@ -94,11 +94,15 @@ SIDES = {
                  "pairs": [("hfexport int8", "optimum-intel int8"), ("hfexport int4", "optimum-intel int4")],
                  "files": ("openvino_model.xml", "openvino_model.bin")},
     "onnx": {"target": "onnx-generation",
+             # q4's defaults (attention fused, accuracy_level 4), the same without the fusion, and with the head
+             # 4-bit as the builder's (what the 8-bit head costs: not a default, it fails q4's perplexity bound)
              "hfexport": {"hfexport q4": {"name": "q4"},
-                          "hfexport q4 accuracy_level 4": {"name": "q4", "accuracy_level": 4}},
+                          "hfexport q4 unfused": {"name": "q4", "fused_attention": False},
+                          "hfexport q4 head_bits 4": {"name": "q4", "head_bits": 4}},
              "peers": {"onnxruntime-genai builder int4": ("-p", "int4", "-e", "cpu")},
              "pairs": [("hfexport q4", "onnxruntime-genai builder int4"),
-                       ("hfexport q4 accuracy_level 4", "onnxruntime-genai builder int4")],
+                       ("hfexport q4 unfused", "onnxruntime-genai builder int4"),
+                       ("hfexport q4 head_bits 4", "onnxruntime-genai builder int4")],
              "files": ("model.onnx", "model.onnx_data", "model.onnx.data")},
     # transformers.js' own q4/q8 of the checkpoint: optimum's ONNX export with past, then transformers.js'
     # scripts/quantize.py rules (TJS_QUANTIZE); each side opened by its dtype (`dtype` below)

@@ -38,7 +38,7 @@ def test_a_variant_the_target_cannot_make_is_refused_before_anything_runs(tiny_l
                                           {"name": "q4f16", "block_size": 48}, {"name": "q8", "block_size": 24}])) == [
         (f"{base}.1", "'q4' is listed twice"),
         (f"{base}.2.symmetric", "not a setting of q8; it takes: weights_only, block_size, accuracy_level, "
-                                "tied_embedding, per_channel, reduce_range, max_nll_ratio, min_top1_agreement"),
+                                "tied_embedding, fused_attention, per_channel, reduce_range, max_nll_ratio, min_top1_agreement"),
         (f"{base}.3.block_size", "MatMulNBits takes a power of two from 16; got 48 (e.g. 32)"),
         (f"{base}.4", "'q8' is listed twice"),
         (f"{base}.4.block_size", "MatMulNBits takes a power of two from 16; got 24 (e.g. 16)")]
@@ -85,8 +85,9 @@ def test_each_variant_is_made_from_the_one_export_under_transformers_js_names(va
         ("q4", "model_q4.onnx", "passed"), ("q4f16", "model_q4f16.onnx", "passed")]
     by_name = {entry["name"]: entry for entry in target.variants}
     assert by_name["fp16"]["nll_ratio"] == pytest.approx(1.0, abs=1e-3) and by_name["fp16"]["top1_agreement"] > 0.95
-    assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": None, "head_bits": 8,
-                                         "tied_embedding": True, "max_nll_ratio": 1.35, "min_top1_agreement": 0.5}
+    assert by_name["q4"]["settings"] == {"block_size": 16, "symmetric": True, "accuracy_level": 4, "head_bits": 8,
+                                         "tied_embedding": True, "fused_attention": True, "max_nll_ratio": 1.35,
+                                         "min_top1_agreement": 0.5}
     assert by_name["q8"]["settings"]["per_channel"] is True and by_name["q8"]["positions"] > 20
     # q8's blocks resolved from the graph (its inputs 64 and 128 wide): recorded as made
     assert by_name["q8"]["settings"]["weights_only"] is True and by_name["q8"]["settings"]["block_size"] == 64
@@ -234,7 +235,9 @@ def test_a_head_tied_to_the_embedding_is_quantized_too_and_the_embedding_reads_i
     folder = tmp_path / "f32"
     folder.mkdir()
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
-    write(folder, settings({"name": "q4", "head_bits": head_bits}), tmp_path / "q4")  # tied_embedding by default
+    # tied_embedding by default; accuracy_level 0 (float activations), so that the identity probe below reads the
+    # head's weights exactly (level 4 quantizes the probe's rows to int8 in the kernel)
+    write(folder, settings({"name": "q4", "head_bits": head_bits, "accuracy_level": 0}), tmp_path / "q4")
     quantized = onnx.load(str(tmp_path / "q4" / "model.onnx"))
     assert [node.op_type for node in quantized.graph.node] == ["Reshape", "GatherBlockQuantized", "MatMulNBits"]
     gather, head = quantized.graph.node[1], quantized.graph.node[2]

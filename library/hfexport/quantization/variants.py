@@ -4,14 +4,15 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
 (`model_fp16.onnx`, `model_quantized.onnx`, `model_q4.onnx`, `model_q4f16.onnx`) so that transformers.js opens each by
 `dtype` alone. A recipe item is a name or an object with its name and settings (`settings` fills in the defaults):
 
-- `q4`, `q4f16`: ONNX Runtime's `MatMulNBits` (`MatMulNBitsQuantizer`): `block_size` (32), `symmetric` (true),
-  `accuracy_level` (unset), as transformers.js' scripts/quantize.py makes q4; q4f16 is that graph in float16.
+- `q4`, `q4f16`: ONNX Runtime's `MatMulNBits`: `block_size` (32), `symmetric` (true), `accuracy_level` (4, as
+  onnxruntime-genai's builder; 0 unset), `fused_attention` (true; also q8's: `formats.onnx.attention_fusion`).
   `head_bits` (8: a 4-bit head fails SmolLM2's runtime gate); `tied_embedding` (true): a tied embedding reads the
   head's blocks, as onnxruntime-genai's builder stores it (false: a float32 table, as transformers.js).
 - `q8`: `weights_only` (true): 8-bit `MatMulNBits` blocks of `block_size` (None: the largest power of two to 128
-  dividing every layer's input: 64 on SmolLM2, 1.037x transformers.js' q8 in size where 32 was 1.12x), the tied
-  embedding reading the head's; false: ONNX Runtime's dynamic quantization as transformers.js' script makes q8
-  (`per_channel`, `reduce_range`: hfexport's `ort_dynamic` defaults; uint8 where WASM lacks int8).
+  dividing every layer's input: 64 on SmolLM2, 1.037x transformers.js' q8 in size where 32 was 1.12x;
+  `accuracy_level` 4), the tied embedding reading the head's; false: ONNX Runtime's dynamic quantization as
+  transformers.js' script makes q8 (`per_channel`, `reduce_range`: hfexport's `ort_dynamic` defaults; uint8 where
+  WASM lacks int8).
 - OpenVINO `int8`, `int4` (optimum-intel's weight formats, NNCF's `compress_weights` on the converted model, each in
   a folder of its own, `openvino/int4/`): int8 weight-only asymmetric per channel; int4 asymmetric in groups of
   `group_size` (default: 128 where it divides every linear layer's input, else the largest power of two that does;
@@ -32,8 +33,11 @@ from hfexport.formats import format_traits, formats
 from hfexport.quantization.spec import DEFAULT_PARAMS
 
 #: the settings each variant takes, and their defaults
-FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": None, "head_bits": 8, "tied_embedding": True}
-EIGHT_BIT = {"weights_only": True, "block_size": None, "accuracy_level": None, "tied_embedding": True,
+#: accuracy_level 4 (int8 activations inside MatMulNBits): the kernel onnxruntime-genai's builder sets on CPU,
+#: several times faster there than unset's float32 path, at ratios within the bounds (docs/quantization.md, "Variants")
+FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": 4, "head_bits": 8, "tied_embedding": True,
+            "fused_attention": True}
+EIGHT_BIT = {"weights_only": True, "block_size": None, "accuracy_level": 4, "tied_embedding": True, "fused_attention": True,
              **{key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}}
 GROUPED_FOUR_BIT = {"group_size": None, "ratio": 1.0}  # group_size None: resolved from the model's layer sizes
 SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT, "int8": {}, "int4": GROUPED_FOUR_BIT,

@@ -30,10 +30,13 @@ import os
 import tempfile
 from pathlib import Path
 
+from hfexport.formats.onnx.attention_fusion import fuse_attention
 from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, PAST, relocated
 from hfexport.formats.onnx.float16 import float16_model
 from hfexport.quantization.shapes import dividing_group_size
 
+#: the variants whose graph has each layer's attention fused (`attention_fusion`): those made for decode speed
+QUANTIZED = ("q4", "q4f16", "q8")
 #: transformers.js' QUINT8_OPS (scripts/quantize.py): a graph with one of them gets uint8 weights at q8
 UINT8_OPS = ("Conv", "GroupQueryAttention", "MultiHeadAttention")
 
@@ -54,6 +57,8 @@ def write(folder: Path, variant: dict, stage: Path) -> dict:
         variant = {**variant, **resolved}
     with tempfile.TemporaryDirectory(prefix=".variant-", dir=stage) as scratch:
         source = folder / MODEL_FILE
+        if name in QUANTIZED and variant.get("fused_attention", True):
+            source = fuse_attention(source, Path(scratch) / "fused.onnx")
         if name in ("q4", "q4f16"):
             source = _weight_only(source, Path(scratch) / "q4.onnx", variant, bits=4)
         elif name == "q8" and variant["weights_only"]:
