@@ -101,13 +101,15 @@ print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     print(json.dumps(run(json.loads(line))), flush=True)
 """
+# transformers.js: one model per process (models folder, dtype, new tokens, external data 0/1); each stdin line a
+# prompt (token ids): TTFT = the call to the first new token, decode over the rest (benchmarks/variant_speed.py too)
 JS_WORKER = r"""
 import readline from "node:readline";
 import { AutoModelForCausalLM, Tensor, env } from "@huggingface/transformers";
-const [modelsDir, newTokens, externalData] = process.argv.slice(2);
+const [modelsDir, dtype, newTokens, externalData] = process.argv.slice(2);
 env.allowRemoteModels = false;
 env.localModelPath = modelsDir;
-const model = await AutoModelForCausalLM.from_pretrained("model", { dtype: "fp32", device: "cpu",
+const model = await AutoModelForCausalLM.from_pretrained("model", { dtype, device: "cpu",
                                                                     use_external_data_format: externalData === "1" });
 const n = Number(newTokens);
 async function run(prompt) {
@@ -194,7 +196,7 @@ def worker_command(runtime: str, folder: Path, stage: Path) -> list[str]:
     (stage / "node_modules").symlink_to(modules / "node_modules", target_is_directory=True)
     (stage / "worker.mjs").write_text(JS_WORKER)
     external = "1" if (folder / "model.onnx_data").is_file() else "0"  # optimum's keeps its weights inline
-    return ["node", str(stage / "worker.mjs"), str(stage / "models"), str(NEW_TOKENS), external]
+    return ["node", str(stage / "worker.mjs"), str(stage / "models"), "fp32", str(NEW_TOKENS), external]
 
 
 def bench_runtime(runtime: str, folders: dict[str, Path], prompts: list[list[int]]) -> dict:

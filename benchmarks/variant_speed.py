@@ -66,7 +66,7 @@ sys.path.insert(0, str(HERE))
 
 from _process import alternate_workers, load, machine  # noqa: E402 - the benchmarks' harness
 from llm_runtimes import _peer_model  # noqa: E402
-from smollm2_runtimes import GENAI_WORKER  # noqa: E402 - onnxruntime-genai's timed worker
+from smollm2_runtimes import GENAI_WORKER, JS_WORKER  # noqa: E402 - the runtimes' timed workers
 from variant_quality import TEXTS  # noqa: E402 - the quality measure's fixed texts
 
 FORMATS = [name for name in os.environ.get("FORMATS", "openvino,onnx,executorch").split(",") if name]  # or transformers.js
@@ -346,36 +346,6 @@ def genai_folder(folder: Path, stage: Path) -> Path:
     config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = THREADS
     (stage / "genai_config.json").write_text(json.dumps(config, indent=2))
     return stage
-
-
-# transformers.js: one model per process (models folder, dtype, new tokens, external data 0/1); each stdin line a
-# prompt (token ids): TTFT = the call to the first new token, decode over the rest (smollm2_runtimes' JS worker)
-JS_WORKER = r"""
-import readline from "node:readline";
-import { AutoModelForCausalLM, Tensor, env } from "@huggingface/transformers";
-const [modelsDir, dtype, newTokens, externalData] = process.argv.slice(2);
-env.allowRemoteModels = false;
-env.localModelPath = modelsDir;
-const model = await AutoModelForCausalLM.from_pretrained("model", { dtype, device: "cpu",
-                                                                    use_external_data_format: externalData === "1" });
-const n = Number(newTokens);
-async function run(prompt) {
-  const ids = new Tensor("int64", BigInt64Array.from(prompt.map(BigInt)), [1, prompt.length]);
-  const mask = new Tensor("int64", BigInt64Array.from(prompt.map(() => 1n)), [1, prompt.length]);
-  const stamps = [];
-  const streamer = { put() { stamps.push(performance.now()); }, end() {} };
-  const start = performance.now();
-  const out = await model.generate({ input_ids: ids, attention_mask: mask, max_new_tokens: n, min_new_tokens: n,
-                                     do_sample: false, streamer });
-  const end = performance.now();
-  return { ttft: (stamps[1] - start) / 1000, decode_s: (end - stamps[1]) / 1000,
-           tokens: out.tolist()[0].slice(prompt.length).map(Number) };
-}
-await run([1, 2, 3, 4]);
-console.log(JSON.stringify({ ready: true }));
-const lines = readline.createInterface({ input: process.stdin });
-for await (const line of lines) console.log(JSON.stringify(await run(JSON.parse(line))));
-"""
 
 
 def js_stage(folder: Path, dtype: str, stage: Path) -> list[str]:
