@@ -109,8 +109,12 @@ def test_each_variant_is_gated_in_every_runtime_by_its_name(published):
     assert variants["q8"]["nll_ratio"] <= 1.10 and variants["q8"]["top1_agreement"] >= 0.85, variants["q8"]
     # q8's blocks of 64 (the largest power of two dividing 576 and 1536): within 5% of transformers.js' q8 rule on this
     # float32 graph (138,347,083 bytes, results/variant_quality_q8.json; on optimum's graph, its head untied, 164.9
-    # MB: results/variant_speed_zen5.json), where blocks of 32 (a float32 scale per 32 bytes) were 1.12x
-    assert variants["q8"]["settings"]["block_size"] == 64 and variants["q8"]["bytes"] <= 1.05 * 138_347_083
+    # MB: results/variant_speed_zen5.json), where blocks of 32 (a float32 scale per 32 bytes) were 1.12x; plus the
+    # fused attention's rotary cos/sin tables (float32, max positions x head_dim / 2 each: 2.1 MB on SmolLM2, as
+    # onnxruntime-genai's builder stores them), which that rule's unfused graph has no copy of
+    rotary_tables = 2 * 8192 * (576 // 9 // 2) * 4
+    assert variants["q8"]["settings"]["block_size"] == 64
+    assert variants["q8"]["bytes"] <= 1.05 * 138_347_083 + rotary_tables, variants["q8"]["bytes"]
     for name, entry in variants.items():  # each passes its gate, in every runtime, at its kind's floor
         assert [check["verdict"] for check in entry["runtimes"]] == [PASSED] * len(RUNTIMES), (name, entry["runtimes"])
         floor = 0.75 if name == "q8" else 0.5
