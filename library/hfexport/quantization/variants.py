@@ -9,10 +9,9 @@ For ONNX the names are transformers.js' dtypes (`fp16`, `q8`, `q4`, `q4f16`), pu
   `head_bits` (8: a 4-bit head fails SmolLM2's runtime gate); `tied_embedding` (true): a tied embedding reads the
   head's blocks, as onnxruntime-genai's builder stores it (false: a float32 table, as transformers.js).
 - `q8`: `weights_only` (true): 8-bit `MatMulNBits` blocks of `block_size` (None: the largest power of two to 128
-  dividing every layer's input: 64 on SmolLM2, 1.037x transformers.js' q8 in size where 32 was 1.12x;
-  `accuracy_level` 4), the tied embedding reading the head's; false: ONNX Runtime's dynamic quantization as
-  transformers.js' script makes q8 (`per_channel`, `reduce_range`: hfexport's `ort_dynamic` defaults; uint8 where
-  WASM lacks int8).
+  dividing every layer's input, 64 on SmolLM2; `accuracy_level` 4), the tied embedding reading the head's; false:
+  ONNX Runtime's dynamic quantization as transformers.js' script makes q8 (`per_channel`, `reduce_range`: hfexport's
+  `ort_dynamic` defaults; uint8 where WASM lacks int8).
 - OpenVINO `int8`, `int4` (optimum-intel's weight formats, NNCF's `compress_weights` on the converted model, each in
   a folder of its own, `openvino/int4/`): int8 weight-only asymmetric per channel; int4 asymmetric in groups of
   `group_size` (default: 128 where it divides every linear layer's input, else the largest power of two that does;
