@@ -156,10 +156,20 @@ def graphs_saved(target) -> int:
     return GENERATION_COMPONENTS
 
 
-def memory_needed(weights: int, groups) -> int:
+#: What a gate that keeps a mapped float32 checkpoint's model hands back before the artifact's runtime opens (its
+#: still-file pages, `hfexport.job.memory.drop_mapped_weights`), as a factor of the weights: SmolLM2-135M-Instruct's
+#: OpenVINO job through the gate 2542 -> 1824 MB (docs/publishing.md, "Memory"). A widened (bfloat16) model is its
+#: own memory and stays.
+MAPPED_GATE_RELEASE = 1.0
+
+
+def memory_needed(weights: int, groups, widened: bool = True) -> int:
     """Bytes of memory for exporting `groups` (lists of recipe `Target`s), one process per group, all at once: each
-    process its libraries plus the weights times its largest target's factor."""
-    return sum(RUNTIME_MB * MB + int(weights * max(map(memory_factor, group), default=1.0)) for group in groups)
+    process its libraries plus the weights times its largest target's factor (less `MAPPED_GATE_RELEASE` where the
+    checkpoint is float32 and mapped, not `widened`)."""
+    release = 0.0 if widened else MAPPED_GATE_RELEASE
+    return sum(RUNTIME_MB * MB + int(weights * max(1.0, max(map(memory_factor, group), default=1.0) - release))
+               for group in groups)
 
 
 #: A job exported from the model's structure (issue 45, `hfexport.job.structure`), per stage, in bytes: the libraries a
@@ -219,7 +229,7 @@ def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
     the libraries and, where the checkpoint is widened to float32 (`widened`), the weights as loaded (a float32
     checkpoint is mapped, its pages read later), `export` the largest target's export (`memory_needed`: its save
     and gate included), and `variants` where a target has them (`variants_stage`)."""
-    stages = {"load_model": LIBRARIES_MB * MB + (loaded if widened else 0), "export": memory_needed(loaded, [targets])}
+    stages = {"load_model": LIBRARIES_MB * MB + (loaded if widened else 0), "export": memory_needed(loaded, [targets], widened)}
     variants = variants_stage(targets, loaded, LIBRARIES_MB * MB)
     return {**stages, "variants": variants} if variants is not None else stages
 
@@ -235,7 +245,8 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     side (the converted blocks the streamed reference keeps: the weights, or what `available` leaves beside
     `GATE_RESERVE`, plus `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
     weights: the larger where the gate streams the model and lets it go first, the sum where it loads it (latency
-    timed, or variants: `variants_stage`). `available`: the memory the job may use (its budget)."""
+    timed, or variants: `variants_stage`) widened to float32 (a mapped float32 one's pages are handed back first).
+    `available`: the memory the job may use (its budget)."""
     libraries = LIBRARIES_MB * MB
     streamed_gate = streamed_gate and not any(t.variants for t in targets)  # a variant's gate reads the model
     if streamed_gate:
@@ -251,8 +262,9 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         libraries + int(STRUCTURE_RELOAD * loaded) + (loaded if widened else 0),
         "export": export,
         "save": export + STRUCTURE_SAVE_TENSORS * largest + int(max(p.structure_save_memory for p in programs) * loaded),
-        # the model released before the artifact's runtime opens where the gate streams it, else both at once
-        "verify": libraries + (max(reference, mapped) if streamed_gate else reference + mapped),
+        # the model released before the artifact's runtime opens where the gate streams it, or its mapped pages
+        # handed back (a float32 checkpoint, `MAPPED_GATE_RELEASE`); a widened model's held beside the runtime
+        "verify": libraries + (reference + mapped if widened and not streamed_gate else max(reference, mapped)),
     }
     variants = variants_stage(targets, loaded, libraries)
     return {**stages, "variants": variants} if variants is not None else stages
