@@ -84,6 +84,7 @@ PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain in
 WORKER = r"""
 import json, os, sys, tempfile, time
 from executorch.extension.llm.custom_ops import custom_ops  # the LLM kernels, registered in every worker alike
+from executorch.kernels import quantized  # the quantized embeddings' kernels (8da4w programs), in every worker alike
 from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 from executorch.extension.pybindings import portable_lib
 from executorch.runtime import Runtime
