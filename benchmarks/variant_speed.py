@@ -44,7 +44,9 @@ default `openvino,onnx,executorch`; PHASES, default `make,speed`; ROUNDS 6; GENE
 NEW_TOKENS 32; THREADS 2; WORK /tmp/hfexport-variant-speed; SMOLLM2_DIR) -> benchmarks/results/variant_speed.json (or
 OUT; formats measured earlier in that file are kept; FORMATS may also name `transformers.js`). The CPU and the load
 average before and after are recorded. results/variant_speed_zen5.json: `FORMATS=transformers.js,executorch
-OUT=results/variant_speed_zen5.json`, on an AMD EPYC Zen 5 (family 26 model 2).
+OUT=results/variant_speed_zen5.json`, on an AMD EPYC Zen 5 (family 26 model 2), with transformers.js' sides then
+(the defaults and `accuracy_level` 4 apart); results/variant_speed_tjs_fused_zen5.json: `FORMATS=transformers.js
+ROUNDS=3 NEW_TOKENS=16`, the fused, `accuracy_level` 4 defaults against transformers.js' own.
 """
 
 from __future__ import annotations
@@ -107,18 +109,14 @@ SIDES = {
     # transformers.js' own q4/q8 of the checkpoint: optimum's ONNX export with past, then transformers.js'
     # scripts/quantize.py rules (TJS_QUANTIZE); each side opened by its dtype (`dtype` below)
     "transformers.js": {"format": "onnx", "target": "onnx-generation",
-                        # accuracy_level 4: int8 activations inside MatMulNBits, the only 8-bit kernel ONNX Runtime
-                        # has on CPU (without it an 8-bit block graph dequantizes every weight on every call)
-                        "hfexport": {"hfexport q4": {"name": "q4"}, "hfexport q8": {"name": "q8"},
-                                     "hfexport q4 accuracy_level 4": {"name": "q4", "accuracy_level": 4},
-                                     "hfexport q8 accuracy_level 4": {"name": "q8", "accuracy_level": 4}},
+                        # the defaults (fused attention, accuracy_level 4: int8 activations inside MatMulNBits, the
+                        # only 8-bit kernel ONNX Runtime has on CPU), and accuracy_level 0 (unset): without it an 8-bit
+                        # block graph dequantizes every weight on every call (results/variant_speed_zen5.json)
+                        "hfexport": {"hfexport q4": {"name": "q4"}, "hfexport q8": {"name": "q8"}},
                         "peers": {"transformers.js q4": ("q4",), "transformers.js q8": ("q8",)},
-                        "pairs": [("hfexport q4", "transformers.js q4"), ("hfexport q8", "transformers.js q8"),
-                                  ("hfexport q4 accuracy_level 4", "transformers.js q4"),
-                                  ("hfexport q8 accuracy_level 4", "transformers.js q8")],
+                        "pairs": [("hfexport q4", "transformers.js q4"), ("hfexport q8", "transformers.js q8")],
                         "dtype": {"hfexport q4": "q4", "transformers.js q4": "q4", "hfexport q8": "q8",
-                                  "transformers.js q8": "q8", "hfexport q4 accuracy_level 4": "q4",
-                                  "hfexport q8 accuracy_level 4": "q8"},
+                                  "transformers.js q8": "q8"},
                         "files": ("model.onnx", "model.onnx_data")},
     "executorch": {"target": "executorch-generation",
                    "hfexport": {"hfexport 8da4w": {"name": "8da4w"}},
