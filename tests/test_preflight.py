@@ -87,7 +87,8 @@ def test_estimates_follow_the_documented_multipliers(tmp_path):
     assert pair.disk_needed == int(llama_weights * DISK_FACTOR * 2)  # prefill and decode graphs
     factor = format_backend("onnx").memory_factor  # one generation graph holds what a forward export does; two, more
     assert single.memory_needed == RUNTIME_MB * MB + int(llama_weights * (factor - MAPPED_GATE_RELEASE))
-    assert pair.memory_needed == RUNTIME_MB * MB + int(llama_weights * (factor * GENERATION_FACTOR - MAPPED_GATE_RELEASE))
+    pair_factor = factor * GENERATION_FACTOR - MAPPED_GATE_RELEASE
+    assert pair.memory_needed == RUNTIME_MB * MB + int(llama_weights * pair_factor)
     assert onnx.memory_available and onnx.disk_available and onnx.fits
 
 

@@ -122,7 +122,7 @@ def read_json_object(path: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_DONTNEED = 4
 
 
@@ -134,7 +134,7 @@ def drop_file_pages(start: int, end: int) -> int:
     import ctypes
     import struct
 
-    first, last = -(-start // _PAGE), end // _PAGE
+    first, last = -(-start // PAGE_SIZE), end // PAGE_SIZE
     if first >= last:
         return 0
     try:
@@ -151,8 +151,8 @@ def drop_file_pages(start: int, end: int) -> int:
         if file_page and run is None:
             run = index
         elif not file_page and run is not None:
-            if madvise((first + run) * _PAGE, (index - run) * _PAGE, _MADV_DONTNEED) == 0:
-                dropped += (index - run) * _PAGE
+            if madvise((first + run) * PAGE_SIZE, (index - run) * PAGE_SIZE, _MADV_DONTNEED) == 0:
+                dropped += (index - run) * PAGE_SIZE
             run = None
     return dropped
 

@@ -12,11 +12,10 @@ recorded for a stage where it rose. docs/publishing.md, "Memory".
 
 from __future__ import annotations
 
-import os
 import resource
 import threading
 
-from hfexport.files import drop_file_pages
+from hfexport.files import PAGE_SIZE, drop_file_pages
 from hfexport.progress import ProgressCallback, Step
 
 #: The steps measured (hfexport.progress.STEPS); `target`, `probe`, `cache` and `preflight` are not: the first spans
@@ -24,7 +23,6 @@ from hfexport.progress import ProgressCallback, Step
 STAGES = ("load_model", "plan", "export", "save", "rebind", "verify", "runtimes", "variants", "latency", "compare")
 SAMPLE_S = 0.02
 MB = 1 << 20
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 _MEMORY_UNITS = {"": 1, "mb": 1, "m": 1, "gb": 1024, "g": 1024}
@@ -48,7 +46,7 @@ def current_rss() -> int:
     """This process's resident set size now, in bytes (0 where /proc does not say)."""
     try:
         with open("/proc/self/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * _PAGE
+            return int(handle.read().split()[1]) * PAGE_SIZE
     except (OSError, ValueError, IndexError):
         return 0
 

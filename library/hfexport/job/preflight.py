@@ -163,13 +163,17 @@ def graphs_saved(target) -> int:
 MAPPED_GATE_RELEASE = 1.0
 
 
+def export_factor(targets, widened: bool = True) -> float:
+    """How many times its weights a process exporting `targets` from the loaded model holds: its largest target's
+    `memory_factor`, less `MAPPED_GATE_RELEASE` where the checkpoint is float32 and mapped (not `widened`)."""
+    release = 0.0 if widened else MAPPED_GATE_RELEASE
+    return max(1.0, max(map(memory_factor, targets), default=1.0) - release)
+
+
 def memory_needed(weights: int, groups, widened: bool = True) -> int:
     """Bytes of memory for exporting `groups` (lists of recipe `Target`s), one process per group, all at once: each
-    process its libraries plus the weights times its largest target's factor (less `MAPPED_GATE_RELEASE` where the
-    checkpoint is float32 and mapped, not `widened`)."""
-    release = 0.0 if widened else MAPPED_GATE_RELEASE
-    return sum(RUNTIME_MB * MB + int(weights * max(1.0, max(map(memory_factor, group), default=1.0) - release))
-               for group in groups)
+    process its libraries plus the weights times its `export_factor`."""
+    return sum(RUNTIME_MB * MB + int(weights * export_factor(group, widened)) for group in groups)
 
 
 #: A job exported from the model's structure (issue 45, `hfexport.job.structure`), per stage, in bytes: the libraries a
@@ -229,7 +233,8 @@ def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
     the libraries and, where the checkpoint is widened to float32 (`widened`), the weights as loaded (a float32
     checkpoint is mapped, its pages read later), `export` the largest target's export (`memory_needed`: its save
     and gate included), and `variants` where a target has them (`variants_stage`)."""
-    stages = {"load_model": LIBRARIES_MB * MB + (loaded if widened else 0), "export": memory_needed(loaded, [targets], widened)}
+    stages = {"load_model": LIBRARIES_MB * MB + (loaded if widened else 0),
+              "export": memory_needed(loaded, [targets], widened)}
     variants = variants_stage(targets, loaded, LIBRARIES_MB * MB)
     return {**stages, "variants": variants} if variants is not None else stages
 
@@ -261,7 +266,8 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         "load_model": libraries if streamed_gate else
         libraries + int(STRUCTURE_RELOAD * loaded) + (loaded if widened else 0),
         "export": export,
-        "save": export + STRUCTURE_SAVE_TENSORS * largest + int(max(p.structure_save_memory for p in programs) * loaded),
+        "save": export + STRUCTURE_SAVE_TENSORS * largest
+        + int(max(p.structure_save_memory for p in programs) * loaded),
         # the model released before the artifact's runtime opens where the gate streams it, or its mapped pages
         # handed back (a float32 checkpoint, `MAPPED_GATE_RELEASE`); a widened model's held beside the runtime
         "verify": libraries + (reference + mapped if widened and not streamed_gate else max(reference, mapped)),
@@ -285,7 +291,6 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     weights, dtypes = weights or weights_metadata(model, revision, token)
     loaded = loaded_bytes(weights, dtypes)
     widened = loaded != weights or not dtypes  # no safetensors headers: a pickled checkpoint is read into memory
-    factors = [memory_factor(t) for t in targets]
     available = available_memory()
     budget = max_memory is not None and (available is None or max_memory < available)
     largest = largest_tensor_bytes(model) if structure is not None and dtypes and Path(str(model)).is_dir() else None
@@ -315,7 +320,8 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
         elif "save" in memory_stages:
             how = f"{what}, {_worst(targets)} exported from the model's structure"
         else:
-            how = f"{what} × {max(factors):g} for {_worst(targets)} + {_human(RUNTIME_MB * MB)} for the libraries"
+            how = (f"{what} × {export_factor(targets, widened):g} for {_worst(targets)} + {_human(RUNTIME_MB * MB)} "
+                   "for the libraries")
         result.problems.append(
             f"not enough memory: about {_human(memory)} needed at the {STAGE_LABELS.get(stage, stage)} stage "
             f"({how}{processes}), "

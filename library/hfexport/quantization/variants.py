@@ -36,8 +36,8 @@ from hfexport.quantization.spec import DEFAULT_PARAMS
 #: several times faster there than unset's float32 path, at ratios within the bounds (docs/quantization.md, "Variants")
 FOUR_BIT = {"block_size": 32, "symmetric": True, "accuracy_level": 4, "head_bits": 8, "tied_embedding": True,
             "fused_attention": True}
-EIGHT_BIT = {"weights_only": True, "block_size": None, "accuracy_level": 4, "tied_embedding": True, "fused_attention": True,
-             **{key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}}
+EIGHT_BIT = {"weights_only": True, "block_size": None, "accuracy_level": 4, "tied_embedding": True,
+             "fused_attention": True, **{key: DEFAULT_PARAMS["ort_dynamic"][key] for key in ("per_channel", "reduce_range")}}
 GROUPED_FOUR_BIT = {"group_size": None, "ratio": 1.0}  # group_size None: resolved from the model's layer sizes
 SETTINGS = {"fp16": {}, "q8": EIGHT_BIT, "q4": FOUR_BIT, "q4f16": FOUR_BIT, "int8": {}, "int4": GROUPED_FOUR_BIT,
             "8da4w": {"group_size": None, "head": "8da8w", "embedding": "4w"}}  # group None: from the layer sizes

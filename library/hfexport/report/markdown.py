@@ -85,8 +85,6 @@ def report_markdown(report: JobReport, publication: bool = False) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-
-
 def _mb(value: float) -> str:
     return human_bytes(int(value * (1 << 20)))
 

@@ -69,8 +69,8 @@ def _positions(config: dict) -> int:
 
 
 def _fuse(model, positions: int) -> int:
-    """Rewrite `model` in place; the number of layers fused. Raises `_NoMatch` before changing anything where a
-    layer does not match."""
+    """Rewrite `model` in place; the number of layers fused. Raises `_NoMatch` before any layer is rewritten where
+    one does not match (the rotary products may be fused by then: the caller keeps the source file)."""
     import numpy as np
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedFunctionsPass, RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
@@ -79,12 +79,12 @@ def _fuse(model, positions: int) -> int:
     inputs = {value.name: value for value in model.graph.inputs}
     if "attention_mask" not in inputs or "position_ids" not in inputs:
         raise _NoMatch("no attention_mask or position_ids")
+    outputs = {value.name: value for value in model.graph.outputs}
     layers = []
-    for value in model.graph.outputs:
-        if value.name.startswith("present.") and value.name.endswith(".key"):
-            index = value.name[len("present."):-len(".key")]
-            values = {v.name: v for v in model.graph.outputs}
-            layers.append((index, value, values.get(f"present.{index}.value")))
+    for name, value in outputs.items():
+        if name.startswith("present.") and name.endswith(".key"):
+            index = name[len("present."):-len(".key")]
+            layers.append((index, value, outputs.get(f"present.{index}.value")))
     if not layers:
         return 0
     if not fuse_rotary_embedding(model):
@@ -97,9 +97,7 @@ def _fuse(model, positions: int) -> int:
     cos_cache, sin_cache = (_initializer(model, f"attention.{name}_cache", table) for name, table in
                             (("cos", cos), ("sin", sin)))
     seqlens_k, total_length = _lengths(model, inputs["attention_mask"])
-    position_ids = inputs.get("position_ids")
-    if position_ids is None:
-        raise RuntimeError("checked by _match")
+    position_ids = inputs["position_ids"]
     for layer in matched:
         packed = _packed_projection(model, layer)
         prefix, size = f"layer.{layer['index']}", layer["head_size"]
@@ -295,13 +293,11 @@ def _tables(model, cos, sin, positions: int, head_size: int):
                 names.add(value.name)
                 initializers.append(ir.serde.serialize_tensor(value.const_value))
                 initializers[-1].name = value.name
-    position_ids = next(value for value in model.graph.inputs if value.name == "position_ids")
     graph = onnx.helper.make_graph(
         [ir.serde.serialize_node(node) for node in ordered], "rotary_tables",
         [onnx.helper.make_tensor_value_info("position_ids", onnx.TensorProto.INT64, [1, None])],
         [onnx.helper.make_tensor_value_info(value.name, onnx.TensorProto.FLOAT, None) for value in (cos, sin)],
         initializers)
-    del position_ids
     proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(domain, version) for domain, version
                                                          in model.opset_imports.items()])
     session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])

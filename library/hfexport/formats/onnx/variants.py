@@ -9,19 +9,20 @@
   default) the embedding then reads the head's blocks (`tie_embedding`, a `GatherBlockQuantized`, as
   onnxruntime-genai's model builder ties them), so the table is stored once, quantized.
 - `q8`: with `weights_only` (the default) the same `MatMulNBits` form at 8 bits, head and tied embedding included,
-  float activations, in blocks of `block_size` (default: `block_size_for` the graph); else `quantize_dynamic` over ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly`
-  and `EnableSubgraph` as transformers.js' script makes q8 (int8 activations; its embedding `Gather` 8-bit per
-  tensor, which a tied head then reads dequantized), the weight type by transformers.js' rule (`uint8_ops`: uint8
-  where the graph has Conv, GroupQueryAttention or MultiHeadAttention, whose int8 kernels the WebAssembly backend
-  lacks; int8 otherwise). On SmolLM2 that dynamic form fails q8's gate (the down projections' activations, the
+  float activations, in blocks of `block_size` (default: `block_size_for` the graph); else `quantize_dynamic` over
+  ONNX Runtime's `IntegerOpsRegistry` ops with `MatMulConstBOnly` and `EnableSubgraph` as transformers.js' script
+  makes q8 (int8 activations; its embedding `Gather` 8-bit per tensor, which a tied head then reads dequantized),
+  the weight type by transformers.js' rule (`uint8_ops`: uint8 where the graph has Conv, GroupQueryAttention or
+  MultiHeadAttention, whose int8 kernels the WebAssembly backend lacks; int8 otherwise). On SmolLM2 that dynamic form fails q8's gate (the down projections' activations, the
   per-tensor 8-bit table: docs/quantization.md).
 - `fp16` and the float16 half of `q4f16`: hfexport's float16 conversion (`hfexport.formats.onnx.float16`: float16
   inputs and outputs, the KV cache included, where transformers.js' script keeps float32 ones; its
   `transformers.js_config` then says `kv_cache_dtype` float16 for them).
 
 `write(folder, variant, stage)` lays the variant out in `stage` as the contract folder the runtimes open (the
-variant's graph as `model.onnx` + `model.onnx_data`, without the exporter's node metadata, every other file linked); `keep` moves it into the target's
-folder under its published name; `next_token_scores` runs a graph of the contract on token rows with an empty cache.
+variant's graph as `model.onnx` + `model.onnx_data`, without the exporter's node metadata, every other file
+linked); `keep` moves it into the target's folder under its published name; `next_token_scores` runs a graph of
+the contract on token rows with an empty cache.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def block_size_for(source: Path, at_most: int = 128) -> int:
                   if node.op_type == "Transpose" and node.input[0] in weights}
     sizes = [shape[0] for node in graph.node if node.op_type == "MatMul" and len(node.input) == 2
              for shape in [weights.get(node.input[1]) or transposed.get(node.input[1])] if shape and len(shape) == 2]
-    return dividing_group_size(sizes, at_most) or 32 if sizes else 32
+    return dividing_group_size(sizes, at_most) or 32
 
 
 def _weight_only(source: Path, output: Path, variant: dict, bits: int) -> Path:
