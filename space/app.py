@@ -338,7 +338,9 @@ def build_app(settings: logic.SpaceSettings | None = None, sign_in: bool = True)
                 return
         used = recipe if recipe is not None else json.loads(state["repo_recipe"]) if state.get("repo_recipe") else None
         publishable = logic.publishable_targets(report)
-        state.update(model=model, revision=rev, output=str(job.output), targets=publishable, edited=edited,
+        # Convert clicked before this model's load finished: the state is the previous model's, so its PR is too.
+        pr = state.get("pr") if state.get("model") == model else logic.open_pr_number(model, token)
+        state.update(model=model, revision=rev, output=str(job.output), targets=publishable, edited=edited, pr=pr,
                      latency=chart_rows(report),
                      left_out=[name for name in report.targets if name not in publishable],
                      zip=str(zip_path) if zip_path else None, status=report.status,
