@@ -22,10 +22,12 @@ class OpenvinoProgram(FormatProgram):
     name = "openvino"
     weights = weights
     # the int8-weight target traced without weights: OpenVINO's converter holds the graph's file-backed constants
-    # mapped as it converts, and the save runs NNCF's int8 compression on the written float32 IR (measured with
-    # benchmarks/stage_memory_variants.py: SmolLM2-135M-Instruct, a 2-layer Llama-3.2-1B config)
+    # mapped as it converts (measured with benchmarks/stage_memory_variants.py: SmolLM2-135M-Instruct, a 2-layer
+    # Llama-3.2-1B config), and its save reads them again to write the graph; NNCF's int8 compression of the
+    # written float32 IR then holds a quarter of it, each float32 constant handed back once compressed
+    # (`structure.constants_released_as_read`): nothing beyond the export's
     structure_export_memory = 1.3
-    structure_save_memory = 0.3
+    structure_save_memory = 0.0
 
     def traced_without_weights(self, quantization) -> bool:
         # an int8-weight target only (measured, docs/rebind.md): compressed once its float32 weights are written
