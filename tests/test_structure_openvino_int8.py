@@ -159,3 +159,60 @@ def test_a_full_depth_1b_checkpoint_exports_to_int8_openvino_and_passes_its_gate
         {"openvino-genai": PASSED, "optimum-intel": PASSED}, target["runtimes"]
     assert (out / TARGET / "openvino_model.bin").stat().st_size < 1.1e9  # int8: a quarter of the float32 weights
     assert group.max_usage <= 3 << 30
+
+
+def _resident_kb(path: Path) -> int:
+    """This process's resident kB of its mappings of `path` (/proc/self/smaps)."""
+    resident, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0] and len(line.split()) >= 5:
+            inside = line.split()[-1] == str(path)
+        elif inside and line.startswith("Rss:"):
+            resident += int(line.split()[1])
+    return resident
+
+
+def _linear_ir(folder: Path, layers: int = 4, width: int = 512) -> Path:
+    """A float32 IR of `layers` pairs of MatMuls by (4 x width, width) and (width, 4 x width) weights (8 MB each) and
+    a bias, saved in `folder`."""
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    rng = np.random.default_rng(0)
+    source = ops.parameter([1, width], np.float32, name="x")
+    value = source
+    for _ in range(layers):
+        for shape in ((4 * width, width), (width, 4 * width)):
+            value = ops.matmul(value, ops.constant(rng.standard_normal(shape).astype(np.float32)), False, True)
+        # a constant NNCF leaves as it is (as a norm's): the .bin stays mapped after the compression
+        value = ops.add(value, ops.constant(rng.standard_normal(width).astype(np.float32)))
+    path = folder / "model.xml"
+    ov.save_model(ov.Model([value], [source], "linear"), str(path), compress_to_fp16=False)
+    return path
+
+
+def test_nncf_compression_hands_back_each_float_constant_and_writes_the_same_files(tmp_path):
+    """NNCF's int8 compression of a memory-mapped float32 IR inside `constants_released_as_read` leaves none of the
+    float32 `.bin` resident (without it, all of it is), and its result is the same, byte for byte."""
+    import nncf
+    import openvino as ov
+    from hfexport.formats.openvino.structure import constants_released_as_read
+
+    path = _linear_ir(tmp_path)
+    binary = path.with_suffix(".bin")
+    written = {}
+    for released in (False, True):
+        model = ov.Core().read_model(str(path))  # the .bin memory-mapped
+        with constants_released_as_read() if released else __import__("contextlib").nullcontext():
+            compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        resident = _resident_kb(binary)
+        out = tmp_path / f"released-{released}.xml"
+        ov.save_model(compressed, str(out), compress_to_fp16=False)
+        written[released] = out.with_suffix(".bin").read_bytes()
+        del model, compressed
+        if released:
+            assert resident < 1024, resident  # kB: a page or two at the constants' edges
+        else:
+            assert resident > binary.stat().st_size // 1024 // 2, resident
+    assert written[True] == written[False]

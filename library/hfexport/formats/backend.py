@@ -219,7 +219,8 @@ class FormatProgram:
     traces_without_weights: ClassVar[bool] = False
     # the preflight's factors of the float32 weights for a target traced without weights (hfexport.job.preflight.
     # structure_stages): what converting the twin holds (ONNX's exporter: what it keeps per parameter), and what the
-    # save holds besides the weights written entry by entry (a quantizer run on the written files)
+    # save holds besides the export's and the weights written entry by entry (a quantizer run on the written files;
+    # below 0 where the save holds less than the export: OpenVINO's)
     structure_export_memory: ClassVar[float] = 0.06
     structure_save_memory: ClassVar[float] = 0.0
 

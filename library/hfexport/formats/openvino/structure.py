@@ -11,7 +11,10 @@
 3. the target's own quantizer (NNCF's data-free `compress_weights`, INT8_ASYM: the same call and settings as the
    export from the weights) compresses the IR read back memory-mapped (`compress_written`): NNCF reads one constant
    at a time and keeps the int8 weights, zero points and scales, a quarter of the float32 model; the float32 `.bin`
-   is then replaced by the compressed IR.
+   is then replaced by the compressed IR. The float32 weights are never resident at once there: the converted
+   graph's scratch pages are handed back first (`release_scratch`), and each constant NNCF read is handed back
+   when it reads the next (`constants_released_as_read`): only file pages, read again from the file if touched,
+   so the files are the same byte for byte.
 
 docs/rebind.md, "The structure traced without weights".
 """
@@ -23,9 +26,10 @@ import json
 import mmap
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
-from hfexport.files import MANIFEST_FILE
+from hfexport.files import MANIFEST_FILE, drop_file_pages
 from hfexport.formats.openvino.genai_layout import OPENVINO_MODEL
 
 #: A placeholder constant smaller than this is made in memory as the frontend makes it (norms, biases).
@@ -33,6 +37,11 @@ FILE_BACKED_MIN_BYTES = 1 << 20
 #: The target quantization compressed after the weights are written: data-free int8 weight compression, NNCF's
 #: defaults otherwise (a ratio, group size or ignored scope would be the same call, untested here).
 STRUCTURE_QUANTIZATION = {"method": "nncf_weights", "params": {"mode": "int8_asym"}}
+#: NNCF's OpenVINO weight-compression backend reads each weight constant through these (nncf 3.4:
+#: `nncf.openvino.graph.node_utils`, imported by name into the backend's module)
+NNCF_CONSTANT_READERS = ("get_const_value_as_ov_tensor", "get_const_value_as_numpy_tensor")
+#: the scratch files' mappings made by `file_backed_constants` that are still alive (the converted graph's)
+_scratch_mappings: list = []
 
 
 def traced_without_weights(quantization) -> bool:
@@ -82,7 +91,60 @@ def _mapped(scratch: Path, shape: tuple, dtype):
         mapping = mmap.mmap(descriptor, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(descriptor)
+    _scratch_mappings[:] = [ref for ref in _scratch_mappings if ref() is not None] + [weakref.ref(mapping)]
     return np.frombuffer(mapping, dtype=dtype).reshape(shape)
+
+
+def release_scratch() -> None:
+    """The resident pages of every live scratch mapping (the converted graph's placeholder constants, read again
+    when the graph was saved) handed back: they stay in their files, read again if the graph is."""
+    for ref in _scratch_mappings:
+        mapping = ref()
+        if mapping is not None and not mapping.closed:
+            mapping.madvise(mmap.MADV_DONTNEED)  # a shared file mapping: nothing is lost, dirty pages are written
+
+
+def release_constant(node) -> int:
+    """The resident file pages of an OpenVINO constant's data (a memory-mapped `.bin`'s) handed back
+    (`hfexport.files.drop_file_pages`: read again from the file if touched); bytes dropped."""
+    import numpy as np
+
+    try:
+        data = np.asarray(node.data)
+    except (RuntimeError, TypeError, ValueError):  # not a constant whose data numpy reads
+        return 0
+    start = data.__array_interface__["data"][0]
+    return drop_file_pages(start, start + data.nbytes)
+
+
+@contextlib.contextmanager
+def constants_released_as_read():
+    """NNCF's OpenVINO weight compression (`compress_weights`) of a memory-mapped IR with each weight constant's
+    pages handed back (`release_constant`) when it reads the next one, and the last ones on leaving: NNCF reads and
+    compresses a weight at a time, but the pages it read stay resident (file pages, the mapped `.bin`'s) until the
+    kernel needs them, so its peak resident set was the whole float32 model. Nothing NNCF computes changes."""
+    from nncf.quantization.algorithms.weight_compression import openvino_backend as backend
+
+    read: list = []
+
+    def released(function):
+        def reading(node):
+            while read:
+                release_constant(read.pop())
+            read.append(node)
+            return function(node)
+        return reading
+
+    originals = {name: getattr(backend, name) for name in NNCF_CONSTANT_READERS if hasattr(backend, name)}
+    for name, function in originals.items():
+        setattr(backend, name, released(function))
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(backend, name, function)
+        while read:
+            release_constant(read.pop())
 
 
 def _written_back(array) -> None:
@@ -104,8 +166,10 @@ def compress_written(folder: Path, quantizer) -> None:
     from transformers.exporters import ExportFormat
 
     folder = Path(folder)
+    release_scratch()  # the converted graph's placeholders, read when it was saved
     model = ov.Core().read_model(str(folder / OPENVINO_MODEL))  # the .bin memory-mapped (ENABLE_MMAP)
-    compressed = quantizer.quantize(model, {}, ExportFormat.OPENVINO)
+    with constants_released_as_read():
+        compressed = quantizer.quantize(model, {}, ExportFormat.OPENVINO)
     staged = folder / f".compressed-{OPENVINO_MODEL}"
     ov.save_model(compressed, str(staged), compress_to_fp16=False)
     del model, compressed

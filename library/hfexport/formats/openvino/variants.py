@@ -29,6 +29,7 @@ from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE, RECIPE_COPY_FILE, REPORT_FILE
 from hfexport.formats.openvino.genai_layout import OPENVINO_MODEL
+from hfexport.formats.openvino.structure import constants_released_as_read
 from hfexport.quantization.shapes import dividing_group_size, layer_input_sizes
 
 CONFIG_FILE = "openvino_config.json"  # optimum-intel's OVConfig.CONFIG_NAME
@@ -65,16 +66,18 @@ def write(folder: Path, variant: dict, stage: Path) -> dict:
         if path.name not in (OPENVINO_MODEL, _WEIGHTS, *_OWN_FILES) and path.is_file() \
                 and not path.name.startswith("."):
             (stage / path.name).symlink_to(path.resolve())
-    model = ov.Core().read_model(str(folder / OPENVINO_MODEL))
-    if variant["name"] == "int4":
-        resolved = {"group_size": group_size(folder, variant)}
-        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_ASYM,
-                                      group_size=resolved["group_size"], ratio=variant["ratio"])
-        quantization = {"bits": 4, "group_size": resolved["group_size"], "ratio": variant["ratio"]}
-    else:
-        resolved = {}
-        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-        quantization = {"bits": 8, "group_size": None, "ratio": 1.0}
+    model = ov.Core().read_model(str(folder / OPENVINO_MODEL))  # the .bin memory-mapped
+    # each float constant NNCF read handed back when it reads the next: never the whole float model resident
+    with constants_released_as_read():
+        if variant["name"] == "int4":
+            resolved = {"group_size": group_size(folder, variant)}
+            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_ASYM,
+                                          group_size=resolved["group_size"], ratio=variant["ratio"])
+            quantization = {"bits": 4, "group_size": resolved["group_size"], "ratio": variant["ratio"]}
+        else:
+            resolved = {}
+            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+            quantization = {"bits": 8, "group_size": None, "ratio": 1.0}
     # the float constants NNCF leaves (norms) stay as the export wrote them: no float16 compression on save
     ov.save_model(model, str(stage / OPENVINO_MODEL), compress_to_fp16=False)
     (stage / CONFIG_FILE).write_text(json.dumps(openvino_config(**quantization), indent=2) + "\n", encoding="utf-8")
