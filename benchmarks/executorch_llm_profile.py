@@ -6,7 +6,7 @@ Each folder runs in a fresh process (`_load_for_executorch(..., enable_etdump=Tr
 registered, the thread pool at THREADS, default: ExecuTorch's own): REPEATS times a prompt of PROMPT tokens then DECODE
 single-token steps, greedy. Reported per folder: the median decode step (`Method::execute`), the per-step sums of the
 XNNPACK delegate calls and of the portable/LLM-kernel operator calls, the median time of `llama::custom_sdpa` per
-layer, XNNPACK's linear kernels per step by weight form and the four longest delegate calls (an LLM program's longest
+layer, XNNPACK's linear kernels per step by weight form and the four longest delegate calls (SmolLM2's longest
 is its head; decode steps only). ETDump's own overhead is in every figure alike; compare folders, not absolute times.
 
 Run: `python benchmarks/executorch_llm_profile.py FOLDER [FOLDER ...]` (THREADS, PROMPT=30, DECODE=32, REPEATS=3)
