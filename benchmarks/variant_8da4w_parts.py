@@ -59,6 +59,7 @@ CONFIGS = {
     # model's own 96 greedy tokens after each, not the scored passages)
     "head_gptq": {"gptq": 0.01},  # the value: GPTQ's damping, the share of the Hessian's mean diagonal added
     "head_gptq_damp10": {"gptq": 0.1},
+    "head_g16": {"head": ("8da4w", 16)},  # the 4-bit head in groups of 16 (scales read: 2x the groups of 32's)
 }
 
 
