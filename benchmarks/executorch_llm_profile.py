@@ -5,8 +5,9 @@ gap to optimum-executorch's custom-ops `.pte` was found; `formats/executorch/llm
 Each folder runs in a fresh process (`_load_for_executorch(..., enable_etdump=True)`, ExecuTorch's LLM kernels
 registered, the thread pool at THREADS, default: ExecuTorch's own): REPEATS times a prompt of PROMPT tokens then DECODE
 single-token steps, greedy. Reported per folder: the median decode step (`Method::execute`), the per-step sums of the
-XNNPACK delegate calls and of the portable/LLM-kernel operator calls, and the median time of `llama::custom_sdpa` per
-layer (decode steps only). ETDump's own overhead is in every figure alike; compare folders, not absolute times.
+XNNPACK delegate calls and of the portable/LLM-kernel operator calls, the median time of `llama::custom_sdpa` per
+layer, XNNPACK's linear kernels per step by weight form and the four longest delegate calls (SmolLM2's longest
+is its head; decode steps only). ETDump's own overhead is in every figure alike; compare folders, not absolute times.
 
 Run: `python benchmarks/executorch_llm_profile.py FOLDER [FOLDER ...]` (THREADS, PROMPT=30, DECODE=32, REPEATS=3)
 -> benchmarks/results/executorch_llm_profile.json (or OUT). The exports: `llm_runtimes_executorch.py` caches them.
@@ -35,6 +36,7 @@ OUT = Path(os.environ.get("OUT", HERE / "results" / "executorch_llm_profile.json
 RUN = r"""
 import os, sys, torch
 from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - the LLM kernels
+from executorch.kernels import quantized  # noqa: F401 - an 8da4w program's quantized embedding kernels
 from executorch.extension.pybindings import portable_lib
 folder, out, threads, prompt, decode, repeats = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 if threads:
@@ -74,6 +76,11 @@ def _profile(folder: Path) -> dict:
         "delegate_calls_us_per_step": round(sum(t for name, t in events if name == "DELEGATE_CALL")),
         "operator_calls_us_per_step": round(sum(t for name, t in events if name == "OPERATOR_CALL")),
         "custom_sdpa_us_per_layer": [round(t) for name, t in events if name == "llama::custom_sdpa.out"],
+        # XNNPACK's linear kernels per step, by weight form (QB4W: 4-bit groups; QC8W: 8-bit per channel)
+        "fully_connected_us_per_step": {form: round(sum(t for name, t in events if name.startswith(
+            "Fully Connected") and form in name)) for form in ("QB4W", "QC8W", "QC4W")},
+        "largest_delegate_calls_us": sorted((round(t) for name, t in events if name == "DELEGATE_CALL"),
+                                            reverse=True)[:4],
     }
 
 

@@ -119,10 +119,15 @@ SIDES = {
                                   "transformers.js q8": "q8"},
                         "files": ("model.onnx", "model.onnx_data")},
     "executorch": {"target": "executorch-generation",
-                   "hfexport": {"hfexport 8da4w": {"name": "8da4w"}},
+                   # the defaults, and optimum-executorch's form made by hfexport (its head 4-bit, its embedding 8w:
+                   # the program hfexport lowers, the peer's parts; what the 8-bit head costs in decode)
+                   "hfexport": {"hfexport 8da4w": {"name": "8da4w"},
+                                "hfexport 8da4w head 8da4w embedding 8w": {"name": "8da4w", "head": "8da4w",
+                                                                           "embedding": "8w"}},
                    "peers": {"optimum-executorch 8da4w": ("--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear",
                                                           "8da4w", "--qembedding", "8w")},
-                   "pairs": [("hfexport 8da4w", "optimum-executorch 8da4w")],
+                   "pairs": [("hfexport 8da4w", "optimum-executorch 8da4w"),
+                             ("hfexport 8da4w head 8da4w embedding 8w", "optimum-executorch 8da4w")],
                    "files": ("model.pte", "model.ptd")},
 }
 
