@@ -214,18 +214,41 @@ def variants_stage(targets, loaded: int, libraries: int) -> int | None:
 
 
 def largest_tensor_bytes(folder: Path) -> int:
-    """The largest tensor of the safetensors checkpoint in `folder`, in bytes at float32 (from the headers)."""
+    """The largest tensor of the safetensors checkpoint in `folder`, in bytes at float32 (from the headers), outside
+    the vocabulary's (a 2-D tensor of config.json's `vocab_size` rows: the embedding and head, which the writers and
+    the gate's streamed reference read a block of rows at a time, `weight_map.BLOCK_BYTES` and
+    `streaming.VOCABULARY_BLOCK_BYTES`; counted as one such block)."""
     from safetensors import safe_open
 
+    vocabulary = _vocab_size(Path(folder))
     largest = 0
     for file in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(file), framework="numpy") as handle:
             for key in handle.keys():
-                size = 1
-                for dim in handle.get_slice(key).get_shape():
+                shape = handle.get_slice(key).get_shape()
+                size = 4
+                for dim in shape:
                     size *= dim
-                largest = max(largest, size)
-    return largest * 4
+                in_blocks = len(shape) == 2 and vocabulary and shape[0] == vocabulary
+                largest = max(largest, min(size, VOCABULARY_BLOCK) if in_blocks else size)
+    return largest
+
+
+#: What a vocabulary's tensor counts for in `largest_tensor_bytes`: one block of its rows, as the writers and the
+#: streamed reference read it (64 MiB at float32).
+VOCABULARY_BLOCK = 64 << 20
+
+
+def _vocab_size(folder: Path) -> int | None:
+    """config.json's `vocab_size` (or its `text_config`'s) in `folder`; None where it does not say."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:

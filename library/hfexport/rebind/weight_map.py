@@ -25,7 +25,7 @@ from pathlib import Path
 from hfexport.errors import RebindRefused
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
-from hfexport.rebind.stored import FLOAT_DTYPES, Stored, release
+from hfexport.rebind.stored import FLOAT_DTYPES, Stored, release, write_at
 
 MAP_VERSION = 1
 #: A floating stored tensor at least this large that matches nothing is taken for a weight the map cannot explain.
@@ -352,6 +352,59 @@ def _compute(record: dict, tensors: dict):
     return _u8(tensor)
 
 
+#: A stored tensor larger than this (bytes at the export's dtype) is written from a checkpoint's shards in blocks of
+#: rows of about this size (`_write_blocks`): a vocabulary's embedding or head (Llama-3.2-1B's 128256 x 2048 is 1 GB
+#: at float32) never whole in memory, nor its float16 copy, nor the temporaries of `clamped_float16`.
+BLOCK_BYTES = 64 << 20
+_BLOCK_TRANSFORMS = {"identity", "cast", "cast_clamped", "reshape", "transpose"}
+
+
+def _in_blocks(record: dict, entry: Stored, tensors) -> bool:
+    """Whether the entry is written in row blocks (`_write_blocks`): a checkpoint's tensors (`rows`), a stored
+    tensor over `BLOCK_BYTES` made of one 2-D source tensor (its keys tied or identical: one stored name), cast,
+    clamped, transposed or reshaped, nothing concatenated."""
+    parts = record["parts"]
+    if not hasattr(tensors, "rows") or record["concat_axis"] is not None or len(parts) != 1 \
+            or entry.nbytes <= BLOCK_BYTES or not set(parts[0]["transform"]) <= _BLOCK_TRANSFORMS:
+        return False
+    names = {tensors.stored_name(key) for key in parts[0]["keys"]}
+    return len(names) == 1 and len(tensors.shape(parts[0]["keys"][0])) == 2 and \
+        ("transpose" not in parts[0]["transform"] or "reshape" not in parts[0]["transform"])
+
+
+def _write_blocks(folder: Path, record: dict, entry: Stored, tensors) -> int:
+    """The entry's bytes made and written a block of its rows at a time (a transposed one's rows are the source's
+    columns), each compared with the stored block first; returns the bytes written. One block's source rows, their
+    converted copy and the bytes in memory, never the tensor."""
+    import torch
+
+    part = record["parts"][0]
+    key, transpose = part["keys"][0], "transpose" in part["transform"]
+    dtype = _torch_dtype(record["dtype"]) if record["dtype"] in FLOAT_DTYPES else None
+    rows, width = tensors.shape(key)[::-1] if transpose else tensors.shape(key)
+    stored, written, position = _stored_u8(entry), 0, 0
+    step = max(1, BLOCK_BYTES // max(1, width * 4))
+    for start in range(0, rows, step):
+        tensor = tensors.rows(key, start, min(rows, start + step), columns=transpose)
+        tensor = tensor.t() if transpose else tensor
+        if "cast" in part["transform"] and dtype is not None:
+            tensor = tensor.to(dtype)
+        if "cast_clamped" in part["transform"]:
+            tensor = clamped_float16(tensor)
+        data = _u8(tensor)
+        if position + len(data) > entry.nbytes:
+            raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make more than the stored "
+                                f"tensor's {entry.nbytes} bytes", file=record["file"])
+        if not torch.equal(data, stored[position:position + len(data)]):
+            write_at(folder / entry.file, [(entry.offset + position, data.numpy().tobytes())])
+            written += len(data)
+        position += len(data)
+    if position != entry.nbytes:
+        raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {position} bytes, the stored "
+                            f"tensor has {entry.nbytes}", file=record["file"])
+    return written
+
+
 def refusal(weight_map: dict | None, key: str, model=None) -> str | None:
     """Why this map cannot take `model`'s weights with rebind key `key` (None: it can). A state_dict key that no
     stored tensor holds is let through only when its value is the one the previous export was made from (a parameter
@@ -408,6 +461,10 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model=None, tensors=No
             if missing:
                 raise RebindRefused(f"{record['file']}:{record['name']} maps to {missing[0]}, which the model lacks",
                                     file=record["file"])
+        if streamed and entry.offset is not None and _in_blocks(record, entry, tensors):
+            written += _write_blocks(folder, record, entry, tensors)
+            release(entry)
+            continue
         data = _compute(record, tensors)
         if len(data) != entry.nbytes:
             raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {len(data)} bytes, the "
