@@ -62,6 +62,62 @@ class _Variant:
     def shape(self):
         return self.source.shape
 
+    @property
+    def large(self) -> bool:
+        """Over `BLOCK_BYTES` in its stored form: sampled and compared a block of rows at a time, never made whole
+        (a placeholder's form, stride 0, would be materialized by a cast or a copy: a vocabulary's table, 1 GB)."""
+        return self.source.dim() == 2 and self.source.numel() * self.dtype.itemsize > BLOCK_BYTES
+
+    def rows(self, start: int, stop: int):
+        """Rows `start:stop` of the form, transformed."""
+        return _transformed(self.source[start:stop], self.transform, self.dtype)
+
+    def sample(self) -> tuple[int, bytes]:
+        """(bytes, `_sample` of them) of the form, from the few elements the sample covers where it is `large`."""
+        if not self.large:
+            data = _u8(self.tensor)
+            return len(data), _sample(data)
+        import torch
+
+        size = self.dtype.itemsize
+        n, picked = self.source.numel() * size, b""
+        for a, b in _sampled(n):
+            first, last = a // size, (b - 1) // size + 1
+            rows, columns = torch.unravel_index(torch.arange(first, last), tuple(self.source.shape))
+            values = _transformed(self.source[rows, columns], self.transform, self.dtype)
+            picked += _u8(values).numpy().tobytes()[a - first * size:b - first * size]
+        return n, picked
+
+    def equals(self, data) -> bool:
+        """Whether the form's bytes are `data` (a flat uint8 tensor), compared a block of rows at a time where it is
+        `large`."""
+        import torch
+
+        if not self.large:
+            return torch.equal(_u8(self.tensor), data)
+        rows, width = self.source.shape
+        if len(data) != rows * width * self.dtype.itemsize:
+            return False
+        step, position = max(1, BLOCK_BYTES // (width * 4)), 0
+        for start in range(0, rows, step):
+            block = _u8(self.rows(start, min(rows, start + step)))
+            if not torch.equal(block, data[position:position + len(block)]):
+                return False
+            position += len(block)
+        return True
+
+
+def _transformed(tensor, transform, dtype):
+    """`tensor` (a form's rows or elements) cast or clamped as `transform` says, to `dtype`."""
+    if "cast_clamped" in transform:
+        return clamped_float16(tensor)
+    return tensor.to(dtype) if "cast" in transform else tensor
+
+
+def _sampled(n: int) -> list[tuple[int, int]]:
+    """The byte ranges `_sample` reads of `n` bytes."""
+    return [(a, min(b, n)) for a, b in ((0, 16), (n // 2, n // 2 + 16), (max(0, n - 16), n)) if min(b, n) > a]
+
 
 def sources(model) -> tuple[dict, list[str], list[list[str]]]:
     """(tensor by name, the state_dict keys, the ties: names sharing one storage) of a model's parameters and
@@ -150,7 +206,19 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
     tied = {name: tuple(group) for group in ties for name in group}
     by_value: dict[tuple, list[str]] = {}
     degenerate = []
-    for name, tensor in tensors.items():
+    for name in tensors:
+        if _read_in_blocks(tensors, name):
+            dtype, digest, constant = _blocked_digest(tensors, name)
+            by_value.setdefault((str(dtype), tuple(tensors.shape(name)), digest), []).append(name)
+            if constant:
+                degenerate.append(name)
+            continue
+        tensor = tensors[name]
+        if tensor.dim() == 2 and tensor.shape[0] > 1 and tensor.stride(0) == 0:  # one row repeated (a placeholder):
+            by_value.setdefault((str(tensor.dtype), tuple(tensor.shape), "rows", _digest(tensor[0])), []).append(name)
+            if tensor.is_floating_point() and tensor.shape[1] > 1 and bool((tensor[0] == tensor[0, 0]).all()):
+                degenerate.append(name)  # its row and shape say it all, never made whole
+            continue
         flat = tensor.reshape(-1)
         digest = hashlib.sha256(_u8(tensor).numpy()).hexdigest()
         by_value.setdefault((str(tensor.dtype), tuple(tensor.shape), digest), []).append(name)
@@ -164,6 +232,29 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
         if len({tied.get(name, (name,)) for name in names}) > 1:
             degenerate.extend(names)
     return groups, sorted(set(degenerate))
+
+
+def _read_in_blocks(tensors, name: str) -> bool:
+    """Whether `tensors` (a checkpoint's: `rows`) holds `name` as a 2-D tensor over `BLOCK_BYTES` at float32 (a
+    vocabulary's table): `_groups` reads it a block of rows at a time."""
+    if not hasattr(tensors, "rows"):
+        return False
+    shape = tensors.shape(name)
+    return len(shape) == 2 and shape[0] > 1 and shape[0] != shape[1] and shape[0] * shape[1] * 4 > BLOCK_BYTES
+
+
+def _blocked_digest(tensors, name: str) -> tuple[object, str, bool]:
+    """(dtype, sha256 of the bytes, whether it is floating with every element equal) of `tensors[name]`, read a
+    block of rows at a time: what `_groups` takes of the whole tensor. Not square, so never symmetric."""
+    rows, width = tensors.shape(name)
+    digest, first, constant, dtype = hashlib.sha256(), None, True, None
+    step = max(1, BLOCK_BYTES // (width * 4))
+    for start in range(0, rows, step):
+        block = tensors.rows(name, start, min(rows, start + step))
+        digest.update(_u8(block).numpy())
+        dtype, first = block.dtype, block.reshape(-1)[0] if first is None else first
+        constant = constant and block.is_floating_point() and bool((block == first).all())
+    return dtype, digest.hexdigest(), constant
 
 
 def degenerate_keys(model, tensors=None) -> list[str]:
@@ -200,9 +291,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
                         variants.append(_Variant(names, [*transform, "cast"], form, _torch_dtype(dtype)))
     index: dict[tuple, list[_Variant]] = {}
     for variant in variants:
-        data = _u8(variant.tensor)
-        index.setdefault((len(data), _sample(data)), []).append(variant)
-        del data
+        index.setdefault(variant.sample(), []).append(variant)
 
     entries, unmapped, covered = [], [], set()
     for file, by_name in stored.items():
@@ -215,7 +304,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
                 continue
             record = {"file": file, "name": name, "nbytes": entry.nbytes, "dtype": entry.dtype, "shape": entry.shape,
                       "concat_axis": axis, "parts": parts}
-            if not torch.equal(_compute(record, tensors), _stored_u8(entry)):  # the exact comparison every entry passes
+            if not _recomputes(record, entry, tensors):  # the exact comparison every entry passes
                 raise AssertionError(f"weight map: {file}:{name} does not recompute to its stored bytes")
             release(entry)  # one stored tensor's pages at a time, not the export's
             covered.update(key for part in parts for key in part["keys"])
@@ -230,6 +319,25 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
         "unmapped": sorted(unmapped)[:1000],
         "tensors": entries,
     }
+
+
+def _recomputes(record: dict, entry: Stored, tensors: dict) -> bool:
+    """Whether the map entry `record`, recomputed from `tensors`, is the stored bytes; one of a single 2-D tensor over
+    `BLOCK_BYTES` (a vocabulary's table) compared a block of rows at a time, never made whole."""
+    import torch
+
+    part = record["parts"][0]
+    if record["concat_axis"] is None and len(record["parts"]) == 1 and \
+            set(part["transform"]) <= _BLOCK_TRANSFORMS and \
+            len({id(tensors[key]) for key in part["keys"]}) == 1:
+        source = tensors[part["keys"][0]]
+        form = source.t() if "transpose" in part["transform"] else source
+        dtype = _torch_dtype(record["dtype"]) if record["dtype"] in FLOAT_DTYPES else form.dtype
+        variant = _Variant(part["keys"], [t for t in part["transform"] if t not in ("reshape", "transpose")], form,
+                           dtype if {"cast", "cast_clamped"} & set(part["transform"]) else form.dtype)
+        if variant.large:
+            return variant.equals(_stored_u8(entry))
+    return torch.equal(_compute(record, tensors), _stored_u8(entry))
 
 
 def converted_to_float16(manifest: dict) -> bool:
@@ -281,13 +389,11 @@ def _match(entry: Stored, index: dict, variants: list[_Variant]) -> tuple[list[d
     concatenated along an axis; (None, None) when nothing matches."""
     if entry.nbytes == 0:
         return None, None
-    import torch
-
     data = _stored_u8(entry)
     for variant in index.get((len(data), _sample(data)), []):
         if entry.dtype is None and "cast" in variant.transform:
             continue  # an untyped storage (.pt2, .pte named data) holds the parameter's own dtype
-        if (entry.dtype is None or str(variant.dtype).endswith(entry.dtype)) and torch.equal(_u8(variant.tensor), data):
+        if (entry.dtype is None or str(variant.dtype).endswith(entry.dtype)) and variant.equals(data):
             return [_part(variant, entry.shape)], None
     stored = _as_tensor(entry)
     if stored is None or stored.dim() not in (1, 2):
