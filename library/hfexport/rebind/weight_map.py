@@ -329,7 +329,8 @@ def _recomputes(record: dict, entry: Stored, tensors: dict) -> bool:
     part = record["parts"][0]
     if record["concat_axis"] is None and len(record["parts"]) == 1 and \
             set(part["transform"]) <= _BLOCK_TRANSFORMS and \
-            len({id(tensors[key]) for key in part["keys"]}) == 1:
+            len({(tensors[key].data_ptr(), tuple(tensors[key].shape), tensors[key].stride())
+                 for key in part["keys"]}) == 1:  # tied: one storage (each name's own detached view)
         source = tensors[part["keys"][0]]
         form = source.t() if "transpose" in part["transform"] else source
         dtype = _torch_dtype(record["dtype"]) if record["dtype"] in FLOAT_DTYPES else form.dtype
