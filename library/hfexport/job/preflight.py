@@ -267,7 +267,8 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
     local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin
     (where the gate loads the model: what the export left, `STRUCTURE_RELOAD`, and the weights widened to float32);
-    `export` the weightless graph (the format's `structure_export_memory` x the weights); `save` the graph written,
+    `export` the weightless graph (the format's `structure_export_memory` x the weights, less the vocabulary's
+    table `whole` where it is placeholders there: `structure_export_vocabulary`); `save` the graph written,
     converted (float16) and its weights written from the shards one map entry at a time (`STRUCTURE_SAVE_TENSORS` x
     the largest tensor outside a vocabulary's, plus for a float16 target the largest tensor `whole` at float16: the
     converted graph's initializer, written whole), a quantizer run on them (`structure_save_memory` x the weights);
@@ -285,7 +286,9 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         budget = loaded
     programs = [format_program(t.export_format) for t in targets]
     mapped = int(STRUCTURE_MAPPED * max(p.mapped_weight_bytes(t, loaded) for p, t in zip(programs, targets)))
-    export = libraries + int(max(p.structure_export_memory for p in programs) * loaded)
+    table = whole if whole and whole > largest else 0  # a vocabulary table (read in blocks), at float32
+    export = libraries + int(max(p.structure_export_memory * (loaded - (0 if p.structure_export_vocabulary else table))
+                                 for p in programs))
     reference = budget + STRUCTURE_GATE_TENSORS * largest
     stages = {
         "load_model": libraries if streamed_gate else

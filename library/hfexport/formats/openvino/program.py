@@ -25,6 +25,7 @@ class OpenvinoProgram(FormatProgram):
     # mapped as it converts, and the save runs NNCF's int8 compression on the written float32 IR (measured with
     # benchmarks/stage_memory_variants.py: SmolLM2-135M-Instruct, a 2-layer Llama-3.2-1B config)
     structure_export_memory = 1.3
+    structure_export_vocabulary = True
     structure_save_memory = 0.3
 
     def traced_without_weights(self, quantization) -> bool:
