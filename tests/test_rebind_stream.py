@@ -132,3 +132,24 @@ def test_a_stored_tensor_read_through_its_mapping_is_handed_back(tmp_path):
     assert before - _rss_file_kb() >= (size - 3 * 8192) // 1024  # its pages left the resident set
     assert hashlib.sha256(entry.data).hexdigest() == digest
     release(Stored("inline", "model.onnx", None, 4, "float32", [1], b"abcd"))  # held in memory: nothing to hand back
+
+
+@pytest.mark.parametrize("block", [None, 256], ids=["whole", "in-blocks"])
+def test_degenerate_checkpoint_tensors_are_found_read_whole_or_in_blocks(tmp_path, monkeypatch, block):
+    """`degenerate_keys` over a checkpoint's shards: a large 2-D tensor (a vocabulary's table, over
+    `weight_map.BLOCK_BYTES`) is digested and checked for a constant a block of rows at a time, with the answer the
+    whole tensor gives: bit-identical untied tensors and a constant one found, distinct ones not."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hfexport.rebind import weight_map
+
+    if block:
+        monkeypatch.setattr(weight_map, "BLOCK_BYTES", block)
+    values = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    tensors = {"a": values, "b": values.clone(), "c": torch.ones(64, 32), "d": values + 1, "e": torch.randn(8)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    model = torch.nn.Module()
+    for name, tensor in tensors.items():
+        model.register_parameter(name, torch.nn.Parameter(tensor.clone()))
+    assert weight_map.degenerate_keys(model, tensors=CheckpointTensors(tmp_path)) == ["a", "b", "c"]

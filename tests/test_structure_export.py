@@ -45,10 +45,17 @@ def _spy(function, calls: list):
     return spy
 
 
-def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpoint, tmp_path, monkeypatch):
+@pytest.mark.parametrize("blocks", [False, True], ids=["whole", "in-blocks"])
+def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpoint, tmp_path, monkeypatch, blocks):
+    """`blocks`: every stored tensor over 2 KB written from the shards a block of rows at a time (as a vocabulary's
+    embedding and head over `weight_map.BLOCK_BYTES` are), the same bytes."""
     from hfexport.job import pipeline
+    from hfexport.rebind import weight_map
 
     from hfexport.job import run, structure
+
+    if blocks:
+        monkeypatch.setattr(weight_map, "BLOCK_BYTES", 2048)
 
     written, loaded = [], []
     monkeypatch.setattr(pipeline, "write_weights", _spy(pipeline.write_weights, written))
@@ -204,6 +211,39 @@ def test_the_streamed_reference_computes_what_the_loaded_model_computes(checkpoi
             assert torch.equal(streamed.generate(ids, max_new_tokens=4, do_sample=False), tokens)
         assert once > 0 and (tensors.reads > once if resident == 0 else tensors.reads == once)
         assert all(0 in parameter.stride() or parameter.dim() < 2 for parameter in streamed.parameters())
+
+
+def test_a_streamed_vocabulary_is_read_in_blocks_of_rows(checkpoint, tmp_path, monkeypatch):
+    """The streamed reference's embedding and head (tied) over `VOCABULARY_BLOCK_BYTES` read a block of rows at a
+    time (the embedding only the rows its ids name): the loaded model's logits and greedy tokens, and the whole
+    table never read (issue 45: Llama-3.2-1B's 128256 x 2048 table is 1 GB at float32)."""
+    import torch
+    from hfexport.rebind import streaming
+    from hfexport.rebind.checkpoint import CheckpointTensors
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(streaming, "VOCABULARY_BLOCK_BYTES", 4096)  # 16 rows of the narrow model's 64 columns
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
+    twin.generation_config = loaded.generation_config
+    ids = torch.randint(0, loaded.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, tokens = loaded(input_ids=ids).logits, loaded.generate(ids, max_new_tokens=4, do_sample=False)
+
+    class Counted(CheckpointTensors):
+        whole: list = []
+
+        def __getitem__(self, key):
+            self.whole.append(key)
+            return super().__getitem__(key)
+
+    tensors = Counted(checkpoint, torch.float32, twin.state_dict().keys())
+    streamed = streaming.streamed_model(twin, tensors)
+    with torch.no_grad():
+        torch.testing.assert_close(streamed(input_ids=ids).logits, logits, rtol=1e-5, atol=1e-5)
+        assert torch.equal(streamed.generate(ids, max_new_tokens=4, do_sample=False), tokens)
+    assert "model.embed_tokens.weight" not in Counted.whole and Counted.whole  # the table in blocks, the rest whole
+    assert streamed.get_input_embeddings().weight.stride()[0] == 0  # the placeholder back in place
 
 
 def test_a_lean_onnx_session_leaves_the_weights_memory_mapped():

@@ -222,6 +222,9 @@ class FormatProgram:
     # save holds besides the export's and the weights written entry by entry (a quantizer run on the written files;
     # below 0 where the save holds less than the export: OpenVINO's)
     structure_export_memory: ClassVar[float] = 0.06
+    #: Whether `structure_export_memory` multiplies the vocabulary's table too (OpenVINO: its converter maps every
+    #: placeholder's constant whole); else the weights outside it (ONNX's exporter keeps the one-row placeholders)
+    structure_export_vocabulary: ClassVar[bool] = False
     structure_save_memory: ClassVar[float] = 0.0
 
     def mapped_weight_bytes(self, target, loaded: int) -> int:

@@ -213,19 +213,42 @@ def variants_stage(targets, loaded: int, libraries: int) -> int | None:
     return libraries + loaded + int(max(factors) * loaded) if factors else None
 
 
-def largest_tensor_bytes(folder: Path) -> int:
-    """The largest tensor of the safetensors checkpoint in `folder`, in bytes at float32 (from the headers)."""
+def largest_tensor_bytes(folder: Path, blocks: bool = True) -> int:
+    """The largest tensor of the safetensors checkpoint in `folder`, in bytes at float32 (from the headers), outside
+    the vocabulary's (a 2-D tensor of config.json's `vocab_size` rows: the embedding and head, which the writers and
+    the gate's streamed reference read a block of rows at a time, `weight_map.BLOCK_BYTES` and
+    `streaming.VOCABULARY_BLOCK_BYTES`; counted as one such block). `blocks` False: the largest, whole."""
     from safetensors import safe_open
 
+    vocabulary = _vocab_size(Path(folder))
     largest = 0
     for file in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(file), framework="numpy") as handle:
             for key in handle.keys():
-                size = 1
-                for dim in handle.get_slice(key).get_shape():
+                shape = handle.get_slice(key).get_shape()
+                size = 4
+                for dim in shape:
                     size *= dim
-                largest = max(largest, size)
-    return largest * 4
+                in_blocks = blocks and len(shape) == 2 and vocabulary and shape[0] == vocabulary
+                largest = max(largest, min(size, VOCABULARY_BLOCK) if in_blocks else size)
+    return largest
+
+
+#: What a vocabulary's tensor counts for in `largest_tensor_bytes`: one block of its rows, as the writers and the
+#: streamed reference read it (64 MiB at float32).
+VOCABULARY_BLOCK = 64 << 20
+
+
+def _vocab_size(folder: Path) -> int | None:
+    """config.json's `vocab_size` (or its `text_config`'s) in `folder`; None where it does not say."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
@@ -240,13 +263,16 @@ def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
 
 
 def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool,
-                     widened: bool = True) -> dict:
+                     widened: bool = True, whole: int | None = None) -> dict:
     """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
     local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin
     (where the gate loads the model: what the export left, `STRUCTURE_RELOAD`, and the weights widened to float32);
-    `export` the weightless graph (the format's `structure_export_memory` x the weights); `save` the graph written,
+    `export` the weightless graph (the format's `structure_export_memory` x the weights, less the vocabulary's
+    table `whole` where it is placeholders there: `structure_export_vocabulary`); `save` the graph written,
     converted (float16) and its weights written from the shards one map entry at a time (`STRUCTURE_SAVE_TENSORS` x
-    the largest tensor), a quantizer run on them (`structure_save_memory` x the weights); `verify` the gate's eager
+    the largest tensor outside a vocabulary's, plus for a float16 target the largest tensor `whole` at float16: the
+    converted graph's initializer, written whole), a quantizer run on them (`structure_save_memory` x the weights);
+    `verify` the gate's eager
     side (the converted blocks the streamed reference keeps: the weights, or what `available` leaves beside
     `GATE_RESERVE`, plus `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
     weights: the larger where the gate streams the model and lets it go first, the sum where it loads it (latency
@@ -260,14 +286,17 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         budget = loaded
     programs = [format_program(t.export_format) for t in targets]
     mapped = int(STRUCTURE_MAPPED * max(p.mapped_weight_bytes(t, loaded) for p, t in zip(programs, targets)))
-    export = libraries + int(max(p.structure_export_memory for p in programs) * loaded)
+    table = whole if whole and whole > largest else 0  # a vocabulary table (read in blocks), at float32
+    export = libraries + int(max(p.structure_export_memory * (loaded - (0 if p.structure_export_vocabulary else table))
+                                 for p in programs))
     reference = budget + STRUCTURE_GATE_TENSORS * largest
     stages = {
         "load_model": libraries if streamed_gate else
         libraries + int(STRUCTURE_RELOAD * loaded) + (loaded if widened else 0),
         "export": export,
         "save": export + STRUCTURE_SAVE_TENSORS * largest
-        + int(max(p.structure_save_memory for p in programs) * loaded),
+        + int(max(p.structure_save_memory for p in programs) * loaded)
+        + (max(whole or largest, largest) // 2 if any(t.dtype == "float16" for t in targets) else 0),
         # the model released before the artifact's runtime opens where the gate streams it, or its mapped pages
         # handed back (a float32 checkpoint, `MAPPED_GATE_RELEASE`); a widened model's held beside the runtime
         "verify": libraries + (reference + mapped if widened and not streamed_gate else max(reference, mapped)),
@@ -295,7 +324,8 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     budget = max_memory is not None and (available is None or max_memory < available)
     largest = largest_tensor_bytes(model) if structure is not None and dtypes and Path(str(model)).is_dir() else None
     stages_per_group = [
-        structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate, widened)
+        structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate, widened,
+                         largest_tensor_bytes(model, blocks=False))
         if largest is not None and all(map(structure, group)) else
         loaded_stages(group, loaded, widened) for group in groups]
     memory = sum(max(stages.values()) for stages in stages_per_group)

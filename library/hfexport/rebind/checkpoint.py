@@ -92,6 +92,33 @@ class CheckpointTensors(Mapping):
             tensor = tensor.to(self.dtype)
         return tensor
 
+    def stored_name(self, key: str) -> str:
+        """The name `key` is read under (itself, or the saved name of a tied or identical key: `alias_parts`)."""
+        return self.aliases.get(key, key)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The stored shape of `key`, from its shard's header (nothing read)."""
+        from safetensors import safe_open
+
+        name = self.stored_name(key)
+        with safe_open(str(self.where[name]), framework="pt") as handle:
+            return tuple(handle.get_slice(name).get_shape())
+
+    def rows(self, key: str, start: int, stop: int, columns: bool = False):
+        """Rows `start:stop` of `key` (`columns`: its columns, every row's), read from the shard and converted as
+        `__getitem__` converts the whole tensor: a block of a large tensor (a vocabulary's embedding or head) without
+        the whole of it in memory, at its stored dtype or the converted one."""
+        from safetensors import safe_open
+
+        name = self.stored_name(key)
+        with safe_open(str(self.where[name]), framework="pt") as handle:
+            part = handle.get_slice(name)
+            tensor = part[:, start:stop] if columns else part[start:stop]
+        self.reads += 1
+        if self.dtype is not None and tensor.is_floating_point() and tensor.dtype != self.dtype:
+            tensor = tensor.to(self.dtype)
+        return tensor
+
     def __contains__(self, key) -> bool:
         return self.aliases.get(key, key) in self.where
 

@@ -9,7 +9,9 @@ place; once it has run (or failed), its placeholders are put back and the tensor
 one of the model's `_no_split_modules` classes (a decoder layer: transformers' own unit of offloading), and every
 other module that holds parameters of its own (embeddings, final norm, head). The computation is the loaded
 model's, with the same tensors, layer after layer; the memory is one block's weights, and each forward reads the
-checkpoint again (the page cache usually holds it). accelerate's offload hooks do the same, but accelerate is not
+checkpoint again (the page cache usually holds it). A vocabulary's embedding and head larger than
+`VOCABULARY_BLOCK_BYTES` (Llama-3.2-1B's tied 128256 x 2048 table: 1 GB at float32) are never read whole: the
+embedding reads the rows its ids name, the head computes its logits a block of rows at a time. accelerate's offload hooks do the same, but accelerate is not
 among this project's dependencies.
 
 A model whose code reads a parameter outside the module that holds it (not through that module's forward) would
@@ -32,12 +34,79 @@ def streamed_model(twin, tensors, resident_bytes: int = 0):
     model.generation_config = copy.deepcopy(twin.generation_config)
     names = _parameter_names(model, tensors)
     budget = [max(0, int(resident_bytes))]
+    vocabulary = _vocabulary(model, tensors)
+    for module in vocabulary:
+        _in_blocks(module, names[id(module.weight)], tensors)
     for block, own in _blocks(model):
+        if block in vocabulary:
+            continue
         hooks = _Block({leaf: names[id(parameter)] for leaf, parameter in _parameters(block, own)}, tensors, budget)
         block.register_forward_pre_hook(hooks.load)
         block.register_forward_hook(hooks.unload, always_call=True)
     model._streamed_from = tensors
     return model
+
+
+#: An input embedding or output head whose weight is larger than this (bytes, at the model's dtype) is read in blocks
+#: of rows of about this size while it runs (`_vocabulary`): Llama-3.2-1B's 128256 x 2048 table is 1 GB at float32.
+VOCABULARY_BLOCK_BYTES = 64 << 20
+
+
+def _vocabulary(model, tensors) -> list:
+    """The model's input embedding (`torch.nn.Embedding`) and output head (`torch.nn.Linear`, no bias), each where it
+    is a block of its own (not inside a `_no_split_modules` one), its weight larger than `VOCABULARY_BLOCK_BYTES` and
+    `tensors` reads blocks of rows (`rows`)."""
+    import torch
+
+    if not hasattr(tensors, "rows"):
+        return []
+    inside = {id(module) for block, own in _blocks(model) if not own for module in block.modules()}
+    found = []
+    for module, kind in ((model.get_input_embeddings(), torch.nn.Embedding),
+                         (model.get_output_embeddings(), torch.nn.Linear)):
+        if isinstance(module, kind) and id(module) not in inside and module.weight.nbytes > VOCABULARY_BLOCK_BYTES \
+                and getattr(module, "bias", None) is None and (kind is torch.nn.Embedding or type(module) is kind):
+            found.append(module)
+    return found
+
+
+def _in_blocks(module, key: str, tensors) -> None:
+    """`module` (a `_vocabulary` one) run from `tensors[key]` a block of rows at a time: an embedding reads the rows
+    its input ids name (the ids renumbered into that small table; its `padding_idx`, which only gradients use, unset
+    meanwhile); a head computes its outputs `VOCABULARY_BLOCK_BYTES` of weight rows at a time into one output, the
+    values the whole weight gives. The full table is never in memory."""
+    import torch
+
+    placeholder = module.weight
+    if isinstance(module, torch.nn.Embedding):
+        padding = module.padding_idx
+
+        def load(_module, args, kwargs):
+            ids = args[0] if args else kwargs["input"]
+            unique, inverse = torch.unique(ids, return_inverse=True)
+            rows = [tensors.rows(key, index, index + 1) for index in unique.tolist()]
+            table = torch.cat(rows) if rows else placeholder.new_empty((0, placeholder.shape[1]))
+            module._parameters["weight"] = torch.nn.Parameter(table.to(placeholder.dtype), requires_grad=False)
+            module.padding_idx = None
+            return (inverse.reshape(ids.shape), *args[1:]), {k: v for k, v in kwargs.items() if k != "input"}
+
+        def unload(_module, _args, _output):
+            module._parameters["weight"], module.padding_idx = placeholder, padding
+
+        module.register_forward_pre_hook(load, with_kwargs=True)
+        module.register_forward_hook(unload, always_call=True)
+        return
+    count, width = placeholder.shape
+    step = max(1, VOCABULARY_BLOCK_BYTES // (width * placeholder.element_size()))
+
+    def forward(hidden):
+        out = hidden.new_empty((*hidden.shape[:-1], count))
+        for start in range(0, count, step):
+            weight = tensors.rows(key, start, min(count, start + step)).to(placeholder.dtype)
+            out[..., start:start + weight.shape[0]] = torch.nn.functional.linear(hidden, weight)
+        return out
+
+    module.forward = forward
 
 
 def is_streamed(model) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 from hfexport.errors import RebindRefused
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
-from hfexport.rebind.stored import FLOAT_DTYPES, Stored, release
+from hfexport.rebind.stored import FLOAT_DTYPES, Stored, release, write_at
 
 MAP_VERSION = 1
 #: A floating stored tensor at least this large that matches nothing is taken for a weight the map cannot explain.
@@ -61,6 +61,62 @@ class _Variant:
     @property
     def shape(self):
         return self.source.shape
+
+    @property
+    def large(self) -> bool:
+        """Over `BLOCK_BYTES` in its stored form: sampled and compared a block of rows at a time, never made whole
+        (a placeholder's form, stride 0, would be materialized by a cast or a copy: a vocabulary's table, 1 GB)."""
+        return self.source.dim() == 2 and self.source.numel() * self.dtype.itemsize > BLOCK_BYTES
+
+    def rows(self, start: int, stop: int):
+        """Rows `start:stop` of the form, transformed."""
+        return _transformed(self.source[start:stop], self.transform, self.dtype)
+
+    def sample(self) -> tuple[int, bytes]:
+        """(bytes, `_sample` of them) of the form, from the few elements the sample covers where it is `large`."""
+        if not self.large:
+            data = _u8(self.tensor)
+            return len(data), _sample(data)
+        import torch
+
+        size = self.dtype.itemsize
+        n, picked = self.source.numel() * size, b""
+        for a, b in _sampled(n):
+            first, last = a // size, (b - 1) // size + 1
+            rows, columns = torch.unravel_index(torch.arange(first, last), tuple(self.source.shape))
+            values = _transformed(self.source[rows, columns], self.transform, self.dtype)
+            picked += _u8(values).numpy().tobytes()[a - first * size:b - first * size]
+        return n, picked
+
+    def equals(self, data) -> bool:
+        """Whether the form's bytes are `data` (a flat uint8 tensor), compared a block of rows at a time where it is
+        `large`."""
+        import torch
+
+        if not self.large:
+            return torch.equal(_u8(self.tensor), data)
+        rows, width = self.source.shape
+        if len(data) != rows * width * self.dtype.itemsize:
+            return False
+        step, position = max(1, BLOCK_BYTES // (width * 4)), 0
+        for start in range(0, rows, step):
+            block = _u8(self.rows(start, min(rows, start + step)))
+            if not torch.equal(block, data[position:position + len(block)]):
+                return False
+            position += len(block)
+        return True
+
+
+def _transformed(tensor, transform, dtype):
+    """`tensor` (a form's rows or elements) cast or clamped as `transform` says, to `dtype`."""
+    if "cast_clamped" in transform:
+        return clamped_float16(tensor)
+    return tensor.to(dtype) if "cast" in transform else tensor
+
+
+def _sampled(n: int) -> list[tuple[int, int]]:
+    """The byte ranges `_sample` reads of `n` bytes."""
+    return [(a, min(b, n)) for a, b in ((0, 16), (n // 2, n // 2 + 16), (max(0, n - 16), n)) if min(b, n) > a]
 
 
 def sources(model) -> tuple[dict, list[str], list[list[str]]]:
@@ -150,7 +206,19 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
     tied = {name: tuple(group) for group in ties for name in group}
     by_value: dict[tuple, list[str]] = {}
     degenerate = []
-    for name, tensor in tensors.items():
+    for name in tensors:
+        if _read_in_blocks(tensors, name):
+            dtype, digest, constant = _blocked_digest(tensors, name)
+            by_value.setdefault((str(dtype), tuple(tensors.shape(name)), digest), []).append(name)
+            if constant:
+                degenerate.append(name)
+            continue
+        tensor = tensors[name]
+        if tensor.dim() == 2 and tensor.shape[0] > 1 and tensor.stride(0) == 0:  # one row repeated (a placeholder):
+            by_value.setdefault((str(tensor.dtype), tuple(tensor.shape), "rows", _digest(tensor[0])), []).append(name)
+            if tensor.is_floating_point() and tensor.shape[1] > 1 and bool((tensor[0] == tensor[0, 0]).all()):
+                degenerate.append(name)  # its row and shape say it all, never made whole
+            continue
         flat = tensor.reshape(-1)
         digest = hashlib.sha256(_u8(tensor).numpy()).hexdigest()
         by_value.setdefault((str(tensor.dtype), tuple(tensor.shape), digest), []).append(name)
@@ -164,6 +232,29 @@ def _groups(tensors: dict, ties: list[list[str]]) -> tuple[list[list[str]], list
         if len({tied.get(name, (name,)) for name in names}) > 1:
             degenerate.extend(names)
     return groups, sorted(set(degenerate))
+
+
+def _read_in_blocks(tensors, name: str) -> bool:
+    """Whether `tensors` (a checkpoint's: `rows`) holds `name` as a 2-D tensor over `BLOCK_BYTES` at float32 (a
+    vocabulary's table): `_groups` reads it a block of rows at a time."""
+    if not hasattr(tensors, "rows"):
+        return False
+    shape = tensors.shape(name)
+    return len(shape) == 2 and shape[0] > 1 and shape[0] != shape[1] and shape[0] * shape[1] * 4 > BLOCK_BYTES
+
+
+def _blocked_digest(tensors, name: str) -> tuple[object, str, bool]:
+    """(dtype, sha256 of the bytes, whether it is floating with every element equal) of `tensors[name]`, read a
+    block of rows at a time: what `_groups` takes of the whole tensor. Not square, so never symmetric."""
+    rows, width = tensors.shape(name)
+    digest, first, constant, dtype = hashlib.sha256(), None, True, None
+    step = max(1, BLOCK_BYTES // (width * 4))
+    for start in range(0, rows, step):
+        block = tensors.rows(name, start, min(rows, start + step))
+        digest.update(_u8(block).numpy())
+        dtype, first = block.dtype, block.reshape(-1)[0] if first is None else first
+        constant = constant and block.is_floating_point() and bool((block == first).all())
+    return dtype, digest.hexdigest(), constant
 
 
 def degenerate_keys(model, tensors=None) -> list[str]:
@@ -200,9 +291,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
                         variants.append(_Variant(names, [*transform, "cast"], form, _torch_dtype(dtype)))
     index: dict[tuple, list[_Variant]] = {}
     for variant in variants:
-        data = _u8(variant.tensor)
-        index.setdefault((len(data), _sample(data)), []).append(variant)
-        del data
+        index.setdefault(variant.sample(), []).append(variant)
 
     entries, unmapped, covered = [], [], set()
     for file, by_name in stored.items():
@@ -215,7 +304,7 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
                 continue
             record = {"file": file, "name": name, "nbytes": entry.nbytes, "dtype": entry.dtype, "shape": entry.shape,
                       "concat_axis": axis, "parts": parts}
-            if not torch.equal(_compute(record, tensors), _stored_u8(entry)):  # the exact comparison every entry passes
+            if not _recomputes(record, entry, tensors):  # the exact comparison every entry passes
                 raise AssertionError(f"weight map: {file}:{name} does not recompute to its stored bytes")
             release(entry)  # one stored tensor's pages at a time, not the export's
             covered.update(key for part in parts for key in part["keys"])
@@ -230,6 +319,26 @@ def build(folder: Path, manifest: dict, model, key: str) -> dict:
         "unmapped": sorted(unmapped)[:1000],
         "tensors": entries,
     }
+
+
+def _recomputes(record: dict, entry: Stored, tensors: dict) -> bool:
+    """Whether the map entry `record`, recomputed from `tensors`, is the stored bytes; one of a single 2-D tensor over
+    `BLOCK_BYTES` (a vocabulary's table) compared a block of rows at a time, never made whole."""
+    import torch
+
+    part = record["parts"][0]
+    if record["concat_axis"] is None and len(record["parts"]) == 1 and \
+            set(part["transform"]) <= _BLOCK_TRANSFORMS and \
+            len({(tensors[key].data_ptr(), tuple(tensors[key].shape), tensors[key].stride())
+                 for key in part["keys"]}) == 1:  # tied: one storage (each name's own detached view)
+        source = tensors[part["keys"][0]]
+        form = source.t() if "transpose" in part["transform"] else source
+        dtype = _torch_dtype(record["dtype"]) if record["dtype"] in FLOAT_DTYPES else form.dtype
+        variant = _Variant(part["keys"], [t for t in part["transform"] if t not in ("reshape", "transpose")], form,
+                           dtype if {"cast", "cast_clamped"} & set(part["transform"]) else form.dtype)
+        if variant.large:
+            return variant.equals(_stored_u8(entry))
+    return torch.equal(_compute(record, tensors), _stored_u8(entry))
 
 
 def converted_to_float16(manifest: dict) -> bool:
@@ -281,13 +390,11 @@ def _match(entry: Stored, index: dict, variants: list[_Variant]) -> tuple[list[d
     concatenated along an axis; (None, None) when nothing matches."""
     if entry.nbytes == 0:
         return None, None
-    import torch
-
     data = _stored_u8(entry)
     for variant in index.get((len(data), _sample(data)), []):
         if entry.dtype is None and "cast" in variant.transform:
             continue  # an untyped storage (.pt2, .pte named data) holds the parameter's own dtype
-        if (entry.dtype is None or str(variant.dtype).endswith(entry.dtype)) and torch.equal(_u8(variant.tensor), data):
+        if (entry.dtype is None or str(variant.dtype).endswith(entry.dtype)) and variant.equals(data):
             return [_part(variant, entry.shape)], None
     stored = _as_tensor(entry)
     if stored is None or stored.dim() not in (1, 2):
@@ -352,6 +459,59 @@ def _compute(record: dict, tensors: dict):
     return _u8(tensor)
 
 
+#: A stored tensor larger than this (bytes at the export's dtype) is written from a checkpoint's shards in blocks of
+#: rows of about this size (`_write_blocks`): a vocabulary's embedding or head (Llama-3.2-1B's 128256 x 2048 is 1 GB
+#: at float32) never whole in memory, nor its float16 copy, nor the temporaries of `clamped_float16`.
+BLOCK_BYTES = 64 << 20
+_BLOCK_TRANSFORMS = {"identity", "cast", "cast_clamped", "reshape", "transpose"}
+
+
+def _in_blocks(record: dict, entry: Stored, tensors) -> bool:
+    """Whether the entry is written in row blocks (`_write_blocks`): a checkpoint's tensors (`rows`), a stored
+    tensor over `BLOCK_BYTES` made of one 2-D source tensor (its keys tied or identical: one stored name), cast,
+    clamped, transposed or reshaped, nothing concatenated."""
+    parts = record["parts"]
+    if not hasattr(tensors, "rows") or record["concat_axis"] is not None or len(parts) != 1 \
+            or entry.nbytes <= BLOCK_BYTES or not set(parts[0]["transform"]) <= _BLOCK_TRANSFORMS:
+        return False
+    names = {tensors.stored_name(key) for key in parts[0]["keys"]}
+    return len(names) == 1 and len(tensors.shape(parts[0]["keys"][0])) == 2 and \
+        ("transpose" not in parts[0]["transform"] or "reshape" not in parts[0]["transform"])
+
+
+def _write_blocks(folder: Path, record: dict, entry: Stored, tensors) -> int:
+    """The entry's bytes made and written a block of its rows at a time (a transposed one's rows are the source's
+    columns), each compared with the stored block first; returns the bytes written. One block's source rows, their
+    converted copy and the bytes in memory, never the tensor."""
+    import torch
+
+    part = record["parts"][0]
+    key, transpose = part["keys"][0], "transpose" in part["transform"]
+    dtype = _torch_dtype(record["dtype"]) if record["dtype"] in FLOAT_DTYPES else None
+    rows, width = tensors.shape(key)[::-1] if transpose else tensors.shape(key)
+    stored, written, position = _stored_u8(entry), 0, 0
+    step = max(1, BLOCK_BYTES // max(1, width * 4))
+    for start in range(0, rows, step):
+        tensor = tensors.rows(key, start, min(rows, start + step), columns=transpose)
+        tensor = tensor.t() if transpose else tensor
+        if "cast" in part["transform"] and dtype is not None:
+            tensor = tensor.to(dtype)
+        if "cast_clamped" in part["transform"]:
+            tensor = clamped_float16(tensor)
+        data = _u8(tensor)
+        if position + len(data) > entry.nbytes:
+            raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make more than the stored "
+                                f"tensor's {entry.nbytes} bytes", file=record["file"])
+        if not torch.equal(data, stored[position:position + len(data)]):
+            write_at(folder / entry.file, [(entry.offset + position, data.numpy().tobytes())])
+            written += len(data)
+        position += len(data)
+    if position != entry.nbytes:
+        raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {position} bytes, the stored "
+                            f"tensor has {entry.nbytes}", file=record["file"])
+    return written
+
+
 def refusal(weight_map: dict | None, key: str, model=None) -> str | None:
     """Why this map cannot take `model`'s weights with rebind key `key` (None: it can). A state_dict key that no
     stored tensor holds is let through only when its value is the one the previous export was made from (a parameter
@@ -408,6 +568,10 @@ def apply(folder: Path, manifest: dict, weight_map: dict, model=None, tensors=No
             if missing:
                 raise RebindRefused(f"{record['file']}:{record['name']} maps to {missing[0]}, which the model lacks",
                                     file=record["file"])
+        if streamed and entry.offset is not None and _in_blocks(record, entry, tensors):
+            written += _write_blocks(folder, record, entry, tensors)
+            release(entry)
+            continue
         data = _compute(record, tensors)
         if len(data) != entry.nbytes:
             raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make {len(data)} bytes, the "

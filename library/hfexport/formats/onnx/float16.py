@@ -146,18 +146,22 @@ def _streamed_float16_model(path: Path, aside: dict[str, Path]):
 
 def _converted(source: Path, offset: int, length: int, shape: tuple, float16: bool):
     """One float32 initializer read from `source`, in float16 as the converter makes it where `float16`
-    (`convert_np_to_float16`, `CHUNK` elements at a time), else as it is."""
+    (`convert_np_to_float16`, `CHUNK` elements read and converted at a time: a vocabulary's 1 GB float32 table never
+    whole in memory beside its float16 copy), else as it is."""
     import numpy
     import onnx_ir
     from onnxruntime.transformers.float16 import convert_np_to_float16
 
-    values = numpy.fromfile(source, dtype=numpy.float32, count=length // 4, offset=offset)
-    if float16:
-        half = numpy.empty(values.shape, dtype=numpy.float16)
-        for start in range(0, len(values), CHUNK):
-            half[start:start + CHUNK] = convert_np_to_float16(values[start:start + CHUNK])
-        values = half
-    return onnx_ir.tensor(values.reshape(shape))
+    if not float16:
+        values = numpy.fromfile(source, dtype=numpy.float32, count=length // 4, offset=offset)
+        return onnx_ir.tensor(values.reshape(shape))
+    half = numpy.empty(length // 4, dtype=numpy.float16)  # the float32 data read a chunk at a time, never whole
+    with open(source, "rb") as handle:
+        handle.seek(offset)
+        for start in range(0, len(half), CHUNK):
+            chunk = numpy.fromfile(handle, dtype=numpy.float32, count=min(CHUNK, len(half) - start))
+            half[start:start + len(chunk)] = convert_np_to_float16(chunk)
+    return onnx_ir.tensor(half.reshape(shape))
 
 
 def _external_data_files(path: Path) -> list[str]:

@@ -29,6 +29,7 @@ class OpenvinoProgram(FormatProgram):
     # export 7,162, save 7,889 MB, against the export's estimate (1.3 W) + 5 T - 0.2 W = 9,661 MB (+22%; at 0 it was
     # +39%); on 2 layers of Llama-3.2-1B's, +17% (benchmarks/results/export_memory_smollm2-1.7b.md)
     structure_export_memory = 1.3
+    structure_export_vocabulary = True
     structure_save_memory = -0.2
 
     def traced_without_weights(self, quantization) -> bool:
