@@ -66,6 +66,7 @@ def test_full_depth_llama_3_2_1b_exports_to_float16_onnx_and_passes_its_gate_in_
     recipe["targets"]["onnx-generation"]["dtype"] = "float16"
     (folder / "export_config.json").write_text(json.dumps(recipe, indent=2) + "\n")
     out = tmp_path / "out"
+    cgroup.evict(folder)  # the checkpoint's pages charged to the job that reads them
     start = time.monotonic()
     with cgroup.memory_cgroup(LIMIT) as group:
         run = subprocess.run([sys.executable, "-m", "hfexport", "export", str(folder), "--target", "onnx-generation",
@@ -86,4 +87,6 @@ def test_full_depth_llama_3_2_1b_exports_to_float16_onnx_and_passes_its_gate_in_
                       "off": off, "cgroup_max_usage_mb": group.max_usage >> 20, "timings": report.get("timings"),
                       "target_timings": target.get("timings")}))  # the figures docs/publishing.md quotes (-s)
     assert all(abs(ratio) <= 0.25 for ratio in off.values()), (off, estimate, measured)
-    assert max(measured.values()) < LIMIT >> 20 and group.max_usage <= LIMIT
+    # the limit is the cgroup's (the job ran inside it); a stage's RSS may pass it by the shared libraries' pages,
+    # which the test's own process loaded first and so are charged to its cgroup
+    assert group.max_usage <= LIMIT

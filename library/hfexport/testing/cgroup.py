@@ -4,6 +4,9 @@
         subprocess.run(command, preexec_fn=group.enter)
     group.max_usage, group.failcnt  # its peak in bytes (RSS and page cache), how often it hit the limit
 
+A file's page cache is charged to the cgroup of the process that first read or wrote it: `evict(folder)` before the
+run, so a checkpoint the test just wrote is charged to the job that reads it, not to the test's process.
+
 `available()` says whether this machine lets the tests make one (cgroup v1's memory controller, writable).
 """
 
@@ -32,6 +35,18 @@ class MemoryCgroup:
     def enter(self) -> None:
         """Move the calling process into the cgroup (a `preexec_fn`: the child, before it runs the command)."""
         (self.folder / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def evict(folder: Path) -> None:
+    """Write back and drop the page cache of every file under `folder`."""
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 @contextlib.contextmanager
