@@ -7,7 +7,7 @@ the gap (measured, docs/quantization.md "Variants"). `fuse_attention` rewrites e
 k and v weights concatenated (as the builder packs them), a `Split`, a `com.microsoft::RotaryEmbedding` each for q
 and k at the graph's `position_ids` (cos/sin tables evaluated from the export's own rotary subgraph), and one
 `com.microsoft::GroupQueryAttention` over the cache under the contract's names, with the export's mask as its
-`attention_bias` (`_bias`: recomputed from `attention_mask` and `input_ids` alone, 14 nodes where the export's reads
+`attention_bias` (`_bias`: recomputed from `attention_mask` and `input_ids` alone, 12 nodes where the export's reads
 the cache's length off a past input's shape) and every row's `seqlens_k` the mask's width - 1: so a left-padded batch
 (transformers.js, optimum) computes what the export computes, where the builder's form (rotary inside, `seqlens_k` =
 the mask's ones - 1) reads padding as right padding; and onnxruntime-genai may share past and present buffers. The RMSNorms become `SkipSimplifiedLayerNormalization`. onnxscript's rotary rule finds the
@@ -352,7 +352,7 @@ def _lengths(model, attention_mask):
 def _bias(model, attention_mask, input_ids, width, dtype):
     """`attention_bias` ([B, 1, S, W] of `dtype`: 0 where query i of the S new tokens may read key slot j of the
     mask's W, the type's lowest value elsewhere), what the export's mask computes (slot j read where the mask has a
-    1 and j <= W - S + i), from `attention_mask` and `input_ids` alone, inserted after `_lengths`' nodes: 14 nodes
+    1 and j <= W - S + i), from `attention_mask` and `input_ids` alone, inserted after `_lengths`' nodes: 12 nodes
     where the export's reads the cache's length from a past input's shape (35 on SmolLM2), which a runtime sharing
     past and present buffers (onnxruntime-genai's `past_present_share_buffer`) sizes to its maximum length."""
     import numpy as np
