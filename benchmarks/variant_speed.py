@@ -30,7 +30,7 @@ where the runtime can force them, THREADS threads set explicitly on every side w
   PagedAttention backend and each export's own precision defaults: what a user gets); figures from GenAI's
   `perf_metrics` (TTFT, decode throughput);
 - `onnx`: onnxruntime-genai (`og.Model` on a copy of each folder's `genai_config.json` with `intra_op_num_threads`
-  THREADS, the variant's graph named); TTFT = the prompt's pass and first token, tokens/s over the rest;
+  THREADS, the variant's graph named, `GENAI_OVERLAY`'s keys over it: one side's shared past/present buffers); TTFT = the prompt's pass and first token, tokens/s over the rest;
 - `transformers.js`: transformers.js 4.3.2 on Node (`hfexport.testing.peers.node_modules`), each side opened by its
   `dtype` from a repo-like folder (the graph under the dtype's file name), onnxruntime-node's default threads;
   TTFT = the call to the first new token, tokens/s over the rest;
@@ -46,7 +46,9 @@ OUT; formats measured earlier in that file are kept; FORMATS may also name `tran
 average before and after are recorded. results/variant_speed_zen5.json: `FORMATS=transformers.js,executorch
 OUT=results/variant_speed_zen5.json`, on an AMD EPYC Zen 5 (family 26 model 2), with transformers.js' sides then
 (the defaults and `accuracy_level` 4 apart); results/variant_speed_tjs_fused_zen5.json: `FORMATS=transformers.js
-ROUNDS=3 NEW_TOKENS=16`, the fused, `accuracy_level` 4 defaults against transformers.js' own.
+ROUNDS=3 NEW_TOKENS=16`, the fused, `accuracy_level` 4 defaults against transformers.js' own;
+results/variant_speed_onnx_zen5.json: `FORMATS=onnx OUT=results/variant_speed_onnx_zen5.json`, q4 against the model
+builder's int4 in onnxruntime-genai.
 """
 
 from __future__ import annotations
@@ -96,14 +98,15 @@ SIDES = {
                  "pairs": [("hfexport int8", "optimum-intel int8"), ("hfexport int4", "optimum-intel int4")],
                  "files": ("openvino_model.xml", "openvino_model.bin")},
     "onnx": {"target": "onnx-generation",
-             # q4's defaults (attention fused, accuracy_level 4), the same without the fusion, and with the head
-             # 4-bit as the builder's (what the 8-bit head costs: not a default, it fails q4's perplexity bound)
+             # q4's defaults (attention fused, accuracy_level 4), the same with onnxruntime-genai's shared
+             # past/present buffers overlaid (GENAI_OVERLAY), and with the head 4-bit as the builder's (what the
+             # 8-bit head costs: not a default, it fails q4's perplexity bound)
              "hfexport": {"hfexport q4": {"name": "q4"},
-                          "hfexport q4 unfused": {"name": "q4", "fused_attention": False},
+                          "hfexport q4 shared buffer": {"name": "q4"},
                           "hfexport q4 head_bits 4": {"name": "q4", "head_bits": 4}},
              "peers": {"onnxruntime-genai builder int4": ("-p", "int4", "-e", "cpu")},
              "pairs": [("hfexport q4", "onnxruntime-genai builder int4"),
-                       ("hfexport q4 unfused", "onnxruntime-genai builder int4"),
+                       ("hfexport q4 shared buffer", "onnxruntime-genai builder int4"),
                        ("hfexport q4 head_bits 4", "onnxruntime-genai builder int4")],
              "files": ("model.onnx", "model.onnx_data", "model.onnx.data")},
     # transformers.js' own q4/q8 of the checkpoint: optimum's ONNX export with past, then transformers.js'
@@ -130,6 +133,10 @@ SIDES = {
                              ("hfexport 8da4w head 8da4w embedding 8w", "optimum-executorch 8da4w")],
                    "files": ("model.pte", "model.ptd")},
 }
+
+
+#: per side: what is overlaid on its genai_config.json in onnxruntime-genai (a user's `og.Config.overlay`)
+GENAI_OVERLAY = {"hfexport q4 shared buffer": {"search": {"past_present_share_buffer": True}}}
 
 
 def slug(side: str) -> str:
@@ -337,9 +344,9 @@ for line in sys.stdin:
 """
 
 
-def genai_folder(folder: Path, stage: Path) -> Path:
+def genai_folder(folder: Path, stage: Path, overlay: dict) -> Path:
     """`folder` as onnxruntime-genai opens it with THREADS intra-op threads: its files linked, its genai_config.json
-    copied with `session_options.intra_op_num_threads` set."""
+    copied with `session_options.intra_op_num_threads` set and `overlay`'s sections' keys over its own."""
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     for item in folder.iterdir():
@@ -347,6 +354,8 @@ def genai_folder(folder: Path, stage: Path) -> Path:
             (stage / item.name).symlink_to(item.resolve())
     config = json.loads((folder / "genai_config.json").read_text())
     config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = THREADS
+    for section, values in overlay.items():
+        config[section].update(values)
     (stage / "genai_config.json").write_text(json.dumps(config, indent=2))
     return stage
 
@@ -395,7 +404,8 @@ def speed(export_format: str, made: dict) -> dict:
         prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
     elif export_format == "onnx":
         python = str(peers.genai_venv())
-        commands = {side: [python, "-c", GENAI_WORKER, str(genai_folder(folder, WORK / "genai" / slug(side))),
+        commands = {side: [python, "-c", GENAI_WORKER, str(genai_folder(folder, WORK / "genai" / slug(side),
+                                                                        GENAI_OVERLAY.get(side, {}))),
                            str(NEW_TOKENS)] for side, folder in folders.items()}
         prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
     elif export_format == "transformers.js":

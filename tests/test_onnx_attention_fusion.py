@@ -42,7 +42,8 @@ def test_every_layer_becomes_one_group_query_attention_under_the_same_contract(l
     assert ops["GroupQueryAttention"] == layers and ops["SkipSimplifiedLayerNormalization"] == 2 * layers
     assert ops["MatMul"] == 5 * layers + 1  # qkv packed, o, gate, up, down; the head
     assert ops["RotaryEmbedding"] == 2 * layers and not {"Softmax", "Slice", "Neg", "Transpose"} & set(ops)
-    assert sum(ops.values()) < sum(_ops(source).values()) / 2  # the mask's subgraph stays, once
+    assert sum(ops.values()) < sum(_ops(source).values()) / 2  # the mask once, from attention_mask and input_ids (_bias)
+    assert ops["Where"] == 1 and "GatherND" not in ops
     assert _signature(fused) == _signature(source)
 
 

@@ -6,10 +6,11 @@ products, the cache concatenated, the scores, mask and softmax as matmuls): in a
 the gap (measured, docs/quantization.md "Variants"). `fuse_attention` rewrites each layer as: one MatMul over the q,
 k and v weights concatenated (as the builder packs them), a `Split`, a `com.microsoft::RotaryEmbedding` each for q
 and k at the graph's `position_ids` (cos/sin tables evaluated from the export's own rotary subgraph), and one
-`com.microsoft::GroupQueryAttention` over the cache under the contract's names, with the export's own 4-d mask as its
-`attention_bias` and every row's `seqlens_k` the mask's width - 1: so a left-padded batch (transformers.js, optimum)
-computes what the export computes, where the builder's form (rotary inside, `seqlens_k` = the mask's ones - 1) reads
-padding as right padding. The RMSNorms become `SkipSimplifiedLayerNormalization`. onnxscript's rotary rule finds the
+`com.microsoft::GroupQueryAttention` over the cache under the contract's names, with the export's mask as its
+`attention_bias` (`_bias`: recomputed from `attention_mask` and `input_ids` alone, 12 nodes where the export's reads
+the cache's length off a past input's shape) and every row's `seqlens_k` the mask's width - 1: so a left-padded batch
+(transformers.js, optimum) computes what the export computes, where the builder's form (rotary inside, `seqlens_k` =
+the mask's ones - 1) reads padding as right padding; and onnxruntime-genai may share past and present buffers. The RMSNorms become `SkipSimplifiedLayerNormalization`. onnxscript's rotary rule finds the
 rotary products; its SDPA and GQA rules do not match the export (docs/quantization.md). All or nothing: a graph where
 one layer does not match stays as it was.
 """
@@ -77,8 +78,8 @@ def _fuse(model, positions: int) -> int:
     from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
 
     inputs = {value.name: value for value in model.graph.inputs}
-    if "attention_mask" not in inputs or "position_ids" not in inputs:
-        raise _NoMatch("no attention_mask or position_ids")
+    if not {"input_ids", "attention_mask", "position_ids"} <= set(inputs):
+        raise _NoMatch("no input_ids, attention_mask or position_ids")
     outputs = {value.name: value for value in model.graph.outputs}
     layers = []
     for name, value in outputs.items():
@@ -96,7 +97,8 @@ def _fuse(model, positions: int) -> int:
     # -- from here the graph changes --
     cos_cache, sin_cache = (_initializer(model, f"attention.{name}_cache", table) for name, table in
                             (("cos", cos), ("sin", sin)))
-    seqlens_k, total_length = _lengths(model, inputs["attention_mask"])
+    seqlens_k, total_length, width = _lengths(model, inputs["attention_mask"])
+    bias = _bias(model, inputs["attention_mask"], inputs["input_ids"], width, matched[0]["mask"].type)
     position_ids = inputs["position_ids"]
     for layer in matched:
         packed = _packed_projection(model, layer)
@@ -111,7 +113,7 @@ def _fuse(model, positions: int) -> int:
                                               (split.outputs[1], layer["kv_heads"], "k"))]
         gqa = ir.node("GroupQueryAttention", [rotated[0].outputs[0], rotated[1].outputs[0], split.outputs[2],
                                               layer["past_key"], layer["past_value"], seqlens_k, total_length,
-                                              None, None, None, layer["mask"]],
+                                              None, None, None, bias],
                       attributes={"num_heads": layer["heads"], "kv_num_heads": layer["kv_heads"], "do_rotary": 0,
                                   "scale": layer["scale"]},
                       domain="com.microsoft", num_outputs=3, name=f"{prefix}.GroupQueryAttention")
@@ -344,7 +346,41 @@ def _lengths(model, attention_mask):
     nodes = [batch, shape, width, minus_one, rows, seqlens, length]
     seqlens.outputs[0].name, length.outputs[0].name = "attention.seqlens_k", "attention.total_sequence_length"
     model.graph.insert_before(next(iter(model.graph)), nodes)
-    return seqlens.outputs[0], length.outputs[0]
+    return seqlens.outputs[0], length.outputs[0], width.outputs[0]
+
+
+def _bias(model, attention_mask, input_ids, width, dtype):
+    """`attention_bias` ([B, 1, S, W] of `dtype`: 0 where query i of the S new tokens may read key slot j of the
+    mask's W, the type's lowest value elsewhere), what the export's mask computes (slot j read where the mask has a
+    1 and j <= W - S + i), from `attention_mask` and `input_ids` alone, inserted after `_lengths`' nodes: 12 nodes
+    where the export's reads the cache's length from a past input's shape (35 on SmolLM2), which a runtime sharing
+    past and present buffers (onnxruntime-genai's `past_present_share_buffer`) sizes to its maximum length."""
+    import numpy as np
+    import onnx_ir as ir
+
+    numpy_type = dtype.dtype.numpy()
+    zero = _initializer(model, "attention.bias_zero", np.asarray(0, dtype=numpy_type))
+    lowest = _initializer(model, "attention.bias_lowest", np.asarray(np.finfo(numpy_type).min, dtype=numpy_type))
+    start, step = (_initializer(model, f"attention.{name}", np.asarray(value, dtype=np.int64))
+                   for name, value in (("range_start", 0), ("range_step", 1)))
+    axes = {name: _initializer(model, f"attention.axes_{name}", np.asarray(value, dtype=np.int64))
+            for name, value in (("0", [0]), ("1", [1]), ("1_2", [1, 2]))}
+    new = ir.node("Shape", [input_ids], attributes={"start": 1, "end": 2}, name="attention.new_tokens_shape")
+    count = ir.node("Squeeze", [new.outputs[0]], name="attention.new_tokens")
+    first = ir.node("Sub", [width, count.outputs[0]], name="attention.first_query_slot")
+    keys = ir.node("Range", [start, width, step], name="attention.key_slots")
+    queries = ir.node("Range", [first.outputs[0], width, step], name="attention.query_slots")
+    key_row = ir.node("Unsqueeze", [keys.outputs[0], axes["0"]], name="attention.key_row")
+    query_column = ir.node("Unsqueeze", [queries.outputs[0], axes["1"]], name="attention.query_column")
+    causal = ir.node("LessOrEqual", [key_row.outputs[0], query_column.outputs[0]], name="attention.causal")
+    present = ir.node("Cast", [attention_mask], attributes={"to": ir.DataType.BOOL}, name="attention.mask_bool")
+    rows = ir.node("Unsqueeze", [present.outputs[0], axes["1_2"]], name="attention.mask_rows")
+    allowed = ir.node("And", [causal.outputs[0], rows.outputs[0]], name="attention.allowed")
+    bias = ir.node("Where", [allowed.outputs[0], zero, lowest], name="attention.bias")
+    nodes = [new, count, first, keys, queries, key_row, query_column, causal, present, rows, allowed, bias]
+    model.graph.insert_after(width.producer(), nodes)
+    bias.outputs[0].name = "attention.bias"
+    return bias.outputs[0]
 
 
 def _packed_projection(model, layer: dict):
