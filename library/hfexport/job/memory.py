@@ -12,10 +12,7 @@ recorded for a stage where it rose. docs/publishing.md, "Memory".
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import resource
-import sys
 import threading
 
 from hfexport.files import PAGE_SIZE, drop_file_pages
@@ -68,48 +65,6 @@ def drop_mapped_weights(model) -> int:
             seen.add(start)
             dropped += drop_file_pages(start, start + storage.nbytes())
     return dropped
-
-
-def trim_heap() -> None:
-    """glibc's free memory at the top and inside the heap given back to the system (the model's smaller tensors live
-    there, below malloc's mmap threshold); nothing where the C library is not glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def forget_trace() -> None:
-    """What an export's trace left reachable let go, before the gate: torch.export's non-strict tracer keeps the last
-    trace's fake-tensor -> graph node map in a module global (`proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT`,
-    for its leak detection; cleared only when the next trace starts), and through those nodes the whole traced graph,
-    its fake tensors, symbolic sizes and shape environment: about 300 MB of Python objects for SmolLM2-135M
-    (benchmarks/results/gate_memory_smollm2.json). The map is cleared, the cycles collected, the heap trimmed."""
-    proxy_tensor = sys.modules.get("torch.fx.experimental.proxy_tensor")
-    leftover = getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", None)
-    if isinstance(leftover, dict):
-        leftover.clear()
-    _forget_last_matches()
-    gc.collect()
-    trim_heap()
-
-
-def _forget_last_matches() -> None:
-    """onnxscript's rewrite rules are module-level objects whose pattern matcher keeps the graph, node and match of
-    the last rewrite it ran (`_matcher.PatternMatcher`: `_graph`, `_current_node`, `_match`, `_tracer`): the ONNX
-    export's whole IR model, and through its nodes' metadata the torch.fx graph it came from. Each is reset, as
-    before its first match (nothing where onnxscript was not imported)."""
-    matchers = sys.modules.get("onnxscript.rewriter._matcher")
-    base = getattr(matchers, "PatternMatcher", None)
-    if base is None:
-        return
-    for matcher in [obj for obj in gc.get_objects() if isinstance(obj, base)]:
-        state = vars(matcher)
-        for name in ("_graph", "_current_node", "_tracer"):
-            if name in state:
-                state[name] = None
-        if "_match" in state:
-            state["_match"] = type(state["_match"])()
 
 
 def _children_peak() -> int:

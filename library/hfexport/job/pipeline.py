@@ -24,7 +24,7 @@ from hfexport.files import RECIPE_COPY_FILE, REPORT_FILE, file_entries, save_ato
 from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
-from hfexport.job.memory import drop_mapped_weights, forget_trace
+from hfexport.job.memory import drop_mapped_weights
 from hfexport.job.preflight import check_memory_plan, runtime_refusals
 from hfexport.job.structure import (QUANTIZED_KEY, export_structure, gate_releases, load_reference, load_weights,
                                     quantize_written, release_weights, structure_export)
@@ -77,7 +77,6 @@ class TargetPipeline:
         except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
             target_report.status = "error"
             target_report.error = engine_error_message(error)
-        forget_trace()  # the trace's graph, fake tensors and shape environment, not beside the gate's runtimes
         if target_report.status == "ok" and job.options.verify:
             self.gate(self.folder, plan)
         self.report()

@@ -17,6 +17,7 @@ else loads the model first, as before. docs/rebind.md, "The structure traced wit
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import weakref
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo, looks_like_repo_id
-from hfexport.job.memory import MB, current_rss, trim_heap
+from hfexport.job.memory import MB, current_rss
 from hfexport.job.preflight import GATE_RESERVE, available_memory
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
@@ -156,7 +157,7 @@ def load_reference(job, plan) -> None:
     import torch
 
     gc.collect()  # what the export and the save left on the heap handed back first: it counts against the budget
-    trim_heap()
+    _trim_heap()
     resident = _resident_bytes(job)
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
                    f"gate (up to {resident >> 20} MB kept between forwards)") as timer:
@@ -205,12 +206,21 @@ def release_weights(job) -> None:
     model = weakref.ref(job.model_object)
     job.model_object = job.structure.twin
     gc.collect()
-    trim_heap()
+    _trim_heap()
     if model() is not None:
         import logging
 
         logging.getLogger(__name__).warning("the model is still referenced after the gate released it: its memory "
                                             "stays beside the artifact's runtime")
+
+
+def _trim_heap() -> None:
+    """glibc's free memory at the top and inside the heap given back to the system (the model's smaller tensors live
+    there, below malloc's mmap threshold); nothing where the C library is not glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def structure_export(pipeline, plan, key: str | None, structure: bool):
