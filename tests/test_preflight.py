@@ -3,6 +3,7 @@ and a clear refusal before any weights are loaded when they do not fit."""
 
 from __future__ import annotations
 
+import os
 import copy
 import json
 import uuid
@@ -228,3 +229,27 @@ def test_an_executorch_program_planned_beyond_the_memory_is_refused_before_its_e
         "probe)"), target.error
     assert not any(step.step == "export" for step in steps)
     assert not (tmp_path / "out" / "executorch-generation").exists()
+
+
+@pytest.mark.skipif(not __import__("hfexport.testing.cgroup", fromlist=["available"]).available(),
+                    reason="needs a writable cgroup v1 memory controller (root)")
+def test_a_cgroups_page_cache_of_what_the_job_read_counts_as_available(tmp_path):
+    """The job reads its checkpoint before the preflight (the cache key hashes the shards): that page cache, charged
+    to the job's cgroup, is reclaimable, so it must not read as used (the real-vocabulary 1B was refused in its 3 GB
+    cgroup with 756 MB "available")."""
+    import subprocess
+    import sys
+
+    from hfexport.testing.cgroup import evict, memory_cgroup
+
+    data = tmp_path / "shard.bin"
+    data.write_bytes(os.urandom(1 << 20) * 256)  # 256 MB
+    evict(tmp_path)
+    probe = ("import sys; from pathlib import Path; from hfexport.job import preflight; "
+             "Path(sys.argv[1]).read_bytes(); print(preflight._cgroup_headroom())")
+    with memory_cgroup(1 << 30) as group:
+        run = subprocess.run([sys.executable, "-c", probe, str(data)], preexec_fn=group.enter, capture_output=True,
+                             text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert group.max_usage > 256 << 20  # the file's pages were charged to the cgroup
+    assert int(run.stdout.split()[-1]) > (1 << 30) - (200 << 20), run.stdout  # and still count as available

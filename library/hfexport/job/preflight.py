@@ -439,11 +439,15 @@ def _meminfo_available() -> int | None:
 
 def _cgroup_headroom() -> int | None:
     """The cgroup memory limit minus what the cgroup uses, when the process runs under one: cgroup v2's memory.max and
-    memory.current, or cgroup v1's memory.limit_in_bytes and memory.usage_in_bytes (of the process's own cgroup)."""
+    memory.current, or cgroup v1's memory.limit_in_bytes and memory.usage_in_bytes (of the process's own cgroup).
+    Inactive file pages (memory.stat) count as free, as `docker stats` does: the kernel reclaims them before it fails a
+    charge, and the job's own reading of the checkpoint (its cache key hashes the shards) would otherwise leave it
+    refused by the page cache it just filled."""
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        return None if limit == "max" else max(int(limit) - current, 0)
+        reclaimable = _stat(Path("/sys/fs/cgroup/memory.stat"), "inactive_file")
+        return None if limit == "max" else max(int(limit) - current + reclaimable, 0)
     except (OSError, ValueError):
         pass
     try:
@@ -452,9 +456,19 @@ def _cgroup_headroom() -> int | None:
         folder = Path("/sys/fs/cgroup/memory") / own.lstrip("/")
         limit_v1 = int((folder / "memory.limit_in_bytes").read_text().strip())
         usage = int((folder / "memory.usage_in_bytes").read_text().strip())
+        reclaimable = _stat(folder / "memory.stat", "total_inactive_file")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
-    return None if limit_v1 >= 1 << 60 else max(limit_v1 - usage, 0)  # v1 says "no limit" as a huge number
+    return None if limit_v1 >= 1 << 60 else max(limit_v1 - usage + reclaimable, 0)  # v1's "no limit": a huge number
+
+
+def _stat(path: Path, key: str) -> int:
+    """`key`'s value in a cgroup's memory.stat, 0 when absent."""
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
 
 
 def _existing_parent(path: Path) -> Path:
