@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,11 @@ EXAMPLES = ROOT / "examples"
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """Stop the Hub and remove the session's folder (its repos, the Hub cache: gigabytes after a full run), unless
+    HFEXPORT_KEEP_TEST_DIR is set, to look into it after a failure."""
     HUB.stop()
+    if not os.environ.get("HFEXPORT_KEEP_TEST_DIR"):
+        shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
