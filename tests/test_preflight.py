@@ -253,3 +253,24 @@ def test_a_cgroups_page_cache_of_what_the_job_read_counts_as_available(tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert group.max_usage > 256 << 20  # the file's pages were charged to the cgroup
     assert int(run.stdout.split()[-1]) > (1 << 30) - (200 << 20), run.stdout  # and still count as available
+
+
+@pytest.mark.skipif(not __import__("hfexport.testing.cgroup", fromlist=["available"]).available(),
+                    reason="needs a writable cgroup v1 memory controller (root)")
+def test_a_memory_cgroup_ends_what_a_timed_out_child_left_in_it():
+    """A child killed by its timeout leaves its own children in the cgroup: they are ended and the cgroup removed."""
+    import subprocess
+    import sys
+
+    from hfexport.testing.cgroup import memory_cgroup
+
+    spawn = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \
+            "time.sleep(600)"
+    with memory_cgroup(1 << 30) as group:
+        with pytest.raises(subprocess.TimeoutExpired):
+            subprocess.run([sys.executable, "-c", spawn], preexec_fn=group.enter, timeout=3)
+        left = [int(pid) for pid in (group.folder / "cgroup.procs").read_text().split()]
+        assert left  # the grandchild outlived its killed parent
+    assert not group.folder.exists()
+    for pid in left:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()

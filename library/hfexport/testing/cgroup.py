@@ -52,7 +52,8 @@ def evict(folder: Path) -> None:
 @contextlib.contextmanager
 def memory_cgroup(limit: int) -> Iterator[MemoryCgroup]:
     """A fresh memory cgroup limited to `limit` bytes (no swap beyond it where the kernel lets that be set), removed
-    on exit once its processes ended; `max_usage` and `failcnt` are read then."""
+    on exit, any process still in it (a child's children after a timeout killed the child) killed first; `max_usage`
+    and `failcnt` are read then."""
     folder = ROOT / f"hfexport-test-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
     group = MemoryCgroup(folder)
@@ -65,5 +66,25 @@ def memory_cgroup(limit: int) -> Iterator[MemoryCgroup]:
         with contextlib.suppress(OSError, ValueError):
             group.max_usage = int((folder / "memory.max_usage_in_bytes").read_text())
             group.failcnt = int((folder / "memory.failcnt").read_text())
+        _end_processes(folder)
         with contextlib.suppress(OSError):
             folder.rmdir()
+
+
+def _end_processes(folder: Path, wait_s: float = 10.0) -> None:
+    """SIGKILL every process left in the cgroup `folder` and wait (up to `wait_s`) until it is empty."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            pids = [int(pid) for pid in (folder / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
