@@ -71,6 +71,15 @@ def test_exception_mid_save_leaves_no_target_folder(tiny_bert, tmp_path, bert_mo
     assert summary["status"] == "error" and summary["targets"][TARGET]["files"] == []
 
 
+def test_a_failed_save_on_a_nearly_full_disk_says_how_much_was_free(tiny_bert, tmp_path, bert_model,
+                                                                    save_fails_after_first_file, monkeypatch):
+    """OpenVINO says only "iostream error" when its disk fills: the target's error names the disk's free space."""
+    save_fails_after_first_file(RuntimeError("basic_ios::clear: iostream error"))
+    monkeypatch.setenv("HFEXPORT_DISK_LIMIT_MB", "10")  # what the preflight and the hint read as free
+    error = job(tiny_bert, tmp_path, bert_model).targets[TARGET].error
+    assert "iostream error" in error and f"(10 MB free on the disk of {tmp_path / TARGET}: full?)" in error, error
+
+
 def test_ctrl_c_mid_save_leaves_no_target_folder(tiny_bert, tmp_path, bert_model, save_fails_after_first_file):
     save_fails_after_first_file(KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):

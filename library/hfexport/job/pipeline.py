@@ -25,7 +25,7 @@ from hfexport.formats.programs import format_program
 from hfexport.latency import measure_latency
 from hfexport.layout import format_label
 from hfexport.job.memory import drop_mapped_weights
-from hfexport.job.preflight import check_memory_plan, runtime_refusals
+from hfexport.job.preflight import check_memory_plan, disk_full_hint, runtime_refusals
 from hfexport.job.structure import (QUANTIZED_KEY, export_structure, gate_releases, load_reference, load_weights,
                                     quantize_written, release_weights, structure_export)
 from hfexport.logs import engine_output
@@ -76,7 +76,7 @@ class TargetPipeline:
             target_report.status, target_report.error = "error", str(error)
         except Exception as error:  # noqa: BLE001 - the engine's failure, recorded per target, one line
             target_report.status = "error"
-            target_report.error = engine_error_message(error)
+            target_report.error = engine_error_message(error) + disk_full_hint(self.folder)
         if target_report.status == "ok" and job.options.verify:
             self.gate(self.folder, plan)
         self.report()

@@ -52,6 +52,8 @@ DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16"
 LOADED_BYTES = {"F16": 4, "BF16": 4}
 
 MB = 1 << 20
+#: Under this many MB free, a failed write is reported with the disk's free space (`disk_full_hint`).
+DISK_FULL_MB = 256
 
 
 @dataclass
@@ -415,6 +417,15 @@ def available_disk(path: Path) -> int | None:
         return shutil.disk_usage(path).free
     except OSError:
         return None
+
+
+def disk_full_hint(path: Path) -> str:
+    """" (N MB free on the disk of PATH: full?)" when the disk `path` writes to has under `DISK_FULL_MB` free, else
+    "": a write that failed there most likely ran out of space (OpenVINO then says only "iostream error")."""
+    free = available_disk(_existing_parent(Path(path)))
+    if free is None or free >= DISK_FULL_MB * MB:
+        return ""
+    return f" ({free / MB:.0f} MB free on the disk of {path}: full?)"
 
 
 def _env_mb(name: str) -> int | None:
