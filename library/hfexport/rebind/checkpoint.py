@@ -87,6 +87,10 @@ class CheckpointTensors(Mapping):
         # mapped, so a handle kept open would hold the whole checkpoint once every tensor has been read (issue 45).
         with safe_open(str(self.where[name]), framework="pt") as handle:
             tensor = handle.get_tensor(name)
+        return self._read(tensor)
+
+    def _read(self, tensor):
+        """A tensor just read, counted (`reads`) and converted to `dtype` where it is floating."""
         self.reads += 1
         if self.dtype is not None and tensor.is_floating_point() and tensor.dtype != self.dtype:
             tensor = tensor.to(self.dtype)
@@ -114,10 +118,19 @@ class CheckpointTensors(Mapping):
         with safe_open(str(self.where[name]), framework="pt") as handle:
             part = handle.get_slice(name)
             tensor = part[:, start:stop] if columns else part[start:stop]
-        self.reads += 1
-        if self.dtype is not None and tensor.is_floating_point() and tensor.dtype != self.dtype:
-            tensor = tensor.to(self.dtype)
-        return tensor
+        return self._read(tensor)
+
+    def take(self, key: str, indices: list[int]):
+        """The rows of `key` that `indices` name, in that order, read in one opening of the shard and converted as
+        `rows` converts (an embedding's rows for the ids of a batch)."""
+        import torch
+        from safetensors import safe_open
+
+        name = self.stored_name(key)
+        with safe_open(str(self.where[name]), framework="pt") as handle:
+            part = handle.get_slice(name)
+            tensor = torch.cat([part[index:index + 1] for index in indices])
+        return self._read(tensor)
 
     def __contains__(self, key) -> bool:
         return self.aliases.get(key, key) in self.where

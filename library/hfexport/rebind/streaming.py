@@ -84,8 +84,7 @@ def _in_blocks(module, key: str, tensors) -> None:
         def load(_module, args, kwargs):
             ids = args[0] if args else kwargs["input"]
             unique, inverse = torch.unique(ids, return_inverse=True)
-            rows = [tensors.rows(key, index, index + 1) for index in unique.tolist()]
-            table = torch.cat(rows) if rows else placeholder.new_empty((0, placeholder.shape[1]))
+            table = tensors.take(key, unique.tolist()) if len(unique) else placeholder.new_empty((0, placeholder.shape[1]))
             module._parameters["weight"] = torch.nn.Parameter(table.to(placeholder.dtype), requires_grad=False)
             module.padding_idx = None
             return (inverse.reshape(ids.shape), *args[1:]), {k: v for k, v in kwargs.items() if k != "input"}
