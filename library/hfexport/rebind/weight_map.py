@@ -54,9 +54,7 @@ class _Variant:
 
     @property
     def tensor(self):
-        if "cast_clamped" in self.transform:
-            return clamped_float16(self.source)
-        return self.source.to(self.dtype) if "cast" in self.transform else self.source
+        return _transformed(self.source, self.transform, self.dtype)
 
     @property
     def shape(self):
@@ -108,10 +106,11 @@ class _Variant:
 
 
 def _transformed(tensor, transform, dtype):
-    """`tensor` (a form's rows or elements) cast or clamped as `transform` says, to `dtype`."""
+    """`tensor` (a form, its rows or elements) cast or clamped as `transform` says: "cast_clamped" to float16,
+    "cast" to `dtype` (None: a stored dtype that is not floating, left as it is)."""
     if "cast_clamped" in transform:
         return clamped_float16(tensor)
-    return tensor.to(dtype) if "cast" in transform else tensor
+    return tensor.to(dtype) if "cast" in transform and dtype is not None else tensor
 
 
 def _sampled(n: int) -> list[tuple[int, int]]:
@@ -447,14 +446,7 @@ def _compute(record: dict, tensors: dict):
             if other.shape != first.shape or not torch.equal(other, first):
                 raise RebindRefused(f"{record['file']}:{record['name']} serves {part['keys'][0]} and {key}, whose new "
                                     "values differ (one stored tensor, several parameters)", file=record["file"])
-        tensor = first
-        if "transpose" in part["transform"]:
-            tensor = tensor.t()
-        if "cast" in part["transform"] and dtype is not None:
-            tensor = tensor.to(dtype)
-        if "cast_clamped" in part["transform"]:
-            tensor = clamped_float16(tensor)
-        pieces.append(tensor)
+        pieces.append(_transformed(first.t() if "transpose" in part["transform"] else first, part["transform"], dtype))
     tensor = torch.cat(pieces, dim=record["concat_axis"]) if record["concat_axis"] is not None else pieces[0]
     return _u8(tensor)
 
@@ -493,12 +485,7 @@ def _write_blocks(folder: Path, record: dict, entry: Stored, tensors) -> int:
     step = max(1, BLOCK_BYTES // max(1, width * 4))
     for start in range(0, rows, step):
         tensor = tensors.rows(key, start, min(rows, start + step), columns=transpose)
-        tensor = tensor.t() if transpose else tensor
-        if "cast" in part["transform"] and dtype is not None:
-            tensor = tensor.to(dtype)
-        if "cast_clamped" in part["transform"]:
-            tensor = clamped_float16(tensor)
-        data = _u8(tensor)
+        data = _u8(_transformed(tensor.t() if transpose else tensor, part["transform"], dtype))
         if position + len(data) > entry.nbytes:
             raise RebindRefused(f"{record['file']}:{record['name']}: the new weights make more than the stored "
                                 f"tensor's {entry.nbytes} bytes", file=record["file"])
