@@ -298,7 +298,7 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         "export": export,
         "save": export + STRUCTURE_SAVE_TENSORS * largest
         + int(max(p.structure_save_memory for p in programs) * loaded)
-        + (max(whole or largest, largest) // 2 if any(t.dtype == "float16" for t in targets) else 0),
+        + ((whole or largest) // 2 if any(t.dtype == "float16" for t in targets) else 0),
         # the model released before the artifact's runtime opens where the gate streams it, or its mapped pages
         # handed back (a float32 checkpoint, `MAPPED_GATE_RELEASE`); a widened model's held beside the runtime
         "verify": libraries + (reference + mapped if widened and not streamed_gate else max(reference, mapped)),
@@ -325,9 +325,9 @@ def estimate(model: str | Path, targets, output: str | Path, revision: str | Non
     available = available_memory()
     budget = max_memory is not None and (available is None or max_memory < available)
     largest = largest_tensor_bytes(model) if structure is not None and dtypes and Path(str(model)).is_dir() else None
+    whole = largest_tensor_bytes(model, blocks=False) if largest is not None else None  # headers read once, not per group
     stages_per_group = [
-        structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate, widened,
-                         largest_tensor_bytes(model, blocks=False))
+        structure_stages(group, loaded, largest, max_memory if budget else available, streamed_gate, widened, whole)
         if largest is not None and all(map(structure, group)) else
         loaded_stages(group, loaded, widened) for group in groups]
     memory = sum(max(stages.values()) for stages in stages_per_group)
