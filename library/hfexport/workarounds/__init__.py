@@ -14,7 +14,9 @@ whatever was imported before (tests/test_workarounds.py checks that every module
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -50,6 +52,20 @@ def workaround(name: str, *, upstream: str, works_around: str, applied: str, can
         return defined
 
     return register
+
+
+@contextlib.contextmanager
+def replaced(*replacements) -> Iterator[None]:
+    """Within the block, each `(owner, attribute, value)` is set (an upstream function wrapped, a method replaced);
+    on leaving, every attribute gets its original back."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replacements]
+    for owner, name, value in replacements:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def __getattr__(attribute: str):

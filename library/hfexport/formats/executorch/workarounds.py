@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hfexport.workarounds import workaround
+from hfexport.workarounds import replaced, workaround
 
 
 def _single_tensor_list_return(target) -> bool:
@@ -20,19 +20,6 @@ def _single_tensor_list_return(target) -> bool:
     schema = getattr(target, "_schema", None)
     returns = getattr(schema, "returns", None)
     return bool(returns) and len(returns) == 1 and returns[0].type == torch.ListType.ofTensors()
-
-
-@contextlib.contextmanager
-def _replaced(*replacements) -> Iterator[None]:
-    """Within the block, each `(owner, attribute, value)` is set; on leaving, every attribute gets its original back."""
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replacements]
-    for owner, name, value in replacements:
-        setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
 
 
 _RETRACE_HOOKS = (
@@ -139,7 +126,7 @@ def _unchanged_retraces_skipped(counts: RetraceCounts) -> Iterator[None]:
             counts.run += 1
         return original_call(self, graph_module)
 
-    with _replaced((xnnpack_passes, "_transform", transform), (_ExportPassBase, "call", call)):
+    with replaced((xnnpack_passes, "_transform", transform), (_ExportPassBase, "call", call)):
         yield
 
 
@@ -176,7 +163,7 @@ def _needless_second_decompositions_skipped(counts: RetraceCounts) -> Iterator[N
             counts.decompositions_run += 1
         return original_decompose(self, decomp_table, *args, **kwargs)
 
-    with _replaced((_program, "_replace_aten_ops_with_transformed_ops", replace),
+    with replaced((_program, "_replace_aten_ops_with_transformed_ops", replace),
                    (ExportedProgram, "run_decompositions", run_decompositions)):
         yield
 
@@ -213,7 +200,7 @@ def _patternless_passes_skipped(counts: RetraceCounts) -> Iterator[None]:
             return PassResult(graph_module, False)
         return call
 
-    with _replaced(*((cls, "call", skipping(cls, cls.call)) for cls in anchors)):
+    with replaced(*((cls, "call", skipping(cls, cls.call)) for cls in anchors)):
         yield
 
 
@@ -245,7 +232,7 @@ def _split_validation_fixed() -> Iterator[None]:
         finally:
             node.meta["val"] = value
 
-    with _replaced((EdgeOpArgValidator, "call_function", call_function)):
+    with replaced((EdgeOpArgValidator, "call_function", call_function)):
         yield
 
 
@@ -277,7 +264,7 @@ def _tanh_gelu_kept_off_xnnpack() -> Iterator[None]:
     def check_constraints(self, node, ep) -> bool:
         return not _tanh_gelu(node) and original(self, node, ep)
 
-    with _replaced((GeluConfig, "check_constraints", check_constraints)):
+    with replaced((GeluConfig, "check_constraints", check_constraints)):
         yield
 
 

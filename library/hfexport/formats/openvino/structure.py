@@ -31,6 +31,7 @@ from pathlib import Path
 
 from hfexport.files import MANIFEST_FILE, drop_file_pages
 from hfexport.formats.openvino.genai_layout import OPENVINO_MODEL
+from hfexport.workarounds import replaced
 
 #: A placeholder constant smaller than this is made in memory as the frontend makes it (norms, biases).
 FILE_BACKED_MIN_BYTES = 1 << 20
@@ -135,16 +136,13 @@ def constants_released_as_read():
             return function(node)
         return reading
 
-    originals = {name: getattr(backend, name) for name in NNCF_CONSTANT_READERS if hasattr(backend, name)}
-    for name, function in originals.items():
-        setattr(backend, name, released(function))
-    try:
-        yield
-    finally:
-        for name, function in originals.items():
-            setattr(backend, name, function)
-        while read:
-            release_constant(read.pop())
+    with replaced(*((backend, name, released(getattr(backend, name))) for name in NNCF_CONSTANT_READERS
+                    if hasattr(backend, name))):
+        try:
+            yield
+        finally:
+            while read:
+                release_constant(read.pop())
 
 
 def _written_back(array) -> None:
