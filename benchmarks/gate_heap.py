@@ -31,16 +31,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-
-def rollup() -> dict:
-    figures = {}
-    with open("/proc/self/smaps_rollup", encoding="utf-8") as handle:
-        for line in handle:
-            parts = line.split()
-            if parts[0] in ("Rss:", "Anonymous:"):
-                figures[parts[0][:-1] + "_mb"] = int(parts[1]) // 1024
-    return figures
+from gate_memory_steps import rollup  # noqa: E402 - the resident set from smaps_rollup, MB
 
 
 def pymalloc() -> dict:
@@ -71,7 +64,7 @@ def pymalloc() -> dict:
 def snapshot(label: str) -> dict:
     objects = gc.get_objects()
     kinds = collections.Counter(f"{type(obj).__module__}.{type(obj).__name__}" for obj in objects)
-    return {"after": label, **rollup(), **pymalloc(), "gc_objects": len(objects),
+    return {"after": label, **{f"{key}_mb": mb for key, mb in rollup().items()}, **pymalloc(), "gc_objects": len(objects),
             "fx_nodes": kinds["torch.fx.node.Node"], "top": kinds.most_common(8)}
 
 
