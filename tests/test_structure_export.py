@@ -186,6 +186,20 @@ def test_a_job_exported_from_its_structure_streams_the_model_for_its_gate(checkp
     assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0
 
 
+def _twin_and_loaded_outputs(folder):
+    """The placeholder twin of the checkpoint in `folder`, two rows of random ids, and the float32 loaded model's
+    logits and greedy tokens (4 new) for them: what a streamed reference must compute."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
+    twin.generation_config = loaded.generation_config
+    ids = torch.randint(0, loaded.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return twin, ids, loaded(input_ids=ids).logits, loaded.generate(ids, max_new_tokens=4, do_sample=False)
+
+
 def test_the_streamed_reference_computes_what_the_loaded_model_computes(checkpoint, tmp_path):
     """The gate's reference with its weights streamed from a bfloat16 checkpoint block by block
     (hfexport.rebind.streaming): the float32 model's logits and greedy tokens, bit for bit, and no block's weights
@@ -196,12 +210,7 @@ def test_the_streamed_reference_computes_what_the_loaded_model_computes(checkpoi
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
-    twin.generation_config = loaded.generation_config
-    ids = torch.randint(0, loaded.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        logits, tokens = loaded(input_ids=ids).logits, loaded.generate(ids, max_new_tokens=4, do_sample=False)
+    twin, ids, logits, tokens = _twin_and_loaded_outputs(tmp_path)
     for resident in (0, 1 << 40):  # every block read on every forward; every block kept once read
         tensors = CheckpointTensors(tmp_path, torch.float32, twin.state_dict().keys())
         streamed = streamed_model(twin, tensors, resident)
@@ -220,15 +229,9 @@ def test_a_streamed_vocabulary_is_read_in_blocks_of_rows(checkpoint, tmp_path, m
     import torch
     from hfexport.rebind import streaming
     from hfexport.rebind.checkpoint import CheckpointTensors
-    from transformers import AutoModelForCausalLM
 
     monkeypatch.setattr(streaming, "VOCABULARY_BLOCK_BYTES", 4096)  # 16 rows of the narrow model's 64 columns
-    loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    twin = placeholder_model(loaded.config, type(loaded), dtype=torch.float32)
-    twin.generation_config = loaded.generation_config
-    ids = torch.randint(0, loaded.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        logits, tokens = loaded(input_ids=ids).logits, loaded.generate(ids, max_new_tokens=4, do_sample=False)
+    twin, ids, logits, tokens = _twin_and_loaded_outputs(checkpoint)
 
     class Counted(CheckpointTensors):
         whole: list = []
