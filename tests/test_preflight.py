@@ -246,7 +246,7 @@ def test_a_cgroups_page_cache_of_what_the_job_read_counts_as_available(tmp_path)
     data.write_bytes(os.urandom(1 << 20) * 256)  # 256 MB
     evict(tmp_path)
     probe = ("import sys; from pathlib import Path; from hfexport.job import preflight; "
-             "Path(sys.argv[1]).read_bytes(); print(preflight._cgroup_headroom())")
+             "Path(sys.argv[1]).read_bytes(); print(preflight.available_memory())")
     with memory_cgroup(1 << 30) as group:
         run = subprocess.run([sys.executable, "-c", probe, str(data)], preexec_fn=group.enter, capture_output=True,
                              text=True, timeout=120)
