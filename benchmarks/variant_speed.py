@@ -30,7 +30,9 @@ where the runtime can force them, THREADS threads set explicitly on every side w
   PagedAttention backend and each export's own precision defaults: what a user gets); figures from GenAI's
   `perf_metrics` (TTFT, decode throughput);
 - `onnx`: onnxruntime-genai (`og.Model` on a copy of each folder's `genai_config.json` with `intra_op_num_threads`
-  THREADS, the variant's graph named, `GENAI_OVERLAY`'s keys over it: one side's shared past/present buffers); TTFT = the prompt's pass and first token, tokens/s over the rest;
+  THREADS, and over it what the README's snippet overlays for hfexport's variants (`genai_overlay`: shared
+  past/present buffers for a fused graph), or a side's `GENAI_OVERLAY`: one side unshared); TTFT = the prompt's pass
+  and first token, tokens/s over the rest;
 - `transformers.js`: transformers.js 4.3.2 on Node (`hfexport.testing.peers.node_modules`), each side opened by its
   `dtype` from a repo-like folder (the graph under the dtype's file name), onnxruntime-node's default threads;
   TTFT = the call to the first new token, tokens/s over the rest;
@@ -98,15 +100,15 @@ SIDES = {
                  "pairs": [("hfexport int8", "optimum-intel int8"), ("hfexport int4", "optimum-intel int4")],
                  "files": ("openvino_model.xml", "openvino_model.bin")},
     "onnx": {"target": "onnx-generation",
-             # q4's defaults (attention fused, accuracy_level 4), the same with onnxruntime-genai's shared
-             # past/present buffers overlaid (GENAI_OVERLAY), and with the head 4-bit as the builder's (what the
-             # 8-bit head costs: not a default, it fails q4's perplexity bound)
+             # q4's defaults (attention fused, accuracy_level 4) as published (the README's overlay: shared
+             # past/present buffers), the same with the buffers unshared (GENAI_OVERLAY: what sharing gives), and
+             # with the head 4-bit as the builder's (what the 8-bit head costs: not a default, it fails q4's bound)
              "hfexport": {"hfexport q4": {"name": "q4"},
-                          "hfexport q4 shared buffer": {"name": "q4"},
+                          "hfexport q4 unshared": {"name": "q4"},
                           "hfexport q4 head_bits 4": {"name": "q4", "head_bits": 4}},
              "peers": {"onnxruntime-genai builder int4": ("-p", "int4", "-e", "cpu")},
              "pairs": [("hfexport q4", "onnxruntime-genai builder int4"),
-                       ("hfexport q4 shared buffer", "onnxruntime-genai builder int4"),
+                       ("hfexport q4 unshared", "onnxruntime-genai builder int4"),
                        ("hfexport q4 head_bits 4", "onnxruntime-genai builder int4")],
              "files": ("model.onnx", "model.onnx_data", "model.onnx.data")},
     # transformers.js' own q4/q8 of the checkpoint: optimum's ONNX export with past, then transformers.js'
@@ -135,8 +137,9 @@ SIDES = {
 }
 
 
-#: per side: what is overlaid on its genai_config.json in onnxruntime-genai (a user's `og.Config.overlay`)
-GENAI_OVERLAY = {"hfexport q4 shared buffer": {"search": {"past_present_share_buffer": True}}}
+#: per side: what is overlaid on its genai_config.json in onnxruntime-genai (a user's `og.Config.overlay`) in place of
+#: what the README's snippet overlays for hfexport's variants (`decoder_contract.genai_overlay`)
+GENAI_OVERLAY = {"hfexport q4 unshared": {"search": {"past_present_share_buffer": False}}}
 
 
 def slug(side: str) -> str:
@@ -404,8 +407,12 @@ def speed(export_format: str, made: dict) -> dict:
         prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
     elif export_format == "onnx":
         python = str(peers.genai_venv())
+        from hfexport.formats.onnx.decoder_contract import genai_overlay
+
+        overlays = {side: GENAI_OVERLAY.get(side, genai_overlay(folder / "model.onnx") if side in spec["hfexport"]
+                                            else {}) for side, folder in folders.items()}
         commands = {side: [python, "-c", GENAI_WORKER, str(genai_folder(folder, WORK / "genai" / slug(side),
-                                                                        GENAI_OVERLAY.get(side, {}))),
+                                                                        overlays[side])),
                            str(NEW_TOKENS)] for side, folder in folders.items()}
         prompts, popen = [tokenizer(text)["input_ids"] for text in texts], {}
     elif export_format == "transformers.js":

@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from hfexport.formats.onnx.attention_fusion import fusable, fuse_attention
+from hfexport.formats.onnx.decoder_contract import genai_overlay
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +83,15 @@ def test_a_model_outside_the_fusion_keeps_its_graph(llama_graphs, tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "sliding_window": 64}))
     assert fuse_attention(folder / "model.onnx", folder / "fused.onnx") == folder / "model.onnx"
     assert not (folder / "fused.onnx").exists()
+
+
+def test_onnxruntime_genai_is_told_to_share_the_fused_graphs_cache_buffers(llama_graphs, tmp_path):
+    """The fused graph writes its present into its past's buffer (GroupQueryAttention), so the overlay a user (and the
+    gate) puts on genai_config.json shares them; the export's concatenated present cannot, and keeps the config's."""
+    source, fused, _ = llama_graphs
+    assert genai_overlay(fused) == {"search": {"past_present_share_buffer": True}}
+    assert genai_overlay(source) == {}
+    renamed = tmp_path / "model_q4.onnx"
+    renamed.write_bytes(fused.read_bytes())  # the graph alone: the overlay reads no weights
+    assert genai_overlay(renamed) == {"model": {"decoder": {"filename": "model_q4.onnx"}},
+                                      "search": {"past_present_share_buffer": True}}

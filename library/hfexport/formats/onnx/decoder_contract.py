@@ -246,6 +246,34 @@ def genai_config(shapes: dict, config: dict, generation: dict) -> dict:
     return {"model": model, "search": search}
 
 
+def shares_cache_buffers(graph: Path) -> bool:
+    """Whether onnxruntime-genai may give the graph file `graph` the same buffers for its past and present
+    (`search.past_present_share_buffer`): every `present.{i}.key|value` is written by a `GroupQueryAttention` (a
+    variant with its attention fused, `hfexport.formats.onnx.attention_fusion`), which writes the new keys into the
+    past's buffer at their slots. The export's own attention concatenates a present one step longer than its past,
+    which a shared buffer cannot hold."""
+    import onnx
+
+    proto = onnx.load(str(graph), load_external_data=False).graph
+    writers = {output: node.op_type for node in proto.node for output in node.output}
+    presents = [value.name for value in proto.output if value.name.startswith("present.")]
+    return bool(presents) and all(writers.get(name) == "GroupQueryAttention" for name in presents)
+
+
+def genai_overlay(graph: Path) -> dict:
+    """What a user of onnxruntime-genai overlays on the folder's `genai_config.json` (which names `model.onnx` and
+    unshared buffers) to run the graph file `graph` as fast as its form allows: its file name where it is a variant,
+    and shared past/present buffers where it `shares_cache_buffers` (about 4% of a q4 decode step on SmolLM2:
+    docs/quantization.md, "Variants")."""
+    graph = Path(graph)
+    overlay: dict = {}
+    if graph.name != MODEL_FILE:
+        overlay["model"] = {"decoder": {"filename": graph.name}}
+    if shares_cache_buffers(graph):
+        overlay["search"] = {"past_present_share_buffer": True}
+    return overlay
+
+
 def _symbol_names(graph, config: dict | None = None) -> dict[str, str]:
     """torch.export's symbols of the contract's dims -> the contract's names, read off input_ids (batch, sequence),
     the first past key (past length; every past's heads and head size must be static) and attention_mask (total

@@ -2,7 +2,8 @@
 beside `model.onnx` (`hfexport.formats.onnx.decoder_contract`), then greedy `og.Generator` runs on each prompt's token ids. A quantized
 or fp16 variant (`model_quantized.onnx` beside `model.onnx` in `onnx/`, whose `genai_config.json` names `model.onnx`)
 is opened as its users select it: `og.Config(folder)` with `config.overlay('{"model": {"decoder": {"filename":
-"model_quantized.onnx"}}}')`, and judged by the target's token agreement floor.
+"model_quantized.onnx"}}}')` (and `"search": {"past_present_share_buffer": true}` for a variant whose attention is
+fused: `decoder_contract.genai_overlay`), and judged by the target's token agreement floor.
 
 Batch 1 only: onnxruntime-genai gives the real tokens of a left-padded row their absolute column as position
 (src/models/position_inputs.cpp, "iterate backwards as to not misinterpret any right pad tokens"), where
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from hfexport.deployment import FAILED, NOT_CHECKED, GenerationRequest, RuntimeCheck, RuntimeClientError, judge_tokens
 from hfexport.deployment._python import interpreter, request_payload, run_python_client
-from hfexport.formats.onnx.decoder_contract import stage_as
+from hfexport.formats.onnx.decoder_contract import genai_overlay, stage_as
 from hfexport.formats.onnx.runtimes import NOT_IN_CONTRACT, variant_dtype
 
 RUNTIME = "onnxruntime-genai"
@@ -44,9 +45,10 @@ def check_generation(folder: Path, request: GenerationRequest) -> RuntimeCheck:
         return RuntimeCheck(RUNTIME, NOT_CHECKED, reason="not installed (pip install onnxruntime-genai, or set "
                             "HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI to its python)")
     precision = variant_dtype(request)
-    payload = {**request_payload(request, padded=False), "filename": request.file_name}
+    payload = request_payload(request, padded=False)
     with tempfile.TemporaryDirectory(prefix="hfexport-genai-") as scratch:
         staged = stage_as(Path(folder), Path(scratch) / "onnx", request.file_name)
+        payload["overlay"] = genai_overlay(staged / request.file_name)  # as the README's snippet overlays it
         try:
             result = run_python_client(python, CLIENT, staged, payload, request.timeout_s)
         except RuntimeClientError as error:

@@ -1,7 +1,8 @@
 """Greedy generation with onnxruntime-genai on an export folder (run in onnxruntime-genai's own environment).
 
-argv: FOLDER REQUEST_JSON. REQUEST_JSON holds {"prompts": [[ids]], "max_new_tokens", "pad_token_id", "padded", "filename"} (the graph's file:
-a dtype variant's `model_quantized.onnx` is selected by overlaying genai_config.json's decoder filename).
+argv: FOLDER REQUEST_JSON. REQUEST_JSON holds {"prompts": [[ids]], "max_new_tokens", "pad_token_id", "padded", "overlay"} (what is
+overlaid on genai_config.json: a dtype variant's `model_quantized.onnx` as the decoder's filename, shared past/present
+buffers for a fused one).
 Prints one JSON line: {"version", "batch1": [[new ids] per prompt], "padded": [[new ids] per prompt] or null}.
 This is how onnxruntime-genai's users generate (og.Model, og.GeneratorParams, og.Generator); it never imports hfexport.
 """
@@ -30,8 +31,8 @@ def main():
     with open(request_file, encoding="utf-8") as handle:
         request = json.load(handle)
     config = og.Config(folder)
-    if request.get("filename", "model.onnx") != "model.onnx":  # a dtype variant beside model.onnx, as users pick it
-        config.overlay(json.dumps({"model": {"decoder": {"filename": request["filename"]}}}))
+    if request.get("overlay"):  # a dtype variant beside model.onnx (and its shared cache buffers), as users pick it
+        config.overlay(json.dumps(request["overlay"]))
     model = og.Model(config)
     batch1 = [generate(model, [prompt], request["max_new_tokens"])[0] for prompt in request["prompts"]]
     padded = None
