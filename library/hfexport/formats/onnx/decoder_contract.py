@@ -263,7 +263,7 @@ def shares_cache_buffers(graph: Path) -> bool:
 def genai_overlay(graph: Path) -> dict:
     """What a user of onnxruntime-genai overlays on the folder's `genai_config.json` (which names `model.onnx` and
     unshared buffers) to run the graph file `graph` as fast as its form allows: its file name where it is a variant,
-    and shared past/present buffers where it `shares_cache_buffers` (about 4% of a q4 decode step on SmolLM2:
+    and shared past/present buffers where it `shares_cache_buffers` (about 3% of q4's decode speed on SmolLM2:
     docs/quantization.md, "Variants")."""
     graph = Path(graph)
     overlay: dict = {}
