@@ -42,7 +42,8 @@ A pair's ratio is hfexport's over the peer's per call (the calls neighbours in t
 tokens/s > 1 and TTFT < 1 mean hfexport's variant is faster.
 
 Run: `flock /tmp/hfexport-heavy.lock env PYTHONPATH=library .venv/bin/python benchmarks/variant_speed.py` (FORMATS,
-default `openvino,onnx,executorch`; PHASES, default `make,speed`; ROUNDS 6; GENERATIONS 3; SETTLE_S 0.2;
+default `openvino,onnx,executorch`; PHASES, default `make,speed`, or `gate`: executorch's sides' runtime checks as the
+variant gate runs them; ROUNDS 6; GENERATIONS 3; SETTLE_S 0.2;
 NEW_TOKENS 32; THREADS 2; WORK /tmp/hfexport-variant-speed; SMOLLM2_DIR) -> benchmarks/results/variant_speed.json (or
 OUT; formats measured earlier in that file are kept; FORMATS may also name `transformers.js`). The CPU and the load
 average before and after are recorded. results/variant_speed_zen5.json: `FORMATS=transformers.js,executorch
@@ -50,7 +51,9 @@ OUT=results/variant_speed_zen5.json`, on an AMD EPYC Zen 5 (family 26 model 2), 
 (the defaults and `accuracy_level` 4 apart); results/variant_speed_tjs_fused_zen5.json: `FORMATS=transformers.js
 ROUNDS=3 NEW_TOKENS=16`, the fused, `accuracy_level` 4 defaults against transformers.js' own;
 results/variant_speed_onnx_zen5.json: `FORMATS=onnx OUT=results/variant_speed_onnx_zen5.json`, q4 against the model
-builder's int4 in onnxruntime-genai.
+builder's int4 in onnxruntime-genai; results/variant_speed_executorch_zen5.json: `FORMATS=executorch ROUNDS=8
+GENERATIONS=4`, PHASES make, speed, gate run apart: the 8da4w defaults, the peer's form and the head 4-bit with the 4-bit
+embedding against optimum-executorch's 8da4w (what decides the defaults: docs/quantization.md, "Variants").
 """
 
 from __future__ import annotations
@@ -124,15 +127,18 @@ SIDES = {
                                   "transformers.js q8": "q8"},
                         "files": ("model.onnx", "model.onnx_data")},
     "executorch": {"target": "executorch-generation",
-                   # the defaults, and optimum-executorch's form made by hfexport (its head 4-bit, its embedding 8w:
-                   # the program hfexport lowers, the peer's parts; what the 8-bit head costs in decode)
+                   # the defaults, optimum-executorch's form made by hfexport (its head 4-bit, its embedding 8w:
+                   # the program hfexport lowers, the peer's parts; what the 8-bit head costs in decode), and the head
+                   # 4-bit with the default 4-bit embedding (the smallest: what the embedding's form costs)
                    "hfexport": {"hfexport 8da4w": {"name": "8da4w"},
                                 "hfexport 8da4w head 8da4w embedding 8w": {"name": "8da4w", "head": "8da4w",
-                                                                           "embedding": "8w"}},
+                                                                           "embedding": "8w"},
+                                "hfexport 8da4w head 8da4w": {"name": "8da4w", "head": "8da4w"}},
                    "peers": {"optimum-executorch 8da4w": ("--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear",
                                                           "8da4w", "--qembedding", "8w")},
                    "pairs": [("hfexport 8da4w", "optimum-executorch 8da4w"),
-                             ("hfexport 8da4w head 8da4w embedding 8w", "optimum-executorch 8da4w")],
+                             ("hfexport 8da4w head 8da4w embedding 8w", "optimum-executorch 8da4w"),
+                             ("hfexport 8da4w head 8da4w", "optimum-executorch 8da4w")],
                    "files": ("model.pte", "model.ptd")},
 }
 
@@ -479,6 +485,42 @@ def speed(export_format: str, made: dict) -> dict:
     }
 
 
+def gate(export_format: str, made: dict) -> dict:
+    """Per hfexport side of `export_format` (`executorch` only: its sides' folders are the gate's stage): the
+    runtimes' greedy token agreement with model.generate on TEXTS, as the variant gate judges it
+    (`hfexport.verify.variants`: `run_checks` against the variant's floor, `runtime_floor`); optimum-executorch from
+    its venv (`hfexport.testing.peers`), as tests/test_smollm2_executorch_variants.py."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hfexport.deployment import run_checks
+    from hfexport.deployment.gate import generation_request
+    from hfexport.formats import format_backend
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.verify.variants import runtime_floor
+
+    from hfexport.testing import peers
+
+    os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(peers.optimum_executorch_venv()))
+    spec = SIDES[export_format]
+    name = spec["target"]
+    recipe = load_recipe({"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": TEXTS},
+                          "targets": {name: {"export_format": export_format, "mode": "generation"}}})
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32).eval()
+    request = generation_request(model, build_plan(recipe, name, model, None, AutoTokenizer.from_pretrained(SMOLLM2)),
+                                 AutoTokenizer.from_pretrained(SMOLLM2))
+    checked = {}
+    for side, item in spec["hfexport"].items():
+        request.file_name = format_backend(export_format).variant_file(item["name"])
+        request.min_token_agreement = runtime_floor(item["name"])
+        checks = run_checks(export_format, Path(made["sides"][side]["folder"]), request)
+        checked[side] = {check.runtime: {"verdict": check.verdict, "token_agreement": check.to_dict().get(
+            "token_agreement"), "floor": request.min_token_agreement} for check in checks}
+        print(side, json.dumps(checked[side]), file=sys.stderr, flush=True)
+    return checked
+
+
 def main() -> dict:
     result = json.loads(OUT.read_text()) if OUT.is_file() else {}
     result.update({"about": __doc__.split("\n\n")[0], "machine": machine(), "rounds": ROUNDS,
@@ -493,6 +535,9 @@ def main() -> dict:
         entry = {"sides": {side: {key: value for key, value in values.items() if key != "folder"}
                            for side, values in made["sides"].items()},
                  "f32_bytes": made["f32"]["bytes"], "make_seconds": made["make_seconds"]}
+        if "gate" in PHASES and export_format == "executorch":
+            entry["gate"] = {"load_average_before": load(), "runtimes": gate(export_format, made)}
+            entry["gate"]["load_average_after"] = load()
         if "speed" in PHASES:
             entry.update(speed(export_format, made))
             entry["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
