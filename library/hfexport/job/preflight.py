@@ -188,7 +188,8 @@ LIBRARIES_MB = 560
 #: What the plan holds beside the libraries and the twin, which it runs (the engine's split of `generate`): torch's
 #: linear copies a placeholder weight (one row expanded) whole before its product, one at a time; a vocabulary's head
 #: is run a block of rows at a time (`hfexport.rebind.streaming.placeholders_in_blocks`). Measured at Llama-3.2-1B's
-#: width and vocabulary (T 64 MiB): 556 MB at 2 layers, 594-690 at 16, against 624 (docs/publishing.md, "Preflight").
+#: width and vocabulary (T 64 MiB): 556 MB at 2 layers, 594-690 at 16, against 624 (docs/publishing.md, "Preflight");
+#: SmolLM2-135M-Instruct's ONNX q8 + q4 job 534 against 624 (tests/test_memory.py's slow ±25% test).
 STRUCTURE_PLAN_TENSORS = 1
 STRUCTURE_SAVE_TENSORS = 5
 STRUCTURE_MAPPED = 1.0
