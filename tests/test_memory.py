@@ -228,6 +228,12 @@ def test_memory_line_names_the_stages_as_a_user_reads_them_with_the_estimate_and
                     "(budget 3.2 GB)")
     assert line in report_markdown(report) and line in report_markdown(report, publication=True)
     assert memory_line(JobReport(source={"model": "m"})) is None  # nothing measured: no line
+    # a job exported from its structure: the plan (which runs the twin) estimated, so shown beside its estimate
+    report.memory["estimate_mb"] = {"load_model": 560.0, "plan": 624.0, "export": 700.0}
+    assert memory_line(report) == ("Peak memory: load 943.7 MB · t: plan 838.9 MB, trace+convert 786.4 MB, write "
+                                   "weights 1.2 GB, gate 1.5 GB, runtimes 1.0 GB, quantize 2.0 GB (runtime processes "
+                                   "up to 629.1 MB) · preflight estimate: load 587.2 MB, plan 654.3 MB, trace+convert "
+                                   "734.0 MB (budget 3.2 GB)")
 
 
 def _targets(document: dict) -> list:
@@ -260,7 +266,7 @@ def test_the_estimate_has_a_quantize_stage_where_a_target_has_variants(tmp_path)
     onnx, = _targets({"onnx": {"export_format": "onnx", "mode": "generation", "variants": ["q8", "q4"]}})
     stages = preflight.estimate(LLAMA, [onnx], tmp_path, weights=weights, structure=traced_without_weights,
                                 streamed_gate=True, max_memory=1 << 30).memory_stages
-    assert set(stages) == {"load_model", "export", "save", "verify", "variants"}
+    assert set(stages) == {"load_model", "plan", "export", "save", "verify", "variants"}
     assert stages["verify"] >= preflight.LIBRARIES_MB * MB + 100 * MB
     assert stages["variants"] == preflight.LIBRARIES_MB * MB + 100 * MB + int(
         max(preflight.VARIANT_MEMORY[name] for name in ("q8", "q4")) * 100 * MB)

@@ -116,12 +116,14 @@ def test_the_llm_runner_program_is_estimated_as_one_graph(tmp_path):
 
 def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path):
     """A process whose targets are all traced without weights, from a local safetensors checkpoint (issue 45): the
-    libraries and the twin at the load, the weightless graph at the export, the largest tensor at the save, and at
-    the gate the larger of the reference's kept blocks (within the budget) and the artifact's weights as its runtime
-    maps them (half for a float16 ONNX target); anything else, the weights times the format's factor."""
+    libraries and the twin at the load, the twin run at the plan (a placeholder copied whole at a time), the
+    weightless graph at the export, the largest tensor at the save, and at the gate the larger of the reference's
+    kept blocks (within the budget) and the artifact's weights as its runtime maps them (half for a float16 ONNX
+    target); anything else, the weights times the format's factor."""
     from hfexport.job.preflight import (
         LIBRARIES_MB,
         STRUCTURE_GATE_TENSORS,
+        STRUCTURE_PLAN_TENSORS,
         STRUCTURE_RELOAD,
         STRUCTURE_SAVE_TENSORS,
         VOCABULARY_BLOCK,
@@ -141,7 +143,8 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     budget = 64 << 30
     result = estimate(LLAMA, [generation], tmp_path, max_memory=budget, structure=traced, streamed_gate=True)
     export = libraries + int(format_program("onnx").structure_export_memory * loaded)
-    assert result.memory_stages == {"load_model": libraries, "export": export,
+    assert result.memory_stages == {"load_model": libraries, "plan": libraries + STRUCTURE_PLAN_TENSORS * largest,
+                                    "export": export,
                                     "save": export + STRUCTURE_SAVE_TENSORS * largest,
                                     "verify": libraries + loaded + STRUCTURE_GATE_TENSORS * largest}
     assert result.memory_needed == max(result.memory_stages.values())

@@ -6,6 +6,7 @@ placeholder export cannot take the weights is exported from the weights instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -48,17 +49,27 @@ def _spy(function, calls: list):
 @pytest.mark.parametrize("blocks", [False, True], ids=["whole", "in-blocks"])
 def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpoint, tmp_path, monkeypatch, blocks):
     """`blocks`: every stored tensor over 2 KB written from the shards a block of rows at a time (as a vocabulary's
-    embedding and head over `weight_map.BLOCK_BYTES` are), the same bytes."""
+    embedding and head over `weight_map.BLOCK_BYTES` are), and the twin's head over 4 KB run in blocks of rows while
+    the job plans (`streaming.placeholders_in_blocks`), the same bytes."""
     from hfexport.job import pipeline
-    from hfexport.rebind import weight_map
+    from hfexport.rebind import streaming, weight_map
 
     from hfexport.job import run, structure
 
     if blocks:
         monkeypatch.setattr(weight_map, "BLOCK_BYTES", 2048)
+        monkeypatch.setattr(streaming, "VOCABULARY_BLOCK_BYTES", 4096)
 
-    written, loaded = [], []
+    written, loaded, planned = [], [], []
     monkeypatch.setattr(pipeline, "write_weights", _spy(pipeline.write_weights, written))
+
+    @contextlib.contextmanager
+    def in_blocks(model, original=pipeline.placeholders_in_blocks):
+        with original(model):
+            planned.append("forward" in vars(model.get_output_embeddings()))  # its head run in blocks
+            yield model
+
+    monkeypatch.setattr(pipeline, "placeholders_in_blocks", in_blocks)
     for module in (run, structure):  # the model loaded: no export from its structure needs it without a gate
         monkeypatch.setattr(module, "load_model", lambda *args, load=module.load_model, **kwargs: loaded.append(args)
                             or load(*args, **kwargs))
@@ -67,6 +78,7 @@ def test_the_structure_export_writes_the_files_the_weights_export_writes(checkpo
     assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
     assert len(written) == 1 and written[0]["tensors"]  # traced from the twin, the weights written through the map
     assert loaded == []  # planned and exported on the twin, the weights read from the shards: the model never loaded
+    assert planned == [blocks]  # the twin's head over the block run in blocks while the job plans
     assert report.source["checkpoint_dtype"] == "float32"
     monkeypatch.setattr(OnnxProgram, "traces_without_weights", False)
     report = run_job(checkpoint, tmp_path / "weights", ["onnx-generation"], **options)
@@ -247,6 +259,51 @@ def test_a_streamed_vocabulary_is_read_in_blocks_of_rows(checkpoint, tmp_path, m
         assert torch.equal(streamed.generate(ids, max_new_tokens=4, do_sample=False), tokens)
     assert "model.embed_tokens.weight" not in Counted.whole and Counted.whole  # the table in blocks, the rest whole
     assert streamed.get_input_embeddings().weight.stride()[0] == 0  # the placeholder back in place
+
+
+def _plan_on_twin(twin, folder, blocks: bool):
+    """The ONNX generation target's plan on `twin` (its head run in blocks where `blocks`, as the job plans:
+    `TargetPipeline._build_plan`), and the largest single allocation torch made while planning (its profiler)."""
+    import torch
+    from hfexport.models import load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.rebind.streaming import placeholders_in_blocks
+
+    recipe, processor = load_recipe(folder), load_processor(folder)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profile, \
+            (placeholders_in_blocks(twin) if blocks else contextlib.nullcontext()):
+        plan = build_plan(recipe, "onnx-generation", twin, None, processor, source=folder)
+    return plan, max(event.self_cpu_memory_usage for event in profile.events())
+
+
+def test_the_plan_runs_the_twins_head_a_block_of_rows_at_a_time(checkpoint, monkeypatch):
+    """The plan runs the twin (the engine's split of `generate`), and torch's linear copies a stride-0 placeholder
+    weight whole before its product: Llama-3.2-1B's 128256 x 2048 head, 1 GB at float32, was the plan stage's peak
+    (issue 45). Inside `placeholders_in_blocks` a head over `VOCABULARY_BLOCK_BYTES` runs a block of rows at a time:
+    no allocation of the head's size, the same plan and sample tensors, and the head as it was afterwards (the
+    export traces it)."""
+    import torch
+    from hfexport.models import load_config
+    from hfexport.rebind import streaming
+    from torch.utils._pytree import tree_flatten
+    from transformers import LlamaForCausalLM
+
+    monkeypatch.setattr(streaming, "VOCABULARY_BLOCK_BYTES", 1 << 16)  # 64 of the head's 320 rows of 256 columns
+    config = load_config(checkpoint, None, None, False)
+    config.hidden_size = 256  # the head (320 x 256 at float32, 320 KB) well above the plan's activations
+    twin = placeholder_model(config, LlamaForCausalLM, dtype=torch.float32)
+    head = twin.get_output_embeddings().weight.nbytes
+    whole, whole_largest = _plan_on_twin(twin, checkpoint, blocks=False)
+    blocked, blocked_largest = _plan_on_twin(twin, checkpoint, blocks=True)
+    assert whole_largest == head > blocked_largest  # the copy the whole placeholder costs, gone
+    assert "forward" not in vars(twin.get_output_embeddings())
+    assert json.dumps(blocked.describe(), default=str) == json.dumps(whole.describe(), default=str)
+    assert blocked.prepared_inputs() == whole.prepared_inputs() and blocked.own_components.keys() == {"decode"}
+    for name, (_, inputs) in whole.own_components.items():
+        theirs, mine = tree_flatten(inputs)[0], tree_flatten(blocked.own_components[name][1])[0]
+        assert len(theirs) == len(mine) and all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                                                for a, b in zip(theirs, mine))
 
 
 def test_a_lean_onnx_session_leaves_the_weights_memory_mapped():

@@ -38,7 +38,7 @@ LIMIT = 3 << 30
 #: so float16's rounding does not flip a greedy pick of a random checkpoint, whose logits are nearly flat (issue 45).
 PEAK = 4.0
 #: The stages the preflight estimates for a job exported from its structure, as the report names its measured peaks.
-STAGES = ("load_model", "export", "save", "verify")
+STAGES = ("load_model", "plan", "export", "save", "verify")
 
 
 def peaked(folder: Path, factor: float = PEAK) -> Path:

@@ -34,6 +34,7 @@ from hfexport.progress import Step, StepTimer
 from hfexport.publication.cache import fetch_published_export, target_packages
 from hfexport.rebind.folder import previous, rebind_copy, record
 from hfexport.rebind.placeholders import StructureRefused, write_weights
+from hfexport.rebind.streaming import placeholders_in_blocks
 from hfexport.rebind.weight_map import RebindRefused, rebind_key
 from hfexport.report.data import JobReport, TargetReport
 from hfexport.verify.check import summary, verify_exported
@@ -285,9 +286,13 @@ class TargetPipeline:
     # ── inside the stages ────────────────────────────────────────────────────
 
     def _build_plan(self):
+        """The target's plan on the job's model; on the twin its vocabulary's head run a block of rows at a time
+        (`placeholders_in_blocks`: never its whole placeholder copied)."""
         job = self.job
-        return build_plan(job.recipe, self.name, job.model_object, job.options.inputs, job.processor, source=job.model,
-                          revision=job.revision_to_load, token=job.options.token, samples=job.samples)
+        with placeholders_in_blocks(job.model_object):
+            return build_plan(job.recipe, self.name, job.model_object, job.options.inputs, job.processor,
+                              source=job.model, revision=job.revision_to_load, token=job.options.token,
+                              samples=job.samples)
 
     def _record_weight_map(self, folder: Path, key: str) -> None:
         """The export's weight map into its export.json; a map that cannot be made leaves none (no rebind from it)."""

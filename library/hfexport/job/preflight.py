@@ -13,9 +13,9 @@ of the tree. Needs are estimates with documented multipliers (docs/publishing.md
   weights widened to float32 (a float32 checkpoint is mapped, its pages read by the export); a target's variants
   (the quantize stage): `variants_stage` (`loaded_stages`).
 - memory, a job exported from the model's structure (`hfexport.job.structure`: a local safetensors checkpoint, every
-  target of the process traced without weights): per stage, `structure_stages` (the libraries, the weightless graph,
-  the largest tensor, the gate's streamed reference and the artifact as its runtime maps it); the job's need is its
-  largest stage.
+  target of the process traced without weights): per stage, `structure_stages` (the libraries, the twin run by the
+  plan, the weightless graph, the largest tensor, the gate's streamed reference and the artifact as its runtime maps
+  it); the job's need is its largest stage.
 - disk: per target, the weights as loaded times `DISK_FACTOR` per component graph (generation exports save one graph per
   stage, each with its weights: `graphs_saved`), plus the download of a Hub model that is not in the local cache yet.
 
@@ -69,7 +69,7 @@ class Estimate:
     problems: list[str] = field(default_factory=list)
     #: bytes of memory each stage needs at its peak: `load_model` (the libraries and the weights widened), `export`
     #: (the largest target's export, `memory_needed`), `variants` where a target has variants (`variants_stage`); for
-    #: a job exported from its structure `structure_stages` (`save`, `verify` too); what the report's measured peaks
+    #: a job exported from its structure `structure_stages` (`plan`, `save`, `verify` too); what the report's measured peaks
     #: are set beside
     memory_stages: dict[str, int] = field(default_factory=dict)
 
@@ -185,6 +185,12 @@ def memory_needed(weights: int, groups, widened: bool = True) -> int:
 #: (`FormatProgram.mapped_weight_bytes`). Measured on Llama-3.2-1B's width, bfloat16 on disk, a float16 ONNX
 #: generation target, at 2 and 16 layers (docs/publishing.md, "Preflight"; tests/test_structure_memory.py).
 LIBRARIES_MB = 560
+#: What the plan holds beside the libraries and the twin, which it runs (the engine's split of `generate`): torch's
+#: linear copies a placeholder weight (one row expanded) whole before its product, one at a time; a vocabulary's head
+#: is run a block of rows at a time (`hfexport.rebind.streaming.placeholders_in_blocks`). Measured at Llama-3.2-1B's
+#: width and vocabulary (T 64 MiB): 556 MB at 2 layers, 594-690 at 16, against 624 (docs/publishing.md, "Preflight");
+#: SmolLM2-135M-Instruct's ONNX q8 + q4 job 534 against 624 (tests/test_memory.py's slow ±25% test).
+STRUCTURE_PLAN_TENSORS = 1
 STRUCTURE_SAVE_TENSORS = 5
 STRUCTURE_MAPPED = 1.0
 #: What the gate's eager side holds beside the converted blocks it keeps (`GATE_RESERVE` is what it leaves for
@@ -269,7 +275,8 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
     local safetensors checkpoint (`hfexport.job.structure`): `load_model` the libraries and the placeholder twin
     (where the gate loads the model: what the export left, `STRUCTURE_RELOAD`, and the weights widened to float32);
-    `export` the weightless graph (the format's `structure_export_memory` x the weights, less the vocabulary's
+    `plan` the twin run by the engine's split of `generate` (`STRUCTURE_PLAN_TENSORS` x the largest tensor: the
+    placeholder a linear layer copies whole, a vocabulary's head a block); `export` the weightless graph (the format's `structure_export_memory` x the weights, less the vocabulary's
     table `whole` where it is placeholders there: `structure_export_vocabulary`); `save` the graph written,
     converted (float16) and its weights written from the shards one map entry at a time (`STRUCTURE_SAVE_TENSORS` x
     the largest tensor outside a vocabulary's, plus for a float16 target the largest tensor `whole` at float16: the
@@ -295,6 +302,7 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     stages = {
         "load_model": libraries if streamed_gate else
         libraries + int(STRUCTURE_RELOAD * loaded) + (loaded if widened else 0),
+        "plan": libraries + STRUCTURE_PLAN_TENSORS * largest,
         "export": export,
         "save": export + STRUCTURE_SAVE_TENSORS * largest
         + int(max(p.structure_save_memory for p in programs) * loaded)

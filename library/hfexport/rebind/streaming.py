@@ -21,6 +21,7 @@ read a placeholder there: its reference is then wrong, and the gate fails rather
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 from hfexport.rebind.placeholders import placeholder_model
 
@@ -95,17 +96,54 @@ def _in_blocks(module, key: str, tensors) -> None:
         module.register_forward_pre_hook(load, with_kwargs=True)
         module.register_forward_hook(unload, always_call=True)
         return
-    count, width = placeholder.shape
-    step = max(1, VOCABULARY_BLOCK_BYTES // (width * placeholder.element_size()))
+    module.forward = _linear_in_blocks(placeholder, lambda start, stop: tensors.rows(key, start, stop).to(
+        placeholder.dtype))
+
+
+def _linear_in_blocks(weight, rows, bias=None):
+    """A linear layer's forward over `weight`'s rows read `VOCABULARY_BLOCK_BYTES` at a time (`rows(start, stop)`:
+    those rows, at `weight`'s dtype), each block's outputs (`bias`'s slice added) into one output: the values the
+    whole weight gives, the whole weight never in memory."""
+    import torch
+
+    count, width = weight.shape
+    step = max(1, VOCABULARY_BLOCK_BYTES // (width * weight.element_size()))
 
     def forward(hidden):
         out = hidden.new_empty((*hidden.shape[:-1], count))
         for start in range(0, count, step):
-            weight = tensors.rows(key, start, min(count, start + step)).to(placeholder.dtype)
-            out[..., start:start + weight.shape[0]] = torch.nn.functional.linear(hidden, weight)
+            block = rows(start, min(count, start + step))
+            out[..., start:start + block.shape[0]] = torch.nn.functional.linear(
+                hidden, block, None if bias is None else bias[start:start + block.shape[0]])
         return out
 
-    module.forward = forward
+    return forward
+
+
+@contextmanager
+def placeholders_in_blocks(model):
+    """While open, each `torch.nn.Linear` of `model` whose weight is a placeholder (`hfexport.rebind.placeholders`:
+    one row expanded, stride 0 over the rows) larger than `VOCABULARY_BLOCK_BYTES` computes its outputs a block of
+    rows at a time (`_linear_in_blocks`, the rows sliced from the placeholder): for the job's plan, which runs the
+    twin (the engine's split of `generate`). torch's linear copies a stride-0 weight whole before its matrix product,
+    on every forward: Llama-3.2-1B's 128256 x 2048 head, 1 GB at float32, was the plan stage's peak (issue 45). The
+    values are the whole weight's; outside the block (the export traces the twin) the layers are as they were. A model
+    with no such layer (a loaded one) runs as it is."""
+    import torch
+
+    swapped = []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if type(module) is torch.nn.Linear and "forward" not in vars(module) and isinstance(weight, torch.Tensor) \
+                and weight.dim() == 2 and weight.stride(0) == 0 and weight.nbytes > VOCABULARY_BLOCK_BYTES:
+            module.forward = _linear_in_blocks(weight, lambda start, stop, weight=weight: weight[start:stop],
+                                               module.bias)
+            swapped.append(module)
+    try:
+        yield model
+    finally:
+        for module in swapped:
+            del module.forward
 
 
 def is_streamed(model) -> bool:

@@ -89,28 +89,31 @@ def _mb(value: float) -> str:
     return human_bytes(int(value * (1 << 20)))
 
 
-def _stages(peaks: dict) -> str:
-    return ", ".join(f"{STAGE_LABELS.get(stage, stage)} {_mb(mb)}" for stage, mb in peaks.items() if stage != "plan")
+def _stages(peaks: dict, plan: bool = False) -> str:
+    return ", ".join(f"{STAGE_LABELS.get(stage, stage)} {_mb(mb)}" for stage, mb in peaks.items()
+                     if plan or stage != "plan")
 
 
 def memory_line(report: JobReport) -> str | None:
     """One line: the peak memory (RSS) of each stage, per target, the runtimes' own processes apart, and the
-    preflight's estimate beside them (`hfexport.job.memory`); None when nothing was measured."""
+    preflight's estimate beside them (`hfexport.job.memory`); None when nothing was measured. The plan stage only
+    where the preflight estimated it (a job exported from its structure: it runs the twin)."""
     job = report.memory or {}
+    plan = "plan" in (job.get("estimate_mb") or {})
     parts = []
     if job.get("peak_rss_mb"):
-        parts.append(_stages(job["peak_rss_mb"]))
+        parts.append(_stages(job["peak_rss_mb"], plan))
     for name, target in report.targets.items():
         block = target.memory or {}
         if block.get("peak_rss_mb"):
             children = block.get("children_peak_rss_mb") or {}
-            parts.append(f"{name}: {_stages(block['peak_rss_mb'])}"
+            parts.append(f"{name}: {_stages(block['peak_rss_mb'], plan)}"
                          + (f" (runtime processes up to {_mb(max(children.values()))})" if children else ""))
     if not parts:
         return None
     line = "Peak memory: " + " · ".join(parts)
     if job.get("estimate_mb"):
-        line += f" · preflight estimate: {_stages(job['estimate_mb'])}"
+        line += f" · preflight estimate: {_stages(job['estimate_mb'], True)}"
         if job.get("max_memory_mb"):
             line += f" (budget {_mb(job['max_memory_mb'])})"
     return line
