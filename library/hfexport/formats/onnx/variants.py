@@ -1,8 +1,8 @@
 """transformers.js' dtype variants of an ONNX generation export, made from its float32 `model.onnx` (no re-export).
 
-- `q4`: ONNX Runtime's `MatMulNBitsQuantizer` (every MatMul with a constant weight becomes a `MatMulNBits` of 4-bit
-  blocks; the ops it does not handle stay float32), blocks of 32, symmetric, as transformers.js' scripts/quantize.py
-  makes `model_q4.onnx`, but the head (`head_nodes`: the MatMul writing `logits`) in `head_bits` (8 by default: a
+- `q4`: what ONNX Runtime's `MatMulNBitsQuantizer` writes, made one weight at a time (`weight_only`: every MatMul with
+  a constant weight becomes a `MatMulNBits` of 4-bit blocks; the ops it does not handle stay float32), blocks of
+  32, symmetric, as transformers.js' scripts/quantize.py makes `model_q4.onnx`, but the head (`head_nodes`: the MatMul writing `logits`) in `head_bits` (8 by default: a
   4-bit head fails SmolLM2's runtime gate, docs/quantization.md); `q4f16`: that graph converted to float16. A head
   tied to the embedding reaches its MatMul through a `Transpose` of the embedding's weight, which the quantizer does
   not take for a constant: it is given its own transposed copy first (`untied_head`); with `tied_embedding` (the
