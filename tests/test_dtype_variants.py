@@ -229,6 +229,23 @@ def _tied_graph(folder):
     return embedding
 
 
+def _odd_graph(folder):
+    """A float32 graph of one MatMul whose weight's 80 rows are 5 blocks of 16 (a 4-bit zero point's byte half
+    used), saved in `folder`."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(1).standard_normal((80, 24)).astype(np.float32) + 0.5  # zero points not 8
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="head")], "odd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "sequence", 80])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence", 24])],
+        [numpy_helper.from_array(weight, "w")])
+    folder.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
+
+
 def _quantizer_variant(folder, variant, bits, stage):
     """The weight-only variant as it was made before issue 45 streamed it: ONNX Runtime's `MatMulNBitsQuantizer` over
     the whole (fused, untied) float32 graph, the head in a second pass, then tied, and laid out as `write` does."""
@@ -267,19 +284,24 @@ def _quantizer_variant(folder, variant, bits, stage):
     ("llama", {"name": "q8"}, 8),
     ("llama", {"name": "q4", "block_size": 16, "symmetric": False, "head_bits": 4}, 4),  # zero points
     ("tied", {"name": "q4", "block_size": 16}, 4),  # the untied head's blocks read by the embedding
+    ("odd", {"name": "q4", "block_size": 16, "symmetric": False, "head_bits": 4}, 4),
 ])
 def test_weight_only_variants_are_byte_for_byte_the_quantizers_made_one_weight_at_a_time(
-        variants_job, tmp_path, graph, variant, bits):
-    """issue 45: each weight is read, quantized (ONNX Runtime's own kernels) and written as the graph is saved, where
-    the quantizer held the whole float32 graph; the files are the same bytes."""
+        variants_job, tmp_path, monkeypatch, graph, variant, bits):
+    """issue 45: each weight is read, quantized (ONNX Runtime's own kernels) and written as the graph is saved, a
+    slab of it at a time (here a few rows or columns: several slabs and a short last one), where the quantizer held
+    the whole float32 graph; the files are the same bytes."""
+    from hfexport.formats.onnx import variants
     from hfexport.formats.onnx.variants import write
     from hfexport.quantization.variants import settings
+
+    monkeypatch.setattr(variants, "SLAB_BYTES", 3000)
 
     if graph == "llama":
         folder = variants_job[0] / "onnx-generation"
     else:
-        folder = tmp_path / "tied"
-        _tied_graph(folder)
+        folder = tmp_path / graph
+        (_tied_graph if graph == "tied" else _odd_graph)(folder)
     variant = settings(variant)
     variant = {**variant, **write(folder, variant, tmp_path / "streamed")}
     _quantizer_variant(folder, variant, bits, tmp_path / "quantizer")

@@ -2,7 +2,8 @@
 weights are made one at a time from the float32 graph's data file, never all held at once.
 
 `onnx_ir.load` leaves a graph's external initializers on disk (`ExternalTensor`); `read` gives one's values read
-with `numpy.fromfile` (no memory map left behind, whose pages the resident set would count); `lazy` is an
+with `numpy.fromfile` (no memory map left behind, whose pages the resident set would count), `rows` a block of a
+2-D one's rows; `lazy` is an
 `onnx_ir.LazyTensor` whose values `compute()` makes when it is written; `Parts` shares one computation among the
 tensors it makes together (a weight's 4-bit blocks, scales and zero points), each part dropped once it is taken.
 """
@@ -22,6 +23,20 @@ def read(tensor):
         raw = np.fromfile(tensor.path, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset or 0)
         return raw.view(tensor.dtype.numpy()).reshape(tuple(tensor.shape.numpy()))
     return tensor.numpy()
+
+
+def rows(tensor, start: int, stop: int):
+    """Rows `start:stop` of a 2-D `onnx_ir` tensor as a numpy array (an external one's read alone from its file)."""
+    import numpy as np
+    import onnx_ir
+
+    if isinstance(tensor, onnx_ir.ExternalTensor):
+        width = int(tensor.shape[1])
+        row = width * int(tensor.dtype.itemsize)
+        raw = np.fromfile(tensor.path, dtype=np.uint8, count=(stop - start) * row,
+                          offset=(tensor.offset or 0) + start * row)
+        return raw.view(tensor.dtype.numpy()).reshape(stop - start, width)
+    return tensor.numpy()[start:stop]
 
 
 def lazy(name: str, compute: Callable, dtype, shape):

@@ -41,6 +41,9 @@ from hfexport.quantization.shapes import dividing_group_size
 QUANTIZED = ("q4", "q4f16", "q8")
 #: transformers.js' QUINT8_OPS (scripts/quantize.py): a graph with one of them gets uint8 weights at q8
 UINT8_OPS = ("Conv", "GroupQueryAttention", "MultiHeadAttention")
+#: a weight is read and quantized this much at a time (`quantized_matmul`): a 128k-token vocabulary's float32 table
+#: (1 GB at Llama-3.2-1B's width) is never whole in memory, only its blocks
+SLAB_BYTES = 32 << 20
 
 
 def write(folder: Path, variant: dict, stage: Path) -> dict:
@@ -103,17 +106,17 @@ def weight_only(source: Path, output: Path, variant: dict, bits: int) -> Path:
     import onnx_ir
 
     model = onnx_ir.load(str(source))
-    untied_head(model)
+    tables = untied_head(model)
     head_bits = variant.get("head_bits") or bits
     heads = set(head_nodes(model)) if head_bits != bits else set()
     options = {"block_size": variant["block_size"], "symmetric": variant.get("symmetric", True),
                "accuracy_level": variant["accuracy_level"]}
     for node in _matmuls(model):
         if node.name not in heads:
-            quantized_matmul(node, bits, **options)
+            quantized_matmul(node, bits, **options, table=tables.get(node.inputs[1].name))
     for node in _matmuls(model):  # the quantizer's second pass: the head alone
         if node.name in heads:
-            quantized_matmul(node, head_bits, **options)
+            quantized_matmul(node, head_bits, **options, table=tables.get(node.inputs[1].name))
     model.opset_imports["com.microsoft"] = 1
     graph = model.graph
     for name, value in list(graph.initializers.items()):  # as the quantizer's clean_initializers drops them
@@ -167,11 +170,15 @@ def _matmuls(model) -> list:
             if node.op_type == "MatMul" and node.domain == "" and len(node.inputs) == 2]
 
 
-def quantized_matmul(node, bits: int, block_size: int, symmetric: bool, accuracy_level: int | None) -> bool:
+def quantized_matmul(node, bits: int, block_size: int, symmetric: bool, accuracy_level: int | None,
+                     table=None) -> bool:
     """Replace the MatMul `node` by the `MatMulNBits` ONNX Runtime's quantizer makes of it (its
     `DefaultWeightOnlyQuantizer.quantize_matmul`: `<weight>_Q<bits>` blocks, `<weight>_scales`, `<weight>_zero_points`
-    where asymmetric, `<node>_Q<bits>`), the blocks computed when they are written; False where its weight is not a
-    2-D initializer (the quantizer's N-D weights with unit leading axes do not occur in an export's graph)."""
+    where asymmetric, `<node>_Q<bits>`), the blocks computed when they are written, `SLAB_BYTES` of the weight read
+    and quantized at a time (its blocks are independent: rows in whole pairs of blocks, or columns, are quantized
+    apart); `table`: the [N, K] tensor the weight is the transpose of (`untied_head`), read a block of rows at a time
+    (columns of the weight). False where the weight is not a 2-D initializer (the quantizer's N-D weights with unit
+    leading axes do not occur in an export's graph)."""
     import numpy as np
     import onnx_ir
     from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
@@ -182,16 +189,33 @@ def quantized_matmul(node, bits: int, block_size: int, symmetric: bool, accuracy
             or len(weight.const_value.shape) != 2:
         return False
     tensor = weight.const_value
-    rows, cols = tensor.shape.numpy()
+    rows, cols = (int(size) for size in tensor.shape.numpy())
     config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
                                           accuracy_level=accuracy_level, bits=bits)
     quantizer = DefaultWeightOnlyQuantizer(config)
 
+    def quantized(values):  # as quantize_matmul: a bfloat16 weight quantized from float32, its scales bfloat16
+        if values.dtype.name != "bfloat16":
+            return quantizer.qbits_block_quant(np.ascontiguousarray(values))
+        packed, scales, zero_points = quantizer.qbits_block_quant(values.astype(np.float32))
+        return packed, scales.astype(values.dtype), zero_points
+
     def blocks():
-        values = lazy_tensors.read(tensor)
-        bfloat16 = values.dtype.name == "bfloat16"
-        packed, scales, zero_points = quantizer.qbits_block_quant(values.astype(np.float32) if bfloat16 else values)
-        return packed, scales.astype(values.dtype) if bfloat16 else scales, zero_points
+        outputs = [np.zeros(shape, dtype.numpy()) for dtype, shape in shapes.values()]
+        if table is None:  # rows: whole pairs of blocks (two 4-bit zero points a byte)
+            step = max(1, SLAB_BYTES // (cols * int(tensor.dtype.itemsize) * 2 * block_size)) * 2 * block_size
+            for start in range(0, rows, step):
+                first = start // block_size
+                for output, part, at in zip(outputs, quantized(lazy_tensors.rows(tensor, start, min(start + step, rows))),
+                                            (first, first, first // kpack), strict=True):
+                    output[:, at:at + part.shape[1]] = part
+        else:  # columns: rows of the table
+            step = max(1, SLAB_BYTES // (rows * int(table.dtype.itemsize)))
+            for start in range(0, cols, step):
+                for output, part in zip(outputs, quantized(lazy_tensors.rows(table, start, min(start + step, cols)).T),
+                                        strict=True):
+                    output[start:start + step] = part
+        return outputs
 
     kpack, k_blocks = 8 // bits, -(-rows // block_size)
     parts = lazy_tensors.Parts(blocks, (0, 1) if symmetric else (0, 1, 2))
@@ -280,15 +304,16 @@ def tie_embedding(model) -> int:
     return tied
 
 
-def untied_head(model) -> int:
+def untied_head(model) -> dict:
     """In `model` (onnx_ir), each MatMul whose weight is a `Transpose` of an initializer (a head tied to the
     embedding) reads its own transposed copy instead (`<table>.transposed`, made when it is read: `lazy_tensors`);
-    the number untied. Without it the quantizer leaves that MatMul float32: on SmolLM2 the head is the largest weight
-    a decode step reads (measured, benchmarks/variant_speed.py)."""
+    each copy's name -> the table's tensor (which `quantized_matmul` reads a block of rows at a time). Without it
+    the quantizer leaves that MatMul float32: on SmolLM2 the head is the largest weight a decode step reads
+    (measured, benchmarks/variant_speed.py)."""
     import numpy as np
     import onnx_ir
 
-    untied = 0
+    untied = {}
     for node in list(model.graph):
         weight = node.inputs[1] if node.op_type == "MatMul" and len(node.inputs) == 2 else None
         transpose = weight.producer() if weight is not None else None
@@ -307,7 +332,7 @@ def untied_head(model) -> int:
         node.replace_input_with(1, copy)
         if not transpose.outputs[0].uses():
             model.graph.remove(transpose, safe=True)
-        untied += 1
+        untied[name] = table
     return untied
 
 
