@@ -102,7 +102,7 @@ def weight_only(source: Path, output: Path, variant: dict, bits: int) -> Path:
     (+ `.data`). The nodes and initializers are those ONNX Runtime's `MatMulNBitsQuantizer` writes (its
     `DefaultWeightOnlyQuantizer.qbits_block_quant` quantizes each weight, `quantized_matmul` names them as it does),
     but each weight is read, quantized and written when the graph is saved (`lazy_tensors`), one at a time: the
-    quantizer loads the whole float32 graph (tests/test_onnx_variants.py checks the tensors are its own)."""
+    quantizer loads the whole float32 graph (tests/test_dtype_variants.py checks the files are its own)."""
     import onnx_ir
 
     model = onnx_ir.load(str(source))
@@ -225,6 +225,9 @@ def quantized_matmul(node, bits: int, block_size: int, symmetric: bool, accuracy
     inputs = [node.inputs[0]]
     for index, (suffix, (dtype, shape)) in enumerate(list(shapes.items())[:len(parts.wanted)]):
         name = weight.name + suffix
+        if name in weight.graph.initializers:  # a weight two MatMuls read: its blocks made once
+            inputs.append(weight.graph.initializers[name])
+            continue
         value = onnx_ir.Value(name=name, const_value=lazy_tensors.lazy(name, parts.part(index), dtype, shape))
         value.type, value.shape = onnx_ir.TensorType(dtype), onnx_ir.Shape(list(shape))
         weight.graph.register_initializer(value)
