@@ -3,9 +3,9 @@ weights are made one at a time from the float32 graph's data file, never all hel
 
 `onnx_ir.load` leaves a graph's external initializers on disk (`ExternalTensor`); `read` gives one's values read
 with `numpy.fromfile` (no memory map left behind, whose pages the resident set would count), `rows` a block of a
-2-D one's rows; `lazy` is an
-`onnx_ir.LazyTensor` whose values `compute()` makes when it is written; `Parts` shares one computation among the
-tensors it makes together (a weight's 4-bit blocks, scales and zero points), each part dropped once it is taken.
+2-D one's rows; `lazy` is an `onnx_ir.LazyTensor` whose values `compute()` makes when it is written; `Parts` shares
+one computation among the tensors it makes together (a weight's 4-bit blocks, scales and zero points), each part
+dropped once it is taken.
 """
 
 from __future__ import annotations
