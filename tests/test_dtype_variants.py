@@ -209,6 +209,106 @@ def test_variants_are_part_of_the_target_as_the_recipe_copy_keeps_it(tiny_llama)
     assert load_recipe(other).target_hash("onnx-generation") != recipe.target_hash("onnx-generation")
 
 
+def _tied_graph(folder):
+    """A float32 graph whose head is tied to its 64 x 32 embedding (a Transpose of its table) saved in `folder`;
+    the table."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    embedding = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["embed.weight", "input_ids"], ["hidden"], name="embedding"),
+         helper.make_node("Transpose", ["embed.weight"], ["head"], perm=[1, 0], name="tied"),
+         helper.make_node("MatMul", ["hidden", "head"], ["logits"], name="head")],  # an export's nodes are named
+        "tied", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence", 64])],
+        [numpy_helper.from_array(embedding, "embed.weight")])
+    folder.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
+    return embedding
+
+
+def _odd_graph(folder):
+    """A float32 graph of one MatMul whose weight's 80 rows are 5 blocks of 16 (a 4-bit zero point's byte half
+    used), saved in `folder`."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(1).standard_normal((80, 24)).astype(np.float32) + 0.5  # zero points not 8
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="head")], "odd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "sequence", 80])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence", 24])],
+        [numpy_helper.from_array(weight, "w")])
+    folder.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
+
+
+def _quantizer_variant(folder, variant, bits, stage):
+    """The weight-only variant as it was made before issue 45 streamed it: ONNX Runtime's `MatMulNBitsQuantizer` over
+    the whole (fused, untied) float32 graph, the head in a second pass, then tied, and laid out as `write` does."""
+    import onnx_ir
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from hfexport.formats.onnx.attention_fusion import fuse_attention
+    from hfexport.formats.onnx.variants import head_nodes, tie_embedding, untied_head
+
+    stage.mkdir()
+    source = fuse_attention(folder / "model.onnx", stage / "fused.onnx")
+    model = onnx_ir.load(str(source))
+    untied_head(model)
+    onnx_ir.save(model, str(stage / "untied.onnx"), external_data="untied.onnx.data")
+    head_bits = variant.get("head_bits") or bits
+    heads = head_nodes(model) if head_bits != bits else []
+    options = {"block_size": variant["block_size"], "is_symmetric": variant.get("symmetric", True),
+               "accuracy_level": variant["accuracy_level"]}
+    quantizer = MatMulNBitsQuantizer(str(stage / "untied.onnx"), bits=bits, nodes_to_exclude=heads, **options)
+    quantizer.process()
+    if heads:
+        quantizer = MatMulNBitsQuantizer(quantizer.model.model, bits=head_bits, nodes_to_include=heads, **options)
+        quantizer.process()
+    quantizer.model.save_model_to_file(str(stage / "quantized.onnx"), use_external_data_format=True)
+    model = onnx_ir.load(str(stage / "quantized.onnx"))
+    if variant["tied_embedding"] and options["is_symmetric"] and tie_embedding(model):
+        onnx_ir.save(model, str(stage / "tied.onnx"), external_data="tied.onnx.data")
+        model = onnx_ir.load(str(stage / "tied.onnx"))
+    for node in model.graph:
+        node.metadata_props.clear()
+    onnx_ir.save(model, str(stage / "model.onnx"), external_data="model.onnx_data")
+
+
+@pytest.mark.parametrize(("graph", "variant", "bits"), [
+    ("llama", {"name": "q4", "block_size": 16}, 4),  # the head 8-bit: the quantizer's second pass
+    ("llama", {"name": "q8"}, 8),
+    ("llama", {"name": "q4", "block_size": 16, "symmetric": False, "head_bits": 4}, 4),  # zero points
+    ("tied", {"name": "q4", "block_size": 16}, 4),  # the untied head's blocks read by the embedding
+    ("odd", {"name": "q4", "block_size": 16, "symmetric": False, "head_bits": 4}, 4),
+])
+def test_weight_only_variants_are_byte_for_byte_the_quantizers_made_one_weight_at_a_time(
+        variants_job, tmp_path, monkeypatch, graph, variant, bits):
+    """issue 45: each weight is read, quantized (ONNX Runtime's own kernels) and written as the graph is saved, a
+    slab of it at a time (here a few rows or columns: several slabs and a short last one), where the quantizer held
+    the whole float32 graph; the files are the same bytes."""
+    from hfexport.formats.onnx import variants
+    from hfexport.formats.onnx.variants import write
+    from hfexport.quantization.variants import settings
+
+    monkeypatch.setattr(variants, "SLAB_BYTES", 3000)
+
+    if graph == "llama":
+        folder = variants_job[0] / "onnx-generation"
+    else:
+        folder = tmp_path / graph
+        (_tied_graph if graph == "tied" else _odd_graph)(folder)
+    variant = settings(variant)
+    variant = {**variant, **write(folder, variant, tmp_path / "streamed")}
+    _quantizer_variant(folder, variant, bits, tmp_path / "quantizer")
+    for name in ("model.onnx", "model.onnx_data"):
+        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "quantizer" / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("head_bits", [8, 4])
 def test_a_head_tied_to_the_embedding_is_quantized_too_and_the_embedding_reads_its_blocks(tmp_path, head_bits):
     """A tied head reaches its MatMul through a Transpose of the embedding's weight, which ONNX Runtime's quantizer
@@ -219,22 +319,13 @@ def test_a_head_tied_to_the_embedding_is_quantized_too_and_the_embedding_reads_i
     import numpy as np
     import onnx
     import onnxruntime
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     from hfexport.formats.onnx.variants import write
     from hfexport.quantization.variants import settings
 
-    embedding = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["embed.weight", "input_ids"], ["hidden"]),
-         helper.make_node("Transpose", ["embed.weight"], ["head"], perm=[1, 0]),
-         helper.make_node("MatMul", ["hidden", "head"], ["logits"])],
-        "tied", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence", 64])],
-        [numpy_helper.from_array(embedding, "embed.weight")])
     folder = tmp_path / "f32"
-    folder.mkdir()
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
+    embedding = _tied_graph(folder)
     # tied_embedding by default; accuracy_level 0 (float activations), so that the identity probe below reads the
     # head's weights exactly (level 4 quantizes the probe's rows to int8 in the kernel)
     write(folder, settings({"name": "q4", "head_bits": head_bits, "accuracy_level": 0}), tmp_path / "q4")

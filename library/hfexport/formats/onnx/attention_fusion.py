@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from hfexport.errors import HfExportError
+from hfexport.formats.onnx import lazy_tensors
 
 ROTARY_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's rotary rule's intermediate op
 #: rotary types whose cos/sin depend on the position alone (a table indexed by position is exact)
@@ -395,8 +396,12 @@ def _packed_projection(model, layer: dict):
     same_input = len({id(node.inputs[0]) for node in producers if node is not None}) == 1
     if same_input and all(w is not None and w.const_value is not None and w.shape is not None and len(w.shape) == 2
                           for w in weights):
-        packed = np.concatenate([w.const_value.numpy() for w in weights], axis=1)
-        weight = _initializer(model, f"layer.{layer['index']}.qkv_proj.weight", packed)
+        tensors, name = [w.const_value for w in weights], f"layer.{layer['index']}.qkv_proj.weight"
+        shape = [tensors[0].shape[0], sum(tensor.shape[1] for tensor in tensors)]
+        packed = lazy_tensors.lazy(name, lambda: np.concatenate([lazy_tensors.read(t) for t in tensors], axis=1),
+                                   tensors[0].dtype, shape)  # made when it is written: one layer's q/k/v at a time
+        weight = ir.Value(name=name, const_value=packed, type=ir.TensorType(packed.dtype), shape=ir.Shape(shape))
+        model.graph.register_initializer(weight)
         matmul = ir.node("MatMul", [producers[0].inputs[0], weight], name=f"layer.{layer['index']}.qkv_proj")
         model.graph.insert_after(producers[-1], [matmul])
         return matmul.outputs[0]

@@ -1,8 +1,8 @@
 """transformers.js' dtype variants of an ONNX generation export, made from its float32 `model.onnx` (no re-export).
 
-- `q4`: ONNX Runtime's `MatMulNBitsQuantizer` (every MatMul with a constant weight becomes a `MatMulNBits` of 4-bit
-  blocks; the ops it does not handle stay float32), blocks of 32, symmetric, as transformers.js' scripts/quantize.py
-  makes `model_q4.onnx`, but the head (`head_nodes`: the MatMul writing `logits`) in `head_bits` (8 by default: a
+- `q4`: what ONNX Runtime's `MatMulNBitsQuantizer` writes, made one weight at a time (`weight_only`: every MatMul with
+  a constant weight becomes a `MatMulNBits` of 4-bit blocks; the ops it does not handle stay float32), blocks of
+  32, symmetric, as transformers.js' scripts/quantize.py makes `model_q4.onnx`, but the head (`head_nodes`: the MatMul writing `logits`) in `head_bits` (8 by default: a
   4-bit head fails SmolLM2's runtime gate, docs/quantization.md); `q4f16`: that graph converted to float16. A head
   tied to the embedding reaches its MatMul through a `Transpose` of the embedding's weight, which the quantizer does
   not take for a constant: it is given its own transposed copy first (`untied_head`); with `tied_embedding` (the
@@ -31,6 +31,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from hfexport.formats.onnx import lazy_tensors
 from hfexport.formats.onnx.attention_fusion import fuse_attention
 from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, PAST, relocated
 from hfexport.formats.onnx.float16 import float16_model
@@ -40,6 +41,9 @@ from hfexport.quantization.shapes import dividing_group_size
 QUANTIZED = ("q4", "q4f16", "q8")
 #: transformers.js' QUINT8_OPS (scripts/quantize.py): a graph with one of them gets uint8 weights at q8
 UINT8_OPS = ("Conv", "GroupQueryAttention", "MultiHeadAttention")
+#: a weight is read and quantized this much at a time (`quantized_matmul`): a 128k-token vocabulary's float32 table
+#: (1 GB at Llama-3.2-1B's width) is never whole in memory, only its blocks
+SLAB_BYTES = 32 << 20
 
 
 def write(folder: Path, variant: dict, stage: Path) -> dict:
@@ -61,9 +65,9 @@ def write(folder: Path, variant: dict, stage: Path) -> dict:
         if name in QUANTIZED and variant.get("fused_attention", True):
             source = fuse_attention(source, Path(scratch) / "fused.onnx")
         if name in ("q4", "q4f16"):
-            source = _weight_only(source, Path(scratch) / "q4.onnx", variant, bits=4)
+            source = weight_only(source, Path(scratch) / "q4.onnx", variant, bits=4)
         elif name == "q8" and variant["weights_only"]:
-            source = _weight_only(source, Path(scratch) / "q8.onnx", variant, bits=8)
+            source = weight_only(source, Path(scratch) / "q8.onnx", variant, bits=8)
         elif name == "q8":
             source = _eight_bit(source, Path(scratch) / "q8.onnx", variant)
         if name in ("fp16", "q4f16"):
@@ -92,49 +96,180 @@ def block_size_for(source: Path, at_most: int = 128) -> int:
     return dividing_group_size(sizes, at_most) or 32
 
 
-def _weight_only(source: Path, output: Path, variant: dict, bits: int) -> Path:
-    """`source` with every MatMul of a constant weight a `MatMulNBits` of `bits`-bit blocks, the head's at
-    `variant["head_bits"]` (a second quantizer pass on it alone); the tied embedding reading the head's blocks with
-    `tied_embedding`."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-    source = untied_head(source, output.with_name("untied.onnx"))
-    head_bits = variant.get("head_bits") or bits
-    heads = head_nodes(source) if head_bits != bits else []
-    options = {"block_size": variant["block_size"], "is_symmetric": variant.get("symmetric", True),
-               "accuracy_level": variant["accuracy_level"]}
-    quantizer = MatMulNBitsQuantizer(str(source), bits=bits, nodes_to_exclude=heads, **options)
-    quantizer.process()
-    if heads:
-        quantizer = MatMulNBitsQuantizer(quantizer.model.model, bits=head_bits, nodes_to_include=heads, **options)
-        quantizer.process()
-    quantizer.model.save_model_to_file(str(output), use_external_data_format=True)
-    if variant["tied_embedding"] and options["is_symmetric"]:
-        return tie_embedding(output, output.with_name("tied.onnx"))
-    return output
-
-
-def head_nodes(source: Path) -> list[str]:
-    """The names of the MatMul nodes of `source` that write a graph output (a decoder's head: `logits`)."""
-    import onnx
-
-    graph = onnx.load(str(source), load_external_data=False).graph
-    outputs = {value.name for value in graph.output}
-    return [node.name for node in graph.node if node.op_type == "MatMul" and node.output[0] in outputs]
-
-
-def tie_embedding(source: Path, output: Path) -> Path:
-    """The quantized graph `source` where each embedding `Gather` of a float table whose tied head
-    (`untied_head`'s transposed copy) became a `MatMulNBits` reads that head's blocks instead, through a `Reshape`
-    and a `GatherBlockQuantized` (the head's bits, 4 or 8, and block size, symmetric: no zero points), as
-    onnxruntime-genai's model builder ties them, and the float table is dropped; saved as `output` (+ `.data`), or
-    `source` itself where none is tied. Without it the float32 table is most of a tied model's q4 file (SmolLM2-135M:
-    113 of 215 MB with the head 8-bit). A head whose rows are not whole blocks (K % block_size) is left as
-    it is (the builder slices padded rows off instead)."""
-    import numpy as np
+def weight_only(source: Path, output: Path, variant: dict, bits: int) -> Path:
+    """`source` with every MatMul of a constant 2-D weight a `MatMulNBits` of `bits`-bit blocks, the head's at
+    `variant["head_bits"]`, the tied embedding reading the head's blocks with `tied_embedding`; saved as `output`
+    (+ `.data`). The nodes and initializers are those ONNX Runtime's `MatMulNBitsQuantizer` writes (its
+    `DefaultWeightOnlyQuantizer.qbits_block_quant` quantizes each weight, `quantized_matmul` names them as it does),
+    but each weight is read, quantized and written when the graph is saved (`lazy_tensors`), one at a time: the
+    quantizer loads the whole float32 graph (tests/test_dtype_variants.py checks the files are its own)."""
     import onnx_ir
 
     model = onnx_ir.load(str(source))
+    tables = untied_head(model)
+    head_bits = variant.get("head_bits") or bits
+    heads = set(head_nodes(model)) if head_bits != bits else set()
+    options = {"block_size": variant["block_size"], "symmetric": variant.get("symmetric", True),
+               "accuracy_level": variant["accuracy_level"]}
+    for node in _matmuls(model):
+        if node.name not in heads:
+            quantized_matmul(node, bits, **options, table=tables.get(node.inputs[1].name))
+    for node in _matmuls(model):  # the quantizer's second pass: the head alone
+        if node.name in heads:
+            quantized_matmul(node, head_bits, **options, table=tables.get(node.inputs[1].name))
+    model.opset_imports["com.microsoft"] = 1
+    graph = model.graph
+    for name, value in list(graph.initializers.items()):  # as the quantizer's clean_initializers drops them
+        if not value.uses() and not value.is_graph_output():
+            graph.initializers.pop(name)
+    quantizer_order(graph)
+    if variant["tied_embedding"] and options["symmetric"]:
+        tie_embedding(model)
+    onnx_ir.save(model, str(output), external_data=output.name + ".data")
+    return output
+
+
+def quantizer_order(graph) -> None:
+    """Put `graph`'s nodes (onnx_ir) in the order ONNX Runtime's quantizer saves them (`ONNXModel.topological_sort`:
+    the nodes without inputs, then those the sorted initializer and input names complete, then breadth first), so
+    that `weight_only`'s graph is byte for byte the quantizer's."""
+    nodes = list(graph)
+    waiting, readers, ready = [0] * len(nodes), {}, []
+    for index, node in enumerate(nodes):
+        names = [value.name for value in node.inputs if value is not None and value.name]
+        waiting[index] = len(names)
+        if not names:
+            ready.append(index)
+        for name in names:
+            readers.setdefault(name, []).append(index)
+
+    def done(name):
+        for index in readers.get(name, ()):
+            waiting[index] -= 1
+            if not waiting[index]:
+                ready.append(index)
+
+    for name in sorted(set(graph.initializers) | {value.name for value in graph.inputs}):
+        done(name)
+    start = 0
+    while start < len(ready):
+        for value in nodes[ready[start]].outputs:
+            if value.name:
+                done(value.name)
+        start += 1
+    if len(ready) != len(nodes):
+        raise RuntimeError(f"the quantized graph is not acyclic: {len(nodes) - len(ready)} nodes unreached")
+    graph.remove(nodes)
+    graph.extend(nodes[index] for index in ready)
+
+
+def _matmuls(model) -> list:
+    import onnx_ir
+
+    return [node for node in onnx_ir.traversal.RecursiveGraphIterator(model.graph)
+            if node.op_type == "MatMul" and node.domain == "" and len(node.inputs) == 2]
+
+
+def quantized_matmul(node, bits: int, block_size: int, symmetric: bool, accuracy_level: int | None,
+                     table=None) -> bool:
+    """Replace the MatMul `node` by the `MatMulNBits` ONNX Runtime's quantizer makes of it (its
+    `DefaultWeightOnlyQuantizer.quantize_matmul`: `<weight>_Q<bits>` blocks, `<weight>_scales`, `<weight>_zero_points`
+    where asymmetric, `<node>_Q<bits>`), the blocks computed when they are written, `SLAB_BYTES` of the weight read
+    and quantized at a time (its blocks are independent: rows in whole pairs of blocks, or columns, are quantized
+    apart); `table`: the [N, K] tensor the weight is the transpose of (`untied_head`), read a block of rows at a time
+    (columns of the weight). False where the weight is not a 2-D initializer (the quantizer's N-D weights with unit
+    leading axes do not occur in an export's graph)."""
+    import numpy as np
+    import onnx_ir
+    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
+                                                                 DefaultWeightOnlyQuantizer)
+
+    weight = node.inputs[1]
+    if weight is None or not weight.is_initializer() or weight.const_value is None \
+            or len(weight.const_value.shape) != 2:
+        return False
+    tensor = weight.const_value
+    rows, cols = (int(size) for size in tensor.shape.numpy())
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
+                                          accuracy_level=accuracy_level, bits=bits)
+    quantizer = DefaultWeightOnlyQuantizer(config)
+
+    def quantized(values):  # as quantize_matmul: a bfloat16 weight quantized from float32, its scales bfloat16
+        if values.dtype.name != "bfloat16":
+            return quantizer.qbits_block_quant(np.ascontiguousarray(values))
+        packed, scales, zero_points = quantizer.qbits_block_quant(values.astype(np.float32))
+        return packed, scales.astype(values.dtype), zero_points
+
+    def blocks():
+        outputs = [np.zeros(shape, dtype.numpy()) for dtype, shape in shapes.values()]
+        if table is None:  # rows: whole pairs of blocks (two 4-bit zero points a byte)
+            step = max(1, SLAB_BYTES // (cols * int(tensor.dtype.itemsize) * 2 * block_size)) * 2 * block_size
+            for start in range(0, rows, step):
+                first = start // block_size
+                for output, part, at in zip(outputs, quantized(lazy_tensors.rows(tensor, start, min(start + step, rows))),
+                                            (first, first, first // kpack), strict=True):
+                    output[:, at:at + part.shape[1]] = part
+        else:  # columns: rows of the table
+            step = max(1, SLAB_BYTES // (rows * int(table.dtype.itemsize)))
+            for start in range(0, cols, step):
+                for output, part in zip(outputs, quantized(lazy_tensors.rows(table, start, min(start + step, cols)).T),
+                                        strict=True):
+                    output[start:start + step] = part
+        return outputs
+
+    kpack, k_blocks = 8 // bits, -(-rows // block_size)
+    parts = lazy_tensors.Parts(blocks, (0, 1) if symmetric else (0, 1, 2))
+    shapes = {f"_Q{bits}": (onnx_ir.DataType.UINT8, (cols, k_blocks, -(-block_size // kpack))),
+              "_scales": (tensor.dtype, (cols, k_blocks)),
+              "_zero_points": (onnx_ir.DataType.UINT8, (cols, -(-k_blocks // kpack)))}
+    inputs = [node.inputs[0]]
+    for index, (suffix, (dtype, shape)) in enumerate(list(shapes.items())[:len(parts.wanted)]):
+        name = weight.name + suffix
+        if name in weight.graph.initializers:  # a weight two MatMuls read: its blocks made once
+            inputs.append(weight.graph.initializers[name])
+            continue
+        value = onnx_ir.Value(name=name, const_value=lazy_tensors.lazy(name, parts.part(index), dtype, shape))
+        value.type, value.shape = onnx_ir.TensorType(dtype), onnx_ir.Shape(list(shape))
+        weight.graph.register_initializer(value)
+        inputs.append(value)
+    attributes = {"K": int(rows), "N": int(cols), "bits": bits, "block_size": block_size}
+    if accuracy_level:  # as the quantizer writes it: not at all where 0
+        attributes["accuracy_level"] = accuracy_level
+    replacement = onnx_ir.node("MatMulNBits", inputs, attributes=dict(sorted(attributes.items())),
+                               domain="com.microsoft", name=f"{node.name}_Q{bits}" if node.name else None,
+                               outputs=[onnx_ir.Value(name=node.outputs[0].name)])  # named: no val_N number used
+    _replace(node, replacement)
+    return True
+
+
+def _replace(node, replacement) -> None:
+    """`replacement` (one output) in `node`'s place, its output under the same name, type, shape and metadata."""
+    graph, original = node.graph, node.outputs[0]
+    graph.insert_before(node, [replacement])
+    output = replacement.outputs[0]
+    output.type, output.shape, output.doc_string = original.type, original.shape, original.doc_string
+    output.metadata_props.update(original.metadata_props)  # a graph output's, kept by the quantizer's proto
+    original.replace_all_uses_with(output, replace_graph_outputs=True)
+    graph.remove(node, safe=True)
+    output.name = original.name
+
+
+def head_nodes(model) -> list[str]:
+    """The names of the MatMul nodes of `model` (onnx_ir) that write a graph output (a decoder's head: `logits`)."""
+    outputs = {value.name for value in model.graph.outputs}
+    return [node.name for node in model.graph if node.op_type == "MatMul" and node.outputs[0].name in outputs]
+
+
+def tie_embedding(model) -> int:
+    """In the quantized graph `model` (onnx_ir), each embedding `Gather` of a float table whose tied head
+    (`untied_head`'s transposed copy) became a `MatMulNBits` reads that head's blocks instead, through a `Reshape`
+    and a `GatherBlockQuantized` (the head's bits, 4 or 8, and block size, symmetric: no zero points), as
+    onnxruntime-genai's model builder ties them, and the float table is dropped; the number tied. Without it the
+    float32 table is most of a tied model's q4 file (SmolLM2-135M: 113 of 215 MB with the head 8-bit). A head whose
+    rows are not whole blocks (K % block_size) is left as it is (the builder slices padded rows off instead)."""
+    import numpy as np
+    import onnx_ir
+
     heads = {node.inputs[1].name.rsplit("_Q", 1)[0]: node for node in model.graph
              if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and len(node.inputs) == 3}
     tied = 0
@@ -167,22 +302,21 @@ def tie_embedding(source: Path, output: Path) -> Path:
         if not table.uses():
             model.graph.initializers.pop(table.name)
         tied += 1
-    if not tied:
-        return source
-    model.opset_imports.setdefault("com.microsoft", 1)
-    onnx_ir.save(model, str(output), external_data=output.name + ".data")
-    return output
+    if tied:
+        model.opset_imports.setdefault("com.microsoft", 1)
+    return tied
 
 
-def untied_head(source: Path, output: Path) -> Path:
-    """`source` with each MatMul whose weight is a `Transpose` of an initializer (a head tied to the embedding) reading
-    its own transposed copy instead, saved as `output` (+ `.data`); `source` itself where there is none. Without it
-    the quantizer leaves that MatMul float32: on SmolLM2 the head is the largest weight a decode step reads (measured,
-    benchmarks/variant_speed.py)."""
+def untied_head(model) -> dict:
+    """In `model` (onnx_ir), each MatMul whose weight is a `Transpose` of an initializer (a head tied to the
+    embedding) reads its own transposed copy instead (`<table>.transposed`, made when it is read: `lazy_tensors`);
+    each copy's name -> the table's tensor (which `quantized_matmul` reads a block of rows at a time). Without it
+    the quantizer leaves that MatMul float32: on SmolLM2 the head is the largest weight a decode step reads
+    (measured, benchmarks/variant_speed.py)."""
+    import numpy as np
     import onnx_ir
 
-    model = onnx_ir.load(str(source))
-    untied = 0
+    untied = {}
     for node in list(model.graph):
         weight = node.inputs[1] if node.op_type == "MatMul" and len(node.inputs) == 2 else None
         transpose = weight.producer() if weight is not None else None
@@ -193,19 +327,16 @@ def untied_head(source: Path, output: Path) -> Path:
         if tied is None or tied.const_value is None or tied.shape is None or len(tied.shape) != 2 \
                 or (perm is not None and list(perm.as_ints()) != [1, 0]):
             continue
-        copy = onnx_ir.Value(name=f"{tied.name}.transposed", type=tied.type,
-                             const_value=onnx_ir.tensor(tied.const_value.numpy().T.copy(),
-                                                        name=f"{tied.name}.transposed"))
-        copy.shape = onnx_ir.Shape(list(copy.const_value.shape))
+        table, name = tied.const_value, f"{tied.name}.transposed"
+        shape = list(table.shape.numpy())[::-1]
+        copy = onnx_ir.Value(name=name, type=tied.type, shape=onnx_ir.Shape(shape), const_value=lazy_tensors.lazy(
+            name, lambda table=table: np.ascontiguousarray(lazy_tensors.read(table).T), table.dtype, shape))
         model.graph.register_initializer(copy)
         node.replace_input_with(1, copy)
         if not transpose.outputs[0].uses():
             model.graph.remove(transpose, safe=True)
-        untied += 1
-    if not untied:
-        return source
-    onnx_ir.save(model, str(output), external_data=output.name + ".data")
-    return output
+        untied[name] = table
+    return untied
 
 
 def _eight_bit(source: Path, output: Path, variant: dict) -> Path:
