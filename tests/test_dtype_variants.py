@@ -309,6 +309,33 @@ def test_weight_only_variants_are_byte_for_byte_the_quantizers_made_one_weight_a
         assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "quantizer" / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("name", ["fp16", "q4f16"])
+def test_float16_variants_are_byte_for_byte_the_converters_their_weights_converted_as_written(
+        variants_job, tmp_path, monkeypatch, name):
+    """issues 45/46: fp16's and q4f16's float16 conversion runs on the graph without its weights, each converted as
+    it is written (`float16.streamed_float16_model`; here every float32 one, a few chunks at a time), where
+    onnxruntime's converter held the whole graph and its float16 copy; the files are the same bytes."""
+    import onnx_ir
+
+    from hfexport.formats.onnx import float16, variants
+    from hfexport.formats.onnx.variants import write
+    from hfexport.quantization.variants import settings
+
+    folder, variant = variants_job[0] / "onnx-generation", settings({"name": name, "block_size": 16})
+    converted = []
+    monkeypatch.setattr(float16, "STREAMED_BYTES", 1)
+    monkeypatch.setattr(float16, "CHUNK", 1000)
+    monkeypatch.setattr(float16, "_converted", lambda *args, convert=float16._converted: converted.append(args[-1])
+                        or convert(*args))
+    write(folder, variant, tmp_path / "streamed")
+    assert converted.count(True) >= 4  # the weights were streamed, not read with the graph
+    monkeypatch.setattr(variants, "streamed_float16_model",  # the conversion as it was: the converter, whole graph
+                        lambda source: onnx_ir.from_proto(float16.float16_model(source)))
+    write(folder, variant, tmp_path / "whole")
+    for file in ("model.onnx", "model.onnx_data"):
+        assert (tmp_path / "streamed" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes(), file
+
+
 @pytest.mark.parametrize("head_bits", [8, 4])
 def test_a_head_tied_to_the_embedding_is_quantized_too_and_the_embedding_reads_its_blocks(tmp_path, head_bits):
     """A tied head reaches its MatMul through a Transpose of the embedding's weight, which ONNX Runtime's quantizer

@@ -75,7 +75,7 @@ def convert(folder: Path, target: str | None = None) -> bool:
         for name, moved in aside.items():  # read from there while the float16 data is written under the name
             (folder / name).replace(moved)
         try:
-            onnx_ir.save(_streamed_float16_model(path, aside), str(path), external_data=data[0] if data else None)
+            onnx_ir.save(streamed_float16_model(path, aside), str(path), external_data=data[0] if data else None)
         finally:
             for moved in aside.values():
                 moved.unlink(missing_ok=True)
@@ -94,11 +94,14 @@ def float16_model(path: Path):
     return convert_float_to_float16(str(path), keep_io_types=False)
 
 
-def _streamed_float16_model(path: Path, aside: dict[str, Path]):
+def streamed_float16_model(path: Path, aside: dict[str, Path] | None = None):
     """The float32 graph at `path` in float16, as `float16_model` makes it, as an `onnx_ir` model whose large
     initializers (`STREAMED_BYTES`) are read and converted when they are written (`onnx_ir.LazyTensor`): the
     converter runs on the graph without their data (only their types change), so converting holds one tensor, not
-    the weights. `aside`: the external data file's name as the graph says it -> where its float32 bytes are now."""
+    the weights. Saving it writes the bytes `float16_model`'s proto writes (`tests/test_onnx_float16.py`,
+    `tests/test_dtype_variants.py`). `aside`: the external data file's name as the graph says it -> where its
+    float32 bytes are now (`convert` moves them aside to write the float16 data under the name); a name it does not
+    hold is read where the graph says, beside `path` (a variant written to another folder)."""
     import os
     import tempfile
     from functools import partial
@@ -115,18 +118,22 @@ def _streamed_float16_model(path: Path, aside: dict[str, Path]):
         model = onnx.load(inferred, load_external_data=False)
     finally:
         os.remove(inferred)
+
+    def where(location: str) -> Path:
+        return (aside or {}).get(location, path.parent / location)
+
     streamed = {}
     for tensor in model.graph.initializer:
         if uses_external_data(tensor) and tensor.data_type == onnx.TensorProto.FLOAT:
             info = ExternalDataInfo(tensor)
             if info.length >= STREAMED_BYTES:
-                streamed[tensor.name] = (aside[info.location], info.offset, info.length)
+                streamed[tensor.name] = (where(info.location), info.offset, info.length)
     main = len(model.graph.initializer)
     for index, tensor in enumerate(onnx_tensors(model)):  # the graph's own initializers first
         if not uses_external_data(tensor) or index < main and tensor.name in streamed:
             continue
         info = ExternalDataInfo(tensor)  # read with the graph, as `onnx.load_external_data_for_tensor` reads it
-        with aside[info.location].open("rb") as data:
+        with where(info.location).open("rb") as data:
             data.seek(info.offset)
             tensor.raw_data = data.read(info.length)
         tensor.data_location = onnx.TensorProto.DEFAULT

@@ -34,7 +34,7 @@ from pathlib import Path
 from hfexport.formats.onnx import lazy_tensors
 from hfexport.formats.onnx.attention_fusion import fuse_attention
 from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, PAST, relocated
-from hfexport.formats.onnx.float16 import float16_model
+from hfexport.formats.onnx.float16 import streamed_float16_model
 from hfexport.quantization.shapes import dividing_group_size
 
 #: the variants whose graph has each layer's attention fused (`attention_fusion`): those made for decode speed
@@ -71,7 +71,7 @@ def write(folder: Path, variant: dict, stage: Path) -> dict:
         elif name == "q8":
             source = _eight_bit(source, Path(scratch) / "q8.onnx", variant)
         if name in ("fp16", "q4f16"):
-            model = onnx_ir.from_proto(float16_model(source))
+            model = streamed_float16_model(source)  # its weights converted as they are written
         else:
             model = onnx_ir.load(str(source))
         for node in onnx_ir.traversal.RecursiveGraphIterator(model.graph):
