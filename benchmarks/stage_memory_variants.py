@@ -1,6 +1,6 @@
 """The preflight's memory estimate per stage against the peaks a job then measures, for targets that quantize
-(issue 45): ONNX's q8/q4 variants, OpenVINO's int8/int4 variants (NNCF), an OpenVINO int8-weight target (NNCF,
-compressed in its save: the structure path) and ExecuTorch's 8da4w variant, each a job of its own in a fresh process.
+(issue 45): ONNX's q8/q4 variants and its fp16 variant, OpenVINO's int8/int4 variants (NNCF), an OpenVINO int8-weight
+target (NNCF, compressed in its save: the structure path) and ExecuTorch's 8da4w variant, each a job of its own in a fresh process.
 
 The models: SmolLM2-135M-Instruct's real weights (float32, `hfexport.testing.models.build_smollm2`, default
 /tmp/hfexport-smollm2) and a depth-cut published config (`hfexport.testing.zoo`, default Llama-3.2-1B's at 2 layers:
@@ -12,7 +12,7 @@ job recorded; `compare` sets each stage's peak beside the estimate the current e
 metadata only, so a change of its constants is checked again without a run: `COMPARE_ONLY=1`).
 
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/stage_memory_variants.py` (env MODELS=smollm2,llama-3.2-1b,
-CASES=onnx,openvino,openvino-int8,executorch, LAYERS=2, WORK) -> benchmarks/results/stage_memory_variants.json
+CASES=onnx,onnx-fp16,openvino,openvino-int8,executorch, LAYERS=2, WORK) -> benchmarks/results/stage_memory_variants.json
 (merged: a case run again replaces its entry). Heavy: under `flock /tmp/hfexport-heavy.lock` on a shared machine.
 """
 
@@ -30,6 +30,7 @@ from _process import ROOT, machine_and_versions, run_measured
 RESULT = ROOT / "benchmarks" / "results" / "stage_memory_variants.json"
 CASES = {
     "onnx": {"export_format": "onnx", "mode": "generation", "variants": ["q8", "q4"]},
+    "onnx-fp16": {"export_format": "onnx", "mode": "generation", "variants": ["fp16"]},
     "openvino": {"export_format": "openvino", "mode": "generation", "variants": ["int8", "int4"]},
     "openvino-int8": {"export_format": "openvino", "mode": "generation",
                       "quantization": {"method": "nncf_weights", "params": {"mode": "int8_asym"}}},

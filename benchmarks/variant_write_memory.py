@@ -8,7 +8,8 @@ wall and CPU, and the sha256 of the `model.onnx` and `model.onnx_data` written.
 
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/variant_write_memory.py` with env SOURCES (folders holding a
 float32 `model.onnx` + `config.json`, comma-separated), VARIANTS (default q4,q8,q4f16), BEFORE (another tree's
-`library` folder, e.g. `git archive REV | tar -x -C /tmp/before`), NOTE (what the sources are), WORK -> benchmarks/results/variant_write_memory.json.
+`library` folder, e.g. `git archive REV | tar -x -C /tmp/before`), NOTE (what the sources are), WORK, RESULT (default
+variant_write_memory.json; variant_write_memory_float16.json: fp16 and q4f16 streamed) -> benchmarks/results/RESULT.
 Each process holds up to the old path's peak (about 2.3 x the float32 weights): under `flock /tmp/hfexport-heavy.lock`.
 """
 
@@ -78,7 +79,7 @@ def main() -> None:
     for run in runs:
         key = f"{run['source']}:{run['variant']}"
         same.setdefault(key, set()).add(json.dumps(run["sha256"], sort_keys=True))
-    write_result("variant_write_memory.json", {
+    write_result(os.environ.get("RESULT", "variant_write_memory.json"), {
         "runs": runs, "identical_bytes": {key: len(digests) == 1 for key, digests in same.items()},
         "note": os.environ.get("NOTE", ""), **machine_and_versions()})
 
