@@ -14,7 +14,7 @@ The converter is given the graph without its large initializers' data (issue 45:
 whole): it changes their types only, and each is read from the float32 data file, converted by the converter's own
 `convert_np_to_float16` and written one at a time when the graph is saved (`onnx_ir.LazyTensor`), so converting
 holds one tensor, not the weights; the files are byte for byte those of the converter run on the whole graph
-(`tests/test_onnx_float16.py`).
+(`tests/test_onnx_float16.py`). The fp16 and q4f16 variants (`hfexport.formats.onnx.variants`) convert the same way.
 
 `convert(folder)` rewrites every component graph saved in `folder` in place (same file names, same external data
 name) and records `float16` as the manifest's `metadata.export_dtype` of each, which the layout

@@ -17,7 +17,7 @@
   per-tensor 8-bit table: docs/quantization.md).
 - `fp16` and the float16 half of `q4f16`: hfexport's float16 conversion (`hfexport.formats.onnx.float16`: float16
   inputs and outputs, the KV cache included, where transformers.js' script keeps float32 ones; its
-  `transformers.js_config` then says `kv_cache_dtype` float16 for them).
+  `transformers.js_config` then says `kv_cache_dtype` float16 for them), each weight converted as it is written.
 
 `write(folder, variant, stage)` lays the variant out in `stage` as the contract folder the runtimes open (the
 variant's graph as `model.onnx` + `model.onnx_data`, without the exporter's node metadata, every other file
