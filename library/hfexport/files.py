@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -189,8 +190,11 @@ def dropping_mapped_folder(folder: Path, every: float = 0.05):
     done = threading.Event()
 
     def drop() -> None:
-        while not done.wait(every):
+        pause = every
+        while not done.wait(pause):
+            started = time.perf_counter()
             drop_mapped_folder(folder, read_only=True)
+            pause = every + 2 * (time.perf_counter() - started)  # a large file's scan: a third of a core at most
 
     thread = threading.Thread(target=drop, name="hfexport-drop-mapped", daemon=True)
     thread.start()
