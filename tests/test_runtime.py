@@ -125,8 +125,20 @@ def _verify_openvino(exported_bert, tiny_bert, bert_parts, runtime: dict | None)
     return verify_exported(output / "openvino", model, plan, processor)
 
 
-def test_openvino_pinned_to_f32_is_checked_at_f32_against_strict_thresholds(exported_bert, tiny_bert, bert_parts):
+def test_openvino_pinned_to_f32_is_checked_at_f32_against_strict_thresholds(exported_bert, tiny_bert, bert_parts,
+                                                                          monkeypatch):
+    import openvino
+
+    compiled = []
+    compile_model = openvino.Core.compile_model
+
+    def counted(self, *args, **kwargs):  # the real compile, counted: the f32 pin is compiled once, not twice
+        compiled.append(args[2] if len(args) > 2 else kwargs.get("config"))
+        return compile_model(self, *args, **kwargs)
+
+    monkeypatch.setattr(openvino.Core, "compile_model", counted)
     verification = _verify_openvino(exported_bert, tiny_bert, bert_parts, {"precision": "f32"})
+    assert len(compiled) == 1 and compiled[0]["INFERENCE_PRECISION_HINT"] == "f32"
     assert verification["passed"], verification["failures"]
     runtime = verification["runtime"]
     assert runtime["backend"] == "openvino" and runtime["device"] == "CPU"

@@ -4,11 +4,14 @@ atomic target folders, file listings with sizes and hashes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -157,10 +160,11 @@ def drop_file_pages(start: int, end: int) -> int:
     return dropped
 
 
-def drop_mapped_folder(folder: Path) -> int:
+def drop_mapped_folder(folder: Path, read_only: bool = False) -> int:
     """`drop_file_pages` on every mapping of a file inside `folder` (/proc/self/maps): a runtime that mapped an
     artifact's weights and made its own copy when it compiled (OpenVINO's CPU plugin repacks them) keeps only what
-    it reads again. Returns the bytes dropped."""
+    it reads again. `read_only`: only the mappings no one can write (safe while the runtime still runs). Returns the
+    bytes dropped."""
     root = os.path.realpath(folder) + os.sep
     dropped = 0
     try:
@@ -170,7 +174,33 @@ def drop_mapped_folder(folder: Path) -> int:
         return 0
     for line in lines:
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5].startswith(root):
+        if len(fields) == 6 and fields[5].startswith(root) and not (read_only and "w" in fields[1]):
             low, high = (int(value, 16) for value in fields[0].split("-"))
             dropped += drop_file_pages(low, high)
     return dropped
+
+
+@contextlib.contextmanager
+def dropping_mapped_folder(folder: Path, every: float = 0.05):
+    """`drop_mapped_folder` while the block runs (a runtime compiling an artifact it mapped): on `folder`'s read-only
+    mappings every `every` seconds from a thread, then on all of them once the block ends. The pages OpenVINO's CPU
+    plugin already repacked leave the resident set while it reads the next ones, instead of the whole `.bin` staying
+    resident beside its copy until the compile ends (the gate's peak, issue 45); a page read again is read again from
+    the page cache, the same bytes (a read-only mapping holds no page the process wrote)."""
+    done = threading.Event()
+
+    def drop() -> None:
+        pause = every
+        while not done.wait(pause):
+            started = time.perf_counter()
+            drop_mapped_folder(folder, read_only=True)
+            pause = every + 2 * (time.perf_counter() - started)  # a large file's scan: a third of a core at most
+
+    thread = threading.Thread(target=drop, name="hfexport-drop-mapped", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        drop_mapped_folder(folder)

@@ -69,6 +69,8 @@ class FormatBackend:
     half_weights_option: ClassVar[str | None] = None  # an option that stores the weights as float16
     max_program_bytes: ClassVar[int | None] = None  # the largest program file (`suffix`) it opens (default: weights')
     memory_factor: ClassVar[float] = 4.0  # peak memory of an export, times the weights (hfexport.job.preflight)
+    # what its gate hands back beyond a mapped float32 model's pages, times the weights (preflight.export_factor)
+    mapped_gate_release: ClassVar[float] = 0.0
     export_cost: ClassVar[float] = 1.0  # an export's relative time, to share targets out (hfexport.job.parallel)
     runtimes: ClassVar[tuple[str, ...]] = ()  # modules of its deployment runtimes (`RUNTIME`, `check_generation(folder, request)`)
     verify_load_options: ClassVar[dict] = {}  # `from_pretrained` options the verifier loads it with

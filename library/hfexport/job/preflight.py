@@ -167,9 +167,13 @@ MAPPED_GATE_RELEASE = 1.0
 
 def export_factor(targets, widened: bool = True) -> float:
     """How many times its weights a process exporting `targets` from the loaded model holds: its largest target's
-    `memory_factor`, less `MAPPED_GATE_RELEASE` where the checkpoint is float32 and mapped (not `widened`)."""
-    release = 0.0 if widened else MAPPED_GATE_RELEASE
-    return max(1.0, max(map(memory_factor, targets), default=1.0) - release)
+    `memory_factor`, less `MAPPED_GATE_RELEASE` and its format's `mapped_gate_release` where the checkpoint is float32
+    and mapped (not `widened`)."""
+    def factor(target) -> float:
+        release = MAPPED_GATE_RELEASE + format_traits(target.export_format).mapped_gate_release
+        return memory_factor(target) - (0.0 if widened else release)
+
+    return max(1.0, max(map(factor, targets), default=1.0))
 
 
 def memory_needed(weights: int, groups, widened: bool = True) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
-from hfexport.files import MANIFEST_FILE, drop_mapped_folder
+from hfexport.files import MANIFEST_FILE, dropping_mapped_folder
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
 from hfexport.models import on_empty_cache
@@ -314,16 +314,15 @@ def _load(folder: Path, export_format: str, precision: str | None, lean: bool = 
     runtime precision. OpenVINO is compiled for the CPU explicitly, so the precision it picked can be read back
     (AUTO does not expose it). `lean`: the weights left memory-mapped, not copied by the runtime (the format's
     `lean_load_options`), for a gate that released the model to save memory; else the artifact's files' pages the
-    runtime mapped are handed back once it loaded (`drop_mapped_folder`: read again where it reads them again)."""
+    runtime mapped are handed back as it loads (`dropping_mapped_folder`: read again where it reads them again)."""
     from hfexport.exported import ExportedModel
 
     options = dict(format_traits(export_format).verify_load_options)
     if lean:
         options.update(format_program(export_format).lean_load_options())
-    exported = ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
-    if not lean:  # the runtime made its own copy of the weights it mapped (OpenVINO's CPU plugin repacks them)
-        drop_mapped_folder(Path(folder))
-    return exported
+        return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+    with dropping_mapped_folder(Path(folder)):  # the runtime copies the weights it mapped (OpenVINO's CPU plugin)
+        return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
 
 
 def _references(layout, model, plan, probes: list[dict], refs, representative: dict | None) -> dict:
@@ -416,8 +415,9 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     Where the format has a runtime precision (OpenVINO), the graph is checked at float32 against the strict
     thresholds, and then at the precision a user of `hfexport.load` gets on this machine (the recipe's
     `runtime.precision`, else the device default, read back from the compiled model) against thresholds for that
-    precision; the target passes when both do. `verification["runtime"]` names the CPU, backend, device and
-    precision of each check. `progress` gets a `probe` step as each probe (and the generation check) ends."""
+    precision (a recipe pinning f32: the graph check's compiled model read back, not compiled a second time); the
+    target passes when both do. `verification["runtime"]` names the CPU, backend, device and precision of each
+    check. `progress` gets a `probe` step as each probe (and the generation check) ends."""
     import torch
 
     started = time.perf_counter()
@@ -475,7 +475,10 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
                               "components": graph_read["components"], "passed": graph["passed"]})
     del exported
     runtime_check = None
-    if has_precision:
+    if has_precision and pinned == "f32" and graph_read["precision"] == "f32":  # the graph check's load, compiled once
+        runtime["checks"].append({"name": "runtime", "requested": pinned, "precision": "f32",
+                                  "components": graph_read["components"], "passed": True, "same_as": "graph"})
+    elif has_precision:
         check, runtime_check = _runtime_precision_check(folder, plan, processor, references, dtype, pinned, progress)
         runtime["checks"].append(check)
     user = runtime["checks"][-1]
