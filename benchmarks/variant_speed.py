@@ -44,7 +44,8 @@ tokens/s > 1 and TTFT < 1 mean hfexport's variant is faster.
 Run: `flock /tmp/hfexport-heavy.lock env PYTHONPATH=library .venv/bin/python benchmarks/variant_speed.py` (FORMATS,
 default `openvino,onnx,executorch`; PHASES, default `make,speed`, or `gate`: executorch's sides' runtime checks as the
 variant gate runs them; ROUNDS 6; GENERATIONS 3; SETTLE_S 0.2;
-NEW_TOKENS 32; THREADS 2; WORK /tmp/hfexport-variant-speed; SMOLLM2_DIR) -> benchmarks/results/variant_speed.json (or
+NEW_TOKENS 32; THREADS 2; WORK /tmp/hfexport-variant-speed; SMOLLM2_DIR; CHECKPOINT: another checkpoint with its tokenizer,
+the 1.7B-class one) -> benchmarks/results/variant_speed.json (or
 OUT; formats measured earlier in that file are kept; FORMATS may also name `transformers.js`). The CPU and the load
 average before and after are recorded. results/variant_speed_zen5.json: `FORMATS=transformers.js,executorch
 OUT=results/variant_speed_zen5.json`, on an AMD EPYC Zen 5 (family 26 model 2), with transformers.js' sides then
@@ -87,19 +88,25 @@ NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 THREADS = int(os.environ.get("THREADS", "2"))
 WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-variant-speed"))
 SMOLLM2 = Path(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfexport-smollm2"))
+#: another checkpoint with SmolLM2's tokenizer (the 1.7B-class random-weight one of benchmarks/export_memory.py), in
+#: place of SmolLM2-135M-Instruct's real weights; its tokenizer is read from SMOLLM2 all the same
+CHECKPOINT = Path(os.environ["CHECKPOINT"]) if os.environ.get("CHECKPOINT") else None
 OUT = Path(os.environ.get("OUT", HERE / "results" / "variant_speed.json"))
 CHAT = ["Write a short story about a robot who learns to paint.", "Explain in detail how a bicycle works.",
         "Describe the water cycle step by step.", "List ten fruits and describe each one."]
 
+#: in a peer's options: the group size hfexport's int4 side resolved for the model
+GROUP_SIZE = "<hfexport's int4 group size>"
 #: per format: the float32 target, hfexport's sides (side name -> variant settings), the peers' sides (side name ->
 #: how to make it), the pairs compared (hfexport's side, the peer's side), the files that hold the program
 SIDES = {
     "openvino": {"target": "openvino-generation",
                  "hfexport": {"hfexport int8": {"name": "int8"}, "hfexport int4": {"name": "int4"}},
                  "peers": {"optimum-intel int8": ("--weight-format", "int8"),
-                           # its default group size (128) fails on SmolLM2 (NNCF's InvalidGroupSizeError: 576 % 128);
-                           # 64 is what hfexport resolves for it, and what the error leaves a user to pick
-                           "optimum-intel int4": ("--weight-format", "int4", "--group-size", "64")},
+                           # the group size hfexport resolved for its int4 (`GROUP_SIZE`): optimum-intel's default
+                           # (128) fails on SmolLM2 (NNCF's InvalidGroupSizeError: 576 % 128), where 64 is what
+                           # hfexport resolves and what the error leaves a user to pick; a 2048-wide model takes 128
+                           "optimum-intel int4": ("--weight-format", "int4", "--group-size", GROUP_SIZE)},
                  "pairs": [("hfexport int8", "optimum-intel int8"), ("hfexport int4", "optimum-intel int4")],
                  "files": ("openvino_model.xml", "openvino_model.bin")},
     "onnx": {"target": "onnx-generation",
@@ -178,7 +185,7 @@ def make(export_format: str) -> dict:
 
     key, export_format = export_format, program_format(export_format)
     spec, work = SIDES[key], WORK / key
-    checkpoint = build_smollm2(SMOLLM2)
+    checkpoint = CHECKPOINT or build_smollm2(SMOLLM2)
     name = spec["target"]
     recipe = load_recipe({"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": TEXTS},
                           "targets": {name: {"export_format": export_format, "mode": "generation"}}})
@@ -210,6 +217,9 @@ def make(export_format: str) -> dict:
         if not (folder / ".made").is_file():
             shutil.rmtree(folder, ignore_errors=True)
             started = time.perf_counter()
+            if GROUP_SIZE in options:  # hfexport's int4 side is made first
+                group = json.loads((work / slug("hfexport int4") / ".made").read_text())["group_size"]
+                options = tuple(str(group) if option == GROUP_SIZE else option for option in options)
             make_peer(key, checkpoint, folder, options)
             (folder / ".made").write_text(json.dumps(options))
             timings[side] = round(time.perf_counter() - started, 1)
