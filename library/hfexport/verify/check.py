@@ -475,11 +475,9 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
                               "components": graph_read["components"], "passed": graph["passed"]})
     del exported
     runtime_check = None
-    if has_precision and pinned == "f32" and graph_read["precision"] == "f32":  # the graph check's load, compiled once
-        runtime["checks"].append({"name": "runtime", "requested": pinned, "precision": "f32",
-                                  "components": graph_read["components"], "passed": True, "same_as": "graph"})
-    elif has_precision:
-        check, runtime_check = _runtime_precision_check(folder, plan, processor, references, dtype, pinned, progress)
+    if has_precision:
+        check, runtime_check = _runtime_precision_check(folder, plan, processor, references, dtype, pinned, graph_read,
+                                                        progress)
         runtime["checks"].append(check)
     user = runtime["checks"][-1]
     runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
@@ -532,26 +530,36 @@ def _device_of(components: dict) -> str:
     return ",".join(devices) or "cpu"
 
 
-def _runtime_precision_check(folder, plan, processor, references: dict, dtype: str, pinned: str,
+def _runtime_precision_check(folder, plan, processor, references: dict, dtype: str, pinned: str, graph_read: dict,
                              progress: ProgressCallback | None = None) -> tuple[dict, dict | None]:
     """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds
     against the same eager references: (the check's entry in `runtime.checks`, the report's `runtime_check`).
-    Identical to the graph check (and not run again, `runtime_check` None) where the runtime computes at f32 anyway."""
+    Identical to the graph check (and not run again, `runtime_check` None) where the runtime computes at f32 anyway;
+    a recipe pinning the f32 the graph check ran at (`graph_read`, its compiled model's read-back) is not compiled a
+    second time."""
     target = plan.target
+    if pinned == "f32" and graph_read["precision"] == "f32":
+        return _same_as_graph(pinned, graph_read), None
     exported = _load(Path(folder), str(target.export_format), pinned)
     try:
         read = read_back(exported)
         precision = read["precision"] or "unknown"
-        check = {"name": "runtime", "requested": pinned, "precision": precision, "components": read["components"]}
         if precision == "f32":
-            check.update(passed=True, same_as="graph")
-            return check, None
+            return _same_as_graph(pinned, read), None
+        check = {"name": "runtime", "requested": pinned, "precision": precision, "components": read["components"]}
         result = _compare(exported, plan, processor, references, resolve(target, dtype, precision),
                           on_probe=_probe_steps(progress, target.name, f"at {precision}: "))
     finally:
         del exported
     check["passed"] = result["passed"]
     return check, {"precision": precision, "requested": pinned, **result}
+
+
+def _same_as_graph(pinned: str, read: dict) -> dict:
+    """The runtime check's entry where the runtime computes at f32, as the graph check did (`read`: a compiled
+    model's read-back): that check covers it."""
+    return {"name": "runtime", "requested": pinned, "precision": "f32", "components": read["components"],
+            "passed": True, "same_as": "graph"}
 
 
 def _probe_steps(progress: ProgressCallback | None, target: str, stage: str):
