@@ -12,12 +12,12 @@ Exports (`make`, once per FORMAT, cached under WORK/<format>/, a side made again
   (its own defaults; run from hfexport's venv, which has the torch, transformers and onnx_ir it imports, with the
   genai venv's package on the path); `executorch`: `optimum-cli export executorch --recipe xnnpack --use_custom_sdpa
   --use_custom_kv_cache --qlinear 8da4w --qembedding 8w` (optimum-executorch 1.1.0, as benchmarks/variant_quality.py).
-  `transformers.js` (the ONNX export's q4 and q8, each also at `accuracy_level` 4): transformers.js' own q4 and q8
+  `transformers.js` (the ONNX export's q4, q8 and q4f16): transformers.js' own q4, q8 and q4f16
   of the checkpoint, `optimum-cli export onnx --task text-generation-with-past` (optimum-onnx 0.1.0, the peers'
   venv) then transformers.js' scripts/quantize.py rules with its defaults (TJS_QUANTIZE: q8 `quantize_dynamic`'s
   quantizer over IntegerOpsRegistry's ops, per tensor, int8 weights; q4 `MatMulNBitsQuantizer` blocks of 32,
-  symmetric), run with hfexport's venv's onnxruntime 1.32 (the peers' has the same version, not the onnx_ir it
-  imports).
+  symmetric; q4f16 that q4, then its float16 rules, float32 inputs and outputs kept: TJS_PACKAGES), run with
+  hfexport's venv's onnxruntime 1.32 (the peers' has the same version, not the onnx_ir it imports).
 - quality: every side scored by `hfexport.verify.variants.quality` against hfexport's float32 export, on
   benchmarks/variant_quality.py's TEXTS (the format's `next_token_scores` on each folder): the perplexity ratio to
   float32 and the next-token agreement, the figures of the variant gate.
@@ -51,7 +51,8 @@ average before and after are recorded. results/variant_speed_zen5.json: `FORMATS
 OUT=results/variant_speed_zen5.json`, on an AMD EPYC Zen 5 (family 26 model 2), with transformers.js' sides then
 (the defaults and `accuracy_level` 4 apart); results/variant_speed_tjs_fused_zen5.json: `FORMATS=transformers.js
 ROUNDS=3 NEW_TOKENS=16`, the fused, `accuracy_level` 4 defaults against transformers.js' own;
-results/variant_speed_onnx_zen5.json: `FORMATS=onnx OUT=results/variant_speed_onnx_zen5.json`, q4 against the model
+results/variant_speed_tjs_q4f16_zen5.json: the same with q4f16's pair added (`FORMATS=transformers.js ROUNDS=3
+NEW_TOKENS=16`); results/variant_speed_onnx_zen5.json: `FORMATS=onnx OUT=results/variant_speed_onnx_zen5.json`, q4 against the model
 builder's int4 in onnxruntime-genai; results/variant_speed_executorch_zen5.json: `FORMATS=executorch ROUNDS=8
 GENERATIONS=4`, PHASES make, speed, gate run apart: the 8da4w defaults, the peer's form and the head 4-bit with the 4-bit
 embedding against optimum-executorch's 8da4w (what decides the defaults: docs/quantization.md, "Variants").
@@ -127,11 +128,17 @@ SIDES = {
                         # the defaults (fused attention, accuracy_level 4: int8 activations inside MatMulNBits, the
                         # only 8-bit kernel ONNX Runtime has on CPU), and accuracy_level 0 (unset): without it an 8-bit
                         # block graph dequantizes every weight on every call (results/variant_speed_zen5.json)
-                        "hfexport": {"hfexport q4": {"name": "q4"}, "hfexport q8": {"name": "q8"}},
-                        "peers": {"transformers.js q4": ("q4",), "transformers.js q8": ("q8",)},
-                        "pairs": [("hfexport q4", "transformers.js q4"), ("hfexport q8", "transformers.js q8")],
+                        # q4f16: hfexport's (q4, then its float16 conversion: float16 inputs, outputs and cache)
+                        # against transformers.js' (q4, then its float16 rules with float32 inputs and outputs)
+                        "hfexport": {"hfexport q4": {"name": "q4"}, "hfexport q8": {"name": "q8"},
+                                     "hfexport q4f16": {"name": "q4f16"}},
+                        "peers": {"transformers.js q4": ("q4",), "transformers.js q8": ("q8",),
+                                  "transformers.js q4f16": ("q4f16",)},
+                        "pairs": [("hfexport q4", "transformers.js q4"), ("hfexport q8", "transformers.js q8"),
+                                  ("hfexport q4f16", "transformers.js q4f16")],
                         "dtype": {"hfexport q4": "q4", "transformers.js q4": "q4", "hfexport q8": "q8",
-                                  "transformers.js q8": "q8"},
+                                  "transformers.js q8": "q8", "hfexport q4f16": "q4f16",
+                                  "transformers.js q4f16": "q4f16"},
                         "files": ("model.onnx", "model.onnx_data")},
     "executorch": {"target": "executorch-generation",
                    # the defaults, optimum-executorch's form made by hfexport (its head 4-bit, its embedding 8w:
@@ -269,7 +276,7 @@ def make_peer(export_format: str, checkpoint: Path, folder: Path, options: tuple
         shutil.copytree(source, scratch, ignore=shutil.ignore_patterns("model.onnx", "model.onnx_data"))
         # in hfexport's venv: the same onnxruntime (1.32) as the peers', whose venv lacks the onnx_ir it imports
         subprocess.run([sys.executable, "-c", TJS_QUANTIZE, str(source / "model.onnx"),
-                        str(scratch / "model.onnx"), *options], check=True)
+                        str(scratch / "model.onnx"), *options, str(tjs_packages())], check=True)
         scratch.rename(folder)
         return
     if export_format == "openvino":
@@ -310,10 +317,35 @@ def optimum_onnx(peer_model: Path, folder: Path) -> Path:
     return folder
 
 
+#: the packages of transformers.js' scripts/requirements.txt that its float16 rules (q4f16) need and hfexport's venv
+#: lacks: its float16.py is onnxconverter-common's converter (the version it pins) with a longer op block list,
+#: and the result is slimmed by onnxslim (the version it pins); installed apart (`pip --target`, no dependencies:
+#: onnx, numpy, sympy, ml_dtypes come from hfexport's venv)
+TJS_PACKAGES = ("onnxconverter-common==1.14.0", "onnxslim==0.1.48", "colorama")
+
+
+def tjs_packages() -> Path:
+    """A folder holding TJS_PACKAGES (made once under WORK), which TJS_QUANTIZE puts on its path."""
+    folder = WORK / "tjs-packages"
+    if not (folder / ".made").is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(folder),
+                        *TJS_PACKAGES], check=True)
+        (folder / ".made").write_text(json.dumps(TJS_PACKAGES))
+    return folder
+
+
 # transformers.js' scripts/quantize.py (its last version, before its removal from the repo: commit 4e1b4b6~1),
-# `quantize_q8` and `quantize_q4` with its defaults: argv SOURCE OUTPUT MODE; saved inline as its
-# `check_and_save_model` saves a graph under 2 GB
+# `quantize_q8`, `quantize_q4` and `quantize_fp16` with its defaults: argv SOURCE OUTPUT MODE PACKAGES; saved inline
+# as its `check_and_save_model` saves a graph under 2 GB. q4f16 is its q4 then its float16 rules: float32 inputs and
+# outputs kept (`keep_io_types`), values clamped to [1e-7, 1e4] in magnitude (its converter's defaults), its op block
+# list (onnxconverter-common's without Range, with RandomNormalLike and Cast), then `onnxslim.slim`; its float16.py
+# is onnxconverter-common 1.14.0's converter as modified there (loaded from its file: the package's __init__ imports
+# `onnx.mapping`, gone from onnx since), whose other changes (casts of a graph input shared, a topological sort) do
+# not change what is computed
 TJS_QUANTIZE = r"""
+import importlib.util
+import logging
 import sys
 import onnx
 from onnxruntime.quantization import QuantType, QuantizationMode
@@ -321,6 +353,7 @@ from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
 from onnxruntime.quantization.registry import IntegerOpsRegistry
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 source, output, mode = sys.argv[1:4]
+logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
 model = onnx.load_model(source)
 if mode == "q8":
     ops = set()
@@ -341,7 +374,29 @@ if mode == "q8":
 else:
     quantizer = MatMulNBitsQuantizer(model=model, block_size=32, is_symmetric=True, accuracy_level=None)
     quantizer.process()
-onnx.save(quantizer.model.model, output, convert_attribute=True)
+model = quantizer.model.model
+if mode == "q4f16":
+    sys.path.append(sys.argv[4])
+    import onnxslim
+    spec = importlib.util.spec_from_file_location("float16", sys.argv[4] + "/onnxconverter_common/float16.py")
+    float16 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(float16)
+    import numpy as np
+    as_written = float16.convert_tensor_float_to_float16
+    def raw_to_float16(tensor, min_positive_val=1e-7, max_finite_val=1e4):
+        # its raw_data path as written (np.fromstring, ndarray.tostring: gone from numpy 2), the same values
+        if tensor.data_type != onnx.TensorProto.FLOAT or not tensor.raw_data:
+            return as_written(tensor, min_positive_val, max_finite_val)
+        values = np.frombuffer(tensor.raw_data, dtype="float32")
+        tensor.data_type = onnx.TensorProto.FLOAT16
+        tensor.raw_data = float16.convert_np_to_float16(values, min_positive_val, max_finite_val).tobytes()
+        return tensor
+    float16.convert_tensor_float_to_float16 = raw_to_float16
+    blocked = [op for op in float16.DEFAULT_OP_BLOCK_LIST if op != "Range"] + ["RandomNormalLike", "Cast"]
+    model = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
+                                             disable_shape_infer=model.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF)
+    model = onnxslim.slim(model)
+onnx.save(model, output, convert_attribute=True)
 """
 
 
@@ -386,7 +441,7 @@ def js_stage(folder: Path, dtype: str, stage: Path) -> list[str]:
     from hfexport.formats.onnx.decoder_contract import DATA_FILE, MODEL_FILE, relocated
     from hfexport.testing import peers
 
-    name = {"q4": "model_q4.onnx", "q8": "model_quantized.onnx"}[dtype]
+    name = {"q4": "model_q4.onnx", "q8": "model_quantized.onnx", "q4f16": "model_q4f16.onnx"}[dtype]
     shutil.rmtree(stage, ignore_errors=True)
     (stage / "models" / "model" / "onnx").mkdir(parents=True)
     shutil.copyfile(folder / "config.json", stage / "models" / "model" / "config.json")
