@@ -69,7 +69,7 @@ def load_structure(job) -> None:
 def traced_without_weights(target) -> bool:
     """Whether `target` is exported from the placeholder twin (its format's rule for its quantization, a generation
     target that rebinds): the job's and the preflight's one test."""
-    return format_program(target.export_format).traced_without_weights(target.quantization) \
+    return format_program(target.export_format).traced_without_weights(target.quantization, target.options) \
         and target.mode == "generation" and target.rebind
 
 

@@ -130,7 +130,8 @@ def plan_quantizer(plan):
 def traces_on(plan, model) -> bool:
     """Whether `plan`, made on `model`, can be exported from a placeholder twin of it (`structure_for`'s conditions
     but the degenerate checkpoint's)."""
-    if not format_program(plan.target.export_format).traced_without_weights(plan.target.quantization) \
+    if not format_program(plan.target.export_format).traced_without_weights(plan.target.quantization,
+                                                                           plan.target.options) \
             or plan.mode != "generation" or plan.llm_runner is not None:
         return False
     return all(_is_model(module, model) for module, _ in plan.own_components.values())
