@@ -1,5 +1,6 @@
 """An int8-weight OpenVINO generation target exported from the model's placeholder twin (issue 45,
-`hfexport.rebind.placeholders`), so the export never holds the float32 (or bfloat16) model:
+`hfexport.rebind.placeholders`), so the export never holds the float32 (or bfloat16) model (a float32 target: steps
+1 and 2 only, the weight map kept):
 
 1. the twin is converted without the target's quantizer, each placeholder parameter's constant file-backed
    (`file_backed_constants`): OpenVINO's PyTorch frontend makes every constant contiguous (`.contiguous()` in
