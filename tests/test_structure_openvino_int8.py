@@ -58,12 +58,12 @@ def _graph(xml: str) -> str:
     return re.sub(r'_\d+"', '"', re.sub(r' (?:id|name)="[^"]*"', "", xml))
 
 
-def test_only_a_data_free_int8_weight_target_is_traced_without_weights():
+def test_of_the_quantized_targets_only_a_data_free_int8_weight_one_is_traced_without_weights():
     from hfexport.formats.programs import format_program
 
     program = format_program("openvino")
     assert program.traced_without_weights(INT8)
-    assert not program.traced_without_weights(None)  # a float32 OpenVINO target: from the weights, as before
+    assert program.traced_without_weights(None)  # a float32 one too (tests/test_structure_openvino_float32.py)
     assert not program.traced_without_weights({"method": "nncf_weights", "params": {"mode": "int4_asym"}})
     assert not program.traced_without_weights({"method": "nncf_weights", "params": {"mode": "int8_asym",
                                                                                     "ratio": 0.5}})
@@ -109,7 +109,7 @@ def test_the_structure_export_writes_the_int8_files_the_weights_export_writes(tm
     report = run_job(folder, tmp_path / "structure", [TARGET], **options)
     assert report.targets[TARGET].status == "ok", report.targets[TARGET].error
     assert loaded == []  # planned and exported on the twin, the weights read from the shards
-    monkeypatch.setattr(program.OpenvinoProgram, "traced_without_weights", lambda self, quantization: False)
+    monkeypatch.setattr(program.OpenvinoProgram, "traced_without_weights", lambda self, *args: False)
     report = run_job(folder, tmp_path / "weights", [TARGET], **options)
     assert report.targets[TARGET].status == "ok", report.targets[TARGET].error
     assert loaded  # today's path: the model loaded, NNCF on the converted model

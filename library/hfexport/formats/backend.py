@@ -228,6 +228,10 @@ class FormatProgram:
     #: placeholder's constant whole); else the weights outside it (ONNX's exporter keeps the one-row placeholders)
     structure_export_vocabulary: ClassVar[bool] = False
     structure_save_memory: ClassVar[float] = 0.0
+    #: Whether the format's runtime copies the weights it memory-maps whatever it is told (OpenVINO's CPU plugin
+    #: repacks them when it compiles): the gate then hands the mapped pages back as it loads and runs
+    #: (`hfexport.verify.check._load`), even where it was asked to load lean
+    repacks_mapped_weights: ClassVar[bool] = False
 
     def mapped_weight_bytes(self, target, loaded: int) -> int:
         """The bytes of the weights a target's artifact holds, which its runtime maps when the gate opens it, from the
@@ -235,14 +239,20 @@ class FormatProgram:
         (`hfexport.job.preflight.structure_stages`)."""
         return loaded
 
-    def traced_without_weights(self, quantization) -> bool:
-        """Whether a generation target of this format with `quantization` (its recipe section, None for none) is
-        traced from the placeholder twin: a format that `traces_without_weights`, unquantized."""
+    def traced_without_weights(self, quantization, options=None) -> bool:
+        """Whether a generation target of this format with `quantization` (its recipe section, None for none) and
+        `options` (its recipe options) is traced from the placeholder twin: a format that `traces_without_weights`,
+        unquantized."""
         return self.traces_without_weights and not quantization
 
     def structure_conversion(self, scratch: Path) -> contextlib.AbstractContextManager:
         """Around the export of a placeholder twin: the format's way of keeping the placeholders' copies out of
         memory (`scratch`: a folder for scratch files)."""
+        return contextlib.nullcontext()
+
+    def structure_save(self) -> contextlib.AbstractContextManager:
+        """Around the save of a placeholder export: the format's way of keeping what its conversion holds of the
+        placeholders, read again as the files are written, out of memory."""
         return contextlib.nullcontext()
 
     def quantize_written(self, folder: Path, quantizer) -> None:

@@ -7,6 +7,7 @@ one recipe through `hfexport export`".
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -121,9 +122,11 @@ class TargetPipeline:
         target_report.timings["export_s"] = round(timer.seconds, 4)
 
         def write(folder: Path) -> None:
-            exported.save_pretrained(folder, tokenizer=job.processor)
+            program = format_program(self.target.export_format)
+            with program.structure_save() if twin is not None else contextlib.nullcontext():
+                exported.save_pretrained(folder, tokenizer=job.processor)
             write_json_atomic(folder / RECIPE_COPY_FILE, pretty(job.recipe.standalone(self.name)))
-            format_program(self.target.export_format).save_processor(folder, job.processor)  # ONNX: in its contract
+            program.save_processor(folder, job.processor)  # ONNX: in its contract
             if twin is not None:
                 write_weights(folder, twin, weights, key or QUANTIZED_KEY)
                 quantize_written(folder, plan)  # a quantized target: its own quantizer, on the written files

@@ -89,8 +89,8 @@ def structure_for(plan, model):
     """(the plan, the placeholder twin of `model`) that `plan`'s export is traced from: the plan's own components
     (a single graph's decode, captured on the model) moved onto the twin. (plan, None) where the export needs the
     model's weights: a format without `traces_without_weights`, a forward target, a quantized one (but an OpenVINO
-    int8-weight target: `FormatProgram.traced_without_weights`), an own component that
-    is not the model (an encoder-decoder's encoder, a vision-language model's image encoder), an ExecuTorch
+    int8-weight target: `FormatProgram.traced_without_weights`), OpenVINO's float16-compressed one, an own component
+    that is not the model (an encoder-decoder's encoder, a vision-language model's image encoder), an ExecuTorch
     LLM-runner program, or a degenerate checkpoint (so the files are always those the weights export writes)."""
     if not traces_on(plan, model) or degenerate_keys(model):
         return plan, None
@@ -130,7 +130,8 @@ def plan_quantizer(plan):
 def traces_on(plan, model) -> bool:
     """Whether `plan`, made on `model`, can be exported from a placeholder twin of it (`structure_for`'s conditions
     but the degenerate checkpoint's)."""
-    if not format_program(plan.target.export_format).traced_without_weights(plan.target.quantization) \
+    if not format_program(plan.target.export_format).traced_without_weights(plan.target.quantization,
+                                                                           plan.target.options) \
             or plan.mode != "generation" or plan.llm_runner is not None:
         return False
     return all(_is_model(module, model) for module, _ in plan.own_components.values())

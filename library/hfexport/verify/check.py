@@ -17,6 +17,7 @@ over the exported graphs (`hfexport.generate.generate`) and must agree token for
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from pathlib import Path
@@ -313,16 +314,29 @@ def _load(folder: Path, export_format: str, precision: str | None, lean: bool = 
     """The artifact reloaded from disk as a user gets it (`hfexport.load`), at `precision` where the format has a
     runtime precision. OpenVINO is compiled for the CPU explicitly, so the precision it picked can be read back
     (AUTO does not expose it). `lean`: the weights left memory-mapped, not copied by the runtime (the format's
-    `lean_load_options`), for a gate that released the model to save memory; else the artifact's files' pages the
-    runtime mapped are handed back as it loads (`dropping_mapped_folder`: read again where it reads them again)."""
+    `lean_load_options`), for a gate that released the model to save memory; else, and for a format whose runtime
+    copies what it maps whatever it is told (`FormatProgram.repacks_mapped_weights`: OpenVINO's CPU plugin), the
+    artifact's files' pages the runtime mapped are handed back as it loads (`dropping_mapped_folder`: read again
+    where it reads them again)."""
     from hfexport.exported import ExportedModel
 
     options = dict(format_traits(export_format).verify_load_options)
-    if lean:
-        options.update(format_program(export_format).lean_load_options())
+    program = format_program(export_format)
+    if lean and not program.repacks_mapped_weights:
+        options.update(program.lean_load_options())
         return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
     with dropping_mapped_folder(Path(folder)):  # the runtime copies the weights it mapped (OpenVINO's CPU plugin)
         return ExportedModel.from_pretrained(Path(folder), precision=precision or "auto", **options)
+
+
+def _dropping_read_again(folder, export_format):
+    """Around the comparison of a format whose runtime repacked the weights it mapped (OpenVINO): the pages of the
+    artifact's files it reads again as it runs (the embedding rows its Gather reads from the mapped `.bin`) handed
+    back as they come (`dropping_mapped_folder`); nothing for another format (ONNX Runtime's lean session computes
+    from its mapping)."""
+    if format_program(str(export_format)).repacks_mapped_weights:
+        return dropping_mapped_folder(Path(folder))
+    return contextlib.nullcontext()
 
 
 def _references(layout, model, plan, probes: list[dict], refs, representative: dict | None) -> dict:
@@ -467,8 +481,10 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
     graph_read = read_back(exported)
     graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model_dtype)
-    graph = _compare(exported, plan, processor, references, resolve(target, dtype, graph_precision),
-                     on_probe=_probe_steps(progress, target.name, f"at {graph_precision}: " if has_precision else ""))
+    with _dropping_read_again(folder, export_format):
+        graph = _compare(exported, plan, processor, references, resolve(target, dtype, graph_precision),
+                         on_probe=_probe_steps(progress, target.name, f"at {graph_precision}: " if has_precision else
+                                               ""))
     runtime["backend"] = graph_read["backend"]
     runtime["checks"].append({"name": "graph" if has_precision else "runtime", "requested": "f32" if
                               has_precision else pinned, "precision": graph_read["precision"] or "unknown",
@@ -547,8 +563,9 @@ def _runtime_precision_check(folder, plan, processor, references: dict, dtype: s
         if precision == "f32":
             return _same_as_graph(pinned, read), None
         check = {"name": "runtime", "requested": pinned, "precision": precision, "components": read["components"]}
-        result = _compare(exported, plan, processor, references, resolve(target, dtype, precision),
-                          on_probe=_probe_steps(progress, target.name, f"at {precision}: "))
+        with _dropping_read_again(folder, target.export_format):
+            result = _compare(exported, plan, processor, references, resolve(target, dtype, precision),
+                              on_probe=_probe_steps(progress, target.name, f"at {precision}: "))
     finally:
         del exported
     check["passed"] = result["passed"]

@@ -18,31 +18,47 @@ from hfexport.formats.openvino.workarounds import fuse_ready_cache_broadcasts
 from hfexport.formats.openvino.file_check import check_openvino_files
 
 
+#: What the gate of a float32 target exported from the model's structure holds beside the libraries, as a factor of
+#: the float32 weights (measured on SmolLM2-135M-Instruct: `mapped_weight_bytes`)
+FLOAT32_GATE = 2.1
+
+
 class OpenvinoProgram(FormatProgram):
     name = "openvino"
     weights = weights
-    # the int8-weight target traced without weights: OpenVINO's converter holds the graph's file-backed constants
-    # mapped as it converts (measured with benchmarks/stage_memory_variants.py: SmolLM2-135M-Instruct, a 2-layer
-    # Llama-3.2-1B config), and its save reads them again to write the graph, but not what else the converter held;
-    # NNCF's int8 compression of the written float32 IR then holds a quarter of it, each float32 constant handed
+    # a target traced without weights (int8-weight or float32): OpenVINO's converter holds the graph's file-backed
+    # constants mapped as it converts (measured with benchmarks/stage_memory_variants.py: SmolLM2-135M-Instruct, a
+    # 2-layer Llama-3.2-1B config), and its save reads them again to write the graph, but not what else the converter
+    # held; NNCF's int8 compression of the written float32 IR then holds a quarter of it, each float32 constant handed
     # back once compressed (`structure.constants_released_as_read`). Measured at SmolLM2-1.7B's config (W 6,528 MB):
     # export 7,162, save 7,889 MB, against the export's estimate (1.3 W) + 5 T - 0.2 W = 9,661 MB (+22%; at 0 it was
-    # +39%); on 2 layers of Llama-3.2-1B's, +17% (benchmarks/results/export_memory_smollm2-1.7b.md)
+    # +39%); on 2 layers of Llama-3.2-1B's, +17% (benchmarks/results/export_memory_smollm2-1.7b.md). A float32 target
+    # (no compression) on SmolLM2-135M-Instruct (W 513 MB): export 1086, save 1016 MB against 1227 and 1444 (+13%,
+    # +42%: the save's 5 T counts a vocabulary block, 64 MiB, docs/publishing.md "Memory")
     structure_export_memory = 1.3
     structure_export_vocabulary = True
     structure_save_memory = -0.2
+    repacks_mapped_weights = True  # the CPU plugin's own copy of what it maps, ENABLE_MMAP or not
 
-    def traced_without_weights(self, quantization) -> bool:
-        # an int8-weight target only (measured, docs/rebind.md): compressed once its float32 weights are written
-        return structure.traced_without_weights(quantization)
+    def traced_without_weights(self, quantization, options=None) -> bool:
+        # a float32 target, and an int8-weight one compressed once its float32 weights are written (docs/rebind.md)
+        return structure.traced_without_weights(quantization, options)
 
     def mapped_weight_bytes(self, target, loaded: int) -> int:
         # the data-free int8 target's .bin holds a byte per weight (the CPU plugin keeps it so at compile: measured,
-        # docs/rebind.md)
-        return loaded // 4 if structure.traced_without_weights(target.quantization) else loaded
+        # docs/rebind.md); a float32 one's weights the CPU plugin repacks into its own memory, beside what the export
+        # left on the heap and the inference buffers: SmolLM2-135M-Instruct's gate 1647 MB, the libraries + 2.1 W
+        # (docs/publishing.md, "Memory")
+        if target.quantization and structure.traced_without_weights(target.quantization):
+            return loaded // 4
+        return int(FLOAT32_GATE * loaded)
 
     def structure_conversion(self, scratch: Path):
         return structure.file_backed_constants(scratch)
+
+    def structure_save(self):
+        # the converted graph's placeholder constants, read again as the IR is written
+        return structure.scratch_released()
 
     def quantize_written(self, folder: Path, quantizer) -> None:
         structure.compress_written(folder, quantizer)

@@ -1,5 +1,6 @@
 """An int8-weight OpenVINO generation target exported from the model's placeholder twin (issue 45,
-`hfexport.rebind.placeholders`), so the export never holds the float32 (or bfloat16) model:
+`hfexport.rebind.placeholders`), so the export never holds the float32 (or bfloat16) model (a float32 target: steps
+1 and 2 only, the weight map kept):
 
 1. the twin is converted without the target's quantizer, each placeholder parameter's constant file-backed
    (`file_backed_constants`): OpenVINO's PyTorch frontend makes every constant contiguous (`.contiguous()` in
@@ -26,6 +27,8 @@ import json
 import mmap
 import os
 import tempfile
+import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -45,9 +48,13 @@ NNCF_CONSTANT_READERS = ("get_const_value_as_ov_tensor", "get_const_value_as_num
 _scratch_mappings: list = []
 
 
-def traced_without_weights(quantization) -> bool:
-    """Whether an OpenVINO generation target with `quantization` (its recipe section) is exported from the twin."""
-    return bool(quantization) and {key: quantization.get(key) for key in ("method", "params")} == \
+def traced_without_weights(quantization, options=None) -> bool:
+    """Whether an OpenVINO generation target with `quantization` (its recipe section) and `options` is exported from
+    the twin: a float32 one (no quantization, its weights not compressed to float16: `compress_to_fp16` keeps an
+    out-of-range weight at float32, which a placeholder never is) or the data-free int8 one."""
+    if (options or {}).get("compress_to_fp16"):
+        return False
+    return not quantization or {key: quantization.get(key) for key in ("method", "params")} == \
         STRUCTURE_QUANTIZATION and not quantization.get("calibration") and not quantization.get("preset")
 
 
@@ -74,7 +81,8 @@ def file_backed_constants(scratch: Path):
 
     fx_decoder.torch_tensor_to_ov_const = constant
     try:
-        yield
+        with scratch_released():  # what the converter reads of them again (its passes over the graph) handed back
+            yield
     finally:
         fx_decoder.torch_tensor_to_ov_const = convert
 
@@ -103,6 +111,31 @@ def release_scratch() -> None:
         mapping = ref()
         if mapping is not None and not mapping.closed:
             mapping.madvise(mmap.MADV_DONTNEED)  # a shared file mapping: nothing is lost, dirty pages are written
+
+
+@contextlib.contextmanager
+def scratch_released(every: float = 0.05):
+    """`release_scratch` every `every` seconds from a thread while the block runs (the twin converted, its IR saved:
+    OpenVINO reads the placeholder constants again, each page then resident until the kernel needs it), and once
+    when it ends: the scratch pages never all resident at once. Safe at any time: the mappings are shared, so a
+    page handed back while it is written keeps its bytes in the page cache and file."""
+    done = threading.Event()
+
+    def release() -> None:
+        pause = every
+        while not done.wait(pause):
+            started = time.perf_counter()
+            release_scratch()
+            pause = every + 2 * (time.perf_counter() - started)
+
+    thread = threading.Thread(target=release, name="hfexport-release-scratch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        release_scratch()
 
 
 def release_constant(node) -> int:
