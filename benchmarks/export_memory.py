@@ -21,8 +21,8 @@ engine (torch, transformers' exporters), the model's class and the format's libr
 
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/export_memory.py` (env ROUNDS, default 2; RUNS, a comma list
 of the names above; WORK; LIBRARIES_ONLY=1 measures the baseline again into the saved result) ->
-benchmarks/results/export_memory.json and export_memory.md, rewritten after every run (RESULT=name.json: another
-file there).
+benchmarks/results/export_memory.json and export_memory.md, rewritten after every run (OUT: another result file, its
+`.md` beside it: a branch's own measurement beside the integrator's).
 
 CHECKPOINT picks the checkpoint (default `smollm2-135m`, the above). The others are random-weight checkpoints built
 in code into CACHE (default /tmp/hfexport-export-memory-checkpoints; never committed), bfloat16 safetensors, every
@@ -68,9 +68,8 @@ ROUNDS = int(os.environ.get("ROUNDS", "2"))
 WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-export-memory"))
 CHECKPOINT = os.environ.get("CHECKPOINT", "smollm2-135m")
 CACHE = Path(os.environ.get("CACHE", Path(tempfile.gettempdir()) / "hfexport-export-memory-checkpoints"))
-#: RESULT names another result file under benchmarks/results/ (a branch's own measurement beside the integrator's)
-OUT = HERE / "results" / os.environ.get("RESULT", "export_memory.json" if CHECKPOINT == "smollm2-135m"
-                                        else f"export_memory_{CHECKPOINT}.json")
+OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else \
+    HERE / "results" / ("export_memory.json" if CHECKPOINT == "smollm2-135m" else f"export_memory_{CHECKPOINT}.json")
 RECIPE = HERE / "recipes" / "smollm2_multi.json"
 LIMIT_GB = float(os.environ.get("LIMIT_GB", "14"))
 HEAVY_LOCK = Path("/tmp/hfexport-heavy.lock")
