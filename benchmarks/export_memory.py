@@ -20,7 +20,7 @@ Beside them, what the ratio "peak <= 1.0x the f32 weights + the libraries" is re
 engine (torch, transformers' exporters), the model's class and the format's library and runtime, and nothing else.
 
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/export_memory.py` (env ROUNDS, default 2; RUNS, a comma list
-of the names above; WORK; LIBRARIES_ONLY=1 measures the baseline again into the saved result) ->
+of the names above; WORK; OUT, the result file (its `.md` beside it); LIBRARIES_ONLY=1 measures the baseline again into the saved result) ->
 benchmarks/results/export_memory.json and export_memory.md, rewritten after every run.
 
 CHECKPOINT picks the checkpoint (default `smollm2-135m`, the above). The others are random-weight checkpoints built
@@ -67,7 +67,8 @@ ROUNDS = int(os.environ.get("ROUNDS", "2"))
 WORK = Path(os.environ.get("WORK", Path(tempfile.gettempdir()) / "hfexport-export-memory"))
 CHECKPOINT = os.environ.get("CHECKPOINT", "smollm2-135m")
 CACHE = Path(os.environ.get("CACHE", Path(tempfile.gettempdir()) / "hfexport-export-memory-checkpoints"))
-OUT = HERE / "results" / ("export_memory.json" if CHECKPOINT == "smollm2-135m" else f"export_memory_{CHECKPOINT}.json")
+OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else \
+    HERE / "results" / ("export_memory.json" if CHECKPOINT == "smollm2-135m" else f"export_memory_{CHECKPOINT}.json")
 RECIPE = HERE / "recipes" / "smollm2_multi.json"
 LIMIT_GB = float(os.environ.get("LIMIT_GB", "14"))
 HEAVY_LOCK = Path("/tmp/hfexport-heavy.lock")
