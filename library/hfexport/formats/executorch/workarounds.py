@@ -1,8 +1,8 @@
 """Narrow fixes for ExecuTorch's lowering, applied around the engine's ExecuTorch export (`executorch_fixes()`).
 
-What each of the five fixes works around (one of outcome: a dynamic batch specialized by `to_edge`'s op
+What each of the six fixes works around (one of outcome: a dynamic batch specialized by `to_edge`'s op
 validator; one of numerics: XNNPACK's gelu for a tanh one; three of cost: XNNPACK's retraces, the second
-decomposition, the pattern passes), and the tests that show the programs unchanged: docs/workarounds.md, "ExecuTorch's lowering".
+decomposition, the pattern passes; one of memory: a shared constant's copy), and the tests that show the programs unchanged: docs/workarounds.md, "ExecuTorch's lowering".
 """
 
 from __future__ import annotations
