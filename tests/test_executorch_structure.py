@@ -69,14 +69,18 @@ def test_the_gate_lets_the_model_go_before_executorch_opens_the_program(checkpoi
         loaded.append(weakref.ref(model))
         return model
 
+    streamed = []
     monkeypatch.setattr(structure, "load_model", load_model)
+    monkeypatch.setattr(structure, "streamed_model", lambda *args, stream=structure.streamed_model: streamed.append(
+        args) or stream(*args))
     monkeypatch.setattr(check, "_load", lambda *args, load=check._load, **kwargs: opened.append(
         loaded[-1]() is None) or load(*args, **kwargs))
     report = run_job(checkpoint, tmp_path / "structure", ["pte-generation"], latency=False, runtimes=False,
                      workers=1)
     target = report.targets["pte-generation"]
     assert target.status == "ok", target.error
-    assert len(loaded) == 1  # the twin planned first; the model loaded once, for the export
+    assert len(loaded) == 1  # the twin planned first; the model loaded once, for the export (the gate streams it)
+    assert len(streamed) == 1  # the gate's reference streamed from the shards, the loaded model let go first
     assert opened == [True]  # freed before ExecuTorch's runtime opened the program
     assert "still referenced" not in caplog.text
     assert target.verification["passed"] and target.verification["generation"]["token_agreement"] == 1.0

@@ -158,8 +158,12 @@ def load_reference(job, plan) -> None:
     """The gate's eager reference as `job.model_object`: for a target whose gate releases the model
     (`gate_releases`' conditions) in a job exported from its structure, the model with its weights streamed from the
     shards block by block while it runs (`hfexport.rebind.streaming`: the float32 model never in memory, each
-    forward reading the checkpoint again); else the model loaded (`load_weights`)."""
+    forward reading the checkpoint again; a model loaded for a target `gated_from_structure` let go first); else the
+    model loaded (`load_weights`)."""
     structure = job.structure
+    if structure is not None and job.model_object is not structure.twin and _gate_alone(job, plan) and \
+            gated_from_structure(plan.target) and not is_streamed(job.model_object):
+        release_weights(job)  # loaded for the export only: the gate streams its reference as a twin's export's does
     if structure is None or job.model_object is not structure.twin or not _gate_alone(job, plan):
         load_weights(job)
         return
