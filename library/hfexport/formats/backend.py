@@ -228,10 +228,6 @@ class FormatProgram:
     #: placeholder's constant whole); else the weights outside it (ONNX's exporter keeps the one-row placeholders)
     structure_export_vocabulary: ClassVar[bool] = False
     structure_save_memory: ClassVar[float] = 0.0
-    #: Its generation targets, exported from the loaded model (not `traces_without_weights`), are still gated from the
-    #: model's structure: the job reads the twin first, loads the model for the export, and the gate lets the model go
-    #: before the artifact's runtime opens (hfexport.job.structure.gated_from_structure; ExecuTorch's: docs/rebind.md)
-    gated_from_structure: ClassVar[bool] = False
 
     def mapped_weight_bytes(self, target, loaded: int) -> int:
         """The bytes of the weights a target's artifact holds, which its runtime maps when the gate opens it, from the

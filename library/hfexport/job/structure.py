@@ -51,8 +51,8 @@ def load_structure(job) -> None:
     `hfexport.job.run._load` to load the model."""
     options = job.options
     targets = [job.recipe.target(name) for group in job.groups[:1] for name in group]
-    if job.model_object is not None or options.inputs is not None or job.samples or not targets or \
-            not all(traced_without_weights(target) or gated_from_structure(target) for target in targets):
+    if job.model_object is not None or options.inputs is not None or job.samples or \
+            not targets or not all(traced_without_weights(target) for target in targets):
         return
     folder = _checkpoint_folder(job)
     if folder is None:
@@ -71,15 +71,6 @@ def traced_without_weights(target) -> bool:
     target that rebinds): the job's and the preflight's one test."""
     return format_program(target.export_format).traced_without_weights(target.quantization) \
         and target.mode == "generation" and target.rebind
-
-
-def gated_from_structure(target) -> bool:
-    """Whether `target` is exported from the loaded model but its job still starts from the model's structure, so
-    that the gate lets the model go before the artifact's runtime opens (`gate_releases`): a generation target of a
-    format whose `FormatProgram.gated_from_structure` (ExecuTorch), not an LLM runner program (planned on the model
-    only). The export loads the model (`structure_export`), the files are those of a job that loaded it first."""
-    return format_program(target.export_format).gated_from_structure and target.mode == "generation" and \
-        not target.llm_runner_by_default
 
 
 def _checkpoint_folder(job) -> Path | None:
@@ -158,12 +149,8 @@ def load_reference(job, plan) -> None:
     """The gate's eager reference as `job.model_object`: for a target whose gate releases the model
     (`gate_releases`' conditions) in a job exported from its structure, the model with its weights streamed from the
     shards block by block while it runs (`hfexport.rebind.streaming`: the float32 model never in memory, each
-    forward reading the checkpoint again; a model loaded for a target `gated_from_structure` let go first); else the
-    model loaded (`load_weights`)."""
+    forward reading the checkpoint again); else the model loaded (`load_weights`)."""
     structure = job.structure
-    if structure is not None and job.model_object is not structure.twin and _gate_alone(job, plan) and \
-            gated_from_structure(plan.target) and not is_streamed(job.model_object):
-        release_weights(job)  # loaded for the export only: the gate streams its reference as a twin's export's does
     if structure is None or job.model_object is not structure.twin or not _gate_alone(job, plan):
         load_weights(job)
         return
@@ -217,7 +204,7 @@ def release_weights(job) -> None:
     if job.structure is None or job.model_object is job.structure.twin:
         return
     # its pages still the checkpoint's handed back first: a mapping of the shards can outlive the model (measured:
-    # SmolLM2's file resident, 4 layers 162 MB, beside the ExecuTorch runtime after the model was freed)
+    # SmolLM2's first 4 layers, the whole file resident, 162 MB, beside ExecuTorch's runtime once the model was freed)
     drop_mapped_weights(job.model_object)
     model = weakref.ref(job.model_object)
     job.model_object = job.structure.twin
