@@ -188,3 +188,47 @@ def test_the_retrace_fix_is_undone_after_the_block():
         assert all(now is not then for now, then in zip(patched(), before))
         assert not any(vars(counts).values())
     assert patched() == before
+
+
+# ── a constant shared by a partition and the rest of the graph (a cost fix: the same program, no copy) ──────────────
+
+
+class _TiedHead(torch.nn.Module):
+    """An embedding (a portable op) and a head (delegated to XNNPACK) sharing one weight, as a tied LLM's."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.head = torch.nn.Linear(16, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+def _lowered_tied(model):
+    """The tied model lowered to XNNPACK: (the program's bytes, whether a duplicated constant of the edge program
+    shares the tied weight's storage)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    program = torch.export.export(model, (torch.randint(0, 64, (1, 5)),))
+    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    copies = [tensor for name, tensor in edge.exported_program().state_dict.items() if "_copy_" in name]
+    assert copies  # to_backend duplicated the shared weight's placeholder
+    shared = all(tensor.untyped_storage().data_ptr() == model.embed.weight.untyped_storage().data_ptr()
+                 for tensor in copies)
+    return edge.to_executorch().buffer, shared
+
+
+def test_a_duplicated_constant_shares_its_storage_and_the_files_are_the_same():
+    from hfexport.formats.executorch.workarounds import _duplicated_constants_shared
+
+    torch.manual_seed(0)
+    model = _TiedHead().eval()
+    released, copied = _lowered_tied(model)
+    with _duplicated_constants_shared():
+        fixed, shared = _lowered_tied(model)
+    assert not copied  # when this fails, ExecuTorch no longer copies the duplicate: drop the workaround
+    assert shared  # the duplicate is the tied weight's storage, not a copy
+    assert fixed == released

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo, looks_like_repo_id
-from hfexport.job.memory import MB, current_rss
+from hfexport.job.memory import MB, current_rss, drop_mapped_weights
 from hfexport.job.preflight import GATE_RESERVE, available_memory
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
@@ -203,6 +203,9 @@ def release_weights(job) -> None:
     in the job's log, not hidden."""
     if job.structure is None or job.model_object is job.structure.twin:
         return
+    # its pages still the checkpoint's handed back first: a mapping of the shards can outlive the model (measured:
+    # SmolLM2's first 4 layers, the whole file resident, 162 MB, beside ExecuTorch's runtime once the model was freed)
+    drop_mapped_weights(job.model_object)
     model = weakref.ref(job.model_object)
     job.model_object = job.structure.twin
     gc.collect()
@@ -227,14 +230,16 @@ def structure_export(pipeline, plan, key: str | None, structure: bool):
     """(the plan to export, the twin it is traced from or None, the tensors the weights are written from) for a
     target's export: the job's twin and its shards where the job has one and the plan runs on it (its own
     components are the twin: `structure_for`'s conditions); else the model loaded (the plan made again on it when it
-    was made on the twin) and, where `structure` and a rebind key allow it, a twin of the loaded model."""
+    was made on the twin, for this export only) and, where `structure` and a rebind key allow it, a twin of the loaded model."""
     job = pipeline.job
     twin = job.structure and job.structure.twin
     if twin is not None and job.model_object is twin:
         if (key or plan.quantization) and structure and traces_on(plan, twin):
             return without_quantizer(plan), twin, job.structure.tensors
         load_weights(job)
-        plan = job.plans[pipeline.name] = pipeline._build_plan()
+        # made again on the model for this export only: the job keeps the twin's (a plan holds the model it was made
+        # on, and the gate lets the model go: `gate_releases`)
+        plan = pipeline._build_plan()
     if not (key and structure):
         return plan, None, None
     plan, twin = structure_for(plan, job.model_object)

@@ -25,6 +25,8 @@ from hfexport.safety.artifacts import read_json
 class ExecutorchProgram(FormatProgram):
     name = "executorch"
     weights = weights
+    # not traced without weights (`traces_without_weights`): its emitter refuses a stride-0 placeholder and XNNPACK
+    # keys each weight by its bytes' sha256 (docs/rebind.md, "ExecuTorch and the structure")
 
     def export_fixes(self, plan, model):
         return executorch_fixes()

@@ -1,8 +1,8 @@
 """Narrow fixes for ExecuTorch's lowering, applied around the engine's ExecuTorch export (`executorch_fixes()`).
 
-What each of the five fixes works around (one of outcome: a dynamic batch specialized by `to_edge`'s op
+What each of the six fixes works around (one of outcome: a dynamic batch specialized by `to_edge`'s op
 validator; one of numerics: XNNPACK's gelu for a tanh one; three of cost: XNNPACK's retraces, the second
-decomposition, the pattern passes), and the tests that show the programs unchanged: docs/workarounds.md, "ExecuTorch's lowering".
+decomposition, the pattern passes; one of memory: a shared constant's copy), and the tests that show the programs unchanged: docs/workarounds.md, "ExecuTorch's lowering".
 """
 
 from __future__ import annotations
@@ -268,10 +268,50 @@ def _tanh_gelu_kept_off_xnnpack() -> Iterator[None]:
         yield
 
 
+class _AliasingCopy:
+    """`copy` as ExecuTorch's constant duplication sees it: a tensor "copied" shares its storage (a new tensor object, a
+    Parameter kept a Parameter), anything else deep-copied as before."""
+
+    @staticmethod
+    def deepcopy(value, memo=None):
+        import copy
+
+        import torch
+
+        if isinstance(value, torch.nn.Parameter):
+            return torch.nn.Parameter(value.detach(), requires_grad=value.requires_grad)
+        if isinstance(value, torch.Tensor):
+            return value.detach()
+        return copy.deepcopy(value, memo)
+
+
+@workaround(
+    "executorch-duplicated-constants-shared",
+    upstream="executorch 1.5.1",
+    works_around="to_backend's duplicate_constant_node gives each extra user of a constant that a partition shares "
+                 "with the rest of the graph a copy.deepcopy of it (a tied embedding and head: the 49152 x 576 table, "
+                 "113 MB at float32 on SmolLM2, copied once more while the program is lowered and saved); the copy is "
+                 "never written to, so it shares the constant's storage: the same values, the same files",
+    applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
+    canary="tests/test_executorch_fixes.py::test_a_duplicated_constant_shares_its_storage_and_the_files_are_the_same")
+@contextlib.contextmanager
+def _duplicated_constants_shared() -> Iterator[None]:
+    """Within the block, ExecuTorch's `duplicate_constant_node` duplicates a constant's placeholder without copying
+    its tensor."""
+    try:
+        from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass
+    except ImportError:  # ExecuTorch not installed: the engine reports that itself
+        yield
+        return
+    with replaced((duplicate_constant_node_pass, "copy", _AliasingCopy)):
+        yield
+
+
 @contextlib.contextmanager
 def executorch_fixes() -> Iterator[RetraceCounts]:
     """Within the block, every fix applies; yields the retrace fix's counts (for tests and benchmarks)."""
     counts = RetraceCounts()
-    with _split_validation_fixed(), _tanh_gelu_kept_off_xnnpack(), _unchanged_retraces_skipped(counts), \
+    with _split_validation_fixed(), _tanh_gelu_kept_off_xnnpack(), _duplicated_constants_shared(), \
+            _unchanged_retraces_skipped(counts), \
             _needless_second_decompositions_skipped(counts), _patternless_passes_skipped(counts):
         yield counts
