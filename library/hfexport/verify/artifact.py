@@ -106,7 +106,7 @@ def run(folder: Path) -> dict:
     result: dict = {"providers": {name: component.session.get_providers() for name, component in components.items()},
                     "load_s": round(time.perf_counter() - started, 4), "cases": []}
     for case in request["cases"]:
-        got = None
+        got, case_started = None, time.perf_counter()
         try:
             got = components[case["component"]]({path: arrays[key] for path, key in case["fed"].items()},
                                                 case["kwargs"])
@@ -115,12 +115,15 @@ def run(folder: Path) -> dict:
             result["cases"].append({"outputs": compare_leaves(got, eager, case["thresholds"], mask)})
         except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure
             result["cases"].append({"error": backend_message(error)})
+        result["cases"][-1]["seconds"] = time.perf_counter() - case_started
         del got
     if request.get("generation") is not None:
+        started = time.perf_counter()
         try:
             result["generation"] = {"sequences": _greedy(components, request["generation"], arrays).tolist()}
         except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
             result["generation"] = {"error": backend_message(error)}
+        result["generation"]["seconds"] = time.perf_counter() - started
     return result
 
 

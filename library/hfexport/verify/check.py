@@ -379,7 +379,8 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
         elif plan.target.mode != "generation":
             entries = [{"component": "model", "shapes": entries[0]["shapes"],
                         **_compare_case(exported, entries[0], probe_thresholds)}]
-        seconds = (case["seconds"] + time.perf_counter() - started) / max(len(entries), 1)
+        elsewhere = sum(entry.pop("seconds", 0.0) for entry in entries)  # the artifact's own process's time
+        seconds = (case["seconds"] + elsewhere + time.perf_counter() - started) / max(len(entries), 1)
         for entry in entries:
             results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
             if on_probe is not None:
@@ -390,8 +391,10 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
         generation_result = _compare_generation(exported, references["generation"], processor,
                                                 resolved.min_token_agreement)
         if on_probe is not None:
+            elsewhere = exported.generation.get("seconds", 0.0) if isinstance(exported, _Answers) else 0.0
             on_probe({"name": "greedy generation", "passed": generation_result["passed"],
-                      "seconds": round(references["generation"]["seconds"] + time.perf_counter() - started, 4)})
+                      "seconds": round(references["generation"]["seconds"] + elsewhere + time.perf_counter() - started,
+                                       4)})
     failures = [_failure_line(probe) for probe in results if not probe["passed"]]
     if generation_result is not None and not generation_result["passed"]:
         failures.append(_generation_failure_line(generation_result))
