@@ -223,6 +223,9 @@ def report_fields(report: dict, target_name: str) -> dict:
             "error": target.get("error"),
             "estimate_mb": (report.get("memory") or {}).get("estimate_mb"),
             "children_peak_rss_mb": (target.get("memory") or {}).get("children_peak_rss_mb"),
+            "artifact_process": {key: value for key, value in
+                                 ((target.get("verification") or {}).get("runtime") or {}).items()
+                                 if key in ("process", "process_peak_rss_mb")} or None,
             "stage_peak_rss_mb": {**(report.get("memory") or {}).get("peak_rss_mb", {}),
                                   **(target.get("memory") or {}).get("peak_rss_mb", {})},
             "timings_s": {**report.get("timings", {}), **target.get("timings", {})}}

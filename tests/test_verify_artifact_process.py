@@ -40,6 +40,7 @@ def _comparable(verification: dict) -> dict:
     for key in ("seconds", "reload_s"):
         verification.pop(key, None)
     verification.get("runtime", {}).pop("process", None)
+    verification.get("runtime", {}).pop("process_peak_rss_mb", None)
     for probe in verification["probes"]:
         probe.pop("seconds", None)
     return verification

@@ -174,6 +174,16 @@ def _greedy(components: dict, spec: dict, arrays):
         logits = step("decode", next_tokens[:, None], mask, positions)
 
 
+def _peak_rss_mb() -> float | None:
+    """This process's own resident high-water mark (VmHWM), in MB: its `ru_maxrss` as its parent reads it would
+    start from the parent's (Linux records the old address space's mark at exec)."""
+    try:
+        line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return round(int(line.split()[1]) / 1024, 1)
+
+
 def main(argv: list[str]) -> int:
     folder = Path(argv[0])
     try:
@@ -181,6 +191,7 @@ def main(argv: list[str]) -> int:
     except Exception as error:  # noqa: BLE001 - a request this process cannot read: one line for the caller
         result = {"crash": backend_message(error)}
     result["torch_imported"] = "torch" in sys.modules
+    result["peak_rss_mb"] = _peak_rss_mb()
     (folder / RESULT).write_text(json.dumps(result))
     return 0
 

@@ -426,6 +426,7 @@ class _Answers:
         self.read = {"backend": format_traits(str(layout.export_format)).runtime_package, "components": components,
                      "precision": precision}
         self.load_s = float(result.get("load_s") or 0.0)
+        self.peak_rss_mb = result.get("peak_rss_mb")
 
 
 def _own_process_refusal(layout: _Layout | None, plan, references: dict) -> str | None:
@@ -645,7 +646,10 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
         except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
             return _not_loaded(folder, error, started)
     reload_s = exported.load_s if answers is not None else time.perf_counter() - load_started
-    runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": [], **({"process": "separate"} if answers else {})}
+    runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
+    if answers is not None:
+        runtime.update(process="separate", **({"process_peak_rss_mb": answers.peak_rss_mb}
+                                              if answers.peak_rss_mb is not None else {}))
     graph_read = exported.read if answers is not None else read_back(exported)
     graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model_dtype)
     graph = _compare(exported, plan, processor, references, resolve(target, dtype, graph_precision),
