@@ -7,9 +7,11 @@ probes of `benchmarks/recipes/smollm2_multi.json` (batch 1 x 5 and batch 8 x 37 
 2-token decode on each; the eager references stand-ins of the same shapes, compared with
 `hfexport.verify.parity.compare_leaves`) and a greedy generation of 8 tokens on 2 prompts of 6.
 
-Run (the export first, as benchmarks/export_memory.py makes it):
-`PYTHONPATH=library python benchmarks/onnx_gate_feasibility.py ONNX_FOLDER` -> prints JSON: VmRSS/VmHWM (MB) at each
-point, whether torch or transformers got imported, and ends with `/usr/bin/time -v`-comparable VmHWM.
+Run (the export first, as benchmarks/export_memory.py makes it: `hfexport export SMOLLM2 --recipe
+benchmarks/recipes/smollm2_multi.json --target onnx-generation -o DIR`):
+`PYTHONPATH=library python benchmarks/onnx_gate_feasibility.py DIR/onnx-generation` -> the measurement in a fresh
+process under `/usr/bin/time -v` (VmRSS/VmHWM/RssAnon/RssFile at each point, whether torch or transformers got
+imported, its maximum RSS), with the CPU and `uptime` around it, into benchmarks/results/onnx_gate_feasibility.json.
 """
 
 from __future__ import annotations
@@ -90,5 +92,32 @@ def main(folder: Path) -> dict:
             "modules": len(sys.modules)}
 
 
+def measure(folder: Path) -> None:
+    """`main` in a fresh process under `/usr/bin/time -v`, with the machine and its load, into the result file."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from _process import HERE, lscpu
+
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as work:
+        stats = Path(work) / "time"
+        done = subprocess.run(["/usr/bin/time", "-v", "-o", str(stats), sys.executable, __file__, "--child",
+                               str(folder)], capture_output=True, text=True, check=True, env=os.environ)
+        peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stats.read_text()).group(1))
+    result = {"what": __doc__.split("\n\n")[1].replace("\n", " "), "onnx_folder": str(folder),
+              "weights_mb": round((folder / "model.onnx_data").stat().st_size / 2**20, 1),
+              "machine": {"lscpu": lscpu(), "cpus": os.cpu_count()}, "date_utc": time.strftime("%Y-%m-%d %H:%M"),
+              "uptime_start": uptime, **json.loads(done.stdout), "time_v_max_rss_mb": round(peak / 1024, 1),
+              "uptime_end": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
+    (HERE / "results" / "onnx_gate_feasibility.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=1))
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1])), indent=1))
+    if sys.argv[1] == "--child":
+        print(json.dumps(main(Path(sys.argv[2]))))
+    else:
+        measure(Path(sys.argv[1]))
