@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -124,6 +125,16 @@ def test_the_model_is_released_before_the_artifact_process_starts(llama_onnx, ti
     verification = verify_exported(folder, holder["model"], plan, processor, release=release)
     assert events == [("release",), ("spawn", True, ["-m", "hfexport.verify.artifact"])]
     assert verification["passed"] and verification["runtime"]["process"] == "separate"
+
+
+def test_the_rule_reads_the_saved_artifact_before_the_reference_is_made(llama_onnx):
+    from hfexport.verify.check import artifact_process_refusal
+
+    folder, model, plan, _ = llama_onnx
+    assert artifact_process_refusal(folder, plan, model.config) is None
+    assert artifact_process_refusal(folder.parent / "missing", plan, model.config) == "its manifest does not read"
+    forward = SimpleNamespace(target=SimpleNamespace(**{**vars(plan.target), "mode": "forward"}))
+    assert artifact_process_refusal(folder, forward, model.config) == "not an ONNX generation target"
 
 
 def test_the_artifact_process_imports_no_torch():

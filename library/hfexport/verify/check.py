@@ -429,11 +429,39 @@ class _Answers:
         self.peak_rss_mb = result.get("peak_rss_mb")
 
 
+def artifact_process_refusal(folder: str | Path, plan, config) -> str | None:
+    """Why the gate's artifact side of `plan` (saved in `folder`, of a model whose config is `config`) is checked in
+    the exporting process (None: in `hfexport.verify.artifact`, a process of its own, where the gate opens the
+    artifact lean and its greedy check is a plain loop, `verify_exported`): `_layout_refusal`, the one rule, read
+    before the eager reference is made (`hfexport.job.structure.load_reference`: the streamed reference then keeps
+    no converted weights between forwards, the exporting process running no more than the eager side)."""
+    try:
+        layout = _Layout(Path(folder))
+    except Exception:  # noqa: BLE001 - a manifest that does not read: the gate loads it in process and says why
+        return "its manifest does not read"
+    layout.config, layout.generation_config = config, _saved_generation_config(Path(folder))
+    return _layout_refusal(layout, plan)
+
+
 def _own_process_refusal(layout: _Layout | None, plan, references: dict) -> str | None:
-    """Why the artifact of `plan` is checked in process (None: it can run in `hfexport.verify.artifact`): the one
-    rule is an ONNX generation target (not quantized, its graphs on ONNX Runtime's CPU provider) of a decoder-only
-    model over a DynamicCache, whose prompt runs on the prefill without a cache or on a single graph's decode, and
-    whose greedy check needs no logits processor and stops at its length or an EOS token (what the child's loop is)."""
+    """Why the artifact of `plan` is checked in process (None: it can run in `hfexport.verify.artifact`):
+    `_layout_refusal`, or a greedy check that is not a plain greedy loop (`_greedy`)."""
+    from hfexport.generate import generation_layout
+
+    refusal = _layout_refusal(layout, plan)
+    if refusal is not None:
+        return refusal
+    reference = references["generation"]
+    if reference is not None and "error" not in reference and \
+            _greedy(layout, generation_layout(layout), reference) is None:
+        return "its greedy check is not a plain greedy loop (logits processors, other stopping criteria, inputs)"
+    return None
+
+
+def _layout_refusal(layout: _Layout | None, plan) -> str | None:
+    """The rule: an ONNX generation target (not quantized, its graphs on ONNX Runtime's CPU provider) of a
+    decoder-only model over a DynamicCache, whose prompt runs on the prefill without a cache or on a single graph's
+    decode (what the child's loop is); None where it is one."""
     from hfexport.formats.onnx.file_runner import runs_here
     from hfexport.generate import CACHE, generation_layout
 
@@ -451,9 +479,6 @@ def _own_process_refusal(layout: _Layout | None, plan, references: dict) -> str 
             generation.static_cache_len is not None or generation.cache_kwarg != CACHE or any(generation.stateful.values()) \
             or (not generation.single_graph and CACHE in layout.runners[generation.prefill].metadata.kwargs):
         return "not a decoder over a DynamicCache"
-    reference = references["generation"]
-    if reference is not None and "error" not in reference and _greedy(layout, generation, reference) is None:
-        return "its greedy check is not a plain greedy loop (logits processors, other stopping criteria, inputs)"
     return None
 
 
@@ -586,7 +611,8 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     target passes when both do. `verification["runtime"]` names the CPU, backend, device and precision of each
     check. `progress` gets a `probe` step as each probe (and the generation check) ends. `own_process` (by default
     where the artifact is opened lean): an ONNX generation target's artifact side runs in a torch-free process of
-    its own where `_own_process_refusal` allows it (`runtime.process` "separate"), else here."""
+    its own where `_own_process_refusal` allows it (`runtime.process` "separate"; its rule read before the reference
+    is made too: `artifact_process_refusal`), else here."""
     import torch
 
     started = time.perf_counter()
