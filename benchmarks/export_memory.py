@@ -19,6 +19,11 @@ Beside them, what the ratio "peak <= 1.0x the f32 weights + the libraries" is re
 (the safetensors file) and the libraries' baseline per format, the peak RSS of a process that imports hfexport, the
 engine (torch, transformers' exporters), the model's class and the format's library and runtime, and nothing else.
 
+Beside `time -v`'s figure each run records, sampled every 20 ms over its process tree, the largest sum of the
+processes' resident sets at one time (`tree_sum_peak_rss_mb`: what the machine held, the gate's artifact process
+beside the exporting one) and the largest single process (`tree_largest_process_sampled_mb`): a process spawned by
+a large one reports its parent's high-water mark as its own ru_maxrss (Linux records it at exec).
+
 Run: `PYTHONPATH=library .venv/bin/python benchmarks/export_memory.py` (env ROUNDS, default 2; RUNS, a comma list
 of the names above; WORK; LIBRARIES_ONLY=1 measures the baseline again into the saved result) ->
 benchmarks/results/export_memory.json and export_memory.md, rewritten after every run (OUT: another result file, its
@@ -112,9 +117,11 @@ def timed(command: list[str], name: str, env: dict | None = None, limit: int | N
             heavy(limit is not None), (cgroup_for(limit) if limit else _nothing()) as group:
         load_before = os.getloadavg()[0]
         started = time.strftime("%H:%M:%S", time.gmtime())
-        done = subprocess.run(["/usr/bin/time", "-v", "-o", str(stats), "nice", "-n", "10", *command], stdout=out,
-                              stderr=err, env=env, cwd=ROOT, check=False,
-                              preexec_fn=group.enter if group else None)
+        process = subprocess.Popen(["/usr/bin/time", "-v", "-o", str(stats), "nice", "-n", "10", *command],
+                                   stdout=out, stderr=err, env=env, cwd=ROOT,
+                                   preexec_fn=group.enter if group else None)
+        tree = sample_tree(process)
+        done = subprocess.CompletedProcess(process.args, process.returncode)
     errors = (logs / f"{name}.err").read_text(errors="replace")
     if done.returncode != 0 and limit is None:
         raise SystemExit(f"{name} failed ({done.returncode}): {errors[-3000:]}")
@@ -134,7 +141,38 @@ def timed(command: list[str], name: str, env: dict | None = None, limit: int | N
     return {"peak_rss_mb": round(int(field("Maximum resident set size (kbytes)")) / 1024, 1),
             "wall_s": round(sum(value * 60 ** index for index, value in enumerate(reversed(wall))), 2),
             "cpu_s": round(float(field("User time (seconds)")) + float(field("System time (seconds)")), 2),
-            "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2), **extra}
+            "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
+            **tree, **extra}
+
+
+def sample_tree(process: subprocess.Popen, period: float = 0.02) -> dict:
+    """Wait for `process`, sampling the resident sets (/proc/PID/status VmRSS) of every process in its tree each
+    `period`: the largest sum of them at one time (what the machine held: the gate's runtime processes beside the
+    exporting one) and the largest single process by sampling. `time -v` reports the largest single process's
+    ru_maxrss, where a process spawned by a large one starts with its parent's high-water mark (Linux records the
+    old address space's at exec), so it cannot tell a child's own peak from its parent's."""
+    def tree(pid: int) -> list[int]:
+        try:
+            found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return [pid]
+        return [pid, *[child for item in found for child in tree(int(item))]]
+
+    def rss(pid: int) -> float:
+        try:
+            line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            return 0.0
+        return int(line.split()[1]) / 1024
+
+    largest_sum = largest_one = 0.0
+    while process.poll() is None:
+        sizes = [rss(pid) for pid in tree(process.pid)]
+        largest_sum, largest_one = max(largest_sum, sum(sizes)), max([largest_one, *sizes])
+        time.sleep(period)
+    return {"tree_sum_peak_rss_mb": round(largest_sum, 1), "tree_largest_process_sampled_mb": round(largest_one, 1),
+            "tree_sample_ms": round(period * 1000)}
 
 
 @contextlib.contextmanager
@@ -186,6 +224,9 @@ def report_fields(report: dict, target_name: str) -> dict:
             "error": target.get("error"),
             "estimate_mb": (report.get("memory") or {}).get("estimate_mb"),
             "children_peak_rss_mb": (target.get("memory") or {}).get("children_peak_rss_mb"),
+            "artifact_process": {key: value for key, value in
+                                 ((target.get("verification") or {}).get("runtime") or {}).items()
+                                 if key in ("process", "process_peak_rss_mb")} or None,
             "stage_peak_rss_mb": {**(report.get("memory") or {}).get("peak_rss_mb", {}),
                                   **(target.get("memory") or {}).get("peak_rss_mb", {})},
             "timings_s": {**report.get("timings", {}), **target.get("timings", {})}}

@@ -118,17 +118,20 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     """A process whose targets are all traced without weights, from a local safetensors checkpoint (issue 45): the
     libraries and the twin at the load, the twin run at the plan (a placeholder copied whole at a time), the
     weightless graph at the export, the largest tensor at the save, and at the gate the larger of the reference's
-    kept blocks (within the budget) and the artifact's weights as its runtime maps them (half for a float16 ONNX
-    target); anything else, the weights times the format's factor."""
+    kept blocks (within the budget; none where the artifact is checked in a process of its own, an ONNX generation
+    target) and the artifact's weights as its runtime maps them (half for a float16 ONNX target); anything else, the
+    weights times the format's factor."""
     from hfexport.job.preflight import (
         LIBRARIES_MB,
         STRUCTURE_GATE_TENSORS,
+        STRUCTURE_MAPPED,
         STRUCTURE_PLAN_TENSORS,
         STRUCTURE_RELOAD,
         STRUCTURE_SAVE_TENSORS,
         VOCABULARY_BLOCK,
         largest_tensor_bytes,
         loaded_bytes,
+        structure_stages,
     )
 
     from hfexport.formats.programs import format_program
@@ -146,7 +149,8 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     assert result.memory_stages == {"load_model": libraries, "plan": libraries + STRUCTURE_PLAN_TENSORS * largest,
                                     "export": export,
                                     "save": export + STRUCTURE_SAVE_TENSORS * largest,
-                                    "verify": libraries + loaded + STRUCTURE_GATE_TENSORS * largest}
+                                    # the artifact checked in a process of its own: the reference keeps no blocks
+                                    "verify": libraries + max(STRUCTURE_GATE_TENSORS * largest, loaded)}
     assert result.memory_needed == max(result.memory_stages.values())
     vocabulary = json.loads((LLAMA / "config.json").read_text())["vocab_size"]
     arrays = __import__("safetensors.numpy", fromlist=["load_file"]).load_file(str(LLAMA / "model.safetensors"))
@@ -155,7 +159,12 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
                           min(4 * array.size, VOCABULARY_BLOCK) for array in arrays.values())
     tight = libraries + (1 << 30) + loaded // 4  # the reference keeps a quarter of the weights, the artifact maps half
     half = estimate(LLAMA, [fp16], tmp_path, max_memory=tight, structure=traced, streamed_gate=True).memory_stages
-    assert half["verify"] == libraries + max(loaded // 4 + STRUCTURE_GATE_TENSORS * largest, loaded // 2)
+    assert half["verify"] == libraries + max(STRUCTURE_GATE_TENSORS * largest, loaded // 2)
+    # a gate that checks its artifact in this process: the reference keeps what the budget leaves (a quarter)
+    openvino = llama.target("openvino-generation")
+    mapped = int(STRUCTURE_MAPPED * format_program("openvino").mapped_weight_bytes(openvino, loaded))
+    kept = structure_stages([openvino], loaded, largest, tight, streamed_gate=True)
+    assert kept["verify"] == libraries + max(loaded // 4 + STRUCTURE_GATE_TENSORS * largest, mapped)
     loads = estimate(LLAMA, [generation], tmp_path, structure=traced, streamed_gate=False).memory_stages
     # latency timed: the gate loads the model (float32 on disk: mapped, nothing widened) where the export left some
     # behind, and hands its mapped pages back before the artifact's runtime maps its weights (MAPPED_GATE_RELEASE)

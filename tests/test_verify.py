@@ -459,7 +459,7 @@ def test_the_gate_runs_the_eager_model_before_it_opens_the_artifact_and_can_rele
         gc.collect()
 
     verification = check.verify_exported(output / "onnx-generation", holder["model"], plan, processor,
-                                         release=release)
+                                         release=release, own_process=False)  # its own: test_verify_artifact_process
     # released, and gone, before the artifact loaded, its weights left memory-mapped (lean)
     assert events == [("release", None), ("load", True, True)]
     assert verification["passed"] and verification["generation"]["token_agreement"] == 1.0

@@ -21,7 +21,8 @@ from hfexport.generate.decoder import (
     decoder_layout, generate_decoder_only, is_llm_program_export, llm_program_layout,
 )
 from hfexport.generate.loop import (
-    CACHE, DECODE, PREFILL, TOKEN_CHOICE_THREADS, GenerationLayout, as_traced, run_component, static_attention_mask,
+    CACHE, DECODE, PREFILL, TOKEN_CHOICE_THREADS, GenerationLayout, as_traced, plain_greedy, run_component,
+    static_attention_mask,
 )
 from hfexport.generate.options import (
     BEAM_SEARCH_MESSAGE, DEFAULT_NEW_TOKENS, GLOBAL_DEFAULTS, build_logits_processor, build_stopping_criteria,
@@ -37,7 +38,7 @@ __all__ = [
     "BEAM_SEARCH_MESSAGE", "CACHE", "DECODE", "DEFAULT_NEW_TOKENS", "EMBED", "ENCODER", "GLOBAL_DEFAULTS",
     "IMAGE_ENCODER", "LANGUAGE_MODEL", "LM_HEAD", "PREFILL", "STATE", "TOKEN_CHOICE_THREADS", "GenerationError",
     "as_traced", "build_logits_processor", "build_stopping_criteria", "decoder_prompt", "default_special_tokens",
-    "generate", "image_input_names", "prompt_input_names", "resolve_generation_config", "run_component", "static_attention_mask",
+    "generate", "generation_layout", "image_input_names", "plain_greedy", "prompt_input_names", "resolve_generation_config", "run_component", "static_attention_mask",
     "verify_generation", "zero_state", "zero_state_rows",
 ]
 
@@ -90,6 +91,13 @@ def prompt_input_names(exported) -> list[str]:
     multimodal model's images or audio, and what its multi-axis rope positions come from (Qwen2-VL's
     `mm_token_type_ids`); none for text."""
     return list(dict.fromkeys([*image_input_names(exported), *rope_input_names(exported)]))
+
+
+def generation_layout(exported) -> GenerationLayout:
+    """Which generation family an export is and what its components expect (`GenerationLayout`), as `generate`
+    reads it; `exported` needs only `components`, `runners` (each with its `metadata`), `export_format`, `config`
+    and `generation_config`. Raises `GenerationError` where `generate` would."""
+    return _layout(exported)
 
 
 def _layout(exported) -> GenerationLayout:

@@ -13,7 +13,10 @@ import torch
 from hfexport.engine import openvino_infer, openvino_output_tensor, openvino_request
 from hfexport.errors import GenerationError
 from hfexport.formats import format_traits
-from hfexport.generate.options import padding_token_id, build_logits_processor, build_stopping_criteria
+from hfexport.generate.options import (
+    as_token_ids, build_logits_processor, build_stopping_criteria, max_total_length, padding_token_id,
+    resolve_generation_config,
+)
 from hfexport.models import empty_cache
 
 PREFILL, DECODE = "prefill", "decode"
@@ -114,6 +117,49 @@ def sample_tokens(exported, layout: GenerationLayout, input_ids, attention_mask,
             positions = positions[..., -1:] + 1  # as generate continues them ([batch, seq] or [axes, batch, seq])
             logits = session.step(DECODE, next_tokens[:, None], attention_mask, positions)
     return sequences
+
+
+def plain_greedy(exported, layout: GenerationLayout, generation_config, input_ids, attention_mask) -> dict | None:
+    """What `sample_tokens` does for `generate(exported, input_ids, attention_mask, generation_config)` where that
+    is a plain greedy loop (no logits processor; stops at `max_length` or an EOS token; no sampling, one sequence a
+    prompt) over a decoder-only layout with a DynamicCache: `{"prefill", "input_ids", "attention_mask",
+    "initial_cache" (leaf path -> tensor: a single graph's empty cache), "max_length", "eos", "pad", "pads", "feeds"
+    (per component: whether it takes the mask, positions, the cache, and the token types fed as zeros)}`, for a loop
+    without torch (`hfexport.verify.artifact`); None where `generate` does more, or refuses."""
+    from transformers import EosTokenCriteria, MaxLengthCriteria
+    from transformers.exporters.utils import get_leaf_tensors
+
+    input_ids = torch.as_tensor(input_ids, dtype=torch.long)
+    mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask, dtype=torch.long)
+    try:
+        config = resolve_generation_config(exported, generation_config)
+        check_token_ids(exported, input_ids)
+        processors = build_logits_processor(config, input_ids, mask)
+        max_length = max_total_length(config, input_ids.shape[1], exported)
+        criteria = build_stopping_criteria(config, max_length, None, None,
+                                           getattr(exported.config, "max_position_embeddings", None))
+    except Exception:  # noqa: BLE001 - generate refuses it: its own message, where it runs
+        return None
+    if len(processors) or config.do_sample or config.num_return_sequences > 1 or max_length <= input_ids.shape[1] \
+            or not all(isinstance(criterion, (MaxLengthCriteria, EosTokenCriteria)) for criterion in criteria) \
+            or mask.shape != input_ids.shape or (not layout.takes_mask and not bool(mask.all())):
+        return None
+    pads = any(hasattr(criterion, "eos_token_id") for criterion in criteria)
+    if pads and padding_token_id(config) is None:
+        return None
+    cache = {}
+    if layout.single_graph:
+        empty = empty_cache(exported.config, input_ids.shape[0], traced_dtype(exported))
+        cache = {f"{CACHE}.{path}": tensor for path, tensor in get_leaf_tensors(empty).items()}
+    feeds = {}
+    for name in dict.fromkeys((layout.prefill, DECODE)):
+        traced = exported.runners[name].metadata.kwargs
+        feeds[name] = {"attention_mask": takes_tensor(traced, "attention_mask"), "position_ids": "position_ids" in traced,
+                       "zeros": [key for key in DECODE_TOKEN_TYPES if takes_tensor(traced, key)] if name == DECODE else [],
+                       "cache": CACHE in traced}
+    return {"prefill": layout.prefill, "input_ids": input_ids, "attention_mask": mask, "initial_cache": cache,
+            "max_length": int(max_length), "eos": as_token_ids(config.eos_token_id), "pad": padding_token_id(config),
+            "pads": pads, "feeds": feeds}
 
 
 def _runs_in_torch(exported) -> bool:

@@ -153,7 +153,7 @@ class TargetPipeline:
         runtimes, then (a target with `variants`) each variant made from the gated files and gated itself; each Python
         runtime started once for all of them (`warm_clients`)."""
         self.report(folder)
-        load_reference(self.job, plan)  # a job exported from its structure: the model now (or streamed), for the gate
+        load_reference(self.job, plan, folder)  # a job exported from its structure: the model now (or streamed), for the gate
         release = gate_releases(self.job, plan)  # and let go before the artifact's runtime opens (job/structure)
         runs = self.job.options.runtimes and plan.target.mode == "generation" and has_runtimes(str(plan.target.export_format))
         request = answered_request(self.job.model_object, plan, self.job.processor) if release and runs else None

@@ -279,6 +279,15 @@ def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
     return {**stages, "variants": variants} if variants is not None else stages
 
 
+def gate_apart(target) -> bool:
+    """Whether the gate's artifact side of `target` may run in a process of its own (its format's
+    `gate_in_own_process`, a generation target, not quantized): the streamed reference then keeps no converted blocks
+    (`hfexport.job.structure.load_reference`, whose rule, `hfexport.verify.check.artifact_process_refusal`, reads the
+    saved artifact too: a model it refuses is estimated low by the blocks `_resident_bytes` would keep)."""
+    return format_traits(str(target.export_format)).gate_in_own_process and target.mode == "generation" and \
+        not target.quantization
+
+
 def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool,
                      widened: bool = True, whole: int | None = None) -> dict:
     """The memory each stage of a process whose `targets` are all traced without weights needs at its peak, from a
@@ -292,13 +301,16 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     converted graph's initializer, written whole), a quantizer run on them (`structure_save_memory` x the weights);
     `verify` the gate's eager
     side (the converted blocks the streamed reference keeps: the weights, or what `available` leaves beside
-    `GATE_RESERVE`, plus `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
+    `GATE_RESERVE`, none where every target's artifact is checked in a process of its own, `gate_apart`; plus
+    `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
     weights: the larger where the gate streams the model and lets it go first, the sum where it loads it (latency
     timed, or variants: `variants_stage`) widened to float32 (a mapped float32 one's pages are handed back first).
     `available`: the memory the job may use (its budget)."""
     libraries = LIBRARIES_MB * MB
     streamed_gate = streamed_gate and not any(t.variants for t in targets)  # a variant's gate reads the model
-    if streamed_gate:
+    if streamed_gate and all(map(gate_apart, targets)):  # the streamed reference keeps no converted blocks
+        budget = 0
+    elif streamed_gate:
         budget = loaded if available is None else max(0, min(loaded, available - libraries - GATE_RESERVE))
     else:
         budget = loaded

@@ -36,6 +36,7 @@ from hfexport.rebind.placeholders import (placeholder_model, plan_quantizer, str
                                           without_quantizer)
 from hfexport.rebind.streaming import is_streamed, streamed_model
 from hfexport.rebind.weight_map import degenerate_keys, sources
+from hfexport.verify.check import artifact_process_refusal
 
 
 @dataclass
@@ -145,11 +146,14 @@ def load_weights(job) -> None:
     _add_load_time(job, timer.seconds)
 
 
-def load_reference(job, plan) -> None:
+def load_reference(job, plan, folder: Path | None = None) -> None:
     """The gate's eager reference as `job.model_object`: for a target whose gate releases the model
     (`gate_releases`' conditions) in a job exported from its structure, the model with its weights streamed from the
     shards block by block while it runs (`hfexport.rebind.streaming`: the float32 model never in memory, each
-    forward reading the checkpoint again); else the model loaded (`load_weights`)."""
+    forward reading the checkpoint again), keeping converted blocks between forwards up to `_resident_bytes`, or
+    none where the gate's artifact side of `folder` runs in a process of its own
+    (`hfexport.verify.check.artifact_process_refusal`: the exporting process then holds the eager pass alone); else
+    the model loaded (`load_weights`)."""
     structure = job.structure
     if structure is None or job.model_object is not structure.twin or not _gate_alone(job, plan):
         load_weights(job)
@@ -158,9 +162,12 @@ def load_reference(job, plan) -> None:
 
     gc.collect()  # what the export and the save left on the heap handed back first: it counts against the budget
     _trim_heap()
-    resident = _resident_bytes(job)
+    apart = folder is not None and artifact_process_refusal(folder, plan, structure.twin.config) is None
+    resident = 0 if apart else _resident_bytes(job)
+    kept = "none kept between forwards: the artifact is checked in a process of its own" if apart else \
+        f"up to {resident >> 20} MB kept between forwards"
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
-                   f"gate (up to {resident >> 20} MB kept between forwards)") as timer:
+                   f"gate ({kept})") as timer:
         tensors = CheckpointTensors(structure.tensors.folder, getattr(torch, EXPORT_DTYPE),
                                     structure.tensors.state_dict_keys)
         job.model_object = streamed_model(structure.twin, tensors, resident)

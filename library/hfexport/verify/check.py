@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,7 +40,9 @@ from hfexport.machine import (
     pinned_precision,
     read_back,
 )
-from hfexport.verify.parity import compare_outputs
+from hfexport.verify import artifact
+from hfexport.verify.artifact import backend_message
+from hfexport.verify.parity import as_array, compare_outputs
 from hfexport.verify.probes import (
     keep_image_tokens,
     mask_of,
@@ -57,24 +60,6 @@ from hfexport.verify.thresholds import (
     Thresholds,
     resolve,
 )
-
-_MESSAGE_CHARS = 600
-
-
-def _backend_message(error: BaseException) -> str:
-    """The backend's own words: the error's first lines, following the cause chain, without tokens."""
-    import traceback
-
-    parts, current = [], error
-    while current is not None and len(parts) < 3:
-        text = " ".join(line.strip() for line in str(current).strip().splitlines()[:4] if line.strip())
-        if not text and current.__traceback__ is not None:
-            frame = traceback.extract_tb(current.__traceback__)[-1]
-            text = f"(no message) at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
-        parts.append(f"{type(current).__name__}: {text}".strip())
-        current = current.__cause__ or current.__context__
-    return redact(" <- ".join(parts))[:_MESSAGE_CHARS]
-
 
 # ── Running a target ─────────────────────────────────────────────────────────
 #
@@ -102,6 +87,9 @@ class _Layout:
         self.runners = {name: SimpleNamespace(metadata=ExportMetadata.from_dict(entry["metadata"]))
                         for name, entry in manifest["components"].items()}
         self.components = dict.fromkeys(self.runners)
+        self.files = {name: folder / str(entry.get("file") or "") for name, entry in manifest["components"].items()}
+        self.export_format = manifest.get("export_format")
+        self.config = self.generation_config = None  # set by the own-process gate (`_own_process`)
 
     def export_dtype(self) -> str:
         return next(iter(self.runners.values())).metadata.export_dtype or "float32"
@@ -154,8 +142,10 @@ def _compare_case(exported, case: dict, thresholds: dict) -> dict:
     """One reference case run through the artifact: its entry (`outputs`, or the backend's `error`)."""
     from hfexport.generate import as_traced
 
-    runner = exported.runners[case["component"]]
     entry = {"component": case["name"], "shapes": case["shapes"]} if "name" in case else {}
+    if isinstance(exported, _Answers):  # run in the artifact's own process (`_own_process`)
+        return {**entry, "outputs": {}, **exported.cases[id(case)]}
+    runner = exported.runners[case["component"]]
     if "name" in case and _is_stateful(runner):
         return {**entry, "skipped": "its cache lives in the OpenVINO infer request: checked by greedy generation",
                 "outputs": {}}
@@ -165,7 +155,7 @@ def _compare_case(exported, case: dict, thresholds: dict) -> dict:
         else:
             got = exported(**case["fed"])
     except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure, not a crash
-        return {**entry, "error": _backend_message(error), "outputs": {}}
+        return {**entry, "error": backend_message(error), "outputs": {}}
     return {**entry, "outputs": compare_outputs(got, case["eager"], thresholds, case["mask"])}
 
 
@@ -241,6 +231,8 @@ def _generation_reference(model, plan, max_new_tokens: int) -> dict:
 
 def _compare_generation(exported, reference: dict, processor, min_token_agreement: float) -> dict:
     """Greedy decoding over the exported graphs against `reference` (`_generation_reference`)."""
+    import torch
+
     from hfexport.generate import generate, prompt_input_names
 
     result: dict[str, Any] = {**reference["result"], "min_token_agreement": min_token_agreement}
@@ -253,10 +245,16 @@ def _compare_generation(exported, reference: dict, processor, min_token_agreemen
                                                 *prompt_input_names(exported))
                     if key in extra}  # a VLM's images (pixel_values, ...) and rope inputs (mm_token_type_ids, ...)
     try:
-        got = generate(exported, input_ids, attention_mask=reference["attention_mask"],
-                       generation_config=generation_config, **model_inputs)
+        if isinstance(exported, _Answers):  # decoded in the artifact's own process (`_own_process`)
+            if "error" in exported.generation:
+                result.update(passed=False, error=exported.generation["error"])
+                return result
+            got = torch.tensor(exported.generation["sequences"], dtype=torch.long)
+        else:
+            got = generate(exported, input_ids, attention_mask=reference["attention_mask"],
+                           generation_config=generation_config, **model_inputs)
     except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
-        result.update(passed=False, error=_backend_message(error))
+        result.update(passed=False, error=backend_message(error))
         return result
     if reference["is_encoder_decoder"]:
         # An encoder-decoder returns decoder sequences: the generated tokens follow its decoder prompt.
@@ -361,7 +359,7 @@ def _references(layout, model, plan, probes: list[dict], refs, representative: d
             try:
                 entries = _generation_references(layout, model, plan, inputs)
             except Exception as failure:  # noqa: BLE001 - the eager side could not build this probe
-                error = _backend_message(failure)
+                error = backend_message(failure)
         else:
             entries = [_forward_reference(model, inputs, prepared=bool(plan.components["model"].prepared_inputs))]
         cases.append({"base": base, "entries": entries, "error": error, "seconds": time.perf_counter() - started})
@@ -388,14 +386,15 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
                 with traced_cache_layout():
                     entries = [_compare_case(exported, entry, probe_thresholds) for entry in entries]
             except Exception as failure:  # noqa: BLE001 - as when the eager side could not build this probe
-                error = _backend_message(failure)
+                error = backend_message(failure)
         if error is not None:
             entries = [{"component": None, "error": f"could not capture the probe's stage inputs: {error}",
                         "outputs": {}}]
         elif plan.target.mode != "generation":
             entries = [{"component": "model", "shapes": entries[0]["shapes"],
                         **_compare_case(exported, entries[0], probe_thresholds)}]
-        seconds = (case["seconds"] + time.perf_counter() - started) / max(len(entries), 1)
+        elsewhere = sum(entry.pop("seconds", 0.0) for entry in entries)  # the artifact's own process's time
+        seconds = (case["seconds"] + elsewhere + time.perf_counter() - started) / max(len(entries), 1)
         for entry in entries:
             results.append(_finish({**base, **entry, "seconds": round(seconds, 4)}))
             if on_probe is not None:
@@ -406,8 +405,10 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
         generation_result = _compare_generation(exported, references["generation"], processor,
                                                 resolved.min_token_agreement)
         if on_probe is not None:
+            elsewhere = exported.generation.get("seconds", 0.0) if isinstance(exported, _Answers) else 0.0
             on_probe({"name": "greedy generation", "passed": generation_result["passed"],
-                      "seconds": round(references["generation"]["seconds"] + time.perf_counter() - started, 4)})
+                      "seconds": round(references["generation"]["seconds"] + elsewhere + time.perf_counter() - started,
+                                       4)})
     failures = [_failure_line(probe) for probe in results if not probe["passed"]]
     if generation_result is not None and not generation_result["passed"]:
         failures.append(_generation_failure_line(generation_result))
@@ -415,8 +416,199 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
             "failures": failures}
 
 
+# ── The artifact's side in a process of its own (ONNX) ───────────────────────
+#
+# A process that imports torch holds ~440 MB of libraries (SmolLM2-135M's bound: those libraries + its f32 weights),
+# and the exporting process also keeps what the export left on its heap; so where it can, the ONNX gate runs the
+# artifact in `python -m hfexport.verify.artifact`, without torch, on the references the eager pass computed here,
+# and the verification dict is assembled here from its answers with the same code (`_compare`).
+
+
+class _Answers:
+    """What the artifact's own process answered (`hfexport.verify.artifact`), in place of a loaded artifact for
+    `_compare`: per reference case (by `id`) its compared `outputs` or `error`, the greedy `generation`'s sequences
+    or error, and what `read_back` reads of a loaded one."""
+
+    def __init__(self, layout: _Layout, result: dict, cases: dict, dtype: str):
+        self.runners, self.components = layout.runners, layout.components
+        self.cases = {key: result["cases"][index] for key, index in cases.items()}
+        self.generation = result.get("generation") or {}
+        precision = "f16" if dtype == "float16" else "f32"
+        components = {name: {"device": "cpu" if providers == ["CPUExecutionProvider"] else "accelerator",
+                             "providers": list(providers), "precision": precision}
+                      for name, providers in result["providers"].items()}
+        self.read = {"backend": format_traits(str(layout.export_format)).runtime_package, "components": components,
+                     "precision": precision}
+        self.load_s = float(result.get("load_s") or 0.0)
+        self.peak_rss_mb = result.get("peak_rss_mb")
+
+
+def artifact_process_refusal(folder: str | Path, plan, config) -> str | None:
+    """Why the gate's artifact side of `plan` (saved in `folder`, of a model whose config is `config`) is checked in
+    the exporting process (None: in `hfexport.verify.artifact`, a process of its own, where the gate opens the
+    artifact lean and its greedy check is a plain loop, `verify_exported`): `_layout_refusal`, the one rule, read
+    before the eager reference is made (`hfexport.job.structure.load_reference`: the streamed reference then keeps
+    no converted weights between forwards, the exporting process running no more than the eager side)."""
+    try:
+        layout = _Layout(Path(folder))
+    except Exception:  # noqa: BLE001 - a manifest that does not read: the gate loads it in process and says why
+        return "its manifest does not read"
+    layout.config, layout.generation_config = config, _saved_generation_config(Path(folder))
+    return _layout_refusal(layout, plan)
+
+
+def _own_process_refusal(layout: _Layout | None, plan, references: dict) -> str | None:
+    """Why the artifact of `plan` is checked in process (None: it can run in `hfexport.verify.artifact`):
+    `_layout_refusal`, or a greedy check that is not a plain greedy loop (`_greedy`)."""
+    from hfexport.generate import generation_layout
+
+    refusal = _layout_refusal(layout, plan)
+    if refusal is not None:
+        return refusal
+    reference = references["generation"]
+    if reference is not None and "error" not in reference and \
+            _greedy(layout, generation_layout(layout), reference) is None:
+        return "its greedy check is not a plain greedy loop (logits processors, other stopping criteria, inputs)"
+    return None
+
+
+def _layout_refusal(layout: _Layout | None, plan) -> str | None:
+    """The rule: an ONNX generation target (not quantized, its graphs on ONNX Runtime's CPU provider) of a
+    decoder-only model over a DynamicCache, whose prompt runs on the prefill without a cache or on a single graph's
+    decode (what the child's loop is); None where it is one."""
+    from hfexport.formats.onnx.file_runner import runs_here
+    from hfexport.generate import CACHE, generation_layout
+
+    target = plan.target
+    if layout is None or not format_traits(str(target.export_format)).gate_in_own_process or \
+            target.mode != "generation" or target.quantization:
+        return "not an ONNX generation target"
+    if not runs_here() or not all(path.is_file() for path in layout.files.values()):
+        return "not ONNX files on the CPU provider"
+    try:
+        generation = generation_layout(layout)
+    except Exception as error:  # noqa: BLE001 - the in-process check reports it as a user sees it
+        return f"its generation layout: {error}"
+    if generation.seq2seq or generation.multimodal or generation.prefill_by_decode or generation.llm_program or \
+            generation.static_cache_len is not None or generation.cache_kwarg != CACHE or any(generation.stateful.values()) \
+            or (not generation.single_graph and CACHE in layout.runners[generation.prefill].metadata.kwargs):
+        return "not a decoder over a DynamicCache"
+    return None
+
+
+def _greedy(layout: _Layout, generation, reference: dict) -> dict | None:
+    """The child's greedy loop (`hfexport.generate.plain_greedy`) for the reference's prompts; None where `generate`
+    would do more than that loop."""
+    from hfexport.generate import plain_greedy
+
+    if reference["extra"] or reference["is_encoder_decoder"]:
+        return None
+    return plain_greedy(layout, generation, reference["generation_config"], reference["input_ids"],
+                        reference["attention_mask"])
+
+
+def _out_paths(metadata) -> list[str]:
+    """The leaf paths (`get_leaf_tensors`' names) of a component's flat graph outputs, in order, as the runner's
+    `unflatten` rebuilds them: read from the traced output spec with a placeholder per output."""
+    import torch
+    from transformers.exporters import ModelRunner
+    from transformers.exporters.utils import get_leaf_tensors
+
+    class Spec(ModelRunner):  # the engine's runner for its output spec alone (`unflatten`), running nothing
+        device = None
+
+        @classmethod
+        def from_program(cls, program, metadata, device=None):
+            raise NotImplementedError
+
+        def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs):
+            raise NotImplementedError
+
+    spec = Spec(metadata)
+    count = spec.out_spec.num_leaves - len(spec.out_constants)
+    rebuilt = spec.unflatten([torch.tensor(index) for index in range(count)])
+    paths = [None] * count
+    for path, tensor in get_leaf_tensors(rebuilt).items():
+        if tensor.dim() == 0 and tensor.dtype == torch.int64 and 0 <= int(tensor) < count and paths[int(tensor)] is None:
+            paths[int(tensor)] = path
+    if any(path is None for path in paths) or len(get_leaf_tensors(rebuilt)) != count:
+        raise ValueError("an output spec whose leaves are not one a graph output")
+    return paths
+
+
+def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved: Thresholds,
+                 dtype: str) -> _Answers | dict | None:
+    """The artifact's side run in `python -m hfexport.verify.artifact` (spawned: a new process image, which holds
+    none of this one's memory) on `references`: its `_Answers`; None where it cannot run there (the caller loads
+    the artifact in process); a failed verification dict where the process died without answering."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import numpy
+    from transformers.exporters.utils import get_leaf_tensors
+
+    from hfexport.generate import as_traced, generation_layout
+
+    arrays: dict[str, Any] = {}
+
+    def put(value) -> str:
+        key = f"a{len(arrays)}"
+        arrays[key] = numpy.ascontiguousarray(as_array(value))
+        return key
+
+    try:
+        out_paths = {name: _out_paths(runner.metadata) for name, runner in layout.runners.items()}
+    except Exception:  # noqa: BLE001 - an output spec this gate does not map: in process
+        return None
+    cases, index = [], {}
+    for case in references["cases"]:
+        if case["error"] is not None:
+            continue
+        thresholds = SHAPE_ONLY if case["base"].get("role") == "shape" else resolved.tolerances
+        for entry in case["entries"]:
+            runner = layout.runners[entry["component"]]
+            fed = as_traced(runner, _traced(runner, entry["fed"]))
+            index[id(entry)] = len(cases)
+            cases.append({"component": entry["component"], "kwargs": list(fed),
+                          "fed": {path: put(tensor) for path, tensor in get_leaf_tensors(fed).items()},
+                          "eager": {path: put(tensor) for path, tensor in get_leaf_tensors(entry["eager"]).items()},
+                          "mask": put(entry["mask"]) if entry["mask"] is not None else None,
+                          "thresholds": thresholds})
+    generation = None
+    reference = references["generation"]
+    if reference is not None and "error" not in reference:
+        spec = _greedy(layout, generation_layout(layout), reference)
+        generation = {**spec, "input_ids": put(spec["input_ids"]), "attention_mask": put(spec["attention_mask"]),
+                      "initial_cache": {path: put(tensor) for path, tensor in spec["initial_cache"].items()}}
+    request = {"components": {name: {"path": str(path), "out_paths": out_paths[name]}
+                              for name, path in layout.files.items()},
+               "cases": cases, "generation": generation}
+    with tempfile.TemporaryDirectory(prefix="hfexport-gate-") as work:
+        work = Path(work)
+        numpy.savez(work / artifact.ARRAYS, **arrays)
+        arrays.clear()
+        (work / artifact.REQUEST).write_text(json.dumps(request))
+        package = str(Path(artifact.__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([package, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        done = subprocess.run([sys.executable, "-m", "hfexport.verify.artifact", str(work)], env=env,
+                              capture_output=True, text=True, check=False)
+        answer = work / artifact.RESULT
+        result = json.loads(answer.read_text()) if done.returncode == 0 and answer.is_file() else None
+    if result is None or "crash" in result:
+        why = result["crash"] if result else f"exit status {done.returncode}: " + " ".join(
+            line.strip() for line in done.stderr.strip().splitlines()[-3:])
+        message = f"the artifact's runtime process (ONNX Runtime, python -m hfexport.verify.artifact) failed: {why}"
+        return {"passed": False, "reloaded_from_disk": True, "error": redact(message)[:800], "probes": [],
+                "failures": [redact(message)[:800]]}
+    if "fallback" in result or "load_error" in result:
+        return None
+    return _Answers(layout, result, index, dtype)
+
+
 def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None,
-                    release=None, lean: bool | None = None) -> dict:
+                    release=None, lean: bool | None = None, own_process: bool | None = None) -> dict:
     """Reload `folder` from disk and check it against `model` on probes of `plan`; the report's verification dict.
 
     The eager model runs first, on every probe and the generation check (`_references`), reading the artifact's
@@ -431,7 +623,10 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     `runtime.precision`, else the device default, read back from the compiled model) against thresholds for that
     precision (a recipe pinning f32: the graph check's compiled model read back, not compiled a second time); the
     target passes when both do. `verification["runtime"]` names the CPU, backend, device and precision of each
-    check. `progress` gets a `probe` step as each probe (and the generation check) ends."""
+    check. `progress` gets a `probe` step as each probe (and the generation check) ends. `own_process` (by default
+    where the artifact is opened lean): an ONNX generation target's artifact side runs in a torch-free process of
+    its own where `_own_process_refusal` allows it (`runtime.process` "separate"; its rule read before the reference
+    is made too: `artifact_process_refusal`), else here."""
     import torch
 
     started = time.perf_counter()
@@ -467,19 +662,35 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
         references = _references(layout, model, plan, probes, refs, representative)
     finally:
         model.train(was_training)
+    lean = release is not None if lean is None else lean
+    separate = (lean if own_process is None else own_process) and exported is None
+    if separate:
+        layout.config, layout.generation_config = config, _saved_generation_config(Path(folder))
+        separate = _own_process_refusal(layout, plan, references) is None
+    kept = layout if separate else None
     del model, layout
     if release is not None:
         release()
     load_started = time.perf_counter()
-    if exported is None:
+    answers = None
+    if separate:
+        answers = _own_process(Path(folder), kept, plan, references,
+                               resolve(target, dtype, _graph_precision(dtype, model_dtype)), dtype)
+        if isinstance(answers, dict):  # the process died without answering
+            return {**answers, "seconds": round(time.perf_counter() - started, 4)}
+    if answers is not None:
+        exported = answers
+    elif exported is None:
         try:
-            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned,
-                             lean=release is not None if lean is None else lean)
+            exported = _load(Path(folder), export_format, "f32" if has_precision else pinned, lean=lean)
         except Exception as error:  # noqa: BLE001 - an artifact that does not load back fails verification
             return _not_loaded(folder, error, started)
-    reload_s = time.perf_counter() - load_started
+    reload_s = exported.load_s if answers is not None else time.perf_counter() - load_started
     runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
-    graph_read = read_back(exported)
+    if answers is not None:
+        runtime.update(process="separate", **({"process_peak_rss_mb": answers.peak_rss_mb}
+                                              if answers.peak_rss_mb is not None else {}))
+    graph_read = exported.read if answers is not None else read_back(exported)
     graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model_dtype)
     with _dropping_read_again(folder, export_format):
         graph = _compare(exported, plan, processor, references, resolve(target, dtype, graph_precision),
@@ -522,9 +733,18 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     return result
 
 
+def _saved_generation_config(folder: Path):
+    """The artifact's `generation_config.json` as `ExportedModel.from_pretrained` reads it (None without one)."""
+    from transformers import GenerationConfig
+
+    if not (folder / "generation_config.json").is_file():
+        return None
+    return GenerationConfig.from_pretrained(folder)
+
+
 def _not_loaded(folder, error: BaseException, started: float) -> dict:
     """The verification of an artifact that does not load back: failed, with the backend's words."""
-    message = f"the artifact does not load back from {Path(folder).name}: {_backend_message(error)}"
+    message = f"the artifact does not load back from {Path(folder).name}: {backend_message(error)}"
     return {"passed": False, "reloaded_from_disk": True, "error": message, "probes": [], "failures": [message],
             "seconds": round(time.perf_counter() - started, 4)}
 

@@ -1,4 +1,8 @@
-"""Comparing one exported output with the eager one, leaf by leaf: max abs/rel difference, cosine, top-1 agreement."""
+"""Comparing one exported output with the eager one, leaf by leaf: max abs/rel difference, cosine, top-1 agreement.
+
+Computed in NumPy on torch tensors and NumPy arrays alike (a torch tensor is read as the array it shares memory with),
+without importing torch: the ONNX gate's artifact side runs it in a process without torch (`hfexport.verify.artifact`),
+the same code on the same figures as in process."""
 
 from __future__ import annotations
 
@@ -18,9 +22,24 @@ CACHE_OUTPUTS = ("past_key_values", "present_key_values", "cache_params")
 CHUNK_ELEMENTS = 1 << 20
 
 
+def as_array(value):
+    """A torch tensor or array-like as a NumPy array, sharing a CPU tensor's memory; a tensor NumPy has no dtype for
+    (bfloat16) as float32, the dtype every metric is computed at (exact for it)."""
+    import numpy
+
+    if hasattr(value, "detach"):  # a torch tensor, without importing torch
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        return value.numpy()
+    return numpy.asarray(value)
+
+
 def compare_tensors(exported, eager, tolerance: dict, logits: bool = False) -> dict:
     """Metrics of one output leaf and whether it meets `tolerance`; `failures` names each metric that did not.
-    Computed in row blocks of about `CHUNK_ELEMENTS` (`_block_metrics`), the same figures as on the whole tensor."""
+    Computed in row blocks of about `CHUNK_ELEMENTS` (`_block_metrics`), the same figures as on the whole tensor.
+    `exported`, `eager`: torch tensors or NumPy arrays."""
+    exported, eager = as_array(exported), as_array(eager)
     result: dict[str, Any] = {"shape": list(eager.shape)}
     failures: list[str] = []
     if tuple(exported.shape) != tuple(eager.shape):
@@ -28,8 +47,7 @@ def compare_tensors(exported, eager, tolerance: dict, logits: bool = False) -> d
                       failures=[f"shape {list(exported.shape)} != eager {list(eager.shape)}"])
         return result
     atol, rtol = tolerance.get("atol"), tolerance.get("rtol")
-    metrics = _block_metrics(exported.detach(), eager.detach(), atol, rtol,
-                             logits and eager.dim() >= 1 and eager.shape[-1] >= 2)
+    metrics = _block_metrics(exported, eager, atol, rtol, logits and eager.ndim >= 1 and eager.shape[-1] >= 2)
     if metrics["bad_nan"]:
         failures.append(f"nan: {metrics['bad_nan']} elements are NaN on one side only")
     max_abs, max_rel, cosine = metrics["max_abs"], metrics["max_rel"], metrics["cosine"]
@@ -54,34 +72,36 @@ def compare_tensors(exported, eager, tolerance: dict, logits: bool = False) -> d
 
 def _blocks(got, want):
     """(got, want) as float32 row blocks of about `CHUNK_ELEMENTS` each (rows along the last axis: argmax stays whole)."""
-    width = want.shape[-1] if want.dim() >= 1 and want.shape[-1] else 1
+    import numpy
+
+    width = want.shape[-1] if want.ndim >= 1 and want.shape[-1] else 1
     got, want = got.reshape(-1, width), want.reshape(-1, width)
     step = max(1, CHUNK_ELEMENTS // width)
     for start in range(0, want.shape[0], step):
-        yield got[start : start + step].float(), want[start : start + step].float()
+        yield got[start : start + step].astype(numpy.float32), want[start : start + step].astype(numpy.float32)
 
 
 def _block_max(values: list[float]) -> float:
-    """The max of per-block maxima as torch's max of the whole: NaN where any block's is."""
+    """The max of per-block maxima as the max of the whole: NaN where any block's is."""
     import math
 
     return math.nan if any(math.isnan(value) for value in values) else max(values, default=0.0)
 
 
 def _mean(count: int, total: int) -> float:
-    """`count / total` as torch's float32 mean of a 0/1 tensor gives it (exact sum, one float32 division)."""
-    import torch
+    """`count / total` as a float32 mean of a 0/1 tensor gives it (exact sum, one float32 division)."""
+    import numpy
 
-    return float(torch.tensor(float(count), dtype=torch.float32) / total)
+    return float(numpy.float32(count) / numpy.float32(total))
 
 
 def _block_metrics(got, want, atol, rtol, logits: bool) -> dict:
     """max |got - want| (NaN on one side only: inf), max relative difference where |want| >= 1e-3 of its max,
     cosine (float64 sums), the count outside `atol + rtol·|want|`, NaNs on one side only and (logits) rows whose
     argmax agree; NaNs on both sides count as 0 on both. Two passes: the scale of |want| first."""
-    import torch
+    import numpy
 
-    numel = want.numel()
+    numel = want.size
     metrics = {"numel": numel, "bad_nan": 0, "outside": 0, "top1": 0, "rows": 0, "max_abs": 0.0, "max_rel": 0.0,
                "cosine": 1.0}
     if numel == 0:
@@ -89,27 +109,31 @@ def _block_metrics(got, want, atol, rtol, logits: bool) -> dict:
     scales, abs_maxima, rel_maxima, any_significant = [], [], [], False
     got_sq = want_sq = dot = 0.0
     for got_block, want_block in _blocks(got, want):
-        both_nan = torch.isnan(got_block) & torch.isnan(want_block)
-        scales.append(float(torch.where(both_nan, 0.0, want_block).abs().max()))
+        both_nan = numpy.isnan(got_block) & numpy.isnan(want_block)
+        scales.append(float(numpy.abs(numpy.where(both_nan, numpy.float32(0), want_block)).max()))
     scale = _block_max(scales)
     for got_block, want_block in _blocks(got, want):
         if logits:
             metrics["top1"] += int((got_block.argmax(-1) == want_block.argmax(-1)).sum())
             metrics["rows"] += got_block.shape[0]
-        both_nan = torch.isnan(got_block) & torch.isnan(want_block)
-        metrics["bad_nan"] += int(((torch.isnan(got_block) | torch.isnan(want_block)) & ~both_nan).sum())
-        got_block, want_block = torch.where(both_nan, 0.0, got_block), torch.where(both_nan, 0.0, want_block)
-        diff = (got_block - want_block).abs()
-        abs_maxima.append(float(torch.nan_to_num(diff, nan=float("inf")).max()))
-        magnitude = want_block.abs()
+        got_nan, want_nan = numpy.isnan(got_block), numpy.isnan(want_block)
+        both_nan = got_nan & want_nan
+        metrics["bad_nan"] += int(((got_nan | want_nan) & ~both_nan).sum())
+        zero = numpy.float32(0)
+        got_block, want_block = numpy.where(both_nan, zero, got_block), numpy.where(both_nan, zero, want_block)
+        diff = numpy.abs(got_block - want_block)
+        # NaN (one side only) counts as inf; an inf difference as the largest finite value (as torch.nan_to_num)
+        abs_maxima.append(float(numpy.nan_to_num(diff, nan=numpy.inf).max()))
+        magnitude = numpy.abs(want_block)
         if scale > 0:
             significant = magnitude >= 1e-3 * scale
             if bool(significant.any()):
                 any_significant = True
                 rel_maxima.append(float((diff[significant] / magnitude[significant]).max()))
-        got_sq += float(got_block.double().square().sum())
-        want_sq += float(want_block.double().square().sum())
-        dot += float((got_block.double() * want_block.double()).sum())
+        got_wide, want_wide = got_block.astype(numpy.float64), want_block.astype(numpy.float64)
+        got_sq += float(numpy.square(got_wide).sum())
+        want_sq += float(numpy.square(want_wide).sum())
+        dot += float((got_wide * want_wide).sum())
         if atol is not None or rtol is not None:
             metrics["outside"] += int((diff > (atol or 0.0) + (rtol or 0.0) * magnitude).sum())
     max_abs = _block_max(abs_maxima)
@@ -142,18 +166,28 @@ def _unpadded(tensor, name: str, mask):
     """Only the positions whose attention_mask is 1: a padded query position attends to nothing, and what a
     backend computes there is unspecified (a left-padded decoder's first rows differ by design). Token-major
     outputs are `[batch, seq, ...]`; cache leaves `[batch, heads, seq, dim]`."""
-    if mask is None or tensor.dim() < 2 or tensor.shape[0] != mask.shape[0] or bool(mask.all()):
+    import numpy
+
+    if mask is None or tensor.ndim < 2 or tensor.shape[0] != mask.shape[0] or bool(mask.all()):
         return tensor
-    axis = tensor.dim() - 2 if _group(name) != name else 1
+    axis = tensor.ndim - 2 if _group(name) != name else 1
     if axis < 1 or tensor.shape[axis] != mask.shape[1]:
         return tensor
-    return tensor.movedim(axis, 1)[mask.bool()]
+    return numpy.moveaxis(tensor, axis, 1)[mask.astype(bool)]
 
 
 def compare_outputs(exported_output, eager_output, thresholds: dict, mask=None) -> dict:
     """`{output: metrics}` for every leaf of the eager output; cache leaves grouped (worst leaf kept). Positions
     that `mask` (the call's 2-D attention_mask) marks as padding are left out."""
-    got, want = _leaves(exported_output), _leaves(eager_output)
+    return compare_leaves(_leaves(exported_output), _leaves(eager_output), thresholds, mask)
+
+
+def compare_leaves(got: dict, want: dict, thresholds: dict, mask=None) -> dict:
+    """`compare_outputs` on the two outputs' leaves, `{dotted path: tensor or array}` (`get_leaf_tensors`' names,
+    the eager ones in their order)."""
+    got = {name: as_array(value) for name, value in got.items()}
+    want = {name: as_array(value) for name, value in want.items()}
+    mask = None if mask is None else as_array(mask)
     results: dict[str, dict] = {}
     for name, tensor in want.items():
         group = _group(name)

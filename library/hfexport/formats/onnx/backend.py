@@ -122,6 +122,7 @@ class OnnxFormat(FormatBackend):
     runtimes = ("hfexport.formats.onnx.runtimes.transformers_js", "hfexport.formats.onnx.runtimes.optimum",
                 "hfexport.formats.onnx.runtimes.onnxruntime_genai")
     one_decoder_graph = True
+    gate_in_own_process = True
     converts_to_float16 = True
     generation_variants = True
     nncf_onnx_limits = True

@@ -1,0 +1,146 @@
+"""The ONNX gate's artifact side in a torch-free process of its own (issue 45, item 3: a gate that fits).
+
+`verify_exported` computes the eager references, releases the model and hands the ONNX session's side to
+`python -m hfexport.verify.artifact`; the verification dict it assembles from that process's answers is the one the
+in-process gate gives, passing or failing, and a process that dies is one failure line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+LIBRARY = Path(__file__).resolve().parents[1] / "library"
+
+
+@pytest.fixture(scope="module")
+def llama_onnx(tmp_path_factory, tiny_llama):
+    """tiny-llama's single-graph ONNX generation target, exported (and gated) once; its model, plan and processor."""
+    from hfexport.job.run import run_job
+    from hfexport.models import load_model, load_processor
+    from hfexport.plan import build_plan
+    from hfexport.recipe.loading import load_recipe
+
+    output = tmp_path_factory.mktemp("artifact-process")
+    report = run_job(tiny_llama, output, ["onnx-generation"], latency=False, runtimes=False)
+    assert report.targets["onnx-generation"].status == "ok", report.targets["onnx-generation"].error
+    recipe, processor = load_recipe(tiny_llama), load_processor(tiny_llama)
+    model = load_model(tiny_llama, recipe)
+    return output / "onnx-generation", model, build_plan(recipe, "onnx-generation", model, None, processor), processor
+
+
+def _comparable(verification: dict) -> dict:
+    """The verification dict without its timings and without where the artifact ran."""
+    verification = json.loads(json.dumps(verification))
+    for key in ("seconds", "reload_s"):
+        verification.pop(key, None)
+    verification.get("runtime", {}).pop("process", None)
+    verification.get("runtime", {}).pop("process_peak_rss_mb", None)
+    for probe in verification["probes"]:
+        probe.pop("seconds", None)
+    return verification
+
+
+def _both(folder: Path, model, plan, processor) -> tuple[dict, dict]:
+    from hfexport.verify.check import verify_exported
+
+    separate = verify_exported(folder, model, plan, processor, lean=True)  # by default where lean
+    here = verify_exported(folder, model, plan, processor, lean=True, own_process=False)
+    assert separate["runtime"]["process"] == "separate" and "process" not in here["runtime"]
+    return separate, here
+
+
+def test_the_artifact_process_gives_the_in_process_verification(llama_onnx):
+    folder, model, plan, processor = llama_onnx
+    separate, here = _both(folder, model, plan, processor)
+    assert separate["passed"] and separate["generation"]["token_agreement"] == 1.0
+    assert [probe["component"] for probe in separate["probes"]] == [probe["component"] for probe in here["probes"]]
+    assert _comparable(separate) == _comparable(here)
+
+
+def test_a_perturbed_artifact_fails_with_the_same_lines_in_its_own_process(tmp_path, llama_onnx):
+    import numpy
+    import onnx
+
+    folder, model, plan, processor = llama_onnx
+    copy = tmp_path / "onnx-generation"
+    shutil.copytree(folder, copy)
+    graph = onnx.load(str(copy / "model.onnx"), load_external_data=False).graph
+    largest = max((tensor for tensor in graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL),
+                  key=lambda tensor: int({entry.key: entry.value for entry in tensor.external_data}["length"]))
+    where = {entry.key: entry.value for entry in largest.external_data}
+    offset, length = int(where.get("offset", 0)), int(where["length"])
+    with (copy / where["location"]).open("r+b") as data:  # scaled in place: the file's layout unchanged
+        data.seek(offset)
+        values = numpy.frombuffer(data.read(length), dtype=numpy.float32) * 1.5 + 0.5
+        data.seek(offset)
+        data.write(values.astype(numpy.float32).tobytes())
+    separate, here = _both(copy, model, plan, processor)
+    assert not separate["passed"] and separate["failures"]
+    assert separate["failures"] == here["failures"]
+    assert _comparable(separate) == _comparable(here)
+
+
+def test_a_dead_artifact_process_is_one_failure_line(llama_onnx, monkeypatch):
+    from hfexport.verify.check import summary, verify_exported
+
+    folder, model, plan, processor = llama_onnx
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # the child exits 1 without answering
+    verification = verify_exported(folder, model, plan, processor, lean=True)
+    assert not verification["passed"] and len(verification["failures"]) == 1
+    assert verification["failures"][0].startswith("the artifact's runtime process (ONNX Runtime, python -m "
+                                                  "hfexport.verify.artifact) failed: exit status 1")
+    assert summary(verification).startswith("parity failed: the artifact's runtime process")
+
+
+def test_the_model_is_released_before_the_artifact_process_starts(llama_onnx, tiny_llama, monkeypatch):
+    import gc
+    import weakref
+
+    from hfexport.models import load_model
+    from hfexport.recipe.loading import load_recipe
+    from hfexport.verify.check import verify_exported
+
+    folder, _, plan, processor = llama_onnx
+    holder = {"model": load_model(tiny_llama, load_recipe(tiny_llama))}
+    model = weakref.ref(holder["model"])
+    events, spawn = [], subprocess.run
+
+    def run(command, **kwargs):
+        events.append(("spawn", model() is None, command[1:3]))
+        return spawn(command, **kwargs)
+
+    def release():
+        events.append(("release",))
+        holder.clear()
+        gc.collect()
+
+    monkeypatch.setattr(subprocess, "run", run)
+    verification = verify_exported(folder, holder["model"], plan, processor, release=release)
+    assert events == [("release",), ("spawn", True, ["-m", "hfexport.verify.artifact"])]
+    assert verification["passed"] and verification["runtime"]["process"] == "separate"
+
+
+def test_the_rule_reads_the_saved_artifact_before_the_reference_is_made(llama_onnx):
+    from hfexport.verify.check import artifact_process_refusal
+
+    folder, model, plan, _ = llama_onnx
+    assert artifact_process_refusal(folder, plan, model.config) is None
+    assert artifact_process_refusal(folder.parent / "missing", plan, model.config) == "its manifest does not read"
+    forward = SimpleNamespace(target=SimpleNamespace(**{**vars(plan.target), "mode": "forward"}))
+    assert artifact_process_refusal(folder, forward, model.config) == "not an ONNX generation target"
+
+
+def test_the_artifact_process_imports_no_torch():
+    code = ("import sys, hfexport.verify.artifact, hfexport.verify.parity, hfexport.formats.onnx.program, "
+            "hfexport.formats.onnx.decoder_contract; print(sorted(m for m in ('torch', 'transformers') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": str(LIBRARY), "PATH": "/usr/bin:/bin"})
+    assert done.stdout.strip() == "[]"
