@@ -180,20 +180,22 @@ def test_a_job_exported_from_its_structure_streams_the_model_for_its_gate(checkp
 
     def streamed_model(*args, stream=structure.streamed_model):
         model = stream(*args)
-        streamed.append(weakref.ref(model))
+        streamed.append((weakref.ref(model), args[2:]))
         return model
 
     monkeypatch.setattr(structure, "load_model", load_model)
     monkeypatch.setattr(structure, "streamed_model", streamed_model)
-    monkeypatch.setattr(check, "_load", lambda *args, load=check._load, **kwargs: opened.append(
-        (streamed[-1]() is None, kwargs.get("lean"))) or load(*args, **kwargs))
+    monkeypatch.setattr(check, "_own_process", lambda *args, run=check._own_process: opened.append(
+        streamed[-1][0]() is None) or run(*args))
     report = run_job(checkpoint, tmp_path / "out", ["onnx-generation"], latency=False, runtimes=False, workers=1)
     target = report.targets["onnx-generation"]
     assert target.status == "ok", target.error
     assert not loaded  # exported from the twin; the gate's reference streamed its weights, the model never loaded
     assert len(streamed) == 1
-    # the gate let the reference go (freed) before the artifact's runtime opened, its weights left memory-mapped
-    assert opened == [(True, True)]
+    # the gate let the reference go (freed) before the artifact's process started; that process checked it, so the
+    # streamed reference kept no converted blocks between forwards (`check.artifact_process_refusal`, read first)
+    assert opened == [True] and target.verification["runtime"]["process"] == "separate"
+    assert streamed[0][1] == (0,)
     assert "still referenced" not in caplog.text
     assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0
 
