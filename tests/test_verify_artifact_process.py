@@ -42,6 +42,7 @@ def _comparable(verification: dict) -> dict:
         verification.pop(key, None)
     verification.get("runtime", {}).pop("process", None)
     verification.get("runtime", {}).pop("process_peak_rss_mb", None)
+    verification.get("runtime", {}).pop("process_parent_rss_mb", None)
     for probe in verification["probes"]:
         probe.pop("seconds", None)
     return verification
@@ -144,3 +145,17 @@ def test_the_artifact_process_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={"PYTHONPATH": str(LIBRARY), "PATH": "/usr/bin:/bin"})
     assert done.stdout.strip() == "[]"
+
+
+def test_the_verify_stage_counts_the_artifact_process_beside_the_exporting_one():
+    """The verify stage's peak is the exporting process's resident set while the artifact's ran plus that process's
+    own peak, where that is more than this process measured alone (the preflight's `verify` estimates both)."""
+    from hfexport.job.pipeline import _count_artifact_process
+    from hfexport.report.data import TargetReport
+
+    report = TargetReport(target="t", export_format="onnx", mode="generation")
+    report.memory = {"peak_rss_mb": {"verify": 900.0}}
+    _count_artifact_process(report, {"runtime": {"process_peak_rss_mb": 915.0, "process_parent_rss_mb": 877.0}})
+    assert report.memory["peak_rss_mb"]["verify"] == 1792.0
+    _count_artifact_process(report, {"runtime": {}})  # in process: as measured
+    assert report.memory["peak_rss_mb"]["verify"] == 1792.0

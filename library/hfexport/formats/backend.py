@@ -230,6 +230,10 @@ class FormatProgram:
     #: placeholder's constant whole); else the weights outside it (ONNX's exporter keeps the one-row placeholders)
     structure_export_vocabulary: ClassVar[bool] = False
     structure_save_memory: ClassVar[float] = 0.0
+
+    def structure_save_factor(self, target) -> float:
+        """`structure_save_memory` for `target` (OpenVINO's differs where no quantizer runs on the written files)."""
+        return self.structure_save_memory
     #: Whether the format's runtime copies the weights it memory-maps whatever it is told (OpenVINO's CPU plugin
     #: repacks them when it compiles): the gate then hands the mapped pages back as it loads and runs
     #: (`hfexport.verify.check._load`), even where it was asked to load lean

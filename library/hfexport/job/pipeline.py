@@ -330,6 +330,7 @@ class TargetPipeline:
         if not verification["passed"]:
             target_report.status, target_report.error = "failed", summary(verification)
         progress(Step("verify", "done" if verification["passed"] else "error", name, summary(verification), seconds))
+        _count_artifact_process(target_report, verification)
 
     def _check_runtimes(self, folder: Path, plan, request=None) -> None:
         """The deployment runtimes of the target's format on its saved files (`hfexport.deployment.gate`); a runtime
@@ -372,6 +373,18 @@ class TargetPipeline:
             target_report.latency = {"error": engine_error_message(error)[:500]}
             return
         target_report.timings["latency_s"] = round(timer.seconds, 4)
+
+
+def _count_artifact_process(target_report: TargetReport, verification: dict) -> None:
+    """The verify stage's peak with the artifact's own process counted (`hfexport.verify.artifact`): the exporting
+    process's resident set while it ran plus its own peak, where that is more than the stage measured here (the two
+    are in memory together, and the preflight's `verify` estimate is for both)."""
+    runtime = verification.get("runtime") or {}
+    child, parent = runtime.get("process_peak_rss_mb"), runtime.get("process_parent_rss_mb")
+    peaks = (target_report.memory or {}).get("peak_rss_mb")
+    if child is None or parent is None or peaks is None:
+        return
+    peaks["verify"] = round(max(peaks.get("verify", 0.0), parent + child), 1)
 
 
 def engine_error_message(error: BaseException) -> str:

@@ -200,6 +200,10 @@ STRUCTURE_MAPPED = 1.0
 #: What the gate's eager side holds beside the converted blocks it keeps (`GATE_RESERVE` is what it leaves for
 #: them): a block in flight, activations, the references.
 STRUCTURE_GATE_TENSORS = 2
+#: The gate's artifact process (`hfexport.verify.artifact`) beside its mapped weights: ONNX Runtime and NumPy, what
+#: the session's graph optimizations add, the largest probe's buffers (SmolLM2-135M-Instruct f32: 915 MB with 513 MB
+#: of weights; docs/publishing.md, "Memory"); the verify stage counts it beside the exporting process.
+ARTIFACT_PROCESS = 350 * MB
 #: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
 #: the activations, the references it holds for the comparison (`hfexport.job.structure._resident_bytes`).
 GATE_RESERVE = 1 << 30
@@ -308,7 +312,8 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     `available`: the memory the job may use (its budget)."""
     libraries = LIBRARIES_MB * MB
     streamed_gate = streamed_gate and not any(t.variants for t in targets)  # a variant's gate reads the model
-    if streamed_gate and all(map(gate_apart, targets)):  # the streamed reference keeps no converted blocks
+    apart = streamed_gate and all(map(gate_apart, targets))
+    if apart:  # the streamed reference keeps no converted blocks
         budget = 0
     elif streamed_gate:
         budget = loaded if available is None else max(0, min(loaded, available - libraries - GATE_RESERVE))
@@ -326,11 +331,13 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         "plan": libraries + STRUCTURE_PLAN_TENSORS * largest,
         "export": export,
         "save": export + STRUCTURE_SAVE_TENSORS * largest
-        + int(max(p.structure_save_memory for p in programs) * loaded)
+        + int(max(p.structure_save_factor(t) for p, t in zip(programs, targets)) * loaded)
         + ((whole or largest) // 2 if any(t.dtype == "float16" for t in targets) else 0),
         # the model released before the artifact's runtime opens where the gate streams it, or its mapped pages
         # handed back (a float32 checkpoint, `MAPPED_GATE_RELEASE`); a widened model's held beside the runtime
-        "verify": libraries + (reference + mapped if widened and not streamed_gate else max(reference, mapped)),
+        # where the artifact is checked in a process of its own, that process beside this one (`ARTIFACT_PROCESS`)
+        "verify": libraries + (reference + ARTIFACT_PROCESS + mapped if apart else
+                               reference + mapped if widened and not streamed_gate else max(reference, mapped)),
     }
     variants = variants_stage(targets, loaded, libraries)
     return {**stages, "variants": variants} if variants is not None else stages

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -441,6 +442,7 @@ class _Answers:
                      "precision": precision}
         self.load_s = float(result.get("load_s") or 0.0)
         self.peak_rss_mb = result.get("peak_rss_mb")
+        self.parent_rss_mb: float | None = None  # the caller's resident set while this process ran
 
 
 def artifact_process_refusal(folder: str | Path, plan, config) -> str | None:
@@ -592,6 +594,7 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
         (work / artifact.REQUEST).write_text(json.dumps(request))
         package = str(Path(artifact.__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        beside = _resident_bytes_now()  # what this process holds while the artifact's runs (the stage counts both)
         done = subprocess.run([sys.executable, "-m", "hfexport.verify.artifact", str(work)], env=env,
                               capture_output=True, text=True, check=False)
         answer = work / artifact.RESULT
@@ -604,7 +607,18 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
                 "failures": [redact(message)[:800]]}
     if "fallback" in result or "load_error" in result:
         return None
-    return _Answers(layout, result, index, dtype)
+    answers = _Answers(layout, result, index, dtype)
+    answers.parent_rss_mb = round(beside / (1 << 20), 1)
+    return answers
+
+
+def _resident_bytes_now() -> int:
+    """This process's resident set now, in bytes (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None,
@@ -688,7 +702,8 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     reload_s = exported.load_s if answers is not None else time.perf_counter() - load_started
     runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
     if answers is not None:
-        runtime.update(process="separate", **({"process_peak_rss_mb": answers.peak_rss_mb}
+        runtime.update(process="separate", **({"process_peak_rss_mb": answers.peak_rss_mb,
+                                               "process_parent_rss_mb": answers.parent_rss_mb}
                                               if answers.peak_rss_mb is not None else {}))
     graph_read = exported.read if answers is not None else read_back(exported)
     graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model_dtype)

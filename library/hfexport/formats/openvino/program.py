@@ -21,6 +21,9 @@ from hfexport.formats.openvino.file_check import check_openvino_files
 #: What the gate of a float32 target exported from the model's structure holds beside the libraries, as a factor of
 #: the float32 weights (measured on SmolLM2-135M-Instruct: `mapped_weight_bytes`)
 FLOAT32_GATE = 2.1
+#: What the save of a float32 target exported from the model's structure holds beside its export's, as a factor of
+#: the float32 weights (`OpenvinoProgram.structure_save_factor`)
+FLOAT32_SAVE = -0.8
 
 
 class OpenvinoProgram(FormatProgram):
@@ -33,8 +36,9 @@ class OpenvinoProgram(FormatProgram):
     # back once compressed (`structure.constants_released_as_read`). Measured at SmolLM2-1.7B's config (W 6,528 MB):
     # export 7,162, save 7,889 MB, against the export's estimate (1.3 W) + 5 T - 0.2 W = 9,661 MB (+22%; at 0 it was
     # +39%); on 2 layers of Llama-3.2-1B's, +17% (benchmarks/results/export_memory_smollm2-1.7b.md). A float32 target
-    # (no compression) on SmolLM2-135M-Instruct (W 513 MB): export 1086, save 1016 MB against 1227 and 1444 (+13%,
-    # +42%: the save's 5 T counts a vocabulary block, 64 MiB, docs/publishing.md "Memory")
+    # (no compression) on SmolLM2-135M-Instruct (W 513 MB): export 1086, save 1016 MB against 1227 and, with -0.2 W,
+    # 1444 (+13%, +42%: the save's 5 T counts a vocabulary block, 64 MiB, docs/publishing.md "Memory"): its own
+    # factor, `structure_save_factor`
     structure_export_memory = 1.3
     structure_export_vocabulary = True
     structure_save_memory = -0.2
@@ -43,6 +47,11 @@ class OpenvinoProgram(FormatProgram):
     def traced_without_weights(self, quantization, options=None) -> bool:
         # a float32 target, and an int8-weight one compressed once its float32 weights are written (docs/rebind.md)
         return structure.traced_without_weights(quantization, options)
+
+    def structure_save_factor(self, target) -> float:
+        # a float32 target's save runs no compression: it holds less than its conversion (SmolLM2-135M-Instruct:
+        # export 1086-1200, save 1016-1131 MB), so the libraries + 1.3 W + 5 T - 0.8 W (1152 MB there)
+        return self.structure_save_memory if target.quantization else FLOAT32_SAVE
 
     def mapped_weight_bytes(self, target, loaded: int) -> int:
         # the data-free int8 target's .bin holds a byte per weight (the CPU plugin keeps it so at compile: measured,
