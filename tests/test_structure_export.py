@@ -192,10 +192,10 @@ def test_a_job_exported_from_its_structure_streams_the_model_for_its_gate(checkp
     assert target.status == "ok", target.error
     assert not loaded  # exported from the twin; the gate's reference streamed its weights, the model never loaded
     assert len(streamed) == 1
-    # the gate let the reference go (freed) before the artifact's process started; that process checked it, so the
-    # streamed reference kept no converted blocks between forwards (`check.artifact_process_refusal`, read first)
+    # the gate let the reference go (freed) before the artifact's process started, which checked it; the streamed
+    # reference kept what the budget's room allows between forwards (`structure._resident_bytes`)
     assert opened == [True] and target.verification["runtime"]["process"] == "separate"
-    assert streamed[0][1] == (0,)
+    assert len(streamed[0][1]) == 1 and streamed[0][1][0] >= 0
     assert "still referenced" not in caplog.text
     assert target.verification["passed"] and target.memory["peak_rss_mb"]["export"] > 0
 

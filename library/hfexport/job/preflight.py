@@ -285,9 +285,10 @@ def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
 
 def gate_apart(target) -> bool:
     """Whether the gate's artifact side of `target` may run in a process of its own (its format's
-    `gate_in_own_process`, a generation target, not quantized): the streamed reference then keeps no converted blocks
-    (`hfexport.job.structure.load_reference`, whose rule, `hfexport.verify.check.artifact_process_refusal`, reads the
-    saved artifact too: a model it refuses is estimated low by the blocks `_resident_bytes` would keep)."""
+    `gate_in_own_process`, a generation target, not quantized): the verify stage is then the eager pass, or that
+    process beside this one's references (`hfexport.job.structure.load_reference`, whose rule,
+    `hfexport.verify.check.artifact_process_refusal`, reads the saved artifact too: one it refuses runs in process,
+    estimated by the larger of the two)."""
     return format_traits(str(target.export_format)).gate_in_own_process and target.mode == "generation" and \
         not target.quantization
 
@@ -305,17 +306,15 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     converted graph's initializer, written whole), a quantizer run on them (`structure_save_memory` x the weights);
     `verify` the gate's eager
     side (the converted blocks the streamed reference keeps: the weights, or what `available` leaves beside
-    `GATE_RESERVE`, none where every target's artifact is checked in a process of its own, `gate_apart`; plus
-    `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
-    weights: the larger where the gate streams the model and lets it go first, the sum where it loads it (latency
+    `GATE_RESERVE`; plus `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
+    weights (in a process of its own, `gate_apart`: that process, `ARTIFACT_PROCESS`, beside the references): the
+    larger where the gate streams the model and lets it go first, the sum where it loads it (latency
     timed, or variants: `variants_stage`) widened to float32 (a mapped float32 one's pages are handed back first).
     `available`: the memory the job may use (its budget)."""
     libraries = LIBRARIES_MB * MB
     streamed_gate = streamed_gate and not any(t.variants for t in targets)  # a variant's gate reads the model
     apart = streamed_gate and all(map(gate_apart, targets))
-    if apart:  # the streamed reference keeps no converted blocks
-        budget = 0
-    elif streamed_gate:
+    if streamed_gate:
         budget = loaded if available is None else max(0, min(loaded, available - libraries - GATE_RESERVE))
     else:
         budget = loaded
@@ -336,8 +335,8 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         # the model released before the artifact's runtime opens where the gate streams it, or its mapped pages
         # handed back (a float32 checkpoint, `MAPPED_GATE_RELEASE`); a widened model's held beside the runtime
         # where the artifact is checked in a process of its own, that process beside this one (`ARTIFACT_PROCESS`)
-        "verify": libraries + (reference + ARTIFACT_PROCESS + mapped if apart else
-                               reference + mapped if widened and not streamed_gate else max(reference, mapped)),
+        "verify": libraries + (max(reference, STRUCTURE_GATE_TENSORS * largest + ARTIFACT_PROCESS + mapped) if apart
+                               else reference + mapped if widened and not streamed_gate else max(reference, mapped)),
     }
     variants = variants_stage(targets, loaded, libraries)
     return {**stages, "variants": variants} if variants is not None else stages

@@ -150,10 +150,10 @@ def load_reference(job, plan, folder: Path | None = None) -> None:
     """The gate's eager reference as `job.model_object`: for a target whose gate releases the model
     (`gate_releases`' conditions) in a job exported from its structure, the model with its weights streamed from the
     shards block by block while it runs (`hfexport.rebind.streaming`: the float32 model never in memory, each
-    forward reading the checkpoint again), keeping converted blocks between forwards up to `_resident_bytes`, or
-    none where the gate's artifact side of `folder` runs in a process of its own
-    (`hfexport.verify.check.artifact_process_refusal`: the exporting process then holds the eager pass alone); else
-    the model loaded (`load_weights`)."""
+    forward reading the checkpoint again), keeping converted blocks between forwards up to `_resident_bytes` (the
+    budget's room: none within a tight `--max-memory` or cgroup; all dropped before the artifact's runtime opens, in
+    this process or in one of its own, `hfexport.verify.check.artifact_process_refusal`); else the model loaded
+    (`load_weights`)."""
     structure = job.structure
     if structure is None or job.model_object is not structure.twin or not _gate_alone(job, plan):
         load_weights(job)
@@ -162,10 +162,12 @@ def load_reference(job, plan, folder: Path | None = None) -> None:
 
     gc.collect()  # what the export and the save left on the heap handed back first: it counts against the budget
     _trim_heap()
+    # kept where the budget has room: each forward reads the checkpoint again for what is not (SmolLM2-135M's gate
+    # 4.8 -> 62.9 s with none kept; docs/publishing.md, "Memory")
+    resident = _resident_bytes(job)
     apart = folder is not None and artifact_process_refusal(folder, plan, structure.twin.config) is None
-    resident = 0 if apart else _resident_bytes(job)
-    kept = "none kept between forwards: the artifact is checked in a process of its own" if apart else \
-        f"up to {resident >> 20} MB kept between forwards"
+    kept = f"up to {resident >> 20} MB kept between forwards" + \
+        ("; the artifact then checked in a process of its own" if apart else "")
     with StepTimer(job.progress, "load_model", detail=f"{job.model}: its weights streamed block by block, for the "
                    f"gate ({kept})") as timer:
         tensors = CheckpointTensors(structure.tensors.folder, getattr(torch, EXPORT_DTYPE),
