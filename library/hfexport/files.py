@@ -5,6 +5,7 @@ atomic target folders, file listings with sizes and hashes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -187,20 +188,30 @@ def dropping_mapped_folder(folder: Path, every: float = 0.05):
     plugin already repacked leave the resident set while it reads the next ones, instead of the whole `.bin` staying
     resident beside its copy until the compile ends (the gate's peak, issue 45); a page read again is read again from
     the page cache, the same bytes (a read-only mapping holds no page the process wrote)."""
+    try:
+        with repeating(functools.partial(drop_mapped_folder, folder, read_only=True), every, "hfexport-drop-mapped"):
+            yield
+    finally:
+        drop_mapped_folder(folder)
+
+
+@contextlib.contextmanager
+def repeating(action, every: float, name: str):
+    """`action()` every `every` seconds from a thread named `name` while the block runs, the pause growing by twice
+    each call's time (a large file's scan: a third of a core at most); the thread joined when the block ends."""
     done = threading.Event()
 
-    def drop() -> None:
+    def run() -> None:
         pause = every
         while not done.wait(pause):
             started = time.perf_counter()
-            drop_mapped_folder(folder, read_only=True)
-            pause = every + 2 * (time.perf_counter() - started)  # a large file's scan: a third of a core at most
+            action()
+            pause = every + 2 * (time.perf_counter() - started)
 
-    thread = threading.Thread(target=drop, name="hfexport-drop-mapped", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     try:
         yield
     finally:
         done.set()
         thread.join()
-        drop_mapped_folder(folder)

@@ -27,12 +27,10 @@ import json
 import mmap
 import os
 import tempfile
-import threading
-import time
 import weakref
 from pathlib import Path
 
-from hfexport.files import MANIFEST_FILE, drop_file_pages
+from hfexport.files import MANIFEST_FILE, drop_file_pages, repeating
 from hfexport.formats.openvino.genai_layout import OPENVINO_MODEL
 from hfexport.workarounds import replaced
 
@@ -119,22 +117,10 @@ def scratch_released(every: float = 0.05):
     OpenVINO reads the placeholder constants again, each page then resident until the kernel needs it), and once
     when it ends: the scratch pages never all resident at once. Safe at any time: the mappings are shared, so a
     page handed back while it is written keeps its bytes in the page cache and file."""
-    done = threading.Event()
-
-    def release() -> None:
-        pause = every
-        while not done.wait(pause):
-            started = time.perf_counter()
-            release_scratch()
-            pause = every + 2 * (time.perf_counter() - started)
-
-    thread = threading.Thread(target=release, name="hfexport-release-scratch", daemon=True)
-    thread.start()
     try:
-        yield
+        with repeating(release_scratch, every, "hfexport-release-scratch"):
+            yield
     finally:
-        done.set()
-        thread.join()
         release_scratch()
 
 
