@@ -200,10 +200,11 @@ STRUCTURE_MAPPED = 1.0
 #: What the gate's eager side holds beside the converted blocks it keeps (`GATE_RESERVE` is what it leaves for
 #: them): a block in flight, activations, the references.
 STRUCTURE_GATE_TENSORS = 2
-#: The gate's artifact process (`hfexport.verify.artifact`) beside its mapped weights: ONNX Runtime and NumPy, what
-#: the session's graph optimizations add, the largest probe's buffers (SmolLM2-135M-Instruct f32: 915 MB with 513 MB
-#: of weights; docs/publishing.md, "Memory"); the verify stage counts it beside the exporting process.
-ARTIFACT_PROCESS = 350 * MB
+#: What the gate's artifact process (`hfexport.verify.artifact`) adds to the artifact's mapped weights beside what the
+#: gate in process held: its interpreter, ONNX Runtime and NumPy (53 MB) and its copy of the largest probe's
+#: references. The verify stage counts that process beside the exporting one; the buffers both forms hold are not
+#: estimated (SmolLM2-135M-Instruct f32: 877 + 915 MB measured against 1207 estimated; docs/publishing.md, "Memory").
+ARTIFACT_PROCESS = 60 * MB
 #: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
 #: the activations, the references it holds for the comparison (`hfexport.job.structure._resident_bytes`).
 GATE_RESERVE = 1 << 30
@@ -307,7 +308,7 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
     `verify` the gate's eager
     side (the converted blocks the streamed reference keeps: the weights, or what `available` leaves beside
     `GATE_RESERVE`; plus `STRUCTURE_GATE_TENSORS` x the largest tensor) and the artifact's runtime mapping its
-    weights (in a process of its own, `gate_apart`: that process, `ARTIFACT_PROCESS`, beside the references): the
+    weights (in a process of its own, `gate_apart`: that process's own, `ARTIFACT_PROCESS`, too): the
     larger where the gate streams the model and lets it go first, the sum where it loads it (latency
     timed, or variants: `variants_stage`) widened to float32 (a mapped float32 one's pages are handed back first).
     `available`: the memory the job may use (its budget)."""
@@ -335,7 +336,7 @@ def structure_stages(targets, loaded: int, largest: int, available: int | None, 
         # the model released before the artifact's runtime opens where the gate streams it, or its mapped pages
         # handed back (a float32 checkpoint, `MAPPED_GATE_RELEASE`); a widened model's held beside the runtime
         # where the artifact is checked in a process of its own, that process beside this one (`ARTIFACT_PROCESS`)
-        "verify": libraries + (max(reference, STRUCTURE_GATE_TENSORS * largest + ARTIFACT_PROCESS + mapped) if apart
+        "verify": libraries + (max(reference, ARTIFACT_PROCESS + mapped) if apart
                                else reference + mapped if widened and not streamed_gate else max(reference, mapped)),
     }
     variants = variants_stage(targets, loaded, libraries)
