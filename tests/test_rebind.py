@@ -157,7 +157,7 @@ def test_a_degenerate_checkpoint_is_never_rebound(exported_llama, checkpoints, t
     output = _copy(source, tmp_path / "out", ["openvino-generation"])
     report = run_job(checkpoints["llama"][1], output, ["openvino-generation"], workers=1, latency=False)
     target = report.targets["openvino-generation"]
-    assert (target.status, target.method) == ("ok", "export")
+    assert (target.status, target.method) == ("ok", "export"), target.error
     assert "degenerate checkpoint" in target.rebind["fallback"]
 
 
