@@ -217,8 +217,9 @@ def hfexport_env() -> dict:
 def report_fields(report: dict, target_name: str) -> dict:
     """What hfexport's own report says of the run: the target's status, its gate, its per-stage peaks and timings."""
     target = report["targets"][target_name]
+    generation = (target.get("verification") or {}).get("generation") or {}
     return {"status": target["status"], "report_peak_rss_mb": report.get("peak_rss_mb"),
-            "generation_passed": ((target.get("verification") or {}).get("generation") or {}).get("passed"),
+            "generation_passed": generation.get("passed"), "token_agreement": generation.get("token_agreement"),
             "verification_passed": (target.get("verification") or {}).get("passed"),
             "runtimes": {check.get("runtime"): check.get("verdict") for check in target.get("runtimes") or []},
             "error": target.get("error"),
