@@ -40,13 +40,13 @@ TORCH = "torch==2.13.0"  # the CPU torch every peer venv is pinned to, as hfexpo
 # name -> (the variable naming its venv, what `setup_peer_venvs` installs there after the pinned torch). Without the
 # variable, optimum-onnx and optimum-openvino run from the peers' venv the tests use (`hfexport.testing.peers.
 # peer_venv`: optimum-onnx 0.1.0, optimum-intel 1.27.0, transformers 4.57, built on demand and cached), and
-# optimum-executorch from /work/optimum-et-venv (`--setup` builds it: its transformers pin differs again).
+# optimum-executorch from the tests' own venv for it (`hfexport.testing.peers.optimum_executorch_venv`: its
+# transformers pin differs again).
 PEERS = {
     "optimum-onnx": ("OPTIMUM_VENV", ["optimum-onnx", "onnxruntime"]),
     "optimum-openvino": ("OPTIMUM_OV_VENV", ["optimum-intel[openvino]"]),
     "optimum-executorch": ("OPTIMUM_ET_VENV", ["optimum-executorch"]),
 }
-DEFAULT_VENVS = {"optimum-executorch": Path("/work/optimum-et-venv")}
 
 
 def peer_venv(name: str) -> Path:
@@ -54,11 +54,10 @@ def peer_venv(name: str) -> Path:
     variable, _ = PEERS[name]
     if os.environ.get(variable):
         return Path(os.environ[variable])
-    if name in DEFAULT_VENVS:
-        return DEFAULT_VENVS[name]
-    from hfexport.testing.peers import peer_venv as peers_python
+    from hfexport.testing import peers
 
-    return Path(peers_python()).parent.parent
+    python = peers.optimum_executorch_venv() if name == "optimum-executorch" else peers.peer_venv()
+    return Path(python).parent.parent
 
 
 def peer_python(name: str) -> Path:

@@ -13,7 +13,10 @@ processes of their own, not summed), one at a time, alternated round by round:
 - `optimum-onnx`: `optimum-cli export onnx --task text-generation-with-past` (it validates too);
   `optimum-openvino`: `optimum-cli export openvino --task text-generation-with-past --weight-format fp32`, both from
   the peers' venvs (`_process.peer_venv`) on the folder as their transformers reads it
-  (`smollm2_vs_optimum.peer_model`).
+  (`smollm2_vs_optimum.peer_model`); `optimum-executorch`: `optimum-cli export executorch --task text-generation
+  --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache --max_seq_len 512` (float32, the recipe's longest
+  sequence; its own venv). optimum-executorch does not validate what it exported: its figure is the export alone,
+  hfexport's the export and its gate.
 
 Beside them, what the ratio "peak <= 1.0x the f32 weights + the libraries" is read against: the f32 weights' size
 (the safetensors file) and the libraries' baseline per format, the peak RSS of a process that imports hfexport, the
@@ -97,9 +100,9 @@ STRUCTURE_TARGETS = {"onnx-generation": {"dtype": "float16"},
                                                               "params": {"mode": "int8_asym"}}}}
 TARGETS = {"hfexport-onnx": "onnx-generation", "hfexport-openvino": "openvino-generation",
            "hfexport-executorch": "pte-generation"}
-PEERS = ("optimum-onnx", "optimum-openvino")
+PEERS = ("optimum-onnx", "optimum-openvino", "optimum-executorch")
 RUNS = [name for name in os.environ.get("RUNS", "hfexport-onnx,optimum-onnx,hfexport-openvino,optimum-openvino,"
-                                                 "hfexport-executorch").split(",") if name]
+                                                 "hfexport-executorch,optimum-executorch").split(",") if name]
 #: what each format's libraries baseline imports besides hfexport, the engine (`hfexport.logs.import_engine`: torch,
 #: transformers' exporters) and the model's class
 LIBRARIES = {"onnx": "import onnx, onnxscript, onnxruntime", "openvino": "import openvino",
@@ -256,11 +259,16 @@ def run(name: str, model: Path, recipe: Path = RECIPE) -> dict:
             entry["structure"] = set((entry.get("estimate_mb") or {})) >= {"save", "verify"}
     else:
         venv = peer_venv(name)
-        weights = (["--weight-format", "int8"] if big else ["--weight-format", "fp32"]) \
-            if name == "optimum-openvino" else []
-        command = [str(venv / "bin" / "optimum-cli"), "export", "onnx" if name == "optimum-onnx" else "openvino",
-                   "--model", str(smollm2_vs_optimum.peer_model(model)), "--task", "text-generation-with-past",
-                   *weights, str(out)]
+        peer_model = str(smollm2_vs_optimum.peer_model(model))
+        if name == "optimum-executorch":
+            command = [str(venv / "bin" / "optimum-cli"), "export", "executorch", "--model", peer_model, "--task",
+                       "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache",
+                       "--max_seq_len", "512", "--output_dir", str(out)]
+        else:
+            weights = (["--weight-format", "int8"] if big else ["--weight-format", "fp32"]) \
+                if name == "optimum-openvino" else []
+            command = [str(venv / "bin" / "optimum-cli"), "export", "onnx" if name == "optimum-onnx" else "openvino",
+                       "--model", peer_model, "--task", "text-generation-with-past", *weights, str(out)]
         entry = timed(command, name, {**os.environ, "HF_HUB_OFFLINE": "1"}, limit)
         if big:
             entry["status"] = "ok" if entry["returncode"] == 0 else ("killed" if entry.get("killed") else "failed")
@@ -521,9 +529,10 @@ def main() -> None:
               "f32_weights_mb": f32_mb,
               "machine": {"lscpu": lscpu(), "cpus": os.cpu_count(), "load_avg_start": load()},
               "uptime_start": uptime, "versions": versions(),
-              "peer_versions": {name: versions(("optimum", "optimum-onnx", "optimum-intel", "transformers", "torch",
-                                                "onnxruntime", "openvino"), str(peer_venv(name) / "bin" / "python"))
-                                for name in PEERS},
+              "peer_versions": {name: versions(("optimum", "optimum-onnx", "optimum-intel", "optimum-executorch",
+                                                "transformers", "torch", "onnxruntime", "openvino", "executorch"),
+                                               str(peer_venv(name) / "bin" / "python"))
+                                for name in PEERS if name in RUNS},
               "libraries_peak_rss_mb": {}, "runs": {name: [] for name in RUNS}}
     if CHECKPOINT != "smollm2-135m":
         result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
