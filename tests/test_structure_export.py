@@ -146,7 +146,7 @@ def test_a_placeholder_export_that_cannot_take_the_weights_is_made_from_them(che
     assert target.verification["passed"]  # the gate: the weights, not the placeholders
 
 
-@pytest.mark.parametrize("target", ["onnx-generation"])
+@pytest.mark.parametrize("target", ["onnx-generation", "openvino-generation"])
 def test_an_export_after_a_refused_rebind_is_traced_from_the_twin_and_writes_the_weights(tiny_llama, tmp_path,
                                                                                        monkeypatch, target):
     """A push onto a previous export that is not rebound (here one whose gate failed; in CI's tests/test_rebind.py

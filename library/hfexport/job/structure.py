@@ -1,5 +1,5 @@
 """A job exported from the model's structure before its weights are loaded (issue 45): where every target its process
-exports is traced without weights (an ONNX generation target, an int8-weight OpenVINO one:
+exports is traced without weights (an ONNX generation target, a float32 or int8-weight OpenVINO one:
 `FormatProgram.traced_without_weights`), the job plans
 and exports on the placeholder twin built from config.json (`hfexport.rebind.placeholders`), writes the weights
 from the checkpoint's safetensors shards through the weight map, entry by entry (`CheckpointTensors`), and loads
