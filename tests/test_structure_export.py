@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,49 @@ def test_a_placeholder_export_that_cannot_take_the_weights_is_made_from_them(che
     assert target.status == "ok", target.error
     assert len(refused) == 1  # the twin's export was made, refused, and the target exported from the weights
     assert target.verification["passed"]  # the gate: the weights, not the placeholders
+
+
+@pytest.mark.parametrize("target", ["onnx-generation", "openvino-generation"])
+def test_an_export_after_a_refused_rebind_is_traced_from_the_twin_and_writes_the_weights(tiny_llama, tmp_path,
+                                                                                       monkeypatch, target):
+    """A push onto a previous export that is not rebound (here one whose gate failed; in CI's tests/test_rebind.py
+    degenerate-checkpoint test, the bundled tiny-llama's all-ones norms): the rebind loads the model before it
+    refuses, and the export that followed ran the plan made on the twin with the loaded model, so it traced the
+    twin's placeholders (its map all uncovered, its float32 OpenVINO artifact generated token 0). It is exported from
+    the twin (`structure_export`, `made_on`), passes its gate, and its files are the weights export's (a float32
+    OpenVINO target: the `.xml` but for OpenVINO's generated node names)."""
+    from hfexport.formats.programs import format_program
+    from hfexport.job import pipeline
+    from hfexport.testing.models import perturbed_checkpoint
+
+    checkpoint = perturbed_checkpoint(tiny_llama, tmp_path / "push", seed=2)  # all parameters distinct
+    options = {"latency": False, "runtimes": False, "workers": 1}
+    program = type(format_program(target.split("-")[0]))
+    with monkeypatch.context() as weights_export:
+        weights_export.setattr(program, "traced_without_weights", lambda self, *args: False)
+        assert run_job(checkpoint, tmp_path / "weights", [target], verify=False, **options).status == "ok"
+    shutil.copytree(tmp_path / "weights" / target, tmp_path / "out" / target)  # the previous export, failed its gate
+    previous = json.loads((tmp_path / "out" / target / "export_report.json").read_text())
+    previous["targets"][target]["status"] = "failed"
+    (tmp_path / "out" / target / "export_report.json").write_text(json.dumps(previous))
+
+    written = []
+    monkeypatch.setattr(pipeline, "write_weights", _spy(pipeline.write_weights, written))
+    report = run_job(checkpoint, tmp_path / "out", [target], **options)
+    result = report.targets[target]
+    assert (result.status, result.method) == ("ok", "export"), result.error
+    assert "did not pass its gate" in result.rebind["fallback"] and result.verification["passed"]
+    assert len(written) == 1 and written[0]["tensors"]  # traced from the twin, the weights written through the map
+    mine, theirs = _files(tmp_path / "out" / target), _files(tmp_path / "weights" / target)
+    assert mine.keys() == theirs.keys()
+    assert [name for name in mine if _graph(name, mine[name]) != _graph(name, theirs[name])] == []
+
+
+def _graph(name: str, data: bytes) -> bytes:
+    """A file's bytes; an OpenVINO `.xml` without the names it numbers per process and its layer ids."""
+    if not name.endswith(".xml"):
+        return data
+    return re.sub(rb'_\d+(?=[",])', b"", re.sub(rb' (?:id|name)="[^"]*"', b"", data))
 
 
 def test_placeholders_are_distinct_exact_and_hold_one_row():

@@ -63,7 +63,7 @@ def test_of_the_quantized_targets_only_a_data_free_int8_weight_one_is_traced_wit
 
     program = format_program("openvino")
     assert program.traced_without_weights(INT8)
-    assert not program.traced_without_weights(None)  # a float32 one not by default (test_structure_openvino_float32.py)
+    assert program.traced_without_weights(None)  # a float32 one too (tests/test_structure_openvino_float32.py)
     assert not program.traced_without_weights({"method": "nncf_weights", "params": {"mode": "int4_asym"}})
     assert not program.traced_without_weights({"method": "nncf_weights", "params": {"mode": "int8_asym",
                                                                                     "ratio": 0.5}})

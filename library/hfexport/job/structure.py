@@ -1,5 +1,5 @@
 """A job exported from the model's structure before its weights are loaded (issue 45): where every target its process
-exports is traced without weights (an ONNX generation target, an int8-weight OpenVINO one:
+exports is traced without weights (an ONNX generation target, a float32 or int8-weight OpenVINO one:
 `FormatProgram.traced_without_weights`), the job plans
 and exports on the placeholder twin built from config.json (`hfexport.rebind.placeholders`), writes the weights
 from the checkpoint's safetensors shards through the weight map, entry by entry (`CheckpointTensors`), and loads
@@ -32,7 +32,7 @@ from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for
 from hfexport.progress import StepTimer
 from hfexport.rebind.checkpoint import INDEX_FILE, CheckpointTensors
-from hfexport.rebind.placeholders import (placeholder_model, plan_quantizer, structure_for, traces_on,
+from hfexport.rebind.placeholders import (made_on, placeholder_model, plan_quantizer, structure_for, traces_on,
                                           without_quantizer)
 from hfexport.rebind.streaming import is_streamed, streamed_model
 from hfexport.rebind.weight_map import degenerate_keys, sources
@@ -239,10 +239,13 @@ def structure_export(pipeline, plan, key: str | None, structure: bool):
     """(the plan to export, the twin it is traced from or None, the tensors the weights are written from) for a
     target's export: the job's twin and its shards where the job has one and the plan runs on it (its own
     components are the twin: `structure_for`'s conditions); else the model loaded (the plan made again on it when it
-    was made on the twin, for this export only) and, where `structure` and a rebind key allow it, a twin of the loaded model."""
+    was made on the twin, for this export only) and, where `structure` and a rebind key allow it, a twin of the loaded
+    model. A plan is exported only with the model it was made on (`made_on`): one made on the twin before a rebind
+    loaded the model (and fell back to an export) traces the twin's placeholders, whatever model it runs with."""
     job = pipeline.job
     twin = job.structure and job.structure.twin
-    if twin is not None and job.model_object is twin:
+    if twin is not None and (job.model_object is twin or is_streamed(job.model_object)
+                             or not made_on(plan, job.model_object)):
         if (key or plan.quantization) and structure and traces_on(plan, twin):
             return without_quantizer(plan), twin, job.structure.tensors
         load_weights(job)

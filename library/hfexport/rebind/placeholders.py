@@ -134,6 +134,12 @@ def traces_on(plan, model) -> bool:
                                                                            plan.target.options) \
             or plan.mode != "generation" or plan.llm_runner is not None:
         return False
+    return made_on(plan, model)
+
+
+def made_on(plan, model) -> bool:
+    """Whether `plan`'s own components are `model` or shallow copies of it (always, for a plan without any): what an
+    export of `plan` traces are their weights, whichever model it is run with (one made on the twin: placeholders)."""
     return all(_is_model(module, model) for module, _ in plan.own_components.values())
 
 

@@ -48,14 +48,11 @@ _scratch_mappings: list = []
 
 def traced_without_weights(quantization, options=None) -> bool:
     """Whether an OpenVINO generation target with `quantization` (its recipe section) and `options` is exported from
-    the twin: the data-free int8 one. A float32 one is not (yet): on a checkpoint whose weights are all distinct its
-    files are the weights export's byte for byte (tests/test_structure_openvino_float32.py, the path forced), but
-    the bundled tiny-llama's perturbed checkpoint exported so generated token 0 (caught by its gate); and one
-    compressed to float16 never (`compress_to_fp16` keeps an out-of-range weight at float32, which a placeholder
-    never is)."""
+    the twin: a float32 one (no quantization, its weights not compressed to float16: `compress_to_fp16` keeps an
+    out-of-range weight at float32, which a placeholder never is) or the data-free int8 one."""
     if (options or {}).get("compress_to_fp16"):
         return False
-    return bool(quantization) and {key: quantization.get(key) for key in ("method", "params")} == \
+    return not quantization or {key: quantization.get(key) for key in ("method", "params")} == \
         STRUCTURE_QUANTIZATION and not quantization.get("calibration") and not quantization.get("preset")
 
 
