@@ -286,12 +286,15 @@ def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
 
 def gate_apart(target) -> bool:
     """Whether the gate's artifact side of `target` may run in a process of its own (its format's
-    `gate_in_own_process`, a generation target, not quantized): the verify stage is then the eager pass, or that
-    process beside this one's references (`hfexport.job.structure.load_reference`, whose rule,
+    `gate_in_own_process`, a generation target, not quantized, its cache kept as state where the format can keep it
+    so and the recipe does not turn that off: OpenVINO's `stateful`): the verify stage is then the eager pass, or
+    that process beside this one's references (`hfexport.job.structure.load_reference`, whose rule,
     `hfexport.verify.check.artifact_process_refusal`, reads the saved artifact too: one it refuses runs in process,
     estimated by the larger of the two)."""
-    return format_traits(str(target.export_format)).gate_in_own_process and target.mode == "generation" and \
-        not target.quantization
+    traits = format_traits(str(target.export_format))
+    state = traits.cache_state_option
+    return traits.gate_in_own_process and target.mode == "generation" and not target.quantization and \
+        (state is None or (target.options or {}).get(state) is not False)
 
 
 def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool,
