@@ -593,6 +593,9 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
         for entry in case["entries"]:
             if state[entry["component"]]:  # as in process: its cache is the request's state (`_compare_case`)
                 skipped[id(entry)] = {"skipped": STATE_SKIPPED}
+                # never compared, here or there: its eager outputs and inputs (SmolLM2's batch-8 prompt logits
+                # alone 58 MB) released before that process spawns, not held beside it
+                entry["eager"] = entry["fed"] = None
                 continue
             runner = layout.runners[entry["component"]]
             fed = as_traced(runner, _traced(runner, entry["fed"]))
@@ -634,8 +637,12 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
         message = f"the artifact's runtime process ({label}, python -m hfexport.verify.artifact) failed: {why}"
         return {"passed": False, "reloaded_from_disk": True, "error": redact(message)[:800], "probes": [],
                 "failures": [redact(message)[:800]]}
+    if "fallback" in result and skipped:  # a decode the manifest says keeps its cache as state, which keeps none
+        message = f"the artifact's runtime process ({label}) cannot check it: {result['fallback']}"
+        return {"passed": False, "reloaded_from_disk": True, "error": redact(message)[:800], "probes": [],
+                "failures": [redact(message)[:800]]}
     if "fallback" in result or "load_error" in result:
-        return None
+        return None  # (a load error: the runtime's own message in process, where the skipped entries stay skipped)
     answers = [_Answers(layout, check, index, skipped) for check in result["checks"]]
     answers[0].peak_rss_mb = result.get("peak_rss_mb")
     answers[0].parent_rss_mb = round(beside / (1 << 20), 1)
