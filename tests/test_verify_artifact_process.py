@@ -262,3 +262,24 @@ def test_an_openvino_decode_without_state_is_checked_in_process(tmp_path, llama_
     manifest["components"]["decode"]["metadata"]["export_config"]["stateful"] = False
     (copy / "export.json").write_text(json.dumps(manifest))
     assert artifact_process_refusal(copy, plan, model.config) == "not a single decode that keeps its cache as state"
+
+
+def test_a_program_without_the_state_its_manifest_names_is_one_failure_line(tmp_path, llama_openvino):
+    """The process finds no state in a decode the manifest says keeps it (the entries it skips were released before
+    it spawned): one failure line, not a comparison on released references."""
+    import openvino
+    import openvino.opset13 as ops
+
+    from hfexport.verify.check import verify_exported
+
+    folder, model, plan, processor = llama_openvino
+    copy = tmp_path / "openvino-generation"
+    shutil.copytree(folder, copy)
+    ids = ops.parameter([-1, -1], openvino.Type.i64, name="input_ids")
+    logits = ops.convert(ids, openvino.Type.f32)
+    logits.output(0).get_tensor().set_names({"logits"})
+    stateless = openvino.Model([logits], [ids], "stateless")  # a program under the stateful manifest, no state
+    openvino.save_model(stateless, str(copy / "openvino_model.xml"), compress_to_fp16=False)
+    verification = verify_exported(copy, model, plan, processor, lean=True)
+    assert not verification["passed"] and verification["failures"] == [
+        "the artifact's runtime process (OpenVINO) cannot check it: decode: a program that keeps no cache state"]
