@@ -204,6 +204,8 @@ STRUCTURE_GATE_TENSORS = 2
 #: gate in process held: its interpreter, ONNX Runtime and NumPy (53 MB) and its copy of the largest probe's
 #: references. The verify stage counts that process beside the exporting one; the buffers both forms hold are not
 #: estimated (SmolLM2-135M-Instruct f32: 877 + 915 MB measured against 1207 estimated; docs/publishing.md, "Memory").
+#: OpenVINO's process (OpenVINO and NumPy ~55 MB) holds the plugin's repacked copy and its buffers, which its
+#: `mapped_weight_bytes` counts (SmolLM2's float32 gate apart, from the loaded model: 807 + 908 MB measured).
 ARTIFACT_PROCESS = 60 * MB
 #: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
 #: the activations, the references it holds for the comparison (`hfexport.job.structure._resident_bytes`).
