@@ -163,11 +163,16 @@ def test_a_job_exported_from_its_structure_is_estimated_stage_by_stage(tmp_path)
     half = estimate(LLAMA, [fp16], tmp_path, max_memory=tight, structure=traced, streamed_gate=True).memory_stages
     assert half["verify"] == libraries + max(loaded // 4 + STRUCTURE_GATE_TENSORS * largest,
                                              ARTIFACT_PROCESS + loaded // 2)
-    # a gate that checks its artifact in this process: the reference keeps what the budget leaves (a quarter)
-    openvino = llama.target("openvino-generation")
-    mapped = int(STRUCTURE_MAPPED * format_program("openvino").mapped_weight_bytes(openvino, loaded))
-    kept = structure_stages([openvino], loaded, largest, tight, streamed_gate=True)
+    # a gate that checks its artifact in this process (an OpenVINO decode exported without state): the reference
+    # keeps what the budget leaves (a quarter); with its state (the default), in a process of its own
+    data["targets"]["stateless"] = {**data["targets"]["openvino-generation"], "options": {
+        **data["targets"]["openvino-generation"].get("options", {}), "stateful": False}}
+    openvino, stateless = llama.target("openvino-generation"), Recipe(data, llama.source).target("stateless")
+    mapped = int(STRUCTURE_MAPPED * format_program("openvino").mapped_weight_bytes(stateless, loaded))
+    kept = structure_stages([stateless], loaded, largest, tight, streamed_gate=True)
     assert kept["verify"] == libraries + max(loaded // 4 + STRUCTURE_GATE_TENSORS * largest, mapped)
+    apart = structure_stages([openvino], loaded, largest, tight, streamed_gate=True)
+    assert apart["verify"] == libraries + max(loaded // 4 + STRUCTURE_GATE_TENSORS * largest, ARTIFACT_PROCESS + mapped)
     loads = estimate(LLAMA, [generation], tmp_path, structure=traced, streamed_gate=False).memory_stages
     # latency timed: the gate loads the model (float32 on disk: mapped, nothing widened) where the export left some
     # behind, and hands its mapped pages back before the artifact's runtime maps its weights (MAPPED_GATE_RELEASE)

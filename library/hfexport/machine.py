@@ -160,9 +160,20 @@ def read_back(exported) -> dict:
     runtime objects (OpenVINO's compiled model, ONNX Runtime's session providers)."""
     components = {name: _read_runner(runner, exported.components[name].program)
                   for name, runner in (getattr(exported, "runners", None) or {}).items()}
+    return {"backend": _backend_name(exported), "components": components, "precision": joined_precision(components)}
+
+
+def joined_precision(components: dict) -> str | None:
+    """One precision for a read-back's `components` (`read_back`): theirs where they agree, else "+"-joined."""
     precisions = sorted({entry["precision"] for entry in components.values() if entry.get("precision")})
-    return {"backend": _backend_name(exported), "components": components,
-            "precision": precisions[0] if len(precisions) == 1 else "+".join(precisions) or None}
+    return precisions[0] if len(precisions) == 1 else "+".join(precisions) or None
+
+
+def read_openvino(compiled) -> dict:
+    """A compiled OpenVINO model's device(s) and precision, as `read_back` reports a component (the gate's artifact
+    process reads its own with it, `hfexport.formats.openvino.gate_process`)."""
+    return {"device": ",".join(_openvino_devices(compiled)) or "unknown",
+            "precision": _openvino_precision(compiled) or "unknown"}
 
 
 def _backend_name(exported) -> str:
@@ -174,8 +185,7 @@ def _backend_name(exported) -> str:
 def _read_runner(runner, program) -> dict:
     compiled = getattr(runner, "compiled_model", None)
     if compiled is not None:  # OpenVINO
-        return {"device": ",".join(_openvino_devices(compiled)) or "unknown",
-                "precision": _openvino_precision(compiled) or "unknown"}
+        return read_openvino(compiled)
     session = getattr(runner, "session", None)
     if session is not None and hasattr(session, "get_providers"):  # ONNX Runtime
         entry = {"device": "cpu" if session.get_providers() == ["CPUExecutionProvider"] else "accelerator",

@@ -75,7 +75,8 @@ class FormatBackend:
     runtimes: ClassVar[tuple[str, ...]] = ()  # modules of its deployment runtimes (`RUNTIME`, `check_generation(folder, request)`)
     verify_load_options: ClassVar[dict] = {}  # `from_pretrained` options the verifier loads it with
     runs_in_torch: ClassVar[bool] = False  # its graphs run in torch, not in a runtime of their own
-    # its gate may run the artifact in a torch-free process of its own (`hfexport.verify.artifact`: ONNX Runtime)
+    # its gate may run the artifact in a torch-free process of its own (`hfexport.verify.artifact`, with its
+    # `formats/<format>/gate_process.py`: ONNX Runtime, OpenVINO)
     gate_in_own_process: ClassVar[bool] = False
     checks_input_spec: ClassVar[bool] = False  # its program checks the input's pytree spec (a static cache's batch)
     one_decoder_graph: ClassVar[bool] = False  # its runtimes' generation contract is one decoder graph

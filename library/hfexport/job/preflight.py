@@ -204,6 +204,8 @@ STRUCTURE_GATE_TENSORS = 2
 #: gate in process held: its interpreter, ONNX Runtime and NumPy (53 MB) and its copy of the largest probe's
 #: references. The verify stage counts that process beside the exporting one; the buffers both forms hold are not
 #: estimated (SmolLM2-135M-Instruct f32: 877 + 915 MB measured against 1207 estimated; docs/publishing.md, "Memory").
+#: OpenVINO's process (OpenVINO and NumPy ~55 MB) holds the plugin's repacked copy and its buffers, which its
+#: `mapped_weight_bytes` counts (SmolLM2's float32 gate apart, from the loaded model: 807 + 908 MB measured).
 ARTIFACT_PROCESS = 60 * MB
 #: What the gate's eager side needs besides the streamed weights it keeps: a block in flight (read and converted),
 #: the activations, the references it holds for the comparison (`hfexport.job.structure._resident_bytes`).
@@ -286,12 +288,15 @@ def loaded_stages(targets, loaded: int, widened: bool = True) -> dict:
 
 def gate_apart(target) -> bool:
     """Whether the gate's artifact side of `target` may run in a process of its own (its format's
-    `gate_in_own_process`, a generation target, not quantized): the verify stage is then the eager pass, or that
-    process beside this one's references (`hfexport.job.structure.load_reference`, whose rule,
+    `gate_in_own_process`, a generation target, not quantized, its cache kept as state where the format can keep it
+    so and the recipe does not turn that off: OpenVINO's `stateful`): the verify stage is then the eager pass, or
+    that process beside this one's references (`hfexport.job.structure.load_reference`, whose rule,
     `hfexport.verify.check.artifact_process_refusal`, reads the saved artifact too: one it refuses runs in process,
     estimated by the larger of the two)."""
-    return format_traits(str(target.export_format)).gate_in_own_process and target.mode == "generation" and \
-        not target.quantization
+    traits = format_traits(str(target.export_format))
+    state = traits.cache_state_option
+    return traits.gate_in_own_process and target.mode == "generation" and not target.quantization and \
+        (state is None or (target.options or {}).get(state) is not False)
 
 
 def structure_stages(targets, loaded: int, largest: int, available: int | None, streamed_gate: bool,

@@ -1,18 +1,22 @@
-"""The ONNX parity gate's artifact side in a process of its own, without torch (issue 45: a gate that fits).
+"""The parity gate's artifact side in a process of its own, without torch (issue 45: a gate that fits).
 
 A process that imports torch holds ~440 MB of libraries before any weight (SmolLM2-135M: the bound is those
 libraries + the f32 weights), and the exporting process also keeps what the export left on its heap; ONNX Runtime
-with NumPy costs ~55 MB. So `hfexport.verify.check` computes the eager references first, releases the model, and
-hands the artifact's side to `python -m hfexport.verify.artifact FOLDER`, spawned (a new process image, not a fork
-of the exporting one): `FOLDER/request.json` says what to run, `FOLDER/arrays.npz` holds every input and eager
-output as NumPy arrays (read with `allow_pickle=False`), and the child writes `FOLDER/result.json`:
+with NumPy costs ~55 MB, OpenVINO with its CPU plugin ~100 MB (tiny-llama's process: 105 MB at its peak). So `hfexport.verify.check` computes the eager references
+first, releases the model, and hands the artifact's side to `python -m hfexport.verify.artifact FOLDER`, spawned (a
+new process image, not a fork of the exporting one): `FOLDER/request.json` says what to run, `FOLDER/arrays.npz`
+holds every input and eager output as NumPy arrays (read with `allow_pickle=False`), and the child writes
+`FOLDER/result.json`. The format's own pieces are `hfexport.formats.<format>.gate_process` (its components: opened
+at a precision, fed and answering by leaf path, `read` as `hfexport.machine.read_back` reports them); here:
 
-- `cases`: per probe entry, the artifact's outputs compared with the eager ones (`hfexport.verify.parity`, the same
-  code as in process: `{"outputs": ...}`), or the backend's `error`;
-- `generation`: the greedy sequences over the exported graphs (`{"sequences": ...}` or `{"error": ...}`), the
-  loop of `hfexport.generate.loop.sample_tokens` for a plain decoder without logits processors;
-- `providers` per component; or `fallback` (an artifact this process does not run: the caller runs it in
-  process) / `load_error` (a session that does not open: the caller loads it in process for its own message).
+- `checks`: per check the request lists (ONNX: one; OpenVINO: the graph at f32, then the runtime's precision, not
+  compiled where it is the f32 already checked, nor run where it compiles to f32: `same_as_graph`), its components'
+  read-back and, per probe entry, the artifact's outputs compared with the eager ones (`hfexport.verify.parity`,
+  the same code as in process: `{"outputs": ...}`) or the backend's `error`, and `generation`: the greedy
+  sequences over the exported graphs (`{"sequences": ...}` or `{"error": ...}`), the loop of
+  `hfexport.generate.loop.sample_tokens` for a plain decoder without logits processors;
+- or `fallback` (an artifact this process does not run: the caller runs it in process) / `load_error` (a component
+  that does not open: the caller loads it in process for its own message).
 
 The caller (`check.py`) assembles the verification dict from these with the in-process code, so it is the same.
 Imports here stay torch-free (tests/test_verify_artifact_process.py checks it).
@@ -20,6 +24,8 @@ Imports here stay torch-free (tests/test_verify_artifact_process.py checks it).
 
 from __future__ import annotations
 
+import gc
+import importlib
 import json
 import sys
 import time
@@ -27,15 +33,12 @@ import traceback
 from pathlib import Path
 
 from hfexport.errors import redact
-from hfexport.formats.onnx.decoder_contract import leaf_path
-from hfexport.formats.onnx.program import generation_session_options
+from hfexport.formats import format_traits
+from hfexport.machine import joined_precision
 from hfexport.verify.parity import compare_leaves
 
 REQUEST, ARRAYS, RESULT = "request.json", "arrays.npz", "result.json"
 _MESSAGE_CHARS = 600
-#: ONNX Runtime's type names of the tensors a NumPy array holds (as `formats.onnx.file_runner.NUMPY_TYPES`)
-_NUMPY_TYPES = frozenset(f"tensor({name})" for name in (
-    "float", "float16", "double", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"))
 
 
 def backend_message(error: BaseException) -> str:
@@ -51,40 +54,13 @@ def backend_message(error: BaseException) -> str:
     return redact(" <- ".join(parts))[:_MESSAGE_CHARS]
 
 
-class _Component:
-    """One ONNX file's CPU session, fed by leaf path and returning its outputs by leaf path, as
-    `formats.onnx.file_runner.OnnxFileRunner` feeds and unflattens them."""
-
-    def __init__(self, path: str, out_paths: list[str]):
-        import onnxruntime
-
-        self.session = onnxruntime.InferenceSession(path, generation_session_options(prepacking=False),
-                                                    providers=["CPUExecutionProvider"])
-        self.input_names = [spec.name for spec in self.session.get_inputs()]
-        self.output_names = [spec.name for spec in self.session.get_outputs()]
-        self.half_inputs = frozenset(spec.name for spec in self.session.get_inputs() if spec.type == "tensor(float16)")
-        self.out_paths = out_paths
-        specs = [*self.session.get_inputs(), *self.session.get_outputs()]
-        self.unsupported = next((f"{spec.name} is a {spec.type}" for spec in specs if spec.type not in _NUMPY_TYPES),
-                                None)
-
-    def __call__(self, leaves: dict, kwargs: list[str]) -> dict:
-        """`{leaf path: array}` of the outputs for the inputs `leaves` (`kwargs`: the call's kwarg names)."""
-        import numpy
-
-        paths = [leaf_path(name) for name in self.input_names]
-        missing = [name for name, path in zip(self.input_names, paths, strict=True) if path not in leaves]
-        if missing:
-            raise ValueError(f"The graph takes {missing}, which {kwargs} don't hold.")
-        feeds = {}
-        for name, path in zip(self.input_names, paths, strict=True):
-            value = numpy.ascontiguousarray(leaves[path])
-            if name in self.half_inputs and value.dtype.kind == "f" and value.dtype != numpy.float16:
-                value = value.astype(numpy.float16)
-            feeds[name] = value
-        outputs = self.session.run(self.output_names, feeds)
-        flat = outputs[len(outputs) - len(self.out_paths):]
-        return dict(zip(self.out_paths, flat, strict=True))
+def format_module(export_format: str):
+    """`hfexport.formats.<format>.gate_process`, the format's pieces of this process (its backend's
+    `gate_in_own_process`)."""
+    traits = format_traits(export_format)
+    if not traits.gate_in_own_process:
+        raise ValueError(f"{export_format} runs no gate in a process of its own")
+    return importlib.import_module(f"hfexport.formats.{traits.name}.gate_process")
 
 
 def run(folder: Path) -> dict:
@@ -93,18 +69,39 @@ def run(folder: Path) -> dict:
 
     request = json.loads((folder / REQUEST).read_text())
     arrays = numpy.load(folder / ARRAYS, allow_pickle=False)
-    components = {}
-    started = time.perf_counter()
-    try:
-        for name, entry in request["components"].items():
-            components[name] = _Component(entry["path"], entry["out_paths"])
-    except Exception as error:  # noqa: BLE001 - the caller loads it in process, for the message a user gets
-        return {"load_error": backend_message(error)}
-    for name, component in components.items():
-        if component.unsupported or "use_cache_branch" in component.input_names:
-            return {"fallback": f"{name}: {component.unsupported or 'a merged encoder-decoder decoder'}"}
-    result: dict = {"providers": {name: component.session.get_providers() for name, component in components.items()},
-                    "load_s": round(time.perf_counter() - started, 4), "cases": []}
+    runtime = format_module(request["format"])
+    artifact = Path(request["folder"])
+    checks: list[dict] = []
+    for index, check in enumerate(request["checks"]):
+        if index and check["precision"] == "f32" and joined_precision(checks[0]["components"]) == "f32":
+            break  # the f32 the graph check compiled and ran: not compiled again (`_runtime_precision_check`)
+        components = {}
+        started = time.perf_counter()
+        try:
+            with runtime.opening(artifact):
+                for name, entry in request["components"].items():
+                    components[name] = runtime.open_component(entry, check["precision"])
+        except Exception as error:  # noqa: BLE001 - the caller loads it in process, for the message a user gets
+            return {"load_error": backend_message(error)}
+        for name, component in components.items():
+            if component.unsupported:
+                return {"fallback": f"{name}: {component.unsupported}"}
+        result: dict = {"components": {name: component.read() for name, component in components.items()},
+                        "load_s": round(time.perf_counter() - started, 4)}
+        checks.append(result)
+        if index and joined_precision(result["components"]) == "f32":
+            result["same_as_graph"] = True  # the runtime computes at f32, as the graph check did
+        else:
+            with runtime.running(artifact):
+                _run_check(result, components, request, arrays)
+        components.clear()  # the compiled models released before the next check compiles its own
+        gc.collect()
+    return {"checks": checks}
+
+
+def _run_check(result: dict, components: dict, request: dict, arrays) -> None:
+    """Every probe entry of `request` and its greedy generation on the opened `components`, into `result`."""
+    result["cases"] = []
     for case in request["cases"]:
         got, case_started = None, time.perf_counter()
         try:
@@ -124,7 +121,6 @@ def run(folder: Path) -> dict:
         except Exception as error:  # noqa: BLE001 - the exported graphs failing to decode is a parity failure
             result["generation"] = {"error": backend_message(error)}
         result["generation"]["seconds"] = time.perf_counter() - started
-    return result
 
 
 def _greedy(components: dict, spec: dict, arrays):
@@ -138,6 +134,8 @@ def _greedy(components: dict, spec: dict, arrays):
     cache = {path: arrays[key] for path, key in spec["initial_cache"].items()}
     positions = numpy.where(mask == 0, 0, numpy.cumsum(mask, -1) - 1)
     eos, pad, pads = numpy.array(spec["eos"], dtype=numpy.int64), spec["pad"], spec["pads"]
+    for component in components.values():
+        component.reset()  # a stateful decode's cache back to empty (as `GenerationSession` starts it)
 
     def step(name: str, ids, mask, positions):
         feeds = spec["feeds"][name]

@@ -38,6 +38,7 @@ from hfexport.safety.artifacts import check_manifest_file
 from hfexport.machine import (
     cpu_info,
     has_runtime_precision,
+    joined_precision,
     pinned_precision,
     read_back,
 )
@@ -148,8 +149,7 @@ def _compare_case(exported, case: dict, thresholds: dict) -> dict:
         return {**entry, "outputs": {}, **exported.cases[id(case)]}
     runner = exported.runners[case["component"]]
     if "name" in case and _is_stateful(runner):
-        return {**entry, "skipped": "its cache lives in the OpenVINO infer request: checked by greedy generation",
-                "outputs": {}}
+        return {**entry, "skipped": STATE_SKIPPED, "outputs": {}}
     try:
         if "name" in case:  # a generation component
             got = runner(**as_traced(runner, _traced(runner, copy.deepcopy(case["fed"]))))
@@ -158,6 +158,10 @@ def _compare_case(exported, case: dict, thresholds: dict) -> dict:
     except Exception as error:  # noqa: BLE001 - the backend rejecting a probe is a parity failure, not a crash
         return {**entry, "error": backend_message(error), "outputs": {}}
     return {**entry, "outputs": compare_outputs(got, case["eager"], thresholds, case["mask"])}
+
+
+#: A generation probe's entry on a component whose cache is kept in its runtime's state (an OpenVINO stateful decode)
+STATE_SKIPPED = "its cache lives in the OpenVINO infer request: checked by greedy generation"
 
 
 def _with_full_mask(runner, inputs: dict) -> dict:
@@ -417,32 +421,31 @@ def _compare(exported, plan, processor, references: dict, resolved: Thresholds, 
             "failures": failures}
 
 
-# ── The artifact's side in a process of its own (ONNX) ───────────────────────
+# ── The artifact's side in a process of its own (ONNX, OpenVINO) ─────────────
 #
 # A process that imports torch holds ~440 MB of libraries (SmolLM2-135M's bound: those libraries + its f32 weights),
-# and the exporting process also keeps what the export left on its heap; so where it can, the ONNX gate runs the
-# artifact in `python -m hfexport.verify.artifact`, without torch, on the references the eager pass computed here,
-# and the verification dict is assembled here from its answers with the same code (`_compare`).
+# and the exporting process also keeps what the export left on its heap; so where it can, the gate runs the artifact
+# in `python -m hfexport.verify.artifact`, without torch, on the references the eager pass computed here (the
+# format's pieces of that process: `hfexport.formats.<format>.gate_process`), and the verification dict is assembled
+# here from its answers with the same code (`_compare`, `_runtime_precision_check`).
 
 
 class _Answers:
-    """What the artifact's own process answered (`hfexport.verify.artifact`), in place of a loaded artifact for
-    `_compare`: per reference case (by `id`) its compared `outputs` or `error`, the greedy `generation`'s sequences
-    or error, and what `read_back` reads of a loaded one."""
+    """What the artifact's own process answered for one check (`hfexport.verify.artifact`: the graph's, or an
+    OpenVINO runtime precision's), in place of a loaded artifact for `_compare`: per reference case (by `id`) its
+    compared `outputs`, `error` or `skipped` entry, the greedy `generation`'s sequences or error, and what
+    `read_back` reads of a loaded one."""
 
-    def __init__(self, layout: _Layout, result: dict, cases: dict, dtype: str):
+    def __init__(self, layout: _Layout, check: dict, cases: dict, skipped: dict):
         self.runners, self.components = layout.runners, layout.components
-        self.cases = {key: result["cases"][index] for key, index in cases.items()}
-        self.generation = result.get("generation") or {}
-        precision = "f16" if dtype == "float16" else "f32"
-        components = {name: {"device": "cpu" if providers == ["CPUExecutionProvider"] else "accelerator",
-                             "providers": list(providers), "precision": precision}
-                      for name, providers in result["providers"].items()}
-        self.read = {"backend": format_traits(str(layout.export_format)).runtime_package, "components": components,
-                     "precision": precision}
-        self.load_s = float(result.get("load_s") or 0.0)
-        self.peak_rss_mb = result.get("peak_rss_mb")
-        self.parent_rss_mb: float | None = None  # the caller's resident set while this process ran
+        self.cases = {key: check["cases"][index] for key, index in cases.items()} if "cases" in check else {}
+        self.cases.update(skipped)
+        self.generation = check.get("generation") or {}
+        self.read = {"backend": format_traits(str(layout.export_format)).runtime_package,
+                     "components": check["components"], "precision": joined_precision(check["components"])}
+        self.load_s = float(check.get("load_s") or 0.0)
+        self.peak_rss_mb: float | None = None  # that process's own peak
+        self.parent_rss_mb: float | None = None  # the caller's resident set while that process ran
 
 
 def artifact_process_refusal(folder: str | Path, plan, config) -> str | None:
@@ -475,18 +478,22 @@ def _own_process_refusal(layout: _Layout | None, plan, references: dict) -> str 
 
 
 def _layout_refusal(layout: _Layout | None, plan) -> str | None:
-    """The rule: an ONNX generation target (not quantized, its graphs on ONNX Runtime's CPU provider) of a
+    """The rule: a generation target (not quantized) of a format whose gate runs apart (`gate_in_own_process`: ONNX,
+    OpenVINO), its graphs on the CPU (ONNX Runtime's CPU provider; OpenVINO's gate compiles for the CPU), of a
     decoder-only model over a DynamicCache, whose prompt runs on the prefill without a cache or on a single graph's
-    decode (what the child's loop is); None where it is one."""
+    decode (what the child's loop is); of a format that can keep the cache as state (`cache_state_option`), a
+    single decode that keeps it so (its probes skipped, as in process: checked by greedy generation); None where
+    it is one."""
     from hfexport.formats.onnx.file_runner import runs_here
     from hfexport.generate import CACHE, generation_layout
 
     target = plan.target
-    if layout is None or not format_traits(str(target.export_format)).gate_in_own_process or \
-            target.mode != "generation" or target.quantization:
-        return "not an ONNX generation target"
-    if not runs_here() or not all(path.is_file() for path in layout.files.values()):
-        return "not ONNX files on the CPU provider"
+    traits = format_traits(str(target.export_format)) if layout is not None else None
+    if traits is None or not traits.gate_in_own_process or target.mode != "generation" or target.quantization:
+        return "not a generation target of a format whose gate runs apart (ONNX, OpenVINO)"
+    if not runs_here(traits.verify_load_options.get("device")) or \
+            not all(path.is_file() for path in layout.files.values()):
+        return "not files its runtime runs on the CPU"
     try:
         generation = generation_layout(layout)
     except Exception as error:  # noqa: BLE001 - the in-process check reports it as a user sees it
@@ -495,7 +502,18 @@ def _layout_refusal(layout: _Layout | None, plan) -> str | None:
             generation.static_cache_len is not None or generation.cache_kwarg != CACHE or any(generation.stateful.values()) \
             or (not generation.single_graph and CACHE in layout.runners[generation.prefill].metadata.kwargs):
         return "not a decoder over a DynamicCache"
+    if traits.cache_state_option and not (generation.single_graph and all(_state_kept(layout).values())):
+        return "not a single decode that keeps its cache as state"
     return None
+
+
+def _state_kept(layout: _Layout) -> dict[str, bool]:
+    """Per component, whether it was exported with its cache kept as its runtime's state (the format's
+    `cache_state_option`, OpenVINO's `stateful`), read from its traced metadata: what `_is_stateful` reads of a
+    loaded runner."""
+    option = format_traits(str(layout.export_format)).cache_state_option
+    return {name: bool(option and (runner.metadata.export_config or {}).get(option))
+            for name, runner in layout.runners.items()}
 
 
 def _greedy(layout: _Layout, generation, reference: dict) -> dict | None:
@@ -538,11 +556,13 @@ def _out_paths(metadata) -> list[str]:
     return paths
 
 
-def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved: Thresholds,
-                 dtype: str) -> _Answers | dict | None:
+def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved: Thresholds, dtype: str,
+                 pinned: str | None) -> list[_Answers] | dict | None:
     """The artifact's side run in `python -m hfexport.verify.artifact` (spawned: a new process image, which holds
-    none of this one's memory) on `references`: its `_Answers`; None where it cannot run there (the caller loads
-    the artifact in process); a failed verification dict where the process died without answering."""
+    none of this one's memory) on `references`: its `_Answers`, one per check (the graph's; for a format with a
+    runtime precision, `pinned`'s too where that process ran it: `_runtime_precision_check`); None where it cannot
+    run there (the caller loads the artifact in process); a failed verification dict where the process died
+    without answering."""
     import os
     import subprocess
     import sys
@@ -564,12 +584,19 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
         out_paths = {name: _out_paths(runner.metadata) for name, runner in layout.runners.items()}
     except Exception:  # noqa: BLE001 - an output spec this gate does not map: in process
         return None
-    cases, index = [], {}
+    state = _state_kept(layout)
+    cases, index, skipped = [], {}, {}
     for case in references["cases"]:
         if case["error"] is not None:
             continue
         thresholds = SHAPE_ONLY if case["base"].get("role") == "shape" else resolved.tolerances
         for entry in case["entries"]:
+            if state[entry["component"]]:  # as in process: its cache is the request's state (`_compare_case`)
+                skipped[id(entry)] = {"skipped": STATE_SKIPPED}
+                # never compared, here or there: its eager outputs and inputs (SmolLM2's batch-8 prompt logits
+                # alone 58 MB) released before that process spawns, not held beside it
+                entry["eager"] = entry["fed"] = None
+                continue
             runner = layout.runners[entry["component"]]
             fed = as_traced(runner, _traced(runner, entry["fed"]))
             index[id(entry)] = len(cases)
@@ -584,9 +611,14 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
         spec = _greedy(layout, generation_layout(layout), reference)
         generation = {**spec, "input_ids": put(spec["input_ids"]), "attention_mask": put(spec["attention_mask"]),
                       "initial_cache": {path: put(tensor) for path, tensor in spec["initial_cache"].items()}}
-    request = {"components": {name: {"path": str(path), "out_paths": out_paths[name]}
+    # the graph's check (OpenVINO at f32, `_load`; an ONNX graph at its own types), then the runtime's precision
+    checks = [{"precision": "f32"}, {"precision": pinned}] if pinned is not None else \
+        [{"precision": "f16" if dtype == "float16" else "f32"}]
+    request = {"format": str(layout.export_format), "folder": str(folder), "checks": checks,
+               "components": {name: {"path": str(path), "out_paths": out_paths[name]}
                               for name, path in layout.files.items()},
                "cases": cases, "generation": generation}
+    label = format_traits(str(layout.export_format)).runtime_label
     with tempfile.TemporaryDirectory(prefix="hfexport-gate-") as work:
         work = Path(work)
         numpy.savez(work / artifact.ARRAYS, **arrays)
@@ -602,13 +634,18 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
     if result is None or "crash" in result:
         why = result["crash"] if result else f"exit status {done.returncode}: " + " ".join(
             line.strip() for line in done.stderr.strip().splitlines()[-3:])
-        message = f"the artifact's runtime process (ONNX Runtime, python -m hfexport.verify.artifact) failed: {why}"
+        message = f"the artifact's runtime process ({label}, python -m hfexport.verify.artifact) failed: {why}"
+        return {"passed": False, "reloaded_from_disk": True, "error": redact(message)[:800], "probes": [],
+                "failures": [redact(message)[:800]]}
+    if "fallback" in result and skipped:  # a decode the manifest says keeps its cache as state, which keeps none
+        message = f"the artifact's runtime process ({label}) cannot check it: {result['fallback']}"
         return {"passed": False, "reloaded_from_disk": True, "error": redact(message)[:800], "probes": [],
                 "failures": [redact(message)[:800]]}
     if "fallback" in result or "load_error" in result:
-        return None
-    answers = _Answers(layout, result, index, dtype)
-    answers.parent_rss_mb = round(beside / (1 << 20), 1)
+        return None  # (a load error: the runtime's own message in process, where the skipped entries stay skipped)
+    answers = [_Answers(layout, check, index, skipped) for check in result["checks"]]
+    answers[0].peak_rss_mb = result.get("peak_rss_mb")
+    answers[0].parent_rss_mb = round(beside / (1 << 20), 1)
     return answers
 
 
@@ -638,9 +675,11 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     precision (a recipe pinning f32: the graph check's compiled model read back, not compiled a second time); the
     target passes when both do. `verification["runtime"]` names the CPU, backend, device and precision of each
     check. `progress` gets a `probe` step as each probe (and the generation check) ends. `own_process` (by default
-    where the artifact is opened lean): an ONNX generation target's artifact side runs in a torch-free process of
-    its own where `_own_process_refusal` allows it (`runtime.process` "separate"; its rule read before the reference
-    is made too: `artifact_process_refusal`), else here."""
+    where the artifact is opened lean, and for a runtime that copies the weights it maps whatever it is told,
+    OpenVINO's CPU plugin: its copy and buffers then not beside this process's heap, the model kept or not): an ONNX
+    or OpenVINO generation target's artifact side (OpenVINO's runtime precision check too) runs in a torch-free
+    process of its own where `_own_process_refusal` allows it (`runtime.process` "separate"; its rule read before
+    the reference is made too: `artifact_process_refusal`), else here."""
     import torch
 
     started = time.perf_counter()
@@ -677,7 +716,9 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     finally:
         model.train(was_training)
     lean = release is not None if lean is None else lean
-    separate = (lean if own_process is None else own_process) and exported is None
+    if own_process is None:  # a runtime that copies what it maps (OpenVINO) holds that copy wherever it runs: apart
+        own_process = lean or format_program(export_format).repacks_mapped_weights
+    separate = own_process and exported is None
     if separate:
         layout.config, layout.generation_config = config, _saved_generation_config(Path(folder))
         separate = _own_process_refusal(layout, plan, references) is None
@@ -689,11 +730,12 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     answers = None
     if separate:
         answers = _own_process(Path(folder), kept, plan, references,
-                               resolve(target, dtype, _graph_precision(dtype, model_dtype)), dtype)
+                               resolve(target, dtype, "f32" if has_precision else _graph_precision(dtype, model_dtype)),
+                               dtype, pinned if has_precision else None)
         if isinstance(answers, dict):  # the process died without answering
             return {**answers, "seconds": round(time.perf_counter() - started, 4)}
     if answers is not None:
-        exported = answers
+        exported = answers[0]
     elif exported is None:
         try:
             exported = _load(Path(folder), export_format, "f32" if has_precision else pinned, lean=lean)
@@ -702,9 +744,9 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     reload_s = exported.load_s if answers is not None else time.perf_counter() - load_started
     runtime: dict[str, Any] = {"cpu": cpu_info(), "checks": []}
     if answers is not None:
-        runtime.update(process="separate", **({"process_peak_rss_mb": answers.peak_rss_mb,
-                                               "process_parent_rss_mb": answers.parent_rss_mb}
-                                              if answers.peak_rss_mb is not None else {}))
+        runtime.update(process="separate", **({"process_peak_rss_mb": exported.peak_rss_mb,
+                                               "process_parent_rss_mb": exported.parent_rss_mb}
+                                              if exported.peak_rss_mb is not None else {}))
     graph_read = exported.read if answers is not None else read_back(exported)
     graph_precision = graph_read["precision"] if has_precision else _graph_precision(dtype, model_dtype)
     with _dropping_read_again(folder, export_format):
@@ -719,7 +761,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     runtime_check = None
     if has_precision:
         check, runtime_check = _runtime_precision_check(folder, plan, processor, references, dtype, pinned, graph_read,
-                                                        progress)
+                                                        progress, answers[1:] if answers is not None else None)
         runtime["checks"].append(check)
     user = runtime["checks"][-1]
     runtime.update(precision=user["precision"], requested=pinned, device=_device_of(user.get("components") or {}))
@@ -782,18 +824,19 @@ def _device_of(components: dict) -> str:
 
 
 def _runtime_precision_check(folder, plan, processor, references: dict, dtype: str, pinned: str, graph_read: dict,
-                             progress: ProgressCallback | None = None) -> tuple[dict, dict | None]:
+                             progress: ProgressCallback | None = None,
+                             answered: list | None = None) -> tuple[dict, dict | None]:
     """The artifact at the precision `hfexport.load` gives on this machine, judged by that precision's thresholds
     against the same eager references: (the check's entry in `runtime.checks`, the report's `runtime_check`).
     Identical to the graph check (and not run again, `runtime_check` None) where the runtime computes at f32 anyway;
     a recipe pinning the f32 the graph check ran at (`graph_read`, its compiled model's read-back) is not compiled a
-    second time."""
+    second time. `answered`: the artifact's own process ran it (`_own_process`: its `_Answers` after the graph's)."""
     target = plan.target
     if pinned == "f32" and graph_read["precision"] == "f32":
         return _same_as_graph(pinned, graph_read), None
-    exported = _load(Path(folder), str(target.export_format), pinned)
+    exported = answered[0] if answered else _load(Path(folder), str(target.export_format), pinned)
     try:
-        read = read_back(exported)
+        read = exported.read if answered else read_back(exported)
         precision = read["precision"] or "unknown"
         if precision == "f32":
             return _same_as_graph(pinned, read), None

@@ -60,6 +60,9 @@ class OpenvinoFormat(FormatBackend):
     verify_load_options = {"device": "cpu"}
     one_decoder_graph = True
     cache_state_option = "stateful"
+    # a stateful decode's gate compiled, run and read back in a torch-free process of its own
+    # (`hfexport.formats.openvino.gate_process`): the exporting process's leftovers not beside the compiled model
+    gate_in_own_process = True
     nncf_quantizer = "NNCFOpenVINOQuantizer"
     variants = ("int8", "int4")  # optimum-intel's weight formats (hfexport.formats.openvino.variants)
 
