@@ -675,11 +675,10 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     precision (a recipe pinning f32: the graph check's compiled model read back, not compiled a second time); the
     target passes when both do. `verification["runtime"]` names the CPU, backend, device and precision of each
     check. `progress` gets a `probe` step as each probe (and the generation check) ends. `own_process` (by default
-    where the artifact is opened lean, and for a runtime that copies the weights it maps whatever it is told,
-    OpenVINO's CPU plugin: its copy and buffers then not beside this process's heap, the model kept or not): an ONNX
-    or OpenVINO generation target's artifact side (OpenVINO's runtime precision check too) runs in a torch-free
-    process of its own where `_own_process_refusal` allows it (`runtime.process` "separate"; its rule read before
-    the reference is made too: `artifact_process_refusal`), else here."""
+    where the artifact is opened lean): an ONNX or OpenVINO generation target's artifact side (OpenVINO's runtime
+    precision check too) runs in a torch-free process of its own where `_own_process_refusal` allows it
+    (`runtime.process` "separate"; its rule read before the reference is made too: `artifact_process_refusal`),
+    else here."""
     import torch
 
     started = time.perf_counter()
@@ -716,9 +715,7 @@ def verify_exported(folder: str | Path, model, plan, processor=None, progress: P
     finally:
         model.train(was_training)
     lean = release is not None if lean is None else lean
-    if own_process is None:  # a runtime that copies what it maps (OpenVINO) holds that copy wherever it runs: apart
-        own_process = lean or format_program(export_format).repacks_mapped_weights
-    separate = own_process and exported is None
+    separate = (lean if own_process is None else own_process) and exported is None
     if separate:
         layout.config, layout.generation_config = config, _saved_generation_config(Path(folder))
         separate = _own_process_refusal(layout, plan, references) is None
