@@ -42,10 +42,17 @@ def test_torch_export_still_keeps_its_last_trace():
 
 
 def test_an_export_inside_the_release_leaves_neither_its_graph_nor_its_shape_env():
+    import linecache
+
     from torch.fx.experimental import proxy_tensor
 
+    linecache.cache["<made at run time>"] = (3, None, ["x = 1\n"], "<made at run time>")
     with trace_state_released():
         program, shape_env = _export_tiny()
+        linecache.getlines(torch.export.__file__)
+    # the source files read dropped (read again from disk when asked for), a source made at run time kept
+    assert torch.export.__file__ not in linecache.cache and "<made at run time>" in linecache.cache
+    assert linecache.getline(torch.export.__file__, 1)
     graph = weakref.ref(program.graph)
     assert shape_env() is not None  # the program it made is still the caller's, whole
     assert program.module()(torch.ones(5, 3)).tolist() == [6.0] * 5

@@ -44,8 +44,9 @@ from hfexport.workarounds import replaced, workaround
 @contextlib.contextmanager
 def trace_state_released() -> Iterator[None]:
     """Within the block, every ShapeEnv made is noted; on leaving, what torch keeps of the block's traces is let go
-    (the module's docstring), and Python's `linecache` emptied: the source files the traces' stack traces read
-    (SmolLM2's export: 202 files, ~15 MB of lines), read again from disk if a traceback needs them."""
+    (the module's docstring), and the source files the traces' stack traces read dropped from Python's `linecache`
+    (SmolLM2's export: 202 files, ~15 MB of lines; read again from disk if a traceback needs them; the sources of
+    code made at run time, which have no file, stay)."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     made: list[weakref.ref] = []
@@ -79,6 +80,8 @@ def release_trace_state(shape_envs=()) -> None:
         shape_env = reference()
         if shape_env is not None and shape_env.tracked_fakes:
             shape_env.tracked_fakes.clear()
-    linecache.clearcache()
+    for name, entry in list(linecache.cache.items()):
+        if len(entry) == 4 and entry[1] is not None:  # a file's lines (its mtime): read again when asked for
+            linecache.cache.pop(name, None)
     for _ in range(2):  # the second pass frees what the first one's freed fake tensors held from C++ (their sizes)
         gc.collect()
