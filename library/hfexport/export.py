@@ -22,6 +22,7 @@ from hfexport.formats.executorch.llm_program import export as export_llm_program
 from hfexport.exported import ExportedModel
 from hfexport.formats import find_format
 from hfexport.formats.programs import format_program
+from hfexport.workarounds.torch_export import trace_state_released
 from hfexport.workarounds.transformers_models import base_rope_index, modeling_fixes
 from hfexport.models import load_model, load_processor
 from hfexport.plan import build_plan
@@ -197,8 +198,10 @@ def _drop_model_output_samples(exported) -> None:
 @contextlib.contextmanager
 def _format_fixes(plan, model):
     """hfexport's narrow fixes of a backend's lowering (its format's `export_fixes`: ExecuTorch's, onnxscript's) and of
-    the model's code under torch.export (hfexport.workarounds.transformers_models), for the plan's format."""
+    the model's code under torch.export (hfexport.workarounds.transformers_models), for the plan's format; on leaving,
+    what torch keeps of the block's traces let go (hfexport.workarounds.torch_export)."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(trace_state_released())
         stack.enter_context(format_program(plan.export_format).export_fixes(plan, model))
         stack.enter_context(modeling_fixes(model, str(plan.export_format)))
         yield

@@ -33,7 +33,7 @@ class Workaround:
 #: The modules that register workarounds (under hfexport), imported when `WORKAROUNDS` is read.
 DEFINING_MODULES = ("engine", "formats.executorch.workarounds", "formats.onnx.onnxruntime_workarounds",
                     "formats.onnx.onnxscript_workarounds", "formats.openvino.workarounds",
-                    "workarounds.transformers_exporters", "workarounds.transformers_models")
+                    "workarounds.torch_export", "workarounds.transformers_exporters", "workarounds.transformers_models")
 _REGISTERED: dict[str, Workaround] = {}
 
 

@@ -13,6 +13,12 @@ graph is the same (benchmarks/onnx_optimizer.py and tests/test_onnx_fixes.py com
 Noticed on the way: in 0.7.2 that rule never rewrites anything. The matcher returns the first combination that
 matches structurally, which pairs a `Slice` with itself, and the rule's check then fails ("End0 is not equal to
 Begin1") without another combination being tried; the engine's graphs keep their two `Slice`s either way.
+
+And a release of what the rewrite pass leaves (`forget_matched`, on leaving `onnx_fixes()`): each rule's matcher keeps
+the graph, node and match it last tried, and the default rules are module-level objects, so after an export the
+last graph the optimizer rewrote stayed alive, and through its nodes' metadata the fx graph it was translated from
+(SmolLM2-135M-Instruct: its 2,157-node graph and, with torch's own holders, `hfexport.workarounds.torch_export`, the
+35,456-node fx graph, at the gate's start; docs/publishing.md, "Memory").
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from hfexport.workarounds import workaround
     canary="tests/test_onnx_fixes.py::test_the_fix_keeps_the_optimized_graph_and_drops_the_per_node_scans")
 @contextlib.contextmanager
 def onnx_fixes() -> Iterator[None]:
-    """Within the block, onnxscript's multi-output pattern matcher skips nodes its pattern cannot start from."""
+    """Within the block, onnxscript's multi-output pattern matcher skips nodes its pattern cannot start from; on
+    leaving, the matchers that ran forget what they last matched (`forget_matched`)."""
     try:
         from onnxscript.rewriter import _basics, _matcher
 
@@ -42,7 +49,10 @@ def onnx_fixes() -> Iterator[None]:
         yield
         return
 
+    used = {}  # the matchers that ran in the block, by id
+
     def match(self, model, graph_or_function, node, **kwargs):
+        used[id(self)] = self
         if not self.pattern.has_single_output_node:
             # The op and domain test `NodePattern.matches` applies first to the combination's first node.
             first = self.pattern.output_nodes[0]
@@ -55,3 +65,24 @@ def onnx_fixes() -> Iterator[None]:
         yield
     finally:
         matcher.match = original
+        forget_matched(used.values())
+
+
+@workaround(
+    "onnxscript-matcher-keeps-the-last-graph",
+    upstream="onnxscript 0.7.2",
+    works_around="(memory) a rewrite rule's SimplePatternMatcher keeps the graph, node and match it last tried, "
+                 "and the default rules are module-level: after an export the last graph the optimizer rewrote "
+                 "stays alive, and through its nodes' metadata the fx graph it was translated from",
+    applied="export._format_fixes, on leaving every ONNX export (onnx_fixes)",
+    canary="tests/test_export_leftovers.py::test_onnxscript_matchers_still_keep_the_last_graph")
+def forget_matched(matchers) -> None:
+    """Each of `matchers` (onnxscript pattern matchers) made to forget its last graph, node and match, as it does
+    itself before its next match."""
+    for matcher in matchers:
+        state = vars(matcher)
+        for name in ("_graph", "_current_node", "_tracer"):
+            if name in state:
+                state[name] = None
+        if "_match" in state:
+            state["_match"] = type(state["_match"])()
