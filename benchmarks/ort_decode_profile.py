@@ -53,7 +53,10 @@ session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]
 inputs = {value.name: value for value in session.get_inputs()}
 past = [name for name in inputs if name.startswith("past_key_values.")]
 shape = inputs[past[0]].shape
-heads, head_size = shape[1], shape[3]
+decoder = json.load(open(os.path.join(folder, "genai_config.json")))["model"]["decoder"]
+# the builder's graph names its cache's head axis (`kv_cache_dim`): the config's sizes where an axis is not a number
+heads = shape[1] if isinstance(shape[1], int) else decoder["num_key_value_heads"]
+head_size = shape[3] if isinstance(shape[3], int) else decoder["head_size"]
 def feed(ids, cache, width):
     feeds = {"input_ids": np.asarray([ids], dtype=np.int64)}
     if "attention_mask" in inputs:
