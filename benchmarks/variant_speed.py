@@ -55,7 +55,9 @@ results/variant_speed_tjs_q4f16_zen5.json: the same with q4f16's pair added (`FO
 NEW_TOKENS=16`); results/variant_speed_onnx_zen5.json: `FORMATS=onnx OUT=results/variant_speed_onnx_zen5.json`, q4 against the model
 builder's int4 in onnxruntime-genai; results/variant_speed_executorch_zen5.json: `FORMATS=executorch ROUNDS=8
 GENERATIONS=4`, PHASES make, speed, gate run apart: the 8da4w defaults, the peer's form and the head 4-bit with the 4-bit
-embedding against optimum-executorch's 8da4w (what decides the defaults: docs/quantization.md, "Variants").
+embedding against optimum-executorch's 8da4w (what decides the defaults: docs/quantization.md, "Variants");
+results/variant_speed_head_bits_zen5.json: `FORMATS=onnx ONLY="hfexport q4,hfexport q4 head_bits 4,onnxruntime-genai
+builder int4"`, the equal-bit pair (q4 with the builder's 4-bit head) and the default beside it.
 """
 
 from __future__ import annotations
