@@ -4,15 +4,13 @@ The export writes each layer's attention as some 35 plain ops (q, k and v projec
 products, the cache concatenated, the scores, mask and softmax as matmuls): in a decode step on SmolLM2-135M that is
 1553 nodes run where onnxruntime-genai's model builder runs 309, and per-node overhead, not arithmetic, is most of
 the gap (measured, docs/quantization.md "Variants"). `fuse_attention` rewrites each layer as: one MatMul over the q,
-k and v weights concatenated (as the builder packs them) and one `com.microsoft::GroupQueryAttention` over it and the
-cache under the contract's names, rotating q and k itself (cos/sin tables evaluated from the export's own rotary
-subgraph) at each new token's cache slot (`_bias`'s query slots, every row: its CPU kernel reads a first prompt's
-positions as one start for all rows, which a left-padded row's `position_ids` are not; RoPE is relative, so slots give
-the export's attention, a padded row's cached keys rotated by its padding), with the export's mask as its
+k and v weights concatenated (as the builder packs them), a `Split`, a `com.microsoft::RotaryEmbedding` each for q
+and k at the graph's `position_ids` (cos/sin tables evaluated from the export's own rotary subgraph), and one
+`com.microsoft::GroupQueryAttention` over the cache under the contract's names, with the export's mask as its
 `attention_bias` (`_bias`: recomputed from `attention_mask` and `input_ids` alone, 12 nodes where the export's reads
 the cache's length off a past input's shape) and every row's `seqlens_k` the mask's width - 1: so a left-padded batch
-(transformers.js, optimum) computes what the export computes, where the builder's form (`seqlens_k` = the mask's
-ones - 1) reads padding as right padding; and onnxruntime-genai may share past and present buffers. The RMSNorms become `SkipSimplifiedLayerNormalization`. onnxscript's rotary rule finds the
+(transformers.js, optimum) computes what the export computes, where the builder's form (rotary inside, `seqlens_k` =
+the mask's ones - 1) reads padding as right padding; and onnxruntime-genai may share past and present buffers. The RMSNorms become `SkipSimplifiedLayerNormalization`. onnxscript's rotary rule finds the
 rotary products; its SDPA and GQA rules do not match the export (docs/quantization.md). All or nothing: a graph where
 one layer does not match stays as it was.
 """
@@ -75,6 +73,7 @@ def _positions(config: dict) -> int:
 def _fuse(model, positions: int) -> int:
     """Rewrite `model` in place; the number of layers fused. Raises `_NoMatch` before any layer is rewritten where
     one does not match (the rotary products may be fused by then: the caller keeps the source file)."""
+    import numpy as np
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedFunctionsPass, RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
     from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
@@ -100,16 +99,26 @@ def _fuse(model, positions: int) -> int:
     cos_cache, sin_cache = (_initializer(model, f"attention.{name}_cache", table) for name, table in
                             (("cos", cos), ("sin", sin)))
     seqlens_k, total_length, width = _lengths(model, inputs["attention_mask"])
-    bias, slots = _bias(model, inputs["attention_mask"], inputs["input_ids"], width, matched[0]["mask"].type)
+    bias = _bias(model, inputs["attention_mask"], inputs["input_ids"], width, matched[0]["mask"].type)
+    position_ids = inputs["position_ids"]
     for layer in matched:
         packed = _packed_projection(model, layer)
-        prefix = f"layer.{layer['index']}"
-        gqa = ir.node("GroupQueryAttention", [packed, None, None, layer["past_key"], layer["past_value"], seqlens_k,
-                                              total_length, cos_cache, sin_cache, slots, bias],
-                      attributes={"num_heads": layer["heads"], "kv_num_heads": layer["kv_heads"], "do_rotary": 1,
-                                  "rotary_interleaved": 0, "scale": layer["scale"]},
+        prefix, size = f"layer.{layer['index']}", layer["head_size"]
+        widths = _initializer(model, f"{prefix}.qkv_widths", np.asarray(
+            [layer["heads"] * size, layer["kv_heads"] * size, layer["kv_heads"] * size], dtype=np.int64))
+        split = ir.node("Split", [packed, widths], attributes={"axis": -1}, num_outputs=3, name=f"{prefix}.qkv_split")
+        rotated = [ir.node("RotaryEmbedding", [part, position_ids, cos_cache, sin_cache],
+                           attributes={"interleaved": 0, "num_heads": heads}, domain="com.microsoft",
+                           name=f"{prefix}.{which}_rotary")
+                   for part, heads, which in ((split.outputs[0], layer["heads"], "q"),
+                                              (split.outputs[1], layer["kv_heads"], "k"))]
+        gqa = ir.node("GroupQueryAttention", [rotated[0].outputs[0], rotated[1].outputs[0], split.outputs[2],
+                                              layer["past_key"], layer["past_value"], seqlens_k, total_length,
+                                              None, None, None, bias],
+                      attributes={"num_heads": layer["heads"], "kv_num_heads": layer["kv_heads"], "do_rotary": 0,
+                                  "scale": layer["scale"]},
                       domain="com.microsoft", num_outputs=3, name=f"{prefix}.GroupQueryAttention")
-        model.graph.insert_after(packed.producer(), [gqa])
+        model.graph.insert_after(packed.producer(), [split, *rotated, gqa])
         for old, new in zip((layer["output"], layer["present_key"], layer["present_value"]), gqa.outputs,
                             strict=True):
             new.type, new.shape = old.type, old.shape
@@ -343,8 +352,7 @@ def _lengths(model, attention_mask):
 
 def _bias(model, attention_mask, input_ids, width, dtype):
     """`attention_bias` ([B, 1, S, W] of `dtype`: 0 where query i of the S new tokens may read key slot j of the
-    mask's W, the type's lowest value elsewhere) and the new tokens' cache slots ([B, S] int64: W - S .. W - 1 on
-    every row, the rotary's positions), what the export's mask computes (slot j read where the mask has a
+    mask's W, the type's lowest value elsewhere), what the export's mask computes (slot j read where the mask has a
     1 and j <= W - S + i), from `attention_mask` and `input_ids` alone, inserted after `_lengths`' nodes: 12 nodes
     where the export's reads the cache's length from a past input's shape (35 on SmolLM2), which a runtime sharing
     past and present buffers (onnxruntime-genai's `past_present_share_buffer`) sizes to its maximum length."""
@@ -370,15 +378,10 @@ def _bias(model, attention_mask, input_ids, width, dtype):
     rows = ir.node("Unsqueeze", [present.outputs[0], axes["1_2"]], name="attention.mask_rows")
     allowed = ir.node("And", [causal.outputs[0], rows.outputs[0]], name="attention.allowed")
     bias = ir.node("Where", [allowed.outputs[0], zero, lowest], name="attention.bias")
-    # the rotary's positions: each new token's cache slot, on every row (`_fuse`)
-    query_row = ir.node("Unsqueeze", [queries.outputs[0], axes["0"]], name="attention.query_row")
-    ids_shape = ir.node("Shape", [input_ids], name="attention.input_ids_shape")
-    slots = ir.node("Expand", [query_row.outputs[0], ids_shape.outputs[0]], name="attention.rotary_slots")
-    nodes = [new, count, first, keys, queries, key_row, query_column, causal, present, rows, allowed, bias,
-             query_row, ids_shape, slots]
+    nodes = [new, count, first, keys, queries, key_row, query_column, causal, present, rows, allowed, bias]
     model.graph.insert_after(width.producer(), nodes)
-    bias.outputs[0].name, slots.outputs[0].name = "attention.bias", "attention.rotary_slots"
-    return bias.outputs[0], slots.outputs[0]
+    bias.outputs[0].name = "attention.bias"
+    return bias.outputs[0]
 
 
 def _packed_projection(model, layer: dict):
