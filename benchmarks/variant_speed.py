@@ -58,8 +58,8 @@ GENERATIONS=4`, PHASES make, speed, gate run apart: the 8da4w defaults, the peer
 embedding against optimum-executorch's 8da4w (what decides the defaults: docs/quantization.md, "Variants");
 results/variant_speed_head_bits_zen5.json: `FORMATS=onnx ONLY="hfexport q4,hfexport q4 head_bits 4,onnxruntime-genai
 builder int4"`, the equal-bit pair (q4 with the builder's 4-bit head) and the default beside it (`..._run2.json` again,
-with `PHASES=gate`'s runtimes); results/variant_speed_rotary_in_gqa_zen5.json: the same after the fused variants' rotary
-went inside GroupQueryAttention.
+with `PHASES=gate`'s runtimes); results/variant_speed_rotary_in_gqa_zen5.json: the same with the fused variants' rotary
+inside GroupQueryAttention at the cache slots (tried, reverted: docs/quantization.md).
 """
 
 from __future__ import annotations
