@@ -42,8 +42,8 @@ A pair's ratio is hfexport's over the peer's per call (the calls neighbours in t
 tokens/s > 1 and TTFT < 1 mean hfexport's variant is faster.
 
 Run: `flock /tmp/hfexport-heavy.lock env PYTHONPATH=library .venv/bin/python benchmarks/variant_speed.py` (FORMATS,
-default `openvino,onnx,executorch`; PHASES, default `make,speed`, or `gate`: executorch's sides' runtime checks as the
-variant gate runs them; ROUNDS 6; GENERATIONS 3; SETTLE_S 0.2;
+default `openvino,onnx,executorch`; PHASES, default `make,speed`, or `gate`: executorch's or onnx's sides' runtime checks as
+the variant gate runs them; ONLY: the side names to make and time, comma-separated, else all; ROUNDS 6; GENERATIONS 3; SETTLE_S 0.2;
 NEW_TOKENS 32; THREADS 2; WORK /tmp/hfexport-variant-speed; SMOLLM2_DIR; CHECKPOINT: another checkpoint with its tokenizer,
 the 1.7B-class one) -> benchmarks/results/variant_speed.json (or
 OUT; formats measured earlier in that file are kept; FORMATS may also name `transformers.js`). The CPU and the load
@@ -55,7 +55,11 @@ results/variant_speed_tjs_q4f16_zen5.json: the same with q4f16's pair added (`FO
 NEW_TOKENS=16`); results/variant_speed_onnx_zen5.json: `FORMATS=onnx OUT=results/variant_speed_onnx_zen5.json`, q4 against the model
 builder's int4 in onnxruntime-genai; results/variant_speed_executorch_zen5.json: `FORMATS=executorch ROUNDS=8
 GENERATIONS=4`, PHASES make, speed, gate run apart: the 8da4w defaults, the peer's form and the head 4-bit with the 4-bit
-embedding against optimum-executorch's 8da4w (what decides the defaults: docs/quantization.md, "Variants").
+embedding against optimum-executorch's 8da4w (what decides the defaults: docs/quantization.md, "Variants");
+results/variant_speed_head_bits_zen5.json: `FORMATS=onnx ONLY="hfexport q4,hfexport q4 head_bits 4,onnxruntime-genai
+builder int4"`, the equal-bit pair (q4 with the builder's 4-bit head) and the default beside it (`..._run2.json` again,
+with `PHASES=gate`'s runtimes); results/variant_speed_rotary_in_gqa_zen5.json: the same with the fused variants' rotary
+inside GroupQueryAttention at the cache slots (tried, reverted: docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ SMOLLM2 = Path(os.environ.get("SMOLLM2_DIR", Path(tempfile.gettempdir()) / "hfex
 #: place of SmolLM2-135M-Instruct's real weights; its tokenizer is read from SMOLLM2 all the same
 CHECKPOINT = Path(os.environ["CHECKPOINT"]) if os.environ.get("CHECKPOINT") else None
 OUT = Path(os.environ.get("OUT", HERE / "results" / "variant_speed.json"))
+#: the sides to make and time (comma-separated side names; the pairs whose two sides are both kept), else all
+ONLY = {name.strip() for name in os.environ.get("ONLY", "").split(",") if name.strip()}
 CHAT = ["Write a short story about a robot who learns to paint.", "Explain in detail how a bicycle works.",
         "Describe the water cycle step by step.", "List ten fruits and describe each one."]
 
@@ -155,6 +161,13 @@ SIDES = {
                              ("hfexport 8da4w head 8da4w", "optimum-executorch 8da4w")],
                    "files": ("model.pte", "model.ptd")},
 }
+
+
+if ONLY:  # each format's sides and pairs cut to ONLY's
+    for _spec in SIDES.values():
+        _spec["hfexport"] = {side: item for side, item in _spec["hfexport"].items() if side in ONLY}
+        _spec["peers"] = {side: options for side, options in _spec["peers"].items() if side in ONLY}
+        _spec["pairs"] = [pair for pair in _spec["pairs"] if set(pair) <= ONLY]
 
 
 #: per side: what is overlaid on its genai_config.json in onnxruntime-genai (a user's `og.Config.overlay`) in place of
@@ -551,7 +564,7 @@ def speed(export_format: str, made: dict) -> dict:
 
 
 def gate(export_format: str, made: dict) -> dict:
-    """Per hfexport side of `export_format` (`executorch` only: its sides' folders are the gate's stage): the
+    """Per hfexport side of `export_format` (`executorch` or `onnx`: its sides' folders are the gate's stage): the
     runtimes' greedy token agreement with model.generate on TEXTS, as the variant gate judges it
     (`hfexport.verify.variants`: `run_checks` against the variant's floor, `runtime_floor`); optimum-executorch from
     its venv (`hfexport.testing.peers`), as tests/test_smollm2_executorch_variants.py."""
@@ -567,7 +580,12 @@ def gate(export_format: str, made: dict) -> dict:
 
     from hfexport.testing import peers
 
-    os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(peers.optimum_executorch_venv()))
+    if export_format == "executorch":
+        os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM_EXECUTORCH", str(peers.optimum_executorch_venv()))
+    else:  # as tests/conftest.py's runtime_env
+        os.environ.setdefault("HFEXPORT_RUNTIME_OPTIMUM", str(peers.peer_venv()))
+        os.environ.setdefault("HFEXPORT_RUNTIME_ONNXRUNTIME_GENAI", str(peers.genai_venv()))
+        os.environ.setdefault("HFEXPORT_RUNTIME_TRANSFORMERS_JS", str(peers.node_modules()))
     spec = SIDES[export_format]
     name = spec["target"]
     recipe = load_recipe({"recipe_version": 1, "task": "text-generation", "sample_inputs": {"text": TEXTS},
@@ -600,7 +618,7 @@ def main() -> dict:
         entry = {"sides": {side: {key: value for key, value in values.items() if key != "folder"}
                            for side, values in made["sides"].items()},
                  "f32_bytes": made["f32"]["bytes"], "make_seconds": made["make_seconds"]}
-        if "gate" in PHASES and export_format == "executorch":
+        if "gate" in PHASES and export_format in ("executorch", "onnx"):
             entry["gate"] = {"load_average_before": load(), "runtimes": gate(export_format, made)}
             entry["gate"]["load_average_after"] = load()
         if "speed" in PHASES:
