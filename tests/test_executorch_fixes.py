@@ -4,6 +4,8 @@ executorch 1.5.1's `to_edge` evaluated `len()` of the first output tensor of a `
 guarded the batch to its traced size: GPT-2's `c_attn(...).split(...)` then made every ExecuTorch GPT-2 program
 run at the traced batch only (`method->execute() failed with error 0x12` at batch 1)."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -231,4 +233,136 @@ def test_a_duplicated_constant_shares_its_storage_and_the_files_are_the_same():
         fixed, shared = _lowered_tied(model)
     assert not copied  # when this fails, ExecuTorch no longer copies the duplicate: drop the workaround
     assert shared  # the duplicate is the tied weight's storage, not a copy
+    assert fixed == released
+
+
+# ── the weights' copies while lowering and saving (fixes of memory: the same files, fewer copies in memory) ─────────
+
+
+class _BigTiedHead(torch.nn.Module):
+    """`_TiedHead` with a table above `SPILL_BYTES` (1024 x 512 float32: 2 MiB) and a delegated layer before the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(1024, 512)
+        self.inner = torch.nn.Linear(512, 512, bias=False)
+        self.head = torch.nn.Linear(512, 1024, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.inner(self.embed(ids))))
+
+
+def _lowered_files(model, tmp_path, name: str):
+    """The model lowered to XNNPACK and saved with its weights apart (`data_file.separated`, as the save does): the
+    `.pte` and `.ptd` bytes, and the types of the named data store's buffers and the emitted constants."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.formats.executorch.data_file import separated, write_data
+
+    program = torch.export.export(model, (torch.randint(0, 1024, (1, 5)),))
+    manager = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    kinds = {type(buffer).__name__ for buffer in manager._named_data.buffers if len(buffer) >= 1 << 20}
+    kinds |= {type(buffer.storage).__name__ for buffer in manager.executorch_program.constant_buffer
+              if len(buffer.storage) >= 1 << 20}
+    split = separated(manager, "model")
+    with open(tmp_path / f"{name}.pte", "wb") as file:
+        split.write_to_file(file)
+    write_data(split, tmp_path / f"{name}.ptd")
+    return (tmp_path / f"{name}.pte").read_bytes(), (tmp_path / f"{name}.ptd").read_bytes(), kinds, \
+        manager.buffer
+
+
+def test_the_serialized_weights_are_spilled_and_the_files_are_the_same(tmp_path):
+    from hfexport.formats.executorch.workarounds import weights_spilled
+
+    torch.manual_seed(0)
+    model = _BigTiedHead().eval()
+    *released, kinds_released, inline_released = _lowered_files(model, tmp_path, "released")
+    with weights_spilled():
+        *fixed, kinds_fixed, inline_fixed = _lowered_files(model, tmp_path, "fixed")
+    assert kinds_released == {"bytes"}  # when this fails, ExecuTorch no longer holds the weights as bytes
+    assert kinds_fixed == {"SpilledData"}  # every blob of 1 MiB or more (XNNPACK's and the emitter's) on disk
+    assert fixed == released
+    assert inline_fixed == inline_released  # the in-memory program (weights inside) too
+
+
+def test_xnnpack_partitions_share_the_weights_and_the_files_are_the_same():
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from hfexport.formats.executorch.workarounds import _partitions_share_weights
+
+    torch.manual_seed(0)
+    model = _BigTiedHead().eval()
+    weights = {model.inner.weight.untyped_storage().data_ptr(), model.embed.weight.untyped_storage().data_ptr()}
+    seen = []
+    original = XnnpackBackend.__dict__["preprocess"]
+
+    def lowered():
+        program = torch.export.export(model, (torch.randint(0, 1024, (1, 5)),))
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+    def preprocess(edge_program, compile_specs):
+        seen.extend(tensor.untyped_storage().data_ptr() for tensor in edge_program.state_dict.values())
+        return original.__func__(edge_program, compile_specs)
+
+    XnnpackBackend.preprocess = staticmethod(preprocess)
+    try:
+        released = lowered()
+        copied, seen[:] = set(seen), []
+        with _partitions_share_weights():
+            fixed = lowered()
+        shared = set(seen)
+    finally:
+        XnnpackBackend.preprocess = original
+    assert not copied & weights  # when this fails, ExecuTorch no longer copies a partition's weights
+    assert weights <= shared  # the partitions' programs read the model's own tensors
+    assert fixed == released
+    assert "copy_exported_program_for_preprocess" not in XnnpackBackend.__dict__  # inherited again after the block
+
+
+def _resident_pages(tensor) -> int:
+    """How many of the pages of `tensor`'s storage are resident (/proc/self/pagemap's present bit)."""
+    import struct
+
+    storage = tensor.untyped_storage()
+    start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    first, last = -(-start // 4096), end // 4096
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = struct.unpack(f"{last - first}Q", pagemap.read((last - first) * 8))
+    return sum(entry >> 63 & 1 for entry in entries)
+
+
+def test_the_mapped_weights_are_handed_back_after_serialization(tmp_path):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from safetensors.torch import load_file, save_file
+
+    from hfexport.formats.executorch.workarounds import _partitions_share_weights, mapped_weights_handed_back
+
+    torch.manual_seed(0)
+    model = _BigTiedHead().eval()
+    save_file({"inner": model.inner.weight.detach().contiguous()}, tmp_path / "model.safetensors")
+
+    def lowered(fixed: bool) -> tuple[int, bytes]:
+        with torch.no_grad():  # the weight mapped from the file (copy-on-write), as transformers loads a checkpoint
+            model.inner.weight = torch.nn.Parameter(load_file(tmp_path / "model.safetensors")["inner"],
+                                                    requires_grad=False)
+        if _resident_pages(model.inner.weight) == 0:
+            pytest.skip("safetensors did not map the file here")
+        # the partitions read the model's tensors (as in executorch_fixes), else a copy of them is what XNNPACK reads
+        with _partitions_share_weights(), mapped_weights_handed_back() if fixed else contextlib.nullcontext():
+            program = torch.export.export(model, (torch.randint(0, 1024, (1, 5)),))
+            buffer = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+        return _resident_pages(model.inner.weight), buffer
+
+    kept, released = lowered(False)
+    dropped, fixed = lowered(True)
+    assert kept > 0  # when this fails, ExecuTorch no longer leaves the pages it read resident
+    assert dropped == 0  # XNNPACK serialized the weight, then its pages were handed back
     assert fixed == released

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 from hfexport.formats.executorch.backend import PTD_SUFFIX, PTE_SUFFIX, data_name  # noqa: F401 - re-exported
+from hfexport.formats.executorch.workarounds import drop_program_pages, weights_spilled
+
 #: The attribute a loaded program (`executorch.runtime.Program`) keeps its data file in, beside the engine's `path`.
 DATA_PATH = "data_path"
 
@@ -51,7 +53,11 @@ def separated(program, tag: str):
         external.setdefault(tag, {}).update(named.pte_data)
         named = NamedDataStoreOutput(buffers=named.buffers, pte_data={}, external_data=external)
     # The engine's to_executorch config differs from the defaults only in its memory plan, which has already run.
-    split = ExecutorchProgramManager(programs, program._config_methods, ExecutorchBackendConfig(), named)
+    # Emitted as the export's were: the constants it copies spilled to disk, the pages it read handed back.
+    with weights_spilled():
+        split = ExecutorchProgramManager(programs, program._config_methods, ExecutorchBackendConfig(), named)
+    for exported in programs.values():
+        drop_program_pages(exported)
     program.__dict__["_hfexport_separated"] = split
     return split
 

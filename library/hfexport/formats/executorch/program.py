@@ -29,7 +29,7 @@ class ExecutorchProgram(FormatProgram):
     # keys each weight by its bytes' sha256 (docs/rebind.md, "ExecuTorch and the structure")
 
     def export_fixes(self, plan, model):
-        return executorch_fixes()
+        return executorch_fixes(model)
 
     def save(self, model, directory, save, *args, **kwargs):
         """The engine's `save_pretrained` with each program's weights in its own `.ptd` beside the `.pte`

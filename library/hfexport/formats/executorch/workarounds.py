@@ -1,16 +1,22 @@
 """Narrow fixes for ExecuTorch's lowering, applied around the engine's ExecuTorch export (`executorch_fixes()`).
 
-What each of the six fixes works around (one of outcome: a dynamic batch specialized by `to_edge`'s op
+What each of the nine fixes works around (one of outcome: a dynamic batch specialized by `to_edge`'s op
 validator; one of numerics: XNNPACK's gelu for a tanh one; three of cost: XNNPACK's retraces, the second
-decomposition, the pattern passes; one of memory: a shared constant's copy), and the tests that show the programs unchanged: docs/workarounds.md, "ExecuTorch's lowering".
+decomposition, the pattern passes; four of memory: a shared constant's copy, each partition's copy of its weights,
+the weights' serialized copies held in memory until the save, the model's mapped pages left resident once read),
+and the tests that show the programs unchanged: docs/workarounds.md, "ExecuTorch's lowering".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hfexport.files import drop_file_pages
 from hfexport.workarounds import replaced, workaround
 
 
@@ -307,11 +313,200 @@ def _duplicated_constants_shared() -> Iterator[None]:
         yield
 
 
+#: A serialized blob at least this large is kept in a temporary file (`weights_spilled`); smaller ones stay bytes.
+SPILL_BYTES = 1 << 20
+
+
+@functools.cache
+def _spilled_class():
+    """`executorch.exir._serialize._cord.FileBackedData` (executorch's own on-disk buffer, which its Cords, named data
+    store and serializers take wherever they take bytes) for a blob spilled here: its file removed once the blob is
+    no longer referenced, and copied as itself (the emitter's program is deep-copied before serialization; the bytes
+    never change)."""
+    from executorch.exir._serialize._cord import FileBackedData
+
+    class SpilledData(FileBackedData):
+        def __copy__(self):
+            return self
+
+        def __deepcopy__(self, memo):
+            return self
+
+    return SpilledData
+
+
+def spilled(data: bytes):
+    """`data` written to a temporary file, as executorch's `FileBackedData` (removed when no longer referenced);
+    `data` itself where it is smaller than `SPILL_BYTES`."""
+    if not isinstance(data, bytes) or len(data) < SPILL_BYTES:
+        return data
+    handle, path = tempfile.mkstemp(prefix="hfexport-executorch-", suffix=".data")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        return _spilled_class()(path, cleanup=True)
+    except BaseException:
+        os.unlink(path)
+        raise
+
+
+@workaround(
+    "executorch-serialized-weights-spilled",
+    upstream="executorch 1.5.1",
+    works_around="(memory) XNNPACK's preprocess hands each weight to the NamedDataStore as bytes and the emitter copies "
+                 "each constant it keeps into bytes: a second copy of every weight (SmolLM2: 513 MB at float32, and the "
+                 "113 MB embedding once more per emission), held in memory from lowering to the save; each such blob "
+                 "is written to a temporary file as executorch's own FileBackedData instead, the same bytes in the "
+                 "files",
+    applied="export._format_fixes, around every ExecuTorch export (executorch_fixes), and the save's re-emission "
+            "(data_file.separated)",
+    canary="tests/test_executorch_fixes.py::test_the_serialized_weights_are_spilled_and_the_files_are_the_same")
 @contextlib.contextmanager
-def executorch_fixes() -> Iterator[RetraceCounts]:
-    """Within the block, every fix applies; yields the retrace fix's counts (for tests and benchmarks)."""
+def weights_spilled() -> Iterator[None]:
+    """Within the block, a blob of `SPILL_BYTES` or more handed to executorch's NamedDataStore, or saved by its
+    emitter as a constant, is kept in a temporary file (`spilled`), not in memory."""
+    try:
+        from executorch.exir._serialize._named_data_store import NamedDataStore
+        from executorch.exir.emit._emitter import _Emitter
+    except ImportError:  # ExecuTorch not installed: the engine reports that itself
+        yield
+        return
+    original_add, original_save = NamedDataStore.add_named_data, _Emitter._save_new_const_tensor
+
+    def add_named_data(self, key, data, *args, **kwargs):
+        return original_add(self, key, spilled(data), *args, **kwargs)
+
+    def save_new_const_tensor(self, spec, buffer_data, hashed, allocation_info=None, constant_tag=None):
+        if allocation_info is None:  # a constant (a mutable buffer's initial state is copied at load: left as is)
+            buffer_data = spilled(buffer_data)
+        return original_save(self, spec, buffer_data, hashed, allocation_info, constant_tag)
+
+    with replaced((NamedDataStore, "add_named_data", add_named_data),
+                  (_Emitter, "_save_new_const_tensor", save_new_const_tensor)):
+        yield
+
+
+def drop_program_pages(program) -> int:
+    """Hand back the resident pages of an `ExportedProgram`'s tensors (its parameters, buffers and constants: the
+    model's, shared with it) that are still file pages (`hfexport.files.drop_file_pages`: a checkpoint's mapped
+    weights, read again from the file if touched again, the same bytes). Returns the bytes dropped."""
+    return drop_tensor_pages((*program.state_dict.values(), *program.constants.values()))
+
+
+def drop_tensor_pages(tensors) -> int:
+    """`drop_program_pages` for any tensors (a model's parameters and buffers)."""
+    import torch
+
+    dropped, seen = 0, set()
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            continue
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr()
+        if start and start not in seen:
+            seen.add(start)
+            dropped += drop_file_pages(start, start + storage.nbytes())
+    return dropped
+
+
+@workaround(
+    "executorch-mapped-weights-handed-back",
+    upstream="executorch 1.5.1",
+    works_around="(memory) XNNPACK's preprocess and the emitter read every weight once to serialize it, leaving each "
+                 "page of a mapped checkpoint (transformers maps safetensors) resident beside the serialized copy "
+                 "until the process ends; the model's pages are handed back as the export starts (tracing and "
+                 "lowering read no weight), and once a partition is serialized (and once a program is emitted) "
+                 "those its tensors read again (read again from the file if the model runs again: the same bytes)",
+    applied="export._format_fixes, around every ExecuTorch export (executorch_fixes), and the save's re-emission "
+            "(data_file.separated)",
+    canary="tests/test_executorch_fixes.py::test_the_mapped_weights_are_handed_back_after_serialization")
+@contextlib.contextmanager
+def mapped_weights_handed_back(model=None) -> Iterator[None]:
+    """Within the block, the file pages of a partition's weights are handed back once XNNPACK has serialized it, and
+    those of each program once `to_executorch` has emitted it; `model`'s (what planning read) as the block starts."""
+    if model is not None:
+        drop_tensor_pages((*model.parameters(), *model.buffers()))
+    try:
+        from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+        from executorch.exir.program._program import EdgeProgramManager
+    except ImportError:  # ExecuTorch not installed: the engine reports that itself
+        yield
+        return
+    original_preprocess = XnnpackBackend.preprocess  # a staticmethod
+    original_to_executorch = EdgeProgramManager.to_executorch
+
+    def preprocess(edge_program, compile_specs):
+        try:
+            return original_preprocess(edge_program, compile_specs)
+        finally:
+            drop_program_pages(edge_program)
+
+    def to_executorch(self, *args, **kwargs):
+        manager = original_to_executorch(self, *args, **kwargs)
+        for name in manager.methods:
+            drop_program_pages(manager.exported_program(name))
+        return manager
+
+    with _declared(XnnpackBackend, "preprocess", staticmethod(preprocess)), \
+            replaced((EdgeProgramManager, "to_executorch", to_executorch)):
+        yield
+
+
+@contextlib.contextmanager
+def _declared(cls, name: str, value) -> Iterator[None]:
+    """Within the block, `cls` declares `name` as `value` (a staticmethod or classmethod object); on leaving, it
+    declares what it declared before, or nothing (inheriting again)."""
+    before = cls.__dict__.get(name)
+    setattr(cls, name, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, before)
+
+
+@workaround(
+    "executorch-xnnpack-partitions-share-weights",
+    upstream="executorch 1.5.1",
+    works_around="(memory) to_backend deep-copies every partition's program, its weights included, before XNNPACK's "
+                 "preprocess (BackendDetails.copy_exported_program_for_preprocess), all partitions before the "
+                 "first is preprocessed: a copy of every delegated weight (SmolLM2: 513 MB at float32) held through "
+                 "the lowering; XNNPACK's passes replace state_dict entries, never write a tensor, so the copy shares "
+                 "the tensors (executorch's own CUDA backend does so in its low-memory mode): the same files",
+    applied="export._format_fixes, around every ExecuTorch export (executorch_fixes)",
+    canary="tests/test_executorch_fixes.py::test_xnnpack_partitions_share_the_weights_and_the_files_are_the_same")
+@contextlib.contextmanager
+def _partitions_share_weights() -> Iterator[None]:
+    """Within the block, the program XNNPACK preprocesses for a partition is a deep copy of the partition's program
+    that shares its tensors (its state_dict's and constants') instead of copying them."""
+    try:
+        import torch
+        from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    except ImportError:  # ExecuTorch not installed: the engine reports that itself
+        yield
+        return
+
+    def copy_exported_program_for_preprocess(cls, edge_program, compile_specs):
+        import copy
+
+        shared = {id(tensor): tensor for values in (edge_program.state_dict, edge_program.constants)
+                  for tensor in values.values() if isinstance(tensor, torch.Tensor)}
+        return copy.deepcopy(edge_program, shared)
+
+    with _declared(XnnpackBackend, "copy_exported_program_for_preprocess",
+                   classmethod(copy_exported_program_for_preprocess)):
+        yield
+
+
+@contextlib.contextmanager
+def executorch_fixes(model=None) -> Iterator[RetraceCounts]:
+    """Within the block, every fix applies (`model`: the one exported, its mapped pages handed back first); yields
+    the retrace fix's counts (for tests and benchmarks)."""
     counts = RetraceCounts()
     with _split_validation_fixed(), _tanh_gelu_kept_off_xnnpack(), _duplicated_constants_shared(), \
+            _partitions_share_weights(), weights_spilled(), mapped_weights_handed_back(model), \
             _unchanged_retraces_skipped(counts), \
             _needless_second_decompositions_skipped(counts), _patternless_passes_skipped(counts):
         yield counts
