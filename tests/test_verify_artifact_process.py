@@ -69,7 +69,6 @@ def test_the_artifact_process_gives_the_in_process_verification(llama_onnx):
 
 
 def test_a_perturbed_artifact_fails_with_the_same_lines_in_its_own_process(tmp_path, llama_onnx):
-    import numpy
     import onnx
 
     folder, model, plan, processor = llama_onnx
@@ -79,8 +78,16 @@ def test_a_perturbed_artifact_fails_with_the_same_lines_in_its_own_process(tmp_p
     largest = max((tensor for tensor in graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL),
                   key=lambda tensor: int({entry.key: entry.value for entry in tensor.external_data}["length"]))
     where = {entry.key: entry.value for entry in largest.external_data}
-    offset, length = int(where.get("offset", 0)), int(where["length"])
-    with (copy / where["location"]).open("r+b") as data:  # scaled in place: the file's layout unchanged
+    _fails_alike_once_scaled(copy, copy / where["location"], int(where.get("offset", 0)), int(where["length"]),
+                             model, plan, processor)
+
+
+def _fails_alike_once_scaled(copy, weights, offset: int, length: int, model, plan, processor) -> None:
+    """The float32 weight at `offset` of `weights` scaled in place (the file's layout unchanged): the artifact in
+    `copy` then fails with the same lines apart and in process."""
+    import numpy
+
+    with weights.open("r+b") as data:
         data.seek(offset)
         values = numpy.frombuffer(data.read(length), dtype=numpy.float32) * 1.5 + 0.5
         data.seek(offset)
@@ -91,14 +98,15 @@ def test_a_perturbed_artifact_fails_with_the_same_lines_in_its_own_process(tmp_p
     assert _comparable(separate) == _comparable(here)
 
 
-def test_a_dead_artifact_process_is_one_failure_line(llama_onnx, monkeypatch):
+@pytest.mark.parametrize(("exported", "runtime"), [("llama_onnx", "ONNX Runtime"), ("llama_openvino", "OpenVINO")])
+def test_a_dead_artifact_process_is_one_failure_line(exported, runtime, request, monkeypatch):
     from hfexport.verify.check import summary, verify_exported
 
-    folder, model, plan, processor = llama_onnx
+    folder, model, plan, processor = request.getfixturevalue(exported)
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # the child exits 1 without answering
     verification = verify_exported(folder, model, plan, processor, lean=True)
     assert not verification["passed"] and len(verification["failures"]) == 1
-    assert verification["failures"][0].startswith("the artifact's runtime process (ONNX Runtime, python -m "
+    assert verification["failures"][0].startswith(f"the artifact's runtime process ({runtime}, python -m "
                                                   "hfexport.verify.artifact) failed: exit status 1")
     assert summary(verification).startswith("parity failed: the artifact's runtime process")
 
@@ -218,36 +226,14 @@ def test_the_openvino_artifact_process_gives_the_in_process_verification(llama_o
 def test_a_perturbed_openvino_artifact_fails_with_the_same_lines_in_its_own_process(tmp_path, llama_openvino):
     import xml.etree.ElementTree as ElementTree
 
-    import numpy
-
     folder, model, plan, processor = llama_openvino
     copy = tmp_path / "openvino-generation"
     shutil.copytree(folder, copy)
     constants = [layer.find("data").attrib for layer in ElementTree.parse(copy / "openvino_model.xml").iter("layer")
                  if layer.get("type") == "Const" and layer.find("data").get("element_type") == "f32"]
     largest = max(constants, key=lambda data: int(data["size"]))
-    offset, size = int(largest["offset"]), int(largest["size"])
-    with (copy / "openvino_model.bin").open("r+b") as data:  # scaled in place: the file's layout unchanged
-        data.seek(offset)
-        values = numpy.frombuffer(data.read(size), dtype=numpy.float32) * 1.5 + 0.5
-        data.seek(offset)
-        data.write(values.astype(numpy.float32).tobytes())
-    separate, here = _both(copy, model, plan, processor)
-    assert not separate["passed"] and separate["failures"]
-    assert separate["failures"] == here["failures"]
-    assert _comparable(separate) == _comparable(here)
-
-
-def test_a_dead_openvino_artifact_process_is_one_failure_line(llama_openvino, monkeypatch):
-    from hfexport.verify.check import summary, verify_exported
-
-    folder, model, plan, processor = llama_openvino
-    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # the child exits 1 without answering
-    verification = verify_exported(folder, model, plan, processor, lean=True)
-    assert not verification["passed"] and len(verification["failures"]) == 1
-    assert verification["failures"][0].startswith("the artifact's runtime process (OpenVINO, python -m "
-                                                  "hfexport.verify.artifact) failed: exit status 1")
-    assert summary(verification).startswith("parity failed: the artifact's runtime process")
+    _fails_alike_once_scaled(copy, copy / "openvino_model.bin", int(largest["offset"]), int(largest["size"]),
+                             model, plan, processor)
 
 
 def test_an_openvino_decode_without_state_is_checked_in_process(tmp_path, llama_openvino):
