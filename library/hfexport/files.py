@@ -161,6 +161,24 @@ def drop_file_pages(start: int, end: int) -> int:
     return dropped
 
 
+def drop_tensor_pages(tensors) -> int:
+    """`drop_file_pages` over the storages of `tensors` (CPU torch tensors; anything else skipped, each storage
+    once): a mapped checkpoint's weights (transformers maps safetensors) leave the resident set and are read again
+    from the file if touched, the same bytes; a page the process wrote stays. Returns the bytes dropped."""
+    import torch
+
+    dropped, seen = 0, set()
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            continue
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr()
+        if start and start not in seen:
+            seen.add(start)
+            dropped += drop_file_pages(start, start + storage.nbytes())
+    return dropped
+
+
 def drop_mapped_folder(folder: Path, read_only: bool = False) -> int:
     """`drop_file_pages` on every mapping of a file inside `folder` (/proc/self/maps): a runtime that mapped an
     artifact's weights and made its own copy when it compiled (OpenVINO's CPU plugin repacks them) keeps only what

@@ -15,7 +15,7 @@ from __future__ import annotations
 import resource
 import threading
 
-from hfexport.files import PAGE_SIZE, drop_file_pages
+from hfexport.files import PAGE_SIZE, drop_tensor_pages
 from hfexport.progress import ProgressCallback, Step
 
 #: The steps measured (hfexport.progress.STEPS); `target`, `probe`, `cache` and `preflight` are not: the first spans
@@ -57,14 +57,7 @@ def drop_mapped_weights(model) -> int:
     file if the model runs again, the same bytes; a page the process wrote stays. For a gate that keeps the model
     while the artifact's runtime opens (a job that loaded the model, `hfexport.job.pipeline`), once its eager side is
     done. Returns the bytes dropped."""
-    dropped, seen = 0, set()
-    for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        start = storage.data_ptr()
-        if tensor.device.type == "cpu" and start and start not in seen:
-            seen.add(start)
-            dropped += drop_file_pages(start, start + storage.nbytes())
-    return dropped
+    return drop_tensor_pages((*model.parameters(), *model.buffers()))
 
 
 def _children_peak() -> int:

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hfexport.files import drop_file_pages
+from hfexport.files import drop_tensor_pages
 from hfexport.workarounds import replaced, workaround
 
 
@@ -388,25 +388,9 @@ def weights_spilled() -> Iterator[None]:
 
 def drop_program_pages(program) -> int:
     """Hand back the resident pages of an `ExportedProgram`'s tensors (its parameters, buffers and constants: the
-    model's, shared with it) that are still file pages (`hfexport.files.drop_file_pages`: a checkpoint's mapped
+    model's, shared with it) that are still file pages (`hfexport.files.drop_tensor_pages`: a checkpoint's mapped
     weights, read again from the file if touched again, the same bytes). Returns the bytes dropped."""
     return drop_tensor_pages((*program.state_dict.values(), *program.constants.values()))
-
-
-def drop_tensor_pages(tensors) -> int:
-    """`drop_program_pages` for any tensors (a model's parameters and buffers)."""
-    import torch
-
-    dropped, seen = 0, set()
-    for tensor in tensors:
-        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
-            continue
-        storage = tensor.untyped_storage()
-        start = storage.data_ptr()
-        if start and start not in seen:
-            seen.add(start)
-            dropped += drop_file_pages(start, start + storage.nbytes())
-    return dropped
 
 
 @workaround(
