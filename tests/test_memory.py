@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hfexport.job.memory import SAMPLE_S, StageMemory, current_rss, drop_mapped_weights
+from hfexport.files import current_rss
+from hfexport.job.memory import SAMPLE_S, StageMemory, drop_mapped_weights
 from hfexport.job.run import run_job
 from hfexport.progress import Step
 from hfexport.report.data import JobReport, TargetReport

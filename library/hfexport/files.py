@@ -130,6 +130,15 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_DONTNEED = 4
 
 
+def current_rss() -> int:
+    """This process's resident set size now, in bytes (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def drop_file_pages(start: int, end: int) -> int:
     """Hand back this process's resident pages in [start, end) (addresses; whole pages inside only) that are still
     file pages (`/proc/self/pagemap`: present and file-backed, never copied on write): MADV_DONTNEED on those runs

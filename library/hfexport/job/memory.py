@@ -15,7 +15,7 @@ from __future__ import annotations
 import resource
 import threading
 
-from hfexport.files import PAGE_SIZE, drop_tensor_pages
+from hfexport.files import current_rss, drop_tensor_pages
 from hfexport.progress import ProgressCallback, Step
 
 #: The steps measured (hfexport.progress.STEPS); `target`, `probe`, `cache` and `preflight` are not: the first spans
@@ -40,15 +40,6 @@ def parse_memory_size(value: str) -> float:
     if not megabytes > 0:
         raise ValueError(f"{value!r} is not a memory size (e.g. 3000, 3000MB or 3GB)")
     return megabytes
-
-
-def current_rss() -> int:
-    """This process's resident set size now, in bytes (0 where /proc does not say)."""
-    try:
-        with open("/proc/self/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def drop_mapped_weights(model) -> int:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from hfexport.formats.programs import format_program
 from hfexport.hub import HubRepo, looks_like_repo_id
-from hfexport.job.memory import MB, current_rss, drop_mapped_weights
+from hfexport.files import current_rss
+from hfexport.job.memory import MB, drop_mapped_weights
 from hfexport.job.preflight import GATE_RESERVE, available_memory
 from hfexport.logs import engine_output, import_engine
 from hfexport.models import EXPORT_DTYPE, checkpoint_dtype, load_config, load_model, model_class_for

@@ -28,7 +28,7 @@ from typing import Any
 
 from hfexport.engine import traced_cache_layout
 from hfexport.errors import redact
-from hfexport.files import MANIFEST_FILE, dropping_mapped_folder
+from hfexport.files import MANIFEST_FILE, current_rss, dropping_mapped_folder
 from hfexport.formats import format_traits
 from hfexport.formats.programs import format_program
 from hfexport.models import on_empty_cache
@@ -563,7 +563,6 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
     runtime precision, `pinned`'s too where that process ran it: `_runtime_precision_check`); None where it cannot
     run there (the caller loads the artifact in process); a failed verification dict where the process died
     without answering."""
-    import os
     import subprocess
     import sys
     import tempfile
@@ -626,7 +625,7 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
         (work / artifact.REQUEST).write_text(json.dumps(request))
         package = str(Path(artifact.__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        beside = _resident_bytes_now()  # what this process holds while the artifact's runs (the stage counts both)
+        beside = current_rss()  # what this process holds while the artifact's runs (the stage counts both)
         done = subprocess.run([sys.executable, "-m", "hfexport.verify.artifact", str(work)], env=env,
                               capture_output=True, text=True, check=False)
         answer = work / artifact.RESULT
@@ -647,15 +646,6 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
     answers[0].peak_rss_mb = result.get("peak_rss_mb")
     answers[0].parent_rss_mb = round(beside / (1 << 20), 1)
     return answers
-
-
-def _resident_bytes_now() -> int:
-    """This process's resident set now, in bytes (0 where /proc does not say)."""
-    try:
-        with open("/proc/self/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None,
