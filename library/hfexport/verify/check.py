@@ -633,19 +633,23 @@ def _own_process(folder: Path, layout: _Layout, plan, references: dict, resolved
     if result is None or "crash" in result:
         why = result["crash"] if result else f"exit status {done.returncode}: " + " ".join(
             line.strip() for line in done.stderr.strip().splitlines()[-3:])
-        message = f"the artifact's runtime process ({label}, python -m hfexport.verify.artifact) failed: {why}"
-        return {"passed": False, "reloaded_from_disk": True, "error": redact(message)[:800], "probes": [],
-                "failures": [redact(message)[:800]]}
+        return _process_failed(f"the artifact's runtime process ({label}, python -m hfexport.verify.artifact) "
+                               f"failed: {why}")
     if "fallback" in result and skipped:  # a decode the manifest says keeps its cache as state, which keeps none
-        message = f"the artifact's runtime process ({label}) cannot check it: {result['fallback']}"
-        return {"passed": False, "reloaded_from_disk": True, "error": redact(message)[:800], "probes": [],
-                "failures": [redact(message)[:800]]}
+        return _process_failed(f"the artifact's runtime process ({label}) cannot check it: {result['fallback']}")
     if "fallback" in result or "load_error" in result:
         return None  # (a load error: the runtime's own message in process, where the skipped entries stay skipped)
     answers = [_Answers(layout, check, index, skipped) for check in result["checks"]]
     answers[0].peak_rss_mb = result.get("peak_rss_mb")
     answers[0].parent_rss_mb = round(beside / (1 << 20), 1)
     return answers
+
+
+def _process_failed(message: str) -> dict:
+    """The failed verification of an artifact its own process could not check: `message` (redacted, cut to 800
+    characters) its one failure line."""
+    message = redact(message)[:800]
+    return {"passed": False, "reloaded_from_disk": True, "error": message, "probes": [], "failures": [message]}
 
 
 def verify_exported(folder: str | Path, model, plan, processor=None, progress: ProgressCallback | None = None,
