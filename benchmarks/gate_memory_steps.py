@@ -18,17 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _process import smaps_rollup
+
 HERE = Path(__file__).resolve().parent
 
 
 def rollup() -> dict:
-    figures = {}
-    with open("/proc/self/smaps_rollup", encoding="utf-8") as handle:
-        for line in handle:
-            parts = line.split()
-            if parts[0] in ("Rss:", "Anonymous:"):
-                figures[parts[0][:-1]] = int(parts[1]) // 1024
-    return figures
+    """`smaps_rollup` in MB."""
+    return {name: kb // 1024 for name, kb in smaps_rollup().items()}
 
 
 def traced(module, name: str, log, label) -> None:
